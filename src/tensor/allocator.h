@@ -1,0 +1,89 @@
+// Caching allocators, one per device, with the memory statistics that ZeRO's savings are measured by.
+// Note [Allocator statistics]: `allocated` counts bytes handed to live tensors (rounded to the allocator's
+// size class, i.e. what is really held for them); `reserved` adds the bytes cached for reuse. Both have a
+// peak that reset_peak() sets back to the current value. The CPU allocator keeps the same figures as the CUDA
+// one so that memory savings show on a CPU-only machine.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "tensor/device.h"
+#include "tensor/stream.h"
+
+namespace cz {
+
+struct MemoryStats {
+  int64_t allocated_bytes = 0;
+  int64_t peak_allocated_bytes = 0;
+  int64_t reserved_bytes = 0;
+  int64_t peak_reserved_bytes = 0;
+  int64_t num_allocs = 0;  // requests served
+  int64_t num_frees = 0;
+  int64_t num_system_allocs = 0;  // requests the cache could not serve
+};
+
+class Allocator;
+
+// Owning pointer to bytes from an Allocator; returns them to it on destruction.
+class DataPtr {
+ public:
+  DataPtr() = default;
+  DataPtr(void* ptr, size_t nbytes, Allocator* owner) : ptr_(ptr), nbytes_(nbytes), owner_(owner) {}
+  DataPtr(DataPtr&& o) noexcept { swap(o); }
+  DataPtr& operator=(DataPtr&& o) noexcept {
+    DataPtr tmp(std::move(o));
+    swap(tmp);
+    return *this;
+  }
+  ~DataPtr();
+  void* get() const { return ptr_; }
+  size_t nbytes() const { return nbytes_; }
+  Allocator* owner() const { return owner_; }
+
+ private:
+  void swap(DataPtr& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(nbytes_, o.nbytes_);
+    std::swap(owner_, o.owner_);
+  }
+  void* ptr_ = nullptr;
+  size_t nbytes_ = 0;
+  Allocator* owner_ = nullptr;
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual DataPtr allocate(size_t nbytes) = 0;
+  virtual Device device() const = 0;
+  virtual MemoryStats stats() const = 0;
+  virtual void reset_peak() = 0;
+  virtual void empty_cache() = 0;  // returns cached, unused blocks to the system
+  // Marks `ptr` as used on `stream`, so it is not handed out again before work queued there has finished
+  // (Note [Cross-stream frees] in the CUDA allocator). A no-op on the CPU, where work runs in program order.
+  virtual void record_stream(void* ptr, Stream stream) {}
+
+ protected:
+  friend class DataPtr;
+  virtual void release(void* ptr, size_t nbytes) = 0;
+};
+
+Allocator& allocator_for(Device device);
+// Host memory for staging device transfers: page-locked when the CUDA backend is built and a GPU is present,
+// plain aligned host memory otherwise. Statistics are kept separately from the CPU allocator's.
+Allocator& pinned_host_allocator();
+
+inline MemoryStats memory_stats(Device device) {
+  return allocator_for(device).stats();
+}
+inline void reset_peak_memory(Device device) {
+  allocator_for(device).reset_peak();
+}
+
+// Size-class rounding shared by the caching allocators: small requests round to 64 B, larger ones to one of
+// eight steps per power of two (at most 12.5% waste), so freed blocks are found again by exact class.
+size_t round_to_size_class(size_t nbytes);
+
+}  // namespace cz

@@ -1,0 +1,156 @@
+// Fill, strided copy with dtype conversion, axpy and scale: the memory ops every other piece stands on.
+#include <array>
+#include <type_traits>
+
+#include "tensor/cpu/kernels.h"
+#include "tensor/parallel.h"
+
+namespace cz::cpu {
+namespace {
+
+template <class D, class S>
+inline D convert(S s) {
+  if constexpr (std::is_same_v<D, S>) {
+    return s;
+  } else if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>) {
+    return convert<D>(float(s));
+  } else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) {
+    return D(float(s));
+  } else if constexpr (std::is_same_v<D, bool>) {
+    return s != S(0);
+  } else {
+    return static_cast<D>(s);
+  }
+}
+
+// Geometry with adjacent dims merged where both operands allow it, so most copies become one flat loop.
+struct Strided {
+  Shape sizes;
+  std::vector<Shape> strides;  // one per operand
+};
+
+Strided coalesce(const Shape& sizes, std::vector<Shape> strides) {
+  Strided out;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 1) continue;
+    bool merge = !out.sizes.empty();
+    for (size_t k = 0; merge && k < strides.size(); ++k)
+      merge = out.strides[k].back() == strides[k][d] * sizes[d];
+    if (merge) {
+      out.sizes.back() *= sizes[d];
+      for (size_t k = 0; k < strides.size(); ++k) out.strides[k].back() = strides[k][d];
+    } else {
+      out.sizes.push_back(sizes[d]);
+      if (out.strides.empty()) out.strides.resize(strides.size());
+      for (size_t k = 0; k < strides.size(); ++k) out.strides[k].push_back(strides[k][d]);
+    }
+  }
+  if (out.sizes.empty()) {
+    out.sizes = {1};
+    out.strides.assign(strides.size(), Shape{1});
+  }
+  return out;
+}
+
+// Calls f(offsets...) for every element, rows of the last dim in parallel, as f(off_a, off_b, n, inner
+// strides).
+template <size_t N, class F>
+void for_each_row(const Strided& g, F&& f) {
+  const int64_t ndim = int64_t(g.sizes.size());
+  const int64_t inner = g.sizes.back();
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < ndim; ++d) rows *= g.sizes[size_t(d)];
+#pragma omp parallel for schedule(static) if (rows * inner >= kParallelGrain && rows > 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    std::array<int64_t, N> off{};
+    int64_t rem = r;
+    for (int64_t d = ndim - 2; d >= 0; --d) {
+      const int64_t i = rem % g.sizes[size_t(d)];
+      rem /= g.sizes[size_t(d)];
+      for (size_t k = 0; k < N; ++k) off[k] += i * g.strides[k][size_t(d)];
+    }
+    std::array<int64_t, N> inner_stride;
+    for (size_t k = 0; k < N; ++k) inner_stride[k] = g.strides[k].back();
+    f(off, inner, inner_stride);
+  }
+}
+
+}  // namespace
+
+void fill(Tensor& dst, double value) {
+  visit_dtype(dst.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T v = convert<T>(value);
+    T* p = static_cast<T*>(dst.raw_data());
+    Strided g = coalesce(dst.sizes(), {dst.strides()});
+    for_each_row<1>(g, [&](auto off, int64_t n, auto st) {
+      T* row = p + off[0];
+      for (int64_t i = 0; i < n; ++i) row[i * st[0]] = v;
+    });
+  });
+}
+
+void copy(const Tensor& src, Tensor& dst) {
+  visit_dtype(src.dtype(), [&](auto stag) {
+    visit_dtype(dst.dtype(), [&](auto dtag) {
+      using S = decltype(stag);
+      using D = decltype(dtag);
+      const S* s = static_cast<const S*>(src.raw_data());
+      D* d = static_cast<D*>(dst.raw_data());
+      Strided g = coalesce(dst.sizes(), {dst.strides(), src.strides()});
+      for_each_row<2>(g, [&](auto off, int64_t n, auto st) {
+        D* drow = d + off[0];
+        const S* srow = s + off[1];
+        if (st[0] == 1 && st[1] == 1) {
+          for (int64_t i = 0; i < n; ++i) drow[i] = convert<D>(srow[i]);
+        } else {
+          for (int64_t i = 0; i < n; ++i) drow[i * st[0]] = convert<D>(srow[i * st[1]]);
+        }
+      });
+    });
+  });
+}
+
+void axpy(const Tensor& x, double alpha, Tensor& y) {
+  CZ_CHECK_DTYPE(is_floating(y.dtype()) && x.dtype() == y.dtype(), "axpy: dtypes {} and {}",
+                 dtype_name(x.dtype()), dtype_name(y.dtype()));
+  visit_dtype(y.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+      const Acc a = Acc(alpha);
+      const T* xp = static_cast<const T*>(x.raw_data());
+      T* yp = static_cast<T*>(y.raw_data());
+      Strided g = coalesce(y.sizes(), {y.strides(), x.strides()});
+      for_each_row<2>(g, [&](auto off, int64_t n, auto st) {
+        T* yr = yp + off[0];
+        const T* xr = xp + off[1];
+        if (st[0] == 1 && st[1] == 1) {
+#pragma omp simd
+          for (int64_t i = 0; i < n; ++i) yr[i] = T(Acc(yr[i]) + a * Acc(xr[i]));
+        } else {
+          for (int64_t i = 0; i < n; ++i) yr[i * st[0]] = T(Acc(yr[i * st[0]]) + a * Acc(xr[i * st[1]]));
+        }
+      });
+    }
+  });
+}
+
+void scale(Tensor& x, double factor) {
+  CZ_CHECK_DTYPE(is_floating(x.dtype()), "scale: {} tensor", dtype_name(x.dtype()));
+  visit_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+      const Acc f = Acc(factor);
+      T* p = static_cast<T*>(x.raw_data());
+      Strided g = coalesce(x.sizes(), {x.strides()});
+      for_each_row<1>(g, [&](auto off, int64_t n, auto st) {
+        T* r = p + off[0];
+        for (int64_t i = 0; i < n; ++i) r[i * st[0]] = T(Acc(r[i * st[0]]) * f);
+      });
+    }
+  });
+}
+
+}  // namespace cz::cpu
