@@ -1,0 +1,20 @@
+// Classification loss and metrics.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace cz {
+
+// Softmax cross-entropy with label smoothing, averaged over the batch (PyTorch's F.cross_entropy with
+// label_smoothing): target = (1 - s) one_hot(label) + s / K. logits: (N, K) float; labels: (N) i64 or i32 in
+// [0, K); a label out of range is a ValueError naming its index and value. Returns a scalar.
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_smoothing = 0.0);
+
+// Index of the largest value along the last dimension. x: (..., K) -> (...) i64. Not differentiable.
+Tensor argmax(const Tensor& x);
+// Number of rows whose argmax equals the label. logits: (N, K), labels: (N).
+int64_t count_correct(const Tensor& logits, const Tensor& labels);
+
+}  // namespace cz
