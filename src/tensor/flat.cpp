@@ -1,0 +1,71 @@
+// Flattening parameters into one buffer and re-pointing them at it.
+#include "tensor/flat.h"
+
+#include "tensor/autograd/engine.h"
+
+namespace cz {
+
+const FlatSegment& FlatLayout::find(const std::string& name) const {
+  for (const FlatSegment& s : segments)
+    if (s.name == name) return s;
+  throw ValueError(fmt::format("flat buffer has no parameter named '{}'", name));
+}
+
+namespace {
+// Re-points `t` (keeping its TensorImpl, so every handle sees the change) at `buffer` from `offset`, taking
+// the buffer's dtype (a bf16 compute copy of fp32 master weights, say).
+void repoint(const Tensor& t, const Tensor& buffer, int64_t offset) {
+  TensorImpl* impl = t.impl();
+  impl->storage = buffer.storage();
+  impl->dtype = buffer.dtype();
+  impl->offset = buffer.offset() + offset;
+  impl->strides = contiguous_strides(impl->sizes);
+}
+}  // namespace
+
+FlatParams flatten_parameters(const std::vector<std::pair<std::string, Tensor>>& params, int64_t align) {
+  CZ_CHECK(!params.empty(), "flatten_parameters: no parameters");
+  CZ_CHECK(align >= 1, "flatten_parameters: align must be >= 1, got {}", align);
+  const Tensor& first = params.front().second;
+  FlatParams flat;
+  flat.layout.align = align;
+  int64_t offset = 0;
+  for (const auto& [name, p] : params) {
+    CZ_CHECK(p.is_leaf(), "flatten_parameters: '{}' is not a leaf tensor", name);
+    CZ_CHECK_DTYPE(p.dtype() == first.dtype(), "flatten_parameters: '{}' is {} but '{}' is {}", name,
+                   dtype_name(p.dtype()), params.front().first, dtype_name(first.dtype()));
+    CZ_CHECK_DEVICE(p.device() == first.device(), "flatten_parameters: '{}' is on {} but '{}' is on {}", name,
+                    p.device().str(), params.front().first, first.device().str());
+    flat.layout.segments.push_back({name, offset, p.numel(), p.sizes()});
+    offset += (p.numel() + align - 1) / align * align;
+  }
+  flat.layout.numel = offset;
+  flat.params = zeros({offset}, first.dtype(), first.device());
+  flat.grads = zeros({offset}, first.dtype(), first.device());
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const FlatSegment& s = flat.layout.segments[i];
+    const Tensor& p = params[i].second;
+    flat.params.narrow(0, s.offset, s.numel).view(s.shape).copy_(p);
+    repoint(p, flat.params, s.offset);
+    Tensor(p).set_grad(view_of_storage(flat.grads, s.shape, flat.grads.offset() + s.offset));
+  }
+  return flat;
+}
+
+void bind_parameters(const std::vector<std::pair<std::string, Tensor>>& params, const FlatLayout& layout,
+                     const Tensor& buffer) {
+  CZ_CHECK(params.size() == layout.segments.size(), "bind_parameters: {} parameters for a layout of {}",
+           params.size(), layout.segments.size());
+  CZ_CHECK_SHAPE(buffer.dim() == 1 && buffer.numel() == layout.numel && buffer.is_contiguous(),
+                 "bind_parameters: buffer has shape {}, layout needs ({})", shape_str(buffer.sizes()),
+                 layout.numel);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const FlatSegment& s = layout.segments[i];
+    CZ_CHECK_SHAPE(params[i].second.sizes() == s.shape, "bind_parameters: '{}' has shape {}, layout says {}",
+                   params[i].first, shape_str(params[i].second.sizes()), shape_str(s.shape));
+    repoint(params[i].second, buffer, s.offset);
+  }
+}
+
+}  // namespace cz

@@ -1,0 +1,46 @@
+// Flat parameter and gradient buffers. Note [Flat buffers]: a model's parameters are moved into one
+// contiguous buffer and its gradients into another, each parameter a view at a fixed offset (aligned for
+// SIMD). Optimizers then run over one buffer instead of hundreds of tensors, and ZeRO partitions are plain
+// ranges of it: a shard is [begin, end) of the flat space, and a parameter may straddle shard boundaries.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace cz {
+
+struct FlatSegment {
+  std::string name;
+  int64_t offset = 0;  // elements from the start of the flat buffer
+  int64_t numel = 0;
+  Shape shape;
+};
+
+struct FlatLayout {
+  std::vector<FlatSegment> segments;  // in buffer order
+  int64_t numel = 0;                  // including alignment padding
+  int64_t align = 1;
+
+  const FlatSegment& find(const std::string& name) const;  // throws ValueError naming the missing parameter
+};
+
+struct FlatParams {
+  Tensor params;  // (numel) in the parameters' dtype and device; padding is zero
+  Tensor grads;   // same size; each parameter's .grad is a view into it
+  FlatLayout layout;
+};
+
+// Moves `params` (leaves of one dtype and device) into a new flat buffer, keeping their values; the Tensor
+// handles the caller (and modules) hold stay valid and now view the buffer. Each parameter's .grad becomes a
+// view into a zeroed flat gradient buffer. `align`: segment offsets are multiples of this many elements.
+FlatParams flatten_parameters(const std::vector<std::pair<std::string, Tensor>>& params, int64_t align = 16);
+
+// Points each parameter of `layout` (matched by position in `params`) at `buffer`, which must have
+// layout.numel elements. Used when the storage behind a flat buffer changes (ZeRO-3 gathers, device moves).
+void bind_parameters(const std::vector<std::pair<std::string, Tensor>>& params, const FlatLayout& layout,
+                     const Tensor& buffer);
+
+}  // namespace cz

@@ -1,0 +1,62 @@
+// Flat parameter/gradient buffers: values kept, handles re-pointed, gradients land in the flat buffer.
+#include <gtest/gtest.h>
+
+#include "common/gradcheck.h"
+#include "tensor/autograd/engine.h"
+#include "tensor/flat.h"
+#include "tensor/ops.h"
+
+namespace cz {
+namespace {
+
+TEST(Flat, ParametersMoveIntoOneAlignedBufferAndKeepTheirValues) {
+  Tensor a = testing::random_tensor({3, 5}, 1, DType::f32).set_requires_grad(true);
+  Tensor b = testing::random_tensor({7}, 2, DType::f32).set_requires_grad(true);
+  const auto av = a.to_vector<float>(), bv = b.to_vector<float>();
+  FlatParams flat = flatten_parameters({{"a", a}, {"b", b}}, 16);
+  EXPECT_EQ(flat.layout.segments[0].offset, 0);
+  EXPECT_EQ(flat.layout.segments[1].offset, 16);
+  EXPECT_EQ(flat.layout.numel, 32);
+  EXPECT_EQ(a.storage(), flat.params.storage());
+  EXPECT_EQ(b.storage(), flat.params.storage());
+  EXPECT_EQ(a.to_vector<float>(), av);
+  EXPECT_EQ(b.to_vector<float>(), bv);
+  EXPECT_EQ(flat.params.to_vector<float>()[15], 0.0f);  // padding stays zero
+  EXPECT_EQ(flat.layout.find("b").numel, 7);
+  EXPECT_THROW(flat.layout.find("c"), ValueError);
+
+  // Writes through the flat buffer are seen by the parameter, and gradients land in the flat grad buffer.
+  {
+    NoGradGuard no_grad;
+    flat.params.narrow(0, 16, 7).fill_(2.0);
+  }
+  EXPECT_EQ(b.to_vector<float>(), std::vector<float>(7, 2.0f));
+  Tensor x = testing::random_tensor({7}, 3, DType::f32);
+  sum(mul(b, x)).backward();
+  EXPECT_EQ(flat.grads.narrow(0, 16, 7).to_vector<float>(), x.to_vector<float>());
+  EXPECT_EQ(flat.grads.narrow(0, 0, 15).to_vector<float>(), std::vector<float>(15, 0.0f));
+}
+
+TEST(Flat, BindParametersRepointsAtAnotherBuffer) {
+  Tensor a = testing::random_tensor({2, 2}, 4, DType::f32).set_requires_grad(true);
+  FlatParams flat = flatten_parameters({{"a", a}}, 4);
+  Tensor other = full({4}, 3.0);
+  bind_parameters({{"a", a}}, flat.layout, other);
+  EXPECT_EQ(a.storage(), other.storage());
+  EXPECT_EQ(a.to_vector<float>(), std::vector<float>(4, 3.0f));
+  EXPECT_THROW(bind_parameters({{"a", a}}, flat.layout, full({5}, 1.0)), ShapeError);
+}
+
+TEST(Flat, MixedDtypesAreRefusedWithTheirNames) {
+  Tensor a = zeros({2}, DType::f32).set_requires_grad(true);
+  Tensor b = zeros({2}, DType::f64).set_requires_grad(true);
+  try {
+    flatten_parameters({{"stem.0.weight", a}, {"head.fc.bias", b}});
+    FAIL();
+  } catch (const DtypeError& e) {
+    EXPECT_NE(std::string(e.what()).find("head.fc.bias"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace cz
