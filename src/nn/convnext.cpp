@@ -1,0 +1,191 @@
+// ConvNeXt: variants, structure, initialisation, drop path and activation checkpointing.
+#include "nn/convnext.h"
+
+#include <algorithm>
+
+#include "tensor/autograd/checkpoint.h"
+#include "tensor/autograd/engine.h"
+#include "tensor/ops.h"
+
+namespace cz::nn {
+
+namespace {
+struct Variant {
+  const char* name;
+  std::vector<int64_t> depths, dims;
+};
+const std::vector<Variant>& variants() {
+  static const std::vector<Variant> v = {
+      {"atto", {2, 2, 6, 2}, {40, 80, 160, 320}},       {"femto", {2, 2, 6, 2}, {48, 96, 192, 384}},
+      {"pico", {2, 2, 6, 2}, {64, 128, 256, 512}},      {"nano", {2, 2, 8, 2}, {80, 160, 320, 640}},
+      {"tiny", {3, 3, 9, 3}, {96, 192, 384, 768}},      {"small", {3, 3, 27, 3}, {96, 192, 384, 768}},
+      {"base", {3, 3, 27, 3}, {128, 256, 512, 1024}},   {"large", {3, 3, 27, 3}, {192, 384, 768, 1536}},
+      {"xlarge", {3, 3, 27, 3}, {256, 512, 1024, 2048}},
+  };
+  return v;
+}
+
+// Sequential with one named-by-index child per entry, for timm's "mlp" (fc1, act, fc2) we need names instead.
+class NamedSequential : public Sequential {
+ public:
+  void add(std::string name, std::shared_ptr<Module> m) { register_module(std::move(name), std::move(m)); }
+};
+}  // namespace
+
+std::vector<std::string> convnext_variant_names() {
+  std::vector<std::string> names;
+  for (const Variant& v : variants()) names.push_back(v.name);
+  return names;
+}
+
+ConvNeXtConfig convnext_variant(const std::string& name) {
+  const std::string key = name.rfind("convnext_", 0) == 0 ? name.substr(9) : name;
+  for (const Variant& v : variants()) {
+    if (key != v.name) continue;
+    ConvNeXtConfig cfg;
+    cfg.name = std::string("convnext_") + v.name;
+    cfg.depths = v.depths;
+    cfg.dims = v.dims;
+    return cfg;
+  }
+  throw ValueError(fmt::format("unknown model '{}' (expected one of: {})", name,
+                               fmt::join(convnext_variant_names(), ", ")));
+}
+
+void ConvNeXtConfig::validate() const {
+  CZ_CHECK(!depths.empty() && depths.size() == dims.size(),
+           "model: --depths has {} stages but --dims has {}; they must match", depths.size(), dims.size());
+  for (int64_t d : depths) CZ_CHECK(d > 0, "model: every depth must be positive (--depths {})", fmt::join(depths, ","));
+  for (int64_t d : dims) CZ_CHECK(d > 0, "model: every dim must be positive (--dims {})", fmt::join(dims, ","));
+  CZ_CHECK(in_chans > 0, "model: in_chans must be positive, got {}", in_chans);
+  CZ_CHECK(num_classes > 0, "model: --num-classes must be positive, got {}", num_classes);
+  CZ_CHECK(drop_path_rate >= 0 && drop_path_rate < 1, "model: --drop-path must be in [0, 1), got {}", drop_path_rate);
+  CZ_CHECK(ln_eps > 0, "model: LayerNorm eps must be positive, got {}", ln_eps);
+}
+
+ConvNeXtBlock::ConvNeXtBlock(int64_t dim, const ConvNeXtConfig& cfg, double drop_path, int64_t index,
+                             std::shared_ptr<const DropPathContext> ctx, ParamOptions opt)
+    : Module("ConvNeXtBlock"), drop_path_(drop_path), index_(index), ctx_(std::move(ctx)) {
+  conv_dw_ = register_module("conv_dw", std::make_shared<DepthwiseConv2d>(dim, cfg.kernel, true, opt));
+  norm_ = register_module("norm", std::make_shared<LayerNorm>(dim, cfg.ln_eps, opt));
+  auto mlp = std::make_shared<NamedSequential>();
+  mlp->add("fc1", std::make_shared<Linear>(dim, 4 * dim, true, opt));
+  mlp->add("act", std::make_shared<GELU>());
+  mlp->add("fc2", std::make_shared<Linear>(4 * dim, dim, true, opt));
+  mlp_ = register_module("mlp", std::static_pointer_cast<Sequential>(mlp));
+  if (cfg.layer_scale_init > 0)
+    gamma_ = register_parameter("gamma", full({dim}, cfg.layer_scale_init, opt.dtype, opt.device));
+}
+
+Tensor ConvNeXtBlock::forward(const Tensor& x) {
+  Tensor h = (*mlp_)((*norm_)((*conv_dw_)(x)));
+  if (is_training() && drop_path_ > 0) {
+    if (gamma_.defined()) h = channel_scale(h, gamma_);
+    // Note [Drop-path masks]: a generator keyed by (seed, step, block), positioned at this rank's first sample.
+    const auto key = philox4x32(ctx_->seed, (ctx_->step << 16) ^ uint64_t(index_));
+    Generator gen((uint64_t(key[0]) << 32) | key[1]);
+    gen.set_state(gen.seed(), uint64_t(ctx_->sample_offset));
+    return add(x, drop_path(h, drop_path_, gen));
+  }
+  return gamma_.defined() ? residual_scale_add(x, h, gamma_) : add(x, h);
+}
+
+ConvNeXtStage::ConvNeXtStage(int64_t in_dim, int64_t out_dim, int64_t depth, bool downsample,
+                             const ConvNeXtConfig& cfg, const std::vector<double>& drop_paths, int64_t first_block,
+                             std::shared_ptr<const DropPathContext> ctx, ParamOptions opt)
+    : Module("ConvNeXtStage") {
+  if (downsample) {
+    downsample_ = register_module("downsample", std::make_shared<Sequential>());
+    downsample_->append(std::make_shared<LayerNorm>(in_dim, cfg.ln_eps, opt));
+    downsample_->append(std::make_shared<PatchifyConv2d>(in_dim, out_dim, 2, true, opt));
+  }
+  blocks_ = register_module("blocks", std::make_shared<Sequential>());
+  for (int64_t j = 0; j < depth; ++j)
+    blocks_->append(std::make_shared<ConvNeXtBlock>(out_dim, cfg, drop_paths[size_t(first_block + j)],
+                                                    first_block + j, ctx, opt));
+}
+
+Tensor ConvNeXtStage::forward(const Tensor& x) {
+  Tensor h = downsample_ ? (*downsample_)(x) : x;
+  for (const auto& [name, block] : blocks_->children()) {
+    if (checkpointing_ && GradMode::enabled()) {
+      Module* b = block.get();
+      h = checkpoint([b](const std::vector<Tensor>& in) { return std::vector<Tensor>{(*b)(in[0])}; }, {h},
+                     b->parameters())[0];
+    } else {
+      h = (*block)(h);
+    }
+  }
+  return h;
+}
+
+ConvNeXt::ConvNeXt(const ConvNeXtConfig& cfg, ParamOptions opt)
+    : Module("ConvNeXt"), cfg_(cfg), drop_ctx_(std::make_shared<DropPathContext>()) {
+  cfg_.validate();
+  stem_ = register_module("stem", std::make_shared<Sequential>());
+  stem_->append(std::make_shared<PatchifyConv2d>(cfg.in_chans, cfg.dims[0], 4, true, opt));
+  stem_->append(std::make_shared<LayerNorm>(cfg.dims[0], cfg.ln_eps, opt));
+
+  // timm: rates rise linearly from 0 to drop_path_rate over all blocks.
+  int64_t total = 0;
+  for (int64_t d : cfg.depths) total += d;
+  std::vector<double> rates(static_cast<size_t>(total));
+  for (int64_t i = 0; i < total; ++i)
+    rates[size_t(i)] = total > 1 ? cfg.drop_path_rate * double(i) / double(total - 1) : 0.0;
+
+  stages_seq_ = register_module("stages", std::make_shared<Sequential>());
+  int64_t first = 0;
+  for (size_t i = 0; i < cfg.depths.size(); ++i) {
+    auto stage = std::make_shared<ConvNeXtStage>(i == 0 ? cfg.dims[0] : cfg.dims[i - 1], cfg.dims[i], cfg.depths[i],
+                                                 i > 0, cfg, rates, first, drop_ctx_, opt);
+    stages_.push_back(stage);
+    stages_seq_->append(stage);
+    first += cfg.depths[i];
+  }
+  auto head = std::make_shared<NamedSequential>();
+  head->add("global_pool", std::make_shared<GlobalAvgPool>());
+  head->add("norm", std::make_shared<LayerNorm>(cfg.dims.back(), cfg.ln_eps, opt));
+  head->add("fc", std::make_shared<Linear>(cfg.dims.back(), cfg.num_classes, true, opt));
+  head_ = register_module("head", std::static_pointer_cast<Sequential>(head));
+}
+
+Tensor ConvNeXt::forward(const Tensor& x) {
+  CZ_CHECK_SHAPE(x.dim() == 4 && x.size(3) == cfg_.in_chans,
+                 "ConvNeXt: input must be (N, H, W, {}) NHWC, got {}", cfg_.in_chans, shape_str(x.sizes()));
+  int64_t reduction = 4;
+  for (size_t i = 1; i < cfg_.depths.size(); ++i) reduction *= 2;
+  CZ_CHECK_SHAPE(x.size(1) >= reduction && x.size(2) >= reduction,
+                 "ConvNeXt: images of {}x{} are smaller than the network's total stride {}", x.size(1), x.size(2),
+                 reduction);
+  return (*head_)((*stages_seq_)((*stem_)(x)));
+}
+
+void ConvNeXt::init_weights(uint64_t seed) {
+  Generator gen(seed);
+  init_weights_timm(*this, gen);
+  NoGradGuard no_grad;
+  for (auto& [name, p] : named_parameters()) {
+    Tensor t = p;
+    if (name.size() >= 6 && name.compare(name.size() - 6, 6, ".gamma") == 0) t.fill_(cfg_.layer_scale_init);
+    if (name.rfind("head.fc.", 0) == 0) t.mul_(cfg_.head_init_scale);
+  }
+}
+
+void ConvNeXt::reset_head(uint64_t seed) {
+  Generator gen(seed);
+  Module* fc = find_module("head.fc");
+  CZ_ASSERT(fc != nullptr);
+  init_weights_timm(*fc, gen);
+  NoGradGuard no_grad;
+  for (auto& [name, p] : fc->local_parameters()) Tensor(p).mul_(cfg_.head_init_scale);
+}
+
+void ConvNeXt::set_activation_checkpointing(bool on) {
+  for (auto& s : stages_) s->set_activation_checkpointing(on);
+}
+
+void ConvNeXt::set_drop_path_context(uint64_t seed, uint64_t step, int64_t sample_offset) {
+  *drop_ctx_ = DropPathContext{seed, step, sample_offset};
+}
+
+}  // namespace cz::nn

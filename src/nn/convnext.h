@@ -1,0 +1,99 @@
+// ConvNeXt (Liu et al. 2022) with timm's module structure and state-dict names:
+//   stem.{0,1}, stages.i.downsample.{0,1} (i > 0), stages.i.blocks.j.{conv_dw,norm,mlp.fc1,mlp.fc2,gamma},
+//   head.norm, head.fc.
+// Activations are NHWC throughout: input (N, H, W, in_chans) -> logits (N, num_classes).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/layers.h"
+
+namespace cz::nn {
+
+struct ConvNeXtConfig {
+  std::string name = "custom";
+  std::vector<int64_t> depths{3, 3, 9, 3};
+  std::vector<int64_t> dims{96, 192, 384, 768};
+  int64_t in_chans = 3;
+  int64_t num_classes = 1000;
+  int64_t kernel = 7;
+  double drop_path_rate = 0.0;     // stochastic depth, rising linearly over blocks from 0 to this (timm)
+  double layer_scale_init = 1e-6;  // <= 0: no layer scale
+  double head_init_scale = 1.0;
+  double ln_eps = 1e-6;
+
+  void validate() const;  // throws ValueError naming the bad field
+};
+
+// timm's variants: atto, femto, pico, nano, tiny, small, base, large, xlarge (with or without "convnext_").
+ConvNeXtConfig convnext_variant(const std::string& name);
+std::vector<std::string> convnext_variant_names();
+
+// Note [Drop-path masks]: a block's mask for a sample depends only on (seed, step, block index, the sample's
+// index in the global batch). So a W-rank run (each rank holding a slice of the global batch) drops exactly the
+// samples a single-process run drops, and a checkpointed block's recompute reproduces its mask.
+struct DropPathContext {
+  uint64_t seed = 0;
+  uint64_t step = 0;
+  int64_t sample_offset = 0;  // global index of this rank's first sample in the batch
+};
+
+class ConvNeXtBlock : public Module {
+ public:
+  ConvNeXtBlock(int64_t dim, const ConvNeXtConfig& cfg, double drop_path, int64_t index,
+                std::shared_ptr<const DropPathContext> ctx, ParamOptions opt);
+  Tensor forward(const Tensor& x) override;
+  double drop_path_rate() const { return drop_path_; }
+
+ private:
+  std::shared_ptr<DepthwiseConv2d> conv_dw_;
+  std::shared_ptr<LayerNorm> norm_;
+  std::shared_ptr<Sequential> mlp_;
+  Tensor gamma_;
+  double drop_path_;
+  int64_t index_;
+  std::shared_ptr<const DropPathContext> ctx_;
+};
+
+class ConvNeXtStage : public Module {
+ public:
+  ConvNeXtStage(int64_t in_dim, int64_t out_dim, int64_t depth, bool downsample, const ConvNeXtConfig& cfg,
+                const std::vector<double>& drop_paths, int64_t first_block,
+                std::shared_ptr<const DropPathContext> ctx, ParamOptions opt);
+  Tensor forward(const Tensor& x) override;
+  void set_activation_checkpointing(bool on) { checkpointing_ = on; }
+
+ private:
+  std::shared_ptr<Sequential> downsample_;
+  std::shared_ptr<Sequential> blocks_;
+  bool checkpointing_ = false;
+};
+
+class ConvNeXt : public Module {
+ public:
+  explicit ConvNeXt(const ConvNeXtConfig& cfg, ParamOptions opt = {});
+  Tensor forward(const Tensor& x) override;
+
+  const ConvNeXtConfig& config() const { return cfg_; }
+  // timm initialisation from `seed` (see init_weights_timm), then layer scale and head scaling.
+  void init_weights(uint64_t seed);
+  // Re-initialises head.fc (for fine-tuning on another number of classes: build the model with the new
+  // num_classes, import everything but the head, then call this).
+  void reset_head(uint64_t seed);
+  // Recompute each block's activations in backward instead of keeping them.
+  void set_activation_checkpointing(bool on);
+  // Drop-path randomness for the next forward (Note [Drop-path masks]).
+  void set_drop_path_context(uint64_t seed, uint64_t step, int64_t sample_offset);
+
+ private:
+  ConvNeXtConfig cfg_;
+  std::shared_ptr<DropPathContext> drop_ctx_;
+  std::shared_ptr<Sequential> stem_;
+  std::vector<std::shared_ptr<ConvNeXtStage>> stages_;
+  std::shared_ptr<Sequential> stages_seq_;
+  std::shared_ptr<Sequential> head_;
+};
+
+}  // namespace cz::nn
