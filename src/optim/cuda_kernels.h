@@ -20,6 +20,11 @@ void adamw_step(Tensor& p, const Tensor& g, Tensor& exp_avg, Tensor& exp_avg_sq,
                 std::span<const ShardPiece> pieces, const AdamWStepArgs& args, Stream stream);
 void sgd_step(Tensor& p, const Tensor& g, Tensor& momentum_buffer, std::span<const ShardPiece> pieces,
               const SgdStepArgs& args, Stream stream);
+// out: 0-d f64 on the device; written, not accumulated.
+void sq_norm(const Tensor& x, Tensor& out, Stream stream);
+// found: 0-d f32 on the device; set to 1 on a non-finite element, never reset. factor == 1: x is only read.
+void unscale_and_check(Tensor& x, double factor, Tensor& found, Stream stream);
+void ema_update(Tensor& ema, const Tensor& p, double decay, Stream stream);
 
 }  // namespace cz::cuda
 
