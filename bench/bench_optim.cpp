@@ -190,41 +190,47 @@ BENCHMARK(BM_AdamW_Kernel)
     ->UseRealTime();
 
 // Console output plus, at the end, each benchmark's speedup over BM_AdamW_Scalar of the same size (the first
-// argument), from medians when repeated.
+// argument), from medians when repeated: in real time, and in CPU time of the benchmark thread, which is the
+// steadier figure for 1-thread runs on a shared, oversubscribed machine (it leaves out time spent preempted;
+// it also leaves out OpenMP worker threads, so it is not comparable for multi-thread runs).
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs) {
       const std::string name = r.run_name.str();
-      if (r.run_type == Run::RT_Iteration && !median_.count(name))
-        times_[name].push_back(r.GetAdjustedRealTime());
-      if (r.run_type == Run::RT_Aggregate && r.aggregate_name == "median")
-        median_[name] = r.GetAdjustedRealTime();
+      const Times t{r.GetAdjustedRealTime(), r.GetAdjustedCPUTime()};
+      if (r.run_type == Run::RT_Iteration) runs_[name].push_back(t);
+      if (r.run_type == Run::RT_Aggregate && r.aggregate_name == "median") median_[name] = t;
     }
   }
   void Finalize() override {
     ConsoleReporter::Finalize();
-    std::map<std::string, double> t = median_;
-    for (auto& [name, v] : times_) {
+    std::map<std::string, Times> t = median_;
+    for (auto& [name, v] : runs_) {
       if (t.count(name)) continue;
-      std::sort(v.begin(), v.end());
+      std::sort(v.begin(), v.end(), [](const Times& a, const Times& b) { return a.real < b.real; });
       t[name] = v[v.size() / 2];
     }
-    std::printf("\nspeedup over BM_AdamW_Scalar of the same size (%s):\n",
+    std::printf("\nspeedup over BM_AdamW_Scalar of the same size (%s)   real time   cpu time\n",
                 median_.empty() ? "single runs" : "medians");
     for (const auto& [name, time] : t) {
       const size_t a = name.find('/'), b = name.find('/', a + 1);
       if (a == std::string::npos) continue;
       const auto base =
           t.find("BM_AdamW_Scalar" + name.substr(a, b == std::string::npos ? b : b - a) + "/real_time");
-      if (base != t.end()) std::printf("  %-36s %6.2fx\n", name.c_str(), base->second / time);
+      if (base != t.end())
+        std::printf("  %-52s %8.2fx %9.2fx\n", name.c_str(), base->second.real / time.real,
+                    base->second.cpu / time.cpu);
     }
   }
 
  private:
-  std::map<std::string, std::vector<double>> times_;
-  std::map<std::string, double> median_;
+  struct Times {
+    double real = 0, cpu = 0;
+  };
+  std::map<std::string, std::vector<Times>> runs_;
+  std::map<std::string, Times> median_;
 };
 
 }  // namespace
