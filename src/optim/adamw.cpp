@@ -1,0 +1,46 @@
+// AdamW: configuration checks, state, and dispatch to the CPU or CUDA update kernel.
+#include "optim/adamw.h"
+
+#include <cmath>
+
+#include "optim/cpu_kernels.h"
+#include "optim/cuda_kernels.h"
+#include "tensor/dispatch.h"
+#include "tensor/stream.h"
+
+namespace cz {
+
+AdamW::AdamW(const FlatLayout& layout, ShardRange shard, const std::vector<ParamHyper>& hyper,
+             AdamWConfig config, DType dtype, Device device)
+    : Optimizer("AdamW", layout, shard, hyper, dtype, device), config_(config) {
+  CZ_CHECK(config.beta1 >= 0 && config.beta1 < 1, "AdamW: beta1 must be in [0, 1), got {}", config.beta1);
+  CZ_CHECK(config.beta2 >= 0 && config.beta2 < 1, "AdamW: beta2 must be in [0, 1), got {}", config.beta2);
+  CZ_CHECK(std::isfinite(config.eps) && config.eps >= 0, "AdamW: eps must be a finite value >= 0, got {}",
+           config.eps);
+  exp_avg_ = new_state();
+  exp_avg_sq_ = new_state();
+}
+
+void AdamW::step(const Tensor& params, const Tensor& grads, double lr) {
+  check_step(params, grads, lr);
+  const AdamWStepArgs args{lr, config_.beta1, config_.beta2, config_.eps, step_ + 1};
+  Tensor p = params;
+  if (p.is_cpu())
+    cpu::adamw_step(p, grads, exp_avg_, exp_avg_sq_, pieces_, args);
+  else
+    CZ_CUDA_CALL(cuda::adamw_step(p, grads, exp_avg_, exp_avg_sq_, pieces_, args, current_stream(device_)));
+  ++step_;
+  bump(params);
+  bump(exp_avg_);
+  bump(exp_avg_sq_);
+}
+
+NamedTensors AdamW::state() const {
+  return {{"exp_avg", exp_avg_}, {"exp_avg_sq", exp_avg_sq_}, {"step", step_tensor()}};
+}
+
+void AdamW::load_state(const NamedTensors& state) {
+  load_named(state, {"exp_avg", "exp_avg_sq"}, {&exp_avg_, &exp_avg_sq_});
+}
+
+}  // namespace cz

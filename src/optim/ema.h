@@ -1,0 +1,41 @@
+// Exponential moving average of weights over a flat buffer (or a ZeRO shard of it), as timm's ModelEmaV2:
+// ema = decay * ema + (1 - decay) * params after each optimizer step; swap() exchanges the EMA weights with
+// the live ones for evaluation and back.
+#pragma once
+
+#include "optim/optimizer.h"
+
+namespace cz {
+
+class WeightEma {
+ public:
+  // Starts as a copy of `params` (f32/f64, contiguous; typically the flat master weights or a shard of them).
+  // decay in [0, 1].
+  WeightEma(const Tensor& params, double decay);
+
+  // ema = decay * ema + (1 - decay) * params. Refused while swapped.
+  void update(const Tensor& params);
+  // The same with an explicit decay (for a warmup of the decay, as timm's `min(decay, (1 + n) / (10 + n))`).
+  void update(const Tensor& params, double decay);
+
+  // Exchanges the values of `params` and the EMA weights in place (the parameters' storage is kept, so every
+  // view of it sees the EMA weights). Call again to swap back. Costs one temporary copy of the buffer.
+  void swap(const Tensor& params);
+  bool swapped() const { return swapped_; }
+
+  const Tensor& weights() const { return ema_; }  // the EMA (the live weights while swapped)
+  double decay() const { return decay_; }
+
+  // For checkpoints: {"ema"} laid out like `params` (Note [Optimizer state layout]). Refused while swapped.
+  NamedTensors state() const;
+  void load_state(const NamedTensors& state);
+
+ private:
+  void check_params(const char* op, const Tensor& params) const;
+
+  Tensor ema_;
+  double decay_;
+  bool swapped_ = false;
+};
+
+}  // namespace cz

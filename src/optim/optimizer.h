@@ -1,0 +1,64 @@
+// The optimizer interface over a shard of the flat parameter space, and the state-layout contract that
+// checkpointing and ZeRO build on (Note [Optimizer state layout]).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "optim/param_groups.h"
+
+namespace cz {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+// Note [Optimizer state layout]: an optimizer owns state for its shard [begin, end) of the flat space only.
+// Every per-element state tensor (exp_avg, exp_avg_sq, momentum_buffer) is 1-D, shard.numel() elements, in
+// the optimizer's dtype and device, laid out exactly like the shard: element i belongs to flat offset begin +
+// i, and padding elements have state like any other. So the state of a whole model is the concatenation of
+// the shards' state in rank order, and resharding is cutting that concatenation at new boundaries. The scalar
+// "step" (0-d i64 on the CPU) counts the steps taken; every shard of one model has the same value.
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // Updates `params` in place. params, grads: 1-D, contiguous, shard().numel() elements, of the optimizer's
+  // dtype and device. lr >= 0 is the scheduled learning rate (each piece multiplies it by its lr_scale).
+  virtual void step(const Tensor& params, const Tensor& grads, double lr) = 0;
+
+  // The live state tensors (views, not copies) and "step"; see Note [Optimizer state layout].
+  virtual NamedTensors state() const = 0;
+  // Copies values in: exactly the names state() returns, each of the same shape (dtype converted).
+  virtual void load_state(const NamedTensors& state) = 0;
+
+  const char* name() const { return name_; }
+  int64_t step_count() const { return step_; }
+  ShardRange shard() const { return shard_; }
+  const std::vector<ShardPiece>& pieces() const { return pieces_; }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+
+ protected:
+  Optimizer(const char* name, const FlatLayout& layout, ShardRange shard,
+            const std::vector<ParamHyper>& hyper, DType dtype, Device device);
+  // Throws naming the optimizer and what is wrong with the arguments of step().
+  void check_step(const Tensor& params, const Tensor& grads, double lr) const;
+  Tensor new_state() const;  // zeros of the shard's size, dtype and device
+  Tensor step_tensor() const;
+  // Checks that `state` holds exactly `names` plus "step", copies each named tensor into `dst` (same order as
+  // names) and sets the step count.
+  void load_named(const NamedTensors& state, const std::vector<std::string>& names,
+                  const std::vector<Tensor*>& dst);
+  static void bump(const Tensor& t) { t.storage()->bump_version(); }
+
+  const char* name_;
+  ShardRange shard_;
+  std::vector<ShardPiece> pieces_;
+  DType dtype_;
+  Device device_;
+  int64_t step_ = 0;
+};
+
+}  // namespace cz

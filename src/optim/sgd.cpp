@@ -1,0 +1,49 @@
+// SGD: configuration checks, state, and dispatch to the CPU or CUDA update kernel.
+#include "optim/sgd.h"
+
+#include "optim/cpu_kernels.h"
+#include "optim/cuda_kernels.h"
+#include "tensor/dispatch.h"
+#include "tensor/stream.h"
+
+namespace cz {
+
+Sgd::Sgd(const FlatLayout& layout, ShardRange shard, const std::vector<ParamHyper>& hyper, SgdConfig config,
+         DType dtype, Device device)
+    : Optimizer("SGD", layout, shard, hyper, dtype, device), config_(config) {
+  CZ_CHECK(config.momentum >= 0 && config.momentum < 1, "SGD: momentum must be in [0, 1), got {}",
+           config.momentum);
+  CZ_CHECK(config.dampening >= 0 && config.dampening <= 1, "SGD: dampening must be in [0, 1], got {}",
+           config.dampening);
+  CZ_CHECK(!config.nesterov || (config.momentum > 0 && config.dampening == 0),
+           "SGD: nesterov needs momentum > 0 and dampening 0, got momentum {} and dampening {}",
+           config.momentum, config.dampening);
+  if (config.momentum != 0) momentum_buffer_ = new_state();
+}
+
+void Sgd::step(const Tensor& params, const Tensor& grads, double lr) {
+  check_step(params, grads, lr);
+  const SgdStepArgs args{lr, config_.momentum, config_.dampening, config_.nesterov, step_ == 0};
+  Tensor p = params;
+  if (p.is_cpu())
+    cpu::sgd_step(p, grads, momentum_buffer_, pieces_, args);
+  else
+    CZ_CUDA_CALL(cuda::sgd_step(p, grads, momentum_buffer_, pieces_, args, current_stream(device_)));
+  ++step_;
+  bump(params);
+  if (momentum_buffer_.defined()) bump(momentum_buffer_);
+}
+
+NamedTensors Sgd::state() const {
+  if (!momentum_buffer_.defined()) return {{"step", step_tensor()}};
+  return {{"momentum_buffer", momentum_buffer_}, {"step", step_tensor()}};
+}
+
+void Sgd::load_state(const NamedTensors& state) {
+  if (momentum_buffer_.defined())
+    load_named(state, {"momentum_buffer"}, {&momentum_buffer_});
+  else
+    load_named(state, {}, {});
+}
+
+}  // namespace cz
