@@ -18,6 +18,10 @@ void copy(const Tensor& src, Tensor& dst, Stream stream);            // any dtyp
 void axpy(const Tensor& x, double alpha, Tensor& y, Stream stream);  // y += alpha * x; f32/f64/f16/bf16
 void scale(Tensor& x, double factor, Stream stream);                 // x *= factor; f32/f64/f16/bf16
 
+// Keeps `stream` busy on the device for about `microseconds` without using memory bandwidth or SMs to speak
+// of (tests and benchmarks of stream overlap and of the allocator's cross-stream rule).
+void busy_wait(Stream stream, double microseconds);
+
 // Elementwise (f32/f64/f16/bf16).
 void binary(BinaryOp op, const Tensor& a, const Tensor& b, double alpha, Tensor& out, Stream stream);
 // out = residual + x * gamma (residual may be undefined). x: (..., C), gamma: (C).

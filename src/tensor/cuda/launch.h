@@ -49,6 +49,10 @@ cudaError_t axpy(const Config& cfg, DType t, const void* x, double alpha, void* 
                  int64_t n);
 cudaError_t scale(const Config& cfg, DType t, void* x, double factor, const Geometry<1>& g, int64_t n);
 
+// Keeps the stream's device busy for about `nanoseconds` (one thread sleeping in a loop): for tests and
+// benchmarks that need work still pending on a stream.
+cudaError_t busy_wait(const Config& cfg, int64_t nanoseconds);
+
 // Elementwise on contiguous buffers (elementwise_kernels.cu). Floating dtypes.
 cudaError_t binary(const Config& cfg, DType t, BinaryOp op, const void* a, const void* b, double alpha,
                    void* out, int64_t n);

@@ -67,4 +67,11 @@ void scale(Tensor& x, double factor, Stream stream) {
   CZ_CHECK_STATUS(launch::scale(detail::config_of(stream), x.dtype(), x.raw_data(), factor, g, x.numel()));
 }
 
+void busy_wait(Stream stream, double microseconds) {
+  CZ_CHECK_DEVICE(stream.device.is_cuda(), "cuda::busy_wait: {} is not a CUDA stream", stream.device.str());
+  CZ_CHECK(microseconds >= 0, "cuda::busy_wait: negative duration {}", microseconds);
+  DeviceGuard guard(stream.device.index);
+  CZ_CHECK_STATUS(launch::busy_wait(detail::config_of(stream), int64_t(microseconds * 1000.0)));
+}
+
 }  // namespace cz::cuda
