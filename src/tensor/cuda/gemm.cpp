@@ -148,7 +148,7 @@ bool try_lt(const Gemm& g, Stream stream) {
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lease.handle, op.h, la.h, lb.h, ld.h, ld.h,
                                                              pref.h, 1, &result, &found);
     LtAlgo algo;
-    if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
       algo = {true, result.algo, result.workspaceSize};
     } else if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_SUCCESS) {
       CZ_CHECK_STATUS(st);

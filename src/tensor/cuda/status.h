@@ -1,7 +1,6 @@
 // StatusTraits for the CUDA runtime, cuBLAS/cuBLASLt and cuDNN, so CZ_CHECK_STATUS(cudaMalloc(...)) throws an
-// Error naming the library, the code, the statement, file:line and the rank. CZ_CUDA_CHECK_LAUNCH() after
-// every kernel launch turns a bad launch configuration into that same error instead of a later, unrelated
-// failure.
+// Error naming the library, the code, the statement, file:line and the rank. Host code only: .cu files cannot
+// include fmt (see launch.h); their launchers return the launch's cudaError_t for the caller to check.
 #pragma once
 
 #include <cublasLt.h>
@@ -45,7 +44,3 @@ struct StatusTraits<cudnnStatus_t> {
 };
 
 }  // namespace cz
-
-// cudaGetLastError (not Peek): a launch error is reported once, here, and cleared so that it is not blamed on
-// whatever CUDA call comes next.
-#define CZ_CUDA_CHECK_LAUNCH() CZ_CHECK_STATUS(cudaGetLastError())
