@@ -3,7 +3,10 @@
 // streams/events. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime_api.h>
+
 #include <cstring>
+#include <thread>
 
 #include "common/gradcheck.h"
 #include "cuda_test_util.h"
@@ -213,6 +216,30 @@ TEST(CudaContext, HandlesAndNamedStreamsAreCreatedOnce) {
   }
   EXPECT_NE(ctx.cudnn(c).handle, nullptr);
   EXPECT_THROW(cuda::context(cuda_device_count()), DeviceError);
+}
+
+// Note [Current device]: a guard restores a chosen device, and a thread that never chose one adopts the
+// process's default device instead of falling back to device 0.
+TEST(CudaContext, DeviceGuardsRestoreChosenDevicesAndThreadsAdoptTheDefault) {
+  CZ_REQUIRE_GPU();
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two GPUs";
+  cuda_runtime::set_device(1);
+  {
+    cuda::DeviceGuard g(0);
+    int now = -1;
+    ASSERT_EQ(cudaGetDevice(&now), cudaSuccess);
+    EXPECT_EQ(now, 0);
+  }
+  int now = -1;
+  ASSERT_EQ(cudaGetDevice(&now), cudaSuccess);
+  EXPECT_EQ(now, 1);
+  int seen = -1;
+  std::thread([&] {
+    (void)cuda::pinned_allocator().allocate(4096);
+    (void)cudaGetDevice(&seen);
+  }).join();
+  EXPECT_EQ(seen, 1);
+  cuda_runtime::set_device(0);
 }
 
 TEST(CudaStreams, EventsOrderWorkAcrossStreamsAndTime) {

@@ -70,6 +70,7 @@ class CachingAllocator final : public Allocator {
                 stream.device.str(), device().str());
     const size_t cls = round_to_size_class(nbytes);
     void* home = kind_ == Kind::device ? stream.handle : nullptr;
+    adopt_default_device();  // pinned memory and event queries use the current device
     std::lock_guard<std::mutex> lock(mu_);
     process_pending(/*wait=*/false);
     void* p = take_cached(home, cls);
@@ -100,6 +101,7 @@ class CachingAllocator final : public Allocator {
   }
 
   void empty_cache() override {
+    adopt_default_device();
     std::lock_guard<std::mutex> lock(mu_);
     release_cache();
   }
@@ -122,6 +124,7 @@ class CachingAllocator final : public Allocator {
  protected:
   void release(void* ptr, size_t) noexcept override {
     try {
+      adopt_default_device();
       std::lock_guard<std::mutex> lock(mu_);
       auto it = live_.find(ptr);
       if (it == live_.end()) return;  // not ours: nothing sane to do in a destructor
@@ -246,8 +249,8 @@ class CachingAllocator final : public Allocator {
         DeviceGuard guard(device_);
         st = cudaMalloc(&p, cls);
       } else {
-        // On the calling thread's current device: touching another would create a context there (and a
-        // rank must only ever touch its own GPU). Portable: usable from every device.
+        // Portable: usable from every device. Allocated with the calling thread's current device (see
+        // adopt_default_device in allocate_for).
         st = cudaHostAlloc(&p, cls, cudaHostAllocPortable);
       }
       if (st == cudaSuccess) return p;

@@ -11,16 +11,43 @@ namespace {
 constexpr int kMaxDevices = 16;
 std::atomic<bool> g_allow_tf32{false};
 std::atomic<bool> g_gemm_epilogues{true};
+std::atomic<int> g_default_device{-1};
+thread_local bool t_device_chosen = false;  // Note [Current device]
 }  // namespace
 
+void set_device(int device) {
+  CZ_CHECK_STATUS(cudaSetDevice(device));
+  t_device_chosen = true;
+  g_default_device.store(device, std::memory_order_relaxed);
+}
+
+int default_device() {
+  return g_default_device.load(std::memory_order_relaxed);
+}
+
+void adopt_default_device() {
+  if (t_device_chosen) return;
+  const int device = default_device();
+  if (device < 0) return;
+  CZ_CHECK_STATUS(cudaSetDevice(device));
+  t_device_chosen = true;
+}
+
 DeviceGuard::DeviceGuard(int device) {
-  CZ_CHECK_STATUS(cudaGetDevice(&prev_));
-  if (prev_ != device) CZ_CHECK_STATUS(cudaSetDevice(device));
+  if (!t_device_chosen) {  // adopt `device` for good: Note [Current device]
+    CZ_CHECK_STATUS(cudaSetDevice(device));
+    t_device_chosen = true;
+    return;
+  }
+  int now = -1;
+  CZ_CHECK_STATUS(cudaGetDevice(&now));
+  if (now == device) return;
+  CZ_CHECK_STATUS(cudaSetDevice(device));
+  prev_ = now;
 }
 
 DeviceGuard::~DeviceGuard() {
-  int now = -1;
-  if (prev_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != prev_) (void)cudaSetDevice(prev_);
+  if (prev_ >= 0) (void)cudaSetDevice(prev_);
 }
 
 void set_allow_tf32(bool allow) {

@@ -24,8 +24,21 @@ inline cudaStream_t native(Stream s) {
   return static_cast<cudaStream_t>(s.handle);
 }
 
-// Makes `device` current for a scope and restores the previous device after. Kernel launchers open one for
-// their stream's device, so a launch never lands on whatever device the calling thread last used.
+// Note [Current device]: since CUDA 12, cudaSetDevice creates the device's primary context (hundreds of MB).
+// A guard that put back a thread's untouched default, device 0, would create a context on GPU 0 in every rank
+// of a node. So a thread that never chose a device (through set_device or an earlier guard) adopts the
+// guard's device for good; a thread that did choose gets its device back when the guard ends. Choose devices
+// with set_device below, not cudaSetDevice, so the choice is known.
+
+// Makes `device` current for the calling thread, and the process's default device (see adopt_default_device).
+void set_device(int device);
+int default_device();  // -1 until set_device was called
+// For calls that have no device of their own (event queries, pinned memory): a thread that never chose a
+// device adopts the process's default one first, so the call does not initialise a context on device 0.
+void adopt_default_device();
+
+// Makes `device` current for a scope (Note [Current device]). Kernel launchers open one for their stream's
+// device, so a launch never lands on whatever device the calling thread last used.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);

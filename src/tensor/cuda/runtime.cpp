@@ -36,7 +36,7 @@ int device_count() {
 void set_device(int index) {
   const int n = cuda_device_count();
   CZ_CHECK_DEVICE(index >= 0 && index < n, "set_device: cuda:{} is not available ({} visible)", index, n);
-  CZ_CHECK_STATUS(cudaSetDevice(index));
+  cuda::set_device(index);
 }
 
 Allocator& device_allocator(int index) {
@@ -85,6 +85,7 @@ void event_wait(void* event, Stream stream) {
 }
 
 bool event_query(void* event) {
+  cuda::adopt_default_device();
   const cudaError_t st = cudaEventQuery(ev(event));
   if (st == cudaErrorNotReady) {
     (void)cudaGetLastError();
@@ -95,10 +96,12 @@ bool event_query(void* event) {
 }
 
 void event_synchronize(void* event) {
+  cuda::adopt_default_device();
   CZ_CHECK_STATUS(cudaEventSynchronize(ev(event)));
 }
 
 float event_elapsed_ms(void* start, void* end) {
+  cuda::adopt_default_device();
   float ms = 0;
   CZ_CHECK_STATUS(cudaEventElapsedTime(&ms, ev(start), ev(end)));
   return ms;
