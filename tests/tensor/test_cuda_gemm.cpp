@@ -194,6 +194,38 @@ INSTANTIATE_TEST_SUITE_P(All, CudaGemm,
                                             ::testing::Bool(), ::testing::Range(0, 4)),
                          param_name);
 
+// Not a check: a line in the GPU run's log saying which epilogues cuBLASLt really fused for each dtype.
+TEST(CudaGemmPaths, ReportWhichEpiloguesAreFused) {
+  CZ_REQUIRE_GPU();
+  cuda::GemmCounters& c = cuda::context(0).gemm_counters();
+  const Stream s = current_stream(gpu());
+  const int64_t rows = 64, in = 96, out = 128;
+  for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+    const Tensor x = random_tensor({rows, in}, 1).to(t).to(gpu()),
+                 w = random_tensor({out, in}, 2).to(t).to(gpu()), b = random_tensor({out}, 3).to(t).to(gpu()),
+                 gy = random_tensor({rows, out}, 4).to(t).to(gpu()),
+                 pre_in = random_tensor({rows, in}, 5).to(t).to(gpu());
+    Tensor y = empty({rows, out}, t, gpu()), pre = empty({rows, out}, t, gpu()),
+           dx = empty({rows, in}, t, gpu()), dw = empty({out, in}, t, gpu()), db = empty({out}, t, gpu()),
+           dbias_in = empty({in}, t, gpu());
+    auto report = [&](const char* what, auto&& fn) {
+      const int64_t lt = c.lt, fb = c.epilogue_fallbacks, ex = c.gemm_ex;
+      fn();
+      std::cout << "[gemm path] " << dtype_name(t) << " " << what << ": "
+                << (c.epilogue_fallbacks > fb ? "UNFUSED fallback" : "fused") << " (cuBLASLt calls "
+                << c.lt - lt << ", cublasGemmEx calls " << c.gemm_ex - ex << ")\n";
+    };
+    report("BIAS", [&] { cuda::linear_forward(x, w, b, y, s); });
+    report("BGRADB", [&] {
+      Tensor none;
+      cuda::linear_backward(gy, x, w, none, dw, db, s);
+    });
+    report("GELU_AUX_BIAS", [&] { cuda::linear_gelu_forward(x, w, b, y, pre, s); });
+    report("DGELU_BGRAD", [&] { cuda::linear_backward_dgelu(gy, w, pre_in, dx, dbias_in, s); });
+  }
+  s.synchronize();
+}
+
 TEST(CudaGemmF64, MatmulAndLinearMatchCpu) {
   CZ_REQUIRE_GPU();
   const Tensor a = random_tensor({33, 17}, 1), b = random_tensor({17, 9}, 2), bias = random_tensor({9}, 3);

@@ -68,6 +68,13 @@ struct LtAlgo {
   size_t workspace_bytes = 0;
 };
 
+// How this device's GEMMs ran, for checking on a GPU which cuBLASLt epilogues are really fused.
+struct GemmCounters {
+  std::atomic<int64_t> lt{0};                  // cuBLASLt, with the requested epilogue if any
+  std::atomic<int64_t> epilogue_fallbacks{0};  // epilogue requested, run unfused (plain GEMM + our kernels)
+  std::atomic<int64_t> gemm_ex{0};             // no cuBLASLt algorithm at all: cublasGemmEx
+};
+
 // One per device, created on first use and never destroyed: handles freed at exit would race the CUDA
 // runtime's own teardown.
 class DeviceContext {
@@ -108,6 +115,8 @@ class DeviceContext {
   Stream comm_stream();
   Stream copy_stream();
 
+  GemmCounters& gemm_counters() { return gemm_counters_; }
+
  private:
   Stream lazy_stream(std::atomic<void*>& slot, bool high_priority);
   std::pair<void*, size_t> workspace(Stream stream);  // cuBLAS(Lt) workspace of one stream
@@ -123,6 +132,7 @@ class DeviceContext {
   std::unordered_map<void*, DataPtr> workspaces_;  // by stream handle
   std::unordered_map<std::string, LtAlgo> lt_algos_;
   std::atomic<void*> compute_{nullptr}, comm_{nullptr}, copy_{nullptr};
+  GemmCounters gemm_counters_;
 };
 
 // The context of a visible device (DeviceError otherwise).

@@ -148,9 +148,13 @@ bool try_lt(const Gemm& g, Stream stream) {
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lease.handle, op.h, la.h, lb.h, ld.h, ld.h,
                                                              pref.h, 1, &result, &found);
     LtAlgo algo;
+    // An epilogue cuBLASLt cannot do for these types may be refused as NOT_SUPPORTED or as INVALID_VALUE:
+    // either way the unfused path computes the same thing. A plain GEMM must not be refused as invalid.
+    const bool no_algo = st == CUBLAS_STATUS_NOT_SUPPORTED ||
+                         (st == CUBLAS_STATUS_INVALID_VALUE && g.epilogue != CUBLASLT_EPILOGUE_DEFAULT);
     if (st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
       algo = {true, result.algo, result.workspaceSize};
-    } else if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_SUCCESS) {
+    } else if (st != CUBLAS_STATUS_SUCCESS && !no_algo) {
       CZ_CHECK_STATUS(st);
     }
     it = lease.algos->emplace(key, algo).first;
@@ -206,7 +210,12 @@ void run(const Gemm& g, Stream stream) {
   // cuBLASLt wants the GELU aux leading dimension to be a multiple of 8.
   const bool fusable =
       g.epilogue == CUBLASLT_EPILOGUE_DEFAULT || (gemm_epilogues() && (!g.aux || g.aux_ld % 8 == 0));
-  if (!empty && fusable && try_lt(g, stream)) return;
+  GemmCounters& counters = context(stream.device.index).gemm_counters();
+  if (!empty && fusable && try_lt(g, stream)) {
+    ++counters.lt;
+    return;
+  }
+  if (g.epilogue != CUBLASLT_EPILOGUE_DEFAULT) ++counters.epilogue_fallbacks;
 
   // Unfused: the GEMM proper (zeros when k == 0) into D, or into aux for the GELU forward.
   Gemm plain = g;
@@ -219,7 +228,10 @@ void run(const Gemm& g, Stream stream) {
     if (g.k == 0) {
       CZ_CHECK_STATUS(
           cudaMemsetAsync(plain.d, 0, size_t(g.m) * size_t(g.n) * dtype_size(g.dtype), native(stream)));
-    } else if (!try_lt(plain, stream)) {
+    } else if (try_lt(plain, stream)) {
+      ++counters.lt;
+    } else {
+      ++counters.gemm_ex;
       gemm_ex(plain, stream);
     }
   }
