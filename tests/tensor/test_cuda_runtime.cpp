@@ -15,6 +15,7 @@
 #include "tensor/cuda/context.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/cuda/status.h"
 #include "tensor/ops.h"
 
 namespace cz::testing {
@@ -30,6 +31,29 @@ TEST(CudaRuntime, DeviceCountIsZeroWithoutAGpuAndCudaTensorsAreRefused) {
     EXPECT_THROW(cuda::pinned_allocator(), DeviceError);
     EXPECT_NE(pinned_host_allocator().allocate(64).get(), nullptr);  // plain host memory instead
   }
+}
+
+TEST(CudaStatus, ErrorsNameLibraryCodeStatementPlaceAndRank) {
+  // Runs everywhere: formatting a status needs no device.
+  set_log_prefix("[rank 3] ");
+  auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error thrown");
+  };
+  const std::string cuda_msg = message([] { CZ_CHECK_STATUS(cudaErrorInvalidValue); });
+  const std::string blas_msg = message([] { CZ_CHECK_STATUS(CUBLAS_STATUS_NOT_SUPPORTED); });
+  const std::string dnn_msg = message([] { CZ_CHECK_STATUS(CUDNN_STATUS_BAD_PARAM); });
+  set_log_prefix("");
+  EXPECT_EQ(cuda_msg.rfind("[rank 3] CUDA error: cudaErrorInvalidValue", 0), 0u) << cuda_msg;
+  EXPECT_NE(cuda_msg.find("`cudaErrorInvalidValue`"), std::string::npos) << cuda_msg;
+  EXPECT_NE(cuda_msg.find("test_cuda_runtime.cpp:"), std::string::npos) << cuda_msg;
+  EXPECT_NE(blas_msg.find("cuBLAS error: CUBLAS_STATUS_NOT_SUPPORTED"), std::string::npos) << blas_msg;
+  EXPECT_NE(dnn_msg.find("cuDNN error: CUDNN_STATUS_BAD_PARAM"), std::string::npos) << dnn_msg;
+  EXPECT_NO_THROW(CZ_CHECK_STATUS(cudaSuccess));
 }
 
 TEST(CudaAllocator, StatisticsTrackLiveCachedAndPeak) {
