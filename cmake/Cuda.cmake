@@ -11,6 +11,12 @@ if(CZ_WITH_CUDA)
       # RTX 4090 (sm_89) and H100/H200 (sm_90).
       set(CMAKE_CUDA_ARCHITECTURES 89 90)
     endif()
+    # CMake 3.25 does not know nvcc's C++20 flag and refuses CUDA20 ("does not support this"); nvcc 12+ has
+    # it. Tell CMake before the language is enabled, so its compile-feature detection records cuda_std_20.
+    if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
     enable_language(CUDA)
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)

@@ -1,0 +1,170 @@
+// Per-device backend context: lazily created library handles, cuBLASLt workspaces per stream, named streams.
+#include "tensor/cuda/context.h"
+
+#include <array>
+
+#include "tensor/cuda/allocator.h"
+#include "tensor/cuda/status.h"
+
+namespace cz::cuda {
+namespace {
+constexpr int kMaxDevices = 16;
+std::atomic<bool> g_allow_tf32{false};
+std::atomic<bool> g_gemm_epilogues{true};
+std::atomic<int> g_default_device{-1};
+thread_local bool t_device_chosen = false;  // Note [Current device]
+}  // namespace
+
+void set_device(int device) {
+  CZ_CHECK_STATUS(cudaSetDevice(device));
+  t_device_chosen = true;
+  g_default_device.store(device, std::memory_order_relaxed);
+}
+
+int default_device() {
+  return g_default_device.load(std::memory_order_relaxed);
+}
+
+void adopt_default_device() {
+  if (t_device_chosen) return;
+  const int device = default_device();
+  if (device < 0) return;
+  CZ_CHECK_STATUS(cudaSetDevice(device));
+  t_device_chosen = true;
+}
+
+DeviceGuard::DeviceGuard(int device) {
+  if (!t_device_chosen) {  // adopt `device` for good: Note [Current device]
+    CZ_CHECK_STATUS(cudaSetDevice(device));
+    t_device_chosen = true;
+    return;
+  }
+  int now = -1;
+  CZ_CHECK_STATUS(cudaGetDevice(&now));
+  if (now == device) return;
+  CZ_CHECK_STATUS(cudaSetDevice(device));
+  prev_ = now;
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (prev_ >= 0) (void)cudaSetDevice(prev_);
+}
+
+void set_allow_tf32(bool allow) {
+  g_allow_tf32.store(allow, std::memory_order_relaxed);
+}
+bool allow_tf32() {
+  return g_allow_tf32.load(std::memory_order_relaxed);
+}
+void set_gemm_epilogues(bool enable) {
+  g_gemm_epilogues.store(enable, std::memory_order_relaxed);
+}
+bool gemm_epilogues() {
+  return g_gemm_epilogues.load(std::memory_order_relaxed);
+}
+
+DeviceContext::DeviceContext(int device) : device_(device) {
+  CZ_CHECK_STATUS(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+  CZ_CHECK_STATUS(cudaDeviceGetAttribute(&cc_major_, cudaDevAttrComputeCapabilityMajor, device));
+}
+
+DeviceContext::BlasLease DeviceContext::cublas(Stream stream) {
+  CZ_ASSERT(stream.device == Device::cuda(device_), "cuBLAS handle of cuda:{} for a stream on {}", device_,
+            stream.device.str());
+  std::unique_lock<std::mutex> lock(blas_mu_);
+  if (!blas_) {
+    DeviceGuard guard(device_);
+    CZ_CHECK_STATUS(cublasCreate(&blas_));
+  }
+  // cublasSetStream resets the workspace to cuBLAS's own pool; give it this stream's instead, so that the
+  // bytes are counted by the allocator and never shared by two streams.
+  const auto [ws, ws_bytes] = workspace(stream);
+  CZ_CHECK_STATUS(cublasSetStream(blas_, native(stream)));
+  CZ_CHECK_STATUS(cublasSetWorkspace(blas_, ws, ws_bytes));
+  return {blas_, std::move(lock)};
+}
+
+DeviceContext::LtLease DeviceContext::cublaslt(Stream stream) {
+  CZ_ASSERT(stream.device == Device::cuda(device_), "cuBLASLt handle of cuda:{} for a stream on {}", device_,
+            stream.device.str());
+  std::unique_lock<std::mutex> lock(lt_mu_);
+  if (!lt_) {
+    DeviceGuard guard(device_);
+    CZ_CHECK_STATUS(cublasLtCreate(&lt_));
+  }
+  const auto [ws, ws_bytes] = workspace(stream);
+  return {lt_, ws, ws_bytes, &lt_algos_, std::move(lock)};
+}
+
+std::pair<void*, size_t> DeviceContext::workspace(Stream stream) {
+  std::lock_guard<std::mutex> lock(ws_mu_);
+  auto it = workspaces_.find(stream.handle);
+  if (it == workspaces_.end()) {
+    // NVIDIA's recommendation for cuBLAS(Lt): 32 MiB on Hopper and later, 4 MiB before. One per stream: a
+    // GEMM in flight owns the workspace until it finishes, and only work on the same stream is ordered after
+    // it.
+    const size_t bytes = cc_major_ >= 9 ? (size_t(32) << 20) : (size_t(4) << 20);
+    it = workspaces_.emplace(stream.handle, allocate(bytes, stream)).first;
+  }
+  return {it->second.get(), it->second.nbytes()};
+}
+
+DeviceContext::DnnLease DeviceContext::cudnn(Stream stream) {
+  CZ_ASSERT(stream.device == Device::cuda(device_), "cuDNN handle of cuda:{} for a stream on {}", device_,
+            stream.device.str());
+  std::unique_lock<std::mutex> lock(dnn_mu_);
+  if (!dnn_) {
+    DeviceGuard guard(device_);
+    CZ_CHECK_STATUS(cudnnCreate(&dnn_));
+  }
+  CZ_CHECK_STATUS(cudnnSetStream(dnn_, native(stream)));
+  return {dnn_, std::move(lock)};
+}
+
+Stream DeviceContext::lazy_stream(std::atomic<void*>& slot, bool high_priority) {
+  void* s = slot.load(std::memory_order_acquire);
+  if (!s) {
+    std::lock_guard<std::mutex> lock(stream_mu_);
+    s = slot.load(std::memory_order_relaxed);
+    if (!s) {
+      DeviceGuard guard(device_);
+      int least = 0, greatest = 0;
+      CZ_CHECK_STATUS(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      cudaStream_t created = nullptr;
+      CZ_CHECK_STATUS(
+          cudaStreamCreateWithPriority(&created, cudaStreamNonBlocking, high_priority ? greatest : least));
+      s = created;
+      slot.store(s, std::memory_order_release);
+    }
+  }
+  return Stream{Device::cuda(device_), s};
+}
+
+Stream DeviceContext::compute_stream() {
+  return lazy_stream(compute_, false);
+}
+Stream DeviceContext::comm_stream() {
+  return lazy_stream(comm_, true);
+}
+Stream DeviceContext::copy_stream() {
+  return lazy_stream(copy_, false);
+}
+
+DeviceContext& context(int device) {
+  const int n = cuda_device_count();
+  CZ_CHECK_DEVICE(device >= 0 && device < n && device < kMaxDevices,
+                  "cuda:{} is not available ({} CUDA device{} visible)", device, n, n == 1 ? "" : "s");
+  static std::array<std::atomic<DeviceContext*>, kMaxDevices> contexts{};
+  static std::mutex mu;
+  DeviceContext* c = contexts[size_t(device)].load(std::memory_order_acquire);
+  if (c) return *c;
+  std::lock_guard<std::mutex> lock(mu);
+  c = contexts[size_t(device)].load(std::memory_order_relaxed);
+  if (!c) {
+    c = new DeviceContext(device);
+    contexts[size_t(device)].store(c, std::memory_order_release);
+  }
+  return *c;
+}
+
+}  // namespace cz::cuda

@@ -1,0 +1,151 @@
+// Per-device CUDA backend state: the cuBLAS, cuBLASLt (+ per-stream workspace, algorithm cache) and cuDNN
+// handles, created on first use, and the named compute / communication / copy streams. Kernels hold no state
+// of their own: they receive a Stream and look the context up by the stream's device.
+#pragma once
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "tensor/allocator.h"
+#include "tensor/stream.h"
+
+namespace cz::cuda {
+
+inline cudaStream_t native(Stream s) {
+  return static_cast<cudaStream_t>(s.handle);
+}
+
+// Note [Current device]: since CUDA 12, cudaSetDevice creates the device's primary context (hundreds of MB).
+// A guard that put back a thread's untouched default, device 0, would create a context on GPU 0 in every rank
+// of a node. So a thread that never chose a device (through set_device or an earlier guard) adopts the
+// guard's device for good; a thread that did choose gets its device back when the guard ends. Choose devices
+// with set_device below, not cudaSetDevice, so the choice is known.
+
+// Makes `device` current for the calling thread, and the process's default device (see adopt_default_device).
+void set_device(int device);
+int default_device();  // -1 until set_device was called
+// For calls that have no device of their own (event queries, pinned memory): a thread that never chose a
+// device adopts the process's default one first, so the call does not initialise a context on device 0.
+void adopt_default_device();
+
+// Makes `device` current for a scope (Note [Current device]). Kernel launchers open one for their stream's
+// device, so a launch never lands on whatever device the calling thread last used.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();  // never throws
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+// TF32 tensor cores for f32 GEMMs: about 3x faster on Ampere and later, with a 10-bit mantissa in the
+// products. Off by default so f32 results match the CPU backend to ~1e-6; training code may turn it on.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+// cuBLASLt epilogues (bias, GELU, bias gradient) fused into GEMMs. On by default; off runs the same math as a
+// plain GEMM plus our own kernels, which the tests use to check one path against the other.
+void set_gemm_epilogues(bool enable);
+bool gemm_epilogues();
+
+// What a cuBLASLt heuristic query returned for one GEMM problem: `found` is false when cuBLASLt has no
+// algorithm for it (the caller then takes its fallback path).
+struct LtAlgo {
+  bool found = false;
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace_bytes = 0;
+};
+
+// How this device's GEMMs ran, for checking on a GPU which cuBLASLt epilogues are really fused.
+struct GemmCounters {
+  std::atomic<int64_t> lt{0};                  // cuBLASLt, with the requested epilogue if any
+  std::atomic<int64_t> epilogue_fallbacks{0};  // epilogue requested, run unfused (plain GEMM + our kernels)
+  std::atomic<int64_t> gemm_ex{0};             // no cuBLASLt algorithm at all: cublasGemmEx
+};
+
+// One per device, created on first use and never destroyed: handles freed at exit would race the CUDA
+// runtime's own teardown.
+class DeviceContext {
+ public:
+  explicit DeviceContext(int device);
+  DeviceContext(const DeviceContext&) = delete;
+  DeviceContext& operator=(const DeviceContext&) = delete;
+
+  int device() const { return device_; }
+  int sm_count() const { return sm_count_; }
+  int cc_major() const { return cc_major_; }
+
+  // A library handle bound to `stream`. Handles are shared by every thread using this device, so a lease
+  // holds a lock for its lifetime: keep leases short (enqueue work, never wait on it).
+  struct BlasLease {
+    cublasHandle_t handle;
+    std::unique_lock<std::mutex> lock;
+  };
+  struct LtLease {
+    cublasLtHandle_t handle;
+    void* workspace;  // reserved for work on `stream` only: two streams never share one
+    size_t workspace_bytes;
+    std::unordered_map<std::string, LtAlgo>* algos;  // heuristic results by problem key
+    std::unique_lock<std::mutex> lock;
+  };
+  struct DnnLease {
+    cudnnHandle_t handle;
+    std::unique_lock<std::mutex> lock;
+  };
+  BlasLease cublas(Stream stream);
+  LtLease cublaslt(Stream stream);
+  DnnLease cudnn(Stream stream);
+
+  // Non-blocking streams (no implicit synchronisation with the legacy default stream), created on first use.
+  // The communication stream has the highest priority the device offers, so collectives are not starved by
+  // the compute kernels they overlap with.
+  Stream compute_stream();
+  Stream comm_stream();
+  Stream copy_stream();
+
+  GemmCounters& gemm_counters() { return gemm_counters_; }
+
+ private:
+  Stream lazy_stream(std::atomic<void*>& slot, bool high_priority);
+  std::pair<void*, size_t> workspace(Stream stream);  // cuBLAS(Lt) workspace of one stream
+
+  const int device_;
+  int sm_count_ = 0;
+  int cc_major_ = 0;
+
+  std::mutex blas_mu_, lt_mu_, dnn_mu_, stream_mu_, ws_mu_;
+  cublasHandle_t blas_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  cudnnHandle_t dnn_ = nullptr;
+  std::unordered_map<void*, DataPtr> workspaces_;  // by stream handle
+  std::unordered_map<std::string, LtAlgo> lt_algos_;
+  std::atomic<void*> compute_{nullptr}, comm_{nullptr}, copy_{nullptr};
+  GemmCounters gemm_counters_;
+};
+
+// The context of a visible device (DeviceError otherwise).
+DeviceContext& context(int device);
+
+inline Stream compute_stream(int device) {
+  return context(device).compute_stream();
+}
+inline Stream comm_stream(int device) {
+  return context(device).comm_stream();
+}
+inline Stream copy_stream(int device) {
+  return context(device).copy_stream();
+}
+
+}  // namespace cz::cuda

@@ -1,0 +1,156 @@
+// Device-side helpers shared by the .cu kernel files: CUDA element types for our dtypes, conversions with the
+// CPU backend's rounding (round-to-nearest-even through f32), 16-byte vectors, strided offsets, grid sizing.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "tensor/cuda/launch.h"
+
+namespace cz::cuda::detail {
+
+using launch::Config;
+using launch::Geometry;
+
+template <class T>
+struct Tag {
+  using type = T;
+};
+
+// Calls f(Tag<T>{}) with the CUDA type of a floating dtype; returns cudaErrorInvalidValue for other dtypes
+// (the host wrappers have refused them already).
+template <class F>
+cudaError_t visit_float(DType t, F&& f) {
+  switch (t) {
+    case DType::f32:
+      return f(Tag<float>{});
+    case DType::f64:
+      return f(Tag<double>{});
+    case DType::f16:
+      return f(Tag<__half>{});
+    case DType::bf16:
+      return f(Tag<__nv_bfloat16>{});
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+// Calls f(Tag<T>{}) with the CUDA type of any dtype.
+template <class F>
+cudaError_t visit_any(DType t, F&& f) {
+  switch (t) {
+    case DType::f32:
+      return f(Tag<float>{});
+    case DType::f64:
+      return f(Tag<double>{});
+    case DType::f16:
+      return f(Tag<__half>{});
+    case DType::bf16:
+      return f(Tag<__nv_bfloat16>{});
+    case DType::i32:
+      return f(Tag<int32_t>{});
+    case DType::i64:
+      return f(Tag<int64_t>{});
+    case DType::u8:
+      return f(Tag<uint8_t>{});
+    case DType::b8:
+      return f(Tag<bool>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <class T>
+using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// D(s) with the CPU backend's semantics (cpu/basic.cpp): 16-bit floats go through f32 with round-to-nearest-
+// even, bool is `s != 0`, everything else a static_cast.
+template <class D, class S>
+__device__ __forceinline__ D cvt(S s) {
+  if constexpr (std::is_same_v<D, S>) {
+    return s;
+  } else if constexpr (std::is_same_v<S, __half>) {
+    return cvt<D>(__half2float(s));
+  } else if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+    return cvt<D>(__bfloat162float(s));
+  } else if constexpr (std::is_same_v<D, __half>) {
+    return __float2half_rn(static_cast<float>(s));
+  } else if constexpr (std::is_same_v<D, __nv_bfloat16>) {
+    return __float2bfloat16_rn(static_cast<float>(s));
+  } else if constexpr (std::is_same_v<D, bool>) {
+    return s != S(0);
+  } else {
+    return static_cast<D>(s);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ acc_t<T> to_acc(T v) {
+  return cvt<acc_t<T>>(v);
+}
+
+// N elements moved as one 16-byte (or smaller) load/store.
+template <class T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <class T>
+inline constexpr int kVec16 = int(16 / sizeof(T));
+
+inline bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+inline constexpr int kThreads = 256;
+
+// Blocks for a grid-stride loop over `items` work items: enough to fill every SM twice over at full
+// occupancy, never more than there is work for.
+inline int grid_for(int64_t items, int sm_count, int threads = kThreads) {
+  const int64_t max_blocks = int64_t(std::max(sm_count, 1)) * (2048 / threads) * 2;
+  const int64_t want = (items + threads - 1) / threads;
+  return int(std::clamp<int64_t>(want, 1, max_blocks));
+}
+
+__device__ __forceinline__ int64_t global_thread() {
+  return int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_threads() {
+  return int64_t(gridDim.x) * blockDim.x;
+}
+
+// Element offsets of linear index i (row-major over g.sizes) for every operand. The innermost dimension needs
+// no division, so one-dimensional geometry (flat or evenly strided) costs one multiply per operand.
+template <int kOps>
+__device__ __forceinline__ void offsets_of(const Geometry<kOps>& g, int64_t i, int64_t (&off)[kOps]) {
+#pragma unroll
+  for (int k = 0; k < kOps; ++k) off[k] = 0;
+  for (int d = g.ndim - 1; d > 0; --d) {
+    const int64_t q = i / g.sizes[d];
+    const int64_t r = i - q * g.sizes[d];
+#pragma unroll
+    for (int k = 0; k < kOps; ++k) off[k] += r * g.strides[k][d];
+    i = q;
+  }
+#pragma unroll
+  for (int k = 0; k < kOps; ++k) off[k] += i * g.strides[k][0];
+}
+
+// tanh-approximated GELU (cuBLASLt's epilogue form) and its derivative, in f32 (f64 for f64).
+template <class A>
+__device__ __forceinline__ A gelu_tanh(A v) {
+  const A k0 = A(0.7978845608028654), k1 = A(0.044715);
+  return A(0.5) * v * (A(1) + tanh(k0 * (v + k1 * v * v * v)));
+}
+template <class A>
+__device__ __forceinline__ A gelu_tanh_grad(A v) {
+  const A k0 = A(0.7978845608028654), k1 = A(0.044715);
+  const A t = tanh(k0 * (v + k1 * v * v * v));
+  return A(0.5) * (A(1) + t) + A(0.5) * v * (A(1) - t * t) * k0 * (A(1) + A(3) * k1 * v * v);
+}
+
+}  // namespace cz::cuda::detail

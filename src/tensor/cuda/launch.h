@@ -1,0 +1,81 @@
+// Raw kernel launchers behind cuda/kernels.h. They take device pointers, sizes and dtypes rather than
+// Tensors: the .cu files are compiled without fmt (nvcc cannot parse fmt 9's consteval format strings in
+// C++20 mode), so validation, dtype checks and error reporting stay in the host wrappers, which check the
+// returned cudaError_t with CZ_CHECK_STATUS. Every launcher queues its work on cfg.stream and returns at
+// once; sizes of zero launch nothing.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tensor/dtype.h"
+#include "tensor/kernel_types.h"
+
+namespace cz::cuda::launch {
+
+struct Config {
+  cudaStream_t stream;
+  int sm_count;  // sizes grid-stride grids
+};
+
+// Strided geometry of up to kMaxDims dimensions for kOps operands (element strides), with adjacent dimensions
+// merged wherever every operand allows it, so a contiguous tensor is one dimension of stride 1. Passed to
+// kernels by value.
+inline constexpr int kMaxDims = 12;
+
+template <int kOps>
+struct Geometry {
+  int ndim = 0;
+  int64_t sizes[kMaxDims] = {};
+  int64_t strides[kOps][kMaxDims] = {};
+
+  bool flat() const {
+    if (ndim != 1) return false;
+    for (int k = 0; k < kOps; ++k)
+      if (strides[k][0] != 1) return false;
+    return true;
+  }
+};
+
+// Memory ops (memory_kernels.cu). `value_bits`: the destination dtype's bit pattern in the low bytes.
+cudaError_t fill(const Config& cfg, DType t, void* dst, uint64_t value_bits, const Geometry<1>& g, int64_t n);
+// Operand 0 of `g` is dst, operand 1 src. Any dtype pair.
+cudaError_t copy(const Config& cfg, DType src_t, const void* src, DType dst_t, void* dst,
+                 const Geometry<2>& g, int64_t n);
+// y += alpha * x; operand 0 is y, 1 is x. Floating dtypes.
+cudaError_t axpy(const Config& cfg, DType t, const void* x, double alpha, void* y, const Geometry<2>& g,
+                 int64_t n);
+cudaError_t scale(const Config& cfg, DType t, void* x, double factor, const Geometry<1>& g, int64_t n);
+
+// Keeps the stream's device busy for about `nanoseconds` (one thread sleeping in a loop): for tests and
+// benchmarks that need work still pending on a stream.
+cudaError_t busy_wait(const Config& cfg, int64_t nanoseconds);
+
+// Elementwise on contiguous buffers (elementwise_kernels.cu). Floating dtypes.
+cudaError_t binary(const Config& cfg, DType t, BinaryOp op, const void* a, const void* b, double alpha,
+                   void* out, int64_t n);
+// out[i] = residual[i] + x[i] * gamma[i % c]; residual may be null.
+cudaError_t residual_scale_add(const Config& cfg, DType t, const void* residual, const void* x,
+                               const void* gamma, void* out, int64_t n, int64_t c);
+// pre (rows x cols) += bias (per column; may be null); then, if y is not null, y = gelu_tanh(pre).
+cudaError_t bias_gelu(const Config& cfg, DType t, void* pre, const void* bias, void* y, int64_t rows,
+                      int64_t cols);
+// dpre = g * gelu_tanh'(pre); dpre may be g itself.
+cudaError_t gelu_backward(const Config& cfg, DType t, const void* g, const void* pre, void* dpre, int64_t n);
+
+// Reductions (reduce_kernels.cu), deterministic: fixed partitions, partials in `workspace`, no atomics.
+// out[c] = sum over r of a[r, c] * (b ? b[r, c] : 1); a, b: rows x cols row-major; out: cols.
+size_t column_sums_workspace(DType t, int64_t rows, int64_t cols, int sm_count);
+cudaError_t column_sums(const Config& cfg, DType t, const void* a, const void* b, int64_t rows, int64_t cols,
+                        void* out, void* workspace);
+// out[0] = factor * sum(x[0..n)).
+size_t sum_workspace(DType t, int64_t n, int sm_count);
+cudaError_t sum(const Config& cfg, DType t, const void* x, int64_t n, double factor, void* out,
+                void* workspace);
+// out[i] = factor * scalar[0].
+cudaError_t broadcast_scalar(const Config& cfg, DType t, const void* scalar, double factor, void* out,
+                             int64_t n);
+
+}  // namespace cz::cuda::launch
