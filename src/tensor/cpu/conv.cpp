@@ -46,9 +46,10 @@ class RowRing {
       std::fill_n(buf_ + s * stride_ + (p_ + W_) * kL, p_ * kL, T(0));
     }
   }
-  // Makes input rows [lo, hi) of image `n` present. `img` points at the image's channel c; C is the row
-  // pitch.
-  void advance(const T* img, int64_t n, int64_t lo, int64_t hi, int64_t C) {
+  // Makes input rows [lo, hi) of image `n` (H rows) present. `img` points at the image's channel c; C is the
+  // pixel pitch. Each copied row's successor is prefetched: the next output row will want it, and the strided
+  // read (one cache line per pixel) would otherwise stall the copy.
+  void advance(const T* img, int64_t n, int64_t lo, int64_t hi, int64_t H, int64_t C) {
     if (n != n_) {
       n_ = n;
       hi_ = lo;
@@ -56,7 +57,11 @@ class RowRing {
     for (int64_t hin = std::max(hi_, lo); hin < hi; ++hin) {
       const T* src = img + hin * W_ * C;
       T* dst = buf_ + (hin % k_) * stride_ + p_ * kL;
-      for (int64_t u = 0; u < W_; ++u) store(dst + u * kL, load<V>(src + u * C));
+      const bool prefetch = hin + 1 < H;
+      for (int64_t u = 0; u < W_; ++u) {
+        store(dst + u * kL, load<V>(src + u * C));
+        if (prefetch) __builtin_prefetch(src + (W_ + u) * C);
+      }
     }
     hi_ = std::max(hi_, hi);
   }
@@ -85,7 +90,7 @@ void dw_forward_block(const Elem<V>* in, const Elem<V>* wt, const Elem<V>* bias,
   for (int64_t row = r0; row < r1; ++row) {
     const int64_t n = row / H, h = row % H;
     const int64_t lo = std::max<int64_t>(0, h - p), hi = std::min<int64_t>(H, h + p + 1);
-    ring.advance(in + n * H * W * C + c, n, lo, hi, C);
+    ring.advance(in + n * H * W * C + c, n, lo, hi, H, C);
     T* orow = out + row * W * C + c;
     const int i0 = int(lo - (h - p)), i1 = int(hi - (h - p));
     for (int64_t w0 = 0; w0 < W; w0 += R) {
@@ -121,7 +126,7 @@ void dw_weight_block(const Elem<V>* x, const Elem<V>* gy, Elem<V>* dw, Elem<V>* 
   for (int64_t row = r0; row < r1; ++row) {
     const int64_t n = row / H, h = row % H;
     const int64_t lo = std::max<int64_t>(0, h - p), hi = std::min<int64_t>(H, h + p + 1);
-    ring.advance(x + n * H * W * C + c, n, lo, hi, C);
+    ring.advance(x + n * H * W * C + c, n, lo, hi, H, C);
     const T* grow = gy + row * W * C + c;
     if (db) {
       V s{};
