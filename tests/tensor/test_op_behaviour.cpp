@@ -113,6 +113,14 @@ TEST(OpBehaviour, GeluF32IsAccurateOverTheWholeRange) {
   EXPECT_EQ(tails[3], 1e30f);
 }
 
+TEST(OpBehaviour, LayerNormF32VarianceDoesNotCancel) {
+  // Mean 300, std 0.6: E[x^2] - E[x]^2 in f32 would be off by about 1% here.
+  const Tensor x64 = add(random_tensor({64, 40}, 21), full({64, 40}, 300.0, DType::f64));
+  const Tensor x32 = x64.to(DType::f32);
+  const Tensor ref = ref_layer_norm(x32, nullptr, nullptr, 1e-6);  // from the same f32 values, in f64
+  EXPECT_TRUE(all_close(layer_norm(x32, Tensor(), Tensor(), 1e-6), ref, 1e-3, 1e-3));
+}
+
 TEST(OpBehaviour, CrossEntropyIsStableForLargeLogits) {
   const Tensor z = random_tensor({4, 9}, 5, DType::f32, -3, 3);
   const Tensor y = from_vector(std::vector<int64_t>{0, 8, 3, 3}, {4});

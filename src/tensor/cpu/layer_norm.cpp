@@ -2,6 +2,7 @@
 // stays in L1 across the passes over it, so each row is read from memory once per direction.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -20,27 +21,36 @@ using simd::load;
 using simd::store;
 using simd::Vec;
 
-// Sum over c in [0, C) of f(V{}, c), a vector per block; four accumulators hide the add latency.
-template <class T, class F>
-T row_sum(int64_t C, F&& f) {
+// Sums of d and d^2 over a row, d = x - shift. With the shift a value from the row, the one-pass variance
+// E[d^2] - E[d]^2 does not cancel catastrophically (its error grows with ((mean - shift) / std)^2, not with
+// (mean / std)^2), and one pass with two independent sums beats two dependent passes on short rows.
+template <class T>
+void shifted_sums(const T* x, int64_t C, T shift, T& s1, T& s2) {
   using V = Vec<T>;
   constexpr int kL = kMaxLanes<T>;
-  V a0{}, a1{}, a2{}, a3{};
+  V a0{}, a1{}, b0{}, b1{};
   int64_t c = 0;
-  for (; c + 4 * kL <= C; c += 4 * kL) {
-    a0 += f(V{}, c);
-    a1 += f(V{}, c + kL);
-    a2 += f(V{}, c + 2 * kL);
-    a3 += f(V{}, c + 3 * kL);
+  for (; c + 2 * kL <= C; c += 2 * kL) {
+    const V d0 = load<V>(x + c) - shift, d1 = load<V>(x + c + kL) - shift;
+    a0 += d0;
+    b0 += d0 * d0;
+    a1 += d1;
+    b1 += d1 * d1;
   }
-  T tail = 0;
+  T t1 = 0, t2 = 0;
   for_blocks<T>(c, C, [&](auto v, int64_t cc) {
-    if constexpr (kLanes<decltype(v)> == kL)
-      a0 += f(v, cc);
-    else
-      tail += hsum(f(v, cc));
+    using W = decltype(v);
+    const W d = load<W>(x + cc) - shift;
+    if constexpr (kLanes<W> == kL) {
+      a0 += d;
+      b0 += d * d;
+    } else {
+      t1 += hsum(d);
+      t2 += hsum(d * d);
+    }
   });
-  return hsum((a0 + a1) + (a2 + a3)) + tail;
+  s1 = hsum(a0 + a1) + t1;
+  s2 = hsum(b0 + b1) + t2;
 }
 
 template <class T>
@@ -57,13 +67,10 @@ void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double e
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = px + r * C;
     T* yr = py + r * C;
-    const T mu = row_sum<T>(C, [&](auto v, int64_t c) { return load<decltype(v)>(xr + c); }) / T(C);
-    const T var = row_sum<T>(C,
-                             [&](auto v, int64_t c) {
-                               const auto d = load<decltype(v)>(xr + c) - mu;
-                               return d * d;
-                             }) /
-                  T(C);
+    T s1, s2;
+    shifted_sums(xr, C, xr[0], s1, s2);
+    const T m1 = s1 / T(C), mu = xr[0] + m1;
+    const T var = std::max(T(0), s2 / T(C) - m1 * m1);
     const T rs = T(1) / std::sqrt(var + T(eps));
     pm[r] = mu;
     pr[r] = rs;

@@ -74,14 +74,24 @@ template <class V>
 inline V splat(Elem<V> x) {
   return V{} + x;
 }
+template <class To, class From>
+inline To bitcast(From v);
+
+// Sum of the lanes, as a tree: halves are added down to 16 bytes, then the last lanes one by one.
 template <class V>
 inline Elem<V> hsum(V v) {
   if constexpr (kLanes<V> == 1) {
     return v;
-  } else {
-    Elem<V> s = 0;
-    for (int i = 0; i < kLanes<V>; ++i) s += v[i];
+  } else if constexpr (sizeof(V) <= 16) {
+    Elem<V> s = v[0];
+    for (int i = 1; i < kLanes<V>; ++i) s += v[i];
     return s;
+  } else {
+    using H = Vec<Elem<V>, int(sizeof(V)) / 2>;
+    H lo, hi;
+    std::memcpy(&lo, &v, sizeof(H));
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(H), sizeof(H));
+    return hsum(lo + hi);
   }
 }
 template <class To, class From>
