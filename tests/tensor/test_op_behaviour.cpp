@@ -83,6 +83,42 @@ TEST(OpBehaviour, ParallelResultsMatchReferenceAndSerialRun) {
   }
 }
 
+TEST(OpBehaviour, NonContiguousInputsGiveTheSameResults) {
+  // x (N, H, W, C) as a permuted view of an (N, C, H, W) tensor; parameters as strided views.
+  const Tensor x = random_tensor({2, 6, 5, 7}, 31).permute({0, 2, 3, 1});
+  ASSERT_FALSE(x.is_contiguous());
+  const Tensor xc = x.contiguous();
+  const Tensor w7 = random_tensor({6, 1, 3, 3}, 32), b6 = random_tensor({6}, 33);
+  const Tensor wide = random_tensor({6, 2}, 34), gamma = wide.select(1, 0), beta = wide.select(1, 1);
+  ASSERT_FALSE(gamma.is_contiguous());
+  const Tensor wp = random_tensor({4, 6, 2, 2}, 35).permute({0, 1, 3, 2});
+  auto same = [](const Tensor& a, const Tensor& b) { return all_close(a, b, 1e-14, 1e-14); };
+  EXPECT_TRUE(same(gelu(x), gelu(xc)));
+  EXPECT_TRUE(
+      same(layer_norm(x, gamma, beta, 1e-5), layer_norm(xc, gamma.contiguous(), beta.contiguous(), 1e-5)));
+  EXPECT_TRUE(same(depthwise_conv2d(x, w7, b6), depthwise_conv2d(xc, w7, b6)));
+  EXPECT_TRUE(same(patchify_conv2d(x, wp), patchify_conv2d(xc, wp.contiguous())));
+  EXPECT_TRUE(same(global_avg_pool(x), global_avg_pool(xc)));
+  Generator g1(5), g2(5);
+  EXPECT_TRUE(same(drop_path(x, 0.5, g1), drop_path(xc, 0.5, g2)));
+  const Tensor logits = random_tensor({3, 5}, 36).transpose(0, 1);  // (5, 3)
+  const Tensor labels = from_vector(std::vector<int64_t>{0, 2, 1, 1, 2, 0}, {6}).narrow(0, 1, 5);
+  EXPECT_NEAR(cross_entropy(logits, labels, 0.1).item(),
+              cross_entropy(logits.contiguous(), labels.contiguous(), 0.1).item(), 1e-14);
+  EXPECT_EQ(argmax(logits).to_vector<int64_t>(), argmax(logits.contiguous()).to_vector<int64_t>());
+}
+
+TEST(OpBehaviour, EmptyBatch) {
+  const Tensor x = zeros({0, 4, 4, 8});
+  EXPECT_EQ(gelu(x).sizes(), x.sizes());
+  EXPECT_EQ(layer_norm(x, ones({8}), zeros({8}), 1e-6).sizes(), x.sizes());
+  EXPECT_EQ(depthwise_conv2d(x, ones({8, 1, 7, 7})).sizes(), x.sizes());
+  EXPECT_EQ(patchify_conv2d(x, ones({3, 8, 2, 2})).sizes(), (Shape{0, 2, 2, 3}));
+  EXPECT_EQ(global_avg_pool(x).sizes(), (Shape{0, 8}));
+  Generator gen(1);
+  EXPECT_EQ(drop_path(x, 0.5, gen).sizes(), x.sizes());
+}
+
 TEST(OpBehaviour, GeluF32IsAccurateOverTheWholeRange) {
   const int64_t n = 200001;
   std::vector<float> xs(static_cast<size_t>(n));
