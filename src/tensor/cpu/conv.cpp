@@ -29,142 +29,135 @@ void thread_rows(int64_t rows, int64_t& r0, int64_t& r1) {
   r1 = rows * (t + 1) / nt;
 }
 
-// Note [Depthwise row ring]: the depthwise kernels work on one channel block (one vector of V) at a time and
-// walk a thread's output rows in order. Input row `hin` of the current image sits in slot hin % k of a ring
-// as W + 2p vectors, the p on each side zero. Every output row then runs the same unconditional loop over
-// kernel taps (the zero columns are the padding), consecutive output rows share k - 1 ring rows, so each
-// input row is copied once per thread and block, and the ring (k (W + 2p) vectors) stays in L1.
-template <class V>
+// Note [Depthwise row ring]: the depthwise kernels walk a thread's output rows in order, keeping the input
+// rows they need in a ring: input row `hin` of the current image sits in slot hin % k, zero-padded by p
+// columns on each side, and stored per channel block (one vector of V lanes per pixel), so that one block's
+// taps are contiguous vectors. Every output row then runs the same unconditional loop over kernel taps (the
+// zero columns are the padding); consecutive output rows share k - 1 ring rows, so each input row is copied
+// once, reading memory sequentially (a whole NHWC row at a time), and the ring (k (W + 2p) C values) stays
+// in L1/L2.
+template <class T>
 class RowRing {
  public:
-  using T = Elem<V>;
-  static constexpr int kL = kLanes<V>;
-
-  RowRing(T* buf, int k, int64_t W) : buf_(buf), k_(k), p_(k / 2), W_(W), stride_((W + 2 * (k / 2)) * kL) {
-    for (int s = 0; s < k; ++s) {
-      std::fill_n(buf_ + s * stride_, p_ * kL, T(0));
-      std::fill_n(buf_ + s * stride_ + (p_ + W_) * kL, p_ * kL, T(0));
-    }
+  RowRing(T* buf, int k, int64_t W, int64_t C)
+      : buf_(buf), k_(k), p_(k / 2), W_(W), Wp_(W + 2 * (k / 2)), C_(C) {
+    for_blocks<T>(0, C, [&](auto v, int64_t c) {
+      constexpr int kL = kLanes<decltype(v)>;
+      for (int s = 0; s < k; ++s) {
+        T* slot = buf_ + c * k_ * Wp_ + s * Wp_ * kL;
+        std::fill_n(slot, p_ * kL, T(0));
+        std::fill_n(slot + (p_ + W_) * kL, p_ * kL, T(0));
+      }
+    });
   }
-  // Makes input rows [lo, hi) of image `n` (H rows) present. `img` points at the image's channel c; C is the
-  // pixel pitch. Each copied row's successor is prefetched: the next output row will want it, and the strided
-  // read (one cache line per pixel) would otherwise stall the copy.
-  void advance(const T* img, int64_t n, int64_t lo, int64_t hi, int64_t H, int64_t C) {
+  // Makes input rows [lo, hi) of image `n` present; `img` points at the image.
+  void advance(const T* img, int64_t n, int64_t lo, int64_t hi) {
     if (n != n_) {
       n_ = n;
       hi_ = lo;
     }
     for (int64_t hin = std::max(hi_, lo); hin < hi; ++hin) {
-      const T* src = img + hin * W_ * C;
-      T* dst = buf_ + (hin % k_) * stride_ + p_ * kL;
-      const bool prefetch = hin + 1 < H;
-      for (int64_t u = 0; u < W_; ++u) {
-        store(dst + u * kL, load<V>(src + u * C));
-        if (prefetch) __builtin_prefetch(src + (W_ + u) * C);
-      }
+      const T* src = img + hin * W_ * C_;
+      const int64_t slot = (hin % k_) * Wp_;
+      for (int64_t u = 0; u < W_; ++u)
+        for_blocks<T>(0, C_, [&](auto v, int64_t c) {
+          using V = decltype(v);
+          constexpr int kL = kLanes<V>;
+          store(buf_ + c * k_ * Wp_ + (slot + p_ + u) * kL, load<V>(src + u * C_ + c));
+        });
     }
     hi_ = std::max(hi_, hi);
   }
-  // Input row `hin`, starting at padded column 0 (input column -p).
-  const T* row(int64_t hin) const { return buf_ + (hin % k_) * stride_; }
+  // The ring slot of input row hin.
+  int slot(int64_t hin) const { return int(hin % k_); }
+  // Slot `s` of the block starting at channel c (kL lanes), from padded column 0 (input column -p).
+  template <int kL>
+  const T* row(int64_t c, int s) const {
+    return buf_ + c * k_ * Wp_ + s * Wp_ * kL;
+  }
 
  private:
   T* buf_;
   int k_, p_;
-  int64_t W_, stride_;
+  int64_t W_, Wp_, C_;
   int64_t n_ = -1, hi_ = 0;
 };
 
-// out = bias + depthwise conv of `in` with taps wt (k, k, C), for rows [r0, r1) of the N * H output rows and
-// channels [c, c + lanes). K: compile-time k (0: runtime); R: outputs along W per register block (R <= W).
-// With K known the loads of a ring row are shared across taps (R + K - 1 loads feed R * K FMAs).
+// One output row of channels [c, c + lanes): out = bias + depthwise conv with taps wt (k, k, C), over the
+// valid kernel rows [i0, i1), kernel row i0 reading ring slot slot0. K: compile-time k (0: runtime); R:
+// outputs along W per register block (R <= W). With K known the loads of a ring row are shared across taps (R
+// + K - 1 loads feed R * K FMAs).
 template <int K, int R, class V>
-void dw_forward_block(const Elem<V>* in, const Elem<V>* wt, const Elem<V>* bias, Elem<V>* out, int64_t H,
-                      int64_t W, int64_t C, int k_runtime, int64_t c, int64_t r0, int64_t r1,
-                      Elem<V>* ring_buf) {
+void dw_forward_row(const RowRing<Elem<V>>& ring, int slot0, int i0, int i1, const Elem<V>* wt,
+                    const Elem<V>* bias, Elem<V>* orow, int64_t W, int64_t C, int k_runtime, int64_t c) {
   using T = Elem<V>;
   constexpr int kL = kLanes<V>;
-  const int k = K ? K : k_runtime, p = k / 2;
-  RowRing<V> ring(ring_buf, k, W);
+  const int k = K ? K : k_runtime;
   const V b0 = bias ? load<V>(bias + c) : V{};
-  for (int64_t row = r0; row < r1; ++row) {
-    const int64_t n = row / H, h = row % H;
-    const int64_t lo = std::max<int64_t>(0, h - p), hi = std::min<int64_t>(H, h + p + 1);
-    ring.advance(in + n * H * W * C + c, n, lo, hi, H, C);
-    T* orow = out + row * W * C + c;
-    const int i0 = int(lo - (h - p)), i1 = int(hi - (h - p));
-    for (int64_t w0 = 0; w0 < W; w0 += R) {
-      const int64_t ws = std::min(w0, W - R);  // the last block may overlap the previous one
-      V acc[R];
+  for (int64_t w0 = 0; w0 < W; w0 += R) {
+    const int64_t ws = std::min(w0, W - R);  // the last block may overlap the previous one
+    V acc[R];
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[r] = b0;
-      for (int i = i0; i < i1; ++i) {
-        const T* src = ring.row(h - p + i) + ws * kL;
-        const T* wr = wt + int64_t(i) * k * C + c;
+    for (int r = 0; r < R; ++r) acc[r] = b0;
+    for (int i = i0, s = slot0; i < i1; ++i, s = s + 1 == k ? 0 : s + 1) {
+      const T* src = ring.template row<kL>(c, s) + ws * kL;
+      const T* wr = wt + int64_t(i) * k * C + c;
 #pragma GCC unroll 8
-        for (int j = 0; j < k; ++j) {
-          const V wv = load<V>(wr + j * C);
+      for (int j = 0; j < k; ++j) {
+        const V wv = load<V>(wr + j * C);
 #pragma GCC unroll 8
-          for (int r = 0; r < R; ++r) acc[r] += load<V>(src + (r + j) * kL) * wv;
-        }
+        for (int r = 0; r < R; ++r) acc[r] += load<V>(src + (r + j) * kL) * wv;
       }
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) store(orow + (ws + r) * C, acc[r]);
     }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) store(orow + (ws + r) * C + c, acc[r]);
   }
 }
 
-// Partial weight and bias gradients for rows [r0, r1) and channels [c, c + lanes):
+// One row's contribution to the partial weight and bias gradients of channels [c, c + lanes):
 //   dw[i][j] += sum_w gy[row][w] * x[row + i - p][w + j - p],  db += sum_w gy[row][w].
 template <int K, int R, class V>
-void dw_weight_block(const Elem<V>* x, const Elem<V>* gy, Elem<V>* dw, Elem<V>* db, int64_t H, int64_t W,
-                     int64_t C, int k_runtime, int64_t c, int64_t r0, int64_t r1, Elem<V>* ring_buf) {
+void dw_weight_row(const RowRing<Elem<V>>& ring, int slot0, int i0, int i1, const Elem<V>* grow, Elem<V>* dw,
+                   Elem<V>* db, int64_t W, int64_t C, int k_runtime, int64_t c) {
   using T = Elem<V>;
   constexpr int kL = kLanes<V>;
-  const int k = K ? K : k_runtime, p = k / 2;
-  RowRing<V> ring(ring_buf, k, W);
-  for (int64_t row = r0; row < r1; ++row) {
-    const int64_t n = row / H, h = row % H;
-    const int64_t lo = std::max<int64_t>(0, h - p), hi = std::min<int64_t>(H, h + p + 1);
-    ring.advance(x + n * H * W * C + c, n, lo, hi, H, C);
-    const T* grow = gy + row * W * C + c;
-    if (db) {
-      V s{};
-      for (int64_t w = 0; w < W; ++w) s += load<V>(grow + w * C);
-      store(db + c, load<V>(db + c) + s);
-    }
-    const int i0 = int(lo - (h - p)), i1 = int(hi - (h - p));
-    for (int i = i0; i < i1; ++i) {
-      const T* src = ring.row(h - p + i);
-      T* dwr = dw + int64_t(i) * k * C + c;
-      if constexpr (K == 0) {
-        for (int j = 0; j < k; ++j) {
-          V acc{};
-          for (int64_t w = 0; w < W; ++w) acc += load<V>(grow + w * C) * load<V>(src + (w + j) * kL);
-          store(dwr + j * C, load<V>(dwr + j * C) + acc);
-        }
-      } else {
-        V acc[K];
-#pragma GCC unroll 8
-        for (int j = 0; j < K; ++j) acc[j] = V{};
-        int64_t w = 0;
-        for (; w + R <= W; w += R) {
-          V g[R];
-#pragma GCC unroll 8
-          for (int r = 0; r < R; ++r) g[r] = load<V>(grow + (w + r) * C);
-#pragma GCC unroll 8
-          for (int j = 0; j < K; ++j)
-#pragma GCC unroll 8
-            for (int r = 0; r < R; ++r) acc[j] += g[r] * load<V>(src + (w + r + j) * kL);
-        }
-        for (; w < W; ++w) {
-          const V g = load<V>(grow + w * C);
-#pragma GCC unroll 8
-          for (int j = 0; j < K; ++j) acc[j] += g * load<V>(src + (w + j) * kL);
-        }
-#pragma GCC unroll 8
-        for (int j = 0; j < K; ++j) store(dwr + j * C, load<V>(dwr + j * C) + acc[j]);
+  const int k = K ? K : k_runtime;
+  grow += c;
+  if (db) {
+    V s{};
+    for (int64_t w = 0; w < W; ++w) s += load<V>(grow + w * C);
+    store(db + c, load<V>(db + c) + s);
+  }
+  for (int i = i0, s = slot0; i < i1; ++i, s = s + 1 == k ? 0 : s + 1) {
+    const T* src = ring.template row<kL>(c, s);
+    T* dwr = dw + int64_t(i) * k * C + c;
+    if constexpr (K == 0) {
+      for (int j = 0; j < k; ++j) {
+        V acc{};
+        for (int64_t w = 0; w < W; ++w) acc += load<V>(grow + w * C) * load<V>(src + (w + j) * kL);
+        store(dwr + j * C, load<V>(dwr + j * C) + acc);
       }
+    } else {
+      V acc[K];
+#pragma GCC unroll 8
+      for (int j = 0; j < K; ++j) acc[j] = V{};
+      int64_t w = 0;
+      for (; w + R <= W; w += R) {
+        V g[R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) g[r] = load<V>(grow + (w + r) * C);
+#pragma GCC unroll 8
+        for (int j = 0; j < K; ++j)
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) acc[j] += g[r] * load<V>(src + (w + r + j) * kL);
+      }
+      for (; w < W; ++w) {
+        const V g = load<V>(grow + w * C);
+#pragma GCC unroll 8
+        for (int j = 0; j < K; ++j) acc[j] += g * load<V>(src + (w + j) * kL);
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j < K; ++j) store(dwr + j * C, load<V>(dwr + j * C) + acc[j]);
     }
   }
 }
@@ -196,6 +189,17 @@ void dispatch_r(int64_t W, F&& f) {
   return f(IntC<1>{});
 }
 
+// Valid kernel rows [i0, i1) and input rows [lo, hi) for output row h.
+struct RowWindow {
+  int64_t lo, hi;
+  int i0, i1;
+  RowWindow(int64_t h, int64_t H, int p)
+      : lo(std::max<int64_t>(0, h - p)),
+        hi(std::min<int64_t>(H, h + p + 1)),
+        i0(int(lo - (h - p))),
+        i1(int(hi - (h - p))) {}
+};
+
 template <class T>
 void dw_forward(const T* in, const T* wt, const T* bias, T* out, int64_t N, int64_t H, int64_t W, int64_t C,
                 int k) {
@@ -204,15 +208,22 @@ void dw_forward(const T* in, const T* wt, const T* bias, T* out, int64_t N, int6
   {
     int64_t r0, r1;
     thread_rows(N * H, r0, r1);
-    std::vector<T> ring(size_t(k) * size_t(W + 2 * (k / 2)) * kMaxLanes<T>);
-    for_blocks<T>(0, C, [&](auto v, int64_t c) {
-      dispatch_k(k, [&](auto K) {
-        dispatch_r(W, [&](auto R) {
-          dw_forward_block<decltype(K)::value, decltype(R)::value, decltype(v)>(in, wt, bias, out, H, W, C, k,
-                                                                                c, r0, r1, ring.data());
+    std::vector<T> ring_buf(size_t(k) * size_t(W + 2 * (k / 2)) * size_t(C));
+    RowRing<T> ring(ring_buf.data(), k, W, C);
+    for (int64_t row = r0; row < r1; ++row) {
+      const int64_t n = row / H, h = row % H;
+      const RowWindow win(h, H, k / 2);
+      ring.advance(in + n * H * W * C, n, win.lo, win.hi);
+      const int slot0 = ring.slot(win.lo);
+      for_blocks<T>(0, C, [&](auto v, int64_t c) {
+        dispatch_k(k, [&](auto K) {
+          dispatch_r(W, [&](auto R) {
+            dw_forward_row<decltype(K)::value, decltype(R)::value, decltype(v)>(
+                ring, slot0, win.i0, win.i1, wt, bias, out + row * W * C, W, C, k, c);
+          });
         });
       });
-    });
+    }
   }
 }
 
@@ -227,14 +238,22 @@ void dw_weight_grad(const T* x, const T* gy, T* dw, T* db, int64_t N, int64_t H,
     int64_t r0, r1;
     thread_rows(N * H, r0, r1);
     T* acc = partial.data() + omp_get_thread_num() * per_thread;
-    std::vector<T> ring(size_t(k) * size_t(W + 2 * (k / 2)) * kMaxLanes<T>);
-    for_blocks<T>(0, C, [&](auto v, int64_t c) {
-      dispatch_k(k, [&](auto K) {
-        constexpr int kR = 4;
-        dw_weight_block<decltype(K)::value, kR, decltype(v)>(x, gy, acc, db ? acc + per_thread - C : nullptr,
-                                                             H, W, C, k, c, r0, r1, ring.data());
+    T* acc_db = db ? acc + per_thread - C : nullptr;
+    std::vector<T> ring_buf(size_t(k) * size_t(W + 2 * (k / 2)) * size_t(C));
+    RowRing<T> ring(ring_buf.data(), k, W, C);
+    for (int64_t row = r0; row < r1; ++row) {
+      const int64_t n = row / H, h = row % H;
+      const RowWindow win(h, H, k / 2);
+      ring.advance(x + n * H * W * C, n, win.lo, win.hi);
+      const int slot0 = ring.slot(win.lo);
+      for_blocks<T>(0, C, [&](auto v, int64_t c) {
+        dispatch_k(k, [&](auto K) {
+          constexpr int kR = 4;
+          dw_weight_row<decltype(K)::value, kR, decltype(v)>(ring, slot0, win.i0, win.i1, gy + row * W * C,
+                                                             acc, acc_db, W, C, k, c);
+        });
       });
-    });
+    }
   }
   for (int64_t e = 0; e < per_thread; ++e) {
     T s = 0;
