@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
   // ConvNeXt-atto at 64px, batch 32 (the training target).
   for (auto [hw, c] : {std::pair{16, 40}, {8, 80}, {4, 160}, {2, 320}}) cz::add_stage(32, hw, c);
   cz::add_patchify(32, 64, 3, 4, 40);
-  cz::add_patchify(32, 16, 40, 2, 80);
+  for (auto [hw, c] : {std::pair{16, 40}, {8, 80}, {4, 160}}) cz::add_patchify(32, hw, c, 2, 2 * c);
 
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

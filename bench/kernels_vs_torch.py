@@ -10,6 +10,10 @@ the same noise, so compare ratios from the same run.
   python3 bench/kernels_vs_torch.py                       # build/bench/bench_kernels, all benchmarks
   python3 bench/kernels_vs_torch.py --filter dwconv7 --repetitions 5
   python3 bench/kernels_vs_torch.py --json ours.json      # reuse a saved bench_kernels JSON
+
+When every kernel of a ConvNeXt-atto training step (batch 32, 64 px) was timed, the summary adds up one
+step's worth of them on each side (the GEMMs, depthwise convs, LayerNorms, GELUs and patchify convs; not the
+elementwise ops, pooling, head, loss or optimizer).
 """
 import argparse
 import json
@@ -129,6 +133,28 @@ def fmt_rate(counter, value):
     return f"{value / 1e9:.1f} G{counter}"
 
 
+def atto_step_counts():
+    """How often one ConvNeXt-atto training step (batch 32, 64 px, depths 2-2-6-2, widths 40-80-160-320) runs
+    each benchmarked kernel: every forward kernel once per use, every backward kernel likewise."""
+    counts = {}
+    stages = [(16, 40, 2), (8, 80, 2), (4, 160, 6), (2, 320, 2)]
+    for s, (hw, c, depth) in enumerate(stages):
+        shape, m = f"32x{hw}x{hw}x{c}", 32 * hw * hw
+        # LayerNorms: one per block, plus the stem's (stage 0) and the one before each downsampling conv.
+        norms = depth + (s == 0) + (s < 3)
+        for d in ("fwd", "bwd"):
+            counts[f"dwconv7_{d}/{shape}"] = depth
+            counts[f"layer_norm_{d}/{shape}"] = norms
+            counts[f"gelu_{d}/32x{hw}x{hw}x{4 * c}"] = depth
+            counts[f"linear_{d}/{m}x{c}x{4 * c}"] = depth
+            counts[f"linear_{d}/{m}x{4 * c}x{c}"] = depth
+            if s < 3:
+                counts[f"patchify_{d}/{shape}_k2_{2 * c}"] = 1
+    for d in ("fwd", "bwd"):
+        counts[f"patchify_{d}/32x64x64x3_k4_40"] = 1
+    return counts
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", default="build/bench/bench_kernels")
@@ -156,13 +182,14 @@ def main():
     header = f"{'benchmark':44} {'ours ms':>9} {'torch ms':>9} {'ours rate':>14} {'torch rate':>14} {'speedup':>8}"
     print(header)
     print("-" * len(header))
-    by_kind = {}
+    by_kind, times = {}, {}
     for name, (t_ours, counter, value) in ours.items():
         if filt and not filt.search(name):
             continue
         t_torch = time_torch(torch_case(name), args.min_time, args.repetitions, args.clock)
         torch_value = value * t_ours / t_torch if value else None
         speedup = t_torch / t_ours
+        times[name] = (t_ours, t_torch)
         by_kind.setdefault(name.split("/")[0], []).append(speedup)
         print(f"{name:44} {t_ours * 1e3:9.3f} {t_torch * 1e3:9.3f} {fmt_rate(counter, value):>14} "
               f"{fmt_rate(counter, torch_value):>14} {speedup:7.2f}x", flush=True)
@@ -170,6 +197,16 @@ def main():
     print("geometric-mean speedup per kernel:")
     for kind, s in by_kind.items():
         print(f"  {kind:16} {math.exp(sum(map(math.log, s)) / len(s)):5.2f}x over {len(s)} shapes")
+    counts = atto_step_counts()
+    if all(name in times for name in counts):
+        ours_ms = sum(n * times[name][0] for name, n in counts.items()) * 1e3
+        torch_ms = sum(n * times[name][1] for name, n in counts.items()) * 1e3
+        print(f"\nConvNeXt-atto training step (batch 32, 64 px), these kernels only: convnext_zero {ours_ms:.1f} ms, "
+              f"torch {torch_ms:.1f} ms, speedup {torch_ms / ours_ms:.2f}x")
+        for kind in sorted({name.split("/")[0] for name in counts}):
+            o = sum(n * times[k][0] for k, n in counts.items() if k.startswith(kind + "/")) * 1e3
+            t = sum(n * times[k][1] for k, n in counts.items() if k.startswith(kind + "/")) * 1e3
+            print(f"  {kind:16} {o:8.2f} ms {t:8.2f} ms {t / o:6.2f}x")
 
 
 if __name__ == "__main__":
