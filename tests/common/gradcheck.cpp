@@ -101,4 +101,19 @@ double dot(const Tensor& y, const std::vector<double>& w) {
   return ::testing::AssertionSuccess();
 }
 
+std::vector<Tensor> output_and_grads(const TensorFn& fn, const std::vector<Tensor>& inputs) {
+  std::vector<Tensor> xs;
+  for (const Tensor& t : inputs) {
+    Tensor x = t.detach().clone();
+    if (is_floating(x.dtype())) x.set_requires_grad(true);
+    xs.push_back(x);
+  }
+  Tensor y = fn(xs);
+  y.backward(random_tensor(y.sizes(), 99, y.dtype()));
+  std::vector<Tensor> out{y.detach()};
+  for (const Tensor& x : xs)
+    if (x.requires_grad()) out.push_back(x.grad().defined() ? x.grad() : zeros_like(x));
+  return out;
+}
+
 }  // namespace cz::testing

@@ -26,4 +26,8 @@ using TensorFn = std::function<Tensor(const std::vector<Tensor>&)>;
 ::testing::AssertionResult gradcheck(const TensorFn& fn, const std::vector<Tensor>& inputs, double eps = 1e-6,
                                      double atol = 1e-6, double rtol = 1e-5);
 
+// fn's output followed by the gradients of <fn(inputs), w> for w a fixed random tensor, for every floating
+// input (inputs are cloned; integer inputs such as labels get none).
+std::vector<Tensor> output_and_grads(const TensorFn& fn, const std::vector<Tensor>& inputs);
+
 }  // namespace cz::testing

@@ -3,7 +3,9 @@
 
 #include <cmath>
 
+#include "op_reference.h"
 #include "tensor/ops.h"
+#include "tensor/random.h"
 
 namespace cz::testing {
 
@@ -28,6 +30,117 @@ TensorFn elementwise_ref(double (*f)(double, double)) {
     for (size_t i = 0; i < a.size(); ++i) a[i] = f(a[i], b[i]);
     return make(a, in[0].sizes());
   };
+}
+
+// Class labels in [0, k) of the given integer dtype (never requiring grad).
+Tensor labels(int64_t n, int64_t k, DType dtype, uint64_t seed) {
+  Generator gen(seed);
+  return randint(k, {n}, gen, dtype);
+}
+
+// The ConvNeXt ops. Shapes exercise the edges of the vectorized kernels: channel counts that are not a
+// multiple of any SIMD width, images smaller and larger than the kernel, odd patchify remainders.
+void add_convnext_cases(std::vector<OpCase>& cases) {
+  cases.push_back({"gelu",
+                   [](DType t, uint64_t s) {
+                     return std::vector{input({2, 3, 5, 7}, t, s, true, -5, 5)};
+                   },
+                   [](const auto& in) { return gelu(in[0]); },
+                   [](const auto& in) { return ref_gelu(in[0]); }});
+
+  cases.push_back({"layer_norm",
+                   [](DType t, uint64_t s) {
+                     return std::vector{input({2, 3, 5, 21}, t, s, true, -2, 3), input({21}, t, s + 1),
+                                        input({21}, t, s + 2)};
+                   },
+                   [](const auto& in) { return layer_norm(in[0], in[1], in[2], 1e-6); },
+                   [](const auto& in) { return ref_layer_norm(in[0], &in[1], &in[2], 1e-6); }});
+  cases.push_back({"layer_norm_no_affine",
+                   [](DType t, uint64_t s) {
+                     return std::vector{input({3, 67}, t, s)};
+                   },
+                   [](const auto& in) { return layer_norm(in[0], Tensor(), Tensor(), 1e-5); },
+                   [](const auto& in) { return ref_layer_norm(in[0], nullptr, nullptr, 1e-5); }});
+  cases.push_back({"layer_norm_weight_only",
+                   [](DType t, uint64_t s) {
+                     return std::vector{input({2, 70}, t, s), input({70}, t, s + 1)};
+                   },
+                   [](const auto& in) { return layer_norm(in[0], in[1], Tensor(), 1e-5); },
+                   [](const auto& in) { return ref_layer_norm(in[0], &in[1], nullptr, 1e-5); }});
+  cases.push_back({"layer_norm_bias_only",
+                   [](DType t, uint64_t s) {
+                     return std::vector{input({4, 9}, t, s), input({9}, t, s + 1)};
+                   },
+                   [](const auto& in) { return layer_norm(in[0], Tensor(), in[1], 1e-5); },
+                   [](const auto& in) { return ref_layer_norm(in[0], nullptr, &in[1], 1e-5); }});
+
+  // Depthwise: k = 7 with H < k < W and C = 19 (16 + 2 + 1 lanes with AVX-512 f32); k = 5, 3 and the generic
+  // path (k = 9), W from 1 to 10 (every register-block width), with and without bias.
+  auto dw_case = [&](const char* name, Shape x, int64_t k, bool with_bias) {
+    const int64_t C = x[3];
+    cases.push_back(
+        {name,
+         [=](DType t, uint64_t s) {
+           std::vector<Tensor> in{input(x, t, s), input({C, 1, k, k}, t, s + 1)};
+           if (with_bias) in.push_back(input({C}, t, s + 2));
+           return in;
+         },
+         [](const auto& in) { return depthwise_conv2d(in[0], in[1], in.size() > 2 ? in[2] : Tensor()); },
+         [](const auto& in) {
+           return ref_depthwise_conv2d(in[0], in[1], in.size() > 2 ? &in[2] : nullptr);
+         }});
+  };
+  dw_case("depthwise_conv2d_k7", {2, 5, 9, 19}, 7, true);
+  dw_case("depthwise_conv2d_k7_w3_no_bias", {1, 8, 3, 5}, 7, false);
+  dw_case("depthwise_conv2d_k5", {1, 6, 4, 8}, 5, true);
+  dw_case("depthwise_conv2d_k3_w1", {2, 3, 1, 3}, 3, true);
+  dw_case("depthwise_conv2d_k9_generic", {1, 3, 10, 3}, 9, false);
+
+  // Patchify: the 4x4 stem with H not divisible by 4, and a 2x2 downsampling layer with W odd and no bias.
+  cases.push_back(
+      {"patchify_conv2d_k4",
+       [](DType t, uint64_t s) {
+         return std::vector{input({2, 9, 8, 3}, t, s), input({5, 3, 4, 4}, t, s + 1), input({5}, t, s + 2)};
+       },
+       [](const auto& in) { return patchify_conv2d(in[0], in[1], in[2]); },
+       [](const auto& in) { return ref_patchify_conv2d(in[0], in[1], &in[2]); }});
+  cases.push_back({"patchify_conv2d_k2_no_bias",
+                   [](DType t, uint64_t s) {
+                     return std::vector{input({1, 4, 5, 6}, t, s), input({7, 6, 2, 2}, t, s + 1)};
+                   },
+                   [](const auto& in) { return patchify_conv2d(in[0], in[1]); },
+                   [](const auto& in) { return ref_patchify_conv2d(in[0], in[1], nullptr); }});
+
+  cases.push_back({"global_avg_pool",
+                   [](DType t, uint64_t s) {
+                     return std::vector{input({2, 3, 5, 19}, t, s)};
+                   },
+                   [](const auto& in) { return global_avg_pool(in[0]); },
+                   [](const auto& in) { return ref_global_avg_pool(in[0]); }});
+
+  cases.push_back({"cross_entropy_i64",
+                   [](DType t, uint64_t s) {
+                     return std::vector{input({6, 7}, t, s, true, -3, 3), labels(6, 7, DType::i64, s + 1)};
+                   },
+                   [](const auto& in) { return cross_entropy(in[0], in[1]); },
+                   [](const auto& in) { return ref_cross_entropy(in[0], in[1], 0.0); }});
+  cases.push_back({"cross_entropy_i32_smoothing",
+                   [](DType t, uint64_t s) {
+                     return std::vector{input({5, 11}, t, s, true, -3, 3), labels(5, 11, DType::i32, s + 1)};
+                   },
+                   [](const auto& in) { return cross_entropy(in[0], in[1], 0.1); },
+                   [](const auto& in) { return ref_cross_entropy(in[0], in[1], 0.1); }});
+
+  // Seed 3 drops some of the 8 samples and keeps others (test_op_behaviour checks that it still does).
+  cases.push_back({"drop_path",
+                   [](DType t, uint64_t s) {
+                     return std::vector{input({8, 2, 3, 5}, t, s)};
+                   },
+                   [](const auto& in) {
+                     Generator gen(3);
+                     return drop_path(in[0], 0.4, gen);
+                   },
+                   [](const auto& in) { return ref_drop_path(in[0], 0.4, 3); }});
 }
 
 std::vector<OpCase> build() {
@@ -130,6 +243,8 @@ std::vector<OpCase> build() {
                      for (double x : v) acc += x;
                      return make({acc / double(v.size())}, {});
                    }});
+
+  add_convnext_cases(cases);
   return cases;
 }
 

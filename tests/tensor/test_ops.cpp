@@ -39,6 +39,18 @@ TEST_P(OpTable, GradientMatchesFiniteDifferences) {
   EXPECT_TRUE(gradcheck(op().fn, in, 1e-6, op().grad_atol, op().grad_rtol));
 }
 
+// The f32 backward kernels (other vector widths than f64) against the f64 ones the gradient check validated.
+TEST_P(OpTable, F32GradientsMatchF64) {
+  const auto in64 = op().inputs(DType::f64, 14);
+  std::vector<Tensor> in32;
+  for (const Tensor& t : in64)
+    in32.push_back(is_floating(t.dtype()) ? t.detach().to(DType::f32) : t.detach());
+  const auto g64 = output_and_grads(op().fn, in64), g32 = output_and_grads(op().fn, in32);
+  ASSERT_EQ(g64.size(), g32.size());
+  for (size_t i = 0; i < g64.size(); ++i)
+    EXPECT_TRUE(all_close(g32[i], g64[i], 10 * op().f32_rtol, 10 * op().f32_atol)) << "output/gradient " << i;
+}
+
 std::string case_name(const ::testing::TestParamInfo<size_t>& info) {
   return op_cases()[info.param].name;
 }

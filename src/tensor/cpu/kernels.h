@@ -55,3 +55,51 @@ void sum(const Tensor& x, double factor, Tensor& out);
 void broadcast_scalar(const Tensor& scalar, double factor, Tensor& out);
 
 }  // namespace cz::cpu
+
+namespace cz::cpu {
+
+// Exact GELU. x, y, gy, dx: same shape.
+void gelu_forward(const Tensor& x, Tensor& y);
+void gelu_backward(const Tensor& gy, const Tensor& x, Tensor& dx);
+
+// LayerNorm over the last dimension. x, y: (rows, C); weight, bias: (C) or undefined (no affine transform);
+// mean, rstd: (rows), written for backward.
+void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& y,
+                        Tensor& mean, Tensor& rstd);
+// Each of dx, dweight, dbias may be undefined (not needed); dweight/dbias need a defined weight.
+void layer_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                         const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias);
+
+// Depthwise k x k convolution, stride 1, zero padding k/2. x, y: (N, H, W, C); w: (k, k, C) (channels last,
+// not PyTorch's layout); bias: (C) or undefined.
+void depthwise_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y);
+// gy: (N, H, W, C). dx: like x, dw: (k, k, C), dbias: (C); each may be undefined.
+void depthwise_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
+                               Tensor& dbias);
+
+// Patchify convolution, kernel = stride = k, no padding. x: (N, H, W, Cin); w: (Cout, k, k, Cin) (channels
+// last, not PyTorch's layout); bias: (Cout) or undefined; y: (N, H / k, W / k, Cout).
+void patchify_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y);
+// gy: like y. dx: like x (zero where the floor dropped rows/columns), dw: like w, dbias: (Cout); each may be
+// undefined.
+void patchify_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
+                              Tensor& dbias);
+
+// Mean over H and W. x: (N, H, W, C), y: (N, C); gy: (N, C), dx: (N, H, W, C).
+void global_avg_pool_forward(const Tensor& x, Tensor& y);
+void global_avg_pool_backward(const Tensor& gy, Tensor& dx);
+
+// Softmax cross-entropy with label smoothing, mean over rows. logits: (N, K); labels: (N) i32 or i64, already
+// checked to lie in [0, K); loss: () like logits; lse: (N) log-sum-exp per row, for backward.
+void cross_entropy_forward(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& loss,
+                           Tensor& lse);
+// gloss: () the loss gradient; dlogits: (N, K).
+void cross_entropy_backward(const Tensor& gloss, const Tensor& logits, const Tensor& labels,
+                            const Tensor& lse, double smoothing, Tensor& dlogits);
+// x: (rows, K) -> out: (rows) i64, the first index of the largest value (NaN counts as largest).
+void argmax(const Tensor& x, Tensor& out);
+
+// y[n, ...] = x[n, ...] * scale[n] (drop path). x, y: (N, ...); scale: (N) like x.
+void sample_scale(const Tensor& x, const Tensor& scale, Tensor& y);
+
+}  // namespace cz::cpu

@@ -1,51 +1,8 @@
 // GEMM-based kernels: matmul and linear forward/backward on OpenBLAS.
-#include <cblas.h>
-#include <omp.h>
-
-#include <vector>
-
+#include "tensor/cpu/blas.h"
 #include "tensor/cpu/kernels.h"
-#include "tensor/parallel.h"
 
 namespace cz::cpu {
-namespace {
-
-// C = alpha * op(A) op(B) + beta * C, row-major.
-template <class T>
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
-          int64_t ldb, T beta, T* c, int64_t ldc) {
-  const auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, opa, opb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c,
-                int(ldc));
-  else
-    cblas_dgemm(CblasRowMajor, opa, opb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c,
-                int(ldc));
-}
-
-// out[j] = sum over rows of g[r][j].
-template <class T>
-void column_sums(const T* g, int64_t rows, int64_t cols, T* out) {
-  const int nt = rows * cols >= kParallelGrain ? cpu_threads() : 1;
-  std::vector<T> partial(size_t(nt * cols), T(0));
-#pragma omp parallel num_threads(nt)
-  {
-    T* acc = partial.data() + omp_get_thread_num() * cols;
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* gr = g + r * cols;
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) acc[j] += gr[j];
-    }
-  }
-  for (int64_t j = 0; j < cols; ++j) {
-    T s = 0;
-    for (int t = 0; t < nt; ++t) s += partial[size_t(t * cols + j)];
-    out[j] = s;
-  }
-}
-
-}  // namespace
 
 void matmul(const Tensor& a, const Tensor& b, Tensor& out) {
   visit_float(out.dtype(), [&](auto tag) {

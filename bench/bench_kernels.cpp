@@ -1,0 +1,159 @@
+// Microbenchmarks of the CPU kernels that dominate ConvNeXt training: the MLP's GEMMs, depthwise 7x7 conv,
+// LayerNorm, GELU and the patchify convs, at ConvNeXt-T stage shapes (batch 8, 224px) and ConvNeXt-atto
+// training shapes (batch 32, 64px). GEMM and conv report FLOP/s, LayerNorm and GELU bytes/s of compulsory
+// traffic. bench/kernels_vs_torch.py times the same shapes in PyTorch and prints the ratios.
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "tensor/cpu/kernels.h"
+#include "tensor/parallel.h"
+#include "tensor/random.h"
+
+namespace cz {
+namespace {
+
+Tensor uniform(const Shape& shape, uint64_t seed) {
+  Generator gen(seed);
+  Tensor t = empty(shape);
+  uniform_(t, -1.0, 1.0, gen);
+  return t;
+}
+
+// FLOP/s or B/s from a per-iteration amount.
+void rate(benchmark::State& state, const char* name, double per_iteration) {
+  state.counters[name] = benchmark::Counter(per_iteration, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Registers a benchmark timed in wall-clock time (the kernels run on several OpenMP threads).
+template <class F>
+void reg(const std::string& name, F&& f) {
+  benchmark::RegisterBenchmark(name.c_str(), std::forward<F>(f))->UseRealTime();
+}
+
+std::string nhwc(int64_t n, int64_t hw, int64_t c) {
+  return fmt::format("{}x{}x{}x{}", n, hw, hw, c);
+}
+
+void add_stage(int64_t n, int64_t hw, int64_t c) {
+  const Shape x_shape{n, hw, hw, c}, h_shape{n, hw, hw, 4 * c};
+  const double elems = double(n * hw * hw * c), m = double(n * hw * hw);
+  const std::string s = nhwc(n, hw, c), s4 = nhwc(n, hw, 4 * c);
+
+  // The block's MLP: pwconv1 (C -> 4C) and pwconv2 (4C -> C) as GEMMs over the N H W pixels.
+  for (auto [in, out] : {std::pair{c, 4 * c}, std::pair{4 * c, c}}) {
+    const std::string mkn = fmt::format("{}x{}x{}", int64_t(m), in, out);
+    reg(("linear_fwd/" + mkn), [=](benchmark::State& st) {
+      const Tensor x = uniform({int64_t(m), in}, 1), w = uniform({out, in}, 2), b = uniform({out}, 3);
+      Tensor y = empty({int64_t(m), out});
+      for (auto _ : st) cpu::linear_forward(x, w, b, y);
+      rate(st, "FLOP/s", 2 * m * double(in * out));
+    });
+    reg(("linear_bwd/" + mkn), [=](benchmark::State& st) {
+      const Tensor x = uniform({int64_t(m), in}, 1), w = uniform({out, in}, 2),
+                   gy = uniform({int64_t(m), out}, 3);
+      Tensor dx = empty({int64_t(m), in}), dw = empty({out, in}), db = empty({out});
+      for (auto _ : st) cpu::linear_backward(gy, x, w, dx, dw, db);
+      rate(st, "FLOP/s", 4 * m * double(in * out));
+    });
+  }
+
+  reg(("dwconv7_fwd/" + s), [=](benchmark::State& st) {
+    const Tensor x = uniform(x_shape, 1), w = uniform({7, 7, c}, 2), b = uniform({c}, 3);
+    Tensor y = empty(x_shape);
+    for (auto _ : st) cpu::depthwise_conv2d_forward(x, w, b, y);
+    rate(st, "FLOP/s", 2 * 49 * elems);
+  });
+  reg(("dwconv7_bwd/" + s), [=](benchmark::State& st) {
+    const Tensor x = uniform(x_shape, 1), w = uniform({7, 7, c}, 2), gy = uniform(x_shape, 3);
+    Tensor dx = empty(x_shape), dw = empty({7, 7, c}), db = empty({c});
+    for (auto _ : st) cpu::depthwise_conv2d_backward(gy, x, w, dx, dw, db);
+    rate(st, "FLOP/s", 4 * 49 * elems);  // input and weight gradients
+  });
+
+  reg(("layer_norm_fwd/" + s), [=](benchmark::State& st) {
+    const Tensor x = uniform({int64_t(m), c}, 1), w = uniform({c}, 2), b = uniform({c}, 3);
+    Tensor y = empty({int64_t(m), c}), mean = empty({int64_t(m)}), rstd = empty({int64_t(m)});
+    for (auto _ : st) cpu::layer_norm_forward(x, w, b, 1e-6, y, mean, rstd);
+    rate(st, "B/s", 2 * 4 * elems);  // read x, write y
+  });
+  reg(("layer_norm_bwd/" + s), [=](benchmark::State& st) {
+    const Tensor x = uniform({int64_t(m), c}, 1), w = uniform({c}, 2), b = uniform({c}, 3);
+    Tensor y = empty({int64_t(m), c}), mean = empty({int64_t(m)}), rstd = empty({int64_t(m)});
+    cpu::layer_norm_forward(x, w, b, 1e-6, y, mean, rstd);
+    const Tensor gy = uniform({int64_t(m), c}, 4);
+    Tensor dx = empty({int64_t(m), c}), dw = empty({c}), db = empty({c});
+    for (auto _ : st) cpu::layer_norm_backward(gy, x, w, mean, rstd, dx, dw, db);
+    rate(st, "B/s", 3 * 4 * elems);  // read x and gy, write dx
+  });
+
+  // GELU runs on the 4C-wide hidden activations.
+  reg(("gelu_fwd/" + s4), [=](benchmark::State& st) {
+    const Tensor x = uniform(h_shape, 1);
+    Tensor y = empty(h_shape);
+    for (auto _ : st) cpu::gelu_forward(x, y);
+    rate(st, "B/s", 2 * 4 * 4 * elems);
+  });
+  reg(("gelu_bwd/" + s4), [=](benchmark::State& st) {
+    const Tensor x = uniform(h_shape, 1), gy = uniform(h_shape, 2);
+    Tensor dx = empty(h_shape);
+    for (auto _ : st) cpu::gelu_backward(gy, x, dx);
+    rate(st, "B/s", 3 * 4 * 4 * elems);
+  });
+}
+
+// Patchify conv: x (n, hw, hw, cin) -> (n, hw / k, hw / k, cout).
+void add_patchify(int64_t n, int64_t hw, int64_t cin, int64_t k, int64_t cout) {
+  const std::string name = fmt::format("{}_k{}_{}", nhwc(n, hw, cin), k, cout);
+  const Shape x_shape{n, hw, hw, cin}, y_shape{n, hw / k, hw / k, cout}, w_shape{cout, k, k, cin};
+  const double flops = 2 * double(n * (hw / k) * (hw / k)) * double(k * k * cin * cout);
+  reg(("patchify_fwd/" + name), [=](benchmark::State& st) {
+    const Tensor x = uniform(x_shape, 1), w = uniform(w_shape, 2), b = uniform({cout}, 3);
+    Tensor y = empty(y_shape);
+    for (auto _ : st) cpu::patchify_conv2d_forward(x, w, b, y);
+    rate(st, "FLOP/s", flops);
+  });
+  reg(("patchify_bwd/" + name), [=](benchmark::State& st) {
+    const Tensor x = uniform(x_shape, 1), w = uniform(w_shape, 2), gy = uniform(y_shape, 3);
+    Tensor dx = empty(x_shape), dw = empty(w_shape), db = empty({cout});
+    for (auto _ : st) cpu::patchify_conv2d_backward(gy, x, w, dx, dw, db);
+    rate(st, "FLOP/s", 2 * flops);
+  });
+}
+
+}  // namespace
+}  // namespace cz
+
+int main(int argc, char** argv) {
+  // Note [Passive OpenMP waits]: libgomp's default wait policy spins for a while at every barrier. On a
+  // shared or oversubscribed machine a spinning thread steals the core its partner needs, and every parallel
+  // region gets several times slower (measured: LayerNorm 1 ms -> 8 ms on 2 loaded cores). The project rule
+  // is never to spin, so threads wait passively unless OMP_WAIT_POLICY says otherwise; libgomp reads it when
+  // it loads, hence the one-time re-exec.
+  if (!std::getenv("OMP_WAIT_POLICY")) {
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    execv("/proc/self/exe", argv);  // returns only on failure: then run with the default policy
+  }
+  cz::configure_cpu_threads(1);
+  // ConvNeXt-T at 224px, batch 8.
+  for (auto [hw, c] : {std::pair{56, 96}, {28, 192}, {14, 384}, {7, 768}}) cz::add_stage(8, hw, c);
+  cz::add_patchify(8, 224, 3, 4, 96);
+  cz::add_patchify(8, 56, 96, 2, 192);
+  // ConvNeXt-atto at 64px, batch 32 (the training target).
+  for (auto [hw, c] : {std::pair{16, 40}, {8, 80}, {4, 160}, {2, 320}}) cz::add_stage(32, hw, c);
+  cz::add_patchify(32, 64, 3, 4, 40);
+  for (auto [hw, c] : {std::pair{16, 40}, {8, 80}, {4, 160}}) cz::add_patchify(32, hw, c, 2, 2 * c);
+
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("cpu_threads", std::to_string(cz::cpu_threads()));
+  benchmark::AddCustomContext("omp_wait_policy",
+                              std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "");
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,95 @@
+// Softmax cross-entropy with label smoothing (forward and backward) and argmax.
+#include <cmath>
+#include <limits>
+
+#include "tensor/cpu/kernels.h"
+#include "tensor/parallel.h"
+
+namespace cz::cpu {
+namespace {
+
+// Calls f(int32_t{}) or f(int64_t{}) for the labels' type.
+template <class F>
+decltype(auto) visit_label(DType t, F&& f) {
+  if (t == DType::i32) return f(int32_t{});
+  CZ_CHECK_DTYPE(t == DType::i64, "labels must be i32 or i64, got {}", dtype_name(t));
+  return f(int64_t{});
+}
+
+}  // namespace
+
+// Per row, with lse = log sum_k exp(z_k) (computed from the row maximum, so it never overflows):
+//   loss_n = -sum_k t_k (z_k - lse) = lse - (1 - s) z_y - (s / K) sum_k z_k,   t = (1 - s) onehot(y) + s / K.
+void cross_entropy_forward(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& loss,
+                           Tensor& lse) {
+  visit_float(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    visit_label(labels.dtype(), [&](auto ltag) {
+      using L = decltype(ltag);
+      const int64_t N = logits.size(0), K = logits.size(1);
+      const T* pz = logits.data<T>();
+      const L* py = labels.data<L>();
+      T* pl = lse.data<T>();
+      double total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total) if (logits.numel() >= kParallelGrain)
+      for (int64_t n = 0; n < N; ++n) {
+        const T* z = pz + n * K;
+        T m = z[0];
+        for (int64_t k = 1; k < K; ++k) m = z[k] > m ? z[k] : m;
+        double se = 0, sz = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          se += double(std::exp(z[k] - m));
+          sz += double(z[k]);
+        }
+        const double l = double(m) + std::log(se);
+        pl[n] = T(l);
+        total += l - (1 - smoothing) * double(z[py[n]]) - smoothing / double(K) * sz;
+      }
+      loss.data<T>()[0] = T(total / double(N));
+    });
+  });
+}
+
+// dloss/dz_k = g / N * (softmax_k - t_k).
+void cross_entropy_backward(const Tensor& gloss, const Tensor& logits, const Tensor& labels,
+                            const Tensor& lse, double smoothing, Tensor& dlogits) {
+  visit_float(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    visit_label(labels.dtype(), [&](auto ltag) {
+      using L = decltype(ltag);
+      const int64_t N = logits.size(0), K = logits.size(1);
+      const T* pz = logits.data<T>();
+      const L* py = labels.data<L>();
+      const T* pl = lse.data<T>();
+      T* pd = dlogits.data<T>();
+      const T scale = T(double(gloss.data<T>()[0]) / double(N));
+      const T off = T(smoothing / double(K)), hit = T(1 - smoothing);
+#pragma omp parallel for schedule(static) if (logits.numel() >= kParallelGrain)
+      for (int64_t n = 0; n < N; ++n) {
+        const T* z = pz + n * K;
+        T* d = pd + n * K;
+        for (int64_t k = 0; k < K; ++k) d[k] = scale * (std::exp(z[k] - pl[n]) - off);
+        d[py[n]] -= scale * hit;
+      }
+    });
+  });
+}
+
+void argmax(const Tensor& x, Tensor& out) {
+  visit_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t K = x.size(-1), rows = x.numel() / K;
+    const T* px = x.data<T>();
+    int64_t* po = out.data<int64_t>();
+#pragma omp parallel for schedule(static) if (x.numel() >= kParallelGrain)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* z = px + r * K;
+      int64_t best = 0;
+      for (int64_t k = 1; k < K && !std::isnan(z[best]); ++k)
+        if (z[k] > z[best] || std::isnan(z[k])) best = k;
+      po[r] = best;
+    }
+  });
+}
+
+}  // namespace cz::cpu

@@ -1,0 +1,225 @@
+// The ConvNeXt ops beyond the op table: f32 GELU accuracy over the whole range, results that do not depend on
+// the thread count at shapes large enough to run in parallel, numerical stability, argmax ties, drop path's
+// mask.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+
+#include "common/gradcheck.h"
+#include "op_reference.h"
+#include "tensor/autograd/engine.h"
+#include "tensor/ops.h"
+#include "tensor/random.h"
+
+namespace cz::testing {
+namespace {
+
+// f() with `n` OpenMP threads, restoring the previous count.
+template <class F>
+auto with_threads(int n, F&& f) {
+  const int prev = omp_get_max_threads();
+  omp_set_num_threads(n);
+  auto r = f();
+  omp_set_num_threads(prev);
+  return r;
+}
+
+struct BigCase {
+  const char* name;
+  std::function<std::vector<Tensor>(DType)> inputs;
+  TensorFn fn, reference;
+};
+
+// Shapes above the parallel grain, with the ConvNeXt-atto channel counts (40 = 16 + 16 + 8 f32 lanes).
+std::vector<BigCase> big_cases() {
+  auto in = [](const Shape& s, DType t, uint64_t seed) { return random_tensor(s, seed, DType::f64).to(t); };
+  return {
+      {"depthwise_conv2d",
+       [=](DType t) {
+         return std::vector{in({3, 16, 13, 40}, t, 1), in({40, 1, 7, 7}, t, 2), in({40}, t, 3)};
+       },
+       [](const auto& x) { return depthwise_conv2d(x[0], x[1], x[2]); },
+       [](const auto& x) { return ref_depthwise_conv2d(x[0], x[1], &x[2]); }},
+      {"layer_norm",
+       [=](DType t) {
+         return std::vector{in({3, 13, 11, 160}, t, 4), in({160}, t, 5), in({160}, t, 6)};
+       },
+       [](const auto& x) { return layer_norm(x[0], x[1], x[2], 1e-6); },
+       [](const auto& x) { return ref_layer_norm(x[0], &x[1], &x[2], 1e-6); }},
+      {"gelu",
+       [=](DType t) {
+         return std::vector{in({5, 17, 19, 40}, t, 7)};
+       },
+       [](const auto& x) { return gelu(x[0]); }, [](const auto& x) { return ref_gelu(x[0]); }},
+      {"patchify_conv2d",
+       [=](DType t) {
+         return std::vector{in({3, 34, 32, 3}, t, 8), in({40, 3, 4, 4}, t, 9), in({40}, t, 10)};
+       },
+       [](const auto& x) { return patchify_conv2d(x[0], x[1], x[2]); },
+       [](const auto& x) { return ref_patchify_conv2d(x[0], x[1], &x[2]); }},
+      {"global_avg_pool",
+       [=](DType t) {
+         return std::vector{in({5, 9, 11, 80}, t, 11)};
+       },
+       [](const auto& x) { return global_avg_pool(x[0]); },
+       [](const auto& x) { return ref_global_avg_pool(x[0]); }},
+  };
+}
+
+TEST(OpBehaviour, ParallelResultsMatchReferenceAndSerialRun) {
+  for (const BigCase& c : big_cases()) {
+    SCOPED_TRACE(c.name);
+    const auto in64 = c.inputs(DType::f64);
+    const auto serial = with_threads(1, [&] { return output_and_grads(c.fn, in64); });
+    const auto parallel = with_threads(3, [&] { return output_and_grads(c.fn, in64); });
+    EXPECT_TRUE(all_close(parallel[0], c.reference(in64), 1e-10, 1e-12));
+    for (size_t i = 0; i < serial.size(); ++i) EXPECT_TRUE(all_close(parallel[i], serial[i], 1e-11, 1e-11));
+    // The f32 kernels (other vector widths) against f64, values and gradients.
+    const auto f32 = with_threads(2, [&] { return output_and_grads(c.fn, c.inputs(DType::f32)); });
+    for (size_t i = 0; i < serial.size(); ++i) EXPECT_TRUE(all_close(f32[i], serial[i], 1e-4, 1e-4)) << i;
+  }
+}
+
+TEST(OpBehaviour, NonContiguousInputsGiveTheSameResults) {
+  // x (N, H, W, C) as a permuted view of an (N, C, H, W) tensor; parameters as strided views.
+  const Tensor x = random_tensor({2, 6, 5, 7}, 31).permute({0, 2, 3, 1});
+  ASSERT_FALSE(x.is_contiguous());
+  const Tensor xc = x.contiguous();
+  const Tensor w7 = random_tensor({6, 1, 3, 3}, 32), b6 = random_tensor({6}, 33);
+  const Tensor wide = random_tensor({6, 2}, 34), gamma = wide.select(1, 0), beta = wide.select(1, 1);
+  ASSERT_FALSE(gamma.is_contiguous());
+  const Tensor wp = random_tensor({4, 6, 2, 2}, 35).permute({0, 1, 3, 2});
+  auto same = [](const Tensor& a, const Tensor& b) { return all_close(a, b, 1e-14, 1e-14); };
+  EXPECT_TRUE(same(gelu(x), gelu(xc)));
+  EXPECT_TRUE(
+      same(layer_norm(x, gamma, beta, 1e-5), layer_norm(xc, gamma.contiguous(), beta.contiguous(), 1e-5)));
+  EXPECT_TRUE(same(depthwise_conv2d(x, w7, b6), depthwise_conv2d(xc, w7, b6)));
+  EXPECT_TRUE(same(patchify_conv2d(x, wp), patchify_conv2d(xc, wp.contiguous())));
+  EXPECT_TRUE(same(global_avg_pool(x), global_avg_pool(xc)));
+  Generator g1(5), g2(5);
+  EXPECT_TRUE(same(drop_path(x, 0.5, g1), drop_path(xc, 0.5, g2)));
+  const Tensor logits = random_tensor({3, 5}, 36).transpose(0, 1);  // (5, 3)
+  const Tensor labels = from_vector(std::vector<int64_t>{0, 2, 1, 1, 2, 0}, {6}).narrow(0, 1, 5);
+  EXPECT_NEAR(cross_entropy(logits, labels, 0.1).item(),
+              cross_entropy(logits.contiguous(), labels.contiguous(), 0.1).item(), 1e-14);
+  EXPECT_EQ(argmax(logits).to_vector<int64_t>(), argmax(logits.contiguous()).to_vector<int64_t>());
+}
+
+TEST(OpBehaviour, EmptyBatch) {
+  const Tensor x = zeros({0, 4, 4, 8});
+  EXPECT_EQ(gelu(x).sizes(), x.sizes());
+  EXPECT_EQ(layer_norm(x, ones({8}), zeros({8}), 1e-6).sizes(), x.sizes());
+  EXPECT_EQ(depthwise_conv2d(x, ones({8, 1, 7, 7})).sizes(), x.sizes());
+  EXPECT_EQ(patchify_conv2d(x, ones({3, 8, 2, 2})).sizes(), (Shape{0, 2, 2, 3}));
+  EXPECT_EQ(global_avg_pool(x).sizes(), (Shape{0, 8}));
+  Generator gen(1);
+  EXPECT_EQ(drop_path(x, 0.5, gen).sizes(), x.sizes());
+}
+
+TEST(OpBehaviour, GeluF32IsAccurateOverTheWholeRange) {
+  const int64_t n = 200001;
+  std::vector<float> xs(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) xs[size_t(i)] = float(-15.0 + 30.0 * double(i) / double(n - 1));
+  const Tensor x = from_vector(xs, {n});
+  const auto y = gelu(x).to_vector<double>();
+  Tensor xg = x.clone().set_requires_grad(true);
+  gelu(xg).backward(ones({n}));
+  const auto dy = xg.grad().to_vector<double>();
+  double worst = 0, worst_grad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = xs[size_t(i)], cdf = 0.5 * std::erfc(-v / std::sqrt(2.0));
+    const double pdf_term = v * std::exp(-0.5 * v * v) / std::sqrt(2 * M_PI);
+    const double ref = v * cdf, ref_grad = cdf + pdf_term;
+    if (std::abs(ref) > 1e-30) worst = std::max(worst, std::abs(y[size_t(i)] - ref) / std::abs(ref));
+    // The derivative's two terms cancel near x = -0.75: measure the error against their size.
+    const double scale = cdf + std::abs(pdf_term);
+    if (scale > 1e-30) worst_grad = std::max(worst_grad, std::abs(dy[size_t(i)] - ref_grad) / scale);
+  }
+  EXPECT_LT(worst, 1e-6);  // measured: 4.8e-7
+  EXPECT_LT(worst_grad, 1e-6);
+  // Far tails: exactly x and 0, no NaN.
+  const auto tails =
+      gelu(from_vector(std::vector<float>{-100.f, 100.f, -1e30f, 1e30f}, {4})).to_vector<float>();
+  EXPECT_EQ(tails[0], 0.0f);
+  EXPECT_EQ(tails[1], 100.0f);
+  EXPECT_EQ(tails[2], 0.0f);
+  EXPECT_EQ(tails[3], 1e30f);
+}
+
+TEST(OpBehaviour, LayerNormF32VarianceDoesNotCancel) {
+  // Mean 300, std 0.6: E[x^2] - E[x]^2 in f32 would be off by about 1% here.
+  const Tensor x64 = add(random_tensor({64, 40}, 21), full({64, 40}, 300.0, DType::f64));
+  const Tensor x32 = x64.to(DType::f32);
+  const Tensor ref = ref_layer_norm(x32, nullptr, nullptr, 1e-6);  // from the same f32 values, in f64
+  EXPECT_TRUE(all_close(layer_norm(x32, Tensor(), Tensor(), 1e-6), ref, 1e-3, 1e-3));
+}
+
+TEST(OpBehaviour, CrossEntropyIsStableForLargeLogits) {
+  const Tensor z = random_tensor({4, 9}, 5, DType::f32, -3, 3);
+  const Tensor y = from_vector(std::vector<int64_t>{0, 8, 3, 3}, {4});
+  const double base = cross_entropy(z, y, 0.1).item();
+  const double shifted = cross_entropy(add(z, full({4, 9}, 1000.0)), y, 0.1).item();
+  EXPECT_TRUE(std::isfinite(shifted));
+  EXPECT_NEAR(base, shifted, 1e-4);
+  // Two equal logits: log 2, whatever the smoothing.
+  const Tensor two = zeros({1, 2});
+  EXPECT_NEAR(cross_entropy(two, from_vector(std::vector<int32_t>{1}, {1}), 0.3).item(), std::log(2.0), 1e-7);
+}
+
+TEST(OpBehaviour, ArgmaxTakesTheFirstMaximumAndNaN) {
+  const Tensor x = from_vector(std::vector<double>{1, 3, 3, 0,    //
+                                                   NAN, 5, 1, 2,  //
+                                                   -1, -1, -1, -1},
+                               {3, 4});
+  EXPECT_EQ(argmax(x).to_vector<int64_t>(), (std::vector<int64_t>{1, 0, 0}));
+  const Tensor x3 = random_tensor({2, 3, 5}, 3);
+  const Tensor a = argmax(x3);
+  EXPECT_EQ(a.sizes(), (Shape{2, 3}));
+  const auto v = x3.to_vector<double>();
+  const auto av = a.to_vector<int64_t>();
+  for (size_t r = 0; r < 6; ++r)
+    for (size_t k = 0; k < 5; ++k) EXPECT_LE(v[r * 5 + k], v[r * 5 + size_t(av[r])]);
+  const Tensor logits = from_vector(std::vector<float>{0, 1, 2, 5, 1, 0, 0, 0, 1}, {3, 3});
+  EXPECT_EQ(count_correct(logits, from_vector(std::vector<int64_t>{2, 0, 1}, {3})), 2);
+  EXPECT_EQ(count_correct(logits, from_vector(std::vector<int32_t>{2, 0, 2}, {3})), 3);
+}
+
+TEST(OpBehaviour, DropPathMask) {
+  Generator gen(3);
+  const Tensor x = random_tensor({8, 2, 3, 5}, 1).set_requires_grad(true);
+  EXPECT_TRUE(drop_path(x, 0.0, gen).same(x));
+  EXPECT_EQ(gen.offset(), 0u);  // p = 0 draws nothing
+
+  // The op table's drop_path case (seed 3, p = 0.4, 8 samples) must keep some samples and drop others.
+  const Tensor y = drop_path(x, 0.4, gen);
+  const auto yv = y.to_vector<double>(), xv = x.to_vector<double>();
+  int kept = 0;
+  for (size_t n = 0; n < 8; ++n) {
+    const double ratio = yv[n * 30] / xv[n * 30];
+    EXPECT_TRUE(ratio == 0.0 || std::abs(ratio - 1 / 0.6) < 1e-12) << ratio;
+    for (size_t i = 1; i < 30; ++i) EXPECT_NEAR(yv[n * 30 + i], ratio * xv[n * 30 + i], 1e-12);
+    kept += ratio != 0.0;
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_LT(kept, 8);
+  // The gradient is the same mask.
+  y.backward(ones(y.sizes(), y.dtype()));
+  const auto g = x.grad().to_vector<double>();
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], yv[i] / xv[i], 1e-12);
+
+  // Same generator state, same mask; the generator advances.
+  Generator a(11), b(11);
+  const Tensor big = ones({20000, 3});
+  const auto ma = drop_path(big, 0.3, a).to_vector<float>(), mb = drop_path(big, 0.3, b).to_vector<float>();
+  EXPECT_EQ(ma, mb);
+  EXPECT_NE(drop_path(big, 0.3, a).to_vector<float>(), ma);
+  double kept_fraction = 0;
+  for (size_t n = 0; n < 20000; ++n) kept_fraction += ma[n * 3] != 0.0f;
+  EXPECT_NEAR(kept_fraction / 20000, 0.7, 0.015);
+}
+
+}  // namespace
+}  // namespace cz::testing
