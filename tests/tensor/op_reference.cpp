@@ -120,8 +120,12 @@ Tensor ref_cross_entropy(const Tensor& logits, const Tensor& labels, double smoo
 
 Tensor ref_drop_path(const Tensor& x, double p, uint64_t seed) {
   auto v = host(x);
-  Generator gen(seed);
-  const auto u = rand({x.size(0)}, gen, DType::f64).to_vector<double>();
+  // Sample n's uniform comes from Philox block n of a fresh generator: 53 bits of its first two words.
+  std::vector<double> u(static_cast<size_t>(x.size(0)));
+  for (size_t n = 0; n < u.size(); ++n) {
+    const auto r = philox4x32(seed, n);
+    u[n] = double((uint64_t(r[0]) << 21) ^ uint64_t(r[1])) * 0x1p-53;
+  }
   const int64_t inner = x.numel() / x.size(0);
   for (int64_t i = 0; i < x.numel(); ++i) v[at(i)] *= u[at(i / inner)] >= p ? 1.0 / (1.0 - p) : 0.0;
   return make(v, x.sizes());

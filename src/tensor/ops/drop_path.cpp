@@ -43,11 +43,17 @@ Tensor drop_path(const Tensor& x, double p, Generator& gen) {
                  shape_str(x.sizes()));
   if (p == 0) return x;
   // A sample is kept when its uniform draw u satisfies u >= p (probability 1 - p), as timm's
-  // floor(1 - p + u).
+  // floor(1 - p + u). Sample n draws from Philox block (first + n) alone, so a generator positioned at a
+  // sample's global index gives it the same mask whichever batch slice it arrives in (Note [Drop-path
+  // masks]).
   const int64_t N = x.size(0);
-  const std::vector<double> u = rand({N}, gen, DType::f64).to_vector<double>();
-  std::vector<double> mask(u.size());
-  for (size_t n = 0; n < u.size(); ++n) mask[n] = u[n] >= p ? 1.0 / (1.0 - p) : 0.0;
+  const uint64_t first = gen.reserve(uint64_t(N));
+  std::vector<double> mask(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) {
+    const auto r = philox4x32(gen.seed(), first + uint64_t(n));
+    const double u = double((uint64_t(r[0]) << 21) ^ r[1]) * 0x1p-53;
+    mask[size_t(n)] = u >= p ? 1.0 / (1.0 - p) : 0.0;
+  }
   const Tensor scale = from_vector(mask, {N}).to(x.dtype()).to(x.device());
   Tensor out = apply_scale(x.contiguous(), scale);
   if (should_record({&x})) record(std::make_shared<DropPathBackward>(scale), {&x}, {&out});
