@@ -22,7 +22,8 @@
 namespace cz::dist {
 namespace {
 
-constexpr int kUserTag = 0;  // user send/recv; the ring uses tags from 1
+constexpr int kUserTag = 0;                         // user send/recv; the ring uses tags from 1
+constexpr int64_t kProgressPieceBytes = 128 << 10;  // ring reductions call into MPI this often
 
 int to_int(int64_t v, const char* what) {
   CZ_CHECK_T(CommError, v <= INT_MAX, "{} of {} exceeds what one MPI call takes (INT_MAX); use --impl ring",
@@ -58,8 +59,19 @@ class MpiRingTransport final : public RingTransport {
   }
   void wait_recv(int ticket) override { wait(pairs_[size_t(ticket)].recv, pairs_[size_t(ticket)].from); }
   void wait_send(int ticket) override { wait(pairs_[size_t(ticket)].send, pairs_[size_t(ticket)].to); }
+  // Reduces in pieces and lets MPI progress in between: peers' handshakes (a receiver's completion notice, a
+  // sender's ready-to-send) are only answered when this thread calls into MPI, so a long reduction would
+  // otherwise stall the neighbours' pipelines.
   void reduce(void* dst, const void* a, const void* b, int64_t count, DType dtype, double scale) override {
-    reduce_add(dtype, dst, a, b, count, scale);
+    const size_t es = dtype_size(dtype);
+    const int64_t piece = std::max<int64_t>(1, kProgressPieceBytes / int64_t(es));
+    for (int64_t i = 0; i < count; i += piece) {
+      const int64_t m = std::min(piece, count - i);
+      reduce_add(dtype, static_cast<char*>(dst) + size_t(i) * es,
+                 static_cast<const char*>(a) + size_t(i) * es, static_cast<const char*>(b) + size_t(i) * es,
+                 m, scale);
+      if (i + m < count) poke();
+    }
     poller_.progressed();
   }
   void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
@@ -70,6 +82,7 @@ class MpiRingTransport final : public RingTransport {
       wait(p.send, p.to);
     }
     pairs_.clear();
+    open_ = 0;
   }
 
  private:
@@ -77,6 +90,17 @@ class MpiRingTransport final : public RingTransport {
     MPI_Request send = MPI_REQUEST_NULL, recv = MPI_REQUEST_NULL;
     int to = -1, from = -1;
   };
+  // One turn of MPI's progress engine: test the oldest request still open.
+  void poke() {
+    while (open_ < pairs_.size() && pairs_[open_].send == MPI_REQUEST_NULL &&
+           pairs_[open_].recv == MPI_REQUEST_NULL)
+      ++open_;
+    if (open_ == pairs_.size()) return;
+    MPI_Request& req = pairs_[open_].recv != MPI_REQUEST_NULL ? pairs_[open_].recv : pairs_[open_].send;
+    int flag = 0;
+    CZ_MPI(MPI_Test(&req, &flag, MPI_STATUS_IGNORE));
+  }
+
   void wait(MPI_Request& req, int peer) {
     poller_.until(
         [&] {
@@ -91,6 +115,7 @@ class MpiRingTransport final : public RingTransport {
   Poller& poller_;
   HostBuffer& scratch_;
   std::vector<Pair> pairs_;
+  size_t open_ = 0;  // pairs_ before this index have completed
 };
 
 class MpiCommunicator final : public Communicator {

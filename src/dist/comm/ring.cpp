@@ -102,6 +102,7 @@ void run_ring(const RingSpec& s, RingTransport& t) {
   char* out = static_cast<char*>(s.recv);
   // All-gather's view of the full buffer: the all-reduce output, or the all-gather output.
   char* full = out;
+  const bool in_place = static_cast<const void*>(in) == static_cast<const void*>(out);
   const int me_rank = s.rank;
 
   // Two scratch slots of one (largest) chunk each for the partial sums of reduce-scatter.
@@ -146,7 +147,7 @@ void run_ring(const RingSpec& s, RingTransport& t) {
         src = full + size_t(L.off(cs) + b) * es;
       }
       // In-place all-reduce: step 0 of reduce-scatter may still be sending this region of the input.
-      if (agst == 0 && rs_steps > 0) t.wait_send(tk(0, j));
+      if (agst == 0 && rs_steps > 0 && in_place) t.wait_send(tk(0, j));
       dst = full + size_t(L.off(cr) + b) * es;
     }
     tk(st, j) = t.exchange(next, src, sbytes, prev, dst, rbytes, s.tag_base + st * L.nslices + j);
@@ -156,7 +157,10 @@ void run_ring(const RingSpec& s, RingTransport& t) {
   if (s.kind == Collective::all_gather && in != full + size_t(L.off(me_rank)) * es && L.len(me_rank))
     t.copy(full + size_t(L.off(me_rank)) * es, in, size_t(L.len(me_rank)) * es);
 
-  for (int j = 0; j < L.nslices; ++j) post(0, j);
+  // Step 0 keeps a window of slices in flight, so that a slice is still in cache when it is reduced; later
+  // steps are posted as their slices come in.
+  const int window = std::min(L.nslices, kRingWindow);
+  for (int j = 0; j < window; ++j) post(0, j);
   for (int st = 0; st < steps; ++st) {
     for (int j = 0; j < L.nslices; ++j) {
       t.wait_recv(tk(st, j));
@@ -177,6 +181,7 @@ void run_ring(const RingSpec& s, RingTransport& t) {
         }
       }
       if (st + 1 < steps) post(st + 1, j);
+      if (st == 0 && j + window < L.nslices) post(0, j + window);
     }
   }
   t.finish();

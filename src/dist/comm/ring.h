@@ -8,7 +8,8 @@
 // rank and receives another from the previous one. Reduce-scatter takes n-1 steps, each adding the received
 // partial sum to the local input; all-gather takes n-1 steps forwarding finished chunks; all-reduce is the
 // two back to back. Slices flow independently: slice j moves on to step s+1 as soon as its step s is done,
-// so transfers of later slices overlap the reduction of earlier ones. Partial sums travel through two
+// so transfers of later slices overlap the reduction of earlier ones (step 0 keeps kRingWindow slices in
+// flight, so that each arrives shortly before it is reduced, still in cache). Partial sums travel through two
 // scratch slots of one chunk each (alternating by step); all-gather receives straight into the output.
 #pragma once
 
@@ -55,6 +56,7 @@ struct RingSpec {
 };
 
 inline constexpr int kRingMaxTags = 30000;
+inline constexpr int kRingWindow = 4;  // slices of step 0 in flight at once
 
 void run_ring(const RingSpec& spec, RingTransport& transport);
 
