@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   std::string slice = "0";
   CLI::App app{"commbench: collective benchmarks (nccl-tests columns), host<->device copies, topology views"};
   app.add_option("-o,--op", o.op, "all_reduce | reduce_scatter | all_gather | broadcast | copy")
+      ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather", "broadcast", "copy"}))
       ->capture_default_str();
   app.add_option("-b,--minbytes", min_b, "smallest size (e.g. 8, 64K, 32M)")->capture_default_str();
   app.add_option("-e,--maxbytes", max_b, "largest size")->capture_default_str();
@@ -25,16 +26,23 @@ int main(int argc, char** argv) {
   app.add_option("-w,--warmup_iters", o.warmup, "untimed iterations first")->capture_default_str();
   app.add_option("-c,--check", o.check, "check results against a local reference (0: no)")
       ->capture_default_str();
-  app.add_option("-d,--datatype", dtype, "float | double | half | bfloat16")->capture_default_str();
-  app.add_option("--redop", redop, "sum | avg")->capture_default_str();
+  app.add_option("-d,--datatype", dtype, "float | double | half | bfloat16")
+      ->check(CLI::IsMember({"float", "double", "half", "bfloat16", "f32", "f64", "f16", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--redop", redop, "sum | avg")->check(CLI::IsMember({"sum", "avg"}))->capture_default_str();
   app.add_option("-r,--root", o.root, "broadcast root")->capture_default_str();
-  app.add_option("--impl", impl, "ring | builtin")->capture_default_str();
-  app.add_option("--backend", o.backend, "mpi | nccl (default: nccl for cuda, mpi for cpu)");
+  app.add_option("--impl", impl, "ring | builtin")
+      ->check(CLI::IsMember({"ring", "builtin"}))
+      ->capture_default_str();
+  app.add_option("--backend", o.backend, "mpi | nccl (default: nccl for cuda, mpi for cpu)")
+      ->check(CLI::IsMember({"mpi", "nccl"}));
   app.add_option("--device", o.device, "cpu | cuda (buffers' device)")->capture_default_str();
   app.add_option("--comm-timeout", o.timeout_s, "seconds before a collective is declared hung")
       ->capture_default_str();
   app.add_option("--slice", slice, "ring pipelining slice (0: the backend's default)")->capture_default_str();
-  app.add_option("--memory", o.memory, "copy mode: pinned | pageable | both")->capture_default_str();
+  app.add_option("--memory", o.memory, "copy mode: pinned | pageable | both")
+      ->check(CLI::IsMember({"pinned", "pageable", "both"}))
+      ->capture_default_str();
   app.add_flag("--json", o.json, "print one JSON document instead of the table");
   app.add_option("--topo-file", o.topo_file, "a topology JSON file to analyse instead of this machine");
   app.add_flag("--show-ring", o.show_ring,

@@ -238,7 +238,9 @@ void abort_world(int exit_code) noexcept {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  // A world of one has nobody to stop (and a singleton's MPI_Abort only adds launcher noise).
+  const bool alone = world_storage() && world_storage()->size() == 1;
+  if (initialized && !finalized && !alone) MPI_Abort(MPI_COMM_WORLD, exit_code);
   _exit(exit_code);
 }
 
