@@ -74,7 +74,13 @@ class MpiRingTransport final : public RingTransport {
     }
     poller_.progressed();
   }
-  void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    for (size_t i = 0; i < bytes; i += kProgressPieceBytes) {
+      std::memcpy(static_cast<char*>(dst) + i, static_cast<const char*>(src) + i,
+                  std::min<size_t>(kProgressPieceBytes, bytes - i));
+      poke();
+    }
+  }
   void* scratch(size_t bytes) override { return scratch_.get(bytes, allocator_for(Device::cpu())); }
   void finish() override {
     for (auto& p : pairs_) {

@@ -153,14 +153,13 @@ void run_ring(const RingSpec& s, RingTransport& t) {
     tk(st, j) = t.exchange(next, src, sbytes, prev, dst, rbytes, s.tag_base + st * L.nslices + j);
   };
 
-  // Out-of-place all-gather: our own shard goes into the output locally.
-  if (s.kind == Collective::all_gather && in != full + size_t(L.off(me_rank)) * es && L.len(me_rank))
-    t.copy(full + size_t(L.off(me_rank)) * es, in, size_t(L.len(me_rank)) * es);
-
   // Step 0 keeps a window of slices in flight, so that a slice is still in cache when it is reduced; later
   // steps are posted as their slices come in.
   const int window = std::min(L.nslices, kRingWindow);
   for (int j = 0; j < window; ++j) post(0, j);
+  // Out-of-place all-gather: our own shard goes into the output locally, while the neighbour pulls it.
+  if (s.kind == Collective::all_gather && in != full + size_t(L.off(me_rank)) * es && L.len(me_rank))
+    t.copy(full + size_t(L.off(me_rank)) * es, in, size_t(L.len(me_rank)) * es);
   for (int st = 0; st < steps; ++st) {
     for (int j = 0; j < L.nslices; ++j) {
       t.wait_recv(tk(st, j));
