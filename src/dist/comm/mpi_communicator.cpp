@@ -232,7 +232,7 @@ class MpiCommunicator final : public Communicator {
       poller.set_abort_flag(&aborted_);
       if (c.kind == Collective::send || c.kind == Collective::recv) {
         start_p2p(task, poller);
-      } else if (c.device.is_cuda()) {
+      } else if (c.device.is_cuda() && c.kind != Collective::barrier) {
         run_staged(task, poller);
         task.work->mark_done();
       } else {
