@@ -16,7 +16,6 @@
 #include <mutex>
 
 #include "dist/comm/mpi_util.h"
-#include "dist/comm/progress.h"
 #include "tensor/check.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/device.h"
@@ -180,7 +179,6 @@ void World::setup(const WorldOptions& options) {
   }
 
   if (options.configure_threads) configure_cpu_threads(local_size_);
-  Poller::configure_spin(local_size_);
   if (options.select_gpu && cuda_device_count() > 0) {
     gpu_ = local_rank_ % cuda_device_count();
     cuda_runtime::set_device(gpu_);

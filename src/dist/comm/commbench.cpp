@@ -381,10 +381,11 @@ int run_commbench(World& world, const CommBenchOptions& o, std::ostream& out) {
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   if (root_prints && !o.json) {
     out << fmt::format(
-        "# commbench {}: impl {}, backend {}, device {}, {} ranks on {} host(s), {} cores here, "
-        "comm timeout {} s\n",
-        name(kind), name(o.impl), name(co.backend), o.device, world.size(),
-        world.size() / std::max(1, world.local_size()), available_cores(), o.timeout_s);
+        "# commbench {}: impl {}, backend {}, device {}, {} ranks ({} on this host of {} cores; rank 0 may "
+        "use "
+        "{}), comm timeout {} s\n",
+        name(kind), name(o.impl), name(co.backend), o.device, world.size(), world.local_size(),
+        std::thread::hardware_concurrency(), available_cores(), o.timeout_s);
     out << fmt::format(
         "# minBytes {} maxBytes {} step: {} warmup iters: {} iters: {} validation: {}\n", o.min_bytes,
         o.max_bytes,

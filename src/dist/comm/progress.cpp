@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <thread>
 
 #include "dist/comm/bootstrap.h"
 #include "tensor/check.h"
@@ -17,14 +16,14 @@ namespace cz::dist {
 using Clock = std::chrono::steady_clock;
 
 namespace {
-std::atomic<int> g_spin_us{Poller::kSpinUsShared};
-}  // namespace
-
-void Poller::configure_spin(int ranks_on_node) {
-  int us = int(std::thread::hardware_concurrency()) >= ranks_on_node ? kSpinUsOwnCore : kSpinUsShared;
-  if (const char* env = std::getenv("CZ_COMM_SPIN_US"); env && *env) us = std::max(0, std::atoi(env));
-  g_spin_us.store(us);
+int yield_us() {
+  static const int us = [] {
+    const char* env = std::getenv("CZ_COMM_YIELD_US");
+    return env && *env ? std::max(0, std::atoi(env)) : Poller::kYieldUs;
+  }();
+  return us;
 }
+}  // namespace
 
 Poller::Poller(const World* world, std::string what, double timeout_s)
     : world_(world), what_(std::move(what)), timeout_s_(timeout_s) {
@@ -50,7 +49,7 @@ void Poller::idle(int waiting_for) {
   if (hook_) hook_();
   const auto now = Clock::now();
   if (now >= deadline_ || now >= next_liveness_ || (abort_flag_ && abort_flag_->load())) check(waiting_for);
-  if (now - last_progress_ < std::chrono::microseconds(g_spin_us.load(std::memory_order_relaxed))) {
+  if (now - last_progress_ < std::chrono::microseconds(yield_us())) {
     sched_yield();
     return;
   }

@@ -1,13 +1,14 @@
 // Waiting for communication without spinning, within a deadline, watching for dead peers.
 // Note [Polling]: ranks may outnumber cores (CI runs 4 ranks on 2), and MPI's blocking calls busy-poll, which
 // starves the very peers a rank is waiting for. So communication threads never block inside MPI: they test
-// requests and, between tests, first yield the core (sched_yield) for a while after the last progress (a
-// message often lands that soon), then sleep with an exponential backoff capped at kMaxSleepUs. The yielding
-// phase is short (kSpinUsShared) when this node runs more ranks than it has cores, since a waking sleeper
-// then finds the core busy anyway, and longer (kSpinUsOwnCore) when every rank has a core, where a sleep
-// costs 20-100 us of wake-up latency per message; $CZ_COMM_SPIN_US overrides it. The thread's timer slack is
-// lowered so that short sleeps stay short. Every wait is bounded by the collective's deadline, and same-host
-// peers are checked for liveness while waiting; either failure throws CommError naming the collective.
+// requests and, between tests, first yield the core (sched_yield) for kYieldUs after the last progress, then
+// sleep with an exponential backoff capped at kMaxSleepUs. Yielding hands the core straight to any other
+// runnable thread (often the very rank being waited for, when ranks share cores) and costs nothing when there
+// is none; a sleep costs 20-100 us of wake-up latency per message, which made 4 KiB all-reduces on 4 ranks
+// over 2 cores take 450 us instead of 55 us. $CZ_COMM_YIELD_US overrides kYieldUs. The thread's timer slack
+// is lowered so that short sleeps stay short. Every wait is bounded by the collective's deadline, and
+// same-host peers are checked for liveness while waiting; either failure throws CommError naming the
+// collective.
 #pragma once
 
 #include <atomic>
@@ -21,10 +22,9 @@ class World;
 
 class Poller {
  public:
-  static constexpr int kSpinUsShared = 20;    // yield (not sleep) this long after the last progress ...
-  static constexpr int kSpinUsOwnCore = 300;  // ... or this long when no core is shared by two ranks
-  static constexpr int kMaxSleepUs = 64;      // backoff cap
-  static constexpr int kLivenessMs = 100;     // how often waiting checks that same-host peers still exist
+  static constexpr int kYieldUs = 500;     // yield (not sleep) this long after the last progress
+  static constexpr int kMaxSleepUs = 64;   // backoff cap
+  static constexpr int kLivenessMs = 100;  // how often waiting checks that same-host peers still exist
 
   // `what`: "all_reduce of 4096 bytes on ranks [0, 1]"; `world` may be null (no liveness checks).
   Poller(const World* world, std::string what, double timeout_s);
@@ -48,8 +48,6 @@ class Poller {
 
   // Lowers the calling thread's timer slack so that microsecond sleeps are not stretched to 50 us.
   static void tune_thread();
-  // The yielding phase for a node running `ranks_on_node` ranks (see the note); process-wide.
-  static void configure_spin(int ranks_on_node);
 
  private:
   void idle(int waiting_for);
