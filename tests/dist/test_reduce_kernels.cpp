@@ -1,10 +1,11 @@
 // The host reduction kernels against a scalar reference, for every dtype, odd lengths (vector tails),
-// aliasing and scaling; plus the shard arithmetic and enum names.
+// aliasing and scaling; plus the shard arithmetic, enum names, and the poller's deadline and abort.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 
+#include "dist/comm/progress.h"
 #include "dist/comm/reduce_kernels.h"
 #include "dist/comm/types.h"
 #include "tensor/check.h"
@@ -116,6 +117,34 @@ TEST(Names, RoundTripAndRejectUnknown) {
   EXPECT_THROW(parse_algorithm("tree"), ValueError);
   EXPECT_EQ(describe_call(Collective::all_gather, 64, 3), "all_gather of 64 bytes on ranks [0, 1, 2]");
   EXPECT_EQ(rank_list(40), "[0..39]");
+}
+
+}  // namespace
+}  // namespace cz::dist
+
+namespace cz::dist {
+namespace {
+
+TEST(Poller, TimesOutNamingTheCollectiveAndThePeer) {
+  Poller p(nullptr, "all_reduce of 64 bytes on ranks [0, 1]", 0.05);
+  try {
+    p.until([] { return false; }, 1);
+    FAIL() << "no timeout";
+  } catch (const CommError& e) {
+    EXPECT_STREQ(e.what(),
+                 "comm timeout: all_reduce of 64 bytes on ranks [0, 1] after 0.1 s (waiting for rank 1)");
+  }
+  EXPECT_GE(p.elapsed_s(), 0.05);
+  EXPECT_LT(p.elapsed_s(), 5.0);
+}
+
+TEST(Poller, StopsWhenAborted) {
+  std::atomic<bool> aborted{true};
+  Poller p(nullptr, "barrier of 0 bytes on ranks [0, 1]", 60);
+  p.set_abort_flag(&aborted);
+  int calls = 0;
+  EXPECT_THROW(p.until([&] { return ++calls > 1000000; }), CommError);
+  EXPECT_LT(calls, 1000000);
 }
 
 }  // namespace
