@@ -5,10 +5,10 @@
 // sleep with an exponential backoff capped at kMaxSleepUs. Yielding hands the core straight to any other
 // runnable thread (often the very rank being waited for, when ranks share cores) and costs nothing when there
 // is none; a sleep costs 20-100 us of wake-up latency per message, which made 4 KiB all-reduces on 4 ranks
-// over 2 cores take 450 us instead of 55 us. $CZ_COMM_YIELD_US overrides kYieldUs. The thread's timer slack
-// is lowered so that short sleeps stay short. Every wait is bounded by the collective's deadline, and
-// same-host peers are checked for liveness while waiting; either failure throws CommError naming the
-// collective.
+// over 2 cores take 450 us instead of 50 us (100 us of yielding was enough). $CZ_COMM_YIELD_US overrides
+// kYieldUs. The thread's timer slack is lowered so that short sleeps stay short. Every wait is bounded by the
+// collective's deadline, and same-host peers are checked for liveness while waiting; either failure throws
+// CommError naming the collective.
 #pragma once
 
 #include <atomic>
@@ -22,7 +22,7 @@ class World;
 
 class Poller {
  public:
-  static constexpr int kYieldUs = 500;     // yield (not sleep) this long after the last progress
+  static constexpr int kYieldUs = 200;     // yield (not sleep) this long after the last progress
   static constexpr int kMaxSleepUs = 64;   // backoff cap
   static constexpr int kLivenessMs = 100;  // how often waiting checks that same-host peers still exist
 
