@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
     o.algorithm = Algorithm::ring;
     o.timeout_s = timeout;
     auto comm = make_communicator(world, o);
-    const int64_t count = 4 << 20;  // 16 MiB of f32
+    const int64_t count = 16 << 20;  // 64 MiB of f32
     std::vector<float> buf(size_t(count), 1.0f);
     comm->all_reduce(buf.data(), buf.data(), count, cz::DType::f32, cz::Device::cpu(), ReduceOp::sum)->wait();
     const bool victim = world.rank() == world.size() - 1;
@@ -37,10 +37,13 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::duration<double>(timeout * 20));
       return 0;
     }
+    // The victim joins late, so that the others are surely inside the collective, and dies 1 ms into its own
+    // part of it (a 64 MiB all-reduce takes several ms here).
+    if (victim) std::this_thread::sleep_for(std::chrono::milliseconds(200));
     auto work =
         comm->all_reduce(buf.data(), buf.data(), count, cz::DType::f32, cz::Device::cpu(), ReduceOp::sum);
     if (victim) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let the transfers start
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
       raise(SIGKILL);
     }
     work->wait();

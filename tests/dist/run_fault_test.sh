@@ -14,7 +14,7 @@ echo "== exit code $rc after ${elapsed}s"
 fail() { echo "FAIL: $*"; exit 1; }
 [[ $rc -ne 0 ]] || fail "the job exited 0"
 [[ $rc -ne 124 ]] || fail "the job hung until the guard timeout"
-what='all_reduce of 16777216 bytes on ranks \[0, 1, 2\]'
+what='all_reduce of 67108864 bytes on ranks \[0, 1, 2\]'
 for r in 0 1; do
   grep -E "^\[rank $r\] .*$what" <<<"$out" >/dev/null || fail "rank $r did not report the collective"
 done

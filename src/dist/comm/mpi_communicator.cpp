@@ -223,7 +223,9 @@ class MpiCommunicator final : public Communicator {
 
   void run(Task& task) {
     const Call& c = task.call;
+    // Stays set when the call fails: a launcher's SIGTERM may arrive before main() has printed the error.
     set_current_activity(c.what);
+    bool ok = false;
     try {
       if (broken_.load())
         throw CommError(fmt::format("{}: the communicator failed earlier: {}", c.what, reason()));
@@ -239,12 +241,13 @@ class MpiCommunicator final : public Communicator {
         run_host(c, c.send, c.recv, poller);
         task.work->mark_done();
       }
+      ok = true;
     } catch (const std::exception& e) {
       task.work->mark_failed(e.what());
       fail_all(e.what());
     }
     if (task.ready_event) cuda_runtime::event_destroy(task.ready_event);
-    set_current_activity("");
+    if (ok) set_current_activity("");
   }
 
   std::string reason() {
