@@ -54,7 +54,8 @@ namespace detail {
 }  // namespace detail
 
 // Traits for CZ_CHECK_STATUS: `static bool ok(Code)`, `static std::string describe(Code)`, `static const
-// char* library`. Specialised per library.
+// char* library`, and optionally `using error_type = ...` (an Error subclass, e.g. CommError for MPI/NCCL)
+// for the exception thrown; plain Error otherwise. Specialised per library.
 template <class Code>
 struct StatusTraits;
 
@@ -62,8 +63,12 @@ template <class Code>
 void check_status(Code code, const char* stmt, const char* file, int line) {
   using T = StatusTraits<Code>;
   if (T::ok(code)) return;
-  throw Error(fmt::format("{}{} error: {} in `{}` at {}:{}", log_prefix(), T::library, T::describe(code),
-                          stmt, file, line));
+  std::string msg = fmt::format("{}{} error: {} in `{}` at {}:{}", log_prefix(), T::library,
+                                T::describe(code), stmt, file, line);
+  if constexpr (requires { typename T::error_type; })
+    throw typename T::error_type(std::move(msg));
+  else
+    throw Error(std::move(msg));
 }
 
 }  // namespace cz

@@ -1,0 +1,254 @@
+// World set-up (ranks, node-local ranks, GPU choice, peer table), liveness checks and the abort path.
+#include "dist/comm/bootstrap.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "dist/comm/mpi_util.h"
+#include "tensor/check.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/device.h"
+#include "tensor/parallel.h"
+
+namespace cz::dist {
+namespace {
+
+std::unique_ptr<World>& world_storage() {
+  static std::unique_ptr<World> world;
+  return world;
+}
+
+std::mutex& hooks_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<int, std::function<void()>>& hooks() {
+  static std::map<int, std::function<void()>> h;
+  return h;
+}
+
+// Note [Activity for signals]: the SIGTERM handler may only call async-signal-safe functions, so the current
+// activity lives in two fixed buffers; writers fill the idle one and then publish its index.
+constexpr size_t kActivityLen = 256;
+char g_activity[2][kActivityLen];
+std::atomic<int> g_activity_index{0};
+char g_prefix[64] = "";
+volatile sig_atomic_t g_aborting = 0;  // set once abort_world runs: the launcher's SIGTERM is then expected
+
+void write_all(const char* s) {
+  size_t n = strlen(s);
+  while (n > 0) {
+    const ssize_t w = ::write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= size_t(w);
+  }
+}
+
+void on_sigterm(int sig) {
+  if (g_aborting) _exit(128 + sig);
+  write_all(g_prefix);
+  write_all("terminated by the launcher (signal ");
+  char num[16];
+  int k = 0;
+  for (int v = sig; v > 0 && k < 15; v /= 10) num[k++] = char('0' + v % 10);
+  while (k > 0) {
+    const char c[2] = {num[--k], 0};
+    write_all(c);
+  }
+  const char* act = g_activity[g_activity_index.load(std::memory_order_acquire)];
+  if (act[0]) {
+    write_all(") during ");
+    write_all(act);
+  } else {
+    write_all(") while not communicating");
+  }
+  write_all(": another rank failed or died and the job is being stopped\n");
+  _exit(128 + sig);
+}
+
+bool env_set(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v;
+}
+
+}  // namespace
+
+void set_current_activity(const std::string& what) {
+  const int next = 1 - g_activity_index.load(std::memory_order_relaxed);
+  const size_t n = std::min(what.size(), kActivityLen - 1);
+  std::memcpy(g_activity[next], what.data(), n);
+  g_activity[next][n] = '\0';
+  g_activity_index.store(next, std::memory_order_release);
+}
+
+World& World::init(int* argc, char*** argv, const WorldOptions& options) {
+  auto& w = world_storage();
+  CZ_CHECK(!w, "World::init called twice");
+  int initialized = 0;
+  CZ_MPI(MPI_Initialized(&initialized));
+  bool owns = false;
+  if (!initialized) {
+    int provided = 0;
+    CZ_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+    owns = true;
+    if (provided < MPI_THREAD_MULTIPLE) {
+      // Communication threads call MPI concurrently with the main thread (and with each other).
+      throw CommError(fmt::format(
+          "the MPI library provides thread level {} but convnext_zero needs MPI_THREAD_MULTIPLE ({}): its "
+          "communicators progress on their own threads",
+          provided, int(MPI_THREAD_MULTIPLE)));
+    }
+  } else {
+    int provided = 0;
+    CZ_MPI(MPI_Query_thread(&provided));
+    CZ_CHECK_T(CommError, provided >= MPI_THREAD_MULTIPLE,
+               "MPI was initialised at thread level {}; convnext_zero needs MPI_THREAD_MULTIPLE", provided);
+  }
+  w.reset(new World());
+  w->owns_mpi_ = owns;
+  w->setup(options);
+  return *w;
+}
+
+World& World::get() {
+  auto& w = world_storage();
+  CZ_ASSERT(w, "World::get() before World::init()");
+  return *w;
+}
+
+bool World::initialized() {
+  return world_storage() != nullptr;
+}
+
+void World::finalize() {
+  auto& w = world_storage();
+  if (!w) return;
+  const bool owns = w->owns_mpi_;
+  w.reset();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owns && !finalized) MPI_Finalize();
+}
+
+void World::setup(const WorldOptions& options) {
+  CZ_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+  CZ_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  set_log_prefix(fmt::format("[rank {}] ", rank_));
+  fmt::format_to_n(g_prefix, sizeof(g_prefix) - 1, "[rank {}] ", rank_);
+  launched_ = env_set("OMPI_COMM_WORLD_SIZE") || env_set("PMI_SIZE") || env_set("PMIX_RANK") ||
+              env_set("SLURM_PROCID");
+
+  MPI_Comm node = MPI_COMM_NULL;
+  CZ_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  CZ_MPI(MPI_Comm_rank(node, &local_rank_));
+  CZ_MPI(MPI_Comm_size(node, &local_size_));
+  CZ_MPI(MPI_Comm_free(&node));
+
+  // Peer table: pid and hostname of every rank.
+  constexpr int kHostLen = 256;
+  struct Entry {
+    int pid;
+    char host[kHostLen];
+  };
+  Entry mine{};
+  mine.pid = int(getpid());
+  gethostname(mine.host, kHostLen - 1);
+  std::vector<Entry> all(static_cast<size_t>(size_));
+  CZ_MPI(MPI_Allgather(&mine, int(sizeof(Entry)), MPI_BYTE, all.data(), int(sizeof(Entry)), MPI_BYTE,
+                       MPI_COMM_WORLD));
+  peers_.resize(size_t(size_));
+  pid_visible_.assign(size_t(size_), false);
+  for (int r = 0; r < size_; ++r) {
+    peers_[size_t(r)] = {all[size_t(r)].pid, std::string(all[size_t(r)].host)};
+  }
+  for (int r = 0; r < size_; ++r) {
+    // A peer on this host whose pid we cannot see lives in another pid namespace (another container).
+    pid_visible_[size_t(r)] = r != rank_ && same_host(r) && ::kill(peers_[size_t(r)].pid, 0) == 0;
+  }
+
+  if (options.configure_threads) configure_cpu_threads(local_size_);
+  if (options.select_gpu && cuda_device_count() > 0) {
+    gpu_ = local_rank_ % cuda_device_count();
+    cuda_runtime::set_device(gpu_);
+  }
+  if (options.install_signal_handlers) {
+    struct sigaction sa {};
+    sa.sa_handler = on_sigterm;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, nullptr);
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+}
+
+bool World::peer_alive(int rank) const {
+  if (rank < 0 || rank >= size_ || !pid_visible_[size_t(rank)]) return true;
+  const int pid = peers_[size_t(rank)].pid;
+  if (::kill(pid, 0) != 0) return errno != ESRCH;
+  // A killed child stays a zombie until its launcher reaps it; its state letter follows the ") ".
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return true;
+  const char state = line[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
+int add_abort_hook(std::function<void()> hook) {
+  static int next_id = 0;
+  std::lock_guard<std::mutex> lock(hooks_mutex());
+  hooks()[++next_id] = std::move(hook);
+  return next_id;
+}
+
+void remove_abort_hook(int id) {
+  std::lock_guard<std::mutex> lock(hooks_mutex());
+  hooks().erase(id);
+}
+
+void abort_world(int exit_code) noexcept {
+  g_aborting = 1;
+  std::map<int, std::function<void()>> h;
+  {
+    std::lock_guard<std::mutex> lock(hooks_mutex());
+    h = hooks();
+  }
+  for (auto& [id, fn] : h) {
+    try {
+      fn();
+    } catch (...) {
+    }
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  // A world of one has nobody to stop (and a singleton's MPI_Abort only adds launcher noise).
+  const bool alone = world_storage() && world_storage()->size() == 1;
+  if (initialized && !finalized && !alone) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  _exit(exit_code);
+}
+
+void die(const std::exception& e) noexcept {
+  std::string msg = e.what();
+  // Status-code errors already carry the rank prefix.
+  const std::string& prefix = log_prefix();
+  if (!prefix.empty() && msg.rfind(prefix, 0) == 0) msg.erase(0, prefix.size());
+  std::fprintf(stderr, "%s%s; aborting\n", prefix.c_str(), msg.c_str());
+  abort_world(1);
+}
+
+}  // namespace cz::dist

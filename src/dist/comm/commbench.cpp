@@ -1,0 +1,475 @@
+// commbench: collective benchmarks in the manner of nccl-tests (sizes from -b to -e, out-of-place and
+// in-place columns, algbw/busbw with nccl-tests' factors, #wrong from a check against locally computed
+// values), and the topology views.
+#include "dist/comm/commbench.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <ostream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "dist/comm/bootstrap.h"
+#include "dist/comm/communicator.h"
+#include "dist/comm/topology.h"
+#include "dist/comm/topology_detect.h"
+#include "tensor/allocator.h"
+#include "tensor/check.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/parallel.h"
+#include "tensor/stream.h"
+
+namespace cz::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Inputs are multiples of 1/8 in [-1, 1], so sums over a few dozen ranks are exact in every dtype (bf16
+// included) and any wrong element is a real error, not rounding.
+double input_value(int rank, int64_t index, int rep) {
+  return double(int((index * 7 + rank * 13 + rep * 5) % 17) - 8) / 8.0;
+}
+
+double load(DType dt, const void* p, int64_t i) {
+  switch (dt) {
+    case DType::f32:
+      return static_cast<const float*>(p)[i];
+    case DType::f64:
+      return static_cast<const double*>(p)[i];
+    case DType::f16:
+      return float(static_cast<const Half*>(p)[i]);
+    case DType::bf16:
+      return float(static_cast<const BFloat16*>(p)[i]);
+    default:
+      throw DtypeError(fmt::format("commbench: unsupported dtype {}", dtype_name(dt)));
+  }
+}
+
+void store(DType dt, void* p, int64_t i, double v) {
+  switch (dt) {
+    case DType::f32:
+      static_cast<float*>(p)[i] = float(v);
+      return;
+    case DType::f64:
+      static_cast<double*>(p)[i] = v;
+      return;
+    case DType::f16:
+      static_cast<Half*>(p)[i] = Half(float(v));
+      return;
+    case DType::bf16:
+      static_cast<BFloat16*>(p)[i] = BFloat16(float(v));
+      return;
+    default:
+      throw DtypeError(fmt::format("commbench: unsupported dtype {}", dtype_name(dt)));
+  }
+}
+
+double tolerance(DType dt) {
+  switch (dt) {
+    case DType::f64:
+      return 1e-12;
+    case DType::f32:
+      return 1e-6;
+    case DType::f16:
+      return 1e-3;
+    default:
+      return 1e-2;
+  }
+}
+
+// Fixed-width numbers like nccl-tests' columns: as many decimals as fit.
+std::string num(double v, int width) {
+  if (!std::isfinite(v)) return fmt::format("{:>{}}", "nan", width);
+  if (v < std::pow(10.0, width - 3)) return fmt::format("{:>{}.2f}", v, width);
+  if (v < std::pow(10.0, width - 2)) return fmt::format("{:>{}.1f}", v, width);
+  if (v < std::pow(10.0, width)) return fmt::format("{:>{}.0f}", v, width);
+  return fmt::format("{:>{}.1e}", v, width);
+}
+
+// A buffer on the benchmark's device, with a host mirror for filling and checking.
+class BenchBuffer {
+ public:
+  BenchBuffer(Device device, size_t bytes) : device_(device), bytes_(bytes), host_(bytes) {
+    data_ = allocator_for(device).allocate(std::max<size_t>(bytes, 64));
+  }
+  void* data() const { return data_.get(); }
+  char* host() { return host_.data(); }
+  void upload() {
+    if (device_.is_cpu()) {
+      std::memcpy(data_.get(), host_.data(), bytes_);
+    } else if (bytes_) {
+      Stream s = current_stream(device_);
+      cuda_runtime::memcpy_async(data_.get(), host_.data(), bytes_, cuda_runtime::CopyKind::host_to_device,
+                                 s);
+      s.synchronize();
+    }
+  }
+  void download() {
+    if (device_.is_cpu()) {
+      std::memcpy(host_.data(), data_.get(), bytes_);
+    } else if (bytes_) {
+      Stream s = current_stream(device_);
+      cuda_runtime::memcpy_async(host_.data(), data_.get(), bytes_, cuda_runtime::CopyKind::device_to_host,
+                                 s);
+      s.synchronize();
+    }
+  }
+
+ private:
+  Device device_;
+  size_t bytes_;
+  std::vector<char> host_;
+  DataPtr data_;
+};
+
+struct Placement {
+  double time_us = 0, algbw = 0, busbw = 0;
+  int64_t wrong = -1;  // -1: not checked
+};
+
+class CollectiveBench {
+ public:
+  CollectiveBench(World& world, const CommBenchOptions& o, Communicator& comm, Communicator& ctl)
+      : world_(world),
+        o_(o),
+        comm_(comm),
+        ctl_(ctl),
+        kind_(parse_collective(o.op)),
+        device_(parse_device(o.device)) {
+    CZ_CHECK(kind_ == Collective::all_reduce || kind_ == Collective::reduce_scatter ||
+                 kind_ == Collective::all_gather || kind_ == Collective::broadcast,
+             "commbench: -o takes all_reduce, reduce_scatter, all_gather, broadcast or copy, not {}", o.op);
+    CZ_CHECK(o.root >= 0 && o.root < world.size(), "commbench: root {} is not a rank of {}", o.root,
+             world.size());
+  }
+
+  bool reduces() const { return kind_ == Collective::all_reduce || kind_ == Collective::reduce_scatter; }
+  Collective kind() const { return kind_; }
+
+  // One size: out-of-place then in-place.
+  std::pair<Placement, Placement> run(int64_t count) {
+    const int n = world_.size(), me = world_.rank();
+    const size_t es = dtype_size(o_.dtype);
+    const int64_t shard = shard_count(count, n, me), off = shard_offset(count, n, me);
+    const int64_t send_elems = kind_ == Collective::all_gather ? shard : count;
+    const int64_t recv_elems = kind_ == Collective::reduce_scatter ? shard : count;
+    std::pair<Placement, Placement> result;
+    {
+      BenchBuffer send(device_, size_t(send_elems) * es), recv(device_, size_t(recv_elems) * es);
+      result.first = measure(count, send, recv, send.data(), recv.data(), false);
+    }
+    {
+      BenchBuffer buf(device_, size_t(count) * es);
+      char* base = static_cast<char*>(buf.data());
+      void* s = base;
+      void* r = base;
+      if (kind_ == Collective::reduce_scatter) r = base + size_t(off) * es;
+      if (kind_ == Collective::all_gather) s = base + size_t(off) * es;
+      result.second = measure(count, buf, buf, s, r, true);
+    }
+    return result;
+  }
+
+ private:
+  WorkHandle issue(int64_t count, const void* s, void* r) {
+    switch (kind_) {
+      case Collective::all_reduce:
+        return comm_.all_reduce(s, r, count, o_.dtype, device_, o_.redop);
+      case Collective::reduce_scatter:
+        return comm_.reduce_scatter(s, r, count, o_.dtype, device_, o_.redop);
+      case Collective::all_gather:
+        return comm_.all_gather(s, r, count, o_.dtype, device_);
+      default:
+        return comm_.broadcast(s, r, count, o_.dtype, device_, o_.root);
+    }
+  }
+
+  Placement measure(int64_t count, BenchBuffer& sbuf, BenchBuffer& rbuf, void* s, void* r, bool in_place) {
+    const int n = world_.size();
+    Placement p;
+    for (int i = 0; i < o_.warmup; ++i) issue(count, s, r)->synchronize();
+    ctl_.barrier()->wait();
+    std::vector<WorkHandle> works;
+    works.reserve(size_t(o_.iters));
+    const auto t0 = Clock::now();
+    for (int i = 0; i < o_.iters; ++i) works.push_back(issue(count, s, r));
+    for (auto& w : works) w->synchronize();
+    const double sec = std::chrono::duration<double>(Clock::now() - t0).count() / std::max(1, o_.iters);
+    if (o_.check) p.wrong = check(count, sbuf, rbuf, s, r, in_place);
+    // nccl-tests averages the time over ranks and sums the wrong elements.
+    double stats[2] = {sec, double(std::max<int64_t>(p.wrong, 0))};
+    ctl_.all_reduce(stats, stats, 2, DType::f64, Device::cpu(), ReduceOp::sum)->wait();
+    const double avg = stats[0] / n;
+    if (o_.check) p.wrong = int64_t(stats[1]);
+    const double bytes = double(count) * double(dtype_size(o_.dtype));
+    p.time_us = avg * 1e6;
+    p.algbw = bytes / avg / 1e9;
+    p.busbw = p.algbw * busbw_factor(kind_, n);
+    return p;
+  }
+
+  int64_t check(int64_t count, BenchBuffer& sbuf, BenchBuffer& rbuf, void* s, void* r, bool in_place) {
+    const int n = world_.size(), me = world_.rank();
+    const DType dt = o_.dtype;
+    const int64_t shard = shard_count(count, n, me), off = shard_offset(count, n, me);
+    static int rep = 0;
+    ++rep;
+    // Outputs start as a value no result can have, so unwritten elements count as wrong. Inputs: element i of
+    // the full buffer holds input_value(rank, i); all-gather sends our shard of it.
+    constexpr double kSentinel = -1000.0;
+    const int64_t recv_total = in_place ? count : (kind_ == Collective::reduce_scatter ? shard : count);
+    for (int64_t i = 0; i < recv_total; ++i) store(dt, rbuf.host(), i, kSentinel);
+    if (!in_place) rbuf.upload();
+    char* hs = sbuf.host() + (static_cast<char*>(s) - static_cast<char*>(sbuf.data()));
+    const int64_t first = kind_ == Collective::all_gather ? off : 0;
+    const int64_t elems = kind_ == Collective::all_gather ? shard : count;
+    for (int64_t i = 0; i < elems; ++i) store(dt, hs, i, input_value(me, first + i, rep));
+    sbuf.upload();
+    issue(count, s, r)->synchronize();
+    rbuf.download();
+    const char* hr = rbuf.host() + (static_cast<char*>(r) - static_cast<char*>(rbuf.data()));
+    const double scale = o_.redop == ReduceOp::avg ? 1.0 / n : 1.0;
+    auto expected = [&](int64_t i) {  // i: index into the full buffer
+      if (kind_ == Collective::broadcast) return input_value(o_.root, i, rep);
+      if (kind_ == Collective::all_gather) {
+        int owner = 0;
+        while (owner + 1 < n && shard_offset(count, n, owner + 1) <= i) ++owner;
+        return input_value(owner, i, rep);
+      }
+      double sum = 0;
+      for (int q = 0; q < n; ++q) sum += input_value(q, i, rep);
+      return sum * scale;
+    };
+    const int64_t out_first = kind_ == Collective::reduce_scatter ? off : 0;
+    const int64_t out_elems = kind_ == Collective::reduce_scatter ? shard : count;
+    const double tol = tolerance(dt);
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < out_elems; ++i) {
+      const double want = expected(out_first + i), got = load(dt, hr, i);
+      if (!(std::fabs(got - want) <= tol * std::max(1.0, std::fabs(want)))) ++wrong;
+    }
+    return wrong;
+  }
+
+  World& world_;
+  const CommBenchOptions& o_;
+  Communicator& comm_;
+  Communicator& ctl_;
+  Collective kind_;
+  Device device_;
+};
+
+std::vector<int64_t> sizes(const CommBenchOptions& o) {
+  CZ_CHECK(o.min_bytes > 0 && o.max_bytes >= o.min_bytes, "commbench: need 0 < -b ({}) <= -e ({})",
+           o.min_bytes, o.max_bytes);
+  CZ_CHECK(o.step_factor > 1 || o.step_bytes > 0, "commbench: need -f > 1 or -i > 0");
+  std::vector<int64_t> out;
+  for (double b = double(o.min_bytes); b <= double(o.max_bytes) + 0.5;
+       b = o.step_factor > 1 ? b * o.step_factor : b + double(o.step_bytes))
+    out.push_back(int64_t(b));
+  return out;
+}
+
+}  // namespace
+
+int64_t parse_size(const std::string& s) {
+  CZ_CHECK(!s.empty(), "empty size");
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &pos);
+  } catch (...) {
+    throw ValueError(fmt::format("'{}' is not a size (e.g. 8, 64K, 32M, 1G)", s));
+  }
+  const std::string suffix = s.substr(pos);
+  double mult = 1;
+  if (suffix == "K" || suffix == "k")
+    mult = 1024.0;
+  else if (suffix == "M" || suffix == "m")
+    mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "g")
+    mult = 1024.0 * 1024 * 1024;
+  else
+    CZ_CHECK(suffix.empty(), "'{}' is not a size (e.g. 8, 64K, 32M, 1G)", s);
+  CZ_CHECK(v >= 0, "size '{}' is negative", s);
+  return int64_t(v * mult);
+}
+
+DType parse_bench_dtype(const std::string& s) {
+  if (s == "float" || s == "f32") return DType::f32;
+  if (s == "double" || s == "f64") return DType::f64;
+  if (s == "half" || s == "f16") return DType::f16;
+  if (s == "bfloat16" || s == "bf16") return DType::bf16;
+  throw ValueError(fmt::format("unknown dtype '{}' (expected float, double, half or bfloat16)", s));
+}
+
+std::string bench_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return "float";
+    case DType::f64:
+      return "double";
+    case DType::f16:
+      return "half";
+    case DType::bf16:
+      return "bfloat16";
+    default:
+      return std::string(dtype_name(dtype));
+  }
+}
+
+double busbw_factor(Collective kind, int n) {
+  switch (kind) {
+    case Collective::all_reduce:
+      return 2.0 * (n - 1) / n;
+    case Collective::reduce_scatter:
+    case Collective::all_gather:
+      return double(n - 1) / n;
+    default:
+      return 1.0;
+  }
+}
+
+void print_ring_report(const Topology& topology, std::ostream& out) {
+  constexpr double kBytes = 64.0 * 1024 * 1024;  // a 64 MiB reduce-scatter
+  const std::vector<int> ring = topology.ring_order();
+  std::vector<int> rank_order(ring.size());
+  for (size_t i = 0; i < rank_order.size(); ++i) rank_order[i] = int(i);
+  const RingPrediction best = topology.predict(ring, kBytes);
+  const RingPrediction plain = topology.predict(rank_order, kBytes);
+  out << "ring: " << fmt::format("{}", fmt::join(ring, " ")) << "\n";
+  out << fmt::format("predicted_busbw_GBps: {:.2f}\n", best.busbw_gbps);
+  out << fmt::format("rank_order_busbw_GBps: {:.2f}\n", plain.busbw_gbps);
+  out << fmt::format(
+      "# 64 MiB reduce-scatter over {} ranks; ring bottleneck: {}; rank order bottleneck: {}; "
+      "ratio {:.2f}\n",
+      ring.size(), best.bottleneck.empty() ? "none" : best.bottleneck,
+      plain.bottleneck.empty() ? "none" : plain.bottleneck,
+      plain.busbw_gbps > 0 ? best.busbw_gbps / plain.busbw_gbps : 0.0);
+}
+
+int run_commbench(World& world, const CommBenchOptions& o, std::ostream& out) {
+  const bool root_prints = world.rank() == 0;
+  if (!o.topo_file.empty() || o.show_ring || o.show_topology) {
+    const Topology topo = o.topo_file.empty() ? detect_topology(world) : Topology::load(o.topo_file);
+    if (root_prints && o.show_topology) out << topo.to_json_string();
+    if (root_prints && o.show_ring) print_ring_report(topo, out);
+    return 0;
+  }
+  if (o.op == "copy") return run_copy_bench(world, o, out);
+
+  const Device device = parse_device(o.device);
+  CommOptions co;
+  co.backend =
+      o.backend.empty() ? (device.is_cuda() ? Backend::nccl : Backend::mpi) : parse_backend(o.backend);
+  co.algorithm = o.impl;
+  co.device = device;
+  co.timeout_s = o.timeout_s;
+  co.slice_bytes = o.slice_bytes;
+  auto comm = make_communicator(world, co);
+  CommOptions cc;
+  cc.timeout_s = o.timeout_s;
+  auto ctl = make_communicator(world, cc);  // for timings and counts, off the measured communicator
+  CollectiveBench bench(world, o, *comm, *ctl);
+  const Collective kind = bench.kind();
+  const std::string type = bench_dtype_name(o.dtype);
+  const std::string redop = bench.reduces() ? std::string(name(o.redop)) : "none";
+  const int root = kind == Collective::broadcast ? o.root : -1;
+
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  if (root_prints && !o.json) {
+    out << fmt::format(
+        "# commbench {}: impl {}, backend {}, device {}, {} ranks ({} on this host of {} cores; rank 0 may "
+        "use "
+        "{}), comm timeout {} s\n",
+        name(kind), name(o.impl), name(co.backend), o.device, world.size(), world.local_size(),
+        std::thread::hardware_concurrency(), available_cores(), o.timeout_s);
+    out << fmt::format(
+        "# minBytes {} maxBytes {} step: {} warmup iters: {} iters: {} validation: {}\n", o.min_bytes,
+        o.max_bytes,
+        o.step_factor > 1 ? fmt::format("{}(factor)", o.step_factor) : fmt::format("{}(bytes)", o.step_bytes),
+        o.warmup, o.iters, o.check ? 1 : 0);
+    out << "#\n# Using devices\n";
+    for (int r = 0; r < world.size(); ++r)
+      out << fmt::format("#  Rank {:>2} Pid {:>7} on {:>10} device {}\n", r, world.peer(r).pid,
+                         world.peer(r).host,
+                         device.is_cuda() ? fmt::format("cuda (GPU of local rank)") : std::string("cpu"));
+    out << "#\n";
+    out << "#                                                              out-of-place                      "
+           " "
+           "in-place          \n";
+    out << "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   "
+           "algbw "
+           "  busbw #wrong\n";
+    out << "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  "
+           "(GB/s) "
+           " (GB/s)       \n";
+    out.flush();
+  }
+  int64_t total_wrong = 0;
+  double bw_sum = 0;
+  int bw_count = 0;
+  for (int64_t bytes : sizes(o)) {
+    const int64_t count = bytes / int64_t(dtype_size(o.dtype));
+    if (count == 0) continue;
+    const auto [oop, ip] = bench.run(count);
+    total_wrong += std::max<int64_t>(oop.wrong, 0) + std::max<int64_t>(ip.wrong, 0);
+    bw_sum += oop.busbw + ip.busbw;
+    bw_count += 2;
+    if (!root_prints) continue;
+    const int64_t size = count * int64_t(dtype_size(o.dtype));
+    if (o.json) {
+      auto place = [](const Placement& p) {
+        nlohmann::ordered_json j;
+        j["time_us"] = p.time_us;
+        j["algbw_GBps"] = p.algbw;
+        j["busbw_GBps"] = p.busbw;
+        j["wrong"] = p.wrong < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(p.wrong);
+        return j;
+      };
+      nlohmann::ordered_json row;
+      row["size"] = size;
+      row["count"] = count;
+      row["type"] = type;
+      row["redop"] = redop;
+      row["root"] = root;
+      row["out_of_place"] = place(oop);
+      row["in_place"] = place(ip);
+      rows.push_back(std::move(row));
+    } else {
+      auto cols = [](const Placement& p) {
+        return fmt::format("  {}  {}  {}  {:>5}", num(p.time_us, 7), num(p.algbw, 6), num(p.busbw, 6),
+                           p.wrong < 0 ? std::string("N/A") : std::to_string(p.wrong));
+      };
+      out << fmt::format("{:>12}  {:>12}  {:>8}  {:>6}  {:>6}", size, count, type, redop, root) << cols(oop)
+          << cols(ip) << "\n";
+      out.flush();
+    }
+  }
+  const double avg_bw = bw_count ? bw_sum / bw_count : 0;
+  if (root_prints) {
+    if (o.json) {
+      nlohmann::ordered_json doc;
+      doc["op"] = name(kind);
+      doc["impl"] = name(o.impl);
+      doc["backend"] = name(co.backend);
+      doc["device"] = o.device;
+      doc["ranks"] = world.size();
+      doc["ring"] = comm->ring();
+      doc["warmup"] = o.warmup;
+      doc["iters"] = o.iters;
+      doc["results"] = std::move(rows);
+      doc["wrong"] = total_wrong;
+      doc["avg_busbw_GBps"] = avg_bw;
+      out << doc.dump(1) << "\n";
+    } else {
+      out << fmt::format("# Out of bounds values : {} {}\n", total_wrong, total_wrong ? "FAILED" : "OK");
+      out << fmt::format("# Avg bus bandwidth    : {:.4g}\n#\n", avg_bw);
+    }
+  }
+  return total_wrong ? 1 : 0;
+}
+
+}  // namespace cz::dist

@@ -1,0 +1,120 @@
+// The communicator interface: asynchronous collectives and point-to-point transfers on raw buffers (and
+// contiguous tensors), over MPI (host buffers, or CUDA buffers staged through pinned memory) or NCCL (CUDA).
+//
+// Note [Comm streams]: every call returns a Work handle at once. CPU: calls are queued to one communication
+// thread per communicator, which runs them in call order and does all the progress (the caller never blocks
+// until Work::wait()). CUDA with NCCL: the collective is enqueued on the communicator's stream after an event
+// recorded on the caller's current stream, so it sees everything queued before the call; Work::wait() makes
+// the caller's current stream wait for it (no host sync). CUDA through MPI: the communication thread copies
+// to pinned memory after that same event, runs the host collective and copies back on its stream.
+// Buffers must stay alive and untouched until the Work has completed.
+//
+// Note [Failure handling]: every collective has a deadline (CommOptions::timeout_s). When it passes, or a
+// peer dies, the Work fails with a CommError saying which collective, how many bytes and which ranks; the
+// communicator is then broken and every later call fails at once. main() catches the error and calls die(),
+// which prints it with the rank prefix and aborts the job (ncclCommAbort on NCCL communicators, then
+// MPI_Abort), so no rank waits forever. NCCL communicators additionally abort themselves on timeout, so that
+// their kernels stop and the device streams drain.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/comm/types.h"
+#include "dist/comm/work.h"
+#include "tensor/device.h"
+#include "tensor/tensor.h"
+
+namespace cz::dist {
+
+class World;
+
+struct CommOptions {
+  Backend backend = Backend::mpi;
+  Algorithm algorithm = Algorithm::builtin;
+  Device device = Device::cpu();  // NCCL: the CUDA device. MPI: CPU buffers, and CUDA ones (staged)
+  double timeout_s = 300;         // per collective (Note [Failure handling])
+  int64_t slice_bytes = 0;        // ring pipelining granularity; 0 picks one per transport
+  std::vector<int> ring;          // ring order as a permutation of the ranks; empty: from the topology
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const CommOptions& options() const { return options_; }
+  Backend backend() const { return options_.backend; }
+  Algorithm algorithm() const { return options_.algorithm; }
+  const std::vector<int>& ring() const { return ring_; }  // the order the ring algorithms visit ranks in
+
+  // Buffers hold `count` elements of `dtype` on `device` unless stated otherwise; send == recv is in place.
+  // Shards follow Note [Uneven shards]; `count` is the total element count on every rank.
+  WorkHandle all_reduce(const void* send, void* recv, int64_t count, DType dtype, Device device, ReduceOp op);
+  // send: count elements; recv: shard_count(count, size, rank). In place when recv == send + shard_offset;
+  // the rest of an in-place buffer is unspecified afterwards.
+  WorkHandle reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, Device device,
+                            ReduceOp op);
+  // send: this rank's shard; recv: count elements. In place when send == recv + shard_offset.
+  WorkHandle all_gather(const void* send, void* recv, int64_t count, DType dtype, Device device);
+  // The root's send buffer to every rank's recv buffer (send is ignored elsewhere and may be null).
+  WorkHandle broadcast(const void* send, void* recv, int64_t count, DType dtype, Device device, int root);
+  // Point to point. Transfers between a pair of ranks match in call order.
+  WorkHandle send(const void* buf, int64_t count, DType dtype, Device device, int peer);
+  WorkHandle recv(void* buf, int64_t count, DType dtype, Device device, int peer);
+  WorkHandle barrier();
+
+  // Tensor forms: contiguous tensors; dtype and device come from the tensors.
+  WorkHandle all_reduce(Tensor& t, ReduceOp op = ReduceOp::sum);  // in place
+  WorkHandle all_reduce(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::sum);
+  WorkHandle reduce_scatter(const Tensor& in, Tensor& shard, ReduceOp op = ReduceOp::sum);  // shard: 1-D
+  WorkHandle all_gather(const Tensor& shard, Tensor& out);
+  WorkHandle broadcast(Tensor& t, int root);
+  WorkHandle send(const Tensor& t, int peer);
+  WorkHandle recv(Tensor& t, int peer);
+
+  // Stops in-flight work without waiting for peers (NCCL: ncclCommAbort; MPI: marks the communicator broken,
+  // since MPI's only abort ends the job: see abort_world). Later calls fail. Safe from any thread.
+  virtual void abort() noexcept = 0;
+
+ protected:
+  // One validated call, as the backends receive it.
+  struct Call {
+    Collective kind = Collective::barrier;
+    const void* send = nullptr;
+    void* recv = nullptr;
+    int64_t count = 0;
+    DType dtype = DType::f32;
+    Device device;
+    ReduceOp op = ReduceOp::sum;
+    int peer = -1;     // the root of a broadcast, the peer of send/recv
+    size_t bytes = 0;  // the size reported in messages and benchmarks: count * element size
+    std::string what;  // describe_call(...)
+  };
+
+  Communicator(int rank, int size, CommOptions options, std::vector<int> ring);
+  static Call make_call(Collective kind, const void* send, void* recv, int64_t count, DType dtype,
+                        Device device, ReduceOp op, int peer);
+  virtual WorkHandle submit(Call call) = 0;
+  // The backend can take buffers on `device` (checked before submit).
+  virtual bool accepts(Device device) const = 0;
+  // Called for tensors passed to the Tensor forms (NCCL records them on its stream for the allocator).
+  virtual void note_tensor_use(const Tensor& t) {}
+
+ private:
+  WorkHandle validate_and_submit(Call call);
+  int rank_, size_;
+  CommOptions options_;
+  std::vector<int> ring_;
+};
+
+// Creates a communicator over all ranks of `world` (collective: every rank must call it, in the same order
+// as its other communicator creations). The ring order comes from options.ring when given, else from the
+// detected topology (Note [Ring order] in topology.h).
+std::unique_ptr<Communicator> make_communicator(World& world, const CommOptions& options);
+
+}  // namespace cz::dist

@@ -1,0 +1,342 @@
+// The NCCL backend: enqueueing on the communication stream, builtin collectives (uneven shards through
+// grouped ncclReduce/ncclBroadcast), the ring over ncclSend/ncclRecv with a device reduction kernel, and the
+// watchdog.
+#include "dist/comm/cuda/nccl_communicator.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "dist/comm/bootstrap.h"
+#include "dist/comm/cuda/cuda_check.h"
+#include "dist/comm/cuda/reduce_kernels.h"
+#include "dist/comm/mpi_util.h"
+#include "dist/comm/ring.h"
+#include "dist/comm/topology_detect.h"
+#include "tensor/allocator.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/stream.h"
+
+namespace cz::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_type(DType dt) {
+  switch (dt) {
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
+    case DType::u8:
+    case DType::b8:
+      return ncclUint8;
+  }
+  throw DtypeError(fmt::format("no NCCL type for {}", dtype_name(dt)));
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  return op == ReduceOp::avg ? ncclAvg : ncclSum;
+}
+
+// The ring's transport over NCCL: everything is ordered on one stream, so waits are no-ops.
+class NcclRingTransport final : public RingTransport {
+ public:
+  NcclRingTransport(ncclComm_t comm, cudaStream_t stream, DataPtr& scratch, int device)
+      : comm_(comm), stream_(stream), scratch_(scratch), device_(device) {}
+
+  int exchange(int to, const void* send, size_t send_bytes, int from, void* recv, size_t recv_bytes,
+               int) override {
+    // Send and receive in one group: issued separately, every rank would block in its send (a ring).
+    CZ_NCCL(ncclGroupStart());
+    if (to >= 0 && send_bytes) CZ_NCCL(ncclSend(send, send_bytes, ncclUint8, to, comm_, stream_));
+    if (from >= 0 && recv_bytes) CZ_NCCL(ncclRecv(recv, recv_bytes, ncclUint8, from, comm_, stream_));
+    CZ_NCCL(ncclGroupEnd());
+    return 0;
+  }
+  void wait_recv(int) override {}
+  void wait_send(int) override {}
+  void reduce(void* dst, const void* a, const void* b, int64_t count, DType dtype, double scale) override {
+    switch (dtype) {
+      case DType::f32:
+        return CZ_CUDA_COMM(cuda::reduce_add_f32(dst, a, b, count, scale, stream_));
+      case DType::f64:
+        return CZ_CUDA_COMM(cuda::reduce_add_f64(dst, a, b, count, scale, stream_));
+      case DType::f16:
+        return CZ_CUDA_COMM(cuda::reduce_add_f16(dst, a, b, count, scale, stream_));
+      case DType::bf16:
+        return CZ_CUDA_COMM(cuda::reduce_add_bf16(dst, a, b, count, scale, stream_));
+      default:
+        throw DtypeError(fmt::format("device reduce: f32, f64, f16 or bf16, not {}", dtype_name(dtype)));
+    }
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    CZ_CUDA_COMM(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  void* scratch(size_t bytes) override {
+    if (scratch_.nbytes() < bytes || !scratch_.get()) {
+      // The old block may still be in use by work queued on the stream.
+      CZ_CUDA_COMM(cudaStreamSynchronize(stream_));
+      scratch_ = cuda_runtime::device_allocator(device_).allocate(std::max<size_t>(bytes, 256));
+    }
+    return scratch_.get();
+  }
+  void finish() override {}
+
+ private:
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  DataPtr& scratch_;
+  int device_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(World& world, const CommOptions& options, std::vector<int> ring)
+      : Communicator(world.rank(), world.size(), options, std::move(ring)), world_(world) {
+    CZ_CHECK_DEVICE(options.device.is_cuda(), "the NCCL backend takes CUDA buffers, not {}",
+                    options.device.str());
+    device_ = options.device.index;
+    CZ_CUDA_COMM(cudaSetDevice(device_));
+    // Must happen before NCCL initialises (it reads NCCL_P2P_DISABLE then).
+    check_gpu_p2p_and_configure_nccl();
+    ncclUniqueId id;
+    if (world.rank() == 0) CZ_NCCL(ncclGetUniqueId(&id));
+    CZ_MPI(MPI_Bcast(&id, int(sizeof(id)), MPI_BYTE, 0, world.comm()));
+    CZ_NCCL(ncclCommInitRank(&comm_, world.size(), id, world.rank()));
+    CZ_CUDA_COMM(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    slice_bytes_ = options.slice_bytes > 0 ? options.slice_bytes : kNcclSliceBytes;
+    abort_hook_ = add_abort_hook([this] { abort(); });
+    watchdog_ = std::thread([this] { watch(); });
+  }
+
+  ~NcclCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    watchdog_.join();
+    remove_abort_hook(abort_hook_);
+    if (!aborted_.load()) {
+      cudaStreamSynchronize(stream_);
+      ncclCommDestroy(comm_);
+    }
+    scratch_ = DataPtr();
+    cudaStreamDestroy(stream_);
+  }
+
+  void abort() noexcept override {
+    if (!aborted_.exchange(true)) ncclCommAbort(comm_);
+  }
+
+ protected:
+  bool accepts(Device d) const override { return d.is_cuda() && d.index == device_; }
+
+  void note_tensor_use(const Tensor& t) override {
+    if (Allocator* a = t.storage()->allocator())
+      a->record_stream(t.storage()->data(), Stream{t.device(), stream_});
+  }
+
+  WorkHandle submit(Call c) override {
+    auto work = std::make_shared<Work>(c.what, c.device);
+    std::lock_guard<std::mutex> enqueue_lock(enqueue_mu_);  // NCCL calls on one communicator are serialised
+    if (broken_.load()) {
+      work->mark_failed(fmt::format("{}: the communicator failed earlier: {}", c.what, reason()));
+      return work;
+    }
+    try {
+      CZ_CUDA_COMM(cudaSetDevice(device_));
+      const Stream comm_stream{c.device, stream_};
+      // Note [Comm streams]: the collective sees everything queued on the caller's stream before the call.
+      void* ready = cuda_runtime::event_create(device_);
+      cuda_runtime::event_record(ready, current_stream(c.device));
+      cuda_runtime::event_wait(ready, comm_stream);
+      cuda_runtime::event_destroy(ready);
+      enqueue(c);
+      void* done = cuda_runtime::event_create(device_);
+      cuda_runtime::event_record(done, comm_stream);
+      work->set_device_event(done);
+      work->mark_done();  // the host part; the device part is the event
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        inflight_.push_back({work, done, Clock::now(), c.what});
+      }
+      cv_.notify_one();
+    } catch (const std::exception& e) {
+      work->mark_failed(e.what());
+      fail(e.what());
+    }
+    return work;
+  }
+
+ private:
+  struct Inflight {
+    WorkHandle work;
+    void* done;  // owned by the Work
+    Clock::time_point start;
+    std::string what;
+  };
+
+  void enqueue(const Call& c) {
+    const int n = size(), me = rank();
+    const ncclDataType_t dt = nccl_type(c.dtype);
+    const size_t es = dtype_size(c.dtype);
+    if (c.kind == Collective::send) {
+      CZ_NCCL(ncclSend(c.send, size_t(c.count), dt, c.peer, comm_, stream_));
+      return;
+    }
+    if (c.kind == Collective::recv) {
+      CZ_NCCL(ncclRecv(c.recv, size_t(c.count), dt, c.peer, comm_, stream_));
+      return;
+    }
+    if (c.kind == Collective::barrier) {
+      if (!barrier_buf_.get()) barrier_buf_ = cuda_runtime::device_allocator(device_).allocate(sizeof(float));
+      CZ_NCCL(ncclAllReduce(barrier_buf_.get(), barrier_buf_.get(), 1, ncclFloat32, ncclSum, comm_, stream_));
+      return;
+    }
+    if (algorithm() == Algorithm::ring) {
+      RingSpec spec;
+      spec.kind = c.kind;
+      spec.send = c.send;
+      spec.recv = c.recv;
+      spec.count = c.count;
+      spec.dtype = c.dtype;
+      spec.op = c.op;
+      spec.root = c.peer;
+      spec.rank = me;
+      spec.order = ring();
+      spec.slice_bytes = size_t(slice_bytes_);
+      NcclRingTransport transport(comm_, stream_, scratch_, device_);
+      run_ring(spec, transport);
+      return;
+    }
+    const bool even = c.count % n == 0;
+    switch (c.kind) {
+      case Collective::all_reduce:
+        CZ_NCCL(ncclAllReduce(c.send, c.recv, size_t(c.count), dt, nccl_op(c.op), comm_, stream_));
+        return;
+      case Collective::reduce_scatter:
+        if (even) {
+          CZ_NCCL(ncclReduceScatter(c.send, c.recv, size_t(c.count / n), dt, nccl_op(c.op), comm_, stream_));
+        } else {  // uneven shards: one reduce per rank, rooted at the shard's owner
+          CZ_NCCL(ncclGroupStart());
+          for (int r = 0; r < n; ++r) {
+            const char* src = static_cast<const char*>(c.send) + size_t(shard_offset(c.count, n, r)) * es;
+            CZ_NCCL(ncclReduce(src, c.recv, size_t(shard_count(c.count, n, r)), dt, nccl_op(c.op), r, comm_,
+                               stream_));
+          }
+          CZ_NCCL(ncclGroupEnd());
+        }
+        return;
+      case Collective::all_gather:
+        if (even) {
+          CZ_NCCL(ncclAllGather(c.send, c.recv, size_t(c.count / n), dt, comm_, stream_));
+        } else {  // uneven shards: every rank broadcasts its own
+          CZ_NCCL(ncclGroupStart());
+          for (int r = 0; r < n; ++r) {
+            char* dst = static_cast<char*>(c.recv) + size_t(shard_offset(c.count, n, r)) * es;
+            const void* src = r == me ? c.send : dst;
+            CZ_NCCL(ncclBroadcast(src, dst, size_t(shard_count(c.count, n, r)), dt, r, comm_, stream_));
+          }
+          CZ_NCCL(ncclGroupEnd());
+        }
+        return;
+      case Collective::broadcast:
+        CZ_NCCL(ncclBroadcast(c.send, c.recv, size_t(c.count), dt, c.peer, comm_, stream_));
+        return;
+      default:
+        break;
+    }
+    CZ_ASSERT(false, "nccl enqueue: unexpected {}", name(c.kind));
+  }
+
+  std::string reason() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reason_;
+  }
+
+  // Fails every collective in flight with `error`, then aborts NCCL so that its kernels return.
+  void fail(const std::string& error) {
+    std::deque<Inflight> failed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!broken_.exchange(true)) reason_ = error;
+      failed.swap(inflight_);
+    }
+    for (auto& f : failed) f.work->mark_failed(fmt::format("{}: {}", f.what, error));
+    abort();
+  }
+
+  // Note [Failure handling]: polls the oldest collective's event every millisecond (sleeping in between), and
+  // NCCL's asynchronous error state; fails everything in flight on timeout, error or a dead peer.
+  void watch() {
+    auto next_liveness = Clock::now();
+    for (;;) {
+      Inflight head;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait_for(lock, std::chrono::milliseconds(1), [&] { return stop_ || !inflight_.empty(); });
+        while (!inflight_.empty() && cuda_runtime::event_query(inflight_.front().done)) inflight_.pop_front();
+        if (inflight_.empty()) {
+          if (stop_) return;
+          continue;
+        }
+        head = inflight_.front();
+      }
+      std::string error;
+      ncclResult_t async = ncclSuccess;
+      if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
+          async != ncclInProgress)
+        error = fmt::format("comm failure: NCCL reported {} during {}", ncclGetErrorString(async), head.what);
+      const auto now = Clock::now();
+      if (error.empty() && now - head.start > std::chrono::duration<double>(options().timeout_s))
+        error = fmt::format("comm timeout: {} after {:.1f} s", head.what, options().timeout_s);
+      if (error.empty() && now >= next_liveness) {
+        next_liveness = now + std::chrono::milliseconds(100);
+        for (int r = 0; r < size() && error.empty(); ++r)
+          if (r != rank() && !world_.peer_alive(r))
+            error = fmt::format("comm failure: peer rank {} (pid {} on {}) died during {}", r,
+                                world_.peer(r).pid, world_.peer(r).host, head.what);
+      }
+      if (!error.empty()) fail(error);
+    }
+  }
+
+  World& world_;
+  int device_ = 0;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  int64_t slice_bytes_ = kNcclSliceBytes;
+  DataPtr scratch_, barrier_buf_;
+  int abort_hook_ = 0;
+  std::mutex enqueue_mu_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Inflight> inflight_;
+  bool stop_ = false;
+  std::atomic<bool> broken_{false}, aborted_{false};
+  std::string reason_;
+  std::thread watchdog_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(World& world, const CommOptions& options,
+                                                     std::vector<int> ring) {
+  return std::make_unique<NcclCommunicator>(world, options, std::move(ring));
+}
+
+}  // namespace cz::dist

@@ -1,0 +1,79 @@
+// Backoff, deadlines and liveness checks for communication threads (Note [Polling]).
+#include "dist/comm/progress.h"
+
+#include <sched.h>
+#include <sys/prctl.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "dist/comm/bootstrap.h"
+#include "tensor/check.h"
+
+namespace cz::dist {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+int yield_us() {
+  static const int us = [] {
+    const char* env = std::getenv("CZ_COMM_YIELD_US");
+    return env && *env ? std::max(0, std::atoi(env)) : Poller::kYieldUs;
+  }();
+  return us;
+}
+}  // namespace
+
+Poller::Poller(const World* world, std::string what, double timeout_s)
+    : world_(world), what_(std::move(what)), timeout_s_(timeout_s) {
+  start_ = last_progress_ = Clock::now();
+  deadline_ = start_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  next_liveness_ = start_ + std::chrono::milliseconds(kLivenessMs);
+}
+
+void Poller::tune_thread() {
+  prctl(PR_SET_TIMERSLACK, 1000UL);  // 1 us instead of the default 50 us
+}
+
+void Poller::progressed() {
+  last_progress_ = Clock::now();
+  sleep_us_ = 1;
+}
+
+double Poller::elapsed_s() const {
+  return std::chrono::duration<double>(Clock::now() - start_).count();
+}
+
+void Poller::idle(int waiting_for) {
+  if (hook_) hook_();
+  const auto now = Clock::now();
+  if (now >= deadline_ || now >= next_liveness_ || (abort_flag_ && abort_flag_->load())) check(waiting_for);
+  if (now - last_progress_ < std::chrono::microseconds(yield_us())) {
+    sched_yield();
+    return;
+  }
+  timespec ts{0, long(sleep_us_) * 1000};
+  nanosleep(&ts, nullptr);
+  sleep_us_ = std::min(sleep_us_ * 2, kMaxSleepUs);
+}
+
+void Poller::check(int waiting_for) {
+  const auto now = Clock::now();
+  if (abort_flag_ && abort_flag_->load()) throw CommError(fmt::format("comm failure: {} aborted", what_));
+  if (world_) {
+    next_liveness_ = now + std::chrono::milliseconds(kLivenessMs);
+    for (int r = 0; r < world_->size(); ++r) {
+      if (r == world_->rank() || world_->peer_alive(r)) continue;
+      const PeerInfo& p = world_->peer(r);
+      throw CommError(
+          fmt::format("comm failure: peer rank {} (pid {} on {}) died during {}", r, p.pid, p.host, what_));
+    }
+  }
+  if (now >= deadline_) {
+    throw CommError(fmt::format("comm timeout: {} after {:.1f} s{}", what_, timeout_s_,
+                                waiting_for >= 0 ? fmt::format(" (waiting for rank {})", waiting_for) : ""));
+  }
+}
+
+}  // namespace cz::dist

@@ -1,0 +1,82 @@
+// Work handles: completion flag and error on the host, a CUDA event for the device-side part.
+#include "dist/comm/work.h"
+
+#include "tensor/check.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/stream.h"
+
+namespace cz::dist {
+
+Work::~Work() {
+  if (event_) cuda_runtime::event_destroy(event_);
+}
+
+void Work::set_device_event(void* cuda_event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (event_) cuda_runtime::event_destroy(event_);
+  event_ = cuda_event;
+}
+
+void Work::mark_done() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+void Work::mark_failed(const std::string& error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.empty()) error_ = error;
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool Work::failed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !error_.empty();
+}
+
+void Work::wait_host() {
+  std::unique_lock<std::mutex> lock(mu_);
+  // The backend bounds every collective by its timeout and always marks the work, so this cannot hang.
+  cv_.wait(lock, [&] { return done_; });
+  if (!error_.empty()) throw CommError(error_);
+}
+
+void Work::wait() {
+  wait_host();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (event_ && device_.is_cuda()) cuda_runtime::event_wait(event_, current_stream(device_));
+}
+
+void Work::synchronize() {
+  wait_host();
+  void* ev = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ev = event_;
+  }
+  if (ev) cuda_runtime::event_synchronize(ev);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!error_.empty()) throw CommError(error_);
+}
+
+bool Work::is_completed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_) return false;
+  if (!error_.empty() || !event_) return true;
+  try {
+    return cuda_runtime::event_query(event_);
+  } catch (...) {
+    return true;  // a broken device reports through wait()
+  }
+}
+
+void wait_all(std::span<const WorkHandle> works) {
+  for (const auto& w : works) w->wait();
+}
+
+}  // namespace cz::dist

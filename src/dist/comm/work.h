@@ -1,0 +1,57 @@
+// The handle an asynchronous collective returns. On the CPU the collective runs on the communicator's thread
+// and wait() blocks until it has finished; on CUDA it runs on the communicator's stream and wait() orders the
+// caller's current stream after it without blocking the host (Note [Comm streams] in communicator.h).
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+
+#include "tensor/device.h"
+
+namespace cz::dist {
+
+class Work {
+ public:
+  Work(std::string what, Device device) : what_(std::move(what)), device_(device) {}
+  ~Work();
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // Waits for the host-side part (all of it on the CPU; MPI staging of CUDA buffers); then, for CUDA
+  // buffers, makes the caller's current stream wait for the device-side part. Throws CommError when the
+  // collective failed, timed out or a peer died.
+  void wait();
+  // Blocks the host until everything, device work included, has finished. Throws like wait().
+  void synchronize();
+  // Finished (or failed); never blocks, never throws.
+  bool is_completed() const;
+  // "all_reduce of 4096 bytes on ranks [0, 1]".
+  const std::string& what() const { return what_; }
+
+  // Backend side.
+  void set_device_event(void* cuda_event);  // owned from now on; recorded after the device-side work
+  void mark_done();
+  void mark_failed(const std::string& error);
+  bool failed() const;
+
+ private:
+  void wait_host();
+
+  std::string what_;
+  Device device_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::string error_;
+  void* event_ = nullptr;
+};
+
+using WorkHandle = std::shared_ptr<Work>;
+
+// wait() on each, in order.
+void wait_all(std::span<const WorkHandle> works);
+
+}  // namespace cz::dist

@@ -1,0 +1,381 @@
+// Collectives against a reference computed locally: every op x algorithm x dtype x reduction x placement,
+// over odd counts (including fewer elements than ranks), on 2 and 4 ranks (ctest runs it under mpirun). Plus
+// asynchronous use, point to point, custom ring orders, the Tensor forms and argument errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "dist/comm/bootstrap.h"
+#include "dist/comm/communicator.h"
+#include "tensor/tensor.h"
+
+namespace cz::dist {
+namespace {
+
+// Communicators shared by the tests (creating one is collective).
+struct Comms : ::testing::Environment {
+  static inline std::unique_ptr<Communicator> builtin, ring, ring_small, ring_custom;
+  void SetUp() override {
+    World& w = World::get();
+    CommOptions o;
+    o.timeout_s = 120;
+    builtin = make_communicator(w, o);
+    o.algorithm = Algorithm::ring;
+    ring = make_communicator(w, o);
+    o.slice_bytes = 256;  // many slices: exercises the pipeline and the tags
+    ring_small = make_communicator(w, o);
+    o.slice_bytes = 4096;
+    // A ring order that is not rank order: odd ranks first, reversed.
+    for (int r = w.size() - 1; r >= 0; r -= 2) o.ring.push_back(r);
+    for (int r = w.size() - 2; r >= 0; r -= 2) o.ring.push_back(r);
+    ring_custom = make_communicator(w, o);
+  }
+  void TearDown() override {
+    builtin.reset();
+    ring.reset();
+    ring_small.reset();
+    ring_custom.reset();
+  }
+};
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Comms);
+
+enum class Which { builtin, ring, ring_small, ring_custom };
+Communicator& comm(Which w) {
+  switch (w) {
+    case Which::builtin:
+      return *Comms::builtin;
+    case Which::ring:
+      return *Comms::ring;
+    case Which::ring_small:
+      return *Comms::ring_small;
+    default:
+      return *Comms::ring_custom;
+  }
+}
+const char* which_name(Which w) {
+  const char* names[] = {"builtin", "ring", "ring_small", "ring_custom"};
+  return names[int(w)];
+}
+
+// Random in [-1, 1], at least 1/16 away from zero; the same on every rank for (rank, index, seed).
+double input(int rank, int64_t i, uint64_t seed) {
+  uint64_t z = seed * 0x9e3779b97f4a7c15ull + uint64_t(rank) * 0xbf58476d1ce4e5b9ull + uint64_t(i) + 1;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  const double u = double(z >> 11) * 0x1p-53;  // [0, 1)
+  const double mag = 1.0 / 16 + u * (15.0 / 16);
+  return (z & 1) ? mag : -mag;
+}
+
+void store(DType dt, void* p, int64_t i, double v) {
+  switch (dt) {
+    case DType::f32:
+      static_cast<float*>(p)[i] = float(v);
+      break;
+    case DType::f64:
+      static_cast<double*>(p)[i] = v;
+      break;
+    case DType::f16:
+      static_cast<Half*>(p)[i] = Half(float(v));
+      break;
+    default:
+      static_cast<BFloat16*>(p)[i] = BFloat16(float(v));
+  }
+}
+double load(DType dt, const void* p, int64_t i) {
+  switch (dt) {
+    case DType::f32:
+      return static_cast<const float*>(p)[i];
+    case DType::f64:
+      return static_cast<const double*>(p)[i];
+    case DType::f16:
+      return float(static_cast<const Half*>(p)[i]);
+    default:
+      return float(static_cast<const BFloat16*>(p)[i]);
+  }
+}
+// What `v` becomes when stored in `dt`.
+double rounded(DType dt, double v) {
+  char buf[8];
+  store(dt, buf, 0, v);
+  return load(dt, buf, 0);
+}
+double unit_roundoff(DType dt) {
+  switch (dt) {
+    case DType::f64:
+      return 0x1p-53;
+    case DType::f32:
+      return 0x1p-24;
+    case DType::f16:
+      return 0x1p-11;
+    default:
+      return 0x1p-8;
+  }
+}
+
+struct Case {
+  Collective kind;
+  Which which;
+  DType dtype;
+  ReduceOp op;
+  bool in_place;
+};
+
+std::string describe(const Case& c) {
+  std::string s =
+      std::string(name(c.kind)) + "_" + which_name(c.which) + "_" + std::string(dtype_name(c.dtype));
+  if (c.kind == Collective::all_reduce || c.kind == Collective::reduce_scatter)
+    s += "_" + std::string(name(c.op));
+  return s + (c.in_place ? "_inplace" : "_outofplace");
+}
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return describe(info.param);
+}
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << describe(c);
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (Collective k :
+       {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather, Collective::broadcast})
+    for (Which w : {Which::builtin, Which::ring, Which::ring_small, Which::ring_custom})
+      for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16})
+        for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+          const bool reduces = k == Collective::all_reduce || k == Collective::reduce_scatter;
+          if (!reduces && op == ReduceOp::avg) continue;
+          for (bool in_place : {false, true}) cases.push_back({k, w, dt, op, in_place});
+        }
+  return cases;
+}
+
+// Runs one collective on `count` elements and checks every output element; returns the number of bad ones.
+int64_t run_and_check(Communicator& c, const Case& cs, int64_t count, uint64_t seed) {
+  const int n = c.size(), me = c.rank();
+  const DType dt = cs.dtype;
+  const size_t es = dtype_size(dt);
+  const int64_t shard = shard_count(count, n, me), off = shard_offset(count, n, me);
+  const int root = n - 1;
+  const bool reduces = cs.kind == Collective::all_reduce || cs.kind == Collective::reduce_scatter;
+  const int64_t in_elems = cs.kind == Collective::all_gather ? shard : count;
+  const int64_t out_elems = cs.kind == Collective::reduce_scatter ? shard : count;
+  constexpr double kSentinel = 1000.0;
+
+  std::vector<char> a(size_t(std::max<int64_t>(count, 1)) * es), b(size_t(std::max<int64_t>(count, 1)) * es);
+  for (int64_t i = 0; i < count; ++i) store(dt, b.data(), i, kSentinel);
+  char* send = a.data();
+  char* recv = b.data();
+  if (cs.in_place) {
+    send = recv = b.data();
+    if (cs.kind == Collective::reduce_scatter) recv = b.data() + size_t(off) * es;
+    if (cs.kind == Collective::all_gather) send = b.data() + size_t(off) * es;
+  }
+  const int64_t first = cs.kind == Collective::all_gather ? off : 0;
+  const int src_rank = cs.kind == Collective::broadcast ? root : me;
+  for (int64_t i = 0; i < in_elems; ++i)
+    store(dt, send, i,
+          cs.kind == Collective::broadcast && me != root ? -kSentinel : input(src_rank, first + i, seed));
+
+  WorkHandle work;
+  switch (cs.kind) {
+    case Collective::all_reduce:
+      work = c.all_reduce(send, recv, count, dt, Device::cpu(), cs.op);
+      break;
+    case Collective::reduce_scatter:
+      work = c.reduce_scatter(send, recv, count, dt, Device::cpu(), cs.op);
+      break;
+    case Collective::all_gather:
+      work = c.all_gather(send, recv, count, dt, Device::cpu());
+      break;
+    default:
+      work = c.broadcast(send, recv, count, dt, Device::cpu(), root);
+  }
+  work->wait();
+  EXPECT_TRUE(work->is_completed());
+
+  const int64_t out_first = cs.kind == Collective::reduce_scatter ? off : 0;
+  int64_t bad = 0;
+  for (int64_t k = 0; k < out_elems; ++k) {
+    const int64_t i = out_first + k;
+    double want = 0, scale = 0;
+    if (reduces) {
+      for (int q = 0; q < n; ++q) {
+        const double v = rounded(dt, input(q, i, seed));
+        want += v;
+        scale += std::fabs(v);
+      }
+      if (cs.op == ReduceOp::avg) want /= n, scale /= n;
+    } else {
+      int owner = root;
+      if (cs.kind == Collective::all_gather) {
+        owner = 0;
+        while (owner + 1 < n && shard_offset(count, n, owner + 1) <= i) ++owner;
+      }
+      want = rounded(dt, input(owner, i, seed));
+    }
+    const double got = load(dt, recv, k);
+    // Reductions round once per ring step (16-bit partial sums) plus once at the end.
+    const double tol = reduces ? 2.0 * (n + 1) * unit_roundoff(dt) * scale + 1e-300 : 0.0;
+    if (!(std::fabs(got - want) <= tol)) {
+      if (bad == 0)
+        ADD_FAILURE() << "rank " << me << ": " << name(cs.kind) << " count " << count << " element " << i
+                      << ": got " << got << ", want " << want << " (tolerance " << tol << ")";
+      ++bad;
+    }
+  }
+  return bad;
+}
+
+class CollectiveTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CollectiveTest, MatchesLocalReference) {
+  const Case& cs = GetParam();
+  Communicator& c = comm(cs.which);
+  const int n = c.size();
+  std::vector<int64_t> counts = {0, 1, 2, 3, 5, 7, int64_t(n) - 1, int64_t(n) + 1, 31, 1000, 4099};
+  if (cs.which != Which::ring_small) counts.insert(counts.end(), {65537, 200003});
+  uint64_t seed = 1;
+  for (int64_t count : counts) {
+    if (count < 0) continue;
+    EXPECT_EQ(run_and_check(c, cs, count, seed++), 0) << "count " << count;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CollectiveTest, ::testing::ValuesIn(all_cases()), case_name);
+
+TEST(Collectives, ManyInFlightCompleteInAnyWaitOrder) {
+  Communicator& c = *Comms::ring;
+  const int n = c.size();
+  constexpr int kCalls = 6;
+  constexpr int64_t kCount = 10007;
+  std::vector<std::vector<float>> bufs(kCalls, std::vector<float>(kCount));
+  for (int k = 0; k < kCalls; ++k)
+    for (int64_t i = 0; i < kCount; ++i) bufs[size_t(k)][size_t(i)] = float(c.rank() + 1) * float(k + 1);
+  std::vector<WorkHandle> works;
+  for (int k = 0; k < kCalls; ++k)
+    works.push_back(c.all_reduce(bufs[size_t(k)].data(), bufs[size_t(k)].data(), kCount, DType::f32,
+                                 Device::cpu(), ReduceOp::sum));
+  for (int k = kCalls - 1; k >= 0; --k) works[size_t(k)]->wait();
+  const float ranks_sum = float(n * (n + 1) / 2);
+  for (int k = 0; k < kCalls; ++k) {
+    EXPECT_EQ(bufs[size_t(k)].front(), ranks_sum * float(k + 1));
+    EXPECT_EQ(bufs[size_t(k)].back(), ranks_sum * float(k + 1));
+  }
+}
+
+TEST(Collectives, SendRecvAroundTheRingAndPairwise) {
+  for (Communicator* c : {Comms::builtin.get(), Comms::ring.get()}) {
+    const int n = c->size(), me = c->rank();
+    if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+    // Everyone sends to the next rank and receives from the previous one, both started before either waits.
+    std::vector<double> out(70001, double(me)), in(70001, -1.0);
+    auto r = c->recv(in.data(), int64_t(in.size()), DType::f64, Device::cpu(), (me + n - 1) % n);
+    auto s = c->send(out.data(), int64_t(out.size()), DType::f64, Device::cpu(), (me + 1) % n);
+    s->wait();
+    r->wait();
+    EXPECT_EQ(in.front(), double((me + n - 1) % n));
+    EXPECT_EQ(in.back(), double((me + n - 1) % n));
+    // Pairs exchange with send called first on both sides: must not deadlock.
+    const int partner = me ^ 1;
+    if (partner < n) {
+      std::vector<float> mine(300000, float(me)), theirs(300000, -1.f);
+      auto s2 = c->send(mine.data(), int64_t(mine.size()), DType::f32, Device::cpu(), partner);
+      auto r2 = c->recv(theirs.data(), int64_t(theirs.size()), DType::f32, Device::cpu(), partner);
+      r2->wait();
+      s2->wait();
+      EXPECT_EQ(theirs[12345], float(partner));
+    }
+    c->barrier()->wait();
+  }
+}
+
+TEST(Collectives, TensorForms) {
+  Communicator& c = *Comms::ring;
+  const int n = c.size(), me = c.rank();
+  Tensor t = full({3, 5}, double(me + 1));
+  c.all_reduce(t, ReduceOp::avg)->wait();
+  EXPECT_DOUBLE_EQ(t.to_vector<float>()[7], (n + 1) / 2.0);
+
+  Tensor in = full({13}, 2.0);
+  Tensor shard = empty({shard_count(13, n, me)});
+  c.reduce_scatter(in, shard)->wait();
+  for (float v : shard.to_vector<float>()) EXPECT_EQ(v, 2.0f * float(n));
+
+  Tensor out = zeros({13}, DType::f64);
+  Tensor mine = full({shard_count(13, n, me)}, double(me), DType::f64);
+  c.all_gather(mine, out)->wait();
+  const auto got = out.to_vector<double>();
+  for (int r = 0; r < n; ++r)
+    for (int64_t k = 0; k < shard_count(13, n, r); ++k)
+      EXPECT_EQ(got[size_t(shard_offset(13, n, r) + k)], double(r));
+
+  Tensor b = full({4}, double(me), DType::bf16);
+  c.broadcast(b, 0)->wait();
+  for (float v : b.to_vector<float>()) EXPECT_EQ(v, 0.0f);
+
+  Tensor wrong = empty({shard_count(13, n, me) + 1});
+  EXPECT_THROW(c.reduce_scatter(in, wrong), ShapeError);
+  Tensor strided = empty({4, 4}).transpose(0, 1);
+  EXPECT_THROW(c.all_reduce(strided), ShapeError);
+}
+
+TEST(Collectives, RejectsBadArguments) {
+  Communicator& c = *Comms::builtin;
+  float x[4] = {1, 2, 3, 4};
+  int32_t ints[4] = {1, 2, 3, 4};
+  EXPECT_THROW(c.all_reduce(x, x, -1, DType::f32, Device::cpu(), ReduceOp::sum), ValueError);
+  EXPECT_THROW(c.all_reduce(ints, ints, 4, DType::i32, Device::cpu(), ReduceOp::sum), DtypeError);
+  EXPECT_THROW(c.broadcast(x, x, 4, DType::f32, Device::cpu(), c.size()), ValueError);
+  EXPECT_THROW(c.send(x, 4, DType::f32, Device::cpu(), c.rank()), ValueError);
+  if (!cuda_available()) {
+    EXPECT_THROW(c.all_reduce(x, x, 4, DType::f32, Device::cuda(0), ReduceOp::sum), DeviceError);
+  }
+  // Non-reducing collectives move any dtype.
+  c.broadcast(ints, ints, 4, DType::i32, Device::cpu(), 0)->wait();
+  EXPECT_EQ(ints[3], 4);
+}
+
+TEST(Collectives, RingOrderIsAPermutation) {
+  const auto& ring = Comms::ring_custom->ring();
+  std::vector<int> sorted = ring;
+  std::sort(sorted.begin(), sorted.end());
+  for (int r = 0; r < int(sorted.size()); ++r) EXPECT_EQ(sorted[size_t(r)], r);
+  CommOptions bad;
+  bad.ring = {0, 0};
+  EXPECT_THROW(make_communicator(World::get(), bad), ValueError);
+}
+
+// CUDA buffers through the MPI backend (staged) and NCCL: only where a GPU is present.
+TEST(CollectivesCuda, StagedAndNcclMatchHost) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  World& w = World::get();
+  const Device dev = Device::cuda(w.gpu());
+  for (Backend be : {Backend::mpi, Backend::nccl}) {
+    // NCCL needs one GPU per rank.
+    if (be == Backend::nccl && w.local_size() > cuda_device_count()) continue;
+    for (Algorithm algo : {Algorithm::builtin, Algorithm::ring}) {
+      CommOptions o;
+      o.backend = be;
+      o.algorithm = algo;
+      o.device = dev;
+      o.timeout_s = 60;
+      auto c = make_communicator(w, o);
+      for (int64_t count : {int64_t(1), int64_t(1001), int64_t(100003)}) {
+        Tensor x = full({count}, double(w.rank() + 1)).to(dev);
+        c->all_reduce(x, ReduceOp::sum)->wait();
+        const auto v = x.cpu().to_vector<float>();
+        EXPECT_EQ(v.front(), float(w.size() * (w.size() + 1) / 2)) << name(be) << " " << name(algo);
+        Tensor shard = empty({shard_count(count, w.size(), w.rank())}, DType::f32, dev);
+        c->reduce_scatter(x, shard, ReduceOp::avg)->wait();
+        Tensor gathered = empty({count}, DType::f32, dev);
+        c->all_gather(shard, gathered)->wait();
+        EXPECT_EQ(gathered.cpu().to_vector<float>().back(), float(w.size() * (w.size() + 1) / 2));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cz::dist

@@ -1,0 +1,219 @@
+// Topology discovery on fake sysfs trees (tests/dist/data/sysfs_*), the JSON form, the depth-first ring and
+// the link-load cost model, including the 8-GPU dual-socket box whose ranks alternate between sockets.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "dist/comm/topology.h"
+#include "dist/comm/topology_detect.h"
+#include "tensor/check.h"
+
+namespace cz::dist {
+namespace {
+
+const std::string kData = CZ_DIST_TEST_DATA;
+const std::string kDualSocket = kData + "/sysfs_dual_socket_8gpu";
+const std::string k4090 = kData + "/sysfs_4090_box";
+
+// Ranks alternate between the sockets: even ranks on socket 0, odd ranks on socket 1.
+const std::vector<std::string> kAlternating = {"0000:19:00.0", "0000:9a:00.0", "0000:1a:00.0",
+                                               "0000:9b:00.0", "0000:3b:00.0", "0000:ba:00.0",
+                                               "0000:3c:00.0", "0000:bb:00.0"};
+
+DetectOptions options(const std::string& root) {
+  DetectOptions o;
+  o.sysfs_root = root;
+  return o;
+}
+
+Topology dual_socket_from_sysfs() {
+  std::vector<RankPlace> places;
+  for (int r = 0; r < 8; ++r)
+    places.push_back(locate_rank(r, "box", kAlternating[size_t(r)], options(kDualSocket)));
+  return build_topology(places, options(kDualSocket));
+}
+
+std::vector<int> rank_order(int n) {
+  std::vector<int> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[size_t(i)] = i;
+  return v;
+}
+
+const LinkLoad& load_of(const Topology& t, const std::vector<LinkLoad>& loads, const std::string& id) {
+  const int i = t.find(id);
+  EXPECT_GE(i, 0) << id;
+  return loads.at(size_t(std::max(i, 0)));
+}
+
+TEST(Sysfs, ReadsLinkSpeedsBusIdsAndNuma) {
+  EXPECT_DOUBLE_EQ(pcie_lane_gbps("16.0 GT/s PCIe"), 1.969);
+  EXPECT_DOUBLE_EQ(pcie_lane_gbps("8 GT/s"), 0.985);
+  EXPECT_DOUBLE_EQ(pcie_lane_gbps("2.5 GT/s PCIe"), 0.25);
+  EXPECT_EQ(pcie_lane_gbps("Unknown"), 0.0);
+  EXPECT_EQ(normalize_busid("00000000:1B:00.0"), "0000:1b:00.0");
+  EXPECT_EQ(normalize_busid("0000:1B:00.0"), "0000:1b:00.0");
+  EXPECT_NEAR(pci_link_gbps(kDualSocket, "0000:19:00.0"), 31.5, 0.01);
+  EXPECT_EQ(pci_link_gbps(kDualSocket, "0000:ff:00.0"), 0.0);
+  EXPECT_EQ(pci_numa_node(kDualSocket, "0000:9a:00.0"), 1);
+  EXPECT_EQ(pci_numa_node(k4090, "0000:01:00.0"), 0);  // -1 in sysfs: one node
+  EXPECT_EQ(cpu_numa_node(kDualSocket, 20), 1);
+  EXPECT_EQ(cpu_numa_node(kDualSocket, 3), 0);
+  EXPECT_DOUBLE_EQ(network_gbps(kDualSocket), 12.5);
+}
+
+TEST(Sysfs, FollowsThePciChainToTheRootComplex) {
+  EXPECT_EQ(pci_chain(kDualSocket, "0000:9B:00.0"),
+            (std::vector<std::string>{"0000:97:02.0", "0000:98:00.0", "0000:99:01.0", "0000:9b:00.0"}));
+  EXPECT_EQ(pci_chain(k4090, "0000:41:00.0"), (std::vector<std::string>{"0000:00:03.0", "0000:41:00.0"}));
+  EXPECT_THROW(pci_chain(kDualSocket, "0000:ee:00.0"), IoError);
+}
+
+TEST(Topology, DualSocketBoxFromSysfs) {
+  const Topology t = dual_socket_from_sysfs();
+  EXPECT_EQ(t.num_ranks(), 8);
+  int hosts = 0, cpus = 0, switches = 0, gpus = 0;
+  for (const auto& n : t.nodes()) {
+    hosts += n.type == "host";
+    cpus += n.type == "cpu";
+    switches += n.type == "switch";
+    gpus += n.type == "gpu";
+  }
+  EXPECT_EQ(hosts, 1);
+  EXPECT_EQ(cpus, 2);
+  EXPECT_EQ(switches, 4);
+  EXPECT_EQ(gpus, 8);
+  // GPU of rank 1 hangs off a switch on socket 1.
+  const TopoNode& g = t.nodes()[size_t(t.node_of_rank(1))];
+  EXPECT_EQ(g.type, "gpu");
+  const TopoNode& sw = t.nodes()[size_t(g.parent)];
+  EXPECT_EQ(sw.type, "switch");
+  EXPECT_EQ(t.nodes()[size_t(sw.parent)].id, "cpu1");
+  EXPECT_NEAR(g.up_gbps, 31.5, 0.01);
+  EXPECT_DOUBLE_EQ(t.nodes()[size_t(sw.parent)].up_gbps, 20.0);  // the socket link (DetectOptions default)
+  EXPECT_DOUBLE_EQ(t.nodes()[size_t(t.find("host0"))].up_gbps, 12.5);
+}
+
+TEST(Topology, RingCrossesTheSocketLinkOncePerDirection) {
+  const Topology t = dual_socket_from_sysfs();
+  const std::vector<int> ring = t.ring_order();
+  EXPECT_EQ(ring, (std::vector<int>{0, 2, 4, 6, 1, 3, 5, 7}));
+  const auto loads = t.link_loads(ring);
+  for (const auto& l : loads) {  // an Euler tour: at most one hop per link and direction
+    EXPECT_LE(l.up, 1) << t.nodes()[size_t(l.node)].id;
+    EXPECT_LE(l.down, 1) << t.nodes()[size_t(l.node)].id;
+  }
+  EXPECT_EQ(load_of(t, loads, "cpu0").up, 1);
+  EXPECT_EQ(load_of(t, loads, "cpu0").down, 1);
+  EXPECT_EQ(load_of(t, loads, "cpu1").up, 1);
+  EXPECT_EQ(load_of(t, loads, "host0").up, 0);  // one host: the network is not used
+  // Rank order crosses the socket link at every hop.
+  const auto plain = t.link_loads(rank_order(8));
+  EXPECT_EQ(load_of(t, plain, "cpu0").up, 4);
+  EXPECT_EQ(load_of(t, plain, "cpu0").down, 4);
+}
+
+TEST(Topology, DepthFirstRingIsAtLeast3Point5TimesRankOrderOnTheDualSocketBox) {
+  for (const Topology& t : {dual_socket_from_sysfs(), Topology::load(kData + "/dual_socket_8gpu.json")}) {
+    const double bytes = 64.0 * 1024 * 1024;
+    const RingPrediction best = t.predict(t.ring_order(), bytes);
+    const RingPrediction plain = t.predict(rank_order(8), bytes);
+    EXPECT_EQ(best.max_link_load, 1);
+    EXPECT_EQ(plain.max_link_load, 4);
+    EXPECT_GE(best.busbw_gbps / plain.busbw_gbps, 3.5) << best.busbw_gbps << " vs " << plain.busbw_gbps;
+    EXPECT_NEAR(best.busbw_gbps, 20.0, 0.5);  // the socket link is the bottleneck
+    EXPECT_NE(best.bottleneck.find("cpu"), std::string::npos) << best.bottleneck;
+  }
+}
+
+TEST(Topology, CostModelMatchesHandComputation) {
+  // Two GPUs on one switch: each hop loads both GPU links once per direction.
+  const Topology t = Topology::from_json(nlohmann::json::parse(R"({"nodes": [
+    {"id": "h", "type": "host", "up_gbps": 10}, {"id": "c", "type": "cpu", "parent": "h", "up_gbps": 20},
+    {"id": "s", "type": "switch", "parent": "c", "up_gbps": 16},
+    {"id": "a", "type": "gpu", "parent": "s", "up_gbps": 8, "rank": 0},
+    {"id": "b", "type": "gpu", "parent": "s", "up_gbps": 8, "rank": 1}]})"));
+  CostModel m;
+  m.step_overhead_us = 10;
+  m.link_latency_us = 1;
+  const double bytes = 8e6;
+  const RingPrediction p = t.predict({0, 1}, bytes, Collective::reduce_scatter, m);
+  const double step = 4e6 / 8e9 + 12e-6;  // chunk over an 8 GB/s link, plus 10 us + 2 links x 1 us
+  EXPECT_NEAR(p.time_s, step, 1e-12);
+  EXPECT_NEAR(p.busbw_gbps, bytes / step / 1e9 / 2, 1e-9);
+  const RingPrediction ar = t.predict({0, 1}, bytes, Collective::all_reduce, m);
+  EXPECT_NEAR(ar.time_s, 2 * step, 1e-12);
+  EXPECT_NEAR(ar.busbw_gbps, p.busbw_gbps, 1e-9);  // all-reduce moves twice the data in twice the time
+}
+
+TEST(Topology, TwoHostsCrossTheNetworkOncePerDirection) {
+  const Topology t = Topology::load(kData + "/two_hosts_4gpu.json");
+  EXPECT_EQ(t.ring_order(), (std::vector<int>{0, 2, 1, 3}));
+  const auto loads = t.link_loads(t.ring_order());
+  EXPECT_EQ(load_of(t, loads, "host0").up, 1);
+  EXPECT_EQ(load_of(t, loads, "host0").down, 1);
+  EXPECT_EQ(load_of(t, t.link_loads(rank_order(4)), "host0").up, 2);
+}
+
+TEST(Topology, GpusOnRootPortsHangOffTheCpu) {
+  std::vector<RankPlace> places;
+  const std::vector<std::string> bus = {"0000:01:00.0", "0000:21:00.0", "0000:41:00.0", "0000:61:00.0",
+                                        "0000:82:00.0"};
+  for (int r = 0; r < 5; ++r) places.push_back(locate_rank(r, "rtx", bus[size_t(r)], options(k4090)));
+  const Topology t = build_topology(places, options(k4090));
+  for (int r = 0; r < 4; ++r) {
+    const TopoNode& g = t.nodes()[size_t(t.node_of_rank(r))];
+    EXPECT_EQ(t.nodes()[size_t(g.parent)].type, "cpu") << r;
+    EXPECT_NEAR(g.up_gbps, 31.5, 0.01);
+  }
+  // The fifth sits behind one bridge, modelled as a switch, on a PCIe 3.0 x8 link.
+  const TopoNode& g5 = t.nodes()[size_t(t.node_of_rank(4))];
+  EXPECT_EQ(t.nodes()[size_t(g5.parent)].type, "switch");
+  EXPECT_NEAR(g5.up_gbps, 7.88, 0.01);
+  EXPECT_DOUBLE_EQ(t.nodes()[size_t(t.find("host0"))].up_gbps, 1.25);  // a 10 Gb/s NIC
+}
+
+TEST(Topology, CpuRanksAndSharedGpus) {
+  std::vector<RankPlace> places;
+  places.push_back(locate_rank(0, "a", "", options(kDualSocket)));
+  places.push_back(locate_rank(1, "a", "", options(kDualSocket)));
+  places.push_back(locate_rank(2, "a", "0000:19:00.0", options(kDualSocket)));
+  places.push_back(locate_rank(3, "a", "0000:19:00.0", options(kDualSocket)));
+  const Topology t = build_topology(places, options(kDualSocket));
+  EXPECT_EQ(t.nodes()[size_t(t.node_of_rank(0))].type, "proc");
+  EXPECT_EQ(t.node_of_rank(2), t.node_of_rank(3));  // two ranks staging through one GPU
+  const auto ring = t.ring_order();
+  EXPECT_EQ(ring.size(), 4u);
+  const auto j = t.to_json();
+  bool shared = false;
+  for (const auto& n : j["nodes"]) shared |= n.contains("ranks") && n["ranks"].size() == 2;
+  EXPECT_TRUE(shared);
+}
+
+TEST(Topology, JsonRoundTripKeepsEverything) {
+  const Topology t = dual_socket_from_sysfs();
+  const Topology u = Topology::from_json(nlohmann::json::parse(t.to_json_string()));
+  EXPECT_EQ(t.to_json().dump(), u.to_json().dump());
+  EXPECT_EQ(u.ring_order(), t.ring_order());
+  // Extra fields survive.
+  EXPECT_NE(t.to_json_string().find("\"busid\":\"0000:19:00.0\""), std::string::npos);
+}
+
+TEST(Topology, RejectsMalformedJson) {
+  auto parse = [](const char* s) { return Topology::from_json(nlohmann::json::parse(s)); };
+  EXPECT_THROW(parse(R"({"node": []})"), ValueError);
+  EXPECT_THROW(parse(R"({"nodes": [{"id": "a", "type": "gpu", "parent": "x", "rank": 0}]})"), ValueError);
+  EXPECT_THROW(parse(R"({"nodes": [{"id": "a", "rank": 0}, {"id": "a", "rank": 1}]})"), ValueError);
+  EXPECT_THROW(parse(R"({"nodes": [{"id": "a", "rank": 0}, {"id": "b", "rank": 0}]})"), ValueError);
+  EXPECT_THROW(parse(R"({"nodes": [{"id": "a", "rank": 0}, {"id": "b", "rank": 2}]})"), ValueError);
+  EXPECT_THROW(parse(R"({"nodes": [{"id": "a", "parent": "b"}, {"id": "b", "parent": "a", "rank": 0}]})"),
+               ValueError);
+  EXPECT_THROW(parse(R"({"nodes": [{"id": "a", "up_gbps": -1, "rank": 0}]})"), ValueError);
+  EXPECT_THROW(Topology::load(kData + "/missing.json"), IoError);
+  // A used link without a bandwidth cannot be predicted.
+  const Topology t = parse(R"({"nodes": [{"id": "h"}, {"id": "a", "parent": "h", "rank": 0},
+                                          {"id": "b", "parent": "h", "rank": 1}]})");
+  EXPECT_THROW(t.predict({0, 1}, 1e6), ValueError);
+}
+
+}  // namespace
+}  // namespace cz::dist
