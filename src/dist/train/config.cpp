@@ -1,0 +1,39 @@
+// Validation of the training flags.
+#include "dist/train/config.h"
+
+#include "tensor/check.h"
+
+namespace cz::train {
+
+void TrainConfig::validate() const {
+  CZ_CHECK(depths.empty() == dims.empty(), "--depths and --dims go together (got {} depths and {} dims)",
+           depths.size(), dims.size());
+  CZ_CHECK(num_classes > 0, "--num-classes must be positive, got {}", num_classes);
+  CZ_CHECK(image_size > 0, "--image-size must be positive, got {}", image_size);
+  CZ_CHECK(drop_path >= 0 && drop_path < 1, "--drop-path must be in [0, 1), got {}", drop_path);
+  CZ_CHECK(!reset_head || !init_weights.empty(), "--reset-head needs --init-weights");
+  CZ_CHECK(eval_every >= 0, "--eval-every must be >= 0, got {}", eval_every);
+  CZ_CHECK(eval_batches >= 0, "--eval-batches must be >= 0, got {}", eval_batches);
+  CZ_CHECK(loader_threads >= 0, "--loader-threads must be >= 0, got {}", loader_threads);
+  CZ_CHECK(steps >= 0, "--steps must be >= 0, got {}", steps);
+  CZ_CHECK(epochs >= 0, "--epochs must be >= 0, got {}", epochs);
+  CZ_CHECK(steps > 0 || epochs > 0, "give --steps or --epochs (both are 0)");
+  CZ_CHECK(micro_batch > 0, "--micro-batch must be positive, got {}", micro_batch);
+  CZ_CHECK(grad_accum > 0, "--grad-accum must be positive, got {}", grad_accum);
+  CZ_CHECK(optimizer == "adamw" || optimizer == "sgd", "--optimizer must be adamw or sgd, got '{}'", optimizer);
+  CZ_CHECK(lr >= 0, "--lr must be >= 0, got {}", lr);
+  CZ_CHECK(min_lr >= 0 && min_lr <= lr, "--min-lr must be in [0, --lr], got {}", min_lr);
+  CZ_CHECK(weight_decay >= 0, "--weight-decay must be >= 0, got {}", weight_decay);
+  CZ_CHECK(momentum >= 0 && momentum < 1, "--momentum must be in [0, 1), got {}", momentum);
+  CZ_CHECK(warmup_steps >= 0, "--warmup-steps must be >= 0, got {}", warmup_steps);
+  CZ_CHECK(schedule == "cosine" || schedule == "constant", "--schedule must be cosine or constant, got '{}'",
+           schedule);
+  CZ_CHECK(label_smoothing >= 0 && label_smoothing < 1, "--label-smoothing must be in [0, 1), got {}",
+           label_smoothing);
+  CZ_CHECK(clip_grad >= 0, "--clip-grad must be >= 0 (0 disables clipping), got {}", clip_grad);
+  CZ_CHECK(ema_decay >= 0 && ema_decay < 1, "--ema-decay must be in [0, 1) (0 disables EMA), got {}", ema_decay);
+  CZ_CHECK(precision == "fp32" || precision == "fp16" || precision == "bf16",
+           "--precision must be fp32, fp16 or bf16, got '{}'", precision);
+}
+
+}  // namespace cz::train

@@ -1,0 +1,61 @@
+// Everything a training run is configured by: the flags of `convnext_zero` (apps/convnext_zero.cpp), validated
+// in one place so bad input gets one clear message naming the flag.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cz::train {
+
+struct TrainConfig {
+  // Model.
+  std::string model = "atto";
+  std::vector<int64_t> depths, dims;  // custom architecture; both or neither, overriding --model's
+  int64_t num_classes = 10;
+  int64_t image_size = 64;
+  double drop_path = 0.0;
+  bool activation_checkpointing = false;
+  std::string init_weights;    // HDF5 weights to start from
+  bool reset_head = false;     // with init_weights: keep the file's head out, initialise a new one
+  std::string export_weights;  // HDF5 file written at the end (timm names)
+
+  // Data.
+  std::string data = "synthetic";
+  std::string eval_data;     // empty: the data source's own eval split, if it has one
+  int64_t eval_every = 0;    // evaluate every N steps (0: only at the end)
+  int64_t eval_batches = 0;  // limit evaluation to this many batches per rank (0: the whole set)
+  bool shuffle = true;
+  bool augment = false;
+  int loader_threads = 2;
+
+  // Schedule and optimisation.
+  int64_t steps = 0;   // optimizer steps; 0 means use --epochs
+  int64_t epochs = 0;  // passes over the training set
+  int64_t micro_batch = 32;  // per rank and micro-step
+  int64_t grad_accum = 1;    // micro-steps per optimizer step
+  std::string optimizer = "adamw";  // adamw | sgd
+  double lr = 1e-3;
+  double min_lr = 1e-6;
+  double weight_decay = 0.05;
+  double momentum = 0.9;  // sgd
+  int64_t warmup_steps = 0;
+  std::string schedule = "cosine";  // cosine | constant
+  double label_smoothing = 0.0;
+  double clip_grad = 0.0;  // global-norm clipping; 0: off
+  double ema_decay = 0.0;  // weight EMA; 0: off
+
+  // Execution.
+  std::string precision = "fp32";  // fp32 | fp16 | bf16
+  std::string device = "cpu";      // cpu | cuda
+  bool tf32 = false;               // CUDA: TF32 tensor cores for fp32 matmuls
+  std::string log;                 // JSON-lines log file
+  uint64_t seed = 0;
+  bool progress = true;  // progress bar when stderr is a terminal
+
+  // Throws ValueError naming the first bad flag.
+  void validate() const;
+  int64_t global_batch(int world) const { return micro_batch * grad_accum * world; }
+};
+
+}  // namespace cz::train

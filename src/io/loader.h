@@ -1,0 +1,64 @@
+// Batches for training and evaluation: a deterministic sampler that splits each global batch across ranks, and
+// worker threads that decode, crop/resize, augment and normalise ahead of the consumer.
+//
+// Note [Sampling]: epoch e's order is a permutation of the data set drawn from (seed, e) alone (file order with
+// shuffle off). Global batch b holds positions [b*B, (b+1)*B) of that order, B = batch_size, and rank r of W takes
+// the contiguous slice [r*B/W, (r+1)*B/W) of it, so W ranks with micro-batch m see exactly the examples one rank
+// with micro-batch W*m sees, in the same places. Augmentation draws from (seed, epoch, position in the epoch):
+// the same sample is augmented the same way whatever the world size or thread count.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "io/dataset.h"
+#include "tensor/tensor.h"
+
+namespace cz {
+
+struct LoaderOptions {
+  int64_t batch_size = 32;  // global: all ranks together
+  int64_t image_size = 64;  // output images are image_size x image_size
+  bool shuffle = true;
+  bool augment = false;  // random-resized-crop (scale 0.08..1, ratio 3/4..4/3) + horizontal flip
+  bool drop_last = true;  // false: the last, partial global batch is split across ranks as evenly as possible
+  uint64_t seed = 0;
+  int world = 1, rank = 0;
+  int threads = 2;   // decoding workers (0: decode on the calling thread)
+  int prefetch = 2;  // batches decoded ahead per worker
+};
+
+struct Batch {
+  Tensor images;  // (n, image_size, image_size, 3) f32, normalised with ImageNet mean/std, CPU
+  Tensor labels;  // (n) i64, CPU
+  int64_t index = 0;         // global batch number within the epoch
+  int64_t first_sample = 0;  // position in the epoch of this rank's first sample
+};
+
+class Loader {
+ public:
+  Loader(std::shared_ptr<const Dataset> data, LoaderOptions options);
+  ~Loader();  // stops and joins the workers
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  int64_t steps_per_epoch() const;  // global batches per epoch
+  void start_epoch(int64_t epoch);  // (re)starts the sampler; batches of an unfinished epoch are dropped
+  std::optional<Batch> next();      // this rank's share of the next global batch; nullopt at the epoch's end.
+                                    // A worker's decode error is rethrown here.
+
+  // The epoch's order as data set indices (Note [Sampling]); exposed for tests.
+  std::vector<int64_t> epoch_order(int64_t epoch) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ImageNet normalisation used by the loader, per RGB channel.
+inline constexpr float kImageNetMean[3] = {0.485f, 0.456f, 0.406f};
+inline constexpr float kImageNetStd[3] = {0.229f, 0.224f, 0.225f};
+
+}  // namespace cz

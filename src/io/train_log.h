@@ -1,0 +1,47 @@
+// Training logs: one JSON object per line in a file (--log), and a progress bar on a terminal.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace cz {
+
+// Appends one JSON object per line and flushes it, so a crash loses at most the line being written and the file
+// can be tailed while training runs. Opening truncates an existing file.
+class JsonLog {
+ public:
+  JsonLog() = default;
+  explicit JsonLog(const std::string& path);  // IoError naming the path if it cannot be created
+  ~JsonLog();
+  JsonLog(const JsonLog&) = delete;
+  JsonLog& operator=(const JsonLog&) = delete;
+  bool is_open() const { return file_ != nullptr; }
+  void write(const nlohmann::json& record);
+
+ private:
+  std::FILE* file_ = nullptr;
+  std::string path_;
+};
+
+// "step 120/300 [=======>      ] loss 1.234  2345 img/s  ETA 0:41" redrawn in place on stderr; silent when
+// stderr is not a terminal (logs stay clean when redirected).
+class ProgressBar {
+ public:
+  explicit ProgressBar(int64_t total_steps, bool enabled);
+  void update(int64_t step, double loss, double img_per_s);
+  void finish();  // ends the line
+
+ private:
+  int64_t total_;
+  bool enabled_;
+  bool drawn_ = false;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+bool stderr_is_terminal();
+std::string format_duration(double seconds);  // "1:05:09", "4:07"
+
+}  // namespace cz

@@ -1,0 +1,47 @@
+// Weight files: HDF5 with one dataset per parameter, named by timm's state-dict keys, in PyTorch's shapes.
+// Import also understands the original facebookresearch/ConvNeXt keys and timm's 1x1-conv MLP form (atto..nano),
+// and reports every missing, unexpected or misshapen key in one error. tools/convert_weights.py converts
+// PyTorch/timm checkpoints to and from this format.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace cz {
+
+using NamedTensorList = std::vector<std::pair<std::string, Tensor>>;
+
+struct WeightImportOptions {
+  // Read the datasets under this group only ("weights" for the parity fixtures); empty: the whole file.
+  std::string group;
+  // Parameters (and file keys) under these prefixes are left alone: "head.fc." for --reset-head, where the file
+  // may have been trained for another number of classes.
+  std::vector<std::string> skip_prefixes;
+};
+
+struct WeightImportReport {
+  std::string key_style;  // "timm" or "facebook"
+  int64_t tensors = 0;    // parameters loaded
+  int64_t elements = 0;
+};
+
+// Copies the file's weights into `params` (values converted to each parameter's dtype and device). IoError
+// naming the file and listing every offender when keys are missing or unexpected or shapes differ; nothing is
+// modified then.
+WeightImportReport import_weights(const std::string& path, const NamedTensorList& params,
+                                  const WeightImportOptions& options = {});
+
+// Writes `params` as f32 datasets under their names, plus root attributes `format` ("convnext_zero.weights")
+// and `version`. Crash-safe: the previous file stays intact until the new one is complete.
+void export_weights(const std::string& path, const NamedTensorList& params);
+
+// The timm key for an original facebookresearch/ConvNeXt key ("downsample_layers.0.0.weight" ->
+// "stem.0.weight", "stages.1.2.pwconv1.bias" -> "stages.1.blocks.2.mlp.fc1.bias", "norm.weight" ->
+// "head.norm.weight", "head.weight" -> "head.fc.weight"); nullopt when the key is not of that form.
+std::optional<std::string> timm_key_from_facebook(const std::string& key);
+
+}  // namespace cz
