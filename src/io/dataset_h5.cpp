@@ -123,8 +123,10 @@ class H5Dataset final : public Dataset {
                     H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr) >= 0 &&
                     H5Dread(images_.get(), H5T_NATIVE_UINT8, mspace.get(), fspace.get(), H5P_DEFAULT,
                             out.pixels.data()) >= 0;
-    CZ_CHECK_IO(ok, "h5:{}: cannot read image {} of dataset 'images' (file truncated or corrupt?)", path_,
-                index);
+    CZ_CHECK_IO(ok,
+                "h5:{}: cannot read image {} of dataset 'images' (truncated, corrupt, or compressed with a "
+                "filter this HDF5 lacks?)",
+                path_, index);
   }
 
  private:

@@ -1,5 +1,5 @@
-// The data sources behind open_dataset(), one file each (dataset_<kind>.cpp). `spec` is the user's whole
-// `--data` string, quoted in errors.
+// The data sources behind open_dataset(), one file each (dataset_<kind>.cpp). Their IoErrors name the file;
+// `what` ("--data 'synthetic:n=8'") names the flag and spec in the synthetic source's option errors.
 #pragma once
 
 #include <memory>

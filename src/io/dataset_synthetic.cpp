@@ -20,18 +20,18 @@ struct SyntheticOptions {
 // Each sample owns 2^22 Philox blocks (a 1024x1024 image's noise needs 786432); the top bits name the split.
 constexpr int64_t kMaxSize = 1024;
 constexpr int kSampleShift = 22;
-constexpr int64_t kMaxSamples = int64_t(1) << 37;
+constexpr int64_t kMaxSamples = int64_t(1) << 36;  // the loader's augmentation counters allow 2^36 positions
 
-int64_t parse_int(const std::string& spec, const std::string& key, const std::string& value, int64_t lo,
+int64_t parse_int(const std::string& what, const std::string& key, const std::string& value, int64_t lo,
                   int64_t hi) {
   int64_t v = 0;
   const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
   CZ_CHECK(ec == std::errc() && end == value.data() + value.size() && v >= lo && v <= hi,
-           "--data '{}': synthetic option {}={} must be an integer in [{}, {}]", spec, key, value, lo, hi);
+           "{}: synthetic option {}={} must be an integer in [{}, {}]", what, key, value, lo, hi);
   return v;
 }
 
-SyntheticOptions parse_options(const std::string& spec, const std::string& text, int64_t default_size) {
+SyntheticOptions parse_options(const std::string& what, const std::string& text, int64_t default_size) {
   SyntheticOptions o;
   o.size = default_size;
   size_t pos = 0;
@@ -40,24 +40,24 @@ SyntheticOptions parse_options(const std::string& spec, const std::string& text,
     const std::string item = text.substr(pos, comma - pos);
     pos = comma + 1;
     const size_t eq = item.find('=');
-    CZ_CHECK(eq != std::string::npos, "--data '{}': synthetic option '{}' is not key=value", spec, item);
+    CZ_CHECK(eq != std::string::npos, "{}: synthetic option '{}' is not key=value", what, item);
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
     if (key == "n")
-      o.n = parse_int(spec, key, value, 1, kMaxSamples);
+      o.n = parse_int(what, key, value, 1, kMaxSamples);
     else if (key == "eval_n")
-      o.eval_n = parse_int(spec, key, value, 1, kMaxSamples);
+      o.eval_n = parse_int(what, key, value, 1, kMaxSamples);
     else if (key == "classes")
-      o.classes = parse_int(spec, key, value, 2, 1000);
+      o.classes = parse_int(what, key, value, 2, 1000);
     else if (key == "size")
-      o.size = parse_int(spec, key, value, 8, kMaxSize);
+      o.size = parse_int(what, key, value, 8, kMaxSize);
     else if (key == "seed")
-      o.seed = uint64_t(parse_int(spec, key, value, 0, INT64_MAX));
+      o.seed = uint64_t(parse_int(what, key, value, 0, INT64_MAX));
     else
       throw ValueError(fmt::format(
-          "--data '{}': unknown synthetic option '{}' (known: n, eval_n, classes, size, seed)", spec, key));
+          "{}: unknown synthetic option '{}' (known: n, eval_n, classes, size, seed)", what, key));
   }
-  CZ_CHECK(o.size >= 8 && o.size <= kMaxSize, "--data '{}': synthetic image size {} must be in [8, {}]", spec,
-           o.size, kMaxSize);
+  CZ_CHECK(o.size >= 8 && o.size <= kMaxSize, "{}: synthetic image size {} must be in [8, {}]", what, o.size,
+           kMaxSize);
   return o;
 }
 
@@ -141,9 +141,9 @@ class SyntheticDataset final : public Dataset {
 
 }  // namespace
 
-std::shared_ptr<const Dataset> open_synthetic(const std::string& spec, const std::string& options,
+std::shared_ptr<const Dataset> open_synthetic(const std::string& what, const std::string& options,
                                               Split split, const DatasetOptions& dataset_options) {
-  return std::make_shared<SyntheticDataset>(parse_options(spec, options, dataset_options.image_size), split);
+  return std::make_shared<SyntheticDataset>(parse_options(what, options, dataset_options.image_size), split);
 }
 
 }  // namespace cz

@@ -42,6 +42,8 @@ TEST(DataErrors, BadSyntheticOptions) {
   expect_error<ValueError>([] { open("synthetic:classes=1"); }, {"classes=1"});
   expect_error<ValueError>([] { open("synthetic:size=4"); }, {"size=4"});
   expect_error<ValueError>([] { open("synthetic:n"); }, {"'n'", "key=value"});
+  expect_error<ValueError>([] { open_eval_dataset("synthetic", "synthetic:m=1", {}, nullptr); },
+                           {"--eval-data 'synthetic:m=1'", "'m'"});
 }
 
 TEST(DataErrors, EvalSplitAndClasses) {
