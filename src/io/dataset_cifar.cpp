@@ -42,9 +42,10 @@ class Cifar10Dataset final : public Dataset {
                 path, int64_t(bytes), kRecord);
     files_.back().records = bytes / kRecord;
     first_.push_back(int64_t(labels_.size()));
-    std::vector<uint8_t> chunk(size_t(kRecord) * 1024);
-    for (int64_t r = 0; r < files_.back().records; r += 1024) {
-      const int64_t n = std::min<int64_t>(1024, files_.back().records - r);
+    const int64_t records = files_.back().records, per_chunk = std::min<int64_t>(records, 1024);
+    std::vector<uint8_t> chunk(size_t(kRecord * per_chunk));
+    for (int64_t r = 0; r < records; r += per_chunk) {
+      const int64_t n = std::min(per_chunk, records - r);
       read_exact(f, r * kRecord, chunk.data(), size_t(n * kRecord));
       for (int64_t i = 0; i < n; ++i) {
         const uint8_t l = chunk[size_t(i * kRecord)];
