@@ -141,7 +141,14 @@ std::optional<Batch> Loader::next() {
   if (m.epoch < 0) start_epoch(0);
   if (m.failed) std::rethrow_exception(m.failed);
   if (m.next_out >= m.steps) return std::nullopt;
-  if (m.workers.empty()) return m.make_batch(m.next_out++);
+  if (m.workers.empty()) {
+    try {
+      return m.make_batch(m.next_out++);
+    } catch (...) {
+      m.failed = std::current_exception();  // sticky, as with workers
+      throw;
+    }
+  }
   std::unique_lock<std::mutex> lock(m.mu);
   m.ready_cv.wait(lock, [&] { return m.ready.count(m.next_out) > 0; });
   auto it = m.ready.find(m.next_out);

@@ -278,6 +278,7 @@ TEST(Loader, WorkerErrorIsRethrownOnTheConsumer) {
     } catch (const IoError& e) {
       EXPECT_NE(std::string(e.what()).find("index.bin: example 9"), std::string::npos) << e.what();
     }
+    EXPECT_THROW(loader.next(), IoError) << "the error stays until the next epoch";
     // A fresh epoch starts cleanly; the loader's destructor joins workers still decoding ahead.
     loader.start_epoch(1);
     EXPECT_TRUE(loader.next().has_value());
