@@ -8,8 +8,8 @@ case_name=$1 app=$2 mpiexec=$3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
-tiny=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --data synthetic:n=256,eval_n=64,classes=4
-      --loader-threads 1 --no-progress)
+model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --loader-threads 1 --no-progress)
+tiny=("${model[@]}" --data synthetic:n=256,eval_n=64,classes=4)
 fail() { echo "FAIL: $*"; exit 1; }
 
 # Prints "<step> <loss> <grad_norm>" for each step record of a JSON-lines log.
@@ -54,18 +54,18 @@ bad_input)
   check "--bogus" "${tiny[@]}" --steps 1 --bogus
   check "--precision" "${tiny[@]}" --steps 1 --precision fp8
   check "--precision fp16" "${tiny[@]}" --steps 1 --precision fp16
-  check "$work/nothing" "${tiny[@]}" --steps 1 --data "folder:$work/nothing"
-  check "$work/empty_folder" "${tiny[@]}" --steps 1 --data "folder:$work/empty_folder"
-  check "data_batch_1.bin" "${tiny[@]}" --steps 1 --data "cifar10:$work/cifar"
-  check "$work/junk.h5" "${tiny[@]}" --steps 1 --data "h5:$work/junk.h5"
+  check "$work/nothing" "${model[@]}" --steps 1 --data "folder:$work/nothing"
+  check "$work/empty_folder" "${model[@]}" --steps 1 --data "folder:$work/empty_folder"
+  check "data_batch_1.bin" "${model[@]}" --steps 1 --data "cifar10:$work/cifar"
+  check "$work/junk.h5" "${model[@]}" --steps 1 --data "h5:$work/junk.h5"
   check "$work/junk.h5" "${tiny[@]}" --steps 1 --init-weights "$work/junk.h5"
-  check "nosuchkind" "${tiny[@]}" --steps 1 --data nosuchkind:x
+  check "nosuchkind" "${model[@]}" --steps 1 --data nosuchkind:x
   check "--device" "${tiny[@]}" --steps 1 --device tpu
   echo "bad_input: OK"
   ;;
 multi_rank_error)
   start=$SECONDS
-  timeout 120 "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --steps 1 --data "folder:$work/nothing" > "$work/out" 2>&1
+  timeout 120 "${mpirun[@]}" -np 2 "$app" "${model[@]}" --steps 1 --data "folder:$work/nothing" > "$work/out" 2>&1
   rc=$?
   cat "$work/out"
   [[ $rc -ne 0 && $rc -ne 124 ]] || fail "mpirun exited with $rc (124: hung)"
