@@ -11,6 +11,7 @@ namespace {
 constexpr int kMaxDevices = 16;
 std::atomic<bool> g_allow_tf32{false};
 std::atomic<bool> g_gemm_epilogues{true};
+std::atomic<bool> g_conv_benchmark{false};
 std::atomic<int> g_default_device{-1};
 thread_local bool t_device_chosen = false;  // Note [Current device]
 }  // namespace
@@ -61,6 +62,13 @@ void set_gemm_epilogues(bool enable) {
 }
 bool gemm_epilogues() {
   return g_gemm_epilogues.load(std::memory_order_relaxed);
+}
+
+void set_conv_benchmark(bool enable) {
+  g_conv_benchmark.store(enable, std::memory_order_relaxed);
+}
+bool conv_benchmark() {
+  return g_conv_benchmark.load(std::memory_order_relaxed);
 }
 
 DeviceContext::DeviceContext(int device) : device_(device) {
@@ -118,7 +126,18 @@ DeviceContext::DnnLease DeviceContext::cudnn(Stream stream) {
     CZ_CHECK_STATUS(cudnnCreate(&dnn_));
   }
   CZ_CHECK_STATUS(cudnnSetStream(dnn_, native(stream)));
-  return {dnn_, std::move(lock)};
+  return {dnn_, &conv_algos_, std::move(lock)};
+}
+
+void* DeviceContext::cudnn_workspace(const DnnLease& lease, Stream stream, size_t bytes) {
+  CZ_ASSERT(lease.lock.owns_lock() && lease.lock.mutex() == &dnn_mu_,
+            "cudnn_workspace without the cuDNN lease");
+  if (bytes == 0) return nullptr;
+  DataPtr& ws = dnn_workspaces_[stream.handle];
+  // The old block is freed on its home stream, so work already queued on `stream` still owns it until done
+  // (Note [Cross-stream frees]).
+  if (ws.nbytes() < bytes) ws = allocate(bytes, stream);
+  return ws.get();
 }
 
 Stream DeviceContext::lazy_stream(std::atomic<void*>& slot, bool high_priority) {

@@ -60,6 +60,19 @@ bool allow_tf32();
 void set_gemm_epilogues(bool enable);
 bool gemm_epilogues();
 
+// How cuDNN convolution algorithms are chosen (Note [Convolution algorithms] in conv.cpp): by cuDNN's
+// heuristics (default: no host synchronisation, no trial runs), or by timing every candidate once per problem
+// (cudnnFind*Ex, like PyTorch's cudnn.benchmark: the first call of each shape synchronises the device).
+void set_conv_benchmark(bool enable);
+bool conv_benchmark();
+
+// The algorithm chosen for one convolution problem and direction, with the workspace it needs.
+struct ConvAlgo {
+  int algo = 0;  // a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t, by direction
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  size_t workspace_bytes = 0;
+};
+
 // What a cuBLASLt heuristic query returned for one GEMM problem: `found` is false when cuBLASLt has no
 // algorithm for it (the caller then takes its fallback path).
 struct LtAlgo {
@@ -102,6 +115,7 @@ class DeviceContext {
   };
   struct DnnLease {
     cudnnHandle_t handle;
+    std::unordered_map<std::string, ConvAlgo>* conv_algos;  // by problem and direction
     std::unique_lock<std::mutex> lock;
   };
   BlasLease cublas(Stream stream);
@@ -114,6 +128,11 @@ class DeviceContext {
   Stream compute_stream();
   Stream comm_stream();
   Stream copy_stream();
+
+  // cuDNN workspace of `stream`, at least `bytes` long: grown (never shrunk) on demand and kept, so
+  // steady-state training allocates nothing. Needs the cuDNN lease (its lock guards the map); the pointer is
+  // valid for work queued on `stream` until the next call for the same stream.
+  void* cudnn_workspace(const DnnLease& lease, Stream stream, size_t bytes);
 
   GemmCounters& gemm_counters() { return gemm_counters_; }
 
@@ -131,6 +150,8 @@ class DeviceContext {
   cudnnHandle_t dnn_ = nullptr;
   std::unordered_map<void*, DataPtr> workspaces_;  // by stream handle
   std::unordered_map<std::string, LtAlgo> lt_algos_;
+  std::unordered_map<std::string, ConvAlgo> conv_algos_;
+  std::unordered_map<void*, DataPtr> dnn_workspaces_;  // by stream handle; guarded by dnn_mu_
   std::atomic<void*> compute_{nullptr}, comm_{nullptr}, copy_{nullptr};
   GemmCounters gemm_counters_;
 };

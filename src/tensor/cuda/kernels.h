@@ -62,4 +62,50 @@ void sum(const Tensor& x, double factor, Tensor& out, Stream stream);
 // out[i] = factor * s for every i, s the one element of `scalar` (read on the device: no host sync).
 void broadcast_scalar(const Tensor& scalar, double factor, Tensor& out, Stream stream);
 
+// ConvNeXt ops: the CPU kernels of cpu/kernels.h, with one difference: the saved statistics (LayerNorm's
+// mean and rstd, cross-entropy's lse) are in the accumulation type, stat_dtype(x) (f32 for f32/f16/bf16,
+// f64 for f64), so 16-bit training does not round them. Compute in f32 for 16-bit data.
+DType stat_dtype(DType t);
+
+// Exact (erf) GELU.
+void gelu_forward(const Tensor& x, Tensor& y, Stream stream);
+void gelu_backward(const Tensor& gy, const Tensor& x, Tensor& dx, Stream stream);
+
+// LayerNorm over the last dimension, one warp per row. x, y: (rows, C); weight, bias: (C) or undefined; mean,
+// rstd: (rows) stat_dtype. Backward: each of dx, dweight, dbias may be undefined; dweight and dbias are
+// per-chunk partial sums reduced in a fixed order (deterministic, no atomics).
+void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& y,
+                        Tensor& mean, Tensor& rstd, Stream stream);
+void layer_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                         const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias, Stream stream);
+
+// Convolutions on cuDNN (conv.cpp), NHWC, with the CPU kernels' channels-last weights: depthwise w (k, k, C)
+// (transposed to cuDNN's (C, k, k) on the device), patchify w (Cout, k, k, Cin) (cuDNN's KRSC as is). Bias
+// and bias gradients through our own kernels (deterministic); each backward output may be undefined.
+// Algorithms: Note [Convolution algorithms] in conv.cpp.
+void depthwise_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, Stream stream);
+void depthwise_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
+                               Tensor& dbias, Stream stream);
+void patchify_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, Stream stream);
+void patchify_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
+                              Tensor& dbias, Stream stream);
+
+// Mean over H and W. x: (N, H, W, C), y: (N, C).
+void global_avg_pool_forward(const Tensor& x, Tensor& y, Stream stream);
+void global_avg_pool_backward(const Tensor& gy, Tensor& dx, Stream stream);
+
+// Softmax cross-entropy with label smoothing, mean over rows (deterministic). logits: (N, K); labels: (N) i32
+// or i64; loss: () like logits; lse: (N) stat_dtype. The labels live on the device and are not checked by
+// the host: a label outside [0, K) makes the loss NaN (and its row of dlogits NaN).
+void cross_entropy_forward(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& loss,
+                           Tensor& lse, Stream stream);
+// gloss: () read on the device.
+void cross_entropy_backward(const Tensor& gloss, const Tensor& logits, const Tensor& labels,
+                            const Tensor& lse, double smoothing, Tensor& dlogits, Stream stream);
+// x: (rows, K) -> out: (rows) i64, the first index of the largest value (NaN counts as largest).
+void argmax(const Tensor& x, Tensor& out, Stream stream);
+
+// y[n, ...] = x[n, ...] * scale[n] (drop path). scale: (N) like x.
+void sample_scale(const Tensor& x, const Tensor& scale, Tensor& y, Stream stream);
+
 }  // namespace cz::cuda

@@ -78,4 +78,44 @@ cudaError_t sum(const Config& cfg, DType t, const void* x, int64_t n, double fac
 cudaError_t broadcast_scalar(const Config& cfg, DType t, const void* scalar, double factor, void* out,
                              int64_t n);
 
+// ConvNeXt ops. Floating dtypes; "acc" is the accumulation type, f32 (f64 for f64 data).
+// Exact (erf) GELU (gelu.cu).
+cudaError_t gelu_erf_forward(const Config& cfg, DType t, const void* x, void* y, int64_t n);
+cudaError_t gelu_erf_backward(const Config& cfg, DType t, const void* gy, const void* x, void* dx, int64_t n);
+
+// LayerNorm over rows of c values (layer_norm.cu). weight, bias may be null; mean, rstd: (rows) in acc.
+cudaError_t layer_norm_forward(const Config& cfg, DType t, const void* x, const void* weight,
+                               const void* bias, double eps, void* y, void* mean, void* rstd, int64_t rows,
+                               int64_t c);
+// dx, dweight, dbias may each be null; `workspace` (layer_norm_backward_workspace bytes) holds the per-chunk
+// partial sums of dweight and dbias.
+size_t layer_norm_backward_workspace(DType t, int64_t rows, int64_t c, int sm_count);
+cudaError_t layer_norm_backward(const Config& cfg, DType t, const void* gy, const void* x, const void* weight,
+                                const void* mean, const void* rstd, void* dx, void* dweight, void* dbias,
+                                int64_t rows, int64_t c, void* workspace);
+
+// Global average pool of NHWC data as (n, hw, c) (pool.cu).
+cudaError_t global_avg_pool_forward(const Config& cfg, DType t, const void* x, void* y, int64_t n, int64_t hw,
+                                    int64_t c);
+cudaError_t global_avg_pool_backward(const Config& cfg, DType t, const void* gy, void* dx, int64_t n,
+                                     int64_t hw, int64_t c);
+
+// Cross-entropy with label smoothing over logits (n, k), labels (n) of dtype label_t (i32/i64) (loss.cu).
+// A label outside [0, k) makes its row's lse and the loss NaN (and its gradient row NaN): the device cannot
+// throw, and a NaN loss is what the training loop already watches for.
+size_t cross_entropy_workspace(DType t, int64_t n);
+cudaError_t cross_entropy_forward(const Config& cfg, DType t, DType label_t, const void* logits,
+                                  const void* labels, double smoothing, void* loss, void* lse, int64_t n,
+                                  int64_t k, void* workspace);
+// gloss: the scalar loss gradient, read on the device.
+cudaError_t cross_entropy_backward(const Config& cfg, DType t, DType label_t, const void* gloss,
+                                   const void* logits, const void* labels, const void* lse, double smoothing,
+                                   void* dlogits, int64_t n, int64_t k);
+// out (rows) i64: first index of the largest value of each row of k, NaN counting as largest.
+cudaError_t argmax(const Config& cfg, DType t, const void* x, int64_t* out, int64_t rows, int64_t k);
+
+// y[i] = x[i] * scale[i / inner] (drop_path.cu).
+cudaError_t sample_scale(const Config& cfg, DType t, const void* x, const void* scale, void* y, int64_t n,
+                         int64_t inner);
+
 }  // namespace cz::cuda::launch

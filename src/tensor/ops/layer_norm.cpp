@@ -67,7 +67,10 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   const Tensor bc = bias.defined() ? bias.contiguous() : Tensor();
   Tensor out = empty(x.sizes(), x.dtype(), x.device());
   Tensor out2d = out.view({rows, C});
-  Tensor mean = empty({rows}, x.dtype(), x.device()), rstd = empty({rows}, x.dtype(), x.device());
+  // Statistics in the accumulation type (f32 for 16-bit data on CUDA; the CPU computes in f32/f64 anyway), so
+  // backward does not renormalise with rounded values.
+  const DType stat_t = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor mean = empty({rows}, stat_t, x.device()), rstd = empty({rows}, stat_t, x.device());
   if (x.is_cpu())
     cpu::layer_norm_forward(x2d, wc, bc, eps, out2d, mean, rstd);
   else

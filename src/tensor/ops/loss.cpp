@@ -72,7 +72,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_sm
   const Tensor zc = logits.contiguous().detach(), yc = labels.contiguous();
   check_label_range("cross_entropy", yc, logits.size(1));
   Tensor loss = empty({}, logits.dtype(), logits.device());
-  Tensor lse = empty({logits.size(0)}, logits.dtype(), logits.device());
+  // lse in the accumulation type (f32 for 16-bit logits on CUDA): backward's softmax exp(z - lse) would
+  // otherwise carry lse's rounding error (|lse| 2^-8 in bf16) into every probability.
+  const DType stat_t = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor lse = empty({logits.size(0)}, stat_t, logits.device());
   if (logits.is_cpu())
     cpu::cross_entropy_forward(zc, yc, label_smoothing, loss, lse);
   else

@@ -1,0 +1,209 @@
+// Times one ConvNeXt training step (forward, cross-entropy, backward, AdamW) on synthetic data, on the CPU or
+// a GPU, in f32 or with bf16/f16 compute on fp32 master weights (the trainer's Note [Mixed precision]). Plain
+// chrono with a device sync per timed window; the peer figure is bench/train_step_torch.py
+// (scripts/gpu-check.sh runs both). Independent of the io layer: random images and labels, generated once.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "nn/convnext.h"
+#include "optim/adamw.h"
+#include "optim/param_groups.h"
+#include "tensor/autograd/engine.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/ops.h"
+#include "tensor/random.h"
+#if CZ_WITH_CUDA
+#include "tensor/cuda/context.h"
+#endif
+
+namespace {
+
+using namespace cz;
+
+struct Flags {
+  std::string model = "tiny";
+  std::string device = "cpu";
+  std::string dtype = "f32";  // f32 | bf16 | f16 (16-bit compute needs cuda)
+  int64_t batch = 8;
+  int64_t image = 224;
+  int warmup = 3;
+  int steps = 10;
+  bool conv_benchmark = true;  // cuDNN algorithm timing on first use (Note [Convolution algorithms])
+  bool tf32 = false;
+  std::string json;  // also write the result here
+};
+
+[[noreturn]] void usage(const char* msg) {
+  std::fprintf(stderr,
+               "bench_train_step: %s\n"
+               "usage: bench_train_step [--model tiny] [--device cpu|cuda[:i]] [--dtype f32|bf16|f16]\n"
+               "                        [--batch 8] [--image 224] [--warmup 3] [--steps 10]\n"
+               "                        [--no-conv-benchmark] [--tf32] [--json FILE]\n",
+               msg);
+  std::exit(2);
+}
+
+Flags parse(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(("missing value for " + std::string(a)).c_str());
+      return argv[++i];
+    };
+    if (a == "--model")
+      f.model = value();
+    else if (a == "--device")
+      f.device = value();
+    else if (a == "--dtype")
+      f.dtype = value();
+    else if (a == "--batch")
+      f.batch = std::stoll(value());
+    else if (a == "--image")
+      f.image = std::stoll(value());
+    else if (a == "--warmup")
+      f.warmup = std::stoi(value());
+    else if (a == "--steps")
+      f.steps = std::stoi(value());
+    else if (a == "--no-conv-benchmark")
+      f.conv_benchmark = false;
+    else if (a == "--tf32")
+      f.tf32 = true;
+    else if (a == "--json")
+      f.json = value();
+    else if (a == "-h" || a == "--help")
+      usage("help");
+    else
+      usage(("unknown flag " + std::string(a)).c_str());
+  }
+  if (f.batch <= 0 || f.image <= 0 || f.steps <= 0 || f.warmup < 0)
+    usage("sizes and counts must be positive");
+  return f;
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "f32") return DType::f32;
+  if (s == "bf16") return DType::bf16;
+  if (s == "f16") return DType::f16;
+  usage(("unknown --dtype " + s).c_str());
+}
+
+Device parse_device(const std::string& s) {
+  if (s == "cpu") return Device::cpu();
+  if (s == "cuda") return Device::cuda(0);
+  if (s.rfind("cuda:", 0) == 0) return Device::cuda(std::stoi(s.substr(5)));
+  usage(("unknown --device " + s).c_str());
+}
+
+void sync(Device d) {
+  if (d.is_cuda()) current_stream(d).synchronize();
+}
+
+int run(const Flags& f) {
+  const Device dev = parse_device(f.device);
+  const DType compute = parse_dtype(f.dtype);
+  CZ_CHECK(dev.is_cuda() || compute == DType::f32, "--dtype {} needs --device cuda (the CPU computes in f32)",
+           f.dtype);
+  if (dev.is_cuda()) {
+    CZ_CHECK_DEVICE(cuda_available(), "--device {}: no CUDA GPU is visible{}", f.device,
+                    cuda_runtime::built() ? "" : " (built without CUDA)");
+    cuda_runtime::set_device(dev.index);
+  }
+#if CZ_WITH_CUDA
+  std::optional<StreamGuard> stream_guard;
+  if (dev.is_cuda()) {
+    cuda::set_conv_benchmark(f.conv_benchmark);
+    cuda::set_allow_tf32(f.tf32);
+    stream_guard.emplace(cuda::compute_stream(dev.index));
+  }
+#endif
+
+  nn::ConvNeXtConfig mc = nn::convnext_variant(f.model);
+  nn::ConvNeXt model(mc, nn::ParamOptions{DType::f32, dev});
+  model.init_weights(0);
+  nn::NamedParameters params = model.named_parameters();
+  FlatParams flat = flatten_parameters(params);
+  // Mixed precision: the model runs on a 16-bit copy of the fp32 master buffer; its gradients are copied
+  // into the fp32 gradient buffer for the optimizer.
+  Tensor compute_params, compute_grads;
+  if (compute != DType::f32) {
+    compute_params = flat.params.to(compute);
+    compute_grads = zeros({flat.layout.numel}, compute, dev);
+    bind_parameters(params, flat.layout, compute_params);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const FlatSegment& s = flat.layout.segments[i];
+      Tensor(params[i].second).set_grad(view_of_storage(compute_grads, s.shape, s.offset));
+    }
+  }
+  AdamW opt(flat.layout, ShardRange::whole(flat.layout), timm_weight_decay(flat.layout, 0.05), AdamWConfig{},
+            DType::f32, dev);
+
+  Generator gen(1);
+  const Tensor images = randn({f.batch, f.image, f.image, mc.in_chans}, gen, compute, dev);
+  const Tensor labels = randint(mc.num_classes, {f.batch}, gen, DType::i64, dev);
+  Allocator& alloc = allocator_for(dev);
+  double last_loss = 0;
+
+  auto step = [&]() {
+    {
+      NoGradGuard no_grad;
+      (compute_grads.defined() ? compute_grads : flat.grads).zero_();
+    }
+    model.train();
+    Tensor logits = model(images).to(DType::f32);
+    Tensor loss = cross_entropy(logits, labels, 0.1);
+    loss.backward();
+    NoGradGuard no_grad;
+    if (compute_grads.defined()) flat.grads.copy_(compute_grads);
+    opt.step(flat.params, flat.grads, 1e-4);
+    if (compute_params.defined()) compute_params.copy_(flat.params);
+    return loss;
+  };
+
+  for (int i = 0; i < f.warmup; ++i) step();
+  sync(dev);
+  alloc.reset_peak();
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  Tensor loss;
+  for (int i = 0; i < f.steps; ++i) loss = step();
+  sync(dev);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  last_loss = loss.item();
+  const double img_s = double(f.batch) * f.steps / seconds;
+  const double peak_gib = double(alloc.stats().peak_allocated_bytes) / double(1 << 30);
+  std::printf(
+      "bench_train_step: %s %s %s batch %lld image %lld: %.2f ms/step, %.1f img/s, peak %.2f GiB, "
+      "loss %.4f (%d timed steps after %d warm-up)\n",
+      mc.name.c_str(), f.device.c_str(), f.dtype.c_str(), (long long)f.batch, (long long)f.image,
+      1e3 * seconds / f.steps, img_s, peak_gib, last_loss, f.steps, f.warmup);
+  if (!f.json.empty()) {
+    std::FILE* out = std::fopen(f.json.c_str(), "w");
+    CZ_CHECK_IO(out != nullptr, "cannot write --json {}", f.json);
+    std::fprintf(
+        out,
+        "{\"impl\": \"convnext_zero\", \"model\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", "
+        "\"batch\": %lld, \"image\": %lld, \"steps\": %d, \"ms_per_step\": %.4f, \"img_per_s\": %.3f, "
+        "\"peak_gib\": %.4f, \"loss\": %.6f}\n",
+        mc.name.c_str(), f.device.c_str(), f.dtype.c_str(), (long long)f.batch, (long long)f.image, f.steps,
+        1e3 * seconds / f.steps, img_s, peak_gib, last_loss);
+    std::fclose(out);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_train_step: error: %s\n", e.what());
+    return 1;
+  }
+}

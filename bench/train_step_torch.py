@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""The PyTorch peer of bench_train_step: one timm ConvNeXt training step (forward, label-smoothed
+cross-entropy, backward, AdamW) in eager mode, channels_last, with autocast bf16/f16 compute on fp32
+parameters (or plain f32), on synthetic data of the same shapes. Prints img/s and writes a JSON line like
+bench_train_step's, so scripts/gpu-check.sh can put the two side by side.
+
+  python3 bench/train_step_torch.py --model tiny --device cuda --dtype bf16 --batch 64 --json torch.json
+"""
+import argparse
+import json
+import sys
+import time
+
+import torch
+import timm
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny", help="timm ConvNeXt variant, with or without 'convnext_'")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bf16", choices=["f32", "bf16", "f16"])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--image", type=int, default=224)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--tf32", action="store_true", help="allow TF32 in f32 matmuls/convolutions")
+    ap.add_argument("--json", help="also write the result to this file")
+    args = ap.parse_args()
+
+    name = args.model if args.model.startswith("convnext_") else "convnext_" + args.model
+    dev = torch.device(args.device)
+    # Same numerics switches as ours: no TF32 unless asked; cuDNN picks algorithms by timing, as with
+    # bench_train_step's default --conv-benchmark.
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
+    torch.backends.cudnn.benchmark = True
+
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, num_classes=1000).to(dev)
+    model = model.to(memory_format=torch.channels_last).train()
+    # timm's weight-decay rule: no decay on 1-d parameters and biases (as optim/param_groups.h).
+    decay = [p for n, p in model.named_parameters() if p.ndim > 1 and not n.endswith(".bias")]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim > 1 and not n.endswith(".bias"))]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-4, foreach=True)
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+
+    images = torch.randn(args.batch, 3, args.image, args.image, device=dev).to(memory_format=torch.channels_last)
+    labels = torch.randint(0, 1000, (args.batch,), device=dev)
+    amp_dtype = {"bf16": torch.bfloat16, "f16": torch.float16}.get(args.dtype)
+    scaler = torch.amp.GradScaler(enabled=args.dtype == "f16")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=dev.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+            loss = loss_fn(model(images).float(), labels)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    for _ in range(args.warmup):
+        step()
+    sync()
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        loss = step()
+    sync()
+    seconds = time.perf_counter() - t0
+    img_s = args.batch * args.steps / seconds
+    peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else 0.0
+    result = {"impl": "pytorch_eager", "model": name, "device": args.device, "dtype": args.dtype,
+              "batch": args.batch, "image": args.image, "steps": args.steps,
+              "ms_per_step": 1e3 * seconds / args.steps, "img_per_s": img_s, "peak_gib": peak,
+              "loss": float(loss), "torch": torch.__version__, "timm": timm.__version__}
+    print(f"train_step_torch: {name} {args.device} {args.dtype} batch {args.batch} image {args.image}: "
+          f"{result['ms_per_step']:.2f} ms/step, {img_s:.1f} img/s, peak {peak:.2f} GiB, loss {float(loss):.4f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+// Host side of the optimizer's CUDA entry points (cuda_kernels.h): checks, per-piece constants rounded as the
+// CPU kernels round them, pieces passed to the kernels by value in batches, workspaces from the caching
+// allocator. Nothing here waits on the device.
+#include <cmath>
+
+#include "optim/cuda_kernels.h"
+#include "optim/cuda_launch.h"
+#include "tensor/cuda/host_utils.h"
+
+namespace cz::cuda {
+namespace {
+
+void check_buffer(const char* op, const char* what, const Tensor& t, DType dtype, int64_t n, Stream stream) {
+  detail::check_operand(op, what, t, dtype, stream);
+  CZ_CHECK_SHAPE(t.numel() == n, "cuda::{}: {} has {} elements, expected {}", op, what, t.numel(), n);
+}
+
+void check_f32_f64(const char* op, const Tensor& t) {
+  CZ_CHECK_DTYPE(t.dtype() == DType::f32 || t.dtype() == DType::f64, "cuda::{}: f32 or f64 expected, got {}",
+                 op, dtype_name(t.dtype()));
+}
+
+// Calls launch_batch(batch) for consecutive batches of at most kMaxOptimPieces pieces, with fill(piece,
+// batch, slot) setting each slot's constants.
+template <class Fill, class Launch>
+void for_piece_batches(std::span<const ShardPiece> pieces, int64_t n, Fill&& fill, Launch&& launch_batch) {
+  launch::OptimPieces batch;
+  for (const ShardPiece& piece : pieces) {
+    CZ_CHECK_SHAPE(piece.begin >= 0 && piece.begin <= piece.end && piece.end <= n,
+                   "cuda optimizer: piece [{}, {}) outside the shard of {} elements", piece.begin, piece.end,
+                   n);
+    if (piece.begin == piece.end) continue;
+    const int s = batch.count++;
+    batch.begin[s] = piece.begin;
+    batch.end[s] = piece.end;
+    fill(piece, batch, s);
+    if (batch.count == launch::kMaxOptimPieces) {
+      launch_batch(batch);
+      batch.count = 0;
+    }
+  }
+  if (batch.count > 0) launch_batch(batch);
+}
+
+}  // namespace
+
+void adamw_step(Tensor& p, const Tensor& g, Tensor& exp_avg, Tensor& exp_avg_sq,
+                std::span<const ShardPiece> pieces, const AdamWStepArgs& args, Stream stream) {
+  constexpr const char* op = "adamw_step";
+  check_f32_f64(op, p);
+  const int64_t n = p.numel();
+  check_buffer(op, "p", p, p.dtype(), n, stream);
+  check_buffer(op, "g", g, p.dtype(), n, stream);
+  check_buffer(op, "exp_avg", exp_avg, p.dtype(), n, stream);
+  check_buffer(op, "exp_avg_sq", exp_avg_sq, p.dtype(), n, stream);
+  const double bc1 = 1.0 - std::pow(args.beta1, double(args.step));
+  const double bc2 = 1.0 - std::pow(args.beta2, double(args.step));
+  const launch::AdamWConstants c{1.0 - args.beta1, args.beta2, 1.0 - args.beta2, 1.0 / std::sqrt(bc2),
+                                 args.eps};
+  DeviceGuard guard(stream.device.index);
+  const launch::Config cfg = detail::config_of(stream);
+  for_piece_batches(
+      pieces, n,
+      [&](const ShardPiece& piece, launch::OptimPieces& b, int s) {
+        const double lr = args.lr * piece.lr_scale;
+        b.a[s] = 1.0 - lr * piece.weight_decay;
+        b.b[s] = -(lr / bc1);
+      },
+      [&](const launch::OptimPieces& b) {
+        CZ_CHECK_STATUS(launch::adamw_step(cfg, p.dtype(), p.raw_data(), g.raw_data(), exp_avg.raw_data(),
+                                           exp_avg_sq.raw_data(), b, c));
+      });
+}
+
+void sgd_step(Tensor& p, const Tensor& g, Tensor& momentum_buffer, std::span<const ShardPiece> pieces,
+              const SgdStepArgs& args, Stream stream) {
+  constexpr const char* op = "sgd_step";
+  check_f32_f64(op, p);
+  const int64_t n = p.numel();
+  check_buffer(op, "p", p, p.dtype(), n, stream);
+  check_buffer(op, "g", g, p.dtype(), n, stream);
+  const bool use_momentum = args.momentum != 0.0;
+  if (use_momentum) check_buffer(op, "momentum_buffer", momentum_buffer, p.dtype(), n, stream);
+  const launch::SgdConstants c{args.momentum, 1.0 - args.dampening, use_momentum, args.nesterov,
+                               args.first_step};
+  DeviceGuard guard(stream.device.index);
+  const launch::Config cfg = detail::config_of(stream);
+  for_piece_batches(
+      pieces, n,
+      [&](const ShardPiece& piece, launch::OptimPieces& b, int s) {
+        b.a[s] = piece.weight_decay;
+        b.b[s] = -(args.lr * piece.lr_scale);
+      },
+      [&](const launch::OptimPieces& b) {
+        CZ_CHECK_STATUS(launch::sgd_step(cfg, p.dtype(), p.raw_data(), g.raw_data(),
+                                         use_momentum ? momentum_buffer.raw_data() : nullptr, b, c));
+      });
+}
+
+void sq_norm(const Tensor& x, Tensor& out, Stream stream) {
+  check_f32_f64("sq_norm", x);
+  check_buffer("sq_norm", "x", x, x.dtype(), x.numel(), stream);
+  check_buffer("sq_norm", "out", out, DType::f64, 1, stream);
+  DeviceGuard guard(stream.device.index);
+  DataPtr ws = allocate(launch::sq_norm_workspace(x.numel()), stream);
+  CZ_CHECK_STATUS(launch::sq_norm(detail::config_of(stream), x.dtype(), x.raw_data(), x.numel(),
+                                  static_cast<double*>(out.raw_data()), ws.get()));
+}
+
+void unscale_and_check(Tensor& x, double factor, Tensor& found, Stream stream) {
+  check_f32_f64("unscale_and_check", x);
+  check_buffer("unscale_and_check", "x", x, x.dtype(), x.numel(), stream);
+  check_buffer("unscale_and_check", "found", found, DType::f32, 1, stream);
+  DeviceGuard guard(stream.device.index);
+  CZ_CHECK_STATUS(launch::unscale_and_check(detail::config_of(stream), x.dtype(), x.raw_data(), x.numel(),
+                                            factor, static_cast<float*>(found.raw_data())));
+}
+
+void ema_update(Tensor& ema, const Tensor& p, double decay, Stream stream) {
+  check_f32_f64("ema_update", ema);
+  check_buffer("ema_update", "ema", ema, ema.dtype(), ema.numel(), stream);
+  check_buffer("ema_update", "p", p, ema.dtype(), ema.numel(), stream);
+  DeviceGuard guard(stream.device.index);
+  CZ_CHECK_STATUS(launch::ema_update(detail::config_of(stream), ema.dtype(), ema.raw_data(), p.raw_data(),
+                                     ema.numel(), decay));
+}
+
+}  // namespace cz::cuda

@@ -1,0 +1,396 @@
+// The ConvNeXt convolutions on cuDNN, NHWC: depthwise k x k (grouped, groups = C, padding k/2) and patchify
+// (kernel = stride, no padding); forward, backward-data and backward-filter, with algorithms chosen once per
+// problem and cached in the device context. Bias add and bias gradient use our own deterministic kernels.
+#include <string>
+
+#include "tensor/cuda/host_utils.h"
+#include "tensor/cuda/kernels.h"
+
+namespace cz::cuda {
+namespace {
+
+// Note [Convolution algorithms]: for every (direction, dtype, shape, groups, math) problem the first call
+// asks cuDNN for candidates, cudnnGet*_v7 (heuristics, no device work) by default or cudnnFind*Ex (each
+// candidate timed once, synchronising the device) under set_conv_benchmark(true), and keeps the first that
+// succeeded, is deterministic (backward: no atomics, so training repeats bit for bit), fits kMaxWorkspace,
+// and, for f32 without TF32, runs without tensor-op math. The choice lives in the DeviceContext with the
+// per-stream workspace it needs, which only grows.
+constexpr size_t kMaxWorkspace = size_t(256) << 20;
+
+enum class Dir { fwd, bwd_data, bwd_filter };
+
+template <class Create, class Destroy, class H>
+struct Desc {
+  H h{};
+  Desc() { CZ_CHECK_STATUS(Create{}(&h)); }
+  ~Desc() { Destroy{}(h); }
+  Desc(const Desc&) = delete;
+  Desc& operator=(const Desc&) = delete;
+};
+struct CreateT {
+  cudnnStatus_t operator()(cudnnTensorDescriptor_t* h) const { return cudnnCreateTensorDescriptor(h); }
+};
+struct DestroyT {
+  void operator()(cudnnTensorDescriptor_t h) const { cudnnDestroyTensorDescriptor(h); }
+};
+struct CreateF {
+  cudnnStatus_t operator()(cudnnFilterDescriptor_t* h) const { return cudnnCreateFilterDescriptor(h); }
+};
+struct DestroyF {
+  void operator()(cudnnFilterDescriptor_t h) const { cudnnDestroyFilterDescriptor(h); }
+};
+struct CreateC {
+  cudnnStatus_t operator()(cudnnConvolutionDescriptor_t* h) const {
+    return cudnnCreateConvolutionDescriptor(h);
+  }
+};
+struct DestroyC {
+  void operator()(cudnnConvolutionDescriptor_t h) const { cudnnDestroyConvolutionDescriptor(h); }
+};
+using TensorDesc = Desc<CreateT, DestroyT, cudnnTensorDescriptor_t>;
+using FilterDesc = Desc<CreateF, DestroyF, cudnnFilterDescriptor_t>;
+using ConvDesc = Desc<CreateC, DestroyC, cudnnConvolutionDescriptor_t>;
+
+cudnnDataType_t dnn_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return CUDNN_DATA_FLOAT;
+    case DType::f64:
+      return CUDNN_DATA_DOUBLE;
+    case DType::f16:
+      return CUDNN_DATA_HALF;
+    case DType::bf16:
+      return CUDNN_DATA_BFLOAT16;
+    default:
+      throw DtypeError(
+          fmt::format("cuda conv: cuDNN convolutions take f32, f64, f16 or bf16, got {}", dtype_name(t)));
+  }
+}
+
+int to_int(const char* op, int64_t v) {
+  CZ_CHECK_SHAPE(v >= 0 && v <= 0x7fffffff, "cuda::{}: size {} does not fit cuDNN's int dimensions", op, v);
+  return int(v);
+}
+
+// One convolution problem: x (n, h, w, c) NHWC, filter (k, r, r, c / groups) KRSC (cuDNN's NHWC filter
+// format), y (n, ho, wo, k).
+struct Problem {
+  const char* op;
+  DType dtype;
+  int n, h, w, c, k, r, pad, stride, groups, ho, wo;
+
+  std::string key(Dir dir, cudnnMathType_t math) const {
+    return fmt::format("{}|{}|{}x{}x{}x{}|{}x{}|p{}s{}g{}|m{}|b{}", int(dir), dtype_name(dtype), n, h, w, c,
+                       k, r, pad, stride, groups, int(math), int(conv_benchmark()));
+  }
+};
+
+// The descriptors of a problem, with the math type the dtype calls for.
+struct Descs {
+  TensorDesc x, y;
+  FilterDesc w;
+  ConvDesc conv;
+  cudnnMathType_t math;
+
+  explicit Descs(const Problem& p) {
+    const cudnnDataType_t t = dnn_type(p.dtype);
+    CZ_CHECK_STATUS(cudnnSetTensor4dDescriptor(x.h, CUDNN_TENSOR_NHWC, t, p.n, p.c, p.h, p.w));
+    CZ_CHECK_STATUS(cudnnSetTensor4dDescriptor(y.h, CUDNN_TENSOR_NHWC, t, p.n, p.k, p.ho, p.wo));
+    CZ_CHECK_STATUS(cudnnSetFilter4dDescriptor(w.h, t, CUDNN_TENSOR_NHWC, p.k, p.c / p.groups, p.r, p.r));
+    // 16-bit data accumulates in f32 (the compute type of the convolution descriptor); f64 in f64.
+    const cudnnDataType_t compute = p.dtype == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+    CZ_CHECK_STATUS(cudnnSetConvolution2dDescriptor(conv.h, p.pad, p.pad, p.stride, p.stride, 1, 1,
+                                                    CUDNN_CROSS_CORRELATION, compute));
+    CZ_CHECK_STATUS(cudnnSetConvolutionGroupCount(conv.h, p.groups));
+    // f32 without TF32 must match the CPU to ~1e-6: FMA math only.
+    math = p.dtype == DType::f32   ? (allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH)
+           : p.dtype == DType::f64 ? CUDNN_DEFAULT_MATH
+                                   : CUDNN_TENSOR_OP_MATH;
+    CZ_CHECK_STATUS(cudnnSetConvolutionMathType(conv.h, math));
+  }
+};
+
+template <class Perf>
+bool acceptable(const Perf& perf, const Problem& p, bool need_deterministic) {
+  if (perf.status != CUDNN_STATUS_SUCCESS || perf.memory > kMaxWorkspace) return false;
+  if (need_deterministic && perf.determinism != CUDNN_DETERMINISTIC) return false;
+  if (p.dtype == DType::f32 && !allow_tf32() &&
+      (perf.mathType == CUDNN_TENSOR_OP_MATH || perf.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION))
+    return false;
+  return true;
+}
+
+// The first acceptable candidate, relaxing determinism only when no deterministic one exists.
+template <class Perf>
+ConvAlgo pick(const Perf* perfs, int count, const Problem& p, Dir dir) {
+  for (bool det : {true, false})
+    for (int i = 0; i < count; ++i)
+      if (acceptable(perfs[i], p, det)) return {int(perfs[i].algo), perfs[i].mathType, perfs[i].memory};
+  throw ValueError(
+      fmt::format("cuda::{}: cuDNN has no usable {} algorithm for x ({}, {}, {}, {}) NHWC {}, {} "
+                  "filters of {}x{}, groups {} ({} candidates)",
+                  p.op,
+                  dir == Dir::fwd        ? "forward"
+                  : dir == Dir::bwd_data ? "backward-data"
+                                         : "backward-filter",
+                  p.n, p.h, p.w, p.c, dtype_name(p.dtype), p.k, p.r, p.r, p.groups, count));
+}
+
+constexpr int kMaxCandidates = 16;
+
+// Operands of one run: device pointers (filter in KRSC) and the stream.
+struct Operands {
+  const void* x;
+  const void* w;
+  const void* y;  // gy for the backward directions
+  void* out;      // y, dx or dw
+};
+
+ConvAlgo find_algo(DeviceContext& ctx, const DeviceContext::DnnLease& lease, Stream stream, const Problem& p,
+                   const Descs& d, Dir dir, const Operands& o) {
+  const std::string key = p.key(dir, d.math);
+  if (auto it = lease.conv_algos->find(key); it != lease.conv_algos->end()) return it->second;
+  int count = 0;
+  ConvAlgo chosen;
+  const bool bench = conv_benchmark();
+  void* ws = bench ? ctx.cudnn_workspace(lease, stream, kMaxWorkspace) : nullptr;
+  const size_t ws_bytes = bench ? kMaxWorkspace : 0;
+  if (dir == Dir::fwd) {
+    cudnnConvolutionFwdAlgoPerf_t perfs[kMaxCandidates];
+    if (bench)
+      CZ_CHECK_STATUS(cudnnFindConvolutionForwardAlgorithmEx(lease.handle, d.x.h, o.x, d.w.h, o.w, d.conv.h,
+                                                             d.y.h, o.out, kMaxCandidates, &count, perfs, ws,
+                                                             ws_bytes));
+    else
+      CZ_CHECK_STATUS(cudnnGetConvolutionForwardAlgorithm_v7(lease.handle, d.x.h, d.w.h, d.conv.h, d.y.h,
+                                                             kMaxCandidates, &count, perfs));
+    chosen = pick(perfs, count, p, dir);
+  } else if (dir == Dir::bwd_data) {
+    cudnnConvolutionBwdDataAlgoPerf_t perfs[kMaxCandidates];
+    if (bench)
+      CZ_CHECK_STATUS(cudnnFindConvolutionBackwardDataAlgorithmEx(lease.handle, d.w.h, o.w, d.y.h, o.y,
+                                                                  d.conv.h, d.x.h, o.out, kMaxCandidates,
+                                                                  &count, perfs, ws, ws_bytes));
+    else
+      CZ_CHECK_STATUS(cudnnGetConvolutionBackwardDataAlgorithm_v7(lease.handle, d.w.h, d.y.h, d.conv.h, d.x.h,
+                                                                  kMaxCandidates, &count, perfs));
+    chosen = pick(perfs, count, p, dir);
+  } else {
+    cudnnConvolutionBwdFilterAlgoPerf_t perfs[kMaxCandidates];
+    if (bench)
+      CZ_CHECK_STATUS(cudnnFindConvolutionBackwardFilterAlgorithmEx(lease.handle, d.x.h, o.x, d.y.h, o.y,
+                                                                    d.conv.h, d.w.h, o.out, kMaxCandidates,
+                                                                    &count, perfs, ws, ws_bytes));
+    else
+      CZ_CHECK_STATUS(cudnnGetConvolutionBackwardFilterAlgorithm_v7(lease.handle, d.x.h, d.y.h, d.conv.h,
+                                                                    d.w.h, kMaxCandidates, &count, perfs));
+    chosen = pick(perfs, count, p, dir);
+  }
+  lease.conv_algos->emplace(key, chosen);
+  return chosen;
+}
+
+// Runs one direction: out = conv(x, w) (fwd), dx = conv^T(gy, w) (bwd_data) or dw = corr(x, gy) (bwd_filter).
+void run(const Problem& p, Dir dir, const Operands& o, Stream stream) {
+  DeviceContext& ctx = context(stream.device.index);
+  DeviceContext::DnnLease lease = ctx.cudnn(stream);
+  Descs d(p);
+  const ConvAlgo a = find_algo(ctx, lease, stream, p, d, dir, o);
+  CZ_CHECK_STATUS(cudnnSetConvolutionMathType(d.conv.h, a.math));
+  void* ws = ctx.cudnn_workspace(lease, stream, a.workspace_bytes);
+  // Scaling factors are f64 for f64 data and f32 otherwise (cuDNN's rule).
+  const double one_d = 1.0, zero_d = 0.0;
+  const float one_f = 1.0f, zero_f = 0.0f;
+  const void* one = p.dtype == DType::f64 ? static_cast<const void*>(&one_d) : &one_f;
+  const void* zero = p.dtype == DType::f64 ? static_cast<const void*>(&zero_d) : &zero_f;
+  switch (dir) {
+    case Dir::fwd:
+      CZ_CHECK_STATUS(cudnnConvolutionForward(lease.handle, one, d.x.h, o.x, d.w.h, o.w, d.conv.h,
+                                              cudnnConvolutionFwdAlgo_t(a.algo), ws, a.workspace_bytes, zero,
+                                              d.y.h, o.out));
+      break;
+    case Dir::bwd_data:
+      CZ_CHECK_STATUS(cudnnConvolutionBackwardData(lease.handle, one, d.w.h, o.w, d.y.h, o.y, d.conv.h,
+                                                   cudnnConvolutionBwdDataAlgo_t(a.algo), ws,
+                                                   a.workspace_bytes, zero, d.x.h, o.out));
+      break;
+    case Dir::bwd_filter:
+      CZ_CHECK_STATUS(cudnnConvolutionBackwardFilter(lease.handle, one, d.x.h, o.x, d.y.h, o.y, d.conv.h,
+                                                     cudnnConvolutionBwdFilterAlgo_t(a.algo), ws,
+                                                     a.workspace_bytes, zero, d.w.h, o.out));
+      break;
+  }
+}
+
+// y (rows, c) += bias (c), through the bias + GELU kernel with GELU off.
+void add_bias(const Tensor& bias, Tensor& y, int64_t c, Stream stream) {
+  if (!bias.defined() || y.numel() == 0) return;
+  CZ_CHECK_STATUS(launch::bias_gelu(detail::config_of(stream), y.dtype(), y.raw_data(), bias.raw_data(),
+                                    nullptr, y.numel() / c, c));
+}
+
+// db (c) = column sums of gy (rows, c): fixed partitions, no atomics.
+void bias_grad(const Tensor& gy, Tensor& db, int64_t c, Stream stream) {
+  if (!db.defined()) return;
+  const launch::Config cfg = detail::config_of(stream);
+  const int64_t rows = gy.numel() / c;
+  DataPtr ws = allocate(launch::column_sums_workspace(gy.dtype(), rows, c, cfg.sm_count), stream);
+  CZ_CHECK_STATUS(
+      launch::column_sums(cfg, gy.dtype(), gy.raw_data(), nullptr, rows, c, db.raw_data(), ws.get()));
+}
+
+void check_nhwc(const char* op, const char* what, const Tensor& t, DType dtype, Stream stream) {
+  detail::check_operand(op, what, t, dtype, stream);
+  CZ_CHECK_SHAPE(t.dim() == 4, "cuda::{}: {} must be NHWC, got shape {}", op, what, shape_str(t.sizes()));
+  CZ_CHECK_SHAPE(t.numel() <= 0x7fffffff, "cuda::{}: {} has {} elements, more than cuDNN indexes", op, what,
+                 t.numel());
+}
+
+void check_like(const char* op, const char* what, const Tensor& t, const Shape& sizes, DType dtype,
+                Stream stream) {
+  if (!t.defined()) return;
+  detail::check_operand(op, what, t, dtype, stream);
+  CZ_CHECK_SHAPE(t.sizes() == sizes, "cuda::{}: {} has shape {}, expected {}", op, what, shape_str(t.sizes()),
+                 shape_str(sizes));
+}
+
+// Depthwise: the kernels' (k, k, C) weight is not a layout cuDNN can describe (its filters are KCRS or KRSC
+// packed, and with one input channel per group both mean (C, k, k)), so it is transposed on the device; the
+// weights are tiny (49 C values).
+Problem depthwise_problem(const Tensor& x, int64_t k) {
+  const char* op = "depthwise_conv2d";
+  const int c = to_int(op, x.size(3)), h = to_int(op, x.size(1)), w = to_int(op, x.size(2));
+  return {op, x.dtype(), to_int(op, x.size(0)), h, w, c, c, int(k), int(k / 2), 1, c, h, w};
+}
+
+Tensor crs_from_rsc(const Tensor& wk, Stream stream) {
+  const int64_t k = wk.size(0), c = wk.size(2);
+  Tensor out = detail::empty_on({c, k * k}, wk.dtype(), stream);
+  copy(wk.view({k * k, c}).transpose(0, 1), out, stream);
+  return out;
+}
+
+}  // namespace
+
+void depthwise_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
+                              Stream stream) {
+  constexpr const char* op = "depthwise_conv2d_forward";
+  detail::check_float(op, "x", x);
+  check_nhwc(op, "x", x, x.dtype(), stream);
+  const int64_t c = x.size(3);
+  CZ_CHECK_SHAPE(w.dim() == 3 && w.size(0) == w.size(1) && w.size(0) % 2 == 1 && w.size(2) == c,
+                 "cuda::{}: w has shape {}, expected (k, k, {}) with k odd", op, shape_str(w.sizes()), c);
+  detail::check_operand(op, "w", w, x.dtype(), stream);
+  check_like(op, "bias", bias, {c}, x.dtype(), stream);
+  check_like(op, "y", y, x.sizes(), x.dtype(), stream);
+  if (x.numel() == 0) return;
+  DeviceGuard guard(stream.device.index);
+  const Tensor wt = crs_from_rsc(w, stream);
+  run(depthwise_problem(x, w.size(0)), Dir::fwd, {x.raw_data(), wt.raw_data(), nullptr, y.raw_data()},
+      stream);
+  add_bias(bias, y, c, stream);
+}
+
+void depthwise_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
+                               Tensor& dbias, Stream stream) {
+  constexpr const char* op = "depthwise_conv2d_backward";
+  detail::check_float(op, "x", x);
+  check_nhwc(op, "x", x, x.dtype(), stream);
+  const int64_t c = x.size(3);
+  CZ_CHECK_SHAPE(w.dim() == 3 && w.size(0) == w.size(1) && w.size(0) % 2 == 1 && w.size(2) == c,
+                 "cuda::{}: w has shape {}, expected (k, k, {}) with k odd", op, shape_str(w.sizes()), c);
+  detail::check_operand(op, "w", w, x.dtype(), stream);
+  check_like(op, "gy", gy, x.sizes(), x.dtype(), stream);
+  check_like(op, "dx", dx, x.sizes(), x.dtype(), stream);
+  check_like(op, "dw", dw, w.sizes(), x.dtype(), stream);
+  check_like(op, "dbias", dbias, {c}, x.dtype(), stream);
+  DeviceGuard guard(stream.device.index);
+  if (x.numel() == 0) {
+    if (dw.defined()) fill(dw, 0.0, stream);
+    if (dbias.defined()) fill(dbias, 0.0, stream);
+    return;
+  }
+  const Problem p = depthwise_problem(x, w.size(0));
+  if (dx.defined()) {
+    const Tensor wt = crs_from_rsc(w, stream);
+    run(p, Dir::bwd_data, {nullptr, wt.raw_data(), gy.raw_data(), dx.raw_data()}, stream);
+  }
+  if (dw.defined()) {
+    const int64_t k = w.size(0);
+    Tensor dwt = detail::empty_on({c, k * k}, x.dtype(), stream);
+    run(p, Dir::bwd_filter, {x.raw_data(), nullptr, gy.raw_data(), dwt.raw_data()}, stream);
+    Tensor dst = dw.view({k * k, c});
+    copy(dwt.transpose(0, 1), dst, stream);
+  }
+  bias_grad(gy, dbias, c, stream);
+}
+
+namespace {
+
+// Patchify: the kernels' (Cout, k, k, Cin) weight is cuDNN's KRSC filter as it is.
+Problem patchify_problem(const Tensor& x, const Tensor& w) {
+  const char* op = "patchify_conv2d";
+  const int64_t k = w.size(1);
+  return {op,
+          x.dtype(),
+          to_int(op, x.size(0)),
+          to_int(op, x.size(1)),
+          to_int(op, x.size(2)),
+          to_int(op, x.size(3)),
+          to_int(op, w.size(0)),
+          int(k),
+          0,
+          int(k),
+          1,
+          to_int(op, x.size(1) / k),
+          to_int(op, x.size(2) / k)};
+}
+
+void check_patchify(const char* op, const Tensor& x, const Tensor& w, Stream stream) {
+  detail::check_float(op, "x", x);
+  check_nhwc(op, "x", x, x.dtype(), stream);
+  detail::check_operand(op, "w", w, x.dtype(), stream);
+  CZ_CHECK_SHAPE(w.dim() == 4 && w.size(1) == w.size(2) && w.size(1) > 0 && w.size(3) == x.size(3) &&
+                     x.size(1) >= w.size(1) && x.size(2) >= w.size(1),
+                 "cuda::{}: w has shape {} for x {}; expected (Cout, k, k, {}) with k <= H, W", op,
+                 shape_str(w.sizes()), shape_str(x.sizes()), x.size(3));
+}
+
+}  // namespace
+
+void patchify_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, Stream stream) {
+  constexpr const char* op = "patchify_conv2d_forward";
+  check_patchify(op, x, w, stream);
+  const int64_t k = w.size(1), cout = w.size(0);
+  check_like(op, "bias", bias, {cout}, x.dtype(), stream);
+  check_like(op, "y", y, {x.size(0), x.size(1) / k, x.size(2) / k, cout}, x.dtype(), stream);
+  if (y.numel() == 0) return;
+  DeviceGuard guard(stream.device.index);
+  run(patchify_problem(x, w), Dir::fwd, {x.raw_data(), w.raw_data(), nullptr, y.raw_data()}, stream);
+  add_bias(bias, y, cout, stream);
+}
+
+void patchify_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
+                              Tensor& dbias, Stream stream) {
+  constexpr const char* op = "patchify_conv2d_backward";
+  check_patchify(op, x, w, stream);
+  const int64_t k = w.size(1), cout = w.size(0);
+  check_like(op, "gy", gy, {x.size(0), x.size(1) / k, x.size(2) / k, cout}, x.dtype(), stream);
+  check_like(op, "dx", dx, x.sizes(), x.dtype(), stream);
+  check_like(op, "dw", dw, w.sizes(), x.dtype(), stream);
+  check_like(op, "dbias", dbias, {cout}, x.dtype(), stream);
+  DeviceGuard guard(stream.device.index);
+  if (gy.numel() == 0) {
+    if (dx.defined()) fill(dx, 0.0, stream);
+    if (dw.defined()) fill(dw, 0.0, stream);
+    if (dbias.defined()) fill(dbias, 0.0, stream);
+    return;
+  }
+  const Problem p = patchify_problem(x, w);
+  // Backward-data writes every element of dx, zeros included where the floor of H / k dropped rows.
+  if (dx.defined()) run(p, Dir::bwd_data, {nullptr, w.raw_data(), gy.raw_data(), dx.raw_data()}, stream);
+  if (dw.defined()) run(p, Dir::bwd_filter, {x.raw_data(), nullptr, gy.raw_data(), dw.raw_data()}, stream);
+  bias_grad(gy, dbias, cout, stream);
+}
+
+}  // namespace cz::cuda

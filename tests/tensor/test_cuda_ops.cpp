@@ -1,0 +1,115 @@
+// The ConvNeXt op kernels on CUDA beyond the op table: argmax with ties and NaN, device-side label checks,
+// ConvNeXt-sized shapes, bit-for-bit repeatability of the deterministic reductions, and the cuDNN algorithm
+// cache in both search modes. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+
+#include "common/gradcheck.h"
+#include "cuda_test_util.h"
+#include "tensor/autograd/engine.h"
+#include "tensor/cuda/context.h"
+#include "tensor/ops.h"
+#include "tensor/random.h"
+
+namespace cz::testing {
+namespace {
+
+Tensor r32(const Shape& shape, uint64_t seed, double lo = -1, double hi = 1) {
+  return random_tensor(shape, seed, DType::f32, lo, hi);
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.to(DType::f64).to_vector<double>() == b.to(DType::f64).to_vector<double>();
+}
+
+TEST(CudaOps, ArgmaxMatchesCpuWithTiesAndNaN) {
+  CZ_REQUIRE_GPU();
+  NoGradGuard no_grad;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // Rows: a tie (first index wins), a NaN after the maximum, a NaN first, all equal, a wide row past 32
+  // lanes.
+  std::vector<double> v = {1, 3, 3, 0, 2, 5, nan, 1, nan, 9, 9, 9, 4, 4, 4, 4};
+  Tensor small = from_vector(v, {4, 4});
+  for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+    const Tensor expect = argmax(small);
+    EXPECT_EQ(argmax(small.to(t).to(gpu())).to_vector<int64_t>(), expect.to_vector<int64_t>())
+        << dtype_name(t);
+  }
+  Tensor wide = r32({37, 1000}, 3);
+  EXPECT_EQ(argmax(wide.to(gpu())).to_vector<int64_t>(), argmax(wide).to_vector<int64_t>());
+}
+
+TEST(CudaOps, CrossEntropyWithAnOutOfRangeDeviceLabelIsNaN) {
+  CZ_REQUIRE_GPU();
+  const Tensor logits = r32({3, 5}, 4).to(gpu());
+  const Tensor labels = from_vector(std::vector<int64_t>{1, 7, 0}, {3}).to(gpu());
+  EXPECT_TRUE(std::isnan(cross_entropy(logits, labels, 0.1).item()));
+}
+
+// Forward and input gradients of f at ConvNeXt-T shapes (smaller batch) against the CPU in f32, and twice on
+// the GPU, expecting the same bits.
+void check_large(const char* name, const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                 const std::vector<Tensor>& host_inputs, double tol) {
+  auto run = [&](Device d) {
+    std::vector<Tensor> in;
+    for (const Tensor& t : host_inputs) in.push_back(t.to(d).detach().set_requires_grad(true));
+    Tensor out = f(in);
+    const Tensor w = r32(out.sizes(), 99).to(d);
+    sum(mul(out, w)).backward();
+    std::vector<Tensor> r{out.detach()};
+    for (const Tensor& t : in) r.push_back(t.grad());
+    return r;
+  };
+  const auto cpu_r = run(Device::cpu()), gpu_a = run(gpu()), gpu_b = run(gpu());
+  for (size_t i = 0; i < cpu_r.size(); ++i) {
+    EXPECT_TRUE(all_close(gpu_a[i], cpu_r[i], tol, tol)) << name << " result " << i;
+    EXPECT_TRUE(same_bits(gpu_a[i], gpu_b[i])) << name << " result " << i << " differs between two runs";
+  }
+}
+
+TEST(CudaOps, ConvNeXtShapesMatchCpuAndRepeatBitForBit) {
+  CZ_REQUIRE_GPU();
+  check_large(
+      "layer_norm", [](const auto& in) { return layer_norm(in[0], in[1], in[2], 1e-6); },
+      {r32({2, 28, 28, 192}, 1), r32({192}, 2), r32({192}, 3)}, 1e-4);
+  check_large(
+      "depthwise_7x7", [](const auto& in) { return depthwise_conv2d(in[0], in[1], in[2]); },
+      {r32({2, 14, 14, 384}, 4), r32({384, 1, 7, 7}, 5), r32({384}, 6)}, 1e-4);
+  check_large(
+      "stem_4x4", [](const auto& in) { return patchify_conv2d(in[0], in[1], in[2]); },
+      {r32({2, 64, 64, 3}, 7), r32({96, 3, 4, 4}, 8), r32({96}, 9)}, 1e-4);
+  check_large(
+      "downsample_2x2", [](const auto& in) { return patchify_conv2d(in[0], in[1], in[2]); },
+      {r32({2, 14, 14, 192}, 10), r32({384, 192, 2, 2}, 11), r32({384}, 12)}, 1e-4);
+  check_large(
+      "gelu", [](const auto& in) { return gelu(in[0]); }, {r32({2, 7, 7, 3072}, 13)}, 1e-5);
+  check_large(
+      "pool", [](const auto& in) { return global_avg_pool(in[0]); }, {r32({4, 7, 7, 768}, 14)}, 1e-5);
+  Generator gen(5);
+  const Tensor labels = randint(1000, {16}, gen);
+  check_large(
+      "cross_entropy", [&](const auto& in) { return cross_entropy(in[0], labels.to(in[0].device()), 0.1); },
+      {r32({16, 1000}, 15, -4, 4)}, 1e-5);
+}
+
+TEST(CudaOps, ConvAlgorithmSearchModesAgree) {
+  CZ_REQUIRE_GPU();
+  const Tensor x = r32({2, 14, 14, 96}, 21).to(gpu()), w = r32({96, 1, 7, 7}, 22).to(gpu());
+  NoGradGuard no_grad;
+  const Tensor heuristic = depthwise_conv2d(x, w);
+  cuda::set_conv_benchmark(true);
+  const Tensor timed = depthwise_conv2d(x, w);
+  const Tensor timed_again = depthwise_conv2d(x, w);  // from the cache
+  cuda::set_conv_benchmark(false);
+  EXPECT_TRUE(all_close(timed, heuristic, 1e-5, 1e-5));
+  EXPECT_TRUE(same_bits(timed, timed_again));
+  // bf16 through the tensor-op path.
+  const Tensor xb = x.to(DType::bf16), wb = w.to(DType::bf16);
+  EXPECT_TRUE(all_close(depthwise_conv2d(xb, wb).to(DType::f32), heuristic, 3e-2, 3e-2));
+}
+
+}  // namespace
+}  // namespace cz::testing
