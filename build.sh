@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a Debian 12 machine, build convnext_zero in Release, then run the main job or the test suite.
 #
-#   ./build.sh run    set up, build, run the main job (a short training run on the embedded synthetic data)
+#   ./build.sh run [ARGS]  set up, build, run the main job (a short training run on the embedded synthetic data;
+#                          ARGS go to convnext_zero)
 #   ./build.sh test   set up, build, run the whole test suite (ctest)
 #
 # Set-up installs missing Debian packages when run as root; otherwise it prints the one apt-get line needed and
@@ -11,7 +12,7 @@ cd "$(dirname "$0")"
 
 mode=${1:-}
 if [[ "$mode" != run && "$mode" != test ]]; then
-  echo "usage: $0 run|test" >&2
+  echo "usage: $0 run [convnext_zero flags] | test" >&2
   exit 2
 fi
 
@@ -46,7 +47,7 @@ cmake --build "$build_dir" -j "$jobs"
 
 case "$mode" in
   run)
-    exec scripts/main_job.sh "$build_dir"
+    exec scripts/main_job.sh "$build_dir" "${@:2}"
     ;;
   test)
     echo "== testing"
