@@ -128,5 +128,33 @@ TEST(DataErrors, EmptyFolders) {
   expect_error<IoError>([&] { open("folder:" + dir.str()); }, {"only_text", "no .jpg"});
 }
 
+// Each saved fuzzer finding, fed to the reader it was found with (by file-name prefix), is rejected with an
+// IoError naming the file, or read; never a crash.
+TEST(FuzzRegressions, SavedInputsAreRejectedCleanly) {
+  int replayed = 0;
+  for (const auto& e : std::filesystem::directory_iterator(CZ_FUZZ_REGRESSIONS)) {
+    const std::string name = e.path().filename().string(), path = e.path().string();
+    try {
+      if (name.rfind("h5_", 0) == 0) {
+        open("h5:" + path);
+      } else if (name.rfind("cifar_", 0) == 0) {
+        TempDir dir;
+        std::filesystem::copy_file(path, dir.path() / "test_batch.bin");
+        open_dataset("cifar10:" + dir.str(), Split::eval, {});
+      } else if (name.rfind("image_", 0) == 0) {
+        const auto bytes = read_file_bytes(path);
+        Image img;
+        decode_image(bytes.data(), bytes.size(), path, img);
+      } else {
+        continue;
+      }
+    } catch (const IoError& err) {
+      EXPECT_NE(std::string(err.what()).find(name), std::string::npos) << err.what();
+    }
+    ++replayed;
+  }
+  EXPECT_GT(replayed, 0);
+}
+
 }  // namespace
 }  // namespace cz
