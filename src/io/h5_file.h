@@ -36,7 +36,6 @@ class File {
 
   // Every dataset reachable through hard links, as slash-separated paths without the leading '/', sorted.
   std::vector<std::string> datasets() const;
-  bool has_dataset(const std::string& key) const;
   DatasetInfo info(const std::string& key) const;
   // A contiguous CPU tensor of the dataset's shape: f64 datasets as f64, other floats (f16, f32) as f32,
   // integers as i64.
@@ -44,7 +43,6 @@ class File {
 
   // Attributes of the root group. Numbers are converted (an int attribute reads as a double); int_attrs reads
   // a scalar or a 1-D array.
-  bool has_attr(const std::string& name) const;
   std::vector<int64_t> int_attrs(const std::string& name) const;
   int64_t int_attr(const std::string& name) const;
   double double_attr(const std::string& name) const;
