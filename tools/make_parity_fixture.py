@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Builds the PyTorch parity fixture for tests/nn/test_parity.cpp.
+"""Builds the PyTorch parity fixtures for tests/parity/test_parity.cpp.
 
 A small timm ConvNeXt with randomised parameters (so layer scale, LayerNorm affine and biases all matter) is run
 on a fixed batch: the fixture holds its weights (timm state-dict keys, PyTorch shapes), the input (NHWC), labels,

@@ -231,12 +231,6 @@ std::vector<std::string> File::datasets() const {
   return visit.found;
 }
 
-bool File::has_dataset(const std::string& key) const {
-  const Id ds(H5Dopen2(hid_t(id_), key.c_str(), H5P_DEFAULT));
-  if (ds.get() < 0) H5Eclear2(H5E_DEFAULT);
-  return ds.get() >= 0;
-}
-
 DatasetInfo File::info(const std::string& key) const {
   const Id ds(
       check_id(H5Dopen2(hid_t(id_), key.c_str(), H5P_DEFAULT), path_, fmt::format("no dataset '{}'", key)));
@@ -254,10 +248,6 @@ Tensor File::read(const std::string& key) const {
   check_ok(H5Dread(ds.get(), memory_type(t.dtype()), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw_data()), path_,
            fmt::format("reading dataset '{}' {}", key, shape_str(in.shape)));
   return t;
-}
-
-bool File::has_attr(const std::string& name) const {
-  return H5Aexists(hid_t(id_), name.c_str()) > 0;
 }
 
 namespace {

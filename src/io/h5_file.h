@@ -16,6 +16,7 @@ struct DatasetInfo {
   DType dtype = DType::f32;  // the file's element type: f16/f32/f64 for floats, i32/i64/u8 for integers
 };
 
+// The system HDF5 is the serial build, which is not thread-safe: use Files from one thread at a time.
 class File {
  public:
   // Read-only. IoError naming `path` when it is missing, unreadable or not an HDF5 file.
@@ -35,7 +36,6 @@ class File {
 
   // Every dataset reachable through hard links, as slash-separated paths without the leading '/', sorted.
   std::vector<std::string> datasets() const;
-  bool has_dataset(const std::string& key) const;
   DatasetInfo info(const std::string& key) const;
   // A contiguous CPU tensor of the dataset's shape: f64 datasets as f64, other floats (f16, f32) as f32,
   // integers as i64.
@@ -43,7 +43,6 @@ class File {
 
   // Attributes of the root group. Numbers are converted (an int attribute reads as a double); int_attrs reads
   // a scalar or a 1-D array.
-  bool has_attr(const std::string& name) const;
   std::vector<int64_t> int_attrs(const std::string& name) const;
   int64_t int_attr(const std::string& name) const;
   double double_attr(const std::string& name) const;

@@ -244,6 +244,18 @@ TEST_F(Weights, MissingAndNonHdf5FilesAreNamed) {
   }
 }
 
+TEST_F(Weights, DamagedFilesFoundByTheFuzzerAreIoErrors) {
+  // A header whose metadata size claims 0x3ff0000000 bytes: HDF5's allocation fails and says so.
+  nn::ConvNeXt m(small_config());
+  const std::string path = std::string(CZ_TEST_DATA_DIR) + "/fuzz_weights_huge_metadata.h5";
+  try {
+    import_weights(path, m.named_parameters());
+    FAIL() << "expected an IoError";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ": "), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(Weights, FailedExportLeavesTheExistingFileAndNoTemporaries) {
   nn::ConvNeXt m(small_config());
   m.init_weights(9);
