@@ -1,9 +1,10 @@
-// h5:FILE — `images` uint8 (N, H, W, 3) and `labels` integer (N), read through the HDF5 C API (the Debian
-// build is thread-safe, so worker threads may read concurrently).
+// h5:FILE — `images` uint8 (N, H, W, 3) and `labels` integer (N), read through the HDF5 C API. Debian's build
+// is thread-safe, so worker threads may call it concurrently; with a build that is not, reads take a lock.
 #include <hdf5.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <mutex>
 #include <vector>
 
 #include "io/dataset_sources.h"
@@ -109,6 +110,9 @@ class H5Dataset final : public Dataset {
   }
 
   void read(int64_t index, Image& out) const override {
+#ifndef H5_HAVE_THREADSAFE
+    std::lock_guard<std::mutex> lock(mutex_);
+#endif
     CZ_CHECK(index >= 0 && index < n_, "h5:{}: index {} out of range [0, {})", path_, index, n_);
     QuietErrors quiet;
     out.height = height_;
@@ -162,6 +166,9 @@ class H5Dataset final : public Dataset {
   H5Id file_, images_;
   int64_t n_ = 0, height_ = 0, width_ = 0, classes_ = 0;
   std::vector<int64_t> labels_;
+#ifndef H5_HAVE_THREADSAFE
+  mutable std::mutex mutex_;
+#endif
 };
 
 }  // namespace

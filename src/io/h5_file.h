@@ -16,7 +16,8 @@ struct DatasetInfo {
   DType dtype = DType::f32;  // the file's element type: f16/f32/f64 for floats, i32/i64/u8 for integers
 };
 
-// The system HDF5 is the serial build, which is not thread-safe: use Files from one thread at a time.
+// Debian's serial HDF5 is built thread-safe (H5_HAVE_THREADSAFE: one global lock), so Files may be used from
+// several threads; the calls are serialised inside the library.
 class File {
  public:
   // Read-only. IoError naming `path` when it is missing, unreadable or not an HDF5 file.
