@@ -153,6 +153,11 @@ if ((bench)); then
       say "PyTorch with CUDA and timm not importable: no peer figure"
     fi
   done
+  # Our depthwise kernels in place of cuDNN's, once, at the first batch size: which is faster decides the default.
+  say "training step with the direct depthwise kernels, batch ${bs[0]}"
+  "$build/bench/bench_train_step" --model "$model" --device cuda --dtype bf16 --batch "${bs[0]}" --image "$image" \
+    --warmup 5 --steps "$steps" --depthwise-direct --json "$out/direct_dw_b${bs[0]}.json" 2>&1 |
+    tee -a "$out/bench.log" | tee -a "$summary" || status=1
   python3 - "$out" <<'PY' | tee -a "$summary"
 import glob, json, os, sys
 out = sys.argv[1]
