@@ -1,88 +1,157 @@
 #!/usr/bin/env python3
-"""Converts ConvNeXt weights between PyTorch checkpoints and convnext_zero's HDF5 format.
+"""Converts ConvNeXt weights between PyTorch/timm checkpoints and convnext_zero's HDF5 weight files (docs/weights.md).
 
-    # PyTorch/timm checkpoint (state dict, or a dict holding one under "model"/"state_dict") -> HDF5
-    python3 tools/convert_weights.py to-h5 convnext_tiny.pth convnext_tiny.h5
-    # a timm model's own (pretrained or freshly initialised) weights -> HDF5
-    python3 tools/convert_weights.py to-h5 timm:convnext_tiny convnext_tiny.h5 [--pretrained]
-    # HDF5 (e.g. from convnext_zero --export-weights) -> PyTorch state dict, checked against a timm model
-    python3 tools/convert_weights.py from-h5 trained.h5 trained.pth --check-model convnext_atto --num-classes 10
+    # a state dict, or a timm / facebookresearch checkpoint holding one (.pth/.pt/.bin, or .safetensors) -> HDF5
+    python3 tools/convert_weights.py to-h5 convnext_tiny_1k_224.pth convnext_tiny.h5
+    # a freshly created timm model (seeded; --pretrained downloads its weights instead) -> HDF5
+    python3 tools/convert_weights.py to-h5 --timm-model convnext_atto --num-classes 10 --seed 1 atto.h5
+    # HDF5 (e.g. from convnext_zero --export-weights) -> PyTorch state dict; with --timm-model the tensors are
+    # shaped for that model (timm's 1x1-conv MLP of atto..nano) and load_state_dict(strict=True) is checked
+    python3 tools/convert_weights.py to-torch trained.h5 trained.pth --timm-model convnext_atto --num-classes 10
 
-The HDF5 file holds one float32 dataset per tensor, named by its state-dict key in PyTorch's shape. Keys are
-written as found (timm or original facebookresearch names); convnext_zero maps either on import. Needs torch and
-h5py (and timm for timm: sources and --check-model); not part of the core build.
+to-h5 writes one float32 dataset per floating-point tensor, named by its state-dict key (timm or original
+facebookresearch keys, kept as found: convnext_zero maps either), in PyTorch's shape. Both directions write to a
+temporary file and rename it, so an interrupted run never leaves a half-written file under the output name.
+Needs torch and h5py (timm for --timm-model); not part of the C++ build or of ctest.
 """
 import argparse
+import os
 import sys
+import tempfile
 
 import h5py
 import numpy as np
 import torch
 
+FORMAT, VERSION = "convnext_zero.weights", 1
 
-def load_state_dict(src, pretrained, num_classes):
-    if src.startswith("timm:"):
-        import timm
-        kw = {} if num_classes is None else {"num_classes": num_classes}
-        return timm.create_model(src[5:], pretrained=pretrained, **kw).state_dict()
-    obj = torch.load(src, map_location="cpu", weights_only=True)
-    for key in ("model", "state_dict", "model_ema"):
-        if isinstance(obj, dict) and key in obj and isinstance(obj[key], dict):
+
+def fail(msg):
+    sys.exit(f"convert_weights: {msg}")
+
+
+def create_timm_model(name, num_classes, pretrained=False, seed=0):
+    import timm
+    torch.manual_seed(seed)
+    kw = {} if num_classes is None else {"num_classes": num_classes}
+    return timm.create_model(name, pretrained=pretrained, **kw)
+
+
+def load_checkpoint(path):
+    """The state dict in a checkpoint file, unwrapped from {"model"|"state_dict"|...: sd} and DDP's "module."."""
+    if not os.path.isfile(path):
+        fail(f"{path}: no such file")
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+        obj = load_file(path)
+    else:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    for key in ("model", "state_dict", "model_ema", "state_dict_ema"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
             break
-    if not isinstance(obj, dict):
-        sys.exit(f"{src}: not a state dict (found {type(obj).__name__})")
-    return {k[7:] if k.startswith("module.") else k: v for k, v in obj.items() if torch.is_tensor(v)}
+    if not isinstance(obj, dict) or not any(torch.is_tensor(v) for v in obj.values()):
+        fail(f"{path}: no state dict found (top level is {type(obj).__name__})")
+    return {k[len("module."):] if k.startswith("module.") else k: v for k, v in obj.items() if torch.is_tensor(v)}
+
+
+def atomic_write(dst, write):
+    """Calls write(tmp_path) for a temporary file beside dst, then renames it to dst."""
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(dst) + ".tmp.", dir=os.path.dirname(os.path.abspath(dst)))
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dst)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_h5(sd, dst):
+    skipped = [k for k, v in sd.items() if not v.is_floating_point()]
+    def write(tmp):
+        with h5py.File(tmp, "w") as f:
+            f.attrs["format"] = FORMAT
+            f.attrs["version"] = VERSION
+            for k, v in sd.items():
+                if v.is_floating_point():
+                    f[k] = v.detach().cpu().float().numpy()
+    atomic_write(dst, write)
+    for k in skipped:
+        print(f"skipped non-float tensor {k} ({sd[k].dtype})", file=sys.stderr)
+    return len(sd) - len(skipped)
+
+
+def read_h5(src, group=""):
+    sd = {}
+    with h5py.File(src, "r") as f:
+        root = f[group] if group else f
+        root.visititems(lambda name, obj: sd.__setitem__(name, torch.from_numpy(np.array(obj)))
+                        if isinstance(obj, h5py.Dataset) else None)
+    return sd
+
+
+def fit_to_model(sd, model):
+    """sd reshaped where timm stores a tensor in another shape of the same size (1x1-conv MLP), then checked with
+    load_state_dict(strict=True)."""
+    ref = model.state_dict()
+    fitted = {}
+    for k, v in sd.items():
+        if k in ref and ref[k].shape != v.shape and ref[k].numel() == v.numel():
+            v = v.reshape(ref[k].shape)
+        fitted[k] = v.to(ref[k].dtype) if k in ref else v
+    model.load_state_dict(fitted, strict=True)
+    return fitted
 
 
 def to_h5(args):
-    sd = load_state_dict(args.src, args.pretrained, args.num_classes)
-    with h5py.File(args.dst, "w") as f:
-        f.attrs["format"] = "convnext_zero.weights"
-        f.attrs["version"] = 1
-        for k, v in sd.items():
-            if v.is_floating_point():
-                f[k] = v.detach().float().cpu().numpy()
-    print(f"wrote {args.dst}: {len(sd)} tensors")
+    if args.timm_model:
+        if len(args.paths) != 1:
+            fail("to-h5 --timm-model NAME takes only the output file")
+        model = create_timm_model(args.timm_model, args.num_classes, args.pretrained, args.seed)
+        sd, what = model.state_dict(), f"timm {args.timm_model}"
+    else:
+        if len(args.paths) != 2:
+            fail("to-h5 takes CHECKPOINT OUT.h5 (or OUT.h5 with --timm-model)")
+        sd, what = load_checkpoint(args.paths[0]), args.paths[0]
+    n = write_h5(sd, args.paths[-1])
+    print(f"wrote {args.paths[-1]}: {n} tensors from {what}")
 
 
-def from_h5(args):
-    sd = {}
-    with h5py.File(args.src, "r") as f:
-        f.visititems(lambda name, obj: sd.__setitem__(name, torch.from_numpy(np.asarray(obj)))
-                     if isinstance(obj, h5py.Dataset) else None)
-    if args.check_model:
-        import timm
-        kw = {} if args.num_classes is None else {"num_classes": args.num_classes}
-        model = timm.create_model(args.check_model, pretrained=False, **kw)
-        ref = model.state_dict()
-        fixed = {}
-        for k, v in sd.items():
-            if k in ref and ref[k].shape != v.shape and ref[k].numel() == v.numel():
-                v = v.reshape(ref[k].shape)  # e.g. timm's 1x1-conv MLP form
-            fixed[k] = v
-        model.load_state_dict(fixed, strict=True)
-        sd = fixed
-        print(f"checked: loads into timm {args.check_model} with strict=True")
-    torch.save(sd, args.dst)
+def to_torch(args):
+    if not os.path.isfile(args.src):
+        fail(f"{args.src}: no such file")
+    sd = read_h5(args.src, args.group)
+    if not sd:
+        fail(f"{args.src}: no datasets{' under ' + args.group if args.group else ''}")
+    if args.timm_model:
+        try:
+            sd = fit_to_model(sd, create_timm_model(args.timm_model, args.num_classes))
+        except RuntimeError as e:
+            fail(f"{args.src}: does not load into timm {args.timm_model}: {e}")
+        print(f"checked: loads into timm {args.timm_model} with strict=True")
+    atomic_write(args.dst, lambda tmp: torch.save(sd, tmp))
     print(f"wrote {args.dst}: {len(sd)} tensors")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    a = sub.add_parser("to-h5")
-    a.add_argument("src", help="checkpoint file, or timm:MODEL_NAME")
-    a.add_argument("dst")
-    a.add_argument("--pretrained", action="store_true", help="timm: download pretrained weights")
-    a.add_argument("--num-classes", type=int)
+    a = sub.add_parser("to-h5", help="PyTorch checkpoint or timm model -> HDF5")
+    a.add_argument("paths", nargs="+", metavar="CHECKPOINT OUT.h5")
+    a.add_argument("--timm-model", help="convert a newly created timm model of this name instead of a file")
+    a.add_argument("--num-classes", type=int, help="with --timm-model: classifier outputs")
+    a.add_argument("--pretrained", action="store_true", help="with --timm-model: download timm's weights")
+    a.add_argument("--seed", type=int, default=0, help="with --timm-model: torch seed for the initialisation")
     a.set_defaults(fn=to_h5)
-    b = sub.add_parser("from-h5")
-    b.add_argument("src")
-    b.add_argument("dst")
-    b.add_argument("--check-model", help="timm model name to load the weights into (strict)")
-    b.add_argument("--num-classes", type=int)
-    b.set_defaults(fn=from_h5)
+    b = sub.add_parser("to-torch", help="HDF5 -> PyTorch state dict")
+    b.add_argument("src", metavar="IN.h5")
+    b.add_argument("dst", metavar="OUT.pth")
+    b.add_argument("--group", default="", help="read the datasets under this group (e.g. weights in the fixtures)")
+    b.add_argument("--timm-model", help="shape the tensors for this timm model and check a strict load")
+    b.add_argument("--num-classes", type=int, help="with --timm-model: classifier outputs")
+    b.set_defaults(fn=to_torch)
     args = ap.parse_args()
     args.fn(args)
 

@@ -4,13 +4,14 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
 namespace cz {
 
-// Appends one JSON object per line and flushes it, so a crash loses at most the line being written and the file
-// can be tailed while training runs. Opening truncates an existing file.
+// Appends one JSON object per line and flushes it, so a crash loses at most the line being written and the
+// file can be tailed while training runs. Opening truncates an existing file.
 class JsonLog {
  public:
   JsonLog() = default;
@@ -18,6 +19,17 @@ class JsonLog {
   ~JsonLog();
   JsonLog(const JsonLog&) = delete;
   JsonLog& operator=(const JsonLog&) = delete;
+  // Movable, so a member can be opened after construction (the trainer opens it on rank 0 only).
+  JsonLog(JsonLog&& other) noexcept
+      : file_(std::exchange(other.file_, nullptr)), path_(std::move(other.path_)) {}
+  JsonLog& operator=(JsonLog&& other) noexcept {
+    if (this != &other) {
+      if (file_) std::fclose(file_);
+      file_ = std::exchange(other.file_, nullptr);
+      path_ = std::move(other.path_);
+    }
+    return *this;
+  }
   bool is_open() const { return file_ != nullptr; }
   void write(const nlohmann::json& record);
 

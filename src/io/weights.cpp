@@ -1,11 +1,11 @@
-// Weight import (timm or original ConvNeXt keys, PyTorch shapes) and export (timm keys).
+// Weight import (timm or original ConvNeXt keys, PyTorch shapes) and export (timm keys), over io/h5_file.h.
 #include "io/weights.h"
 
 #include <algorithm>
 #include <map>
-#include <regex>
+#include <set>
 
-#include "io/h5.h"
+#include "io/h5_file.h"
 #include "tensor/autograd/engine.h"
 
 namespace cz {
@@ -14,135 +14,172 @@ namespace {
 constexpr const char* kFormat = "convnext_zero.weights";
 constexpr int64_t kVersion = 1;
 
-bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
 
-bool skipped(const std::string& key, const WeightImportOptions& opt) {
+bool skipped(const std::string& name, const WeightImportOptions& opt) {
   return std::any_of(opt.skip_prefixes.begin(), opt.skip_prefixes.end(),
-                     [&](const std::string& p) { return starts_with(key, p); });
+                     [&](const std::string& p) { return starts_with(name, p); });
 }
 
-// Wrappers PyTorch checkpoints commonly add around a state dict: a "model"/"state_dict" group, DDP's "module.".
-std::string strip_wrappers(std::string key) {
-  for (const char* g : {"model/", "state_dict/", "model_ema/"})
-    if (starts_with(key, g)) key = key.substr(std::string(g).size());
-  if (starts_with(key, "module.")) key = key.substr(7);
-  return key;
+std::vector<std::string> split_dots(const std::string& s) {
+  std::vector<std::string> parts;
+  size_t begin = 0;
+  for (size_t dot = s.find('.'); dot != std::string::npos; dot = s.find('.', begin)) {
+    parts.push_back(s.substr(begin, dot - begin));
+    begin = dot + 1;
+  }
+  parts.push_back(s.substr(begin));
+  return parts;
 }
 
-// The file shape is acceptable for a parameter of `expected` shape: equal, or a linear layer stored as the 1x1
-// convolution (out, in, 1, 1) of timm's conv-MLP variants.
+std::string join_dots(const std::vector<std::string>& parts, size_t from) {
+  std::string out;
+  for (size_t i = from; i < parts.size(); ++i) out += (i > from ? "." : "") + parts[i];
+  return out;
+}
+
+bool is_index(const std::string& s) {
+  return !s.empty() && s.size() <= 9 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+         (s == "0" || s[0] != '0');
+}
+
+// The file shape is acceptable for a parameter of `expected` shape: equal, or a linear layer stored as the
+// 1x1 convolution (out, in, 1, 1) of timm's conv-MLP variants.
 bool shape_fits(const Shape& file, const Shape& expected) {
   if (file == expected) return true;
   return expected.size() == 2 && file.size() == 4 && file[0] == expected[0] && file[1] == expected[1] &&
          file[2] == 1 && file[3] == 1;
 }
 
-std::string list_some(const std::vector<std::string>& items) {
-  constexpr size_t kShown = 12;
-  std::vector<std::string> shown(items.begin(), items.begin() + std::min(items.size(), kShown));
-  std::string s = fmt::format("{}", fmt::join(shown, ", "));
-  if (items.size() > kShown) s += fmt::format(", ... and {} more", items.size() - kShown);
-  return s;
+std::string describe(const h5::DatasetInfo& info) {
+  return fmt::format("{} {}", dtype_name(info.dtype), shape_str(info.shape));
+}
+
+// What a file key is read as: the file key itself, its name in the chosen key style, and its dataset info (or
+// why that could not be read).
+struct FileEntry {
+  std::string key;
+  std::string name;
+  h5::DatasetInfo info;
+  std::string unreadable;
+};
+
+// Every offender of the file against the model, one line each; empty when the file fits.
+std::vector<std::string> mismatches(const std::vector<FileEntry>& entries, const NamedTensorList& params,
+                                    const WeightImportOptions& options,
+                                    std::map<std::string, const FileEntry*>& by_name) {
+  std::set<std::string> model_names;
+  for (const auto& [name, t] : params) model_names.insert(name);
+  std::vector<std::string> problems;
+  for (const FileEntry& e : entries) {
+    if (skipped(e.name, options)) continue;
+    const std::string found = e.unreadable.empty() ? describe(e.info) : e.unreadable;
+    if (!model_names.count(e.name)) {
+      problems.push_back(fmt::format("unexpected: {} ({})", e.key, found));
+    } else if (by_name.count(e.name)) {
+      problems.push_back(
+          fmt::format("duplicate: {} and {} are both read as {}", by_name[e.name]->key, e.key, e.name));
+    } else {
+      by_name[e.name] = &e;
+    }
+  }
+  for (const auto& [name, t] : params) {
+    if (skipped(name, options)) continue;
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      problems.push_back(fmt::format("missing: {} (expected {})", name, shape_str(t.sizes())));
+      continue;
+    }
+    const FileEntry& e = *it->second;
+    if (!e.unreadable.empty())
+      problems.push_back(fmt::format("unreadable: {}: {}", e.key, e.unreadable));
+    else if (!is_floating(e.info.dtype))
+      problems.push_back(
+          fmt::format("wrong type: {}: file has {}, expected a float dataset", e.key, describe(e.info)));
+    else if (!shape_fits(e.info.shape, t.sizes()))
+      problems.push_back(fmt::format("wrong shape: {}: file has {}, expected {}", e.key, describe(e.info),
+                                     shape_str(t.sizes())));
+  }
+  return problems;
 }
 
 }  // namespace
 
 std::optional<std::string> timm_key_from_facebook(const std::string& key) {
-  static const std::regex stem(R"(^downsample_layers\.0\.([01])\.(.+)$)");
-  static const std::regex down(R"(^downsample_layers\.([1-9][0-9]*)\.([01])\.(.+)$)");
-  static const std::regex block(R"(^stages\.([0-9]+)\.([0-9]+)\.(dwconv|norm|pwconv1|pwconv2|gamma)(\.(.+))?$)");
-  std::smatch m;
-  if (std::regex_match(key, m, stem)) return fmt::format("stem.{}.{}", m[1].str(), m[2].str());
-  if (std::regex_match(key, m, down))
-    return fmt::format("stages.{}.downsample.{}.{}", m[1].str(), m[2].str(), m[3].str());
-  if (std::regex_match(key, m, block)) {
-    static const std::map<std::string, std::string> names = {
-        {"dwconv", "conv_dw"}, {"norm", "norm"}, {"pwconv1", "mlp.fc1"}, {"pwconv2", "mlp.fc2"}, {"gamma", "gamma"}};
-    std::string out = fmt::format("stages.{}.blocks.{}.{}", m[1].str(), m[2].str(), names.at(m[3].str()));
-    if (m[5].matched) out += "." + m[5].str();
-    else if (m[3].str() != "gamma") return std::nullopt;
-    return out;
+  // Parsed by hand rather than with std::regex, whose recursive matcher can exhaust the stack on the long
+  // names a damaged or hostile file may hold.
+  const std::vector<std::string> p = split_dots(key);
+  if (p[0] == "downsample_layers" && p.size() >= 4 && is_index(p[1]) && (p[2] == "0" || p[2] == "1")) {
+    if (p[1] == "0") return fmt::format("stem.{}.{}", p[2], join_dots(p, 3));
+    return fmt::format("stages.{}.downsample.{}.{}", p[1], p[2], join_dots(p, 3));
   }
-  if (starts_with(key, "norm.")) return "head.norm." + key.substr(5);
-  if (starts_with(key, "head.") && !starts_with(key, "head.fc.") && !starts_with(key, "head.norm."))
-    return "head.fc." + key.substr(5);
+  if (p[0] == "stages" && p.size() >= 4 && is_index(p[1]) && is_index(p[2])) {
+    static const std::map<std::string, std::string> names = {
+        {"dwconv", "conv_dw"}, {"norm", "norm"}, {"pwconv1", "mlp.fc1"}, {"pwconv2", "mlp.fc2"}};
+    const std::string block = fmt::format("stages.{}.blocks.{}.", p[1], p[2]);
+    if (p[3] == "gamma" && p.size() == 4) return block + "gamma";
+    auto it = names.find(p[3]);
+    if (it != names.end() && p.size() >= 5) return block + it->second + "." + join_dots(p, 4);
+    return std::nullopt;
+  }
+  if (p[0] == "norm" && p.size() >= 2) return "head.norm." + join_dots(p, 1);
+  if (p[0] == "head" && p.size() == 2) return "head.fc." + p[1];
   return std::nullopt;
 }
 
 WeightImportReport import_weights(const std::string& path, const NamedTensorList& params,
                                   const WeightImportOptions& options) {
   const h5::File file = h5::File::open(path);
-  std::map<std::string, std::string> expected_keys;  // timm name -> file key
-  WeightImportReport report;
-
-  // Map every file key to a timm name; the style is whichever maps more keys onto our parameters.
-  std::map<std::string, const Tensor*> by_name;
-  for (const auto& [name, t] : params) by_name[name] = &t;
-  std::vector<std::string> keys;
-  const std::string group = options.group.empty() ? "" : options.group + "/";
-  for (const std::string& k : file.datasets())
-    if (starts_with(k, group)) keys.push_back(k);
-  std::map<std::string, std::string> timm_map, fb_map;  // file key -> timm name
-  int timm_hits = 0, fb_hits = 0;
-  for (const std::string& k : keys) {
-    const std::string bare = strip_wrappers(k.substr(group.size()));
-    timm_map[k] = bare;
-    timm_hits += by_name.count(bare) ? 1 : 0;
-    if (auto t = timm_key_from_facebook(bare)) {
-      fb_map[k] = *t;
-      fb_hits += by_name.count(*t) ? 1 : 0;
-    } else {
-      fb_map[k] = bare;
-    }
-  }
-  const bool facebook = fb_hits > timm_hits;
-  const auto& key_map = facebook ? fb_map : timm_map;
-  report.key_style = facebook ? "facebook" : "timm";
-
-  std::map<std::string, std::string> file_key_of;  // timm name -> file key
-  std::vector<std::string> unexpected, missing, misshapen, duplicated;
-  for (const auto& [file_key, name] : key_map) {
-    if (skipped(name, options)) continue;
-    if (!by_name.count(name)) {
-      unexpected.push_back(file_key);
-      continue;
-    }
-    if (file_key_of.count(name)) {
-      duplicated.push_back(fmt::format("{} (also {})", file_key, file_key_of[name]));
-      continue;
-    }
-    file_key_of[name] = file_key;
-  }
+  std::map<std::string, const Tensor*> model;
   for (const auto& [name, t] : params) {
-    if (skipped(name, options)) continue;
-    auto it = file_key_of.find(name);
-    if (it == file_key_of.end()) {
-      missing.push_back(name);
-      continue;
-    }
-    const h5::DatasetInfo info = file.info(it->second);
-    if (!shape_fits(info.shape, t.sizes()) || !is_floating(info.dtype))
-      misshapen.push_back(fmt::format("{}: file has {} {}, expected {} {}", it->second, dtype_name(info.dtype),
-                                      shape_str(info.shape), dtype_name(t.dtype()), shape_str(t.sizes())));
-  }
-  if (!unexpected.empty() || !missing.empty() || !misshapen.empty() || !duplicated.empty()) {
-    std::string msg = fmt::format("{}: weights do not match the model ({} keys, read as {} names)", path,
-                                  keys.size(), report.key_style);
-    if (!missing.empty()) msg += fmt::format("\n  missing ({}): {}", missing.size(), list_some(missing));
-    if (!unexpected.empty()) msg += fmt::format("\n  unexpected ({}): {}", unexpected.size(), list_some(unexpected));
-    if (!misshapen.empty()) msg += fmt::format("\n  wrong shape ({}): {}", misshapen.size(), list_some(misshapen));
-    if (!duplicated.empty()) msg += fmt::format("\n  duplicated ({}): {}", duplicated.size(), list_some(duplicated));
-    throw IoError(msg);
+    CZ_ASSERT(t.defined() && !model.count(name), "import_weights: parameter '{}' undefined or listed twice",
+              name);
+    model[name] = &t;
   }
 
-  // Read everything before writing anything, so a failing read leaves the model untouched.
+  // Read every key both ways; the style is whichever maps more keys onto the model's names.
+  const std::string group = options.group.empty() ? "" : options.group + "/";
+  std::vector<FileEntry> as_timm, as_facebook;
+  int64_t timm_hits = 0, facebook_hits = 0;
+  for (const std::string& key : file.datasets()) {
+    if (!starts_with(key, group)) continue;
+    std::string bare = key.substr(group.size());
+    if (starts_with(bare, "module.")) bare = bare.substr(7);  // saved from a DistributedDataParallel wrapper
+    FileEntry e{key, bare, {}, {}};
+    try {
+      e.info = file.info(key);
+    } catch (const IoError& err) {
+      e.unreadable = err.what();
+    }
+    timm_hits += model.count(bare);
+    as_timm.push_back(e);
+    if (auto name = timm_key_from_facebook(bare)) e.name = *name;
+    facebook_hits += model.count(e.name);
+    as_facebook.push_back(std::move(e));
+  }
+  const bool facebook = facebook_hits > timm_hits;
+  const std::vector<FileEntry>& entries = facebook ? as_facebook : as_timm;
+
+  std::map<std::string, const FileEntry*> by_name;
+  const std::vector<std::string> problems = mismatches(entries, params, options, by_name);
+  CZ_CHECK_IO(problems.empty(),
+              "{}: weights do not fit the model ({} datasets{}, read as {} keys); {} problem(s):\n  {}", path,
+              entries.size(), group.empty() ? "" : " under " + options.group,
+              facebook ? "facebookresearch" : "timm", problems.size(), fmt::join(problems, "\n  "));
+
+  // Read everything before writing anything, so a read failing part-way leaves the model untouched.
   std::vector<std::pair<const Tensor*, Tensor>> values;
   for (const auto& [name, t] : params) {
     if (skipped(name, options)) continue;
-    Tensor v = file.read(file_key_of.at(name));
+    Tensor v = file.read(by_name.at(name)->key);
     if (v.sizes() != t.sizes()) v = v.reshape(t.sizes());  // (out, in, 1, 1) -> (out, in)
     values.emplace_back(&t, std::move(v));
   }
+  WeightImportReport report;
+  report.key_style = facebook ? "facebook" : "timm";
   NoGradGuard no_grad;
   for (auto& [t, v] : values) {
     Tensor(*t).copy_(v);
@@ -153,10 +190,21 @@ WeightImportReport import_weights(const std::string& path, const NamedTensorList
 }
 
 void export_weights(const std::string& path, const NamedTensorList& params) {
+  // Check and convert everything first: a bad parameter must not cost the user an existing file.
+  std::set<std::string> names;
+  NamedTensorList host;
+  for (const auto& [name, t] : params) {
+    CZ_CHECK(!name.empty() && names.insert(name).second,
+             "{}: cannot export: parameter name '{}' is empty or repeated", path, name);
+    CZ_CHECK(t.defined(), "{}: cannot export: parameter '{}' is undefined", path, name);
+    CZ_CHECK_DTYPE(is_floating(t.dtype()), "{}: cannot export: parameter '{}' is {}, not a float tensor",
+                   path, name, dtype_name(t.dtype()));
+    host.emplace_back(name, t.detach().to(Device::cpu()).to(DType::f32).contiguous());
+  }
   h5::File file = h5::File::create(path);
-  file.set_string_attr("/", "format", kFormat);
-  file.set_int_attr("/", "version", kVersion);
-  for (const auto& [name, t] : params) file.write(name, t.detach().to(Device::cpu()).to(DType::f32).contiguous());
+  file.set_attr("format", std::string(kFormat));
+  file.set_attr("version", kVersion);
+  for (const auto& [name, t] : host) file.write(name, t);
   file.commit();
 }
 

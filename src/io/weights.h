@@ -1,7 +1,6 @@
-// Weight files: HDF5 with one dataset per parameter, named by timm's state-dict keys, in PyTorch's shapes.
-// Import also understands the original facebookresearch/ConvNeXt keys and timm's 1x1-conv MLP form (atto..nano),
-// and reports every missing, unexpected or misshapen key in one error. tools/convert_weights.py converts
-// PyTorch/timm checkpoints to and from this format.
+// Weight files: HDF5 with one dataset per parameter, named by timm's state-dict keys, in PyTorch's shapes
+// (docs/weights.md). Import also understands the original facebookresearch/ConvNeXt keys and timm's 1x1-conv
+// MLP form (atto..nano), and reports every missing, unexpected or misshapen key in one error.
 #pragma once
 
 #include <optional>
@@ -18,8 +17,8 @@ using NamedTensorList = std::vector<std::pair<std::string, Tensor>>;
 struct WeightImportOptions {
   // Read the datasets under this group only ("weights" for the parity fixtures); empty: the whole file.
   std::string group;
-  // Parameters (and file keys) under these prefixes are left alone: "head.fc." for --reset-head, where the file
-  // may have been trained for another number of classes.
+  // Parameters (and file keys) under these prefixes are left alone: "head.fc." for --reset-head, where the
+  // file may have been trained for another number of classes.
   std::vector<std::string> skip_prefixes;
 };
 
@@ -29,14 +28,18 @@ struct WeightImportReport {
   int64_t elements = 0;
 };
 
-// Copies the file's weights into `params` (values converted to each parameter's dtype and device). IoError
-// naming the file and listing every offender when keys are missing or unexpected or shapes differ; nothing is
-// modified then.
+// Copies the file's weights into `params` (values converted to each parameter's dtype and device). Parameter
+// shapes are PyTorch's (conv OIHW, linear (out, in)), so no layout changes are needed; a linear weight may
+// also be stored as a 1x1 convolution (out, in, 1, 1). Datasets may be f16, f32 or f64. IoError naming the
+// file and listing every offender (missing, unexpected, duplicated, wrong shape or type; each with the shapes
+// involved) when the file does not fit; nothing is modified then, nor when reading fails part-way.
 WeightImportReport import_weights(const std::string& path, const NamedTensorList& params,
                                   const WeightImportOptions& options = {});
 
-// Writes `params` as f32 datasets under their names, plus root attributes `format` ("convnext_zero.weights")
-// and `version`. Crash-safe: the previous file stays intact until the new one is complete.
+// Writes `params` (any float dtype, any device) as f32 datasets under their names, in their (PyTorch) shapes,
+// plus root attributes `format` ("convnext_zero.weights") and `version`. Crash-safe: the data goes to a
+// temporary file beside `path`, which is synced and renamed over it only when complete; an existing file
+// stays intact if anything fails (bad parameter, unwritable directory, full disk).
 void export_weights(const std::string& path, const NamedTensorList& params);
 
 // The timm key for an original facebookresearch/ConvNeXt key ("downsample_layers.0.0.weight" ->

@@ -32,6 +32,7 @@ void TrainConfig::validate() const {
            label_smoothing);
   CZ_CHECK(clip_grad >= 0, "--clip-grad must be >= 0 (0 disables clipping), got {}", clip_grad);
   CZ_CHECK(ema_decay >= 0 && ema_decay < 1, "--ema-decay must be in [0, 1) (0 disables EMA), got {}", ema_decay);
+  CZ_CHECK(device == "cpu" || device.rfind("cuda", 0) == 0, "--device must be cpu or cuda[:N], got '{}'", device);
   CZ_CHECK(precision == "fp32" || precision == "fp16" || precision == "bf16",
            "--precision must be fp32, fp16 or bf16, got '{}'", precision);
 }

@@ -1,0 +1,22 @@
+// The data sources behind open_dataset(), one file each (dataset_<kind>.cpp). Their IoErrors name the file;
+// `what` ("--data 'synthetic:n=8'") names the flag and spec in the synthetic source's option errors.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "io/dataset.h"
+
+namespace cz {
+
+// `options`: the text after "synthetic:" ("n=4096,classes=10"), possibly empty.
+std::shared_ptr<const Dataset> open_synthetic(const std::string& spec, const std::string& options,
+                                              Split split, const DatasetOptions& dataset_options);
+// Sources without an eval split of their own (h5, folder) serve the whole source for either split.
+std::shared_ptr<const Dataset> open_h5(const std::string& path);
+std::shared_ptr<const Dataset> open_cifar10(const std::string& dir, Split split);
+std::shared_ptr<const Dataset> open_folder(const std::string& dir);
+
+const char* split_name(Split split);
+
+}  // namespace cz

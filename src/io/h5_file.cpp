@@ -1,0 +1,409 @@
+// HDF5 file access for weights and fixtures. Failures are IoErrors built here rather than through
+// CZ_CHECK_STATUS: an HDF5 status alone cannot say which file and key went wrong, and that is what users
+// need.
+#include "io/h5_file.h"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+
+namespace cz::h5 {
+namespace {
+
+// HDF5 prints its error stack to stderr by default; we report through exceptions instead.
+void silence_hdf5() {
+  static const bool silenced = [] {
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    return true;
+  }();
+  (void)silenced;
+}
+
+// The outermost and innermost messages of HDF5's error stack for the call that just failed.
+std::string hdf5_reason() {
+  struct Walk {
+    std::string outer, inner;
+  } walk;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_DOWNWARD,
+      [](unsigned n, const H5E_error2_t* e, void* data) -> herr_t {
+        auto* w = static_cast<Walk*>(data);
+        if (e->desc == nullptr || *e->desc == '\0') return 0;
+        if (n == 0) w->outer = e->desc;
+        w->inner = e->desc;
+        return 0;
+      },
+      &walk);
+  H5Eclear2(H5E_DEFAULT);
+  if (walk.inner.empty()) return "HDF5 gave no reason";
+  return walk.outer == walk.inner ? walk.inner : walk.outer + ": " + walk.inner;
+}
+
+// Owns one HDF5 identifier of any kind (H5Idec_ref closes files, groups, datasets, spaces, types, lists).
+class Id {
+ public:
+  explicit Id(hid_t id = H5I_INVALID_HID) : id_(id) {}
+  Id(Id&& o) noexcept : id_(o.id_) { o.id_ = H5I_INVALID_HID; }
+  Id& operator=(Id&&) = delete;
+  ~Id() {
+    if (id_ >= 0) H5Idec_ref(id_);
+  }
+  hid_t get() const { return id_; }
+
+ private:
+  hid_t id_;
+};
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw IoError(fmt::format("{}: {}: {}", path, what, hdf5_reason()));
+}
+hid_t check_id(hid_t id, const std::string& path, const std::string& what) {
+  if (id < 0) fail(path, what);
+  return id;
+}
+void check_ok(herr_t status, const std::string& path, const std::string& what) {
+  if (status < 0) fail(path, what);
+}
+
+// The file's element type as one of ours. Floats must have exactly the IEEE half/single/double layout and
+// integers no padding bits: anything else is refused here rather than handed to HDF5's generic conversions.
+DType element_dtype(hid_t type, const std::string& path, const std::string& key) {
+  const H5T_class_t cls = H5Tget_class(type);
+  const size_t size = H5Tget_size(type);
+  const size_t precision = H5Tget_precision(type);
+  const int offset = H5Tget_offset(type);
+  const H5T_order_t order = H5Tget_order(type);
+  const bool plain = precision == size * 8 && offset == 0 && (order == H5T_ORDER_LE || order == H5T_ORDER_BE);
+  if (cls == H5T_FLOAT && plain) {
+    size_t spos = 0, epos = 0, esize = 0, mpos = 0, msize = 0;
+    const bool fields = H5Tget_fields(type, &spos, &epos, &esize, &mpos, &msize) >= 0;
+    const size_t ebias = H5Tget_ebias(type);
+    const bool normalised = H5Tget_norm(type) == H5T_NORM_IMPLIED;
+    auto ieee = [&](size_t e, size_t m) {
+      return fields && normalised && spos == size * 8 - 1 && epos == m && esize == e && mpos == 0 &&
+             msize == m && ebias == (size_t{1} << (e - 1)) - 1;
+    };
+    if (size == 2 && ieee(5, 10)) return DType::f16;
+    if (size == 4 && ieee(8, 23)) return DType::f32;
+    if (size == 8 && ieee(11, 52)) return DType::f64;
+  }
+  if (cls == H5T_INTEGER && plain) {
+    const bool is_signed = H5Tget_sign(type) == H5T_SGN_2;
+    if (size == 1 && !is_signed) return DType::u8;
+    if (size <= 4 && is_signed) return DType::i32;
+    if (size == 8 && is_signed) return DType::i64;
+  }
+  throw IoError(
+      fmt::format("{}: dataset '{}' has an unsupported element type (HDF5 class {}, {} bytes, {} bits); "
+                  "expected IEEE f16/f32/f64 or a plain integer",
+                  path, key, int(cls), size, precision));
+}
+
+// The extent of a dataspace (scalar: rank 0), refusing sizes that overflow our int64 element counts.
+Shape extent(hid_t space, const std::string& path, const std::string& key) {
+  const H5S_class_t cls = H5Sget_simple_extent_type(space);
+  CZ_CHECK_IO(cls == H5S_SIMPLE || cls == H5S_SCALAR,
+              "{}: dataset '{}' has no data (null or unknown dataspace)", path, key);
+  const int rank = H5Sget_simple_extent_ndims(space);
+  if (rank < 0) fail(path, fmt::format("cannot read the shape of '{}'", key));
+  std::vector<hsize_t> dims(size_t(rank), 0);
+  if (rank > 0) check_ok(H5Sget_simple_extent_dims(space, dims.data(), nullptr), path, "reading a shape");
+  Shape shape;
+  int64_t numel = 1;
+  for (hsize_t d : dims) {
+    CZ_CHECK_IO(d <= hsize_t(std::numeric_limits<int64_t>::max()) &&
+                    !__builtin_mul_overflow(numel, int64_t(d), &numel),
+                "{}: dataset '{}' claims an impossible size ({} dims, one of {})", path, key, rank, d);
+    shape.push_back(int64_t(d));
+  }
+  return shape;
+}
+
+hid_t memory_type(DType t) {
+  switch (t) {
+    case DType::f64:
+      return H5T_NATIVE_DOUBLE;
+    case DType::i64:
+      return H5T_NATIVE_INT64;
+    default:
+      return H5T_NATIVE_FLOAT;
+  }
+}
+
+// IEEE binary16, little-endian, as numpy/h5py store float16 (HDF5 1.10 predefines no half type).
+Id ieee_half_type(const std::string& path) {
+  Id t(check_id(H5Tcopy(H5T_IEEE_F32LE), path, "creating a half type"));
+  check_ok(H5Tset_fields(t.get(), 15, 10, 5, 0, 10), path, "creating a half type");
+  check_ok(H5Tset_size(t.get(), 2), path, "creating a half type");
+  check_ok(H5Tset_ebias(t.get(), 15), path, "creating a half type");
+  return t;
+}
+
+DType read_dtype(DType file_dtype) {
+  if (file_dtype == DType::f64) return DType::f64;
+  return is_floating(file_dtype) ? DType::f32 : DType::i64;
+}
+
+}  // namespace
+
+File::File(std::string path, std::string temp_path, int64_t id)
+    : path_(std::move(path)), temp_path_(std::move(temp_path)), id_(id) {}
+
+File::File(File&& other) noexcept
+    : path_(std::move(other.path_)), temp_path_(std::move(other.temp_path_)), id_(other.id_) {
+  other.id_ = -1;
+  other.temp_path_.clear();
+}
+
+File::~File() {
+  close();
+}
+
+void File::close() noexcept {
+  if (id_ >= 0) H5Fclose(hid_t(id_));
+  id_ = -1;
+  if (!temp_path_.empty()) ::unlink(temp_path_.c_str());
+  temp_path_.clear();
+}
+
+File File::open(const std::string& path) {
+  silence_hdf5();
+  struct stat st {};
+  CZ_CHECK_IO(::stat(path.c_str(), &st) == 0, "{}: cannot open: {}", path, std::strerror(errno));
+  CZ_CHECK_IO(S_ISREG(st.st_mode), "{}: not a regular file", path);
+  const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
+  if (is_hdf5 < 0) fail(path, "cannot read the file");
+  CZ_CHECK_IO(is_hdf5 > 0, "{}: not an HDF5 file (no HDF5 signature)", path);
+  // Strong close: closing the file closes every object still open in it, so nothing outlives a failed read.
+  Id fapl(check_id(H5Pcreate(H5P_FILE_ACCESS), path, "creating a property list"));
+  check_ok(H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG), path, "setting the close degree");
+  const hid_t id = check_id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), path, "cannot open as HDF5");
+  return File(path, "", id);
+}
+
+File File::create(const std::string& path) {
+  silence_hdf5();
+  std::string temp = path + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(temp.data());
+  CZ_CHECK_IO(fd >= 0, "{}: cannot create a temporary file beside it ({}): {}", path, temp,
+              std::strerror(errno));
+  // mkstemp makes the file private (0600); give it the permissions a plain create would have. Reading the
+  // umask means setting it briefly, which is harmless here: export runs on one thread.
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  ::fchmod(fd, 0666 & ~mask);
+  ::close(fd);
+  File file(path, temp, -1);  // from here on, the destructor removes the temporary file
+  file.id_ = check_id(H5Fcreate(temp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), path,
+                      fmt::format("cannot create HDF5 file {}", temp));
+  return file;
+}
+
+std::vector<std::string> File::datasets() const {
+  struct Visit {
+    std::vector<std::string> found;
+    std::string failed;
+  } visit;
+  const herr_t status = H5Lvisit(
+      hid_t(id_), H5_INDEX_NAME, H5_ITER_INC,
+      [](hid_t group, const char* name, const H5L_info_t* info, void* data) -> herr_t {
+        auto* v = static_cast<Visit*>(data);
+        if (info->type != H5L_TYPE_HARD) return 0;  // soft and external links are not followed
+        const Id object(H5Oopen(group, name, H5P_DEFAULT));
+        if (object.get() < 0) {
+          v->failed = name;
+          return -1;
+        }
+        if (H5Iget_type(object.get()) == H5I_DATASET) v->found.emplace_back(name);
+        return 0;
+      },
+      &visit);
+  if (status < 0)
+    fail(path_, visit.failed.empty() ? std::string("cannot list the datasets")
+                                     : fmt::format("cannot open object '{}'", visit.failed));
+  std::sort(visit.found.begin(), visit.found.end());
+  return visit.found;
+}
+
+bool File::has_dataset(const std::string& key) const {
+  const Id ds(H5Dopen2(hid_t(id_), key.c_str(), H5P_DEFAULT));
+  if (ds.get() < 0) H5Eclear2(H5E_DEFAULT);
+  return ds.get() >= 0;
+}
+
+DatasetInfo File::info(const std::string& key) const {
+  const Id ds(
+      check_id(H5Dopen2(hid_t(id_), key.c_str(), H5P_DEFAULT), path_, fmt::format("no dataset '{}'", key)));
+  const Id type(check_id(H5Dget_type(ds.get()), path_, fmt::format("reading the type of '{}'", key)));
+  const Id space(check_id(H5Dget_space(ds.get()), path_, fmt::format("reading the shape of '{}'", key)));
+  return {extent(space.get(), path_, key), element_dtype(type.get(), path_, key)};
+}
+
+Tensor File::read(const std::string& key) const {
+  const DatasetInfo in = info(key);
+  Tensor t = empty(in.shape, read_dtype(in.dtype));
+  if (t.numel() == 0) return t;
+  const Id ds(
+      check_id(H5Dopen2(hid_t(id_), key.c_str(), H5P_DEFAULT), path_, fmt::format("no dataset '{}'", key)));
+  check_ok(H5Dread(ds.get(), memory_type(t.dtype()), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw_data()), path_,
+           fmt::format("reading dataset '{}' {}", key, shape_str(in.shape)));
+  return t;
+}
+
+bool File::has_attr(const std::string& name) const {
+  return H5Aexists(hid_t(id_), name.c_str()) > 0;
+}
+
+namespace {
+// An open root attribute with its element class and element count.
+struct Attr {
+  Id attr, type, space;
+  H5T_class_t cls;
+  int64_t count;
+};
+Attr open_attr(hid_t file, const std::string& path, const std::string& name) {
+  Id attr(check_id(H5Aopen(file, name.c_str(), H5P_DEFAULT), path, fmt::format("no attribute '{}'", name)));
+  Id type(check_id(H5Aget_type(attr.get()), path, fmt::format("reading the type of attribute '{}'", name)));
+  Id space(
+      check_id(H5Aget_space(attr.get()), path, fmt::format("reading the shape of attribute '{}'", name)));
+  const hssize_t count = H5Sget_simple_extent_npoints(space.get());
+  if (count < 0) fail(path, fmt::format("reading the shape of attribute '{}'", name));
+  const H5T_class_t cls = H5Tget_class(type.get());
+  return {std::move(attr), std::move(type), std::move(space), cls, int64_t(count)};
+}
+}  // namespace
+
+std::vector<int64_t> File::int_attrs(const std::string& name) const {
+  const Attr a = open_attr(hid_t(id_), path_, name);
+  CZ_CHECK_IO(a.cls == H5T_INTEGER && a.count <= 4096, "{}: attribute '{}' is not a (small) integer array",
+              path_, name);
+  std::vector<int64_t> v(size_t(a.count));
+  if (!v.empty())
+    check_ok(H5Aread(a.attr.get(), H5T_NATIVE_INT64, v.data()), path_, "reading attribute " + name);
+  return v;
+}
+
+int64_t File::int_attr(const std::string& name) const {
+  const std::vector<int64_t> v = int_attrs(name);
+  CZ_CHECK_IO(v.size() == 1, "{}: attribute '{}' has {} values, expected one", path_, name, v.size());
+  return v[0];
+}
+
+double File::double_attr(const std::string& name) const {
+  const Attr a = open_attr(hid_t(id_), path_, name);
+  CZ_CHECK_IO((a.cls == H5T_FLOAT || a.cls == H5T_INTEGER) && a.count == 1,
+              "{}: attribute '{}' is not a single number", path_, name);
+  double v = 0;
+  check_ok(H5Aread(a.attr.get(), H5T_NATIVE_DOUBLE, &v), path_, "reading attribute " + name);
+  return v;
+}
+
+std::string File::string_attr(const std::string& name) const {
+  const Attr a = open_attr(hid_t(id_), path_, name);
+  CZ_CHECK_IO(a.cls == H5T_STRING && a.count == 1, "{}: attribute '{}' is not a string", path_, name);
+  const htri_t variable = H5Tis_variable_str(a.type.get());
+  if (variable < 0) fail(path_, "reading attribute " + name);
+  const Id mem(check_id(H5Tcopy(H5T_C_S1), path_, "creating a string type"));
+  check_ok(H5Tset_cset(mem.get(), H5Tget_cset(a.type.get())), path_,
+           "creating a string type");  // ASCII or UTF-8
+  if (variable > 0) {
+    check_ok(H5Tset_size(mem.get(), H5T_VARIABLE), path_, "creating a string type");
+    char* s = nullptr;
+    check_ok(H5Aread(a.attr.get(), mem.get(), &s), path_, "reading attribute " + name);
+    std::string out = s ? s : "";
+    H5free_memory(s);
+    return out;
+  }
+  const size_t size = H5Tget_size(a.type.get());
+  CZ_CHECK_IO(size > 0 && size <= (1 << 20), "{}: attribute '{}' has a bad string size {}", path_, name,
+              size);
+  check_ok(H5Tset_size(mem.get(), size), path_, "creating a string type");
+  std::string out(size, '\0');
+  check_ok(H5Aread(a.attr.get(), mem.get(), out.data()), path_, "reading attribute " + name);
+  out.resize(std::strlen(out.c_str()));
+  return out;
+}
+
+void File::write(const std::string& key, const Tensor& t) {
+  CZ_ASSERT(!temp_path_.empty(), "h5::File::write on a file not opened with create()");
+  CZ_CHECK_IO(t.defined() && t.is_cpu() && t.is_contiguous(), "{}: '{}' must be a contiguous CPU tensor",
+              path_, key);
+  hid_t file_type = H5T_IEEE_F32LE, mem_type = memory_type(t.dtype());
+  const Id half(t.dtype() == DType::f16 ? ieee_half_type(path_) : Id());
+  if (t.dtype() == DType::f64)
+    file_type = H5T_IEEE_F64LE;
+  else if (t.dtype() == DType::i64)
+    file_type = H5T_STD_I64LE;
+  else if (t.dtype() == DType::f16)
+    file_type = mem_type = half.get();
+  else
+    CZ_CHECK_DTYPE(t.dtype() == DType::f32, "{}: '{}' is {}; only f16, f32, f64 and i64 are written", path_,
+                   key, dtype_name(t.dtype()));
+  std::vector<hsize_t> dims(t.sizes().begin(), t.sizes().end());
+  const Id space(check_id(
+      dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(int(dims.size()), dims.data(), nullptr), path_,
+      "creating a dataspace"));
+  const Id lcpl(check_id(H5Pcreate(H5P_LINK_CREATE), path_, "creating a property list"));
+  check_ok(H5Pset_create_intermediate_group(lcpl.get(), 1), path_, "creating a property list");
+  const Id ds(check_id(
+      H5Dcreate2(hid_t(id_), key.c_str(), file_type, space.get(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT),
+      path_, fmt::format("creating dataset '{}'", key)));
+  if (t.numel() > 0)
+    check_ok(H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw_data()), path_,
+             fmt::format("writing dataset '{}'", key));
+}
+
+void File::set_attr(const std::string& name, const std::string& value) {
+  CZ_ASSERT(!temp_path_.empty(), "h5::File::set_attr on a file not opened with create()");
+  // Variable-length UTF-8, as h5py writes str attributes, so Python reads it back as str.
+  const Id type(check_id(H5Tcopy(H5T_C_S1), path_, "creating a string type"));
+  check_ok(H5Tset_size(type.get(), H5T_VARIABLE), path_, "creating a string type");
+  check_ok(H5Tset_cset(type.get(), H5T_CSET_UTF8), path_, "creating a string type");
+  const Id space(check_id(H5Screate(H5S_SCALAR), path_, "creating a dataspace"));
+  const Id attr(
+      check_id(H5Acreate2(hid_t(id_), name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), path_,
+               fmt::format("creating attribute '{}'", name)));
+  const char* s = value.c_str();
+  check_ok(H5Awrite(attr.get(), type.get(), &s), path_, fmt::format("writing attribute '{}'", name));
+}
+
+void File::set_attr(const std::string& name, int64_t value) {
+  CZ_ASSERT(!temp_path_.empty(), "h5::File::set_attr on a file not opened with create()");
+  const Id space(check_id(H5Screate(H5S_SCALAR), path_, "creating a dataspace"));
+  const Id attr(
+      check_id(H5Acreate2(hid_t(id_), name.c_str(), H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+               path_, fmt::format("creating attribute '{}'", name)));
+  check_ok(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value), path_,
+           fmt::format("writing attribute '{}'", name));
+}
+
+void File::commit() {
+  CZ_ASSERT(!temp_path_.empty() && id_ >= 0, "h5::File::commit on a file not opened with create()");
+  const herr_t closed = H5Fclose(hid_t(id_));
+  id_ = -1;
+  check_ok(closed, path_, fmt::format("cannot finish writing {}", temp_path_));
+  // The data must be on disk before the rename makes it visible under the real name.
+  const int fd = ::open(temp_path_.c_str(), O_RDONLY);
+  const int sync_error = fd < 0 || ::fsync(fd) != 0 ? errno : 0;
+  if (fd >= 0) ::close(fd);
+  CZ_CHECK_IO(sync_error == 0, "{}: cannot sync {}: {}", path_, temp_path_, std::strerror(sync_error));
+  CZ_CHECK_IO(::rename(temp_path_.c_str(), path_.c_str()) == 0, "{}: cannot rename {} to it: {}", path_,
+              temp_path_, std::strerror(errno));
+  temp_path_.clear();
+  // Sync the directory so the rename itself survives a crash; failing that is not worth failing the export.
+  const size_t slash = path_.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path_.substr(0, slash));
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+}  // namespace cz::h5

@@ -1,0 +1,167 @@
+// The loader: Note [Sampling] (loader.h) for what each rank reads, and a pool of workers that each build
+// whole batches ahead of the consumer, at most threads x prefetch batches beyond the one being consumed.
+#include "io/loader.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "io/image_transform.h"
+#include "io/sampler.h"
+
+namespace cz {
+
+struct Loader::Impl {
+  // A batch or the error that stopped it.
+  struct Result {
+    Batch batch;
+    std::exception_ptr error;
+  };
+
+  std::shared_ptr<const Dataset> data;
+  LoaderOptions opt;
+  int64_t steps = 0;
+
+  int64_t epoch = -1;  // -1: no epoch started yet
+  std::vector<int64_t> order;
+  std::vector<std::thread> workers;
+  std::mutex mu;
+  std::condition_variable work_cv;   // workers: room in the window, or stop
+  std::condition_variable ready_cv;  // consumer: the next batch is ready
+  bool stop = false;
+  std::atomic<bool> stopping{false};  // read between images, to abandon a batch quickly
+  int64_t next_claim = 0, next_out = 0;
+  std::map<int64_t, Result> ready;
+  std::exception_ptr failed;  // sticky until the next start_epoch
+
+  Batch make_batch(int64_t b) const;
+  void work();
+  void stop_workers();
+};
+
+Batch Loader::Impl::make_batch(int64_t b) const {
+  const BatchSlice s = rank_slice(data->size(), opt.batch_size, b, opt.world, opt.rank);
+  const int64_t n = s.end - s.begin, size = opt.image_size;
+  Batch batch{empty({n, size, size, 3}, DType::f32), empty({n}, DType::i64), b, s.begin};
+  float* images = n > 0 ? batch.images.data<float>() : nullptr;
+  int64_t* labels = n > 0 ? batch.labels.data<int64_t>() : nullptr;
+  const uint64_t aug_key = rng_key(opt.seed, RngDomain::augment);
+  Image img;
+  for (int64_t i = 0; i < n; ++i) {
+    if (stopping.load(std::memory_order_relaxed)) break;  // the batch will be discarded
+    const int64_t pos = s.begin + i, index = order[size_t(pos)];
+    data->read(index, img);
+    CropBox box{0, 0, img.height, img.width};
+    if (opt.augment) {
+      // 64 blocks per (epoch, position): the crop needs at most 12.
+      CounterRng rng(aug_key, (uint64_t(epoch) << 36 | uint64_t(pos)) << 6);
+      box = random_resized_crop(img.height, img.width, rng);
+    }
+    resample_normalised(img, box, size, images + i * size * size * 3);
+    labels[i] = data->label(index);
+  }
+  return batch;
+}
+
+void Loader::Impl::work() {
+  const int64_t window = int64_t(opt.threads) * opt.prefetch;
+  std::unique_lock<std::mutex> lock(mu);
+  for (;;) {
+    work_cv.wait(lock, [&] { return stop || (next_claim < steps && next_claim < next_out + window); });
+    if (stop) return;
+    const int64_t b = next_claim++;
+    lock.unlock();
+    Result r;
+    try {
+      r.batch = make_batch(b);
+    } catch (...) {
+      r.error = std::current_exception();  // rethrown by next() on the consumer's thread
+    }
+    lock.lock();
+    ready.emplace(b, std::move(r));
+    ready_cv.notify_all();
+  }
+}
+
+void Loader::Impl::stop_workers() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stop = true;
+  }
+  stopping = true;
+  work_cv.notify_all();
+  for (std::thread& t : workers) t.join();
+  workers.clear();
+  ready.clear();
+  stop = false;
+  stopping = false;
+}
+
+Loader::Loader(std::shared_ptr<const Dataset> data, LoaderOptions options) : impl_(std::make_unique<Impl>()) {
+  CZ_CHECK(data != nullptr, "Loader: no data set");
+  CZ_CHECK(options.batch_size > 0, "Loader: batch size must be positive, got {}", options.batch_size);
+  CZ_CHECK(options.image_size > 0, "Loader: image size must be positive, got {}", options.image_size);
+  CZ_CHECK(options.world > 0 && options.rank >= 0 && options.rank < options.world,
+           "Loader: rank {} is not in a world of {}", options.rank, options.world);
+  CZ_CHECK(options.threads >= 0, "Loader: threads must be >= 0, got {}", options.threads);
+  CZ_CHECK(options.prefetch > 0, "Loader: prefetch must be positive, got {}", options.prefetch);
+  impl_->data = std::move(data);
+  impl_->opt = options;
+  impl_->steps = batches_per_epoch(impl_->data->size(), options.batch_size, options.drop_last);
+}
+
+Loader::~Loader() {
+  impl_->stop_workers();
+}
+
+int64_t Loader::steps_per_epoch() const {
+  return impl_->steps;
+}
+
+std::vector<int64_t> Loader::epoch_order(int64_t epoch) const {
+  return epoch_permutation(impl_->data->size(), impl_->opt.seed, epoch, impl_->opt.shuffle);
+}
+
+void Loader::start_epoch(int64_t epoch) {
+  CZ_CHECK(epoch >= 0 && epoch < (int64_t(1) << 22), "Loader: epoch {} out of range [0, 2^22)", epoch);
+  Impl& m = *impl_;
+  m.stop_workers();
+  m.epoch = epoch;
+  m.order = epoch_order(epoch);
+  m.next_claim = m.next_out = 0;
+  m.failed = nullptr;
+  for (int t = 0; t < m.opt.threads; ++t) m.workers.emplace_back([&m] { m.work(); });
+}
+
+std::optional<Batch> Loader::next() {
+  Impl& m = *impl_;
+  if (m.epoch < 0) start_epoch(0);
+  if (m.failed) std::rethrow_exception(m.failed);
+  if (m.next_out >= m.steps) return std::nullopt;
+  if (m.workers.empty()) {
+    try {
+      return m.make_batch(m.next_out++);
+    } catch (...) {
+      m.failed = std::current_exception();  // sticky, as with workers
+      throw;
+    }
+  }
+  std::unique_lock<std::mutex> lock(m.mu);
+  m.ready_cv.wait(lock, [&] { return m.ready.count(m.next_out) > 0; });
+  auto it = m.ready.find(m.next_out);
+  Impl::Result r = std::move(it->second);
+  m.ready.erase(it);
+  ++m.next_out;
+  lock.unlock();
+  m.work_cv.notify_all();
+  if (r.error) {
+    m.failed = r.error;
+    std::rethrow_exception(r.error);
+  }
+  return std::move(r.batch);
+}
+
+}  // namespace cz

@@ -1,0 +1,53 @@
+// Helpers for the io tests: a scratch directory, and writers for the formats the data sources read (HDF5
+// through the C API, CIFAR-10 binary records, JPEG through TurboJPEG, PNG through libpng).
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "io/dataset.h"
+
+namespace cz::testing {
+
+// A fresh directory under the system temp dir, removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::filesystem::path& path() const { return path_; }
+  std::string str(const std::string& child = "") const { return (path_ / child).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// A smooth random-looking RGB image (gradients plus a few waves): compresses well, so JPEG stays close.
+Image smooth_image(int64_t height, int64_t width, uint32_t seed);
+
+// Writes `dims`-shaped `data` (of `mem_type`) as dataset `name`, stored as `file_type`, into an open file.
+void write_h5_dataset(hid_t file, const std::string& name, hid_t mem_type, hid_t file_type,
+                      const std::vector<hsize_t>& dims, const void* data);
+// An h5 data set file: images uint8 (N, H, W, 3) from `images`, labels int64 (N).
+void write_h5_images(const std::string& path, const std::vector<Image>& images,
+                     const std::vector<int64_t>& labels);
+
+// CIFAR-10 records (label byte + R, G, B planes) of 32x32 images.
+std::vector<uint8_t> cifar_records(const std::vector<Image>& images, const std::vector<uint8_t>& labels);
+void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes);
+
+// `grey`: a one-channel (luminance) JPEG.
+std::vector<uint8_t> encode_jpeg(const Image& img, int quality = 95, bool grey = false);
+std::vector<uint8_t> encode_png(const Image& img);
+
+// Mean and largest absolute difference between two images' pixels (same size expected).
+struct PixelDiff {
+  double mean = 0;
+  int max = 0;
+};
+PixelDiff pixel_diff(const Image& a, const Image& b);
+
+}  // namespace cz::testing

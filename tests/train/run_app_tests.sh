@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# convnext_zero from the outside. Usage: run_app_tests.sh CASE APP MPIEXEC
+#   ranks_match_one_process  2 ranks x micro-batch 8 log the same losses and gradient norms as 1 rank x 16
+#   bad_input                each bad flag or file: non-zero exit, a message naming it, no crash
+#   multi_rank_error         a bad data path under mpirun: every rank exits non-zero, nobody hangs
+set -uo pipefail
+case_name=$1 app=$2 mpiexec=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
+model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --loader-threads 1 --no-progress)
+tiny=("${model[@]}" --data synthetic:n=256,eval_n=64,classes=4)
+fail() { echo "FAIL: $*"; exit 1; }
+
+# Prints "<step> <loss> <grad_norm>" for each step record of a JSON-lines log.
+steps_of() {
+  grep -v '"split"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
+}
+
+case $case_name in
+ranks_match_one_process)
+  common=("${tiny[@]}" --steps 3 --drop-path 0.2 --eval-batches 1 --seed 3)
+  "${mpirun[@]}" -np 2 "$app" "${common[@]}" --micro-batch 8 --log "$work/np2.jsonl" > "$work/np2.out" 2>&1 ||
+    { cat "$work/np2.out"; fail "2-rank run failed"; }
+  "$app" "${common[@]}" --micro-batch 16 --log "$work/np1.jsonl" > "$work/np1.out" 2>&1 ||
+    { cat "$work/np1.out"; fail "1-rank run failed"; }
+  paste -d' ' <(steps_of "$work/np1.jsonl") <(steps_of "$work/np2.jsonl") > "$work/both"
+  cat "$work/both"
+  [[ $(wc -l < "$work/both") -eq 3 ]] || fail "expected 3 step records in each log"
+  # Columns: step loss grad_norm (1 rank), step loss grad_norm (2 ranks). Float sums differ in order only.
+  awk '{ for (c = 2; c <= 3; ++c) { a = $c; b = $(c + 3); d = a - b; if (d < 0) d = -d;
+         if (d > 2e-5 * (a < 0 ? -a : a) + 1e-7) { print "step " $1 ": " a " vs " b; bad = 1 } } }
+       END { exit bad }' "$work/both" || fail "2 ranks disagree with 1 rank"
+  echo "ranks_match_one_process: OK"
+  ;;
+bad_input)
+  mkdir -p "$work/cifar" "$work/empty_folder"
+  head -c 5000 /dev/urandom > "$work/cifar/data_batch_1.bin"  # not a multiple of 3073 bytes
+  echo "not hdf5" > "$work/junk.h5"
+  check() {  # check EXPECTED-SUBSTRING ARGS...
+    local want=$1; shift
+    "$app" "$@" > "$work/out" 2>&1
+    local rc=$?
+    if [[ $rc -eq 0 || $rc -ge 128 ]]; then cat "$work/out"; fail "'$*' exited with $rc"; fi
+    grep -qF -- "$want" "$work/out" || { cat "$work/out"; fail "'$*': message lacks '$want'"; }
+    ! grep -qiE 'terminate called|segmentation|core dumped|abort' "$work/out" ||
+      { cat "$work/out"; fail "'$*' crashed"; }
+    echo "ok ($rc): $* -> $(grep -F -- "$want" "$work/out" | head -1)"
+  }
+  check "gigantic" --model gigantic --steps 1
+  check "--micro-batch" "${tiny[@]}" --steps 1 --micro-batch 0
+  check "--image-size" "${tiny[@]}" --steps 1 --image-size -3
+  check "--steps" "${tiny[@]}" --steps -1
+  check "--bogus" "${tiny[@]}" --steps 1 --bogus
+  check "--precision" "${tiny[@]}" --steps 1 --precision fp8
+  check "--precision fp16" "${tiny[@]}" --steps 1 --precision fp16
+  check "$work/nothing" "${model[@]}" --steps 1 --data "folder:$work/nothing"
+  check "$work/empty_folder" "${model[@]}" --steps 1 --data "folder:$work/empty_folder"
+  check "data_batch_1.bin" "${model[@]}" --steps 1 --data "cifar10:$work/cifar"
+  check "$work/junk.h5" "${model[@]}" --steps 1 --data "h5:$work/junk.h5"
+  check "$work/junk.h5" "${tiny[@]}" --steps 1 --init-weights "$work/junk.h5"
+  check "nosuchkind" "${model[@]}" --steps 1 --data nosuchkind:x
+  check "--device" "${tiny[@]}" --steps 1 --device tpu
+  echo "bad_input: OK"
+  ;;
+multi_rank_error)
+  start=$SECONDS
+  timeout 120 "${mpirun[@]}" -np 2 "$app" "${model[@]}" --steps 1 --data "folder:$work/nothing" > "$work/out" 2>&1
+  rc=$?
+  cat "$work/out"
+  [[ $rc -ne 0 && $rc -ne 124 ]] || fail "mpirun exited with $rc (124: hung)"
+  grep -qF "$work/nothing" "$work/out" || fail "no message naming the path"
+  echo "multi_rank_error: OK in $((SECONDS - start)) s"
+  ;;
+*) fail "unknown case $case_name" ;;
+esac

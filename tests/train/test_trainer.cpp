@@ -1,0 +1,228 @@
+// The training loop end to end on one process: it learns, gradient accumulation equals a bigger batch, the log
+// carries what the issue names, weights export and re-import, and bad configurations are refused by flag.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "dist/comm/bootstrap.h"
+#include "dist/train/trainer.h"
+#include "io/weights.h"
+#include "tensor/check.h"
+
+namespace cz::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+class WorldEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override { dist::World::init(nullptr, nullptr); }
+  void TearDown() override { dist::World::finalize(); }
+};
+const auto* const kWorldEnv = ::testing::AddGlobalTestEnvironment(new WorldEnvironment);
+
+fs::path temp_dir() {
+  fs::path d = fs::temp_directory_path() / fmt::format("cz_train_{}", ::getpid());
+  fs::create_directories(d);
+  return d;
+}
+
+// A small ConvNeXt on small synthetic images: a step takes milliseconds on one core.
+TrainConfig tiny_config() {
+  TrainConfig c;
+  c.depths = {1, 1, 1, 1};
+  c.dims = {8, 16, 24, 32};
+  c.num_classes = 4;
+  c.image_size = 32;
+  c.data = "synthetic:n=256,eval_n=64,classes=4";
+  c.micro_batch = 16;
+  c.steps = 3;
+  c.lr = 2e-3;
+  c.warmup_steps = 0;
+  c.loader_threads = 1;
+  c.progress = false;
+  c.seed = 7;
+  return c;
+}
+
+std::vector<float> master_values(const Trainer& t) { return t.flat().params.to_vector<float>(); }
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - double(b[i])));
+  return m;
+}
+
+TEST(Trainer, LearnsTheSyntheticTaskWellAboveChance) {
+  TrainConfig c = tiny_config();
+  c.steps = 60;
+  c.lr = 4e-3;
+  c.warmup_steps = 5;
+  Trainer t(c, dist::World::get());
+  const EvalResult before = t.evaluate();
+  const TrainSummary s = t.run();
+  ASSERT_TRUE(s.eval.has_value());
+  EXPECT_EQ(s.eval->examples, 64);
+  EXPECT_NEAR(before.top1, 0.25, 0.2);  // 4 classes: about chance before training
+  EXPECT_GT(s.eval->top1, 0.6) << "eval loss " << s.eval->loss;
+  EXPECT_LT(s.eval->loss, before.loss);
+}
+
+TEST(Trainer, GradientAccumulationEqualsOneBigBatch) {
+  // Drop-path masks follow the sample's index in the global batch, so they agree too.
+  TrainConfig big = tiny_config();
+  big.drop_path = 0.2;
+  TrainConfig accum = big;
+  accum.micro_batch = 8;
+  accum.grad_accum = 2;
+  Trainer a(big, dist::World::get()), b(accum, dist::World::get());
+  for (int i = 0; i < 3; ++i) {
+    const StepStats sa = a.step(), sb = b.step();
+    EXPECT_NEAR(sa.loss, sb.loss, 1e-5 * std::abs(sa.loss)) << "step " << i + 1;
+    EXPECT_NEAR(sa.grad_norm, sb.grad_norm, 1e-4 * sa.grad_norm) << "step " << i + 1;
+  }
+  EXPECT_LT(max_abs_diff(master_values(a), master_values(b)), 1e-5);
+}
+
+TEST(Trainer, SameSeedSameRunAndClippingBoundsTheUpdate) {
+  TrainConfig c = tiny_config();
+  Trainer a(c, dist::World::get()), b(c, dist::World::get());
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(a.step().loss, b.step().loss);
+  EXPECT_EQ(max_abs_diff(master_values(a), master_values(b)), 0.0);
+
+  // With SGD, no momentum history on step 1 and clip at a tiny norm, the step is lr * clip / norm * grad: its
+  // size is lr * clip whatever the gradient.
+  TrainConfig s = tiny_config();
+  s.optimizer = "sgd";
+  s.weight_decay = 0;
+  s.schedule = "constant";
+  s.clip_grad = 1e-3;
+  s.lr = 0.5;
+  Trainer t(s, dist::World::get());
+  const std::vector<float> w0 = master_values(t);
+  const StepStats st = t.step();
+  EXPECT_GT(st.grad_norm, s.clip_grad);
+  const std::vector<float> w1 = master_values(t);
+  double sq = 0;
+  for (size_t i = 0; i < w0.size(); ++i) sq += (double(w1[i]) - w0[i]) * (double(w1[i]) - w0[i]);
+  EXPECT_NEAR(std::sqrt(sq), s.lr * s.clip_grad, 1e-3 * s.lr * s.clip_grad);
+}
+
+TEST(Trainer, LogHasOneRecordPerStepAndPerEvaluation) {
+  const fs::path log = temp_dir() / "log.jsonl";
+  TrainConfig c = tiny_config();
+  c.steps = 4;
+  c.eval_every = 2;
+  c.ema_decay = 0.9;
+  c.log = log.string();
+  {
+    Trainer t(c, dist::World::get());
+    t.run();
+  }
+  std::ifstream in(log);
+  std::string line;
+  std::vector<nlohmann::json> steps, evals;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    (j.contains("split") ? evals : steps).push_back(j);
+  }
+  ASSERT_EQ(steps.size(), 4u);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const auto& j = steps[i];
+    EXPECT_EQ(j.at("step").get<int64_t>(), int64_t(i) + 1);
+    for (const char* key : {"loss", "lr", "grad_norm", "step_time_s", "img_per_s"})
+      EXPECT_TRUE(j.at(key).is_number_float() && std::isfinite(j.at(key).get<double>())) << key;
+    EXPECT_GT(j.at("peak_mem_bytes").get<int64_t>(), 0);
+    EXPECT_GT(j.at("grad_norm").get<double>(), 0);
+  }
+  // Cosine from 2e-3 to min-lr over 4 steps: strictly falling.
+  EXPECT_GT(steps[0].at("lr").get<double>(), steps[3].at("lr").get<double>());
+  ASSERT_EQ(evals.size(), 2u);  // at step 2 (--eval-every) and at the end
+  EXPECT_EQ(evals[0].at("step").get<int64_t>(), 2);
+  EXPECT_EQ(evals[1].at("step").get<int64_t>(), 4);
+  for (const auto& j : evals) {
+    EXPECT_EQ(j.at("split").get<std::string>(), "eval");
+    EXPECT_GE(j.at("top1").get<double>(), 0.0);
+    EXPECT_LE(j.at("top1").get<double>(), 1.0);
+    EXPECT_TRUE(j.contains("ema_top1"));
+  }
+  fs::remove_all(log.parent_path());
+}
+
+TEST(Trainer, ExportedWeightsStartAnIdenticalModel) {
+  const fs::path dir = temp_dir();
+  TrainConfig c = tiny_config();
+  c.export_weights = (dir / "w.h5").string();
+  std::vector<float> trained;
+  {
+    Trainer t(c, dist::World::get());
+    t.run();
+    trained = master_values(t);
+  }
+  TrainConfig d = tiny_config();
+  d.init_weights = c.export_weights;
+  d.seed = 99;  // another initialisation, overwritten by the file
+  Trainer u(d, dist::World::get());
+  EXPECT_EQ(max_abs_diff(master_values(u), trained), 0.0);
+
+  // Fine-tuning on more classes: the file's head is skipped and a new one initialised.
+  TrainConfig e = d;
+  e.num_classes = 6;
+  e.reset_head = true;
+  Trainer v(e, dist::World::get());
+  size_t same = 0;
+  for (const auto& [name, p] : v.master_parameters()) {
+    if (name.rfind("head.fc.", 0) == 0) {
+      EXPECT_EQ(p.size(0), 6);
+      continue;
+    }
+    for (const auto& [uname, up] : u.master_parameters())
+      if (uname == name) same += max_abs_diff(p.to_vector<float>(), up.to_vector<float>()) == 0.0;
+  }
+  EXPECT_EQ(same, v.master_parameters().size() - 2);
+  fs::remove_all(dir);
+}
+
+std::string error_of(const TrainConfig& c) {
+  try {
+    Trainer t(c, dist::World::get());
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Trainer, BadConfigurationsNameTheFlag) {
+  TrainConfig c = tiny_config();
+  c.model = "gigantic";
+  c.depths.clear();
+  c.dims.clear();
+  EXPECT_THAT(error_of(c), ::testing::HasSubstr("gigantic"));
+  c = tiny_config();
+  c.micro_batch = 0;
+  EXPECT_THAT(error_of(c), ::testing::HasSubstr("--micro-batch"));
+  c = tiny_config();
+  c.dims = {8, 16};
+  EXPECT_THAT(error_of(c), ::testing::HasSubstr("--dims"));
+  c = tiny_config();
+  c.data = "h5:/no/such/file.h5";
+  EXPECT_THAT(error_of(c), ::testing::HasSubstr("/no/such/file.h5"));
+  c = tiny_config();
+  c.num_classes = 2;  // the synthetic set has 4
+  EXPECT_THAT(error_of(c), ::testing::HasSubstr("--num-classes"));
+  c = tiny_config();
+  c.precision = "bf16";  // CPU computes in fp32
+  EXPECT_THAT(error_of(c), ::testing::HasSubstr("--precision bf16"));
+  c = tiny_config();
+  c.init_weights = "/no/such/weights.h5";
+  EXPECT_THAT(error_of(c), ::testing::HasSubstr("/no/such/weights.h5"));
+}
+
+}  // namespace
+}  // namespace cz::train
