@@ -2,8 +2,9 @@
 # First run on a bare GPU machine (CUDA 13, cuDNN, NCCL, CMake, ninja, PyTorch + timm; no -dev packages, no
 # network): unpacks the Debian packages scripts/gpu-deps.sh downloaded into a private prefix (never into /),
 # builds Release with CUDA against it, runs `ctest -L cuda` (plus compute-sanitizer memcheck on the op table
-# and optimizer tests), and times a ConvNeXt training step (bf16, 224 px) against PyTorch eager timm
-# (channels_last + autocast bf16) at the same batch. Everything is written to OUT.
+# and optimizer tests), trains convnext_atto briefly on synthetic data (bf16), and times a ConvNeXt training
+# step (bf16, 224 px) against PyTorch eager timm (channels_last + autocast bf16) at the same batch. Everything
+# is written to OUT.
 #
 #   scripts/gpu-check.sh [options] [OUT]        OUT defaults to $OUT, else ./gpu-check-out
 #     --deps DIR       the .deb folder (default .deps)           --build DIR   build folder (default build-gpu)
@@ -28,7 +29,7 @@ while (($#)); do
     --no-sanitize) sanitize=0 ;;
     --no-bench) bench=0 ;;
     --dry-run) dry=1 ;;
-    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,15p' "$0"; exit 0 ;;
     -*) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
     *) out=$1 ;;
   esac
@@ -42,6 +43,7 @@ summary=$out/summary.txt
 : >"$summary"
 say() { echo "== $*" | tee -a "$summary"; }
 jobs=$(nproc)
+targets=(test_cuda test_optim_cuda bench_train_step convnext_zero)
 
 # ---- 1. the dependency prefix ----
 compgen -G "$deps/*.deb" >/dev/null || { echo "gpu-check: no .deb files in $deps (run scripts/gpu-deps.sh)" >&2; exit 1; }
@@ -98,8 +100,8 @@ if [[ -n "$outside" ]]; then
 fi
 say "every dependency resolves inside the prefix"
 if ((dry)); then
-  say "dry run: would now build test_cuda test_optim_cuda bench_train_step with $jobs jobs, run ctest -L cuda,"
-  say "compute-sanitizer (${sanitize}), and time $model at batch $batches, $image px (bench ${bench})"
+  say "dry run: would now build ${targets[*]} with $jobs jobs, run ctest -L cuda, compute-sanitizer"
+  say "(${sanitize}), a short bf16 training run, and time $model at batch $batches, $image px (bench ${bench})"
   exit 0
 fi
 
@@ -111,7 +113,6 @@ fi
   python3 -c 'import torch, timm; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "timm", timm.__version__)' || true
 } >"$out/env.txt" 2>&1
 say "building with $jobs jobs"
-targets=(test_cuda test_optim_cuda bench_train_step)
 if ! cmake --build "$build" -j "$jobs" --target "${targets[@]}" >"$out/build.log" 2>&1; then
   grep -E "error|FAILED" "$out/build.log" | head -40 | tee -a "$summary"
   exit 1
@@ -137,7 +138,25 @@ if ((sanitize)) && command -v compute-sanitizer >/dev/null; then
   grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$out"/memcheck-*.log "$out"/racecheck-*.log | tee -a "$summary" || true
 fi
 
-# ---- 4. ours vs PyTorch eager ----
+# ---- 4. end to end: the main job's short run on the GPU, bf16 ----
+say "training convnext_atto on synthetic data on the GPU (bf16, 120 steps)"
+if "$build/apps/convnext_zero" --model atto --image-size 64 --num-classes 10 --data synthetic --micro-batch 32 \
+  --steps 120 --warmup-steps 10 --lr 2e-3 --eval-every 40 --device cuda --precision bf16 \
+  --log "$out/train_cuda_bf16.jsonl" >"$out/train_cuda_bf16.log" 2>&1; then
+  python3 - "$out/train_cuda_bf16.jsonl" <<'PY' | tee -a "$summary"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+train = [r for r in rows if "loss" in r and r.get("split", "train") == "train"]
+evals = [r for r in rows if r.get("split") == "eval"]
+print(f"train loss {train[0]['loss']:.4f} (step {train[0].get('step')}) -> {train[-1]['loss']:.4f} "
+      f"(step {train[-1].get('step')}); last eval {evals[-1] if evals else 'none'}")
+PY
+else
+  status=1
+  tail -5 "$out/train_cuda_bf16.log" | tee -a "$summary"
+fi
+
+# ---- 5. ours vs PyTorch eager ----
 if ((bench)); then
   have_torch=1
   python3 -c 'import torch, timm; assert torch.cuda.is_available()' 2>/dev/null || have_torch=0
