@@ -130,6 +130,9 @@ if ! cmake --build "$build" -j "$jobs" --target "${targets[@]}" >"$out/build.log
 fi
 grep -i "warning" "$out/build.log" | head -20 >"$out/build-warnings.txt" || true
 say "build ok ($(wc -l <"$out/build-warnings.txt") warning lines)"
+missing_libs=$(ldd "$build/tests/tensor/test_cuda" "$build/tests/optim/test_optim_cuda" "$build/apps/convnext_zero" \
+  "$build/bench/bench_train_step" 2>&1 | grep "not found" | sort -u || true)
+[[ -z "$missing_libs" ]] || { say "shared libraries not found:"; echo "$missing_libs" | tee -a "$summary"; }
 want build && [[ "$only" == build ]] && exit 0
 
 status=0
