@@ -207,23 +207,31 @@ bool try_run(const Problem& p, Dir dir, const Operands& o, Stream stream) {
   const float one_f = 1.0f, zero_f = 0.0f;
   const void* one = p.dtype == DType::f64 ? static_cast<const void*>(&one_d) : &one_f;
   const void* zero = p.dtype == DType::f64 ? static_cast<const void*>(&zero_d) : &zero_f;
+  cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
   switch (dir) {
     case Dir::fwd:
-      CZ_CHECK_STATUS(cudnnConvolutionForward(lease.handle, one, d.x.h, o.x, d.w.h, o.w, d.conv.h,
-                                              cudnnConvolutionFwdAlgo_t(a.algo), ws, a.workspace_bytes, zero,
-                                              d.y.h, o.out));
+      st = cudnnConvolutionForward(lease.handle, one, d.x.h, o.x, d.w.h, o.w, d.conv.h,
+                                   cudnnConvolutionFwdAlgo_t(a.algo), ws, a.workspace_bytes, zero, d.y.h,
+                                   o.out);
       break;
     case Dir::bwd_data:
-      CZ_CHECK_STATUS(cudnnConvolutionBackwardData(lease.handle, one, d.w.h, o.w, d.y.h, o.y, d.conv.h,
-                                                   cudnnConvolutionBwdDataAlgo_t(a.algo), ws,
-                                                   a.workspace_bytes, zero, d.x.h, o.out));
+      st = cudnnConvolutionBackwardData(lease.handle, one, d.w.h, o.w, d.y.h, o.y, d.conv.h,
+                                        cudnnConvolutionBwdDataAlgo_t(a.algo), ws, a.workspace_bytes, zero,
+                                        d.x.h, o.out);
       break;
     case Dir::bwd_filter:
-      CZ_CHECK_STATUS(cudnnConvolutionBackwardFilter(lease.handle, one, d.x.h, o.x, d.y.h, o.y, d.conv.h,
-                                                     cudnnConvolutionBwdFilterAlgo_t(a.algo), ws,
-                                                     a.workspace_bytes, zero, d.w.h, o.out));
+      st = cudnnConvolutionBackwardFilter(lease.handle, one, d.x.h, o.x, d.y.h, o.y, d.conv.h,
+                                          cudnnConvolutionBwdFilterAlgo_t(a.algo), ws, a.workspace_bytes,
+                                          zero, d.w.h, o.out);
       break;
   }
+  // Heuristic candidates are not always runnable: a refusal (nothing was queued) is remembered as "no
+  // algorithm" for the problem, like an empty candidate list. Anything else is an error.
+  if (st == CUDNN_STATUS_NOT_SUPPORTED) {
+    (*lease.conv_algos)[p.key(dir, d.math)] = ConvAlgo{};
+    return false;
+  }
+  CZ_CHECK_STATUS(st);
   return true;
 }
 
