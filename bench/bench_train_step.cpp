@@ -35,7 +35,8 @@ struct Flags {
   int steps = 10;
   bool conv_benchmark = true;  // cuDNN algorithm timing on first use (Note [Convolution algorithms])
   bool tf32 = false;
-  std::string json;  // also write the result here
+  bool depthwise_direct = false;  // our direct depthwise kernels instead of cuDNN's
+  std::string json;               // also write the result here
 };
 
 [[noreturn]] void usage(const char* msg) {
@@ -43,7 +44,7 @@ struct Flags {
                "bench_train_step: %s\n"
                "usage: bench_train_step [--model tiny] [--device cpu|cuda[:i]] [--dtype f32|bf16|f16]\n"
                "                        [--batch 8] [--image 224] [--warmup 3] [--steps 10]\n"
-               "                        [--no-conv-benchmark] [--tf32] [--json FILE]\n",
+               "                        [--no-conv-benchmark] [--tf32] [--depthwise-direct] [--json FILE]\n",
                msg);
   std::exit(2);
 }
@@ -74,6 +75,8 @@ Flags parse(int argc, char** argv) {
       f.conv_benchmark = false;
     else if (a == "--tf32")
       f.tf32 = true;
+    else if (a == "--depthwise-direct")
+      f.depthwise_direct = true;
     else if (a == "--json")
       f.json = value();
     else if (a == "-h" || a == "--help")
@@ -119,6 +122,7 @@ int run(const Flags& f) {
   if (dev.is_cuda()) {
     cuda::set_conv_benchmark(f.conv_benchmark);
     cuda::set_allow_tf32(f.tf32);
+    cuda::set_depthwise_direct(f.depthwise_direct);
     stream_guard.emplace(cuda::compute_stream(dev.index));
   }
 #endif
@@ -177,10 +181,11 @@ int run(const Flags& f) {
   last_loss = loss.item();
   const double img_s = double(f.batch) * f.steps / seconds;
   const double peak_gib = double(alloc.stats().peak_allocated_bytes) / double(1 << 30);
+  const char* dw = f.depthwise_direct ? " (direct depthwise)" : "";
   std::printf(
-      "bench_train_step: %s %s %s batch %lld image %lld: %.2f ms/step, %.1f img/s, peak %.2f GiB, "
+      "bench_train_step: %s%s %s %s batch %lld image %lld: %.2f ms/step, %.1f img/s, peak %.2f GiB, "
       "loss %.4f (%d timed steps after %d warm-up)\n",
-      mc.name.c_str(), f.device.c_str(), f.dtype.c_str(), (long long)f.batch, (long long)f.image,
+      mc.name.c_str(), dw, f.device.c_str(), f.dtype.c_str(), (long long)f.batch, (long long)f.image,
       1e3 * seconds / f.steps, img_s, peak_gib, last_loss, f.steps, f.warmup);
   if (!f.json.empty()) {
     std::FILE* out = std::fopen(f.json.c_str(), "w");
@@ -189,9 +194,9 @@ int run(const Flags& f) {
         out,
         "{\"impl\": \"convnext_zero\", \"model\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", "
         "\"batch\": %lld, \"image\": %lld, \"steps\": %d, \"ms_per_step\": %.4f, \"img_per_s\": %.3f, "
-        "\"peak_gib\": %.4f, \"loss\": %.6f}\n",
+        "\"peak_gib\": %.4f, \"loss\": %.6f, \"depthwise_direct\": %s}\n",
         mc.name.c_str(), f.device.c_str(), f.dtype.c_str(), (long long)f.batch, (long long)f.image, f.steps,
-        1e3 * seconds / f.steps, img_s, peak_gib, last_loss);
+        1e3 * seconds / f.steps, img_s, peak_gib, last_loss, f.depthwise_direct ? "true" : "false");
     std::fclose(out);
   }
   return 0;

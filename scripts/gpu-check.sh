@@ -2,14 +2,17 @@
 # First run on a bare GPU machine (CUDA 13, cuDNN, NCCL, CMake, ninja, PyTorch + timm; no -dev packages, no
 # network): unpacks the Debian packages scripts/gpu-deps.sh downloaded into a private prefix (never into /),
 # builds Release with CUDA against it, runs `ctest -L cuda` (plus compute-sanitizer memcheck on the op table
-# and optimizer tests), and times a ConvNeXt training step (bf16, 224 px) against PyTorch eager timm
-# (channels_last + autocast bf16) at the same batch. Everything is written to OUT.
+# and optimizer tests), trains convnext_atto briefly on synthetic data (bf16), and times a ConvNeXt training
+# step (bf16, 224 px) against PyTorch eager timm (channels_last + autocast bf16) at the same batch. Everything
+# is written to OUT.
 #
 #   scripts/gpu-check.sh [options] [OUT]        OUT defaults to $OUT, else ./gpu-check-out
 #     --deps DIR       the .deb folder (default .deps)           --build DIR   build folder (default build-gpu)
 #     --model NAME     ConvNeXt variant (default tiny)           --batch N[,N] batch sizes to time (default 64,128)
 #     --image PX       image size (default 224)                  --steps N     timed steps (default 20)
 #     --no-sanitize    skip compute-sanitizer                    --no-bench    skip the timing comparison
+#     --only STAGES    comma list of build,test,sanitize,train,bench (default all): for callers limited to ~10
+#                      minutes a command; the prefix and build folder are reused between calls
 #     --dry-run        unpack, configure (CZ_WITH_CUDA=ON) and check that every dependency CMake found lies in
 #                      the prefix, then stop: what can be checked on a machine without a GPU
 set -euo pipefail
@@ -17,6 +20,7 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 
 deps=.deps build=build-gpu model=tiny batches=64,128 image=224 steps=20 sanitize=1 bench=1 dry=0 out=""
+only=build,test,sanitize,train,bench
 while (($#)); do
   case "$1" in
     --deps) deps=$2; shift ;;
@@ -28,7 +32,8 @@ while (($#)); do
     --no-sanitize) sanitize=0 ;;
     --no-bench) bench=0 ;;
     --dry-run) dry=1 ;;
-    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+    --only) only=$2; shift ;;
+    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
     -*) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
     *) out=$1 ;;
   esac
@@ -42,16 +47,24 @@ summary=$out/summary.txt
 : >"$summary"
 say() { echo "== $*" | tee -a "$summary"; }
 jobs=$(nproc)
+want() { [[ ",$only," == *",$1,"* ]]; }
+targets=(test_cuda test_optim_cuda bench_train_step convnext_zero)
 
 # ---- 1. the dependency prefix ----
 compgen -G "$deps/*.deb" >/dev/null || { echo "gpu-check: no .deb files in $deps (run scripts/gpu-deps.sh)" >&2; exit 1; }
 prefix=$build/deps-prefix
-rm -rf "$prefix"
-mkdir -p "$prefix"
-for deb in "$deps"/*.deb; do dpkg -x "$deb" "$prefix"; done
+# Unpacked again only when the package set changed: fresh header mtimes would make ninja rebuild everything.
+stamp=$(ls -l "$deps"/*.deb | md5sum | cut -d' ' -f1)
+if [[ "$(cat "$prefix/.stamp" 2>/dev/null)" != "$stamp" ]]; then
+  rm -rf "$prefix"
+  mkdir -p "$prefix"
+  for deb in "$deps"/*.deb; do dpkg -x "$deb" "$prefix"; done
+  mapfile -t libdirs < <(find "$prefix" -name '*.so*' -printf '%h\n' | sort -u)
+  # SONAME links the packages' alternatives would have made (libpsm_infinipath.so.1).
+  "$(command -v ldconfig || echo /sbin/ldconfig)" -n "${libdirs[@]}"
+  echo "$stamp" >"$prefix/.stamp"
+fi
 mapfile -t libdirs < <(find "$prefix" -name '*.so*' -printf '%h\n' | sort -u)
-# SONAME links the packages' alternatives would have made (libpsm_infinipath.so.1).
-"$(command -v ldconfig || echo /sbin/ldconfig)" -n "${libdirs[@]}"
 multi=$prefix/usr/lib/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 export LD_LIBRARY_PATH=$(IFS=:; echo "${libdirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export OPAL_PREFIX=$prefix/usr  # Open MPI finds its help files and components relative to this
@@ -85,7 +98,7 @@ for lib in cudnn nccl; do
 done
 say "configuring $build"
 cmake "${cmake_args[@]}" >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-grep -E "CUDA backend|CUDA compiler identification" "$out/configure.log" | tee -a "$summary"
+grep -E "CUDA backend|CUDA compiler identification|cuDNN" "$out/configure.log" | tee -a "$summary" || true
 
 # Every dependency CMake resolved must come from the prefix, CUDA's own libraries excepted: on the bare machine
 # nothing else exists.
@@ -98,8 +111,8 @@ if [[ -n "$outside" ]]; then
 fi
 say "every dependency resolves inside the prefix"
 if ((dry)); then
-  say "dry run: would now build test_cuda test_optim_cuda bench_train_step with $jobs jobs, run ctest -L cuda,"
-  say "compute-sanitizer (${sanitize}), and time $model at batch $batches, $image px (bench ${bench})"
+  say "dry run: would now build ${targets[*]} with $jobs jobs, run ctest -L cuda, compute-sanitizer"
+  say "(${sanitize}), a short bf16 training run, and time $model at batch $batches, $image px (bench ${bench})"
   exit 0
 fi
 
@@ -110,23 +123,28 @@ fi
   grep -h -E "define CUDNN_(MAJOR|MINOR|PATCHLEVEL) " /usr/include/cudnn_version*.h /usr/local/cuda/include/cudnn_version*.h 2>/dev/null | head -3 || true
   python3 -c 'import torch, timm; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "timm", timm.__version__)' || true
 } >"$out/env.txt" 2>&1
-say "building with $jobs jobs"
-targets=(test_cuda test_optim_cuda bench_train_step)
+say "building ${targets[*]} with $jobs jobs"
 if ! cmake --build "$build" -j "$jobs" --target "${targets[@]}" >"$out/build.log" 2>&1; then
-  grep -E "error|FAILED" "$out/build.log" | head -40 | tee -a "$summary"
+  grep -E "error|FAILED" "$out/build.log" | head -40 | tee -a "$summary" || true
   exit 1
 fi
 grep -i "warning" "$out/build.log" | head -20 >"$out/build-warnings.txt" || true
 say "build ok ($(wc -l <"$out/build-warnings.txt") warning lines)"
+missing_libs=$(ldd "$build/tests/tensor/test_cuda" "$build/tests/optim/test_optim_cuda" "$build/apps/convnext_zero" \
+  "$build/bench/bench_train_step" 2>&1 | grep "not found" | sort -u || true)
+[[ -z "$missing_libs" ]] || { say "shared libraries not found:"; echo "$missing_libs" | tee -a "$summary"; }
+want build && [[ "$only" == build ]] && exit 0
 
 status=0
-say "ctest -L cuda"
-ctest --test-dir "$build" -L cuda --output-on-failure -j 1 >"$out/ctest.log" 2>&1 || status=1
-grep -E "tests passed|tests failed|Total Test time" "$out/ctest.log" | tee -a "$summary"
-grep -E "\(Failed\)|\(SEGFAULT\)|\(Timeout\)|Not Run" "$out/ctest.log" | tee -a "$summary" || true
-grep -E "^\s*[0-9]+/[0-9]+ Test.*Skipped" "$out/ctest.log" | head -5 | tee -a "$summary" || true
+if want test; then
+  say "ctest -L cuda"
+  ctest --test-dir "$build" -L cuda --output-on-failure -j 1 >"$out/ctest.log" 2>&1 || status=1
+  grep -E "tests passed|tests failed|Total Test time" "$out/ctest.log" | tee -a "$summary" || true
+  grep -E "\(Failed\)|\(SEGFAULT\)|\(Timeout\)|Not Run" "$out/ctest.log" | tee -a "$summary" || true
+  grep -E "Skipped" "$out/ctest.log" | head -5 | tee -a "$summary" || true
+fi
 
-if ((sanitize)) && command -v compute-sanitizer >/dev/null; then
+if want sanitize && ((sanitize)) && command -v compute-sanitizer >/dev/null; then
   say "compute-sanitizer memcheck: op table (f32, bf16), ConvNeXt-shape ops, optimizer kernels"
   compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/tensor/test_cuda" \
     --gtest_filter='All/OpTableCuda.*:CudaOps.*' >"$out/memcheck-tensor.log" 2>&1 || status=1
@@ -137,8 +155,28 @@ if ((sanitize)) && command -v compute-sanitizer >/dev/null; then
   grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$out"/memcheck-*.log "$out"/racecheck-*.log | tee -a "$summary" || true
 fi
 
-# ---- 4. ours vs PyTorch eager ----
-if ((bench)); then
+# ---- 4. end to end: the main job's short run on the GPU, bf16 ----
+train_args=(--model atto --image-size 64 --num-classes 10 --data synthetic --micro-batch 32 --steps 120
+  --warmup-steps 10 --lr 2e-3 --eval-every 40 --device cuda --precision bf16 --log "$out/train_cuda_bf16.jsonl")
+if want train; then
+  say "training convnext_atto on synthetic data on the GPU (bf16, 120 steps)"
+  if "$build/apps/convnext_zero" "${train_args[@]}" >"$out/train_cuda_bf16.log" 2>&1; then
+    python3 - "$out/train_cuda_bf16.jsonl" <<'PY' | tee -a "$summary" || status=1
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+train = [r for r in rows if "loss" in r and r.get("split", "train") == "train"]
+evals = [r for r in rows if r.get("split") == "eval"]
+print(f"train loss {train[0]['loss']:.4f} (step {train[0].get('step')}) -> {train[-1]['loss']:.4f} "
+      f"(step {train[-1].get('step')}); last eval {evals[-1] if evals else 'none'}")
+PY
+  else
+    status=1
+    tail -5 "$out/train_cuda_bf16.log" | tee -a "$summary"
+  fi
+fi
+
+# ---- 5. ours vs PyTorch eager ----
+if want bench && ((bench)); then
   have_torch=1
   python3 -c 'import torch, timm; assert torch.cuda.is_available()' 2>/dev/null || have_torch=0
   IFS=, read -ra bs <<<"$batches"
@@ -153,7 +191,12 @@ if ((bench)); then
       say "PyTorch with CUDA and timm not importable: no peer figure"
     fi
   done
-  python3 - "$out" <<'PY' | tee -a "$summary"
+  # Our depthwise kernels in place of cuDNN's, once, at the first batch size: which is faster decides the default.
+  say "training step with the direct depthwise kernels, batch ${bs[0]}"
+  "$build/bench/bench_train_step" --model "$model" --device cuda --dtype bf16 --batch "${bs[0]}" --image "$image" \
+    --warmup 5 --steps "$steps" --depthwise-direct --json "$out/direct_dw_b${bs[0]}.json" 2>&1 |
+    tee -a "$out/bench.log" | tee -a "$summary" || status=1
+  python3 - "$out" <<'PY' | tee -a "$summary" || status=1
 import glob, json, os, sys
 out = sys.argv[1]
 print(f"{'batch':>6} {'ours img/s':>11} {'torch img/s':>12} {'ours/torch':>11} {'ours GiB':>9} {'torch GiB':>10}")

@@ -18,7 +18,7 @@ dir=$(cd "$dir" && pwd)
 # What the build needs directly (headers, CMake configs, link-time libraries).
 wanted=(
   libopenblas-openmp-dev libopenblas0-openmp
-  libopenmpi-dev libopenmpi3 openmpi-common
+  libopenmpi-dev libopenmpi3 openmpi-common openmpi-bin
   libhdf5-dev libhdf5-103-1
   libgtest-dev libgmock-dev
   libbenchmark-dev libbenchmark1debian

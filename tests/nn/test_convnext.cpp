@@ -88,9 +88,16 @@ TEST(ConvNeXt, ForwardShapesAndInitStatistics) {
   EXPECT_NEAR(mean, 0.0, 1e-3);
   EXPECT_NEAR(sd, 0.02, 1e-3);
   for (auto& [n, p] : m.named_parameters()) {
-    if (n.ends_with(".gamma")) EXPECT_EQ(p.to_vector<float>()[0], 1e-6f) << n;
-    if (n.ends_with("fc1.bias")) EXPECT_EQ(p.to_vector<float>()[3], 0.0f) << n;
-    if (n == "stem.1.weight") EXPECT_EQ(p.to_vector<float>()[1], 1.0f);
+    // Braces: EXPECT_* expand to an if/else, which -Wdangling-else flags under a bare if.
+    if (n.ends_with(".gamma")) {
+      EXPECT_EQ(p.to_vector<float>()[0], 1e-6f) << n;
+    }
+    if (n.ends_with("fc1.bias")) {
+      EXPECT_EQ(p.to_vector<float>()[3], 0.0f) << n;
+    }
+    if (n == "stem.1.weight") {
+      EXPECT_EQ(p.to_vector<float>()[1], 1.0f);
+    }
   }
   EXPECT_THROW(m(testing::random_tensor({2, 3, 32, 32}, 3, DType::f32)), ShapeError);  // NCHW by mistake
 }

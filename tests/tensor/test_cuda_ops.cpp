@@ -1,6 +1,6 @@
 // The ConvNeXt op kernels on CUDA beyond the op table: argmax with ties and NaN, device-side label checks,
-// ConvNeXt-sized shapes, bit-for-bit repeatability of the deterministic reductions, and the cuDNN algorithm
-// cache in both search modes. Skips without a GPU.
+// ConvNeXt-sized shapes, bit-for-bit repeatability of the deterministic reductions, the cuDNN algorithm
+// cache in both search modes, and the direct depthwise kernels. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -109,6 +109,20 @@ TEST(CudaOps, ConvAlgorithmSearchModesAgree) {
   // bf16 through the tensor-op path.
   const Tensor xb = x.to(DType::bf16), wb = w.to(DType::bf16);
   EXPECT_TRUE(all_close(depthwise_conv2d(xb, wb).to(DType::f32), heuristic, 3e-2, 3e-2));
+}
+
+// The direct depthwise kernels (the fallback for problems cuDNN cannot run) against the CPU, forced on.
+TEST(CudaOps, DirectDepthwiseKernelsMatchCpu) {
+  CZ_REQUIRE_GPU();
+  cuda::set_depthwise_direct(true);
+  for (int64_t k : {3, 5, 7, 9})
+    check_large(
+        "depthwise_direct", [](const auto& in) { return depthwise_conv2d(in[0], in[1], in[2]); },
+        {r32({2, 9, 13, 67}, 30 + k), r32({67, 1, k, k}, 40 + k), r32({67}, 50 + k)}, 1e-4);
+  check_large(
+      "depthwise_direct_7x7_convnext", [](const auto& in) { return depthwise_conv2d(in[0], in[1], in[2]); },
+      {r32({2, 28, 28, 192}, 60), r32({192, 1, 7, 7}, 61), r32({192}, 62)}, 1e-4);
+  cuda::set_depthwise_direct(false);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@ constexpr int kMaxDevices = 16;
 std::atomic<bool> g_allow_tf32{false};
 std::atomic<bool> g_gemm_epilogues{true};
 std::atomic<bool> g_conv_benchmark{false};
+std::atomic<bool> g_depthwise_direct{false};
 std::atomic<int> g_default_device{-1};
 thread_local bool t_device_chosen = false;  // Note [Current device]
 }  // namespace
@@ -69,6 +70,13 @@ void set_conv_benchmark(bool enable) {
 }
 bool conv_benchmark() {
   return g_conv_benchmark.load(std::memory_order_relaxed);
+}
+
+void set_depthwise_direct(bool enable) {
+  g_depthwise_direct.store(enable, std::memory_order_relaxed);
+}
+bool depthwise_direct() {
+  return g_depthwise_direct.load(std::memory_order_relaxed);
 }
 
 DeviceContext::DeviceContext(int device) : device_(device) {

@@ -66,9 +66,15 @@ bool gemm_epilogues();
 void set_conv_benchmark(bool enable);
 bool conv_benchmark();
 
+// Depthwise convolutions on our direct kernels (depthwise.cu) even where cuDNN has an algorithm. Off by
+// default; they are used anyway for problems cuDNN cannot run. The tests compare the two paths.
+void set_depthwise_direct(bool enable);
+bool depthwise_direct();
+
 // The algorithm chosen for one convolution problem and direction, with the workspace it needs.
 struct ConvAlgo {
-  int algo = 0;  // a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t, by direction
+  bool found = false;  // false: cuDNN offered nothing usable (the query failed, or no candidate qualified)
+  int algo = 0;        // a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t, by direction
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
   size_t workspace_bytes = 0;
 };

@@ -1,6 +1,6 @@
-// The ConvNeXt convolutions on cuDNN, NHWC: depthwise k x k (grouped, groups = C, padding k/2) and patchify
-// (kernel = stride, no padding); forward, backward-data and backward-filter, with algorithms chosen once per
-// problem and cached in the device context. Bias add and bias gradient use our own deterministic kernels.
+// The ConvNeXt convolutions on cuDNN, NHWC: depthwise k x k (grouped, groups = C, padding k/2; our direct
+// kernels where cuDNN has no algorithm) and patchify (kernel = stride, no padding); forward, backward-data
+// and backward-filter, with algorithms chosen once per problem and cached in the device context.
 #include <string>
 
 #include "tensor/cuda/host_utils.h"
@@ -120,20 +120,18 @@ bool acceptable(const Perf& perf, const Problem& p, bool need_deterministic) {
   return true;
 }
 
-// The first acceptable candidate, relaxing determinism only when no deterministic one exists.
+// The first acceptable candidate, relaxing determinism only when no deterministic one exists; found = false
+// when there is none.
 template <class Perf>
-ConvAlgo pick(const Perf* perfs, int count, const Problem& p, Dir dir) {
+ConvAlgo pick(const Perf* perfs, int count, const Problem& p) {
   for (bool det : {true, false})
     for (int i = 0; i < count; ++i)
-      if (acceptable(perfs[i], p, det)) return {int(perfs[i].algo), perfs[i].mathType, perfs[i].memory};
-  throw ValueError(
-      fmt::format("cuda::{}: cuDNN has no usable {} algorithm for x ({}, {}, {}, {}) NHWC {}, {} "
-                  "filters of {}x{}, groups {} ({} candidates)",
-                  p.op,
-                  dir == Dir::fwd        ? "forward"
-                  : dir == Dir::bwd_data ? "backward-data"
-                                         : "backward-filter",
-                  p.n, p.h, p.w, p.c, dtype_name(p.dtype), p.k, p.r, p.r, p.groups, count));
+      if (acceptable(perfs[i], p, det)) return {true, int(perfs[i].algo), perfs[i].mathType, perfs[i].memory};
+  return {};
+}
+
+const char* dir_name(Dir dir) {
+  return dir == Dir::fwd ? "forward" : dir == Dir::bwd_data ? "backward-data" : "backward-filter";
 }
 
 constexpr int kMaxCandidates = 16;
@@ -146,56 +144,62 @@ struct Operands {
   void* out;      // y, dx or dw
 };
 
-ConvAlgo find_algo(DeviceContext& ctx, const DeviceContext::DnnLease& lease, Stream stream, const Problem& p,
-                   const Descs& d, Dir dir, const Operands& o) {
+ConvAlgo find_algo(const DeviceContext::DnnLease& lease, Stream stream, const Problem& p, const Descs& d,
+                   Dir dir, const Operands& o) {
   const std::string key = p.key(dir, d.math);
   if (auto it = lease.conv_algos->find(key); it != lease.conv_algos->end()) return it->second;
+  // A query cuDNN refuses (CUDNN_STATUS_NOT_SUPPORTED for some layouts and types) means "no algorithm", like
+  // an empty candidate list: the caller falls back or reports the problem.
   int count = 0;
+  cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
   ConvAlgo chosen;
   const bool bench = conv_benchmark();
-  void* ws = bench ? ctx.cudnn_workspace(lease, stream, kMaxWorkspace) : nullptr;
-  const size_t ws_bytes = bench ? kMaxWorkspace : 0;
+  // The timed search gets a scratch block of its own, returned to the pool afterwards: the per-stream
+  // workspace only grows to what the chosen algorithms need.
+  DataPtr scratch = bench ? allocate(kMaxWorkspace, stream) : DataPtr();
+  void* ws = scratch.get();
+  const size_t ws_bytes = scratch.nbytes();
   if (dir == Dir::fwd) {
     cudnnConvolutionFwdAlgoPerf_t perfs[kMaxCandidates];
     if (bench)
-      CZ_CHECK_STATUS(cudnnFindConvolutionForwardAlgorithmEx(lease.handle, d.x.h, o.x, d.w.h, o.w, d.conv.h,
-                                                             d.y.h, o.out, kMaxCandidates, &count, perfs, ws,
-                                                             ws_bytes));
+      st = (cudnnFindConvolutionForwardAlgorithmEx(lease.handle, d.x.h, o.x, d.w.h, o.w, d.conv.h, d.y.h,
+                                                   o.out, kMaxCandidates, &count, perfs, ws, ws_bytes));
     else
-      CZ_CHECK_STATUS(cudnnGetConvolutionForwardAlgorithm_v7(lease.handle, d.x.h, d.w.h, d.conv.h, d.y.h,
-                                                             kMaxCandidates, &count, perfs));
-    chosen = pick(perfs, count, p, dir);
+      st = (cudnnGetConvolutionForwardAlgorithm_v7(lease.handle, d.x.h, d.w.h, d.conv.h, d.y.h,
+                                                   kMaxCandidates, &count, perfs));
+    if (st == CUDNN_STATUS_SUCCESS) chosen = pick(perfs, count, p);
   } else if (dir == Dir::bwd_data) {
     cudnnConvolutionBwdDataAlgoPerf_t perfs[kMaxCandidates];
     if (bench)
-      CZ_CHECK_STATUS(cudnnFindConvolutionBackwardDataAlgorithmEx(lease.handle, d.w.h, o.w, d.y.h, o.y,
-                                                                  d.conv.h, d.x.h, o.out, kMaxCandidates,
-                                                                  &count, perfs, ws, ws_bytes));
+      st = (cudnnFindConvolutionBackwardDataAlgorithmEx(lease.handle, d.w.h, o.w, d.y.h, o.y, d.conv.h, d.x.h,
+                                                        o.out, kMaxCandidates, &count, perfs, ws, ws_bytes));
     else
-      CZ_CHECK_STATUS(cudnnGetConvolutionBackwardDataAlgorithm_v7(lease.handle, d.w.h, d.y.h, d.conv.h, d.x.h,
-                                                                  kMaxCandidates, &count, perfs));
-    chosen = pick(perfs, count, p, dir);
+      st = (cudnnGetConvolutionBackwardDataAlgorithm_v7(lease.handle, d.w.h, d.y.h, d.conv.h, d.x.h,
+                                                        kMaxCandidates, &count, perfs));
+    if (st == CUDNN_STATUS_SUCCESS) chosen = pick(perfs, count, p);
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perfs[kMaxCandidates];
     if (bench)
-      CZ_CHECK_STATUS(cudnnFindConvolutionBackwardFilterAlgorithmEx(lease.handle, d.x.h, o.x, d.y.h, o.y,
-                                                                    d.conv.h, d.w.h, o.out, kMaxCandidates,
-                                                                    &count, perfs, ws, ws_bytes));
+      st = (cudnnFindConvolutionBackwardFilterAlgorithmEx(lease.handle, d.x.h, o.x, d.y.h, o.y, d.conv.h,
+                                                          d.w.h, o.out, kMaxCandidates, &count, perfs, ws,
+                                                          ws_bytes));
     else
-      CZ_CHECK_STATUS(cudnnGetConvolutionBackwardFilterAlgorithm_v7(lease.handle, d.x.h, d.y.h, d.conv.h,
-                                                                    d.w.h, kMaxCandidates, &count, perfs));
-    chosen = pick(perfs, count, p, dir);
+      st = (cudnnGetConvolutionBackwardFilterAlgorithm_v7(lease.handle, d.x.h, d.y.h, d.conv.h, d.w.h,
+                                                          kMaxCandidates, &count, perfs));
+    if (st == CUDNN_STATUS_SUCCESS) chosen = pick(perfs, count, p);
   }
   lease.conv_algos->emplace(key, chosen);
   return chosen;
 }
 
 // Runs one direction: out = conv(x, w) (fwd), dx = conv^T(gy, w) (bwd_data) or dw = corr(x, gy) (bwd_filter).
-void run(const Problem& p, Dir dir, const Operands& o, Stream stream) {
+// Returns false, having queued nothing, when cuDNN has no algorithm for the problem.
+bool try_run(const Problem& p, Dir dir, const Operands& o, Stream stream) {
   DeviceContext& ctx = context(stream.device.index);
   DeviceContext::DnnLease lease = ctx.cudnn(stream);
   Descs d(p);
-  const ConvAlgo a = find_algo(ctx, lease, stream, p, d, dir, o);
+  const ConvAlgo a = find_algo(lease, stream, p, d, dir, o);
+  if (!a.found) return false;
   CZ_CHECK_STATUS(cudnnSetConvolutionMathType(d.conv.h, a.math));
   void* ws = ctx.cudnn_workspace(lease, stream, a.workspace_bytes);
   // Scaling factors are f64 for f64 data and f32 otherwise (cuDNN's rule).
@@ -203,23 +207,39 @@ void run(const Problem& p, Dir dir, const Operands& o, Stream stream) {
   const float one_f = 1.0f, zero_f = 0.0f;
   const void* one = p.dtype == DType::f64 ? static_cast<const void*>(&one_d) : &one_f;
   const void* zero = p.dtype == DType::f64 ? static_cast<const void*>(&zero_d) : &zero_f;
+  cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
   switch (dir) {
     case Dir::fwd:
-      CZ_CHECK_STATUS(cudnnConvolutionForward(lease.handle, one, d.x.h, o.x, d.w.h, o.w, d.conv.h,
-                                              cudnnConvolutionFwdAlgo_t(a.algo), ws, a.workspace_bytes, zero,
-                                              d.y.h, o.out));
+      st = cudnnConvolutionForward(lease.handle, one, d.x.h, o.x, d.w.h, o.w, d.conv.h,
+                                   cudnnConvolutionFwdAlgo_t(a.algo), ws, a.workspace_bytes, zero, d.y.h,
+                                   o.out);
       break;
     case Dir::bwd_data:
-      CZ_CHECK_STATUS(cudnnConvolutionBackwardData(lease.handle, one, d.w.h, o.w, d.y.h, o.y, d.conv.h,
-                                                   cudnnConvolutionBwdDataAlgo_t(a.algo), ws,
-                                                   a.workspace_bytes, zero, d.x.h, o.out));
+      st = cudnnConvolutionBackwardData(lease.handle, one, d.w.h, o.w, d.y.h, o.y, d.conv.h,
+                                        cudnnConvolutionBwdDataAlgo_t(a.algo), ws, a.workspace_bytes, zero,
+                                        d.x.h, o.out);
       break;
     case Dir::bwd_filter:
-      CZ_CHECK_STATUS(cudnnConvolutionBackwardFilter(lease.handle, one, d.x.h, o.x, d.y.h, o.y, d.conv.h,
-                                                     cudnnConvolutionBwdFilterAlgo_t(a.algo), ws,
-                                                     a.workspace_bytes, zero, d.w.h, o.out));
+      st = cudnnConvolutionBackwardFilter(lease.handle, one, d.x.h, o.x, d.y.h, o.y, d.conv.h,
+                                          cudnnConvolutionBwdFilterAlgo_t(a.algo), ws, a.workspace_bytes,
+                                          zero, d.w.h, o.out);
       break;
   }
+  // Heuristic candidates are not always runnable: a refusal (nothing was queued) is remembered as "no
+  // algorithm" for the problem, like an empty candidate list. Anything else is an error.
+  if (st == CUDNN_STATUS_NOT_SUPPORTED) {
+    (*lease.conv_algos)[p.key(dir, d.math)] = ConvAlgo{};
+    return false;
+  }
+  CZ_CHECK_STATUS(st);
+  return true;
+}
+
+void run(const Problem& p, Dir dir, const Operands& o, Stream stream) {
+  CZ_CHECK(try_run(p, dir, o, stream),
+           "cuda::{}: cuDNN has no usable {} algorithm for x ({}, {}, {}, {}) NHWC {}, {} filters of {}x{}, "
+           "groups {}",
+           p.op, dir_name(dir), p.n, p.h, p.w, p.c, dtype_name(p.dtype), p.k, p.r, p.r, p.groups);
 }
 
 // y (rows, c) += bias (c), through the bias + GELU kernel with GELU off.
@@ -285,10 +305,17 @@ void depthwise_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bi
   check_like(op, "y", y, x.sizes(), x.dtype(), stream);
   if (x.numel() == 0) return;
   DeviceGuard guard(stream.device.index);
-  const Tensor wt = crs_from_rsc(w, stream);
-  run(depthwise_problem(x, w.size(0)), Dir::fwd, {x.raw_data(), wt.raw_data(), nullptr, y.raw_data()},
-      stream);
-  add_bias(bias, y, c, stream);
+  if (!depthwise_direct()) {
+    const Tensor wt = crs_from_rsc(w, stream);
+    if (try_run(depthwise_problem(x, w.size(0)), Dir::fwd,
+                {x.raw_data(), wt.raw_data(), nullptr, y.raw_data()}, stream)) {
+      add_bias(bias, y, c, stream);
+      return;
+    }
+  }
+  CZ_CHECK_STATUS(launch::depthwise_forward(detail::config_of(stream), x.dtype(), x.raw_data(), w.raw_data(),
+                                            bias.defined() ? bias.raw_data() : nullptr, y.raw_data(),
+                                            x.size(0), x.size(1), x.size(2), c, int(w.size(0))));
 }
 
 void depthwise_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
@@ -311,16 +338,37 @@ void depthwise_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& 
     return;
   }
   const Problem p = depthwise_problem(x, w.size(0));
+  const launch::Config cfg = detail::config_of(stream);
+  const int k = int(w.size(0));
+  const bool direct = depthwise_direct();
   if (dx.defined()) {
-    const Tensor wt = crs_from_rsc(w, stream);
-    run(p, Dir::bwd_data, {nullptr, wt.raw_data(), gy.raw_data(), dx.raw_data()}, stream);
+    bool done = false;
+    if (!direct) {
+      const Tensor wt = crs_from_rsc(w, stream);
+      done = try_run(p, Dir::bwd_data, {nullptr, wt.raw_data(), gy.raw_data(), dx.raw_data()}, stream);
+    }
+    if (!done)
+      CZ_CHECK_STATUS(launch::depthwise_backward_data(cfg, x.dtype(), gy.raw_data(), w.raw_data(),
+                                                      dx.raw_data(), x.size(0), x.size(1), x.size(2), c, k));
   }
   if (dw.defined()) {
-    const int64_t k = w.size(0);
-    Tensor dwt = detail::empty_on({c, k * k}, x.dtype(), stream);
-    run(p, Dir::bwd_filter, {x.raw_data(), nullptr, gy.raw_data(), dwt.raw_data()}, stream);
-    Tensor dst = dw.view({k * k, c});
-    copy(dwt.transpose(0, 1), dst, stream);
+    bool done = false;
+    if (!direct) {
+      Tensor dwt = detail::empty_on({c, int64_t(k) * k}, x.dtype(), stream);
+      done = try_run(p, Dir::bwd_filter, {x.raw_data(), nullptr, gy.raw_data(), dwt.raw_data()}, stream);
+      if (done) {
+        Tensor dst = dw.view({int64_t(k) * k, c});
+        copy(dwt.transpose(0, 1), dst, stream);
+      }
+    }
+    if (!done) {
+      DataPtr ws = allocate(
+          launch::depthwise_backward_filter_workspace(x.dtype(), x.size(0), x.size(1), c, k, cfg.sm_count),
+          stream);
+      CZ_CHECK_STATUS(launch::depthwise_backward_filter(cfg, x.dtype(), gy.raw_data(), x.raw_data(),
+                                                        dw.raw_data(), x.size(0), x.size(1), x.size(2), c, k,
+                                                        ws.get()));
+    }
   }
   bias_grad(gy, dbias, c, stream);
 }

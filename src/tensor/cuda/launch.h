@@ -114,6 +114,17 @@ cudaError_t cross_entropy_backward(const Config& cfg, DType t, DType label_t, co
 // out (rows) i64: first index of the largest value of each row of k, NaN counting as largest.
 cudaError_t argmax(const Config& cfg, DType t, const void* x, int64_t* out, int64_t rows, int64_t k);
 
+// Direct depthwise k x k convolution, stride 1, padding k/2, NHWC x (n, h, w, c) and weight (k, k, c)
+// (depthwise.cu): the fallback when cuDNN has no algorithm. bias may be null. The filter gradient supports
+// k = 3, 5, 7, 9 (cudaErrorNotSupported otherwise) and needs depthwise_backward_filter_workspace bytes.
+cudaError_t depthwise_forward(const Config& cfg, DType t, const void* x, const void* w, const void* bias,
+                              void* y, int64_t n, int64_t h, int64_t ww, int64_t c, int k);
+cudaError_t depthwise_backward_data(const Config& cfg, DType t, const void* gy, const void* w, void* dx,
+                                    int64_t n, int64_t h, int64_t ww, int64_t c, int k);
+size_t depthwise_backward_filter_workspace(DType t, int64_t n, int64_t h, int64_t c, int k, int sm_count);
+cudaError_t depthwise_backward_filter(const Config& cfg, DType t, const void* gy, const void* x, void* dw,
+                                      int64_t n, int64_t h, int64_t ww, int64_t c, int k, void* workspace);
+
 // y[i] = x[i] * scale[i / inner] (drop_path.cu).
 cudaError_t sample_scale(const Config& cfg, DType t, const void* x, const void* scale, void* y, int64_t n,
                          int64_t inner);
