@@ -6,4 +6,4 @@ build_dir=${1:-build}
 shift || true
 mkdir -p runs
 exec "$build_dir/apps/convnext_zero" --model atto --image-size 64 --num-classes 10 --data synthetic \
-  --micro-batch 32 --steps 120 --warmup-steps 10 --lr 2e-3 --eval-every 40 --log runs/main_job.jsonl "$@"
+  --micro-batch 32 --steps 300 --warmup-steps 20 --lr 3e-3 --eval-every 100 --log runs/main_job.jsonl "$@"
