@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
     std::printf("%s: %lld tensors, %lld values (%s keys)\n", input.c_str(), static_cast<long long>(r.tensors),
                 static_cast<long long>(r.elements), r.key_style.c_str());
     if (!output.empty()) {
-      cz::export_weights(output, net.named_parameters());
+      cz::export_weights(output, net.named_parameters(), {.conv_mlp = cfg.conv_mlp});
       std::printf("wrote %s\n", output.c_str());
     }
   } catch (const std::exception& e) {

@@ -54,6 +54,10 @@ bool shape_fits(const Shape& file, const Shape& expected) {
          file[2] == 1 && file[3] == 1;
 }
 
+bool is_mlp_fc_weight(const std::string& name) {
+  return name.ends_with(".mlp.fc1.weight") || name.ends_with(".mlp.fc2.weight");
+}
+
 std::string describe(const h5::DatasetInfo& info) {
   return fmt::format("{} {}", dtype_name(info.dtype), shape_str(info.shape));
 }
@@ -189,7 +193,7 @@ WeightImportReport import_weights(const std::string& path, const NamedTensorList
   return report;
 }
 
-void export_weights(const std::string& path, const NamedTensorList& params) {
+void export_weights(const std::string& path, const NamedTensorList& params, const WeightExportOptions& options) {
   // Check and convert everything first: a bad parameter must not cost the user an existing file.
   std::set<std::string> names;
   NamedTensorList host;
@@ -199,7 +203,9 @@ void export_weights(const std::string& path, const NamedTensorList& params) {
     CZ_CHECK(t.defined(), "{}: cannot export: parameter '{}' is undefined", path, name);
     CZ_CHECK_DTYPE(is_floating(t.dtype()), "{}: cannot export: parameter '{}' is {}, not a float tensor",
                    path, name, dtype_name(t.dtype()));
-    host.emplace_back(name, t.detach().to(Device::cpu()).to(DType::f32).contiguous());
+    Tensor v = t.detach().to(Device::cpu()).to(DType::f32).contiguous();
+    if (options.conv_mlp && v.dim() == 2 && is_mlp_fc_weight(name)) v = v.view({v.size(0), v.size(1), 1, 1});
+    host.emplace_back(name, v);
   }
   h5::File file = h5::File::create(path);
   file.set_attr("format", std::string(kFormat));

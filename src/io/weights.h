@@ -40,7 +40,13 @@ WeightImportReport import_weights(const std::string& path, const NamedTensorList
 // plus root attributes `format` ("convnext_zero.weights") and `version`. Crash-safe: the data goes to a
 // temporary file beside `path`, which is synced and renamed over it only when complete; an existing file
 // stays intact if anything fails (bad parameter, unwritable directory, full disk).
-void export_weights(const std::string& path, const NamedTensorList& params);
+struct WeightExportOptions {
+  // Write `*.mlp.fc1.weight` / `*.mlp.fc2.weight` as (out, in, 1, 1), the shape timm's conv-MLP models
+  // (atto..nano, ConvNeXtConfig::conv_mlp) have in their state dicts, so the file loads into them strictly.
+  bool conv_mlp = false;
+};
+void export_weights(const std::string& path, const NamedTensorList& params,
+                    const WeightExportOptions& options = {});
 
 // The timm key for an original facebookresearch/ConvNeXt key ("downsample_layers.0.0.weight" ->
 // "stem.0.weight", "stages.1.2.pwconv1.bias" -> "stages.1.blocks.2.mlp.fc1.bias", "norm.weight" ->

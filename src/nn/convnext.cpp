@@ -13,11 +13,12 @@ namespace {
 struct Variant {
   const char* name;
   std::vector<int64_t> depths, dims;
+  bool conv_mlp = false;
 };
 const std::vector<Variant>& variants() {
   static const std::vector<Variant> v = {
-      {"atto", {2, 2, 6, 2}, {40, 80, 160, 320}},       {"femto", {2, 2, 6, 2}, {48, 96, 192, 384}},
-      {"pico", {2, 2, 6, 2}, {64, 128, 256, 512}},      {"nano", {2, 2, 8, 2}, {80, 160, 320, 640}},
+      {"atto", {2, 2, 6, 2}, {40, 80, 160, 320}, true},  {"femto", {2, 2, 6, 2}, {48, 96, 192, 384}, true},
+      {"pico", {2, 2, 6, 2}, {64, 128, 256, 512}, true}, {"nano", {2, 2, 8, 2}, {80, 160, 320, 640}, true},
       {"tiny", {3, 3, 9, 3}, {96, 192, 384, 768}},      {"small", {3, 3, 27, 3}, {96, 192, 384, 768}},
       {"base", {3, 3, 27, 3}, {128, 256, 512, 1024}},   {"large", {3, 3, 27, 3}, {192, 384, 768, 1536}},
       {"xlarge", {3, 3, 27, 3}, {256, 512, 1024, 2048}},
@@ -46,6 +47,7 @@ ConvNeXtConfig convnext_variant(const std::string& name) {
     cfg.name = std::string("convnext_") + v.name;
     cfg.depths = v.depths;
     cfg.dims = v.dims;
+    cfg.conv_mlp = v.conv_mlp;
     return cfg;
   }
   throw ValueError(fmt::format("unknown model '{}' (expected one of: {})", name,

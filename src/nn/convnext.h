@@ -23,6 +23,9 @@ struct ConvNeXtConfig {
   double layer_scale_init = 1e-6;  // <= 0: no layer scale
   double head_init_scale = 1.0;
   double ln_eps = 1e-6;
+  // timm builds atto..nano with 1x1 convolutions for the MLP (conv_mlp): the same arithmetic, but fc1/fc2
+  // weights of shape (out, in, 1, 1) in its state dict. Only exported weight files follow this.
+  bool conv_mlp = false;
 
   void validate() const;  // throws ValueError naming the bad field
 };

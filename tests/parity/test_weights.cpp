@@ -116,6 +116,22 @@ TEST_F(Weights, ExportThenImportIsExactAndUsesTimmNamesAndPyTorchShapes) {
   }
 }
 
+TEST_F(Weights, ConvMlpExportWritesTimmsOneByOneConvShapesAndReadsBack) {
+  nn::ConvNeXt a(small_config()), b(small_config());
+  a.init_weights(1);
+  b.init_weights(2);
+  const std::string path = file("w_conv_mlp.h5");
+  export_weights(path, a.named_parameters(), {.conv_mlp = true});
+  const h5::File f = h5::File::open(path);
+  EXPECT_EQ(f.info("stages.1.blocks.1.mlp.fc1.weight").shape, (Shape{64, 16, 1, 1}));
+  EXPECT_EQ(f.info("stages.1.blocks.1.mlp.fc2.weight").shape, (Shape{16, 64, 1, 1}));
+  EXPECT_EQ(f.info("stages.1.blocks.1.mlp.fc1.bias").shape, (Shape{64}));
+  EXPECT_EQ(f.info("head.fc.weight").shape.size(), 2u);  // the classifier stays a linear layer in timm
+  import_weights(path, b.named_parameters());
+  const auto pb = b.named_parameters();
+  for (size_t i = 0; i < pb.size(); ++i) EXPECT_TRUE(equal(a.named_parameters()[i].second, pb[i].second));
+}
+
 TEST(WeightKeys, FacebookKeysMapToTimmNames) {
   EXPECT_EQ(timm_key_from_facebook("downsample_layers.0.0.weight"), "stem.0.weight");
   EXPECT_EQ(timm_key_from_facebook("downsample_layers.0.1.bias"), "stem.1.bias");

@@ -329,7 +329,11 @@ TrainSummary Trainer::run() {
   sum.seconds = seconds_since(t0);
   sum.img_per_s = time_in_steps > 0 ? double(images) / time_in_steps : 0;
   if (eval_set_) run_eval(total_steps_);
-  if (!cfg_.export_weights.empty() && lead) export_weights(cfg_.export_weights, master_parameters());
+  if (!cfg_.export_weights.empty() && lead) {
+    WeightExportOptions opt;
+    opt.conv_mlp = model_->config().conv_mlp;
+    export_weights(cfg_.export_weights, master_parameters(), opt);
+  }
   return sum;
 }
 
