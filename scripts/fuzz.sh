@@ -39,7 +39,9 @@ for t in "${targets[@]}"; do
     echo "   FAILED: see $build/logs/$t.log and $build/artifacts/"
     status=1
   fi
-  grep -E '^stat::number_of_executed_units|^stat::peak_rss_mb|^#[0-9]+.*DONE' "$build/logs/$t.log" | sed 's/^/   /' || true
+  # Plain runs end with DONE and stat:: lines; fork mode (-fork=N) only with its periodic "#N: cov:" lines.
+  { grep -E '^stat::number_of_executed_units|^stat::peak_rss_mb|^#[0-9]+.*DONE' "$build/logs/$t.log" ||
+    grep -E '^#[0-9]+: cov' "$build/logs/$t.log" | tail -1; } | sed 's/^/   /' || true
   crashes=$(find "$build/artifacts" -name "$t-*" | wc -l)
   if [ "$crashes" -gt 0 ]; then
     echo "   $crashes input(s) in $build/artifacts/$t-*"
