@@ -2,6 +2,7 @@
 # Builds the libFuzzer targets (clang, AddressSanitizer) in build-fuzz/ and runs each for SECONDS (default 120),
 # keeping a corpus per target in build-fuzz/corpus/ between runs; crash inputs land in build-fuzz/artifacts/.
 # usage: scripts/fuzz.sh [SECONDS] [TARGET...]   (default: every cz_add_fuzzer target in fuzz/CMakeLists.txt)
+# CZ_FUZZ_ARGS adds libFuzzer flags, e.g. "-fork=1 -ignore_crashes=1" to keep going past crashes in libhdf5.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${1:-120}
@@ -34,10 +35,17 @@ for t in "${targets[@]}"; do
   echo "== $t: ${seconds}s"
   # One input may take at most 10 s and 2 GiB; the limits catch decompression bombs as findings.
   if ! "$build/fuzz/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-      -artifact_prefix="$build/artifacts/$t-" "${dirs[@]}" >"$build/logs/$t.log" 2>&1; then
+      -artifact_prefix="$build/artifacts/$t-" ${CZ_FUZZ_ARGS:-} "${dirs[@]}" >"$build/logs/$t.log" 2>&1; then
     echo "   FAILED: see $build/logs/$t.log and $build/artifacts/"
     status=1
   fi
-  grep -E '^stat::number_of_executed_units|^stat::peak_rss_mb|^#[0-9]+.*DONE' "$build/logs/$t.log" | sed 's/^/   /' || true
+  # Plain runs end with DONE and stat:: lines; fork mode (-fork=N) only with its periodic "#N: cov:" lines.
+  { grep -E '^stat::number_of_executed_units|^stat::peak_rss_mb|^#[0-9]+.*DONE' "$build/logs/$t.log" ||
+    grep -E '^#[0-9]+: cov' "$build/logs/$t.log" | tail -1; } | sed 's/^/   /' || true
+  crashes=$(find "$build/artifacts" -name "$t-*" | wc -l)
+  if [ "$crashes" -gt 0 ]; then
+    echo "   $crashes input(s) in $build/artifacts/$t-*"
+    status=1
+  fi
 done
 exit $status

@@ -145,8 +145,11 @@ class H5Dataset final : public Dataset {
   void read_labels() {
     H5Id labels(open_dataset_named(file_, path_, "labels"));
     H5Id ltype(H5Dget_type(labels.get()), H5Tclose);
-    CZ_CHECK_IO(ltype.ok() && H5Tget_class(ltype.get()) == H5T_INTEGER,
-                "h5:{}: dataset 'labels' must be integer, found {}", path_, type_str(ltype.get()));
+    // The size bound matters: libhdf5 sizes its conversion buffer by the stored type, and a corrupt file can
+    // claim a gigabyte-wide integer.
+    CZ_CHECK_IO(ltype.ok() && H5Tget_class(ltype.get()) == H5T_INTEGER && H5Tget_size(ltype.get()) <= 8,
+                "h5:{}: dataset 'labels' must be integer of at most 64 bits, found {}", path_,
+                type_str(ltype.get()));
     const std::vector<hsize_t> d = dims_of(labels);
     CZ_CHECK_IO(d.size() == 1 && d[0] == hsize_t(n_),
                 "h5:{}: dataset 'labels' has shape {}, expected ({}) to match 'images'", path_, dims_str(d),
