@@ -21,8 +21,10 @@ import sys
 import tempfile
 import time
 
-# Both sides wait passively at OpenMP barriers; the OpenMP runtime reads this when torch loads.
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+# Each side runs with its defaults, as a user gets them. --omp-wait-policy sets OMP_WAIT_POLICY for both; the
+# OpenMP runtime reads it when it loads, so it is applied before torch is imported.
+if "--omp-wait-policy" in sys.argv[:-1]:
+    os.environ["OMP_WAIT_POLICY"] = sys.argv[sys.argv.index("--omp-wait-policy") + 1]
 
 import timm  # noqa: E402
 import torch  # noqa: E402
@@ -74,6 +76,8 @@ def main():
     ap.add_argument("--steps", type=int, default=20, help="timed steps per side")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--omp-wait-policy", choices=["active", "passive"],
+                    help="OMP_WAIT_POLICY for both sides (default: the environment's, usually unset)")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -82,7 +86,8 @@ def main():
     theirs = time_torch(args)
     ratio = theirs / ours
     print(f"ConvNeXt-{args.model}, {args.image_size}x{args.image_size}, batch {args.batch}, "
-          f"{args.threads} threads, median of {args.steps} steps")
+          f"{args.threads} threads, median of {args.steps} steps, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}")
     print(f"  convnext_zero   {ours * 1e3:8.1f} ms/step  {args.batch / ours:8.1f} img/s  "
           f"(peak {ours_mem / 2**20:.0f} MiB)")
     print(f"  PyTorch {torch.__version__:<8}{theirs * 1e3:8.1f} ms/step  {args.batch / theirs:8.1f} img/s")

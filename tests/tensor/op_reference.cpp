@@ -22,6 +22,22 @@ size_t at(int64_t i) {
 
 }  // namespace
 
+Tensor ref_linear(const Tensor& x, const Tensor& weight, const Tensor* bias) {
+  const int64_t in = weight.size(1), out = weight.size(0), rows = x.numel() / in;
+  const auto xv = host(x), wv = host(weight);
+  const std::vector<double> bv = bias ? host(*bias) : std::vector<double>(at(out), 0.0);
+  std::vector<double> y(at(rows * out));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      double acc = bv[at(o)];
+      for (int64_t i = 0; i < in; ++i) acc += xv[at(r * in + i)] * wv[at(o * in + i)];
+      y[at(r * out + o)] = acc;
+    }
+  Shape shape = x.sizes();
+  shape.back() = out;
+  return make(y, shape);
+}
+
 Tensor ref_gelu(const Tensor& x) {
   auto v = host(x);
   for (double& a : v) a = 0.5 * a * (1.0 + std::erf(a / std::sqrt(2.0)));

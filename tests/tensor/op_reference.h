@@ -16,6 +16,8 @@ Tensor ref_depthwise_conv2d(const Tensor& x, const Tensor& weight, const Tensor*
 // x: (N, H, W, Cin); weight: (Cout, Cin, k, k); bias: nullptr for none.
 Tensor ref_patchify_conv2d(const Tensor& x, const Tensor& weight, const Tensor* bias);
 Tensor ref_global_avg_pool(const Tensor& x);
+// y = x w^T + bias over the last dim of x; w: (out, in).
+Tensor ref_linear(const Tensor& x, const Tensor& weight, const Tensor* bias);
 Tensor ref_cross_entropy(const Tensor& logits, const Tensor& labels, double smoothing);
 // Recomputes the mask from a fresh Generator(seed), as drop_path(x, p, gen) with gen = Generator(seed).
 Tensor ref_drop_path(const Tensor& x, double p, uint64_t seed);

@@ -60,6 +60,13 @@ std::vector<BigCase> big_cases() {
        },
        [](const auto& x) { return patchify_conv2d(x[0], x[1], x[2]); },
        [](const auto& x) { return ref_patchify_conv2d(x[0], x[1], &x[2]); }},
+      // Tall enough that the weight gradient splits its rows across threads (cpu/linear.cpp).
+      {"linear_tall",
+       [=](DType t) {
+         return std::vector{in({4099, 24}, t, 12), in({40, 24}, t, 13), in({40}, t, 14)};
+       },
+       [](const auto& x) { return linear(x[0], x[1], x[2]); },
+       [](const auto& x) { return ref_linear(x[0], x[1], &x[2]); }},
       {"global_avg_pool",
        [=](DType t) {
          return std::vector{in({5, 9, 11, 80}, t, 11)};
