@@ -153,4 +153,24 @@ __device__ __forceinline__ A gelu_tanh_grad(A v) {
   return A(0.5) * (A(1) + t) + A(0.5) * v * (A(1) - t * t) * k0 * (A(1) + A(3) * k1 * v * v);
 }
 
+// Deterministic column reductions (column sums, LayerNorm's parameter gradients): blocks of kColTile columns x
+// kRowLanes row lanes each walk a chunk of rows; per-chunk partials are then added up in chunk order. About
+// 8 blocks per SM, at least 64 rows per chunk, at most 1024 chunks.
+constexpr int kColTile = 32, kRowLanes = 8;
+
+struct ColumnPlan {
+  int64_t col_tiles, chunks, rows_per_chunk;
+};
+
+inline ColumnPlan column_plan(int64_t rows, int64_t cols, int sm_count) {
+  ColumnPlan p;
+  p.col_tiles = (cols + kColTile - 1) / kColTile;
+  const int64_t want = (int64_t(std::max(sm_count, 1)) * 8 + p.col_tiles - 1) / p.col_tiles;
+  const int64_t max_chunks = std::max<int64_t>((rows + 63) / 64, 1);
+  p.chunks = std::clamp<int64_t>(want, 1, std::min<int64_t>(max_chunks, 1024));
+  p.rows_per_chunk = std::max<int64_t>((rows + p.chunks - 1) / p.chunks, 1);
+  p.chunks = std::max<int64_t>((rows + p.rows_per_chunk - 1) / p.rows_per_chunk, 1);
+  return p;
+}
+
 }  // namespace cz::cuda::detail

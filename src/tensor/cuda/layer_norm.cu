@@ -82,23 +82,6 @@ __global__ void backward_dx_kernel(const T* __restrict__ gy, const T* __restrict
 
 // Parameter gradients: blocks of 32 channels x 8 row lanes each sum a chunk of rows (dweight = sum g * xh,
 // dbias = sum g); partial[chunk][c] for dweight, then the same for dbias at partial + chunks * c.
-constexpr int kColTile = 32, kRowLanes = 8;
-
-struct Plan {
-  int64_t col_tiles, chunks, rows_per_chunk;
-};
-
-Plan plan(int64_t rows, int64_t c, int sm_count) {
-  Plan p;
-  p.col_tiles = (c + kColTile - 1) / kColTile;
-  const int64_t want = (int64_t(std::max(sm_count, 1)) * 8 + p.col_tiles - 1) / p.col_tiles;
-  const int64_t max_chunks = std::max<int64_t>((rows + 63) / 64, 1);  // >= 64 rows per chunk
-  p.chunks = std::clamp<int64_t>(want, 1, std::min<int64_t>(max_chunks, 1024));
-  p.rows_per_chunk = std::max<int64_t>((rows + p.chunks - 1) / p.chunks, 1);
-  p.chunks = std::max<int64_t>((rows + p.rows_per_chunk - 1) / p.rows_per_chunk, 1);
-  return p;
-}
-
 template <class T>
 __global__ void param_partial_kernel(const T* __restrict__ gy, const T* __restrict__ x,
                                      const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ rstd,
@@ -170,7 +153,7 @@ cudaError_t layer_norm_forward(const Config& cfg, DType t, const void* x, const 
 }
 
 size_t layer_norm_backward_workspace(DType t, int64_t rows, int64_t c, int sm_count) {
-  const Plan p = plan(rows, c, sm_count);
+  const ColumnPlan p = column_plan(rows, c, sm_count);
   return size_t(2 * p.chunks * c) * acc_size(t);
 }
 
@@ -193,7 +176,7 @@ cudaError_t layer_norm_backward(const Config& cfg, DType t, const void* gy, cons
       if (st != cudaSuccess) return st;
     }
     if ((!dweight && !dbias) || c == 0) return cudaSuccess;
-    const Plan p = plan(rows, c, cfg.sm_count);
+    const ColumnPlan p = column_plan(rows, c, cfg.sm_count);
     A* partial = static_cast<A*>(workspace);
     const dim3 grid(unsigned(p.col_tiles), unsigned(p.chunks));
     param_partial_kernel<T><<<grid, dim3(kColTile, kRowLanes), 0, cfg.stream>>>(

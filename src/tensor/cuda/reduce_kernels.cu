@@ -54,25 +54,7 @@ int sum_blocks(int64_t n, int sm_count) {
   return int(std::clamp<int64_t>((n + per_block - 1) / per_block, 1, int64_t(std::max(sm_count, 1)) * 8));
 }
 
-// Column sums: blocks of 32 columns x 8 row lanes walk a chunk of rows each; per-chunk partials are added up
-// in chunk order by the finishing kernel.
-constexpr int kColTile = 32, kRowLanes = 8;
-
-struct ColumnPlan {
-  int64_t col_tiles, chunks, rows_per_chunk;
-};
-
-ColumnPlan column_plan(int64_t rows, int64_t cols, int sm_count) {
-  ColumnPlan p;
-  p.col_tiles = (cols + kColTile - 1) / kColTile;
-  const int64_t want = (int64_t(std::max(sm_count, 1)) * 8 + p.col_tiles - 1) / p.col_tiles;
-  const int64_t max_chunks = std::max<int64_t>((rows + 63) / 64, 1);  // >= 64 rows per chunk
-  p.chunks = std::clamp<int64_t>(want, 1, std::min<int64_t>(max_chunks, 1024));
-  p.rows_per_chunk = std::max<int64_t>((rows + p.chunks - 1) / p.chunks, 1);
-  p.chunks = std::max<int64_t>((rows + p.rows_per_chunk - 1) / p.rows_per_chunk, 1);
-  return p;
-}
-
+// Column sums over a ColumnPlan (device_utils.cuh).
 template <class T>
 __global__ void column_partial_kernel(const T* __restrict__ a, const T* __restrict__ b, int64_t rows,
                                       int64_t cols, int64_t rows_per_chunk, acc_t<T>* __restrict__ partial) {
