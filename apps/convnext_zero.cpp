@@ -1,5 +1,6 @@
-// convnext_zero: train a ConvNeXt on one process or many (mpirun). Flags in, Trainer (src/dist/train) does the
-// work; errors print with the rank prefix and exit non-zero (aborting the other ranks of a multi-rank job).
+// convnext_zero: train a ConvNeXt on one process or many (mpirun). Flags in, Trainer (src/dist/train) does
+// the work; errors print with the rank prefix and exit non-zero (aborting the other ranks of a multi-rank
+// job).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -15,16 +16,20 @@ void add_flags(CLI::App& app, cz::train::TrainConfig& c, bool& no_shuffle, bool&
   const std::string variants = fmt::format("{}", fmt::join(cz::nn::convnext_variant_names(), "|"));
   app.add_option("--model", c.model, "ConvNeXt variant: " + variants)->capture_default_str();
   app.add_option("--depths", c.depths, "custom blocks per stage, e.g. 2,2,6,2 (with --dims)")->delimiter(',');
-  app.add_option("--dims", c.dims, "custom channels per stage, e.g. 40,80,160,320 (with --depths)")->delimiter(',');
+  app.add_option("--dims", c.dims, "custom channels per stage, e.g. 40,80,160,320 (with --depths)")
+      ->delimiter(',');
   app.add_option("--num-classes", c.num_classes, "classifier outputs")->capture_default_str();
   app.add_option("--image-size", c.image_size, "square input size in pixels")->capture_default_str();
-  app.add_option("--data", c.data, "synthetic[:k=v,...] | h5:FILE | cifar10:DIR | folder:DIR")->capture_default_str();
+  app.add_option("--data", c.data, "synthetic[:k=v,...] | h5:FILE | cifar10:DIR | folder:DIR")
+      ->capture_default_str();
   app.add_option("--eval-data", c.eval_data, "evaluation set (default: the data source's own eval split)");
-  app.add_option("--eval-every", c.eval_every, "evaluate every N steps (0: at the end only)")->capture_default_str();
+  app.add_option("--eval-every", c.eval_every, "evaluate every N steps (0: at the end only)")
+      ->capture_default_str();
   app.add_option("--eval-batches", c.eval_batches, "evaluate on at most N batches per rank (0: all)")
       ->capture_default_str();
   app.add_option("--steps", c.steps, "optimizer steps (0: use --epochs)")->capture_default_str();
-  app.add_option("--epochs", c.epochs, "passes over the training set (when --steps is 0)")->capture_default_str();
+  app.add_option("--epochs", c.epochs, "passes over the training set (when --steps is 0)")
+      ->capture_default_str();
   app.add_option("--micro-batch", c.micro_batch, "images per rank per micro-step")->capture_default_str();
   app.add_option("--grad-accum", c.grad_accum, "micro-steps per optimizer step")->capture_default_str();
   app.add_option("--optimizer", c.optimizer, "adamw | sgd")->capture_default_str();
@@ -35,33 +40,42 @@ void add_flags(CLI::App& app, cz::train::TrainConfig& c, bool& no_shuffle, bool&
   app.add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
   app.add_option("--warmup-steps", c.warmup_steps, "linear warmup steps")->capture_default_str();
   app.add_option("--schedule", c.schedule, "cosine | constant")->capture_default_str();
-  app.add_option("--label-smoothing", c.label_smoothing, "cross-entropy label smoothing")->capture_default_str();
-  app.add_option("--drop-path", c.drop_path, "stochastic depth rate of the last block")->capture_default_str();
+  app.add_option("--label-smoothing", c.label_smoothing, "cross-entropy label smoothing")
+      ->capture_default_str();
+  app.add_option("--drop-path", c.drop_path, "stochastic depth rate of the last block")
+      ->capture_default_str();
   app.add_option("--clip-grad", c.clip_grad, "global gradient-norm clipping (0: off)")->capture_default_str();
-  app.add_option("--ema-decay", c.ema_decay, "EMA of weights, evaluated alongside (0: off)")->capture_default_str();
+  app.add_option("--ema-decay", c.ema_decay, "EMA of weights, evaluated alongside (0: off)")
+      ->capture_default_str();
   app.add_option("--precision", c.precision, "fp32 | fp16 | bf16 (16-bit needs --device cuda)")
       ->capture_default_str();
-  app.add_flag("--activation-checkpointing", c.activation_checkpointing, "recompute block activations in backward");
+  app.add_flag("--activation-checkpointing", c.activation_checkpointing,
+               "recompute block activations in backward");
   app.add_option("--device", c.device, "cpu | cuda")->capture_default_str();
   app.add_flag("--tf32", c.tf32, "CUDA: allow TF32 tensor cores for fp32 matmuls");
-  app.add_option("--init-weights", c.init_weights, "HDF5 weights to start from (timm or original ConvNeXt keys)");
+  app.add_option("--init-weights", c.init_weights,
+                 "HDF5 weights to start from (timm or original ConvNeXt keys)");
   app.add_flag("--reset-head", c.reset_head, "with --init-weights: new classifier for --num-classes");
   app.add_option("--export-weights", c.export_weights, "write the trained weights (HDF5, timm keys)");
   app.add_option("--log", c.log, "JSON-lines log: one object per step and per evaluation");
-  app.add_option("--seed", c.seed, "initialisation, shuffling, augmentation and drop-path")->capture_default_str();
+  app.add_option("--seed", c.seed, "initialisation, shuffling, augmentation and drop-path")
+      ->capture_default_str();
   app.add_flag("--no-shuffle", no_shuffle, "read the training set in file order");
   app.add_flag("--augment", c.augment, "random-resized-crop and horizontal flip");
   app.add_option("--loader-threads", c.loader_threads, "data loader worker threads")->capture_default_str();
   app.add_flag("--no-progress", no_progress, "no progress bar even on a terminal");
 }
 
-std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", double(bytes) / (1 << 20)); }
+std::string mib(int64_t bytes) {
+  return fmt::format("{:.1f} MiB", double(bytes) / (1 << 20));
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   cz::train::TrainConfig cfg;
-  CLI::App app{"convnext_zero: train ConvNeXt image classifiers on CPUs or GPUs, on one process or many (mpirun)"};
+  CLI::App app{
+      "convnext_zero: train ConvNeXt image classifiers on CPUs or GPUs, on one process or many (mpirun)"};
   bool no_shuffle = false, no_progress = false;
   add_flags(app, cfg, no_shuffle, no_progress);
   try {
@@ -79,9 +93,11 @@ int main(int argc, char** argv) {
     const bool lead = world->rank() == 0;
     if (lead) {
       const auto& mc = trainer.model().config();
-      fmt::print("convnext_zero: {} ({:.2f}M params) on {} x{}, {}, data {}, {}x{} images, global batch {}, {} steps\n",
-                 mc.name, double(trainer.model().num_parameters()) / 1e6, cfg.device, world->size(), cfg.precision,
-                 cfg.data, cfg.image_size, cfg.image_size, cfg.global_batch(world->size()), trainer.total_steps());
+      fmt::print(
+          "convnext_zero: {} ({:.2f}M params) on {} x{}, {}, data {}, {}x{} images, global batch {}, {} "
+          "steps\n",
+          mc.name, double(trainer.model().num_parameters()) / 1e6, cfg.device, world->size(), cfg.precision,
+          cfg.data, cfg.image_size, cfg.image_size, cfg.global_batch(world->size()), trainer.total_steps());
       std::fflush(stdout);
     }
     const cz::train::TrainSummary s = trainer.run();

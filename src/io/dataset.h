@@ -1,6 +1,6 @@
 // Image classification data sets behind `--data`: synthetic (embedded, learnable), h5:FILE, cifar10:DIR and
-// folder:DIR. A Dataset hands out examples as 8-bit RGB images of their stored size plus an integer label; the
-// Loader (loader.h) crops, resizes, augments, normalises and batches them.
+// folder:DIR. A Dataset hands out examples as 8-bit RGB images of their stored size plus an integer label;
+// the Loader (loader.h) crops, resizes, augments, normalises and batches them.
 #pragma once
 
 #include <cstdint>
@@ -35,9 +35,10 @@ class Dataset {
   virtual std::string describe() const = 0;  // "cifar10:/data/cifar (train, 50000 images, 10 classes)"
 };
 
-// Opens `spec` ("synthetic[:k=v,...]", "h5:FILE", "cifar10:DIR", "folder:DIR"). ValueError for an unknown kind
-// or option, IoError naming the path for a missing, truncated or malformed source.
-std::shared_ptr<const Dataset> open_dataset(const std::string& spec, Split split, const DatasetOptions& options);
+// Opens `spec` ("synthetic[:k=v,...]", "h5:FILE", "cifar10:DIR", "folder:DIR"). ValueError for an unknown
+// kind or option, IoError naming the path for a missing, truncated or malformed source.
+std::shared_ptr<const Dataset> open_dataset(const std::string& spec, Split split,
+                                            const DatasetOptions& options);
 
 // Whether `spec`'s source has an evaluation split of its own (synthetic, cifar10's test_batch.bin).
 bool has_eval_split(const std::string& spec);

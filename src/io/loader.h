@@ -1,11 +1,11 @@
-// Batches for training and evaluation: a deterministic sampler that splits each global batch across ranks, and
-// worker threads that decode, crop/resize, augment and normalise ahead of the consumer.
+// Batches for training and evaluation: a deterministic sampler that splits each global batch across ranks,
+// and worker threads that decode, crop/resize, augment and normalise ahead of the consumer.
 //
-// Note [Sampling]: epoch e's order is a permutation of the data set drawn from (seed, e) alone (file order with
-// shuffle off). Global batch b holds positions [b*B, (b+1)*B) of that order, B = batch_size, and rank r of W takes
-// the contiguous slice [r*B/W, (r+1)*B/W) of it, so W ranks with micro-batch m see exactly the examples one rank
-// with micro-batch W*m sees, in the same places. Augmentation draws from (seed, epoch, position in the epoch):
-// the same sample is augmented the same way whatever the world size or thread count.
+// Note [Sampling]: epoch e's order is a permutation of the data set drawn from (seed, e) alone (file order
+// with shuffle off). Global batch b holds positions [b*B, (b+1)*B) of that order, B = batch_size, and rank r
+// of W takes the contiguous slice [r*B/W, (r+1)*B/W) of it, so W ranks with micro-batch m see exactly the
+// examples one rank with micro-batch W*m sees, in the same places. Augmentation draws from (seed, epoch,
+// position in the epoch): the same sample is augmented the same way whatever the world size or thread count.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +22,7 @@ struct LoaderOptions {
   int64_t batch_size = 32;  // global: all ranks together
   int64_t image_size = 64;  // output images are image_size x image_size
   bool shuffle = true;
-  bool augment = false;  // random-resized-crop (scale 0.08..1, ratio 3/4..4/3) + horizontal flip
+  bool augment = false;   // random-resized-crop (scale 0.08..1, ratio 3/4..4/3) + horizontal flip
   bool drop_last = true;  // false: the last, partial global batch is split across ranks as evenly as possible
   uint64_t seed = 0;
   int world = 1, rank = 0;
@@ -31,8 +31,8 @@ struct LoaderOptions {
 };
 
 struct Batch {
-  Tensor images;  // (n, image_size, image_size, 3) f32, normalised with ImageNet mean/std, CPU
-  Tensor labels;  // (n) i64, CPU
+  Tensor images;             // (n, image_size, image_size, 3) f32, normalised with ImageNet mean/std, CPU
+  Tensor labels;             // (n) i64, CPU
   int64_t index = 0;         // global batch number within the epoch
   int64_t first_sample = 0;  // position in the epoch of this rank's first sample
 };

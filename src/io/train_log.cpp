@@ -27,7 +27,9 @@ void JsonLog::write(const nlohmann::json& record) {
   CZ_CHECK_IO(ok, "--log {}: write failed: {}", path_, std::strerror(errno));
 }
 
-bool stderr_is_terminal() { return isatty(STDERR_FILENO) == 1; }
+bool stderr_is_terminal() {
+  return isatty(STDERR_FILENO) == 1;
+}
 
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";

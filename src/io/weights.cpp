@@ -193,7 +193,8 @@ WeightImportReport import_weights(const std::string& path, const NamedTensorList
   return report;
 }
 
-void export_weights(const std::string& path, const NamedTensorList& params, const WeightExportOptions& options) {
+void export_weights(const std::string& path, const NamedTensorList& params,
+                    const WeightExportOptions& options) {
   // Check and convert everything first: a bad parameter must not cost the user an existing file.
   std::set<std::string> names;
   NamedTensorList host;

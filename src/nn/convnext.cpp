@@ -19,8 +19,8 @@ const std::vector<Variant>& variants() {
   static const std::vector<Variant> v = {
       {"atto", {2, 2, 6, 2}, {40, 80, 160, 320}, true},  {"femto", {2, 2, 6, 2}, {48, 96, 192, 384}, true},
       {"pico", {2, 2, 6, 2}, {64, 128, 256, 512}, true}, {"nano", {2, 2, 8, 2}, {80, 160, 320, 640}, true},
-      {"tiny", {3, 3, 9, 3}, {96, 192, 384, 768}},      {"small", {3, 3, 27, 3}, {96, 192, 384, 768}},
-      {"base", {3, 3, 27, 3}, {128, 256, 512, 1024}},   {"large", {3, 3, 27, 3}, {192, 384, 768, 1536}},
+      {"tiny", {3, 3, 9, 3}, {96, 192, 384, 768}},       {"small", {3, 3, 27, 3}, {96, 192, 384, 768}},
+      {"base", {3, 3, 27, 3}, {128, 256, 512, 1024}},    {"large", {3, 3, 27, 3}, {192, 384, 768, 1536}},
       {"xlarge", {3, 3, 27, 3}, {256, 512, 1024, 2048}},
   };
   return v;
@@ -57,11 +57,14 @@ ConvNeXtConfig convnext_variant(const std::string& name) {
 void ConvNeXtConfig::validate() const {
   CZ_CHECK(!depths.empty() && depths.size() == dims.size(),
            "model: --depths has {} stages but --dims has {}; they must match", depths.size(), dims.size());
-  for (int64_t d : depths) CZ_CHECK(d > 0, "model: every depth must be positive (--depths {})", fmt::join(depths, ","));
-  for (int64_t d : dims) CZ_CHECK(d > 0, "model: every dim must be positive (--dims {})", fmt::join(dims, ","));
+  for (int64_t d : depths)
+    CZ_CHECK(d > 0, "model: every depth must be positive (--depths {})", fmt::join(depths, ","));
+  for (int64_t d : dims)
+    CZ_CHECK(d > 0, "model: every dim must be positive (--dims {})", fmt::join(dims, ","));
   CZ_CHECK(in_chans > 0, "model: in_chans must be positive, got {}", in_chans);
   CZ_CHECK(num_classes > 0, "model: --num-classes must be positive, got {}", num_classes);
-  CZ_CHECK(drop_path_rate >= 0 && drop_path_rate < 1, "model: --drop-path must be in [0, 1), got {}", drop_path_rate);
+  CZ_CHECK(drop_path_rate >= 0 && drop_path_rate < 1, "model: --drop-path must be in [0, 1), got {}",
+           drop_path_rate);
   CZ_CHECK(ln_eps > 0, "model: LayerNorm eps must be positive, got {}", ln_eps);
 }
 
@@ -83,7 +86,8 @@ Tensor ConvNeXtBlock::forward(const Tensor& x) {
   Tensor h = (*mlp_)((*norm_)((*conv_dw_)(x)));
   if (is_training() && drop_path_ > 0) {
     if (gamma_.defined()) h = channel_scale(h, gamma_);
-    // Note [Drop-path masks]: a generator keyed by (seed, step, block), positioned at this rank's first sample.
+    // Note [Drop-path masks]: a generator keyed by (seed, step, block), positioned at this rank's first
+    // sample.
     const auto key = philox4x32(ctx_->seed, (ctx_->step << 16) ^ uint64_t(index_));
     Generator gen((uint64_t(key[0]) << 32) | key[1]);
     gen.set_state(gen.seed(), uint64_t(ctx_->sample_offset));
@@ -93,8 +97,9 @@ Tensor ConvNeXtBlock::forward(const Tensor& x) {
 }
 
 ConvNeXtStage::ConvNeXtStage(int64_t in_dim, int64_t out_dim, int64_t depth, bool downsample,
-                             const ConvNeXtConfig& cfg, const std::vector<double>& drop_paths, int64_t first_block,
-                             std::shared_ptr<const DropPathContext> ctx, ParamOptions opt)
+                             const ConvNeXtConfig& cfg, const std::vector<double>& drop_paths,
+                             int64_t first_block, std::shared_ptr<const DropPathContext> ctx,
+                             ParamOptions opt)
     : Module("ConvNeXtStage") {
   if (downsample) {
     downsample_ = register_module("downsample", std::make_shared<Sequential>());
@@ -138,8 +143,8 @@ ConvNeXt::ConvNeXt(const ConvNeXtConfig& cfg, ParamOptions opt)
   stages_seq_ = register_module("stages", std::make_shared<Sequential>());
   int64_t first = 0;
   for (size_t i = 0; i < cfg.depths.size(); ++i) {
-    auto stage = std::make_shared<ConvNeXtStage>(i == 0 ? cfg.dims[0] : cfg.dims[i - 1], cfg.dims[i], cfg.depths[i],
-                                                 i > 0, cfg, rates, first, drop_ctx_, opt);
+    auto stage = std::make_shared<ConvNeXtStage>(i == 0 ? cfg.dims[0] : cfg.dims[i - 1], cfg.dims[i],
+                                                 cfg.depths[i], i > 0, cfg, rates, first, drop_ctx_, opt);
     stages_.push_back(stage);
     stages_seq_->append(stage);
     first += cfg.depths[i];
@@ -157,8 +162,8 @@ Tensor ConvNeXt::forward(const Tensor& x) {
   int64_t reduction = 4;
   for (size_t i = 1; i < cfg_.depths.size(); ++i) reduction *= 2;
   CZ_CHECK_SHAPE(x.size(1) >= reduction && x.size(2) >= reduction,
-                 "ConvNeXt: images of {}x{} are smaller than the network's total stride {}", x.size(1), x.size(2),
-                 reduction);
+                 "ConvNeXt: images of {}x{} are smaller than the network's total stride {}", x.size(1),
+                 x.size(2), reduction);
   return (*head_)((*stages_seq_)((*stem_)(x)));
 }
 

@@ -35,8 +35,8 @@ ConvNeXtConfig convnext_variant(const std::string& name);
 std::vector<std::string> convnext_variant_names();
 
 // Note [Drop-path masks]: a block's mask for a sample depends only on (seed, step, block index, the sample's
-// index in the global batch). So a W-rank run (each rank holding a slice of the global batch) drops exactly the
-// samples a single-process run drops, and a checkpointed block's recompute reproduces its mask.
+// index in the global batch). So a W-rank run (each rank holding a slice of the global batch) drops exactly
+// the samples a single-process run drops, and a checkpointed block's recompute reproduces its mask.
 struct DropPathContext {
   uint64_t seed = 0;
   uint64_t step = 0;

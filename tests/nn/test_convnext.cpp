@@ -17,9 +17,9 @@ using testing::all_close;
 TEST(ConvNeXt, ParameterCountsEqualTimms) {
   // From timm 1.0: sum(p.numel()) and len(named_parameters()) of timm.create_model("convnext_<v>").
   const std::map<std::string, std::pair<int64_t, size_t>> timm = {
-      {"atto", {3695520, 128}},    {"femto", {5217784, 128}},   {"pico", {9045672, 128}},
-      {"nano", {15593560, 146}},   {"tiny", {28589128, 182}},   {"small", {50223688, 344}},
-      {"base", {88591464, 344}},   {"large", {197767336, 344}},
+      {"atto", {3695520, 128}},  {"femto", {5217784, 128}},   {"pico", {9045672, 128}},
+      {"nano", {15593560, 146}}, {"tiny", {28589128, 182}},   {"small", {50223688, 344}},
+      {"base", {88591464, 344}}, {"large", {197767336, 344}},
   };
   for (const auto& [name, expected] : timm) {
     ConvNeXt m(convnext_variant(name));
@@ -33,11 +33,11 @@ TEST(ConvNeXt, NamesFollowTimmsStateDict) {
   ConvNeXt m(cfg);
   std::set<std::string> names;
   for (auto& [n, p] : m.named_parameters()) names.insert(n);
-  for (const char* key : {"stem.0.weight", "stem.0.bias", "stem.1.weight", "stem.1.bias",
-                          "stages.0.blocks.0.conv_dw.weight", "stages.0.blocks.1.mlp.fc1.weight",
-                          "stages.0.blocks.1.mlp.fc2.bias", "stages.0.blocks.0.gamma", "stages.0.blocks.0.norm.weight",
-                          "stages.1.downsample.0.weight", "stages.1.downsample.1.weight", "stages.3.blocks.1.gamma",
-                          "head.norm.weight", "head.fc.weight", "head.fc.bias"})
+  for (const char* key :
+       {"stem.0.weight", "stem.0.bias", "stem.1.weight", "stem.1.bias", "stages.0.blocks.0.conv_dw.weight",
+        "stages.0.blocks.1.mlp.fc1.weight", "stages.0.blocks.1.mlp.fc2.bias", "stages.0.blocks.0.gamma",
+        "stages.0.blocks.0.norm.weight", "stages.1.downsample.0.weight", "stages.1.downsample.1.weight",
+        "stages.3.blocks.1.gamma", "head.norm.weight", "head.fc.weight", "head.fc.bias"})
     EXPECT_TRUE(names.count(key)) << key;
   EXPECT_FALSE(names.count("stages.0.downsample.0.weight"));
   EXPECT_EQ(m.find_module("stages.1.downsample.1")->type_name(), "PatchifyConv2d");
@@ -120,7 +120,8 @@ TEST(ConvNeXt, CheckpointedGradientsEqualPlainOnes) {
     Tensor labels = from_vector<int64_t>({0, 3, 1, 4}, {4});
     const auto plain = grads_of(m, xf, labels, false);
     const auto ckpt = grads_of(m, xf, labels, true);
-    for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(all_close(ckpt[i], plain[i], 0, 0)) << "dp " << dp << " " << i;
+    for (size_t i = 0; i < plain.size(); ++i)
+      EXPECT_TRUE(all_close(ckpt[i], plain[i], 0, 0)) << "dp " << dp << " " << i;
   }
 }
 
@@ -154,8 +155,10 @@ TEST(ConvNeXt, ResetHeadReinitialisesOnlyTheClassifier) {
   for (auto& [n, p] : m.named_parameters()) before[n] = p.to_vector<float>();
   m.reset_head(99);
   for (auto& [n, p] : m.named_parameters()) {
-    if (n == "head.fc.weight") EXPECT_NE(p.to_vector<float>(), before[n]);
-    else EXPECT_EQ(p.to_vector<float>(), before[n]) << n;
+    if (n == "head.fc.weight")
+      EXPECT_NE(p.to_vector<float>(), before[n]);
+    else
+      EXPECT_EQ(p.to_vector<float>(), before[n]) << n;
   }
 }
 

@@ -1,5 +1,5 @@
-// The training loop end to end on one process: it learns, gradient accumulation equals a bigger batch, the log
-// carries what the issue names, weights export and re-import, and bad configurations are refused by flag.
+// The training loop end to end on one process: it learns, gradient accumulation equals a bigger batch, the
+// log carries what the issue names, weights export and re-import, and bad configurations are refused by flag.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -50,7 +50,9 @@ TrainConfig tiny_config() {
   return c;
 }
 
-std::vector<float> master_values(const Trainer& t) { return t.flat().params.to_vector<float>(); }
+std::vector<float> master_values(const Trainer& t) {
+  return t.flat().params.to_vector<float>();
+}
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());

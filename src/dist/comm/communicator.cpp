@@ -46,8 +46,8 @@ WorkHandle Communicator::validate_and_submit(Call call) {
                   name(backend()), options_.device.str(), call.device.str());
   // A CUDA build on a machine without a usable GPU (no device, or no driver) must refuse CUDA buffers by name
   // here, not fail later inside the CUDA runtime while staging them.
-  CZ_CHECK_DEVICE(!call.device.is_cuda() || cuda_available(), "{}: buffers on {} but no CUDA GPU is available",
-                  op, call.device.str());
+  CZ_CHECK_DEVICE(!call.device.is_cuda() || cuda_available(),
+                  "{}: buffers on {} but no CUDA GPU is available", op, call.device.str());
   if (call.kind == Collective::broadcast) {
     CZ_CHECK(call.peer >= 0 && call.peer < size_, "broadcast: root {} is not a rank of a world of {}",
              call.peer, size_);

@@ -20,7 +20,8 @@ void TrainConfig::validate() const {
   CZ_CHECK(steps > 0 || epochs > 0, "give --steps or --epochs (both are 0)");
   CZ_CHECK(micro_batch > 0, "--micro-batch must be positive, got {}", micro_batch);
   CZ_CHECK(grad_accum > 0, "--grad-accum must be positive, got {}", grad_accum);
-  CZ_CHECK(optimizer == "adamw" || optimizer == "sgd", "--optimizer must be adamw or sgd, got '{}'", optimizer);
+  CZ_CHECK(optimizer == "adamw" || optimizer == "sgd", "--optimizer must be adamw or sgd, got '{}'",
+           optimizer);
   CZ_CHECK(lr >= 0, "--lr must be >= 0, got {}", lr);
   CZ_CHECK(min_lr >= 0 && min_lr <= lr, "--min-lr must be in [0, --lr], got {}", min_lr);
   CZ_CHECK(weight_decay >= 0, "--weight-decay must be >= 0, got {}", weight_decay);
@@ -31,8 +32,10 @@ void TrainConfig::validate() const {
   CZ_CHECK(label_smoothing >= 0 && label_smoothing < 1, "--label-smoothing must be in [0, 1), got {}",
            label_smoothing);
   CZ_CHECK(clip_grad >= 0, "--clip-grad must be >= 0 (0 disables clipping), got {}", clip_grad);
-  CZ_CHECK(ema_decay >= 0 && ema_decay < 1, "--ema-decay must be in [0, 1) (0 disables EMA), got {}", ema_decay);
-  CZ_CHECK(device == "cpu" || device.rfind("cuda", 0) == 0, "--device must be cpu or cuda[:N], got '{}'", device);
+  CZ_CHECK(ema_decay >= 0 && ema_decay < 1, "--ema-decay must be in [0, 1) (0 disables EMA), got {}",
+           ema_decay);
+  CZ_CHECK(device == "cpu" || device.rfind("cuda", 0) == 0, "--device must be cpu or cuda[:N], got '{}'",
+           device);
   CZ_CHECK(precision == "fp32" || precision == "fp16" || precision == "bf16",
            "--precision must be fp32, fp16 or bf16, got '{}'", precision);
 }

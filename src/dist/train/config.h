@@ -1,5 +1,5 @@
-// Everything a training run is configured by: the flags of `convnext_zero` (apps/convnext_zero.cpp), validated
-// in one place so bad input gets one clear message naming the flag.
+// Everything a training run is configured by: the flags of `convnext_zero` (apps/convnext_zero.cpp),
+// validated in one place so bad input gets one clear message naming the flag.
 #pragma once
 
 #include <cstdint>
@@ -30,10 +30,10 @@ struct TrainConfig {
   int loader_threads = 2;
 
   // Schedule and optimisation.
-  int64_t steps = 0;   // optimizer steps; 0 means use --epochs
-  int64_t epochs = 0;  // passes over the training set
-  int64_t micro_batch = 32;  // per rank and micro-step
-  int64_t grad_accum = 1;    // micro-steps per optimizer step
+  int64_t steps = 0;                // optimizer steps; 0 means use --epochs
+  int64_t epochs = 0;               // passes over the training set
+  int64_t micro_batch = 32;         // per rank and micro-step
+  int64_t grad_accum = 1;           // micro-steps per optimizer step
   std::string optimizer = "adamw";  // adamw | sgd
   double lr = 1e-3;
   double min_lr = 1e-6;

@@ -1,7 +1,7 @@
 // The training loop. Note [Mixed precision]: parameters live in an fp32 flat buffer (the master weights, what
-// the optimizer updates); with --precision bf16/fp16 the model runs on a low-precision copy of that buffer whose
-// gradients are copied into the fp32 gradient buffer after backward (unscaled and checked for overflow with
-// fp16's dynamic loss scaling), and the copy is refreshed from the master weights after each update.
+// the optimizer updates); with --precision bf16/fp16 the model runs on a low-precision copy of that buffer
+// whose gradients are copied into the fp32 gradient buffer after backward (unscaled and checked for overflow
+// with fp16's dynamic loss scaling), and the copy is refreshed from the master weights after each update.
 #include "dist/train/trainer.h"
 
 #include <chrono>
@@ -20,7 +20,9 @@ namespace cz::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // Points every parameter's .grad at its slot of `grads` (same layout as the parameters' flat buffer).
 void bind_grads(const nn::NamedParameters& params, const FlatLayout& layout, const Tensor& grads) {
@@ -41,8 +43,8 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     device_ = Device::cuda(world_.gpu() >= 0 ? world_.gpu() : device_.index);
   }
   if (cfg_.precision != "fp32") {
-    CZ_CHECK_DEVICE(device_.is_cuda(), "--precision {} needs --device cuda (the CPU backend computes in fp32)",
-                    cfg_.precision);
+    CZ_CHECK_DEVICE(device_.is_cuda(),
+                    "--precision {} needs --device cuda (the CPU backend computes in fp32)", cfg_.precision);
     compute_dtype_ = cfg_.precision == "bf16" ? DType::bf16 : DType::f16;
   }
   if (world_.size() > 1) {
@@ -117,9 +119,10 @@ void Trainer::build_data() {
   lo.threads = cfg_.loader_threads;
   loader_ = std::make_unique<Loader>(train_set_, lo);
   const int64_t per_epoch = loader_->steps_per_epoch() / cfg_.grad_accum;
-  CZ_CHECK(per_epoch > 0 || cfg_.steps > 0,
-           "--data {} has {} examples, fewer than one global batch of {} (--micro-batch x --grad-accum x ranks)",
-           cfg_.data, train_set_->size(), cfg_.global_batch(world_.size()));
+  CZ_CHECK(
+      per_epoch > 0 || cfg_.steps > 0,
+      "--data {} has {} examples, fewer than one global batch of {} (--micro-batch x --grad-accum x ranks)",
+      cfg_.data, train_set_->size(), cfg_.global_batch(world_.size()));
   CZ_CHECK(loader_->steps_per_epoch() > 0,
            "--data {} has {} examples, fewer than one micro-batch of {} across {} rank(s)", cfg_.data,
            train_set_->size(), lo.batch_size, world_.size());
@@ -188,8 +191,7 @@ StepStats Trainer::step() {
     Tensor images = batch.images.to(device_).to(compute_dtype_);
     Tensor labels = batch.labels.to(device_);
     // Note [Drop-path masks]: keyed by the sample's index in the step's global batch.
-    model_->set_drop_path_context(cfg_.seed, uint64_t(s.step),
-                                  (a * world_.size() + world_.rank()) * micro);
+    model_->set_drop_path_context(cfg_.seed, uint64_t(s.step), (a * world_.size() + world_.rank()) * micro);
     Tensor logits = (*model_)(images).to(DType::f32);
     Tensor loss = cross_entropy(logits, labels, cfg_.label_smoothing);
     scale(loss, s.loss_scale / double(cfg_.grad_accum)).backward();
@@ -222,8 +224,8 @@ StepStats Trainer::step() {
 }
 
 EvalResult Trainer::evaluate() {
-  CZ_CHECK(eval_set_ != nullptr, "evaluation needs an eval set: --data {} has no eval split; give --eval-data",
-           cfg_.data);
+  CZ_CHECK(eval_set_ != nullptr,
+           "evaluation needs an eval set: --data {} has no eval split; give --eval-data", cfg_.data);
   LoaderOptions lo;
   lo.batch_size = cfg_.micro_batch * world_.size();
   lo.image_size = cfg_.image_size;
@@ -285,7 +287,10 @@ TrainSummary Trainer::run() {
   auto run_eval = [&](int64_t at_step) {
     bar.finish();
     sum.eval = evaluate();
-    nlohmann::json j = {{"split", "eval"}, {"step", at_step}, {"loss", sum.eval->loss}, {"top1", sum.eval->top1},
+    nlohmann::json j = {{"split", "eval"},
+                        {"step", at_step},
+                        {"loss", sum.eval->loss},
+                        {"top1", sum.eval->top1},
                         {"examples", sum.eval->examples}};
     if (ema_) {
       ema_->swap(flat_.params);
@@ -305,7 +310,8 @@ TrainSummary Trainer::run() {
     log_.write(j);
     if (lead) {
       fmt::print("eval @ step {}: loss {:.4f}  top1 {:.2f}%", at_step, sum.eval->loss, 100 * sum.eval->top1);
-      if (sum.eval_ema) fmt::print("  (EMA: loss {:.4f}  top1 {:.2f}%)", sum.eval_ema->loss, 100 * sum.eval_ema->top1);
+      if (sum.eval_ema)
+        fmt::print("  (EMA: loss {:.4f}  top1 {:.2f}%)", sum.eval_ema->loss, 100 * sum.eval_ema->top1);
       fmt::print("\n");
       std::fflush(stdout);
     }
@@ -322,7 +328,8 @@ TrainSummary Trainer::run() {
              "training diverged at step {}: loss is {} (try a lower --lr or --clip-grad)", s.step, s.loss);
     log_.write(step_record(s));
     bar.update(s.step, s.loss, double(images) / time_in_steps);
-    if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step < total_steps_ && eval_set_) run_eval(s.step);
+    if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step < total_steps_ && eval_set_)
+      run_eval(s.step);
   }
   bar.finish();
   sum.steps = total_steps_;

@@ -1,5 +1,5 @@
-// The training loop behind `convnext_zero`: model, data, optimizer, schedule, mixed precision, evaluation, logs.
-// Runs on one process or data-parallel over a World (gradients averaged across ranks after backward).
+// The training loop behind `convnext_zero`: model, data, optimizer, schedule, mixed precision, evaluation,
+// logs. Runs on one process or data-parallel over a World (gradients averaged across ranks after backward).
 #pragma once
 
 #include <memory>
@@ -21,20 +21,20 @@
 namespace cz::train {
 
 struct StepStats {
-  int64_t step = 0;          // 1-based optimizer step
-  double loss = 0;           // mean training loss of the step's global batch, before the update
+  int64_t step = 0;  // 1-based optimizer step
+  double loss = 0;   // mean training loss of the step's global batch, before the update
   double lr = 0;
-  double grad_norm = 0;      // global L2 norm of the (unscaled, averaged) gradient, before clipping
-  bool skipped = false;      // fp16 overflow: no update this step
+  double grad_norm = 0;  // global L2 norm of the (unscaled, averaged) gradient, before clipping
+  bool skipped = false;  // fp16 overflow: no update this step
   double loss_scale = 1;
   double step_time_s = 0;
-  double img_per_s = 0;      // global images per second
+  double img_per_s = 0;        // global images per second
   int64_t peak_mem_bytes = 0;  // this rank's peak allocated bytes on its device during the step
 };
 
 struct EvalResult {
-  double loss = 0;      // mean cross-entropy (no label smoothing)
-  double top1 = 0;      // fraction correct
+  double loss = 0;  // mean cross-entropy (no label smoothing)
+  double top1 = 0;  // fraction correct
   int64_t examples = 0;
 };
 
@@ -57,8 +57,8 @@ class Trainer {
   // The whole run: total_steps() steps, evaluations, logs, export. Returns the summary (every rank).
   TrainSummary run();
 
-  StepStats step();         // one optimizer step
-  EvalResult evaluate();    // over the eval set (or --eval-batches of it), every rank together
+  StepStats step();       // one optimizer step
+  EvalResult evaluate();  // over the eval set (or --eval-batches of it), every rank together
   int64_t total_steps() const { return total_steps_; }
   int64_t steps_done() const { return step_; }
 

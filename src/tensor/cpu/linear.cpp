@@ -9,11 +9,11 @@ namespace cz::cpu {
 namespace {
 
 // The weight gradient of a layer with many rows and a small weight (ConvNeXt's first stages: 8192 rows, a
-// 160 x 40 weight) gives OpenBLAS a GEMM whose output is too small to split well across threads and whose long
-// reduction it packs in one piece. Splitting the rows instead, each thread runs a one-thread GEMM (OpenBLAS's
-// OpenMP build does inside a parallel region) on its slice, with the bias gradient's column sums of the same
-// rows while they are in cache; the partial results are then added in thread order (deterministic for a given
-// thread count).
+// 160 x 40 weight) gives OpenBLAS a GEMM whose output is too small to split well across threads and whose
+// long reduction it packs in one piece. Splitting the rows instead, each thread runs a one-thread GEMM
+// (OpenBLAS's OpenMP build does inside a parallel region) on its slice, with the bias gradient's column sums
+// of the same rows while they are in cache; the partial results are then added in thread order (deterministic
+// for a given thread count).
 bool split_rows_for_weight_grad(int64_t m, int64_t in, int64_t out, int threads) {
   return threads > 1 && m >= 2048 && m >= 16 * std::max(in, out) && in * out <= (int64_t(1) << 16);
 }

@@ -153,8 +153,8 @@ __device__ __forceinline__ A gelu_tanh_grad(A v) {
   return A(0.5) * (A(1) + t) + A(0.5) * v * (A(1) - t * t) * k0 * (A(1) + A(3) * k1 * v * v);
 }
 
-// Deterministic column reductions (column sums, LayerNorm's parameter gradients): blocks of kColTile columns x
-// kRowLanes row lanes each walk a chunk of rows; per-chunk partials are then added up in chunk order. About
+// Deterministic column reductions (column sums, LayerNorm's parameter gradients): blocks of kColTile columns
+// x kRowLanes row lanes each walk a chunk of rows; per-chunk partials are then added up in chunk order. About
 // 8 blocks per SM, at least 64 rows per chunk, at most 1024 chunks.
 constexpr int kColTile = 32, kRowLanes = 8;
 
