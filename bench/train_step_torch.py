@@ -24,10 +24,15 @@ def main():
     ap.add_argument("--image", type=int, default=224)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--classes", type=int, default=1000)
+    ap.add_argument("--label-smoothing", type=float, default=0.1)
+    ap.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
     ap.add_argument("--tf32", action="store_true", help="allow TF32 in f32 matmuls/convolutions")
     ap.add_argument("--json", help="also write the result to this file")
     args = ap.parse_args()
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     name = args.model if args.model.startswith("convnext_") else "convnext_" + args.model
     dev = torch.device(args.device)
     # Same numerics switches as ours: no TF32 unless asked; cuDNN picks algorithms by timing, as with
@@ -37,17 +42,17 @@ def main():
     torch.backends.cudnn.benchmark = True
 
     torch.manual_seed(0)
-    model = timm.create_model(name, pretrained=False, num_classes=1000).to(dev)
+    model = timm.create_model(name, pretrained=False, num_classes=args.classes).to(dev)
     model = model.to(memory_format=torch.channels_last).train()
     # timm's weight-decay rule: no decay on 1-d parameters and biases (as optim/param_groups.h).
     decay = [p for n, p in model.named_parameters() if p.ndim > 1 and not n.endswith(".bias")]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim > 1 and not n.endswith(".bias"))]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=1e-4, foreach=True)
-    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+    loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
 
     images = torch.randn(args.batch, 3, args.image, args.image, device=dev).to(memory_format=torch.channels_last)
-    labels = torch.randint(0, 1000, (args.batch,), device=dev)
+    labels = torch.randint(0, args.classes, (args.batch,), device=dev)
     amp_dtype = {"bf16": torch.bfloat16, "f16": torch.float16}.get(args.dtype)
     scaler = torch.amp.GradScaler(enabled=args.dtype == "f16")
 
