@@ -97,6 +97,23 @@ void Trainer::build_model() {
   }
 }
 
+// Both splits read this rank's share of global batches of micro-batch x ranks; evaluation reads every example
+// once, in file order, unaugmented.
+LoaderOptions Trainer::loader_options(Split split) const {
+  const bool train = split == Split::train;
+  LoaderOptions lo;
+  lo.batch_size = cfg_.micro_batch * world_.size();
+  lo.image_size = cfg_.image_size;
+  lo.shuffle = train && cfg_.shuffle;
+  lo.augment = train && cfg_.augment;
+  lo.drop_last = train;
+  lo.seed = cfg_.seed;
+  lo.world = world_.size();
+  lo.rank = world_.rank();
+  lo.threads = cfg_.loader_threads;
+  return lo;
+}
+
 void Trainer::build_data() {
   DatasetOptions dopt;
   dopt.image_size = cfg_.image_size;
@@ -107,16 +124,7 @@ void Trainer::build_data() {
   if (!cfg_.eval_data.empty() || has_eval_split(cfg_.data))
     eval_set_ = open_eval_dataset(cfg_.data, cfg_.eval_data, dopt, train_set_.get());
 
-  LoaderOptions lo;
-  lo.batch_size = cfg_.micro_batch * world_.size();
-  lo.image_size = cfg_.image_size;
-  lo.shuffle = cfg_.shuffle;
-  lo.augment = cfg_.augment;
-  lo.drop_last = true;
-  lo.seed = cfg_.seed;
-  lo.world = world_.size();
-  lo.rank = world_.rank();
-  lo.threads = cfg_.loader_threads;
+  const LoaderOptions lo = loader_options(Split::train);
   loader_ = std::make_unique<Loader>(train_set_, lo);
   const int64_t per_epoch = loader_->steps_per_epoch() / cfg_.grad_accum;
   CZ_CHECK(
@@ -226,16 +234,7 @@ StepStats Trainer::step() {
 EvalResult Trainer::evaluate() {
   CZ_CHECK(eval_set_ != nullptr,
            "evaluation needs an eval set: --data {} has no eval split; give --eval-data", cfg_.data);
-  LoaderOptions lo;
-  lo.batch_size = cfg_.micro_batch * world_.size();
-  lo.image_size = cfg_.image_size;
-  lo.shuffle = false;
-  lo.augment = false;
-  lo.drop_last = false;
-  lo.world = world_.size();
-  lo.rank = world_.rank();
-  lo.threads = cfg_.loader_threads;
-  Loader loader(eval_set_, lo);
+  Loader loader(eval_set_, loader_options(Split::eval));
   loader.start_epoch(0);
   model_->eval();
   NoGradGuard no_grad;

@@ -72,6 +72,7 @@ class Trainer {
   void build_model();
   void build_data();
   void build_optimizer();
+  LoaderOptions loader_options(Split split) const;
   Batch next_batch();
   // Copies gradients into the fp32 master buffer (mixed precision), averages them across ranks.
   void reduce_gradients();
