@@ -1,28 +1,42 @@
 // Host wrappers of the ConvNeXt op kernels (gelu.cu, layer_norm.cu, pool.cu, loss.cu, drop_path.cu): argument
 // checks, device guard, workspaces from the caching allocator, launch status. Convolutions are in conv.cpp.
+#include <utility>
+
 #include "tensor/cuda/host_utils.h"
 #include "tensor/cuda/kernels.h"
 
 namespace cz::cuda {
+
+DType stat_dtype(DType t) {
+  return t == DType::f64 ? DType::f64 : DType::f32;
+}
+
 namespace {
 
 using detail::check_float;
 using detail::check_operand;
-
-DType acc_dtype(DType t) {
-  return t == DType::f64 ? DType::f64 : DType::f32;
-}
 
 void check_numel(const char* op, const char* what, const Tensor& t, int64_t numel) {
   CZ_CHECK_SHAPE(t.numel() == numel, "cuda::{}: {} has shape {} ({} elements), expected {} elements", op,
                  what, shape_str(t.sizes()), t.numel(), numel);
 }
 
-}  // namespace
-
-DType stat_dtype(DType t) {
-  return acc_dtype(t);
+// LayerNorm's common checks: x (..., C) floating on the stream's device, mean and rstd one statistic per row
+// in stat_dtype. Returns (rows, C).
+std::pair<int64_t, int64_t> check_layer_norm_rows(const char* op, const Tensor& x, const Tensor& mean,
+                                                  const Tensor& rstd, Stream stream) {
+  check_float(op, "x", x);
+  check_operand(op, "x", x, x.dtype(), stream);
+  CZ_CHECK_SHAPE(x.dim() >= 1 && x.size(-1) > 0, "cuda::{}: x has shape {}", op, shape_str(x.sizes()));
+  const int64_t c = x.size(-1), rows = x.numel() / c;
+  check_operand(op, "mean", mean, stat_dtype(x.dtype()), stream);
+  check_operand(op, "rstd", rstd, stat_dtype(x.dtype()), stream);
+  check_numel(op, "mean", mean, rows);
+  check_numel(op, "rstd", rstd, rows);
+  return {rows, c};
 }
+
+}  // namespace
 
 void gelu_forward(const Tensor& x, Tensor& y, Stream stream) {
   check_float("gelu_forward", "x", x);
@@ -49,11 +63,8 @@ void gelu_backward(const Tensor& gy, const Tensor& x, Tensor& dx, Stream stream)
 void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& y,
                         Tensor& mean, Tensor& rstd, Stream stream) {
   constexpr const char* op = "layer_norm_forward";
-  check_float(op, "x", x);
+  const auto [rows, c] = check_layer_norm_rows(op, x, mean, rstd, stream);
   const DType t = x.dtype();
-  check_operand(op, "x", x, t, stream);
-  CZ_CHECK_SHAPE(x.dim() >= 1 && x.size(-1) > 0, "cuda::{}: x has shape {}", op, shape_str(x.sizes()));
-  const int64_t c = x.size(-1), rows = x.numel() / c;
   check_operand(op, "y", y, t, stream);
   check_numel(op, "y", y, x.numel());
   for (const Tensor* p : {&weight, &bias})
@@ -61,10 +72,6 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
       check_operand(op, "weight/bias", *p, t, stream);
       check_numel(op, "weight/bias", *p, c);
     }
-  check_operand(op, "mean", mean, acc_dtype(t), stream);
-  check_operand(op, "rstd", rstd, acc_dtype(t), stream);
-  check_numel(op, "mean", mean, rows);
-  check_numel(op, "rstd", rstd, rows);
   DeviceGuard guard(stream.device.index);
   CZ_CHECK_STATUS(launch::layer_norm_forward(detail::config_of(stream), t, x.raw_data(),
                                              weight.defined() ? weight.raw_data() : nullptr,
@@ -75,17 +82,10 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
 void layer_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                          const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias, Stream stream) {
   constexpr const char* op = "layer_norm_backward";
-  check_float(op, "x", x);
+  const auto [rows, c] = check_layer_norm_rows(op, x, mean, rstd, stream);
   const DType t = x.dtype();
-  check_operand(op, "x", x, t, stream);
-  CZ_CHECK_SHAPE(x.dim() >= 1 && x.size(-1) > 0, "cuda::{}: x has shape {}", op, shape_str(x.sizes()));
-  const int64_t c = x.size(-1), rows = x.numel() / c;
   check_operand(op, "gy", gy, t, stream);
   check_numel(op, "gy", gy, x.numel());
-  check_operand(op, "mean", mean, acc_dtype(t), stream);
-  check_operand(op, "rstd", rstd, acc_dtype(t), stream);
-  check_numel(op, "mean", mean, rows);
-  check_numel(op, "rstd", rstd, rows);
   if (weight.defined()) {
     check_operand(op, "weight", weight, t, stream);
     check_numel(op, "weight", weight, c);
@@ -163,7 +163,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& labels, double sm
   const int64_t n = logits.size(0), k = logits.size(1);
   check_operand(op, "loss", loss, t, stream);
   check_numel(op, "loss", loss, 1);
-  check_operand(op, "lse", lse, acc_dtype(t), stream);
+  check_operand(op, "lse", lse, stat_dtype(t), stream);
   check_numel(op, "lse", lse, n);
   DeviceGuard guard(stream.device.index);
   DataPtr ws = allocate(launch::cross_entropy_workspace(t, n), stream);
@@ -180,7 +180,7 @@ void cross_entropy_backward(const Tensor& gloss, const Tensor& logits, const Ten
   const int64_t n = logits.size(0), k = logits.size(1);
   check_operand(op, "gloss", gloss, t, stream);
   check_numel(op, "gloss", gloss, 1);
-  check_operand(op, "lse", lse, acc_dtype(t), stream);
+  check_operand(op, "lse", lse, stat_dtype(t), stream);
   check_numel(op, "lse", lse, n);
   check_operand(op, "dlogits", dlogits, t, stream);
   check_numel(op, "dlogits", dlogits, n * k);
