@@ -6,6 +6,7 @@
 #include "optim/cpu_kernels.h"
 #include "optim/cuda_kernels.h"
 #include "tensor/dispatch.h"
+#include "tensor/profiler.h"
 #include "tensor/stream.h"
 
 namespace cz {
@@ -23,6 +24,7 @@ AdamW::AdamW(const FlatLayout& layout, ShardRange shard, const std::vector<Param
 
 void AdamW::step(const Tensor& params, const Tensor& grads, double lr) {
   check_step(params, grads, lr);
+  profiler::Scope prof("adamw_step", device_);
   const AdamWStepArgs args{lr, config_.beta1, config_.beta2, config_.eps, step_ + 1};
   Tensor p = params;
   if (p.is_cpu())

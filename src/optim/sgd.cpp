@@ -4,6 +4,7 @@
 #include "optim/cpu_kernels.h"
 #include "optim/cuda_kernels.h"
 #include "tensor/dispatch.h"
+#include "tensor/profiler.h"
 #include "tensor/stream.h"
 
 namespace cz {
@@ -23,6 +24,7 @@ Sgd::Sgd(const FlatLayout& layout, ShardRange shard, const std::vector<ParamHype
 
 void Sgd::step(const Tensor& params, const Tensor& grads, double lr) {
   check_step(params, grads, lr);
+  profiler::Scope prof("sgd_step", device_);
   const SgdStepArgs args{lr, config_.momentum, config_.dampening, config_.nesterov, step_ == 0};
   Tensor p = params;
   if (p.is_cpu())

@@ -8,6 +8,7 @@
 #include "tensor/cpu/kernels.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/dispatch.h"
+#include "tensor/profiler.h"
 
 namespace cz {
 
@@ -157,6 +158,7 @@ Tensor& Tensor::zero_() {
 
 Tensor& Tensor::fill_(double value) {
   check_writable(*this, "fill_");
+  profiler::Scope prof("fill", device());
   if (is_cpu())
     cpu::fill(*this, value);
   else
@@ -169,6 +171,10 @@ Tensor& Tensor::copy_(const Tensor& src) {
   check_writable(*this, "copy_");
   CZ_CHECK_SHAPE(src.sizes() == sizes(), "copy_: source shape {} does not match destination shape {}",
                  shape_str(src.sizes()), shape_str(sizes()));
+  profiler::Scope prof(src.device() != device() ? "transfer"
+                       : src.dtype() != dtype() ? "cast"
+                                                : "copy",
+                       is_cuda() ? device() : src.device());
   if (is_cpu() && src.is_cpu()) {
     cpu::copy(src, *this);
   } else if (is_cuda() && src.is_cuda() && device() == src.device()) {

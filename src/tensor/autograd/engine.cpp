@@ -1,10 +1,12 @@
 // The backward engine: dependency counting over the recorded graph, nodes run highest sequence number first.
 #include "tensor/autograd/engine.h"
 
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
 #include "tensor/autograd/node.h"
+#include "tensor/profiler.h"
 
 namespace cz {
 namespace {
@@ -28,8 +30,16 @@ void accumulate(Tensor& slot, Tensor g) {
   }
   CZ_ASSERT(slot.sizes() == g.sizes(), "gradients {} and {} for one tensor", shape_str(slot.sizes()),
             shape_str(g.sizes()));
+  profiler::Scope prof("grad accumulate", g.device());
   if (slot.impl_ptr().use_count() != 1 || slot.storage().use_count() != 1) slot = slot.clone();
   slot.add_(g);
+}
+
+// The device a node's work runs on, for the profiler: that of its first defined incoming gradient.
+Device device_of(const std::vector<Tensor>& grads) {
+  for (const Tensor& g : grads)
+    if (g.defined()) return g.device();
+  return Device::cpu();
 }
 
 // What a `grad()` call captures instead of accumulating: AccumulateGrad node -> index into the result.
@@ -113,6 +123,8 @@ void execute(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
     bool any_defined = false;
     for (const Tensor& g : inputs) any_defined = any_defined || g.defined();
     if (any_defined || is_leaf_sink) {
+      std::optional<profiler::Scope> prof;
+      if (profiler::enabled()) prof.emplace(node->name(), device_of(inputs));
       outputs = node->apply(std::move(inputs));
       node->release_saved();
     }

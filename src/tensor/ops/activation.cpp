@@ -31,6 +31,7 @@ class GeluBackward final : public Node {
 
 Tensor gelu(const Tensor& x) {
   ops::check_floating("gelu", "x", x);
+  profiler::Scope prof("gelu", x.device());
   ops::check_cpu_compute_dtype("gelu", x);
   const Tensor xc = x.contiguous();
   Tensor out = empty_like(x);

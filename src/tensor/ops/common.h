@@ -3,6 +3,7 @@
 
 #include "tensor/autograd/engine.h"
 #include "tensor/autograd/node.h"
+#include "tensor/profiler.h"
 #include "tensor/stream.h"
 #include "tensor/tensor.h"
 

@@ -86,6 +86,7 @@ void check_bias(const char* op, const Tensor& bias, int64_t channels, const Tens
 Tensor depthwise_conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   constexpr const char* op = "depthwise_conv2d";
   check_input(op, x);
+  profiler::Scope prof(op, x.device());
   ops::check_like(op, "weight", weight, "x", x);
   const int64_t C = x.size(3);
   CZ_CHECK_SHAPE(
@@ -110,6 +111,7 @@ Tensor depthwise_conv2d(const Tensor& x, const Tensor& weight, const Tensor& bia
 Tensor patchify_conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   constexpr const char* op = "patchify_conv2d";
   check_input(op, x);
+  profiler::Scope prof(op, x.device());
   ops::check_like(op, "weight", weight, "x", x);
   const int64_t N = x.size(0), H = x.size(1), W = x.size(2), Cin = x.size(3);
   CZ_CHECK_SHAPE(

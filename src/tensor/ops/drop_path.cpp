@@ -37,6 +37,7 @@ class DropPathBackward final : public Node {
 
 Tensor drop_path(const Tensor& x, double p, Generator& gen) {
   ops::check_floating("drop_path", "x", x);
+  profiler::Scope prof("drop_path", x.device());
   ops::check_cpu_compute_dtype("drop_path", x);
   CZ_CHECK(p >= 0 && p < 1, "drop_path: p must be in [0, 1), got {}", p);
   CZ_CHECK_SHAPE(x.dim() >= 1, "drop_path: x must have a sample dimension, got shape {}",

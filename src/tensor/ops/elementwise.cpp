@@ -84,6 +84,7 @@ class ChannelScaleBackward final : public Node {
 
 Tensor binary(const char* op, const Tensor& a, const Tensor& b, cpu::BinaryOp kind, double alpha) {
   ops::check_floating(op, "a", a);
+  profiler::Scope prof(op, a.device());
   ops::check_same_shape(op, "a", a, "b", b);
   ops::check_cpu_compute_dtype(op, a);
   const Tensor ac = a.contiguous(), bc = b.contiguous();
@@ -126,6 +127,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 Tensor scale(const Tensor& x, double factor) {
   ops::check_floating("scale", "x", x);
+  profiler::Scope prof("scale", x.device());
   ops::check_cpu_compute_dtype("scale", x);
   Tensor out = x.contiguous().detach().clone();
   out.mul_(factor);
@@ -135,6 +137,7 @@ Tensor scale(const Tensor& x, double factor) {
 
 Tensor channel_scale(const Tensor& x, const Tensor& gamma) {
   check_channel_scale("channel_scale", x, gamma);
+  profiler::Scope prof("channel_scale", x.device());
   const Tensor xc = x.contiguous();
   Tensor out = empty_like(x);
   if (x.is_cpu())
@@ -148,6 +151,7 @@ Tensor channel_scale(const Tensor& x, const Tensor& gamma) {
 
 Tensor residual_scale_add(const Tensor& residual, const Tensor& x, const Tensor& gamma) {
   check_channel_scale("residual_scale_add", x, gamma);
+  profiler::Scope prof("residual_scale_add", x.device());
   ops::check_same_shape("residual_scale_add", "x", x, "residual", residual);
   const Tensor xc = x.contiguous(), rc = residual.contiguous();
   Tensor out = empty_like(x);

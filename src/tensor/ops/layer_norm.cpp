@@ -54,6 +54,7 @@ void check_param(const char* what, const Tensor& p, const Tensor& x) {
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   ops::check_floating("layer_norm", "x", x);
+  profiler::Scope prof("layer_norm", x.device());
   ops::check_cpu_compute_dtype("layer_norm", x);
   CZ_CHECK_SHAPE(x.dim() >= 1 && x.size(-1) > 0,
                  "layer_norm: x must have a non-empty last dimension, got shape {}", shape_str(x.sizes()));

@@ -59,6 +59,7 @@ class LinearBackward final : public Node {
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   ops::check_floating("matmul", "a", a);
+  profiler::Scope prof("matmul", a.device());
   ops::check_cpu_compute_dtype("matmul", a);
   ops::check_like("matmul", "b", b, "a", a);
   CZ_CHECK_SHAPE(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0),
@@ -76,6 +77,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   ops::check_floating("linear", "x", x);
+  profiler::Scope prof("linear", x.device());
   ops::check_cpu_compute_dtype("linear", x);
   ops::check_like("linear", "weight", weight, "x", x);
   CZ_CHECK_SHAPE(weight.dim() == 2, "linear: weight must be (out, in), got {}", shape_str(weight.sizes()));

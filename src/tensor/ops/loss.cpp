@@ -65,6 +65,7 @@ void check_label_range(const char* op, const Tensor& labels, int64_t K) {
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_smoothing) {
   check_logits_labels("cross_entropy", logits, labels);
+  profiler::Scope prof("cross_entropy", logits.device());
   CZ_CHECK_SHAPE(logits.size(0) > 0 && logits.size(1) > 0,
                  "cross_entropy: logits must be non-empty, got shape {}", shape_str(logits.sizes()));
   CZ_CHECK(label_smoothing >= 0 && label_smoothing <= 1,
@@ -87,6 +88,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_sm
 
 Tensor argmax(const Tensor& x) {
   ops::check_floating("argmax", "x", x);
+  profiler::Scope prof("argmax", x.device());
   ops::check_cpu_compute_dtype("argmax", x);
   CZ_CHECK_SHAPE(x.dim() >= 1 && x.size(-1) > 0,
                  "argmax: x must have a non-empty last dimension, got shape {}", shape_str(x.sizes()));

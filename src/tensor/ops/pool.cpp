@@ -30,6 +30,7 @@ class GlobalAvgPoolBackward final : public Node {
 
 Tensor global_avg_pool(const Tensor& x) {
   ops::check_floating("global_avg_pool", "x", x);
+  profiler::Scope prof("global_avg_pool", x.device());
   ops::check_cpu_compute_dtype("global_avg_pool", x);
   ops::check_dim("global_avg_pool", "x", x, 4, "NHWC (N, H, W, C)");
   CZ_CHECK_SHAPE(x.size(1) * x.size(2) > 0, "global_avg_pool: x has no pixels to average, shape {}",

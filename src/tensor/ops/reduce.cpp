@@ -29,6 +29,7 @@ class SumBackward final : public Node {
 
 Tensor reduce(const char* op, const Tensor& x, double factor) {
   ops::check_floating(op, "x", x);
+  profiler::Scope prof(op, x.device());
   ops::check_cpu_compute_dtype(op, x);
   const Tensor xc = x.contiguous();
   Tensor out = empty({}, x.dtype(), x.device());
