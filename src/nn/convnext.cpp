@@ -39,6 +39,24 @@ std::vector<std::string> convnext_variant_names() {
   return names;
 }
 
+int64_t convnext_forward_macs(const ConvNeXtConfig& cfg, int64_t image) {
+  cfg.validate();
+  CZ_CHECK(image >= 4, "convnext_forward_macs: image must be at least 4 pixels, got {}", image);
+  int64_t side = image / 4;  // the stem: 4x4 patches, stride 4 (the remainder is dropped)
+  int64_t macs = side * side * cfg.dims[0] * (16 * cfg.in_chans);
+  for (size_t i = 0; i < cfg.dims.size(); ++i) {
+    const int64_t c = cfg.dims[i];
+    if (i > 0) {  // 2x2, stride 2 downsampling from the previous stage's width
+      side /= 2;
+      macs += side * side * c * (4 * cfg.dims[i - 1]);
+    }
+    const int64_t pixels = side * side;
+    // A block: depthwise k x k (padding keeps the size), fc1 C -> 4C, fc2 4C -> C.
+    macs += cfg.depths[i] * (pixels * c * cfg.kernel * cfg.kernel + 2 * pixels * c * 4 * c);
+  }
+  return macs + cfg.dims.back() * cfg.num_classes;
+}
+
 ConvNeXtConfig convnext_variant(const std::string& name) {
   const std::string key = name.rfind("convnext_", 0) == 0 ? name.substr(9) : name;
   for (const Variant& v : variants()) {

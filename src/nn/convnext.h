@@ -34,6 +34,12 @@ struct ConvNeXtConfig {
 ConvNeXtConfig convnext_variant(const std::string& name);
 std::vector<std::string> convnext_variant_names();
 
+// Multiply-accumulates of one forward pass over one `image` x `image` picture: the convolutions and linear
+// layers, which is what PyTorch's FlopCounterMode and timm's model tables count (norms, activations, pooling
+// and the loss are left out). A training step costs about 3x that per image (forward, input gradients, weight
+// gradients), so its FLOPs are 6x the MACs: the figure MFU is computed from.
+int64_t convnext_forward_macs(const ConvNeXtConfig& cfg, int64_t image);
+
 // Note [Drop-path masks]: a block's mask for a sample depends only on (seed, step, block index, the sample's
 // index in the global batch). So a W-rank run (each rank holding a slice of the global batch) drops exactly
 // the samples a single-process run drops, and a checkpointed block's recompute reproduces its mask.

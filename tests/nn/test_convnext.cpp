@@ -28,6 +28,17 @@ TEST(ConvNeXt, ParameterCountsEqualTimms) {
   }
 }
 
+// Reference: torch.utils.flop_counter.FlopCounterMode over timm 1.0.31's models (FLOPs / 2), batch 1:
+// convolutions plus the classifier's addmm. 97 px checks the stem's and the downsamplings' floors.
+TEST(ConvNeXt, ForwardMacsEqualPyTorchsFlopCounter) {
+  EXPECT_EQ(convnext_forward_macs(convnext_variant("atto"), 224), 547332480);
+  EXPECT_EQ(convnext_forward_macs(convnext_variant("tiny"), 224), 4455531264);
+  EXPECT_EQ(convnext_forward_macs(convnext_variant("base"), 224), 15354729472);
+  EXPECT_EQ(convnext_forward_macs(convnext_variant("atto"), 64), 44974080);
+  EXPECT_EQ(convnext_forward_macs(convnext_variant("tiny"), 97), 818989824);
+  EXPECT_THROW(convnext_forward_macs(convnext_variant("tiny"), 3), ValueError);
+}
+
 TEST(ConvNeXt, NamesFollowTimmsStateDict) {
   ConvNeXtConfig cfg = convnext_variant("atto");
   ConvNeXt m(cfg);
