@@ -2,13 +2,20 @@
 // a GPU, in f32 or with bf16/f16 compute on fp32 master weights (the trainer's Note [Mixed precision]). Plain
 // chrono with a device sync per timed window; the peer figure is bench/train_step_torch.py
 // (scripts/gpu-check.sh runs both). Independent of the io layer: random images and labels, generated once.
+// With --peak-tflops it reports the model FLOP utilisation (6 x the forward MACs per image, Note in
+// nn/convnext.h); with --profile N it runs N more steps under the op profiler (Note [Op profiling]) and
+// prints where a step's time goes, op by op.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "nn/convnext.h"
 #include "optim/adamw.h"
@@ -16,6 +23,7 @@
 #include "tensor/autograd/engine.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/ops.h"
+#include "tensor/profiler.h"
 #include "tensor/random.h"
 #if CZ_WITH_CUDA
 #include "tensor/cuda/context.h"
@@ -37,6 +45,8 @@ struct Flags {
   bool tf32 = false;
   bool depthwise_direct = false;  // our direct depthwise kernels instead of cuDNN's
   std::string json;               // also write the result here
+  double peak_tflops = 0;         // the device's peak for this dtype: enables the MFU figure
+  int profile_steps = 0;          // extra steps under the op profiler
 };
 
 [[noreturn]] void usage(const char* msg) {
@@ -44,7 +54,8 @@ struct Flags {
                "bench_train_step: %s\n"
                "usage: bench_train_step [--model tiny] [--device cpu|cuda[:i]] [--dtype f32|bf16|f16]\n"
                "                        [--batch 8] [--image 224] [--warmup 3] [--steps 10]\n"
-               "                        [--no-conv-benchmark] [--tf32] [--depthwise-direct] [--json FILE]\n",
+               "                        [--no-conv-benchmark] [--tf32] [--depthwise-direct] [--json FILE]\n"
+               "                        [--peak-tflops T] [--profile N]\n",
                msg);
   std::exit(2);
 }
@@ -79,12 +90,17 @@ Flags parse(int argc, char** argv) {
       f.depthwise_direct = true;
     else if (a == "--json")
       f.json = value();
+    else if (a == "--peak-tflops")
+      f.peak_tflops = std::stod(value());
+    else if (a == "--profile")
+      f.profile_steps = std::stoi(value());
     else if (a == "-h" || a == "--help")
       usage("help");
     else
       usage(("unknown flag " + std::string(a)).c_str());
   }
-  if (f.batch <= 0 || f.image <= 0 || f.steps <= 0 || f.warmup < 0)
+  if (f.batch <= 0 || f.image <= 0 || f.steps <= 0 || f.warmup < 0 || f.profile_steps < 0 ||
+      !(f.peak_tflops >= 0) || !std::isfinite(f.peak_tflops))
     usage("sizes and counts must be positive");
   return f;
 }
@@ -181,22 +197,64 @@ int run(const Flags& f) {
   last_loss = loss.item();
   const double img_s = double(f.batch) * f.steps / seconds;
   const double peak_gib = double(alloc.stats().peak_allocated_bytes) / double(1 << 30);
+  // Training FLOPs per image: forward, input gradients and weight gradients of the convolutions and GEMMs.
+  const double flop_per_img = 6.0 * double(nn::convnext_forward_macs(mc, f.image));
+  const double tflops = flop_per_img * img_s / 1e12;
+  const double mfu = f.peak_tflops > 0 ? tflops / f.peak_tflops : NAN;
   const char* dw = f.depthwise_direct ? " (direct depthwise)" : "";
   std::printf(
-      "bench_train_step: %s%s %s %s batch %lld image %lld: %.2f ms/step, %.1f img/s, peak %.2f GiB, "
-      "loss %.4f (%d timed steps after %d warm-up)\n",
+      "bench_train_step: %s%s %s %s batch %lld image %lld: %.2f ms/step, %.1f img/s, %.3f TFLOP/s, peak %.2f "
+      "GiB, loss %.4f (%d timed steps after %d warm-up)\n",
       mc.name.c_str(), dw, f.device.c_str(), f.dtype.c_str(), (long long)f.batch, (long long)f.image,
-      1e3 * seconds / f.steps, img_s, peak_gib, last_loss, f.steps, f.warmup);
+      1e3 * seconds / f.steps, img_s, tflops, peak_gib, last_loss, f.steps, f.warmup);
+  if (f.peak_tflops > 0)
+    std::printf("bench_train_step: MFU %.1f%% (%.1f of %.1f TFLOP/s; %.2f GFLOP per image)\n", 100 * mfu,
+                tflops, f.peak_tflops, flop_per_img / 1e9);
+
+  // Where the time goes: more steps with every op timed (these are slower; the figures above are not).
+  std::vector<profiler::OpTime> ops;
+  double profiled_ms = 0;
+  if (f.profile_steps > 0) {
+    (void)profiler::take();
+    profiler::set_enabled(true);
+    const auto p0 = Clock::now();
+    for (int i = 0; i < f.profile_steps; ++i) step();
+    sync(dev);
+    profiled_ms = 1e3 * std::chrono::duration<double>(Clock::now() - p0).count() / f.profile_steps;
+    profiler::set_enabled(false);
+    ops = profiler::take();
+    double attributed = 0;
+    for (const auto& o : ops) attributed += o.ms / f.profile_steps;
+    std::printf(
+        "bench_train_step: per-op breakdown over %d profiled steps (%.2f ms/step with profiling; "
+        "%.2f ms attributed to ops)\n%-28s %10s %12s %8s\n",
+        f.profile_steps, profiled_ms, attributed, "op", "calls/step", "ms/step", "share");
+    for (const auto& o : ops)
+      std::printf("%-28s %10.1f %12.3f %7.1f%%\n", o.name.c_str(), double(o.calls) / f.profile_steps,
+                  o.ms / f.profile_steps, 100 * o.ms / f.profile_steps / profiled_ms);
+    std::printf("%-28s %10s %12.3f %7.1f%%\n", "(not in any op)", "", profiled_ms - attributed,
+                100 * (profiled_ms - attributed) / profiled_ms);
+  }
+
   if (!f.json.empty()) {
+    std::string ops_json;
+    for (const auto& o : ops)
+      ops_json += fmt::format("{}{{\"name\": \"{}\", \"calls_per_step\": {:.2f}, \"ms_per_step\": {:.4f}}}",
+                              ops_json.empty() ? "" : ", ", o.name, double(o.calls) / f.profile_steps,
+                              o.ms / f.profile_steps);
     std::FILE* out = std::fopen(f.json.c_str(), "w");
     CZ_CHECK_IO(out != nullptr, "cannot write --json {}", f.json);
     std::fprintf(
-        out,
-        "{\"impl\": \"convnext_zero\", \"model\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", "
-        "\"batch\": %lld, \"image\": %lld, \"steps\": %d, \"ms_per_step\": %.4f, \"img_per_s\": %.3f, "
-        "\"peak_gib\": %.4f, \"loss\": %.6f, \"depthwise_direct\": %s}\n",
-        mc.name.c_str(), f.device.c_str(), f.dtype.c_str(), (long long)f.batch, (long long)f.image, f.steps,
-        1e3 * seconds / f.steps, img_s, peak_gib, last_loss, f.depthwise_direct ? "true" : "false");
+        out, "%s\n",
+        fmt::format("{{\"impl\": \"convnext_zero\", \"model\": \"{}\", \"device\": \"{}\", "
+                    "\"dtype\": \"{}\", \"batch\": {}, \"image\": {}, \"steps\": {}, "
+                    "\"ms_per_step\": {:.4f}, \"img_per_s\": {:.3f}, \"train_flop_per_img\": {:.6g}, "
+                    "\"tflops\": {:.3f}, \"mfu\": {}, \"peak_gib\": {:.4f}, \"loss\": {:.6f}, "
+                    "\"depthwise_direct\": {}, \"profiled_ms_per_step\": {:.4f}, \"ops\": [{}]}}",
+                    mc.name, f.device, f.dtype, f.batch, f.image, f.steps, 1e3 * seconds / f.steps, img_s,
+                    flop_per_img, tflops, std::isfinite(mfu) ? fmt::format("{:.4f}", mfu) : "null", peak_gib,
+                    last_loss, f.depthwise_direct, profiled_ms, ops_json)
+            .c_str());
     std::fclose(out);
   }
   return 0;

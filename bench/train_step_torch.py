@@ -29,6 +29,8 @@ def main():
     ap.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
     ap.add_argument("--tf32", action="store_true", help="allow TF32 in f32 matmuls/convolutions")
     ap.add_argument("--json", help="also write the result to this file")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after timing, N more steps under torch.profiler: the top operators by device time")
     args = ap.parse_args()
 
     if args.threads:
@@ -84,12 +86,30 @@ def main():
     result = {"impl": "pytorch_eager", "model": name, "device": args.device, "dtype": args.dtype,
               "batch": args.batch, "image": args.image, "steps": args.steps,
               "ms_per_step": 1e3 * seconds / args.steps, "img_per_s": img_s, "peak_gib": peak,
-              "loss": float(loss), "torch": torch.__version__, "timm": timm.__version__}
+              "loss": float(loss.detach()), "torch": torch.__version__, "timm": timm.__version__}
     print(f"train_step_torch: {name} {args.device} {args.dtype} batch {args.batch} image {args.image}: "
-          f"{result['ms_per_step']:.2f} ms/step, {img_s:.1f} img/s, peak {peak:.2f} GiB, loss {float(loss):.4f}")
+          f"{result['ms_per_step']:.2f} ms/step, {img_s:.1f} img/s, peak {peak:.2f} GiB, loss {float(loss.detach()):.4f}")
     if args.json:
         with open(args.json, "w") as f:
             f.write(json.dumps(result) + "\n")
+    if args.profile > 0:
+        # The peer of bench_train_step --profile: where PyTorch's step goes, aten operator by operator.
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if dev.type == "cuda":
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=acts) as prof:
+            for _ in range(args.profile):
+                step()
+            sync()
+        keys = ["self_device_time_total", "self_cuda_time_total"] if dev.type == "cuda" else ["self_cpu_time_total"]
+        for key in keys:  # the device key's name changed across PyTorch versions
+            try:
+                table = prof.key_averages().table(sort_by=key, row_limit=20)
+            except (AttributeError, KeyError, ValueError):
+                continue
+            print(f"train_step_torch: top operators over {args.profile} profiled steps, by {key}")
+            print(table)
+            break
     return 0
 
 

@@ -11,6 +11,8 @@
 #     --model NAME     ConvNeXt variant (default tiny)           --batch N[,N] batch sizes to time (default 64,128)
 #     --image PX       image size (default 224)                  --steps N     timed steps (default 20)
 #     --no-sanitize    skip compute-sanitizer                    --no-bench    skip the timing comparison
+#     --peak-tflops T  the GPU's dense bf16 peak, for the MFU (default: from the GPU's name: H100 SXM/H200 989,
+#                      H100 NVL 835, H100 PCIe 756; unknown names print no MFU)
 #     --only STAGES    comma list of build,test,sanitize,train,bench (default all): for callers limited to ~10
 #                      minutes a command; the prefix and build folder are reused between calls
 #     --dry-run        unpack, configure (CZ_WITH_CUDA=ON) and check that every dependency CMake found lies in
@@ -19,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 
-deps=.deps build=build-gpu model=tiny batches=64,128 image=224 steps=20 sanitize=1 bench=1 dry=0 out=""
+deps=.deps build=build-gpu model=tiny batches=64,128 image=224 steps=20 sanitize=1 bench=1 dry=0 out="" peak=""
 only=build,test,sanitize,train,bench
 while (($#)); do
   case "$1" in
@@ -31,9 +33,10 @@ while (($#)); do
     --steps) steps=$2; shift ;;
     --no-sanitize) sanitize=0 ;;
     --no-bench) bench=0 ;;
+    --peak-tflops) peak=$2; shift ;;
     --dry-run) dry=1 ;;
     --only) only=$2; shift ;;
-    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
     -*) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
     *) out=$1 ;;
   esac
@@ -179,14 +182,29 @@ fi
 if want bench && ((bench)); then
   have_torch=1
   python3 -c 'import torch, timm; assert torch.cuda.is_available()' 2>/dev/null || have_torch=0
+  if [[ -z "$peak" ]]; then
+    # Dense bf16 tensor-core peaks (NVIDIA's data sheets, without sparsity).
+    case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+      *H200*) peak=989 ;;
+      *H100*NVL*) peak=835 ;;
+      *H100*PCIe*) peak=756 ;;
+      *H100*) peak=989 ;;
+      *) peak=0 ;;
+    esac
+  fi
+  say "bf16 peak for the MFU: ${peak} TFLOP/s (0: unknown GPU, no MFU)"
   IFS=, read -ra bs <<<"$batches"
   for b in "${bs[@]}"; do
     say "training step: convnext_$model bf16 ${image}px batch $b"
+    # The timed steps come first; the 5 profiled steps after them (slower) give the per-op breakdown.
     "$build/bench/bench_train_step" --model "$model" --device cuda --dtype bf16 --batch "$b" --image "$image" \
-      --warmup 5 --steps "$steps" --json "$out/ours_b$b.json" 2>&1 | tee -a "$out/bench.log" || status=1
+      --warmup 5 --steps "$steps" --peak-tflops "$peak" --profile 5 --json "$out/ours_b$b.json" 2>&1 |
+      tee -a "$out/bench.log" >"$out/ours_b$b.txt" || status=1
+    grep -E "^bench_train_step" "$out/ours_b$b.txt" | tee -a "$summary" || true
     if ((have_torch)); then
       python3 bench/train_step_torch.py --model "$model" --device cuda --dtype bf16 --batch "$b" --image "$image" \
-        --warmup 5 --steps "$steps" --json "$out/torch_b$b.json" 2>&1 | tee -a "$out/bench.log" || status=1
+        --warmup 5 --steps "$steps" --profile 5 --json "$out/torch_b$b.json" 2>&1 | tee -a "$out/bench.log" |
+        tee "$out/torch_b$b.txt" | grep -E "^train_step_torch: convnext" | tee -a "$summary" || status=1
     else
       say "PyTorch with CUDA and timm not importable: no peer figure"
     fi
@@ -196,18 +214,30 @@ if want bench && ((bench)); then
   "$build/bench/bench_train_step" --model "$model" --device cuda --dtype bf16 --batch "${bs[0]}" --image "$image" \
     --warmup 5 --steps "$steps" --depthwise-direct --json "$out/direct_dw_b${bs[0]}.json" 2>&1 |
     tee -a "$out/bench.log" | tee -a "$summary" || status=1
-  python3 - "$out" <<'PY' | tee -a "$summary" || status=1
+  python3 - "$out" "$peak" <<'PY' | tee -a "$summary" || status=1
 import glob, json, os, sys
 out = sys.argv[1]
-print(f"{'batch':>6} {'ours img/s':>11} {'torch img/s':>12} {'ours/torch':>11} {'ours GiB':>9} {'torch GiB':>10}")
+peak = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+mfu = lambda r, f: f"{100 * r['img_per_s'] * f / 1e12 / peak:.1f}%" if peak > 0 and r else "-"
+print(f"{'batch':>6} {'ours img/s':>11} {'torch img/s':>12} {'ours/torch':>11} {'ours MFU':>9} {'torch MFU':>10} "
+      f"{'ours GiB':>9} {'torch GiB':>10}")
 for path in sorted(glob.glob(os.path.join(out, "ours_b*.json")), key=lambda p: int(p.split("_b")[-1][:-5])):
     b = path.split("_b")[-1][:-5]
     ours = json.load(open(path))
     tp = os.path.join(out, f"torch_b{b}.json")
     torch = json.load(open(tp)) if os.path.exists(tp) else None
     ratio = f"{ours['img_per_s'] / torch['img_per_s']:.3f}" if torch else "-"
+    flop = ours["train_flop_per_img"]  # the same model and image size on both sides
     print(f"{b:>6} {ours['img_per_s']:>11.1f} {torch['img_per_s'] if torch else float('nan'):>12.1f} {ratio:>11} "
+          f"{mfu(ours, flop):>9} {mfu(torch, flop):>10} "
           f"{ours['peak_gib']:>9.2f} {torch['peak_gib'] if torch else float('nan'):>10.2f}")
+    ops = ours.get("ops", [])
+    if ops:
+        total = ours["profiled_ms_per_step"]
+        print(f"  where our step goes at batch {b} (profiled: {total:.2f} ms/step, top 12):")
+        for o in ops[:12]:
+            print(f"    {o['name']:<28} {o['calls_per_step']:>6.1f} calls {o['ms_per_step']:>9.3f} ms "
+                  f"{100 * o['ms_per_step'] / total:>5.1f}%")
 PY
 fi
 say "done (status $status); results in $out"
