@@ -49,6 +49,10 @@ void add_flags(CLI::App& app, cz::train::TrainConfig& c, bool& no_shuffle, bool&
       ->capture_default_str();
   app.add_option("--precision", c.precision, "fp32 | fp16 | bf16 (16-bit needs --device cuda)")
       ->capture_default_str();
+  app.add_option(
+         "--initial-loss-scale", c.initial_loss_scale,
+         "fp16: the dynamic loss scale to start from (halved on overflow, doubled after 2000 clean steps)")
+      ->capture_default_str();
   app.add_flag("--activation-checkpointing", c.activation_checkpointing,
                "recompute block activations in backward");
   app.add_option("--device", c.device, "cpu | cuda")->capture_default_str();

@@ -54,6 +54,7 @@ bad_input)
   check "--bogus" "${tiny[@]}" --steps 1 --bogus
   check "--precision" "${tiny[@]}" --steps 1 --precision fp8
   check "--precision fp16" "${tiny[@]}" --steps 1 --precision fp16
+  check "--initial-loss-scale" "${tiny[@]}" --steps 1 --initial-loss-scale nan
   check "$work/nothing" "${model[@]}" --steps 1 --data "folder:$work/nothing"
   check "$work/empty_folder" "${model[@]}" --steps 1 --data "folder:$work/empty_folder"
   check "data_batch_1.bin" "${model[@]}" --steps 1 --data "cifar10:$work/cifar"

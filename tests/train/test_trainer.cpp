@@ -13,53 +13,15 @@
 #include "dist/train/trainer.h"
 #include "io/weights.h"
 #include "tensor/check.h"
+#include "trainer_testing.h"
 
 namespace cz::train {
 namespace {
 
 namespace fs = std::filesystem;
+using namespace testing;
 
-class WorldEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override { dist::World::init(nullptr, nullptr); }
-  void TearDown() override { dist::World::finalize(); }
-};
 const auto* const kWorldEnv = ::testing::AddGlobalTestEnvironment(new WorldEnvironment);
-
-fs::path temp_dir() {
-  fs::path d = fs::temp_directory_path() / fmt::format("cz_train_{}", ::getpid());
-  fs::create_directories(d);
-  return d;
-}
-
-// A small ConvNeXt on small synthetic images: a step takes milliseconds on one core.
-TrainConfig tiny_config() {
-  TrainConfig c;
-  c.depths = {1, 1, 1, 1};
-  c.dims = {8, 16, 24, 32};
-  c.num_classes = 4;
-  c.image_size = 32;
-  c.data = "synthetic:n=256,eval_n=64,classes=4";
-  c.micro_batch = 16;
-  c.steps = 3;
-  c.lr = 2e-3;
-  c.warmup_steps = 0;
-  c.loader_threads = 1;
-  c.progress = false;
-  c.seed = 7;
-  return c;
-}
-
-std::vector<float> master_values(const Trainer& t) {
-  return t.flat().params.to_vector<float>();
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - double(b[i])));
-  return m;
-}
 
 TEST(Trainer, LearnsTheSyntheticTaskWellAboveChance) {
   TrainConfig c = tiny_config();
@@ -221,6 +183,9 @@ TEST(Trainer, BadConfigurationsNameTheFlag) {
   c = tiny_config();
   c.precision = "bf16";  // CPU computes in fp32
   EXPECT_THAT(error_of(c), ::testing::HasSubstr("--precision bf16"));
+  c = tiny_config();
+  c.initial_loss_scale = 0.5;
+  EXPECT_THAT(error_of(c), ::testing::HasSubstr("--initial-loss-scale"));
   c = tiny_config();
   c.init_weights = "/no/such/weights.h5";
   EXPECT_THAT(error_of(c), ::testing::HasSubstr("/no/such/weights.h5"));

@@ -1,6 +1,8 @@
 // Validation of the training flags.
 #include "dist/train/config.h"
 
+#include <cmath>
+
 #include "tensor/check.h"
 
 namespace cz::train {
@@ -38,6 +40,8 @@ void TrainConfig::validate() const {
            device);
   CZ_CHECK(precision == "fp32" || precision == "fp16" || precision == "bf16",
            "--precision must be fp32, fp16 or bf16, got '{}'", precision);
+  CZ_CHECK(std::isfinite(initial_loss_scale) && initial_loss_scale >= 1,
+           "--initial-loss-scale must be a finite number >= 1, got {}", initial_loss_scale);
 }
 
 }  // namespace cz::train

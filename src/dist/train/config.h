@@ -46,10 +46,11 @@ struct TrainConfig {
   double ema_decay = 0.0;  // weight EMA; 0: off
 
   // Execution.
-  std::string precision = "fp32";  // fp32 | fp16 | bf16
-  std::string device = "cpu";      // cpu | cuda
-  bool tf32 = false;               // CUDA: TF32 tensor cores for fp32 matmuls
-  std::string log;                 // JSON-lines log file
+  std::string precision = "fp32";     // fp32 | fp16 | bf16
+  double initial_loss_scale = 65536;  // fp16: dynamic loss scaling starts here (2^16)
+  std::string device = "cpu";         // cpu | cuda
+  bool tf32 = false;                  // CUDA: TF32 tensor cores for fp32 matmuls
+  std::string log;                    // JSON-lines log file
   uint64_t seed = 0;
   bool progress = true;  // progress bar when stderr is a terminal
 

@@ -14,6 +14,9 @@
 #include "optim/sgd.h"
 #include "tensor/autograd/engine.h"
 #include "tensor/cuda/runtime.h"
+#if CZ_WITH_CUDA
+#include "tensor/cuda/context.h"
+#endif
 #include "tensor/ops.h"
 
 namespace cz::train {
@@ -41,6 +44,12 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     CZ_CHECK_DEVICE(cuda_available(), "--device {}: no CUDA GPU is available{}", cfg_.device,
                     cuda_runtime::built() ? "" : " (this build has no CUDA backend)");
     device_ = Device::cuda(world_.gpu() >= 0 ? world_.gpu() : device_.index);
+#if CZ_WITH_CUDA
+    cuda::set_allow_tf32(cfg_.tf32);
+    // Training runs the same convolution shapes thousands of times: time cuDNN's candidates once per shape
+    // (Note [Convolution algorithms]), as PyTorch's cudnn.benchmark.
+    cuda::set_conv_benchmark(true);
+#endif
   }
   if (cfg_.precision != "fp32") {
     CZ_CHECK_DEVICE(device_.is_cuda(),
@@ -153,7 +162,11 @@ void Trainer::build_optimizer() {
           ? constant_schedule(cfg_.lr, cfg_.warmup_steps)
           : cosine_schedule(cfg_.lr, cfg_.min_lr, std::max<int64_t>(total_steps_, 1), cfg_.warmup_steps));
   if (cfg_.ema_decay > 0) ema_ = std::make_unique<WeightEma>(flat_.params, cfg_.ema_decay);
-  if (compute_dtype_ == DType::f16) scaler_ = LossScaler(LossScalerConfig{});
+  if (compute_dtype_ == DType::f16) {
+    LossScalerConfig sc;
+    sc.init_scale = cfg_.initial_loss_scale;
+    scaler_ = LossScaler(sc);
+  }
 }
 
 Batch Trainer::next_batch() {

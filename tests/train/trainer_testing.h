@@ -1,0 +1,62 @@
+// Shared by the trainer tests (CPU and CUDA): a single-process world, a small model on small synthetic
+// images, and comparisons of master weights.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "dist/comm/bootstrap.h"
+#include "dist/train/trainer.h"
+
+namespace cz::train::testing {
+
+class WorldEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override { dist::World::init(nullptr, nullptr); }
+  void TearDown() override { dist::World::finalize(); }
+};
+
+inline std::filesystem::path temp_dir() {
+  std::filesystem::path d = std::filesystem::temp_directory_path() / fmt::format("cz_train_{}", ::getpid());
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+// A small ConvNeXt on small synthetic images: a step takes milliseconds on one core.
+inline TrainConfig tiny_config() {
+  TrainConfig c;
+  c.depths = {1, 1, 1, 1};
+  c.dims = {8, 16, 24, 32};
+  c.num_classes = 4;
+  c.image_size = 32;
+  c.data = "synthetic:n=256,eval_n=64,classes=4";
+  c.micro_batch = 16;
+  c.steps = 3;
+  c.lr = 2e-3;
+  c.warmup_steps = 0;
+  c.loader_threads = 1;
+  c.progress = false;
+  c.seed = 7;
+  return c;
+}
+
+inline std::vector<float> master_values(const Trainer& t) {
+  return t.flat().params.to_vector<float>();
+}
+
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - double(b[i])));
+  return m;
+}
+
+}  // namespace cz::train::testing
