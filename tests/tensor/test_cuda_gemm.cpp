@@ -14,6 +14,7 @@
 #include "tensor/cpu/kernels.h"
 #include "tensor/cuda/context.h"
 #include "tensor/cuda/kernels.h"
+#include "tensor/stream.h"
 
 namespace cz::testing {
 namespace {
@@ -224,6 +225,57 @@ TEST(CudaGemmPaths, ReportWhichEpiloguesAreFused) {
     report("DGELU_BGRAD", [&] { cuda::linear_backward_dgelu(gy, w, pre_in, dx, dbias_in, s); });
   }
   s.synchronize();
+}
+
+// Not a check: cuBLASLt timings of ConvNeXt-T's pointwise layers (bf16, batch 64 at 224 px) with the fused
+// epilogues and without, for the GPU run's log. The weight-gradient GEMMs have K = 64 x tokens (up to 200704)
+// but only C x 4C outputs, so they need split-K (or stream-K) kernels to fill the GPU: if cuBLASLt's BGRADB
+// kernels cannot split K, "dw+db fused" is much slower than "unfused" (plain GEMM plus a column sum), and
+// linear_backward should not ask for BGRADB on such shapes.
+TEST(CudaGemmPaths, ReportConvNextTimings) {
+  CZ_REQUIRE_GPU();
+  struct RestoreEpilogues {
+    ~RestoreEpilogues() { cuda::set_gemm_epilogues(true); }
+  } restore;
+  const Stream s = current_stream(gpu());
+  const DType t = DType::bf16;
+  struct Stage {
+    int64_t c, tokens;
+  };
+  for (const Stage st :
+       {Stage{96, 64 * 3136}, Stage{192, 64 * 784}, Stage{384, 64 * 196}, Stage{768, 64 * 49}}) {
+    for (const bool fc1 : {true, false}) {
+      const int64_t rows = st.tokens, in = fc1 ? st.c : 4 * st.c, out = fc1 ? 4 * st.c : st.c;
+      // Constant inputs: the timings do not depend on the values.
+      const Tensor x = full({rows, in}, 0.01, t, gpu()), w = full({out, in}, 0.01, t, gpu()),
+                   b = full({out}, 0.01, t, gpu()), gy = full({rows, out}, 0.01, t, gpu());
+      Tensor y = empty({rows, out}, t, gpu()), dx = empty({rows, in}, t, gpu()),
+             dw = empty({out, in}, t, gpu()), db = empty({out}, t, gpu()), none;
+      auto time_ms = [&](auto&& fn) {
+        for (int i = 0; i < 2; ++i) fn();  // the first call asks cuBLASLt's heuristic
+        Event start(gpu()), end(gpu());
+        const int iters = 10;
+        start.record(s);
+        for (int i = 0; i < iters; ++i) fn();
+        end.record(s);
+        end.synchronize();
+        return double(start.elapsed_ms(end)) / iters;
+      };
+      const double flop = 2.0 * double(rows) * double(in) * double(out);
+      std::string line =
+          fmt::format("[gemm time] bf16 C={} {} ({} x {} -> {}):", st.c, fc1 ? "fc1" : "fc2", rows, in, out);
+      for (const bool fused : {true, false}) {
+        cuda::set_gemm_epilogues(fused);
+        const double fwd = time_ms([&] { cuda::linear_forward(x, w, b, y, s); });
+        const double dxt = time_ms([&] { cuda::linear_backward(gy, x, w, dx, none, none, s); });
+        const double dwt = time_ms([&] { cuda::linear_backward(gy, x, w, none, dw, db, s); });
+        line += fmt::format(
+            " {}: fwd {:.3f} ms ({:.0f} TFLOP/s), dx {:.3f} ms, dw+db {:.3f} ms ({:.0f} TFLOP/s);",
+            fused ? "fused" : "unfused", fwd, flop / fwd * 1e-9, dxt, dwt, flop / dwt * 1e-9);
+      }
+      std::cout << line << "\n";
+    }
+  }
 }
 
 TEST(CudaGemmF64, MatmulAndLinearMatchCpu) {
