@@ -14,6 +14,7 @@
 #include "tensor/cpu/kernels.h"
 #include "tensor/cuda/context.h"
 #include "tensor/cuda/kernels.h"
+#include "tensor/stream.h"
 
 namespace cz::testing {
 namespace {
@@ -226,6 +227,57 @@ TEST(CudaGemmPaths, ReportWhichEpiloguesAreFused) {
   s.synchronize();
 }
 
+// Not a check: cuBLASLt timings of ConvNeXt-T's pointwise layers (bf16, batch 64 at 224 px) with the fused
+// epilogues and without, for the GPU run's log. The weight-gradient GEMMs have K = 64 x tokens (up to 200704)
+// but only C x 4C outputs, so they need split-K (or stream-K) kernels to fill the GPU: if cuBLASLt's BGRADB
+// kernels cannot split K, "dw+db fused" is much slower than "unfused" (plain GEMM plus a column sum), and
+// linear_backward should not ask for BGRADB on such shapes.
+TEST(CudaGemmPaths, ReportConvNextTimings) {
+  CZ_REQUIRE_GPU();
+  struct RestoreEpilogues {
+    ~RestoreEpilogues() { cuda::set_gemm_epilogues(true); }
+  } restore;
+  const Stream s = current_stream(gpu());
+  const DType t = DType::bf16;
+  struct Stage {
+    int64_t c, tokens;
+  };
+  for (const Stage st :
+       {Stage{96, 64 * 3136}, Stage{192, 64 * 784}, Stage{384, 64 * 196}, Stage{768, 64 * 49}}) {
+    for (const bool fc1 : {true, false}) {
+      const int64_t rows = st.tokens, in = fc1 ? st.c : 4 * st.c, out = fc1 ? 4 * st.c : st.c;
+      // Constant inputs: the timings do not depend on the values.
+      const Tensor x = full({rows, in}, 0.01, t, gpu()), w = full({out, in}, 0.01, t, gpu()),
+                   b = full({out}, 0.01, t, gpu()), gy = full({rows, out}, 0.01, t, gpu());
+      Tensor y = empty({rows, out}, t, gpu()), dx = empty({rows, in}, t, gpu()),
+             dw = empty({out, in}, t, gpu()), db = empty({out}, t, gpu()), none;
+      auto time_ms = [&](auto&& fn) {
+        for (int i = 0; i < 2; ++i) fn();  // the first call asks cuBLASLt's heuristic
+        Event start(gpu()), end(gpu());
+        const int iters = 10;
+        start.record(s);
+        for (int i = 0; i < iters; ++i) fn();
+        end.record(s);
+        end.synchronize();
+        return double(start.elapsed_ms(end)) / iters;
+      };
+      const double flop = 2.0 * double(rows) * double(in) * double(out);
+      std::string line =
+          fmt::format("[gemm time] bf16 C={} {} ({} x {} -> {}):", st.c, fc1 ? "fc1" : "fc2", rows, in, out);
+      for (const bool fused : {true, false}) {
+        cuda::set_gemm_epilogues(fused);
+        const double fwd = time_ms([&] { cuda::linear_forward(x, w, b, y, s); });
+        const double dxt = time_ms([&] { cuda::linear_backward(gy, x, w, dx, none, none, s); });
+        const double dwt = time_ms([&] { cuda::linear_backward(gy, x, w, none, dw, db, s); });
+        line += fmt::format(
+            " {}: fwd {:.3f} ms ({:.0f} TFLOP/s), dx {:.3f} ms, dw+db {:.3f} ms ({:.0f} TFLOP/s);",
+            fused ? "fused" : "unfused", fwd, flop / fwd * 1e-9, dxt, dwt, flop / dwt * 1e-9);
+      }
+      std::cout << line << "\n";
+    }
+  }
+}
+
 TEST(CudaGemmF64, MatmulAndLinearMatchCpu) {
   CZ_REQUIRE_GPU();
   const Tensor a = random_tensor({33, 17}, 1), b = random_tensor({17, 9}, 2), bias = random_tensor({9}, 3);
@@ -237,6 +289,103 @@ TEST(CudaGemmF64, MatmulAndLinearMatchCpu) {
   cpu::linear_forward(a, w, bias, ref);
   cuda::linear_forward(a.to(gpu()), w.to(gpu()), bias.to(gpu()), y, current_stream(gpu()));
   EXPECT_TRUE(all_close(y, ref, 1e-12, 1e-12));
+}
+
+TEST(CudaGemmF64, LinearBackwardMatchesCpu) {
+  CZ_REQUIRE_GPU();
+  const int64_t rows = 33, in = 17, out = 9;
+  const Tensor x = random_tensor({rows, in}, 6), w = random_tensor({out, in}, 7),
+               gy = random_tensor({rows, out}, 8);
+  Tensor dx_ref = empty({rows, in}, DType::f64), dw_ref = empty({out, in}, DType::f64),
+         db_ref = empty({out}, DType::f64);
+  cpu::linear_backward(gy, x, w, dx_ref, dw_ref, db_ref);
+  Tensor dx = empty({rows, in}, DType::f64, gpu()), dw = empty({out, in}, DType::f64, gpu()),
+         db = empty({out}, DType::f64, gpu());
+  cuda::linear_backward(gy.to(gpu()), x.to(gpu()), w.to(gpu()), dx, dw, db, current_stream(gpu()));
+  EXPECT_TRUE(all_close(dx, dx_ref, 1e-12, 1e-12)) << "dx";
+  EXPECT_TRUE(all_close(dw, dw_ref, 1e-12, 1e-12)) << "dw";
+  EXPECT_TRUE(all_close(db, db_ref, 1e-12, 1e-12)) << "db";
+}
+
+// A contiguous view `offset` elements into a zeroed GPU buffer of dtype t, holding `host` (rounded to t) if
+// given. With offset 1 the pointers are only element-aligned, as views into flat buffers may be.
+Tensor offset_view(const Shape& shape, DType t, int64_t offset, const Tensor& host = Tensor()) {
+  const int64_t n = shape_numel(shape);
+  Tensor v = zeros({n + offset}, t, gpu()).narrow(0, offset, n).view(shape);
+  if (host.defined()) v.copy_(host);
+  return v;
+}
+
+// The cuBLASLt algorithm cache is keyed by the operands' alignment: an algorithm chosen for 256-byte aligned
+// operands must not be reused for the same shapes at 2- or 4-byte alignment (the aligned run comes first, so
+// its choice is cached when the offset run asks).
+TEST(CudaGemmAlignment, ElementAlignedOperandsAfterAlignedOnes) {
+  CZ_REQUIRE_GPU();
+  const int64_t rows = 64, in = 32, out = 48;
+  const Stream s = current_stream(gpu());
+  for (DType t : {DType::f32, DType::f16, DType::bf16}) {
+    auto rounded = [&](const Shape& shape, uint64_t seed) {
+      return random_tensor(shape, seed).to(t).to(DType::f64);
+    };
+    const Tensor x = rounded({rows, in}, 21), w = rounded({out, in}, 22), b = rounded({out}, 23),
+                 gy = rounded({rows, out}, 24);
+    Tensor y_ref = empty({rows, out}, DType::f64), dx_ref = empty({rows, in}, DType::f64),
+           dw_ref = empty({out, in}, DType::f64), db_ref = empty({out}, DType::f64);
+    cpu::linear_forward(x, w, b, y_ref);
+    cpu::linear_backward(gy, x, w, dx_ref, dw_ref, db_ref);
+    const double rtol = t == DType::f32   ? 1e-5
+                        : t == DType::f16 ? 2e-3
+                                          : 1e-2,
+                 atol = t == DType::f32   ? 1e-4
+                        : t == DType::f16 ? 1e-2
+                                          : 5e-2;
+    for (int64_t offset : {0, 1}) {
+      const Tensor xg = offset_view({rows, in}, t, offset, x), wg = offset_view({out, in}, t, offset, w),
+                   bg = offset_view({out}, t, offset, b), gyg = offset_view({rows, out}, t, offset, gy);
+      Tensor y = offset_view({rows, out}, t, offset), dx = offset_view({rows, in}, t, offset),
+             dw = offset_view({out, in}, t, offset), db = offset_view({out}, t, offset);
+      cuda::linear_forward(xg, wg, bg, y, s);
+      cuda::linear_backward(gyg, xg, wg, dx, dw, db, s);
+      const std::string what = fmt::format("{} offset {}", dtype_name(t), offset);
+      EXPECT_TRUE(all_close(y, y_ref, rtol, atol)) << what << ": y";
+      EXPECT_TRUE(all_close(dx, dx_ref, rtol, atol)) << what << ": dx";
+      EXPECT_TRUE(all_close(dw, dw_ref, rtol, atol)) << what << ": dw";
+      EXPECT_TRUE(all_close(db, db_ref, rtol, atol)) << what << ": db";
+    }
+  }
+}
+
+// A ConvNeXt-T stage-1 pointwise layer over one 56 x 56 image: the weight gradient's inner size is 3136 rows,
+// where cuBLASLt may split K (and reduce the BGRADB bias gradient across the splits). The absolute tolerance
+// grows with the sums' typical size (sqrt(K) / 3 for products of U(-1, 1) values), in case the split partials
+// are added in the output dtype.
+TEST(CudaGemmConvNextShapes, PointwiseLayerForwardAndBackward) {
+  CZ_REQUIRE_GPU();
+  const int64_t rows = 3136, in = 96, out = 384;
+  const Stream s = current_stream(gpu());
+  for (DType t : {DType::f32, DType::bf16}) {
+    auto rounded = [&](const Shape& shape, uint64_t seed) {
+      return random_tensor(shape, seed).to(t).to(DType::f64);
+    };
+    const Tensor x = rounded({rows, in}, 31), w = rounded({out, in}, 32), b = rounded({out}, 33),
+                 gy = rounded({rows, out}, 34);
+    Tensor y_ref = empty({rows, out}, DType::f64), dx_ref = empty({rows, in}, DType::f64),
+           dw_ref = empty({out, in}, DType::f64), db_ref = empty({out}, DType::f64);
+    cpu::linear_forward(x, w, b, y_ref);
+    cpu::linear_backward(gy, x, w, dx_ref, dw_ref, db_ref);
+    const Tensor xg = x.to(t).to(gpu()), wg = w.to(t).to(gpu()), bg = b.to(t).to(gpu()),
+                 gyg = gy.to(t).to(gpu());
+    Tensor y = empty({rows, out}, t, gpu()), dx = empty({rows, in}, t, gpu()),
+           dw = empty({out, in}, t, gpu()), db = empty({out}, t, gpu());
+    cuda::linear_forward(xg, wg, bg, y, s);
+    cuda::linear_backward(gyg, xg, wg, dx, dw, db, s);
+    const double rtol = t == DType::f32 ? 1e-5 : 1e-2, unit = t == DType::f32 ? 1e-4 : 1e-2;
+    auto atol = [&](int64_t k) { return unit * std::sqrt(double(k)) / 3; };
+    EXPECT_TRUE(all_close(y, y_ref, rtol, atol(in))) << dtype_name(t) << ": y";
+    EXPECT_TRUE(all_close(dx, dx_ref, rtol, atol(out))) << dtype_name(t) << ": dx";
+    EXPECT_TRUE(all_close(dw, dw_ref, rtol, atol(rows))) << dtype_name(t) << ": dw";
+    EXPECT_TRUE(all_close(db, db_ref, rtol, atol(rows))) << dtype_name(t) << ": db";
+  }
 }
 
 TEST(CudaGemmTf32, SwitchChangesNothingButPrecision) {

@@ -224,11 +224,12 @@ void run(const Gemm& g, Stream stream) {
   plain.bias_grad = nullptr;
   plain.aux = nullptr;
   if (gelu_fwd) plain.d = g.aux;
+  // A plain g reaches this point only when cuBLASLt just refused it: straight to cublasGemmEx then.
   if (g.m > 0 && g.n > 0) {
     if (g.k == 0) {
       CZ_CHECK_STATUS(
           cudaMemsetAsync(plain.d, 0, size_t(g.m) * size_t(g.n) * dtype_size(g.dtype), native(stream)));
-    } else if (try_lt(plain, stream)) {
+    } else if (g.epilogue != CUBLASLT_EPILOGUE_DEFAULT && try_lt(plain, stream)) {
       ++counters.lt;
     } else {
       ++counters.gemm_ex;
