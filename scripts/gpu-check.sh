@@ -51,7 +51,7 @@ summary=$out/summary.txt
 say() { echo "== $*" | tee -a "$summary"; }
 jobs=$(nproc)
 want() { [[ ",$only," == *",$1,"* ]]; }
-targets=(test_cuda test_optim_cuda bench_train_step convnext_zero)
+targets=(test_cuda test_optim_cuda test_nn_cuda test_trainer_cuda bench_train_step convnext_zero)
 
 # ---- 1. the dependency prefix ----
 compgen -G "$deps/*.deb" >/dev/null || { echo "gpu-check: no .deb files in $deps (run scripts/gpu-deps.sh)" >&2; exit 1; }
