@@ -125,5 +125,34 @@ TEST(CudaOps, DirectDepthwiseKernelsMatchCpu) {
   cuda::set_depthwise_direct(false);
 }
 
+// The direct kernels in bf16 (f32 accumulation, one rounding per output) against the CPU in f32 on the same
+// bf16-rounded inputs, and twice, expecting the same bits (the filter gradient's fixed summation order: the
+// lanes of a chunk in lane order, then the chunks in order). C = 67 leaves a partial 32-channel tile.
+TEST(CudaOps, DirectDepthwiseKernelsBf16MatchCpuF32) {
+  CZ_REQUIRE_GPU();
+  cuda::set_depthwise_direct(true);
+  for (int64_t k : {3, 7}) {
+    auto run = [&](Device d, DType t) {
+      std::vector<Tensor> in;
+      for (const Tensor& h : {r32({2, 9, 13, 67}, 70 + k), r32({67, 1, k, k}, 80 + k), r32({67}, 90 + k)})
+        in.push_back(h.to(DType::bf16).to(t).to(d).detach().set_requires_grad(true));
+      Tensor out = depthwise_conv2d(in[0], in[1], in[2]);
+      const Tensor g = r32(out.sizes(), 99).to(DType::bf16).to(t).to(d);
+      sum(mul(out, g)).backward();
+      std::vector<Tensor> r{out.detach().to(DType::f32)};
+      for (const Tensor& x : in) r.push_back(x.grad().to(DType::f32));
+      return r;
+    };
+    const auto cpu_r = run(Device::cpu(), DType::f32);
+    const auto gpu_a = run(gpu(), DType::bf16), gpu_b = run(gpu(), DType::bf16);
+    for (size_t i = 0; i < cpu_r.size(); ++i) {
+      EXPECT_TRUE(all_close(gpu_a[i], cpu_r[i], 2e-2, 2e-2)) << "k " << k << " result " << i;
+      EXPECT_TRUE(same_bits(gpu_a[i], gpu_b[i]))
+          << "k " << k << " result " << i << " differs between two runs";
+    }
+  }
+  cuda::set_depthwise_direct(false);
+}
+
 }  // namespace
 }  // namespace cz::testing

@@ -1,7 +1,9 @@
 // The ConvNeXt convolutions on cuDNN, NHWC: depthwise k x k (grouped, groups = C, padding k/2; our direct
 // kernels where cuDNN has no algorithm) and patchify (kernel = stride, no padding); forward, backward-data
 // and backward-filter, with algorithms chosen once per problem and cached in the device context.
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "tensor/cuda/host_utils.h"
 #include "tensor/cuda/kernels.h"
@@ -9,12 +11,15 @@
 namespace cz::cuda {
 namespace {
 
-// Note [Convolution algorithms]: for every (direction, dtype, shape, groups, math) problem the first call
+// Note [Convolution algorithms]: for every (op, direction, dtype, shape, groups, math) problem the first call
 // asks cuDNN for candidates, cudnnGet*_v7 (heuristics, no device work) by default or cudnnFind*Ex (each
-// candidate timed once, synchronising the device) under set_conv_benchmark(true), and keeps the first that
-// succeeded, is deterministic (backward: no atomics, so training repeats bit for bit), fits kMaxWorkspace,
-// and, for f32 without TF32, runs without tensor-op math. The choice lives in the DeviceContext with the
-// per-stream workspace it needs, which only grows.
+// candidate timed once, synchronising the device) under set_conv_benchmark(true). It keeps those that
+// succeeded, fit kMaxWorkspace and, for f32 without TF32, need no tensor-op math (and runs them with FMA
+// math), deterministic ones first (no atomics, so training repeats bit for bit); non-deterministic ones
+// only for patchify, which has no other path. It then runs them in that order until cuDNN accepts one
+// (heuristic candidates are not always runnable) and caches that one, or "none" (depthwise then takes the
+// direct kernels, patchify throws). The choice lives in the DeviceContext with the per-stream workspace it
+// needs, which only grows.
 constexpr size_t kMaxWorkspace = size_t(256) << 20;
 
 enum class Dir { fwd, bwd_data, bwd_filter };
@@ -73,15 +78,19 @@ int to_int(const char* op, int64_t v) {
 }
 
 // One convolution problem: x (n, h, w, c) NHWC, filter (k, r, r, c / groups) KRSC (cuDNN's NHWC filter
-// format), y (n, ho, wo, k).
+// format), y (n, ho, wo, k). allow_nondeterministic: whether a non-deterministic cuDNN algorithm may be used
+// when no deterministic one runs (false where a deterministic fallback exists: the direct depthwise kernels).
 struct Problem {
   const char* op;
   DType dtype;
   int n, h, w, c, k, r, pad, stride, groups, ho, wo;
+  bool allow_nondeterministic;
 
+  // Everything the choice depends on. The device is not in it: each device has its own cache. Strides are
+  // not: every operand is contiguous NHWC. TF32 is, through the math type.
   std::string key(Dir dir, cudnnMathType_t math) const {
-    return fmt::format("{}|{}|{}x{}x{}x{}|{}x{}|p{}s{}g{}|m{}|b{}", int(dir), dtype_name(dtype), n, h, w, c,
-                       k, r, pad, stride, groups, int(math), int(conv_benchmark()));
+    return fmt::format("{}|{}|{}|{}x{}x{}x{}|{}x{}|p{}s{}g{}|m{}|b{}", op, int(dir), dtype_name(dtype), n, h,
+                       w, c, k, r, pad, stride, groups, int(math), int(conv_benchmark()));
   }
 };
 
@@ -110,6 +119,19 @@ struct Descs {
   }
 };
 
+// Whether cuDNN refused to run an algorithm (nothing queued; the next candidate may run). cuDNN 9 refuses
+// with sub-codes of CUDNN_STATUS_NOT_SUPPORTED (_SHAPE, _LAYOUT, _DATA_TYPE, ...), so a refusal is
+// recognised by its category, not by equality with the bare code; a kernel that needs more alignment than
+// the operands have is a refusal too.
+bool refused(cudnnStatus_t st) {
+#if CUDNN_MAJOR >= 9
+  return CUDNN_STATUS_CATEGORY(st) == CUDNN_STATUS_NOT_SUPPORTED ||
+         st == CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER;
+#else
+  return st == CUDNN_STATUS_NOT_SUPPORTED;
+#endif
+}
+
 template <class Perf>
 bool acceptable(const Perf& perf, const Problem& p, bool need_deterministic) {
   if (perf.status != CUDNN_STATUS_SUCCESS || perf.memory > kMaxWorkspace) return false;
@@ -120,14 +142,11 @@ bool acceptable(const Perf& perf, const Problem& p, bool need_deterministic) {
   return true;
 }
 
-// The first acceptable candidate, relaxing determinism only when no deterministic one exists; found = false
-// when there is none.
-template <class Perf>
-ConvAlgo pick(const Perf* perfs, int count, const Problem& p) {
-  for (bool det : {true, false})
-    for (int i = 0; i < count; ++i)
-      if (acceptable(perfs[i], p, det)) return {true, int(perfs[i].algo), perfs[i].mathType, perfs[i].memory};
-  return {};
+// The math type a candidate runs with. f32 without TF32 always runs with FMA math: a candidate reported with
+// CUDNN_DEFAULT_MATH would otherwise be run with DEFAULT, which permits TF32 tensor cores on Ampere and
+// later.
+cudnnMathType_t run_math(const Problem& p, cudnnMathType_t reported) {
+  return p.dtype == DType::f32 && !allow_tf32() ? CUDNN_FMA_MATH : reported;
 }
 
 const char* dir_name(Dir dir) {
@@ -144,15 +163,52 @@ struct Operands {
   void* out;      // y, dx or dw
 };
 
-ConvAlgo find_algo(const DeviceContext::DnnLease& lease, Stream stream, const Problem& p, const Descs& d,
-                   Dir dir, const Operands& o) {
-  const std::string key = p.key(dir, d.math);
-  if (auto it = lease.conv_algos->find(key); it != lease.conv_algos->end()) return it->second;
-  // A query cuDNN refuses (CUDNN_STATUS_NOT_SUPPORTED for some layouts and types) means "no algorithm", like
-  // an empty candidate list: the caller falls back or reports the problem.
+// The workspace `algo` needs with the descriptor's current math type; cuDNN's refusal is returned as is.
+cudnnStatus_t workspace_size(cudnnHandle_t h, const Descs& d, Dir dir, int algo, size_t* bytes) {
+  switch (dir) {
+    case Dir::fwd:
+      return cudnnGetConvolutionForwardWorkspaceSize(h, d.x.h, d.w.h, d.conv.h, d.y.h,
+                                                     cudnnConvolutionFwdAlgo_t(algo), bytes);
+    case Dir::bwd_data:
+      return cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w.h, d.y.h, d.conv.h, d.x.h,
+                                                          cudnnConvolutionBwdDataAlgo_t(algo), bytes);
+    case Dir::bwd_filter:
+      return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x.h, d.y.h, d.conv.h, d.w.h,
+                                                            cudnnConvolutionBwdFilterAlgo_t(algo), bytes);
+  }
+  return CUDNN_STATUS_BAD_PARAM;
+}
+
+// The usable candidates in cuDNN's order (deterministic ones first; non-deterministic ones only where the
+// problem allows them), each with the math type it runs with and the larger of the workspace the query
+// reported and the one cudnnGet*WorkspaceSize gives for that math type (heuristic estimates are not
+// promised to be exact). Leaves the descriptor's math type changed.
+template <class Perf>
+std::vector<ConvAlgo> usable(const Perf* perfs, int count, const Problem& p, cudnnHandle_t h, const Descs& d,
+                             Dir dir) {
+  std::vector<ConvAlgo> out;
+  for (bool det : {true, false}) {
+    if (!det && !p.allow_nondeterministic) break;
+    for (int i = 0; i < count; ++i) {
+      if (!acceptable(perfs[i], p, det)) continue;
+      if (!det && perfs[i].determinism == CUDNN_DETERMINISTIC) continue;  // taken in the first pass
+      ConvAlgo a{true, int(perfs[i].algo), run_math(p, perfs[i].mathType), perfs[i].memory};
+      size_t bytes = 0;
+      if (cudnnSetConvolutionMathType(d.conv.h, a.math) == CUDNN_STATUS_SUCCESS &&
+          workspace_size(h, d, dir, a.algo, &bytes) == CUDNN_STATUS_SUCCESS)
+        a.workspace_bytes = std::max(a.workspace_bytes, bytes);
+      if (a.workspace_bytes <= kMaxWorkspace) out.push_back(a);
+    }
+  }
+  return out;
+}
+
+// Asks cuDNN for the candidates of one problem and direction (Note [Convolution algorithms]). A query cuDNN
+// refuses (for some layouts and types) gives none, like an empty candidate list.
+std::vector<ConvAlgo> candidates(const DeviceContext::DnnLease& lease, Stream stream, const Problem& p,
+                                 const Descs& d, Dir dir, const Operands& o) {
   int count = 0;
   cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
-  ConvAlgo chosen;
   const bool bench = conv_benchmark();
   // The timed search gets a scratch block of its own, returned to the pool afterwards: the per-stream
   // workspace only grows to what the chosen algorithms need.
@@ -162,44 +218,39 @@ ConvAlgo find_algo(const DeviceContext::DnnLease& lease, Stream stream, const Pr
   if (dir == Dir::fwd) {
     cudnnConvolutionFwdAlgoPerf_t perfs[kMaxCandidates];
     if (bench)
-      st = (cudnnFindConvolutionForwardAlgorithmEx(lease.handle, d.x.h, o.x, d.w.h, o.w, d.conv.h, d.y.h,
-                                                   o.out, kMaxCandidates, &count, perfs, ws, ws_bytes));
+      st = cudnnFindConvolutionForwardAlgorithmEx(lease.handle, d.x.h, o.x, d.w.h, o.w, d.conv.h, d.y.h,
+                                                  o.out, kMaxCandidates, &count, perfs, ws, ws_bytes);
     else
-      st = (cudnnGetConvolutionForwardAlgorithm_v7(lease.handle, d.x.h, d.w.h, d.conv.h, d.y.h,
-                                                   kMaxCandidates, &count, perfs));
-    if (st == CUDNN_STATUS_SUCCESS) chosen = pick(perfs, count, p);
+      st = cudnnGetConvolutionForwardAlgorithm_v7(lease.handle, d.x.h, d.w.h, d.conv.h, d.y.h, kMaxCandidates,
+                                                  &count, perfs);
+    if (st == CUDNN_STATUS_SUCCESS) return usable(perfs, count, p, lease.handle, d, dir);
   } else if (dir == Dir::bwd_data) {
     cudnnConvolutionBwdDataAlgoPerf_t perfs[kMaxCandidates];
     if (bench)
-      st = (cudnnFindConvolutionBackwardDataAlgorithmEx(lease.handle, d.w.h, o.w, d.y.h, o.y, d.conv.h, d.x.h,
-                                                        o.out, kMaxCandidates, &count, perfs, ws, ws_bytes));
+      st = cudnnFindConvolutionBackwardDataAlgorithmEx(lease.handle, d.w.h, o.w, d.y.h, o.y, d.conv.h, d.x.h,
+                                                       o.out, kMaxCandidates, &count, perfs, ws, ws_bytes);
     else
-      st = (cudnnGetConvolutionBackwardDataAlgorithm_v7(lease.handle, d.w.h, d.y.h, d.conv.h, d.x.h,
-                                                        kMaxCandidates, &count, perfs));
-    if (st == CUDNN_STATUS_SUCCESS) chosen = pick(perfs, count, p);
+      st = cudnnGetConvolutionBackwardDataAlgorithm_v7(lease.handle, d.w.h, d.y.h, d.conv.h, d.x.h,
+                                                       kMaxCandidates, &count, perfs);
+    if (st == CUDNN_STATUS_SUCCESS) return usable(perfs, count, p, lease.handle, d, dir);
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perfs[kMaxCandidates];
     if (bench)
-      st = (cudnnFindConvolutionBackwardFilterAlgorithmEx(lease.handle, d.x.h, o.x, d.y.h, o.y, d.conv.h,
-                                                          d.w.h, o.out, kMaxCandidates, &count, perfs, ws,
-                                                          ws_bytes));
+      st =
+          cudnnFindConvolutionBackwardFilterAlgorithmEx(lease.handle, d.x.h, o.x, d.y.h, o.y, d.conv.h, d.w.h,
+                                                        o.out, kMaxCandidates, &count, perfs, ws, ws_bytes);
     else
-      st = (cudnnGetConvolutionBackwardFilterAlgorithm_v7(lease.handle, d.x.h, d.y.h, d.conv.h, d.w.h,
-                                                          kMaxCandidates, &count, perfs));
-    if (st == CUDNN_STATUS_SUCCESS) chosen = pick(perfs, count, p);
+      st = cudnnGetConvolutionBackwardFilterAlgorithm_v7(lease.handle, d.x.h, d.y.h, d.conv.h, d.w.h,
+                                                         kMaxCandidates, &count, perfs);
+    if (st == CUDNN_STATUS_SUCCESS) return usable(perfs, count, p, lease.handle, d, dir);
   }
-  lease.conv_algos->emplace(key, chosen);
-  return chosen;
+  return {};
 }
 
-// Runs one direction: out = conv(x, w) (fwd), dx = conv^T(gy, w) (bwd_data) or dw = corr(x, gy) (bwd_filter).
-// Returns false, having queued nothing, when cuDNN has no algorithm for the problem.
-bool try_run(const Problem& p, Dir dir, const Operands& o, Stream stream) {
-  DeviceContext& ctx = context(stream.device.index);
-  DeviceContext::DnnLease lease = ctx.cudnn(stream);
-  Descs d(p);
-  const ConvAlgo a = find_algo(lease, stream, p, d, dir, o);
-  if (!a.found) return false;
+// Queues one direction with algorithm `a`: out = conv(x, w) (fwd), dx = conv^T(gy, w) (bwd_data) or
+// dw = corr(x, gy) (bwd_filter), overwriting out (beta = 0). Returns cuDNN's status.
+cudnnStatus_t enqueue(DeviceContext& ctx, const DeviceContext::DnnLease& lease, Stream stream,
+                      const Problem& p, const Descs& d, Dir dir, const Operands& o, const ConvAlgo& a) {
   CZ_CHECK_STATUS(cudnnSetConvolutionMathType(d.conv.h, a.math));
   void* ws = ctx.cudnn_workspace(lease, stream, a.workspace_bytes);
   // Scaling factors are f64 for f64 data and f32 otherwise (cuDNN's rule).
@@ -207,39 +258,63 @@ bool try_run(const Problem& p, Dir dir, const Operands& o, Stream stream) {
   const float one_f = 1.0f, zero_f = 0.0f;
   const void* one = p.dtype == DType::f64 ? static_cast<const void*>(&one_d) : &one_f;
   const void* zero = p.dtype == DType::f64 ? static_cast<const void*>(&zero_d) : &zero_f;
-  cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
   switch (dir) {
     case Dir::fwd:
-      st = cudnnConvolutionForward(lease.handle, one, d.x.h, o.x, d.w.h, o.w, d.conv.h,
-                                   cudnnConvolutionFwdAlgo_t(a.algo), ws, a.workspace_bytes, zero, d.y.h,
-                                   o.out);
-      break;
+      return cudnnConvolutionForward(lease.handle, one, d.x.h, o.x, d.w.h, o.w, d.conv.h,
+                                     cudnnConvolutionFwdAlgo_t(a.algo), ws, a.workspace_bytes, zero, d.y.h,
+                                     o.out);
     case Dir::bwd_data:
-      st = cudnnConvolutionBackwardData(lease.handle, one, d.w.h, o.w, d.y.h, o.y, d.conv.h,
-                                        cudnnConvolutionBwdDataAlgo_t(a.algo), ws, a.workspace_bytes, zero,
-                                        d.x.h, o.out);
-      break;
+      return cudnnConvolutionBackwardData(lease.handle, one, d.w.h, o.w, d.y.h, o.y, d.conv.h,
+                                          cudnnConvolutionBwdDataAlgo_t(a.algo), ws, a.workspace_bytes, zero,
+                                          d.x.h, o.out);
     case Dir::bwd_filter:
-      st = cudnnConvolutionBackwardFilter(lease.handle, one, d.x.h, o.x, d.y.h, o.y, d.conv.h,
-                                          cudnnConvolutionBwdFilterAlgo_t(a.algo), ws, a.workspace_bytes,
-                                          zero, d.w.h, o.out);
-      break;
+      return cudnnConvolutionBackwardFilter(lease.handle, one, d.x.h, o.x, d.y.h, o.y, d.conv.h,
+                                            cudnnConvolutionBwdFilterAlgo_t(a.algo), ws, a.workspace_bytes,
+                                            zero, d.w.h, o.out);
   }
-  // Heuristic candidates are not always runnable: a refusal (nothing was queued) is remembered as "no
-  // algorithm" for the problem, like an empty candidate list. Anything else is an error.
-  if (st == CUDNN_STATUS_NOT_SUPPORTED) {
-    (*lease.conv_algos)[p.key(dir, d.math)] = ConvAlgo{};
-    return false;
+  return CUDNN_STATUS_BAD_PARAM;
+}
+
+// Runs one direction with the cached algorithm, or, on the problem's first call, with the first candidate
+// cuDNN accepts to run (heuristic candidates are not always runnable: a refusal queues nothing, and the next
+// one is tried), which is then cached. Returns false, having queued nothing, when no candidate runs; that is
+// cached too, with the last refusal in *why. Any other cuDNN error throws.
+bool try_run(const Problem& p, Dir dir, const Operands& o, Stream stream, cudnnStatus_t* why = nullptr) {
+  DeviceContext& ctx = context(stream.device.index);
+  DeviceContext::DnnLease lease = ctx.cudnn(stream);
+  Descs d(p);
+  const std::string key = p.key(dir, d.math);
+  auto& cache = *lease.conv_algos;
+  if (auto it = cache.find(key); it != cache.end()) {
+    if (!it->second.found) return false;
+    const cudnnStatus_t st = enqueue(ctx, lease, stream, p, d, dir, o, it->second);
+    if (st == CUDNN_STATUS_SUCCESS) return true;
+    if (!refused(st)) CZ_CHECK_STATUS(st);
+    // The cached algorithm refused a problem it ran before (it may depend on what the key leaves out, such
+    // as pointer alignment): search again.
   }
-  CZ_CHECK_STATUS(st);
-  return true;
+  cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
+  for (const ConvAlgo& a : candidates(lease, stream, p, d, dir, o)) {
+    const cudnnStatus_t st = enqueue(ctx, lease, stream, p, d, dir, o, a);
+    if (st == CUDNN_STATUS_SUCCESS) {
+      cache[key] = a;
+      return true;
+    }
+    if (!refused(st)) CZ_CHECK_STATUS(st);
+    last = st;
+  }
+  cache[key] = ConvAlgo{};
+  if (why) *why = last;
+  return false;
 }
 
 void run(const Problem& p, Dir dir, const Operands& o, Stream stream) {
-  CZ_CHECK(try_run(p, dir, o, stream),
+  cudnnStatus_t why = CUDNN_STATUS_NOT_SUPPORTED;
+  CZ_CHECK(try_run(p, dir, o, stream, &why),
            "cuda::{}: cuDNN has no usable {} algorithm for x ({}, {}, {}, {}) NHWC {}, {} filters of {}x{}, "
-           "groups {}",
-           p.op, dir_name(dir), p.n, p.h, p.w, p.c, dtype_name(p.dtype), p.k, p.r, p.r, p.groups);
+           "groups {} (last refusal: {})",
+           p.op, dir_name(dir), p.n, p.h, p.w, p.c, dtype_name(p.dtype), p.k, p.r, p.r, p.groups,
+           cudnnGetErrorString(why));
 }
 
 // y (rows, c) += bias (c), through the bias + GELU kernel with GELU off.
@@ -280,7 +355,7 @@ void check_like(const char* op, const char* what, const Tensor& t, const Shape& 
 Problem depthwise_problem(const Tensor& x, int64_t k) {
   const char* op = "depthwise_conv2d";
   const int c = to_int(op, x.size(3)), h = to_int(op, x.size(1)), w = to_int(op, x.size(2));
-  return {op, x.dtype(), to_int(op, x.size(0)), h, w, c, c, int(k), int(k / 2), 1, c, h, w};
+  return {op, x.dtype(), to_int(op, x.size(0)), h, w, c, c, int(k), int(k / 2), 1, c, h, w, false};
 }
 
 Tensor crs_from_rsc(const Tensor& wk, Stream stream) {
@@ -391,7 +466,8 @@ Problem patchify_problem(const Tensor& x, const Tensor& w) {
           int(k),
           1,
           to_int(op, x.size(1) / k),
-          to_int(op, x.size(2) / k)};
+          to_int(op, x.size(2) / k),
+          true};
 }
 
 void check_patchify(const char* op, const Tensor& x, const Tensor& w, Stream stream) {
@@ -402,6 +478,10 @@ void check_patchify(const char* op, const Tensor& x, const Tensor& w, Stream str
                      x.size(1) >= w.size(1) && x.size(2) >= w.size(1),
                  "cuda::{}: w has shape {} for x {}; expected (Cout, k, k, {}) with k <= H, W", op,
                  shape_str(w.sizes()), shape_str(x.sizes()), x.size(3));
+  // The output can hold more elements than x (the stem: 3 channels in, 96 out at 1/16 of the pixels).
+  const int64_t k = w.size(1), y_numel = x.size(0) * (x.size(1) / k) * (x.size(2) / k) * w.size(0);
+  CZ_CHECK_SHAPE(y_numel <= 0x7fffffff, "cuda::{}: the output has {} elements, more than cuDNN indexes", op,
+                 y_numel);
 }
 
 }  // namespace
@@ -435,8 +515,14 @@ void patchify_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w
     return;
   }
   const Problem p = patchify_problem(x, w);
-  // Backward-data writes every element of dx, zeros included where the floor of H / k dropped rows.
-  if (dx.defined()) run(p, Dir::bwd_data, {nullptr, w.raw_data(), gy.raw_data(), dx.raw_data()}, stream);
+  if (dx.defined()) {
+    // Where the floor of H / k or W / k dropped rows or columns, their gradient is zero. cuDNN's beta = 0
+    // contract covers every element of dx, but a backward-data kernel that walks the filter taps never
+    // visits the dropped ones, so they are zeroed first rather than trusted to every algorithm. ConvNeXt's
+    // shapes divide evenly and never pay for this fill.
+    if (x.size(1) % k != 0 || x.size(2) % k != 0) fill(dx, 0.0, stream);
+    run(p, Dir::bwd_data, {nullptr, w.raw_data(), gy.raw_data(), dx.raw_data()}, stream);
+  }
   if (dw.defined()) run(p, Dir::bwd_filter, {x.raw_data(), nullptr, gy.raw_data(), dw.raw_data()}, stream);
   bias_grad(gy, dbias, cout, stream);
 }

@@ -1,7 +1,8 @@
 // Direct depthwise k x k convolution on NHWC data with the (k, k, C) weight, forward, backward-data and
 // backward-filter: the fallback for problems cuDNN has no algorithm for (and a reference for its results,
 // under set_depthwise_direct). One thread per output element along C, so a warp reads 32 consecutive
-// channels of a pixel; the filter gradient is summed in fixed chunks, then in chunk order: deterministic.
+// channels of a pixel; the filter gradient is summed in fixed chunks (lanes in lane order within a chunk),
+// then in chunk order: deterministic.
 #include "tensor/cuda/device_utils.cuh"
 
 namespace cz::cuda::launch {
@@ -55,7 +56,9 @@ __global__ void backward_data_kernel(const T* __restrict__ gy, const T* __restri
 }
 
 // Filter gradient: blocks of 32 channels x 8 lanes; lane `ly` of chunk `b` sums the output rows (n, h) of its
-// chunk with stride 8 into K*K accumulators and writes partial[(b * 8 + ly)][tap][c].
+// chunk with stride 8 into K*K accumulators, the block then adds its 8 lanes in lane order (through shared
+// memory, 8 taps at a time) and writes partial[b][tap][c]: one partial per chunk, not per lane, so the
+// finishing pass reads 8x less.
 constexpr int kColTile = 32, kLanes = 8;
 constexpr size_t kFilterWorkspaceCap = size_t(32) << 20;
 
@@ -66,10 +69,11 @@ struct FilterPlan {
 FilterPlan filter_plan(int64_t rows, int64_t c, int k, size_t acc_bytes, int sm_count) {
   FilterPlan f;
   f.col_tiles = (c + kColTile - 1) / kColTile;
-  const size_t per_chunk = size_t(kLanes) * size_t(k * k) * size_t(c) * acc_bytes;
+  const size_t per_chunk = size_t(k * k) * size_t(c) * acc_bytes;
   const int64_t cap = std::max<int64_t>(int64_t(kFilterWorkspaceCap / std::max<size_t>(per_chunk, 1)), 1);
   const int64_t want = (int64_t(std::max(sm_count, 1)) * 4 + f.col_tiles - 1) / f.col_tiles;
-  f.chunks = std::clamp<int64_t>(want, 1, std::min<int64_t>(cap, std::max<int64_t>(rows, 1)));
+  // gridDim.y holds the chunks: at most 65535.
+  f.chunks = std::clamp<int64_t>(want, 1, std::min<int64_t>({cap, std::max<int64_t>(rows, 1), 65535}));
   f.rows_per_chunk = std::max<int64_t>((rows + f.chunks - 1) / f.chunks, 1);
   f.chunks = std::max<int64_t>((rows + f.rows_per_chunk - 1) / f.rows_per_chunk, 1);
   return f;
@@ -106,9 +110,26 @@ __global__ void filter_partial_kernel(const T* __restrict__ gy, const T* __restr
         }
       }
     }
-    A* out = partial + (int64_t(blockIdx.y) * kLanes + threadIdx.y) * K * K * c + ch;
+  }
+  // Every thread reaches the barriers (no early exit above); lane ly of each batch sums tap t0 + ly over the
+  // 8 lanes in order 0..7, so the result does not depend on scheduling.
+  static_assert(kLanes * kColTile * kLanes * sizeof(double) <= 16384, "shared staging too large");
+  __shared__ A stage[kLanes][kLanes][kColTile];  // [tap in batch][lane][channel]
+  A* out = partial + int64_t(blockIdx.y) * K * K * c + ch;
 #pragma unroll
-    for (int t = 0; t < K * K; ++t) out[t * c] = acc[t];
+  for (int t0 = 0; t0 < K * K; t0 += kLanes) {
+#pragma unroll
+    for (int b = 0; b < kLanes; ++b)
+      if (t0 + b < K * K) stage[b][threadIdx.y][threadIdx.x] = acc[t0 + b];
+    __syncthreads();
+    const int t = t0 + int(threadIdx.y);
+    if (t < K * K && ch < c) {
+      A s = stage[threadIdx.y][0][threadIdx.x];
+#pragma unroll
+      for (int l = 1; l < kLanes; ++l) s += stage[threadIdx.y][l][threadIdx.x];
+      out[int64_t(t) * c] = s;
+    }
+    __syncthreads();
   }
 }
 
@@ -171,7 +192,7 @@ cudaError_t depthwise_backward_data(const Config& cfg, DType t, const void* gy, 
 
 size_t depthwise_backward_filter_workspace(DType t, int64_t n, int64_t h, int64_t c, int k, int sm_count) {
   const FilterPlan f = filter_plan(n * h, c, k, acc_size(t), sm_count);
-  return size_t(f.chunks * kLanes) * size_t(k * k) * size_t(c) * acc_size(t);
+  return size_t(f.chunks) * size_t(k * k) * size_t(c) * acc_size(t);
 }
 
 cudaError_t depthwise_backward_filter(const Config& cfg, DType t, const void* gy, const void* x, void* dw,
@@ -191,7 +212,7 @@ cudaError_t depthwise_backward_filter(const Config& cfg, DType t, const void* gy
       if (st != cudaSuccess) return st;
       const int64_t taps_c = int64_t(K) * K * c;
       filter_finish_kernel<T><<<grid_for(taps_c, cfg.sm_count), kThreads, 0, cfg.stream>>>(
-          partial, f.chunks * kLanes, taps_c, static_cast<T*>(dw));
+          partial, f.chunks, taps_c, static_cast<T*>(dw));
       return cudaGetLastError();
     });
   });
