@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tensor/cuda/block_pool.h"
 #include "tensor/cuda/context.h"
 #include "tensor/cuda/status.h"
 #include "tensor/tensor.h"
@@ -34,6 +35,8 @@ namespace cz::cuda {
 //    transfers and needs no record.)
 //  * A stream used without record_stream is a bug of the caller, as with any caching allocator: the block can
 //    be handed out while that stream still uses it.
+// The bookkeeping lives in BlockPool (block_pool.h), parameterised by the CUDA calls (CudaBackend below), so
+// tests/tensor/test_block_pool.cpp checks these rules on a CPU with fake streams and events.
 namespace {
 
 std::string bytes_str(int64_t b) {
@@ -54,11 +57,112 @@ void warn_release_failure(const std::exception& e) {
   });
 }
 
+// The CUDA side of a BlockPool: events (pooled per device, without timing), cudaMalloc / cudaHostAlloc.
+class CudaBackend {
+ public:
+  struct Event {
+    cudaEvent_t ev;
+    int device;
+  };
+
+  CudaBackend(bool pinned, int device) : pinned_(pinned), device_(device) {}
+
+  Event record(const Stream& s) {
+    const int dev = s.device.index;
+    auto& pool = events_[dev];
+    Event e{nullptr, dev};
+    if (!pool.empty()) {
+      e.ev = pool.back();
+      pool.pop_back();
+    }
+    try {
+      DeviceGuard guard(dev);
+      if (!e.ev) CZ_CHECK_STATUS(cudaEventCreateWithFlags(&e.ev, cudaEventDisableTiming));
+      CZ_CHECK_STATUS(cudaEventRecord(e.ev, native(s)));
+    } catch (...) {
+      if (e.ev) pool.push_back(e.ev);
+      throw;
+    }
+    return e;
+  }
+
+  bool query(const Event& e) {
+    const cudaError_t st = cudaEventQuery(e.ev);
+    if (st == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not an error: clear it so later checks do not see it
+      return false;
+    }
+    CZ_CHECK_STATUS(st);
+    return true;
+  }
+
+  void synchronize(const Event& e) { CZ_CHECK_STATUS(cudaEventSynchronize(e.ev)); }
+
+  void recycle(const Event& e) { events_[e.device].push_back(e.ev); }
+
+  void* system_alloc(size_t cls) {
+    void* p = nullptr;
+    cudaError_t st;
+    if (!pinned_) {
+      DeviceGuard guard(device_);
+      st = cudaMalloc(&p, cls);
+    } else {
+      // Portable: usable from every device. Allocated with the calling thread's current device (see
+      // adopt_default_device in CachingAllocator).
+      st = cudaHostAlloc(&p, cls, cudaHostAllocPortable);
+    }
+    if (st == cudaSuccess) return p;
+    if (st != cudaErrorMemoryAllocation) CZ_CHECK_STATUS(st);
+    (void)cudaGetLastError();  // an allocation failure is not sticky; clear it before retrying or reporting
+    return nullptr;
+  }
+
+  void system_free(void* p) {
+    if (!pinned_) {
+      DeviceGuard guard(device_);
+      CZ_CHECK_STATUS(cudaFree(p));
+    } else {
+      CZ_CHECK_STATUS(cudaFreeHost(p));
+    }
+  }
+
+  [[noreturn]] void out_of_memory(size_t cls, size_t requested, const MemoryStats& stats) {
+    std::string device_line;
+    if (!pinned_) {
+      size_t free_b = 0, total_b = 0;
+      DeviceGuard guard(device_);
+      if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+        device_line = fmt::format("; the device has {} free of {}", bytes_str(int64_t(free_b)),
+                                  bytes_str(int64_t(total_b)));
+      else
+        (void)cudaGetLastError();
+    }
+    throw OutOfMemoryError(fmt::format(
+        "{}CUDA out of memory: {} allocator could not get {} (requested {}) even after returning its cache "
+        "to the driver. Held by live tensors: {} (peak {}); reserved: {} (peak {}){}",
+        log_prefix(), pinned_ ? "pinned host" : Device::cuda(device_).str(), bytes_str(int64_t(cls)),
+        bytes_str(int64_t(requested)), bytes_str(stats.allocated_bytes),
+        bytes_str(stats.peak_allocated_bytes), bytes_str(stats.reserved_bytes),
+        bytes_str(stats.peak_reserved_bytes), device_line));
+  }
+
+  void warn_release_failure(const std::exception& e) noexcept { cuda::warn_release_failure(e); }
+
+ private:
+  const bool pinned_;
+  const int device_;                                          // the GPU; unused for pinned memory
+  std::unordered_map<int, std::vector<cudaEvent_t>> events_;  // completed events for reuse, by device
+};
+
 class CachingAllocator final : public Allocator {
  public:
   enum class Kind { device, pinned };
 
-  CachingAllocator(Kind kind, int device) : kind_(kind), device_(device) {}
+  CachingAllocator(Kind kind, int device)
+      : kind_(kind),
+        device_(device),
+        pool_(CudaBackend(kind == Kind::pinned, device), kind == Kind::device,
+              kind == Kind::device ? Device::cuda(device).str() : "pinned") {}
 
   DataPtr allocate(size_t nbytes) override {
     return allocate_for(nbytes, kind_ == Kind::device ? current_stream(device()) : Stream{});
@@ -68,42 +172,17 @@ class CachingAllocator final : public Allocator {
     if (kind_ == Kind::device)
       CZ_ASSERT(stream.device == device(), "allocation for a stream on {} from the {} allocator",
                 stream.device.str(), device().str());
-    const size_t cls = round_to_size_class(nbytes);
-    void* home = kind_ == Kind::device ? stream.handle : nullptr;
     adopt_default_device();  // pinned memory and event queries use the current device
-    std::lock_guard<std::mutex> lock(mu_);
-    process_pending(/*wait=*/false);
-    void* p = take_cached(home, cls);
-    if (!p) {
-      p = system_alloc(cls, nbytes);
-      stats_.reserved_bytes += int64_t(cls);
-      stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
-      ++stats_.num_system_allocs;
-    }
-    live_.emplace(p, Block{cls, home, {}});
-    stats_.allocated_bytes += int64_t(cls);
-    stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
-    ++stats_.num_allocs;
-    return DataPtr(p, nbytes, this);
+    return DataPtr(pool_.allocate(nbytes, stream), nbytes, this);
   }
 
   Device device() const override { return kind_ == Kind::device ? Device::cuda(device_) : Device::cpu(); }
-
-  MemoryStats stats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
-  }
-
-  void reset_peak() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.peak_allocated_bytes = stats_.allocated_bytes;
-    stats_.peak_reserved_bytes = stats_.reserved_bytes;
-  }
+  MemoryStats stats() const override { return pool_.stats(); }
+  void reset_peak() override { pool_.reset_peak(); }
 
   void empty_cache() override {
     adopt_default_device();
-    std::lock_guard<std::mutex> lock(mu_);
-    release_cache();
+    pool_.empty_cache();
   }
 
   void record_stream(void* ptr, Stream stream) override {
@@ -112,196 +191,24 @@ class CachingAllocator final : public Allocator {
     if (kind_ == Kind::device)
       CZ_CHECK_DEVICE(stream.device == device(), "record_stream: block on {} used on a stream of {}",
                       device().str(), stream.device.str());
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = live_.find(ptr);
-    CZ_CHECK(it != live_.end(), "record_stream: {} is not the start of a live block of the {} allocator", ptr,
-             kind_ == Kind::device ? device().str() : "pinned");
-    Block& b = it->second;
-    if (kind_ == Kind::device && stream.handle == b.home) return;  // ordered on the home stream already
-    if (std::find(b.streams.begin(), b.streams.end(), stream) == b.streams.end()) b.streams.push_back(stream);
+    pool_.record_stream(ptr, stream);
   }
 
  protected:
   void release(void* ptr, size_t) noexcept override {
     try {
       adopt_default_device();
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = live_.find(ptr);
-      if (it == live_.end()) return;  // not ours: nothing sane to do in a destructor
-      Block b = std::move(it->second);
-      live_.erase(it);
-      stats_.allocated_bytes -= int64_t(b.cls);
-      ++stats_.num_frees;
-      if (b.streams.empty()) {
-        free_[{b.home, b.cls}].push_back(ptr);
-        return;
-      }
-      Pending pending{ptr, b.cls, b.home, {}};
-      try {
-        for (const Stream& s : b.streams) {
-          cudaEvent_t ev = take_event(s.device.index);
-          pending.events.emplace_back(ev, s.device.index);  // owned by `pending` even if the record fails
-          DeviceGuard guard(s.device.index);
-          CZ_CHECK_STATUS(cudaEventRecord(ev, native(s)));
-        }
-      } catch (const std::exception& e) {
-        // Without the events nobody can tell when the other streams are done with the block: drop it (it
-        // stays counted in `reserved`, which is the truth: the bytes are still held).
-        for (auto& [ev, dev] : pending.events) events_[dev].push_back(ev);
-        warn_release_failure(e);
-        return;
-      }
-      pending_.push_back(std::move(pending));
     } catch (const std::exception& e) {
       warn_release_failure(e);
+      return;
     }
+    pool_.release(ptr);
   }
 
  private:
-  struct Block {
-    size_t cls;
-    void* home;                   // home stream handle (device blocks); nullptr for pinned blocks
-    std::vector<Stream> streams;  // other streams recorded with record_stream
-  };
-  struct Pending {
-    void* ptr;
-    size_t cls;
-    void* home;
-    std::vector<std::pair<cudaEvent_t, int>> events;  // (event, its device)
-  };
-  struct PoolKey {
-    void* home;
-    size_t cls;
-    bool operator==(const PoolKey&) const = default;
-  };
-  struct PoolKeyHash {
-    size_t operator()(const PoolKey& k) const {
-      return std::hash<void*>()(k.home) ^ (std::hash<size_t>()(k.cls) * 0x9E3779B97F4A7C15ull);
-    }
-  };
-
-  void* take_cached(void* home, size_t cls) {
-    auto it = free_.find({home, cls});
-    if (it == free_.end() || it->second.empty()) return nullptr;
-    void* p = it->second.back();
-    it->second.pop_back();
-    return p;
-  }
-
-  // Moves pending blocks whose events have all completed to their pools; with `wait`, waits for all of them.
-  void process_pending(bool wait) {
-    for (size_t i = 0; i < pending_.size();) {
-      Pending& p = pending_[i];
-      bool done = true;
-      for (auto& [ev, dev] : p.events) {
-        if (wait) {
-          CZ_CHECK_STATUS(cudaEventSynchronize(ev));
-          continue;
-        }
-        const cudaError_t st = cudaEventQuery(ev);
-        if (st == cudaErrorNotReady) {
-          (void)cudaGetLastError();  // not an error: clear it so later checks do not see it
-          done = false;
-          break;
-        }
-        CZ_CHECK_STATUS(st);
-      }
-      if (!done) {
-        ++i;
-        continue;
-      }
-      for (auto& [ev, dev] : p.events) events_[dev].push_back(ev);
-      free_[{p.home, p.cls}].push_back(p.ptr);
-      pending_[i] = std::move(pending_.back());
-      pending_.pop_back();
-    }
-  }
-
-  // Waits for pending blocks, then returns every cached block to the system. Caller holds mu_.
-  void release_cache() {
-    process_pending(/*wait=*/true);
-    for (auto& [key, blocks] : free_) {
-      for (void* p : blocks) system_free(p);
-      stats_.reserved_bytes -= int64_t(key.cls * blocks.size());
-      blocks.clear();
-    }
-    free_.clear();
-  }
-
-  cudaEvent_t take_event(int dev) {
-    auto& pool = events_[dev];
-    if (!pool.empty()) {
-      cudaEvent_t ev = pool.back();
-      pool.pop_back();
-      return ev;
-    }
-    DeviceGuard guard(dev);
-    cudaEvent_t ev = nullptr;
-    CZ_CHECK_STATUS(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    return ev;
-  }
-
-  void* system_alloc(size_t cls, size_t requested) {
-    for (int attempt = 0;; ++attempt) {
-      void* p = nullptr;
-      cudaError_t st;
-      if (kind_ == Kind::device) {
-        DeviceGuard guard(device_);
-        st = cudaMalloc(&p, cls);
-      } else {
-        // Portable: usable from every device. Allocated with the calling thread's current device (see
-        // adopt_default_device in allocate_for).
-        st = cudaHostAlloc(&p, cls, cudaHostAllocPortable);
-      }
-      if (st == cudaSuccess) return p;
-      if (st != cudaErrorMemoryAllocation) CZ_CHECK_STATUS(st);
-      (void)cudaGetLastError();  // an allocation failure is not sticky; clear it before retrying or reporting
-      if (attempt == 0) {
-        release_cache();
-        continue;
-      }
-      throw OutOfMemoryError(oom_message(cls, requested));
-    }
-  }
-
-  std::string oom_message(size_t cls, size_t requested) const {
-    std::string device_line;
-    if (kind_ == Kind::device) {
-      size_t free_b = 0, total_b = 0;
-      DeviceGuard guard(device_);
-      if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
-        device_line = fmt::format("; the device has {} free of {}", bytes_str(int64_t(free_b)),
-                                  bytes_str(int64_t(total_b)));
-      else
-        (void)cudaGetLastError();
-    }
-    return fmt::format(
-        "{}CUDA out of memory: {} allocator could not get {} (requested {}) even after returning its cache "
-        "to "
-        "the driver. Held by live tensors: {} (peak {}); reserved: {} (peak {}){}",
-        log_prefix(), kind_ == Kind::device ? device().str() : "pinned host", bytes_str(int64_t(cls)),
-        bytes_str(int64_t(requested)), bytes_str(stats_.allocated_bytes),
-        bytes_str(stats_.peak_allocated_bytes), bytes_str(stats_.reserved_bytes),
-        bytes_str(stats_.peak_reserved_bytes), device_line);
-  }
-
-  void system_free(void* p) {
-    if (kind_ == Kind::device) {
-      DeviceGuard guard(device_);
-      CZ_CHECK_STATUS(cudaFree(p));
-    } else {
-      CZ_CHECK_STATUS(cudaFreeHost(p));
-    }
-  }
-
   const Kind kind_;
-  const int device_;  // the GPU; unused for pinned memory
-  mutable std::mutex mu_;
-  std::unordered_map<void*, Block> live_;
-  std::unordered_map<PoolKey, std::vector<void*>, PoolKeyHash> free_;
-  std::vector<Pending> pending_;
-  std::unordered_map<int, std::vector<cudaEvent_t>> events_;  // completed events for reuse, by device
-  MemoryStats stats_;
+  const int device_;
+  BlockPool<CudaBackend> pool_;
 };
 
 constexpr int kMaxDevices = 16;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "dist/comm/bootstrap.h"
@@ -18,6 +19,7 @@
 #include "dist/comm/ring.h"
 #include "dist/comm/topology_detect.h"
 #include "tensor/allocator.h"
+#include "tensor/cuda/context.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/stream.h"
 
@@ -49,6 +51,16 @@ ncclDataType_t nccl_type(DType dt) {
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   return op == ReduceOp::avg ? ncclAvg : ncclSum;
+}
+
+// A device block used on the communicator's stream `stream`: allocated for the caller's current stream (the
+// collective is ordered after it by the submit event) and recorded on `stream`, so that when freed it waits
+// for the work queued there.
+DataPtr comm_block(size_t bytes, int device, cudaStream_t stream) {
+  Allocator& a = cuda_runtime::device_allocator(device);
+  DataPtr block = a.allocate(bytes);
+  a.record_stream(block.get(), Stream{Device::cuda(device), stream});
+  return block;
 }
 
 // The ring's transport over NCCL: everything is ordered on one stream, so waits are no-ops.
@@ -87,9 +99,9 @@ class NcclRingTransport final : public RingTransport {
   }
   void* scratch(size_t bytes) override {
     if (scratch_.nbytes() < bytes || !scratch_.get()) {
-      // The old block may still be in use by work queued on the stream.
-      CZ_CUDA_COMM(cudaStreamSynchronize(stream_));
-      scratch_ = cuda_runtime::device_allocator(device_).allocate(std::max<size_t>(bytes, 256));
+      // Recorded on the stream, so the old block is reused only after the work queued on it so far (Note
+      // [Cross-stream frees]); no host synchronisation.
+      scratch_ = comm_block(std::max<size_t>(bytes, 256), device_, stream_);
     }
     return scratch_.get();
   }
@@ -109,14 +121,19 @@ class NcclCommunicator final : public Communicator {
     CZ_CHECK_DEVICE(options.device.is_cuda(), "the NCCL backend takes CUDA buffers, not {}",
                     options.device.str());
     device_ = options.device.index;
-    CZ_CUDA_COMM(cudaSetDevice(device_));
+    ::cz::cuda::DeviceGuard guard(device_);  // NCCL binds the communicator to the current device
     // Must happen before NCCL initialises (it reads NCCL_P2P_DISABLE then).
     check_gpu_p2p_and_configure_nccl();
     ncclUniqueId id;
     if (world.rank() == 0) CZ_NCCL(ncclGetUniqueId(&id));
     CZ_MPI(MPI_Bcast(&id, int(sizeof(id)), MPI_BYTE, 0, world.comm()));
     CZ_NCCL(ncclCommInitRank(&comm_, world.size(), id, world.rank()));
-    CZ_CUDA_COMM(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // Non-blocking, at the device's highest priority (as cuda::comm_stream), so collectives are not starved
+    // by the compute kernels they overlap with. Not the shared comm_stream itself: two communicators on one
+    // stream would serialise their collectives, and ranks could order them differently.
+    int least = 0, greatest = 0;
+    CZ_CUDA_COMM(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CZ_CUDA_COMM(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
     slice_bytes_ = options.slice_bytes > 0 ? options.slice_bytes : kNcclSliceBytes;
     abort_hook_ = add_abort_hook([this] { abort(); });
     watchdog_ = std::thread([this] { watch(); });
@@ -138,8 +155,14 @@ class NcclCommunicator final : public Communicator {
     cudaStreamDestroy(stream_);
   }
 
+  // From any thread (the abort hook of die(), the watchdog): fails what is in flight, refuses later calls
+  // (they would use the freed communicator) and aborts NCCL.
   void abort() noexcept override {
-    if (!aborted_.exchange(true)) ncclCommAbort(comm_);
+    try {
+      fail("comm failure: the communicator was aborted");
+    } catch (...) {
+      abort_nccl();
+    }
   }
 
  protected:
@@ -157,8 +180,22 @@ class NcclCommunicator final : public Communicator {
       work->mark_failed(fmt::format("{}: the communicator failed earlier: {}", c.what, reason()));
       return work;
     }
+    // The host part (NCCL may block in it, e.g. while connecting to a peer that never arrives) is watched
+    // like the device part: Note [Failure handling].
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      enqueuing_ = Enqueuing{c.what, Clock::now()};
+    }
+    cv_.notify_one();
+    struct EndEnqueuing {
+      NcclCommunicator* self;
+      ~EndEnqueuing() {
+        std::lock_guard<std::mutex> lock(self->mu_);
+        self->enqueuing_.reset();
+      }
+    } end_enqueuing{this};
     try {
-      CZ_CUDA_COMM(cudaSetDevice(device_));
+      ::cz::cuda::DeviceGuard guard(device_);
       const Stream comm_stream{c.device, stream_};
       // Note [Comm streams]: the collective sees everything queued on the caller's stream before the call.
       void* ready = cuda_runtime::event_create(device_);
@@ -169,11 +206,18 @@ class NcclCommunicator final : public Communicator {
       void* done = cuda_runtime::event_create(device_);
       cuda_runtime::event_record(done, comm_stream);
       work->set_device_event(done);
-      work->mark_done();  // the host part; the device part is the event
+      std::string failed_meanwhile;  // the watchdog gave up on the communicator while NCCL was enqueueing
       {
         std::lock_guard<std::mutex> lock(mu_);
-        inflight_.push_back({work, done, Clock::now(), c.what});
+        if (broken_.load())
+          failed_meanwhile = reason_;
+        else
+          inflight_.push_back({work, done, Clock::now(), c.what});
       }
+      if (failed_meanwhile.empty())
+        work->mark_done();  // the host part; the device part is the event
+      else
+        work->mark_failed(fmt::format("{}: {}", c.what, failed_meanwhile));
       cv_.notify_one();
     } catch (const std::exception& e) {
       work->mark_failed(e.what());
@@ -189,6 +233,10 @@ class NcclCommunicator final : public Communicator {
     Clock::time_point start;
     std::string what;
   };
+  struct Enqueuing {  // a submit inside NCCL's host calls
+    std::string what;
+    Clock::time_point start;
+  };
 
   void enqueue(const Call& c) {
     const int n = size(), me = rank();
@@ -203,7 +251,7 @@ class NcclCommunicator final : public Communicator {
       return;
     }
     if (c.kind == Collective::barrier) {
-      if (!barrier_buf_.get()) barrier_buf_ = cuda_runtime::device_allocator(device_).allocate(sizeof(float));
+      if (!barrier_buf_.get()) barrier_buf_ = comm_block(sizeof(float), device_, stream_);
       CZ_NCCL(ncclAllReduce(barrier_buf_.get(), barrier_buf_.get(), 1, ncclFloat32, ncclSum, comm_, stream_));
       return;
     }
@@ -277,41 +325,86 @@ class NcclCommunicator final : public Communicator {
       failed.swap(inflight_);
     }
     for (auto& f : failed) f.work->mark_failed(fmt::format("{}: {}", f.what, error));
-    abort();
+    abort_nccl();
   }
 
-  // Note [Failure handling]: polls the oldest collective's event every millisecond (sleeping in between), and
-  // NCCL's asynchronous error state; fails everything in flight on timeout, error or a dead peer.
+  void abort_nccl() noexcept {
+    std::lock_guard<std::mutex> lock(abort_mu_);  // the watchdog must not query a communicator being freed
+    if (!aborted_.exchange(true)) ncclCommAbort(comm_);
+  }
+
+  // Note [Failure handling]: polls the oldest collective's event every millisecond (sleeping in between; a
+  // submit still inside NCCL's host calls counts as in flight, since they can block on a peer), and NCCL's
+  // asynchronous error state; fails everything in flight on timeout, error or a dead peer.
   void watch() {
+    // Event queries need a current device: this thread never chose one, so the guard makes device_ its device
+    // for good (Note [Current device]); otherwise it would adopt the process's default one.
+    try {
+      ::cz::cuda::DeviceGuard guard(device_);
+    } catch (const std::exception& e) {
+      fail(fmt::format("comm failure: the watchdog cannot use cuda:{}: {}", device_, e.what()));
+    }
     auto next_liveness = Clock::now();
     for (;;) {
-      Inflight head;
+      if (broken_.load()) {  // everything in flight has failed and later calls are refused: nothing to watch
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_; });
+        return;
+      }
+      std::string what;
+      Clock::time_point start;
+      std::string error;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait_for(lock, std::chrono::milliseconds(1), [&] { return stop_ || !inflight_.empty(); });
-        while (!inflight_.empty() && cuda_runtime::event_query(inflight_.front().done)) inflight_.pop_front();
-        if (inflight_.empty()) {
+        // Idle: sleep until there is something to watch. (A wait_for with this predicate would return at once
+        // whenever work is in flight, and the thread would spin on cudaEventQuery holding mu_.)
+        cv_.wait(lock, [&] { return stop_ || !inflight_.empty() || enqueuing_.has_value(); });
+        try {
+          while (!inflight_.empty() && cuda_runtime::event_query(inflight_.front().done))
+            inflight_.pop_front();
+        } catch (const std::exception& e) {  // a device error: must not escape the thread (std::terminate)
+          error = fmt::format("comm failure: {} failed on the device: {}", inflight_.front().what, e.what());
+        }
+        if (error.empty() && inflight_.empty() && !enqueuing_) {
           if (stop_) return;
           continue;
         }
-        head = inflight_.front();
+        // The oldest unfinished thing: a collective on the device, else the submit inside NCCL's host calls.
+        if (!inflight_.empty()) {
+          what = inflight_.front().what;
+          start = inflight_.front().start;
+        } else if (enqueuing_) {
+          what = enqueuing_->what;
+          start = enqueuing_->start;
+        }
       }
-      std::string error;
+      if (!error.empty()) {
+        fail(error);
+        continue;
+      }
       ncclResult_t async = ncclSuccess;
-      if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
-          async != ncclInProgress)
-        error = fmt::format("comm failure: NCCL reported {} during {}", ncclGetErrorString(async), head.what);
+      {
+        std::lock_guard<std::mutex> lock(abort_mu_);
+        if (!aborted_.load() && ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
+            async != ncclInProgress)
+          error = fmt::format("comm failure: NCCL reported {} during {}", ncclGetErrorString(async), what);
+      }
       const auto now = Clock::now();
-      if (error.empty() && now - head.start > std::chrono::duration<double>(options().timeout_s))
-        error = fmt::format("comm timeout: {} after {:.1f} s", head.what, options().timeout_s);
+      if (error.empty() && now - start > std::chrono::duration<double>(options().timeout_s))
+        error = fmt::format("comm timeout: {} after {:.1f} s", what, options().timeout_s);
       if (error.empty() && now >= next_liveness) {
         next_liveness = now + std::chrono::milliseconds(100);
         for (int r = 0; r < size() && error.empty(); ++r)
           if (r != rank() && !world_.peer_alive(r))
             error = fmt::format("comm failure: peer rank {} (pid {} on {}) died during {}", r,
-                                world_.peer(r).pid, world_.peer(r).host, head.what);
+                                world_.peer(r).pid, world_.peer(r).host, what);
       }
-      if (!error.empty()) fail(error);
+      if (!error.empty()) {
+        fail(error);
+        continue;
+      }
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(1));  // the polling interval while work is in flight
     }
   }
 
@@ -323,9 +416,11 @@ class NcclCommunicator final : public Communicator {
   DataPtr scratch_, barrier_buf_;
   int abort_hook_ = 0;
   std::mutex enqueue_mu_;
+  std::mutex abort_mu_;  // ncclCommAbort vs the watchdog's ncclCommGetAsyncError
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Inflight> inflight_;
+  std::optional<Enqueuing> enqueuing_;  // guarded by mu_
   bool stop_ = false;
   std::atomic<bool> broken_{false}, aborted_{false};
   std::string reason_;

@@ -1,0 +1,381 @@
+// The CUDA caching allocator's bookkeeping (Note [Cross-stream frees], cuda/block_pool.h) driven on the CPU
+// by fake streams and events whose completion the test controls: no GPU needed.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "tensor/cuda/block_pool.h"
+
+namespace cz {
+namespace {
+
+struct FakeOom : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A pretend GPU: per stream, how many work items were queued and how many have finished; a memory capacity.
+class FakeGpu {
+ public:
+  explicit FakeGpu(size_t capacity = size_t(1) << 40) : capacity_(capacity) {}
+
+  void launch(const Stream& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++queued_[s.handle];
+  }
+  void finish_one(const Stream& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_[s.handle] < queued_[s.handle]) ++done_[s.handle];
+  }
+  void finish(const Stream& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_[s.handle] = queued_[s.handle];
+  }
+
+  // The backend's side.
+  std::pair<void*, int64_t> record(const Stream& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fail_record) throw DeviceError("fake: cudaEventRecord failed");
+    ++events_out;
+    ++events_recorded;
+    return {s.handle, queued_[s.handle]};
+  }
+  bool completed(void* stream, int64_t seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_[stream] >= seq;
+  }
+  void wait(void* stream, int64_t seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++syncs;
+    done_[stream] = std::max(done_[stream], seq);  // the host waited until the stream got there
+  }
+  void* alloc(size_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (used_ + n > capacity_) return nullptr;
+    void* p = std::malloc(n);
+    used_ += n;
+    sizes_[p] = n;
+    return p;
+  }
+  void free(void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sizes_.find(p);
+    ASSERT_NE(it, sizes_.end()) << "system_free of a pointer the system never gave out (double free?)";
+    used_ -= it->second;
+    sizes_.erase(it);
+    std::free(p);
+    ++system_frees;
+  }
+  size_t used() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return used_;
+  }
+
+  bool fail_record = false;
+  int events_out = 0;  // recorded and not yet recycled
+  int events_recorded = 0;
+  int syncs = 0;
+  int system_frees = 0;
+  int warnings = 0;
+
+ private:
+  std::mutex mu_;
+  size_t capacity_;
+  size_t used_ = 0;
+  std::map<void*, int64_t> queued_, done_;
+  std::map<void*, size_t> sizes_;
+};
+
+struct FakeBackend {
+  struct Event {
+    void* stream;
+    int64_t seq;  // completes once the stream has finished this many work items
+  };
+  FakeGpu* gpu;
+
+  Event record(const Stream& s) {
+    auto [h, seq] = gpu->record(s);
+    return {h, seq};
+  }
+  bool query(const Event& e) { return gpu->completed(e.stream, e.seq); }
+  void synchronize(const Event& e) { gpu->wait(e.stream, e.seq); }
+  void recycle(const Event&) { --gpu->events_out; }
+  void* system_alloc(size_t cls) { return gpu->alloc(cls); }
+  void system_free(void* p) { gpu->free(p); }
+  [[noreturn]] void out_of_memory(size_t cls, size_t, const MemoryStats&) {
+    throw FakeOom("fake out of memory for " + std::to_string(cls));
+  }
+  void warn_release_failure(const std::exception&) noexcept { ++gpu->warnings; }
+};
+
+using Pool = cuda::BlockPool<FakeBackend>;
+
+Stream stream(uintptr_t id) {
+  return Stream{Device::cuda(0), reinterpret_cast<void*>(id)};
+}
+const Stream kLegacy = stream(0);  // handle nullptr, the legacy default stream
+const Stream kA = stream(0x10), kB = stream(0x20), kSide = stream(0x30), kSide2 = stream(0x40);
+constexpr size_t kSize = 1'000'000;
+const int64_t kCls = int64_t(round_to_size_class(kSize));
+
+TEST(BlockPool, ReusesAFreedBlockOnlyForItsHomeStream) {
+  FakeGpu gpu;
+  Pool pool(FakeBackend{&gpu}, /*home_streams=*/true, "fake");
+  void* p = pool.allocate(kSize, kA);
+  gpu.launch(kA);  // the owner's kernel, still queued when the host frees
+  pool.release(p);
+  EXPECT_EQ(pool.num_pending(), 0u);  // no other stream: straight back to A's pool
+
+  void* q = pool.allocate(kSize, kB);  // B's work is not ordered after A's kernel
+  EXPECT_NE(q, p);
+  void* r = pool.allocate(kSize, kA);  // A's is: reuse at once, without waiting
+  EXPECT_EQ(r, p);
+  EXPECT_EQ(gpu.syncs, 0);
+
+  const MemoryStats s = pool.stats();
+  EXPECT_EQ(s.allocated_bytes, 2 * kCls);
+  EXPECT_EQ(s.reserved_bytes, 2 * kCls);
+  EXPECT_EQ(s.num_allocs, 3);
+  EXPECT_EQ(s.num_frees, 1);
+  EXPECT_EQ(s.num_system_allocs, 2);
+  pool.release(q);
+  pool.release(r);
+  EXPECT_EQ(pool.stats().allocated_bytes, 0);
+  EXPECT_EQ(pool.stats().peak_allocated_bytes, 2 * kCls);
+}
+
+TEST(BlockPool, BlockRecordedOnBusySideStreamWaitsForItsEvent) {
+  FakeGpu gpu;
+  Pool pool(FakeBackend{&gpu}, true, "fake");
+  void* p = pool.allocate(kSize, kA);
+  pool.record_stream(p, kSide);
+  gpu.launch(kSide);  // e.g. a collective reading the block on the comm stream
+  pool.release(p);
+  EXPECT_EQ(pool.num_pending(), 1u);
+  EXPECT_EQ(pool.stats().allocated_bytes, 0);    // no longer held by a tensor...
+  EXPECT_EQ(pool.stats().reserved_bytes, kCls);  // ...but still the allocator's
+  gpu.launch(kSide);                             // queued after the free: the block must not wait for it
+
+  void* q = pool.allocate(kSize, kA);  // the side stream is still busy: not handed out
+  EXPECT_NE(q, p);
+  EXPECT_EQ(pool.num_pending(), 1u);
+  pool.release(q);
+
+  gpu.finish_one(kSide);  // the work queued before the free has finished
+  void* r = pool.allocate(kSize, kA);
+  EXPECT_EQ(pool.num_pending(), 0u);
+  EXPECT_TRUE(r == p || r == q);
+  void* t = pool.allocate(kSize, kA);
+  EXPECT_TRUE((r == p && t == q) || (r == q && t == p));
+  EXPECT_EQ(gpu.syncs, 0);       // polled, never waited for
+  EXPECT_EQ(gpu.events_out, 0);  // events recycled
+
+  const MemoryStats s = pool.stats();
+  EXPECT_EQ(s.num_allocs, 4);
+  EXPECT_EQ(s.num_frees, 2);
+  EXPECT_EQ(s.num_system_allocs, 2);
+  EXPECT_EQ(s.allocated_bytes, 2 * kCls);
+  EXPECT_EQ(s.reserved_bytes, 2 * kCls);
+}
+
+TEST(BlockPool, PendingBlockGoesBackToItsHomeStreamOnly) {
+  FakeGpu gpu;
+  Pool pool(FakeBackend{&gpu}, true, "fake");
+  void* p = pool.allocate(kSize, kA);
+  pool.record_stream(p, kSide);
+  gpu.launch(kSide);
+  pool.release(p);
+  gpu.finish(kSide);
+  void* q = pool.allocate(kSize, kB);  // the event completed, but the block belongs to A
+  EXPECT_NE(q, p);
+  EXPECT_EQ(pool.num_pending(), 0u);
+  EXPECT_EQ(pool.allocate(kSize, kA), p);
+}
+
+TEST(BlockPool, WaitsForEveryRecordedStream) {
+  FakeGpu gpu;
+  Pool pool(FakeBackend{&gpu}, true, "fake");
+  void* p = pool.allocate(kSize, kA);
+  pool.record_stream(p, kSide);
+  pool.record_stream(p, kSide2);
+  pool.record_stream(p, kSide);  // twice: one event
+  pool.record_stream(p, kA);     // the home stream: nothing to record
+  gpu.launch(kSide);
+  gpu.launch(kSide2);
+  gpu.launch(kA);
+  pool.release(p);
+  EXPECT_EQ(gpu.events_recorded, 2);
+
+  gpu.finish(kSide);
+  void* q = pool.allocate(kSize, kA);
+  EXPECT_NE(q, p);  // kSide2 is still busy
+  gpu.finish(kSide2);
+  EXPECT_EQ(pool.allocate(kSize, kA), p);  // kA's own work is not waited for: ordered already
+  EXPECT_EQ(gpu.events_out, 0);
+}
+
+TEST(BlockPool, RecordOnHomeStreamNeedsNoEvent) {
+  FakeGpu gpu;
+  Pool pool(FakeBackend{&gpu}, true, "fake");
+  void* p = pool.allocate(kSize, kLegacy);
+  pool.record_stream(p, kLegacy);
+  gpu.launch(kLegacy);
+  pool.release(p);
+  EXPECT_EQ(pool.num_pending(), 0u);
+  EXPECT_EQ(gpu.events_recorded, 0);
+  EXPECT_EQ(pool.allocate(kSize, kLegacy), p);
+}
+
+TEST(BlockPool, EmptyCacheWaitsForPendingBlocksAndReturnsEverything) {
+  FakeGpu gpu;
+  Pool pool(FakeBackend{&gpu}, true, "fake");
+  void* p = pool.allocate(kSize, kA);
+  void* q = pool.allocate(kSize, kB);
+  void* live = pool.allocate(100, kA);
+  pool.record_stream(p, kSide);
+  gpu.launch(kSide);
+  pool.release(p);
+  pool.release(q);
+  EXPECT_EQ(pool.num_pending(), 1u);
+  EXPECT_EQ(pool.num_cached(), 1u);
+
+  pool.empty_cache();
+  EXPECT_EQ(gpu.syncs, 1);  // waited for the side stream's event
+  EXPECT_EQ(pool.num_pending(), 0u);
+  EXPECT_EQ(pool.num_cached(), 0u);
+  EXPECT_EQ(gpu.system_frees, 2);
+  EXPECT_EQ(gpu.used(), size_t(round_to_size_class(100)));  // only the live block is still held
+  const MemoryStats s = pool.stats();
+  EXPECT_EQ(s.reserved_bytes, int64_t(round_to_size_class(100)));
+  EXPECT_EQ(s.allocated_bytes, int64_t(round_to_size_class(100)));
+  EXPECT_EQ(s.peak_reserved_bytes, 2 * kCls + int64_t(round_to_size_class(100)));
+  pool.reset_peak();
+  EXPECT_EQ(pool.stats().peak_reserved_bytes, s.reserved_bytes);
+  pool.release(live);
+}
+
+TEST(BlockPool, OutOfMemoryReturnsTheCacheAndRetriesOnce) {
+  FakeGpu gpu(3 * size_t(kCls));
+  Pool pool(FakeBackend{&gpu}, true, "fake");
+  void* a = pool.allocate(kSize, kA);
+  void* b = pool.allocate(kSize, kB);
+  void* keep = pool.allocate(kSize, kA);
+  pool.record_stream(b, kSide);
+  gpu.launch(kSide);
+  pool.release(a);
+  pool.release(b);  // pending on the busy side stream
+
+  // A different size class needs room: the cached block and the pending one (after waiting) are returned.
+  void* big = pool.allocate(2 * kSize, kA);
+  EXPECT_NE(big, nullptr);
+  EXPECT_EQ(gpu.syncs, 1);
+  EXPECT_EQ(gpu.system_frees, 2);
+  EXPECT_EQ(pool.num_pending(), 0u);
+  const int64_t big_cls = int64_t(round_to_size_class(2 * kSize));
+  MemoryStats s = pool.stats();
+  EXPECT_EQ(s.reserved_bytes, kCls + big_cls);
+  EXPECT_EQ(s.allocated_bytes, kCls + big_cls);
+  EXPECT_EQ(s.num_system_allocs, 4);
+
+  // Nothing left to return: the error comes out, and the statistics are unchanged.
+  EXPECT_THROW(pool.allocate(4 * kSize, kA), FakeOom);
+  const MemoryStats t = pool.stats();
+  EXPECT_EQ(t.allocated_bytes, s.allocated_bytes);
+  EXPECT_EQ(t.reserved_bytes, s.reserved_bytes);
+  EXPECT_EQ(t.num_allocs, s.num_allocs);
+  EXPECT_EQ(t.num_system_allocs, s.num_system_allocs);
+  pool.release(big);
+  pool.release(keep);
+  pool.empty_cache();
+  EXPECT_EQ(gpu.used(), 0u);
+  EXPECT_EQ(pool.stats().reserved_bytes, 0);
+}
+
+TEST(BlockPool, PinnedBlocksHaveNoHomeStream) {
+  FakeGpu gpu;
+  Pool pool(FakeBackend{&gpu}, /*home_streams=*/false, "pinned");
+  void* p = pool.allocate(kSize, Stream{});
+  pool.release(p);
+  EXPECT_EQ(pool.allocate(kSize, kB), p);  // any user: the host writes it at once
+
+  // Recorded on the legacy default stream (handle nullptr, like the pinned pool's key): still an event.
+  pool.record_stream(p, kLegacy);
+  pool.record_stream(p, kA);
+  gpu.launch(kLegacy);  // an async copy out of the block
+  pool.release(p);
+  EXPECT_EQ(pool.num_pending(), 1u);
+  EXPECT_EQ(gpu.events_recorded, 2);
+  void* q = pool.allocate(kSize, Stream{});
+  EXPECT_NE(q, p);
+  gpu.finish(kLegacy);
+  EXPECT_EQ(pool.allocate(kSize, Stream{}), p);
+  pool.release(q);
+}
+
+TEST(BlockPool, RecordStreamRejectsPointersItDidNotHandOut) {
+  FakeGpu gpu;
+  Pool pool(FakeBackend{&gpu}, true, "fake");
+  void* p = pool.allocate(kSize, kA);
+  EXPECT_THROW(pool.record_stream(static_cast<char*>(p) + 64, kSide), ValueError);
+  pool.release(p);
+  EXPECT_THROW(pool.record_stream(p, kSide), ValueError);  // freed
+}
+
+TEST(BlockPool, FailedEventRecordDropsTheBlockButKeepsItCounted) {
+  FakeGpu gpu;
+  Pool pool(FakeBackend{&gpu}, true, "fake");
+  void* p = pool.allocate(kSize, kA);
+  pool.record_stream(p, kSide);
+  gpu.fail_record = true;
+  pool.release(p);  // must not throw
+  gpu.fail_record = false;
+  EXPECT_EQ(gpu.warnings, 1);
+  EXPECT_EQ(pool.num_pending(), 0u);
+  EXPECT_EQ(pool.num_cached(), 0u);  // never handed out again: nobody knows when kSide is done with it
+  const MemoryStats s = pool.stats();
+  EXPECT_EQ(s.allocated_bytes, 0);
+  EXPECT_EQ(s.reserved_bytes, kCls);  // the bytes are still held
+  EXPECT_EQ(s.num_frees, 1);
+  EXPECT_NE(pool.allocate(kSize, kA), p);
+}
+
+TEST(BlockPool, StatisticsStayConsistentUnderConcurrentUse) {
+  FakeGpu gpu;
+  Pool pool(FakeBackend{&gpu}, true, "fake");
+  constexpr int kThreads = 4, kIters = 2000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const Stream home = stream(0x100 + uintptr_t(t));
+      for (int i = 0; i < kIters; ++i) {
+        void* p = pool.allocate(size_t(64 * (1 + i % 5)), home);
+        if (i % 3 == 0) {
+          pool.record_stream(p, kSide);
+          gpu.launch(kSide);
+        }
+        if (i % 7 == 0) gpu.finish(kSide);
+        pool.release(p);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  gpu.finish(kSide);
+  void* last = pool.allocate(64, kA);  // polls the pending list
+  const MemoryStats s = pool.stats();
+  EXPECT_EQ(s.num_allocs, kThreads * kIters + 1);
+  EXPECT_EQ(s.num_frees, kThreads * kIters);
+  EXPECT_EQ(s.allocated_bytes, 64);
+  EXPECT_EQ(pool.num_pending(), 0u);
+  EXPECT_EQ(gpu.events_out, 0);
+  EXPECT_EQ(s.reserved_bytes, int64_t(gpu.used()));
+  pool.release(last);
+  pool.empty_cache();
+  EXPECT_EQ(gpu.used(), 0u);
+}
+
+}  // namespace
+}  // namespace cz
