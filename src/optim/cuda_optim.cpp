@@ -21,15 +21,23 @@ void check_f32_f64(const char* op, const Tensor& t) {
 }
 
 // Calls launch_batch(batch) for consecutive batches of at most kMaxOptimPieces pieces, with fill(piece,
-// batch, slot) setting each slot's constants.
+// batch, slot) setting each slot's constants. The kernels find an element's piece by binary search, so the
+// pieces must be sorted and disjoint (as shard_pieces makes them); anything else would silently update some
+// elements with another piece's hyper-parameters, or skip them.
 template <class Fill, class Launch>
 void for_piece_batches(std::span<const ShardPiece> pieces, int64_t n, Fill&& fill, Launch&& launch_batch) {
   launch::OptimPieces batch;
+  int64_t prev_end = 0;
   for (const ShardPiece& piece : pieces) {
     CZ_CHECK_SHAPE(piece.begin >= 0 && piece.begin <= piece.end && piece.end <= n,
                    "cuda optimizer: piece [{}, {}) outside the shard of {} elements", piece.begin, piece.end,
                    n);
     if (piece.begin == piece.end) continue;
+    CZ_CHECK_SHAPE(piece.begin >= prev_end,
+                   "cuda optimizer: piece [{}, {}) starts before the previous piece's end {} (pieces must be "
+                   "sorted and disjoint)",
+                   piece.begin, piece.end, prev_end);
+    prev_end = piece.end;
     const int s = batch.count++;
     batch.begin[s] = piece.begin;
     batch.end[s] = piece.end;

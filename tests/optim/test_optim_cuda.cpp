@@ -79,6 +79,26 @@ TEST(CudaOptim, SgdMatchesCpuInEveryMode) {
     }
 }
 
+// The kernels find an element's piece by binary search: unsorted or overlapping pieces are refused on the
+// host rather than updating elements with another piece's constants. Empty pieces are skipped wherever they
+// are.
+TEST(CudaOptim, RefusesUnsortedOrOverlappingPieces) {
+  CZ_REQUIRE_GPU();
+  const int64_t n = 100;
+  Tensor p = zeros({n}, DType::f32, gpu()), g = zeros({n}, DType::f32, gpu());
+  Tensor m = zeros({n}, DType::f32, gpu()), v = zeros({n}, DType::f32, gpu());
+  const AdamWStepArgs args{1e-3, 0.9, 0.999, 1e-8, 1};
+  const std::vector<ShardPiece> unsorted = {{50, 100, 0.0, 1.0}, {0, 50, 0.0, 1.0}};
+  const std::vector<ShardPiece> overlapping = {{0, 60, 0.0, 1.0}, {50, 100, 0.0, 1.0}};
+  const std::vector<ShardPiece> with_empty = {{0, 50, 0.0, 1.0}, {10, 10, 0.0, 1.0}, {50, 100, 0.0, 1.0}};
+  const Stream s = current_stream(gpu());
+  EXPECT_THROW(cuda::adamw_step(p, g, m, v, unsorted, args, s), ShapeError);
+  EXPECT_THROW(cuda::adamw_step(p, g, m, v, overlapping, args, s), ShapeError);
+  EXPECT_NO_THROW(cuda::adamw_step(p, g, m, v, with_empty, args, s));
+  Tensor no_buffer;
+  EXPECT_THROW(cuda::sgd_step(p, g, no_buffer, unsorted, SgdStepArgs{0.1}, s), ShapeError);
+}
+
 TEST(CudaOptim, SqNormUnscaleAndEma) {
   CZ_REQUIRE_GPU();
   const Tensor x = random_tensor({1 << 20}, 7, DType::f32);

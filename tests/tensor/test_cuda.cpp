@@ -194,6 +194,10 @@ TEST(CudaMemory, AxpyAndScaleOnStridedViewsMatchCpu) {
     ac.add_(b, 2.0).mul_(0.5);
     ag.add_(b.to(gpu()), 2.0).mul_(0.5);
     EXPECT_TRUE(all_close(ag, ac, tol, tol)) << dtype_name(t) << " contiguous";
+    // x and y the same tensor: the kernel must not assume they do not alias.
+    ac.add_(ac, -0.25);
+    ag.add_(ag, -0.25);
+    EXPECT_TRUE(all_close(ag, ac, tol, tol)) << dtype_name(t) << " aliased";
   }
 }
 

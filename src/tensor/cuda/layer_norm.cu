@@ -96,7 +96,7 @@ __global__ void param_partial_kernel(const T* __restrict__ gy, const T* __restri
   if (col < c) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
       const A g = to_acc(gy[r * c + col]);
-      w += g * (to_acc(x[r * c + col]) - mean[r]) * rstd[r];
+      w += g * ((to_acc(x[r * c + col]) - mean[r]) * rstd[r]);  // g * xh, xh rounded as in dx and the CPU
       b += g;
     }
   }
@@ -140,11 +140,11 @@ cudaError_t layer_norm_forward(const Config& cfg, DType t, const void* x, const 
                                const void* bias, double eps, void* y, void* mean, void* rstd, int64_t rows,
                                int64_t c) {
   if (rows == 0) return cudaSuccess;
-  if (c > 0x7fffffff) return cudaErrorInvalidValue;
+  const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  if (c > 0x7fffffff || blocks > 0x7fffffff) return cudaErrorInvalidValue;  // int row length, gridDim.x
   return visit_float(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;
-    const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
     forward_kernel<T><<<unsigned(blocks), 32 * kRowsPerBlock, 0, cfg.stream>>>(
         static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias), A(eps),
         static_cast<T*>(y), static_cast<A*>(mean), static_cast<A*>(rstd), rows, int(c));
@@ -160,7 +160,8 @@ size_t layer_norm_backward_workspace(DType t, int64_t rows, int64_t c, int sm_co
 cudaError_t layer_norm_backward(const Config& cfg, DType t, const void* gy, const void* x, const void* weight,
                                 const void* mean, const void* rstd, void* dx, void* dweight, void* dbias,
                                 int64_t rows, int64_t c, void* workspace) {
-  if (c > 0x7fffffff) return cudaErrorInvalidValue;
+  const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  if (c > 0x7fffffff || blocks > 0x7fffffff) return cudaErrorInvalidValue;  // int row length, gridDim.x
   return visit_float(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;
@@ -169,7 +170,6 @@ cudaError_t layer_norm_backward(const Config& cfg, DType t, const void* gy, cons
     const A* pm = static_cast<const A*>(mean);
     const A* pr = static_cast<const A*>(rstd);
     if (dx && rows > 0) {
-      const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
       backward_dx_kernel<T><<<unsigned(blocks), 32 * kRowsPerBlock, 0, cfg.stream>>>(
           pg, px, static_cast<const T*>(weight), pm, pr, static_cast<T*>(dx), rows, int(c));
       const cudaError_t st = cudaGetLastError();

@@ -185,6 +185,7 @@ cudaError_t argmax(const Config& cfg, DType t, const void* x, int64_t* out, int6
     using T = typename decltype(tag)::type;
     constexpr int kWarps = kThreads / 32;
     const int64_t blocks = (rows + kWarps - 1) / kWarps;
+    if (blocks > 0x7fffffff) return cudaErrorInvalidValue;  // gridDim.x
     argmax_kernel<T><<<unsigned(blocks), kThreads, 0, cfg.stream>>>(static_cast<const T*>(x), out, rows, k);
     return cudaGetLastError();
   });

@@ -61,8 +61,9 @@ cudaError_t copy_same(const Config& cfg, const void* src, void* dst, const Geome
   return cudaGetLastError();
 }
 
+// No __restrict__: x may be y itself (`t.add_(t)`).
 template <int kVec, class T>
-__global__ void axpy_flat_kernel(const T* __restrict__ x, acc_t<T> a, T* __restrict__ y, int64_t n) {
+__global__ void axpy_flat_kernel(const T* x, acc_t<T> a, T* y, int64_t n) {
   using V = Vec<T, kVec>;
   const int64_t nvec = n / kVec;
   for (int64_t i = global_thread(); i < nvec; i += grid_threads()) {
