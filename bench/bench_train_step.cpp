@@ -44,19 +44,22 @@ struct Flags {
   bool conv_benchmark = true;  // cuDNN algorithm timing on first use (Note [Convolution algorithms])
   bool tf32 = false;
   bool depthwise_direct = false;  // our direct depthwise kernels instead of cuDNN's
-  std::string json;               // also write the result here
-  double peak_tflops = 0;         // the device's peak for this dtype: enables the MFU figure
-  int profile_steps = 0;          // extra steps under the op profiler
+  bool gemm_epilogues = true;  // cuBLASLt's bias / bias-gradient epilogues (off: plain GEMMs + our kernels)
+  std::string json;            // also write the result here
+  double peak_tflops = 0;      // the device's peak for this dtype: enables the MFU figure
+  int profile_steps = 0;       // extra steps under the op profiler
 };
 
 [[noreturn]] void usage(const char* msg) {
-  std::fprintf(stderr,
-               "bench_train_step: %s\n"
-               "usage: bench_train_step [--model tiny] [--device cpu|cuda[:i]] [--dtype f32|bf16|f16]\n"
-               "                        [--batch 8] [--image 224] [--warmup 3] [--steps 10]\n"
-               "                        [--no-conv-benchmark] [--tf32] [--depthwise-direct] [--json FILE]\n"
-               "                        [--peak-tflops T] [--profile N]\n",
-               msg);
+  std::fprintf(
+      stderr,
+      "bench_train_step: %s\n"
+      "usage: bench_train_step [--model tiny] [--device cpu|cuda[:i]] [--dtype f32|bf16|f16]\n"
+      "                        [--batch 8] [--image 224] [--warmup 3] [--steps 10]\n"
+      "                        [--no-conv-benchmark] [--tf32] [--depthwise-direct] [--no-gemm-epilogues]\n"
+      "                        [--json FILE]\n"
+      "                        [--peak-tflops T] [--profile N]\n",
+      msg);
   std::exit(2);
 }
 
@@ -88,6 +91,8 @@ Flags parse(int argc, char** argv) {
       f.tf32 = true;
     else if (a == "--depthwise-direct")
       f.depthwise_direct = true;
+    else if (a == "--no-gemm-epilogues")
+      f.gemm_epilogues = false;
     else if (a == "--json")
       f.json = value();
     else if (a == "--peak-tflops")
@@ -139,6 +144,7 @@ int run(const Flags& f) {
     cuda::set_conv_benchmark(f.conv_benchmark);
     cuda::set_allow_tf32(f.tf32);
     cuda::set_depthwise_direct(f.depthwise_direct);
+    cuda::set_gemm_epilogues(f.gemm_epilogues);
     stream_guard.emplace(cuda::compute_stream(dev.index));
   }
 #endif
@@ -201,7 +207,9 @@ int run(const Flags& f) {
   const double flop_per_img = 6.0 * double(nn::convnext_forward_macs(mc, f.image));
   const double tflops = flop_per_img * img_s / 1e12;
   const double mfu = f.peak_tflops > 0 ? tflops / f.peak_tflops : NAN;
-  const char* dw = f.depthwise_direct ? " (direct depthwise)" : "";
+  const std::string variant = std::string(f.depthwise_direct ? " (direct depthwise)" : "") +
+                              (f.gemm_epilogues ? "" : " (no GEMM epilogues)");
+  const char* dw = variant.c_str();
   std::printf(
       "bench_train_step: %s%s %s %s batch %lld image %lld: %.2f ms/step, %.1f img/s, %.3f TFLOP/s, peak %.2f "
       "GiB, loss %.4f (%d timed steps after %d warm-up)\n",
@@ -250,10 +258,11 @@ int run(const Flags& f) {
                     "\"dtype\": \"{}\", \"batch\": {}, \"image\": {}, \"steps\": {}, "
                     "\"ms_per_step\": {:.4f}, \"img_per_s\": {:.3f}, \"train_flop_per_img\": {:.6g}, "
                     "\"tflops\": {:.3f}, \"mfu\": {}, \"peak_gib\": {:.4f}, \"loss\": {:.6f}, "
-                    "\"depthwise_direct\": {}, \"profiled_ms_per_step\": {:.4f}, \"ops\": [{}]}}",
+                    "\"depthwise_direct\": {}, \"gemm_epilogues\": {}, \"profiled_ms_per_step\": {:.4f}, "
+                    "\"ops\": [{}]}}",
                     mc.name, f.device, f.dtype, f.batch, f.image, f.steps, 1e3 * seconds / f.steps, img_s,
                     flop_per_img, tflops, std::isfinite(mfu) ? fmt::format("{:.4f}", mfu) : "null", peak_gib,
-                    last_loss, f.depthwise_direct, profiled_ms, ops_json)
+                    last_loss, f.depthwise_direct, f.gemm_epilogues, profiled_ms, ops_json)
             .c_str());
     std::fclose(out);
   }

@@ -214,6 +214,12 @@ if want bench && ((bench)); then
   "$build/bench/bench_train_step" --model "$model" --device cuda --dtype bf16 --batch "${bs[0]}" --image "$image" \
     --warmup 5 --steps "$steps" --depthwise-direct --json "$out/direct_dw_b${bs[0]}.json" 2>&1 |
     tee -a "$out/bench.log" | tee -a "$summary" || status=1
+  # And with plain GEMMs plus our bias kernels: does cuBLASLt's BGRADB epilogue keep split-K for the tall
+  # weight-gradient GEMMs (K = batch x pixels)? Which is faster decides cuda::set_gemm_epilogues's default.
+  say "training step without GEMM epilogues, batch ${bs[0]}"
+  "$build/bench/bench_train_step" --model "$model" --device cuda --dtype bf16 --batch "${bs[0]}" --image "$image" \
+    --warmup 5 --steps "$steps" --no-gemm-epilogues --json "$out/no_epilogues_b${bs[0]}.json" 2>&1 |
+    tee -a "$out/bench.log" | tee -a "$summary" || status=1
   python3 - "$out" "$peak" <<'PY' | tee -a "$summary" || status=1
 import glob, json, os, sys
 out = sys.argv[1]
