@@ -1,6 +1,6 @@
-// CUDA kernels against the CPU backend: every op of the op table (forward and every input gradient, f32 and
-// bf16), the memory ops across dtypes and strides, and the GEMM epilogues (fused and unfused). Skips without
-// a GPU.
+// CUDA kernels against the CPU backend: every op of the op table (forward and every input gradient, f32,
+// bf16 and f16), the memory ops across dtypes and strides, and the GEMM epilogues (fused and unfused). Skips
+// without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -82,6 +82,16 @@ TEST_P(OpTableCuda, Bf16MatchesCpuF32) {
   const Result gpu_r = run(op(), leaves(base, DType::bf16, DType::bf16, gpu()), DType::bf16, 6);
   EXPECT_EQ(gpu_r.out.dtype(), DType::bf16);
   expect_close(op().name, gpu_r, cpu_r, op().bf16_rtol, op().bf16_atol);
+}
+
+// The same in f16: 3 more mantissa bits than bf16 (unit roundoff 2^-11 against 2^-8), so half the table's
+// bf16 tolerances still leaves a 4x margin for rounding; the inputs are O(1), far from f16's range limits.
+TEST_P(OpTableCuda, F16MatchesCpuF32) {
+  const auto base = op().inputs(DType::f64, 23);
+  const Result cpu_r = run(op(), leaves(base, DType::f16, DType::f32, Device::cpu()), DType::f16, 7);
+  const Result gpu_r = run(op(), leaves(base, DType::f16, DType::f16, gpu()), DType::f16, 7);
+  EXPECT_EQ(gpu_r.out.dtype(), DType::f16);
+  expect_close(op().name, gpu_r, cpu_r, op().bf16_rtol / 2, op().bf16_atol / 2);
 }
 
 std::string case_name(const ::testing::TestParamInfo<size_t>& info) {
