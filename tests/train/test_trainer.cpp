@@ -24,11 +24,7 @@ using namespace testing;
 const auto* const kWorldEnv = ::testing::AddGlobalTestEnvironment(new WorldEnvironment);
 
 TEST(Trainer, LearnsTheSyntheticTaskWellAboveChance) {
-  TrainConfig c = tiny_config();
-  c.steps = 60;
-  c.lr = 4e-3;
-  c.warmup_steps = 5;
-  Trainer t(c, dist::World::get());
+  Trainer t(learning_config(), dist::World::get());
   const EvalResult before = t.evaluate();
   const TrainSummary s = t.run();
   ASSERT_TRUE(s.eval.has_value());

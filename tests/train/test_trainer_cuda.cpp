@@ -37,12 +37,9 @@ TEST(TrainerCuda, F32FollowsTheCpuRun) {
 
 TEST(TrainerCuda, Bf16Learns) {
   CZ_REQUIRE_GPU();
-  TrainConfig c = tiny_config();
+  TrainConfig c = learning_config();
   c.device = "cuda";
   c.precision = "bf16";
-  c.steps = 60;
-  c.lr = 4e-3;
-  c.warmup_steps = 5;
   Trainer t(c, dist::World::get());
   const EvalResult before = t.evaluate();
   const TrainSummary s = t.run();
