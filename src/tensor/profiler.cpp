@@ -25,11 +25,13 @@ struct Record {
   Device device;
   Clock::time_point t0, t1;            // CPU
   std::unique_ptr<Event> start, stop;  // CUDA
+  bool ended = false;                  // the scope closed normally
 };
 
 struct State {
   std::mutex mu;
   std::vector<Record> records;
+  uint64_t generation = 0;                                         // take() calls so far
   std::map<int, std::vector<std::unique_ptr<Event>>> free_events;  // by CUDA device index
 
   std::unique_ptr<Event> event(Device d) {
@@ -73,6 +75,7 @@ void Scope::begin(std::string_view name, Device device) {
   }
   s.records.push_back(std::move(r));
   slot_ = int64_t(s.records.size()) - 1;
+  generation_ = s.generation;
 }
 
 void Scope::end() noexcept {
@@ -80,14 +83,16 @@ void Scope::end() noexcept {
   if (slot_ < 0) return;
   State& s = state();
   std::lock_guard lock(s.mu);
+  if (generation_ != s.generation) return;  // take() already ran and dropped this record
   Record& r = s.records[size_t(slot_)];
   try {
     if (r.device.is_cuda())
       r.stop->record(current_stream(r.device));
     else
       r.t1 = Clock::now();
+    r.ended = true;
   } catch (...) {
-    r.stop.reset();  // the op is failing anyway; take() leaves this record out
+    // The device is failing anyway; take() leaves this record out.
   }
 }
 
@@ -97,9 +102,9 @@ std::vector<OpTime> take() {
   CZ_ASSERT(tls_depth == 0, "profiler::take() called inside a profiling scope");
   std::map<std::string, OpTime> by_name;
   for (Record& r : s.records) {
+    if (!r.ended) continue;  // its end failed, or it is still open on another thread
     double ms = 0;
     if (r.device.is_cuda()) {
-      if (!r.stop) continue;
       r.stop->synchronize();
       ms = double(r.start->elapsed_ms(*r.stop));
       auto& pool = s.free_events[r.device.index];
@@ -114,6 +119,7 @@ std::vector<OpTime> take() {
     t.ms += ms;
   }
   s.records.clear();
+  ++s.generation;
   std::vector<OpTime> out;
   out.reserve(by_name.size());
   for (auto& [name, t] : by_name) out.push_back(std::move(t));

@@ -45,7 +45,8 @@ class Scope {
   void begin(std::string_view name, Device device);
   void end() noexcept;
   static constexpr int64_t kOff = -1, kNested = -2;
-  int64_t slot_ = kOff;  // index of this scope's record, or kOff (profiling was off), or kNested
+  int64_t slot_ = kOff;      // index of this scope's record, or kOff (profiling was off), or kNested
+  uint64_t generation_ = 0;  // take() calls before this scope began: a record taken early is not touched
 };
 
 struct OpTime {
@@ -55,7 +56,7 @@ struct OpTime {
 };
 
 // Waits for the timed work, then returns each name's call count and total time, largest total first, and
-// clears the records. Must not be called while a scope is open on any thread.
+// clears the records. Scopes still open on other threads are dropped, not misattributed.
 std::vector<OpTime> take();
 
 }  // namespace cz::profiler

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <future>
 #include <map>
+#include <thread>
 
 #include "tensor/autograd/engine.h"
 #include "tensor/ops.h"
@@ -94,6 +96,27 @@ TEST_F(Profiler, NestedScopesAreChargedToTheOutermost) {
   EXPECT_FALSE(m.count("matmul")) << "an op inside another scope is not timed separately";
   ASSERT_TRUE(m.count("add"));
   EXPECT_EQ(m.at("add").calls, 1) << "only the add outside the scope";
+}
+
+TEST_F(Profiler, ATakeWhileAnotherThreadIsInsideAScopeDropsThatScope) {
+  profiler::set_enabled(true);
+  std::promise<void> opened, taken;
+  std::thread worker([&] {
+    profiler::Scope scope("worker", Device::cpu());
+    opened.set_value();
+    taken.get_future().wait();
+  });
+  opened.get_future().wait();
+  const auto first = by_name(profiler::take());
+  taken.set_value();
+  worker.join();
+  { profiler::Scope after("after", Device::cpu()); }
+  profiler::set_enabled(false);
+  const auto second = by_name(profiler::take());
+  EXPECT_FALSE(first.count("worker")) << "an open scope has no time yet";
+  EXPECT_FALSE(second.count("worker")) << "its record was taken before it closed";
+  ASSERT_TRUE(second.count("after"));
+  EXPECT_EQ(second.at("after").calls, 1);
 }
 
 }  // namespace
