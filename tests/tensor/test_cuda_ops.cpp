@@ -111,6 +111,25 @@ TEST(CudaOps, ConvAlgorithmSearchModesAgree) {
   EXPECT_TRUE(all_close(depthwise_conv2d(xb, wb).to(DType::f32), heuristic, 3e-2, 3e-2));
 }
 
+// Patchify as one GEMM over its patches (the fallback for problems cuDNN cannot run), forced on: the stem,
+// a downsampling, and floor remainders with an odd channel count, in f32 and bf16.
+TEST(CudaOps, PatchifyAsGemmMatchesCpu) {
+  CZ_REQUIRE_GPU();
+  cuda::set_patchify_gemm(true);
+  auto patchify = [](const auto& in) { return patchify_conv2d(in[0], in[1], in[2]); };
+  check_large("stem_4x4_gemm", patchify, {r32({2, 64, 64, 3}, 7), r32({96, 3, 4, 4}, 8), r32({96}, 9)}, 1e-4);
+  check_large("downsample_2x2_gemm", patchify,
+              {r32({2, 14, 14, 192}, 10), r32({384, 192, 2, 2}, 11), r32({384}, 12)}, 1e-4);
+  check_large("patchify_remainder_gemm", patchify,
+              {r32({2, 9, 13, 67}, 13), r32({40, 67, 4, 4}, 14), r32({40}, 15)}, 1e-4);
+  // bf16 on the GPU against the CPU in f32 from the same bf16-rounded inputs.
+  const Tensor x = r32({2, 9, 13, 67}, 16).to(DType::bf16), w = r32({40, 67, 2, 2}, 17).to(DType::bf16);
+  const Tensor ref = patchify_conv2d(x.to(DType::f32), w.to(DType::f32), Tensor());
+  const Tensor bf = patchify_conv2d(x.to(gpu()), w.to(gpu()), Tensor());
+  EXPECT_TRUE(all_close(bf.to(DType::f32).cpu(), ref, 3e-2, 3e-2));
+  cuda::set_patchify_gemm(false);
+}
+
 // The direct depthwise kernels (the fallback for problems cuDNN cannot run) against the CPU, forced on.
 TEST(CudaOps, DirectDepthwiseKernelsMatchCpu) {
   CZ_REQUIRE_GPU();

@@ -11,7 +11,9 @@
 #include "common/gradcheck.h"
 #include "op_reference.h"
 #include "tensor/autograd/engine.h"
+#include "tensor/cpu/kernels.h"
 #include "tensor/ops.h"
+#include "tensor/patches.h"
 #include "tensor/random.h"
 
 namespace cz::testing {
@@ -226,6 +228,44 @@ TEST(OpBehaviour, DropPathMask) {
   double kept_fraction = 0;
   for (size_t n = 0; n < 20000; ++n) kept_fraction += ma[n * 3] != 0.0f;
   EXPECT_NEAR(kept_fraction / 20000, 0.7, 0.015);
+}
+
+// Note [Patchify as a GEMM]: what the CUDA backend runs where cuDNN has no algorithm, built here from the CPU
+// kernels (the same gather, GEMM and scatter) and held against the CPU's convolution kernels, with floor
+// remainders in H and W and odd channel counts.
+TEST(OpBehaviour, PatchifyAsOneGemmEqualsTheConvolution) {
+  struct Case {
+    int64_t n, h, w, c, cout, k;
+  };
+  for (const Case& t : {Case{2, 8, 8, 3, 5, 4}, Case{1, 9, 5, 4, 6, 2}, Case{2, 7, 10, 3, 4, 3}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "x (" << t.n << ", " << t.h << ", " << t.w << ", " << t.c << "), k " << t.k);
+    const int64_t ho = t.h / t.k, wo = t.w / t.k, rows = t.n * ho * wo, kkc = t.k * t.k * t.c;
+    const Tensor x = random_tensor({t.n, t.h, t.w, t.c}, 1), w = random_tensor({t.cout, t.k, t.k, t.c}, 2);
+    const Tensor b = random_tensor({t.cout}, 3), gy = random_tensor({t.n, ho, wo, t.cout}, 4);
+
+    Tensor y_ref = empty({t.n, ho, wo, t.cout}, DType::f64);
+    Tensor dx_ref = empty_like(x), dw_ref = empty_like(w), db_ref = empty_like(b);
+    cpu::patchify_conv2d_forward(x, w, b, y_ref);
+    cpu::patchify_conv2d_backward(gy, x, w, dx_ref, dw_ref, db_ref);
+
+    Tensor p = empty({rows, kkc}, DType::f64);
+    Tensor p6 = p.view({t.n, ho, wo, t.k, t.k, t.c});
+    cpu::copy(patches_view(x, t.k), p6);
+    Tensor y = empty({t.n, ho, wo, t.cout}, DType::f64), y2d = y.view({rows, t.cout});
+    cpu::linear_forward(p, w.view({t.cout, kkc}), b, y2d);
+    EXPECT_TRUE(all_close(y, y_ref, 1e-12, 1e-12));
+
+    Tensor dp = empty_like(p), dw2d = empty({t.cout, kkc}, DType::f64), db = empty_like(b);
+    cpu::linear_backward(gy.view({rows, t.cout}), p, w.view({t.cout, kkc}), dp, dw2d, db);
+    Tensor dx = full(x.sizes(), 7.0, DType::f64);  // not zero: the dropped rows must be cleared
+    if (t.h % t.k != 0 || t.w % t.k != 0) cpu::fill(dx, 0.0);
+    Tensor dx_patches = patches_view(dx, t.k);
+    cpu::copy(dp.view(dx_patches.sizes()), dx_patches);
+    EXPECT_TRUE(all_close(dx, dx_ref, 1e-12, 1e-12));
+    EXPECT_TRUE(all_close(dw2d.view(w.sizes()), dw_ref, 1e-12, 1e-12));
+    EXPECT_TRUE(all_close(db, db_ref, 1e-12, 1e-12));
+  }
 }
 
 }  // namespace

@@ -13,6 +13,7 @@ std::atomic<bool> g_allow_tf32{false};
 std::atomic<bool> g_gemm_epilogues{true};
 std::atomic<bool> g_conv_benchmark{false};
 std::atomic<bool> g_depthwise_direct{false};
+std::atomic<bool> g_patchify_gemm{false};
 std::atomic<int> g_default_device{-1};
 thread_local bool t_device_chosen = false;  // Note [Current device]
 }  // namespace
@@ -77,6 +78,13 @@ void set_depthwise_direct(bool enable) {
 }
 bool depthwise_direct() {
   return g_depthwise_direct.load(std::memory_order_relaxed);
+}
+
+void set_patchify_gemm(bool enable) {
+  g_patchify_gemm.store(enable, std::memory_order_relaxed);
+}
+bool patchify_gemm() {
+  return g_patchify_gemm.load(std::memory_order_relaxed);
 }
 
 DeviceContext::DeviceContext(int device) : device_(device) {

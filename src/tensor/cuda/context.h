@@ -71,6 +71,11 @@ bool conv_benchmark();
 void set_depthwise_direct(bool enable);
 bool depthwise_direct();
 
+// Patchify convolutions as one GEMM over their patches (Note [Patchify as a GEMM] in patches.h) even where
+// cuDNN has an algorithm. Off by default; used anyway for problems cuDNN cannot run.
+void set_patchify_gemm(bool enable);
+bool patchify_gemm();
+
 // The algorithm chosen for one convolution problem and direction, with the workspace it needs.
 struct ConvAlgo {
   bool found = false;  // false: cuDNN offered nothing usable (the query failed, or no candidate qualified)

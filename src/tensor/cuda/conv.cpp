@@ -1,12 +1,15 @@
 // The ConvNeXt convolutions on cuDNN, NHWC: depthwise k x k (grouped, groups = C, padding k/2; our direct
 // kernels where cuDNN has no algorithm) and patchify (kernel = stride, no padding); forward, backward-data
-// and backward-filter, with algorithms chosen once per problem and cached in the device context.
+// and backward-filter, with algorithms chosen once per problem and cached in the device context; one GEMM
+// over the patches where cuDNN has none for patchify.
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "tensor/cuda/host_utils.h"
 #include "tensor/cuda/kernels.h"
+#include "tensor/patches.h"
+#include "tensor/stream.h"
 
 namespace cz::cuda {
 namespace {
@@ -15,11 +18,10 @@ namespace {
 // asks cuDNN for candidates, cudnnGet*_v7 (heuristics, no device work) by default or cudnnFind*Ex (each
 // candidate timed once, synchronising the device) under set_conv_benchmark(true). It keeps those that
 // succeeded, fit kMaxWorkspace and, for f32 without TF32, need no tensor-op math (and runs them with FMA
-// math), deterministic ones first (no atomics, so training repeats bit for bit); non-deterministic ones
-// only for patchify, which has no other path. It then runs them in that order until cuDNN accepts one
-// (heuristic candidates are not always runnable) and caches that one, or "none" (depthwise then takes the
-// direct kernels, patchify throws). The choice lives in the DeviceContext with the per-stream workspace it
-// needs, which only grows.
+// math), and deterministic (no atomics, so training repeats bit for bit). It then runs them in that order
+// until cuDNN accepts one (heuristic candidates are not always runnable) and caches that one, or "none":
+// depthwise then takes our direct kernels, patchify one GEMM over its patches (Note [Patchify as a GEMM]).
+// The choice lives in the DeviceContext with the per-stream workspace it needs, which only grows.
 constexpr size_t kMaxWorkspace = size_t(256) << 20;
 
 enum class Dir { fwd, bwd_data, bwd_filter };
@@ -78,13 +80,11 @@ int to_int(const char* op, int64_t v) {
 }
 
 // One convolution problem: x (n, h, w, c) NHWC, filter (k, r, r, c / groups) KRSC (cuDNN's NHWC filter
-// format), y (n, ho, wo, k). allow_nondeterministic: whether a non-deterministic cuDNN algorithm may be used
-// when no deterministic one runs (false where a deterministic fallback exists: the direct depthwise kernels).
+// format), y (n, ho, wo, k).
 struct Problem {
   const char* op;
   DType dtype;
   int n, h, w, c, k, r, pad, stride, groups, ho, wo;
-  bool allow_nondeterministic;
 
   // Everything the choice depends on. The device is not in it: each device has its own cache. Strides are
   // not: every operand is contiguous NHWC. TF32 is, through the math type.
@@ -133,9 +133,9 @@ bool refused(cudnnStatus_t st) {
 }
 
 template <class Perf>
-bool acceptable(const Perf& perf, const Problem& p, bool need_deterministic) {
+bool acceptable(const Perf& perf, const Problem& p) {
   if (perf.status != CUDNN_STATUS_SUCCESS || perf.memory > kMaxWorkspace) return false;
-  if (need_deterministic && perf.determinism != CUDNN_DETERMINISTIC) return false;
+  if (perf.determinism != CUDNN_DETERMINISTIC) return false;
   if (p.dtype == DType::f32 && !allow_tf32() &&
       (perf.mathType == CUDNN_TENSOR_OP_MATH || perf.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION))
     return false;
@@ -147,10 +147,6 @@ bool acceptable(const Perf& perf, const Problem& p, bool need_deterministic) {
 // later.
 cudnnMathType_t run_math(const Problem& p, cudnnMathType_t reported) {
   return p.dtype == DType::f32 && !allow_tf32() ? CUDNN_FMA_MATH : reported;
-}
-
-const char* dir_name(Dir dir) {
-  return dir == Dir::fwd ? "forward" : dir == Dir::bwd_data ? "backward-data" : "backward-filter";
 }
 
 constexpr int kMaxCandidates = 16;
@@ -179,26 +175,22 @@ cudnnStatus_t workspace_size(cudnnHandle_t h, const Descs& d, Dir dir, int algo,
   return CUDNN_STATUS_BAD_PARAM;
 }
 
-// The usable candidates in cuDNN's order (deterministic ones first; non-deterministic ones only where the
-// problem allows them), each with the math type it runs with and the larger of the workspace the query
-// reported and the one cudnnGet*WorkspaceSize gives for that math type (heuristic estimates are not
+// The usable candidates in cuDNN's order (deterministic ones only: both convolutions have a deterministic
+// path of our own to fall back on), each with the math type it runs with and the larger of the workspace the
+// query reported and the one cudnnGet*WorkspaceSize gives for that math type (heuristic estimates are not
 // promised to be exact). Leaves the descriptor's math type changed.
 template <class Perf>
 std::vector<ConvAlgo> usable(const Perf* perfs, int count, const Problem& p, cudnnHandle_t h, const Descs& d,
                              Dir dir) {
   std::vector<ConvAlgo> out;
-  for (bool det : {true, false}) {
-    if (!det && !p.allow_nondeterministic) break;
-    for (int i = 0; i < count; ++i) {
-      if (!acceptable(perfs[i], p, det)) continue;
-      if (!det && perfs[i].determinism == CUDNN_DETERMINISTIC) continue;  // taken in the first pass
-      ConvAlgo a{true, int(perfs[i].algo), run_math(p, perfs[i].mathType), perfs[i].memory};
-      size_t bytes = 0;
-      if (cudnnSetConvolutionMathType(d.conv.h, a.math) == CUDNN_STATUS_SUCCESS &&
-          workspace_size(h, d, dir, a.algo, &bytes) == CUDNN_STATUS_SUCCESS)
-        a.workspace_bytes = std::max(a.workspace_bytes, bytes);
-      if (a.workspace_bytes <= kMaxWorkspace) out.push_back(a);
-    }
+  for (int i = 0; i < count; ++i) {
+    if (!acceptable(perfs[i], p)) continue;
+    ConvAlgo a{true, int(perfs[i].algo), run_math(p, perfs[i].mathType), perfs[i].memory};
+    size_t bytes = 0;
+    if (cudnnSetConvolutionMathType(d.conv.h, a.math) == CUDNN_STATUS_SUCCESS &&
+        workspace_size(h, d, dir, a.algo, &bytes) == CUDNN_STATUS_SUCCESS)
+      a.workspace_bytes = std::max(a.workspace_bytes, bytes);
+    if (a.workspace_bytes <= kMaxWorkspace) out.push_back(a);
   }
   return out;
 }
@@ -278,8 +270,8 @@ cudnnStatus_t enqueue(DeviceContext& ctx, const DeviceContext::DnnLease& lease, 
 // Runs one direction with the cached algorithm, or, on the problem's first call, with the first candidate
 // cuDNN accepts to run (heuristic candidates are not always runnable: a refusal queues nothing, and the next
 // one is tried), which is then cached. Returns false, having queued nothing, when no candidate runs; that is
-// cached too, with the last refusal in *why. Any other cuDNN error throws.
-bool try_run(const Problem& p, Dir dir, const Operands& o, Stream stream, cudnnStatus_t* why = nullptr) {
+// cached too, and the caller takes its own path. Any other cuDNN error throws.
+bool try_run(const Problem& p, Dir dir, const Operands& o, Stream stream) {
   DeviceContext& ctx = context(stream.device.index);
   DeviceContext::DnnLease lease = ctx.cudnn(stream);
   Descs d(p);
@@ -293,7 +285,6 @@ bool try_run(const Problem& p, Dir dir, const Operands& o, Stream stream, cudnnS
     // The cached algorithm refused a problem it ran before (it may depend on what the key leaves out, such
     // as pointer alignment): search again.
   }
-  cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
   for (const ConvAlgo& a : candidates(lease, stream, p, d, dir, o)) {
     const cudnnStatus_t st = enqueue(ctx, lease, stream, p, d, dir, o, a);
     if (st == CUDNN_STATUS_SUCCESS) {
@@ -301,20 +292,9 @@ bool try_run(const Problem& p, Dir dir, const Operands& o, Stream stream, cudnnS
       return true;
     }
     if (!refused(st)) CZ_CHECK_STATUS(st);
-    last = st;
   }
   cache[key] = ConvAlgo{};
-  if (why) *why = last;
   return false;
-}
-
-void run(const Problem& p, Dir dir, const Operands& o, Stream stream) {
-  cudnnStatus_t why = CUDNN_STATUS_NOT_SUPPORTED;
-  CZ_CHECK(try_run(p, dir, o, stream, &why),
-           "cuda::{}: cuDNN has no usable {} algorithm for x ({}, {}, {}, {}) NHWC {}, {} filters of {}x{}, "
-           "groups {} (last refusal: {})",
-           p.op, dir_name(dir), p.n, p.h, p.w, p.c, dtype_name(p.dtype), p.k, p.r, p.r, p.groups,
-           cudnnGetErrorString(why));
 }
 
 // y (rows, c) += bias (c), through the bias + GELU kernel with GELU off.
@@ -355,7 +335,7 @@ void check_like(const char* op, const char* what, const Tensor& t, const Shape& 
 Problem depthwise_problem(const Tensor& x, int64_t k) {
   const char* op = "depthwise_conv2d";
   const int c = to_int(op, x.size(3)), h = to_int(op, x.size(1)), w = to_int(op, x.size(2));
-  return {op, x.dtype(), to_int(op, x.size(0)), h, w, c, c, int(k), int(k / 2), 1, c, h, w, false};
+  return {op, x.dtype(), to_int(op, x.size(0)), h, w, c, c, int(k), int(k / 2), 1, c, h, w};
 }
 
 Tensor crs_from_rsc(const Tensor& wk, Stream stream) {
@@ -466,8 +446,7 @@ Problem patchify_problem(const Tensor& x, const Tensor& w) {
           int(k),
           1,
           to_int(op, x.size(1) / k),
-          to_int(op, x.size(2) / k),
-          true};
+          to_int(op, x.size(2) / k)};
 }
 
 void check_patchify(const char* op, const Tensor& x, const Tensor& w, Stream stream) {
@@ -484,6 +463,39 @@ void check_patchify(const char* op, const Tensor& x, const Tensor& w, Stream str
                  y_numel);
 }
 
+// Note [Patchify as a GEMM] (patches.h), for shapes cuDNN has no algorithm for: the patches copied out of x
+// (one strided copy), then one GEMM with the bias epilogue.
+Tensor gathered_patches(const Tensor& x, int64_t k, Stream stream) {
+  const int64_t ho = x.size(1) / k, wo = x.size(2) / k;
+  Tensor p = empty({x.size(0) * ho * wo, k * k * x.size(3)}, x.dtype(), x.device());
+  Tensor p6 = p.view({x.size(0), ho, wo, k, k, x.size(3)});
+  copy(patches_view(x, k), p6, stream);
+  return p;
+}
+
+void patchify_forward_gemm(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, Stream stream) {
+  StreamGuard on(stream);  // temporaries belong to the stream that uses them
+  const int64_t k = w.size(1), cout = w.size(0);
+  const Tensor p = gathered_patches(x, k, stream);
+  Tensor y2d = y.view({p.size(0), cout});
+  linear_forward(p, w.view({cout, p.size(1)}), bias, y2d, stream);
+}
+
+// dx (when defined) = the patch gradients scattered back, zero where the floor dropped rows or columns.
+void patchify_backward_gemm(const Tensor& gy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
+                            Tensor& dbias, Stream stream) {
+  StreamGuard on(stream);
+  const int64_t k = w.size(1), cout = w.size(0);
+  const Tensor p = gathered_patches(x, k, stream);
+  Tensor dp = dx.defined() ? empty(p.sizes(), p.dtype(), p.device()) : Tensor();
+  Tensor dw2d = dw.defined() ? dw.view({cout, p.size(1)}) : Tensor();
+  linear_backward(gy.view({p.size(0), cout}), p, w.view({cout, p.size(1)}), dp, dw2d, dbias, stream);
+  if (!dx.defined()) return;
+  if (x.size(1) % k != 0 || x.size(2) % k != 0) fill(dx, 0.0, stream);
+  Tensor dx_patches = patches_view(dx, k);
+  copy(dp.view(dx_patches.sizes()), dx_patches, stream);
+}
+
 }  // namespace
 
 void patchify_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, Stream stream) {
@@ -494,7 +506,9 @@ void patchify_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bia
   check_like(op, "y", y, {x.size(0), x.size(1) / k, x.size(2) / k, cout}, x.dtype(), stream);
   if (y.numel() == 0) return;
   DeviceGuard guard(stream.device.index);
-  run(patchify_problem(x, w), Dir::fwd, {x.raw_data(), w.raw_data(), nullptr, y.raw_data()}, stream);
+  if (patchify_gemm() ||
+      !try_run(patchify_problem(x, w), Dir::fwd, {x.raw_data(), w.raw_data(), nullptr, y.raw_data()}, stream))
+    return patchify_forward_gemm(x, w, bias, y, stream);
   add_bias(bias, y, cout, stream);
 }
 
@@ -514,6 +528,7 @@ void patchify_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w
     if (dbias.defined()) fill(dbias, 0.0, stream);
     return;
   }
+  if (patchify_gemm()) return patchify_backward_gemm(gy, x, w, dx, dw, dbias, stream);
   const Problem p = patchify_problem(x, w);
   if (dx.defined()) {
     // Where the floor of H / k or W / k dropped rows or columns, their gradient is zero. cuDNN's beta = 0
@@ -521,9 +536,14 @@ void patchify_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w
     // visits the dropped ones, so they are zeroed first rather than trusted to every algorithm. ConvNeXt's
     // shapes divide evenly and never pay for this fill.
     if (x.size(1) % k != 0 || x.size(2) % k != 0) fill(dx, 0.0, stream);
-    run(p, Dir::bwd_data, {nullptr, w.raw_data(), gy.raw_data(), dx.raw_data()}, stream);
+    if (!try_run(p, Dir::bwd_data, {nullptr, w.raw_data(), gy.raw_data(), dx.raw_data()}, stream))
+      return patchify_backward_gemm(gy, x, w, dx, dw, dbias, stream);
   }
-  if (dw.defined()) run(p, Dir::bwd_filter, {x.raw_data(), nullptr, gy.raw_data(), dw.raw_data()}, stream);
+  if (dw.defined() &&
+      !try_run(p, Dir::bwd_filter, {x.raw_data(), nullptr, gy.raw_data(), dw.raw_data()}, stream)) {
+    Tensor no_dx;  // dx, if asked for, is done
+    return patchify_backward_gemm(gy, x, w, no_dx, dw, dbias, stream);
+  }
   bias_grad(gy, dbias, cout, stream);
 }
 
