@@ -45,6 +45,7 @@ struct Flags {
   bool tf32 = false;
   bool depthwise_direct = false;  // our direct depthwise kernels instead of cuDNN's
   bool gemm_epilogues = true;  // cuBLASLt's bias / bias-gradient epilogues (off: plain GEMMs + our kernels)
+  bool patchify_gemm = false;  // patchify convolutions as one GEMM over their patches instead of cuDNN
   std::string json;            // also write the result here
   double peak_tflops = 0;      // the device's peak for this dtype: enables the MFU figure
   int profile_steps = 0;       // extra steps under the op profiler
@@ -57,8 +58,7 @@ struct Flags {
       "usage: bench_train_step [--model tiny] [--device cpu|cuda[:i]] [--dtype f32|bf16|f16]\n"
       "                        [--batch 8] [--image 224] [--warmup 3] [--steps 10]\n"
       "                        [--no-conv-benchmark] [--tf32] [--depthwise-direct] [--no-gemm-epilogues]\n"
-      "                        [--json FILE]\n"
-      "                        [--peak-tflops T] [--profile N]\n",
+      "                        [--patchify-gemm] [--json FILE] [--peak-tflops T] [--profile N]\n",
       msg);
   std::exit(2);
 }
@@ -93,6 +93,8 @@ Flags parse(int argc, char** argv) {
       f.depthwise_direct = true;
     else if (a == "--no-gemm-epilogues")
       f.gemm_epilogues = false;
+    else if (a == "--patchify-gemm")
+      f.patchify_gemm = true;
     else if (a == "--json")
       f.json = value();
     else if (a == "--peak-tflops")
@@ -145,6 +147,7 @@ int run(const Flags& f) {
     cuda::set_allow_tf32(f.tf32);
     cuda::set_depthwise_direct(f.depthwise_direct);
     cuda::set_gemm_epilogues(f.gemm_epilogues);
+    cuda::set_patchify_gemm(f.patchify_gemm);
     stream_guard.emplace(cuda::compute_stream(dev.index));
   }
 #endif
@@ -208,7 +211,8 @@ int run(const Flags& f) {
   const double tflops = flop_per_img * img_s / 1e12;
   const double mfu = f.peak_tflops > 0 ? tflops / f.peak_tflops : NAN;
   const std::string variant = std::string(f.depthwise_direct ? " (direct depthwise)" : "") +
-                              (f.gemm_epilogues ? "" : " (no GEMM epilogues)");
+                              (f.gemm_epilogues ? "" : " (no GEMM epilogues)") +
+                              (f.patchify_gemm ? " (patchify as GEMM)" : "");
   const char* dw = variant.c_str();
   std::printf(
       "bench_train_step: %s%s %s %s batch %lld image %lld: %.2f ms/step, %.1f img/s, %.3f TFLOP/s, peak %.2f "

@@ -228,6 +228,11 @@ if want bench && ((bench)); then
   "$build/bench/bench_train_step" --model "$model" --device cuda --dtype bf16 --batch "${bs[0]}" --image "$image" \
     --warmup 5 --steps "$steps" --no-gemm-epilogues --json "$out/no_epilogues_b${bs[0]}.json" 2>&1 |
     tee -a "$out/bench.log" | tee -a "$summary" || status=1
+  # And the stem and downsamplings as one GEMM over their patches instead of cuDNN (Note [Patchify as a GEMM]).
+  say "training step with patchify as a GEMM, batch ${bs[0]}"
+  "$build/bench/bench_train_step" --model "$model" --device cuda --dtype bf16 --batch "${bs[0]}" --image "$image" \
+    --warmup 5 --steps "$steps" --patchify-gemm --json "$out/patchify_gemm_b${bs[0]}.json" 2>&1 |
+    tee -a "$out/bench.log" | tee -a "$summary" || status=1
   python3 - "$out" "$peak" <<'PY' | tee -a "$summary" || status=1
 import glob, json, os, sys
 out = sys.argv[1]
