@@ -64,7 +64,12 @@ void bind_parameters(const std::vector<std::pair<std::string, Tensor>>& params, 
     const FlatSegment& s = layout.segments[i];
     CZ_CHECK_SHAPE(params[i].second.sizes() == s.shape, "bind_parameters: '{}' has shape {}, layout says {}",
                    params[i].first, shape_str(params[i].second.sizes()), shape_str(s.shape));
-    repoint(params[i].second, buffer, s.offset);
+    Tensor p = params[i].second;
+    repoint(p, buffer, s.offset);
+    // A .grad of the old dtype or device cannot be accumulated into any more (the next backward would fail
+    // in add_): drop it; the caller binds a new one (the trainer's bf16 gradient buffer, say).
+    const Tensor g = p.grad();
+    if (g.defined() && (g.dtype() != p.dtype() || g.device() != p.device())) p.set_grad(Tensor());
   }
 }
 

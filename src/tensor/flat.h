@@ -39,7 +39,9 @@ struct FlatParams {
 FlatParams flatten_parameters(const std::vector<std::pair<std::string, Tensor>>& params, int64_t align = 16);
 
 // Points each parameter of `layout` (matched by position in `params`) at `buffer`, which must have
-// layout.numel elements. Used when the storage behind a flat buffer changes (ZeRO-3 gathers, device moves).
+// layout.numel elements. Used when the storage behind a flat buffer changes (ZeRO-3 gathers, device moves,
+// a 16-bit compute copy). The parameters take the buffer's dtype and device; a .grad that no longer matches
+// them is dropped (bind a new one with set_grad).
 void bind_parameters(const std::vector<std::pair<std::string, Tensor>>& params, const FlatLayout& layout,
                      const Tensor& buffer);
 

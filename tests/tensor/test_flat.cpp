@@ -47,6 +47,30 @@ TEST(Flat, BindParametersRepointsAtAnotherBuffer) {
   EXPECT_THROW(bind_parameters({{"a", a}}, flat.layout, full({5}, 1.0)), ShapeError);
 }
 
+// The trainer's Note [Mixed precision] on the CPU, with f64 standing in for the 16-bit compute copy: after
+// binding to a buffer of another dtype the old f32 .grad must not linger (backward would fail adding an f64
+// gradient into it); a gradient buffer bound in the new dtype receives the gradients.
+TEST(Flat, BindingToAnotherDtypeDropsTheStaleGrad) {
+  Tensor a = testing::random_tensor({2, 3}, 5, DType::f32).set_requires_grad(true);
+  FlatParams flat = flatten_parameters({{"a", a}}, 4);
+  ASSERT_EQ(a.grad().dtype(), DType::f32);
+  Tensor copy = flat.params.to(DType::f64);
+  bind_parameters({{"a", a}}, flat.layout, copy);
+  EXPECT_EQ(a.dtype(), DType::f64);
+  EXPECT_FALSE(a.grad().defined());
+  Tensor x = testing::random_tensor({2, 3}, 6, DType::f64);
+  sum(mul(a, x)).backward();  // threw "axpy: dtypes f64 and f32" with the stale grad
+  EXPECT_EQ(a.grad().dtype(), DType::f64);
+  EXPECT_EQ(a.grad().to_vector<double>(), x.to_vector<double>());
+
+  Tensor grads = zeros({flat.layout.numel}, DType::f64);
+  a.set_grad(view_of_storage(grads, {2, 3}, 0));
+  bind_parameters({{"a", a}}, flat.layout, copy);  // same dtype: the bound gradient stays
+  EXPECT_EQ(a.grad().storage(), grads.storage());
+  sum(mul(a, x)).backward();
+  EXPECT_EQ(grads.narrow(0, 0, 6).to_vector<double>(), x.to_vector<double>());
+}
+
 TEST(Flat, MixedDtypesAreRefusedWithTheirNames) {
   Tensor a = zeros({2}, DType::f32).set_requires_grad(true);
   Tensor b = zeros({2}, DType::f64).set_requires_grad(true);

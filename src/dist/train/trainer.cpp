@@ -43,7 +43,13 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
   if (device_.is_cuda()) {
     CZ_CHECK_DEVICE(cuda_available(), "--device {}: no CUDA GPU is available{}", cfg_.device,
                     cuda_runtime::built() ? "" : " (this build has no CUDA backend)");
-    device_ = Device::cuda(world_.gpu() >= 0 ? world_.gpu() : device_.index);
+    // One rank honours an explicit --device cuda:N (World picked GPU 0 for it); several ranks each take the
+    // GPU World chose by local rank, as two ranks on one GPU would make NCCL fail.
+    const bool explicit_index = cfg_.device.find(':') != std::string::npos;
+    if (world_.gpu() >= 0 && !(explicit_index && world_.size() == 1)) device_ = Device::cuda(world_.gpu());
+    CZ_CHECK_DEVICE(device_.index < cuda_device_count(), "--device {}: only {} CUDA GPU(s) are visible",
+                    cfg_.device, cuda_device_count());
+    cuda_runtime::set_device(device_.index);
 #if CZ_WITH_CUDA
     cuda::set_allow_tf32(cfg_.tf32);
     // Training runs the same convolution shapes thousands of times: time cuDNN's candidates once per shape
@@ -181,7 +187,8 @@ Batch Trainer::next_batch() {
 
 double Trainer::all_reduce_scalar(double v, bool average) {
   if (!comm_) return v;
-  Tensor t = full({1}, v, DType::f64);
+  // On the communicator's device: the NCCL backend takes CUDA buffers only.
+  Tensor t = full({1}, v, DType::f64, device_);
   comm_->all_reduce(t, average ? dist::ReduceOp::avg : dist::ReduceOp::sum)->wait();
   return t.item();
 }
