@@ -67,7 +67,8 @@ void* Tensor::raw_data() const {
 
 // ---- factories ----
 
-Tensor empty_strided(const Shape& shape, const Shape& strides, DType dtype, Device device) {
+namespace {
+Tensor empty_from(Allocator& alloc, const Shape& shape, const Shape& strides, DType dtype, Device device) {
   CZ_CHECK_SHAPE(shape.size() == strides.size(), "empty_strided: {} sizes but {} strides", shape.size(),
                  strides.size());
   int64_t span = 1;  // elements from the first to one past the last addressable element
@@ -78,12 +79,19 @@ Tensor empty_strided(const Shape& shape, const Shape& strides, DType dtype, Devi
   if (span != 0)
     for (size_t i = 0; i < shape.size(); ++i) span += (shape[i] - 1) * strides[i];
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage =
-      std::make_shared<Storage>(allocator_for(device).allocate(size_t(span) * dtype_size(dtype)), device);
+  impl->storage = std::make_shared<Storage>(alloc.allocate(size_t(span) * dtype_size(dtype)), device);
   impl->sizes = shape;
   impl->strides = strides;
   impl->dtype = dtype;
   return Tensor(std::move(impl));
+}
+}  // namespace
+
+Tensor empty_strided(const Shape& shape, const Shape& strides, DType dtype, Device device) {
+  return empty_from(allocator_for(device), shape, strides, dtype, device);
+}
+Tensor empty_pinned(const Shape& shape, DType dtype) {
+  return empty_from(pinned_host_allocator(), shape, contiguous_strides(shape), dtype, Device::cpu());
 }
 
 Tensor empty(const Shape& shape, DType dtype, Device device) {
@@ -186,15 +194,19 @@ Tensor& Tensor::copy_(const Tensor& src) {
     if (is_cuda() && src.is_cuda()) {  // GPU to another GPU, through the host
       copy_(src.cpu());
     } else if (is_cuda()) {
-      Tensor host = src.to(dtype()).contiguous();
+      // Without blocking the host: the source is converted into pinned staging memory, which is recorded
+      // on the stream so that it is not handed out again before the copy has read it (Note [Cross-stream
+      // frees]). The caller may change or free `src` as soon as this returns.
+      Tensor host = empty_pinned(sizes(), dtype());
+      cpu::copy(src, host);
       Tensor dst = is_contiguous() ? *this : empty(sizes(), dtype(), device());
       cuda_runtime::memcpy_async(dst.raw_data(), host.raw_data(), nbytes(),
                                  cuda_runtime::CopyKind::host_to_device, stream);
+      pinned_host_allocator().record_stream(host.raw_data(), stream);
       if (!dst.same(*this)) CZ_CUDA_CALL(cuda::copy(dst, *this, stream));
-      stream.synchronize();  // `host` is a temporary: its bytes must be read before it is freed
     } else {
       Tensor dev = src.contiguous();
-      Tensor host = empty(sizes(), src.dtype(), Device::cpu());
+      Tensor host = empty_pinned(sizes(), src.dtype());
       cuda_runtime::memcpy_async(host.raw_data(), dev.raw_data(), host.nbytes(),
                                  cuda_runtime::CopyKind::device_to_host, stream);
       stream.synchronize();

@@ -170,6 +170,9 @@ class Tensor {
 // Factories. Shapes must be non-negative.
 Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor empty_strided(const Shape& shape, const Shape& strides, DType dtype, Device device);
+// A contiguous host tensor in pinned_host_allocator()'s memory: page-locked when a GPU is present, so
+// transfers to and from it run asynchronously (Tensor::copy_ stages host-to-device copies in it).
+Tensor empty_pinned(const Shape& shape, DType dtype = DType::f32);
 Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor full(const Shape& shape, double value, DType dtype = DType::f32, Device device = Device::cpu());

@@ -56,5 +56,18 @@ TEST(Allocator, PinnedHostAllocatorKeepsItsOwnStatistics) {
   EXPECT_EQ(allocator_for(Device::cpu()).stats().num_allocs, before.num_allocs);
 }
 
+TEST(Allocator, EmptyPinnedIsAContiguousHostTensorFromThePinnedAllocator) {
+  const MemoryStats cpu_before = allocator_for(Device::cpu()).stats();
+  const int64_t pinned_before = pinned_host_allocator().stats().num_allocs;
+  Tensor t = empty_pinned({3, 4}, DType::f64);
+  EXPECT_TRUE(t.is_cpu());
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.dtype(), DType::f64);
+  t.fill_(2.5);
+  EXPECT_EQ(t.select(0, 2).select(0, 3).item(), 2.5);
+  EXPECT_EQ(pinned_host_allocator().stats().num_allocs, pinned_before + 1);
+  EXPECT_EQ(allocator_for(Device::cpu()).stats().num_allocs, cpu_before.num_allocs);
+}
+
 }  // namespace
 }  // namespace cz

@@ -185,6 +185,28 @@ TEST(CudaMemory, CrossDeviceCopiesConvertAndFollowStrides) {
   }
 }
 
+// Host-to-device copies return before the GPU has read their pinned staging block (the stream is held busy
+// here), and many in a row reuse staging blocks: each must arrive intact, and the source may be overwritten
+// at once.
+TEST(CudaMemory, HostToDeviceCopiesDoNotWaitAndKeepTheirStagingUntilRead) {
+  CZ_REQUIRE_GPU();
+  NoGradGuard no_grad;
+  const Stream stream = current_stream(gpu());
+  cuda::busy_wait(stream, 200'000);  // 0.2 s: every copy below is still queued when the loop ends
+  Tensor src = empty({1000}, DType::f32);
+  std::vector<Tensor> dev;
+  for (int i = 0; i < 64; ++i) {
+    src.fill_(double(i));
+    dev.push_back(src.to(gpu()));
+    src.fill_(-1.0);  // the caller's buffer is free as soon as copy_ returns
+  }
+  Event after(gpu());
+  after.record(stream);
+  EXPECT_FALSE(after.query()) << "a host-to-device copy waited for the GPU (the 0.2 s busy kernel is done)";
+  for (int i = 0; i < 64; ++i)
+    EXPECT_TRUE(all_close(dev[size_t(i)].cpu(), full({1000}, double(i)), 0, 0)) << "copy " << i;
+}
+
 TEST(CudaMemory, AxpyAndScaleOnStridedViewsMatchCpu) {
   CZ_REQUIRE_GPU();
   NoGradGuard no_grad;

@@ -31,8 +31,8 @@ namespace cz::cuda {
 //    path. Nothing ever blocks the host on the normal path.
 //  * Pinned host blocks have no home stream: the host writes into a fresh block immediately, ordered after
 //    nothing on the GPU. So every stream that reads or writes a pinned block asynchronously must be recorded,
-//    and the block is reused only after all of those events completed. (Tensor::copy_ synchronises its own
-//    transfers and needs no record.)
+//    and the block is reused only after all of those events completed. (Tensor::copy_ records the pinned
+//    staging block of a host-to-device copy on its stream; device-to-host copies synchronise.)
 //  * A stream used without record_stream is a bug of the caller, as with any caching allocator: the block can
 //    be handed out while that stream still uses it.
 // The bookkeeping lives in BlockPool (block_pool.h), parameterised by the CUDA calls (CudaBackend below), so
