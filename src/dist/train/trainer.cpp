@@ -212,7 +212,9 @@ StepStats Trainer::step() {
     (compute_grads_.defined() ? compute_grads_ : flat_.grads).zero_();
   }
   model_->train();
-  double loss_sum = 0;
+  // The micro-steps' losses are summed on the device and read once, after the last backward: a read per
+  // micro-step would make the host wait for each backward before queuing the next micro-step.
+  Tensor loss_sum;
   const int64_t micro = cfg_.micro_batch;
   for (int64_t a = 0; a < cfg_.grad_accum; ++a) {
     Batch batch = next_batch();
@@ -223,9 +225,10 @@ StepStats Trainer::step() {
     Tensor logits = (*model_)(images).to(DType::f32);
     Tensor loss = cross_entropy(logits, labels, cfg_.label_smoothing);
     scale(loss, s.loss_scale / double(cfg_.grad_accum)).backward();
-    loss_sum += loss.item();
+    NoGradGuard no_grad;
+    loss_sum = loss_sum.defined() ? add(loss_sum, loss.detach()) : loss.detach();
   }
-  s.loss = all_reduce_scalar(loss_sum / double(cfg_.grad_accum), true);
+  s.loss = all_reduce_scalar(loss_sum.item() / double(cfg_.grad_accum), true);
   reduce_gradients();
 
   bool take_step = true;
