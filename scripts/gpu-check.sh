@@ -217,22 +217,16 @@ if want bench && ((bench)); then
       say "PyTorch with CUDA and timm not importable: no peer figure"
     fi
   done
-  # Our depthwise kernels in place of cuDNN's, once, at the first batch size: which is faster decides the default.
-  say "training step with the direct depthwise kernels, batch ${bs[0]}"
-  "$build/bench/bench_train_step" --model "$model" --device cuda --dtype bf16 --batch "${bs[0]}" --image "$image" \
-    --warmup 5 --steps "$steps" --depthwise-direct --json "$out/direct_dw_b${bs[0]}.json" 2>&1 |
-    tee -a "$out/bench.log" | tee -a "$summary" || status=1
-  # And with plain GEMMs plus our bias kernels: does cuBLASLt's BGRADB epilogue keep split-K for the tall
-  # weight-gradient GEMMs (K = batch x pixels)? Which is faster decides cuda::set_gemm_epilogues's default.
-  say "training step without GEMM epilogues, batch ${bs[0]}"
-  "$build/bench/bench_train_step" --model "$model" --device cuda --dtype bf16 --batch "${bs[0]}" --image "$image" \
-    --warmup 5 --steps "$steps" --no-gemm-epilogues --json "$out/no_epilogues_b${bs[0]}.json" 2>&1 |
-    tee -a "$out/bench.log" | tee -a "$summary" || status=1
-  # And the stem and downsamplings as one GEMM over their patches instead of cuDNN (Note [Patchify as a GEMM]).
-  say "training step with patchify as a GEMM, batch ${bs[0]}"
-  "$build/bench/bench_train_step" --model "$model" --device cuda --dtype bf16 --batch "${bs[0]}" --image "$image" \
-    --warmup 5 --steps "$steps" --patchify-gemm --json "$out/patchify_gemm_b${bs[0]}.json" 2>&1 |
-    tee -a "$out/bench.log" | tee -a "$summary" || status=1
+  # Each of our own paths in place of the library's, once, at the first batch size; which is faster decides
+  # the default: the direct depthwise kernels instead of cuDNN's; plain GEMMs plus our bias kernels instead of
+  # cuBLASLt's epilogues (does BGRADB keep split-K for the tall weight-gradient GEMMs, K = batch x pixels?);
+  # the stem and downsamplings as one GEMM over their patches instead of cuDNN (Note [Patchify as a GEMM]).
+  for variant in --depthwise-direct --no-gemm-epilogues --patchify-gemm; do
+    say "training step with $variant, batch ${bs[0]}"
+    "$build/bench/bench_train_step" --model "$model" --device cuda --dtype bf16 --batch "${bs[0]}" \
+      --image "$image" --warmup 5 --steps "$steps" "$variant" --json "$out/${variant#--}_b${bs[0]}.json" 2>&1 |
+      tee -a "$out/bench.log" | tee -a "$summary" || status=1
+  done
   python3 - "$out" "$peak" <<'PY' | tee -a "$summary" || status=1
 import glob, json, os, sys
 out = sys.argv[1]
