@@ -345,17 +345,23 @@ Tensor crs_from_rsc(const Tensor& wk, Stream stream) {
   return out;
 }
 
-}  // namespace
-
-void depthwise_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
-                              Stream stream) {
-  constexpr const char* op = "depthwise_conv2d_forward";
+// x NHWC and w (k, k, C) with k odd, on the stream's device; returns C.
+int64_t check_depthwise(const char* op, const Tensor& x, const Tensor& w, Stream stream) {
   detail::check_float(op, "x", x);
   check_nhwc(op, "x", x, x.dtype(), stream);
   const int64_t c = x.size(3);
   CZ_CHECK_SHAPE(w.dim() == 3 && w.size(0) == w.size(1) && w.size(0) % 2 == 1 && w.size(2) == c,
                  "cuda::{}: w has shape {}, expected (k, k, {}) with k odd", op, shape_str(w.sizes()), c);
   detail::check_operand(op, "w", w, x.dtype(), stream);
+  return c;
+}
+
+}  // namespace
+
+void depthwise_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
+                              Stream stream) {
+  constexpr const char* op = "depthwise_conv2d_forward";
+  const int64_t c = check_depthwise(op, x, w, stream);
   check_like(op, "bias", bias, {c}, x.dtype(), stream);
   check_like(op, "y", y, x.sizes(), x.dtype(), stream);
   if (x.numel() == 0) return;
@@ -376,12 +382,7 @@ void depthwise_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bi
 void depthwise_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
                                Tensor& dbias, Stream stream) {
   constexpr const char* op = "depthwise_conv2d_backward";
-  detail::check_float(op, "x", x);
-  check_nhwc(op, "x", x, x.dtype(), stream);
-  const int64_t c = x.size(3);
-  CZ_CHECK_SHAPE(w.dim() == 3 && w.size(0) == w.size(1) && w.size(0) % 2 == 1 && w.size(2) == c,
-                 "cuda::{}: w has shape {}, expected (k, k, {}) with k odd", op, shape_str(w.sizes()), c);
-  detail::check_operand(op, "w", w, x.dtype(), stream);
+  const int64_t c = check_depthwise(op, x, w, stream);
   check_like(op, "gy", gy, x.sizes(), x.dtype(), stream);
   check_like(op, "dx", dx, x.sizes(), x.dtype(), stream);
   check_like(op, "dw", dw, w.sizes(), x.dtype(), stream);
