@@ -42,6 +42,12 @@ void TrainConfig::validate() const {
            "--precision must be fp32, fp16 or bf16, got '{}'", precision);
   CZ_CHECK(std::isfinite(initial_loss_scale) && initial_loss_scale >= 1,
            "--initial-loss-scale must be a finite number >= 1, got {}", initial_loss_scale);
+  CZ_CHECK(stage >= 0 && stage <= 3, "--stage must be 0, 1, 2 or 3, got {}", stage);
+  CZ_CHECK(std::isfinite(bucket_mb) && bucket_mb > 0 && bucket_mb <= 1 << 16,
+           "--bucket-mb must be in (0, 65536], got {}", bucket_mb);
+  CZ_CHECK(prefetch >= 0 && prefetch <= 64, "--prefetch must be in [0, 64], got {}", prefetch);
+  CZ_CHECK(reduce_dtype == "fp32" || reduce_dtype == "bf16" || reduce_dtype == "fp16",
+           "--reduce-dtype must be fp32, bf16 or fp16, got '{}'", reduce_dtype);
 }
 
 }  // namespace cz::train

@@ -54,6 +54,12 @@ struct TrainConfig {
   uint64_t seed = 0;
   bool progress = true;  // progress bar when stderr is a terminal
 
+  // ZeRO (docs/zero.md): what is sharded across ranks, how gradients travel, stage-3 prefetch.
+  int stage = 0;                      // 0: replicated, 1: + optimizer state, 2: + gradients, 3: + parameters
+  double bucket_mb = 25;              // gradient bucket size (stages 0-2)
+  int prefetch = 1;                   // stage 3: units gathered ahead of use
+  std::string reduce_dtype = "fp32";  // fp32 | bf16 | fp16: the dtype gradients travel in
+
   // Throws ValueError naming the first bad flag.
   void validate() const;
   int64_t global_batch(int world) const { return micro_batch * grad_accum * world; }
