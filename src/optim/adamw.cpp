@@ -11,9 +11,9 @@
 
 namespace cz {
 
-AdamW::AdamW(const FlatLayout& layout, ShardRange shard, const std::vector<ParamHyper>& hyper,
+AdamW::AdamW(const FlatLayout& layout, std::vector<ShardRange> ranges, const std::vector<ParamHyper>& hyper,
              AdamWConfig config, DType dtype, Device device)
-    : Optimizer("AdamW", layout, shard, hyper, dtype, device), config_(config) {
+    : Optimizer("AdamW", layout, std::move(ranges), hyper, dtype, device), config_(config) {
   CZ_CHECK(config.beta1 >= 0 && config.beta1 < 1, "AdamW: beta1 must be in [0, 1), got {}", config.beta1);
   CZ_CHECK(config.beta2 >= 0 && config.beta2 < 1, "AdamW: beta2 must be in [0, 1), got {}", config.beta2);
   CZ_CHECK(std::isfinite(config.eps) && config.eps >= 0, "AdamW: eps must be a finite value >= 0, got {}",
@@ -22,17 +22,18 @@ AdamW::AdamW(const FlatLayout& layout, ShardRange shard, const std::vector<Param
   exp_avg_sq_ = new_state();
 }
 
-void AdamW::step(const Tensor& params, const Tensor& grads, double lr) {
-  check_step(params, grads, lr);
+void AdamW::step_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
+                       std::span<const ShardPiece> pieces, double lr) {
   profiler::Scope prof("adamw_step", device_);
   const AdamWStepArgs args{lr, config_.beta1, config_.beta2, config_.eps, step_ + 1};
-  Tensor p = params;
+  Tensor m = exp_avg_.narrow(0, state_offset, numel), v = exp_avg_sq_.narrow(0, state_offset, numel);
   if (p.is_cpu())
-    cpu::adamw_step(p, grads, exp_avg_, exp_avg_sq_, pieces_, args);
+    cpu::adamw_step(p, g, m, v, pieces, args);
   else
-    CZ_CUDA_CALL(cuda::adamw_step(p, grads, exp_avg_, exp_avg_sq_, pieces_, args, current_stream(device_)));
-  ++step_;
-  bump(params);
+    CZ_CUDA_CALL(cuda::adamw_step(p, g, m, v, pieces, args, current_stream(device_)));
+}
+
+void AdamW::finish_step(std::span<const Tensor>) {
   bump(exp_avg_);
   bump(exp_avg_sq_);
 }

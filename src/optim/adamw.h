@@ -19,9 +19,12 @@ class AdamW final : public Optimizer {
   // hyper: one entry per segment of `layout` (weight decay, lr scale), e.g. timm_weight_decay(layout, 0.05).
   // The state is allocated for the shard only, zeroed, in `dtype` on `device`.
   AdamW(const FlatLayout& layout, ShardRange shard, const std::vector<ParamHyper>& hyper,
+        AdamWConfig config = {}, DType dtype = DType::f32, Device device = Device::cpu())
+      : AdamW(layout, std::vector<ShardRange>{shard}, hyper, config, dtype, device) {}
+  // A shard of several ranges (Note [Optimizer state layout]).
+  AdamW(const FlatLayout& layout, std::vector<ShardRange> ranges, const std::vector<ParamHyper>& hyper,
         AdamWConfig config = {}, DType dtype = DType::f32, Device device = Device::cpu());
 
-  void step(const Tensor& params, const Tensor& grads, double lr) override;
   NamedTensors state() const override;
   void load_state(const NamedTensors& state) override;
 
@@ -30,6 +33,10 @@ class AdamW final : public Optimizer {
   const Tensor& exp_avg_sq() const { return exp_avg_sq_; }
 
  private:
+  void step_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
+                  std::span<const ShardPiece> pieces, double lr) override;
+  void finish_step(std::span<const Tensor> params) override;
+
   AdamWConfig config_;
   Tensor exp_avg_;
   Tensor exp_avg_sq_;

@@ -16,50 +16,80 @@ void check_decay(const char* op, double decay) {
 
 }  // namespace
 
-WeightEma::WeightEma(const Tensor& params, double decay) : decay_(decay) {
+WeightEma::WeightEma(std::span<const Tensor> params, double decay) : decay_(decay) {
   check_decay("WeightEma", decay);
-  CZ_CHECK(params.defined(), "WeightEma: params is an undefined tensor");
-  CZ_CHECK_DTYPE(params.dtype() == DType::f32 || params.dtype() == DType::f64,
-                 "WeightEma: params must be f32 or f64, got {}", dtype_name(params.dtype()));
-  CZ_CHECK_SHAPE(params.is_contiguous(), "WeightEma: params of shape {} must be contiguous",
-                 shape_str(params.sizes()));
+  CZ_CHECK(!params.empty(), "WeightEma: no params");
+  int64_t n = 0;
+  for (const Tensor& p : params) {
+    CZ_CHECK(p.defined(), "WeightEma: params is an undefined tensor");
+    CZ_CHECK_DTYPE(p.dtype() == DType::f32 || p.dtype() == DType::f64,
+                   "WeightEma: params must be f32 or f64, got {}", dtype_name(p.dtype()));
+    CZ_CHECK_SHAPE(p.is_contiguous(), "WeightEma: params of shape {} must be contiguous", shape_str(p.sizes()));
+    CZ_CHECK_SHAPE(params.size() == 1 || p.dim() == 1, "WeightEma: pieces must be 1-D, got {}",
+                   shape_str(p.sizes()));
+    n += p.numel();
+  }
   NoGradGuard no_grad;
-  ema_ = params.detach().clone();
+  if (params.size() == 1) {
+    ema_ = params[0].detach().clone();
+    return;
+  }
+  ema_ = empty({n}, params[0].dtype(), params[0].device());
+  int64_t off = 0;
+  for (const Tensor& p : params) {
+    ema_.narrow(0, off, p.numel()).copy_(p.detach());
+    off += p.numel();
+  }
 }
 
-void WeightEma::check_params(const char* op, const Tensor& params) const {
-  CZ_CHECK(params.defined(), "{}: params is an undefined tensor", op);
-  CZ_CHECK_SHAPE(params.sizes() == ema_.sizes() && params.is_contiguous(),
-                 "{}: params has shape {} (contiguous: {}) but the EMA has shape {}", op,
-                 shape_str(params.sizes()), params.is_contiguous(), shape_str(ema_.sizes()));
-  CZ_CHECK_DTYPE(params.dtype() == ema_.dtype(), "{}: params is {} but the EMA is {}", op,
-                 dtype_name(params.dtype()), dtype_name(ema_.dtype()));
-  CZ_CHECK_DEVICE(params.device() == ema_.device(), "{}: params is on {} but the EMA is on {}", op,
-                  params.device().str(), ema_.device().str());
+void WeightEma::check_params(const char* op, std::span<const Tensor> params) const {
+  int64_t n = 0;
+  for (const Tensor& p : params) {
+    CZ_CHECK(p.defined(), "{}: params is an undefined tensor", op);
+    CZ_CHECK_SHAPE(p.is_contiguous() && (params.size() == 1 ? p.sizes() == ema_.sizes() : p.dim() == 1),
+                   "{}: params has shape {} (contiguous: {}) but the EMA has shape {}", op,
+                   shape_str(p.sizes()), p.is_contiguous(), shape_str(ema_.sizes()));
+    CZ_CHECK_DTYPE(p.dtype() == ema_.dtype(), "{}: params is {} but the EMA is {}", op, dtype_name(p.dtype()),
+                   dtype_name(ema_.dtype()));
+    CZ_CHECK_DEVICE(p.device() == ema_.device(), "{}: params is on {} but the EMA is on {}", op,
+                    p.device().str(), ema_.device().str());
+    n += p.numel();
+  }
+  CZ_CHECK_SHAPE(n == ema_.numel(), "{}: params hold {} elements but the EMA has {}", op, n, ema_.numel());
 }
 
 void WeightEma::update(const Tensor& params) {
   update(params, decay_);
 }
 
-void WeightEma::update(const Tensor& params, double decay) {
+void WeightEma::update(std::span<const Tensor> params, double decay) {
   check_decay("WeightEma::update", decay);
   check_params("WeightEma::update", params);
   CZ_CHECK(!swapped_, "WeightEma::update: the EMA weights are swapped in; swap back before updating");
-  if (ema_.is_cpu())
-    cpu::ema_update(ema_, params, decay);
-  else
-    CZ_CUDA_CALL(cuda::ema_update(ema_, params, decay, current_stream(ema_.device())));
+  int64_t off = 0;
+  for (const Tensor& p : params) {
+    Tensor e = params.size() == 1 ? ema_ : ema_.narrow(0, off, p.numel());
+    off += p.numel();
+    if (e.is_cpu())
+      cpu::ema_update(e, p, decay);
+    else
+      CZ_CUDA_CALL(cuda::ema_update(e, p, decay, current_stream(e.device())));
+  }
   ema_.storage()->bump_version();
 }
 
-void WeightEma::swap(const Tensor& params) {
+void WeightEma::swap(std::span<const Tensor> params) {
   check_params("WeightEma::swap", params);
   NoGradGuard no_grad;
-  Tensor live = params.detach();
-  Tensor tmp = live.clone();
-  live.copy_(ema_);
-  ema_.copy_(tmp);
+  int64_t off = 0;
+  for (const Tensor& p : params) {
+    Tensor e = params.size() == 1 ? ema_ : ema_.narrow(0, off, p.numel());
+    off += p.numel();
+    Tensor live = p.detach();
+    Tensor tmp = live.clone();
+    live.copy_(e);
+    e.copy_(tmp);
+  }
   swapped_ = !swapped_;
 }
 

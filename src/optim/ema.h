@@ -3,6 +3,8 @@
 // the live ones for evaluation and back.
 #pragma once
 
+#include <span>
+
 #include "optim/optimizer.h"
 
 namespace cz {
@@ -11,16 +13,21 @@ class WeightEma {
  public:
   // Starts as a copy of `params` (f32/f64, contiguous; typically the flat master weights or a shard of them).
   // decay in [0, 1].
-  WeightEma(const Tensor& params, double decay);
+  WeightEma(const Tensor& params, double decay) : WeightEma(std::span<const Tensor>(&params, 1), decay) {}
+  // An EMA of several 1-D pieces (a ZeRO rank's chunks: Note [ZeRO partitioning]), kept as one buffer, the
+  // pieces back to back. update() and swap() then take the same pieces in the same order.
+  WeightEma(std::span<const Tensor> params, double decay);
 
   // ema = decay * ema + (1 - decay) * params. Refused while swapped.
   void update(const Tensor& params);
   // The same with an explicit decay (for a warmup of the decay, as timm's `min(decay, (1 + n) / (10 + n))`).
-  void update(const Tensor& params, double decay);
+  void update(const Tensor& params, double decay) { update(std::span<const Tensor>(&params, 1), decay); }
+  void update(std::span<const Tensor> params, double decay);
 
   // Exchanges the values of `params` and the EMA weights in place (the parameters' storage is kept, so every
   // view of it sees the EMA weights). Call again to swap back. Costs one temporary copy of the buffer.
-  void swap(const Tensor& params);
+  void swap(const Tensor& params) { swap(std::span<const Tensor>(&params, 1)); }
+  void swap(std::span<const Tensor> params);
   bool swapped() const { return swapped_; }
 
   const Tensor& weights() const { return ema_; }  // the EMA (the live weights while swapped)
@@ -31,7 +38,7 @@ class WeightEma {
   void load_state(const NamedTensors& state);
 
  private:
-  void check_params(const char* op, const Tensor& params) const;
+  void check_params(const char* op, std::span<const Tensor> params) const;
 
   Tensor ema_;
   double decay_;

@@ -5,25 +5,62 @@
 
 namespace cz {
 
-Optimizer::Optimizer(const char* name, const FlatLayout& layout, ShardRange shard,
+Optimizer::Optimizer(const char* name, const FlatLayout& layout, std::vector<ShardRange> ranges,
                      const std::vector<ParamHyper>& hyper, DType dtype, Device device)
-    : name_(name), shard_(shard), dtype_(dtype), device_(device) {
-  check_shard_range(name, layout, shard);
+    : name_(name), ranges_(std::move(ranges)), dtype_(dtype), device_(device) {
+  CZ_CHECK(!ranges_.empty(), "{}: a shard needs at least one range", name);
   CZ_CHECK(hyper.size() == layout.segments.size(),
            "{}: {} hyper-parameter entries for a layout of {} parameters", name, hyper.size(),
            layout.segments.size());
   CZ_CHECK_DTYPE(dtype == DType::f32 || dtype == DType::f64, "{}: master weights must be f32 or f64, got {}",
                  name, dtype_name(dtype));
-  pieces_ = shard_pieces(layout, shard, hyper);
+  for (size_t i = 0; i < ranges_.size(); ++i) {
+    check_shard_range(name, layout, ranges_[i]);
+    CZ_CHECK(i == 0 || ranges_[i - 1].end <= ranges_[i].begin,
+             "{}: shard ranges must be sorted and disjoint, got [{}, {}) before [{}, {})", name,
+             ranges_[i - 1].begin, ranges_[i - 1].end, ranges_[i].begin, ranges_[i].end);
+    offsets_.push_back(numel_);
+    numel_ += ranges_[i].numel();
+    pieces_.push_back(shard_pieces(layout, ranges_[i], hyper));
+  }
 }
 
-void Optimizer::check_step(const Tensor& params, const Tensor& grads, double lr) const {
+ShardRange Optimizer::shard() const {
+  CZ_ASSERT(ranges_.size() == 1, "{}: shard() of a shard of {} ranges", name_, ranges_.size());
+  return ranges_.front();
+}
+
+const std::vector<ShardPiece>& Optimizer::pieces() const {
+  CZ_ASSERT(ranges_.size() == 1, "{}: pieces() of a shard of {} ranges", name_, ranges_.size());
+  return pieces_.front();
+}
+
+void Optimizer::step(std::span<const Tensor> params, std::span<const Tensor> grads, double lr) {
+  check_step(params, grads, lr);
+  for (size_t i = 0; i < ranges_.size(); ++i) {
+    Tensor p = params[i];
+    step_range(p, grads[i], offsets_[i], ranges_[i].numel(), pieces_[i], lr);
+  }
+  ++step_;
+  for (const Tensor& p : params) bump(p);
+  finish_step(params);
+}
+
+void Optimizer::check_step(std::span<const Tensor> params, std::span<const Tensor> grads, double lr) const {
   CZ_CHECK(std::isfinite(lr) && lr >= 0, "{}.step: lr must be a finite value >= 0, got {}", name_, lr);
+  CZ_CHECK(params.size() == ranges_.size() && grads.size() == ranges_.size(),
+           "{}.step: {} params and {} grads tensors for a shard of {} range(s)", name_, params.size(),
+           grads.size(), ranges_.size());
+  for (size_t i = 0; i < ranges_.size(); ++i) check_range(i, params[i], grads[i]);
+}
+
+void Optimizer::check_range(size_t i, const Tensor& params, const Tensor& grads) const {
+  const ShardRange& r = ranges_[i];
   const auto check_one = [&](const char* what, const Tensor& t) {
     CZ_CHECK(t.defined(), "{}.step: {} is an undefined tensor", name_, what);
-    CZ_CHECK_SHAPE(t.dim() == 1 && t.numel() == shard_.numel(),
+    CZ_CHECK_SHAPE(t.dim() == 1 && t.numel() == r.numel(),
                    "{}.step: {} has shape {} but the shard [{}, {}) has {} elements", name_, what,
-                   shape_str(t.sizes()), shard_.begin, shard_.end, shard_.numel());
+                   shape_str(t.sizes()), r.begin, r.end, r.numel());
     CZ_CHECK_SHAPE(t.is_contiguous(), "{}.step: {} must be contiguous", name_, what);
     CZ_CHECK_DTYPE(t.dtype() == dtype_, "{}.step: {} is {} but the optimizer state is {}", name_, what,
                    dtype_name(t.dtype()), dtype_name(dtype_));
@@ -35,7 +72,7 @@ void Optimizer::check_step(const Tensor& params, const Tensor& grads, double lr)
 }
 
 Tensor Optimizer::new_state() const {
-  return zeros({shard_.numel()}, dtype_, device_);
+  return zeros({numel_}, dtype_, device_);
 }
 
 Tensor Optimizer::step_tensor() const {
@@ -61,9 +98,12 @@ void Optimizer::load_named(const NamedTensors& state, const std::vector<std::str
       step = &t;
       continue;
     }
-    CZ_CHECK_IO(t.dim() == 1 && t.numel() == shard_.numel(),
-                "{}.load_state: '{}' has shape {} but the shard [{}, {}) has {} elements", name_, key,
-                shape_str(t.sizes()), shard_.begin, shard_.end, shard_.numel());
+    CZ_CHECK_IO(t.dim() == 1 && t.numel() == numel_,
+                "{}.load_state: '{}' has shape {} but the shard {} has {} elements", name_, key,
+                shape_str(t.sizes()),
+                ranges_.size() == 1 ? fmt::format("[{}, {})", ranges_[0].begin, ranges_[0].end)
+                                    : fmt::format("of {} ranges", ranges_.size()),
+                numel_);
     CZ_CHECK_IO(is_floating(t.dtype()), "{}.load_state: '{}' must be floating point, got {}", name_, key,
                 dtype_name(t.dtype()));
   }

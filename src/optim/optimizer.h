@@ -2,6 +2,7 @@
 // checkpointing and ZeRO build on (Note [Optimizer state layout]).
 #pragma once
 
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,11 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 // i, and padding elements have state like any other. So the state of a whole model is the concatenation of
 // the shards' state in rank order, and resharding is cutting that concatenation at new boundaries. The scalar
 // "step" (0-d i64 on the CPU) counts the steps taken; every shard of one model has the same value.
+//
+// A shard may also be several ranges of the flat space (a ZeRO rank owns one chunk of every bucket or unit:
+// Note [ZeRO partitioning] in dist/zero/partition.h). Its state is then the ranges' state concatenated in
+// range order, and step() takes one params/grads tensor per range, so the parameters can stay where they
+// are (chunks of a full flat buffer) while the state is one contiguous allocation.
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -26,7 +32,9 @@ class Optimizer {
 
   // Updates `params` in place. params, grads: 1-D, contiguous, shard().numel() elements, of the optimizer's
   // dtype and device. lr >= 0 is the scheduled learning rate (each piece multiplies it by its lr_scale).
-  virtual void step(const Tensor& params, const Tensor& grads, double lr) = 0;
+  void step(const Tensor& params, const Tensor& grads, double lr) { step({&params, 1}, {&grads, 1}, lr); }
+  // The same over a shard of several ranges: params[i], grads[i] hold ranges()[i].numel() elements.
+  void step(std::span<const Tensor> params, std::span<const Tensor> grads, double lr);
 
   // The live state tensors (views, not copies) and "step"; see Note [Optimizer state layout].
   virtual NamedTensors state() const = 0;
@@ -35,16 +43,26 @@ class Optimizer {
 
   const char* name() const { return name_; }
   int64_t step_count() const { return step_; }
-  ShardRange shard() const { return shard_; }
-  const std::vector<ShardPiece>& pieces() const { return pieces_; }
+  // The single range of a one-range shard (asserts there is one).
+  ShardRange shard() const;
+  const std::vector<ShardPiece>& pieces() const;
+  const std::vector<ShardRange>& ranges() const { return ranges_; }
+  int64_t numel() const { return numel_; }  // elements of state per per-element state tensor
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
 
  protected:
-  Optimizer(const char* name, const FlatLayout& layout, ShardRange shard,
+  Optimizer(const char* name, const FlatLayout& layout, std::vector<ShardRange> ranges,
             const std::vector<ParamHyper>& hyper, DType dtype, Device device);
+  // One range's update: p, g hold ranges()[i].numel() elements; `state_offset` is where the range's state
+  // starts in the state tensors; `pieces` are the range's (Note [Shard pieces]).
+  virtual void step_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
+                          std::span<const ShardPiece> pieces, double lr) = 0;
+  // Called once per step() after every range has been updated.
+  virtual void finish_step(std::span<const Tensor> params) {}
   // Throws naming the optimizer and what is wrong with the arguments of step().
-  void check_step(const Tensor& params, const Tensor& grads, double lr) const;
+  void check_step(std::span<const Tensor> params, std::span<const Tensor> grads, double lr) const;
+  void check_range(size_t i, const Tensor& params, const Tensor& grads) const;
   Tensor new_state() const;  // zeros of the shard's size, dtype and device
   Tensor step_tensor() const;
   // Checks that `state` holds exactly `names` plus "step", copies each named tensor into `dst` (same order as
@@ -54,8 +72,10 @@ class Optimizer {
   static void bump(const Tensor& t) { t.storage()->bump_version(); }
 
   const char* name_;
-  ShardRange shard_;
-  std::vector<ShardPiece> pieces_;
+  std::vector<ShardRange> ranges_;
+  std::vector<int64_t> offsets_;                    // state offset of each range
+  std::vector<std::vector<ShardPiece>> pieces_;  // per range
+  int64_t numel_ = 0;
   DType dtype_;
   Device device_;
   int64_t step_ = 0;

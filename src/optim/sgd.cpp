@@ -9,9 +9,9 @@
 
 namespace cz {
 
-Sgd::Sgd(const FlatLayout& layout, ShardRange shard, const std::vector<ParamHyper>& hyper, SgdConfig config,
-         DType dtype, Device device)
-    : Optimizer("SGD", layout, shard, hyper, dtype, device), config_(config) {
+Sgd::Sgd(const FlatLayout& layout, std::vector<ShardRange> ranges, const std::vector<ParamHyper>& hyper,
+         SgdConfig config, DType dtype, Device device)
+    : Optimizer("SGD", layout, std::move(ranges), hyper, dtype, device), config_(config) {
   CZ_CHECK(config.momentum >= 0 && config.momentum < 1, "SGD: momentum must be in [0, 1), got {}",
            config.momentum);
   CZ_CHECK(config.dampening >= 0 && config.dampening <= 1, "SGD: dampening must be in [0, 1], got {}",
@@ -22,17 +22,18 @@ Sgd::Sgd(const FlatLayout& layout, ShardRange shard, const std::vector<ParamHype
   if (config.momentum != 0) momentum_buffer_ = new_state();
 }
 
-void Sgd::step(const Tensor& params, const Tensor& grads, double lr) {
-  check_step(params, grads, lr);
+void Sgd::step_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
+                     std::span<const ShardPiece> pieces, double lr) {
   profiler::Scope prof("sgd_step", device_);
   const SgdStepArgs args{lr, config_.momentum, config_.dampening, config_.nesterov, step_ == 0};
-  Tensor p = params;
+  Tensor buf = momentum_buffer_.defined() ? momentum_buffer_.narrow(0, state_offset, numel) : Tensor();
   if (p.is_cpu())
-    cpu::sgd_step(p, grads, momentum_buffer_, pieces_, args);
+    cpu::sgd_step(p, g, buf, pieces, args);
   else
-    CZ_CUDA_CALL(cuda::sgd_step(p, grads, momentum_buffer_, pieces_, args, current_stream(device_)));
-  ++step_;
-  bump(params);
+    CZ_CUDA_CALL(cuda::sgd_step(p, g, buf, pieces, args, current_stream(device_)));
+}
+
+void Sgd::finish_step(std::span<const Tensor>) {
   if (momentum_buffer_.defined()) bump(momentum_buffer_);
 }
 

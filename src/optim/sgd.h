@@ -19,9 +19,12 @@ class Sgd final : public Optimizer {
  public:
   // hyper: one entry per segment of `layout`; weight_decay here is coupled (added to the gradient).
   Sgd(const FlatLayout& layout, ShardRange shard, const std::vector<ParamHyper>& hyper, SgdConfig config = {},
-      DType dtype = DType::f32, Device device = Device::cpu());
+      DType dtype = DType::f32, Device device = Device::cpu())
+      : Sgd(layout, std::vector<ShardRange>{shard}, hyper, config, dtype, device) {}
+  // A shard of several ranges (Note [Optimizer state layout]).
+  Sgd(const FlatLayout& layout, std::vector<ShardRange> ranges, const std::vector<ParamHyper>& hyper,
+      SgdConfig config = {}, DType dtype = DType::f32, Device device = Device::cpu());
 
-  void step(const Tensor& params, const Tensor& grads, double lr) override;
   NamedTensors state() const override;
   void load_state(const NamedTensors& state) override;
 
@@ -29,6 +32,10 @@ class Sgd final : public Optimizer {
   const Tensor& momentum_buffer() const { return momentum_buffer_; }  // undefined when momentum == 0
 
  private:
+  void step_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
+                  std::span<const ShardPiece> pieces, double lr) override;
+  void finish_step(std::span<const Tensor> params) override;
+
   SgdConfig config_;
   Tensor momentum_buffer_;
 };

@@ -26,18 +26,37 @@ class AccumulateGrad;
 
 // Bytes plus the allocator that owns them. `version` counts in-place writes, so autograd can tell when a
 // tensor saved for backward was modified afterwards.
+//
+// Note [Releasable storage]: ZeRO-3 frees a gathered unit's parameter bytes between uses, while the
+// parameters and the views autograd saved of them (SavedTensor keeps t.detach(), which shares this Storage)
+// keep pointing here. release() gives the bytes back to the allocator; restore() installs new bytes of the
+// same size before the next use. The version is left alone: a re-gathered unit holds the same values, so
+// the saved views stay valid. Reading a released storage's data is an error, not a dangling pointer.
 class Storage {
  public:
-  Storage(DataPtr data, Device device) : data_(std::move(data)), device_(device) {}
-  void* data() const { return data_.get(); }
-  size_t nbytes() const { return data_.nbytes(); }
+  Storage(DataPtr data, Device device) : data_(std::move(data)), nbytes_(data_.nbytes()), device_(device) {}
+  void* data() const {
+    CZ_CHECK(data_.get() != nullptr || nbytes_ == 0,
+             "storage of {} bytes on {} is released (a ZeRO-3 unit used outside its gather window)", nbytes_,
+             device_.str());
+    return data_.get();
+  }
+  size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
   Allocator* allocator() const { return data_.owner(); }
   uint64_t version() const { return version_; }
   void bump_version() { ++version_; }
 
+  bool resident() const { return data_.get() != nullptr || nbytes_ == 0; }
+  void release() { data_ = DataPtr(); }
+  void restore(DataPtr data) {
+    CZ_CHECK(data.nbytes() >= nbytes_, "Storage::restore: {} bytes for a storage of {}", data.nbytes(), nbytes_);
+    data_ = std::move(data);
+  }
+
  private:
   DataPtr data_;
+  size_t nbytes_;
   Device device_;
   uint64_t version_ = 0;
 };

@@ -57,8 +57,14 @@ inline TrainConfig learning_config() {
   return c;
 }
 
-inline std::vector<float> master_values(const Trainer& t) {
-  return t.flat().params.to_vector<float>();
+// Every master weight, parameter after parameter (collective at stages 1-3).
+inline std::vector<float> master_values(Trainer& t) {
+  std::vector<float> out;
+  for (const auto& [name, p] : t.master_parameters()) {
+    const std::vector<float> v = p.to(Device::cpu()).contiguous().to_vector<float>();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
 }
 
 inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {

@@ -225,6 +225,7 @@ class MpiCommunicator final : public Communicator {
     const Call& c = task.call;
     // Stays set when the call fails: a launcher's SIGTERM may arrive before main() has printed the error.
     set_current_activity(c.what);
+    task.work->mark_started();
     bool ok = false;
     try {
       if (broken_.load())

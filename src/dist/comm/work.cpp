@@ -17,9 +17,21 @@ void Work::set_device_event(void* cuda_event) {
   event_ = cuda_event;
 }
 
+void Work::mark_started() {
+  std::lock_guard<std::mutex> lock(mu_);
+  started_ = std::chrono::steady_clock::now();
+  timed_ = true;
+}
+
+double Work::run_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_ && timed_ ? std::chrono::duration<double>(finished_ - started_).count() : 0.0;
+}
+
 void Work::mark_done() {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    finished_ = std::chrono::steady_clock::now();
     done_ = true;
   }
   cv_.notify_all();

@@ -3,6 +3,7 @@
 // caller's current stream after it without blocking the host (Note [Comm streams] in communicator.h).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -31,8 +32,13 @@ class Work {
   // "all_reduce of 4096 bytes on ranks [0, 1]".
   const std::string& what() const { return what_; }
 
+  // Seconds the collective ran on the communication thread (from mark_started to mark_done), once completed;
+  // 0 when the backend does not time its work (NCCL: the device-side part is not timed).
+  double run_seconds() const;
+
   // Backend side.
   void set_device_event(void* cuda_event);  // owned from now on; recorded after the device-side work
+  void mark_started();
   void mark_done();
   void mark_failed(const std::string& error);
   bool failed() const;
@@ -47,6 +53,8 @@ class Work {
   bool done_ = false;
   std::string error_;
   void* event_ = nullptr;
+  std::chrono::steady_clock::time_point started_, finished_;
+  bool timed_ = false;
 };
 
 using WorkHandle = std::shared_ptr<Work>;

@@ -1,17 +1,16 @@
-// The training loop. Note [Mixed precision]: parameters live in an fp32 flat buffer (the master weights, what
-// the optimizer updates); with --precision bf16/fp16 the model runs on a low-precision copy of that buffer
-// whose gradients are copied into the fp32 gradient buffer after backward (unscaled and checked for overflow
-// with fp16's dynamic loss scaling), and the copy is refreshed from the master weights after each update.
+// The training loop. Note [Mixed precision]: the fp32 master weights (or this rank's shard of them) are what
+// the optimizer updates; with --precision bf16/fp16 the model runs on a 16-bit compute copy whose gradients
+// become fp32 master gradients after reduction (unscaled and checked for overflow on every rank with fp16's
+// dynamic loss scaling), and the copy is refreshed from the master weights after each update. The ZeRO
+// engine (dist/zero/engine.h) does all of it, at every stage.
 #include "dist/train/trainer.h"
 
 #include <chrono>
 #include <cmath>
 
+#include <functional>
+
 #include "io/weights.h"
-#include "optim/adamw.h"
-#include "optim/clip.h"
-#include "optim/param_groups.h"
-#include "optim/sgd.h"
 #include "tensor/autograd/engine.h"
 #include "tensor/cuda/runtime.h"
 #if CZ_WITH_CUDA
@@ -25,14 +24,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// Points every parameter's .grad at its slot of `grads` (same layout as the parameters' flat buffer).
-void bind_grads(const nn::NamedParameters& params, const FlatLayout& layout, const Tensor& grads) {
-  for (size_t i = 0; i < params.size(); ++i) {
-    const FlatSegment& s = layout.segments[i];
-    Tensor(params[i].second).set_grad(view_of_storage(grads, s.shape, grads.offset() + s.offset));
-  }
 }
 
 }  // namespace
@@ -68,11 +59,57 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     opt.backend = device_.is_cuda() ? dist::Backend::nccl : dist::Backend::mpi;
     opt.algorithm = dist::Algorithm::ring;
     comm_ = dist::make_communicator(world_, opt);
+    check_ranks_agree();
   }
   if (world_.rank() == 0 && !cfg_.log.empty()) log_ = JsonLog(cfg_.log);
   build_data();
   build_model();
-  build_optimizer();
+  build_schedule();
+}
+
+// Every rank must run the same model, stage, dtypes and batch settings: a mismatch would otherwise show as a
+// hang or as silently wrong results. Each rank contributes a hash of each flag's value (52 bits, exact in an
+// f64); every rank sees all of them and so every rank stops with the same message, naming the flag.
+void Trainer::check_ranks_agree() {
+  const std::vector<std::pair<const char*, std::string>> flags = {
+      {"--model", cfg_.model},
+      {"--depths", fmt::format("{}", fmt::join(cfg_.depths, ","))},
+      {"--dims", fmt::format("{}", fmt::join(cfg_.dims, ","))},
+      {"--num-classes", std::to_string(cfg_.num_classes)},
+      {"--image-size", std::to_string(cfg_.image_size)},
+      {"--stage", std::to_string(cfg_.stage)},
+      {"--bucket-mb", fmt::format("{}", cfg_.bucket_mb)},
+      {"--prefetch", std::to_string(cfg_.prefetch)},
+      {"--reduce-dtype", cfg_.reduce_dtype},
+      {"--precision", cfg_.precision},
+      {"--micro-batch", std::to_string(cfg_.micro_batch)},
+      {"--grad-accum", std::to_string(cfg_.grad_accum)},
+      {"--optimizer", cfg_.optimizer},
+      {"--activation-checkpointing", std::to_string(cfg_.activation_checkpointing)},
+      {"--drop-path", fmt::format("{}", cfg_.drop_path)},
+      {"--data", cfg_.data},
+      {"--steps", std::to_string(cfg_.steps)},
+      {"--epochs", std::to_string(cfg_.epochs)},
+      {"--seed", std::to_string(cfg_.seed)},
+      {"--lr", fmt::format("{}", cfg_.lr)},
+      {"--clip-grad", fmt::format("{}", cfg_.clip_grad)},
+      {"--ema-decay", fmt::format("{}", cfg_.ema_decay)},
+      {"--init-weights", cfg_.init_weights},
+  };
+  const int64_t k = int64_t(flags.size()), n = world_.size();
+  std::vector<double> mine;
+  for (const auto& [flag, value] : flags)
+    mine.push_back(double(std::hash<std::string>{}(value) & ((uint64_t(1) << 52) - 1)));
+  Tensor shard = from_vector(mine, {k}).to(device_);
+  Tensor all = zeros({k * n}, DType::f64, device_);
+  comm_->all_gather(shard, all)->wait();
+  const std::vector<double> v = all.to_vector<double>();
+  for (int64_t f = 0; f < k; ++f)
+    for (int64_t r = 1; r < n; ++r)
+      CZ_CHECK(v[size_t(r * k + f)] == v[size_t(f)],
+               "ranks were started with different {}: rank {} differs from rank 0 (every rank must get the "
+               "same flags)",
+               flags[size_t(f)].first, r);
 }
 
 Trainer::~Trainer() = default;
@@ -88,28 +125,25 @@ void Trainer::build_model() {
   mc.drop_path_rate = cfg_.drop_path;
   model_ = std::make_unique<nn::ConvNeXt>(mc, nn::ParamOptions{DType::f32, device_});
   model_->init_weights(cfg_.seed);
-  named_params_ = model_->named_parameters();
   if (!cfg_.init_weights.empty()) {
     WeightImportOptions opt;
     if (cfg_.reset_head) opt.skip_prefixes = {"head.fc."};
-    import_weights(cfg_.init_weights, named_params_, opt);
+    import_weights(cfg_.init_weights, model_->named_parameters(), opt);
     if (cfg_.reset_head) model_->reset_head(cfg_.seed + 1);
   }
   model_->set_activation_checkpointing(cfg_.activation_checkpointing);
-  flat_ = flatten_parameters(named_params_);
-  if (compute_dtype_ != DType::f32) {
-    compute_params_ = flat_.params.to(compute_dtype_);
-    compute_grads_ = zeros({flat_.layout.numel}, compute_dtype_, device_);
-    bind_parameters(named_params_, flat_.layout, compute_params_);
-    bind_grads(named_params_, flat_.layout, compute_grads_);
-  }
-  if (comm_) {  // every rank starts from rank 0's weights
-    comm_->broadcast(flat_.params, 0)->wait();
-    if (compute_params_.defined()) {
-      NoGradGuard no_grad;
-      compute_params_.copy_(flat_.params);
-    }
-  }
+  zero::ZeroConfig zc;
+  zc.stage = cfg_.stage;
+  zc.bucket_bytes = std::max<int64_t>(1, int64_t(cfg_.bucket_mb * (1 << 20)));
+  zc.prefetch = cfg_.prefetch;
+  zc.compute_dtype = compute_dtype_;
+  zc.reduce_dtype = cfg_.reduce_dtype == "fp32" ? DType::f32 : cfg_.reduce_dtype == "bf16" ? DType::bf16 : DType::f16;
+  zc.device = device_;
+  zc.optimizer = cfg_.optimizer;
+  zc.weight_decay = cfg_.weight_decay;
+  zc.momentum = cfg_.momentum;
+  zc.ema_decay = cfg_.ema_decay;
+  engine_ = std::make_unique<zero::ZeroEngine>(*model_, zero::convnext_units(*model_), comm_.get(), zc);
 }
 
 // Both splits read this rank's share of global batches of micro-batch x ranks; evaluation reads every example
@@ -153,21 +187,11 @@ void Trainer::build_data() {
   loader_->start_epoch(0);
 }
 
-void Trainer::build_optimizer() {
-  const ShardRange all = ShardRange::whole(flat_.layout);
-  const auto hyper = timm_weight_decay(flat_.layout, cfg_.weight_decay);
-  if (cfg_.optimizer == "sgd") {
-    SgdConfig sc;
-    sc.momentum = cfg_.momentum;
-    optimizer_ = std::make_unique<Sgd>(flat_.layout, all, hyper, sc, DType::f32, device_);
-  } else {
-    optimizer_ = std::make_unique<AdamW>(flat_.layout, all, hyper, AdamWConfig{}, DType::f32, device_);
-  }
+void Trainer::build_schedule() {
   schedule_ = std::make_unique<LrSchedule>(
       cfg_.schedule == "constant"
           ? constant_schedule(cfg_.lr, cfg_.warmup_steps)
           : cosine_schedule(cfg_.lr, cfg_.min_lr, std::max<int64_t>(total_steps_, 1), cfg_.warmup_steps));
-  if (cfg_.ema_decay > 0) ema_ = std::make_unique<WeightEma>(flat_.params, cfg_.ema_decay);
   if (compute_dtype_ == DType::f16) {
     LossScalerConfig sc;
     sc.init_scale = cfg_.initial_loss_scale;
@@ -185,20 +209,6 @@ Batch Trainer::next_batch() {
   return std::move(*b);
 }
 
-double Trainer::all_reduce_scalar(double v, bool average) {
-  if (!comm_) return v;
-  // On the communicator's device: the NCCL backend takes CUDA buffers only.
-  Tensor t = full({1}, v, DType::f64, device_);
-  comm_->all_reduce(t, average ? dist::ReduceOp::avg : dist::ReduceOp::sum)->wait();
-  return t.item();
-}
-
-void Trainer::reduce_gradients() {
-  NoGradGuard no_grad;
-  if (compute_grads_.defined()) flat_.grads.copy_(compute_grads_);
-  if (comm_) comm_->all_reduce(flat_.grads, dist::ReduceOp::avg)->wait();
-}
-
 StepStats Trainer::step() {
   const auto t0 = Clock::now();
   Allocator& alloc = allocator_for(device_);
@@ -207,10 +217,7 @@ StepStats Trainer::step() {
   s.step = ++step_;
   s.lr = schedule_->lr_at(s.step);
   s.loss_scale = scaler_.scale();
-  {
-    NoGradGuard no_grad;
-    (compute_grads_.defined() ? compute_grads_ : flat_.grads).zero_();
-  }
+  engine_->zero_grad();
   model_->train();
   // The micro-steps' losses are summed on the device and read once, after the last backward: a read per
   // micro-step would make the host wait for each backward before queuing the next micro-step.
@@ -224,29 +231,19 @@ StepStats Trainer::step() {
     model_->set_drop_path_context(cfg_.seed, uint64_t(s.step), (a * world_.size() + world_.rank()) * micro);
     Tensor logits = (*model_)(images).to(DType::f32);
     Tensor loss = cross_entropy(logits, labels, cfg_.label_smoothing);
-    scale(loss, s.loss_scale / double(cfg_.grad_accum)).backward();
+    engine_->backward(scale(loss, s.loss_scale / double(cfg_.grad_accum)), a + 1 == cfg_.grad_accum);
     NoGradGuard no_grad;
     loss_sum = loss_sum.defined() ? add(loss_sum, loss.detach()) : loss.detach();
   }
-  s.loss = all_reduce_scalar(loss_sum.item() / double(cfg_.grad_accum), true);
-  reduce_gradients();
-
-  bool take_step = true;
-  if (scaler_.enabled()) {
-    const bool overflow = scaler_.unscale_(flat_.grads);
-    take_step = scaler_.update(overflow);
-  }
-  s.skipped = !take_step;
-  s.grad_norm = std::sqrt(grad_sq_norm(flat_.grads).item());
-  if (take_step) {
-    if (cfg_.clip_grad > 0) scale_(flat_.grads, clip_coefficient(s.grad_norm, cfg_.clip_grad));
-    optimizer_->step(flat_.params, flat_.grads, s.lr);
-    if (ema_) ema_->update(flat_.params);
-    if (compute_params_.defined()) {
-      NoGradGuard no_grad;
-      compute_params_.copy_(flat_.params);
-    }
-  }
+  s.loss = engine_->all_reduce_scalar(loss_sum.item() / double(cfg_.grad_accum), true);
+  const zero::ZeroStepStats z = engine_->step(s.lr, cfg_.clip_grad, scaler_);
+  s.skipped = z.skipped;
+  s.grad_norm = z.grad_norm;
+  s.comm_bytes = z.comm_bytes;
+  s.comm_s = z.comm_s;
+  s.comm_exposed_s = z.comm_exposed_s;
+  s.comm_buffer_bytes = z.comm_buffer_bytes;
+  s.model_state_bytes = engine_->model_state_bytes();
   if (device_.is_cuda()) current_stream(device_).synchronize();
   s.step_time_s = seconds_since(t0);
   s.img_per_s = double(cfg_.global_batch(world_.size())) / s.step_time_s;
@@ -275,25 +272,26 @@ EvalResult Trainer::evaluate() {
   }
   model_->train();
   EvalResult r;
-  n = all_reduce_scalar(n, false);
+  n = engine_->all_reduce_scalar(n, false);
   r.examples = int64_t(n);
-  r.loss = n > 0 ? all_reduce_scalar(loss_sum, false) / n : NAN;
-  r.top1 = n > 0 ? all_reduce_scalar(correct, false) / n : NAN;
+  r.loss = n > 0 ? engine_->all_reduce_scalar(loss_sum, false) / n : NAN;
+  r.top1 = n > 0 ? engine_->all_reduce_scalar(correct, false) / n : NAN;
   return r;
 }
 
-nn::NamedParameters Trainer::master_parameters() const {
-  nn::NamedParameters out;
-  for (const FlatSegment& s : flat_.layout.segments)
-    out.emplace_back(s.name, view_of_storage(flat_.params, s.shape, flat_.params.offset() + s.offset));
-  return out;
+nn::NamedParameters Trainer::master_parameters() {
+  return engine_->master_parameters();
 }
 
 nlohmann::json Trainer::step_record(const StepStats& s) const {
   nlohmann::json j = {{"step", s.step},           {"epoch", epoch_},
                       {"loss", s.loss},           {"lr", s.lr},
                       {"grad_norm", s.grad_norm}, {"step_time_s", s.step_time_s},
-                      {"img_per_s", s.img_per_s}, {"peak_mem_bytes", s.peak_mem_bytes}};
+                      {"img_per_s", s.img_per_s}, {"peak_mem_bytes", s.peak_mem_bytes},
+                      {"stage", cfg_.stage},      {"comm_bytes", s.comm_bytes},
+                      {"comm_s", s.comm_s},       {"comm_exposed_s", s.comm_exposed_s},
+                      {"model_state_bytes", s.model_state_bytes},
+                      {"comm_buffer_bytes", s.comm_buffer_bytes}};
   if (scaler_.enabled()) {
     j["loss_scale"] = s.loss_scale;
     j["skipped"] = s.skipped;
@@ -314,18 +312,10 @@ TrainSummary Trainer::run() {
                         {"loss", sum.eval->loss},
                         {"top1", sum.eval->top1},
                         {"examples", sum.eval->examples}};
-    if (ema_) {
-      ema_->swap(flat_.params);
-      if (compute_params_.defined()) {
-        NoGradGuard no_grad;
-        compute_params_.copy_(flat_.params);
-      }
+    if (engine_->has_ema()) {
+      engine_->swap_ema();
       sum.eval_ema = evaluate();
-      ema_->swap(flat_.params);
-      if (compute_params_.defined()) {
-        NoGradGuard no_grad;
-        compute_params_.copy_(flat_.params);
-      }
+      engine_->swap_ema();
       j["ema_loss"] = sum.eval_ema->loss;
       j["ema_top1"] = sum.eval_ema->top1;
     }
@@ -346,6 +336,9 @@ TrainSummary Trainer::run() {
     time_in_steps += s.step_time_s;
     sum.final_loss = s.loss;
     sum.peak_mem_bytes = std::max(sum.peak_mem_bytes, s.peak_mem_bytes);
+    sum.model_state_bytes = s.model_state_bytes;
+    sum.comm_s += s.comm_s;
+    sum.comm_exposed_s += s.comm_exposed_s;
     CZ_CHECK(std::isfinite(s.loss) || s.skipped,
              "training diverged at step {}: loss is {} (try a lower --lr or --clip-grad)", s.step, s.loss);
     log_.write(step_record(s));
@@ -358,10 +351,14 @@ TrainSummary Trainer::run() {
   sum.seconds = seconds_since(t0);
   sum.img_per_s = time_in_steps > 0 ? double(images) / time_in_steps : 0;
   if (eval_set_) run_eval(total_steps_);
-  if (!cfg_.export_weights.empty() && lead) {
-    WeightExportOptions opt;
-    opt.conv_mlp = model_->config().conv_mlp;
-    export_weights(cfg_.export_weights, master_parameters(), opt);
+  if (!cfg_.export_weights.empty()) {
+    // Gathered on every rank (the engine's master_parameters is collective), written by rank 0.
+    const nn::NamedParameters weights = master_parameters();
+    if (lead) {
+      WeightExportOptions opt;
+      opt.conv_mlp = model_->config().conv_mlp;
+      export_weights(cfg_.export_weights, weights, opt);
+    }
   }
   return sum;
 }

@@ -1,5 +1,5 @@
-// The training loop behind `convnext_zero`: model, data, optimizer, schedule, mixed precision, evaluation,
-// logs. Runs on one process or data-parallel over a World (gradients averaged across ranks after backward).
+// The training loop behind `convnext_zero`: model, data, schedule, loss scaling, evaluation, logs. The ZeRO
+// engine (dist/zero) owns parameters, gradients, optimizer state and their collectives at every stage.
 #pragma once
 
 #include <memory>
@@ -8,15 +8,13 @@
 #include "dist/comm/bootstrap.h"
 #include "dist/comm/communicator.h"
 #include "dist/train/config.h"
+#include "dist/zero/engine.h"
 #include "io/dataset.h"
 #include "io/loader.h"
 #include "io/train_log.h"
 #include "nn/convnext.h"
-#include "optim/ema.h"
 #include "optim/loss_scaler.h"
-#include "optim/optimizer.h"
 #include "optim/schedule.h"
-#include "tensor/flat.h"
 
 namespace cz::train {
 
@@ -30,6 +28,12 @@ struct StepStats {
   double step_time_s = 0;
   double img_per_s = 0;        // global images per second
   int64_t peak_mem_bytes = 0;  // this rank's peak allocated bytes on its device during the step
+  // Communication and memory (Note [ZeRO step]).
+  int64_t comm_bytes = 0;         // bytes this rank sent in the step's collectives
+  double comm_s = 0;              // time those collectives ran
+  double comm_exposed_s = 0;      // time the step waited for them
+  int64_t model_state_bytes = 0;  // master weights, gradients, optimizer state, compute copy (this rank)
+  int64_t comm_buffer_bytes = 0;  // peak bytes of buckets and stage-3 gather buffers in the step
 };
 
 struct EvalResult {
@@ -45,6 +49,8 @@ struct TrainSummary {
   double final_loss = 0;
   std::optional<EvalResult> eval, eval_ema;
   int64_t peak_mem_bytes = 0;
+  int64_t model_state_bytes = 0;
+  double comm_s = 0, comm_exposed_s = 0;  // summed over the steps
 };
 
 class Trainer {
@@ -63,20 +69,20 @@ class Trainer {
   int64_t steps_done() const { return step_; }
 
   nn::ConvNeXt& model() { return *model_; }
-  const FlatParams& flat() const { return flat_; }  // fp32 master parameters and gradients
+  zero::ZeroEngine& engine() { return *engine_; }
   const TrainConfig& config() const { return cfg_; }
-  // The fp32 master weights under the model's parameter names (what --export-weights writes).
-  nn::NamedParameters master_parameters() const;
+  int world_size() const { return world_.size(); }
+  // The full fp32 master weights under the model's parameter names (what --export-weights writes).
+  // Collective at stages 1-3: every rank must call it.
+  nn::NamedParameters master_parameters();
 
  private:
   void build_model();
   void build_data();
-  void build_optimizer();
+  void build_schedule();
+  void check_ranks_agree();
   LoaderOptions loader_options(Split split) const;
   Batch next_batch();
-  // Copies gradients into the fp32 master buffer (mixed precision), averages them across ranks.
-  void reduce_gradients();
-  double all_reduce_scalar(double v, bool average);
   nlohmann::json step_record(const StepStats& s) const;
 
   TrainConfig cfg_;
@@ -86,17 +92,13 @@ class Trainer {
   std::unique_ptr<dist::Communicator> comm_;
 
   std::unique_ptr<nn::ConvNeXt> model_;
-  nn::NamedParameters named_params_;
-  FlatParams flat_;
-  Tensor compute_params_, compute_grads_;  // low-precision copies (undefined for fp32)
+  std::unique_ptr<zero::ZeroEngine> engine_;
 
   std::shared_ptr<const Dataset> train_set_, eval_set_;
   std::unique_ptr<Loader> loader_;
   int64_t epoch_ = 0;
 
-  std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LrSchedule> schedule_;
-  std::unique_ptr<WeightEma> ema_;
   LossScaler scaler_ = LossScaler::disabled();
 
   int64_t total_steps_ = 0;

@@ -1,0 +1,429 @@
+// The ZeRO engine: buffers per stage, gradient buckets reduced from the grad-ready hooks while backward runs,
+// and the sharded optimizer step.
+//
+// Note [ZeRO step]: what each stage keeps and sends (Psi = parameters, N = ranks; docs/zero.md has the table):
+//   stage 0: full params + full grads + full state; each bucket is all-reduced (averaged) as soon as backward
+//            has filled it, on the last micro-step (the full gradient buffer accumulates the others).
+//   stage 1: the same full params and grads; each bucket is reduce-scattered in place instead, so this rank's
+//            chunk of it holds the average; the optimizer updates only its chunks (of the full params, in
+//            place) and each partition is all-gathered in place afterwards.
+//   stage 2: no full gradient buffer: the grad-ready hook copies each gradient into its bucket (allocated when
+//            the bucket's first gradient arrives) and drops the parameter's .grad; a full bucket is reduce-
+//            scattered and its chunk added to the fp32 gradient shard, then freed. Every micro-step does this.
+//   stage 3: as stage 2 with units for buckets, and parameters sharded too (Note [Stage-3 units]).
+// At most two collectives are in flight: a third waits for the oldest, which bounds the bucket memory.
+// Under mixed precision the fp32 master weights are this rank's chunks (master_), the model runs on a 16-bit
+// copy that is refreshed (cast, then all-gathered at stages 1-2) after each update.
+#include "dist/zero/engine.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "optim/sgd.h"
+#include "tensor/autograd/engine.h"
+#include "tensor/ops.h"
+
+namespace cz::zero {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t held_bytes(const Tensor& t) {
+  return t.defined() ? int64_t(round_to_size_class(t.storage()->nbytes())) : 0;
+}
+
+}  // namespace
+
+ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units, dist::Communicator* comm,
+                       ZeroConfig cfg)
+    : cfg_(std::move(cfg)), comm_(comm) {
+  CZ_CHECK(cfg_.stage >= 0 && cfg_.stage <= 3, "ZeRO: --stage must be 0-3, got {}", cfg_.stage);
+  CZ_CHECK(cfg_.prefetch >= 0, "ZeRO: --prefetch must be >= 0, got {}", cfg_.prefetch);
+  CZ_CHECK(cfg_.bucket_bytes > 0, "ZeRO: the bucket size must be positive, got {} bytes", cfg_.bucket_bytes);
+  CZ_CHECK_DEVICE(cfg_.compute_dtype == DType::f32 || cfg_.device.is_cuda(),
+                  "ZeRO: {} compute needs a CUDA device (the CPU backend computes in fp32)",
+                  dtype_name(cfg_.compute_dtype));
+  if (comm_) {
+    rank_ = comm_->rank();
+    world_ = comm_->size();
+  }
+  shard_rank_ = cfg_.stage == 0 ? 0 : rank_;
+  const auto named = model.named_parameters();
+  std::vector<ParamShape> shapes;
+  for (const auto& [name, p] : named) shapes.push_back({name, p.sizes()});
+  std::vector<std::string> unit_of;
+  if (cfg_.stage == 3) unit_of = assign_units(shapes, units);
+  const int64_t bucket_elems = std::max<int64_t>(1, cfg_.bucket_bytes / int64_t(dtype_size(cfg_.reduce_dtype)));
+  layout_ = plan_layout(shapes, cfg_.stage, world_, bucket_elems, unit_of);
+  for (size_t p = 0; p < layout_.partitions.size(); ++p)
+    for (size_t i = layout_.partitions[p].first_param; i < layout_.partitions[p].end_param; ++i)
+      param_partition_.push_back(p);
+  const size_t np = layout_.partitions.size();
+  remaining_.assign(np, 0);
+  launched_.assign(np, false);
+  buckets_.resize(np);
+  gathered_.resize(np);
+  gather_state_.assign(np, Gather::resident);
+  gather_work_.resize(np);
+  position_.assign(np, 0);
+  build_buffers(named);
+  install_hooks(model);
+}
+
+ZeroEngine::~ZeroEngine() {
+  for (auto& [i, id] : param_hooks_) Tensor(named_[size_t(i)].second).remove_grad_ready_hook(id);
+  for (auto& [m, id] : module_hooks_) m->remove_hook(id);
+  // Collectives still in flight (an exception mid-backward) must not outlive the buffers they use.
+  for (auto& f : in_flight_)
+    if (f.work) try { f.work->wait(); } catch (...) {}
+  for (auto& w : gather_work_)
+    if (w) try { w->wait(); } catch (...) {}
+}
+
+void ZeroEngine::build_buffers(const std::vector<std::pair<std::string, Tensor>>& named) {
+  named_ = named;
+  const Device dev = cfg_.device;
+  const bool mixed = cfg_.compute_dtype != DType::f32;
+  FlatParams flat = flatten_parameters(named_, layout_.flat);
+  // Every rank starts from rank 0's weights.
+  if (comm_) comm_->broadcast(flat.params, 0)->wait();
+  NoGradGuard no_grad;
+  auto my_chunks = [&](const Tensor& full) {
+    Tensor out = empty({layout_.shard_numel()}, full.dtype(), dev);
+    for (size_t p = 0; p < layout_.partitions.size(); ++p) {
+      const ShardRange r = layout_.chunk_range(p, shard_rank_);
+      out.narrow(0, layout_.local_offset(p), r.numel()).copy_(full.narrow(0, r.begin, r.numel()));
+    }
+    return out;
+  };
+  if (mixed) master_ = my_chunks(flat.params);
+  if (cfg_.stage <= 2) {
+    params_ = mixed ? flat.params.to(cfg_.compute_dtype) : flat.params;
+    if (mixed) bind_parameters(named_, layout_.flat, params_);
+  } else {
+    param_shard_ = mixed ? master_.to(cfg_.compute_dtype) : my_chunks(flat.params);
+    for (size_t p = 0; p < layout_.partitions.size(); ++p) {
+      const Partition& part = layout_.partitions[p];
+      gathered_[p] = empty({part.numel}, cfg_.compute_dtype, dev);
+      for (size_t i = part.first_param; i < part.end_param; ++i)
+        repoint_parameter(named_[i].second, gathered_[p], layout_.flat.segments[i].offset - part.begin);
+      gathered_[p].storage()->release();
+      gather_state_[p] = Gather::released;
+    }
+  }
+  if (cfg_.stage <= 1) {
+    grads_ = mixed ? zeros({layout_.flat.numel}, cfg_.compute_dtype, dev) : flat.grads;
+    for (size_t i = 0; i < named_.size(); ++i) {
+      const FlatSegment& s = layout_.flat.segments[i];
+      Tensor(named_[i].second).set_grad(view_of_storage(grads_, s.shape, grads_.offset() + s.offset));
+    }
+  } else {
+    for (auto& [name, p] : named_) Tensor(p).set_grad(Tensor());
+  }
+  if (cfg_.stage >= 2 || mixed) grad_shard_ = zeros({layout_.shard_numel()}, DType::f32, dev);
+
+  const auto ranges = layout_.ranges(shard_rank_);
+  const auto hyper = timm_weight_decay(layout_.flat, cfg_.weight_decay);
+  if (cfg_.optimizer == "sgd") {
+    SgdConfig sc;
+    sc.momentum = cfg_.momentum;
+    optimizer_ = std::make_unique<Sgd>(layout_.flat, ranges, hyper, sc, DType::f32, dev);
+  } else {
+    CZ_CHECK(cfg_.optimizer == "adamw", "ZeRO: unknown optimizer '{}' (adamw or sgd)", cfg_.optimizer);
+    optimizer_ = std::make_unique<AdamW>(layout_.flat, ranges, hyper, AdamWConfig{}, DType::f32, dev);
+  }
+  if (cfg_.ema_decay > 0) {
+    const auto w = master_params();
+    ema_ = std::make_unique<WeightEma>(std::span<const Tensor>(w), cfg_.ema_decay);
+  }
+}
+
+void ZeroEngine::install_hooks(nn::Module& model) {
+  for (size_t i = 0; i < named_.size(); ++i) {
+    Tensor p = named_[i].second;
+    param_hooks_.emplace_back(int(i), p.register_grad_ready_hook([this, i](Tensor& t) { on_grad_ready(i, t); }));
+  }
+  if (cfg_.stage != 3) return;
+  for (size_t p = 0; p < layout_.partitions.size(); ++p) {
+    nn::Module* m = model.find_module(layout_.partitions[p].name);
+    CZ_CHECK(m != nullptr, "ZeRO-3: the model has no module '{}'", layout_.partitions[p].name);
+    module_hooks_.emplace_back(m, m->register_forward_pre_hook([this, p](nn::Module&, const Tensor&) {
+      on_unit_forward_pre(p);
+    }));
+    module_hooks_.emplace_back(m, m->register_forward_hook([this, p](nn::Module&, const Tensor&, const Tensor&) {
+      on_unit_forward_post(p);
+    }));
+    module_hooks_.emplace_back(m, m->register_backward_pre_hook([this, p](nn::Module&) { on_unit_backward_pre(p); }));
+  }
+}
+
+// ---- gradients ----
+
+void ZeroEngine::zero_grad() {
+  NoGradGuard no_grad;
+  if (grads_.defined()) grads_.zero_();
+  if (grad_shard_.defined()) grad_shard_.zero_();
+  stats_ = ZeroStepStats{};
+  comm_buffer_now_ = 0;
+  note_comm_buffers();
+}
+
+void ZeroEngine::on_grad_ready(size_t i, Tensor& param) {
+  const size_t p = param_partition_[i];
+  if (cfg_.stage >= 2) {
+    NoGradGuard no_grad;
+    const Partition& part = layout_.partitions[p];
+    if (!buckets_[p].defined()) {
+      buckets_[p] = zeros({part.numel}, cfg_.reduce_dtype, cfg_.device);
+      comm_buffer_now_ += held_bytes(buckets_[p]);
+      note_comm_buffers();
+    }
+    const FlatSegment& s = layout_.flat.segments[i];
+    const Tensor g = param.grad();
+    if (g.defined()) buckets_[p].narrow(0, s.offset - part.begin, s.numel).view(s.shape).copy_(g);
+    param.set_grad(Tensor());
+  } else if (!last_micro_) {
+    return;  // stages 0-1 reduce the accumulated gradients once, on the last micro-step
+  }
+  if (--remaining_[p] == 0) launch_reduce(p);
+}
+
+void ZeroEngine::launch_reduce(size_t p) {
+  NoGradGuard no_grad;
+  const Partition& part = layout_.partitions[p];
+  launched_[p] = true;
+  Tensor buf;
+  if (cfg_.stage >= 2) {
+    if (!buckets_[p].defined()) {  // no gradient arrived: the partition's gradient is zero on this rank
+      buckets_[p] = zeros({part.numel}, cfg_.reduce_dtype, cfg_.device);
+      comm_buffer_now_ += held_bytes(buckets_[p]);
+    }
+    buf = buckets_[p];
+  } else {
+    buf = grads_.narrow(0, part.begin, part.numel);
+    if (buf.dtype() != cfg_.reduce_dtype) {
+      buf = buf.to(cfg_.reduce_dtype);
+      comm_buffer_now_ += held_bytes(buf);
+    }
+  }
+  note_comm_buffers();
+  while (in_flight_.size() >= 2) finish_oldest();
+  dist::WorkHandle w;
+  const int64_t bytes = part.numel * int64_t(dtype_size(cfg_.reduce_dtype));
+  if (comm_) {
+    if (cfg_.stage == 0) {
+      w = comm_->all_reduce(buf, dist::ReduceOp::avg);
+      count_sent(bytes, 2);
+    } else {
+      Tensor mine = buf.narrow(0, rank_ * layout_.chunk(p), layout_.chunk(p));
+      w = comm_->reduce_scatter(buf, mine, dist::ReduceOp::avg);
+      count_sent(bytes, 1);
+    }
+  }
+  in_flight_.push_back({p, std::move(w), buf});
+  // Stage 3: the unit's parameters are not needed again until the next forward.
+  if (cfg_.stage == 3) release(p);
+}
+
+void ZeroEngine::finish_oldest() {
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  wait(f.work);
+  NoGradGuard no_grad;
+  const size_t p = f.partition;
+  const Partition& part = layout_.partitions[p];
+  const int64_t c = layout_.chunk(p);
+  if (cfg_.stage >= 2) {
+    Tensor mine = f.buffer.narrow(0, rank_ * c, c);
+    Tensor dst = grad_shard_.narrow(0, layout_.local_offset(p), c);
+    dst.add_(mine.dtype() == DType::f32 ? mine : mine.to(DType::f32));
+    comm_buffer_now_ -= held_bytes(buckets_[p]);
+    buckets_[p] = Tensor();
+  } else if (f.buffer.dtype() != grads_.dtype()) {
+    const int64_t off = cfg_.stage == 0 ? 0 : rank_ * c, n = cfg_.stage == 0 ? part.numel : c;
+    grads_.narrow(0, part.begin + off, n).copy_(f.buffer.narrow(0, off, n));
+    comm_buffer_now_ -= held_bytes(f.buffer);
+  }
+}
+
+void ZeroEngine::wait(const dist::WorkHandle& w) {
+  if (!w) return;
+  const auto t0 = Clock::now();
+  w->wait();
+  stats_.comm_exposed_s += std::chrono::duration<double>(Clock::now() - t0).count();
+  stats_.comm_s += w->run_seconds();
+}
+
+void ZeroEngine::count_sent(int64_t bytes, int factor) {
+  // Ring reduce-scatter and all-gather send (N-1)/N of the buffer from each rank; all-reduce is both.
+  stats_.comm_bytes += int64_t(factor) * bytes * (world_ - 1) / world_;
+}
+
+void ZeroEngine::note_comm_buffers() {
+  stats_.comm_buffer_bytes = std::max(stats_.comm_buffer_bytes, comm_buffer_now_ + gathered_bytes());
+}
+
+void ZeroEngine::backward(const Tensor& loss, bool last_micro_step) {
+  last_micro_ = last_micro_step;
+  for (size_t p = 0; p < layout_.partitions.size(); ++p) {
+    remaining_[p] = int(layout_.partitions[p].end_param - layout_.partitions[p].first_param);
+    launched_[p] = false;
+  }
+  phase_ = Phase::backward;
+  try {
+    loss.backward();
+  } catch (...) {
+    phase_ = Phase::forward;
+    throw;
+  }
+  phase_ = Phase::forward;
+  recording_ = false;
+  flush();
+}
+
+// Partitions some of whose parameters got no gradient in this pass are reduced now (every rank reaches here
+// with the same set, since the graph has the same structure on every rank); then everything in flight ends.
+void ZeroEngine::flush() {
+  if (cfg_.stage >= 2 || last_micro_)
+    for (size_t p = 0; p < layout_.partitions.size(); ++p)
+      if (!launched_[p]) launch_reduce(p);
+  while (!in_flight_.empty()) finish_oldest();
+  if (cfg_.stage == 3)
+    for (size_t p = 0; p < layout_.partitions.size(); ++p) release(p);
+}
+
+// ---- the step ----
+
+std::vector<Tensor> ZeroEngine::master_params() const {
+  std::vector<Tensor> out;
+  for (size_t p = 0; p < layout_.partitions.size(); ++p) {
+    const int64_t c = layout_.chunk(p);
+    if (master_.defined())
+      out.push_back(master_.narrow(0, layout_.local_offset(p), c));
+    else
+      out.push_back(compute_chunk(p));
+  }
+  return out;
+}
+
+std::vector<Tensor> ZeroEngine::master_grads() const {
+  std::vector<Tensor> out;
+  for (size_t p = 0; p < layout_.partitions.size(); ++p) {
+    const int64_t c = layout_.chunk(p);
+    if (cfg_.stage <= 1 && !grad_shard_.defined())
+      out.push_back(grads_.narrow(0, layout_.chunk_range(p, shard_rank_).begin, c));
+    else
+      out.push_back(grad_shard_.narrow(0, layout_.local_offset(p), c));
+  }
+  return out;
+}
+
+Tensor ZeroEngine::compute_chunk(size_t p) const {
+  const int64_t c = layout_.chunk(p);
+  if (cfg_.stage == 3) return param_shard_.narrow(0, layout_.local_offset(p), c);
+  return params_.narrow(0, layout_.chunk_range(p, shard_rank_).begin, c);
+}
+
+ZeroStepStats ZeroEngine::step(double lr, double clip_grad, LossScaler& scaler) {
+  NoGradGuard no_grad;
+  const std::vector<Tensor> g = master_grads(), w = master_params();
+  if (cfg_.stage <= 1 && grad_shard_.defined())  // mixed precision: fp32 master gradients from the 16-bit ones
+    for (size_t p = 0; p < g.size(); ++p)
+      Tensor(g[p]).copy_(grads_.narrow(0, layout_.chunk_range(p, shard_rank_).begin, layout_.chunk(p)));
+  const bool sharded = cfg_.stage > 0;
+  bool take = true;
+  if (scaler.enabled()) {
+    bool overflow = false;
+    for (const Tensor& t : g) overflow = scaler.unscale_(t) || overflow;
+    // Every rank must skip the same steps: any rank's overflow is everyone's.
+    if (sharded) overflow = all_reduce_scalar(overflow ? 1.0 : 0.0, false) > 0;
+    take = scaler.update(overflow);
+  }
+  stats_.skipped = !take;
+  Tensor sq;
+  for (const Tensor& t : g) sq = sq.defined() ? add(sq, grad_sq_norm(t)) : grad_sq_norm(t);
+  double total = sq.item();
+  if (sharded) total = all_reduce_scalar(total, false);
+  stats_.grad_norm = std::sqrt(total);
+  if (take) {
+    if (clip_grad > 0) {
+      const double coef = clip_coefficient(stats_.grad_norm, clip_grad);
+      for (const Tensor& t : g) scale_(t, coef);
+    }
+    optimizer_->step(std::span<const Tensor>(w), std::span<const Tensor>(g), lr);
+    if (ema_) ema_->update(std::span<const Tensor>(w), cfg_.ema_decay);
+    refresh_compute();
+  }
+  return stats_;
+}
+
+void ZeroEngine::refresh_compute() {
+  NoGradGuard no_grad;
+  if (master_.defined())
+    for (size_t p = 0; p < layout_.partitions.size(); ++p)
+      compute_chunk(p).copy_(master_.narrow(0, layout_.local_offset(p), layout_.chunk(p)));
+  if ((cfg_.stage == 1 || cfg_.stage == 2) && comm_) {
+    std::vector<dist::WorkHandle> works;
+    for (size_t p = 0; p < layout_.partitions.size(); ++p) {
+      const Partition& part = layout_.partitions[p];
+      Tensor full = params_.narrow(0, part.begin, part.numel);
+      works.push_back(comm_->all_gather(compute_chunk(p), full));
+      count_sent(part.numel * int64_t(dtype_size(params_.dtype())), 1);
+    }
+    for (auto& wk : works) wait(wk);
+  }
+}
+
+double ZeroEngine::all_reduce_scalar(double v, bool average) {
+  if (!comm_) return v;
+  // On the communicator's device: the NCCL backend takes CUDA buffers only.
+  Tensor t = full({1}, v, DType::f64, cfg_.device);
+  comm_->all_reduce(t, average ? dist::ReduceOp::avg : dist::ReduceOp::sum)->wait();
+  return t.item();
+}
+
+void ZeroEngine::swap_ema() {
+  CZ_CHECK(ema_ != nullptr, "ZeRO: swap_ema without --ema-decay");
+  const auto w = master_params();
+  ema_->swap(std::span<const Tensor>(w));
+  refresh_compute();
+}
+
+std::vector<std::pair<std::string, Tensor>> ZeroEngine::master_parameters() {
+  NoGradGuard no_grad;
+  const auto w = master_params();
+  Tensor full = zeros({layout_.flat.numel}, DType::f32, cfg_.device);
+  std::vector<dist::WorkHandle> works;
+  for (size_t p = 0; p < layout_.partitions.size(); ++p) {
+    const Partition& part = layout_.partitions[p];
+    Tensor dst = full.narrow(0, part.begin, part.numel);
+    if (layout_.shards == 1 || !comm_) {
+      dst.narrow(0, 0, layout_.chunk(p)).copy_(w[p]);
+    } else {
+      dst.narrow(0, rank_ * layout_.chunk(p), layout_.chunk(p)).copy_(w[p]);
+      Tensor mine = dst.narrow(0, rank_ * layout_.chunk(p), layout_.chunk(p));
+      works.push_back(comm_->all_gather(mine, dst));
+    }
+  }
+  for (auto& wk : works) wk->wait();
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const FlatSegment& s : layout_.flat.segments)
+    out.emplace_back(s.name, view_of_storage(full, s.shape, full.offset() + s.offset));
+  return out;
+}
+
+int64_t ZeroEngine::model_state_bytes() const {
+  int64_t n = held_bytes(params_) + held_bytes(grads_) + held_bytes(param_shard_) + held_bytes(grad_shard_) +
+              held_bytes(master_);
+  for (const auto& [name, t] : optimizer_->state())
+    if (name != "step") n += held_bytes(t);
+  return n;
+}
+
+int64_t ZeroEngine::ema_bytes() const {
+  return ema_ ? held_bytes(ema_->weights()) : 0;
+}
+
+}  // namespace cz::zero

@@ -1,0 +1,160 @@
+// The ZeRO engine: owns a model's parameters, gradients, optimizer state, EMA and their shards across ranks,
+// and the collectives that keep them consistent. Stage 0 (replicated, bucketed all-reduce) is one of its
+// modes, so Trainer::step reads: batch -> forward -> loss -> engine.backward -> engine.step. See docs/zero.md,
+// Note [ZeRO partitioning] (partition.h) and Note [ZeRO step] (engine.cpp).
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/comm/communicator.h"
+#include "dist/zero/partition.h"
+#include "nn/module.h"
+#include "optim/ema.h"
+#include "optim/loss_scaler.h"
+#include "optim/optimizer.h"
+
+namespace cz::zero {
+
+struct ZeroConfig {
+  int stage = 0;                     // 0-3
+  int64_t bucket_bytes = 25 << 20;   // stages 0-2: gradient bucket size, in the reduce dtype
+  int prefetch = 1;                  // stage 3: units all-gathered ahead of use
+  DType compute_dtype = DType::f32;  // what the model runs in (f32, or bf16/f16 on CUDA)
+  DType reduce_dtype = DType::f32;   // what gradients travel in
+  Device device = Device::cpu();
+  std::string optimizer = "adamw";  // adamw | sgd
+  double weight_decay = 0.05;       // timm's rule: not on biases and 1-D parameters
+  double momentum = 0.9;            // sgd
+  double ema_decay = 0;             // 0: no EMA
+};
+
+struct ZeroStepStats {
+  double grad_norm = 0;             // global L2 norm of the averaged, unscaled gradient, before clipping
+  bool skipped = false;             // fp16 overflow on some rank: no rank updated
+  int64_t comm_bytes = 0;           // bytes this rank sent in the step's collectives (ring algorithms' count)
+  double comm_s = 0;                // time the step's collectives ran (0 where the backend does not time them)
+  double comm_exposed_s = 0;        // time the step's host waited for collectives
+  int64_t comm_buffer_bytes = 0;    // peak bytes of gradient buckets and stage-3 gather buffers in the step
+};
+
+class ZeroEngine {
+ public:
+  // `units`: stage 3's units, module names of `model` (every parameter in exactly one; see convnext_units).
+  // `comm`: null for a world of one. Every rank must construct the engine with the same model and config;
+  // rank 0's initial weights are broadcast to the others.
+  ZeroEngine(nn::Module& model, const std::vector<std::string>& units, dist::Communicator* comm, ZeroConfig cfg);
+  ~ZeroEngine();
+  ZeroEngine(const ZeroEngine&) = delete;
+  ZeroEngine& operator=(const ZeroEngine&) = delete;
+
+  // Starts an optimizer step: gradients (and the step's statistics) back to zero.
+  void zero_grad();
+  // Backward of one micro-step's (scaled) loss; gradients are reduced bucket by bucket while it runs (stages
+  // 0-1: on the last micro-step only, stages 2-3: every micro-step, into the gradient shard).
+  void backward(const Tensor& loss, bool last_micro_step);
+  // After the last backward: unscale and overflow check (fp16), global norm, clipping, the optimizer on this
+  // rank's shard, EMA, and the compute copy brought up to date (all-gathered at stages 1-2).
+  ZeroStepStats step(double lr, double clip_grad, LossScaler& scaler);
+
+  // Sum (or mean) of a scalar over ranks; the value itself for a world of one.
+  double all_reduce_scalar(double v, bool average);
+  // Exchanges the live weights with the EMA weights (for evaluation); call again to swap back.
+  void swap_ema();
+  bool has_ema() const { return ema_ != nullptr; }
+
+  // The full fp32 master weights under their names, on every rank (all-gathered at stages 1-3; what
+  // --export-weights writes). Costs one full fp32 copy of the model on each rank while it lives.
+  std::vector<std::pair<std::string, Tensor>> master_parameters();
+
+  // Master weights, gradients (and their shard), optimizer state and the compute copy this rank holds, in
+  // bytes as the allocator holds them; the EMA separately.
+  int64_t model_state_bytes() const;
+  int64_t ema_bytes() const;
+  const ZeroLayout& layout() const { return layout_; }
+  const ZeroConfig& config() const { return cfg_; }
+  Optimizer& optimizer() { return *optimizer_; }
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+
+  // Stage 3: whether partition p's parameters are gathered (or being gathered) now, and the bytes gathered.
+  bool unit_resident(size_t p) const;
+  int64_t gathered_bytes() const;
+  const std::vector<size_t>& unit_order() const { return order_; }  // recorded on the first forward
+
+ private:
+  enum class Phase { forward, backward };
+  enum class Gather { released, gathering, resident };
+  struct InFlight {
+    size_t partition;
+    dist::WorkHandle work;
+    Tensor buffer;  // what the collective reduces (a bucket, or a view of the full gradient buffer)
+  };
+
+  void build_buffers(const std::vector<std::pair<std::string, Tensor>>& named);
+  void install_hooks(nn::Module& model);
+  void on_grad_ready(size_t param, Tensor& p);
+  void launch_reduce(size_t p);
+  void finish_oldest();
+  void flush();
+  void wait(const dist::WorkHandle& w);
+  void count_sent(int64_t bytes, int collectives_factor);
+  void note_comm_buffers();
+
+  // Stage 3 (Note [Stage-3 units] in engine_units.cpp).
+  void gather(size_t p);
+  void use(size_t p);
+  void release(size_t p);
+  void prefetch_after(size_t p, bool backward);
+  void on_unit_forward_pre(size_t p);
+  void on_unit_forward_post(size_t p);
+  void on_unit_backward_pre(size_t p);
+
+  std::vector<Tensor> master_params() const;
+  std::vector<Tensor> master_grads() const;
+  Tensor compute_chunk(size_t p) const;
+  void refresh_compute();
+
+  ZeroConfig cfg_;
+  dist::Communicator* comm_;
+  int rank_ = 0, world_ = 1;
+  int shard_rank_ = 0;  // which chunk this rank owns: its rank, or 0 at stage 0 (one chunk, replicated)
+  ZeroLayout layout_;
+  std::vector<std::pair<std::string, Tensor>> named_;
+  std::vector<size_t> param_partition_;
+
+  Tensor params_;       // stages 0-2: the full compute copy the model runs on
+  Tensor grads_;        // stages 0-1: the full gradient buffer (compute dtype) the .grads view
+  Tensor param_shard_;  // stage 3: this rank's chunks of the compute copy
+  Tensor grad_shard_;   // fp32 gradient chunks (stages 2-3, and under mixed precision)
+  Tensor master_;       // fp32 master chunks under mixed precision
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<WeightEma> ema_;
+
+  // Per partition.
+  std::vector<int> remaining_;       // gradients still to arrive in this backward
+  std::vector<bool> launched_;       // reduced in this backward
+  std::vector<Tensor> buckets_;      // stages 2-3: the partition's gradients, filled by the hooks
+  std::vector<Tensor> gathered_;     // stage 3: the full unit, its storage released between uses
+  std::vector<Gather> gather_state_;
+  std::vector<dist::WorkHandle> gather_work_;
+  std::deque<InFlight> in_flight_;
+
+  Phase phase_ = Phase::forward;
+  bool last_micro_ = true;
+  bool recording_ = true;      // stage 3: the first forward records the unit order
+  std::vector<size_t> order_;  // units in forward order
+  std::vector<size_t> position_;
+
+  ZeroStepStats stats_;
+  int64_t comm_buffer_now_ = 0;
+  std::vector<std::pair<int, int>> param_hooks_;          // (param index, hook id)
+  std::vector<std::pair<nn::Module*, int>> module_hooks_;  // (module, hook id)
+};
+
+// ConvNeXt's stage-3 units: "stem", "stages.i.downsample" (i > 0), "stages.i.blocks.j", "head".
+std::vector<std::string> convnext_units(nn::Module& model);
+
+}  // namespace cz::zero

@@ -1,0 +1,102 @@
+// Partition arithmetic (Note [ZeRO partitioning]).
+#include "dist/zero/partition.h"
+
+#include "tensor/check.h"
+
+namespace cz::zero {
+
+ShardRange ZeroLayout::chunk_range(size_t p, int rank) const {
+  const int64_t c = chunk(p);
+  return {partitions[p].begin + rank * c, partitions[p].begin + (rank + 1) * c};
+}
+
+std::vector<ShardRange> ZeroLayout::ranges(int rank) const {
+  std::vector<ShardRange> out;
+  for (size_t p = 0; p < partitions.size(); ++p) out.push_back(chunk_range(p, rank));
+  return out;
+}
+
+int64_t ZeroLayout::params_numel() const {
+  int64_t n = 0;
+  for (const FlatSegment& s : flat.segments) n += s.numel;
+  return n;
+}
+
+void ZeroLayout::finish() {
+  local_offsets_.clear();
+  shard_numel_ = 0;
+  for (size_t p = 0; p < partitions.size(); ++p) {
+    local_offsets_.push_back(shard_numel_);
+    shard_numel_ += chunk(p);
+  }
+}
+
+std::vector<std::string> assign_units(const std::vector<ParamShape>& params,
+                                      const std::vector<std::string>& units) {
+  std::vector<std::string> out;
+  for (const ParamShape& p : params) {
+    const std::string* best = nullptr;
+    for (const std::string& u : units)
+      if ((u.empty() || (p.name.size() > u.size() && p.name.compare(0, u.size(), u) == 0 &&
+                         p.name[u.size()] == '.')) &&
+          (!best || u.size() > best->size()))
+        best = &u;
+    CZ_CHECK(best != nullptr, "ZeRO-3: parameter '{}' belongs to none of the {} units", p.name, units.size());
+    out.push_back(*best);
+  }
+  return out;
+}
+
+ZeroLayout plan_layout(const std::vector<ParamShape>& params, int stage, int world, int64_t bucket_elems,
+                       const std::vector<std::string>& unit_of, int64_t align) {
+  CZ_CHECK(stage >= 0 && stage <= 3, "ZeRO: stage must be 0-3, got {}", stage);
+  CZ_CHECK(world >= 1, "ZeRO: world size must be >= 1, got {}", world);
+  CZ_CHECK(align >= 1 && bucket_elems >= 1, "ZeRO: align ({}) and bucket size ({}) must be >= 1", align,
+           bucket_elems);
+  CZ_CHECK(!params.empty(), "ZeRO: no parameters");
+  CZ_CHECK(stage < 3 || unit_of.size() == params.size(), "ZeRO-3: {} unit names for {} parameters",
+           unit_of.size(), params.size());
+  ZeroLayout z;
+  z.shards = stage == 0 ? 1 : world;
+  z.flat.align = align;
+  const int64_t pad_to = int64_t(z.shards) * align;
+  const auto padded = [align](int64_t n) { return (n + align - 1) / align * align; };
+  int64_t offset = 0;
+  Partition cur;
+  auto close = [&](size_t end_param) {
+    cur.end_param = end_param;
+    cur.numel = (offset - cur.begin + pad_to - 1) / pad_to * pad_to;
+    offset = cur.begin + cur.numel;
+    z.partitions.push_back(cur);
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t n = shape_numel(params[i].shape);
+    bool start_new = i == 0;
+    if (i > 0) {
+      if (stage == 3) {
+        start_new = unit_of[i] != unit_of[i - 1];
+        if (start_new)
+          for (const Partition& q : z.partitions)
+            CZ_CHECK(q.name != unit_of[i], "ZeRO-3: the parameters of unit '{}' are not consecutive ('{}')",
+                     unit_of[i], params[i].name);
+      } else {
+        start_new = offset - cur.begin + n > bucket_elems;
+      }
+    }
+    if (start_new) {
+      if (i > 0) close(i);
+      cur = Partition{};
+      cur.begin = offset;
+      cur.first_param = i;
+      cur.name = stage == 3 ? unit_of[i] : fmt::format("bucket {}", z.partitions.size());
+    }
+    z.flat.segments.push_back({params[i].name, offset, n, params[i].shape});
+    offset += padded(n);
+  }
+  close(params.size());
+  z.flat.numel = offset;
+  z.finish();
+  return z;
+}
+
+}  // namespace cz::zero

@@ -1,0 +1,70 @@
+// How ZeRO cuts the flat parameter space into partitions and each partition into per-rank chunks: pure
+// arithmetic, shared by the engine, checkpoints and the memory planner, testable without MPI.
+//
+// Note [ZeRO partitioning]: parameters are laid out in registration order in one flat space, each at an offset
+// aligned to `align` elements (Note [Flat buffers]). The flat space is cut into partitions of whole
+// parameters: at stages 0-2 gradient buckets (consecutive parameters up to the bucket size; a larger
+// parameter is a bucket of its own), at stage 3 units (a module whose parameters are gathered and released
+// together: the stem, each downsample layer, each block, the head). Each partition is padded to a multiple of
+// shards x align elements and split into `shards` equal chunks (shards = 1 at stage 0, the world size at
+// stages 1-3): rank r owns chunk r of every partition, [begin + r*chunk, begin + (r+1)*chunk). So every
+// collective is a true reduce-scatter or all-gather of equal chunks over one contiguous partition, and a
+// rank's shard is its chunks of all partitions, stored back to back in partition order in its shard buffers
+// (optimizer state, gradient shard, master weights, EMA): chunk p starts at local_offset(p). A parameter may
+// straddle chunk boundaries, so one parameter's elements may live on several ranks; padding elements are
+// zero and stay zero (their gradients are zero, and AdamW keeps a zero weight with a zero gradient at zero).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "optim/param_groups.h"
+#include "tensor/flat.h"
+
+namespace cz::zero {
+
+struct Partition {
+  std::string name;           // the unit's module name at stage 3 ("stages.1.blocks.0"), else "bucket K"
+  int64_t begin = 0;          // flat offset of the first element
+  int64_t numel = 0;          // a multiple of shards x align (padding included)
+  size_t first_param = 0;     // segments [first_param, end_param) of the layout
+  size_t end_param = 0;
+};
+
+struct ZeroLayout {
+  FlatLayout flat;
+  std::vector<Partition> partitions;  // in flat order; they tile [0, flat.numel)
+  int shards = 1;                     // 1 at stage 0, the world size at stages 1-3
+
+  int64_t chunk(size_t p) const { return partitions[p].numel / shards; }
+  // Rank r's chunk of partition p, in flat offsets.
+  ShardRange chunk_range(size_t p, int rank) const;
+  // All of rank r's chunks, in partition order (the ranges of its optimizer).
+  std::vector<ShardRange> ranges(int rank) const;
+  // Where partition p's chunk starts in a rank's shard buffers, and their total size.
+  int64_t local_offset(size_t p) const { return local_offsets_[p]; }
+  int64_t shard_numel() const { return shard_numel_; }
+  int64_t params_numel() const;  // real parameter elements (no padding): Psi
+  void finish();                 // computes the local offsets (plan_layout calls it)
+
+ private:
+  std::vector<int64_t> local_offsets_;
+  int64_t shard_numel_ = 0;
+};
+
+struct ParamShape {
+  std::string name;
+  Shape shape;
+};
+
+// Stages 0-2: buckets of at most `bucket_elems` elements. Stage 3: `unit_of[i]` names parameter i's unit
+// (consecutive parameters of one unit; a unit may not reappear after another one started).
+ZeroLayout plan_layout(const std::vector<ParamShape>& params, int stage, int world, int64_t bucket_elems,
+                       const std::vector<std::string>& unit_of, int64_t align = 16);
+
+// The unit of each parameter: the longest of `units` that is a dotted prefix of its name (ValueError naming
+// the parameter when none is).
+std::vector<std::string> assign_units(const std::vector<ParamShape>& params, const std::vector<std::string>& units);
+
+}  // namespace cz::zero
