@@ -83,7 +83,8 @@ inline void reset_peak_memory(Device device) {
 }
 
 // Size-class rounding shared by the caching allocators: small requests round to 64 B, larger ones to one of
-// eight steps per power of two (at most 12.5% waste), so freed blocks are found again by exact class.
+// eight steps per power of two (at most 12.5% waste), above 1 MiB one of 64 (at most 1.6%), so freed blocks
+// are found again by exact class.
 size_t round_to_size_class(size_t nbytes);
 
 }  // namespace cz

@@ -14,6 +14,9 @@ TEST(Allocator, SizeClassesWasteAtMostAnEighth) {
     if (n > 4096) {
       EXPECT_LE(double(c), double(n) * 1.125 + 1) << n;
     }
+    if (n > (1ul << 20)) {
+      EXPECT_LE(double(c), double(n) * (1 + 1.0 / 64) + 1) << n;
+    }
   }
 }
 

@@ -1,0 +1,229 @@
+// The ZeRO engine across ranks (run under mpirun -np 2 and -np 4): every stage trains exactly as stage 0,
+// model states and communication follow the ZeRO paper's formulas, stage-3 units are resident only around
+// their use, and ranks started with different flags stop with one message.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "dist/comm/bootstrap.h"
+#include "dist/train/trainer.h"
+#include "tensor/ops.h"
+
+namespace cz::train {
+namespace {
+
+dist::World& world() {
+  return dist::World::get();
+}
+
+// A model whose parameter count (with 5 classes) divides by neither 2 nor 4, and buckets of ~10 KiB, so that
+// chunks straddle parameters and several buckets are in flight.
+TrainConfig zero_config(int stage) {
+  TrainConfig c;
+  c.depths = {1, 1, 2, 1};
+  c.dims = {8, 16, 24, 32};
+  c.num_classes = 5;
+  c.image_size = 32;
+  c.data = "synthetic:n=512,eval_n=64,classes=5";
+  c.micro_batch = 4;
+  c.grad_accum = 2;
+  c.clip_grad = 1;
+  c.ema_decay = 0.99;
+  c.drop_path = 0.1;
+  c.steps = 10;
+  c.lr = 3e-3;
+  c.loader_threads = 0;
+  c.progress = false;
+  c.seed = 11;
+  c.stage = stage;
+  c.bucket_mb = 0.01;
+  return c;
+}
+
+struct RunResult {
+  std::vector<double> losses, norms;
+  std::vector<float> weights;
+  double ema_eval_loss = 0;
+};
+
+RunResult run(const TrainConfig& c) {
+  Trainer t(c, world());
+  RunResult r;
+  for (int64_t i = 0; i < c.steps; ++i) {
+    const StepStats s = t.step();
+    r.losses.push_back(s.loss);
+    r.norms.push_back(s.grad_norm);
+  }
+  for (const auto& [name, p] : t.master_parameters()) {
+    const auto v = p.contiguous().to_vector<float>();
+    r.weights.insert(r.weights.end(), v.begin(), v.end());
+  }
+  t.engine().swap_ema();
+  r.ema_eval_loss = t.evaluate().loss;
+  t.engine().swap_ema();
+  return r;
+}
+
+double rel(double a, double b) {
+  return std::abs(a - b) / std::max(std::abs(b), 1e-12);
+}
+
+TEST(Zero, EveryStageTrainsAsStageZero) {
+  const RunResult ref = run(zero_config(0));
+  double max_w = 0;
+  for (float w : ref.weights) max_w = std::max(max_w, double(std::abs(w)));
+  for (int stage = 1; stage <= 3; ++stage) {
+    const RunResult r = run(zero_config(stage));
+    ASSERT_EQ(r.losses.size(), ref.losses.size());
+    double worst_loss = 0, worst_norm = 0, worst_w = 0;
+    for (size_t i = 0; i < r.losses.size(); ++i) {
+      worst_loss = std::max(worst_loss, rel(r.losses[i], ref.losses[i]));
+      worst_norm = std::max(worst_norm, rel(r.norms[i], ref.norms[i]));
+    }
+    ASSERT_EQ(r.weights.size(), ref.weights.size());
+    for (size_t i = 0; i < r.weights.size(); ++i)
+      worst_w = std::max(worst_w, std::abs(double(r.weights[i]) - double(ref.weights[i])) / max_w);
+    if (world().rank() == 0)
+      std::printf("stage %d vs 0 at %d ranks: losses %.2e, grad norms %.2e, weights %.2e (relative)\n", stage,
+                  world().size(), worst_loss, worst_norm, worst_w);
+    EXPECT_LE(worst_loss, 1e-6) << "stage " << stage;
+    EXPECT_LE(worst_norm, 1e-6) << "stage " << stage;
+    EXPECT_LE(worst_w, 1e-6) << "stage " << stage;
+    EXPECT_LE(rel(r.ema_eval_loss, ref.ema_eval_loss), 1e-6) << "stage " << stage;
+  }
+}
+
+// Psi = parameters; model states per rank for fp32 AdamW (ZeRO paper, Table 1 with K = 12 and 4-byte weights).
+double formula(int stage, double psi, double n) {
+  switch (stage) {
+    case 0: return 16 * psi;
+    case 1: return 8 * psi + 8 * psi / n;
+    case 2: return 4 * psi + 12 * psi / n;
+    default: return 16 * psi / n;
+  }
+}
+
+TEST(Zero, ModelStatesFollowTheFormulasFromTheAllocator) {
+  const double n = world().size();
+  std::vector<double> measured(4);
+  for (int stage = 0; stage <= 3; ++stage) {
+    TrainConfig c = zero_config(stage);
+    c.model = "atto";  // 3.7 M parameters: buffers of megabytes, where the allocator rounds by <= 1.6%
+    c.depths.clear();
+    c.dims.clear();
+    c.ema_decay = 0;
+    c.drop_path = 0;
+    c.steps = 1;
+    c.micro_batch = 2;
+    c.grad_accum = 1;
+    c.bucket_mb = 2;
+    c.data = "synthetic:n=32,eval_n=8,classes=5";  // the data set's bytes count in the allocator's figure too
+    Allocator& alloc = allocator_for(Device::cpu());
+    const int64_t before = alloc.stats().allocated_bytes;
+    Trainer t(c, world());
+    // Model states are allocated by the engine's constructor. (After a step the communicator's ring scratch,
+    // sized by the largest bucket or unit, is held too: a communication buffer, checked below.)
+    const int64_t held = alloc.stats().allocated_bytes - before;
+    const StepStats s = t.step();
+    EXPECT_LE(alloc.stats().allocated_bytes - before - held, 2 * s.comm_buffer_bytes + (1 << 20));
+    const double psi = double(t.model().num_parameters());
+    const double want = formula(stage, psi, n);
+    if (world().rank() == 0)
+      std::printf("stage %d, %d ranks: model states %.2f MB (engine), %.2f MB (allocator) vs %.2f MB formula\n",
+                  stage, world().size(), s.model_state_bytes / 1e6, held / 1e6, want / 1e6);
+    EXPECT_NEAR(double(s.model_state_bytes) / want, 1.0, 0.05) << "stage " << stage;
+    EXPECT_NEAR(double(held) / want, 1.0, 0.05) << "stage " << stage;
+    measured[size_t(stage)] = double(held);
+  }
+  if (world().size() == 4) {
+    EXPECT_LE(measured[3], 0.30 * measured[0]);
+  }
+}
+
+TEST(Zero, CommBytesPerStepAreTwoOrThreePsi) {
+  const int n = world().size();
+  for (int stage = 0; stage <= 3; ++stage) {
+    TrainConfig c = zero_config(stage);
+    c.grad_accum = 1;
+    c.steps = 1;
+    Trainer t(c, world());
+    const StepStats s = t.step();
+    const double padded = double(t.engine().layout().flat.numel) * 4;  // bytes, padding included
+    const double psi = double(t.model().num_parameters()) * 4;
+    const double factor = stage == 3 ? 3 : 2;
+    // Exact for the padded flat space (every partition is a multiple of N elements); close to the
+    // unpadded Psi (padding is at most 16 x N elements per partition).
+    EXPECT_EQ(double(s.comm_bytes), factor * padded * (n - 1) / n) << "stage " << stage;
+    EXPECT_NEAR(double(s.comm_bytes) / (factor * psi * (n - 1) / n), 1.0, 0.25) << "stage " << stage;
+    if (world().rank() == 0)
+      std::printf("stage %d, %d ranks: comm_bytes %lld = %.3f x Psi(N-1)/N (padded flat %lld of %lld elements)\n",
+                  stage, n, (long long)s.comm_bytes, double(s.comm_bytes) / (psi * (n - 1) / n),
+                  (long long)t.engine().layout().flat.numel, (long long)t.model().num_parameters());
+  }
+}
+
+TEST(Zero, StageThreeUnitsAreResidentOnlyAroundTheirUse) {
+  for (int prefetch : {0, 1, 2}) {
+    for (bool checkpointing : {false, true}) {
+      TrainConfig c = zero_config(3);
+      c.prefetch = prefetch;
+      c.activation_checkpointing = checkpointing;
+      c.steps = 3;
+      Trainer t(c, world());
+      zero::ZeroEngine& e = t.engine();
+      const auto& parts = e.layout().partitions;
+      int64_t max_unit = 0;
+      for (size_t p = 0; p < parts.size(); ++p) max_unit = std::max(max_unit, parts[p].numel * 4);
+      int violations = 0, checks = 0;
+      auto check = [&](size_t p) {
+        ++checks;
+        size_t resident = 0;
+        for (size_t q = 0; q < parts.size(); ++q) resident += e.unit_resident(q) ? 1 : 0;
+        // The unit in use, the units prefetched ahead, and in backward the unit just finished whose
+        // gradients are still being handed over.
+        if (!e.unit_resident(p) || resident > size_t(2 + prefetch) ||
+            e.gathered_bytes() > int64_t(2 + prefetch) * max_unit + 4096)
+          ++violations;
+      };
+      std::vector<std::pair<nn::Module*, int>> hooks;
+      for (size_t p = 0; p < parts.size(); ++p) {
+        nn::Module* m = t.model().find_module(parts[p].name);
+        hooks.emplace_back(m, m->register_forward_pre_hook([&, p](nn::Module&, const Tensor&) { check(p); }));
+        hooks.emplace_back(m, m->register_backward_pre_hook([&, p](nn::Module&) { check(p); }));
+      }
+      for (int i = 0; i < 3; ++i) {
+        t.step();
+        EXPECT_EQ(e.gathered_bytes(), 0) << "units still gathered after the step";
+      }
+      for (auto& [m, id] : hooks) m->remove_hook(id);
+      EXPECT_GT(checks, int(parts.size()));
+      EXPECT_EQ(violations, 0) << "prefetch " << prefetch << ", checkpointing " << checkpointing;
+    }
+  }
+}
+
+TEST(Zero, RanksWithDifferentFlagsStopWithOneMessage) {
+  TrainConfig c = zero_config(1);
+  if (world().rank() == world().size() - 1) c.stage = 2;
+  try {
+    Trainer t(c, world());
+    FAIL() << "no error for ranks with different --stage";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("--stage"), std::string::npos) << e.what();
+  }
+  TrainConfig d = zero_config(0);
+  if (world().rank() == 0) d.micro_batch = 8;
+  EXPECT_THROW(
+      {
+        try {
+          Trainer t(d, world());
+        } catch (const std::exception& e) {
+          EXPECT_NE(std::string(e.what()).find("--micro-batch"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      std::exception);
+}
+
+}  // namespace
+}  // namespace cz::train
