@@ -84,3 +84,27 @@ TEST(Flat, MixedDtypesAreRefusedWithTheirNames) {
 
 }  // namespace
 }  // namespace cz
+
+namespace cz {
+namespace {
+
+// Note [Releasable storage]: released bytes go back to the allocator; views saved before (as autograd saves
+// them) read the restored bytes; reading while released is an error.
+TEST(ReleasableStorage, BytesReallyGoAndComeBackUnderTheSameIdentity) {
+  Allocator& a = allocator_for(Device::cpu());
+  Tensor unit = full({1 << 18}, 2.0);  // 1 MiB
+  Tensor saved = unit.narrow(0, 10, 5).detach();
+  const int64_t held = a.stats().allocated_bytes;
+  unit.storage()->release();
+  EXPECT_FALSE(unit.storage()->resident());
+  EXPECT_EQ(held - a.stats().allocated_bytes, int64_t(round_to_size_class(size_t(1) << 20)));
+  EXPECT_THROW(saved.to_vector<float>(), Error);
+  unit.storage()->restore(a.allocate(unit.storage()->nbytes()));
+  unit.fill_(3.0);
+  EXPECT_EQ(a.stats().allocated_bytes, held);
+  EXPECT_EQ(saved.to_vector<float>(), std::vector<float>(5, 3.0f));
+  EXPECT_THROW(unit.storage()->restore(a.allocate(64)), Error);
+}
+
+}  // namespace
+}  // namespace cz

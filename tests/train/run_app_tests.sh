@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # convnext_zero from the outside. Usage: run_app_tests.sh CASE APP MPIEXEC
-#   ranks_match_one_process  2 ranks x micro-batch 8 log the same losses and gradient norms as 1 rank x 16
+#   ranks_match_one_process  2 and 4 ranks at ZeRO stages 0-3 log the same losses and gradient norms as 1 rank
 #   bad_input                each bad flag or file: non-zero exit, a message naming it, no crash
 #   multi_rank_error         a bad data path under mpirun: every rank exits non-zero, nobody hangs
 set -uo pipefail
@@ -19,18 +19,25 @@ steps_of() {
 
 case $case_name in
 ranks_match_one_process)
-  common=("${tiny[@]}" --steps 3 --drop-path 0.2 --eval-batches 1 --seed 3)
-  "${mpirun[@]}" -np 2 "$app" "${common[@]}" --micro-batch 8 --log "$work/np2.jsonl" > "$work/np2.out" 2>&1 ||
-    { cat "$work/np2.out"; fail "2-rank run failed"; }
+  # N ranks x micro-batch 16/N at every ZeRO stage against 1 rank x 16: the same global batch, so the same
+  # losses and gradient norms up to the order of float sums (grad-accum, clipping and drop-path on).
+  common=("${tiny[@]}" --steps 3 --drop-path 0.2 --eval-batches 1 --seed 3 --grad-accum 2 --clip-grad 1
+          --bucket-mb 0.01)
   "$app" "${common[@]}" --micro-batch 16 --log "$work/np1.jsonl" > "$work/np1.out" 2>&1 ||
     { cat "$work/np1.out"; fail "1-rank run failed"; }
-  paste -d' ' <(steps_of "$work/np1.jsonl") <(steps_of "$work/np2.jsonl") > "$work/both"
-  cat "$work/both"
-  [[ $(wc -l < "$work/both") -eq 3 ]] || fail "expected 3 step records in each log"
-  # Columns: step loss grad_norm (1 rank), step loss grad_norm (2 ranks). Float sums differ in order only.
-  awk '{ for (c = 2; c <= 3; ++c) { a = $c; b = $(c + 3); d = a - b; if (d < 0) d = -d;
-         if (d > 2e-5 * (a < 0 ? -a : a) + 1e-7) { print "step " $1 ": " a " vs " b; bad = 1 } } }
-       END { exit bad }' "$work/both" || fail "2 ranks disagree with 1 rank"
+  for np in 2 4; do
+    for stage in 0 1 2 3; do
+      "${mpirun[@]}" -np $np "$app" "${common[@]}" --micro-batch $((16 / np)) --stage $stage \
+        --log "$work/np$np.jsonl" > "$work/np$np.out" 2>&1 || { cat "$work/np$np.out"; fail "$np ranks at stage $stage failed"; }
+      paste -d' ' <(steps_of "$work/np1.jsonl") <(steps_of "$work/np$np.jsonl") > "$work/both"
+      echo "$np ranks, stage $stage:"; cat "$work/both"
+      [[ $(wc -l < "$work/both") -eq 3 ]] || fail "expected 3 step records in each log"
+      # Columns: step loss grad_norm (1 rank), step loss grad_norm (N ranks). Float sums differ in order only.
+      awk '{ for (c = 2; c <= 3; ++c) { a = $c; b = $(c + 3); d = a - b; if (d < 0) d = -d;
+             if (d > 2e-5 * (a < 0 ? -a : a) + 1e-7) { print "step " $1 ": " a " vs " b; bad = 1 } } }
+           END { exit bad }' "$work/both" || fail "$np ranks at stage $stage disagree with 1 rank"
+    done
+  done
   echo "ranks_match_one_process: OK"
   ;;
 bad_input)
@@ -62,6 +69,10 @@ bad_input)
   check "$work/junk.h5" "${tiny[@]}" --steps 1 --init-weights "$work/junk.h5"
   check "nosuchkind" "${model[@]}" --steps 1 --data nosuchkind:x
   check "--device" "${tiny[@]}" --steps 1 --device tpu
+  check "--stage" "${tiny[@]}" --steps 1 --stage 4
+  check "--bucket-mb" "${tiny[@]}" --steps 1 --bucket-mb 0
+  check "--prefetch" "${tiny[@]}" --steps 1 --prefetch -1
+  check "--reduce-dtype" "${tiny[@]}" --steps 1 --reduce-dtype fp8
   echo "bad_input: OK"
   ;;
 multi_rank_error)
