@@ -15,9 +15,25 @@
 
 #include <algorithm>
 
-#include "tensor/autograd/engine.h"
+#include <cstring>
+
+#include "tensor/cuda/runtime.h"
+#include "tensor/stream.h"
 
 namespace cz::zero {
+namespace {
+
+// A world of one "gathers" by copying its shard. Not through copy_: that counts as an in-place write, and the
+// views autograd saved of the unit's parameters would refuse the same values (Note [Releasable storage]).
+void copy_bytes(const Tensor& dst, const Tensor& src) {
+  if (dst.is_cpu())
+    std::memcpy(dst.raw_data(), src.raw_data(), src.nbytes());
+  else
+    cuda_runtime::memcpy_async(dst.raw_data(), src.raw_data(), src.nbytes(), cuda_runtime::CopyKind::device_to_device,
+                               current_stream(dst.device()));
+}
+
+}  // namespace
 
 bool ZeroEngine::unit_resident(size_t p) const {
   return cfg_.stage == 3 && gather_state_[p] != Gather::released;
@@ -39,8 +55,7 @@ void ZeroEngine::gather(size_t p) {
     gather_work_[p] = comm_->all_gather(mine, gathered_[p]);
     count_sent(gathered_[p].nbytes(), 1);
   } else {
-    NoGradGuard no_grad;
-    gathered_[p].copy_(mine);
+    copy_bytes(gathered_[p].narrow(0, 0, mine.numel()), mine);
   }
   gather_state_[p] = Gather::gathering;
   note_comm_buffers();
