@@ -12,12 +12,20 @@
 //            scattered and its chunk added to the fp32 gradient shard, then freed. Every micro-step does this.
 //   stage 3: as stage 2 with units for buckets, and parameters sharded too (Note [Stage-3 units]).
 // At most two collectives are in flight: a third waits for the oldest, which bounds the bucket memory.
+//
+// Note [Overlapped parameter all-gather]: at stages 1-2 the updated chunks are all-gathered after the step,
+// when nothing is left to overlap them with, so they are only launched there; each module's forward-pre hook
+// waits for the partitions holding its parameters. Partitions follow registration order, which is ConvNeXt's
+// forward order, so the all-gathers run on the communication thread while the next forward computes.
+// Anything else that reads or writes the parameters (the next step, EMA swaps, export) waits for all first.
 // Under mixed precision the fp32 master weights are this rank's chunks (master_), the model runs on a 16-bit
 // copy that is refreshed (cast, then all-gathered at stages 1-2) after each update.
 #include "dist/zero/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 
 #include "optim/adamw.h"
 #include "optim/clip.h"
@@ -67,6 +75,7 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
   gathered_.resize(np);
   gather_state_.assign(np, Gather::resident);
   gather_work_.resize(np);
+  param_gather_.resize(np);
   position_.assign(np, 0);
   build_buffers(named);
   install_hooks(model);
@@ -79,6 +88,8 @@ ZeroEngine::~ZeroEngine() {
   for (auto& f : in_flight_)
     if (f.work) try { f.work->wait(); } catch (...) {}
   for (auto& w : gather_work_)
+    if (w) try { w->wait(); } catch (...) {}
+  for (auto& w : param_gather_)
     if (w) try { w->wait(); } catch (...) {}
 }
 
@@ -144,6 +155,22 @@ void ZeroEngine::install_hooks(nn::Module& model) {
   for (size_t i = 0; i < named_.size(); ++i) {
     Tensor p = named_[i].second;
     param_hooks_.emplace_back(int(i), p.register_grad_ready_hook([this, i](Tensor& t) { on_grad_ready(i, t); }));
+  }
+  if (cfg_.stage == 1 || cfg_.stage == 2) {
+    std::map<std::string, size_t> index;
+    for (size_t i = 0; i < named_.size(); ++i) index[named_[i].first] = i;
+    for (auto& [prefix, m] : model.named_modules()) {
+      std::vector<size_t> parts;
+      for (const auto& [local, t] : m->local_parameters()) {
+        const size_t p = param_partition_[index.at(prefix.empty() ? local : prefix + "." + local)];
+        if (std::find(parts.begin(), parts.end(), p) == parts.end()) parts.push_back(p);
+      }
+      if (parts.empty()) continue;
+      module_hooks_.emplace_back(m, m->register_forward_pre_hook([this, parts](nn::Module&, const Tensor&) {
+        wait_param_gathers(parts);
+      }));
+    }
+    return;
   }
   if (cfg_.stage != 3) return;
   for (size_t p = 0; p < layout_.partitions.size(); ++p) {
@@ -326,8 +353,25 @@ Tensor ZeroEngine::compute_chunk(size_t p) const {
   return params_.narrow(0, layout_.chunk_range(p, shard_rank_).begin, c);
 }
 
+void ZeroEngine::wait_param_gathers(std::span<const size_t> partitions) {
+  for (size_t p : partitions)
+    if (param_gather_[p]) {
+      wait(param_gather_[p]);
+      param_gather_[p].reset();
+    }
+}
+
+void ZeroEngine::wait_all_param_gathers() {
+  for (size_t p = 0; p < param_gather_.size(); ++p)
+    if (param_gather_[p]) {
+      wait(param_gather_[p]);
+      param_gather_[p].reset();
+    }
+}
+
 ZeroStepStats ZeroEngine::step(double lr, double clip_grad, LossScaler& scaler) {
   NoGradGuard no_grad;
+  wait_all_param_gathers();  // a forward without some module (none in ConvNeXt) would leave one in flight
   const std::vector<Tensor> g = master_grads(), w = master_params();
   if (cfg_.stage <= 1 && grad_shard_.defined())  // mixed precision: fp32 master gradients from the 16-bit ones
     for (size_t p = 0; p < g.size(); ++p)
@@ -365,14 +409,12 @@ void ZeroEngine::refresh_compute() {
     for (size_t p = 0; p < layout_.partitions.size(); ++p)
       compute_chunk(p).copy_(master_.narrow(0, layout_.local_offset(p), layout_.chunk(p)));
   if ((cfg_.stage == 1 || cfg_.stage == 2) && comm_) {
-    std::vector<dist::WorkHandle> works;
     for (size_t p = 0; p < layout_.partitions.size(); ++p) {
       const Partition& part = layout_.partitions[p];
       Tensor full = params_.narrow(0, part.begin, part.numel);
-      works.push_back(comm_->all_gather(compute_chunk(p), full));
+      param_gather_[p] = comm_->all_gather(compute_chunk(p), full);
       count_sent(part.numel * int64_t(dtype_size(params_.dtype())), 1);
     }
-    for (auto& wk : works) wait(wk);
   }
 }
 
@@ -386,6 +428,7 @@ double ZeroEngine::all_reduce_scalar(double v, bool average) {
 
 void ZeroEngine::swap_ema() {
   CZ_CHECK(ema_ != nullptr, "ZeRO: swap_ema without --ema-decay");
+  wait_all_param_gathers();
   const auto w = master_params();
   ema_->swap(std::span<const Tensor>(w));
   refresh_compute();
@@ -393,6 +436,7 @@ void ZeroEngine::swap_ema() {
 
 std::vector<std::pair<std::string, Tensor>> ZeroEngine::master_parameters() {
   NoGradGuard no_grad;
+  wait_all_param_gathers();
   const auto w = master_params();
   Tensor full = zeros({layout_.flat.numel}, DType::f32, cfg_.device);
   std::vector<dist::WorkHandle> works;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <deque>
+#include <span>
 #include <memory>
 #include <string>
 #include <vector>
@@ -112,6 +113,9 @@ class ZeroEngine {
   void on_unit_forward_post(size_t p);
   void on_unit_backward_pre(size_t p);
 
+  void wait_param_gathers(std::span<const size_t> partitions);
+  void wait_all_param_gathers();
+
   std::vector<Tensor> master_params() const;
   std::vector<Tensor> master_grads() const;
   Tensor compute_chunk(size_t p) const;
@@ -141,6 +145,9 @@ class ZeroEngine {
   std::vector<Gather> gather_state_;
   std::vector<dist::WorkHandle> gather_work_;
   std::deque<InFlight> in_flight_;
+  // Stages 1-2: the all-gathers of updated parameters, launched after the step and waited for by the next
+  // forward, module by module (Note [Overlapped parameter all-gather]).
+  std::vector<dist::WorkHandle> param_gather_;
 
   Phase phase_ = Phase::forward;
   bool last_micro_ = true;
