@@ -63,6 +63,11 @@ void add_flags(CLI::App& app, cz::train::TrainConfig& c, bool& no_shuffle, bool&
   app.add_option("--prefetch", c.prefetch, "stage 3: how many units ahead to all-gather")->capture_default_str();
   app.add_option("--reduce-dtype", c.reduce_dtype, "fp32 | bf16 | fp16: the dtype gradients are reduced in")
       ->capture_default_str();
+  app.add_flag("--offload-optimizer", c.offload_optimizer,
+               "at any --stage: fp32 master weights, gradients and optimizer state in pinned host memory, updated "
+               "by the CPU bucket by bucket as gradients arrive");
+  app.add_flag("--offload-overlap-step", c.offload_overlap_step,
+               "with --offload-optimizer: run step t's CPU update during step t+1 (one step stale)");
   app.add_flag("--tf32", c.tf32, "CUDA: allow TF32 tensor cores for fp32 matmuls");
   app.add_option("--init-weights", c.init_weights,
                  "HDF5 weights to start from (timm or original ConvNeXt keys)");

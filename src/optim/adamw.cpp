@@ -12,8 +12,8 @@
 namespace cz {
 
 AdamW::AdamW(const FlatLayout& layout, std::vector<ShardRange> ranges, const std::vector<ParamHyper>& hyper,
-             AdamWConfig config, DType dtype, Device device)
-    : Optimizer("AdamW", layout, std::move(ranges), hyper, dtype, device), config_(config) {
+             AdamWConfig config, DType dtype, Device device, bool pinned_state)
+    : Optimizer("AdamW", layout, std::move(ranges), hyper, dtype, device, pinned_state), config_(config) {
   CZ_CHECK(config.beta1 >= 0 && config.beta1 < 1, "AdamW: beta1 must be in [0, 1), got {}", config.beta1);
   CZ_CHECK(config.beta2 >= 0 && config.beta2 < 1, "AdamW: beta2 must be in [0, 1), got {}", config.beta2);
   CZ_CHECK(std::isfinite(config.eps) && config.eps >= 0, "AdamW: eps must be a finite value >= 0, got {}",
@@ -22,8 +22,8 @@ AdamW::AdamW(const FlatLayout& layout, std::vector<ShardRange> ranges, const std
   exp_avg_sq_ = new_state();
 }
 
-void AdamW::step_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
-                       std::span<const ShardPiece> pieces, double lr) {
+void AdamW::update_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
+                         std::span<const ShardPiece> pieces, double lr) {
   profiler::Scope prof("adamw_step", device_);
   const AdamWStepArgs args{lr, config_.beta1, config_.beta2, config_.eps, step_ + 1};
   Tensor m = exp_avg_.narrow(0, state_offset, numel), v = exp_avg_sq_.narrow(0, state_offset, numel);

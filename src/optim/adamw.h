@@ -21,9 +21,10 @@ class AdamW final : public Optimizer {
   AdamW(const FlatLayout& layout, ShardRange shard, const std::vector<ParamHyper>& hyper,
         AdamWConfig config = {}, DType dtype = DType::f32, Device device = Device::cpu())
       : AdamW(layout, std::vector<ShardRange>{shard}, hyper, config, dtype, device) {}
-  // A shard of several ranges (Note [Optimizer state layout]).
+  // A shard of several ranges (Note [Optimizer state layout]); pinned_state: see Optimizer.
   AdamW(const FlatLayout& layout, std::vector<ShardRange> ranges, const std::vector<ParamHyper>& hyper,
-        AdamWConfig config = {}, DType dtype = DType::f32, Device device = Device::cpu());
+        AdamWConfig config = {}, DType dtype = DType::f32, Device device = Device::cpu(),
+        bool pinned_state = false);
 
   NamedTensors state() const override;
   void load_state(const NamedTensors& state) override;
@@ -33,7 +34,7 @@ class AdamW final : public Optimizer {
   const Tensor& exp_avg_sq() const { return exp_avg_sq_; }
 
  private:
-  void step_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
+  void update_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
                   std::span<const ShardPiece> pieces, double lr) override;
   void finish_step(std::span<const Tensor> params) override;
 

@@ -6,8 +6,10 @@
 namespace cz {
 
 Optimizer::Optimizer(const char* name, const FlatLayout& layout, std::vector<ShardRange> ranges,
-                     const std::vector<ParamHyper>& hyper, DType dtype, Device device)
-    : name_(name), ranges_(std::move(ranges)), dtype_(dtype), device_(device) {
+                     const std::vector<ParamHyper>& hyper, DType dtype, Device device, bool pinned_state)
+    : name_(name), ranges_(std::move(ranges)), dtype_(dtype), device_(device), pinned_state_(pinned_state) {
+  CZ_CHECK_DEVICE(!pinned_state || device.is_cpu(), "{}: pinned state is host memory, but the device is {}", name,
+                  device.str());
   CZ_CHECK(!ranges_.empty(), "{}: a shard needs at least one range", name);
   CZ_CHECK(hyper.size() == layout.segments.size(),
            "{}: {} hyper-parameter entries for a layout of {} parameters", name, hyper.size(),
@@ -39,11 +41,25 @@ void Optimizer::step(std::span<const Tensor> params, std::span<const Tensor> gra
   check_step(params, grads, lr);
   for (size_t i = 0; i < ranges_.size(); ++i) {
     Tensor p = params[i];
-    step_range(p, grads[i], offsets_[i], ranges_[i].numel(), pieces_[i], lr);
+    update_range(p, grads[i], offsets_[i], ranges_[i].numel(), pieces_[i], lr);
   }
   ++step_;
   for (const Tensor& p : params) bump(p);
   finish_step(params);
+}
+
+void Optimizer::step_range(size_t i, const Tensor& params, const Tensor& grads, double lr) {
+  CZ_CHECK(i < ranges_.size(), "{}.step_range: range {} of {}", name_, i, ranges_.size());
+  CZ_CHECK(std::isfinite(lr) && lr >= 0, "{}.step: lr must be a finite value >= 0, got {}", name_, lr);
+  check_range(i, params, grads);
+  Tensor p = params;
+  update_range(p, grads, offsets_[i], ranges_[i].numel(), pieces_[i], lr);
+  bump(params);
+}
+
+void Optimizer::end_step() {
+  ++step_;
+  finish_step({});
 }
 
 void Optimizer::check_step(std::span<const Tensor> params, std::span<const Tensor> grads, double lr) const {
@@ -72,6 +88,7 @@ void Optimizer::check_range(size_t i, const Tensor& params, const Tensor& grads)
 }
 
 Tensor Optimizer::new_state() const {
+  if (pinned_state_) return empty_pinned({numel_}, dtype_).zero_();
   return zeros({numel_}, dtype_, device_);
 }
 

@@ -35,6 +35,10 @@ class Optimizer {
   void step(const Tensor& params, const Tensor& grads, double lr) { step({&params, 1}, {&grads, 1}, lr); }
   // The same over a shard of several ranges: params[i], grads[i] hold ranges()[i].numel() elements.
   void step(std::span<const Tensor> params, std::span<const Tensor> grads, double lr);
+  // One step taken range by range, as each range's gradient becomes ready (CPU offload): step_range(i, ...)
+  // once for every range, in any order, then end_step(). Same arithmetic as step(), bit for bit.
+  void step_range(size_t i, const Tensor& params, const Tensor& grads, double lr);
+  void end_step();
 
   // The live state tensors (views, not copies) and "step"; see Note [Optimizer state layout].
   virtual NamedTensors state() const = 0;
@@ -52,11 +56,12 @@ class Optimizer {
   Device device() const { return device_; }
 
  protected:
+  // pinned_state: the state in pinned host memory (CPU offload: Note [CPU offload]); device must be the CPU.
   Optimizer(const char* name, const FlatLayout& layout, std::vector<ShardRange> ranges,
-            const std::vector<ParamHyper>& hyper, DType dtype, Device device);
+            const std::vector<ParamHyper>& hyper, DType dtype, Device device, bool pinned_state = false);
   // One range's update: p, g hold ranges()[i].numel() elements; `state_offset` is where the range's state
   // starts in the state tensors; `pieces` are the range's (Note [Shard pieces]).
-  virtual void step_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
+  virtual void update_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
                           std::span<const ShardPiece> pieces, double lr) = 0;
   // Called once per step() after every range has been updated.
   virtual void finish_step(std::span<const Tensor> params) {}
@@ -78,6 +83,7 @@ class Optimizer {
   int64_t numel_ = 0;
   DType dtype_;
   Device device_;
+  bool pinned_state_ = false;
   int64_t step_ = 0;
 };
 

@@ -10,8 +10,8 @@
 namespace cz {
 
 Sgd::Sgd(const FlatLayout& layout, std::vector<ShardRange> ranges, const std::vector<ParamHyper>& hyper,
-         SgdConfig config, DType dtype, Device device)
-    : Optimizer("SGD", layout, std::move(ranges), hyper, dtype, device), config_(config) {
+         SgdConfig config, DType dtype, Device device, bool pinned_state)
+    : Optimizer("SGD", layout, std::move(ranges), hyper, dtype, device, pinned_state), config_(config) {
   CZ_CHECK(config.momentum >= 0 && config.momentum < 1, "SGD: momentum must be in [0, 1), got {}",
            config.momentum);
   CZ_CHECK(config.dampening >= 0 && config.dampening <= 1, "SGD: dampening must be in [0, 1], got {}",
@@ -22,7 +22,7 @@ Sgd::Sgd(const FlatLayout& layout, std::vector<ShardRange> ranges, const std::ve
   if (config.momentum != 0) momentum_buffer_ = new_state();
 }
 
-void Sgd::step_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
+void Sgd::update_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
                      std::span<const ShardPiece> pieces, double lr) {
   profiler::Scope prof("sgd_step", device_);
   const SgdStepArgs args{lr, config_.momentum, config_.dampening, config_.nesterov, step_ == 0};

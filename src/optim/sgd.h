@@ -21,9 +21,9 @@ class Sgd final : public Optimizer {
   Sgd(const FlatLayout& layout, ShardRange shard, const std::vector<ParamHyper>& hyper, SgdConfig config = {},
       DType dtype = DType::f32, Device device = Device::cpu())
       : Sgd(layout, std::vector<ShardRange>{shard}, hyper, config, dtype, device) {}
-  // A shard of several ranges (Note [Optimizer state layout]).
+  // A shard of several ranges (Note [Optimizer state layout]); pinned_state: see Optimizer.
   Sgd(const FlatLayout& layout, std::vector<ShardRange> ranges, const std::vector<ParamHyper>& hyper,
-      SgdConfig config = {}, DType dtype = DType::f32, Device device = Device::cpu());
+      SgdConfig config = {}, DType dtype = DType::f32, Device device = Device::cpu(), bool pinned_state = false);
 
   NamedTensors state() const override;
   void load_state(const NamedTensors& state) override;
@@ -32,7 +32,7 @@ class Sgd final : public Optimizer {
   const Tensor& momentum_buffer() const { return momentum_buffer_; }  // undefined when momentum == 0
 
  private:
-  void step_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
+  void update_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
                   std::span<const ShardPiece> pieces, double lr) override;
   void finish_step(std::span<const Tensor> params) override;
 

@@ -103,6 +103,23 @@ double formula(int stage, double psi, double n) {
   }
 }
 
+// --offload-optimizer runs the same CPU AdamW on the same values: no bit changes, at any stage, with
+// clipping (the update waits for the global norm) and without (each range updated as its gradient arrives).
+TEST(Zero, OffloadChangesNoBitAtAnyStage) {
+  for (int stage = 0; stage <= 3; ++stage)
+    for (double clip : {1.0, 0.0}) {
+      TrainConfig c = zero_config(stage);
+      c.steps = 4;
+      c.clip_grad = clip;
+      const RunResult ref = run(c);
+      c.offload_optimizer = true;
+      const RunResult off = run(c);
+      EXPECT_EQ(off.losses, ref.losses) << "stage " << stage << " clip " << clip;
+      EXPECT_EQ(off.weights, ref.weights) << "stage " << stage << " clip " << clip;
+      EXPECT_EQ(off.ema_eval_loss, ref.ema_eval_loss) << "stage " << stage << " clip " << clip;
+    }
+}
+
 TEST(Zero, ModelStatesFollowTheFormulasFromTheAllocator) {
   const double n = world().size();
   std::vector<double> measured(4);
@@ -134,6 +151,17 @@ TEST(Zero, ModelStatesFollowTheFormulasFromTheAllocator) {
     EXPECT_NEAR(double(s.model_state_bytes) / want, 1.0, 0.05) << "stage " << stage;
     EXPECT_NEAR(double(held) / want, 1.0, 0.05) << "stage " << stage;
     measured[size_t(stage)] = double(held);
+
+    // Offload: the device (here the CPU allocator) keeps the compute copy and, at stages 0-1, the gradient
+    // buffer; master weights, gradient shard and AdamW state move to pinned host memory.
+    c.offload_optimizer = true;
+    const int64_t before_off = alloc.stats().allocated_bytes;
+    Trainer u(c, world());
+    const int64_t held_off = alloc.stats().allocated_bytes - before_off;
+    const double device_want = stage <= 1 ? 8 * psi : stage == 2 ? 4 * psi : 4 * psi / n;
+    EXPECT_NEAR(double(held_off) / device_want, 1.0, 0.05) << "offload, stage " << stage;
+    EXPECT_NEAR(double(u.engine().host_state_bytes()) / (16 * psi / (stage == 0 ? 1 : n)), 1.0, 0.05)
+        << "offload, stage " << stage;
   }
   if (world().size() == 4) {
     EXPECT_LE(measured[3], 0.30 * measured[0]);

@@ -48,6 +48,7 @@ void TrainConfig::validate() const {
   CZ_CHECK(prefetch >= 0 && prefetch <= 64, "--prefetch must be in [0, 64], got {}", prefetch);
   CZ_CHECK(reduce_dtype == "fp32" || reduce_dtype == "bf16" || reduce_dtype == "fp16",
            "--reduce-dtype must be fp32, bf16 or fp16, got '{}'", reduce_dtype);
+  CZ_CHECK(!offload_overlap_step || offload_optimizer, "--offload-overlap-step needs --offload-optimizer");
 }
 
 }  // namespace cz::train

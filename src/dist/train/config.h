@@ -59,6 +59,8 @@ struct TrainConfig {
   double bucket_mb = 25;              // gradient bucket size (stages 0-2)
   int prefetch = 1;                   // stage 3: units gathered ahead of use
   std::string reduce_dtype = "fp32";  // fp32 | bf16 | fp16: the dtype gradients travel in
+  bool offload_optimizer = false;     // fp32 master, gradients and optimizer state in host memory, CPU update
+  bool offload_overlap_step = false;  // with offload: the update of step t runs during step t+1 (stale)
 
   // Throws ValueError naming the first bad flag.
   void validate() const;

@@ -81,6 +81,8 @@ void Trainer::check_ranks_agree() {
       {"--bucket-mb", fmt::format("{}", cfg_.bucket_mb)},
       {"--prefetch", std::to_string(cfg_.prefetch)},
       {"--reduce-dtype", cfg_.reduce_dtype},
+      {"--offload-optimizer", std::to_string(cfg_.offload_optimizer)},
+      {"--offload-overlap-step", std::to_string(cfg_.offload_overlap_step)},
       {"--precision", cfg_.precision},
       {"--micro-batch", std::to_string(cfg_.micro_batch)},
       {"--grad-accum", std::to_string(cfg_.grad_accum)},
@@ -143,6 +145,8 @@ void Trainer::build_model() {
   zc.weight_decay = cfg_.weight_decay;
   zc.momentum = cfg_.momentum;
   zc.ema_decay = cfg_.ema_decay;
+  zc.offload = cfg_.offload_optimizer;
+  zc.offload_overlap_step = cfg_.offload_overlap_step;
   engine_ = std::make_unique<zero::ZeroEngine>(*model_, zero::convnext_units(*model_), comm_.get(), zc);
 }
 
@@ -217,7 +221,7 @@ StepStats Trainer::step() {
   s.step = ++step_;
   s.lr = schedule_->lr_at(s.step);
   s.loss_scale = scaler_.scale();
-  engine_->zero_grad();
+  engine_->begin_step(s.lr, cfg_.clip_grad, scaler_);
   model_->train();
   // The micro-steps' losses are summed on the device and read once, after the last backward: a read per
   // micro-step would make the host wait for each backward before queuing the next micro-step.
@@ -236,7 +240,7 @@ StepStats Trainer::step() {
     loss_sum = loss_sum.defined() ? add(loss_sum, loss.detach()) : loss.detach();
   }
   s.loss = engine_->all_reduce_scalar(loss_sum.item() / double(cfg_.grad_accum), true);
-  const zero::ZeroStepStats z = engine_->step(s.lr, cfg_.clip_grad, scaler_);
+  const zero::ZeroStepStats z = engine_->step(scaler_);
   s.skipped = z.skipped;
   s.grad_norm = z.grad_norm;
   s.comm_bytes = z.comm_bytes;
@@ -244,6 +248,9 @@ StepStats Trainer::step() {
   s.comm_exposed_s = z.comm_exposed_s;
   s.comm_buffer_bytes = z.comm_buffer_bytes;
   s.model_state_bytes = engine_->model_state_bytes();
+  s.offload_copy_s = z.offload_copy_s;
+  s.offload_optimizer_s = z.offload_optimizer_s;
+  s.offload_wait_s = z.offload_wait_s;
   if (device_.is_cuda()) current_stream(device_).synchronize();
   s.step_time_s = seconds_since(t0);
   s.img_per_s = double(cfg_.global_batch(world_.size())) / s.step_time_s;
@@ -254,6 +261,7 @@ StepStats Trainer::step() {
 EvalResult Trainer::evaluate() {
   CZ_CHECK(eval_set_ != nullptr,
            "evaluation needs an eval set: --data {} has no eval split; give --eval-data", cfg_.data);
+  engine_->synchronize();  // offload's delayed update, stage 1-2's parameter all-gathers
   Loader loader(eval_set_, loader_options(Split::eval));
   loader.start_epoch(0);
   model_->eval();
@@ -292,6 +300,11 @@ nlohmann::json Trainer::step_record(const StepStats& s) const {
                       {"comm_s", s.comm_s},       {"comm_exposed_s", s.comm_exposed_s},
                       {"model_state_bytes", s.model_state_bytes},
                       {"comm_buffer_bytes", s.comm_buffer_bytes}};
+  if (cfg_.offload_optimizer) {
+    j["offload_copy_s"] = s.offload_copy_s;
+    j["offload_optimizer_s"] = s.offload_optimizer_s;
+    j["offload_wait_s"] = s.offload_wait_s;
+  }
   if (scaler_.enabled()) {
     j["loss_scale"] = s.loss_scale;
     j["skipped"] = s.skipped;

@@ -34,6 +34,8 @@ struct StepStats {
   double comm_exposed_s = 0;      // time the step waited for them
   int64_t model_state_bytes = 0;  // master weights, gradients, optimizer state, compute copy (this rank)
   int64_t comm_buffer_bytes = 0;  // peak bytes of buckets and stage-3 gather buffers in the step
+  // --offload-optimizer: gradient copies to the host, the CPU optimizer, and the step's wait for them.
+  double offload_copy_s = 0, offload_optimizer_s = 0, offload_wait_s = 0;
 };
 
 struct EvalResult {

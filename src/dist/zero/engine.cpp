@@ -27,6 +27,7 @@
 #include <cmath>
 #include <map>
 
+#include "dist/zero/host_worker.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/sgd.h"
@@ -77,6 +78,10 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
   gather_work_.resize(np);
   param_gather_.resize(np);
   position_.assign(np, 0);
+  if (cfg_.offload) {
+    worker_ = std::make_unique<HostWorker>(cfg_.device);
+    host_grad_fresh_.assign(np, true);
+  }
   build_buffers(named);
   install_hooks(model);
 }
@@ -91,6 +96,7 @@ ZeroEngine::~ZeroEngine() {
     if (w) try { w->wait(); } catch (...) {}
   for (auto& w : param_gather_)
     if (w) try { w->wait(); } catch (...) {}
+  worker_.reset();  // drains: its jobs use the buffers below
 }
 
 void ZeroEngine::build_buffers(const std::vector<std::pair<std::string, Tensor>>& named) {
@@ -109,12 +115,19 @@ void ZeroEngine::build_buffers(const std::vector<std::pair<std::string, Tensor>>
     }
     return out;
   };
-  if (mixed) master_ = my_chunks(flat.params);
+  const bool offload = cfg_.offload;
+  const Tensor chunks = cfg_.stage == 3 || mixed || offload ? my_chunks(flat.params) : Tensor();
+  if (offload) {
+    master_ = empty_pinned({layout_.shard_numel()}, DType::f32);
+    master_.copy_(chunks);
+  } else if (mixed) {
+    master_ = chunks;
+  }
   if (cfg_.stage <= 2) {
     params_ = mixed ? flat.params.to(cfg_.compute_dtype) : flat.params;
     if (mixed) bind_parameters(named_, layout_.flat, params_);
   } else {
-    param_shard_ = mixed ? master_.to(cfg_.compute_dtype) : my_chunks(flat.params);
+    param_shard_ = mixed ? chunks.to(cfg_.compute_dtype) : chunks;
     for (size_t p = 0; p < layout_.partitions.size(); ++p) {
       const Partition& part = layout_.partitions[p];
       gathered_[p] = empty({part.numel}, cfg_.compute_dtype, dev);
@@ -133,17 +146,24 @@ void ZeroEngine::build_buffers(const std::vector<std::pair<std::string, Tensor>>
   } else {
     for (auto& [name, p] : named_) Tensor(p).set_grad(Tensor());
   }
-  if (cfg_.stage >= 2 || mixed) grad_shard_ = zeros({layout_.shard_numel()}, DType::f32, dev);
+  if (offload) {
+    grad_shard_ = empty_pinned({layout_.shard_numel()}, DType::f32);
+    grad_shard_.zero_();
+  } else if (cfg_.stage >= 2 || mixed) {
+    grad_shard_ = zeros({layout_.shard_numel()}, DType::f32, dev);
+  }
 
   const auto ranges = layout_.ranges(shard_rank_);
+  const Device opt_dev = offload ? Device::cpu() : dev;
   const auto hyper = timm_weight_decay(layout_.flat, cfg_.weight_decay);
   if (cfg_.optimizer == "sgd") {
     SgdConfig sc;
     sc.momentum = cfg_.momentum;
-    optimizer_ = std::make_unique<Sgd>(layout_.flat, ranges, hyper, sc, DType::f32, dev);
+    optimizer_ = std::make_unique<Sgd>(layout_.flat, ranges, hyper, sc, DType::f32, opt_dev, offload);
   } else {
     CZ_CHECK(cfg_.optimizer == "adamw", "ZeRO: unknown optimizer '{}' (adamw or sgd)", cfg_.optimizer);
-    optimizer_ = std::make_unique<AdamW>(layout_.flat, ranges, hyper, AdamWConfig{}, DType::f32, dev);
+    optimizer_ = std::make_unique<AdamW>(layout_.flat, ranges, hyper, AdamWConfig{}, DType::f32, opt_dev,
+                                         offload);
   }
   if (cfg_.ema_decay > 0) {
     const auto w = master_params();
@@ -188,10 +208,22 @@ void ZeroEngine::install_hooks(nn::Module& model) {
 
 // ---- gradients ----
 
-void ZeroEngine::zero_grad() {
+void ZeroEngine::begin_step(double lr, double clip_grad, const LossScaler& scaler) {
   NoGradGuard no_grad;
+  lr_ = lr;
+  clip_grad_ = clip_grad;
   if (grads_.defined()) grads_.zero_();
-  if (grad_shard_.defined()) grad_shard_.zero_();
+  // Offload overwrites each host gradient chunk on its first arrival instead (the worker may still be
+  // reading them for the previous step's delayed update).
+  if (grad_shard_.defined() && !worker_) grad_shard_.zero_();
+  if (worker_) {
+    host_grad_fresh_.assign(host_grad_fresh_.size(), true);
+    // Ranges are updated as their gradients arrive unless the step needs every gradient first (clipping, an
+    // fp16 overflow check) or the update is delayed.
+    eager_update_ = !cfg_.offload_overlap_step && clip_grad <= 0 && !scaler.enabled();
+    copy_s_ = 0;
+    optim_s_ = 0;
+  }
   stats_ = ZeroStepStats{};
   comm_buffer_now_ = 0;
   note_comm_buffers();
@@ -261,16 +293,20 @@ void ZeroEngine::finish_oldest() {
   NoGradGuard no_grad;
   const size_t p = f.partition;
   const Partition& part = layout_.partitions[p];
-  const int64_t c = layout_.chunk(p);
+  const int64_t c = layout_.chunk(p), own = shard_rank_ * c;
+  const Tensor mine = f.buffer.narrow(0, own, c);  // this rank's reduced (averaged) chunk
+  if (worker_) {
+    offload_grad_chunk(p, mine, cfg_.stage >= 2 && !host_grad_fresh_[p]);
+    host_grad_fresh_[p] = false;
+  } else if (cfg_.stage >= 2) {
+    grad_shard_.narrow(0, layout_.local_offset(p), c).add_(mine.dtype() == DType::f32 ? mine : mine.to(DType::f32));
+  } else if (f.buffer.dtype() != grads_.dtype()) {
+    grads_.narrow(0, part.begin + own, c).copy_(mine);
+  }
   if (cfg_.stage >= 2) {
-    Tensor mine = f.buffer.narrow(0, rank_ * c, c);
-    Tensor dst = grad_shard_.narrow(0, layout_.local_offset(p), c);
-    dst.add_(mine.dtype() == DType::f32 ? mine : mine.to(DType::f32));
     comm_buffer_now_ -= held_bytes(buckets_[p]);
     buckets_[p] = Tensor();
   } else if (f.buffer.dtype() != grads_.dtype()) {
-    const int64_t off = cfg_.stage == 0 ? 0 : rank_ * c, n = cfg_.stage == 0 ? part.numel : c;
-    grads_.narrow(0, part.begin + off, n).copy_(f.buffer.narrow(0, off, n));
     comm_buffer_now_ -= held_bytes(f.buffer);
   }
 }
@@ -369,11 +405,16 @@ void ZeroEngine::wait_all_param_gathers() {
     }
 }
 
-ZeroStepStats ZeroEngine::step(double lr, double clip_grad, LossScaler& scaler) {
+ZeroStepStats ZeroEngine::step(LossScaler& scaler) {
   NoGradGuard no_grad;
   wait_all_param_gathers();  // a forward without some module (none in ConvNeXt) would leave one in flight
+  if (worker_) {
+    offload_step(scaler);
+    return stats_;
+  }
+  const double lr = lr_, clip_grad = clip_grad_;
   const std::vector<Tensor> g = master_grads(), w = master_params();
-  if (cfg_.stage <= 1 && grad_shard_.defined())  // mixed precision: fp32 master gradients from the 16-bit ones
+  if (cfg_.stage <= 1 && grad_shard_.defined() && !worker_)  // mixed precision: fp32 master gradients from the 16-bit ones
     for (size_t p = 0; p < g.size(); ++p)
       Tensor(g[p]).copy_(grads_.narrow(0, layout_.chunk_range(p, shard_rank_).begin, layout_.chunk(p)));
   const bool sharded = cfg_.stage > 0;
@@ -386,11 +427,7 @@ ZeroStepStats ZeroEngine::step(double lr, double clip_grad, LossScaler& scaler) 
     take = scaler.update(overflow);
   }
   stats_.skipped = !take;
-  Tensor sq;
-  for (const Tensor& t : g) sq = sq.defined() ? add(sq, grad_sq_norm(t)) : grad_sq_norm(t);
-  double total = sq.item();
-  if (sharded) total = all_reduce_scalar(total, false);
-  stats_.grad_norm = std::sqrt(total);
+  stats_.grad_norm = global_grad_norm(g);
   if (take) {
     if (clip_grad > 0) {
       const double coef = clip_coefficient(stats_.grad_norm, clip_grad);
@@ -401,6 +438,14 @@ ZeroStepStats ZeroEngine::step(double lr, double clip_grad, LossScaler& scaler) 
     refresh_compute();
   }
   return stats_;
+}
+
+double ZeroEngine::global_grad_norm(const std::vector<Tensor>& g) {
+  Tensor sq;
+  for (const Tensor& t : g) sq = sq.defined() ? add(sq, grad_sq_norm(t)) : grad_sq_norm(t);
+  double total = sq.item();
+  if (cfg_.stage > 0) total = all_reduce_scalar(total, false);
+  return std::sqrt(total);
 }
 
 void ZeroEngine::refresh_compute() {
@@ -428,7 +473,7 @@ double ZeroEngine::all_reduce_scalar(double v, bool average) {
 
 void ZeroEngine::swap_ema() {
   CZ_CHECK(ema_ != nullptr, "ZeRO: swap_ema without --ema-decay");
-  wait_all_param_gathers();
+  synchronize();
   const auto w = master_params();
   ema_->swap(std::span<const Tensor>(w));
   refresh_compute();
@@ -436,7 +481,7 @@ void ZeroEngine::swap_ema() {
 
 std::vector<std::pair<std::string, Tensor>> ZeroEngine::master_parameters() {
   NoGradGuard no_grad;
-  wait_all_param_gathers();
+  synchronize();
   const auto w = master_params();
   Tensor full = zeros({layout_.flat.numel}, DType::f32, cfg_.device);
   std::vector<dist::WorkHandle> works;
@@ -446,7 +491,7 @@ std::vector<std::pair<std::string, Tensor>> ZeroEngine::master_parameters() {
     if (layout_.shards == 1 || !comm_) {
       dst.narrow(0, 0, layout_.chunk(p)).copy_(w[p]);
     } else {
-      dst.narrow(0, rank_ * layout_.chunk(p), layout_.chunk(p)).copy_(w[p]);
+      dst.narrow(0, rank_ * layout_.chunk(p), layout_.chunk(p)).copy_(w[p]);  // from the host under offload
       Tensor mine = dst.narrow(0, rank_ * layout_.chunk(p), layout_.chunk(p));
       works.push_back(comm_->all_gather(mine, dst));
     }
@@ -458,12 +503,23 @@ std::vector<std::pair<std::string, Tensor>> ZeroEngine::master_parameters() {
   return out;
 }
 
-int64_t ZeroEngine::model_state_bytes() const {
-  int64_t n = held_bytes(params_) + held_bytes(grads_) + held_bytes(param_shard_) + held_bytes(grad_shard_) +
-              held_bytes(master_);
-  for (const auto& [name, t] : optimizer_->state())
+namespace {
+int64_t state_bytes(const Optimizer& opt) {
+  int64_t n = 0;
+  for (const auto& [name, t] : opt.state())
     if (name != "step") n += held_bytes(t);
   return n;
+}
+}  // namespace
+
+int64_t ZeroEngine::model_state_bytes() const {
+  int64_t n = held_bytes(params_) + held_bytes(grads_) + held_bytes(param_shard_);
+  if (!worker_) n += held_bytes(grad_shard_) + held_bytes(master_) + state_bytes(*optimizer_);
+  return n;
+}
+
+int64_t ZeroEngine::host_state_bytes() const {
+  return worker_ ? held_bytes(grad_shard_) + held_bytes(master_) + state_bytes(*optimizer_) : 0;
 }
 
 int64_t ZeroEngine::ema_bytes() const {

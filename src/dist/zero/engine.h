@@ -4,6 +4,7 @@
 // Note [ZeRO partitioning] (partition.h) and Note [ZeRO step] (engine.cpp).
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <span>
 #include <memory>
@@ -30,6 +31,10 @@ struct ZeroConfig {
   double weight_decay = 0.05;       // timm's rule: not on biases and 1-D parameters
   double momentum = 0.9;            // sgd
   double ema_decay = 0;             // 0: no EMA
+  // CPU offload (Note [CPU offload]): fp32 master shard, gradient shard and optimizer state in pinned host
+  // memory, updated by the CPU; with overlap_step the update of step t runs during step t+1 (one step stale).
+  bool offload = false;
+  bool offload_overlap_step = false;
 };
 
 struct ZeroStepStats {
@@ -39,6 +44,9 @@ struct ZeroStepStats {
   double comm_s = 0;                // time the step's collectives ran (0 where the backend does not time them)
   double comm_exposed_s = 0;        // time the step's host waited for collectives
   int64_t comm_buffer_bytes = 0;    // peak bytes of gradient buckets and stage-3 gather buffers in the step
+  // Offload: time the worker spent copying gradients to the host and in the CPU optimizer (and EMA), and time
+  // the step waited for it.
+  double offload_copy_s = 0, offload_optimizer_s = 0, offload_wait_s = 0;
 };
 
 class ZeroEngine {
@@ -51,14 +59,18 @@ class ZeroEngine {
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
 
-  // Starts an optimizer step: gradients (and the step's statistics) back to zero.
-  void zero_grad();
+  // Starts an optimizer step: gradients (and the step's statistics) back to zero. The step's learning rate and
+  // clipping are given up front, so that offload can update each range as soon as its gradient arrives.
+  void begin_step(double lr, double clip_grad, const LossScaler& scaler);
   // Backward of one micro-step's (scaled) loss; gradients are reduced bucket by bucket while it runs (stages
   // 0-1: on the last micro-step only, stages 2-3: every micro-step, into the gradient shard).
   void backward(const Tensor& loss, bool last_micro_step);
   // After the last backward: unscale and overflow check (fp16), global norm, clipping, the optimizer on this
   // rank's shard, EMA, and the compute copy brought up to date (all-gathered at stages 1-2).
-  ZeroStepStats step(double lr, double clip_grad, LossScaler& scaler);
+  ZeroStepStats step(LossScaler& scaler);
+  // Waits for everything in flight and brings the compute copy up to date with the latest update (offload's
+  // delayed update included): before evaluation, export or checkpoints.
+  void synchronize();
 
   // Sum (or mean) of a scalar over ranks; the value itself for a world of one.
   double all_reduce_scalar(double v, bool average);
@@ -70,9 +82,10 @@ class ZeroEngine {
   // --export-weights writes). Costs one full fp32 copy of the model on each rank while it lives.
   std::vector<std::pair<std::string, Tensor>> master_parameters();
 
-  // Master weights, gradients (and their shard), optimizer state and the compute copy this rank holds, in
-  // bytes as the allocator holds them; the EMA separately.
+  // Master weights, gradients (and their shard), optimizer state and the compute copy this rank holds on its
+  // device, in bytes as the allocator holds them; what offload keeps in host memory, and the EMA, separately.
   int64_t model_state_bytes() const;
+  int64_t host_state_bytes() const;
   int64_t ema_bytes() const;
   const ZeroLayout& layout() const { return layout_; }
   const ZeroConfig& config() const { return cfg_; }
@@ -113,6 +126,10 @@ class ZeroEngine {
   void on_unit_forward_post(size_t p);
   void on_unit_backward_pre(size_t p);
 
+  // Offload (engine_offload.cpp).
+  void offload_grad_chunk(size_t p, const Tensor& chunk, bool accumulate);
+  void offload_step(LossScaler& scaler);
+
   void wait_param_gathers(std::span<const size_t> partitions);
   void wait_all_param_gathers();
 
@@ -120,6 +137,7 @@ class ZeroEngine {
   std::vector<Tensor> master_grads() const;
   Tensor compute_chunk(size_t p) const;
   void refresh_compute();
+  double global_grad_norm(const std::vector<Tensor>& grads);
 
   ZeroConfig cfg_;
   dist::Communicator* comm_;
@@ -154,6 +172,13 @@ class ZeroEngine {
   bool recording_ = true;      // stage 3: the first forward records the unit order
   std::vector<size_t> order_;  // units in forward order
   std::vector<size_t> position_;
+
+  std::unique_ptr<class HostWorker> worker_;
+  std::vector<bool> host_grad_fresh_;  // offload: the partition's host gradient not yet written this step
+  bool eager_update_ = false;          // offload: each range updated as soon as its gradient is on the host
+  bool update_pending_ = false;        // offload_overlap_step: an update not yet copied to the device
+  std::atomic<double> copy_s_{0}, optim_s_{0};
+  double lr_ = 0, clip_grad_ = 0;
 
   ZeroStepStats stats_;
   int64_t comm_buffer_now_ = 0;

@@ -1,0 +1,85 @@
+// The offload worker thread.
+#include "dist/zero/host_worker.h"
+
+#include <chrono>
+
+#include "tensor/cuda/runtime.h"
+
+namespace cz::zero {
+
+HostWorker::HostWorker(Device device) : stream_{device, nullptr} {
+  if (device.is_cuda()) stream_.handle = cuda_runtime::stream_create(device.index);
+  thread_ = std::thread([this] { loop(); });
+}
+
+HostWorker::~HostWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  if (stream_.handle) cuda_runtime::stream_destroy(stream_.handle);
+}
+
+void HostWorker::submit(std::function<void()> job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+}
+
+void HostWorker::drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_cv_.wait(lock, [this] { return (jobs_.empty() && !running_) || error_; });
+  if (error_) {
+    std::exception_ptr e = error_;
+    error_ = nullptr;
+    jobs_.clear();
+    idle_cv_.wait(lock, [this] { return !running_; });
+    std::rethrow_exception(e);
+  }
+}
+
+double HostWorker::take_busy_seconds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const double s = busy_s_;
+  busy_s_ = 0;
+  return s;
+}
+
+void HostWorker::loop() {
+  if (stream_.device.is_cuda()) {
+    cuda_runtime::set_device(stream_.device.index);
+    set_current_stream(stream_);
+  }
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+      running_ = true;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    std::exception_ptr failed;
+    try {
+      job();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = false;
+      busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (failed && !error_) error_ = failed;
+      if (error_) jobs_.clear();
+    }
+    idle_cv_.notify_all();
+  }
+}
+
+}  // namespace cz::zero
