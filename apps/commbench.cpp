@@ -6,7 +6,7 @@
 #include <iostream>
 
 #include "dist/comm/bootstrap.h"
-#include "dist/comm/commbench.h"
+#include "dist/commbench/commbench.h"
 
 int main(int argc, char** argv) {
   using namespace cz::dist;

@@ -1,7 +1,7 @@
 // commbench: collective benchmarks in the manner of nccl-tests (sizes from -b to -e, out-of-place and
 // in-place columns, algbw/busbw with nccl-tests' factors, #wrong from a check against locally computed
 // values), and the topology views.
-#include "dist/comm/commbench.h"
+#include "dist/commbench/commbench.h"
 
 #include <chrono>
 #include <cmath>

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dist/comm/bootstrap.h"
-#include "dist/comm/commbench.h"
+#include "dist/commbench/commbench.h"
 #include "tensor/allocator.h"
 #include "tensor/check.h"
 #include "tensor/cuda/runtime.h"
