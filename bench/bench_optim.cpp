@@ -179,15 +179,39 @@ void BM_AdamW_Kernel(benchmark::State& state) {
   state.SetLabel(simd::kIsaName);
 }
 
+// The memory-bandwidth bound the update is measured against (issue: CPU offload, Note [CPU offload]): a
+// STREAM-like triad a = b + s*c over arrays as large as the AdamW buffers, with state.range(0) threads,
+// counting the bytes that really move: b and c read, a read for ownership and written (16 bytes per element;
+// the AdamW update writes only lines it has read, so its 28 bytes per parameter are all real traffic).
+constexpr double kTriadBytes = 16;
+
+void BM_Triad(benchmark::State& state) {
+  Buffers& b = buffers();
+  const int64_t n = b.layout.numel;
+  float *a = b.p.data<float>(), *x = b.m.data<float>(), *y = b.v.data<float>();
+  const int saved = omp_get_max_threads();
+  const int threads = int(state.range(0));
+  for (auto _ : state) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < n; ++i) a[i] = x[i] + 0.5f * y[i];
+    benchmark::ClobberMemory();
+  }
+  omp_set_num_threads(saved);
+  state.SetBytesProcessed(int64_t(double(state.iterations()) * double(n) * kTriadBytes));
+  state.counters["threads"] = threads;
+}
+
 constexpr int64_t kInCache = 1 << 16;  // 64K parameters: 1 MiB of p, g, m, v together, inside L2
 BENCHMARK(BM_AdamW_Scalar)->Arg(kInCache)->Arg(0)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_AdamW_OmpSimd)->Arg(kInCache)->Arg(0)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_AdamW_Kernel)
     ->Args({kInCache, 1})
     ->Args({0, 1})
+    ->Args({0, 2})
     ->Args({0, 0})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
+BENCHMARK(BM_Triad)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // Console output plus, at the end, each benchmark's speedup over BM_AdamW_Scalar of the same size (the first
 // argument), from medians when repeated: in real time, and in CPU time of the benchmark thread, which is the
@@ -222,6 +246,18 @@ class RatioReporter : public benchmark::ConsoleReporter {
       if (base != t.end())
         std::printf("  %-52s %8.2fx %9.2fx\n", name.c_str(), base->second.real / time.real,
                     base->second.cpu / time.cpu);
+    }
+    // The whole-model update against the bandwidth bound at the same thread count: bound = triad bytes/s /
+    // 28 bytes per parameter.
+    const double n = double(buffers().layout.numel);
+    std::printf("\nAdamW (all %.0f parameters) against the triad bound   Mparams/s   bound   fraction\n", n);
+    for (int threads : {1, 2}) {
+      const auto k = t.find("BM_AdamW_Kernel/0/" + std::to_string(threads) + "/real_time");
+      const auto tr = t.find("BM_Triad/" + std::to_string(threads) + "/real_time");
+      if (k == t.end() || tr == t.end()) continue;
+      // Google Benchmark reports microseconds per iteration here.
+      const double mparams = n / k->second.real, bound = n * kTriadBytes / tr->second.real / kBytesPerParam;
+      std::printf("  %d thread(s)%41.0f %7.0f %9.0f%%\n", threads, mparams, bound, 100 * mparams / bound);
     }
   }
 
