@@ -110,10 +110,11 @@ int main(int argc, char** argv) {
     if (lead) {
       const auto& mc = trainer.model().config();
       fmt::print(
-          "convnext_zero: {} ({:.2f}M params) on {} x{}, {}, data {}, {}x{} images, global batch {}, {} "
-          "steps\n",
+          "convnext_zero: {} ({:.2f}M params) on {} x{}, {}, ZeRO stage {}{}, data {}, {}x{} images, global "
+          "batch {}, {} steps\n",
           mc.name, double(trainer.model().num_parameters()) / 1e6, cfg.device, world->size(), cfg.precision,
-          cfg.data, cfg.image_size, cfg.image_size, cfg.global_batch(world->size()), trainer.total_steps());
+          cfg.stage, cfg.offload_optimizer ? " + CPU offload" : "", cfg.data, cfg.image_size, cfg.image_size,
+          cfg.global_batch(world->size()), trainer.total_steps());
       std::fflush(stdout);
     }
     const cz::train::TrainSummary s = trainer.run();
@@ -122,7 +123,11 @@ int main(int argc, char** argv) {
                  s.img_per_s, s.final_loss);
       if (s.eval) fmt::print(", eval loss {:.4f} top1 {:.2f}%", s.eval->loss, 100 * s.eval->top1);
       if (s.eval_ema) fmt::print(" (EMA top1 {:.2f}%)", 100 * s.eval_ema->top1);
-      fmt::print(", peak memory {} per rank\n", mib(s.peak_mem_bytes));
+      fmt::print(", peak memory {} per rank (model states {}", mib(s.peak_mem_bytes), mib(s.model_state_bytes));
+      if (world->size() > 1 && s.comm_s > 0)
+        fmt::print(", {:.0f}% of {:.2f} s of communication hidden", 100 * (1 - s.comm_exposed_s / s.comm_s),
+                   s.comm_s);
+      fmt::print(")\n");
     }
   } catch (const std::exception& e) {
     if (world && world->size() > 1) cz::dist::die(e);
