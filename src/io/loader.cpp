@@ -125,13 +125,15 @@ std::vector<int64_t> Loader::epoch_order(int64_t epoch) const {
   return epoch_permutation(impl_->data->size(), impl_->opt.seed, epoch, impl_->opt.shuffle);
 }
 
-void Loader::start_epoch(int64_t epoch) {
+void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
   CZ_CHECK(epoch >= 0 && epoch < (int64_t(1) << 22), "Loader: epoch {} out of range [0, 2^22)", epoch);
   Impl& m = *impl_;
+  CZ_CHECK(first_batch >= 0 && first_batch <= m.steps, "Loader: first batch {} of an epoch of {} batches",
+           first_batch, m.steps);
   m.stop_workers();
   m.epoch = epoch;
   m.order = epoch_order(epoch);
-  m.next_claim = m.next_out = 0;
+  m.next_claim = m.next_out = first_batch;
   m.failed = nullptr;
   for (int t = 0; t < m.opt.threads; ++t) m.workers.emplace_back([&m] { m.work(); });
 }

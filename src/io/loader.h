@@ -45,7 +45,9 @@ class Loader {
   Loader& operator=(const Loader&) = delete;
 
   int64_t steps_per_epoch() const;  // global batches per epoch
-  void start_epoch(int64_t epoch);  // (re)starts the sampler; batches of an unfinished epoch are dropped
+  // (Re)starts the sampler at global batch `first_batch` of `epoch` (a resumed run: Note [Sampling] makes the
+  // batches from there on the same as the original run's); batches of an unfinished epoch are dropped.
+  void start_epoch(int64_t epoch, int64_t first_batch = 0);
   std::optional<Batch> next();      // this rank's share of the next global batch; nullopt at the epoch's end.
                                     // A worker's decode error is rethrown here.
 

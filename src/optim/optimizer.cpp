@@ -57,6 +57,11 @@ void Optimizer::step_range(size_t i, const Tensor& params, const Tensor& grads, 
   bump(params);
 }
 
+void Optimizer::set_step_count(int64_t steps) {
+  CZ_CHECK(steps >= 0, "{}: step count must be >= 0, got {}", name_, steps);
+  step_ = steps;
+}
+
 void Optimizer::end_step() {
   ++step_;
   finish_step({});

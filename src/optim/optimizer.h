@@ -47,6 +47,8 @@ class Optimizer {
 
   const char* name() const { return name_; }
   int64_t step_count() const { return step_; }
+  // For checkpoints whose state tensors were written into state()'s views directly.
+  void set_step_count(int64_t steps);
   // The single range of a one-range shard (asserts there is one).
   ShardRange shard() const;
   const std::vector<ShardPiece>& pieces() const;

@@ -503,6 +503,32 @@ std::vector<std::pair<std::string, Tensor>> ZeroEngine::master_parameters() {
   return out;
 }
 
+std::vector<std::pair<std::string, std::vector<ZeroEngine::OwnedChunk>>> ZeroEngine::owned_state(bool for_save) {
+  synchronize();
+  std::vector<std::pair<std::string, std::vector<OwnedChunk>>> out;
+  if (for_save && cfg_.stage == 0 && rank_ != 0) return out;
+  auto chunks_of = [&](const Tensor& shard_buffer) {  // a buffer laid out like this rank's shard
+    std::vector<OwnedChunk> v;
+    for (size_t p = 0; p < layout_.partitions.size(); ++p)
+      v.push_back({layout_.chunk_range(p, shard_rank_), shard_buffer.narrow(0, layout_.local_offset(p), layout_.chunk(p))});
+    return v;
+  };
+  std::vector<OwnedChunk> params;
+  const auto w = master_params();
+  for (size_t p = 0; p < w.size(); ++p) params.push_back({layout_.chunk_range(p, shard_rank_), w[p]});
+  out.emplace_back("params", std::move(params));
+  for (const auto& [name, t] : optimizer_->state())
+    if (name != "step") out.emplace_back(name, chunks_of(t));
+  if (ema_) out.emplace_back("ema", chunks_of(ema_->weights()));
+  return out;
+}
+
+void ZeroEngine::after_load(int64_t optimizer_steps) {
+  optimizer_->set_step_count(optimizer_steps);
+  refresh_compute();
+  wait_all_param_gathers();
+}
+
 namespace {
 int64_t state_bytes(const Optimizer& opt) {
   int64_t n = 0;

@@ -82,6 +82,19 @@ class ZeroEngine {
   // --export-weights writes). Costs one full fp32 copy of the model on each rank while it lives.
   std::vector<std::pair<std::string, Tensor>> master_parameters();
 
+  // Per-element state this rank owns, for checkpoints (Note [ZeRO partitioning]): for "params" (the fp32
+  // master weights), each optimizer state ("exp_avg", "exp_avg_sq" or "momentum_buffer") and "ema", the flat
+  // ranges this rank owns and views of their values (f32; on the host under offload). Saving: at stage 0
+  // every rank holds everything, so only rank 0 reports (for_save); loading: every rank gets all its ranges
+  // and overwrites the views, then calls after_load.
+  struct OwnedChunk {
+    ShardRange range;
+    Tensor values;
+  };
+  std::vector<std::pair<std::string, std::vector<OwnedChunk>>> owned_state(bool for_save);
+  // After a load into owned_state(false): the optimizer's step count, and the compute copy made current.
+  void after_load(int64_t optimizer_steps);
+
   // Master weights, gradients (and their shard), optimizer state and the compute copy this rank holds on its
   // device, in bytes as the allocator holds them; what offload keeps in host memory, and the EMA, separately.
   int64_t model_state_bytes() const;
