@@ -59,13 +59,16 @@ void add_flags(CLI::App& app, cz::train::TrainConfig& c, bool& no_shuffle, bool&
   app.add_option("--stage", c.stage,
                  "ZeRO stage: 0 replicated, 1 shards optimizer state, 2 also gradients, 3 also parameters")
       ->capture_default_str();
-  app.add_option("--bucket-mb", c.bucket_mb, "gradient bucket size in MiB (stages 0-2)")->capture_default_str();
-  app.add_option("--prefetch", c.prefetch, "stage 3: how many units ahead to all-gather")->capture_default_str();
+  app.add_option("--bucket-mb", c.bucket_mb, "gradient bucket size in MiB (stages 0-2)")
+      ->capture_default_str();
+  app.add_option("--prefetch", c.prefetch, "stage 3: how many units ahead to all-gather")
+      ->capture_default_str();
   app.add_option("--reduce-dtype", c.reduce_dtype, "fp32 | bf16 | fp16: the dtype gradients are reduced in")
       ->capture_default_str();
-  app.add_flag("--offload-optimizer", c.offload_optimizer,
-               "at any --stage: fp32 master weights, gradients and optimizer state in pinned host memory, updated "
-               "by the CPU bucket by bucket as gradients arrive");
+  app.add_flag(
+      "--offload-optimizer", c.offload_optimizer,
+      "at any --stage: fp32 master weights, gradients and optimizer state in pinned host memory, updated "
+      "by the CPU bucket by bucket as gradients arrive");
   app.add_flag("--offload-overlap-step", c.offload_overlap_step,
                "with --offload-optimizer: run step t's CPU update during step t+1 (one step stale)");
   app.add_flag("--tf32", c.tf32, "CUDA: allow TF32 tensor cores for fp32 matmuls");
@@ -123,7 +126,8 @@ int main(int argc, char** argv) {
                  s.img_per_s, s.final_loss);
       if (s.eval) fmt::print(", eval loss {:.4f} top1 {:.2f}%", s.eval->loss, 100 * s.eval->top1);
       if (s.eval_ema) fmt::print(" (EMA top1 {:.2f}%)", 100 * s.eval_ema->top1);
-      fmt::print(", peak memory {} per rank (model states {}", mib(s.peak_mem_bytes), mib(s.model_state_bytes));
+      fmt::print(", peak memory {} per rank (model states {}", mib(s.peak_mem_bytes),
+                 mib(s.model_state_bytes));
       if (world->size() > 1 && s.comm_s > 0)
         fmt::print(", {:.0f}% of {:.2f} s of communication hidden", 100 * (1 - s.comm_exposed_s / s.comm_s),
                    s.comm_s);

@@ -48,8 +48,8 @@ class Loader {
   // (Re)starts the sampler at global batch `first_batch` of `epoch` (a resumed run: Note [Sampling] makes the
   // batches from there on the same as the original run's); batches of an unfinished epoch are dropped.
   void start_epoch(int64_t epoch, int64_t first_batch = 0);
-  std::optional<Batch> next();      // this rank's share of the next global batch; nullopt at the epoch's end.
-                                    // A worker's decode error is rethrown here.
+  std::optional<Batch> next();  // this rank's share of the next global batch; nullopt at the epoch's end.
+                                // A worker's decode error is rethrown here.
 
   // The epoch's order as data set indices (Note [Sampling]); exposed for tests.
   std::vector<int64_t> epoch_order(int64_t epoch) const;

@@ -35,7 +35,7 @@ class AdamW final : public Optimizer {
 
  private:
   void update_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
-                  std::span<const ShardPiece> pieces, double lr) override;
+                    std::span<const ShardPiece> pieces, double lr) override;
   void finish_step(std::span<const Tensor> params) override;
 
   AdamWConfig config_;

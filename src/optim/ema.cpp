@@ -24,7 +24,8 @@ WeightEma::WeightEma(std::span<const Tensor> params, double decay) : decay_(deca
     CZ_CHECK(p.defined(), "WeightEma: params is an undefined tensor");
     CZ_CHECK_DTYPE(p.dtype() == DType::f32 || p.dtype() == DType::f64,
                    "WeightEma: params must be f32 or f64, got {}", dtype_name(p.dtype()));
-    CZ_CHECK_SHAPE(p.is_contiguous(), "WeightEma: params of shape {} must be contiguous", shape_str(p.sizes()));
+    CZ_CHECK_SHAPE(p.is_contiguous(), "WeightEma: params of shape {} must be contiguous",
+                   shape_str(p.sizes()));
     CZ_CHECK_SHAPE(params.size() == 1 || p.dim() == 1, "WeightEma: pieces must be 1-D, got {}",
                    shape_str(p.sizes()));
     n += p.numel();

@@ -8,8 +8,8 @@ namespace cz {
 Optimizer::Optimizer(const char* name, const FlatLayout& layout, std::vector<ShardRange> ranges,
                      const std::vector<ParamHyper>& hyper, DType dtype, Device device, bool pinned_state)
     : name_(name), ranges_(std::move(ranges)), dtype_(dtype), device_(device), pinned_state_(pinned_state) {
-  CZ_CHECK_DEVICE(!pinned_state || device.is_cpu(), "{}: pinned state is host memory, but the device is {}", name,
-                  device.str());
+  CZ_CHECK_DEVICE(!pinned_state || device.is_cpu(), "{}: pinned state is host memory, but the device is {}",
+                  name, device.str());
   CZ_CHECK(!ranges_.empty(), "{}: a shard needs at least one range", name);
   CZ_CHECK(hyper.size() == layout.segments.size(),
            "{}: {} hyper-parameter entries for a layout of {} parameters", name, hyper.size(),

@@ -64,7 +64,7 @@ class Optimizer {
   // One range's update: p, g hold ranges()[i].numel() elements; `state_offset` is where the range's state
   // starts in the state tensors; `pieces` are the range's (Note [Shard pieces]).
   virtual void update_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
-                          std::span<const ShardPiece> pieces, double lr) = 0;
+                            std::span<const ShardPiece> pieces, double lr) = 0;
   // Called once per step() after every range has been updated.
   virtual void finish_step(std::span<const Tensor> params) {}
   // Throws naming the optimizer and what is wrong with the arguments of step().
@@ -80,7 +80,7 @@ class Optimizer {
 
   const char* name_;
   std::vector<ShardRange> ranges_;
-  std::vector<int64_t> offsets_;                    // state offset of each range
+  std::vector<int64_t> offsets_;                 // state offset of each range
   std::vector<std::vector<ShardPiece>> pieces_;  // per range
   int64_t numel_ = 0;
   DType dtype_;

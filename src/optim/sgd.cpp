@@ -23,7 +23,7 @@ Sgd::Sgd(const FlatLayout& layout, std::vector<ShardRange> ranges, const std::ve
 }
 
 void Sgd::update_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
-                     std::span<const ShardPiece> pieces, double lr) {
+                       std::span<const ShardPiece> pieces, double lr) {
   profiler::Scope prof("sgd_step", device_);
   const SgdStepArgs args{lr, config_.momentum, config_.dampening, config_.nesterov, step_ == 0};
   Tensor buf = momentum_buffer_.defined() ? momentum_buffer_.narrow(0, state_offset, numel) : Tensor();

@@ -23,7 +23,8 @@ class Sgd final : public Optimizer {
       : Sgd(layout, std::vector<ShardRange>{shard}, hyper, config, dtype, device) {}
   // A shard of several ranges (Note [Optimizer state layout]); pinned_state: see Optimizer.
   Sgd(const FlatLayout& layout, std::vector<ShardRange> ranges, const std::vector<ParamHyper>& hyper,
-      SgdConfig config = {}, DType dtype = DType::f32, Device device = Device::cpu(), bool pinned_state = false);
+      SgdConfig config = {}, DType dtype = DType::f32, Device device = Device::cpu(),
+      bool pinned_state = false);
 
   NamedTensors state() const override;
   void load_state(const NamedTensors& state) override;
@@ -33,7 +34,7 @@ class Sgd final : public Optimizer {
 
  private:
   void update_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
-                  std::span<const ShardPiece> pieces, double lr) override;
+                    std::span<const ShardPiece> pieces, double lr) override;
   void finish_step(std::span<const Tensor> params) override;
 
   SgdConfig config_;

@@ -33,7 +33,8 @@ FlatParams flatten_parameters(const std::vector<std::pair<std::string, Tensor>>&
   return flatten_parameters(params, layout);
 }
 
-FlatParams flatten_parameters(const std::vector<std::pair<std::string, Tensor>>& params, const FlatLayout& layout) {
+FlatParams flatten_parameters(const std::vector<std::pair<std::string, Tensor>>& params,
+                              const FlatLayout& layout) {
   CZ_CHECK(!params.empty(), "flatten_parameters: no parameters");
   CZ_CHECK(params.size() == layout.segments.size(), "flatten_parameters: {} parameters for a layout of {}",
            params.size(), layout.segments.size());

@@ -39,7 +39,8 @@ struct FlatParams {
 FlatParams flatten_parameters(const std::vector<std::pair<std::string, Tensor>>& params, int64_t align = 16);
 // The same into a given layout (segments in the order of `params`, with their names and shapes; gaps between
 // segments are padding), e.g. ZeRO's, whose partitions are padded (Note [ZeRO partitioning]).
-FlatParams flatten_parameters(const std::vector<std::pair<std::string, Tensor>>& params, const FlatLayout& layout);
+FlatParams flatten_parameters(const std::vector<std::pair<std::string, Tensor>>& params,
+                              const FlatLayout& layout);
 
 // Points each parameter of `layout` (matched by position in `params`) at `buffer`, which must have
 // layout.numel elements. Used when the storage behind a flat buffer changes (ZeRO-3 gathers, device moves,
@@ -48,8 +49,8 @@ FlatParams flatten_parameters(const std::vector<std::pair<std::string, Tensor>>&
 void bind_parameters(const std::vector<std::pair<std::string, Tensor>>& params, const FlatLayout& layout,
                      const Tensor& buffer);
 
-// Re-points one parameter (keeping its TensorImpl, so every handle sees it) at `buffer` from element `offset`,
-// taking the buffer's dtype and device; contiguous strides.
+// Re-points one parameter (keeping its TensorImpl, so every handle sees it) at `buffer` from element
+// `offset`, taking the buffer's dtype and device; contiguous strides.
 void repoint_parameter(const Tensor& param, const Tensor& buffer, int64_t offset);
 
 }  // namespace cz

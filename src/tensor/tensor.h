@@ -50,7 +50,8 @@ class Storage {
   bool resident() const { return data_.get() != nullptr || nbytes_ == 0; }
   void release() { data_ = DataPtr(); }
   void restore(DataPtr data) {
-    CZ_CHECK(data.nbytes() >= nbytes_, "Storage::restore: {} bytes for a storage of {}", data.nbytes(), nbytes_);
+    CZ_CHECK(data.nbytes() >= nbytes_, "Storage::restore: {} bytes for a storage of {}", data.nbytes(),
+             nbytes_);
     data_ = std::move(data);
   }
 

@@ -47,7 +47,7 @@ Tensor coefficients(int t) {
 
 // The weights each step's forward saw, and the weights after the last step.
 std::pair<std::vector<std::vector<float>>, std::vector<float>> train(int stage, bool offload, bool delayed,
-                                                                    double clip) {
+                                                                     double clip) {
   Toy model;
   ZeroConfig cfg;
   cfg.stage = stage;

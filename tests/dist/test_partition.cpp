@@ -7,8 +7,9 @@ namespace cz::zero {
 namespace {
 
 std::vector<ParamShape> shapes() {
-  return {{"stem.0.weight", {8, 4, 4, 3}}, {"stem.0.bias", {8}},  {"blocks.0.w", {33}},
-          {"blocks.0.b", {7}},             {"blocks.1.w", {100}}, {"head.fc.weight", {5, 8}}};
+  return {
+      {"stem.0.weight", {8, 4, 4, 3}}, {"stem.0.bias", {8}},      {"blocks.0.w", {33}}, {"blocks.0.b", {7}},
+      {"blocks.1.w", {100}},           {"head.fc.weight", {5, 8}}};
 }
 
 void check_tiling(const ZeroLayout& z, int world) {
@@ -51,9 +52,9 @@ TEST(ZeroPartition, BucketsOfWholeParametersPaddedToTheWorld) {
       check_tiling(z, world);
       EXPECT_EQ(z.params_numel(), 384 + 8 + 33 + 7 + 100 + 40);
       for (const Partition& p : z.partitions)  // at most 200 elements unless one parameter is larger
-        EXPECT_TRUE(p.end_param - p.first_param == 1 ||
-                    z.flat.segments[p.end_param - 1].offset + z.flat.segments[p.end_param - 1].numel - p.begin <=
-                        200)
+        EXPECT_TRUE(
+            p.end_param - p.first_param == 1 ||
+            z.flat.segments[p.end_param - 1].offset + z.flat.segments[p.end_param - 1].numel - p.begin <= 200)
             << p.name;
     }
   }
@@ -85,7 +86,8 @@ TEST(ZeroPartition, BadInputNamesTheProblem) {
   }
   EXPECT_THROW(plan_layout(shapes(), 4, 2, 100, {}), ValueError);
   EXPECT_THROW(plan_layout(shapes(), 1, 0, 100, {}), ValueError);
-  EXPECT_THROW(plan_layout(shapes(), 3, 2, 100, {"a", "b", "a", "b", "a", "b"}), ValueError);  // not consecutive
+  EXPECT_THROW(plan_layout(shapes(), 3, 2, 100, {"a", "b", "a", "b", "a", "b"}),
+               ValueError);  // not consecutive
 }
 
 }  // namespace

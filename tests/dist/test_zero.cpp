@@ -93,13 +93,18 @@ TEST(Zero, EveryStageTrainsAsStageZero) {
   }
 }
 
-// Psi = parameters; model states per rank for fp32 AdamW (ZeRO paper, Table 1 with K = 12 and 4-byte weights).
+// Psi = parameters; model states per rank for fp32 AdamW (ZeRO paper, Table 1 with K = 12 and 4-byte
+// weights).
 double formula(int stage, double psi, double n) {
   switch (stage) {
-    case 0: return 16 * psi;
-    case 1: return 8 * psi + 8 * psi / n;
-    case 2: return 4 * psi + 12 * psi / n;
-    default: return 16 * psi / n;
+    case 0:
+      return 16 * psi;
+    case 1:
+      return 8 * psi + 8 * psi / n;
+    case 2:
+      return 4 * psi + 12 * psi / n;
+    default:
+      return 16 * psi / n;
   }
 }
 
@@ -146,8 +151,9 @@ TEST(Zero, ModelStatesFollowTheFormulasFromTheAllocator) {
     const double psi = double(t.model().num_parameters());
     const double want = formula(stage, psi, n);
     if (world().rank() == 0)
-      std::printf("stage %d, %d ranks: model states %.2f MB (engine), %.2f MB (allocator) vs %.2f MB formula\n",
-                  stage, world().size(), s.model_state_bytes / 1e6, held / 1e6, want / 1e6);
+      std::printf(
+          "stage %d, %d ranks: model states %.2f MB (engine), %.2f MB (allocator) vs %.2f MB formula\n",
+          stage, world().size(), s.model_state_bytes / 1e6, held / 1e6, want / 1e6);
     EXPECT_NEAR(double(s.model_state_bytes) / want, 1.0, 0.05) << "stage " << stage;
     EXPECT_NEAR(double(held) / want, 1.0, 0.05) << "stage " << stage;
     measured[size_t(stage)] = double(held);
@@ -184,9 +190,10 @@ TEST(Zero, CommBytesPerStepAreTwoOrThreePsi) {
     EXPECT_EQ(double(s.comm_bytes), factor * padded * (n - 1) / n) << "stage " << stage;
     EXPECT_NEAR(double(s.comm_bytes) / (factor * psi * (n - 1) / n), 1.0, 0.25) << "stage " << stage;
     if (world().rank() == 0)
-      std::printf("stage %d, %d ranks: comm_bytes %lld = %.3f x Psi(N-1)/N (padded flat %lld of %lld elements)\n",
-                  stage, n, (long long)s.comm_bytes, double(s.comm_bytes) / (psi * (n - 1) / n),
-                  (long long)t.engine().layout().flat.numel, (long long)t.model().num_parameters());
+      std::printf(
+          "stage %d, %d ranks: comm_bytes %lld = %.3f x Psi(N-1)/N (padded flat %lld of %lld elements)\n",
+          stage, n, (long long)s.comm_bytes, double(s.comm_bytes) / (psi * (n - 1) / n),
+          (long long)t.engine().layout().flat.numel, (long long)t.model().num_parameters());
   }
 }
 

@@ -139,7 +139,9 @@ void Trainer::build_model() {
   zc.bucket_bytes = std::max<int64_t>(1, int64_t(cfg_.bucket_mb * (1 << 20)));
   zc.prefetch = cfg_.prefetch;
   zc.compute_dtype = compute_dtype_;
-  zc.reduce_dtype = cfg_.reduce_dtype == "fp32" ? DType::f32 : cfg_.reduce_dtype == "bf16" ? DType::bf16 : DType::f16;
+  zc.reduce_dtype = cfg_.reduce_dtype == "fp32"   ? DType::f32
+                    : cfg_.reduce_dtype == "bf16" ? DType::bf16
+                                                  : DType::f16;
   zc.device = device_;
   zc.optimizer = cfg_.optimizer;
   zc.weight_decay = cfg_.weight_decay;
@@ -292,12 +294,18 @@ nn::NamedParameters Trainer::master_parameters() {
 }
 
 nlohmann::json Trainer::step_record(const StepStats& s) const {
-  nlohmann::json j = {{"step", s.step},           {"epoch", epoch_},
-                      {"loss", s.loss},           {"lr", s.lr},
-                      {"grad_norm", s.grad_norm}, {"step_time_s", s.step_time_s},
-                      {"img_per_s", s.img_per_s}, {"peak_mem_bytes", s.peak_mem_bytes},
-                      {"stage", cfg_.stage},      {"comm_bytes", s.comm_bytes},
-                      {"comm_s", s.comm_s},       {"comm_exposed_s", s.comm_exposed_s},
+  nlohmann::json j = {{"step", s.step},
+                      {"epoch", epoch_},
+                      {"loss", s.loss},
+                      {"lr", s.lr},
+                      {"grad_norm", s.grad_norm},
+                      {"step_time_s", s.step_time_s},
+                      {"img_per_s", s.img_per_s},
+                      {"peak_mem_bytes", s.peak_mem_bytes},
+                      {"stage", cfg_.stage},
+                      {"comm_bytes", s.comm_bytes},
+                      {"comm_s", s.comm_s},
+                      {"comm_exposed_s", s.comm_exposed_s},
                       {"model_state_bytes", s.model_state_bytes},
                       {"comm_buffer_bytes", s.comm_buffer_bytes}};
   if (cfg_.offload_optimizer) {

@@ -1,15 +1,18 @@
 // The ZeRO engine: buffers per stage, gradient buckets reduced from the grad-ready hooks while backward runs,
 // and the sharded optimizer step.
 //
-// Note [ZeRO step]: what each stage keeps and sends (Psi = parameters, N = ranks; docs/zero.md has the table):
+// Note [ZeRO step]: what each stage keeps and sends (Psi = parameters, N = ranks; docs/zero.md has the
+// table):
 //   stage 0: full params + full grads + full state; each bucket is all-reduced (averaged) as soon as backward
 //            has filled it, on the last micro-step (the full gradient buffer accumulates the others).
 //   stage 1: the same full params and grads; each bucket is reduce-scattered in place instead, so this rank's
 //            chunk of it holds the average; the optimizer updates only its chunks (of the full params, in
 //            place) and each partition is all-gathered in place afterwards.
-//   stage 2: no full gradient buffer: the grad-ready hook copies each gradient into its bucket (allocated when
+//   stage 2: no full gradient buffer: the grad-ready hook copies each gradient into its bucket (allocated
+//   when
 //            the bucket's first gradient arrives) and drops the parameter's .grad; a full bucket is reduce-
-//            scattered and its chunk added to the fp32 gradient shard, then freed. Every micro-step does this.
+//            scattered and its chunk added to the fp32 gradient shard, then freed. Every micro-step does
+//            this.
 //   stage 3: as stage 2 with units for buckets, and parameters sharded too (Note [Stage-3 units]).
 // At most two collectives are in flight: a third waits for the oldest, which bounds the bucket memory.
 //
@@ -64,7 +67,8 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
   for (const auto& [name, p] : named) shapes.push_back({name, p.sizes()});
   std::vector<std::string> unit_of;
   if (cfg_.stage == 3) unit_of = assign_units(shapes, units);
-  const int64_t bucket_elems = std::max<int64_t>(1, cfg_.bucket_bytes / int64_t(dtype_size(cfg_.reduce_dtype)));
+  const int64_t bucket_elems =
+      std::max<int64_t>(1, cfg_.bucket_bytes / int64_t(dtype_size(cfg_.reduce_dtype)));
   layout_ = plan_layout(shapes, cfg_.stage, world_, bucket_elems, unit_of);
   for (size_t p = 0; p < layout_.partitions.size(); ++p)
     for (size_t i = layout_.partitions[p].first_param; i < layout_.partitions[p].end_param; ++i)
@@ -91,11 +95,20 @@ ZeroEngine::~ZeroEngine() {
   for (auto& [m, id] : module_hooks_) m->remove_hook(id);
   // Collectives still in flight (an exception mid-backward) must not outlive the buffers they use.
   for (auto& f : in_flight_)
-    if (f.work) try { f.work->wait(); } catch (...) {}
+    if (f.work) try {
+        f.work->wait();
+      } catch (...) {
+      }
   for (auto& w : gather_work_)
-    if (w) try { w->wait(); } catch (...) {}
+    if (w) try {
+        w->wait();
+      } catch (...) {
+      }
   for (auto& w : param_gather_)
-    if (w) try { w->wait(); } catch (...) {}
+    if (w) try {
+        w->wait();
+      } catch (...) {
+      }
   worker_.reset();  // drains: its jobs use the buffers below
 }
 
@@ -162,8 +175,8 @@ void ZeroEngine::build_buffers(const std::vector<std::pair<std::string, Tensor>>
     optimizer_ = std::make_unique<Sgd>(layout_.flat, ranges, hyper, sc, DType::f32, opt_dev, offload);
   } else {
     CZ_CHECK(cfg_.optimizer == "adamw", "ZeRO: unknown optimizer '{}' (adamw or sgd)", cfg_.optimizer);
-    optimizer_ = std::make_unique<AdamW>(layout_.flat, ranges, hyper, AdamWConfig{}, DType::f32, opt_dev,
-                                         offload);
+    optimizer_ =
+        std::make_unique<AdamW>(layout_.flat, ranges, hyper, AdamWConfig{}, DType::f32, opt_dev, offload);
   }
   if (cfg_.ema_decay > 0) {
     const auto w = master_params();
@@ -174,7 +187,8 @@ void ZeroEngine::build_buffers(const std::vector<std::pair<std::string, Tensor>>
 void ZeroEngine::install_hooks(nn::Module& model) {
   for (size_t i = 0; i < named_.size(); ++i) {
     Tensor p = named_[i].second;
-    param_hooks_.emplace_back(int(i), p.register_grad_ready_hook([this, i](Tensor& t) { on_grad_ready(i, t); }));
+    param_hooks_.emplace_back(int(i),
+                              p.register_grad_ready_hook([this, i](Tensor& t) { on_grad_ready(i, t); }));
   }
   if (cfg_.stage == 1 || cfg_.stage == 2) {
     std::map<std::string, size_t> index;
@@ -196,13 +210,13 @@ void ZeroEngine::install_hooks(nn::Module& model) {
   for (size_t p = 0; p < layout_.partitions.size(); ++p) {
     nn::Module* m = model.find_module(layout_.partitions[p].name);
     CZ_CHECK(m != nullptr, "ZeRO-3: the model has no module '{}'", layout_.partitions[p].name);
-    module_hooks_.emplace_back(m, m->register_forward_pre_hook([this, p](nn::Module&, const Tensor&) {
-      on_unit_forward_pre(p);
-    }));
-    module_hooks_.emplace_back(m, m->register_forward_hook([this, p](nn::Module&, const Tensor&, const Tensor&) {
-      on_unit_forward_post(p);
-    }));
-    module_hooks_.emplace_back(m, m->register_backward_pre_hook([this, p](nn::Module&) { on_unit_backward_pre(p); }));
+    module_hooks_.emplace_back(
+        m, m->register_forward_pre_hook([this, p](nn::Module&, const Tensor&) { on_unit_forward_pre(p); }));
+    module_hooks_.emplace_back(
+        m, m->register_forward_hook(
+               [this, p](nn::Module&, const Tensor&, const Tensor&) { on_unit_forward_post(p); }));
+    module_hooks_.emplace_back(
+        m, m->register_backward_pre_hook([this, p](nn::Module&) { on_unit_backward_pre(p); }));
   }
 }
 
@@ -299,7 +313,8 @@ void ZeroEngine::finish_oldest() {
     offload_grad_chunk(p, mine, cfg_.stage >= 2 && !host_grad_fresh_[p]);
     host_grad_fresh_[p] = false;
   } else if (cfg_.stage >= 2) {
-    grad_shard_.narrow(0, layout_.local_offset(p), c).add_(mine.dtype() == DType::f32 ? mine : mine.to(DType::f32));
+    grad_shard_.narrow(0, layout_.local_offset(p), c)
+        .add_(mine.dtype() == DType::f32 ? mine : mine.to(DType::f32));
   } else if (f.buffer.dtype() != grads_.dtype()) {
     grads_.narrow(0, part.begin + own, c).copy_(mine);
   }
@@ -414,7 +429,8 @@ ZeroStepStats ZeroEngine::step(LossScaler& scaler) {
   }
   const double lr = lr_, clip_grad = clip_grad_;
   const std::vector<Tensor> g = master_grads(), w = master_params();
-  if (cfg_.stage <= 1 && grad_shard_.defined() && !worker_)  // mixed precision: fp32 master gradients from the 16-bit ones
+  if (cfg_.stage <= 1 && grad_shard_.defined() &&
+      !worker_)  // mixed precision: fp32 master gradients from the 16-bit ones
     for (size_t p = 0; p < g.size(); ++p)
       Tensor(g[p]).copy_(grads_.narrow(0, layout_.chunk_range(p, shard_rank_).begin, layout_.chunk(p)));
   const bool sharded = cfg_.stage > 0;
@@ -503,14 +519,16 @@ std::vector<std::pair<std::string, Tensor>> ZeroEngine::master_parameters() {
   return out;
 }
 
-std::vector<std::pair<std::string, std::vector<ZeroEngine::OwnedChunk>>> ZeroEngine::owned_state(bool for_save) {
+std::vector<std::pair<std::string, std::vector<ZeroEngine::OwnedChunk>>> ZeroEngine::owned_state(
+    bool for_save) {
   synchronize();
   std::vector<std::pair<std::string, std::vector<OwnedChunk>>> out;
   if (for_save && cfg_.stage == 0 && rank_ != 0) return out;
   auto chunks_of = [&](const Tensor& shard_buffer) {  // a buffer laid out like this rank's shard
     std::vector<OwnedChunk> v;
     for (size_t p = 0; p < layout_.partitions.size(); ++p)
-      v.push_back({layout_.chunk_range(p, shard_rank_), shard_buffer.narrow(0, layout_.local_offset(p), layout_.chunk(p))});
+      v.push_back({layout_.chunk_range(p, shard_rank_),
+                   shard_buffer.narrow(0, layout_.local_offset(p), layout_.chunk(p))});
     return v;
   };
   std::vector<OwnedChunk> params;

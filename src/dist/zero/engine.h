@@ -1,13 +1,13 @@
 // The ZeRO engine: owns a model's parameters, gradients, optimizer state, EMA and their shards across ranks,
 // and the collectives that keep them consistent. Stage 0 (replicated, bucketed all-reduce) is one of its
-// modes, so Trainer::step reads: batch -> forward -> loss -> engine.backward -> engine.step. See docs/zero.md,
-// Note [ZeRO partitioning] (partition.h) and Note [ZeRO step] (engine.cpp).
+// modes, so Trainer::step reads: batch -> forward -> loss -> engine.backward -> engine.step. See
+// docs/zero.md, Note [ZeRO partitioning] (partition.h) and Note [ZeRO step] (engine.cpp).
 #pragma once
 
 #include <atomic>
 #include <deque>
-#include <span>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,12 +38,12 @@ struct ZeroConfig {
 };
 
 struct ZeroStepStats {
-  double grad_norm = 0;             // global L2 norm of the averaged, unscaled gradient, before clipping
-  bool skipped = false;             // fp16 overflow on some rank: no rank updated
-  int64_t comm_bytes = 0;           // bytes this rank sent in the step's collectives (ring algorithms' count)
-  double comm_s = 0;                // time the step's collectives ran (0 where the backend does not time them)
-  double comm_exposed_s = 0;        // time the step's host waited for collectives
-  int64_t comm_buffer_bytes = 0;    // peak bytes of gradient buckets and stage-3 gather buffers in the step
+  double grad_norm = 0;           // global L2 norm of the averaged, unscaled gradient, before clipping
+  bool skipped = false;           // fp16 overflow on some rank: no rank updated
+  int64_t comm_bytes = 0;         // bytes this rank sent in the step's collectives (ring algorithms' count)
+  double comm_s = 0;              // time the step's collectives ran (0 where the backend does not time them)
+  double comm_exposed_s = 0;      // time the step's host waited for collectives
+  int64_t comm_buffer_bytes = 0;  // peak bytes of gradient buckets and stage-3 gather buffers in the step
   // Offload: time the worker spent copying gradients to the host and in the CPU optimizer (and EMA), and time
   // the step waited for it.
   double offload_copy_s = 0, offload_optimizer_s = 0, offload_wait_s = 0;
@@ -54,13 +54,14 @@ class ZeroEngine {
   // `units`: stage 3's units, module names of `model` (every parameter in exactly one; see convnext_units).
   // `comm`: null for a world of one. Every rank must construct the engine with the same model and config;
   // rank 0's initial weights are broadcast to the others.
-  ZeroEngine(nn::Module& model, const std::vector<std::string>& units, dist::Communicator* comm, ZeroConfig cfg);
+  ZeroEngine(nn::Module& model, const std::vector<std::string>& units, dist::Communicator* comm,
+             ZeroConfig cfg);
   ~ZeroEngine();
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
 
-  // Starts an optimizer step: gradients (and the step's statistics) back to zero. The step's learning rate and
-  // clipping are given up front, so that offload can update each range as soon as its gradient arrives.
+  // Starts an optimizer step: gradients (and the step's statistics) back to zero. The step's learning rate
+  // and clipping are given up front, so that offload can update each range as soon as its gradient arrives.
   void begin_step(double lr, double clip_grad, const LossScaler& scaler);
   // Backward of one micro-step's (scaled) loss; gradients are reduced bucket by bucket while it runs (stages
   // 0-1: on the last micro-step only, stages 2-3: every micro-step, into the gradient shard).
@@ -169,10 +170,10 @@ class ZeroEngine {
   std::unique_ptr<WeightEma> ema_;
 
   // Per partition.
-  std::vector<int> remaining_;       // gradients still to arrive in this backward
-  std::vector<bool> launched_;       // reduced in this backward
-  std::vector<Tensor> buckets_;      // stages 2-3: the partition's gradients, filled by the hooks
-  std::vector<Tensor> gathered_;     // stage 3: the full unit, its storage released between uses
+  std::vector<int> remaining_;    // gradients still to arrive in this backward
+  std::vector<bool> launched_;    // reduced in this backward
+  std::vector<Tensor> buckets_;   // stages 2-3: the partition's gradients, filled by the hooks
+  std::vector<Tensor> gathered_;  // stage 3: the full unit, its storage released between uses
   std::vector<Gather> gather_state_;
   std::vector<dist::WorkHandle> gather_work_;
   std::deque<InFlight> in_flight_;
@@ -195,7 +196,7 @@ class ZeroEngine {
 
   ZeroStepStats stats_;
   int64_t comm_buffer_now_ = 0;
-  std::vector<std::pair<int, int>> param_hooks_;          // (param index, hook id)
+  std::vector<std::pair<int, int>> param_hooks_;           // (param index, hook id)
   std::vector<std::pair<nn::Module*, int>> module_hooks_;  // (module, hook id)
 };
 

@@ -6,8 +6,8 @@
 // before its forward (module forward-pre hook) and released after it (forward hook); gathered again when the
 // gradient of its output arrives (backward-pre hook), and released once its gradients have been handed to
 // their reduce-scatter (launch_reduce). The first forward records the order units run in; from then on the
-// next `prefetch` units in that order (reversed in backward) are gathered ahead, so at most 1 + prefetch units
-// are resident at a unit's hook, plus units waiting for their gradients in backward. Under activation
+// next `prefetch` units in that order (reversed in backward) are gathered ahead, so at most 1 + prefetch
+// units are resident at a unit's hook, plus units waiting for their gradients in backward. Under activation
 // checkpointing the recompute runs the forward hooks again during backward: the pre-hook gathers (if needed)
 // and the post-hook keeps the unit, which backward is about to use. Every rank takes the same decisions in
 // the same order (they depend on the order and the counts, never on timing), so the collectives match.
@@ -29,8 +29,8 @@ void copy_bytes(const Tensor& dst, const Tensor& src) {
   if (dst.is_cpu())
     std::memcpy(dst.raw_data(), src.raw_data(), src.nbytes());
   else
-    cuda_runtime::memcpy_async(dst.raw_data(), src.raw_data(), src.nbytes(), cuda_runtime::CopyKind::device_to_device,
-                               current_stream(dst.device()));
+    cuda_runtime::memcpy_async(dst.raw_data(), src.raw_data(), src.nbytes(),
+                               cuda_runtime::CopyKind::device_to_device, current_stream(dst.device()));
 }
 
 }  // namespace

@@ -37,8 +37,8 @@ std::vector<std::string> assign_units(const std::vector<ParamShape>& params,
   for (const ParamShape& p : params) {
     const std::string* best = nullptr;
     for (const std::string& u : units)
-      if ((u.empty() || (p.name.size() > u.size() && p.name.compare(0, u.size(), u) == 0 &&
-                         p.name[u.size()] == '.')) &&
+      if ((u.empty() ||
+           (p.name.size() > u.size() && p.name.compare(0, u.size(), u) == 0 && p.name[u.size()] == '.')) &&
           (!best || u.size() > best->size()))
         best = &u;
     CZ_CHECK(best != nullptr, "ZeRO-3: parameter '{}' belongs to none of the {} units", p.name, units.size());

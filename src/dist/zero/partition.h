@@ -1,8 +1,8 @@
 // How ZeRO cuts the flat parameter space into partitions and each partition into per-rank chunks: pure
 // arithmetic, shared by the engine, checkpoints and the memory planner, testable without MPI.
 //
-// Note [ZeRO partitioning]: parameters are laid out in registration order in one flat space, each at an offset
-// aligned to `align` elements (Note [Flat buffers]). The flat space is cut into partitions of whole
+// Note [ZeRO partitioning]: parameters are laid out in registration order in one flat space, each at an
+// offset aligned to `align` elements (Note [Flat buffers]). The flat space is cut into partitions of whole
 // parameters: at stages 0-2 gradient buckets (consecutive parameters up to the bucket size; a larger
 // parameter is a bucket of its own), at stage 3 units (a module whose parameters are gathered and released
 // together: the stem, each downsample layer, each block, the head). Each partition is padded to a multiple of
@@ -25,10 +25,10 @@
 namespace cz::zero {
 
 struct Partition {
-  std::string name;           // the unit's module name at stage 3 ("stages.1.blocks.0"), else "bucket K"
-  int64_t begin = 0;          // flat offset of the first element
-  int64_t numel = 0;          // a multiple of shards x align (padding included)
-  size_t first_param = 0;     // segments [first_param, end_param) of the layout
+  std::string name;        // the unit's module name at stage 3 ("stages.1.blocks.0"), else "bucket K"
+  int64_t begin = 0;       // flat offset of the first element
+  int64_t numel = 0;       // a multiple of shards x align (padding included)
+  size_t first_param = 0;  // segments [first_param, end_param) of the layout
   size_t end_param = 0;
 };
 
@@ -65,6 +65,7 @@ ZeroLayout plan_layout(const std::vector<ParamShape>& params, int stage, int wor
 
 // The unit of each parameter: the longest of `units` that is a dotted prefix of its name (ValueError naming
 // the parameter when none is).
-std::vector<std::string> assign_units(const std::vector<ParamShape>& params, const std::vector<std::string>& units);
+std::vector<std::string> assign_units(const std::vector<ParamShape>& params,
+                                      const std::vector<std::string>& units);
 
 }  // namespace cz::zero
