@@ -59,9 +59,14 @@ void add_flags(CLI::App& app, cz::train::TrainConfig& c, bool& no_shuffle, bool&
   app.add_option("--stage", c.stage,
                  "ZeRO stage: 0 replicated, 1 shards optimizer state, 2 also gradients, 3 also parameters")
       ->capture_default_str();
-  app.add_option("--bucket-mb", c.bucket_mb, "gradient bucket size in MiB (stages 0-2)")->capture_default_str();
-  app.add_option("--prefetch", c.prefetch, "stage 3: how many units ahead to all-gather")->capture_default_str();
+  app.add_option("--bucket-mb", c.bucket_mb, "gradient bucket size in MiB (stages 0-2)")
+      ->capture_default_str();
+  app.add_option("--prefetch", c.prefetch, "stage 3: how many units ahead to all-gather")
+      ->capture_default_str();
   app.add_option("--reduce-dtype", c.reduce_dtype, "fp32 | bf16 | fp16: the dtype gradients are reduced in")
+      ->capture_default_str();
+  app.add_option("--comm-timeout", c.comm_timeout_s,
+                 "seconds a collective may take before the run fails, naming it and the rank it waited for")
       ->capture_default_str();
   app.add_flag("--tf32", c.tf32, "CUDA: allow TF32 tensor cores for fp32 matmuls");
   app.add_option("--init-weights", c.init_weights,

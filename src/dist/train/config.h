@@ -59,6 +59,7 @@ struct TrainConfig {
   double bucket_mb = 25;              // gradient bucket size (stages 0-2)
   int prefetch = 1;                   // stage 3: units gathered ahead of use
   std::string reduce_dtype = "fp32";  // fp32 | bf16 | fp16: the dtype gradients travel in
+  double comm_timeout_s = 300;        // a collective not done by then fails the run (Note [Failure handling])
 
   // Throws ValueError naming the first bad flag.
   void validate() const;
