@@ -71,6 +71,9 @@ void add_flags(CLI::App& app, cz::train::TrainConfig& c, bool& no_shuffle, bool&
       "by the CPU bucket by bucket as gradients arrive");
   app.add_flag("--offload-overlap-step", c.offload_overlap_step,
                "with --offload-optimizer: run step t's CPU update during step t+1 (one step stale)");
+  app.add_option("--comm-timeout", c.comm_timeout_s,
+                 "seconds a collective may take before the run fails, naming it and the rank it waited for")
+      ->capture_default_str();
   app.add_flag("--tf32", c.tf32, "CUDA: allow TF32 tensor cores for fp32 matmuls");
   app.add_option("--init-weights", c.init_weights,
                  "HDF5 weights to start from (timm or original ConvNeXt keys)");

@@ -3,8 +3,10 @@
 // asynchronous use, point to point, custom ring orders, the Tensor forms and argument errors.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "dist/comm/bootstrap.h"
 #include "dist/comm/communicator.h"
@@ -345,6 +347,66 @@ TEST(Collectives, RingOrderIsAPermutation) {
   CommOptions bad;
   bad.ring = {0, 0};
   EXPECT_THROW(make_communicator(World::get(), bad), ValueError);
+}
+
+// Note [Back-pressure]: with room for 2 calls in flight, 200 calls issued before any wait all complete,
+// correctly: the caller blocks in submit() until the oldest finishes instead of queueing them all.
+TEST(BackPressure, ManyMoreCallsThanRoomAllComplete) {
+  CommOptions o;
+  o.algorithm = Algorithm::ring;
+  o.timeout_s = 120;
+  o.max_in_flight = 2;
+  auto c = make_communicator(World::get(), o);
+  const int n = c->size();
+  constexpr int kCalls = 200;
+  std::vector<float> vals(kCalls);
+  for (int k = 0; k < kCalls; ++k) vals[size_t(k)] = float(c->rank() + k);
+  std::vector<WorkHandle> works;
+  size_t most_unfinished = 0;  // after any call returned
+  for (int k = 0; k < kCalls; ++k) {
+    works.push_back(
+        c->all_reduce(&vals[size_t(k)], &vals[size_t(k)], 1, DType::f32, Device::cpu(), ReduceOp::sum));
+    size_t unfinished = 0;
+    for (const auto& wk : works) unfinished += !wk->is_completed();
+    most_unfinished = std::max(most_unfinished, unfinished);
+  }
+  EXPECT_LE(most_unfinished, 2u);
+  for (int k = kCalls - 1; k >= 0; --k) works[size_t(k)]->wait();
+  for (int k = 0; k < kCalls; ++k) EXPECT_EQ(vals[size_t(k)], float(n * (n - 1) / 2 + n * k)) << k;
+
+  CommOptions bad;
+  bad.max_in_flight = 0;
+  EXPECT_THROW(make_communicator(World::get(), bad), ValueError);
+}
+
+// A caller blocked by a full communicator leaves with a failed Work as soon as the communicator breaks, by
+// its timeout or by abort(), instead of hanging. The only slot is taken by a receive that no rank matches.
+TEST(BackPressure, BlockedCallerFailsWhenTheCommunicatorBreaks) {
+  World& w = World::get();
+  if (w.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  for (bool abort : {false, true}) {
+    CommOptions o;
+    o.timeout_s = abort ? 120 : 1;
+    o.max_in_flight = 1;
+    auto c = make_communicator(w, o);
+    float x = 0;
+    WorkHandle unmatched = c->recv(&x, 1, DType::f32, Device::cpu(), (w.rank() + 1) % w.size());
+    std::thread aborter;
+    if (abort) {
+      aborter = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        c->abort();
+      });
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    WorkHandle blocked = c->barrier();
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (aborter.joinable()) aborter.join();
+    EXPECT_GE(waited, 0.25) << (abort ? "abort" : "timeout") << ": the call did not wait for room";
+    EXPECT_LT(waited, 60) << (abort ? "abort" : "timeout");
+    EXPECT_THROW(blocked->wait(), CommError);
+    EXPECT_THROW(unmatched->wait(), CommError);
+  }
 }
 
 // CUDA buffers through the MPI backend (staged) and NCCL: only where a GPU is present.

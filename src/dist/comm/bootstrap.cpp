@@ -2,11 +2,15 @@
 #include "dist/comm/bootstrap.h"
 
 #include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -76,6 +80,28 @@ void on_sigterm(int sig) {
   }
   write_all(": another rank failed or died and the job is being stopped\n");
   _exit(128 + sig);
+}
+
+// Note [Output before abort]: MPI_Abort has the launcher kill every rank, and mpirun reads each rank's stdout
+// and stderr through pipes in the same event loop that handles the abort request; nothing orders the two, so
+// the message die() has just written could still sit in the pipe when the launcher tears the job down (in 1
+// of 5 runs of the stalled-rank test the survivor's whole message was still unread when it called MPI_Abort).
+// So before aborting, wait until the reader has emptied the pipes (FIONREAD counts the unread bytes, from
+// either end), for at most kDrainTime: a reader that has stopped reading must not keep the job alive. Output
+// to a terminal or a file is written through at once and needs no wait.
+constexpr auto kDrainTime = std::chrono::seconds(2);
+
+void drain_output() noexcept {
+  const auto deadline = std::chrono::steady_clock::now() + kDrainTime;
+  for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode)) continue;
+    int unread = 0;
+    while (ioctl(fd, FIONREAD, &unread) == 0 && unread > 0 && std::chrono::steady_clock::now() < deadline) {
+      const timespec nap{0, 1000000};  // 1 ms
+      nanosleep(&nap, nullptr);
+    }
+  }
 }
 
 bool env_set(const char* name) {
@@ -233,6 +259,7 @@ void abort_world(int exit_code) noexcept {
   }
   std::fflush(stdout);
   std::fflush(stderr);
+  drain_output();  // Note [Output before abort]
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);

@@ -178,6 +178,8 @@ WorkHandle Communicator::recv(Tensor& t, int peer) {
 
 std::unique_ptr<Communicator> make_communicator(World& world, const CommOptions& options) {
   CZ_CHECK(options.timeout_s > 0, "communicator: timeout must be positive, got {} s", options.timeout_s);
+  CZ_CHECK(options.max_in_flight > 0, "communicator: max_in_flight must be positive, got {}",
+           options.max_in_flight);
   CZ_CHECK(options.slice_bytes >= 0, "communicator: slice size must be >= 0, got {}", options.slice_bytes);
   std::vector<int> ring = options.ring;
   if (!ring.empty()) {

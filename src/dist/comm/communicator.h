@@ -14,7 +14,21 @@
 // communicator is then broken and every later call fails at once. main() catches the error and calls die(),
 // which prints it with the rank prefix and aborts the job (ncclCommAbort on NCCL communicators, then
 // MPI_Abort), so no rank waits forever. NCCL communicators additionally abort themselves on timeout, so that
-// their kernels stop and the device streams drain.
+// their kernels stop and the device streams drain. A caller blocked by Note [Back-pressure] wakes as soon as
+// the communicator breaks, with a failed Work.
+//
+// Note [Back-pressure]: at most CommOptions::max_in_flight calls per communicator are in flight (submitted
+// and not yet finished: queued, running, or a posted send/recv); a call beyond that blocks the caller until
+// the oldest one finishes, as a full launch queue blocks cudaLaunchKernel. Without the bound a caller that
+// runs ahead of the network (a benchmark loop, a backward pass faster than its reductions) queued without
+// limit, about 0.6 KB of bookkeeping per call (its task and Work): commbench grew by 1.2 GB/s per rank until
+// the OOM killer ended the job, long before a stalled peer's collective could time out. Only bookkeeping is
+// queued (buffers are the caller's), so the bound need not be small; 1024 exceeds what a training step issues
+// at the default bucket size (ConvNeXt-XLarge: about 54 buckets of 25 MiB), so a step never blocks on it, and
+// caps the bookkeeping at about 0.6 MB per communicator. Blocking brings one rule, like MPI's rule that a
+// standard send may block until matched: a program must not need more than max_in_flight of its calls on one
+// communicator outstanding before a peer can progress (e.g. more sends than that posted before the matching
+// receives); such a program stalls until the timeout, then fails.
 #pragma once
 
 #include <memory>
@@ -35,6 +49,7 @@ struct CommOptions {
   Algorithm algorithm = Algorithm::builtin;
   Device device = Device::cpu();  // NCCL: the CUDA device. MPI: CPU buffers, and CUDA ones (staged)
   double timeout_s = 300;         // per collective (Note [Failure handling])
+  int max_in_flight = 1024;       // calls in flight before submitting blocks (Note [Back-pressure])
   int64_t slice_bytes = 0;        // ring pipelining granularity; 0 picks one per transport
   std::vector<int> ring;          // ring order as a permutation of the ranks; empty: from the topology
 };
@@ -53,7 +68,8 @@ class Communicator {
   const std::vector<int>& ring() const { return ring_; }  // the order the ring algorithms visit ranks in
 
   // Buffers hold `count` elements of `dtype` on `device` unless stated otherwise; send == recv is in place.
-  // Shards follow Note [Uneven shards]; `count` is the total element count on every rank.
+  // Shards follow Note [Uneven shards]; `count` is the total element count on every rank. Every call blocks
+  // while max_in_flight calls are in flight (Note [Back-pressure]).
   WorkHandle all_reduce(const void* send, void* recv, int64_t count, DType dtype, Device device, ReduceOp op);
   // send: count elements; recv: shard_count(count, size, rank). In place when recv == send + shard_offset;
   // the rest of an in-place buffer is unspecified afterwards.

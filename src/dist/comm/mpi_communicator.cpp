@@ -163,12 +163,16 @@ class MpiCommunicator final : public Communicator {
       cuda_runtime::event_record(task.ready_event, current_stream(task.call.device));
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock(mu_);
+      // Note [Back-pressure]. fail_all() wakes this wait too, so a caller blocked here by a hung or dead peer
+      // leaves with a failed Work once the running call times out.
+      space_cv_.wait(lock, [&] { return broken_.load() || in_flight_ < size_t(options().max_in_flight); });
       if (broken_.load()) {
         if (task.ready_event) cuda_runtime::event_destroy(task.ready_event);
         work->mark_failed(fmt::format("{}: the communicator failed earlier: {}", task.call.what, reason_));
         return work;
       }
+      ++in_flight_;
       queue_.push_back(std::move(task));
     }
     cv_.notify_one();
@@ -249,6 +253,18 @@ class MpiCommunicator final : public Communicator {
     }
     if (task.ready_event) cuda_runtime::event_destroy(task.ready_event);
     if (ok) set_current_activity("");
+    // A posted send/recv stays in flight until poll_p2p() sees it complete.
+    const bool posted = ok && (c.kind == Collective::send || c.kind == Collective::recv);
+    if (!posted) retire(1);
+  }
+
+  // `n` calls have finished: callers blocked in submit() may go on (Note [Back-pressure]).
+  void retire(size_t n) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_flight_ -= std::min(in_flight_, n);
+    }
+    space_cv_.notify_all();
   }
 
   std::string reason() {
@@ -264,12 +280,14 @@ class MpiCommunicator final : public Communicator {
       if (!broken_.exchange(true)) reason_ = error;
       dropped.swap(queue_);
     }
+    retire(dropped.size());  // also wakes callers blocked in submit(): they now see broken_
     for (auto& t : dropped) {
       t.work->mark_failed(fmt::format("{}: the communicator failed earlier: {}", t.call.what, error));
       if (t.ready_event) cuda_runtime::event_destroy(t.ready_event);
     }
     if (std::this_thread::get_id() == thread_.get_id()) {
       for (auto& p : p2p_) p.work->mark_failed(fmt::format("{}: {}", p.what, error));
+      retire(p2p_.size());
       p2p_.clear();
     }
   }
@@ -448,6 +466,7 @@ class MpiCommunicator final : public Communicator {
         }
         p.work->mark_done();
         p2p_.erase(p2p_.begin() + std::ptrdiff_t(i));
+        retire(1);
         continue;
       }
       if (now > p.deadline) {
@@ -532,8 +551,10 @@ class MpiCommunicator final : public Communicator {
   int64_t slice_bytes_ = kMpiSliceBytes;
   std::thread thread_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;        // work for the communication thread
+  std::condition_variable space_cv_;  // room in flight, or broken_, for callers blocked in submit()
   std::deque<Task> queue_;
+  size_t in_flight_ = 0;  // queued + running + posted send/recv (Note [Back-pressure]); guarded by mu_
   bool stop_ = false;
   std::atomic<bool> broken_{false}, aborted_{false};
   std::string reason_;

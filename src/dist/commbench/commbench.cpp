@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <ostream>
 #include <thread>
 
@@ -191,10 +192,18 @@ class CollectiveBench {
     Placement p;
     for (int i = 0; i < o_.warmup; ++i) issue(count, s, r)->synchronize();
     ctl_.barrier()->wait();
-    std::vector<WorkHandle> works;
-    works.reserve(size_t(o_.iters));
+    // Keeps the pipeline full, as issuing all -n calls before waiting did, but holds kWindow handles instead
+    // of -n of them (a handle and its finished Work are about 0.3 KB: gigabytes for a long run).
+    constexpr size_t kWindow = 64;
+    std::deque<WorkHandle> works;
     const auto t0 = Clock::now();
-    for (int i = 0; i < o_.iters; ++i) works.push_back(issue(count, s, r));
+    for (int i = 0; i < o_.iters; ++i) {
+      works.push_back(issue(count, s, r));
+      if (works.size() > kWindow) {
+        works.front()->synchronize();
+        works.pop_front();
+      }
+    }
     for (auto& w : works) w->synchronize();
     const double sec = std::chrono::duration<double>(Clock::now() - t0).count() / std::max(1, o_.iters);
     if (o_.check) p.wrong = check(count, sbuf, rbuf, s, r, in_place);

@@ -46,6 +46,8 @@ void TrainConfig::validate() const {
   CZ_CHECK(std::isfinite(bucket_mb) && bucket_mb > 0 && bucket_mb <= 1 << 16,
            "--bucket-mb must be in (0, 65536], got {}", bucket_mb);
   CZ_CHECK(prefetch >= 0 && prefetch <= 64, "--prefetch must be in [0, 64], got {}", prefetch);
+  CZ_CHECK(std::isfinite(comm_timeout_s) && comm_timeout_s > 0, "--comm-timeout must be positive, got {}",
+           comm_timeout_s);
   CZ_CHECK(reduce_dtype == "fp32" || reduce_dtype == "bf16" || reduce_dtype == "fp16",
            "--reduce-dtype must be fp32, bf16 or fp16, got '{}'", reduce_dtype);
   CZ_CHECK(!offload_overlap_step || offload_optimizer, "--offload-overlap-step needs --offload-optimizer");

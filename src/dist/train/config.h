@@ -61,6 +61,7 @@ struct TrainConfig {
   std::string reduce_dtype = "fp32";  // fp32 | bf16 | fp16: the dtype gradients travel in
   bool offload_optimizer = false;     // fp32 master, gradients and optimizer state in host memory, CPU update
   bool offload_overlap_step = false;  // with offload: the update of step t runs during step t+1 (stale)
+  double comm_timeout_s = 300;        // a collective not done by then fails the run (Note [Failure handling])
 
   // Throws ValueError naming the first bad flag.
   void validate() const;

@@ -58,6 +58,7 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     opt.device = device_;
     opt.backend = device_.is_cuda() ? dist::Backend::nccl : dist::Backend::mpi;
     opt.algorithm = dist::Algorithm::ring;
+    opt.timeout_s = cfg_.comm_timeout_s;
     comm_ = dist::make_communicator(world_, opt);
     check_ranks_agree();
   }

@@ -176,14 +176,18 @@ class NcclCommunicator final : public Communicator {
   WorkHandle submit(Call c) override {
     auto work = std::make_shared<Work>(c.what, c.device);
     std::lock_guard<std::mutex> enqueue_lock(enqueue_mu_);  // NCCL calls on one communicator are serialised
-    if (broken_.load()) {
-      work->mark_failed(fmt::format("{}: the communicator failed earlier: {}", c.what, reason()));
-      return work;
-    }
-    // The host part (NCCL may block in it, e.g. while connecting to a peer that never arrives) is watched
-    // like the device part: Note [Failure handling].
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock(mu_);
+      // Note [Back-pressure]: the watchdog retires finished collectives and, once the oldest times out, fails
+      // them all, so this wait ends within that collective's timeout.
+      space_cv_.wait(lock,
+                     [&] { return broken_.load() || inflight_.size() < size_t(options().max_in_flight); });
+      if (broken_.load()) {
+        work->mark_failed(fmt::format("{}: the communicator failed earlier: {}", c.what, reason_));
+        return work;
+      }
+      // The host part (NCCL may block in it, e.g. while connecting to a peer that never arrives) is watched
+      // like the device part: Note [Failure handling].
       enqueuing_ = Enqueuing{c.what, Clock::now()};
     }
     cv_.notify_one();
@@ -324,6 +328,7 @@ class NcclCommunicator final : public Communicator {
       if (!broken_.exchange(true)) reason_ = error;
       failed.swap(inflight_);
     }
+    space_cv_.notify_all();  // callers blocked in submit() now see broken_
     for (auto& f : failed) f.work->mark_failed(fmt::format("{}: {}", f.what, error));
     abort_nccl();
   }
@@ -360,8 +365,10 @@ class NcclCommunicator final : public Communicator {
         // whenever work is in flight, and the thread would spin on cudaEventQuery holding mu_.)
         cv_.wait(lock, [&] { return stop_ || !inflight_.empty() || enqueuing_.has_value(); });
         try {
+          const size_t before = inflight_.size();
           while (!inflight_.empty() && cuda_runtime::event_query(inflight_.front().done))
             inflight_.pop_front();
+          if (inflight_.size() < before) space_cv_.notify_all();
         } catch (const std::exception& e) {  // a device error: must not escape the thread (std::terminate)
           error = fmt::format("comm failure: {} failed on the device: {}", inflight_.front().what, e.what());
         }
@@ -418,8 +425,9 @@ class NcclCommunicator final : public Communicator {
   std::mutex enqueue_mu_;
   std::mutex abort_mu_;  // ncclCommAbort vs the watchdog's ncclCommGetAsyncError
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Inflight> inflight_;
+  std::condition_variable cv_;          // work for the watchdog
+  std::condition_variable space_cv_;    // room in inflight_, or broken_, for callers blocked in submit()
+  std::deque<Inflight> inflight_;       // at most max_in_flight (Note [Back-pressure])
   std::optional<Enqueuing> enqueuing_;  // guarded by mu_
   bool stop_ = false;
   std::atomic<bool> broken_{false}, aborted_{false};
