@@ -84,5 +84,27 @@ multi_rank_error)
   grep -qF "$work/nothing" "$work/out" || fail "no message naming the path"
   echo "multi_rank_error: OK in $((SECONDS - start)) s"
   ;;
+scaling_study_quick)
+  # The study's smallest grid end to end: one CSV row per configuration, each with a non-zero throughput.
+  py=python3
+  [[ -x /usr/bin/python3 ]] && py=/usr/bin/python3  # Debian's, which has python3-matplotlib
+  build=$(dirname "$(dirname "$app")")
+  root=$(cd "$(dirname "$0")/../.." && pwd)
+  "$py" "$root/scripts/scaling_study.py" --quick --build "$build" --out "$work/study" --mpirun "$mpiexec" ||
+    fail "the study failed"
+  "$py" - "$work/study/results.csv" <<'PY' || fail "bad results.csv"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+want = {(r, s) for r in ("1", "2") for s in ("0", "3")}
+got = {(r["ranks"], r["stage"]) for r in rows}
+assert len(rows) == len(want) and got == want, f"configurations {sorted(got)}, expected {sorted(want)}"
+for r in rows:
+    assert float(r["img_per_s"]) > 0 and int(float(r["model_state_bytes"])) > 0, r
+    assert r["ranks"] == "1" or int(float(r["comm_bytes"])) > 0, r
+print(f"{len(rows)} rows, all with throughput")
+PY
+  [[ -s "$work/study/summary.md" ]] || fail "no summary.md"
+  echo "scaling_study_quick: OK"
+  ;;
 *) fail "unknown case $case_name" ;;
 esac

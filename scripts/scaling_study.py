@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Scaling study: convnext_zero over a grid of ranks x ZeRO stage x bucket size x micro-batch, a few steps
+each under mpirun, collected from the runs' JSON-lines logs into results.csv, PNG plots and summary.md.
+
+    python3 scripts/scaling_study.py                      # the default grid (minutes on a 2-core machine)
+    python3 scripts/scaling_study.py --quick --out /tmp/s # the smallest grid (seconds; what CI runs)
+    python3 scripts/scaling_study.py --ranks 1,2,4,8 --stages 0,2,3 --bucket-mb 5,25 --micro-batch 16,32 \\
+        --model tiny --image-size 224 -- --device cuda --precision bf16
+
+Each configuration's figures are medians over the steps after --warmup. Scaling efficiency is img/s divided
+by (ranks x img/s of 1 rank with the same stage, bucket size and micro-batch). The plots need matplotlib
+(Debian's python3-matplotlib); without it the CSV and the summary are still written.
+"""
+import argparse
+import csv
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+FIELDS = ["ranks", "stage", "bucket_mb", "micro_batch", "img_per_s", "scaling_efficiency", "step_time_s",
+          "peak_mem_bytes", "model_state_bytes", "comm_buffer_bytes", "comm_bytes", "comm_s", "comm_exposed_s",
+          "hidden_fraction"]
+
+
+def ints(s):
+    return [int(x) for x in s.split(",") if x]
+
+
+def floats(s):
+    return [float(x) for x in s.split(",") if x]
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build", default="build", help="build folder whose apps/convnext_zero runs (default build/)")
+    p.add_argument("--out", default="runs/scaling", help="where results.csv, the PNGs and summary.md go")
+    p.add_argument("--quick", action="store_true", help="the smallest grid: a tiny model, 1-2 ranks, stages 0 and 3")
+    p.add_argument("--ranks", type=ints, default=None)
+    p.add_argument("--stages", type=ints, default=None)
+    p.add_argument("--bucket-mb", type=floats, default=None)
+    p.add_argument("--micro-batch", type=ints, default=None)
+    p.add_argument("--model", default=None, help="convnext_zero --model (default atto; --quick: a 4-block custom)")
+    p.add_argument("--image-size", type=int, default=None)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--mpirun", default="mpirun")
+    p.add_argument("extra", nargs="*", help="more convnext_zero flags, after --")
+    a = p.parse_args()
+    q = a.quick
+    a.ranks = a.ranks or ([1, 2] if q else [1, 2, 4])
+    a.stages = a.stages or ([0, 3] if q else [0, 1, 2, 3])
+    a.bucket_mb = a.bucket_mb or [25.0]
+    a.micro_batch = a.micro_batch or ([8] if q else [16])
+    a.image_size = a.image_size or (32 if q else 64)
+    a.steps = a.steps or (4 if q else 8)
+    a.warmup = a.warmup if a.warmup is not None else (1 if q else 3)
+    if a.steps <= a.warmup:
+        p.error(f"--steps ({a.steps}) must exceed --warmup ({a.warmup})")
+    if min(a.ranks) < 1 or min(a.micro_batch) < 1 or min(a.bucket_mb) <= 0:
+        p.error("ranks, micro-batches and bucket sizes must be positive")
+    if any(s not in (0, 1, 2, 3) for s in a.stages):
+        p.error("stages are 0, 1, 2 or 3")
+    return a
+
+
+def model_flags(a):
+    if a.model:
+        return ["--model", a.model]
+    if a.quick:
+        return ["--depths", "1,1,1,1", "--dims", "8,16,24,32"]
+    return ["--model", "atto"]
+
+
+def run_one(a, app, ranks, stage, bucket, micro, log):
+    cmd = [app] + model_flags(a) + [
+        "--image-size", str(a.image_size), "--micro-batch", str(micro), "--steps", str(a.steps),
+        "--stage", str(stage), "--bucket-mb", str(bucket), "--num-classes", "10",
+        "--data", f"synthetic:n={max(256, 4 * ranks * micro * a.steps)},eval_n=16", "--loader-threads", "1",
+        "--no-progress", "--log", log] + a.extra
+    if ranks > 1:
+        cmd = [a.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)] + cmd
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        sys.exit(f"scaling_study: {' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-3000:]}")
+    steps = [json.loads(l) for l in open(log) if '"split"' not in l]
+    if len(steps) != a.steps:
+        sys.exit(f"scaling_study: {log} has {len(steps)} step records, expected {a.steps}")
+    s = steps[a.warmup:]
+    med = lambda k: statistics.median(x.get(k, 0) for x in s)
+    row = {"ranks": ranks, "stage": stage, "bucket_mb": bucket, "micro_batch": micro}
+    for k in ["img_per_s", "step_time_s", "peak_mem_bytes", "model_state_bytes", "comm_buffer_bytes",
+              "comm_bytes", "comm_s", "comm_exposed_s"]:
+        row[k] = med(k)
+    row["hidden_fraction"] = (1 - row["comm_exposed_s"] / row["comm_s"]) if row["comm_s"] > 0 else ""
+    return row
+
+
+def plot(rows, out):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("scaling_study: matplotlib not found (apt-get install python3-matplotlib): no plots")
+        return []
+    written = []
+    groups = sorted({(r["bucket_mb"], r["micro_batch"]) for r in rows})
+    panels = [("img_per_s", "img/s", "throughput"), ("scaling_efficiency", "scaling efficiency", "efficiency"),
+              ("peak_mem_bytes", "peak MiB per rank", "peak_memory"),
+              ("model_state_bytes", "model-state MiB per rank", "model_states"),
+              ("comm_bytes", "MiB sent per step per rank", "comm_bytes"),
+              ("comm_exposed_s", "exposed communication s per step", "comm_exposed")]
+    for key, label, name in panels:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for bucket, micro in groups:
+            for stage in sorted({r["stage"] for r in rows}):
+                pts = sorted((r["ranks"], r[key]) for r in rows
+                             if r["stage"] == stage and r["bucket_mb"] == bucket and r["micro_batch"] == micro
+                             and r[key] != "")
+                if not pts:
+                    continue
+                ys = [y / 2**20 if "bytes" in key else y for _, y in pts]
+                tag = f"stage {stage}" + (f", {bucket:g} MiB, mb {micro}" if len(groups) > 1 else "")
+                ax.plot([x for x, _ in pts], ys, marker="o", label=tag)
+        ax.set_xlabel("ranks")
+        ax.set_ylabel(label)
+        ax.set_xticks(sorted({r["ranks"] for r in rows}))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = os.path.join(out, f"{name}.png")
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def main():
+    a = parse_args()
+    app = os.path.join(a.build, "apps", "convnext_zero")
+    if not os.access(app, os.X_OK):
+        sys.exit(f"scaling_study: {app} not found: build first or pass --build")
+    os.makedirs(a.out, exist_ok=True)
+    rows = []
+    grid = list(itertools.product(a.ranks, a.stages, a.bucket_mb, a.micro_batch))
+    for i, (ranks, stage, bucket, micro) in enumerate(grid):
+        log = os.path.join(a.out, f"run_r{ranks}_s{stage}_b{bucket:g}_m{micro}.jsonl")
+        row = run_one(a, app, ranks, stage, bucket, micro, log)
+        rows.append(row)
+        print(f"[{i + 1}/{len(grid)}] ranks {ranks} stage {stage} bucket {bucket:g} MiB micro-batch {micro}: "
+              f"{row['img_per_s']:.1f} img/s, model states {row['model_state_bytes'] / 2**20:.2f} MiB/rank",
+              flush=True)
+    for r in rows:
+        base = [b for b in rows if b["ranks"] == 1 and b["stage"] == r["stage"] and b["bucket_mb"] == r["bucket_mb"]
+                and b["micro_batch"] == r["micro_batch"]]
+        r["scaling_efficiency"] = r["img_per_s"] / (r["ranks"] * base[0]["img_per_s"]) if base else ""
+    with open(os.path.join(a.out, "results.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    pngs = plot(rows, a.out)
+    best = max(rows, key=lambda r: (r["img_per_s"], -r["peak_mem_bytes"]))
+    with open(os.path.join(a.out, "summary.md"), "w") as f:
+        f.write("# Scaling study\n\n")
+        f.write(f"`{' '.join(sys.argv)}`: medians of steps {a.warmup + 1}-{a.steps}.\n\n")
+        f.write("| ranks | stage | bucket MiB | micro-batch | img/s | efficiency | peak MiB | model states MiB | "
+                "MiB sent/step | exposed comm s | hidden |\n|" + " --- |" * 11 + "\n")
+        for r in rows:
+            eff = f"{r['scaling_efficiency']:.2f}" if r["scaling_efficiency"] != "" else "-"
+            hid = f"{100 * r['hidden_fraction']:.0f}%" if r["hidden_fraction"] != "" else "-"
+            f.write(f"| {r['ranks']} | {r['stage']} | {r['bucket_mb']:g} | {r['micro_batch']} | {r['img_per_s']:.1f} | "
+                    f"{eff} | {r['peak_mem_bytes'] / 2**20:.1f} | {r['model_state_bytes'] / 2**20:.2f} | "
+                    f"{r['comm_bytes'] / 2**20:.2f} | {r['comm_exposed_s']:.4f} | {hid} |\n")
+        f.write(f"\nBest setting: {best['ranks']} ranks, stage {best['stage']}, bucket {best['bucket_mb']:g} MiB, "
+                f"micro-batch {best['micro_batch']}: {best['img_per_s']:.1f} img/s at "
+                f"{best['peak_mem_bytes'] / 2**20:.1f} MiB peak per rank.\n")
+        for p in pngs:
+            f.write(f"\n![{os.path.basename(p)}]({os.path.basename(p)})\n")
+    print(f"scaling_study: {len(rows)} configurations -> {a.out}/results.csv, summary.md, {len(pngs)} plots")
+
+
+if __name__ == "__main__":
+    main()
