@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # First run on a bare GPU machine (CUDA 13, cuDNN, NCCL, CMake, ninja, PyTorch + timm; no -dev packages, no
-# network): unpacks the Debian packages scripts/gpu-deps.sh downloaded into a private prefix (never into /),
-# builds Release with CUDA against it, runs `ctest -L cuda` (plus compute-sanitizer memcheck on the op table
-# and optimizer tests), trains convnext_atto briefly on synthetic data (bf16), and times a ConvNeXt training
-# step (bf16, 224 px) against PyTorch eager timm (channels_last + autocast bf16) at the same batch. Everything
-# is written to OUT.
+# network): unpacks the Debian packages scripts/gpu-deps.sh downloaded into a private prefix (never into /) and
+# points their CMake and pkg-config files into it, builds Release with CUDA against it, runs `ctest -L cuda`
+# (plus compute-sanitizer memcheck on the op table and optimizer tests), trains convnext_atto briefly on
+# synthetic data (bf16), and times a ConvNeXt training step (bf16, 224 px) against PyTorch eager timm
+# (channels_last + autocast bf16) at the same batch. Everything is written to OUT.
 #
 #   scripts/gpu-check.sh [options] [OUT]        OUT defaults to $OUT, else ./gpu-check-out
 #     --deps DIR       the .deb folder (default .deps)           --build DIR   build folder (default build-gpu)
@@ -16,8 +16,9 @@
 #     --only STAGES    comma list of build,test,sanitize,train,bench (default all): for callers limited to ~10
 #                      minutes a command (--only build; --only test; --only sanitize; --only train,bench);
 #                      the prefix and build folder are reused between calls
-#     --dry-run        unpack, configure (CZ_WITH_CUDA=ON) and check that every dependency CMake found lies in
-#                      the prefix, then stop: what can be checked on a machine without a GPU
+#     --dry-run        what a machine without a GPU can check: unpack, configure, and build and run a program
+#                      using every dependency, with the system's copies of the packages hidden; scan the
+#                      configured build for paths outside the prefix; then stop
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -37,7 +38,7 @@ while (($#)); do
     --peak-tflops) peak=$2; shift ;;
     --dry-run) dry=1 ;;
     --only) only=$2; shift ;;
-    -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
     -*) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
     *) out=$1 ;;
   esac
@@ -50,15 +51,41 @@ build=$(cd "$build" && pwd)
 summary=$out/summary.txt
 : >"$summary"
 say() { echo "== $*" | tee -a "$summary"; }
+show() { tee -a "$summary"; }
 jobs=$(nproc)
 want() { [[ ",$only," == *",$1,"* ]]; }
 targets=(test_cuda test_optim_cuda test_nn_cuda test_trainer_cuda bench_train_step convnext_zero)
 
 # ---- 1. the dependency prefix ----
+# Note [Relocating the prefix]: Debian's CMake and pkg-config files name their files by absolute /usr paths
+# (libjpeg-turbo's imported targets point at /usr/lib/<arch>/libjpeg.so.62.3.0, OpenBLAS's config and most
+# .pc files hard-code prefix=/usr). Unpacked elsewhere, they still point at /usr, which works only on a
+# machine that has the same packages installed, and that machine is the one where nothing is needed. So every
+# absolute /usr path in the prefix's *.cmake and *.pc files is rewritten into the prefix, once, at unpacking,
+# and checked afterwards (audit_prefix). Paths the files compute from their own location are left alone.
 compgen -G "$deps/*.deb" >/dev/null || { echo "gpu-check: no .deb files in $deps (run scripts/gpu-deps.sh)" >&2; exit 1; }
 prefix=$build/deps-prefix
-# Unpacked again only when the package set changed: fresh header mtimes would make ninja rebuild everything.
-stamp=$(ls -l "$deps"/*.deb | md5sum | cut -d' ' -f1)
+# A /usr path in a CMake or pkg-config file: not inside another path, quoted, after =, -I or -L, or bare.
+usr_re='(^|[^[:alnum:]_./-]|-[IL])/usr(/|"|'"'"'|$|[[:space:];)])'
+relocate_prefix() {
+  local esc files
+  esc=$(printf '%s' "$prefix" | sed 's/[\\&,]/\\&/g')
+  mapfile -d '' files < <(find "$prefix" -type f \( -name '*.cmake' -o -name '*.pc' \) -print0)
+  # Twice: one match consumes the character after /usr, which may be the boundary of the next one.
+  ((${#files[@]} == 0)) || sed -i -E "s,$usr_re,\\1$esc/usr\\2,g; s,$usr_re,\\1$esc/usr\\2,g" "${files[@]}"
+}
+# Prints file:line: text for every /usr path left outside the prefix in its CMake and pkg-config files.
+audit_prefix() {
+  find "$prefix" -type f \( -name '*.cmake' -o -name '*.pc' \) -print0 |
+    xargs -0 -r awk -v p="$prefix" -v re="$usr_re" '{
+      line = $0
+      while ((i = index(line, p)) > 0) line = substr(line, 1, i - 1) "CZPREFIX" substr(line, i + length(p))
+      if (line ~ re) { f = FILENAME; sub("^" p "/", "", f); print f ":" FNR ": " $0 }
+    }'
+}
+# Unpacked again only when the package set or the prefix's place changed (the relocation writes the place into
+# the files); otherwise fresh header mtimes would make ninja rebuild everything.
+stamp=$( (ls -l "$deps"/*.deb; echo "$prefix relocated v1") | md5sum | cut -d' ' -f1)
 if [[ "$(cat "$prefix/.stamp" 2>/dev/null)" != "$stamp" ]]; then
   rm -rf "$prefix"
   mkdir -p "$prefix"
@@ -66,30 +93,80 @@ if [[ "$(cat "$prefix/.stamp" 2>/dev/null)" != "$stamp" ]]; then
   mapfile -t libdirs < <(find "$prefix" -name '*.so*' -printf '%h\n' | sort -u)
   # SONAME links the packages' alternatives would have made (libpsm_infinipath.so.1).
   "$(command -v ldconfig || echo /sbin/ldconfig)" -n "${libdirs[@]}"
+  relocate_prefix
+  # What CMake found in an earlier prefix (or outside one) stays in its cache: look again.
+  rm -f "$build/CMakeCache.txt"
   echo "$stamp" >"$prefix/.stamp"
+fi
+leftover=$(audit_prefix)
+if [[ -n "$leftover" ]]; then
+  say "CMake/pkg-config files in the prefix still name /usr paths outside it (missing on a bare machine):"
+  echo "$leftover" | show
+  exit 1
 fi
 mapfile -t libdirs < <(find "$prefix" -name '*.so*' -printf '%h\n' | sort -u)
 multi=$prefix/usr/lib/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 export LD_LIBRARY_PATH=$(IFS=:; echo "${libdirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export OPAL_PREFIX=$prefix/usr  # Open MPI finds its help files and components relative to this
 export PATH=$prefix/usr/bin:$PATH
-# pkg-config (FindMPI asks it) sees only the prefix's .pc files, their /usr paths moved into the prefix.
-export PKG_CONFIG_LIBDIR=$multi/pkgconfig:$prefix/usr/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=$prefix
-say "unpacked $(ls "$deps"/*.deb | wc -l) packages into $prefix"
+# pkg-config (FindMPI asks it) sees only the prefix's .pc files, which name the prefix since the relocation.
+export PKG_CONFIG_LIBDIR=$multi/pkgconfig:$prefix/usr/share/pkgconfig
+unset PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
+say "unpacked $(ls "$deps"/*.deb | wc -l) packages into $prefix; its CMake and pkg-config files point into it"
+
+# ---- hiding the system's copies (dry run) ----
+# Note [Hiding the system's copies]: on a machine that has the Debian packages installed, a file the prefix
+# lacks or a path that still says /usr is found anyway, so a configure here cannot show what a bare machine
+# does. The dry run therefore configures and builds its probe in a private mount namespace where /usr is an
+# overlay that whites out every file the prefix also holds: those packages are then absent, as on the bare
+# machine, and the toolchain (compiler, C library, CMake, CUDA) is untouched. It needs root (or user
+# namespaces) and overlayfs; where they are missing the dry run says so and relies on the path scan alone.
+hide_list=$build/hidden-paths.txt  # the prefix's files that this machine has too, relative to /usr
+hidden() {  # CMD...: runs CMD (from the current folder) with the files in $hide_list gone from /usr
+  unshare -m --propagation private bash -c '
+    set -e
+    list=$1 dir=$2
+    shift 2
+    t=$(mktemp -d)
+    mount -t tmpfs tmpfs "$t"
+    mkdir "$t/upper" "$t/work"
+    cd "$t/upper"
+    sed -n "s,/[^/]*\$,,p" "$list" | sort -u | xargs -r -d "\n" mkdir -p
+    xargs -r -d "\n" -I{} mknod {} c 0 0 <"$list"
+    mount -t overlay overlay -o "lowerdir=/usr,upperdir=$t/upper,workdir=$t/work" /usr
+    cd "$dir"
+    exec "$@"' hidden "$hide_list" "$PWD" "$@"
+}
+hide=0
+if ((dry)); then
+  (cd "$prefix" && find . \( -type f -o -type l \) -printf '%P\n') | sed -E 's,^lib(32|64|x32)?/,usr/lib\1/,' |
+    while read -r p; do [[ "$p" == usr/* ]] && [[ -e /$p || -L /$p ]] && echo "${p#usr/}"; done >"$hide_list" || true
+  if [[ ! -s "$hide_list" ]]; then
+    say "this machine has none of the prefix's files under /usr: nothing to hide"
+  elif hidden test ! -e "/$(head -1 "$hide_list" | sed 's,^,usr/,')" 2>"$out/hide.log"; then
+    hide=1
+    say "configuring with the system's copies of $(wc -l <"$hide_list") files of those packages hidden"
+  else
+    say "cannot hide the system's copies here (needs root or user namespaces, and overlayfs; see hide.log):"
+    say "configuring with them visible; only the path scan below stands between this and a bare machine"
+  fi
+fi
+maybe_hidden() { if ((hide)); then hidden "$@"; else "$@"; fi; }
 
 # ---- 2. configure ----
 # Paths Debian's packages would normally find under /usr (the OpenMP OpenBLAS, HDF5's serial flavour, Open MPI
-# without its compiler wrapper, which lives in openmpi-bin) are given explicitly; the CMake config packages
-# (fmt, GTest, benchmark, nlohmann_json, CLI11, libjpeg-turbo) are found through CMAKE_PREFIX_PATH.
-cmake_args=(
-  -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCZ_WITH_CUDA=ON
+# without its compiler wrapper, which lives in openmpi-bin, and its mpiexec, which an alternative would name)
+# are given explicitly; the CMake config packages (fmt, GTest, benchmark, nlohmann_json, CLI11, libjpeg-turbo)
+# and zlib are found through CMAKE_PREFIX_PATH.
+dep_args=(
   -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_INCLUDE_PATH="$prefix/usr/include" -DCMAKE_LIBRARY_PATH="$multi"
   -DCZ_CBLAS_INCLUDE="$prefix/usr/include/$(basename "$multi")/openblas-openmp"
   -DCZ_OPENBLAS_LIB="$multi/openblas-openmp/libopenblas.so"
   -DHDF5_ROOT="$multi/hdf5/serial"
   -DMPI_SKIP_COMPILER_WRAPPER=ON -DMPI_C_HEADER_DIR="$multi/openmpi/include" -DMPI_C_LIB_NAMES=mpi
-  -DMPI_mpi_LIBRARY="$multi/openmpi/lib/libmpi.so"
+  -DMPI_mpi_LIBRARY="$multi/openmpi/lib/libmpi.so" -DMPIEXEC_EXECUTABLE="$prefix/usr/bin/mpiexec.openmpi"
 )
+cmake_args=(-S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCZ_WITH_CUDA=ON "${dep_args[@]}")
 # cuDNN and NCCL normally sit beside CUDA or in /usr; if not, fall back to PyTorch's pip wheels.
 for lib in cudnn nccl; do
   hdr=$([[ $lib == cudnn ]] && echo cudnn_version.h || echo nccl.h)
@@ -101,20 +178,78 @@ for lib in cudnn nccl; do
   export LD_LIBRARY_PATH=$root/lib:$LD_LIBRARY_PATH
 done
 say "configuring $build"
-cmake "${cmake_args[@]}" >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-grep -E "CUDA backend|CUDA compiler identification|cuDNN" "$out/configure.log" | tee -a "$summary" || true
-
-# Every dependency CMake resolved must come from the prefix, CUDA's own libraries excepted: on the bare machine
-# nothing else exists.
-outside=$(grep -E '^(fmt|nlohmann_json|CLI11|GTest|benchmark|libjpeg-turbo)_DIR:|^(PNG_LIBRARY_RELEASE|PNG_PNG_INCLUDE_DIR|HDF5_C_INCLUDE_DIR|HDF5_hdf5_LIBRARY_RELEASE|MPI_mpi_LIBRARY|MPI_C_HEADER_DIR|CZ_CBLAS_INCLUDE|CZ_OPENBLAS_LIB):' \
-  "$build/CMakeCache.txt" | grep -v "=$prefix" || true)
-if [[ -n "$outside" ]]; then
-  say "dependencies found outside the prefix (they would be missing on a bare machine):"
-  echo "$outside" | tee -a "$summary"
+if ! maybe_hidden cmake "${cmake_args[@]}" >"$out/configure.log" 2>&1; then
+  say "configure failed:"
+  tail -40 "$out/configure.log" | show
   exit 1
 fi
-say "every dependency resolves inside the prefix"
+grep -E "CUDA backend|CUDA compiler identification|cuDNN" "$out/configure.log" | show || true
+
+# Every library and header the configured build names must come from the prefix, the toolchain's own
+# excepted (compiler, C library, CUDA, cuDNN, NCCL): on a bare machine nothing else exists. The cache holds
+# what find_* resolved, build.ninja every include and link path the compiler will be given. An imported
+# target's include folder that is the compiler's default (/usr/include) never reaches build.ninja: the hidden
+# configure and the probe below catch that kind.
+read -r -d '' scan_awk <<'AWK' || true
+function allowed(p, base) {
+  if (index(p, prefix) == 1 || index(p, repo) == 1 || index(p, build) == 1) return 1
+  if (p !~ /^(\/usr)?\/(lib|lib32|lib64|libx32|include)(\/|$)/) return 1  # not a library or header folder
+  if (p ~ /^\/usr\/lib\/gcc\//) return 1                                   # the compiler's own (libgomp, crt)
+  if (tolower(p) ~ /cuda|cudnn|nccl|cublas|cupti|nvrtc|culibos|nvidia/) return 1  # CUDA's, where a system has it
+  base = p
+  sub(/.*\//, "", base)
+  if (base ~ /^lib(c|m|dl|pthread|rt|util|mvec|resolv)(_nonshared)?\.(a|so)/) return 1  # the C library (libc6-dev)
+  return 0
+}
+FILENAME ~ /CMakeCache\.txt$/ {
+  if ($0 !~ /^[A-Za-z0-9_.+-]+:[A-Z]+=/) next
+  key = substr($0, 1, index($0, ":") - 1)
+  type = substr($0, index($0, ":") + 1)
+  sub(/=.*/, "", type)
+  if (type == "INTERNAL" || type == "STATIC" || key ~ /^(CMAKE_|CUDA|CUDAToolkit_|CZ_CUDNN|CZ_NCCL)/) next
+  n = split(substr($0, index($0, "=") + 1), v, ";")
+  for (i = 1; i <= n; i++) if (v[i] ~ /^\// && !allowed(v[i])) print "CMakeCache.txt: " key "=" v[i]
+  next
+}
+{
+  n = split($0, t, /[ \t"'=;:,]+/)
+  for (i = 1; i <= n; i++) {
+    p = t[i]
+    sub(/^-(I|L|isystem|iquote|idirafter)/, "", p)
+    if (p ~ /^\// && !allowed(p)) print "build.ninja: " p
+  }
+}
+AWK
+outside_paths() {  # DIR: the scan over one configured build folder
+  awk -v prefix="$prefix" -v repo="$repo" -v build="$1" "$scan_awk" "$1/CMakeCache.txt" "$1/build.ninja" | sort -u
+}
+outside=$(outside_paths "$build")
+if [[ -n "$outside" ]]; then
+  say "the configured build uses these from outside the prefix; a bare machine has none of them:"
+  echo "$outside" | show
+  exit 1
+fi
+say "every library and header path of the configured build lies in the prefix or the toolchain"
+
 if ((dry)); then
+  say "building and running a program that uses every dependency ($build/deps-probe)"
+  probe=$build/deps-probe
+  rm -rf "$probe"
+  probe_ok=1
+  if maybe_hidden cmake -S "$repo/scripts/deps-probe" -B "$probe" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    "${dep_args[@]}" >"$out/probe.log" 2>&1 && maybe_hidden cmake --build "$probe" >>"$out/probe.log" 2>&1 &&
+    maybe_hidden "$probe/deps_probe" 2>&1 | tee -a "$out/probe.log" | show; then
+    probe_outside=$(outside_paths "$probe")
+    unresolved=$(maybe_hidden ldd "$probe/deps_probe" | grep "not found" || true)
+    if [[ -n "$probe_outside$unresolved" ]]; then
+      probe_ok=0
+      echo "$probe_outside$unresolved" | show
+    fi
+  else
+    probe_ok=0
+    tail -30 "$out/probe.log" | show
+  fi
+  ((probe_ok)) || { say "the dependency probe failed: a bare machine would fail the same way"; exit 1; }
   say "dry run: would now build ${targets[*]} with $jobs jobs, run ctest -L cuda, compute-sanitizer"
   say "(${sanitize}), a short bf16 training run, and time $model at batch $batches, $image px (bench ${bench})"
   exit 0
