@@ -1,7 +1,8 @@
 // The cuBLASLt GEMM kernels against f64 references on the CPU: matmul, linear forward/backward (BIAS and
 // BGRADB epilogues), the fused linear + tanh-GELU kernels (GELU_AUX, DGELU, DGELU_BGRAD), each with epilogues
-// on and off (the unfused fallback), in f32, f16 and bf16, on aligned and unaligned shapes. Skips without a
-// GPU.
+// on and off (the unfused fallback), in f32, f16 and bf16, on aligned and unaligned shapes; which path ran is
+// counted and checked. Skips without a GPU. (Which epilogues cuBLASLt fuses, and how fast, is printed by
+// bench/bench_gemm_cuda.)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -195,87 +196,31 @@ INSTANTIATE_TEST_SUITE_P(All, CudaGemm,
                                             ::testing::Bool(), ::testing::Range(0, 4)),
                          param_name);
 
-// Not a check: a line in the GPU run's log saying which epilogues cuBLASLt really fused for each dtype.
-TEST(CudaGemmPaths, ReportWhichEpiloguesAreFused) {
+// The path counters (bench_gemm_cuda reports from them): every GEMM runs once, on cuBLASLt or cublasGemmEx;
+// with epilogues switched off each one that asks for an epilogue counts a fallback, with them on at most one.
+TEST(CudaGemmPaths, CountersSayWhichPathRan) {
   CZ_REQUIRE_GPU();
-  cuda::GemmCounters& c = cuda::context(0).gemm_counters();
+  cuda::GemmCounters& c = cuda::context(gpu().index).gemm_counters();
   const Stream s = current_stream(gpu());
   const int64_t rows = 64, in = 96, out = 128;
-  for (DType t : {DType::f32, DType::f16, DType::bf16}) {
-    const Tensor x = random_tensor({rows, in}, 1).to(t).to(gpu()),
-                 w = random_tensor({out, in}, 2).to(t).to(gpu()), b = random_tensor({out}, 3).to(t).to(gpu()),
-                 gy = random_tensor({rows, out}, 4).to(t).to(gpu()),
-                 pre_in = random_tensor({rows, in}, 5).to(t).to(gpu());
-    Tensor y = empty({rows, out}, t, gpu()), pre = empty({rows, out}, t, gpu()),
-           dx = empty({rows, in}, t, gpu()), dw = empty({out, in}, t, gpu()), db = empty({out}, t, gpu()),
-           dbias_in = empty({in}, t, gpu());
-    auto report = [&](const char* what, auto&& fn) {
-      const int64_t lt = c.lt, fb = c.epilogue_fallbacks, ex = c.gemm_ex;
-      fn();
-      std::cout << "[gemm path] " << dtype_name(t) << " " << what << ": "
-                << (c.epilogue_fallbacks > fb ? "UNFUSED fallback" : "fused") << " (cuBLASLt calls "
-                << c.lt - lt << ", cublasGemmEx calls " << c.gemm_ex - ex << ")\n";
-    };
-    report("BIAS", [&] { cuda::linear_forward(x, w, b, y, s); });
-    report("BGRADB", [&] {
-      Tensor none;
-      cuda::linear_backward(gy, x, w, none, dw, db, s);
-    });
-    report("GELU_AUX_BIAS", [&] { cuda::linear_gelu_forward(x, w, b, y, pre, s); });
-    report("DGELU_BGRAD", [&] { cuda::linear_backward_dgelu(gy, w, pre_in, dx, dbias_in, s); });
-  }
-  s.synchronize();
-}
-
-// Not a check: cuBLASLt timings of ConvNeXt-T's pointwise layers (bf16, batch 64 at 224 px) with the fused
-// epilogues and without, for the GPU run's log. The weight-gradient GEMMs have K = 64 x tokens (up to 200704)
-// but only C x 4C outputs, so they need split-K (or stream-K) kernels to fill the GPU: if cuBLASLt's BGRADB
-// kernels cannot split K, "dw+db fused" is much slower than "unfused" (plain GEMM plus a column sum), and
-// linear_backward should not ask for BGRADB on such shapes.
-TEST(CudaGemmPaths, ReportConvNextTimings) {
-  CZ_REQUIRE_GPU();
-  struct RestoreEpilogues {
-    ~RestoreEpilogues() { cuda::set_gemm_epilogues(true); }
-  } restore;
-  const Stream s = current_stream(gpu());
   const DType t = DType::bf16;
-  struct Stage {
-    int64_t c, tokens;
-  };
-  for (const Stage st :
-       {Stage{96, 64 * 3136}, Stage{192, 64 * 784}, Stage{384, 64 * 196}, Stage{768, 64 * 49}}) {
-    for (const bool fc1 : {true, false}) {
-      const int64_t rows = st.tokens, in = fc1 ? st.c : 4 * st.c, out = fc1 ? 4 * st.c : st.c;
-      // Constant inputs: the timings do not depend on the values.
-      const Tensor x = full({rows, in}, 0.01, t, gpu()), w = full({out, in}, 0.01, t, gpu()),
-                   b = full({out}, 0.01, t, gpu()), gy = full({rows, out}, 0.01, t, gpu());
-      Tensor y = empty({rows, out}, t, gpu()), dx = empty({rows, in}, t, gpu()),
-             dw = empty({out, in}, t, gpu()), db = empty({out}, t, gpu()), none;
-      auto time_ms = [&](auto&& fn) {
-        for (int i = 0; i < 2; ++i) fn();  // the first call asks cuBLASLt's heuristic
-        Event start(gpu()), end(gpu());
-        const int iters = 10;
-        start.record(s);
-        for (int i = 0; i < iters; ++i) fn();
-        end.record(s);
-        end.synchronize();
-        return double(start.elapsed_ms(end)) / iters;
-      };
-      const double flop = 2.0 * double(rows) * double(in) * double(out);
-      std::string line =
-          fmt::format("[gemm time] bf16 C={} {} ({} x {} -> {}):", st.c, fc1 ? "fc1" : "fc2", rows, in, out);
-      for (const bool fused : {true, false}) {
-        cuda::set_gemm_epilogues(fused);
-        const double fwd = time_ms([&] { cuda::linear_forward(x, w, b, y, s); });
-        const double dxt = time_ms([&] { cuda::linear_backward(gy, x, w, dx, none, none, s); });
-        const double dwt = time_ms([&] { cuda::linear_backward(gy, x, w, none, dw, db, s); });
-        line += fmt::format(
-            " {}: fwd {:.3f} ms ({:.0f} TFLOP/s), dx {:.3f} ms, dw+db {:.3f} ms ({:.0f} TFLOP/s);",
-            fused ? "fused" : "unfused", fwd, flop / fwd * 1e-9, dxt, dwt, flop / dwt * 1e-9);
-      }
-      std::cout << line << "\n";
-    }
+  const Tensor x = random_tensor({rows, in}, 1).to(t).to(gpu()),
+               w = random_tensor({out, in}, 2).to(t).to(gpu()), b = random_tensor({out}, 3).to(t).to(gpu()),
+               gy = random_tensor({rows, out}, 4).to(t).to(gpu());
+  Tensor y = empty({rows, out}, t, gpu()), dw = empty({out, in}, t, gpu()), db = empty({out}, t, gpu()), none;
+  for (const bool fused : {true, false}) {
+    cuda::set_gemm_epilogues(fused);
+    const int64_t lt = c.lt, fallbacks = c.epilogue_fallbacks, ex = c.gemm_ex;
+    cuda::linear_forward(x, w, b, y, s);               // BIAS
+    cuda::linear_backward(gy, x, w, none, dw, db, s);  // BGRADB
+    EXPECT_EQ(c.lt - lt + c.gemm_ex - ex, 2) << "epilogues " << fused << ": one GEMM per call";
+    if (fused)
+      EXPECT_LE(c.epilogue_fallbacks - fallbacks, 2);
+    else
+      EXPECT_EQ(c.epilogue_fallbacks - fallbacks, 2) << "epilogues off: both calls fall back";
   }
+  cuda::set_gemm_epilogues(true);
+  s.synchronize();
 }
 
 TEST(CudaGemmF64, MatmulAndLinearMatchCpu) {
