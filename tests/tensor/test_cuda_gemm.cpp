@@ -1,12 +1,10 @@
-// The cuBLASLt GEMM kernels against f64 references on the CPU: matmul, linear forward/backward (BIAS and
-// BGRADB epilogues), the fused linear + tanh-GELU kernels (GELU_AUX, DGELU, DGELU_BGRAD), each with epilogues
-// on and off (the unfused fallback), in f32, f16 and bf16, on aligned and unaligned shapes; which path ran is
-// counted and checked. Skips without a GPU. (Which epilogues cuBLASLt fuses, and how fast, is printed by
-// bench/bench_gemm_cuda.)
+// The cuBLASLt GEMM kernels against f64 references on the CPU: matmul and linear forward/backward (BIAS and
+// BGRADB epilogues), each with epilogues on and off (the unfused fallback), in f32, f16 and bf16, on aligned
+// and unaligned shapes; which path ran is counted and checked. Skips without a GPU. (Which epilogues cuBLASLt
+// fuses, and how fast, is printed by bench/bench_gemm_cuda.)
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <iostream>
 #include <tuple>
 
 #include "common/gradcheck.h"
@@ -27,28 +25,6 @@ struct GemmShape {
 // (dtype, epilogues on, shape index)
 using Param = std::tuple<DType, bool, int>;
 const GemmShape kShapes[] = {{37, 24, 16}, {5, 6, 3}, {130, 96, 384}, {0, 8, 8}};
-
-double gelu_tanh(double v) {
-  return 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
-}
-double gelu_tanh_grad(double v) {
-  const double k0 = 0.7978845608028654, k1 = 0.044715, t = std::tanh(k0 * (v + k1 * v * v * v));
-  return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * k0 * (1 + 3 * k1 * v * v);
-}
-double gelu_erf(double v) {
-  return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
-}
-
-Tensor map(const Tensor& t, double (*f)(double)) {
-  auto v = t.to_vector<double>();
-  for (double& x : v) x = f(x);
-  return from_vector(v, t.sizes());
-}
-Tensor mul_host(const Tensor& a, const Tensor& b) {
-  auto x = a.to_vector<double>(), y = b.to_vector<double>();
-  for (size_t i = 0; i < x.size(); ++i) x[i] *= y[i];
-  return from_vector(x, a.sizes());
-}
 
 class CudaGemm : public ::testing::TestWithParam<Param> {
  protected:
@@ -108,81 +84,6 @@ TEST_P(CudaGemm, LinearForwardAndBackwardMatchReference) {
   Tensor none, db_only = dev_empty({out});
   cuda::linear_backward(gyg, xg, wg, none, none, db_only, stream());
   EXPECT_TRUE(all_close(db_only, db_ref, rtol(), atol())) << "db alone (column sums)";
-}
-
-TEST_P(CudaGemm, LinearGeluForwardIsTheTanhForm) {
-  const auto [rows, in, out] = shape();
-  // Wide inputs so pre-activations reach |v| ~ 2.7, where tanh and erf GELU differ most (4.7e-4).
-  const Tensor x = host_input({rows, in}, 7, -1.5, 1.5), w = host_input({out, in}, 8, -0.5, 0.5),
-               b = host_input({out}, 9, -2, 2);
-  Tensor pre_ref = empty({rows, out}, DType::f64);
-  cpu::linear_forward(x, w, b, pre_ref);
-  Tensor pre = dev_empty({rows, out}), y = dev_empty({rows, out});
-  cuda::linear_gelu_forward(dev(x), dev(w), dev(b), y, pre, stream());
-  EXPECT_TRUE(all_close(pre, pre_ref, rtol(), atol())) << "pre";
-  // y from the kernel's own pre (rounded to the dtype), against both GELU forms.
-  const Tensor pre_h = pre.to(DType::f64).cpu();
-  const double tol = dtype() == DType::f32 ? 2e-3 : atol();
-  EXPECT_TRUE(all_close(y, map(pre_h, gelu_tanh), tol, tol)) << "y vs tanh GELU";
-  if (dtype() == DType::f32 && rows > 0) {
-    // Report how close the result is to each form: the GPU check reads these lines.
-    auto dev_of = [&](double (*f)(double)) {
-      const auto a = y.to_vector<double>(), e = map(pre_h, f).to_vector<double>();
-      double m = 0;
-      for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - e[i]));
-      return m;
-    };
-    std::cout << "[linear_gelu_forward f32 epilogues=" << cuda::gemm_epilogues() << " shape " << rows << "x"
-              << in << "x" << out << "] max |y - gelu_tanh| = " << dev_of(gelu_tanh)
-              << ", max |y - gelu_erf| = " << dev_of(gelu_erf) << "\n";
-  }
-  // Without a bias.
-  Tensor pre2 = dev_empty({rows, out}), y2 = dev_empty({rows, out}),
-         pre2_ref = empty({rows, out}, DType::f64);
-  cuda::linear_gelu_forward(dev(x), dev(w), Tensor(), y2, pre2, stream());
-  cpu::linear_forward(x, w, Tensor(), pre2_ref);
-  EXPECT_TRUE(all_close(pre2, pre2_ref, rtol(), atol())) << "pre without bias";
-  EXPECT_TRUE(all_close(y2, map(pre2.to(DType::f64).cpu(), gelu_tanh), tol, tol)) << "y without bias";
-}
-
-TEST_P(CudaGemm, LinearGeluBackwardMatchesReference) {
-  const auto [rows, in, out] = shape();
-  const Tensor x = host_input({rows, in}, 10), w = host_input({out, in}, 11),
-               pre = host_input({rows, out}, 12, -3, 3), gy = host_input({rows, out}, 13);
-  const Tensor dpre = mul_host(gy, map(pre, gelu_tanh_grad));
-  Tensor dx_ref = empty({rows, in}, DType::f64), dw_ref = empty({out, in}, DType::f64),
-         db_ref = empty({out}, DType::f64);
-  cpu::linear_backward(dpre, x, w, dx_ref, dw_ref, db_ref);
-  Tensor dx = dev_empty({rows, in}), dw = dev_empty({out, in}), db = dev_empty({out});
-  cuda::linear_gelu_backward(dev(gy), dev(x), dev(w), dev(pre), dx, dw, db, stream());
-  // dpre is rounded to the dtype before the GEMMs: a little looser for 16-bit types.
-  const double k = dtype() == DType::f32 ? 1 : 2;
-  EXPECT_TRUE(all_close(dx, dx_ref, k * rtol(), k * atol())) << "dx";
-  EXPECT_TRUE(all_close(dw, dw_ref, k * rtol(), k * atol())) << "dw";
-  EXPECT_TRUE(all_close(db, db_ref, k * rtol(), k * atol())) << "db";
-}
-
-TEST_P(CudaGemm, LinearBackwardThroughGeluMatchesReference) {
-  const auto [rows, in, out] = shape();
-  const Tensor gy = host_input({rows, out}, 14), w = host_input({out, in}, 15),
-               pre = host_input({rows, in}, 16, -3, 3);
-  Tensor gx = empty({rows, in}, DType::f64);
-  cpu::matmul(gy, w, gx);
-  const Tensor dpre_ref = mul_host(gx, map(pre, gelu_tanh_grad));
-  std::vector<double> colsum(size_t(in), 0.0);
-  const auto dv = dpre_ref.to_vector<double>();
-  for (size_t i = 0; i < dv.size(); ++i) colsum[i % size_t(in)] += dv[i];
-  const Tensor dbias_ref = from_vector(colsum, {in});
-  Tensor none;
-  Tensor dpre = dev_empty({rows, in}), dbias = dev_empty({in});
-  cuda::linear_backward_dgelu(dev(gy), dev(w), dev(pre), dpre, dbias, stream());
-  const double tol = dtype() == DType::f32 ? 2e-3 : 2 * atol();
-  EXPECT_TRUE(all_close(dpre, dpre_ref, tol, tol)) << "dpre";
-  EXPECT_TRUE(all_close(dbias, dbias_ref, tol, tol * std::sqrt(double(std::max<int64_t>(rows, 1)))))
-      << "dbias (DGELU_BGRAD)";
-  Tensor dpre2 = dev_empty({rows, in});
-  cuda::linear_backward_dgelu(dev(gy), dev(w), dev(pre), dpre2, none, stream());
-  EXPECT_TRUE(all_close(dpre2, dpre_ref, tol, tol)) << "dpre without dbias";
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {

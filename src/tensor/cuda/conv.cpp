@@ -297,11 +297,11 @@ bool try_run(const Problem& p, Dir dir, const Operands& o, Stream stream) {
   return false;
 }
 
-// y (rows, c) += bias (c), through the bias + GELU kernel with GELU off.
+// y (rows, c) += bias (c).
 void add_bias(const Tensor& bias, Tensor& y, int64_t c, Stream stream) {
   if (!bias.defined() || y.numel() == 0) return;
-  CZ_CHECK_STATUS(launch::bias_gelu(detail::config_of(stream), y.dtype(), y.raw_data(), bias.raw_data(),
-                                    nullptr, y.numel() / c, c));
+  CZ_CHECK_STATUS(launch::add_bias(detail::config_of(stream), y.dtype(), y.raw_data(), bias.raw_data(),
+                                   y.numel() / c, c));
 }
 
 // db (c) = column sums of gy (rows, c): fixed partitions, no atomics.

@@ -41,21 +41,6 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor
 void linear_backward(const Tensor& gy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db,
                      Stream stream);
 
-// Fused linear + GELU for the ops layer. NOTE: cuBLASLt's GELU epilogue is the tanh approximation
-// 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))), not the exact erf GELU of ops/activation.h, and so are
-// these kernels (their unfused fallback included); use them only where the tanh form is wanted. y =
-// gelu_tanh(x w^T + bias), pre = x w^T + bias (saved for backward). pre, y: (M, out).
-void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, Tensor& pre,
-                         Stream stream);
-// Backward of linear_gelu_forward: with dpre = gy * gelu_tanh'(pre), the gradients of linear_backward(dpre).
-void linear_gelu_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Tensor& pre, Tensor& dx,
-                          Tensor& dw, Tensor& db, Stream stream);
-// The input gradient of a linear layer (gy: (M, out), w: (out, in)) taken on through the GELU that produced
-// its input: dpre = (gy w) * gelu_tanh'(pre), pre: (M, in), in one GEMM with the DGELU epilogue; dbias_pre
-// (in), if defined, gets the column sums of dpre (the gradient of the bias before that GELU; DGELU_BGRAD).
-void linear_backward_dgelu(const Tensor& gy, const Tensor& w, const Tensor& pre, Tensor& dpre,
-                           Tensor& dbias_pre, Stream stream);
-
 // Reductions (f32/f64/f16/bf16; deterministic: no atomics).
 // out (scalar) = factor * sum(x), accumulated in f32 (f64 for f64).
 void sum(const Tensor& x, double factor, Tensor& out, Stream stream);
