@@ -121,6 +121,7 @@ int run(const Flags& f) {
   }
   const Device dev = Device::cuda(0);
   const DType t = parse_dtype(f.dtype);
+  cuda::DeviceContext& ctx = cuda::context(dev.index);
   const Stream s = cuda::compute_stream(dev.index);
   StreamGuard guard(s);
   const std::vector<PathProbe> paths = probe_paths(dev, s);
@@ -165,13 +166,13 @@ int run(const Flags& f) {
     const double flop = 2.0 * double(l.rows) * double(l.in) * double(l.out);
     Times by_path[2];  // [0] fused, [1] unfused
     for (int unfused = 0; unfused < 2; ++unfused) {
-      cuda::set_gemm_epilogues(unfused == 0);
+      ctx.set_gemm_epilogues(unfused == 0);
       Times& tm = by_path[unfused];
       tm.fwd = time_ms([&] { cuda::linear_forward(x, w, b, y, s); });
       tm.dx = time_ms([&] { cuda::linear_backward(gy, x, w, dx, none, none, s); });
       tm.dw_db = time_ms([&] { cuda::linear_backward(gy, x, w, none, dw, db, s); });
     }
-    cuda::set_gemm_epilogues(true);
+    ctx.set_gemm_epilogues(true);
     const Times &fu = by_path[0], &un = by_path[1];
     std::printf(
         "[gemm time] %s %s (%lld x %lld -> %lld): fwd %.3f ms fused (%s) / %.3f unfused; dx %.3f ms; "

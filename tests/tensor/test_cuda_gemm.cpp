@@ -101,7 +101,8 @@ INSTANTIATE_TEST_SUITE_P(All, CudaGemm,
 // with epilogues switched off each one that asks for an epilogue counts a fallback, with them on at most one.
 TEST(CudaGemmPaths, CountersSayWhichPathRan) {
   CZ_REQUIRE_GPU();
-  cuda::GemmCounters& c = cuda::context(gpu().index).gemm_counters();
+  cuda::DeviceContext& ctx = cuda::context(gpu().index);
+  cuda::GemmCounters& c = ctx.gemm_counters();
   const Stream s = current_stream(gpu());
   const int64_t rows = 64, in = 96, out = 128;
   const DType t = DType::bf16;
@@ -110,7 +111,7 @@ TEST(CudaGemmPaths, CountersSayWhichPathRan) {
                gy = random_tensor({rows, out}, 4).to(t).to(gpu());
   Tensor y = empty({rows, out}, t, gpu()), dw = empty({out, in}, t, gpu()), db = empty({out}, t, gpu()), none;
   for (const bool fused : {true, false}) {
-    cuda::set_gemm_epilogues(fused);
+    ctx.set_gemm_epilogues(fused);
     const int64_t lt = c.lt, fallbacks = c.epilogue_fallbacks, ex = c.gemm_ex;
     cuda::linear_forward(x, w, b, y, s);               // BIAS
     cuda::linear_backward(gy, x, w, none, dw, db, s);  // BGRADB
@@ -120,7 +121,7 @@ TEST(CudaGemmPaths, CountersSayWhichPathRan) {
     else
       EXPECT_EQ(c.epilogue_fallbacks - fallbacks, 2) << "epilogues off: both calls fall back";
   }
-  cuda::set_gemm_epilogues(true);
+  ctx.set_gemm_epilogues(true);
   s.synchronize();
 }
 
@@ -236,13 +237,14 @@ TEST(CudaGemmConvNextShapes, PointwiseLayerForwardAndBackward) {
 
 TEST(CudaGemmTf32, SwitchChangesNothingButPrecision) {
   CZ_REQUIRE_GPU();
-  EXPECT_FALSE(cuda::allow_tf32()) << "TF32 must be off by default";
+  cuda::DeviceContext& ctx = cuda::context(gpu().index);
+  EXPECT_FALSE(ctx.allow_tf32()) << "TF32 must be off by default";
   const Tensor a = random_tensor({64, 256}, 4).to(DType::f32), b = random_tensor({256, 48}, 5).to(DType::f32);
   Tensor ref = empty({64, 48}, DType::f32), y = empty({64, 48}, DType::f32, gpu());
   cpu::matmul(a, b, ref);
-  cuda::set_allow_tf32(true);
+  ctx.set_allow_tf32(true);
   cuda::matmul(a.to(gpu()), b.to(gpu()), y, current_stream(gpu()));
-  cuda::set_allow_tf32(false);
+  ctx.set_allow_tf32(false);
   EXPECT_TRUE(all_close(y, ref, 1e-2, 1e-2)) << "TF32 result";
   cuda::matmul(a.to(gpu()), b.to(gpu()), y, current_stream(gpu()));
   EXPECT_TRUE(all_close(y, ref, 1e-5, 1e-4)) << "f32 result after switching TF32 off";

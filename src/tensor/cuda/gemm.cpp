@@ -1,6 +1,6 @@
 // GEMM kernels on cuBLASLt: matmul and linear forward/backward with the BIAS and BGRADB epilogues. Every
 // fused path has an unfused fallback (plain GEMM + our own kernels) taken when cuBLASLt offers no algorithm
-// for it or epilogues are switched off (set_gemm_epilogues).
+// for it or epilogues are switched off (DeviceContext::set_gemm_epilogues).
 #include <climits>
 
 #include "tensor/cuda/host_utils.h"
@@ -37,10 +37,10 @@ struct LtTypes {
   cudaDataType_t scale;
 };
 
-LtTypes lt_types(DType t) {
+LtTypes lt_types(DType t, bool tf32) {
   switch (t) {
     case DType::f32:
-      return {CUDA_R_32F, allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F};
+      return {CUDA_R_32F, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F};
     case DType::f16:
       return {CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
     case DType::bf16:
@@ -97,7 +97,8 @@ struct Preference {
 // Runs g on cuBLASLt with its epilogue. False when cuBLASLt has no algorithm for the problem (the caller
 // falls back); throws on any other failure.
 bool try_lt(const Gemm& g, Stream stream) {
-  const LtTypes types = lt_types(g.dtype);
+  DeviceContext& ctx = context(stream.device.index);
+  const LtTypes types = lt_types(g.dtype, ctx.allow_tf32());
   const size_t elem = dtype_size(g.dtype);
   MatmulDesc op;
   CZ_CHECK_STATUS(cublasLtMatmulDescCreate(&op.h, types.compute, types.scale));
@@ -121,7 +122,7 @@ bool try_lt(const Gemm& g, Stream stream) {
   const void* vec = g.bias ? g.bias : g.bias_grad;
   const uint32_t align_vec = vec ? pointer_alignment(vec) : 0;
 
-  auto lease = context(stream.device.index).cublaslt(stream);
+  auto lease = ctx.cublaslt(stream);
   const std::string key =
       fmt::format("{} {} {}{} {} {} {} {} {} {} {} {} {} {} {}", int(types.data), int(types.compute),
                   int(g.trans_a), int(g.trans_b), g.m, g.n, g.k, g.lda, g.ldb, g.ldd, int(g.epilogue),
@@ -175,11 +176,12 @@ void gemm_ex(const Gemm& g, Stream stream) {
   for (int64_t v : {g.m, g.n, g.k, g.lda, g.ldb, g.ldd})
     CZ_CHECK_SHAPE(v <= INT_MAX, "cuda GEMM: dimension {} too large for cublasGemmEx (m={}, n={}, k={})", v,
                    g.m, g.n, g.k);
-  const LtTypes types = lt_types(g.dtype);
+  DeviceContext& ctx = context(stream.device.index);
+  const LtTypes types = lt_types(g.dtype, ctx.allow_tf32());
   const float one_f = 1.0f, zero_f = 0.0f;
   const double one_d = 1.0, zero_d = 0.0;
   const bool f64 = types.scale == CUDA_R_64F;
-  auto lease = context(stream.device.index).cublas(stream);
+  auto lease = ctx.cublas(stream);
   CZ_CHECK_STATUS(cublasGemmEx(lease.handle, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                                g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, int(g.m), int(g.n), int(g.k),
                                f64 ? static_cast<const void*>(&one_d) : &one_f, g.a, types.data, int(g.lda),
@@ -192,8 +194,9 @@ void gemm_ex(const Gemm& g, Stream stream) {
 void run(const Gemm& g, Stream stream) {
   CZ_ASSERT(g.ldd == g.m, "cuda GEMM: D must be dense");
   const bool empty = g.m == 0 || g.n == 0 || g.k == 0;
-  GemmCounters& counters = context(stream.device.index).gemm_counters();
-  if (!empty && (g.epilogue == CUBLASLT_EPILOGUE_DEFAULT || gemm_epilogues()) && try_lt(g, stream)) {
+  DeviceContext& ctx = context(stream.device.index);
+  GemmCounters& counters = ctx.gemm_counters();
+  if (!empty && (g.epilogue == CUBLASLT_EPILOGUE_DEFAULT || ctx.gemm_epilogues()) && try_lt(g, stream)) {
     ++counters.lt;
     return;
   }

@@ -31,7 +31,7 @@ void residual_scale_add(const Tensor& residual, const Tensor& x, const Tensor& g
 void channel_scale_backward(const Tensor& g, const Tensor& x, const Tensor& gamma, Tensor& dx, Tensor& dgamma,
                             Stream stream);
 
-// GEMMs on cuBLASLt (f32 with optional TF32, see set_allow_tf32; f16/bf16 with f32 accumulation; f64).
+// GEMMs on cuBLASLt (f32 with optional TF32, Note [Backend switches]; f16/bf16 with f32 accumulation; f64).
 // a: (M, K), b: (K, N), out: (M, N).
 void matmul(const Tensor& a, const Tensor& b, Tensor& out, Stream stream);
 // x: (M, in), w: (out, in), bias: (out) or undefined, y: (M, out). Bias through the BIAS epilogue.
