@@ -50,7 +50,9 @@ void broadcast_scalar(const Tensor& scalar, double factor, Tensor& out, Stream s
 // ConvNeXt ops: the CPU kernels of cpu/kernels.h, with one difference: the saved statistics (LayerNorm's
 // mean and rstd, cross-entropy's lse) are in the accumulation type, stat_dtype(x) (f32 for f32/f16/bf16,
 // f64 for f64), so 16-bit training does not round them. Compute in f32 for 16-bit data.
-DType stat_dtype(DType t);
+inline DType stat_dtype(DType t) {
+  return t == DType::f64 ? DType::f64 : DType::f32;
+}
 
 // Exact (erf) GELU.
 void gelu_forward(const Tensor& x, Tensor& y, Stream stream);
