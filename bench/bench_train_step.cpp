@@ -210,10 +210,14 @@ int run(const Flags& f) {
   const double flop_per_img = 6.0 * double(nn::convnext_forward_macs(mc, f.image));
   const double tflops = flop_per_img * img_s / 1e12;
   const double mfu = f.peak_tflops > 0 ? tflops / f.peak_tflops : NAN;
-  const std::string variant = std::string(f.depthwise_direct ? " (direct depthwise)" : "") +
-                              (f.gemm_epilogues ? "" : " (no GEMM epilogues)") +
-                              (f.patchify_gemm ? " (patchify as GEMM)" : "");
-  const char* dw = variant.c_str();
+  // The switches off their defaults, as their flags without "--" (scripts/gpu_check_summary.py keys on it).
+  std::string variant;
+  for (const auto& [on, flag] :
+       {std::pair{f.depthwise_direct, "depthwise-direct"}, std::pair{!f.gemm_epilogues, "no-gemm-epilogues"},
+        std::pair{f.patchify_gemm, "patchify-gemm"}})
+    if (on) variant += (variant.empty() ? "" : ",") + std::string(flag);
+  const std::string shown = variant.empty() ? "" : " (--" + variant + ")";
+  const char* dw = shown.c_str();
   std::printf(
       "bench_train_step: %s%s %s %s batch %lld image %lld: %.2f ms/step, %.1f img/s, %.3f TFLOP/s, peak %.2f "
       "GiB, loss %.4f (%d timed steps after %d warm-up)\n",
@@ -261,12 +265,13 @@ int run(const Flags& f) {
         fmt::format("{{\"impl\": \"convnext_zero\", \"model\": \"{}\", \"device\": \"{}\", "
                     "\"dtype\": \"{}\", \"batch\": {}, \"image\": {}, \"steps\": {}, "
                     "\"ms_per_step\": {:.4f}, \"img_per_s\": {:.3f}, \"train_flop_per_img\": {:.6g}, "
-                    "\"tflops\": {:.3f}, \"mfu\": {}, \"peak_gib\": {:.4f}, \"loss\": {:.6f}, "
-                    "\"depthwise_direct\": {}, \"gemm_epilogues\": {}, \"profiled_ms_per_step\": {:.4f}, "
-                    "\"ops\": [{}]}}",
+                    "\"tflops\": {:.3f}, \"mfu\": {}, \"peak_gib\": {:.4f}, \"loss\": {}, "
+                    "\"variant\": \"{}\", \"depthwise_direct\": {}, \"gemm_epilogues\": {}, "
+                    "\"patchify_gemm\": {}, \"profiled_ms_per_step\": {:.4f}, \"ops\": [{}]}}",
                     mc.name, f.device, f.dtype, f.batch, f.image, f.steps, 1e3 * seconds / f.steps, img_s,
                     flop_per_img, tflops, std::isfinite(mfu) ? fmt::format("{:.4f}", mfu) : "null", peak_gib,
-                    last_loss, f.depthwise_direct, f.gemm_epilogues, profiled_ms, ops_json)
+                    std::isfinite(last_loss) ? fmt::format("{:.6f}", last_loss) : "null", variant,
+                    f.depthwise_direct, f.gemm_epilogues, f.patchify_gemm, profiled_ms, ops_json)
             .c_str());
     std::fclose(out);
   }

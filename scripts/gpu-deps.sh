@@ -26,8 +26,10 @@ wanted=(
   nlohmann-json3-dev libcli11-dev
   libturbojpeg0-dev libturbojpeg0 libjpeg62-turbo-dev libjpeg62-turbo
   libpng-dev libpng16-16
+  zlib1g-dev zlib1g  # FindPNG needs zlib.h and libz.so; the runtime too, or the prefix's libz.so dangles
 )
-# Assumed on any machine that runs nvcc and PyTorch: the C/C++ runtimes and the compiler's OpenMP and zlib.
+# Assumed on any machine that runs nvcc and PyTorch: the C/C++ runtimes and the compiler's OpenMP and zlib (whose
+# runtime is downloaded anyway, above, for the -dev package's libz.so to point at).
 base=(libc6 libgcc-s1 libstdc++6 libgomp1 zlib1g)
 
 arch=$(dpkg --print-architecture)

@@ -1,11 +1,10 @@
-// The cuBLASLt GEMM kernels against f64 references on the CPU: matmul, linear forward/backward (BIAS and
-// BGRADB epilogues), the fused linear + tanh-GELU kernels (GELU_AUX, DGELU, DGELU_BGRAD), each with epilogues
-// on and off (the unfused fallback), in f32, f16 and bf16, on aligned and unaligned shapes. Skips without a
-// GPU.
+// The cuBLASLt GEMM kernels against f64 references on the CPU: matmul and linear forward/backward (BIAS and
+// BGRADB epilogues), each with epilogues on and off (the unfused fallback), in f32, f16 and bf16, on aligned
+// and unaligned shapes; which path ran is counted and checked. Skips without a GPU. (Which epilogues cuBLASLt
+// fuses, and how fast, is printed by bench/bench_gemm_cuda.)
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <iostream>
 #include <tuple>
 
 #include "common/gradcheck.h"
@@ -26,28 +25,6 @@ struct GemmShape {
 // (dtype, epilogues on, shape index)
 using Param = std::tuple<DType, bool, int>;
 const GemmShape kShapes[] = {{37, 24, 16}, {5, 6, 3}, {130, 96, 384}, {0, 8, 8}};
-
-double gelu_tanh(double v) {
-  return 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
-}
-double gelu_tanh_grad(double v) {
-  const double k0 = 0.7978845608028654, k1 = 0.044715, t = std::tanh(k0 * (v + k1 * v * v * v));
-  return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * k0 * (1 + 3 * k1 * v * v);
-}
-double gelu_erf(double v) {
-  return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
-}
-
-Tensor map(const Tensor& t, double (*f)(double)) {
-  auto v = t.to_vector<double>();
-  for (double& x : v) x = f(x);
-  return from_vector(v, t.sizes());
-}
-Tensor mul_host(const Tensor& a, const Tensor& b) {
-  auto x = a.to_vector<double>(), y = b.to_vector<double>();
-  for (size_t i = 0; i < x.size(); ++i) x[i] *= y[i];
-  return from_vector(x, a.sizes());
-}
 
 class CudaGemm : public ::testing::TestWithParam<Param> {
  protected:
@@ -109,81 +86,6 @@ TEST_P(CudaGemm, LinearForwardAndBackwardMatchReference) {
   EXPECT_TRUE(all_close(db_only, db_ref, rtol(), atol())) << "db alone (column sums)";
 }
 
-TEST_P(CudaGemm, LinearGeluForwardIsTheTanhForm) {
-  const auto [rows, in, out] = shape();
-  // Wide inputs so pre-activations reach |v| ~ 2.7, where tanh and erf GELU differ most (4.7e-4).
-  const Tensor x = host_input({rows, in}, 7, -1.5, 1.5), w = host_input({out, in}, 8, -0.5, 0.5),
-               b = host_input({out}, 9, -2, 2);
-  Tensor pre_ref = empty({rows, out}, DType::f64);
-  cpu::linear_forward(x, w, b, pre_ref);
-  Tensor pre = dev_empty({rows, out}), y = dev_empty({rows, out});
-  cuda::linear_gelu_forward(dev(x), dev(w), dev(b), y, pre, stream());
-  EXPECT_TRUE(all_close(pre, pre_ref, rtol(), atol())) << "pre";
-  // y from the kernel's own pre (rounded to the dtype), against both GELU forms.
-  const Tensor pre_h = pre.to(DType::f64).cpu();
-  const double tol = dtype() == DType::f32 ? 2e-3 : atol();
-  EXPECT_TRUE(all_close(y, map(pre_h, gelu_tanh), tol, tol)) << "y vs tanh GELU";
-  if (dtype() == DType::f32 && rows > 0) {
-    // Report how close the result is to each form: the GPU check reads these lines.
-    auto dev_of = [&](double (*f)(double)) {
-      const auto a = y.to_vector<double>(), e = map(pre_h, f).to_vector<double>();
-      double m = 0;
-      for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - e[i]));
-      return m;
-    };
-    std::cout << "[linear_gelu_forward f32 epilogues=" << cuda::gemm_epilogues() << " shape " << rows << "x"
-              << in << "x" << out << "] max |y - gelu_tanh| = " << dev_of(gelu_tanh)
-              << ", max |y - gelu_erf| = " << dev_of(gelu_erf) << "\n";
-  }
-  // Without a bias.
-  Tensor pre2 = dev_empty({rows, out}), y2 = dev_empty({rows, out}),
-         pre2_ref = empty({rows, out}, DType::f64);
-  cuda::linear_gelu_forward(dev(x), dev(w), Tensor(), y2, pre2, stream());
-  cpu::linear_forward(x, w, Tensor(), pre2_ref);
-  EXPECT_TRUE(all_close(pre2, pre2_ref, rtol(), atol())) << "pre without bias";
-  EXPECT_TRUE(all_close(y2, map(pre2.to(DType::f64).cpu(), gelu_tanh), tol, tol)) << "y without bias";
-}
-
-TEST_P(CudaGemm, LinearGeluBackwardMatchesReference) {
-  const auto [rows, in, out] = shape();
-  const Tensor x = host_input({rows, in}, 10), w = host_input({out, in}, 11),
-               pre = host_input({rows, out}, 12, -3, 3), gy = host_input({rows, out}, 13);
-  const Tensor dpre = mul_host(gy, map(pre, gelu_tanh_grad));
-  Tensor dx_ref = empty({rows, in}, DType::f64), dw_ref = empty({out, in}, DType::f64),
-         db_ref = empty({out}, DType::f64);
-  cpu::linear_backward(dpre, x, w, dx_ref, dw_ref, db_ref);
-  Tensor dx = dev_empty({rows, in}), dw = dev_empty({out, in}), db = dev_empty({out});
-  cuda::linear_gelu_backward(dev(gy), dev(x), dev(w), dev(pre), dx, dw, db, stream());
-  // dpre is rounded to the dtype before the GEMMs: a little looser for 16-bit types.
-  const double k = dtype() == DType::f32 ? 1 : 2;
-  EXPECT_TRUE(all_close(dx, dx_ref, k * rtol(), k * atol())) << "dx";
-  EXPECT_TRUE(all_close(dw, dw_ref, k * rtol(), k * atol())) << "dw";
-  EXPECT_TRUE(all_close(db, db_ref, k * rtol(), k * atol())) << "db";
-}
-
-TEST_P(CudaGemm, LinearBackwardThroughGeluMatchesReference) {
-  const auto [rows, in, out] = shape();
-  const Tensor gy = host_input({rows, out}, 14), w = host_input({out, in}, 15),
-               pre = host_input({rows, in}, 16, -3, 3);
-  Tensor gx = empty({rows, in}, DType::f64);
-  cpu::matmul(gy, w, gx);
-  const Tensor dpre_ref = mul_host(gx, map(pre, gelu_tanh_grad));
-  std::vector<double> colsum(size_t(in), 0.0);
-  const auto dv = dpre_ref.to_vector<double>();
-  for (size_t i = 0; i < dv.size(); ++i) colsum[i % size_t(in)] += dv[i];
-  const Tensor dbias_ref = from_vector(colsum, {in});
-  Tensor none;
-  Tensor dpre = dev_empty({rows, in}), dbias = dev_empty({in});
-  cuda::linear_backward_dgelu(dev(gy), dev(w), dev(pre), dpre, dbias, stream());
-  const double tol = dtype() == DType::f32 ? 2e-3 : 2 * atol();
-  EXPECT_TRUE(all_close(dpre, dpre_ref, tol, tol)) << "dpre";
-  EXPECT_TRUE(all_close(dbias, dbias_ref, tol, tol * std::sqrt(double(std::max<int64_t>(rows, 1)))))
-      << "dbias (DGELU_BGRAD)";
-  Tensor dpre2 = dev_empty({rows, in});
-  cuda::linear_backward_dgelu(dev(gy), dev(w), dev(pre), dpre2, none, stream());
-  EXPECT_TRUE(all_close(dpre2, dpre_ref, tol, tol)) << "dpre without dbias";
-}
-
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
   const auto [t, epi, s] = info.param;
   const GemmShape& sh = kShapes[s];
@@ -195,87 +97,32 @@ INSTANTIATE_TEST_SUITE_P(All, CudaGemm,
                                             ::testing::Bool(), ::testing::Range(0, 4)),
                          param_name);
 
-// Not a check: a line in the GPU run's log saying which epilogues cuBLASLt really fused for each dtype.
-TEST(CudaGemmPaths, ReportWhichEpiloguesAreFused) {
+// The path counters (bench_gemm_cuda reports from them): every GEMM runs once, on cuBLASLt or cublasGemmEx;
+// with epilogues switched off each one that asks for an epilogue counts a fallback, with them on at most one.
+TEST(CudaGemmPaths, CountersSayWhichPathRan) {
   CZ_REQUIRE_GPU();
-  cuda::GemmCounters& c = cuda::context(0).gemm_counters();
+  cuda::DeviceContext& ctx = cuda::context(gpu().index);
+  cuda::GemmCounters& c = ctx.gemm_counters();
   const Stream s = current_stream(gpu());
   const int64_t rows = 64, in = 96, out = 128;
-  for (DType t : {DType::f32, DType::f16, DType::bf16}) {
-    const Tensor x = random_tensor({rows, in}, 1).to(t).to(gpu()),
-                 w = random_tensor({out, in}, 2).to(t).to(gpu()), b = random_tensor({out}, 3).to(t).to(gpu()),
-                 gy = random_tensor({rows, out}, 4).to(t).to(gpu()),
-                 pre_in = random_tensor({rows, in}, 5).to(t).to(gpu());
-    Tensor y = empty({rows, out}, t, gpu()), pre = empty({rows, out}, t, gpu()),
-           dx = empty({rows, in}, t, gpu()), dw = empty({out, in}, t, gpu()), db = empty({out}, t, gpu()),
-           dbias_in = empty({in}, t, gpu());
-    auto report = [&](const char* what, auto&& fn) {
-      const int64_t lt = c.lt, fb = c.epilogue_fallbacks, ex = c.gemm_ex;
-      fn();
-      std::cout << "[gemm path] " << dtype_name(t) << " " << what << ": "
-                << (c.epilogue_fallbacks > fb ? "UNFUSED fallback" : "fused") << " (cuBLASLt calls "
-                << c.lt - lt << ", cublasGemmEx calls " << c.gemm_ex - ex << ")\n";
-    };
-    report("BIAS", [&] { cuda::linear_forward(x, w, b, y, s); });
-    report("BGRADB", [&] {
-      Tensor none;
-      cuda::linear_backward(gy, x, w, none, dw, db, s);
-    });
-    report("GELU_AUX_BIAS", [&] { cuda::linear_gelu_forward(x, w, b, y, pre, s); });
-    report("DGELU_BGRAD", [&] { cuda::linear_backward_dgelu(gy, w, pre_in, dx, dbias_in, s); });
-  }
-  s.synchronize();
-}
-
-// Not a check: cuBLASLt timings of ConvNeXt-T's pointwise layers (bf16, batch 64 at 224 px) with the fused
-// epilogues and without, for the GPU run's log. The weight-gradient GEMMs have K = 64 x tokens (up to 200704)
-// but only C x 4C outputs, so they need split-K (or stream-K) kernels to fill the GPU: if cuBLASLt's BGRADB
-// kernels cannot split K, "dw+db fused" is much slower than "unfused" (plain GEMM plus a column sum), and
-// linear_backward should not ask for BGRADB on such shapes.
-TEST(CudaGemmPaths, ReportConvNextTimings) {
-  CZ_REQUIRE_GPU();
-  struct RestoreEpilogues {
-    ~RestoreEpilogues() { cuda::set_gemm_epilogues(true); }
-  } restore;
-  const Stream s = current_stream(gpu());
   const DType t = DType::bf16;
-  struct Stage {
-    int64_t c, tokens;
-  };
-  for (const Stage st :
-       {Stage{96, 64 * 3136}, Stage{192, 64 * 784}, Stage{384, 64 * 196}, Stage{768, 64 * 49}}) {
-    for (const bool fc1 : {true, false}) {
-      const int64_t rows = st.tokens, in = fc1 ? st.c : 4 * st.c, out = fc1 ? 4 * st.c : st.c;
-      // Constant inputs: the timings do not depend on the values.
-      const Tensor x = full({rows, in}, 0.01, t, gpu()), w = full({out, in}, 0.01, t, gpu()),
-                   b = full({out}, 0.01, t, gpu()), gy = full({rows, out}, 0.01, t, gpu());
-      Tensor y = empty({rows, out}, t, gpu()), dx = empty({rows, in}, t, gpu()),
-             dw = empty({out, in}, t, gpu()), db = empty({out}, t, gpu()), none;
-      auto time_ms = [&](auto&& fn) {
-        for (int i = 0; i < 2; ++i) fn();  // the first call asks cuBLASLt's heuristic
-        Event start(gpu()), end(gpu());
-        const int iters = 10;
-        start.record(s);
-        for (int i = 0; i < iters; ++i) fn();
-        end.record(s);
-        end.synchronize();
-        return double(start.elapsed_ms(end)) / iters;
-      };
-      const double flop = 2.0 * double(rows) * double(in) * double(out);
-      std::string line =
-          fmt::format("[gemm time] bf16 C={} {} ({} x {} -> {}):", st.c, fc1 ? "fc1" : "fc2", rows, in, out);
-      for (const bool fused : {true, false}) {
-        cuda::set_gemm_epilogues(fused);
-        const double fwd = time_ms([&] { cuda::linear_forward(x, w, b, y, s); });
-        const double dxt = time_ms([&] { cuda::linear_backward(gy, x, w, dx, none, none, s); });
-        const double dwt = time_ms([&] { cuda::linear_backward(gy, x, w, none, dw, db, s); });
-        line += fmt::format(
-            " {}: fwd {:.3f} ms ({:.0f} TFLOP/s), dx {:.3f} ms, dw+db {:.3f} ms ({:.0f} TFLOP/s);",
-            fused ? "fused" : "unfused", fwd, flop / fwd * 1e-9, dxt, dwt, flop / dwt * 1e-9);
-      }
-      std::cout << line << "\n";
-    }
+  const Tensor x = random_tensor({rows, in}, 1).to(t).to(gpu()),
+               w = random_tensor({out, in}, 2).to(t).to(gpu()), b = random_tensor({out}, 3).to(t).to(gpu()),
+               gy = random_tensor({rows, out}, 4).to(t).to(gpu());
+  Tensor y = empty({rows, out}, t, gpu()), dw = empty({out, in}, t, gpu()), db = empty({out}, t, gpu()), none;
+  for (const bool fused : {true, false}) {
+    ctx.set_gemm_epilogues(fused);
+    const int64_t lt = c.lt, fallbacks = c.epilogue_fallbacks, ex = c.gemm_ex;
+    cuda::linear_forward(x, w, b, y, s);               // BIAS
+    cuda::linear_backward(gy, x, w, none, dw, db, s);  // BGRADB
+    EXPECT_EQ(c.lt - lt + c.gemm_ex - ex, 2) << "epilogues " << fused << ": one GEMM per call";
+    if (fused)
+      EXPECT_LE(c.epilogue_fallbacks - fallbacks, 2);
+    else
+      EXPECT_EQ(c.epilogue_fallbacks - fallbacks, 2) << "epilogues off: both calls fall back";
   }
+  ctx.set_gemm_epilogues(true);
+  s.synchronize();
 }
 
 TEST(CudaGemmF64, MatmulAndLinearMatchCpu) {
@@ -390,13 +237,14 @@ TEST(CudaGemmConvNextShapes, PointwiseLayerForwardAndBackward) {
 
 TEST(CudaGemmTf32, SwitchChangesNothingButPrecision) {
   CZ_REQUIRE_GPU();
-  EXPECT_FALSE(cuda::allow_tf32()) << "TF32 must be off by default";
+  cuda::DeviceContext& ctx = cuda::context(gpu().index);
+  EXPECT_FALSE(ctx.allow_tf32()) << "TF32 must be off by default";
   const Tensor a = random_tensor({64, 256}, 4).to(DType::f32), b = random_tensor({256, 48}, 5).to(DType::f32);
   Tensor ref = empty({64, 48}, DType::f32), y = empty({64, 48}, DType::f32, gpu());
   cpu::matmul(a, b, ref);
-  cuda::set_allow_tf32(true);
+  ctx.set_allow_tf32(true);
   cuda::matmul(a.to(gpu()), b.to(gpu()), y, current_stream(gpu()));
-  cuda::set_allow_tf32(false);
+  ctx.set_allow_tf32(false);
   EXPECT_TRUE(all_close(y, ref, 1e-2, 1e-2)) << "TF32 result";
   cuda::matmul(a.to(gpu()), b.to(gpu()), y, current_stream(gpu()));
   EXPECT_TRUE(all_close(y, ref, 1e-5, 1e-4)) << "f32 result after switching TF32 off";

@@ -242,6 +242,42 @@ TEST(CudaContext, HandlesAndNamedStreamsAreCreatedOnce) {
   EXPECT_THROW(cuda::context(cuda_device_count()), DeviceError);
 }
 
+// Note [Backend switches]: the switches live in each device's context with their documented defaults, the
+// process-wide setters reach every visible device, and without a GPU those setters do nothing (no context is
+// made, nothing throws).
+TEST(CudaContext, SwitchesLiveInEachDeviceContextAndTheSettersReachEveryDevice) {
+  auto set_all = [](bool on) {
+    cuda::set_allow_tf32(on);
+    cuda::set_gemm_epilogues(!on);
+    cuda::set_conv_benchmark(on);
+    cuda::set_depthwise_direct(on);
+    cuda::set_patchify_gemm(on);
+  };
+  if (!cuda_available()) {
+    EXPECT_NO_THROW(set_all(true));
+    EXPECT_THROW(cuda::context(0), DeviceError);
+    return;
+  }
+  auto expect_all = [](bool on, const std::string& when) {
+    for (int d = 0; d < cuda_device_count(); ++d) {
+      const cuda::DeviceContext& c = cuda::context(d);
+      EXPECT_EQ(c.allow_tf32(), on) << when << ", cuda:" << d;
+      EXPECT_EQ(c.gemm_epilogues(), !on) << when << ", cuda:" << d;
+      EXPECT_EQ(c.conv_benchmark(), on) << when << ", cuda:" << d;
+      EXPECT_EQ(c.depthwise_direct(), on) << when << ", cuda:" << d;
+      EXPECT_EQ(c.patchify_gemm(), on) << when << ", cuda:" << d;
+    }
+  };
+  expect_all(false, "defaults");
+  set_all(true);
+  expect_all(true, "after the process-wide setters");
+  set_all(false);
+  expect_all(false, "after setting them back");
+  cuda::context(0).set_depthwise_direct(true);  // one device's own setter
+  EXPECT_TRUE(cuda::context(0).depthwise_direct());
+  cuda::context(0).set_depthwise_direct(false);
+}
+
 // Note [Current device]: a guard restores a chosen device, and a thread that never chose one adopts the
 // process's default device instead of falling back to device 0.
 TEST(CudaContext, DeviceGuardsRestoreChosenDevicesAndThreadsAdoptTheDefault) {

@@ -1,6 +1,8 @@
-// Per-device backend context: lazily created library handles, cuBLASLt workspaces per stream, named streams.
+// Per-device backend context: lazily created library handles, cuBLASLt workspaces per stream, named streams,
+// kernel-path switches.
 #include "tensor/cuda/context.h"
 
+#include <algorithm>
 #include <array>
 
 #include "tensor/cuda/allocator.h"
@@ -9,11 +11,6 @@
 namespace cz::cuda {
 namespace {
 constexpr int kMaxDevices = 16;
-std::atomic<bool> g_allow_tf32{false};
-std::atomic<bool> g_gemm_epilogues{true};
-std::atomic<bool> g_conv_benchmark{false};
-std::atomic<bool> g_depthwise_direct{false};
-std::atomic<bool> g_patchify_gemm{false};
 std::atomic<int> g_default_device{-1};
 thread_local bool t_device_chosen = false;  // Note [Current device]
 }  // namespace
@@ -53,38 +50,28 @@ DeviceGuard::~DeviceGuard() {
   if (prev_ >= 0) (void)cudaSetDevice(prev_);
 }
 
-void set_allow_tf32(bool allow) {
-  g_allow_tf32.store(allow, std::memory_order_relaxed);
+namespace {
+// Applies `set` to the context of every visible device (Note [Backend switches]).
+template <class Set>
+void on_every_device(Set set) {
+  for (int d = 0, n = std::min(cuda_device_count(), kMaxDevices); d < n; ++d) set(context(d));
 }
-bool allow_tf32() {
-  return g_allow_tf32.load(std::memory_order_relaxed);
+}  // namespace
+
+void set_allow_tf32(bool allow) {
+  on_every_device([&](DeviceContext& c) { c.set_allow_tf32(allow); });
 }
 void set_gemm_epilogues(bool enable) {
-  g_gemm_epilogues.store(enable, std::memory_order_relaxed);
+  on_every_device([&](DeviceContext& c) { c.set_gemm_epilogues(enable); });
 }
-bool gemm_epilogues() {
-  return g_gemm_epilogues.load(std::memory_order_relaxed);
-}
-
 void set_conv_benchmark(bool enable) {
-  g_conv_benchmark.store(enable, std::memory_order_relaxed);
+  on_every_device([&](DeviceContext& c) { c.set_conv_benchmark(enable); });
 }
-bool conv_benchmark() {
-  return g_conv_benchmark.load(std::memory_order_relaxed);
-}
-
 void set_depthwise_direct(bool enable) {
-  g_depthwise_direct.store(enable, std::memory_order_relaxed);
+  on_every_device([&](DeviceContext& c) { c.set_depthwise_direct(enable); });
 }
-bool depthwise_direct() {
-  return g_depthwise_direct.load(std::memory_order_relaxed);
-}
-
 void set_patchify_gemm(bool enable) {
-  g_patchify_gemm.store(enable, std::memory_order_relaxed);
-}
-bool patchify_gemm() {
-  return g_patchify_gemm.load(std::memory_order_relaxed);
+  on_every_device([&](DeviceContext& c) { c.set_patchify_gemm(enable); });
 }
 
 DeviceContext::DeviceContext(int device) : device_(device) {

@@ -1,6 +1,7 @@
 // Per-device CUDA backend state: the cuBLAS, cuBLASLt (+ per-stream workspace, algorithm cache) and cuDNN
-// handles, created on first use, and the named compute / communication / copy streams. Kernels hold no state
-// of their own: they receive a Stream and look the context up by the stream's device.
+// handles, created on first use, the named compute / communication / copy streams, and the switches between
+// equivalent kernel paths. Kernels hold no state of their own: they receive a Stream and look the context up
+// by the stream's device.
 #pragma once
 
 #include <cublasLt.h>
@@ -50,31 +51,17 @@ class DeviceGuard {
   int prev_ = -1;
 };
 
-// TF32 tensor cores for f32 GEMMs: about 3x faster on Ampere and later, with a 10-bit mantissa in the
-// products. Off by default so f32 results match the CPU backend to ~1e-6; training code may turn it on.
+// Note [Backend switches]: five switches choose between numerically equivalent paths (or, for TF32, trade
+// f32 precision for speed). They are state of the backend, so they live in each device's DeviceContext, next
+// to the handles and caches they affect, and kernels read them from the context of their stream's device at
+// each call. The functions below set one switch on every visible device, for callers that choose one setting
+// for the process (the trainer, benchmarks); without a GPU they do nothing. Per-device setters are on
+// DeviceContext.
 void set_allow_tf32(bool allow);
-bool allow_tf32();
-
-// cuBLASLt epilogues (bias, GELU, bias gradient) fused into GEMMs. On by default; off runs the same math as a
-// plain GEMM plus our own kernels, which the tests use to check one path against the other.
 void set_gemm_epilogues(bool enable);
-bool gemm_epilogues();
-
-// How cuDNN convolution algorithms are chosen (Note [Convolution algorithms] in conv.cpp): by cuDNN's
-// heuristics (default: no host synchronisation, no trial runs), or by timing every candidate once per problem
-// (cudnnFind*Ex, like PyTorch's cudnn.benchmark: the first call of each shape synchronises the device).
 void set_conv_benchmark(bool enable);
-bool conv_benchmark();
-
-// Depthwise convolutions on our direct kernels (depthwise.cu) even where cuDNN has an algorithm. Off by
-// default; they are used anyway for problems cuDNN cannot run. The tests compare the two paths.
 void set_depthwise_direct(bool enable);
-bool depthwise_direct();
-
-// Patchify convolutions as one GEMM over their patches (Note [Patchify as a GEMM] in patches.h) even where
-// cuDNN has an algorithm. Off by default; used anyway for problems cuDNN cannot run.
 void set_patchify_gemm(bool enable);
-bool patchify_gemm();
 
 // The algorithm chosen for one convolution problem and direction, with the workspace it needs.
 struct ConvAlgo {
@@ -110,6 +97,29 @@ class DeviceContext {
   int device() const { return device_; }
   int sm_count() const { return sm_count_; }
   int cc_major() const { return cc_major_; }
+
+  // Switches (Note [Backend switches]); each takes effect at the next kernel call on this device.
+  // TF32 tensor cores for f32 GEMMs and convolutions: about 3x faster on Ampere and later, with a 10-bit
+  // mantissa in the products. Off by default so f32 results match the CPU backend to ~1e-6.
+  bool allow_tf32() const { return allow_tf32_.load(std::memory_order_relaxed); }
+  void set_allow_tf32(bool on) { allow_tf32_.store(on, std::memory_order_relaxed); }
+  // cuBLASLt epilogues (bias, bias gradient) fused into GEMMs. On by default; off runs the same math as a
+  // plain GEMM plus our own kernels, which the tests use to check one path against the other.
+  bool gemm_epilogues() const { return gemm_epilogues_.load(std::memory_order_relaxed); }
+  void set_gemm_epilogues(bool on) { gemm_epilogues_.store(on, std::memory_order_relaxed); }
+  // How cuDNN convolution algorithms are chosen (Note [Convolution algorithms] in conv.cpp): by cuDNN's
+  // heuristics (default: no host synchronisation, no trial runs), or by timing every candidate once per
+  // problem (cudnnFind*Ex, like PyTorch's cudnn.benchmark: the first call of each shape synchronises).
+  bool conv_benchmark() const { return conv_benchmark_.load(std::memory_order_relaxed); }
+  void set_conv_benchmark(bool on) { conv_benchmark_.store(on, std::memory_order_relaxed); }
+  // Depthwise convolutions on our direct kernels (depthwise.cu) even where cuDNN has an algorithm. Off by
+  // default; they are used anyway for problems cuDNN cannot run. The tests compare the two paths.
+  bool depthwise_direct() const { return depthwise_direct_.load(std::memory_order_relaxed); }
+  void set_depthwise_direct(bool on) { depthwise_direct_.store(on, std::memory_order_relaxed); }
+  // Patchify convolutions as one GEMM over their patches (Note [Patchify as a GEMM] in patches.h) even where
+  // cuDNN has an algorithm. Off by default; used anyway for problems cuDNN cannot run.
+  bool patchify_gemm() const { return patchify_gemm_.load(std::memory_order_relaxed); }
+  void set_patchify_gemm(bool on) { patchify_gemm_.store(on, std::memory_order_relaxed); }
 
   // A library handle bound to `stream`. Handles are shared by every thread using this device, so a lease
   // holds a lock for its lifetime: keep leases short (enqueue work, never wait on it).
@@ -165,6 +175,8 @@ class DeviceContext {
   std::unordered_map<void*, DataPtr> dnn_workspaces_;  // by stream handle; guarded by dnn_mu_
   std::atomic<void*> compute_{nullptr}, comm_{nullptr}, copy_{nullptr};
   GemmCounters gemm_counters_;
+  std::atomic<bool> allow_tf32_{false}, gemm_epilogues_{true}, conv_benchmark_{false},
+      depthwise_direct_{false}, patchify_gemm_{false};
 };
 
 // The context of a visible device (DeviceError otherwise).

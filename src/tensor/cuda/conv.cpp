@@ -16,8 +16,8 @@ namespace {
 
 // Note [Convolution algorithms]: for every (op, direction, dtype, shape, groups, math) problem the first call
 // asks cuDNN for candidates, cudnnGet*_v7 (heuristics, no device work) by default or cudnnFind*Ex (each
-// candidate timed once, synchronising the device) under set_conv_benchmark(true). It keeps those that
-// succeeded, fit kMaxWorkspace and, for f32 without TF32, need no tensor-op math (and runs them with FMA
+// candidate timed once, synchronising the device) under the device's conv_benchmark switch. It keeps those
+// that succeeded, fit kMaxWorkspace and, for f32 without TF32, need no tensor-op math (and runs them with FMA
 // math), and deterministic (no atomics, so training repeats bit for bit). It then runs them in that order
 // until cuDNN accepts one (heuristic candidates are not always runnable) and caches that one, or "none":
 // depthwise then takes our direct kernels, patchify one GEMM over its patches (Note [Patchify as a GEMM]).
@@ -85,12 +85,14 @@ struct Problem {
   const char* op;
   DType dtype;
   int n, h, w, c, k, r, pad, stride, groups, ho, wo;
+  // The device's switches (Note [Backend switches]), set by try_run: TF32 allowed, timed search.
+  bool tf32 = false, search = false;
 
   // Everything the choice depends on. The device is not in it: each device has its own cache. Strides are
   // not: every operand is contiguous NHWC. TF32 is, through the math type.
   std::string key(Dir dir, cudnnMathType_t math) const {
     return fmt::format("{}|{}|{}|{}x{}x{}x{}|{}x{}|p{}s{}g{}|m{}|b{}", op, int(dir), dtype_name(dtype), n, h,
-                       w, c, k, r, pad, stride, groups, int(math), int(conv_benchmark()));
+                       w, c, k, r, pad, stride, groups, int(math), int(search));
   }
 };
 
@@ -112,7 +114,7 @@ struct Descs {
                                                     CUDNN_CROSS_CORRELATION, compute));
     CZ_CHECK_STATUS(cudnnSetConvolutionGroupCount(conv.h, p.groups));
     // f32 without TF32 must match the CPU to ~1e-6: FMA math only.
-    math = p.dtype == DType::f32   ? (allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH)
+    math = p.dtype == DType::f32   ? (p.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH)
            : p.dtype == DType::f64 ? CUDNN_DEFAULT_MATH
                                    : CUDNN_TENSOR_OP_MATH;
     CZ_CHECK_STATUS(cudnnSetConvolutionMathType(conv.h, math));
@@ -136,7 +138,7 @@ template <class Perf>
 bool acceptable(const Perf& perf, const Problem& p) {
   if (perf.status != CUDNN_STATUS_SUCCESS || perf.memory > kMaxWorkspace) return false;
   if (perf.determinism != CUDNN_DETERMINISTIC) return false;
-  if (p.dtype == DType::f32 && !allow_tf32() &&
+  if (p.dtype == DType::f32 && !p.tf32 &&
       (perf.mathType == CUDNN_TENSOR_OP_MATH || perf.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION))
     return false;
   return true;
@@ -146,7 +148,7 @@ bool acceptable(const Perf& perf, const Problem& p) {
 // CUDNN_DEFAULT_MATH would otherwise be run with DEFAULT, which permits TF32 tensor cores on Ampere and
 // later.
 cudnnMathType_t run_math(const Problem& p, cudnnMathType_t reported) {
-  return p.dtype == DType::f32 && !allow_tf32() ? CUDNN_FMA_MATH : reported;
+  return p.dtype == DType::f32 && !p.tf32 ? CUDNN_FMA_MATH : reported;
 }
 
 constexpr int kMaxCandidates = 16;
@@ -201,7 +203,7 @@ std::vector<ConvAlgo> candidates(const DeviceContext::DnnLease& lease, Stream st
                                  const Descs& d, Dir dir, const Operands& o) {
   int count = 0;
   cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
-  const bool bench = conv_benchmark();
+  const bool bench = p.search;
   // The timed search gets a scratch block of its own, returned to the pool afterwards: the per-stream
   // workspace only grows to what the chosen algorithms need.
   DataPtr scratch = bench ? allocate(kMaxWorkspace, stream) : DataPtr();
@@ -271,8 +273,11 @@ cudnnStatus_t enqueue(DeviceContext& ctx, const DeviceContext::DnnLease& lease, 
 // cuDNN accepts to run (heuristic candidates are not always runnable: a refusal queues nothing, and the next
 // one is tried), which is then cached. Returns false, having queued nothing, when no candidate runs; that is
 // cached too, and the caller takes its own path. Any other cuDNN error throws.
-bool try_run(const Problem& p, Dir dir, const Operands& o, Stream stream) {
+bool try_run(const Problem& problem, Dir dir, const Operands& o, Stream stream) {
   DeviceContext& ctx = context(stream.device.index);
+  Problem p = problem;
+  p.tf32 = ctx.allow_tf32();
+  p.search = ctx.conv_benchmark();
   DeviceContext::DnnLease lease = ctx.cudnn(stream);
   Descs d(p);
   const std::string key = p.key(dir, d.math);
@@ -297,11 +302,11 @@ bool try_run(const Problem& p, Dir dir, const Operands& o, Stream stream) {
   return false;
 }
 
-// y (rows, c) += bias (c), through the bias + GELU kernel with GELU off.
+// y (rows, c) += bias (c).
 void add_bias(const Tensor& bias, Tensor& y, int64_t c, Stream stream) {
   if (!bias.defined() || y.numel() == 0) return;
-  CZ_CHECK_STATUS(launch::bias_gelu(detail::config_of(stream), y.dtype(), y.raw_data(), bias.raw_data(),
-                                    nullptr, y.numel() / c, c));
+  CZ_CHECK_STATUS(launch::add_bias(detail::config_of(stream), y.dtype(), y.raw_data(), bias.raw_data(),
+                                   y.numel() / c, c));
 }
 
 // db (c) = column sums of gy (rows, c): fixed partitions, no atomics.
@@ -366,7 +371,7 @@ void depthwise_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bi
   check_like(op, "y", y, x.sizes(), x.dtype(), stream);
   if (x.numel() == 0) return;
   DeviceGuard guard(stream.device.index);
-  if (!depthwise_direct()) {
+  if (!context(stream.device.index).depthwise_direct()) {
     const Tensor wt = crs_from_rsc(w, stream);
     if (try_run(depthwise_problem(x, w.size(0)), Dir::fwd,
                 {x.raw_data(), wt.raw_data(), nullptr, y.raw_data()}, stream)) {
@@ -396,7 +401,7 @@ void depthwise_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& 
   const Problem p = depthwise_problem(x, w.size(0));
   const launch::Config cfg = detail::config_of(stream);
   const int k = int(w.size(0));
-  const bool direct = depthwise_direct();
+  const bool direct = context(stream.device.index).depthwise_direct();
   if (dx.defined()) {
     bool done = false;
     if (!direct) {
@@ -507,7 +512,7 @@ void patchify_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bia
   check_like(op, "y", y, {x.size(0), x.size(1) / k, x.size(2) / k, cout}, x.dtype(), stream);
   if (y.numel() == 0) return;
   DeviceGuard guard(stream.device.index);
-  if (patchify_gemm() ||
+  if (context(stream.device.index).patchify_gemm() ||
       !try_run(patchify_problem(x, w), Dir::fwd, {x.raw_data(), w.raw_data(), nullptr, y.raw_data()}, stream))
     return patchify_forward_gemm(x, w, bias, y, stream);
   add_bias(bias, y, cout, stream);
@@ -529,7 +534,8 @@ void patchify_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w
     if (dbias.defined()) fill(dbias, 0.0, stream);
     return;
   }
-  if (patchify_gemm()) return patchify_backward_gemm(gy, x, w, dx, dw, dbias, stream);
+  if (context(stream.device.index).patchify_gemm())
+    return patchify_backward_gemm(gy, x, w, dx, dw, dbias, stream);
   const Problem p = patchify_problem(x, w);
   if (dx.defined()) {
     // Where the floor of H / k or W / k dropped rows or columns, their gradient is zero. cuDNN's beta = 0

@@ -140,19 +140,6 @@ __device__ __forceinline__ void offsets_of(const Geometry<kOps>& g, int64_t i, i
   for (int k = 0; k < kOps; ++k) off[k] += i * g.strides[k][0];
 }
 
-// tanh-approximated GELU (cuBLASLt's epilogue form) and its derivative, in f32 (f64 for f64).
-template <class A>
-__device__ __forceinline__ A gelu_tanh(A v) {
-  const A k0 = A(0.7978845608028654), k1 = A(0.044715);
-  return A(0.5) * v * (A(1) + tanh(k0 * (v + k1 * v * v * v)));
-}
-template <class A>
-__device__ __forceinline__ A gelu_tanh_grad(A v) {
-  const A k0 = A(0.7978845608028654), k1 = A(0.044715);
-  const A t = tanh(k0 * (v + k1 * v * v * v));
-  return A(0.5) * (A(1) + t) + A(0.5) * v * (A(1) - t * t) * k0 * (A(1) + A(3) * k1 * v * v);
-}
-
 // Deterministic column reductions (column sums, LayerNorm's parameter gradients): blocks of kColTile columns
 // x kRowLanes row lanes each walk a chunk of rows; per-chunk partials are then added up in chunk order. About
 // 8 blocks per SM, at least 64 rows per chunk, at most 1024 chunks.

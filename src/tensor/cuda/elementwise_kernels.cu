@@ -1,5 +1,5 @@
-// Elementwise kernels on contiguous buffers: binary ops, per-channel scale (+ residual), bias + tanh-GELU and
-// its gradient (the unfused forms of the cuBLASLt epilogues). 16-byte vector loads where alignment allows.
+// Elementwise kernels on contiguous buffers: binary ops, per-channel scale (+ residual), and the bias add of
+// the unfused GEMM and convolution paths. 16-byte vector loads where alignment allows.
 #include "tensor/cuda/device_utils.cuh"
 
 namespace cz::cuda::launch {
@@ -58,22 +58,9 @@ __global__ void residual_scale_add_kernel(const T* __restrict__ residual, const 
 }
 
 template <class T>
-__global__ void bias_gelu_kernel(T* pre, const T* __restrict__ bias, T* y, int64_t n, int64_t cols) {
-  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
-    auto v = to_acc(pre[i]);
-    if (bias) {
-      v += to_acc(bias[i % cols]);
-      pre[i] = cvt<T>(v);
-      v = to_acc(pre[i]);  // what backward will read: the rounded pre-activation
-    }
-    if (y) y[i] = cvt<T>(gelu_tanh(v));
-  }
-}
-
-template <class T>
-__global__ void gelu_backward_kernel(const T* g, const T* __restrict__ pre, T* dpre, int64_t n) {
+__global__ void add_bias_kernel(T* y, const T* __restrict__ bias, int64_t n, int64_t cols) {
   for (int64_t i = global_thread(); i < n; i += grid_threads())
-    dpre[i] = cvt<T>(to_acc(g[i]) * gelu_tanh_grad(to_acc(pre[i])));
+    y[i] = cvt<T>(to_acc(y[i]) + to_acc(bias[i % cols]));
 }
 
 }  // namespace
@@ -119,24 +106,13 @@ cudaError_t residual_scale_add(const Config& cfg, DType t, const void* residual,
   });
 }
 
-cudaError_t bias_gelu(const Config& cfg, DType t, void* pre, const void* bias, void* y, int64_t rows,
-                      int64_t cols) {
+cudaError_t add_bias(const Config& cfg, DType t, void* y, const void* bias, int64_t rows, int64_t cols) {
   const int64_t n = rows * cols;
   if (n == 0) return cudaSuccess;
   return visit_float(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    bias_gelu_kernel<T><<<grid_for(n, cfg.sm_count), kThreads, 0, cfg.stream>>>(
-        static_cast<T*>(pre), static_cast<const T*>(bias), static_cast<T*>(y), n, cols);
-    return cudaGetLastError();
-  });
-}
-
-cudaError_t gelu_backward(const Config& cfg, DType t, const void* g, const void* pre, void* dpre, int64_t n) {
-  if (n == 0) return cudaSuccess;
-  return visit_float(t, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    gelu_backward_kernel<T><<<grid_for(n, cfg.sm_count), kThreads, 0, cfg.stream>>>(
-        static_cast<const T*>(g), static_cast<const T*>(pre), static_cast<T*>(dpre), n);
+    add_bias_kernel<T><<<grid_for(n, cfg.sm_count), kThreads, 0, cfg.stream>>>(
+        static_cast<T*>(y), static_cast<const T*>(bias), n, cols);
     return cudaGetLastError();
   });
 }

@@ -1,6 +1,6 @@
-// GEMM kernels on cuBLASLt: matmul, linear forward/backward with the BIAS and BGRADB epilogues, and the fused
-// linear + tanh-GELU forms (GELU_AUX, DGELU). Every fused path has an unfused fallback (plain GEMM + our own
-// kernels) taken when cuBLASLt offers no algorithm for it or epilogues are switched off.
+// GEMM kernels on cuBLASLt: matmul and linear forward/backward with the BIAS and BGRADB epilogues. Every
+// fused path has an unfused fallback (plain GEMM + our own kernels) taken when cuBLASLt offers no algorithm
+// for it or epilogues are switched off (DeviceContext::set_gemm_epilogues).
 #include <climits>
 
 #include "tensor/cuda/host_utils.h"
@@ -26,12 +26,9 @@ struct Gemm {
   int64_t ldb = 0;
   void* d = nullptr;  // m x n
   int64_t ldd = 0;
-  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  const void* bias = nullptr;  // BIAS, GELU_AUX_BIAS: length m
-  void* bias_grad =
-      nullptr;          // BGRADB: length n (sums over k of op(B)); DGELU_BGRAD: length m (sums of D rows)
-  void* aux = nullptr;  // GELU_AUX*: pre-activation out; DGELU*: pre-activation in. m x n, ld aux_ld
-  int64_t aux_ld = 0;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;  // DEFAULT, BIAS or BGRADB
+  const void* bias = nullptr;                               // BIAS: length m
+  void* bias_grad = nullptr;                                // BGRADB: length n (sums over k of op(B))
 };
 
 struct LtTypes {
@@ -40,10 +37,10 @@ struct LtTypes {
   cudaDataType_t scale;
 };
 
-LtTypes lt_types(DType t) {
+LtTypes lt_types(DType t, bool tf32) {
   switch (t) {
     case DType::f32:
-      return {CUDA_R_32F, allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F};
+      return {CUDA_R_32F, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F};
     case DType::f16:
       return {CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F};
     case DType::bf16:
@@ -100,7 +97,8 @@ struct Preference {
 // Runs g on cuBLASLt with its epilogue. False when cuBLASLt has no algorithm for the problem (the caller
 // falls back); throws on any other failure.
 bool try_lt(const Gemm& g, Stream stream) {
-  const LtTypes types = lt_types(g.dtype);
+  DeviceContext& ctx = context(stream.device.index);
+  const LtTypes types = lt_types(g.dtype, ctx.allow_tf32());
   const size_t elem = dtype_size(g.dtype);
   MatmulDesc op;
   CZ_CHECK_STATUS(cublasLtMatmulDescCreate(&op.h, types.compute, types.scale));
@@ -111,10 +109,6 @@ bool try_lt(const Gemm& g, Stream stream) {
   if (g.epilogue != CUBLASLT_EPILOGUE_DEFAULT) op.set(CUBLASLT_MATMUL_DESC_EPILOGUE, g.epilogue);
   if (g.bias) op.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
   if (g.bias_grad) op.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias_grad);
-  if (g.aux) {
-    op.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
-    op.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.aux_ld);
-  }
 
   Layout la, lb, ld;
   CZ_CHECK_STATUS(cublasLtMatrixLayoutCreate(&la.h, types.data, uint64_t(g.trans_a ? g.k : g.m),
@@ -126,14 +120,13 @@ bool try_lt(const Gemm& g, Stream stream) {
   const uint32_t align_a = alignment_of(g.a, g.lda, elem), align_b = alignment_of(g.b, g.ldb, elem),
                  align_d = alignment_of(g.d, g.ldd, elem);
   const void* vec = g.bias ? g.bias : g.bias_grad;
-  const uint32_t align_vec = vec ? pointer_alignment(vec) : 0,
-                 align_aux = g.aux ? pointer_alignment(g.aux) : 0;
+  const uint32_t align_vec = vec ? pointer_alignment(vec) : 0;
 
-  auto lease = context(stream.device.index).cublaslt(stream);
+  auto lease = ctx.cublaslt(stream);
   const std::string key =
-      fmt::format("{} {} {}{} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", int(types.data), int(types.compute),
+      fmt::format("{} {} {}{} {} {} {} {} {} {} {} {} {} {} {}", int(types.data), int(types.compute),
                   int(g.trans_a), int(g.trans_b), g.m, g.n, g.k, g.lda, g.ldb, g.ldd, int(g.epilogue),
-                  g.bias_grad ? 1 : 0, g.aux_ld, align_a, align_b, align_d, align_vec, align_aux);
+                  align_a, align_b, align_d, align_vec);
   auto it = lease.algos->find(key);
   if (it == lease.algos->end()) {
     Preference pref;
@@ -183,11 +176,12 @@ void gemm_ex(const Gemm& g, Stream stream) {
   for (int64_t v : {g.m, g.n, g.k, g.lda, g.ldb, g.ldd})
     CZ_CHECK_SHAPE(v <= INT_MAX, "cuda GEMM: dimension {} too large for cublasGemmEx (m={}, n={}, k={})", v,
                    g.m, g.n, g.k);
-  const LtTypes types = lt_types(g.dtype);
+  DeviceContext& ctx = context(stream.device.index);
+  const LtTypes types = lt_types(g.dtype, ctx.allow_tf32());
   const float one_f = 1.0f, zero_f = 0.0f;
   const double one_d = 1.0, zero_d = 0.0;
   const bool f64 = types.scale == CUDA_R_64F;
-  auto lease = context(stream.device.index).cublas(stream);
+  auto lease = ctx.cublas(stream);
   CZ_CHECK_STATUS(cublasGemmEx(lease.handle, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                                g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, int(g.m), int(g.n), int(g.k),
                                f64 ? static_cast<const void*>(&one_d) : &one_f, g.a, types.data, int(g.lda),
@@ -195,35 +189,24 @@ void gemm_ex(const Gemm& g, Stream stream) {
                                g.d, types.data, int(g.ldd), types.compute, CUBLAS_GEMM_DEFAULT));
 }
 
-bool has(cublasLtEpilogue_t e, cublasLtEpilogue_t bit) {
-  return (uint32_t(e) & uint32_t(bit)) == uint32_t(bit);
-}
-
-// Runs g: fused when possible, else a plain GEMM into the right buffer plus our kernels for the epilogue.
-// D must be dense (ldd == m), as must aux (aux_ld == m).
+// Runs g: fused when possible, else a plain GEMM into D plus our kernels for the epilogue. D must be dense
+// (ldd == m).
 void run(const Gemm& g, Stream stream) {
-  CZ_ASSERT(g.ldd == g.m && (!g.aux || g.aux_ld == g.m), "cuda GEMM: D and aux must be dense");
-  const bool gelu_fwd =
-      g.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || g.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-  const bool gelu_bwd = g.epilogue == CUBLASLT_EPILOGUE_DGELU || g.epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  CZ_ASSERT(g.ldd == g.m, "cuda GEMM: D must be dense");
   const bool empty = g.m == 0 || g.n == 0 || g.k == 0;
-  // cuBLASLt wants the GELU aux leading dimension to be a multiple of 8.
-  const bool fusable =
-      g.epilogue == CUBLASLT_EPILOGUE_DEFAULT || (gemm_epilogues() && (!g.aux || g.aux_ld % 8 == 0));
-  GemmCounters& counters = context(stream.device.index).gemm_counters();
-  if (!empty && fusable && try_lt(g, stream)) {
+  DeviceContext& ctx = context(stream.device.index);
+  GemmCounters& counters = ctx.gemm_counters();
+  if (!empty && (g.epilogue == CUBLASLT_EPILOGUE_DEFAULT || ctx.gemm_epilogues()) && try_lt(g, stream)) {
     ++counters.lt;
     return;
   }
   if (g.epilogue != CUBLASLT_EPILOGUE_DEFAULT) ++counters.epilogue_fallbacks;
 
-  // Unfused: the GEMM proper (zeros when k == 0) into D, or into aux for the GELU forward.
+  // Unfused: the GEMM proper into D (zeros when k == 0).
   Gemm plain = g;
   plain.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   plain.bias = nullptr;
   plain.bias_grad = nullptr;
-  plain.aux = nullptr;
-  if (gelu_fwd) plain.d = g.aux;
   // A plain g reaches this point only when cuBLASLt just refused it: straight to cublasGemmEx then.
   if (g.m > 0 && g.n > 0) {
     if (g.k == 0) {
@@ -237,24 +220,13 @@ void run(const Gemm& g, Stream stream) {
     }
   }
   const launch::Config cfg = detail::config_of(stream);
-  // In row-major terms D is (n rows x m columns): bias and the DGELU_BGRAD gradient run along its columns.
-  if (gelu_fwd)
-    CZ_CHECK_STATUS(launch::bias_gelu(cfg, g.dtype, g.aux, g.bias, g.d, g.n, g.m));
-  else if (g.bias)
-    CZ_CHECK_STATUS(launch::bias_gelu(cfg, g.dtype, g.d, g.bias, nullptr, g.n, g.m));
-  if (gelu_bwd) CZ_CHECK_STATUS(launch::gelu_backward(cfg, g.dtype, g.d, g.aux, g.d, g.m * g.n));
+  // In row-major terms D is (n rows x m columns): the bias runs along its columns.
+  if (g.bias) CZ_CHECK_STATUS(launch::add_bias(cfg, g.dtype, g.d, g.bias, g.n, g.m));
   if (g.bias_grad) {
-    const void* src = nullptr;
-    int64_t rows = 0, cols = 0;
-    if (has(g.epilogue, CUBLASLT_EPILOGUE_BGRADB)) {
-      // op(B) is (k x n); stored transposed (n x k column-major) it is row-major (k x n): sum its rows.
-      CZ_ASSERT(g.trans_b && g.ldb == g.n, "BGRADB fallback needs B stored as a dense row-major (k x n)");
-      src = g.b, rows = g.k, cols = g.n;
-    } else {
-      src = g.d, rows = g.n, cols = g.m;
-    }
-    DataPtr ws = allocate(launch::column_sums_workspace(g.dtype, rows, cols, cfg.sm_count), stream);
-    CZ_CHECK_STATUS(launch::column_sums(cfg, g.dtype, src, nullptr, rows, cols, g.bias_grad, ws.get()));
+    // op(B) is (k x n); stored transposed (n x k column-major) it is row-major (k x n): sum its rows.
+    CZ_ASSERT(g.trans_b && g.ldb == g.n, "BGRADB fallback needs B stored as a dense row-major (k x n)");
+    DataPtr ws = allocate(launch::column_sums_workspace(g.dtype, g.k, g.n, cfg.sm_count), stream);
+    CZ_CHECK_STATUS(launch::column_sums(cfg, g.dtype, g.b, nullptr, g.k, g.n, g.bias_grad, ws.get()));
   }
 }
 
@@ -269,37 +241,6 @@ void check_vector(const char* op, const char* what, const Tensor& t, DType dtype
   detail::check_operand(op, what, t, dtype, stream);
   CZ_CHECK_SHAPE(t.numel() == n, "cuda::{}: {} has shape {}, expected ({})", op, what, shape_str(t.sizes()),
                  n);
-}
-
-// y = x w^T (+ bias), with GELU_AUX when `pre` is given (y = gelu_tanh(pre)).
-void linear_impl(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, Tensor* pre,
-                 Stream stream) {
-  detail::check_float(op, "x", x);
-  const DType t = x.dtype();
-  CZ_CHECK_SHAPE(x.dim() == 2 && w.dim() == 2, "cuda::{}: x {} and w {} must be 2-d", op,
-                 shape_str(x.sizes()), shape_str(w.sizes()));
-  const int64_t rows = x.size(0), in = x.size(1), out = w.size(0);
-  check_gemm_operand(op, "x", x, t, stream, rows, in);
-  check_gemm_operand(op, "w", w, t, stream, out, in);
-  check_gemm_operand(op, "y", y, t, stream, rows, out);
-  if (bias.defined()) check_vector(op, "bias", bias, t, stream, out);
-  if (pre) check_gemm_operand(op, "pre", *pre, t, stream, rows, out);
-  DeviceGuard guard(stream.device.index);
-  Gemm g;
-  g.dtype = t;
-  g.trans_a = true;
-  g.m = out, g.n = rows, g.k = in;
-  g.a = w.raw_data(), g.lda = in;
-  g.b = x.raw_data(), g.ldb = in;
-  g.d = y.raw_data(), g.ldd = out;
-  if (bias.defined()) g.bias = bias.raw_data();
-  if (pre) {
-    g.epilogue = bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-    g.aux = pre->raw_data(), g.aux_ld = out;
-  } else if (bias.defined()) {
-    g.epilogue = CUBLASLT_EPILOGUE_BIAS;
-  }
-  run(g, stream);
 }
 
 }  // namespace
@@ -324,12 +265,29 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, Stream stream) {
 }
 
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, Stream stream) {
-  linear_impl("linear_forward", x, w, bias, y, nullptr, stream);
-}
-
-void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, Tensor& pre,
-                         Stream stream) {
-  linear_impl("linear_gelu_forward", x, w, bias, y, &pre, stream);
+  const char* op = "linear_forward";
+  detail::check_float(op, "x", x);
+  const DType t = x.dtype();
+  CZ_CHECK_SHAPE(x.dim() == 2 && w.dim() == 2, "cuda::{}: x {} and w {} must be 2-d", op,
+                 shape_str(x.sizes()), shape_str(w.sizes()));
+  const int64_t rows = x.size(0), in = x.size(1), out = w.size(0);
+  check_gemm_operand(op, "x", x, t, stream, rows, in);
+  check_gemm_operand(op, "w", w, t, stream, out, in);
+  check_gemm_operand(op, "y", y, t, stream, rows, out);
+  if (bias.defined()) check_vector(op, "bias", bias, t, stream, out);
+  DeviceGuard guard(stream.device.index);
+  Gemm g;  // y^T (out x rows) = w x^T: Note [Row-major GEMMs]
+  g.dtype = t;
+  g.trans_a = true;
+  g.m = out, g.n = rows, g.k = in;
+  g.a = w.raw_data(), g.lda = in;
+  g.b = x.raw_data(), g.ldb = in;
+  g.d = y.raw_data(), g.ldd = out;
+  if (bias.defined()) {
+    g.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    g.bias = bias.raw_data();
+  }
+  run(g, stream);
 }
 
 void linear_backward(const Tensor& gy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db,
@@ -374,51 +332,6 @@ void linear_backward(const Tensor& gy, const Tensor& x, const Tensor& w, Tensor&
     DataPtr ws = allocate(launch::column_sums_workspace(t, rows, out, cfg.sm_count), stream);
     CZ_CHECK_STATUS(launch::column_sums(cfg, t, gy.raw_data(), nullptr, rows, out, db.raw_data(), ws.get()));
   }
-}
-
-void linear_gelu_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Tensor& pre, Tensor& dx,
-                          Tensor& dw, Tensor& db, Stream stream) {
-  const char* op = "linear_gelu_backward";
-  detail::check_float(op, "gy", gy);
-  detail::check_operand(op, "gy", gy, gy.dtype(), stream);
-  detail::check_operand(op, "pre", pre, gy.dtype(), stream);
-  CZ_CHECK_SHAPE(pre.sizes() == gy.sizes(), "cuda::{}: pre {} and gy {} differ", op, shape_str(pre.sizes()),
-                 shape_str(gy.sizes()));
-  DeviceGuard guard(stream.device.index);
-  Tensor dpre = detail::empty_on(gy.sizes(), gy.dtype(), stream);
-  CZ_CHECK_STATUS(launch::gelu_backward(detail::config_of(stream), gy.dtype(), gy.raw_data(), pre.raw_data(),
-                                        dpre.raw_data(), gy.numel()));
-  linear_backward(dpre, x, w, dx, dw, db, stream);
-}
-
-void linear_backward_dgelu(const Tensor& gy, const Tensor& w, const Tensor& pre, Tensor& dpre,
-                           Tensor& dbias_pre, Stream stream) {
-  const char* op = "linear_backward_dgelu";
-  detail::check_float(op, "gy", gy);
-  const DType t = gy.dtype();
-  CZ_CHECK_SHAPE(gy.dim() == 2 && w.dim() == 2, "cuda::{}: gy {} and w {} must be 2-d", op,
-                 shape_str(gy.sizes()), shape_str(w.sizes()));
-  const int64_t rows = gy.size(0), out = w.size(0), in = w.size(1);
-  check_gemm_operand(op, "gy", gy, t, stream, rows, out);
-  check_gemm_operand(op, "w", w, t, stream, out, in);
-  check_gemm_operand(op, "pre", pre, t, stream, rows, in);
-  check_gemm_operand(op, "dpre", dpre, t, stream, rows, in);
-  if (dbias_pre.defined()) check_vector(op, "dbias_pre", dbias_pre, t, stream, in);
-  DeviceGuard guard(stream.device.index);
-  Gemm g;  // dpre^T (in x rows) = w^T gy^T, through gelu'(pre)
-  g.dtype = t;
-  g.m = in, g.n = rows, g.k = out;
-  g.a = w.raw_data(), g.lda = in;
-  g.b = gy.raw_data(), g.ldb = out;
-  g.d = dpre.raw_data(), g.ldd = in;
-  g.aux = pre.raw_data(), g.aux_ld = in;
-  if (dbias_pre.defined()) {
-    g.epilogue = CUBLASLT_EPILOGUE_DGELU_BGRAD;
-    g.bias_grad = dbias_pre.raw_data();
-  } else {
-    g.epilogue = CUBLASLT_EPILOGUE_DGELU;
-  }
-  run(g, stream);
 }
 
 }  // namespace cz::cuda

@@ -34,6 +34,11 @@ inline void check_operand(const char* op, const char* what, const Tensor& t, DTy
   CZ_CHECK_SHAPE(t.is_contiguous(), "cuda::{}: {} must be contiguous", op, what);
 }
 
+inline void check_numel(const char* op, const char* what, const Tensor& t, int64_t numel) {
+  CZ_CHECK_SHAPE(t.numel() == numel, "cuda::{}: {} has shape {} ({} elements), expected {} elements", op,
+                 what, shape_str(t.sizes()), t.numel(), numel);
+}
+
 inline launch::Config config_of(Stream stream) {
   return {native(stream), context(stream.device.index).sm_count()};
 }

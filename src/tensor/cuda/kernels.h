@@ -31,7 +31,7 @@ void residual_scale_add(const Tensor& residual, const Tensor& x, const Tensor& g
 void channel_scale_backward(const Tensor& g, const Tensor& x, const Tensor& gamma, Tensor& dx, Tensor& dgamma,
                             Stream stream);
 
-// GEMMs on cuBLASLt (f32 with optional TF32, see set_allow_tf32; f16/bf16 with f32 accumulation; f64).
+// GEMMs on cuBLASLt (f32 with optional TF32, Note [Backend switches]; f16/bf16 with f32 accumulation; f64).
 // a: (M, K), b: (K, N), out: (M, N).
 void matmul(const Tensor& a, const Tensor& b, Tensor& out, Stream stream);
 // x: (M, in), w: (out, in), bias: (out) or undefined, y: (M, out). Bias through the BIAS epilogue.
@@ -40,21 +40,6 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor
 // cuBLASLt offers it, else from a column reduction.
 void linear_backward(const Tensor& gy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db,
                      Stream stream);
-
-// Fused linear + GELU for the ops layer. NOTE: cuBLASLt's GELU epilogue is the tanh approximation
-// 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))), not the exact erf GELU of ops/activation.h, and so are
-// these kernels (their unfused fallback included); use them only where the tanh form is wanted. y =
-// gelu_tanh(x w^T + bias), pre = x w^T + bias (saved for backward). pre, y: (M, out).
-void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y, Tensor& pre,
-                         Stream stream);
-// Backward of linear_gelu_forward: with dpre = gy * gelu_tanh'(pre), the gradients of linear_backward(dpre).
-void linear_gelu_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Tensor& pre, Tensor& dx,
-                          Tensor& dw, Tensor& db, Stream stream);
-// The input gradient of a linear layer (gy: (M, out), w: (out, in)) taken on through the GELU that produced
-// its input: dpre = (gy w) * gelu_tanh'(pre), pre: (M, in), in one GEMM with the DGELU epilogue; dbias_pre
-// (in), if defined, gets the column sums of dpre (the gradient of the bias before that GELU; DGELU_BGRAD).
-void linear_backward_dgelu(const Tensor& gy, const Tensor& w, const Tensor& pre, Tensor& dpre,
-                           Tensor& dbias_pre, Stream stream);
 
 // Reductions (f32/f64/f16/bf16; deterministic: no atomics).
 // out (scalar) = factor * sum(x), accumulated in f32 (f64 for f64).
@@ -65,7 +50,9 @@ void broadcast_scalar(const Tensor& scalar, double factor, Tensor& out, Stream s
 // ConvNeXt ops: the CPU kernels of cpu/kernels.h, with one difference: the saved statistics (LayerNorm's
 // mean and rstd, cross-entropy's lse) are in the accumulation type, stat_dtype(x) (f32 for f32/f16/bf16,
 // f64 for f64), so 16-bit training does not round them. Compute in f32 for 16-bit data.
-DType stat_dtype(DType t);
+inline DType stat_dtype(DType t) {
+  return t == DType::f64 ? DType::f64 : DType::f32;
+}
 
 // Exact (erf) GELU.
 void gelu_forward(const Tensor& x, Tensor& y, Stream stream);

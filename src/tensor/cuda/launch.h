@@ -59,11 +59,8 @@ cudaError_t binary(const Config& cfg, DType t, BinaryOp op, const void* a, const
 // out[i] = residual[i] + x[i] * gamma[i % c]; residual may be null.
 cudaError_t residual_scale_add(const Config& cfg, DType t, const void* residual, const void* x,
                                const void* gamma, void* out, int64_t n, int64_t c);
-// pre (rows x cols) += bias (per column; may be null); then, if y is not null, y = gelu_tanh(pre).
-cudaError_t bias_gelu(const Config& cfg, DType t, void* pre, const void* bias, void* y, int64_t rows,
-                      int64_t cols);
-// dpre = g * gelu_tanh'(pre); dpre may be g itself.
-cudaError_t gelu_backward(const Config& cfg, DType t, const void* g, const void* pre, void* dpre, int64_t n);
+// y (rows x cols) += bias (per column).
+cudaError_t add_bias(const Config& cfg, DType t, void* y, const void* bias, int64_t rows, int64_t cols);
 
 // Reductions (reduce_kernels.cu), deterministic: fixed partitions, partials in `workspace`, no atomics.
 // out[c] = sum over r of a[r, c] * (b ? b[r, c] : 1); a, b: rows x cols row-major; out: cols.
