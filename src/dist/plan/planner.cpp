@@ -69,6 +69,7 @@ StepSpec step_spec(const Setup& s, const ZeroState& state, int64_t micro_batch, 
   sp.model = s.model;
   sp.image_size = s.cfg.image_size;
   sp.micro_batch = micro_batch;
+  sp.grad_accum = s.cfg.grad_accum;
   sp.compute = s.compute;
   sp.checkpointing = checkpointing;
   sp.cuda = s.cuda;

@@ -157,6 +157,7 @@ class Walker {
   std::vector<Id> slots_;
   std::vector<Id>* captured_grads_ = nullptr;
   Id shared_grad_ = kNone;
+  Id loss_sum_ = kNone;
   bool recording_ = true;
   Use saved_use_ = Use::saved;
   int part_ = 0;
@@ -194,10 +195,14 @@ void Walker::build() {
 }
 
 void Walker::step() {
-  micro_step();  // every micro-step of --grad-accum allocates the same
+  // The micro-steps' losses are summed on the device: the first one's loss is kept, later ones add into a
+  // new scalar each.
+  for (int64_t a = 0; a < std::min<int64_t>(s_.grad_accum, 2); ++a) micro_step();
   scope_ = "optimizer";
   at("grad norm");
   m_.release(m_.alloc(8, Use::transient, "gradient norm"));
+  m_.release(loss_sum_);  // a local of Trainer::step
+  loss_sum_ = kNone;
 }
 
 void Walker::micro_step() {
@@ -285,6 +290,14 @@ void Walker::micro_step() {
   slot(scaled.id) = m_.alloc(4, Use::transient, "backward seed");
   run_backward(main_);
   m_.release(scaled.id);
+  if (loss_sum_ == kNone) {
+    m_.retain(loss.id);
+    loss_sum_ = loss.id;
+  } else {
+    const Id sum = m_.alloc(4, Use::transient, "loss sum");
+    m_.release(loss_sum_);
+    loss_sum_ = sum;
+  }
   // End of the micro-step: the locals and the graph go.
   m_.release(loss.id);
   m_.release(logits.id);

@@ -18,6 +18,7 @@ struct StepSpec {
   nn::ConvNeXtConfig model;  // with num_classes and drop_path_rate as trained
   int64_t image_size = 64;
   int64_t micro_batch = 32;
+  int64_t grad_accum = 1;      // micro-steps per step (two are enough to replay: the rest repeat the second)
   DType compute = DType::f32;  // f32, or bf16/f16 on CUDA
   bool checkpointing = false;
   bool cuda = false;
