@@ -91,6 +91,14 @@ TEST(Planner, RowsAddUpAndJsonHasOneKeyPerRow) {
         "gather_buffers_bytes", "workspace_bytes", "allocator_rounding_bytes"})
     EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_EQ(j.at("max_micro_batch").size(), 8u);
+  // Checkpointing keeps only block inputs in the stages (stages.0 has no downsample, which is not
+  // checkpointed); the stem is not checkpointed either.
+  const nlohmann::json& saved = j.at("activations_saved_end_of_forward");
+  auto bytes = [&](const char* mode, const char* part) { return saved.at(mode).at(part).get<int64_t>(); };
+  EXPECT_LT(bytes("checkpointing", "stages.0"), bytes("no_checkpointing", "stages.0") / 8);
+  EXPECT_LT(bytes("checkpointing", "stages.3"), bytes("no_checkpointing", "stages.3"));
+  EXPECT_EQ(saved.at("checkpointing").at("stem"), saved.at("no_checkpointing").at("stem"));
+  EXPECT_EQ(saved.at("no_checkpointing").at("stages.0").get<int64_t>(), p.saved_end_of_forward[0][1].bytes);
   // Without --gpu-mem there is nothing to fit: fits is null.
   EXPECT_TRUE(plan_to_json(make_plan(atto_request())).at("fits").is_null());
 }

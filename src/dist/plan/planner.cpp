@@ -185,8 +185,15 @@ Plan make_plan(const PlanRequest& req) {
     std::string key = "activations_" + parts[i];
     std::replace(key.begin(), key.end(), '.', '_');
     p.rows.push_back({key, "activations saved: " + parts[i], pk.saved_by_part[i]});
-    p.saved_end_of_forward.push_back({key, parts[i], r.saved_end_of_forward[i]});
   }
+  StepSpec other = spec;
+  other.checkpointing = !spec.checkpointing;
+  other.steps = 1;
+  const StepTraceResult o = trace_step(other);
+  for (size_t i = 0; i < parts.size(); ++i)
+    for (bool ckpt : {false, true})
+      p.saved_end_of_forward[ckpt].push_back(
+          {parts[i], parts[i], (ckpt == spec.checkpointing ? r : o).saved_end_of_forward[i]});
   p.rows.push_back({"backward_transient", "backward temporaries", pk.raw[size_t(Use::transient)]});
   p.rows.push_back({"workspace", s.cuda ? "workspace (cuBLAS, cuDNN, depthwise)" : "workspace (im2col)",
                     pk.raw[size_t(Use::workspace)]});
@@ -251,14 +258,17 @@ std::string format_plan(const Plan& p) {
       out += fmt::format("{} {} {}", i ? "," : "", p.largest_temporaries[i].first,
                          mib(p.largest_temporaries[i].second));
   }
-  int64_t saved = 0;
-  out += ".\nSaved for backward when forward ends:";
-  for (size_t i = 0; i < p.saved_end_of_forward.size(); ++i) {
-    out += fmt::format("{} {} {}", i ? "," : "", p.saved_end_of_forward[i].label,
-                       mib(p.saved_end_of_forward[i].bytes));
-    saved += p.saved_end_of_forward[i].bytes;
+  out += ".\nSaved for backward when forward ends:\n";
+  for (bool ckpt : {false, true}) {
+    int64_t saved = 0;
+    out += fmt::format("  {:<27}", ckpt ? "with checkpointing:" : "without checkpointing:");
+    for (size_t i = 0; i < p.saved_end_of_forward[ckpt].size(); ++i) {
+      const PlanRow& r = p.saved_end_of_forward[ckpt][i];
+      out += fmt::format("{} {} {}", i ? "," : "", r.label, mib(r.bytes));
+      saved += r.bytes;
+    }
+    out += fmt::format(" (total {})\n", mib(saved));
   }
-  out += fmt::format(" (total {}).\n", mib(saved));
   out += fmt::format(
       "The allocator's cache at its fullest: {} (it returns the cache to the system before failing an "
       "allocation).\n",
@@ -302,7 +312,9 @@ nlohmann::json plan_to_json(const Plan& p) {
   for (const auto& [what, bytes] : p.largest_temporaries) temps.push_back({{"what", what}, {"bytes", bytes}});
   j["largest_temporaries"] = temps;
   nlohmann::json saved = nlohmann::json::object();
-  for (const PlanRow& r : p.saved_end_of_forward) saved[r.label] = r.bytes;
+  for (bool ckpt : {false, true})
+    for (const PlanRow& r : p.saved_end_of_forward[ckpt])
+      saved[ckpt ? "checkpointing" : "no_checkpointing"][r.key] = r.bytes;
   j["activations_saved_end_of_forward"] = saved;
   nlohmann::json mb = nlohmann::json::array();
   for (const MaxMicroBatch& m : p.max_micro_batch)

@@ -51,7 +51,9 @@ struct Plan {
   int64_t total_bytes = 0;  // the planned peak of the allocator (StepStats::peak_mem_bytes)
   std::string peak_at;      // the op running at the peak
   std::vector<std::pair<std::string, int64_t>> largest_temporaries;  // backward temporaries live at the peak
-  std::vector<PlanRow> saved_end_of_forward;  // everything saved for backward when forward ends, by part
+  // Everything saved for backward when forward ends, by network part, without and with activation
+  // checkpointing (whichever the flags ask for, and the other).
+  std::vector<PlanRow> saved_end_of_forward[2];
 
   int64_t fragmentation_bytes = 0;    // CUDA: the driver backs each large block with whole 2 MiB pages
   int64_t device_overhead_bytes = 0;  // CUDA context and NCCL buffers outside the allocator (allowances)
