@@ -102,6 +102,7 @@ int run_plan(const cz::train::TrainConfig& cfg, const PlanFlags& f, bool ranks_g
   req.world = ranks_given ? f.ranks : cz::plan::launcher_world_size();
   if (!f.gpu_mem.empty()) req.gpu_mem = cz::plan::parse_memory_size(f.gpu_mem, "--gpu-mem");
   const cz::plan::Plan p = cz::plan::make_plan(req);
+  if (cz::plan::launcher_rank() != 0) return 0;  // under mpirun, one copy of the plan
   if (f.json)
     fmt::print("{}\n", cz::plan::plan_to_json(p).dump(2));
   else

@@ -31,6 +31,10 @@ assert j["gather_buffers_bytes"] > 0
 print("json: %d rows, total %d, fits %s" % (len(rows), j["total_bytes"], j["fits"]))
 PY
 
+# Under a launcher only rank 0 prints.
+out=$(OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=2 "$app" --plan --model atto) || fail "--plan on rank 2 exited with $?"
+[[ -z $out ]] || fail "rank 2 printed the plan too"
+
 check() {  # check EXPECTED-SUBSTRING ARGS...
   local want=$1; shift
   "$app" "$@" > "$work/out" 2>&1

@@ -57,6 +57,15 @@ TEST(PlannerFlags, WorldSizeFromTheLauncher) {
   EXPECT_EQ(launcher_world_size(), 4);
   ::setenv("OMPI_COMM_WORLD_SIZE", "four", 1);
   EXPECT_THROW(launcher_world_size(), ValueError);
+  ::unsetenv("OMPI_COMM_WORLD_RANK");
+  ::unsetenv("PMI_RANK");
+  ::unsetenv("PMIX_RANK");
+  ::unsetenv("MV2_COMM_WORLD_RANK");
+  ::unsetenv("SLURM_PROCID");
+  EXPECT_EQ(launcher_rank(), 0);
+  ::setenv("PMI_RANK", "3", 1);
+  EXPECT_EQ(launcher_rank(), 3);
+  ::unsetenv("PMI_RANK");
   ::unsetenv("OMPI_COMM_WORLD_SIZE");
   ::unsetenv("PMI_SIZE");
 }

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 
 #include <fmt/format.h>
@@ -355,17 +356,30 @@ int64_t parse_memory_size(const std::string& text, const std::string& flag) {
   return int64_t(bytes);
 }
 
-int launcher_world_size() {
-  for (const char* var :
-       {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS"}) {
+namespace {
+// The first of `vars` that is set, as an integer in [lo, 2^20]; `fallback` when none is.
+int launcher_value(std::initializer_list<const char*> vars, int lo, int fallback) {
+  for (const char* var : vars) {
     const char* v = std::getenv(var);
     if (!v || !*v) continue;
     char* end = nullptr;
     const long n = std::strtol(v, &end, 10);
-    CZ_CHECK(*end == '\0' && n >= 1 && n <= (1 << 20), "the launcher's {}='{}' is not a world size", var, v);
+    CZ_CHECK(*end == '\0' && n >= lo && n <= (1 << 20), "the launcher's {}='{}' is not a valid value", var,
+             v);
     return int(n);
   }
-  return 1;
+  return fallback;
+}
+}  // namespace
+
+int launcher_world_size() {
+  return launcher_value(
+      {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS"}, 1, 1);
+}
+
+int launcher_rank() {
+  return launcher_value(
+      {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID"}, 0, 0);
 }
 
 }  // namespace cz::plan

@@ -72,7 +72,9 @@ nlohmann::json plan_to_json(const Plan& plan);
 // Throws ValueError naming `flag` for a size of 0, a negative or malformed number, or an unknown unit.
 int64_t parse_memory_size(const std::string& text, const std::string& flag = "--gpu-mem");
 
-// The world size a launcher announces (Open MPI, PMI, PMIx, Slurm), or 1 outside any launcher.
+// The world size and this process's rank as a launcher announces them (Open MPI, PMI, PMIx, MVAPICH,
+// Slurm), without starting MPI; 1 and 0 outside any launcher.
 int launcher_world_size();
+int launcher_rank();
 
 }  // namespace cz::plan
