@@ -1,11 +1,12 @@
 // convnext_zero: train a ConvNeXt on one process or many (mpirun). Flags in, Trainer (src/dist/train) does
 // the work; errors print with the rank prefix and exit non-zero (aborting the other ranks of a multi-rank
-// job).
+// job). `--plan` prints the memory plan for the same flags instead (src/dist/plan), without MPI or a GPU.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 
 #include "dist/comm/bootstrap.h"
+#include "dist/plan/planner.h"
 #include "dist/train/trainer.h"
 #include "nn/convnext.h"
 #include "tensor/cuda/runtime.h"
@@ -88,6 +89,36 @@ void add_flags(CLI::App& app, cz::train::TrainConfig& c, bool& no_shuffle, bool&
   app.add_flag("--no-progress", no_progress, "no progress bar even on a terminal");
 }
 
+struct PlanFlags {
+  bool plan = false, json = false;
+  std::string gpu_mem;
+  int ranks = 0;  // 0: the launcher's world size, else 1
+};
+
+void add_plan_flags(CLI::App& app, PlanFlags& f) {
+  app.add_flag("--plan", f.plan,
+               "print the memory plan per rank for these flags and exit (no MPI, no GPU needed)");
+  app.add_option("--gpu-mem", f.gpu_mem,
+                 "with --plan: device memory per rank to fit, e.g. 24GB, 24GiB, 512MiB");
+  app.add_flag("--json", f.json, "with --plan: print the plan as one JSON object");
+  app.add_option("--ranks", f.ranks, "with --plan: the world size (default: the launcher's, else 1)");
+}
+
+int run_plan(const cz::train::TrainConfig& cfg, const PlanFlags& f, bool ranks_given) {
+  cz::plan::PlanRequest req;
+  req.config = cfg;
+  CZ_CHECK(!ranks_given || f.ranks >= 1, "--ranks must be at least 1, got {}", f.ranks);
+  req.world = ranks_given ? f.ranks : cz::plan::launcher_world_size();
+  if (!f.gpu_mem.empty()) req.gpu_mem = cz::plan::parse_memory_size(f.gpu_mem, "--gpu-mem");
+  const cz::plan::Plan p = cz::plan::make_plan(req);
+  if (cz::plan::launcher_rank() != 0) return 0;  // under mpirun, one copy of the plan
+  if (f.json)
+    fmt::print("{}\n", cz::plan::plan_to_json(p).dump(2));
+  else
+    fmt::print("{}", cz::plan::format_plan(p));
+  return 0;
+}
+
 std::string mib(int64_t bytes) {
   return fmt::format("{:.1f} MiB", double(bytes) / (1 << 20));
 }
@@ -100,6 +131,8 @@ int main(int argc, char** argv) {
       "convnext_zero: train ConvNeXt image classifiers on CPUs or GPUs, on one process or many (mpirun)"};
   bool no_shuffle = false, no_progress = false;
   add_flags(app, cfg, no_shuffle, no_progress);
+  PlanFlags plan_flags;
+  add_plan_flags(app, plan_flags);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -107,6 +140,15 @@ int main(int argc, char** argv) {
   }
   cfg.shuffle = !no_shuffle;
   cfg.progress = !no_progress;
+  const bool ranks_given = app.count("--ranks") > 0;
+  try {
+    for (const char* flag : {"--gpu-mem", "--json", "--ranks"})
+      CZ_CHECK(plan_flags.plan || app.count(flag) == 0, "{} goes with --plan", flag);
+    if (plan_flags.plan) return run_plan(cfg, plan_flags, ranks_given);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "convnext_zero: error: {}\n", e.what());
+    return 1;
+  }
 
   cz::dist::World* world = nullptr;
   try {
@@ -129,8 +171,13 @@ int main(int argc, char** argv) {
                  s.img_per_s, s.final_loss);
       if (s.eval) fmt::print(", eval loss {:.4f} top1 {:.2f}%", s.eval->loss, 100 * s.eval->top1);
       if (s.eval_ema) fmt::print(" (EMA top1 {:.2f}%)", 100 * s.eval_ema->top1);
-      fmt::print(", peak memory {} per rank (model states {}", mib(s.peak_mem_bytes),
-                 mib(s.model_state_bytes));
+      // Planned beside measured (docs/planning.md): the same flags through the planner.
+      cz::plan::PlanRequest req;
+      req.config = cfg;
+      req.world = world->size();
+      req.max_micro_batch = false;
+      fmt::print(", peak memory {} per rank (planned {}; model states {}", mib(s.peak_mem_bytes),
+                 mib(cz::plan::make_plan(req).total_bytes), mib(s.model_state_bytes));
       if (world->size() > 1 && s.comm_s > 0)
         fmt::print(", {:.0f}% of {:.2f} s of communication hidden", 100 * (1 - s.comm_exposed_s / s.comm_s),
                    s.comm_s);

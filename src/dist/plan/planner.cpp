@@ -1,0 +1,385 @@
+// The memory planner: flags -> ZeRO model state (zero_memory.h) + one step's allocations (step_trace.h) ->
+// the rows of the plan, whether it fits, and the largest micro-batch that does.
+#include "dist/plan/planner.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <initializer_list>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "dist/plan/model_shapes.h"
+#include "dist/plan/step_trace.h"
+#include "dist/plan/zero_memory.h"
+#include "tensor/check.h"
+#include "tensor/device.h"
+
+namespace cz::plan {
+namespace {
+
+// Memory a CUDA process holds outside the caching allocator: the context with the cuDNN and cuBLAS
+// libraries loaded, and NCCL's channel buffers when there are several ranks. Allowances, not measured here.
+constexpr int64_t kCudaContext = int64_t(512) << 20;
+constexpr int64_t kNcclBuffers = int64_t(256) << 20;
+constexpr int64_t kMaxSearchedBatch = int64_t(1) << 24;
+
+DType dtype_flag(const std::string& v) {
+  return v == "bf16" ? DType::bf16 : v == "fp16" ? DType::f16 : DType::f32;
+}
+
+nn::ConvNeXtConfig model_config(const train::TrainConfig& c) {
+  nn::ConvNeXtConfig mc = c.depths.empty() ? nn::convnext_variant(c.model) : nn::ConvNeXtConfig{};
+  if (!c.depths.empty()) {
+    mc.name = "custom";
+    mc.depths = c.depths;
+    mc.dims = c.dims;
+  }
+  mc.num_classes = c.num_classes;
+  mc.drop_path_rate = c.drop_path;
+  return mc;
+}
+
+// Everything make_plan derives from the flags once.
+struct Setup {
+  train::TrainConfig cfg;
+  nn::ConvNeXtConfig model;
+  std::vector<ParamInfo> params;
+  DType compute = DType::f32, reduce = DType::f32;
+  bool cuda = false;
+  int world = 1;
+};
+
+ZeroState model_state(const Setup& s, int stage) {
+  ZeroSpec z;
+  z.stage = stage;
+  z.world = s.world;
+  z.partitions = zero_partitions(s.params, stage, s.cfg.bucket_mb, s.reduce, s.world);
+  z.compute = s.compute;
+  z.reduce = s.reduce;
+  z.prefetch = s.cfg.prefetch;
+  z.optimizer_state_tensors = s.cfg.optimizer == "adamw" ? 2 : s.cfg.momentum > 0 ? 1 : 0;
+  z.ema = s.cfg.ema_decay > 0;
+  return zero_model_state(z);
+}
+
+StepSpec step_spec(const Setup& s, const ZeroState& state, int64_t micro_batch, bool checkpointing) {
+  StepSpec sp;
+  sp.model = s.model;
+  sp.image_size = s.cfg.image_size;
+  sp.micro_batch = micro_batch;
+  sp.grad_accum = s.cfg.grad_accum;
+  sp.compute = s.compute;
+  sp.checkpointing = checkpointing;
+  sp.cuda = s.cuda;
+  // The loader's workers keep up to threads x prefetch (2) batches ahead; on the CPU backend they are in
+  // the training device's allocator.
+  sp.prefetched_batches = s.cuda ? 0 : int64_t(s.cfg.loader_threads) * 2;
+  sp.state = state.buffers;
+  return sp;
+}
+
+int64_t device_overhead(const Setup& s) {
+  return s.cuda ? kCudaContext + (s.world > 1 ? kNcclBuffers : 0) : 0;
+}
+
+int64_t required(const StepTraceResult& r, int64_t overhead) {
+  return r.peak.total + r.peak.page_rounding + overhead;
+}
+
+// The largest micro-batch whose plan fits `mem` (0 when one image does not).
+int64_t largest_fitting(const Setup& s, const ZeroState& state, bool checkpointing, int64_t mem) {
+  const int64_t overhead = device_overhead(s);
+  auto fits = [&](int64_t b) {
+    return required(trace_step(step_spec(s, state, b, checkpointing)), overhead) <= mem;
+  };
+  if (!fits(1)) return 0;
+  int64_t lo = 1, hi = 2;
+  while (hi <= kMaxSearchedBatch && fits(hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  if (hi > kMaxSearchedBatch) return lo;
+  while (hi - lo > 1) {  // fits(lo), !fits(hi)
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+std::string with_commas(int64_t v) {
+  std::string digits = std::to_string(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return v < 0 ? "-" + out : out;
+}
+
+std::string mib(int64_t b) {
+  return fmt::format("{:.1f} MiB", double(b) / double(1 << 20));
+}
+
+std::string human(int64_t b) {
+  const double v = double(b);
+  if (v >= double(int64_t(1) << 30)) return fmt::format("{:.2f} GiB", v / double(int64_t(1) << 30));
+  return mib(b);
+}
+
+}  // namespace
+
+Plan make_plan(const PlanRequest& req) {
+  Setup s;
+  s.cfg = req.config;
+  if (s.cfg.steps == 0 && s.cfg.epochs == 0) s.cfg.steps = 1;  // the plan does not depend on the run length
+  s.cfg.validate();
+  CZ_CHECK(req.world >= 1, "--ranks must be at least 1, got {}", req.world);
+  CZ_CHECK(!req.gpu_mem || *req.gpu_mem > 0, "--gpu-mem must be positive, got {}", req.gpu_mem.value_or(0));
+  s.cuda = parse_device(s.cfg.device).is_cuda();
+  s.compute = dtype_flag(s.cfg.precision);
+  s.reduce = dtype_flag(s.cfg.reduce_dtype);
+  CZ_CHECK(s.cuda || s.compute == DType::f32,
+           "--precision {} needs --device cuda (the CPU backend computes in fp32)", s.cfg.precision);
+  s.world = req.world;
+  s.model = model_config(s.cfg);
+  s.params = convnext_parameters(s.model);
+
+  Plan p;
+  p.model = s.model.name;
+  for (const ParamInfo& i : s.params) p.num_params += i.numel;
+  p.world = s.world;
+  p.stage = s.cfg.stage;
+  p.device = s.cuda ? "cuda" : "cpu";
+  p.precision = s.cfg.precision;
+  p.image_size = s.cfg.image_size;
+  p.micro_batch = s.cfg.micro_batch;
+  p.checkpointing = s.cfg.activation_checkpointing;
+
+  const ZeroState state = model_state(s, s.cfg.stage);
+  p.psi = state.psi;
+  StepSpec spec = step_spec(s, state, s.cfg.micro_batch, s.cfg.activation_checkpointing);
+  spec.steps = 2;  // the second step meets the cache the first one left: the steady state
+  const StepTraceResult first = trace_step(spec);
+  const StepTraceResult r = trace_step(spec, first.peak.event);
+  const TraceSnapshot& pk = r.peak;
+
+  for (StateRow row :
+       {StateRow::parameters, StateRow::master_weights, StateRow::gradients, StateRow::optimizer_state,
+        StateRow::ema, StateRow::comm_buffers, StateRow::gather_buffers}) {
+    static const std::map<StateRow, const char*> kLabels = {
+        {StateRow::parameters, "parameters (compute copy)"},
+        {StateRow::master_weights, "master weights (fp32)"},
+        {StateRow::gradients, "gradients"},
+        {StateRow::optimizer_state, "optimizer state"},
+        {StateRow::ema, "EMA weights"},
+        {StateRow::comm_buffers, "gradient buckets / cast buffer"},
+        {StateRow::gather_buffers, "stage-3 gather buffers"}};
+    p.rows.push_back({state_row_key(row), kLabels.at(row), state.row_bytes(row)});
+  }
+  CZ_ASSERT(state.total_bytes() == pk.raw[size_t(Use::state)], "model state {} but {} traced",
+            state.total_bytes(), pk.raw[size_t(Use::state)]);
+  p.rows.push_back({"input_batch", "input batch (images, labels)", pk.raw[size_t(Use::input)]});
+  const std::vector<std::string> parts = network_parts(s.model);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    std::string key = "activations_" + parts[i];
+    std::replace(key.begin(), key.end(), '.', '_');
+    p.rows.push_back({key, "activations saved: " + parts[i], pk.saved_by_part[i]});
+  }
+  StepSpec other = spec;
+  other.checkpointing = !spec.checkpointing;
+  other.steps = 1;
+  const StepTraceResult o = trace_step(other);
+  for (size_t i = 0; i < parts.size(); ++i)
+    for (bool ckpt : {false, true})
+      p.saved_end_of_forward[ckpt].push_back(
+          {parts[i], parts[i], (ckpt == spec.checkpointing ? r : o).saved_end_of_forward[i]});
+  p.rows.push_back({"backward_transient", "backward temporaries", pk.raw[size_t(Use::transient)]});
+  p.rows.push_back({"workspace", s.cuda ? "workspace (cuBLAS, cuDNN, depthwise)" : "workspace (im2col)",
+                    pk.raw[size_t(Use::workspace)]});
+  int64_t raw = 0;
+  for (int64_t v : pk.raw) raw += v;
+  p.rows.push_back({"allocator_rounding", "allocator size-class rounding", pk.total - raw});
+  p.total_bytes = pk.total;
+  p.peak_at = pk.where >= 0 ? r.labels.at(size_t(pk.where)) : "";
+
+  std::map<std::string, int64_t> temps;
+  for (const LiveBuffer& b : r.at_peak)
+    if (b.use == Use::transient) temps[b.what] += b.bytes;
+  p.largest_temporaries.assign(temps.begin(), temps.end());
+  std::sort(p.largest_temporaries.begin(), p.largest_temporaries.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
+  if (p.largest_temporaries.size() > 4) p.largest_temporaries.resize(4);
+
+  p.fragmentation_bytes = pk.page_rounding;
+  p.device_overhead_bytes = device_overhead(s);
+  p.required_bytes = required(r, p.device_overhead_bytes);
+  p.reserved_bytes = r.reserved_peak;
+  p.gpu_mem = req.gpu_mem;
+  if (req.gpu_mem) {
+    p.fits = p.required_bytes <= *req.gpu_mem;
+    if (req.max_micro_batch)
+      for (int stage = 0; stage <= 3; ++stage) {
+        const ZeroState st = model_state(s, stage);
+        for (bool ckpt : {false, true})
+          p.max_micro_batch.push_back({stage, ckpt, largest_fitting(s, st, ckpt, *req.gpu_mem)});
+      }
+  }
+  return p;
+}
+
+std::string format_plan(const Plan& p) {
+  std::string out = fmt::format(
+      "Memory plan per rank: {} ({} parameters, {} after padding), {}x{} images, micro-batch {}, {} on {}, "
+      "ZeRO stage {} of {} rank{}, activation checkpointing {}\n\n",
+      p.model, with_commas(p.num_params), with_commas(p.psi), p.image_size, p.image_size, p.micro_batch,
+      p.precision, p.device, p.stage, p.world, p.world == 1 ? "" : "s", p.checkpointing ? "on" : "off");
+  auto line = [&](const std::string& label, int64_t b) {
+    out += fmt::format("  {:<44} {:>17} B  {:>12}\n", label, with_commas(b), mib(b));
+  };
+  for (const PlanRow& r : p.rows) line(r.label, r.bytes);
+  out += fmt::format("  {:-<80}\n", "");
+  line("total: the allocator's planned peak", p.total_bytes);
+  if (p.device == "cuda") {
+    line("driver pages (2 MiB per large block)", p.fragmentation_bytes);
+    line("CUDA context, NCCL (allowance)", p.device_overhead_bytes);
+    line("required", p.required_bytes);
+  }
+  if (p.gpu_mem) {
+    const int64_t spare = *p.gpu_mem - p.required_bytes;
+    out += fmt::format("  --gpu-mem {} ({}): {}\n", with_commas(*p.gpu_mem), human(*p.gpu_mem),
+                       *p.fits ? fmt::format("fits, {} to spare", human(spare))
+                               : fmt::format("does NOT fit, {} short", human(-spare)));
+  }
+  out += fmt::format("\nThe peak falls in {}", p.peak_at);
+  if (!p.largest_temporaries.empty()) {
+    out += "; the largest temporaries then:";
+    for (size_t i = 0; i < p.largest_temporaries.size(); ++i)
+      out += fmt::format("{} {} {}", i ? "," : "", p.largest_temporaries[i].first,
+                         mib(p.largest_temporaries[i].second));
+  }
+  out += ".\nSaved for backward when forward ends:\n";
+  for (bool ckpt : {false, true}) {
+    int64_t saved = 0;
+    out += fmt::format("  {:<27}", ckpt ? "with checkpointing:" : "without checkpointing:");
+    for (size_t i = 0; i < p.saved_end_of_forward[ckpt].size(); ++i) {
+      const PlanRow& r = p.saved_end_of_forward[ckpt][i];
+      out += fmt::format("{} {} {}", i ? "," : "", r.label, mib(r.bytes));
+      saved += r.bytes;
+    }
+    out += fmt::format(" (total {})\n", mib(saved));
+  }
+  out += fmt::format(
+      "The allocator's cache at its fullest: {} (it returns the cache to the system before failing an "
+      "allocation).\n",
+      mib(p.reserved_bytes));
+  if (!p.max_micro_batch.empty()) {
+    out += fmt::format("\nLargest micro-batch that fits {} per rank ({} rank{}):\n", human(*p.gpu_mem),
+                       p.world, p.world == 1 ? "" : "s");
+    out += fmt::format("  {:<11} {:>17} {:>15} {:>12}\n", "ZeRO stage", "no checkpointing", "checkpointing",
+                       "offload");
+    for (int stage = 0; stage <= 3; ++stage) {
+      int64_t off = 0, on = 0;
+      for (const MaxMicroBatch& m : p.max_micro_batch)
+        if (m.stage == stage) (m.checkpointing ? on : off) = m.micro_batch;
+      out += fmt::format("  {:<11} {:>17} {:>15} {:>12}\n", stage, off, on, "not built");
+    }
+  }
+  return out;
+}
+
+nlohmann::json plan_to_json(const Plan& p) {
+  nlohmann::json j = {{"model", p.model},
+                      {"num_params", p.num_params},
+                      {"psi", p.psi},
+                      {"world", p.world},
+                      {"stage", p.stage},
+                      {"device", p.device},
+                      {"precision", p.precision},
+                      {"image_size", p.image_size},
+                      {"micro_batch", p.micro_batch},
+                      {"activation_checkpointing", p.checkpointing}};
+  for (const PlanRow& r : p.rows) j[r.key + "_bytes"] = r.bytes;
+  j["total_bytes"] = p.total_bytes;
+  j["fragmentation_bytes"] = p.fragmentation_bytes;
+  j["device_overhead_bytes"] = p.device_overhead_bytes;
+  j["required_bytes"] = p.required_bytes;
+  j["reserved_bytes"] = p.reserved_bytes;
+  j["gpu_mem_bytes"] = p.gpu_mem ? nlohmann::json(*p.gpu_mem) : nlohmann::json();
+  j["fits"] = p.fits ? nlohmann::json(*p.fits) : nlohmann::json();
+  j["peak_at"] = p.peak_at;
+  nlohmann::json temps = nlohmann::json::array();
+  for (const auto& [what, bytes] : p.largest_temporaries) temps.push_back({{"what", what}, {"bytes", bytes}});
+  j["largest_temporaries"] = temps;
+  nlohmann::json saved = nlohmann::json::object();
+  for (bool ckpt : {false, true})
+    for (const PlanRow& r : p.saved_end_of_forward[ckpt])
+      saved[ckpt ? "checkpointing" : "no_checkpointing"][r.key] = r.bytes;
+  j["activations_saved_end_of_forward"] = saved;
+  nlohmann::json mb = nlohmann::json::array();
+  for (const MaxMicroBatch& m : p.max_micro_batch)
+    mb.push_back({{"stage", m.stage},
+                  {"activation_checkpointing", m.checkpointing},
+                  {"offload", false},
+                  {"micro_batch", m.micro_batch}});
+  j["max_micro_batch"] = mb;
+  return j;
+}
+
+int64_t parse_memory_size(const std::string& text, const std::string& flag) {
+  size_t i = 0;
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  CZ_CHECK(i == text.size() || text[i] != '-', "{} must be positive, got '{}'", flag, text);
+  const size_t start = i;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  const std::string number = text.substr(start, i - start);
+  char* end = nullptr;
+  const double value = number.empty() ? NAN : std::strtod(number.c_str(), &end);
+  CZ_CHECK(!number.empty() && end == number.c_str() + number.size() && std::isfinite(value),
+           "{}: '{}' is not a memory size (expected a number and a unit, e.g. 24GB, 24GiB or 512MiB)", flag,
+           text);
+  std::string unit;
+  for (; i < text.size(); ++i)
+    if (!std::isspace(static_cast<unsigned char>(text[i])))
+      unit += char(std::tolower(static_cast<unsigned char>(text[i])));
+  static const std::map<std::string, double> kUnits = {
+      {"", 1},      {"b", 1},        {"kb", 1e3},        {"mb", 1e6},           {"gb", 1e9},
+      {"tb", 1e12}, {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
+  const auto it = kUnits.find(unit);
+  CZ_CHECK(it != kUnits.end(),
+           "{}: unknown unit '{}' in '{}' (expected B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)", flag,
+           text.substr(text.find_first_not_of(" 0123456789.")), text);
+  const double bytes = std::floor(value * it->second);
+  CZ_CHECK(bytes >= 1, "{} must be positive, got '{}'", flag, text);
+  CZ_CHECK(bytes < 9e18, "{}: '{}' is too large", flag, text);
+  return int64_t(bytes);
+}
+
+namespace {
+// The first of `vars` that is set, as an integer in [lo, 2^20]; `fallback` when none is.
+int launcher_value(std::initializer_list<const char*> vars, int lo, int fallback) {
+  for (const char* var : vars) {
+    const char* v = std::getenv(var);
+    if (!v || !*v) continue;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    CZ_CHECK(*end == '\0' && n >= lo && n <= (1 << 20), "the launcher's {}='{}' is not a valid value", var,
+             v);
+    return int(n);
+  }
+  return fallback;
+}
+}  // namespace
+
+int launcher_world_size() {
+  return launcher_value(
+      {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS"}, 1, 1);
+}
+
+int launcher_rank() {
+  return launcher_value(
+      {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID"}, 0, 0);
+}
+
+}  // namespace cz::plan

@@ -1,0 +1,80 @@
+// The memory planner behind `convnext_zero --plan` (docs/planning.md): per rank, from the training flags,
+// the world size and the device, the bytes of each kind of memory at the step's peak, their total (what the
+// device's caching allocator will report as its peak), whether that fits a given memory size, and the
+// largest micro-batch that fits at each ZeRO stage with and without activation checkpointing. Answers for any
+// model without building it or touching a device.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dist/train/config.h"
+
+namespace cz::plan {
+
+struct PlanRequest {
+  train::TrainConfig config;       // as for a run: model, image size, micro-batch, precision, ZeRO flags, ...
+  int world = 1;                   // ranks
+  std::optional<int64_t> gpu_mem;  // bytes of device memory to fit in (--gpu-mem)
+  bool max_micro_batch = true;     // search the largest micro-batch per stage (needs gpu_mem)
+};
+
+struct PlanRow {
+  std::string key;    // JSON key without the "_bytes" suffix, e.g. "optimizer_state", "activations_stages_0"
+  std::string label;  // for the table
+  int64_t bytes = 0;
+};
+
+struct MaxMicroBatch {
+  int stage = 0;
+  bool checkpointing = false;
+  int64_t micro_batch = 0;  // 0: not even one image fits
+};
+
+struct Plan {
+  std::string model;
+  int64_t num_params = 0;  // as registered
+  int64_t psi = 0;         // Ψ: after alignment and partition padding (Note [ZeRO memory model])
+  int world = 1, stage = 0;
+  std::string device, precision;
+  int64_t image_size = 0, micro_batch = 0;
+  bool checkpointing = false;
+
+  // At the step's peak, summing to total_bytes: model state, the batch, activations saved for backward by
+  // network part (those still alive then), backward temporaries, kernel workspaces, and the allocator's
+  // size-class rounding of all of them.
+  std::vector<PlanRow> rows;
+  int64_t total_bytes = 0;  // the planned peak of the allocator (StepStats::peak_mem_bytes)
+  std::string peak_at;      // the op running at the peak
+  std::vector<std::pair<std::string, int64_t>> largest_temporaries;  // backward temporaries live at the peak
+  // Everything saved for backward when forward ends, by network part, without and with activation
+  // checkpointing (whichever the flags ask for, and the other).
+  std::vector<PlanRow> saved_end_of_forward[2];
+
+  int64_t fragmentation_bytes = 0;    // CUDA: the driver backs each large block with whole 2 MiB pages
+  int64_t device_overhead_bytes = 0;  // CUDA context and NCCL buffers outside the allocator (allowances)
+  int64_t required_bytes = 0;         // total + fragmentation + device overhead: what must fit
+  int64_t reserved_bytes = 0;         // the allocator's cache at its fullest (it empties it before failing)
+  std::optional<int64_t> gpu_mem;
+  std::optional<bool> fits;
+  std::vector<MaxMicroBatch> max_micro_batch;  // stages 0-3 x checkpointing off/on, when gpu_mem is given
+};
+
+Plan make_plan(const PlanRequest& request);
+std::string format_plan(const Plan& plan);
+nlohmann::json plan_to_json(const Plan& plan);
+
+// "24GB" (10^9), "24GiB" (2^30), "512MB", "512MiB", "1.5TB", "4096" (bytes); units are case-insensitive.
+// Throws ValueError naming `flag` for a size of 0, a negative or malformed number, or an unknown unit.
+int64_t parse_memory_size(const std::string& text, const std::string& flag = "--gpu-mem");
+
+// The world size and this process's rank as a launcher announces them (Open MPI, PMI, PMIx, MVAPICH,
+// Slurm), without starting MPI; 1 and 0 outside any launcher.
+int launcher_world_size();
+int launcher_rank();
+
+}  // namespace cz::plan

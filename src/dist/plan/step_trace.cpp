@@ -1,0 +1,650 @@
+// Note [What a step allocates]
+// The walk below mirrors, op by op, what Trainer::step (src/dist/train/trainer.cpp) and the ops it calls
+// allocate through the device's caching allocator, and when each buffer is freed:
+//  * Forward: every op allocates its output; a recorded op's autograd node keeps what its backward reads
+//    (src/tensor/ops/*.cpp): depthwise conv its input and the weight in kernel layout (k, k, C); patchify
+//    conv its input and the weight as (Cout, k, k, Cin); LayerNorm its input and f32 mean/rstd per row;
+//    linear its input (the weight is a view of the flat buffer, no copy); GELU its input; residual_scale_add
+//    and channel_scale their scaled input; drop_path only its per-sample scale (N elements, kept until the
+//    graph dies); add and global_avg_pool nothing; cross-entropy the logits, labels and f32 log-sum-exp per
+//    row. What no node keeps is freed when the last C++ handle to it goes (e.g. a block's fc1 output, under
+//    no-grad, once GELU has run; the last block's output after the head's pooling).
+//  * Activation checkpointing (ConvNeXtStage, src/tensor/autograd/checkpoint.cpp): a block runs under
+//    no-grad and its CheckpointBackward node keeps only the block input. In backward the node recomputes the
+//    block with grad (all of its saved tensors again), runs the block's backward inside grad(), which holds
+//    the block's parameter gradients until it returns, and the input gradient is cloned once (the seed
+//    gradient it accumulates into is shared with the outer engine, engine.cpp accumulate()).
+//  * Backward (src/tensor/autograd/engine.cpp): nodes run in reverse creation order; a node allocates its
+//    input gradients (and its parameters' gradients, added into the flat .grad by AccumulateGrad right after
+//    and freed), its saved tensors are released after it ran, and the gradient it received is freed at the
+//    end of its turn. A residual's gradient is passed through without a copy and the block's second
+//    contribution is added into it in place, so one buffer carries the residual stream's gradient through a
+//    stage.
+//  * Kernel workspaces through the allocator: on the CPU the patchify im2col buffer (forward and backward);
+//    on CUDA the per-stream cuBLAS workspace, a cuDNN allowance and the depthwise filter-gradient partials.
+#include "dist/plan/step_trace.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "dist/plan/model_shapes.h"
+#include "tensor/check.h"
+
+namespace cz::plan {
+namespace {
+
+using Id = MemoryTrace::Id;
+constexpr Id kNone = -1;
+
+// CUDA figures (src/tensor/cuda): cuBLAS(Lt) workspace per stream (context.cpp: 32 MiB on Hopper and later,
+// 4 MiB before; we plan for the larger), cuDNN workspace bound (conv.cpp kMaxWorkspace: no algorithm needing
+// more is chosen, and the first step's timed search borrows a block of this size), the depthwise filter
+// gradient's partial sums (depthwise.cu, capped at 32 MiB; sized here for 132 SMs), and the 2 MiB pages the
+// driver backs a cudaMalloc with.
+constexpr int64_t kCublasWorkspace = int64_t(32) << 20;
+constexpr int64_t kCudnnWorkspace = int64_t(256) << 20;
+constexpr int64_t kDepthwiseFilterCap = int64_t(32) << 20;
+constexpr int64_t kAssumedSmCount = 132;
+constexpr int64_t kCudaPage = int64_t(2) << 20;
+
+// depthwise.cu filter_plan: partial sums per chunk of rows.
+int64_t depthwise_filter_workspace(int64_t rows, int64_t c, int64_t k) {
+  const int64_t per_chunk = k * k * c * 4, col_tiles = (c + 31) / 32;
+  const int64_t cap = std::max<int64_t>(kDepthwiseFilterCap / std::max<int64_t>(per_chunk, 1), 1);
+  const int64_t want = (kAssumedSmCount * 4 + col_tiles - 1) / col_tiles;
+  int64_t chunks = std::clamp<int64_t>(want, 1, std::min<int64_t>({cap, std::max<int64_t>(rows, 1), 65535}));
+  const int64_t rows_per_chunk = std::max<int64_t>((rows + chunks - 1) / chunks, 1);
+  chunks = std::max<int64_t>((rows + rows_per_chunk - 1) / rows_per_chunk, 1);
+  return chunks * per_chunk;
+}
+
+// A tensor of the walk: its buffer and size.
+struct A {
+  Id id = kNone;
+  int64_t bytes = 0;
+};
+
+class Walker {
+ public:
+  Walker(const StepSpec& s, MemoryTrace& m, std::vector<std::string>& labels)
+      : s_(s), m_(m), labels_(labels), e_(int64_t(dtype_size(s.compute))) {}
+
+  void build();
+  void step();
+  std::vector<int64_t> saved_end_of_forward;
+
+ private:
+  using Node = std::function<void()>;
+  struct Graph {
+    std::vector<Node> nodes;  // creation order
+    std::vector<Id> held;     // tensors nodes keep until the graph dies (drop-path scales)
+  };
+
+  void micro_step();
+  A stage(int i, A x, int64_t& side, bool last_stage);
+  A block(const A& x, int64_t side, int64_t c, double rate, Use out_use);
+  A checkpointed_block(const A& x, int64_t side, int64_t c, double rate, Use out_use);
+
+  // Ops: outputs get `out`; `keep` is the use of tensors a recorded node keeps.
+  A depthwise(const A& x, int64_t side, int64_t c, Use out);
+  A patchify(const A& x, int64_t side, int64_t cin, int64_t cout, int64_t k, bool x_grad, Use out);
+  A layer_norm(const A& x, int64_t rows, int64_t c, Use out);
+  A linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const char* name, Use out);
+  A gelu(const A& x, Use out);
+  A scale_add(const A* residual, const A& h, int64_t c, Use out);  // residual_scale_add / channel_scale
+  A drop_path(const A& x, Use out);
+  A add(const A& a, const A& b, Use out);
+  A pool(const A& x, int64_t c, Use out);
+
+  A buf(int64_t bytes, Use use, const char* what) {
+    return {m_.alloc(bytes, use, what, use == Use::saved ? part_ : -1), bytes};
+  }
+  Use keep() const { return recording_ ? saved_use_ : Use::transient; }
+  void at(const std::string& scope, const char* op) {
+    labels_.push_back(scope + " " + op);
+    m_.at(int(labels_.size()) - 1);
+  }
+  void at(const char* op) { at(scope_, op); }
+  void record(Node n) { graph_->nodes.push_back(std::move(n)); }
+  void run_backward(Graph& g) {
+    for (auto it = g.nodes.rbegin(); it != g.nodes.rend(); ++it) (*it)();
+  }
+  void destroy(Graph& g) {
+    for (Id t : g.held) m_.release(t);
+    g = Graph{};
+  }
+
+  Id& slot(Id t) {
+    if (size_t(t) >= slots_.size()) slots_.resize(size_t(t) + 1, kNone);
+    return slots_[size_t(t)];
+  }
+  Id take(Id t) {
+    const Id g = slot(t);
+    CZ_ASSERT(g != kNone, "planner walk: no gradient arrived for buffer {}", t);
+    slot(t) = kNone;
+    return g;
+  }
+  // The engine's accumulate(): the first gradient becomes the slot, later ones are added in place, into a
+  // clone when the slot's tensor is also held elsewhere (a checkpoint's seed gradient).
+  void deposit(const A& t, Id g) {
+    Id& s = slot(t.id);
+    if (s == kNone) {
+      s = g;
+      return;
+    }
+    if (s == shared_grad_) {
+      const Id c = m_.alloc(t.bytes, Use::transient, "gradient cloned to accumulate");
+      m_.release(s);
+      slot(t.id) = c;
+    }
+    m_.release(g);
+  }
+  // A parameter's gradient: added into .grad (the flat buffer) and freed, or held by a checkpoint's grad().
+  void param_grad(Id g) {
+    if (captured_grads_)
+      captured_grads_->push_back(g);
+    else
+      m_.release(g);
+  }
+
+  const StepSpec& s_;
+  MemoryTrace& m_;
+  std::vector<std::string>& labels_;
+  const int64_t e_;  // bytes per compute element
+  int64_t n_ = 0;    // micro-batch
+  Graph main_;
+  Graph* graph_ = &main_;
+  std::vector<Id> slots_;
+  std::vector<Id>* captured_grads_ = nullptr;
+  Id shared_grad_ = kNone;
+  Id loss_sum_ = kNone;
+  bool recording_ = true;
+  Use saved_use_ = Use::saved;
+  int part_ = 0;
+  std::string scope_;
+  int64_t block_index_ = 0;
+  std::vector<double> rates_;
+};
+
+void Walker::build() {
+  // Trainer::build_model: each parameter is allocated, conv and linear weights drawn through an f64 host
+  // tensor (random.cpp assign), then moved into the flat buffers; the freed blocks stay in the cache.
+  std::vector<Id> params;
+  const std::vector<ParamInfo> list = convnext_parameters(s_.model);
+  for (const ParamInfo& p : list)
+    params.push_back(m_.alloc(p.numel * 4, Use::state, "parameter before flattening"));
+  if (!s_.cuda)
+    for (const ParamInfo& p : list)
+      if (p.shape.size() >= 2) m_.release(m_.alloc(p.numel * 8, Use::transient, "f64 initial draws"));
+  for (const StateBuffer& b : s_.state) m_.alloc(b.bytes, Use::state, b.name.c_str());
+  for (Id p : params) m_.release(p);
+  if (s_.cuda) {
+    m_.alloc(kCublasWorkspace, Use::workspace, "cuBLAS workspace");
+    m_.alloc(kCudnnWorkspace, Use::workspace, "cuDNN workspace allowance");
+  }
+  const int64_t image = s_.micro_batch * s_.image_size * s_.image_size * s_.model.in_chans * 4;
+  for (int64_t b = 0; b < s_.prefetched_batches; ++b) {
+    m_.alloc(image, Use::input, "prefetched images");
+    m_.alloc(s_.micro_batch * 8, Use::input, "prefetched labels");
+  }
+  // timm's linearly rising drop-path rates (nn::ConvNeXt).
+  int64_t total = 0;
+  for (int64_t d : s_.model.depths) total += d;
+  for (int64_t i = 0; i < total; ++i)
+    rates_.push_back(total > 1 ? s_.model.drop_path_rate * double(i) / double(total - 1) : 0.0);
+}
+
+void Walker::step() {
+  // The micro-steps' losses are summed on the device: the first one's loss is kept, later ones add into a
+  // new scalar each.
+  for (int64_t a = 0; a < std::min<int64_t>(s_.grad_accum, 2); ++a) micro_step();
+  scope_ = "optimizer";
+  at("grad norm");
+  m_.release(m_.alloc(8, Use::transient, "gradient norm"));
+  m_.release(loss_sum_);  // a local of Trainer::step
+  loss_sum_ = kNone;
+}
+
+void Walker::micro_step() {
+  n_ = s_.micro_batch;
+  const auto& cfg = s_.model;
+  const int64_t img = s_.image_size, pixels = n_ * img * img * cfg.in_chans;
+  scope_ = "batch";
+  part_ = 0;
+  at("load");
+  A images = buf(pixels * 4, Use::input, "images");
+  if (s_.cuda && s_.compute != DType::f32) {  // images.to(device).to(compute dtype)
+    const A half = buf(pixels * e_, Use::input, "images (16-bit)");
+    m_.release(images.id);
+    images = half;
+  }
+  const A labels = buf(n_ * 8, Use::input, "labels");
+
+  // Stem: patchify 4x4, LayerNorm.
+  scope_ = "stem";
+  int64_t side = img / 4;
+  const A s1 = patchify(images, img, cfg.in_chans, cfg.dims[0], 4, false, keep());
+  const A s2 = layer_norm(s1, n_ * side * side, cfg.dims[0], keep());
+  m_.release(s1.id);
+
+  block_index_ = 0;
+  A h = s2;
+  m_.retain(h.id);  // ConvNeXt::forward's temporary keeps the stem output until the head has run
+  for (size_t i = 0; i < cfg.depths.size(); ++i) {
+    part_ = int(i) + 1;
+    const A next = stage(int(i), h, side, i + 1 == cfg.depths.size());
+    m_.release(h.id);
+    h = next;
+  }
+
+  // Head: pool (saves nothing), LayerNorm, fc; the loss.
+  scope_ = "head";
+  part_ = int(cfg.depths.size()) + 1;
+  const int64_t c = cfg.dims.back(), k = cfg.num_classes;
+  const A pooled = pool(h, c, keep());
+  const A normed = layer_norm(pooled, n_, c, keep());
+  m_.release(pooled.id);
+  A logits = linear(normed, n_, c, k, "fc", s_.compute == DType::f32 ? keep() : Use::transient);
+  m_.release(normed.id);
+  m_.release(h.id);                // the last stage's output: no node kept it
+  m_.release(s2.id);               // ConvNeXt::forward's temporary
+  if (s_.compute != DType::f32) {  // .to(f32): ToBackward keeps nothing
+    at("logits to f32");
+    const A f = buf(n_ * k * 4, keep(), "logits (f32)");
+    const A src = logits;
+    record([=, this] {
+      at("head", "logits to f32 backward");
+      const Id g = take(f.id);
+      deposit(src, m_.alloc(src.bytes, Use::transient, "logits gradient (16-bit)"));
+      m_.release(g);
+    });
+    m_.release(logits.id);
+    logits = f;
+  }
+  at("cross_entropy");
+  const A loss = buf(4, keep(), "loss");
+  const A lse = buf(n_ * 4, keep(), "log-sum-exp");
+  m_.retain(logits.id);
+  m_.retain(labels.id);
+  record([=, this] {
+    at("head", "cross_entropy backward");
+    const Id g = take(loss.id);
+    const Id d = m_.alloc(logits.bytes, Use::transient, "logits gradient");
+    m_.release(logits.id);
+    m_.release(labels.id);
+    m_.release(lse.id);
+    deposit(logits, d);
+    m_.release(g);
+  });
+  at("loss scale");
+  const A scaled = buf(4, Use::transient, "scaled loss");
+  record([=, this] {
+    at("head", "loss scale backward");
+    const Id g = take(scaled.id);
+    deposit(loss, m_.alloc(4, Use::transient, "loss gradient"));
+    m_.release(g);
+  });
+  if (saved_end_of_forward.empty()) saved_end_of_forward = m_.now().saved_by_part;
+
+  at("backward seed");
+  slot(scaled.id) = m_.alloc(4, Use::transient, "backward seed");
+  run_backward(main_);
+  m_.release(scaled.id);
+  if (loss_sum_ == kNone) {
+    m_.retain(loss.id);
+    loss_sum_ = loss.id;
+  } else {
+    const Id sum = m_.alloc(4, Use::transient, "loss sum");
+    m_.release(loss_sum_);
+    loss_sum_ = sum;
+  }
+  // End of the micro-step: the locals and the graph go.
+  m_.release(loss.id);
+  m_.release(logits.id);
+  m_.release(images.id);
+  m_.release(labels.id);
+  destroy(main_);
+}
+
+A Walker::stage(int i, A x, int64_t& side, bool last_stage) {
+  const auto& cfg = s_.model;
+  const int64_t c = cfg.dims[size_t(i)];
+  A h = x;
+  m_.retain(h.id);
+  if (i > 0) {
+    scope_ = fmt::format("stages.{}.downsample", i);
+    const int64_t prev = cfg.dims[size_t(i) - 1];
+    const A ln = layer_norm(x, n_ * side * side, prev, keep());
+    const A p = patchify(ln, side, prev, c, 2, true, keep());
+    m_.release(ln.id);
+    m_.release(h.id);
+    h = p;
+    side /= 2;
+  }
+  for (int64_t j = 0; j < cfg.depths[size_t(i)]; ++j) {
+    scope_ = fmt::format("stages.{}.blocks.{}", i, j);
+    // The network's last block output is only pooled (no node keeps it); others are the next op's input.
+    const Use out = last_stage && j + 1 == cfg.depths[size_t(i)] ? Use::transient : keep();
+    const double rate = rates_[size_t(block_index_++)];
+    const A next =
+        s_.checkpointing ? checkpointed_block(h, side, c, rate, out) : block(h, side, c, rate, out);
+    m_.release(h.id);
+    h = next;
+  }
+  return h;
+}
+
+// ConvNeXtBlock::forward: dwconv -> LayerNorm -> fc1 -> GELU -> fc2 -> (gamma, drop path) + residual.
+A Walker::block(const A& x, int64_t side, int64_t c, double rate, Use out_use) {
+  const int64_t rows = n_ * side * side;
+  const A y1 = depthwise(x, side, c, keep());
+  const A y2 = layer_norm(y1, rows, c, keep());
+  const A y3 = linear(y2, rows, c, 4 * c, "fc1", keep());
+  const A y4 = gelu(y3, keep());
+  m_.release(y3.id);
+  const A y5 = linear(y4, rows, 4 * c, c, "fc2", keep());
+  m_.release(y4.id);
+  m_.release(y2.id);  // `(*mlp_)((*norm_)((*conv_dw_)(x)))`'s temporaries
+  m_.release(y1.id);
+  const bool gamma = s_.model.layer_scale_init > 0;
+  if (rate > 0) {  // training with drop path
+    A h = y5;
+    if (gamma) {
+      h = scale_add(nullptr, y5, c, Use::transient);
+      m_.release(y5.id);
+    }
+    const A d = drop_path(h, Use::transient);
+    const A z = add(x, d, out_use);
+    m_.release(d.id);
+    m_.release(h.id);
+    return z;
+  }
+  const A z = gamma ? scale_add(&x, y5, c, out_use) : add(x, y5, out_use);
+  m_.release(y5.id);
+  return z;
+}
+
+A Walker::checkpointed_block(const A& x, int64_t side, int64_t c, double rate, Use out_use) {
+  m_.retain(x.id);  // CheckpointBackward keeps its input
+  recording_ = false;
+  const A z = block(x, side, c, rate, out_use);
+  recording_ = true;
+  const std::string scope = scope_;
+  const int part = part_;
+  record([=, this] {
+    at(scope, "checkpoint recompute");
+    const Id g = take(z.id);
+    Graph inner;
+    Graph* outer = graph_;
+    graph_ = &inner;
+    saved_use_ = Use::transient;  // the recomputed activations belong to this backward step
+    const std::string outer_scope = scope_;
+    scope_ = scope;
+    part_ = part;
+    const A z2 = block(x, side, c, rate, Use::transient);
+    saved_use_ = Use::saved;
+    graph_ = outer;
+    m_.retain(g);  // grad()'s seed: the same tensor the outer engine holds
+    slot(z2.id) = g;
+    std::vector<Id> grads;
+    captured_grads_ = &grads;
+    shared_grad_ = g;
+    run_backward(inner);
+    shared_grad_ = kNone;
+    captured_grads_ = nullptr;
+    const Id dx = take(x.id);
+    m_.release(z2.id);  // the recomputed output, and with it the inner graph
+    destroy(inner);
+    m_.release(x.id);  // release_saved
+    deposit(x, dx);
+    for (Id p : grads) param_grad(p);
+    m_.release(g);
+    scope_ = outer_scope;
+  });
+  return z;
+}
+
+A Walker::depthwise(const A& x, int64_t side, int64_t c, Use out) {
+  at("conv_dw");
+  const int64_t k = s_.model.kernel, rows = n_ * side * side;
+  const A wk = buf(k * k * c * e_, keep(), "depthwise weight (k, k, C)");
+  const A y = buf(rows * c * e_, out, "conv_dw output");
+  if (!recording_) {
+    m_.release(wk.id);
+    return y;
+  }
+  m_.retain(x.id);
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, "conv_dw backward");
+    const Id g = take(y.id);
+    const Id dx = m_.alloc(x.bytes, Use::transient, "conv_dw input gradient");
+    const Id dwk = m_.alloc(wk.bytes, Use::transient, "conv_dw weight gradient (k, k, C)");
+    const Id db = m_.alloc(c * e_, Use::transient, "conv_dw bias gradient");
+    if (s_.cuda)
+      m_.release(
+          m_.alloc(depthwise_filter_workspace(n_ * side, c, k), Use::workspace, "depthwise filter partials"));
+    const Id dw = m_.alloc(wk.bytes, Use::transient, "conv_dw weight gradient (C, 1, k, k)");
+    m_.release(dwk);
+    m_.release(x.id);
+    m_.release(wk.id);
+    deposit(x, dx);
+    m_.release(g);
+    param_grad(dw);
+    param_grad(db);
+  });
+  return y;
+}
+
+A Walker::patchify(const A& x, int64_t side, int64_t cin, int64_t cout, int64_t k, bool x_grad, Use out) {
+  at("patchify");
+  const int64_t so = side / k, m = n_ * so * so, kk = k * k * cin;
+  const A wk = buf(cout * kk * e_, keep(), "patchify weight (Cout, k, k, Cin)");
+  const A y = buf(m * cout * e_, out, "patchify output");
+  if (!s_.cuda) m_.release(m_.alloc(m * kk * e_, Use::workspace, "im2col patches"));
+  if (!recording_) {
+    m_.release(wk.id);
+    return y;
+  }
+  m_.retain(x.id);
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, "patchify backward");
+    const Id g = take(y.id);
+    const Id dx = x_grad ? m_.alloc(x.bytes, Use::transient, "patchify input gradient") : kNone;
+    const Id dwk = m_.alloc(wk.bytes, Use::transient, "patchify weight gradient (Cout, k, k, Cin)");
+    const Id db = m_.alloc(cout * e_, Use::transient, "patchify bias gradient");
+    if (!s_.cuda) m_.release(m_.alloc(m * kk * e_, Use::workspace, "im2col patches"));
+    const Id dw = m_.alloc(wk.bytes, Use::transient, "patchify weight gradient (Cout, Cin, k, k)");
+    m_.release(dwk);
+    m_.release(x.id);
+    m_.release(wk.id);
+    if (dx != kNone) deposit(x, dx);
+    m_.release(g);
+    param_grad(dw);
+    param_grad(db);
+  });
+  return y;
+}
+
+A Walker::layer_norm(const A& x, int64_t rows, int64_t c, Use out) {
+  at("layer_norm");
+  const A y = buf(rows * c * e_, out, "layer_norm output");
+  const A mean = buf(rows * 4, keep(), "layer_norm mean");
+  const A rstd = buf(rows * 4, keep(), "layer_norm rstd");
+  if (!recording_) {
+    m_.release(mean.id);
+    m_.release(rstd.id);
+    return y;
+  }
+  m_.retain(x.id);
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, "layer_norm backward");
+    const Id g = take(y.id);
+    const Id dx = m_.alloc(x.bytes, Use::transient, "layer_norm input gradient");
+    const Id dw = m_.alloc(c * e_, Use::transient, "layer_norm weight gradient");
+    const Id db = m_.alloc(c * e_, Use::transient, "layer_norm bias gradient");
+    m_.release(x.id);
+    m_.release(mean.id);
+    m_.release(rstd.id);
+    deposit(x, dx);
+    m_.release(g);
+    param_grad(dw);
+    param_grad(db);
+  });
+  return y;
+}
+
+A Walker::linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const char* name, Use out) {
+  at(name);
+  const A y = buf(rows * out_f * e_, out, "linear output");
+  if (!recording_) return y;
+  m_.retain(x.id);
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, (std::string(name) + " backward").c_str());
+    const Id g = take(y.id);
+    const Id dx = m_.alloc(x.bytes, Use::transient, "linear input gradient");
+    const Id dw = m_.alloc(out_f * in * e_, Use::transient, "linear weight gradient");
+    const Id db = m_.alloc(out_f * e_, Use::transient, "linear bias gradient");
+    m_.release(x.id);
+    deposit(x, dx);
+    m_.release(g);
+    param_grad(dw);
+    param_grad(db);
+  });
+  return y;
+}
+
+A Walker::gelu(const A& x, Use out) {
+  at("gelu");
+  const A y = buf(x.bytes, out, "gelu output");
+  if (!recording_) return y;
+  m_.retain(x.id);
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, "gelu backward");
+    const Id g = take(y.id);
+    const Id dx = m_.alloc(x.bytes, Use::transient, "gelu input gradient");
+    m_.release(x.id);
+    deposit(x, dx);
+    m_.release(g);
+  });
+  return y;
+}
+
+A Walker::scale_add(const A* residual, const A& h, int64_t c, Use out) {
+  at(residual ? "residual_scale_add" : "channel_scale");
+  const A y = buf(h.bytes, out, residual ? "block output" : "channel_scale output");
+  if (!recording_) return y;
+  m_.retain(h.id);
+  const std::string scope = scope_;
+  const A r = residual ? *residual : A{};
+  record([=, this] {
+    at(scope, r.id != kNone ? "residual_scale_add backward" : "channel_scale backward");
+    const Id g = take(y.id);
+    const Id dx = m_.alloc(h.bytes, Use::transient, "block branch gradient");
+    const Id dgamma = m_.alloc(c * e_, Use::transient, "gamma gradient");
+    m_.release(h.id);
+    if (r.id != kNone) {  // the residual's gradient is the incoming one, passed through
+      m_.retain(g);
+      deposit(r, g);
+    }
+    deposit(h, dx);
+    m_.release(g);
+    param_grad(dgamma);
+  });
+  return y;
+}
+
+A Walker::drop_path(const A& x, Use out) {
+  at("drop_path");
+  // The per-sample scale: from_vector (f64, host) -> .to(dtype) -> .to(device).
+  A scale;
+  if (s_.cuda) {
+    scale = buf(n_ * e_, keep(), "drop-path scale");
+  } else {
+    const Id f64 = m_.alloc(n_ * 8, Use::transient, "drop-path mask (f64)");
+    scale = buf(n_ * e_, keep(), "drop-path scale");
+    m_.release(f64);
+  }
+  const A y = buf(x.bytes, out, "drop_path output");
+  if (!recording_) {
+    m_.release(scale.id);
+    return y;
+  }
+  graph_->held.push_back(scale.id);
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, "drop_path backward");
+    const Id g = take(y.id);
+    deposit(x, m_.alloc(x.bytes, Use::transient, "drop_path input gradient"));
+    m_.release(g);
+  });
+  return y;
+}
+
+A Walker::add(const A& a, const A& b, Use out) {
+  at("add");
+  const A y = buf(a.bytes, out, "block output");
+  if (!recording_) return y;
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, "add backward");
+    const Id g = take(y.id);
+    m_.retain(g);  // both inputs get the incoming gradient itself
+    m_.retain(g);
+    deposit(a, g);
+    deposit(b, g);
+    m_.release(g);
+  });
+  return y;
+}
+
+A Walker::pool(const A& x, int64_t c, Use out) {
+  at("global_avg_pool");
+  const A y = buf(n_ * c * e_, out, "pooled");
+  if (!recording_) return y;
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, "global_avg_pool backward");
+    const Id g = take(y.id);
+    deposit(x, m_.alloc(x.bytes, Use::transient, "last stage output gradient"));
+    m_.release(g);
+  });
+  return y;
+}
+
+}  // namespace
+
+std::vector<std::string> network_parts(const nn::ConvNeXtConfig& cfg) {
+  std::vector<std::string> parts{"stem"};
+  for (size_t i = 0; i < cfg.depths.size(); ++i) parts.push_back(fmt::format("stages.{}", i));
+  parts.emplace_back("head");
+  return parts;
+}
+
+StepTraceResult trace_step(const StepSpec& spec, int64_t capture_event) {
+  spec.model.validate();
+  CZ_CHECK(spec.micro_batch > 0, "planner: micro-batch must be positive, got {}", spec.micro_batch);
+  int64_t reduction = 4;
+  for (size_t i = 1; i < spec.model.depths.size(); ++i) reduction *= 2;
+  CZ_CHECK(spec.image_size >= reduction, "planner: images of {} px are smaller than the network's stride {}",
+           spec.image_size, reduction);
+  const std::vector<std::string> parts = network_parts(spec.model);
+  MemoryTrace m(int(parts.size()), spec.cuda ? kCudaPage : 0);
+  if (capture_event >= 0) m.capture_at(capture_event);
+  StepTraceResult r;
+  Walker w(spec, m, r.labels);
+  w.build();
+  m.reset_peak();  // Trainer::step resets the peak; what the build left live is counted from there
+  for (int i = 0; i < std::max(spec.steps, 1); ++i) w.step();
+  r.peak = m.peak();
+  r.saved_end_of_forward = w.saved_end_of_forward;
+  r.reserved_peak = m.reserved_peak();
+  r.at_peak = m.captured();
+  return r;
+}
+
+}  // namespace cz::plan

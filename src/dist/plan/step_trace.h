@@ -1,0 +1,46 @@
+// The allocations of one training step of ConvNeXt, replayed through a MemoryTrace: the model build (for the
+// allocator's cache), the model-state buffers, then steps of batch -> forward -> loss -> backward ->
+// optimizer, each op allocating and freeing exactly what its code in src/tensor/ops and src/nn does, and
+// each tensor saved for backward living until its node has run (Note [What a step allocates] in
+// step_trace.cpp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "dist/plan/memory_trace.h"
+#include "dist/plan/zero_memory.h"
+#include "nn/convnext.h"
+
+namespace cz::plan {
+
+struct StepSpec {
+  nn::ConvNeXtConfig model;  // with num_classes and drop_path_rate as trained
+  int64_t image_size = 64;
+  int64_t micro_batch = 32;
+  int64_t grad_accum = 1;      // micro-steps per step (two are enough to replay: the rest repeat the second)
+  DType compute = DType::f32;  // f32, or bf16/f16 on CUDA
+  bool checkpointing = false;
+  bool cuda = false;
+  // Batches the data loader holds on the training device besides the one in use: its prefetch window on the
+  // CPU backend (loader threads x 2), none on CUDA (those live in host memory).
+  int64_t prefetched_batches = 0;
+  std::vector<StateBuffer> state;  // model state (zero_model_state), allocated after the build
+  int steps = 1;                   // >1 to let the allocator's cache reach its steady state
+};
+
+struct StepTraceResult {
+  TraceSnapshot peak;  // over the steps (the build is not counted, as Trainer::step resets the peak)
+  std::vector<int64_t> saved_end_of_forward;  // requested bytes saved for backward, by network part
+  int64_t reserved_peak = 0;                  // bytes the cache took from the system, build included
+  std::vector<std::string> labels;            // TraceSnapshot::where indexes this
+  std::vector<LiveBuffer> at_peak;            // with capture_event: the live buffers then
+};
+
+// "stem", "stages.0", ..., "head": the parts saved activations are attributed to (head includes the loss).
+std::vector<std::string> network_parts(const nn::ConvNeXtConfig& cfg);
+
+// `capture_event`: a TraceSnapshot::event of an earlier run with the same spec, whose live buffers to list.
+StepTraceResult trace_step(const StepSpec& spec, int64_t capture_event = -1);
+
+}  // namespace cz::plan

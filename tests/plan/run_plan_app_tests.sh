@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# convnext_zero --plan from the outside. Usage: run_plan_app_tests.sh APP
+# Good flags print a table or one JSON object quickly, without mpirun; bad ones exit non-zero naming the flag.
+set -uo pipefail
+app=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+start=$(date +%s%N)
+"$app" --plan --model large --image-size 224 --micro-batch 16 --device cuda --precision bf16 --stage 2 \
+    --ranks 8 --gpu-mem 24GB > "$work/table" 2>&1 || { cat "$work/table"; fail "--plan exited with $?"; }
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+cat "$work/table"
+grep -q "total: the allocator's planned peak" "$work/table" || fail "no total in the table"
+grep -q "Largest micro-batch that fits" "$work/table" || fail "no largest micro-batch table"
+(( ms < 2000 )) || fail "--plan took $ms ms"
+
+OMPI_COMM_WORLD_SIZE=4 "$app" --plan --json --model atto --stage 3 --gpu-mem 512MiB > "$work/json" 2>&1 ||
+  { cat "$work/json"; fail "--plan --json exited with $?"; }
+python3 - "$work/json" <<'PY' || fail "--plan --json"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["world"] == 4, j["world"]  # from the launcher's environment
+assert isinstance(j["total_bytes"], int) and j["total_bytes"] > 0
+assert j["fits"] in (True, False)
+rows = [k for k in j if k.endswith("_bytes") and k not in
+        ("total_bytes", "fragmentation_bytes", "device_overhead_bytes", "required_bytes", "reserved_bytes", "gpu_mem_bytes")]
+assert sum(j[k] for k in rows) == j["total_bytes"], "rows do not add up to total_bytes"
+assert j["gather_buffers_bytes"] > 0
+print("json: %d rows, total %d, fits %s" % (len(rows), j["total_bytes"], j["fits"]))
+PY
+
+# Under a launcher only rank 0 prints.
+out=$(OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=2 "$app" --plan --model atto) || fail "--plan on rank 2 exited with $?"
+[[ -z $out ]] || fail "rank 2 printed the plan too"
+
+check() {  # check EXPECTED-SUBSTRING ARGS...
+  local want=$1; shift
+  "$app" "$@" > "$work/out" 2>&1
+  local rc=$?
+  if [[ $rc -eq 0 || $rc -ge 128 ]]; then cat "$work/out"; fail "'$*' exited with $rc"; fi
+  grep -qF -- "$want" "$work/out" || { cat "$work/out"; fail "'$*': message lacks '$want'"; }
+  echo "ok ($rc): $* -> $(head -1 "$work/out")"
+}
+check "--gpu-mem must be positive" --plan --gpu-mem 0
+check "--gpu-mem must be positive" --plan --gpu-mem 0GiB
+check "--gpu-mem: unknown unit 'XB'" --plan --gpu-mem 24XB
+check "--gpu-mem: 'lots' is not a memory size" --plan --gpu-mem lots
+check "--gpu-mem goes with --plan" --gpu-mem 24GB --steps 1
+check "--json goes with --plan" --json --steps 1
+check "--ranks must be at least 1" --plan --ranks 0
+check "--precision bf16 needs --device cuda" --plan --precision bf16
+check "--stage" --plan --stage 5
+echo "app_plan_flags: OK"

@@ -1,0 +1,181 @@
+// The planner's interface: memory sizes and their errors, the JSON's keys, the rows adding up, the largest
+// micro-batch being the largest that fits, and answering for the largest model in well under a second.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "dist/plan/planner.h"
+#include "tensor/check.h"
+
+namespace cz::plan {
+namespace {
+
+std::string error_of(const std::string& size) {
+  try {
+    parse_memory_size(size, "--gpu-mem");
+  } catch (const ValueError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(PlannerFlags, MemorySizes) {
+  EXPECT_EQ(parse_memory_size("24GB"), 24'000'000'000);
+  EXPECT_EQ(parse_memory_size("24GiB"), int64_t(24) << 30);
+  EXPECT_EQ(parse_memory_size("24gib"), int64_t(24) << 30);
+  EXPECT_EQ(parse_memory_size("512MB"), 512'000'000);
+  EXPECT_EQ(parse_memory_size("512MiB"), int64_t(512) << 20);
+  EXPECT_EQ(parse_memory_size("1.5GiB"), int64_t(3) << 29);
+  EXPECT_EQ(parse_memory_size("4096"), 4096);
+  EXPECT_EQ(parse_memory_size("80 GB"), 80'000'000'000);
+}
+
+TEST(PlannerFlags, BadMemorySizesNameTheFlag) {
+  using ::testing::HasSubstr;
+  EXPECT_THAT(error_of("0"), HasSubstr("--gpu-mem must be positive"));
+  EXPECT_THAT(error_of("0GB"), HasSubstr("--gpu-mem must be positive"));
+  EXPECT_THAT(error_of("-8GB"), HasSubstr("--gpu-mem must be positive"));
+  EXPECT_THAT(error_of("24XB"), HasSubstr("--gpu-mem: unknown unit 'XB'"));
+  EXPECT_THAT(error_of("24 gigs"), HasSubstr("--gpu-mem: unknown unit"));
+  EXPECT_THAT(error_of("GB"), HasSubstr("--gpu-mem: 'GB' is not a memory size"));
+  EXPECT_THAT(error_of(""), HasSubstr("is not a memory size"));
+  EXPECT_THAT(error_of("1.2.3GB"), HasSubstr("is not a memory size"));
+}
+
+TEST(PlannerFlags, WorldSizeFromTheLauncher) {
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  ::unsetenv("PMI_SIZE");
+  ::unsetenv("PMIX_SIZE");
+  ::unsetenv("MV2_COMM_WORLD_SIZE");
+  ::unsetenv("SLURM_NTASKS");
+  EXPECT_EQ(launcher_world_size(), 1);
+  ::setenv("PMI_SIZE", "6", 1);
+  EXPECT_EQ(launcher_world_size(), 6);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  EXPECT_EQ(launcher_world_size(), 4);
+  ::setenv("OMPI_COMM_WORLD_SIZE", "four", 1);
+  EXPECT_THROW(launcher_world_size(), ValueError);
+  ::unsetenv("OMPI_COMM_WORLD_RANK");
+  ::unsetenv("PMI_RANK");
+  ::unsetenv("PMIX_RANK");
+  ::unsetenv("MV2_COMM_WORLD_RANK");
+  ::unsetenv("SLURM_PROCID");
+  EXPECT_EQ(launcher_rank(), 0);
+  ::setenv("PMI_RANK", "3", 1);
+  EXPECT_EQ(launcher_rank(), 3);
+  ::unsetenv("PMI_RANK");
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  ::unsetenv("PMI_SIZE");
+}
+
+PlanRequest atto_request() {
+  PlanRequest r;
+  r.config.model = "atto";
+  r.config.image_size = 64;
+  r.config.micro_batch = 16;
+  r.config.loader_threads = 0;
+  return r;
+}
+
+TEST(Planner, RowsAddUpAndJsonHasOneKeyPerRow) {
+  PlanRequest r = atto_request();
+  r.gpu_mem = int64_t(1) << 30;
+  const Plan p = make_plan(r);
+  int64_t sum = 0;
+  for (const PlanRow& row : p.rows) {
+    EXPECT_GE(row.bytes, 0) << row.key;
+    sum += row.bytes;
+  }
+  EXPECT_EQ(sum, p.total_bytes);
+  EXPECT_EQ(p.required_bytes, p.total_bytes);  // the CPU: no driver pages, no context
+  const nlohmann::json j = plan_to_json(p);
+  EXPECT_EQ(j.at("total_bytes").get<int64_t>(), p.total_bytes);
+  EXPECT_TRUE(j.at("fits").get<bool>());
+  for (const PlanRow& row : p.rows) EXPECT_EQ(j.at(row.key + "_bytes").get<int64_t>(), row.bytes) << row.key;
+  for (const char* key :
+       {"parameters_bytes", "gradients_bytes", "optimizer_state_bytes", "master_weights_bytes",
+        "activations_stages_0_bytes", "backward_transient_bytes", "comm_buffers_bytes",
+        "gather_buffers_bytes", "workspace_bytes", "allocator_rounding_bytes"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_EQ(j.at("max_micro_batch").size(), 8u);
+  // Checkpointing keeps only block inputs in the stages (stages.0 has no downsample, which is not
+  // checkpointed); the stem is not checkpointed either.
+  const nlohmann::json& saved = j.at("activations_saved_end_of_forward");
+  auto bytes = [&](const char* mode, const char* part) { return saved.at(mode).at(part).get<int64_t>(); };
+  EXPECT_LT(bytes("checkpointing", "stages.0"), bytes("no_checkpointing", "stages.0") / 8);
+  EXPECT_LT(bytes("checkpointing", "stages.3"), bytes("no_checkpointing", "stages.3"));
+  EXPECT_EQ(saved.at("checkpointing").at("stem"), saved.at("no_checkpointing").at("stem"));
+  EXPECT_EQ(saved.at("no_checkpointing").at("stages.0").get<int64_t>(), p.saved_end_of_forward[0][1].bytes);
+  // Without --gpu-mem there is nothing to fit: fits is null.
+  EXPECT_TRUE(plan_to_json(make_plan(atto_request())).at("fits").is_null());
+}
+
+TEST(Planner, LargestMicroBatchFitsAndOneMoreDoesNot) {
+  PlanRequest r = atto_request();
+  r.gpu_mem = int64_t(200) << 20;
+  const Plan p = make_plan(r);
+  ASSERT_EQ(p.max_micro_batch.size(), 8u);
+  for (const MaxMicroBatch& m : p.max_micro_batch) {
+    SCOPED_TRACE(::testing::Message() << "stage " << m.stage << ", checkpointing " << m.checkpointing);
+    ASSERT_GT(m.micro_batch, 0);
+    PlanRequest q = r;
+    q.max_micro_batch = false;
+    q.config.stage = m.stage;
+    q.config.activation_checkpointing = m.checkpointing;
+    q.config.micro_batch = m.micro_batch;
+    EXPECT_TRUE(*make_plan(q).fits);
+    q.config.micro_batch = m.micro_batch + 1;
+    EXPECT_FALSE(*make_plan(q).fits);
+  }
+  // Checkpointing keeps less: at least as many images fit.
+  for (size_t i = 0; i < 8; i += 2)
+    EXPECT_GE(p.max_micro_batch[i + 1].micro_batch, p.max_micro_batch[i].micro_batch);
+}
+
+TEST(Planner, MixedPrecisionOnCudaKeepsMasterWeightsApart) {
+  PlanRequest r = atto_request();
+  r.config.device = "cuda";
+  r.config.precision = "bf16";
+  const Plan p = make_plan(r);
+  auto row = [&](const std::string& key) {
+    for (const PlanRow& x : p.rows)
+      if (x.key == key) return x.bytes;
+    ADD_FAILURE() << "no row " << key;
+    return int64_t(0);
+  };
+  EXPECT_EQ(row("parameters"), 2 * p.psi);
+  EXPECT_EQ(row("master_weights"), 4 * p.psi);
+  EXPECT_EQ(row("gradients"), 2 * p.psi + 4 * p.psi);
+  EXPECT_EQ(row("optimizer_state"), 8 * p.psi);
+  EXPECT_EQ(row("comm_buffers"), 4 * p.psi);  // one bucket (atto is < 25 MiB) cast to fp32 for the reduce
+  EXPECT_GT(row("workspace"), 0);             // cuBLAS and cuDNN
+  EXPECT_GT(p.device_overhead_bytes, 0);
+  EXPECT_GT(p.required_bytes, p.total_bytes);
+  // The CPU backend computes in fp32, as the trainer says.
+  r.config.device = "cpu";
+  EXPECT_THROW(make_plan(r), ValueError);
+}
+
+TEST(Planner, AnswersForTheLargestModelInWellUnderASecond) {
+  PlanRequest r;
+  r.config.model = "xlarge";
+  r.config.image_size = 224;
+  r.config.micro_batch = 32;
+  r.config.device = "cuda";
+  r.config.precision = "bf16";
+  r.config.stage = 3;
+  r.world = 8;
+  r.gpu_mem = int64_t(24) << 30;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Plan p = make_plan(r);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 0.5) << "largest micro-batch search included";
+  EXPECT_EQ(p.num_params, 348'168'458);  // 1000 classes would be timm's 350,196,968; we plan for 10
+  EXPECT_EQ(p.max_micro_batch.size(), 8u);
+  EXPECT_GT(p.total_bytes, 0);
+}
+
+}  // namespace
+}  // namespace cz::plan
