@@ -1,7 +1,8 @@
-// Times one ConvNeXt training step (forward, cross-entropy, backward, AdamW) on synthetic data, on the CPU or
-// a GPU, in f32 or with bf16/f16 compute on fp32 master weights (the trainer's Note [Mixed precision]). Plain
-// chrono with a device sync per timed window; the peer figure is bench/train_step_torch.py
-// (scripts/gpu-check.sh runs both). Independent of the io layer: random images and labels, generated once.
+// Times the app's training step, Trainer::step (forward, cross-entropy, the ZeRO engine's backward and step:
+// the function convnext_zero runs), on fixed random images and labels generated once on the device, on the
+// CPU or a GPU, in f32 or with bf16/f16 compute on fp32 master weights (the trainer's Note [Mixed
+// precision]), at any --stage and with --offload. The peer figure is bench/train_step_torch.py
+// (scripts/gpu-check.sh runs both).
 // With --peak-tflops it reports the model FLOP utilisation (6 x the forward MACs per image, Note in
 // nn/convnext.h); with --profile N it runs N more steps under the op profiler (Note [Op profiling]) and
 // prints where a step's time goes, op by op.
@@ -17,10 +18,9 @@
 
 #include <fmt/format.h>
 
+#include "dist/comm/bootstrap.h"
+#include "dist/train/trainer.h"
 #include "nn/convnext.h"
-#include "optim/adamw.h"
-#include "optim/param_groups.h"
-#include "tensor/autograd/engine.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/ops.h"
 #include "tensor/profiler.h"
@@ -49,6 +49,9 @@ struct Flags {
   std::string json;            // also write the result here
   double peak_tflops = 0;      // the device's peak for this dtype: enables the MFU figure
   int profile_steps = 0;       // extra steps under the op profiler
+  int stage = 0;               // ZeRO stage (a world of one: the engine's buffers and copies, no traffic)
+  bool offload = false;        // --offload-optimizer
+  bool offload_overlap = false;  // --offload-overlap-step
 };
 
 [[noreturn]] void usage(const char* msg) {
@@ -58,7 +61,8 @@ struct Flags {
       "usage: bench_train_step [--model tiny] [--device cpu|cuda[:i]] [--dtype f32|bf16|f16]\n"
       "                        [--batch 8] [--image 224] [--warmup 3] [--steps 10]\n"
       "                        [--no-conv-benchmark] [--tf32] [--depthwise-direct] [--no-gemm-epilogues]\n"
-      "                        [--patchify-gemm] [--json FILE] [--peak-tflops T] [--profile N]\n",
+      "                        [--patchify-gemm] [--json FILE] [--peak-tflops T] [--profile N]\n"
+      "                        [--stage 0-3] [--offload] [--offload-overlap-step]\n",
       msg);
   std::exit(2);
 }
@@ -101,6 +105,12 @@ Flags parse(int argc, char** argv) {
       f.peak_tflops = std::stod(value());
     else if (a == "--profile")
       f.profile_steps = std::stoi(value());
+    else if (a == "--stage")
+      f.stage = std::stoi(value());
+    else if (a == "--offload")
+      f.offload = true;
+    else if (a == "--offload-overlap-step")
+      f.offload = f.offload_overlap = true;
     else if (a == "-h" || a == "--help")
       usage("help");
     else
@@ -135,14 +145,32 @@ int run(const Flags& f) {
   const DType compute = parse_dtype(f.dtype);
   CZ_CHECK(dev.is_cuda() || compute == DType::f32, "--dtype {} needs --device cuda (the CPU computes in f32)",
            f.dtype);
-  if (dev.is_cuda()) {
-    CZ_CHECK_DEVICE(cuda_available(), "--device {}: no CUDA GPU is visible{}", f.device,
-                    cuda_runtime::built() ? "" : " (built without CUDA)");
-    cuda_runtime::set_device(dev.index);
-  }
+  dist::World& world = dist::World::init(nullptr, nullptr);  // a world of one
+  const nn::ConvNeXtConfig mc = nn::convnext_variant(f.model);
+  train::TrainConfig c;
+  c.model = f.model;
+  c.num_classes = mc.num_classes;
+  c.image_size = f.image;
+  c.micro_batch = f.batch;
+  // The training set is never read (the steps run on the fixed batch below): the smallest one the trainer
+  // accepts, decoded by nobody.
+  c.data = fmt::format("synthetic:n={},eval_n=8,classes=10,size=8", f.batch);
+  c.loader_threads = 0;
+  c.steps = f.warmup + f.steps + f.profile_steps;
+  c.lr = 1e-4;
+  c.schedule = "constant";
+  c.label_smoothing = 0.1;
+  c.precision = compute == DType::f32 ? "fp32" : compute == DType::bf16 ? "bf16" : "fp16";
+  c.device = f.device;
+  c.tf32 = f.tf32;
+  c.stage = f.stage;
+  c.offload_optimizer = f.offload;
+  c.offload_overlap_step = f.offload_overlap;
+  c.progress = false;
+  train::Trainer trainer(c, world);
 #if CZ_WITH_CUDA
   std::optional<StreamGuard> stream_guard;
-  if (dev.is_cuda()) {
+  if (dev.is_cuda()) {  // after the trainer, which sets its own defaults
     cuda::set_conv_benchmark(f.conv_benchmark);
     cuda::set_allow_tf32(f.tf32);
     cuda::set_depthwise_direct(f.depthwise_direct);
@@ -151,61 +179,29 @@ int run(const Flags& f) {
     stream_guard.emplace(cuda::compute_stream(dev.index));
   }
 #endif
-
-  nn::ConvNeXtConfig mc = nn::convnext_variant(f.model);
-  nn::ConvNeXt model(mc, nn::ParamOptions{DType::f32, dev});
-  model.init_weights(0);
-  nn::NamedParameters params = model.named_parameters();
-  FlatParams flat = flatten_parameters(params);
-  // Mixed precision: the model runs on a 16-bit copy of the fp32 master buffer; its gradients are copied
-  // into the fp32 gradient buffer for the optimizer.
-  Tensor compute_params, compute_grads;
-  if (compute != DType::f32) {
-    compute_params = flat.params.to(compute);
-    compute_grads = zeros({flat.layout.numel}, compute, dev);
-    bind_parameters(params, flat.layout, compute_params);
-    for (size_t i = 0; i < params.size(); ++i) {
-      const FlatSegment& s = flat.layout.segments[i];
-      Tensor(params[i].second).set_grad(view_of_storage(compute_grads, s.shape, s.offset));
-    }
-  }
-  AdamW opt(flat.layout, ShardRange::whole(flat.layout), timm_weight_decay(flat.layout, 0.05), AdamWConfig{},
-            DType::f32, dev);
-
   Generator gen(1);
-  const Tensor images = randn({f.batch, f.image, f.image, mc.in_chans}, gen, compute, dev);
-  const Tensor labels = randint(mc.num_classes, {f.batch}, gen, DType::i64, dev);
-  Allocator& alloc = allocator_for(dev);
+  Batch batch;
+  batch.images = randn({f.batch, f.image, f.image, mc.in_chans}, gen, compute, dev);
+  batch.labels = randint(mc.num_classes, {f.batch}, gen, DType::i64, dev);
+  const std::vector<Batch> batches{batch};
   double last_loss = 0;
-
+  int64_t peak = 0;
   auto step = [&]() {
-    {
-      NoGradGuard no_grad;
-      (compute_grads.defined() ? compute_grads : flat.grads).zero_();
-    }
-    model.train();
-    Tensor logits = model(images).to(DType::f32);
-    Tensor loss = cross_entropy(logits, labels, 0.1);
-    loss.backward();
-    NoGradGuard no_grad;
-    if (compute_grads.defined()) flat.grads.copy_(compute_grads);
-    opt.step(flat.params, flat.grads, 1e-4);
-    if (compute_params.defined()) compute_params.copy_(flat.params);
-    return loss;
+    const train::StepStats s = trainer.step(batches);
+    last_loss = s.loss;
+    peak = std::max(peak, s.peak_mem_bytes);
   };
 
   for (int i = 0; i < f.warmup; ++i) step();
   sync(dev);
-  alloc.reset_peak();
+  peak = 0;
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  Tensor loss;
-  for (int i = 0; i < f.steps; ++i) loss = step();
+  for (int i = 0; i < f.steps; ++i) step();
   sync(dev);
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  last_loss = loss.item();
   const double img_s = double(f.batch) * f.steps / seconds;
-  const double peak_gib = double(alloc.stats().peak_allocated_bytes) / double(1 << 30);
+  const double peak_gib = double(peak) / double(1 << 30);
   // Training FLOPs per image: forward, input gradients and weight gradients of the convolutions and GEMMs.
   const double flop_per_img = 6.0 * double(nn::convnext_forward_macs(mc, f.image));
   const double tflops = flop_per_img * img_s / 1e12;
@@ -282,7 +278,9 @@ int run(const Flags& f) {
 
 int main(int argc, char** argv) {
   try {
-    return run(parse(argc, argv));
+    const int rc = run(parse(argc, argv));
+    cz::dist::World::finalize();
+    return rc;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_train_step: error: %s\n", e.what());
     return 1;

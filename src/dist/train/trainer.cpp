@@ -21,9 +21,8 @@
 namespace cz::train {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 }  // namespace
@@ -217,7 +216,19 @@ Batch Trainer::next_batch() {
 }
 
 StepStats Trainer::step() {
-  const auto t0 = Clock::now();
+  const auto t0 = Clock::now();  // waiting for the loader counts
+  std::vector<Batch> batches;
+  for (int64_t a = 0; a < cfg_.grad_accum; ++a) batches.push_back(next_batch());
+  return run_step(batches, t0);
+}
+
+StepStats Trainer::step(std::span<const Batch> micro_batches) {
+  CZ_CHECK(int64_t(micro_batches.size()) == cfg_.grad_accum, "Trainer::step: {} micro-batches for --grad-accum {}",
+           micro_batches.size(), cfg_.grad_accum);
+  return run_step(micro_batches, Clock::now());
+}
+
+StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_point t0) {
   Allocator& alloc = allocator_for(device_);
   alloc.reset_peak();
   StepStats s;
@@ -231,7 +242,7 @@ StepStats Trainer::step() {
   Tensor loss_sum;
   const int64_t micro = cfg_.micro_batch;
   for (int64_t a = 0; a < cfg_.grad_accum; ++a) {
-    Batch batch = next_batch();
+    const Batch& batch = micro_batches[size_t(a)];
     Tensor images = batch.images.to(device_).to(compute_dtype_);
     Tensor labels = batch.labels.to(device_);
     // Note [Drop-path masks]: keyed by the sample's index in the step's global batch.

@@ -2,7 +2,9 @@
 // engine (dist/zero) owns parameters, gradients, optimizer state and their collectives at every stage.
 #pragma once
 
+#include <chrono>
 #include <memory>
+#include <span>
 #include <optional>
 
 #include "dist/comm/bootstrap.h"
@@ -65,7 +67,10 @@ class Trainer {
   // The whole run: total_steps() steps, evaluations, logs, export. Returns the summary (every rank).
   TrainSummary run();
 
-  StepStats step();       // one optimizer step
+  StepStats step();  // one optimizer step on the next micro-batches of the training set
+  // The same on given micro-batches (this rank's share each, --grad-accum of them): bench_train_step times the
+  // app's step on fixed device tensors this way.
+  StepStats step(std::span<const Batch> micro_batches);
   EvalResult evaluate();  // over the eval set (or --eval-batches of it), every rank together
   int64_t total_steps() const { return total_steps_; }
   int64_t steps_done() const { return step_; }
@@ -83,6 +88,8 @@ class Trainer {
   void build_data();
   void build_schedule();
   void check_ranks_agree();
+  using Clock = std::chrono::steady_clock;
+  StepStats run_step(std::span<const Batch> micro_batches, Clock::time_point t0);
   LoaderOptions loader_options(Split split) const;
   Batch next_batch();
   nlohmann::json step_record(const StepStats& s) const;
