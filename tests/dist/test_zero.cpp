@@ -188,6 +188,9 @@ TEST(Zero, CommBytesPerStepAreTwoOrThreePsi) {
     // Exact for the padded flat space (every partition is a multiple of N elements); close to the
     // unpadded Psi (padding is at most 16 x N elements per partition).
     EXPECT_EQ(double(s.comm_bytes), factor * padded * (n - 1) / n) << "stage " << stage;
+    // The collectives were timed, and no step waits longer for them than the step took.
+    EXPECT_GT(s.comm_s, 0) << "stage " << stage;
+    EXPECT_LE(s.comm_exposed_s, s.step_time_s) << "stage " << stage;
     EXPECT_NEAR(double(s.comm_bytes) / (factor * psi * (n - 1) / n), 1.0, 0.25) << "stage " << stage;
     if (world().rank() == 0)
       std::printf(

@@ -9,6 +9,13 @@ namespace cz::dist {
 
 Work::~Work() {
   if (event_) cuda_runtime::event_destroy(event_);
+  if (start_event_) cuda_runtime::event_destroy(start_event_);
+}
+
+void Work::set_device_start_event(void* cuda_event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (start_event_) cuda_runtime::event_destroy(start_event_);
+  start_event_ = cuda_event;
 }
 
 void Work::set_device_event(void* cuda_event) {
@@ -25,7 +32,10 @@ void Work::mark_started() {
 
 double Work::run_seconds() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return done_ && timed_ ? std::chrono::duration<double>(finished_ - started_).count() : 0.0;
+  if (!done_ || !error_.empty()) return 0.0;
+  if (start_event_ && event_)
+    return cuda_runtime::event_query(event_) ? cuda_runtime::event_elapsed_ms(start_event_, event_) / 1e3 : 0.0;
+  return timed_ ? std::chrono::duration<double>(finished_ - started_).count() : 0.0;
 }
 
 void Work::mark_done() {

@@ -32,12 +32,13 @@ class Work {
   // "all_reduce of 4096 bytes on ranks [0, 1]".
   const std::string& what() const { return what_; }
 
-  // Seconds the collective ran on the communication thread (from mark_started to mark_done), once completed;
-  // 0 when the backend does not time its work (NCCL: the device-side part is not timed).
+  // Seconds the collective ran, once completed: on the communication thread (from mark_started to mark_done),
+  // or on the device between the start and end events (NCCL); 0 before it has completed.
   double run_seconds() const;
 
   // Backend side.
   void set_device_event(void* cuda_event);  // owned from now on; recorded after the device-side work
+  void set_device_start_event(void* cuda_event);  // owned; recorded before it (timing)
   void mark_started();
   void mark_done();
   void mark_failed(const std::string& error);
@@ -53,6 +54,7 @@ class Work {
   bool done_ = false;
   std::string error_;
   void* event_ = nullptr;
+  void* start_event_ = nullptr;
   std::chrono::steady_clock::time_point started_, finished_;
   bool timed_ = false;
 };

@@ -239,6 +239,7 @@ void ZeroEngine::begin_step(double lr, double clip_grad, const LossScaler& scale
     optim_s_ = 0;
   }
   stats_ = ZeroStepStats{};
+  step_works_.clear();  // evaluation's gathers since the last step
   comm_buffer_now_ = 0;
   note_comm_buffers();
 }
@@ -331,7 +332,17 @@ void ZeroEngine::wait(const dist::WorkHandle& w) {
   const auto t0 = Clock::now();
   w->wait();
   stats_.comm_exposed_s += std::chrono::duration<double>(Clock::now() - t0).count();
-  stats_.comm_s += w->run_seconds();
+  step_works_.push_back(w);
+}
+
+// On the CPU the collectives are complete once waited for; NCCL's device-side part is timed by its events, read
+// once they have passed (the step ends with a device sync anyway).
+void ZeroEngine::collect_comm_times() {
+  for (const auto& w : step_works_) {
+    w->synchronize();
+    stats_.comm_s += w->run_seconds();
+  }
+  step_works_.clear();
 }
 
 void ZeroEngine::count_sent(int64_t bytes, int factor) {
@@ -425,6 +436,7 @@ ZeroStepStats ZeroEngine::step(LossScaler& scaler) {
   wait_all_param_gathers();  // a forward without some module (none in ConvNeXt) would leave one in flight
   if (worker_) {
     offload_step(scaler);
+    collect_comm_times();
     return stats_;
   }
   const double lr = lr_, clip_grad = clip_grad_;
@@ -453,6 +465,7 @@ ZeroStepStats ZeroEngine::step(LossScaler& scaler) {
     if (ema_) ema_->update(std::span<const Tensor>(w), cfg_.ema_decay);
     refresh_compute();
   }
+  collect_comm_times();
   return stats_;
 }
 

@@ -194,6 +194,9 @@ class ZeroEngine {
   std::atomic<double> copy_s_{0}, optim_s_{0};
   double lr_ = 0, clip_grad_ = 0;
 
+  std::vector<dist::WorkHandle> step_works_;  // waited for in this step: their run times are its comm_s
+  void collect_comm_times();
+
   ZeroStepStats stats_;
   int64_t comm_buffer_now_ = 0;
   std::vector<std::pair<int, int>> param_hooks_;           // (param index, hook id)

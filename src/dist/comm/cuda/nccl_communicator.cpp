@@ -206,6 +206,9 @@ class NcclCommunicator final : public Communicator {
       cuda_runtime::event_record(ready, current_stream(c.device));
       cuda_runtime::event_wait(ready, comm_stream);
       cuda_runtime::event_destroy(ready);
+      void* start = cuda_runtime::event_create(device_);  // times the device-side part (Work::run_seconds)
+      cuda_runtime::event_record(start, comm_stream);
+      work->set_device_start_event(start);
       enqueue(c);
       void* done = cuda_runtime::event_create(device_);
       cuda_runtime::event_record(done, comm_stream);
