@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "io/fletcher32.h"
+#include "io/h5_writer_driver.h"
 
 namespace cz::h5 {
 namespace {
@@ -46,7 +47,9 @@ std::string hdf5_reason() {
       &walk);
   H5Eclear2(H5E_DEFAULT);
   if (walk.inner.empty()) return "HDF5 gave no reason";
-  return walk.outer == walk.inner ? walk.inner : walk.outer + ": " + walk.inner;
+  std::string reason = walk.outer == walk.inner ? walk.inner : walk.outer + ": " + walk.inner;
+  std::replace(reason.begin(), reason.end(), '\n', ' ');  // HDF5's I/O errors embed ctime()'s newline
+  return reason;
 }
 
 // Owns one HDF5 identifier of any kind (H5Idec_ref closes files, groups, datasets, spaces, types, lists).
@@ -162,7 +165,11 @@ File::File(std::string path, std::string temp_path, int64_t id)
     : path_(std::move(path)), temp_path_(std::move(temp_path)), id_(id) {}
 
 File::File(File&& other) noexcept
-    : path_(std::move(other.path_)), temp_path_(std::move(other.temp_path_)), id_(other.id_) {
+    : path_(std::move(other.path_)),
+      temp_path_(std::move(other.temp_path_)),
+      id_(other.id_),
+      abandoned_(other.abandoned_),
+      status_(std::move(other.status_)) {
   other.id_ = -1;
   other.temp_path_.clear();
 }
@@ -171,7 +178,33 @@ File::~File() {
   close();
 }
 
+void File::abandon() noexcept {
+  abandoned_ = true;
+  if (status_) status_->drop = true;
+}
+
+void File::check_writable(const char* what) const {
+  CZ_ASSERT(!temp_path_.empty() && id_ >= 0, "h5::File::{} on a file not opened with create()", what);
+  CZ_CHECK_IO(!abandoned_, "{}: an earlier write to it failed; it cannot be written or committed", path_);
+}
+
+void File::fail_write(const std::string& what) {
+  std::string message = fmt::format("{}: {}: {}", path_, what, hdf5_reason());
+  abandon();
+  throw IoError(std::move(message));
+}
+
+void File::write_ok(int64_t status, const std::string& what) {
+  if (status < 0) fail_write(what);
+}
+
+int64_t File::write_id(int64_t id, const std::string& what) {
+  if (id < 0) fail_write(what);
+  return id;
+}
+
 void File::close() noexcept {
+  if (id_ >= 0 && !temp_path_.empty()) abandon();  // its contents are thrown away: nothing more is written
   if (id_ >= 0) H5Fclose(hid_t(id_));
   id_ = -1;
   if (!temp_path_.empty()) ::unlink(temp_path_.c_str());
@@ -208,6 +241,8 @@ File File::create(const std::string& path, const CreateOptions& options) {
   ::close(fd);
   File file(path, temp, -1);  // from here on, the destructor removes the temporary file
   Id fapl(check_id(H5Pcreate(H5P_FILE_ACCESS), path, "creating a property list"));
+  file.status_ = std::make_unique<detail::WriteStatus>();
+  check_ok(detail::use_writer_driver(fapl.get(), file.status_.get()), path, "setting the file driver");
   if (options.modern_format)
     check_ok(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST), path,
              "setting the format version");
@@ -359,8 +394,8 @@ namespace {
 // (Note [Fletcher-32 by blocks]) instead of the filter pipeline's allocation, copy and byte-wise sum per
 // chunk, which halved the write bandwidth of a checkpoint. Edge chunks are padded with zeros, as HDF5 stores
 // them. Raw bytes go to the file, so the file types are the host's (little-endian) ones.
-void write_checksummed_chunks(hid_t ds, const Tensor& t, int64_t rows_per_chunk, const std::string& path,
-                              const std::string& key) {
+// Returns the first row of the chunk that could not be written, or -1.
+int64_t write_checksummed_chunks(hid_t ds, const Tensor& t, int64_t rows_per_chunk) {
   static_assert(std::endian::native == std::endian::little, "checkpoint chunks are written as raw LE bytes");
   const int64_t rows = t.size(0);
   const size_t row_bytes = t.nbytes() / size_t(rows);
@@ -376,15 +411,15 @@ void write_checksummed_chunks(hid_t ds, const Tensor& t, int64_t rows_per_chunk,
     const uint32_t sum = fletcher32(buffer.data(), chunk_bytes);
     std::memcpy(buffer.data() + chunk_bytes, &sum, 4);
     offset[0] = hsize_t(row);
-    check_ok(H5Dwrite_chunk(ds, H5P_DEFAULT, 0, offset.data(), chunk_bytes + 4, buffer.data()), path,
-             fmt::format("writing dataset '{}' rows [{}, {})", key, row, row + rows_per_chunk));
+    if (H5Dwrite_chunk(ds, H5P_DEFAULT, 0, offset.data(), chunk_bytes + 4, buffer.data()) < 0) return row;
   }
+  return -1;
 }
 
 }  // namespace
 
 void File::write(const std::string& key, const Tensor& t, const WriteOptions& options) {
-  CZ_ASSERT(!temp_path_.empty(), "h5::File::write on a file not opened with create()");
+  check_writable("write");
   CZ_CHECK_IO(t.defined() && t.is_cpu() && t.is_contiguous(), "{}: '{}' must be a contiguous CPU tensor",
               path_, key);
   hid_t file_type = H5T_IEEE_F32LE, mem_type = memory_type(t.dtype());
@@ -422,14 +457,18 @@ void File::write(const std::string& key, const Tensor& t, const WriteOptions& op
     check_ok(H5Pset_fletcher32(dcpl.get()), path_, "setting the Fletcher-32 filter");
     check_ok(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), path_, "setting the fill time");
   }
-  const Id ds(check_id(
-      H5Dcreate2(hid_t(id_), key.c_str(), file_type, space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT), path_,
+  const Id ds(write_id(
+      H5Dcreate2(hid_t(id_), key.c_str(), file_type, space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
       fmt::format("creating dataset '{}'", key)));
-  if (chunked)
-    write_checksummed_chunks(ds.get(), t, rows_per_chunk, path_, key);
-  else if (t.numel() > 0)
-    check_ok(H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw_data()), path_,
+  if (chunked) {
+    const int64_t failed = write_checksummed_chunks(ds.get(), t, rows_per_chunk);
+    if (failed >= 0)
+      fail_write(fmt::format("writing dataset '{}' rows [{}, {})", key, failed,
+                             std::min(failed + rows_per_chunk, t.size(0))));
+  } else if (t.numel() > 0) {
+    write_ok(H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw_data()),
              fmt::format("writing dataset '{}'", key));
+  }
 }
 
 namespace {
@@ -487,7 +526,7 @@ std::string escape_percent(const std::string& s) {
 
 void File::write_virtual(const std::string& key, const Shape& shape,
                          const std::vector<VirtualSource>& sources, float fill) {
-  CZ_ASSERT(!temp_path_.empty(), "h5::File::write_virtual on a file not opened with create()");
+  check_writable("write_virtual");
   const int64_t numel = shape_numel(shape);
   std::vector<hsize_t> dims(shape.begin(), shape.end());
   const Id vspace(check_id(
@@ -529,50 +568,56 @@ void File::write_virtual(const std::string& key, const Shape& shape,
   }
   const Id lcpl(check_id(H5Pcreate(H5P_LINK_CREATE), path_, "creating a property list"));
   check_ok(H5Pset_create_intermediate_group(lcpl.get(), 1), path_, "creating a property list");
-  const Id ds(check_id(
+  const Id ds(write_id(
       H5Dcreate2(hid_t(id_), key.c_str(), H5T_IEEE_F32LE, vspace.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
-      path_, fmt::format("creating virtual dataset '{}'", key)));
+      fmt::format("creating virtual dataset '{}'", key)));
 }
 
 void File::set_attr(const std::string& name, const std::string& value) {
-  CZ_ASSERT(!temp_path_.empty(), "h5::File::set_attr on a file not opened with create()");
+  check_writable("set_attr");
   // Variable-length UTF-8, as h5py writes str attributes, so Python reads it back as str.
   const Id type(check_id(H5Tcopy(H5T_C_S1), path_, "creating a string type"));
   check_ok(H5Tset_size(type.get(), H5T_VARIABLE), path_, "creating a string type");
   check_ok(H5Tset_cset(type.get(), H5T_CSET_UTF8), path_, "creating a string type");
   const Id space(check_id(H5Screate(H5S_SCALAR), path_, "creating a dataspace"));
   const Id attr(
-      check_id(H5Acreate2(hid_t(id_), name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), path_,
+      write_id(H5Acreate2(hid_t(id_), name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
                fmt::format("creating attribute '{}'", name)));
   const char* s = value.c_str();
-  check_ok(H5Awrite(attr.get(), type.get(), &s), path_, fmt::format("writing attribute '{}'", name));
+  write_ok(H5Awrite(attr.get(), type.get(), &s), fmt::format("writing attribute '{}'", name));
 }
 
 void File::set_attr(const std::string& name, int64_t value) {
-  CZ_ASSERT(!temp_path_.empty(), "h5::File::set_attr on a file not opened with create()");
+  check_writable("set_attr");
   const Id space(check_id(H5Screate(H5S_SCALAR), path_, "creating a dataspace"));
   const Id attr(
-      check_id(H5Acreate2(hid_t(id_), name.c_str(), H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
-               path_, fmt::format("creating attribute '{}'", name)));
-  check_ok(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value), path_,
-           fmt::format("writing attribute '{}'", name));
+      write_id(H5Acreate2(hid_t(id_), name.c_str(), H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+               fmt::format("creating attribute '{}'", name)));
+  write_ok(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value), fmt::format("writing attribute '{}'", name));
 }
 
 void File::set_attr(const std::string& name, double value) {
-  CZ_ASSERT(!temp_path_.empty(), "h5::File::set_attr on a file not opened with create()");
+  check_writable("set_attr");
   const Id space(check_id(H5Screate(H5S_SCALAR), path_, "creating a dataspace"));
   const Id attr(
-      check_id(H5Acreate2(hid_t(id_), name.c_str(), H5T_IEEE_F64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
-               path_, fmt::format("creating attribute '{}'", name)));
-  check_ok(H5Awrite(attr.get(), H5T_NATIVE_DOUBLE, &value), path_,
-           fmt::format("writing attribute '{}'", name));
+      write_id(H5Acreate2(hid_t(id_), name.c_str(), H5T_IEEE_F64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+               fmt::format("creating attribute '{}'", name)));
+  write_ok(H5Awrite(attr.get(), H5T_NATIVE_DOUBLE, &value), fmt::format("writing attribute '{}'", name));
 }
 
 void File::commit() {
-  CZ_ASSERT(!temp_path_.empty() && id_ >= 0, "h5::File::commit on a file not opened with create()");
+  check_writable("commit");
+  // Flushed first, so that most of what closing writes fails here, reported by HDF5; a write that failed
+  // earlier inside a call nobody checks (a destructor) is in status_. The close itself only records a
+  // failure (Note [Abandoning a failed file]).
+  const std::string finishing = fmt::format("cannot finish writing {}", temp_path_);
+  write_ok(H5Fflush(hid_t(id_), H5F_SCOPE_LOCAL), finishing);
+  if (!status_->error.empty()) fail_write(fmt::format("{}: {}", finishing, status_->error));
+  status_->quiet = true;
   const herr_t closed = H5Fclose(hid_t(id_));
   id_ = -1;
-  check_ok(closed, path_, fmt::format("cannot finish writing {}", temp_path_));
+  check_ok(closed, path_, finishing);
+  CZ_CHECK_IO(status_->error.empty(), "{}: {}: {}", path_, finishing, status_->error);
   // The data must be on disk before the rename makes it visible under the real name.
   const int fd = ::open(temp_path_.c_str(), O_RDONLY);
   const int sync_error = fd < 0 || ::fsync(fd) != 0 ? errno : 0;

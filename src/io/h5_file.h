@@ -5,12 +5,16 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "tensor/tensor.h"
 
 namespace cz::h5 {
+namespace detail {
+struct WriteStatus;
+}  // namespace detail
 
 struct DatasetInfo {
   Shape shape;
@@ -96,10 +100,18 @@ class File {
  private:
   File(std::string path, std::string temp_path, int64_t id);
   void close() noexcept;
+  // Note [Abandoning a failed file].
+  void abandon() noexcept;
+  void check_writable(const char* what) const;
+  [[noreturn]] void fail_write(const std::string& what);
+  void write_ok(int64_t status, const std::string& what);
+  int64_t write_id(int64_t id, const std::string& what);
 
   std::string path_;
   std::string temp_path_;  // non-empty while a created file is uncommitted
   int64_t id_ = -1;        // hid_t
+  bool abandoned_ = false;
+  std::unique_ptr<detail::WriteStatus> status_;  // files being written: what their driver reports
 };
 
 }  // namespace cz::h5
