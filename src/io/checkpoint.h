@@ -58,14 +58,14 @@ struct Scalars {
   bool operator==(const Scalars&) const = default;
 };
 
-// The few collectives a save needs. src/io sits below the communication layer, so the caller adapts its
-// communicator (tests use MPI directly or threads). Every rank calls them in the same order.
+// The few collectives a save needs (no barrier: the broadcasts order everything). src/io sits below the
+// communication layer, so the caller adapts its communicator (tests use MPI directly or threads). Every rank
+// calls them in the same order, on the thread that called begin_save / finish / save_checkpoint.
 class Collective {
  public:
   virtual ~Collective() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual void barrier() = 0;
   virtual int64_t all_reduce_max(int64_t value) = 0;
   // Root's `value` on every rank.
   virtual std::string broadcast(const std::string& value, int root) = 0;
@@ -76,7 +76,6 @@ class SoloCollective final : public Collective {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  void barrier() override {}
   int64_t all_reduce_max(int64_t value) override { return value; }
   std::string broadcast(const std::string& value, int) override { return value; }
 };

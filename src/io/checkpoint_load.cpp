@@ -14,6 +14,9 @@ namespace cz::ckpt {
 namespace {
 // Host buffer for reads into device memory and for verify(): 1 Mi elements (4 MiB).
 constexpr int64_t kStagingElems = int64_t{1} << 20;
+// Rank files kept open at once (least recently used closed first): a checkpoint of a thousand ranks read by
+// one process (an export) must not run out of file descriptors.
+constexpr int kMaxOpenRankFiles = 64;
 
 }  // namespace
 
@@ -26,6 +29,9 @@ struct Checkpoint::Impl {
   std::vector<std::vector<TensorInfo>> infos;               // per group
   std::vector<std::map<std::string, size_t>> tensor_index;  // per group
   mutable std::vector<std::unique_ptr<h5::File>> rank_files;
+  mutable std::vector<int64_t> last_use;  // per rank file, for closing the least recently used
+  mutable int64_t uses = 0;
+  mutable int open_files = 0;
 
   explicit Impl(h5::File file) : index(std::move(file)) {}
 
@@ -44,7 +50,15 @@ struct Checkpoint::Impl {
   }
   const h5::File& rank_file(int rank) const {
     std::unique_ptr<h5::File>& f = rank_files[size_t(rank)];
+    last_use[size_t(rank)] = ++uses;
     if (!f) {
+      if (open_files >= kMaxOpenRankFiles) {
+        size_t oldest = 0;
+        for (size_t r = 0; r < rank_files.size(); ++r)
+          if (rank_files[r] && (!rank_files[oldest] || last_use[r] < last_use[oldest])) oldest = r;
+        rank_files[oldest].reset();
+        --open_files;
+      }
       auto file = std::make_unique<h5::File>(
           h5::File::open(path + "/" + manifest.ranks[size_t(rank)].file, /*vds_source=*/true));
       CZ_CHECK_IO(file->string_attr("format") == kFormat && file->int_attr("rank") == rank &&
@@ -52,6 +66,7 @@ struct Checkpoint::Impl {
                   "{}: not rank {}'s file of step {} (format '{}', rank {}, step {})", file->path(), rank,
                   manifest.step, file->string_attr("format"), file->int_attr("rank"), file->int_attr("step"));
       f = std::move(file);
+      ++open_files;
     }
     return *f;
   }
@@ -116,6 +131,7 @@ Checkpoint Checkpoint::open(const std::string& given) {
                 size, r.bytes);
   }
   impl->rank_files.resize(m.ranks.size());
+  impl->last_use.resize(m.ranks.size());
   impl->scalars = detail::read_scalars(index, m.scalars);
   for (const detail::GroupEntry& g : m.groups) {
     impl->group_index[g.name] = impl->infos.size();

@@ -35,7 +35,6 @@ class ThreadCollective final : public ckpt::Collective {
   ThreadCollective(ThreadWorld& world, int rank) : world_(world), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return world_.size(); }
-  void barrier() override { world_.exchange(rank_, ""); }
   int64_t all_reduce_max(int64_t value) override;
   std::string broadcast(const std::string& value, int root) override {
     return world_.exchange(rank_, value)[size_t(root)];

@@ -23,7 +23,7 @@ class MpiCollective final : public ckpt::Collective {
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     return n;
   }
-  void barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
+  void barrier() { MPI_Barrier(MPI_COMM_WORLD); }
   int64_t all_reduce_max(int64_t value) override {
     int64_t out = 0;
     MPI_Allreduce(&value, &out, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);

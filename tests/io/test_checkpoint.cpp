@@ -115,6 +115,16 @@ TEST(Checkpoint, ReshardsByRangesFromAnyWorldSize) {
   }
 }
 
+TEST(Checkpoint, MoreRankFilesThanAreKeptOpen) {
+  // 70 ranks (files), read by one process: the reader keeps at most 64 open, closing the least recently used.
+  TempDir dir;
+  save_step(dir.path().string(), 70, 2);
+  const Checkpoint c = Checkpoint::open(dir.path().string());
+  EXPECT_EQ(wrong_at(c, 3, 2, 1), 0);
+  EXPECT_EQ(c.rank_scalars(69), testing::rank_scalars(2, 69));
+  c.verify();
+}
+
 TEST(Checkpoint, SeveralSlicesOfOneTensorOnOneRank) {
   // Round-robin pieces of 10 elements: every rank owns many slices of every tensor.
   TempDir dir;
@@ -252,6 +262,18 @@ TEST(Checkpoint, ExportsAGroupAsAWeightFile) {
   ema.group = "ema";
   import_weights(dir.str("step_6/checkpoint.h5"), params, ema);
   EXPECT_EQ(params[8].second.to_vector<float>()[33], testing::value_at(6, 3, 8, 33));
+}
+
+TEST(Checkpoint, OneProcessWithSoloCollective) {
+  TempDir dir;
+  const testing::TensorList tensors = testing::small_model();
+  ckpt::SoloCollective solo;
+  SaveRequest r{.dir = dir.path().string(), .step = 9};
+  r.groups = testing::rank_state(tensors, testing::flat_layout(tensors, 16), 1, 0, 9, {"params"});
+  r.tensors = testing::infos(tensors);
+  EXPECT_EQ(ckpt::save_checkpoint(std::move(r), solo).path, dir.str("step_9"));
+  EXPECT_EQ(Checkpoint::open(dir.str("step_9")).read_tensor("params", "head.fc.bias").to_vector<float>()[4],
+            testing::value_at(9, 0, 9, 4));
 }
 
 TEST(Checkpoint, FlatRangeSlicesSkipPadding) {
