@@ -193,26 +193,49 @@ WeightImportReport import_weights(const std::string& path, const NamedTensorList
   return report;
 }
 
+namespace {
+// The f32 host tensor written for parameter `name`, checked.
+Tensor exported_tensor(const std::string& path, const std::string& name, const Tensor& t,
+                       const WeightExportOptions& options) {
+  CZ_CHECK(!name.empty(), "{}: cannot export: a parameter name is empty", path);
+  CZ_CHECK(t.defined(), "{}: cannot export: parameter '{}' is undefined", path, name);
+  CZ_CHECK_DTYPE(is_floating(t.dtype()), "{}: cannot export: parameter '{}' is {}, not a float tensor", path,
+                 name, dtype_name(t.dtype()));
+  Tensor v = t.detach().to(Device::cpu()).to(DType::f32).contiguous();
+  if (options.conv_mlp && v.dim() == 2 && is_mlp_fc_weight(name)) v = v.view({v.size(0), v.size(1), 1, 1});
+  return v;
+}
+}  // namespace
+
+WeightFileWriter::WeightFileWriter(const std::string& path, const WeightExportOptions& options)
+    : file_(h5::File::create(path)), options_(options) {
+  file_.set_attr("format", std::string(kFormat));
+  file_.set_attr("version", kVersion);
+}
+
+void WeightFileWriter::add(const std::string& name, const Tensor& t) {
+  CZ_CHECK(names_.insert(name).second, "{}: cannot export: parameter name '{}' is repeated", file_.path(),
+           name);
+  file_.write(name, exported_tensor(file_.path(), name, t, options_));
+}
+
+void WeightFileWriter::commit() {
+  file_.commit();
+}
+
 void export_weights(const std::string& path, const NamedTensorList& params,
                     const WeightExportOptions& options) {
   // Check and convert everything first: a bad parameter must not cost the user an existing file.
   std::set<std::string> names;
   NamedTensorList host;
   for (const auto& [name, t] : params) {
-    CZ_CHECK(!name.empty() && names.insert(name).second,
-             "{}: cannot export: parameter name '{}' is empty or repeated", path, name);
-    CZ_CHECK(t.defined(), "{}: cannot export: parameter '{}' is undefined", path, name);
-    CZ_CHECK_DTYPE(is_floating(t.dtype()), "{}: cannot export: parameter '{}' is {}, not a float tensor",
-                   path, name, dtype_name(t.dtype()));
-    Tensor v = t.detach().to(Device::cpu()).to(DType::f32).contiguous();
-    if (options.conv_mlp && v.dim() == 2 && is_mlp_fc_weight(name)) v = v.view({v.size(0), v.size(1), 1, 1});
-    host.emplace_back(name, v);
+    CZ_CHECK(names.insert(name).second, "{}: cannot export: parameter name '{}' is empty or repeated", path,
+             name);
+    host.emplace_back(name, exported_tensor(path, name, t, options));
   }
-  h5::File file = h5::File::create(path);
-  file.set_attr("format", std::string(kFormat));
-  file.set_attr("version", kVersion);
-  for (const auto& [name, t] : host) file.write(name, t);
-  file.commit();
+  WeightFileWriter writer(path);  // the tensors are already in their exported shapes
+  for (const auto& [name, t] : host) writer.add(name, t);
+  writer.commit();
 }
 
 }  // namespace cz

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "io/h5_file.h"
 #include "tensor/tensor.h"
 
 namespace cz {
@@ -47,6 +49,21 @@ struct WeightExportOptions {
 };
 void export_weights(const std::string& path, const NamedTensorList& params,
                     const WeightExportOptions& options = {});
+
+// The writer behind export_weights, for callers that produce the tensors one at a time (checkpoint export):
+// the same format, and the same crash safety (nothing appears under `path` before commit()).
+class WeightFileWriter {
+ public:
+  explicit WeightFileWriter(const std::string& path, const WeightExportOptions& options = {});
+  // t: any float dtype and device; written as f32 in its shape. CZ_CHECK on an empty or repeated name.
+  void add(const std::string& name, const Tensor& t);
+  void commit();
+
+ private:
+  h5::File file_;
+  WeightExportOptions options_;
+  std::set<std::string> names_;
+};
 
 // The timm key for an original facebookresearch/ConvNeXt key ("downsample_layers.0.0.weight" ->
 // "stem.0.weight", "stages.1.2.pwconv1.bias" -> "stages.1.blocks.2.mlp.fc1.bias", "norm.weight" ->

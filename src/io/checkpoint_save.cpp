@@ -1,0 +1,382 @@
+// Saving a sharded checkpoint (io/checkpoint.h). Note [Checkpoint commit protocol]:
+//   1. rank 0 clears leftovers of interrupted saves and creates dir/.tmp-step_N; all ranks learn whether it
+//      could (broadcast);
+//   2. every rank writes rank_<r>.h5 into it (temp name, fsync, rename), possibly on a background thread;
+//   3. finish(): the ranks agree that all files are written (all-reduce; the lowest failing rank's reason is
+//      broadcast, and everyone throws), and send rank 0 their slice tables (one broadcast per rank);
+//   4. rank 0 checks that the slices tile every tensor exactly once, writes checkpoint.h5 (manifest, virtual
+//      datasets, scalars), syncs, renames .tmp-step_N to step_N, syncs dir, rewrites `latest` (temp file,
+//      fsync, rename, sync dir), and only then prunes older checkpoints; its outcome is broadcast.
+// A process killed anywhere before the rename leaves only a .tmp- folder, which no reader looks at; after
+// it, step_N is complete. So the previous checkpoint stays intact until a newer one is complete.
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "io/checkpoint.h"
+#include "io/checkpoint_layout.h"
+
+namespace cz::ckpt {
+
+using detail::rank_file_name;
+using nlohmann::json;
+
+struct PendingSave::State {
+  SaveRequest request;
+  Collective* comm = nullptr;
+  std::string temp_dir, final_dir;
+  std::thread writer;
+  std::atomic<bool> done{false};
+  bool finished = false;
+  bool published = false;  // rank 0: step_N is visible
+  // Set by the writer before `done`.
+  std::string error;
+  json table;  // this rank's file, size, scalar names and slices, for rank 0's manifest
+  int64_t rank_bytes = 0;
+  double write_seconds = 0;
+
+  void phase(const char* name) const {
+    if (request.on_phase) request.on_phase(name);
+  }
+};
+
+namespace {
+
+// With the default action, exceeding the file-size limit (ulimit -f) kills the process with SIGXFSZ before
+// the write can fail; ignored, the write fails with EFBIG and the save reports it. A handler the program
+// installed itself is left alone.
+void ignore_sigxfsz() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGXFSZ, nullptr, &current) == 0 && current.sa_handler == SIG_DFL)
+      ::signal(SIGXFSZ, SIG_IGN);
+  });
+}
+
+// What is wrong with this rank's part of the request; empty when nothing is.
+std::string bad_request(const SaveRequest& r, int rank) {
+  if (r.step < 0) return fmt::format("step {} is negative", r.step);
+  if (r.stage < 0 || r.stage > 3) return fmt::format("stage {} is not 0..3", r.stage);
+  std::set<std::string> groups;
+  for (const StateGroup& g : r.groups) {
+    if (std::string bad = detail::bad_name(g.name, "group"); !bad.empty()) return bad;
+    if (g.name == "state" || g.name == "manifest") return fmt::format("group name '{}' is reserved", g.name);
+    if (!groups.insert(g.name).second) return fmt::format("group '{}' is listed twice", g.name);
+    for (const ShardSlice& s : g.slices) {
+      const std::string where =
+          fmt::format("group '{}', slice '{}' [{}, {})", g.name, s.name, s.begin, s.begin + s.numel);
+      if (std::string bad = detail::bad_name(s.name, "tensor"); !bad.empty()) return where + ": " + bad;
+      if (std::any_of(s.shape.begin(), s.shape.end(), [](int64_t d) { return d < 0; }) || s.begin < 0 ||
+          s.numel < 0 || s.begin > shape_numel(s.shape) - s.numel)
+        return fmt::format("{}: outside a tensor of shape {}", where, shape_str(s.shape));
+      if (!s.local.defined() || s.local.dtype() != DType::f32 || !s.local.is_contiguous() ||
+          s.local.numel() != s.numel)
+        return fmt::format("{}: local must be a contiguous f32 tensor of {} elements; it is {}", where,
+                           s.numel, s.local.defined() ? s.local.str() : "undefined");
+    }
+  }
+  std::set<std::string> tensors;
+  for (const TensorInfo& t : r.tensors) {
+    if (std::string bad = detail::bad_name(t.name, "tensor"); !bad.empty()) return bad;
+    if (std::any_of(t.shape.begin(), t.shape.end(), [](int64_t d) { return d < 0; }))
+      return fmt::format("tensor '{}' has shape {}", t.name, shape_str(t.shape));
+    if (!tensors.insert(t.name).second) return fmt::format("tensor '{}' is listed twice", t.name);
+  }
+  if (std::string bad = detail::bad_scalar_names(r.rank_scalars); !bad.empty()) return bad;
+  if (rank == 0)
+    if (std::string bad = detail::bad_scalar_names(r.scalars); !bad.empty()) return bad;
+  return "";
+}
+
+// Copies every slice into one host buffer (page-locked when a slice lives on a GPU, so the copies run at
+// full speed) and points the slices at it, so that training may change the originals while the writer runs.
+void copy_to_host(std::vector<StateGroup>& groups) {
+  int64_t total = 0;
+  bool device = false;
+  for (const StateGroup& g : groups)
+    for (const ShardSlice& s : g.slices) {
+      total += s.numel;
+      device = device || !s.local.is_cpu();
+    }
+  const Tensor buffer = device ? empty_pinned({total}) : empty({total});
+  int64_t offset = 0;
+  for (StateGroup& g : groups)
+    for (ShardSlice& s : g.slices) {
+      Tensor host = buffer.narrow(0, offset, s.numel);
+      host.copy_(s.local.view({s.numel}));
+      s.local = host;
+      offset += s.numel;
+    }
+}
+
+void write_rank_file(PendingSave::State& s) {
+  const auto start = std::chrono::steady_clock::now();
+  const int rank = s.comm->rank();
+  try {
+    const std::string name = rank_file_name(rank), path = s.temp_dir + "/" + name;
+    h5::File file = h5::File::create(path, {.modern_format = true});
+    file.set_attr("format", std::string(kFormat));
+    file.set_attr("version", kVersion);
+    file.set_attr("step", s.request.step);
+    file.set_attr("rank", int64_t(rank));
+    detail::write_scalars(file, s.request.rank_scalars);
+    json slices = json::array();
+    std::map<std::string, int> uses;  // a second slice of one tensor gets dataset name "<group>/<name>#1"
+    for (const StateGroup& g : s.request.groups)
+      for (const ShardSlice& slice : g.slices) {
+        if (slice.numel == 0) continue;
+        std::string key = g.name + "/" + slice.name;
+        if (const int n = uses[key]++; n > 0) key += fmt::format("#{}", n);
+        const Tensor host = slice.local.is_cpu() ? slice.local : slice.local.cpu();
+        file.write(key, host.view({slice.numel}), {.checksum = true});
+        slices.push_back({{"group", g.name},
+                          {"name", slice.name},
+                          {"shape", slice.shape},
+                          {"begin", slice.begin},
+                          {"numel", slice.numel},
+                          {"dataset", key}});
+        s.phase("slice");
+      }
+    file.commit();
+    s.rank_bytes = detail::file_bytes(path);
+    const detail::ScalarNames names = detail::names_of(s.request.rank_scalars);
+    s.table = {{"file", name},
+               {"bytes", s.rank_bytes},
+               {"scalars",
+                {{"ints", names.ints},
+                 {"floats", names.floats},
+                 {"strings", names.strings},
+                 {"bytes", names.bytes}}},
+               {"slices", std::move(slices)}};
+    s.phase("rank_file");
+  } catch (const std::exception& e) {
+    s.error = e.what();
+  }
+  s.write_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  s.done = true;
+}
+
+// Rank 0's manifest from every rank's table; IoError when the slices do not tile the tensors.
+detail::Manifest build_manifest(const PendingSave::State& s, const std::vector<json>& tables) {
+  detail::Manifest m;
+  m.step = s.request.step;
+  m.world_size = int(tables.size());
+  m.stage = s.request.stage;
+  m.scalars = detail::names_of(s.request.scalars);
+  std::map<std::string, size_t> group_index;
+  std::map<std::pair<size_t, std::string>, size_t> tensor_index;
+  std::vector<std::string> problems;
+  const std::vector<TensorInfo>& declared = s.request.tensors;
+  auto add_group = [&](const std::string& group) {
+    auto [g, added] = group_index.try_emplace(group, m.groups.size());
+    if (!added) return g->second;
+    m.groups.push_back({group, {}});
+    for (const TensorInfo& t : declared) {  // so that a tensor nobody wrote shows up as uncovered
+      tensor_index[{g->second, t.name}] = m.groups.back().tensors.size();
+      m.groups.back().tensors.push_back({t.name, t.shape, {}});
+    }
+    return g->second;
+  };
+  for (const StateGroup& g : s.request.groups) add_group(g.name);  // rank 0's order first
+  for (size_t r = 0; r < tables.size(); ++r) {
+    const json& t = tables[r];
+    const json& sn = t.at("scalars");
+    m.ranks.push_back({t.at("file").get<std::string>(),
+                       t.at("bytes").get<int64_t>(),
+                       {sn.at("ints"), sn.at("floats"), sn.at("strings"), sn.at("bytes")}});
+    for (const json& sl : t.at("slices")) {
+      const std::string group = sl.at("group"), name = sl.at("name");
+      const Shape shape = sl.at("shape").get<Shape>();
+      const size_t gi = add_group(group);
+      auto [ti, new_tensor] = tensor_index.try_emplace({gi, name}, m.groups[gi].tensors.size());
+      auto& tensors = m.groups[gi].tensors;
+      if (new_tensor) {
+        if (!declared.empty()) {
+          problems.push_back(
+              fmt::format("{}/{}: rank {} has a slice of it, but it is not among the {} tensors "
+                          "listed",
+                          group, name, r, declared.size()));
+          tensor_index.erase(ti);
+          continue;
+        }
+        tensors.push_back({name, shape, {}});
+      }
+      detail::TensorEntry& tensor = tensors[ti->second];
+      if (tensor.shape != shape)
+        problems.push_back(
+            fmt::format("{}/{}: rank {} has shape {}, but {} was {}", group, name, r, shape_str(shape),
+                        declared.empty() ? "an earlier rank's" : "the listed", shape_str(tensor.shape)));
+      tensor.slices.push_back({int(r), sl.at("begin").get<int64_t>(), sl.at("numel").get<int64_t>(),
+                               sl.at("dataset").get<std::string>()});
+    }
+  }
+  if (problems.empty()) problems = detail::coverage_problems(m);
+  CZ_CHECK_IO(problems.empty(), "the ranks' slices do not cover every tensor exactly once:\n  {}",
+              fmt::join(problems, "\n  "));
+  return m;
+}
+
+// Rank 0, step 4 of the protocol. Returns the bytes of the index file.
+int64_t commit(PendingSave::State& s, const std::vector<json>& tables) {
+  const detail::Manifest m = build_manifest(s, tables);
+  const std::string index_path = s.temp_dir + "/" + kIndexFile;
+  h5::File index = h5::File::create(index_path, {.modern_format = true});
+  index.set_attr("format", std::string(kFormat));
+  index.set_attr("version", kVersion);
+  index.set_attr("step", m.step);
+  index.set_attr("world_size", int64_t(m.world_size));
+  index.set_attr("stage", int64_t(m.stage));
+  detail::write_scalars(index, s.request.scalars);
+  const std::string text = detail::to_json(m).dump();
+  index.write("manifest",
+              from_vector<uint8_t>(std::vector<uint8_t>(text.begin(), text.end()), {int64_t(text.size())}),
+              {.checksum = true});
+  for (const detail::GroupEntry& g : m.groups)
+    for (const detail::TensorEntry& t : g.tensors) {
+      std::vector<h5::VirtualSource> sources;
+      for (const detail::SliceEntry& sl : t.slices)
+        sources.push_back({rank_file_name(sl.rank), sl.dataset, sl.begin, sl.numel});
+      // NaN where a rank file is missing, so that h5py shows a damaged checkpoint instead of zeros.
+      index.write_virtual(g.name + "/" + t.name, t.shape, sources, std::numeric_limits<float>::quiet_NaN());
+    }
+  index.commit();
+  s.phase("index");
+  detail::sync_dir(s.temp_dir);
+  detail::publish_dir(s.temp_dir, s.final_dir);
+  s.published = true;
+  detail::sync_dir(s.request.dir);
+  s.phase("renamed");
+  detail::write_latest(s.request.dir, detail::step_dir_name(s.request.step));
+  s.phase("latest");
+  detail::prune(s.request.dir, s.request.step, s.request.keep);
+  s.phase("pruned");
+  return detail::file_bytes(s.final_dir + "/" + kIndexFile);
+}
+
+PendingSave start(SaveRequest request, Collective& comm, bool background) {
+  ignore_sigxfsz();
+  auto s = std::make_unique<PendingSave::State>();
+  s->comm = &comm;
+  request.dir = detail::trim_slashes(request.dir);
+  s->temp_dir = request.dir + "/" + detail::temp_dir_name(request.step);
+  s->final_dir = request.dir + "/" + detail::step_dir_name(request.step);
+  s->request = std::move(request);
+  std::string status;
+  if (comm.rank() == 0) {
+    try {
+      CZ_CHECK_IO(!s->request.dir.empty(), "checkpoint folder is empty");
+      detail::make_dirs(s->request.dir);
+      detail::remove_leftovers(s->request.dir);
+      detail::make_dirs(s->temp_dir);
+    } catch (const std::exception& e) {
+      status = e.what();
+    }
+  }
+  status = comm.broadcast(status, 0);
+  CZ_CHECK_IO(status.empty(), "checkpoint {} not saved: {}", s->final_dir, status);
+  s->phase("prepared");
+  s->error = bad_request(s->request, comm.rank());
+  if (!s->error.empty()) {
+    s->error = fmt::format("save_checkpoint: {}", s->error);
+    s->done = true;
+  } else if (background) {
+    try {
+      copy_to_host(s->request.groups);
+      s->writer = std::thread(write_rank_file, std::ref(*s));
+    } catch (const std::exception& e) {
+      s->error = fmt::format("copying the slices to host memory: {}", e.what());
+      s->done = true;
+    }
+  } else {
+    write_rank_file(*s);
+  }
+  return PendingSave(std::move(s));
+}
+
+}  // namespace
+
+std::vector<ShardSlice> slices_of_flat_range(const FlatLayout& layout, int64_t begin, int64_t end,
+                                             const Tensor& shard) {
+  CZ_CHECK(
+      0 <= begin && begin <= end && end <= layout.numel && shard.defined() && shard.numel() == end - begin,
+      "slices_of_flat_range: [{}, {}) of a flat buffer of {} with a shard of {} elements", begin, end,
+      layout.numel, shard.defined() ? shard.numel() : 0);
+  std::vector<ShardSlice> out;
+  const Tensor flat = shard.view({end - begin});
+  for (const FlatSegment& seg : layout.segments) {
+    const int64_t lo = std::max(begin, seg.offset), hi = std::min(end, seg.offset + seg.numel);
+    if (lo >= hi) continue;
+    out.push_back({seg.name, seg.shape, lo - seg.offset, hi - lo, flat.narrow(0, lo - begin, hi - lo)});
+  }
+  return out;
+}
+
+PendingSave::PendingSave(std::unique_ptr<State> state) : state_(std::move(state)) {}
+PendingSave::PendingSave(PendingSave&&) noexcept = default;
+PendingSave& PendingSave::operator=(PendingSave&&) noexcept = default;
+PendingSave::~PendingSave() {
+  if (state_ && state_->writer.joinable()) state_->writer.join();
+}
+
+bool PendingSave::written() const {
+  return state_->done.load();
+}
+
+SaveResult PendingSave::finish() {
+  State& s = *state_;
+  CZ_ASSERT(!s.finished, "PendingSave::finish called twice");
+  s.finished = true;
+  if (s.writer.joinable()) s.writer.join();
+  Collective& comm = *s.comm;
+  const int rank = comm.rank(), size = comm.size();
+
+  // Step 3: agree, then gather the slice tables.
+  const int64_t failing = comm.all_reduce_max(s.error.empty() ? 0 : size - rank);
+  if (failing > 0) {
+    const int root = int(size - failing);
+    const std::string reason = comm.broadcast(s.error, root);
+    if (rank == 0) detail::remove_tree_quietly(s.temp_dir);
+    throw IoError(fmt::format("checkpoint {} not saved: rank {}: {}", s.final_dir, root, reason));
+  }
+  s.phase("agreed");
+  std::vector<json> tables;
+  for (int r = 0; r < size; ++r) {
+    const std::string t = comm.broadcast(r == rank ? s.table.dump() : std::string(), r);
+    if (rank == 0) tables.push_back(json::parse(t));
+  }
+
+  // Step 4.
+  json outcome = {{"error", ""}, {"bytes", 0}};
+  if (rank == 0) {
+    try {
+      int64_t bytes = commit(s, tables);
+      for (const json& t : tables) bytes += t.at("bytes").get<int64_t>();
+      outcome["bytes"] = bytes;
+    } catch (const std::exception& e) {
+      outcome["error"] = fmt::format("{}: {}", s.published ? "saved, but then" : "not saved", e.what());
+      if (!s.published) detail::remove_tree_quietly(s.temp_dir);
+    }
+  }
+  outcome = json::parse(comm.broadcast(outcome.dump(), 0));
+  const std::string error = outcome.at("error");
+  CZ_CHECK_IO(error.empty(), "checkpoint {} {}", s.final_dir, error);
+  return {s.final_dir, outcome.at("bytes").get<int64_t>(), s.rank_bytes, s.write_seconds};
+}
+
+PendingSave begin_save(SaveRequest request, Collective& comm) {
+  return start(std::move(request), comm, true);
+}
+
+SaveResult save_checkpoint(SaveRequest request, Collective& comm) {
+  return start(std::move(request), comm, false).finish();
+}
+
+}  // namespace cz::ckpt
