@@ -3,6 +3,7 @@
 // job). `--plan` prints the memory plan for the same flags instead (src/dist/plan), without MPI or a GPU.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "dist/comm/bootstrap.h"
@@ -80,6 +81,18 @@ void add_flags(CLI::App& app, cz::train::TrainConfig& c, bool& no_shuffle, bool&
                  "HDF5 weights to start from (timm or original ConvNeXt keys)");
   app.add_flag("--reset-head", c.reset_head, "with --init-weights: new classifier for --num-classes");
   app.add_option("--export-weights", c.export_weights, "write the trained weights (HDF5, timm keys)");
+  app.add_option(
+      "--checkpoint-dir", c.checkpoint_dir,
+      "write sharded HDF5 checkpoints (DIR/step_N, DIR/latest) here, one at the end of the run too");
+  app.add_option("--checkpoint-every", c.checkpoint_every, "steps between checkpoints (0: only at the end)")
+      ->capture_default_str();
+  app.add_option(
+         "--keep-checkpoints", c.keep_checkpoints,
+         "keep the newest K complete checkpoints (older ones removed once a newer one is complete; 0: all)")
+      ->capture_default_str();
+  app.add_option(
+      "--resume", c.resume,
+      "continue from a checkpoint: DIR (its latest complete one) or DIR/step_N, at any world size and stage");
   app.add_option("--log", c.log, "JSON-lines log: one object per step and per evaluation");
   app.add_option("--seed", c.seed, "initialisation, shuffling, augmentation and drop-path")
       ->capture_default_str();
@@ -179,8 +192,8 @@ int main(int argc, char** argv) {
       fmt::print(", peak memory {} per rank (planned {}; model states {}", mib(s.peak_mem_bytes),
                  mib(cz::plan::make_plan(req).total_bytes), mib(s.model_state_bytes));
       if (world->size() > 1 && s.comm_s > 0)
-        fmt::print(", {:.0f}% of {:.2f} s of communication hidden", 100 * (1 - s.comm_exposed_s / s.comm_s),
-                   s.comm_s);
+        fmt::print(", {:.0f}% of {:.2f} s of communication hidden",
+                   100 * std::max(0.0, 1 - s.comm_exposed_s / s.comm_s), s.comm_s);
       fmt::print(")\n");
     }
   } catch (const std::exception& e) {

@@ -44,13 +44,13 @@ struct Flags {
   bool conv_benchmark = true;  // cuDNN algorithm timing on first use (Note [Convolution algorithms])
   bool tf32 = false;
   bool depthwise_direct = false;  // our direct depthwise kernels instead of cuDNN's
-  bool gemm_epilogues = true;  // cuBLASLt's bias / bias-gradient epilogues (off: plain GEMMs + our kernels)
-  bool patchify_gemm = false;  // patchify convolutions as one GEMM over their patches instead of cuDNN
-  std::string json;            // also write the result here
-  double peak_tflops = 0;      // the device's peak for this dtype: enables the MFU figure
-  int profile_steps = 0;       // extra steps under the op profiler
-  int stage = 0;               // ZeRO stage (a world of one: the engine's buffers and copies, no traffic)
-  bool offload = false;        // --offload-optimizer
+  bool gemm_epilogues = true;    // cuBLASLt's bias / bias-gradient epilogues (off: plain GEMMs + our kernels)
+  bool patchify_gemm = false;    // patchify convolutions as one GEMM over their patches instead of cuDNN
+  std::string json;              // also write the result here
+  double peak_tflops = 0;        // the device's peak for this dtype: enables the MFU figure
+  int profile_steps = 0;         // extra steps under the op profiler
+  int stage = 0;                 // ZeRO stage (a world of one: the engine's buffers and copies, no traffic)
+  bool offload = false;          // --offload-optimizer
   bool offload_overlap = false;  // --offload-overlap-step
 };
 

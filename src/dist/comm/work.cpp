@@ -34,7 +34,8 @@ double Work::run_seconds() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!done_ || !error_.empty()) return 0.0;
   if (start_event_ && event_)
-    return cuda_runtime::event_query(event_) ? cuda_runtime::event_elapsed_ms(start_event_, event_) / 1e3 : 0.0;
+    return cuda_runtime::event_query(event_) ? cuda_runtime::event_elapsed_ms(start_event_, event_) / 1e3
+                                             : 0.0;
   return timed_ ? std::chrono::duration<double>(finished_ - started_).count() : 0.0;
 }
 

@@ -37,7 +37,7 @@ class Work {
   double run_seconds() const;
 
   // Backend side.
-  void set_device_event(void* cuda_event);  // owned from now on; recorded after the device-side work
+  void set_device_event(void* cuda_event);        // owned from now on; recorded after the device-side work
   void set_device_start_event(void* cuda_event);  // owned; recorded before it (timing)
   void mark_started();
   void mark_done();

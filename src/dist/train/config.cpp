@@ -51,6 +51,10 @@ void TrainConfig::validate() const {
   CZ_CHECK(reduce_dtype == "fp32" || reduce_dtype == "bf16" || reduce_dtype == "fp16",
            "--reduce-dtype must be fp32, bf16 or fp16, got '{}'", reduce_dtype);
   CZ_CHECK(!offload_overlap_step || offload_optimizer, "--offload-overlap-step needs --offload-optimizer");
+  CZ_CHECK(checkpoint_every >= 0, "--checkpoint-every must be >= 0, got {}", checkpoint_every);
+  CZ_CHECK(keep_checkpoints >= 0, "--keep-checkpoints must be >= 0, got {}", keep_checkpoints);
+  CZ_CHECK(checkpoint_every == 0 || !checkpoint_dir.empty(), "--checkpoint-every needs --checkpoint-dir");
+  CZ_CHECK(keep_checkpoints == 0 || !checkpoint_dir.empty(), "--keep-checkpoints needs --checkpoint-dir");
 }
 
 }  // namespace cz::train

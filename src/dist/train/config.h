@@ -20,6 +20,12 @@ struct TrainConfig {
   bool reset_head = false;     // with init_weights: keep the file's head out, initialise a new one
   std::string export_weights;  // HDF5 file written at the end (timm names)
 
+  // Checkpoints (docs/checkpoints.md).
+  std::string checkpoint_dir;    // where step_N checkpoints go; empty: none
+  int64_t checkpoint_every = 0;  // steps between checkpoints (0: only at the end); one is also written at the end
+  int64_t keep_checkpoints = 0;  // keep the newest K complete ones (0: all)
+  std::string resume;            // a checkpoint folder (its latest) or one DIR/step_N to continue from
+
   // Data.
   std::string data = "synthetic";
   std::string eval_data;     // empty: the data source's own eval split, if it has one

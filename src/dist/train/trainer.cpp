@@ -10,6 +10,7 @@
 
 #include <functional>
 
+#include "io/checkpoint.h"
 #include "io/weights.h"
 #include "tensor/autograd/engine.h"
 #include "tensor/cuda/runtime.h"
@@ -65,6 +66,7 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
   build_data();
   build_model();
   build_schedule();
+  if (!cfg_.resume.empty()) resume(cfg_.resume);
 }
 
 // Every rank must run the same model, stage, dtypes and batch settings: a mismatch would otherwise show as a
@@ -209,8 +211,10 @@ Batch Trainer::next_batch() {
   std::optional<Batch> b = loader_->next();
   if (!b) {
     loader_->start_epoch(++epoch_);
+    batches_in_epoch_ = 0;
     b = loader_->next();
   }
+  ++batches_in_epoch_;
   CZ_ASSERT(b.has_value(), "loader produced no batch for epoch {}", epoch_);
   return std::move(*b);
 }
@@ -223,8 +227,8 @@ StepStats Trainer::step() {
 }
 
 StepStats Trainer::step(std::span<const Batch> micro_batches) {
-  CZ_CHECK(int64_t(micro_batches.size()) == cfg_.grad_accum, "Trainer::step: {} micro-batches for --grad-accum {}",
-           micro_batches.size(), cfg_.grad_accum);
+  CZ_CHECK(int64_t(micro_batches.size()) == cfg_.grad_accum,
+           "Trainer::step: {} micro-batches for --grad-accum {}", micro_batches.size(), cfg_.grad_accum);
   return run_step(micro_batches, Clock::now());
 }
 
@@ -363,8 +367,10 @@ TrainSummary Trainer::run() {
   };
   int64_t images = 0;
   double time_in_steps = 0;
-  for (int64_t i = 0; i < total_steps_; ++i) {
+  int64_t saved_at = -1, steps_run = 0;
+  while (step_ < total_steps_) {  // from a resumed step onwards too
     const StepStats s = step();
+    ++steps_run;
     images += cfg_.global_batch(world_.size());
     time_in_steps += s.step_time_s;
     sum.final_loss = s.loss;
@@ -378,9 +384,17 @@ TrainSummary Trainer::run() {
     bar.update(s.step, s.loss, double(images) / time_in_steps);
     if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step < total_steps_ && eval_set_)
       run_eval(s.step);
+    if (cfg_.checkpoint_every > 0 && s.step % cfg_.checkpoint_every == 0) {
+      save_checkpoint();
+      saved_at = s.step;
+    }
   }
   bar.finish();
-  sum.steps = total_steps_;
+  if (!cfg_.checkpoint_dir.empty()) {
+    if (saved_at != step_) save_checkpoint();
+    finish_pending_save();
+  }
+  sum.steps = steps_run;
   sum.seconds = seconds_since(t0);
   sum.img_per_s = time_in_steps > 0 ? double(images) / time_in_steps : 0;
   if (eval_set_) run_eval(total_steps_);

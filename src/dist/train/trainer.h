@@ -4,8 +4,8 @@
 
 #include <chrono>
 #include <memory>
-#include <span>
 #include <optional>
+#include <span>
 
 #include "dist/comm/bootstrap.h"
 #include "dist/comm/communicator.h"
@@ -17,6 +17,11 @@
 #include "nn/convnext.h"
 #include "optim/loss_scaler.h"
 #include "optim/schedule.h"
+
+namespace cz::ckpt {
+class Collective;
+class PendingSave;
+}  // namespace cz::ckpt
 
 namespace cz::train {
 
@@ -68,8 +73,8 @@ class Trainer {
   TrainSummary run();
 
   StepStats step();  // one optimizer step on the next micro-batches of the training set
-  // The same on given micro-batches (this rank's share each, --grad-accum of them): bench_train_step times the
-  // app's step on fixed device tensors this way.
+  // The same on given micro-batches (this rank's share each, --grad-accum of them): bench_train_step times
+  // the app's step on fixed device tensors this way.
   StepStats step(std::span<const Batch> micro_batches);
   EvalResult evaluate();  // over the eval set (or --eval-batches of it), every rank together
   int64_t total_steps() const { return total_steps_; }
@@ -79,6 +84,14 @@ class Trainer {
   zero::ZeroEngine& engine() { return *engine_; }
   const TrainConfig& config() const { return cfg_; }
   int world_size() const { return world_.size(); }
+  // Collective: starts writing a checkpoint of the current state into --checkpoint-dir (this rank's shard is
+  // copied to host memory and written on a background thread); the previous save is finished first.
+  void save_checkpoint();
+  // Collective: waits for the save in flight and makes it visible (docs/checkpoints.md).
+  void finish_pending_save();
+  // Continues from a checkpoint (Note [Resuming]); the constructor calls it for --resume.
+  void resume(const std::string& path);
+
   // The full fp32 master weights under the model's parameter names (what --export-weights writes).
   // Collective at stages 1-3: every rank must call it.
   nn::NamedParameters master_parameters();
@@ -106,6 +119,9 @@ class Trainer {
   std::shared_ptr<const Dataset> train_set_, eval_set_;
   std::unique_ptr<Loader> loader_;
   int64_t epoch_ = 0;
+  int64_t batches_in_epoch_ = 0;  // the loader's global batches of this epoch consumed so far
+  std::unique_ptr<ckpt::Collective> ckpt_comm_;
+  std::unique_ptr<ckpt::PendingSave> pending_save_;
 
   std::unique_ptr<LrSchedule> schedule_;
   LossScaler scaler_ = LossScaler::disabled();

@@ -335,8 +335,8 @@ void ZeroEngine::wait(const dist::WorkHandle& w) {
   step_works_.push_back(w);
 }
 
-// On the CPU the collectives are complete once waited for; NCCL's device-side part is timed by its events, read
-// once they have passed (the step ends with a device sync anyway).
+// On the CPU the collectives are complete once waited for; NCCL's device-side part is timed by its events,
+// read once they have passed (the step ends with a device sync anyway).
 void ZeroEngine::collect_comm_times() {
   for (const auto& w : step_works_) {
     w->synchronize();
@@ -536,7 +536,6 @@ std::vector<std::pair<std::string, std::vector<ZeroEngine::OwnedChunk>>> ZeroEng
     bool for_save) {
   synchronize();
   std::vector<std::pair<std::string, std::vector<OwnedChunk>>> out;
-  if (for_save && cfg_.stage == 0 && rank_ != 0) return out;
   auto chunks_of = [&](const Tensor& shard_buffer) {  // a buffer laid out like this rank's shard
     std::vector<OwnedChunk> v;
     for (size_t p = 0; p < layout_.partitions.size(); ++p)
@@ -551,6 +550,9 @@ std::vector<std::pair<std::string, std::vector<ZeroEngine::OwnedChunk>>> ZeroEng
   for (const auto& [name, t] : optimizer_->state())
     if (name != "step") out.emplace_back(name, chunks_of(t));
   if (ema_) out.emplace_back("ema", chunks_of(ema_->weights()));
+  if (for_save && cfg_.stage == 0 &&
+      rank_ != 0)  // rank 0 writes the replicated state; the others name the kinds
+    for (auto& [kind, chunks] : out) chunks.clear();
   return out;
 }
 

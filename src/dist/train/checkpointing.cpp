@@ -1,0 +1,154 @@
+// The trainer's checkpoints (docs/checkpoints.md): what a run saves beside the engine's sharded state, and
+// resuming from it at any world size and stage.
+//
+// Note [Resuming]: a checkpoint holds the fp32 master weights, the optimizer state and the EMA as full
+// tensors (each rank wrote the ranges it owns: ZeroEngine::owned_state), and the scalars that, with the
+// run's flags, fix everything else: the step (the LR schedule and drop-path masks follow from it), the epoch
+// and how many samples of it were consumed (sampling and augmentation are functions of seed, epoch and
+// position: Note [Sampling]), the optimizer's step count and the loss scaler. There is no other random
+// state to save. A resumed run reads its own ranges of each tensor (any world size, any stage), restarts the
+// loader at the saved position, and continues bit for bit at the same configuration.
+#include <cmath>
+
+#include "dist/train/trainer.h"
+#include "io/checkpoint.h"
+#include "tensor/ops.h"
+
+namespace cz::train {
+
+// The save's few collectives over the training communicator (its timeouts apply): values travel as f64 on the
+// communicator's device, strings one byte per element.
+class CommCollective final : public ckpt::Collective {
+ public:
+  CommCollective(dist::Communicator* comm, Device device) : comm_(comm), device_(device) {}
+  int rank() const override { return comm_ ? comm_->rank() : 0; }
+  int size() const override { return comm_ ? comm_->size() : 1; }
+  int64_t all_reduce_max(int64_t value) override {
+    if (!comm_) return value;
+    const int64_t n = comm_->size();
+    Tensor mine = full({1}, double(value), DType::f64, device_), all = zeros({n}, DType::f64, device_);
+    comm_->all_gather(mine, all)->wait();
+    double m = -INFINITY;
+    for (double v : all.to_vector<double>()) m = std::max(m, v);
+    return int64_t(m);
+  }
+  std::string broadcast(const std::string& value, int root) override {
+    if (!comm_) return value;
+    Tensor len = full({1}, double(value.size()), DType::f64, device_);
+    comm_->broadcast(len, root)->wait();
+    const int64_t n = int64_t(len.item());
+    if (n == 0) return {};
+    std::vector<double> bytes(size_t(n), 0.0);
+    if (comm_->rank() == root)
+      for (int64_t i = 0; i < n; ++i) bytes[size_t(i)] = double(uint8_t(value[size_t(i)]));
+    Tensor t = from_vector(bytes, {n}).to(device_);
+    comm_->broadcast(t, root)->wait();
+    std::string out(size_t(n), '\0');
+    const auto v = t.to_vector<double>();
+    for (int64_t i = 0; i < n; ++i) out[size_t(i)] = char(uint8_t(v[size_t(i)]));
+    return out;
+  }
+
+ private:
+  dist::Communicator* comm_;
+  Device device_;
+};
+
+namespace {
+
+// The flags a resumed run must share with the saved one for its state to mean the same thing.
+std::vector<std::pair<std::string, std::string>> identity(const TrainConfig& c) {
+  return {{"--model", c.depths.empty() ? c.model : "custom"},
+          {"--depths", fmt::format("{}", fmt::join(c.depths, ","))},
+          {"--dims", fmt::format("{}", fmt::join(c.dims, ","))},
+          {"--num-classes", std::to_string(c.num_classes)},
+          {"--optimizer", c.optimizer},
+          {"--ema-decay", c.ema_decay > 0 ? "on" : "off"},
+          {"--seed", std::to_string(c.seed)},
+          {"--data", c.data}};
+}
+
+}  // namespace
+
+void Trainer::save_checkpoint() {
+  CZ_CHECK(!cfg_.checkpoint_dir.empty(), "save_checkpoint needs --checkpoint-dir");
+  finish_pending_save();  // one save in flight at a time
+  if (!ckpt_comm_) ckpt_comm_ = std::make_unique<CommCollective>(comm_.get(), device_);
+  ckpt::SaveRequest req;
+  req.dir = cfg_.checkpoint_dir;
+  req.step = step_;
+  req.stage = cfg_.stage;
+  req.keep = cfg_.keep_checkpoints;
+  const FlatLayout& layout = engine_->layout().flat;
+  for (const FlatSegment& s : layout.segments) req.tensors.push_back({s.name, s.shape});
+  for (auto& [kind, chunks] : engine_->owned_state(true)) {
+    ckpt::StateGroup g{kind, {}};
+    for (const auto& c : chunks)
+      for (auto& slice : ckpt::slices_of_flat_range(layout, c.range.begin, c.range.end, c.values))
+        g.slices.push_back(std::move(slice));
+    req.groups.push_back(std::move(g));
+  }
+  auto& sc = req.scalars;
+  sc.ints["epoch"] = epoch_;  // the step, world size and stage the checkpoint records itself
+  sc.ints["samples_in_epoch"] = batches_in_epoch_ * cfg_.micro_batch * world_.size();
+  sc.ints["optimizer_steps"] = engine_->optimizer().step_count();
+  sc.ints["loss_scale_clean_steps"] = scaler_.state().clean_steps;
+  sc.floats["loss_scale"] = scaler_.state().scale;
+  for (const auto& [flag, value] : identity(cfg_)) sc.strings["flag" + flag] = value;
+  pending_save_ = std::make_unique<ckpt::PendingSave>(ckpt::begin_save(std::move(req), *ckpt_comm_));
+}
+
+void Trainer::finish_pending_save() {
+  if (!pending_save_) return;
+  std::unique_ptr<ckpt::PendingSave> p = std::move(pending_save_);
+  const ckpt::SaveResult r = p->finish();
+  if (world_.rank() == 0 && cfg_.progress)
+    fmt::print(stderr, "checkpoint {} ({:.1f} MB)\n", r.path, double(r.bytes) / 1e6);
+}
+
+void Trainer::resume(const std::string& path) {
+  const ckpt::Checkpoint ck = ckpt::Checkpoint::open(path);
+  const auto& sc = ck.scalars();
+  for (const auto& [flag, value] : identity(cfg_)) {
+    const auto it = sc.strings.find("flag" + flag);
+    CZ_CHECK_IO(it != sc.strings.end(), "--resume {}: the checkpoint does not record {}", ck.path(), flag);
+    CZ_CHECK_IO(it->second == value,
+                "--resume {}: the checkpoint was saved with {} {} but this run has {} {}", ck.path(), flag,
+                it->second, flag, value);
+  }
+  auto get = [&](const char* key) {
+    const auto it = sc.ints.find(key);
+    CZ_CHECK_IO(it != sc.ints.end(), "--resume {}: the checkpoint has no '{}'", ck.path(), key);
+    return it->second;
+  };
+  const int64_t samples = get("samples_in_epoch"), batch = cfg_.micro_batch * world_.size();
+  CZ_CHECK_IO(samples % batch == 0,
+              "--resume {}: the checkpoint stopped {} samples into its epoch, not a multiple of this run's "
+              "micro-batch x ranks ({}); resume with the same global batch",
+              ck.path(), samples, batch);
+  const FlatLayout& layout = engine_->layout().flat;
+  for (auto& [kind, chunks] : engine_->owned_state(false)) {
+    CZ_CHECK_IO(ck.has(kind, layout.segments.front().name),
+                "--resume {}: the checkpoint has no '{}' state (saved with another --optimizer or without "
+                "--ema-decay?)",
+                ck.path(), kind);
+    for (const auto& c : chunks)
+      ck.read_slices(kind, ckpt::slices_of_flat_range(layout, c.range.begin, c.range.end, c.values));
+  }
+  engine_->after_load(get("optimizer_steps"));
+  step_ = ck.step();
+  epoch_ = get("epoch");
+  batches_in_epoch_ = samples / batch;
+  loader_->start_epoch(epoch_, batches_in_epoch_);
+  LossScaler::State ls;
+  ls.scale = sc.floats.count("loss_scale") ? sc.floats.at("loss_scale") : 1.0;
+  ls.clean_steps = get("loss_scale_clean_steps");
+  if (scaler_.enabled()) scaler_.load_state(ls);
+  CZ_CHECK(step_ <= total_steps_, "--resume {}: the checkpoint is at step {}, past this run's {} steps",
+           ck.path(), step_, total_steps_);
+  if (world_.rank() == 0 && cfg_.progress)
+    fmt::print(stderr, "resumed from {} at step {} (saved by {} rank(s) at stage {})\n", ck.path(), step_,
+               ck.world_size(), ck.stage());
+}
+
+}  // namespace cz::train
