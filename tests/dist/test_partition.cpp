@@ -92,3 +92,18 @@ TEST(ZeroPartition, BadInputNamesTheProblem) {
 
 }  // namespace
 }  // namespace cz::zero
+
+namespace cz::zero {
+namespace {
+
+TEST(ZeroPartition, BucketsAreAtMostAQuarterOfTheModel) {
+  EXPECT_EQ(bucket_elems(25 << 20, 4, 100'000'000), (25 << 20) / 4);  // a big model: --bucket-mb as asked
+  EXPECT_EQ(bucket_elems(25 << 20, 2, 100'000'000), (25 << 20) / 2);  // in the reduce dtype
+  EXPECT_EQ(bucket_elems(25 << 20, 4, 3'700'000), 925'000);           // atto: four buckets, not one
+  EXPECT_EQ(bucket_elems(25 << 20, 4, 1000), 1 << 16);                // never below 64 Ki elements
+  EXPECT_EQ(bucket_elems(100, 4, 1000), 25);                          // a smaller request wins
+  EXPECT_THROW(bucket_elems(0, 4, 1000), ValueError);
+}
+
+}  // namespace
+}  // namespace cz::zero

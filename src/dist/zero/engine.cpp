@@ -67,9 +67,10 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
   for (const auto& [name, p] : named) shapes.push_back({name, p.sizes()});
   std::vector<std::string> unit_of;
   if (cfg_.stage == 3) unit_of = assign_units(shapes, units);
-  const int64_t bucket_elems =
-      std::max<int64_t>(1, cfg_.bucket_bytes / int64_t(dtype_size(cfg_.reduce_dtype)));
-  layout_ = plan_layout(shapes, cfg_.stage, world_, bucket_elems, unit_of);
+  int64_t params = 0;
+  for (const ParamShape& p : shapes) params += shape_numel(p.shape);
+  layout_ = plan_layout(shapes, cfg_.stage, world_,
+                        bucket_elems(double(cfg_.bucket_bytes), dtype_size(cfg_.reduce_dtype), params), unit_of);
   for (size_t p = 0; p < layout_.partitions.size(); ++p)
     for (size_t i = layout_.partitions[p].first_param; i < layout_.partitions[p].end_param; ++i)
       param_partition_.push_back(p);

@@ -1,6 +1,8 @@
 // Partition arithmetic (Note [ZeRO partitioning]).
 #include "dist/zero/partition.h"
 
+#include <algorithm>
+
 #include "tensor/check.h"
 
 namespace cz::zero {
@@ -29,6 +31,13 @@ void ZeroLayout::finish() {
     local_offsets_.push_back(shard_numel_);
     shard_numel_ += chunk(p);
   }
+}
+
+int64_t bucket_elems(double bucket_bytes, size_t reduce_dtype_size, int64_t params) {
+  CZ_CHECK(bucket_bytes > 0 && reduce_dtype_size > 0, "ZeRO: the bucket size must be positive, got {} bytes",
+           bucket_bytes);
+  const int64_t asked = std::max<int64_t>(1, int64_t(bucket_bytes / double(reduce_dtype_size)));
+  return std::min(asked, std::max<int64_t>(int64_t(1) << 16, params / 4));
 }
 
 std::vector<std::string> assign_units(const std::vector<ParamShape>& params,
