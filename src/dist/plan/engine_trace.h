@@ -21,7 +21,8 @@ struct EngineSpec {
   zero::ZeroLayout layout;  // the engine's partitions (zero_layout)
   DType compute = DType::f32, reduce = DType::f32;
   int prefetch = 1;
-  bool cuda = false;  // the ring's scratch comes from the device allocator with a 256-byte minimum on CUDA
+  bool offload = false;  // --offload-optimizer: the model state differs, not what a step allocates
+  bool cuda = false;     // the ring's scratch comes from the device allocator with a 256-byte minimum on CUDA
 };
 
 class EngineTrace {

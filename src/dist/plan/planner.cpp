@@ -94,6 +94,7 @@ StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bo
   sp.engine.compute = s.compute;
   sp.engine.reduce = s.reduce;
   sp.engine.prefetch = s.cfg.prefetch;
+  sp.engine.offload = engine.spec.offload;
   sp.engine.cuda = s.cuda;
   // The second step meets the cache the first one left (the steady state), and stage 3 prefetches from the
   // second pass on.

@@ -194,6 +194,9 @@ void Walker::build() {
   std::vector<Id> dropped;
   if (s_.engine.stage >= 2) dropped.push_back(m_.alloc(flat, Use::transient, "flat gradients (build)"));
   if (s_.engine.stage == 3) dropped.push_back(m_.alloc(flat, Use::transient, "flat parameters (build)"));
+  // Offload copies this rank's chunks to the host through a device buffer (kept as stage 3's fp32 shard).
+  if (s_.engine.offload && (s_.engine.stage <= 2 || s_.compute != DType::f32))
+    dropped.push_back(m_.alloc(s_.engine.layout.shard_numel() * 4, Use::transient, "own chunks (build)"));
   for (const StateBuffer& b : s_.state)
     if (!b.host) m_.alloc(b.bytes, Use::state, b.name.c_str());
   if (s_.engine.stage == 3)
