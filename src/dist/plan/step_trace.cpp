@@ -15,11 +15,13 @@
 //    the block's parameter gradients until it returns, and the input gradient is cloned once (the seed
 //    gradient it accumulates into is shared with the outer engine, engine.cpp accumulate()).
 //  * Backward (src/tensor/autograd/engine.cpp): nodes run in reverse creation order; a node allocates its
-//    input gradients (and its parameters' gradients, added into the flat .grad by AccumulateGrad right after
-//    and freed), its saved tensors are released after it ran, and the gradient it received is freed at the
-//    end of its turn. A residual's gradient is passed through without a copy and the block's second
-//    contribution is added into it in place, so one buffer carries the residual stream's gradient through a
-//    stage.
+//    input gradients (and its parameters' gradients, which AccumulateGrad hands to the ZeRO engine's
+//    grad-ready hook right after and then frees), its saved tensors are released after it ran, and the
+//    gradient it received is freed at the end of its turn. A residual's gradient is passed through without a
+//    copy and the block's second contribution is added into it in place, so one buffer carries the residual
+//    stream's gradient through a stage.
+//  * The ZeRO engine (Note [What the engine allocates] in engine_trace.cpp): buckets, stage-3 gathered units
+//    around each module's forward and backward, the ring's scratch, the step's scalars.
 //  * Kernel workspaces through the allocator: on the CPU the patchify im2col buffer (forward and backward);
 //    on CUDA the per-stream cuBLAS workspace, a cuDNN allowance and the depthwise filter-gradient partials.
 #include "dist/plan/step_trace.h"
