@@ -8,6 +8,7 @@
 
 #include "dist/comm/bootstrap.h"
 #include "dist/plan/planner.h"
+#include "dist/plan/what_if.h"
 #include "dist/train/trainer.h"
 #include "nn/convnext.h"
 #include "tensor/cuda/runtime.h"
@@ -106,6 +107,7 @@ struct PlanFlags {
   bool plan = false, json = false;
   std::string gpu_mem;
   int ranks = 0;  // 0: the launcher's world size, else 1
+  std::string what_if, compute_table;
 };
 
 void add_plan_flags(CLI::App& app, PlanFlags& f) {
@@ -115,6 +117,32 @@ void add_plan_flags(CLI::App& app, PlanFlags& f) {
                  "with --plan: device memory per rank to fit, e.g. 24GB, 24GiB, 512MiB");
   app.add_flag("--json", f.json, "with --plan: print the plan as one JSON object");
   app.add_option("--ranks", f.ranks, "with --plan: the world size (default: the launcher's, else 1)");
+  app.add_option(
+      "--what-if", f.what_if,
+      "with --plan: predict step time, img/s and memory per GPU at each stage and rank count on the "
+      "machine this topology JSON describes (docs/planning.md)");
+  app.add_option("--compute-table", f.compute_table,
+                 "with --what-if: op rates, a bench_train_step --profile --json result or a rates table "
+                 "(default: the built-in RTX 4090 rates)");
+}
+
+int run_what_if(const cz::train::TrainConfig& cfg, const PlanFlags& f) {
+  cz::plan::WhatIfRequest req;
+  req.config = cfg;
+  req.topology = cz::dist::Topology::load(f.what_if);
+  const cz::DType compute = cfg.precision == "bf16"   ? cz::DType::bf16
+                            : cfg.precision == "fp16" ? cz::DType::f16
+                                                      : cz::DType::f32;
+  req.compute = f.compute_table.empty() ? cz::plan::default_compute_table(compute)
+                                        : cz::plan::load_compute_table(f.compute_table, compute);
+  if (!f.gpu_mem.empty()) req.gpu_mem = cz::plan::parse_memory_size(f.gpu_mem, "--gpu-mem");
+  const cz::plan::WhatIf w = cz::plan::what_if(req);
+  if (cz::plan::launcher_rank() != 0) return 0;
+  if (f.json)
+    fmt::print("{}\n", cz::plan::what_if_to_json(w).dump(2));
+  else
+    fmt::print("{}", cz::plan::format_what_if(w));
+  return 0;
 }
 
 int run_plan(const cz::train::TrainConfig& cfg, const PlanFlags& f, bool ranks_given) {
@@ -155,8 +183,13 @@ int main(int argc, char** argv) {
   cfg.progress = !no_progress;
   const bool ranks_given = app.count("--ranks") > 0;
   try {
-    for (const char* flag : {"--gpu-mem", "--json", "--ranks"})
+    for (const char* flag : {"--gpu-mem", "--json", "--ranks", "--what-if"})
       CZ_CHECK(plan_flags.plan || app.count(flag) == 0, "{} goes with --plan", flag);
+    CZ_CHECK(!plan_flags.what_if.empty() || app.count("--compute-table") == 0,
+             "--compute-table goes with --plan --what-if");
+    CZ_CHECK(plan_flags.what_if.empty() || !ranks_given,
+             "--ranks does not go with --what-if (it plans every rank count the topology holds)");
+    if (plan_flags.plan && !plan_flags.what_if.empty()) return run_what_if(cfg, plan_flags);
     if (plan_flags.plan) return run_plan(cfg, plan_flags, ranks_given);
   } catch (const std::exception& e) {
     fmt::print(stderr, "convnext_zero: error: {}\n", e.what());

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# convnext_zero --plan from the outside. Usage: run_plan_app_tests.sh APP
+# convnext_zero --plan from the outside. Usage: run_plan_app_tests.sh APP TOPOLOGY.json
 # Good flags print a table or one JSON object quickly, without mpirun; bad ones exit non-zero naming the flag.
 set -uo pipefail
 app=$1
+topo=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -31,6 +32,25 @@ assert j["gather_buffers_bytes"] > 0
 print("json: %d rows, total %d, fits %s" % (len(rows), j["total_bytes"], j["fits"]))
 PY
 
+# The what-if on the 8-GPU test box: every stage at 1, 2, 4 and 8 ranks, the compute table named.
+"$app" --plan --what-if "$topo" --model tiny --image-size 224 --micro-batch 32 --device cuda --precision bf16 \
+    --gpu-mem 24GB > "$work/whatif" 2>&1 || { cat "$work/whatif"; fail "--what-if exited with $?"; }
+cat "$work/whatif"
+grep -q "^Compute: planned: RTX 4090 rates, bf16" "$work/whatif" || fail "--what-if does not say where its rates come from"
+grep -q "8 ranks: ring 0 2 4 6 1 3 5 7; 64 MiB reduce-scatter 19\.76 GB/s bus" "$work/whatif" ||
+  fail "--what-if's 8-rank ring is not commbench --show-ring's"
+"$app" --plan --what-if "$topo" --json --model atto --stage 3 > "$work/whatif.json" 2>&1 ||
+  { cat "$work/whatif.json"; fail "--what-if --json exited with $?"; }
+python3 - "$work/whatif.json" <<'PY' || fail "--what-if --json"
+import json, sys
+j = json.load(open(sys.argv[1]))
+rows = j["rows"]
+assert len(rows) == 16, len(rows)  # stages 0-3 x 1, 2, 4, 8 ranks
+assert all(r["img_per_s"] > 0 and r["step_s"] >= r["compute_s"] for r in rows)
+assert j["compute"]["provenance"].startswith("planned:")
+print("what-if json: %d rows" % len(rows))
+PY
+
 # Under a launcher only rank 0 prints.
 out=$(OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=2 "$app" --plan --model atto) || fail "--plan on rank 2 exited with $?"
 [[ -z $out ]] || fail "rank 2 printed the plan too"
@@ -52,4 +72,9 @@ check "--json goes with --plan" --json --steps 1
 check "--ranks must be at least 1" --plan --ranks 0
 check "--precision bf16 needs --device cuda" --plan --precision bf16
 check "--stage" --plan --stage 5
+check "--compute-table goes with --plan --what-if" --plan --compute-table x.json
+check "--what-if goes with --plan" --what-if "$topo" --steps 1
+check "--ranks does not go with --what-if" --plan --what-if "$topo" --ranks 4
+check "cannot" --plan --what-if /nonexistent/topo.json
+check "--compute-table /nonexistent.json: cannot read it" --plan --what-if "$topo" --compute-table /nonexistent.json
 echo "app_plan_flags: OK"

@@ -1,5 +1,5 @@
-// The ZeRO memory model (Note [ZeRO memory model]) row by row against its formulas, its partitions, and
-// the planner's parameter list against the real module tree.
+// The ZeRO memory model (Note [ZeRO memory model]) row by row against its formulas, the engine's partitions
+// for ConvNeXt, and the planner's parameter list against the real module tree.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,49 +38,49 @@ TEST(ModelShapes, MatchTheModulesNamesShapesAndOrder) {
             28'589'128);
 }
 
-TEST(ZeroPartitions, BucketsUnitsAndPadding) {
+// The sizes of a layout's partitions, in flat order.
+std::vector<int64_t> sizes(const zero::ZeroLayout& z) {
+  std::vector<int64_t> out;
+  for (const zero::Partition& p : z.partitions) out.push_back(p.numel);
+  return out;
+}
+
+TEST(ZeroLayout, BucketsUnitsAndPaddingAsTheEngineCutsThem) {
   const std::vector<ParamInfo> params = convnext_parameters(nn::convnext_variant("atto"));
   const int64_t flat = flat_numel(params);
   for (int world : {1, 3, 4}) {
     // Units: stem, 3 downsamples, 12 blocks, head.
-    const std::vector<int64_t> units = zero_partitions(params, 3, 25, DType::f32, world);
-    EXPECT_EQ(units.size(), 1u + 3u + 12u + 1u);
-    int64_t sum = 0;
-    for (int64_t u : units) {
-      EXPECT_EQ(u % (16 * world), 0);
-      sum += u;
-    }
-    EXPECT_GE(sum, flat);
-    EXPECT_LT(sum, flat + int64_t(units.size()) * 16 * world);
+    const zero::ZeroLayout units = zero_layout(params, 3, world, 25, DType::f32);
+    EXPECT_EQ(units.partitions.size(), 1u + 3u + 12u + 1u);
+    EXPECT_EQ(units.partitions.front().name, "stem");
+    EXPECT_EQ(units.partitions.back().name, "head");
+    EXPECT_EQ(units.shards, world);
+    for (int64_t u : sizes(units)) EXPECT_EQ(u % (16 * world), 0);
+    EXPECT_GE(units.flat.numel, flat);
+    EXPECT_LT(units.flat.numel, flat + int64_t(units.partitions.size()) * 16 * world);
+    EXPECT_EQ(units.shard_numel() * world, units.flat.numel);
   }
-  // One rank: the flat buffer exactly, whatever the cut.
-  for (int stage : {0, 3}) {
-    const std::vector<int64_t> p = zero_partitions(params, stage, 1, DType::f32, 1);
-    EXPECT_EQ(std::accumulate(p.begin(), p.end(), int64_t(0)), flat);
-  }
+  // One rank, or stage 0 (one shard whatever the ranks): the flat buffer exactly, whatever the cut.
+  for (int stage : {0, 3}) EXPECT_EQ(zero_layout(params, stage, 1, 1, DType::f32).flat.numel, flat);
+  EXPECT_EQ(zero_layout(params, 0, 4, 1, DType::f32).flat.numel, flat);
   // Buckets of up to 1 MiB: 262144 fp32 or 524288 bf16 elements. atto's stage-3 fc weights (409600) and its
   // 1000-class head (320000) are larger than the fp32 limit: each is a bucket of its own.
   for (DType reduce : {DType::f32, DType::bf16}) {
     const int64_t limit = (int64_t(1) << 20) / int64_t(dtype_size(reduce));
-    std::vector<int64_t> alone;
-    for (const ParamInfo& p : params)
-      if (p.numel > limit) alone.push_back(pad_partition(p.numel, 2));
-    const std::vector<int64_t> b = zero_partitions(params, 1, 1, reduce, 2);
-    EXPECT_GT(b.size(), 1u);
+    const zero::ZeroLayout z = zero_layout(params, 1, 2, 1, reduce);
+    EXPECT_GT(z.partitions.size(), 1u);
     size_t oversized = 0;
-    for (int64_t n : b) {
-      if (n <= pad_partition(limit, 2)) continue;
+    for (const zero::Partition& p : z.partitions) {
+      if (p.numel <= limit) continue;
       ++oversized;
-      EXPECT_NE(std::find(alone.begin(), alone.end(), n), alone.end())
-          << n << " in " << ::testing::PrintToString(b);
+      EXPECT_EQ(p.end_param - p.first_param, 1u) << p.name;
     }
-    EXPECT_EQ(oversized, alone.size());
-    EXPECT_EQ(alone.size(), reduce == DType::f32 ? 5u : 0u);
+    EXPECT_EQ(oversized, reduce == DType::f32 ? 5u : 0u);
   }
   // A parameter larger than the bucket is a bucket of its own.
-  std::vector<ParamInfo> big = {{"a", {10}, 10, "u"}, {"b", {5000}, 5000, "u"}, {"c", {10}, 10, "u"}};
-  const std::vector<int64_t> b = zero_partitions(big, 0, 1000.0 * 4 / double(1 << 20), DType::f32, 1);
-  EXPECT_EQ(b, (std::vector<int64_t>{16, 5008, 16}));
+  const std::vector<ParamInfo> big = {{"a", {10}, 10, "u"}, {"b", {5000}, 5000, "u"}, {"c", {10}, 10, "u"}};
+  EXPECT_EQ(sizes(zero_layout(big, 0, 1, 1000.0 * 4 / double(1 << 20), DType::f32)),
+            (std::vector<int64_t>{16, 5008, 16}));
 }
 
 // Row totals of Note [ZeRO memory model], Ψ and N given.
@@ -99,18 +99,28 @@ Expected formulas(int stage, bool mixed, int64_t psi, int n, int64_t ec) {
   return e;
 }
 
+// Four parameters, each its own bucket (a bucket of one element) or unit, sizes multiples of 16·n: no
+// padding, so Ψ is their sum.
+ZeroSpec four_partitions(int stage, int n) {
+  const std::vector<ParamInfo> params = {{"a", {64 * n}, 64 * n, "u0"},
+                                         {"b", {1024 * n}, 1024 * n, "u1"},
+                                         {"c", {16 * n}, 16 * n, "u2"},
+                                         {"d", {4096 * n}, 4096 * n, "u3"}};
+  ZeroSpec s;
+  s.stage = stage;
+  s.world = n;
+  s.layout = zero_layout(params, stage, n, 4.0 / double(1 << 20), DType::f32);
+  return s;
+}
+
 TEST(ZeroMemoryModel, EveryStageFollowsTheFormulas) {
   for (int n : {1, 4}) {
-    const std::vector<int64_t> parts = {64 * n, 1024 * n, 16 * n, 4096 * n};
-    const int64_t psi = std::accumulate(parts.begin(), parts.end(), int64_t(0));
+    const int64_t psi = (64 + 1024 + 16 + 4096) * n;
     for (DType compute : {DType::f32, DType::bf16, DType::f16})
       for (int stage = 0; stage <= 3; ++stage) {
-        ZeroSpec s;
-        s.stage = stage;
-        s.world = n;
-        s.partitions = parts;
+        ZeroSpec s = four_partitions(stage, n);
+        ASSERT_EQ(s.layout.partitions.size(), 4u);
         s.compute = compute;
-        s.reduce = DType::f32;
         s.prefetch = 2;
         s.ema = true;
         const ZeroState z = zero_model_state(s);
@@ -119,30 +129,52 @@ TEST(ZeroMemoryModel, EveryStageFollowsTheFormulas) {
         SCOPED_TRACE(::testing::Message()
                      << "stage " << stage << ", " << n << " ranks, " << dtype_name(compute));
         EXPECT_EQ(z.psi, psi);
-        EXPECT_EQ(z.shard * n, psi);
+        EXPECT_EQ(z.shard, stage == 0 ? psi : psi / n);
+        EXPECT_EQ(z.max_partition, 4096 * n);
         EXPECT_EQ(z.row_bytes(StateRow::parameters), e.params);
         EXPECT_EQ(z.row_bytes(StateRow::master_weights), e.master);
         EXPECT_EQ(z.row_bytes(StateRow::gradients), e.grads);
         EXPECT_EQ(z.row_bytes(StateRow::optimizer_state), e.state);
         EXPECT_EQ(z.row_bytes(StateRow::ema), e.ema);
-        // Buckets: 3 of the largest partition at stages 2-3; a cast buffer at 0-1 when the gradients (the
-        // compute dtype) are not what travels (fp32).
-        const int64_t comm = stage >= 2 ? 3 * 4096 * n * 4 : mixed ? 4096 * n * 4 : 0;
-        EXPECT_EQ(z.row_bytes(StateRow::comm_buffers), comm);
-        // Stage 3 gathers 1 + prefetch consecutive units; the heaviest window is the last three.
-        const int64_t gather = stage == 3 ? (1024 + 16 + 4096) * n * int64_t(dtype_size(compute)) : 0;
-        EXPECT_EQ(z.row_bytes(StateRow::gather_buffers), gather);
+        EXPECT_EQ(z.host_bytes(), 0);
       }
   }
 }
 
-TEST(ZeroMemoryModel, RefusesWhatItCannotModel) {
-  ZeroSpec s;
-  s.world = 2;
-  s.partitions = {48};  // not a multiple of 16 x 2
+// Note [CPU offload]: master shard, fp32 gradient shard and optimizer state move to pinned host memory; the
+// device keeps the compute copy (and the gradient buffer at stages 0-1).
+TEST(ZeroMemoryModel, OffloadMovesMasterGradientShardAndStateToTheHost) {
+  const int n = 4;
+  const int64_t psi = (64 + 1024 + 16 + 4096) * n;
+  for (DType compute : {DType::f32, DType::bf16})
+    for (int stage = 0; stage <= 3; ++stage)
+      for (bool cpu_device : {true, false}) {
+        ZeroSpec s = four_partitions(stage, n);
+        s.compute = compute;
+        s.offload = true;
+        s.ema = true;
+        s.cpu_device = cpu_device;
+        const ZeroState z = zero_model_state(s);
+        const int64_t ec = int64_t(dtype_size(compute)), shard = stage == 0 ? psi : psi / n;
+        SCOPED_TRACE(::testing::Message() << "stage " << stage << ", " << dtype_name(compute));
+        EXPECT_EQ(z.row_bytes(StateRow::parameters), (stage == 3 ? shard : psi) * ec);
+        EXPECT_EQ(z.row_bytes(StateRow::gradients), stage <= 1 ? psi * ec : 0);
+        EXPECT_EQ(z.row_bytes(StateRow::master_weights), 0);
+        EXPECT_EQ(z.row_bytes(StateRow::optimizer_state), 0);
+        EXPECT_EQ(z.host_row_bytes(StateRow::master_weights), 4 * shard);
+        EXPECT_EQ(z.host_row_bytes(StateRow::gradients), 4 * shard);
+        EXPECT_EQ(z.host_row_bytes(StateRow::optimizer_state), 8 * shard);
+        // The EMA follows the master weights to the host, which on the CPU backend is the device's allocator.
+        EXPECT_EQ(z.row_bytes(StateRow::ema), cpu_device ? 4 * shard : 0);
+        EXPECT_EQ(z.host_row_bytes(StateRow::ema), cpu_device ? 0 : 4 * shard);
+      }
+}
+
+TEST(ZeroMemoryModel, RefusesALayoutForAnotherStage) {
+  ZeroSpec s = four_partitions(0, 2);  // one shard: stage 0's layout
+  s.stage = 1;
   EXPECT_THROW(zero_model_state(s), ValueError);
-  s.partitions = {64};
-  s.offload = true;  // the hook: offload is not built yet
+  s.layout = {};
   EXPECT_THROW(zero_model_state(s), ValueError);
 }
 

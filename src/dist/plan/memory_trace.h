@@ -12,9 +12,10 @@
 
 namespace cz::plan {
 
-// What a buffer is for; the rows of the plan.
-enum class Use : uint8_t { state, input, saved, transient, workspace };
-inline constexpr int kNumUses = 5;
+// What a buffer is for; the rows of the plan. bucket: gradient buckets (and stage 0-1's cast copies); gather:
+// stage-3 gathered units; scratch: the communicator's ring scratch.
+enum class Use : uint8_t { state, input, saved, transient, workspace, bucket, gather, scratch };
+inline constexpr int kNumUses = 8;
 
 struct LiveBuffer {
   const char* what;

@@ -52,20 +52,30 @@ struct Setup {
   int world = 1;
 };
 
-ZeroState model_state(const Setup& s, int stage) {
-  ZeroSpec z;
+// The engine's layout and model state at `stage`, with or without offload.
+struct Engine {
+  ZeroSpec spec;
+  ZeroState state;
+};
+
+Engine engine_at(const Setup& s, int stage, bool offload) {
+  Engine e;
+  ZeroSpec& z = e.spec;
   z.stage = stage;
   z.world = s.world;
-  z.partitions = zero_partitions(s.params, stage, s.cfg.bucket_mb, s.reduce, s.world);
+  z.layout = zero_layout(s.params, stage, s.world, s.cfg.bucket_mb, s.reduce);
   z.compute = s.compute;
   z.reduce = s.reduce;
   z.prefetch = s.cfg.prefetch;
   z.optimizer_state_tensors = s.cfg.optimizer == "adamw" ? 2 : s.cfg.momentum > 0 ? 1 : 0;
   z.ema = s.cfg.ema_decay > 0;
-  return zero_model_state(z);
+  z.offload = offload;
+  z.cpu_device = !s.cuda;
+  e.state = zero_model_state(z);
+  return e;
 }
 
-StepSpec step_spec(const Setup& s, const ZeroState& state, int64_t micro_batch, bool checkpointing) {
+StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bool checkpointing) {
   StepSpec sp;
   sp.model = s.model;
   sp.image_size = s.cfg.image_size;
@@ -77,7 +87,18 @@ StepSpec step_spec(const Setup& s, const ZeroState& state, int64_t micro_batch, 
   // The loader's workers keep up to threads x prefetch (2) batches ahead; on the CPU backend they are in
   // the training device's allocator.
   sp.prefetched_batches = s.cuda ? 0 : int64_t(s.cfg.loader_threads) * 2;
-  sp.state = state.buffers;
+  sp.state = engine.state.buffers;
+  sp.engine.stage = engine.spec.stage;
+  sp.engine.world = s.world;
+  sp.engine.layout = engine.spec.layout;
+  sp.engine.compute = s.compute;
+  sp.engine.reduce = s.reduce;
+  sp.engine.prefetch = s.cfg.prefetch;
+  sp.engine.offload = engine.spec.offload;
+  sp.engine.cuda = s.cuda;
+  // The second step meets the cache the first one left (the steady state), and stage 3 prefetches from the
+  // second pass on.
+  sp.steps = 2;
   return sp;
 }
 
@@ -89,22 +110,41 @@ int64_t required(const StepTraceResult& r, int64_t overhead) {
   return r.peak.total + r.peak.page_rounding + overhead;
 }
 
-// The largest micro-batch whose plan fits `mem` (0 when one image does not).
-int64_t largest_fitting(const Setup& s, const ZeroState& state, bool checkpointing, int64_t mem) {
+// The largest micro-batch whose plan fits `mem` (0 when one image does not). Memory grows almost linearly
+// with the micro-batch, so two plans give a first guess, and a search outwards from it brackets the answer
+// in a few plans more (the planner must answer 16 of these for xlarge in well under a second).
+int64_t largest_fitting(const Setup& s, const Engine& engine, bool checkpointing, int64_t mem) {
   const int64_t overhead = device_overhead(s);
-  auto fits = [&](int64_t b) {
-    return required(trace_step(step_spec(s, state, b, checkpointing)), overhead) <= mem;
+  auto need = [&](int64_t b) {
+    StepSpec sp = step_spec(s, engine, b, checkpointing);
+    sp.steps = engine.spec.stage == 3 ? 2 : 1;  // stages 0-2 repeat their first step's peak
+    return required(trace_step(sp), overhead);
   };
-  if (!fits(1)) return 0;
-  int64_t lo = 1, hi = 2;
-  while (hi <= kMaxSearchedBatch && fits(hi)) {
-    lo = hi;
-    hi *= 2;
+  const int64_t one = need(1);
+  if (one > mem) return 0;
+  constexpr int64_t kProbe = 64;
+  const double per_image = std::max(1.0, double(need(kProbe) - one) / double(kProbe - 1));
+  const int64_t guess = std::clamp<int64_t>(1 + int64_t(double(mem - one) / per_image), 1, kMaxSearchedBatch);
+  int64_t lo = 1, hi = 0, step = std::max<int64_t>(1, guess / 64);  // need(lo) fits, need(hi) does not
+  if (need(guess) <= mem) {
+    lo = guess;
+    for (hi = lo + step; hi <= kMaxSearchedBatch && need(hi) <= mem; hi = lo + step) {
+      lo = hi;
+      step *= 2;
+    }
+    if (hi > kMaxSearchedBatch) return lo;
+  } else {
+    hi = guess;
+    for (int64_t at = std::max<int64_t>(1, hi - step); at > 1 && need(at) > mem;
+         at = std::max<int64_t>(1, hi - step)) {
+      hi = at;
+      step *= 2;
+    }
+    lo = std::max<int64_t>(1, hi - step);
   }
-  if (hi > kMaxSearchedBatch) return lo;
-  while (hi - lo > 1) {  // fits(lo), !fits(hi)
+  while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
-    (fits(mid) ? lo : hi) = mid;
+    (need(mid) <= mem ? lo : hi) = mid;
   }
   return lo;
 }
@@ -157,29 +197,31 @@ Plan make_plan(const PlanRequest& req) {
   p.micro_batch = s.cfg.micro_batch;
   p.checkpointing = s.cfg.activation_checkpointing;
 
-  const ZeroState state = model_state(s, s.cfg.stage);
+  const Engine engine = engine_at(s, s.cfg.stage, s.cfg.offload_optimizer);
+  const ZeroState& state = engine.state;
   p.psi = state.psi;
-  StepSpec spec = step_spec(s, state, s.cfg.micro_batch, s.cfg.activation_checkpointing);
-  spec.steps = 2;  // the second step meets the cache the first one left: the steady state
+  p.offload = s.cfg.offload_optimizer;
+  const StepSpec spec = step_spec(s, engine, s.cfg.micro_batch, s.cfg.activation_checkpointing);
   const StepTraceResult first = trace_step(spec);
   const StepTraceResult r = trace_step(spec, first.peak.event);
   const TraceSnapshot& pk = r.peak;
 
-  for (StateRow row :
-       {StateRow::parameters, StateRow::master_weights, StateRow::gradients, StateRow::optimizer_state,
-        StateRow::ema, StateRow::comm_buffers, StateRow::gather_buffers}) {
-    static const std::map<StateRow, const char*> kLabels = {
-        {StateRow::parameters, "parameters (compute copy)"},
-        {StateRow::master_weights, "master weights (fp32)"},
-        {StateRow::gradients, "gradients"},
-        {StateRow::optimizer_state, "optimizer state"},
-        {StateRow::ema, "EMA weights"},
-        {StateRow::comm_buffers, "gradient buckets / cast buffer"},
-        {StateRow::gather_buffers, "stage-3 gather buffers"}};
-    p.rows.push_back({state_row_key(row), kLabels.at(row), state.row_bytes(row)});
+  static const std::map<StateRow, const char*> kLabels = {{StateRow::parameters, "parameters (compute copy)"},
+                                                          {StateRow::master_weights, "master weights (fp32)"},
+                                                          {StateRow::gradients, "gradients"},
+                                                          {StateRow::optimizer_state, "optimizer state"},
+                                                          {StateRow::ema, "EMA weights"}};
+  for (const auto& [row, label] : kLabels) {
+    p.rows.push_back({state_row_key(row), label, state.row_bytes(row)});
+    if (state.host_row_bytes(row) > 0)
+      p.host_rows.push_back({state_row_key(row), label, state.host_row_bytes(row)});
   }
+  p.host_bytes = state.host_bytes();
   CZ_ASSERT(state.total_bytes() == pk.raw[size_t(Use::state)], "model state {} but {} traced",
             state.total_bytes(), pk.raw[size_t(Use::state)]);
+  p.rows.push_back({"comm_buffers", "gradient buckets / cast copies", pk.raw[size_t(Use::bucket)]});
+  p.rows.push_back({"gather_buffers", "stage-3 gathered units", pk.raw[size_t(Use::gather)]});
+  p.rows.push_back({"comm_scratch", "communicator ring scratch", pk.raw[size_t(Use::scratch)]});
   p.rows.push_back({"input_batch", "input batch (images, labels)", pk.raw[size_t(Use::input)]});
   const std::vector<std::string> parts = network_parts(s.model);
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -220,11 +262,12 @@ Plan make_plan(const PlanRequest& req) {
   if (req.gpu_mem) {
     p.fits = p.required_bytes <= *req.gpu_mem;
     if (req.max_micro_batch)
-      for (int stage = 0; stage <= 3; ++stage) {
-        const ZeroState st = model_state(s, stage);
-        for (bool ckpt : {false, true})
-          p.max_micro_batch.push_back({stage, ckpt, largest_fitting(s, st, ckpt, *req.gpu_mem)});
-      }
+      for (int stage = 0; stage <= 3; ++stage)
+        for (bool offload : {false, true}) {
+          const Engine e = engine_at(s, stage, offload);
+          for (bool ckpt : {false, true})
+            p.max_micro_batch.push_back({stage, ckpt, offload, largest_fitting(s, e, ckpt, *req.gpu_mem)});
+        }
   }
   return p;
 }
@@ -232,9 +275,10 @@ Plan make_plan(const PlanRequest& req) {
 std::string format_plan(const Plan& p) {
   std::string out = fmt::format(
       "Memory plan per rank: {} ({} parameters, {} after padding), {}x{} images, micro-batch {}, {} on {}, "
-      "ZeRO stage {} of {} rank{}, activation checkpointing {}\n\n",
+      "ZeRO stage {} of {} rank{}, activation checkpointing {}, optimizer offload {}\n\n",
       p.model, with_commas(p.num_params), with_commas(p.psi), p.image_size, p.image_size, p.micro_batch,
-      p.precision, p.device, p.stage, p.world, p.world == 1 ? "" : "s", p.checkpointing ? "on" : "off");
+      p.precision, p.device, p.stage, p.world, p.world == 1 ? "" : "s", p.checkpointing ? "on" : "off",
+      p.offload ? "on" : "off");
   auto line = [&](const std::string& label, int64_t b) {
     out += fmt::format("  {:<44} {:>17} B  {:>12}\n", label, with_commas(b), mib(b));
   };
@@ -245,6 +289,11 @@ std::string format_plan(const Plan& p) {
     line("driver pages (2 MiB per large block)", p.fragmentation_bytes);
     line("CUDA context, NCCL (allowance)", p.device_overhead_bytes);
     line("required", p.required_bytes);
+  }
+  if (!p.host_rows.empty()) {
+    out += "  in pinned host memory (--offload-optimizer; not in the total):\n";
+    for (const PlanRow& r : p.host_rows) line("  " + r.label, r.bytes);
+    line("  host total", p.host_bytes);
   }
   if (p.gpu_mem) {
     const int64_t spare = *p.gpu_mem - p.required_bytes;
@@ -277,13 +326,13 @@ std::string format_plan(const Plan& p) {
   if (!p.max_micro_batch.empty()) {
     out += fmt::format("\nLargest micro-batch that fits {} per rank ({} rank{}):\n", human(*p.gpu_mem),
                        p.world, p.world == 1 ? "" : "s");
-    out += fmt::format("  {:<11} {:>17} {:>15} {:>12}\n", "ZeRO stage", "no checkpointing", "checkpointing",
-                       "offload");
+    out += fmt::format("  {:<11} {:>17} {:>15} {:>12} {:>26}\n", "ZeRO stage", "no checkpointing",
+                       "checkpointing", "offload", "offload + checkpointing");
     for (int stage = 0; stage <= 3; ++stage) {
-      int64_t off = 0, on = 0;
+      int64_t v[2][2] = {};  // [offload][checkpointing]
       for (const MaxMicroBatch& m : p.max_micro_batch)
-        if (m.stage == stage) (m.checkpointing ? on : off) = m.micro_batch;
-      out += fmt::format("  {:<11} {:>17} {:>15} {:>12}\n", stage, off, on, "not built");
+        if (m.stage == stage) v[m.offload][m.checkpointing] = m.micro_batch;
+      out += fmt::format("  {:<11} {:>17} {:>15} {:>12} {:>26}\n", stage, v[0][0], v[0][1], v[1][0], v[1][1]);
     }
   }
   return out;
@@ -299,9 +348,14 @@ nlohmann::json plan_to_json(const Plan& p) {
                       {"precision", p.precision},
                       {"image_size", p.image_size},
                       {"micro_batch", p.micro_batch},
-                      {"activation_checkpointing", p.checkpointing}};
+                      {"activation_checkpointing", p.checkpointing},
+                      {"offload_optimizer", p.offload}};
   for (const PlanRow& r : p.rows) j[r.key + "_bytes"] = r.bytes;
   j["total_bytes"] = p.total_bytes;
+  nlohmann::json host = nlohmann::json::object();
+  for (const PlanRow& r : p.host_rows) host[r.key + "_bytes"] = r.bytes;
+  host["total_bytes"] = p.host_bytes;
+  j["host_state"] = host;
   j["fragmentation_bytes"] = p.fragmentation_bytes;
   j["device_overhead_bytes"] = p.device_overhead_bytes;
   j["required_bytes"] = p.required_bytes;
@@ -321,7 +375,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   for (const MaxMicroBatch& m : p.max_micro_batch)
     mb.push_back({{"stage", m.stage},
                   {"activation_checkpointing", m.checkpointing},
-                  {"offload", false},
+                  {"offload", m.offload},
                   {"micro_batch", m.micro_batch}});
   j["max_micro_batch"] = mb;
   return j;

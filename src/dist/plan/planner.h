@@ -1,8 +1,8 @@
 // The memory planner behind `convnext_zero --plan` (docs/planning.md): per rank, from the training flags,
 // the world size and the device, the bytes of each kind of memory at the step's peak, their total (what the
 // device's caching allocator will report as its peak), whether that fits a given memory size, and the
-// largest micro-batch that fits at each ZeRO stage with and without activation checkpointing. Answers for any
-// model without building it or touching a device.
+// largest micro-batch that fits at each ZeRO stage with and without activation checkpointing and CPU offload.
+// Answers for any model without building it or touching a device.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +32,7 @@ struct PlanRow {
 struct MaxMicroBatch {
   int stage = 0;
   bool checkpointing = false;
+  bool offload = false;     // --offload-optimizer
   int64_t micro_batch = 0;  // 0: not even one image fits
 };
 
@@ -43,13 +44,17 @@ struct Plan {
   std::string device, precision;
   int64_t image_size = 0, micro_batch = 0;
   bool checkpointing = false;
+  bool offload = false;
 
   // At the step's peak, summing to total_bytes: model state, the batch, activations saved for backward by
   // network part (those still alive then), backward temporaries, kernel workspaces, and the allocator's
   // size-class rounding of all of them.
   std::vector<PlanRow> rows;
   int64_t total_bytes = 0;  // the planned peak of the allocator (StepStats::peak_mem_bytes)
-  std::string peak_at;      // the op running at the peak
+  // --offload-optimizer: what lives in pinned host memory instead (not in total_bytes), by row.
+  std::vector<PlanRow> host_rows;
+  int64_t host_bytes = 0;
+  std::string peak_at;                                               // the op running at the peak
   std::vector<std::pair<std::string, int64_t>> largest_temporaries;  // backward temporaries live at the peak
   // Everything saved for backward when forward ends, by network part, without and with activation
   // checkpointing (whichever the flags ask for, and the other).
@@ -61,7 +66,8 @@ struct Plan {
   int64_t reserved_bytes = 0;         // the allocator's cache at its fullest (it empties it before failing)
   std::optional<int64_t> gpu_mem;
   std::optional<bool> fits;
-  std::vector<MaxMicroBatch> max_micro_batch;  // stages 0-3 x checkpointing off/on, when gpu_mem is given
+  // Stages 0-3 x offload off/on x checkpointing off/on, when gpu_mem is given.
+  std::vector<MaxMicroBatch> max_micro_batch;
 };
 
 Plan make_plan(const PlanRequest& request);

@@ -15,11 +15,13 @@
 //    the block's parameter gradients until it returns, and the input gradient is cloned once (the seed
 //    gradient it accumulates into is shared with the outer engine, engine.cpp accumulate()).
 //  * Backward (src/tensor/autograd/engine.cpp): nodes run in reverse creation order; a node allocates its
-//    input gradients (and its parameters' gradients, added into the flat .grad by AccumulateGrad right after
-//    and freed), its saved tensors are released after it ran, and the gradient it received is freed at the
-//    end of its turn. A residual's gradient is passed through without a copy and the block's second
-//    contribution is added into it in place, so one buffer carries the residual stream's gradient through a
-//    stage.
+//    input gradients (and its parameters' gradients, which AccumulateGrad hands to the ZeRO engine's
+//    grad-ready hook right after and then frees), its saved tensors are released after it ran, and the
+//    gradient it received is freed at the end of its turn. A residual's gradient is passed through without a
+//    copy and the block's second contribution is added into it in place, so one buffer carries the residual
+//    stream's gradient through a stage.
+//  * The ZeRO engine (Note [What the engine allocates] in engine_trace.cpp): buckets, stage-3 gathered units
+//    around each module's forward and backward, the ring's scratch, the step's scalars.
 //  * Kernel workspaces through the allocator: on the CPU the patchify im2col buffer (forward and backward);
 //    on CUDA the per-stream cuBLAS workspace, a cuDNN allowance and the depthwise filter-gradient partials.
 #include "dist/plan/step_trace.h"
@@ -67,7 +69,7 @@ struct A {
 class Walker {
  public:
   Walker(const StepSpec& s, MemoryTrace& m, std::vector<std::string>& labels)
-      : s_(s), m_(m), labels_(labels), e_(int64_t(dtype_size(s.compute))) {}
+      : s_(s), m_(m), labels_(labels), e_(int64_t(dtype_size(s.compute))), engine_(m, s.engine) {}
 
   void build();
   void step();
@@ -80,18 +82,25 @@ class Walker {
     std::vector<Id> held;     // tensors nodes keep until the graph dies (drop-path scales)
   };
 
-  void micro_step();
+  void micro_step(bool last);
   A stage(int i, A x, int64_t& side, bool last_stage);
   A block(const A& x, int64_t side, int64_t c, double rate, Use out_use);
   A checkpointed_block(const A& x, int64_t side, int64_t c, double rate, Use out_use);
 
   // Ops: outputs get `out`; `keep` is the use of tensors a recorded node keeps.
-  A depthwise(const A& x, int64_t side, int64_t c, Use out);
-  A patchify(const A& x, int64_t side, int64_t cin, int64_t cout, int64_t k, bool x_grad, Use out);
-  A layer_norm(const A& x, int64_t rows, int64_t c, Use out);
-  A linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const char* name, Use out);
+  // `module`: the op's module path ("stages.0.blocks.1.conv_dw"), whose .weight and .bias get gradients.
+  A depthwise(const A& x, int64_t side, int64_t c, const std::string& module, Use out);
+  A patchify(const A& x, int64_t side, int64_t cin, int64_t cout, int64_t k, bool x_grad,
+             const std::string& module, Use out);
+  A layer_norm(const A& x, int64_t rows, int64_t c, const std::string& module, Use out);
+  A linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module, Use out);
   A gelu(const A& x, Use out);
-  A scale_add(const A* residual, const A& h, int64_t c, Use out);  // residual_scale_add / channel_scale
+  // residual_scale_add / channel_scale; `gamma`: the parameter's name.
+  A scale_add(const A* residual, const A& h, int64_t c, const std::string& gamma, Use out);
+  // A module call: its forward-pre hook; then, after its ops, its forward hook and (when recording) the
+  // identity node whose backward fires its backward-pre hook (nn::Module::operator()).
+  int module_begin(const std::string& module);
+  void module_end(int unit);
   A drop_path(const A& x, Use out);
   A add(const A& a, const A& b, Use out);
   A pool(const A& x, int64_t c, Use out);
@@ -139,12 +148,16 @@ class Walker {
     }
     m_.release(g);
   }
-  // A parameter's gradient: added into .grad (the flat buffer) and freed, or held by a checkpoint's grad().
-  void param_grad(Id g) {
+  // A parameter's gradient reaches its AccumulateGrad node (which runs right after the op's node: it was
+  // created when the op was recorded, so its sequence number is next; a bias's after its weight's, so the
+  // bias goes first): the engine's grad-ready hook, then the gradient is freed. Inside a checkpoint's
+  // grad() it is held until grad() returns instead.
+  void param_grad(Id g, const std::string& name) {
+    const size_t i = engine_.param_index(name);
     if (captured_grads_)
-      captured_grads_->push_back(g);
+      captured_grads_->emplace_back(i, g);
     else
-      m_.release(g);
+      engine_.grad_ready(i, g);
   }
 
   const StepSpec& s_;
@@ -155,7 +168,7 @@ class Walker {
   Graph main_;
   Graph* graph_ = &main_;
   std::vector<Id> slots_;
-  std::vector<Id>* captured_grads_ = nullptr;
+  std::vector<std::pair<size_t, Id>>* captured_grads_ = nullptr;  // (parameter, gradient)
   Id shared_grad_ = kNone;
   Id loss_sum_ = kNone;
   bool recording_ = true;
@@ -164,6 +177,7 @@ class Walker {
   std::string scope_;
   int64_t block_index_ = 0;
   std::vector<double> rates_;
+  EngineTrace engine_;
 };
 
 void Walker::build() {
@@ -176,8 +190,22 @@ void Walker::build() {
   if (!s_.cuda)
     for (const ParamInfo& p : list)
       if (p.shape.size() >= 2) m_.release(m_.alloc(p.numel * 8, Use::transient, "f64 initial draws"));
-  for (const StateBuffer& b : s_.state) m_.alloc(b.bytes, Use::state, b.name.c_str());
+  // ZeroEngine::build_buffers: the model state; at stages 2-3 the flat buffers flatten_parameters made are
+  // dropped once the shards exist, and stage 3's unit buffers are allocated and released once.
+  const int64_t flat = s_.engine.layout.flat.numel * 4;
+  std::vector<Id> dropped;
+  if (s_.engine.stage >= 2) dropped.push_back(m_.alloc(flat, Use::transient, "flat gradients (build)"));
+  if (s_.engine.stage == 3) dropped.push_back(m_.alloc(flat, Use::transient, "flat parameters (build)"));
+  // Offload copies this rank's chunks to the host through a device buffer (kept as stage 3's fp32 shard).
+  if (s_.engine.offload && (s_.engine.stage <= 2 || s_.compute != DType::f32))
+    dropped.push_back(m_.alloc(s_.engine.layout.shard_numel() * 4, Use::transient, "own chunks (build)"));
+  for (const StateBuffer& b : s_.state)
+    if (!b.host) m_.alloc(b.bytes, Use::state, b.name.c_str());
+  if (s_.engine.stage == 3)
+    for (const zero::Partition& p : s_.engine.layout.partitions)
+      m_.release(m_.alloc(p.numel * e_, Use::transient, "unit buffer (build)"));
   for (Id p : params) m_.release(p);
+  for (Id d : dropped) m_.release(d);
   if (s_.cuda) {
     m_.alloc(kCublasWorkspace, Use::workspace, "cuBLAS workspace");
     m_.alloc(kCudnnWorkspace, Use::workspace, "cuDNN workspace allowance");
@@ -197,15 +225,18 @@ void Walker::build() {
 void Walker::step() {
   // The micro-steps' losses are summed on the device: the first one's loss is kept, later ones add into a
   // new scalar each.
-  for (int64_t a = 0; a < std::min<int64_t>(s_.grad_accum, 2); ++a) micro_step();
+  const int64_t micro_steps = std::min<int64_t>(s_.grad_accum, 2);
+  for (int64_t a = 0; a < micro_steps; ++a) micro_step(a + 1 == micro_steps);
   scope_ = "optimizer";
+  at("mean loss");
+  engine_.all_reduce_scalar();
   at("grad norm");
-  m_.release(m_.alloc(8, Use::transient, "gradient norm"));
+  engine_.optimizer_step();
   m_.release(loss_sum_);  // a local of Trainer::step
   loss_sum_ = kNone;
 }
 
-void Walker::micro_step() {
+void Walker::micro_step(bool last) {
   n_ = s_.micro_batch;
   const auto& cfg = s_.model;
   const int64_t img = s_.image_size, pixels = n_ * img * img * cfg.in_chans;
@@ -223,9 +254,11 @@ void Walker::micro_step() {
   // Stem: patchify 4x4, LayerNorm.
   scope_ = "stem";
   int64_t side = img / 4;
-  const A s1 = patchify(images, img, cfg.in_chans, cfg.dims[0], 4, false, keep());
-  const A s2 = layer_norm(s1, n_ * side * side, cfg.dims[0], keep());
+  const int stem = module_begin("stem");
+  const A s1 = patchify(images, img, cfg.in_chans, cfg.dims[0], 4, false, "stem.0", keep());
+  const A s2 = layer_norm(s1, n_ * side * side, cfg.dims[0], "stem.1", keep());
   m_.release(s1.id);
+  module_end(stem);
 
   block_index_ = 0;
   A h = s2;
@@ -241,11 +274,13 @@ void Walker::micro_step() {
   scope_ = "head";
   part_ = int(cfg.depths.size()) + 1;
   const int64_t c = cfg.dims.back(), k = cfg.num_classes;
+  const int head = module_begin("head");
   const A pooled = pool(h, c, keep());
-  const A normed = layer_norm(pooled, n_, c, keep());
+  const A normed = layer_norm(pooled, n_, c, "head.norm", keep());
   m_.release(pooled.id);
-  A logits = linear(normed, n_, c, k, "fc", s_.compute == DType::f32 ? keep() : Use::transient);
+  A logits = linear(normed, n_, c, k, "head.fc", s_.compute == DType::f32 ? keep() : Use::transient);
   m_.release(normed.id);
+  module_end(head);
   m_.release(h.id);                // the last stage's output: no node kept it
   m_.release(s2.id);               // ConvNeXt::forward's temporary
   if (s_.compute != DType::f32) {  // .to(f32): ToBackward keeps nothing
@@ -287,8 +322,12 @@ void Walker::micro_step() {
   if (saved_end_of_forward.empty()) saved_end_of_forward = m_.now().saved_by_part;
 
   at("backward seed");
+  engine_.backward_begin(last);
   slot(scaled.id) = m_.alloc(4, Use::transient, "backward seed");
   run_backward(main_);
+  scope_ = "backward";
+  at("engine flush");
+  engine_.backward_end();
   m_.release(scaled.id);
   if (loss_sum_ == kNone) {
     m_.retain(loss.id);
@@ -314,9 +353,11 @@ A Walker::stage(int i, A x, int64_t& side, bool last_stage) {
   if (i > 0) {
     scope_ = fmt::format("stages.{}.downsample", i);
     const int64_t prev = cfg.dims[size_t(i) - 1];
-    const A ln = layer_norm(x, n_ * side * side, prev, keep());
-    const A p = patchify(ln, side, prev, c, 2, true, keep());
+    const int unit = module_begin(scope_);
+    const A ln = layer_norm(x, n_ * side * side, prev, scope_ + ".0", keep());
+    const A p = patchify(ln, side, prev, c, 2, true, scope_ + ".1", keep());
     m_.release(ln.id);
+    module_end(unit);
     m_.release(h.id);
     h = p;
     side /= 2;
@@ -326,8 +367,14 @@ A Walker::stage(int i, A x, int64_t& side, bool last_stage) {
     // The network's last block output is only pooled (no node keeps it); others are the next op's input.
     const Use out = last_stage && j + 1 == cfg.depths[size_t(i)] ? Use::transient : keep();
     const double rate = rates_[size_t(block_index_++)];
-    const A next =
-        s_.checkpointing ? checkpointed_block(h, side, c, rate, out) : block(h, side, c, rate, out);
+    A next;
+    if (s_.checkpointing) {
+      next = checkpointed_block(h, side, c, rate, out);
+    } else {
+      const int unit = module_begin(scope_);
+      next = block(h, side, c, rate, out);
+      module_end(unit);
+    }
     m_.release(h.id);
     h = next;
   }
@@ -337,12 +384,13 @@ A Walker::stage(int i, A x, int64_t& side, bool last_stage) {
 // ConvNeXtBlock::forward: dwconv -> LayerNorm -> fc1 -> GELU -> fc2 -> (gamma, drop path) + residual.
 A Walker::block(const A& x, int64_t side, int64_t c, double rate, Use out_use) {
   const int64_t rows = n_ * side * side;
-  const A y1 = depthwise(x, side, c, keep());
-  const A y2 = layer_norm(y1, rows, c, keep());
-  const A y3 = linear(y2, rows, c, 4 * c, "fc1", keep());
+  const std::string& b = scope_;
+  const A y1 = depthwise(x, side, c, b + ".conv_dw", keep());
+  const A y2 = layer_norm(y1, rows, c, b + ".norm", keep());
+  const A y3 = linear(y2, rows, c, 4 * c, b + ".mlp.fc1", keep());
   const A y4 = gelu(y3, keep());
   m_.release(y3.id);
-  const A y5 = linear(y4, rows, 4 * c, c, "fc2", keep());
+  const A y5 = linear(y4, rows, 4 * c, c, b + ".mlp.fc2", keep());
   m_.release(y4.id);
   m_.release(y2.id);  // `(*mlp_)((*norm_)((*conv_dw_)(x)))`'s temporaries
   m_.release(y1.id);
@@ -350,7 +398,7 @@ A Walker::block(const A& x, int64_t side, int64_t c, double rate, Use out_use) {
   if (rate > 0) {  // training with drop path
     A h = y5;
     if (gamma) {
-      h = scale_add(nullptr, y5, c, Use::transient);
+      h = scale_add(nullptr, y5, c, b + ".gamma", Use::transient);
       m_.release(y5.id);
     }
     const A d = drop_path(h, Use::transient);
@@ -359,7 +407,7 @@ A Walker::block(const A& x, int64_t side, int64_t c, double rate, Use out_use) {
     m_.release(h.id);
     return z;
   }
-  const A z = gamma ? scale_add(&x, y5, c, out_use) : add(x, y5, out_use);
+  const A z = gamma ? scale_add(&x, y5, c, b + ".gamma", out_use) : add(x, y5, out_use);
   m_.release(y5.id);
   return z;
 }
@@ -367,7 +415,9 @@ A Walker::block(const A& x, int64_t side, int64_t c, double rate, Use out_use) {
 A Walker::checkpointed_block(const A& x, int64_t side, int64_t c, double rate, Use out_use) {
   m_.retain(x.id);  // CheckpointBackward keeps its input
   recording_ = false;
+  const int unit = module_begin(scope_);  // the block runs under no-grad, its hooks with it
   const A z = block(x, side, c, rate, out_use);
+  module_end(unit);
   recording_ = true;
   const std::string scope = scope_;
   const int part = part_;
@@ -381,12 +431,14 @@ A Walker::checkpointed_block(const A& x, int64_t side, int64_t c, double rate, U
     const std::string outer_scope = scope_;
     scope_ = scope;
     part_ = part;
+    const int u = module_begin(scope);
     const A z2 = block(x, side, c, rate, Use::transient);
+    module_end(u);
     saved_use_ = Use::saved;
     graph_ = outer;
     m_.retain(g);  // grad()'s seed: the same tensor the outer engine holds
     slot(z2.id) = g;
-    std::vector<Id> grads;
+    std::vector<std::pair<size_t, Id>> grads;
     captured_grads_ = &grads;
     shared_grad_ = g;
     run_backward(inner);
@@ -397,14 +449,37 @@ A Walker::checkpointed_block(const A& x, int64_t side, int64_t c, double rate, U
     destroy(inner);
     m_.release(x.id);  // release_saved
     deposit(x, dx);
-    for (Id p : grads) param_grad(p);
     m_.release(g);
+    // The block's parameters' AccumulateGrad nodes were created in their registration order when the
+    // checkpoint was recorded: they run last parameter first.
+    std::sort(grads.begin(), grads.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (const auto& [i, pg] : grads) engine_.grad_ready(i, pg);
     scope_ = outer_scope;
   });
   return z;
 }
 
-A Walker::depthwise(const A& x, int64_t side, int64_t c, Use out) {
+int Walker::module_begin(const std::string& module) {
+  const int unit = engine_.unit_of_module(module);
+  if (unit >= 0) {
+    at(module, "gather");
+    engine_.forward_pre(unit);
+  }
+  return unit;
+}
+
+void Walker::module_end(int unit) {
+  if (unit < 0) return;
+  engine_.forward_post(unit);
+  if (!recording_) return;
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, "gather for backward");
+    engine_.backward_pre(unit);
+  });
+}
+
+A Walker::depthwise(const A& x, int64_t side, int64_t c, const std::string& module, Use out) {
   at("conv_dw");
   const int64_t k = s_.model.kernel, rows = n_ * side * side;
   const A wk = buf(k * k * c * e_, keep(), "depthwise weight (k, k, C)");
@@ -430,13 +505,14 @@ A Walker::depthwise(const A& x, int64_t side, int64_t c, Use out) {
     m_.release(wk.id);
     deposit(x, dx);
     m_.release(g);
-    param_grad(dw);
-    param_grad(db);
+    param_grad(db, module + ".bias");
+    param_grad(dw, module + ".weight");
   });
   return y;
 }
 
-A Walker::patchify(const A& x, int64_t side, int64_t cin, int64_t cout, int64_t k, bool x_grad, Use out) {
+A Walker::patchify(const A& x, int64_t side, int64_t cin, int64_t cout, int64_t k, bool x_grad,
+                   const std::string& module, Use out) {
   at("patchify");
   const int64_t so = side / k, m = n_ * so * so, kk = k * k * cin;
   const A wk = buf(cout * kk * e_, keep(), "patchify weight (Cout, k, k, Cin)");
@@ -461,13 +537,13 @@ A Walker::patchify(const A& x, int64_t side, int64_t cin, int64_t cout, int64_t 
     m_.release(wk.id);
     if (dx != kNone) deposit(x, dx);
     m_.release(g);
-    param_grad(dw);
-    param_grad(db);
+    param_grad(db, module + ".bias");
+    param_grad(dw, module + ".weight");
   });
   return y;
 }
 
-A Walker::layer_norm(const A& x, int64_t rows, int64_t c, Use out) {
+A Walker::layer_norm(const A& x, int64_t rows, int64_t c, const std::string& module, Use out) {
   at("layer_norm");
   const A y = buf(rows * c * e_, out, "layer_norm output");
   const A mean = buf(rows * 4, keep(), "layer_norm mean");
@@ -490,13 +566,14 @@ A Walker::layer_norm(const A& x, int64_t rows, int64_t c, Use out) {
     m_.release(rstd.id);
     deposit(x, dx);
     m_.release(g);
-    param_grad(dw);
-    param_grad(db);
+    param_grad(db, module + ".bias");
+    param_grad(dw, module + ".weight");
   });
   return y;
 }
 
-A Walker::linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const char* name, Use out) {
+A Walker::linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module, Use out) {
+  const char* name = module.ends_with("fc1") ? "fc1" : module.ends_with("fc2") ? "fc2" : "fc";
   at(name);
   const A y = buf(rows * out_f * e_, out, "linear output");
   if (!recording_) return y;
@@ -511,8 +588,8 @@ A Walker::linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const char
     m_.release(x.id);
     deposit(x, dx);
     m_.release(g);
-    param_grad(dw);
-    param_grad(db);
+    param_grad(db, module + ".bias");
+    param_grad(dw, module + ".weight");
   });
   return y;
 }
@@ -534,7 +611,7 @@ A Walker::gelu(const A& x, Use out) {
   return y;
 }
 
-A Walker::scale_add(const A* residual, const A& h, int64_t c, Use out) {
+A Walker::scale_add(const A* residual, const A& h, int64_t c, const std::string& gamma, Use out) {
   at(residual ? "residual_scale_add" : "channel_scale");
   const A y = buf(h.bytes, out, residual ? "block output" : "channel_scale output");
   if (!recording_) return y;
@@ -553,7 +630,7 @@ A Walker::scale_add(const A* residual, const A& h, int64_t c, Use out) {
     }
     deposit(h, dx);
     m_.release(g);
-    param_grad(dgamma);
+    param_grad(dgamma, gamma);
   });
   return y;
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/plan/engine_trace.h"
 #include "dist/plan/memory_trace.h"
 #include "dist/plan/zero_memory.h"
 #include "nn/convnext.h"
@@ -25,7 +26,8 @@ struct StepSpec {
   // Batches the data loader holds on the training device besides the one in use: its prefetch window on the
   // CPU backend (loader threads x 2), none on CUDA (those live in host memory).
   int64_t prefetched_batches = 0;
-  std::vector<StateBuffer> state;  // model state (zero_model_state), allocated after the build
+  std::vector<StateBuffer> state;  // model state (zero_model_state), allocated after the build (not host)
+  EngineSpec engine;               // the ZeRO engine: stage, ranks, partitions (engine_trace.h)
   int steps = 1;                   // >1 to let the allocator's cache reach its steady state
 };
 

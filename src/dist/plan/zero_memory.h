@@ -1,11 +1,10 @@
-// Note [ZeRO memory model]: the bytes of model state one rank holds at each ZeRO stage, in one place, so that
-// the planner and the ZeRO engine (which will pass its real partition list) agree.
+// Note [ZeRO memory model]: the bytes of model state one rank holds at each ZeRO stage, buffer by buffer as
+// ZeroEngine::build_buffers allocates them, over the engine's own partition list (zero::plan_layout, Note
+// [ZeRO partitioning]), so that the planner and the engine cannot disagree on a partition.
 //
-// Ψ is the parameter count after padding. Parameters lie in registration order in one flat buffer, each
-// offset aligned to 16 elements. The flat space is cut into partitions: at stages 0-2 buckets of consecutive
-// whole parameters of up to --bucket-mb MiB in the reduce dtype (a larger parameter is a bucket of its own);
-// at stage 3 units (the stem, each stages.i.downsample, each stages.i.blocks.j, the head). Each partition is
-// padded to a multiple of 16·N elements, N ranks; Ψ is the sum of the padded partitions, so Ψ/N is exact.
+// Ψ is the parameter count after padding: the flat space of the layout, each parameter at a 16-element
+// aligned offset, cut into partitions (buckets of --bucket-mb in the reduce dtype at stages 0-2, units at
+// stage 3), each padded to a multiple of 16·N elements (N = 1 at stage 0), so Ψ/N is exact at stages 1-3.
 //
 // Per rank, fp32 (optimizer state s bytes per element: AdamW 8, SGD with momentum 4, SGD without 0):
 //   stage 0: params 4Ψ   + grads 4Ψ         + state sΨ
@@ -15,11 +14,13 @@
 // Mixed precision (bf16/fp16, CUDA only): the fp32 master weights (4Ψ at stage 0, a 4Ψ/N shard at 1-3) are
 // separate from the 16-bit compute copy (2Ψ at stages 0-2, a 2Ψ/N shard at stage 3); gradients are 16-bit 2Ψ
 // plus an fp32 master-gradient shard 4Ψ/N (4Ψ at stage 0) at stages 0-1, and an fp32 shard 4Ψ/N at 2-3.
-// Communication: stages 2-3 keep up to 3 partition-sized bucket buffers in the reduce dtype alive (2 in
-// flight + 1 filling); stages 0-1 one partition-sized cast buffer, only when the reduce dtype differs from
-// the gradients'. Stage 3 gathers the unit in use plus --prefetch units ahead, in the compute dtype (the
-// largest such window of consecutive units). EMA of the weights: 4Ψ at stage 0, 4Ψ/N otherwise.
-// Each buffer is one allocation, so the planner can round it to the allocator's size class.
+// CPU offload (Note [CPU offload]): the fp32 master shard, the fp32 gradient shard and the optimizer state
+// live in pinned host memory; the device keeps the compute copy (and the gradient buffer at stages 0-1).
+// The EMA of the weights (4Ψ at stage 0, 4Ψ/N otherwise) lives beside the master weights: on the host under
+// offload (which on the CPU backend is the training device's own allocator, as it is not pinned memory).
+// Gradient buckets, stage-3 gather buffers and the ring's scratch come and go during the step: the step
+// replay allocates them (engine_trace.h), not this table. Each buffer is one allocation, so the planner
+// rounds it to the allocator's size class.
 #pragma once
 
 #include <cstdint>
@@ -27,59 +28,50 @@
 #include <vector>
 
 #include "dist/plan/model_shapes.h"
+#include "dist/zero/partition.h"
 #include "tensor/dtype.h"
 
 namespace cz::plan {
 
 // Rows of the memory table that model state feeds.
-enum class StateRow : uint8_t {
-  parameters,
-  master_weights,
-  gradients,
-  optimizer_state,
-  ema,
-  comm_buffers,
-  gather_buffers
-};
+enum class StateRow : uint8_t { parameters, master_weights, gradients, optimizer_state, ema };
 const char* state_row_key(StateRow r);
 
 struct StateBuffer {
   StateRow row;
   std::string name;  // "fp32 master shard", "exp_avg", ...
   int64_t bytes = 0;
+  bool host = false;  // pinned host memory (offload), outside the training device's allocator
 };
 
 struct ZeroSpec {
-  int stage = 0;  // 0-3
-  int world = 1;  // N
-  // Padded partition sizes in elements, in flat order: buckets (stages 0-2) or units (stage 3), each a
-  // multiple of 16·world (zero_partitions builds them; the engine passes its own).
-  std::vector<int64_t> partitions;
+  int stage = 0;                    // 0-3
+  int world = 1;                    // N
+  zero::ZeroLayout layout;          // the engine's partitions (zero_layout builds it as the engine does)
   DType compute = DType::f32;       // f32, or bf16/f16 for mixed precision (fp32 master weights)
   DType reduce = DType::f32;        // what gradients travel in
   int prefetch = 1;                 // stage 3: units gathered ahead of the one in use
   int optimizer_state_tensors = 2;  // fp32 tensors of Ψ elements (sharded): AdamW 2, SGD 1 or 0
   bool ema = false;
-  // Hook for offloading optimizer state and master weights to the host; that mode is not built yet, and
-  // zero_model_state refuses it rather than guess its layout.
-  bool offload = false;
+  bool offload = false;    // --offload-optimizer (Note [CPU offload])
+  bool cpu_device = true;  // the CPU backend: host memory that is not pinned is the device's allocator
 };
 
 struct ZeroState {
   int64_t psi = 0;            // Ψ: padded elements of the whole model
-  int64_t shard = 0;          // Ψ/N
+  int64_t shard = 0;          // Ψ/N (Ψ at stage 0)
   int64_t max_partition = 0;  // elements of the largest partition
   std::vector<StateBuffer> buffers;
-  int64_t row_bytes(StateRow r) const;
-  int64_t total_bytes() const;
+  int64_t row_bytes(StateRow r) const;       // on the device
+  int64_t host_row_bytes(StateRow r) const;  // in pinned host memory
+  int64_t total_bytes() const;               // on the device
+  int64_t host_bytes() const;
 };
 
-// Multiple of 16·world elements that holds n.
-int64_t pad_partition(int64_t n, int world);
-
-// The partitions of Note [ZeRO memory model] for `params` (registration order), padded.
-std::vector<int64_t> zero_partitions(const std::vector<ParamInfo>& params, int stage, double bucket_mb,
-                                     DType reduce, int world);
+// The layout ZeroEngine builds for ConvNeXt's parameters (registration order) with these flags: the same
+// bucket size in elements (--bucket-mb MiB of the reduce dtype) and the same units (ParamInfo::unit).
+zero::ZeroLayout zero_layout(const std::vector<ParamInfo>& params, int stage, int world, double bucket_mb,
+                             DType reduce);
 
 ZeroState zero_model_state(const ZeroSpec& spec);
 

@@ -1,0 +1,197 @@
+// Note [What the engine allocates]
+// ZeroEngine (src/dist/zero/engine.cpp, engine_units.cpp, engine_offload.cpp) allocates during a step only
+// what this file replays; its model state is allocated once (Note [ZeRO memory model]).
+//  * Gradients (ZeroEngine::on_grad_ready, run by AccumulateGrad after the gradient became .grad and before
+//    AccumulateGrad lets go of it). Stages 0-1: the gradient was added into the full gradient buffer; only
+//    on the last micro-step does the hook count it. Stages 2-3: the partition's bucket (its padded size in
+//    the reduce dtype) is allocated at its first gradient, the gradient copied in and .grad dropped.
+//  * A partition whose last gradient arrived is launched (launch_reduce): stages 0-1 all-reduce or reduce-
+//    scatter a view of the gradient buffer, or a copy cast to the reduce dtype when it differs; at most two
+//    collectives are in flight, so a third first finishes the oldest (its bucket or cast copy is freed; at
+//    stages 2-3 its chunk was added into the fp32 gradient shard, or handed to the offload worker, which
+//    copies it to the host at once). Up to three buckets are alive: two in flight and one filling.
+//  * Stage 3 (Note [Stage-3 units]): a unit is gathered (its padded size in the compute dtype) at its
+//  forward-
+//    pre hook and released at its forward hook; gathered again at its backward-pre hook and released when
+//    its reduce-scatter is launched. From the second pass on, the next --prefetch units in the recorded order
+//    (the previous ones in backward) are gathered ahead. Under activation checkpointing the recompute runs
+//    the forward hooks inside backward, where the forward hook keeps the unit. Parameters whose storage is
+//    released (LinearBackward keeps the weight tensor itself) cost nothing while released.
+//  * The communicator's ring scratch (src/dist/comm/mpi_communicator.cpp HostBuffer on the CPU, the NCCL
+//    communicator's device block on CUDA): two slots of one chunk (one with 2 ranks) for the partial sums of
+//    reduce-scatter and all-reduce, grown when a larger collective comes (the new block is allocated before
+//    the old one is freed) and kept for good; all-gather and broadcast need none. One rank has no
+//    communicator. The replay grows it when a collective is launched.
+//  * The step: a one-element f64 tensor per ZeroEngine::all_reduce_scalar (the mean loss; the global norm at
+//    stages 1-3) and the squared-norm scalars of global_grad_norm, one per partition summed as they come.
+#include "dist/plan/engine_trace.h"
+
+#include <algorithm>
+
+#include "dist/comm/types.h"
+#include "tensor/check.h"
+
+namespace cz::plan {
+namespace {
+constexpr MemoryTrace::Id kNone = -1;
+}  // namespace
+
+EngineTrace::EngineTrace(MemoryTrace& m, EngineSpec spec) : m_(m), s_(std::move(spec)) {
+  const zero::ZeroLayout& L = s_.layout;
+  for (size_t i = 0; i < L.flat.segments.size(); ++i) param_index_[L.flat.segments[i].name] = i;
+  for (size_t p = 0; p < L.partitions.size(); ++p)
+    for (size_t i = L.partitions[p].first_param; i < L.partitions[p].end_param; ++i)
+      param_partition_.push_back(p);
+  const size_t np = L.partitions.size();
+  remaining_.assign(np, 0);
+  launched_.assign(np, false);
+  bucket_.assign(np, kNone);
+  gathered_.assign(np, kNone);
+  position_.assign(np, 0);
+}
+
+size_t EngineTrace::param_index(const std::string& name) const {
+  const auto it = param_index_.find(name);
+  CZ_ASSERT(it != param_index_.end(), "planner: no parameter '{}' in the layout", name);
+  return it->second;
+}
+
+int EngineTrace::unit_of_module(const std::string& module) const {
+  if (s_.stage != 3) return -1;
+  for (size_t p = 0; p < s_.layout.partitions.size(); ++p)
+    if (s_.layout.partitions[p].name == module) return int(p);
+  return -1;
+}
+
+void EngineTrace::backward_begin(bool last_micro_step) {
+  last_micro_ = last_micro_step;
+  for (size_t p = 0; p < s_.layout.partitions.size(); ++p) {
+    remaining_[p] = int(s_.layout.partitions[p].end_param - s_.layout.partitions[p].first_param);
+    launched_[p] = false;
+  }
+  backward_ = true;
+}
+
+void EngineTrace::backward_end() {
+  backward_ = false;
+  recording_ = false;
+  if (s_.stage >= 2 || last_micro_)
+    for (size_t p = 0; p < s_.layout.partitions.size(); ++p)
+      if (!launched_[p]) launch(p);
+  while (!in_flight_.empty()) finish_oldest();
+  if (s_.stage == 3)
+    for (size_t p = 0; p < s_.layout.partitions.size(); ++p) release(p);
+}
+
+void EngineTrace::grad_ready(size_t param, Id grad) {
+  const size_t p = param_partition_.at(param);
+  const bool counts = s_.stage >= 2 || last_micro_;
+  if (s_.stage >= 2 && bucket_[p] == kNone)
+    bucket_[p] = m_.alloc(s_.layout.partitions[p].numel * int64_t(dtype_size(s_.reduce)), Use::bucket,
+                          "gradient bucket");
+  if (counts && --remaining_[p] == 0) launch(p);
+  m_.release(grad);
+}
+
+void EngineTrace::launch(size_t p) {
+  const int64_t numel = s_.layout.partitions[p].numel, er = int64_t(dtype_size(s_.reduce));
+  launched_[p] = true;
+  Id cast = kNone;
+  if (s_.stage >= 2) {
+    if (bucket_[p] == kNone) bucket_[p] = m_.alloc(numel * er, Use::bucket, "gradient bucket");
+  } else if (s_.reduce != s_.compute) {
+    cast = m_.alloc(numel * er, Use::bucket, "gradients cast to the reduce dtype");
+  }
+  while (in_flight_.size() >= 2) finish_oldest();
+  ring_scratch(numel, er);
+  in_flight_.push_back({p, cast});
+  if (s_.stage == 3) release(p);
+}
+
+void EngineTrace::finish_oldest() {
+  const InFlight f = in_flight_.front();
+  in_flight_.pop_front();
+  if (s_.stage >= 2) {
+    m_.release(bucket_[f.partition]);
+    bucket_[f.partition] = kNone;
+  } else if (f.cast != kNone) {
+    m_.release(f.cast);
+  }
+}
+
+void EngineTrace::ring_scratch(int64_t count, int64_t elem_bytes) {
+  if (s_.world < 2) return;
+  const int64_t slot = dist::shard_count(count, s_.world, 0) * elem_bytes;
+  const int64_t need = (s_.world > 2 ? 2 : 1) * slot;
+  if (scratch_ != kNone && scratch_bytes_ >= need) return;
+  scratch_bytes_ = std::max<int64_t>(need, s_.cuda ? 256 : 64);
+  const Id grown = m_.alloc(scratch_bytes_, Use::scratch, "ring scratch");
+  if (scratch_ != kNone) m_.release(scratch_);
+  scratch_ = grown;
+}
+
+void EngineTrace::gather(size_t p) {
+  if (gathered_[p] != kNone) return;
+  gathered_[p] =
+      m_.alloc(s_.layout.partitions[p].numel * int64_t(dtype_size(s_.compute)), Use::gather, "gathered unit");
+}
+
+void EngineTrace::release(size_t p) {
+  if (gathered_[p] == kNone) return;
+  m_.release(gathered_[p]);
+  gathered_[p] = kNone;
+}
+
+void EngineTrace::prefetch_after(size_t p, bool backward) {
+  if (recording_ || s_.prefetch == 0) return;
+  const int64_t at = int64_t(position_[p]), n = int64_t(order_.size());
+  for (int64_t k = 1; k <= s_.prefetch; ++k) {
+    const int64_t j = backward ? at - k : at + k;
+    if (j < 0 || j >= n) break;
+    gather(order_[size_t(j)]);
+  }
+}
+
+void EngineTrace::forward_pre(int u) {
+  if (u < 0) return;
+  const size_t p = size_t(u);
+  if (recording_ && std::find(order_.begin(), order_.end(), p) == order_.end()) {
+    position_[p] = order_.size();
+    order_.push_back(p);
+  }
+  gather(p);
+  prefetch_after(p, backward_);
+}
+
+void EngineTrace::forward_post(int u) {
+  if (u >= 0 && !backward_) release(size_t(u));
+}
+
+void EngineTrace::backward_pre(int u) {
+  if (u < 0) return;
+  gather(size_t(u));
+  prefetch_after(size_t(u), true);
+}
+
+void EngineTrace::all_reduce_scalar() {
+  if (s_.world < 2) return;  // a world of one returns the value
+  const Id t = m_.alloc(8, Use::transient, "all-reduced scalar");
+  ring_scratch(1, 8);
+  m_.release(t);
+}
+
+void EngineTrace::optimizer_step() {
+  // global_grad_norm: a squared norm per partition, summed into a new scalar each time.
+  Id sum = m_.alloc(8, Use::transient, "gradient norm");
+  for (size_t p = 1; p < s_.layout.partitions.size(); ++p) {
+    const Id part = m_.alloc(8, Use::transient, "gradient norm");
+    const Id next = m_.alloc(8, Use::transient, "gradient norm");
+    m_.release(part);
+    m_.release(sum);
+    sum = next;
+  }
+  if (s_.stage > 0) all_reduce_scalar();
+  m_.release(sum);
+}
+
+}  // namespace cz::plan

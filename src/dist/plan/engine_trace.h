@@ -1,0 +1,81 @@
+// The ZeRO engine's allocations during a training step, replayed through a MemoryTrace: the step replay
+// (step_trace.cpp) calls it where ZeroEngine's hooks fire, and it allocates and frees what the engine does
+// there (Note [What the engine allocates] in engine_trace.cpp).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dist/plan/memory_trace.h"
+#include "dist/zero/partition.h"
+#include "tensor/dtype.h"
+
+namespace cz::plan {
+
+struct EngineSpec {
+  int stage = 0;
+  int world = 1;
+  zero::ZeroLayout layout;  // the engine's partitions (zero_layout)
+  DType compute = DType::f32, reduce = DType::f32;
+  int prefetch = 1;
+  bool offload = false;  // --offload-optimizer: the model state differs, not what a step allocates
+  bool cuda = false;     // the ring's scratch comes from the device allocator with a 256-byte minimum on CUDA
+};
+
+class EngineTrace {
+ public:
+  using Id = MemoryTrace::Id;
+  EngineTrace(MemoryTrace& m, EngineSpec spec);
+
+  // Flat index of a parameter ("stages.0.blocks.1.mlp.fc1.weight"); the unit (partition) of a stage-3 module
+  // ("stages.0.blocks.1"), or -1 when the module is not a unit or the stage is not 3.
+  size_t param_index(const std::string& name) const;
+  int unit_of_module(const std::string& module) const;
+
+  // ZeroEngine::backward: before loss.backward() and after it (flush: what is still in flight ends).
+  void backward_begin(bool last_micro_step);
+  void backward_end();
+  // Stage-3 module hooks of unit `u` (Note [Stage-3 units]); no-ops for u < 0.
+  void forward_pre(int u);
+  void forward_post(int u);
+  void backward_pre(int u);
+  // AccumulateGrad of parameter `param` got `grad`: the engine's grad-ready hook runs, then the gradient is
+  // freed (released here).
+  void grad_ready(size_t param, Id grad);
+  // ZeroEngine::all_reduce_scalar (a one-element f64 tensor and its all-reduce) and ZeroEngine::step.
+  void all_reduce_scalar();
+  void optimizer_step();
+
+ private:
+  struct InFlight {
+    size_t partition;
+    Id cast;  // stages 0-1: the gradient cast to the reduce dtype, when it differs
+  };
+  void launch(size_t p);
+  void finish_oldest();
+  void gather(size_t p);
+  void release(size_t p);
+  void prefetch_after(size_t p, bool backward);
+  void ring_scratch(int64_t count, int64_t elem_bytes);
+
+  MemoryTrace& m_;
+  EngineSpec s_;
+  std::unordered_map<std::string, size_t> param_index_;
+  std::vector<size_t> param_partition_;
+  std::vector<int> remaining_;
+  std::vector<bool> launched_;
+  std::vector<Id> bucket_;    // stages 2-3
+  std::vector<Id> gathered_;  // stage 3: kNone while released
+  std::deque<InFlight> in_flight_;
+  bool last_micro_ = true;
+  bool backward_ = false;
+  bool recording_ = true;  // stage 3: the first forward records the unit order
+  std::vector<size_t> order_, position_;
+  Id scratch_ = -1;
+  int64_t scratch_bytes_ = 0;
+};
+
+}  // namespace cz::plan

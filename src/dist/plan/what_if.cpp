@@ -1,0 +1,412 @@
+// Note [What-if step model]
+// One training step per (stage, ranks), replayed on two timelines: the compute stream runs each op of the
+// step (op_costs.h) for the time the compute table gives it; the communication stream runs one collective at
+// a time, in the order they are issued, each for the time the ring cost model gives a buffer of its size
+// (Note [Ring cost model]) on the first `ranks` ranks of the topology's ring. What decides the overlap is the
+// engine's own schedule (Note [ZeRO step], Note [Stage-3 units], Note [Overlapped parameter all-gather]):
+//  * backward: a partition's reduction (all-reduce at stage 0, reduce-scatter at 1-3; stages 0-1 on the last
+//    micro-step only) is issued when the backward op completing its last gradient ends, so later buckets'
+//    reductions run while earlier layers' backward computes; a third collective in flight makes the compute
+//    stream wait for the oldest; the end of backward waits for all;
+//  * stage 3: a unit is gathered before its forward and again before its backward; the next --prefetch units
+//    (the previous ones in backward) are gathered ahead, so their all-gathers overlap the unit's compute;
+//  * stages 1-2: the all-gathers of the updated parameters are issued after the optimizer and the next
+//    forward waits module by module, so they overlap the next forward: in the steady state the step begins
+//    with them queued;
+//  * the step: the mean loss and (stages 1-3) the global norm are all-reduced, then the optimizer runs over
+//    this rank's shard; under --offload-optimizer a host worker takes each partition's chunk as its reduction
+//    ends (a copy over the GPU's share of its PCIe path to the CPU, then the CPU update) and the step waits
+//    for the worker, then copies the updated chunks back.
+// The steady state is modelled (stage 3 prefetching, the caches warm). Compute and communication do not slow
+// each other down (NCCL's kernels take a few SMs; PCIe is not shared with the copies of offload).
+#include "dist/plan/what_if.h"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "dist/plan/model_shapes.h"
+#include "dist/plan/planner.h"
+#include "dist/plan/zero_memory.h"
+#include "tensor/check.h"
+
+namespace cz::plan {
+
+dist::Topology first_ranks(const dist::Topology& t, int ranks) {
+  CZ_CHECK(ranks >= 1 && ranks <= t.num_ranks(), "what-if: {} ranks on a topology of {}", ranks,
+           t.num_ranks());
+  if (ranks == t.num_ranks()) return t;
+  const std::vector<int> ring = t.ring_order();
+  std::map<int, int> renumber;
+  for (int i = 0; i < ranks; ++i) renumber[ring[size_t(i)]] = i;
+  const auto& nodes = t.nodes();
+  std::vector<bool> keep(nodes.size(), false);
+  for (size_t i = 0; i < nodes.size(); ++i)
+    for (int r : nodes[i].ranks)
+      if (renumber.count(r))
+        for (int p = int(i); p >= 0 && !keep[size_t(p)]; p = nodes[size_t(p)].parent) keep[size_t(p)] = true;
+  std::vector<int> index(nodes.size(), -1);
+  std::vector<dist::TopoNode> out;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (keep[i]) {
+      index[i] = int(out.size());
+      dist::TopoNode n = nodes[i];
+      n.ranks.clear();
+      for (int r : nodes[i].ranks)
+        if (renumber.count(r)) n.ranks.push_back(renumber.at(r));
+      n.children.clear();
+      out.push_back(std::move(n));
+    }
+  for (dist::TopoNode& n : out)
+    if (n.parent >= 0) n.parent = index[size_t(n.parent)];
+  return dist::Topology(std::move(out));
+}
+
+CommModel::CommModel(const dist::Topology& topology, int ranks)
+    : ranks_(ranks), topology_(first_ranks(topology, ranks)), order_(topology_.ring_order()) {}
+
+dist::RingPrediction CommModel::predict(dist::Collective kind, double bytes) const {
+  return topology_.predict(order_, bytes, kind);
+}
+
+double CommModel::seconds(dist::Collective kind, double bytes) const {
+  return ranks_ < 2 ? 0.0 : predict(kind, bytes).time_s;
+}
+
+namespace {
+
+using dist::Collective;
+
+DType dtype_flag(const std::string& v) {
+  return v == "bf16" ? DType::bf16 : v == "fp16" ? DType::f16 : DType::f32;
+}
+
+nn::ConvNeXtConfig model_config(const train::TrainConfig& c) {
+  nn::ConvNeXtConfig mc = c.depths.empty() ? nn::convnext_variant(c.model) : nn::ConvNeXtConfig{};
+  if (!c.depths.empty()) {
+    mc.name = "custom";
+    mc.depths = c.depths;
+    mc.dims = c.dims;
+  }
+  mc.num_classes = c.num_classes;
+  mc.drop_path_rate = c.drop_path;
+  return mc;
+}
+
+// Per GPU, to its CPU socket, when every GPU copies at once: the narrowest link on the way up, shared by the
+// GPUs below it. The slowest GPU's figure.
+double host_link_gbps(const dist::Topology& t) {
+  const auto& nodes = t.nodes();
+  std::vector<int> below(nodes.size(), 0);
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (!nodes[i].ranks.empty())
+      for (int p = int(i); p >= 0; p = nodes[size_t(p)].parent)
+        below[size_t(p)] += int(nodes[i].ranks.size());
+  double slowest = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (nodes[i].ranks.empty()) continue;
+    double best = 1e30;
+    for (int p = int(i); p >= 0 && nodes[size_t(p)].type != "cpu" && nodes[size_t(p)].type != "host";
+         p = nodes[size_t(p)].parent)
+      if (nodes[size_t(p)].up_gbps > 0) best = std::min(best, nodes[size_t(p)].up_gbps / below[size_t(p)]);
+    if (best < 1e30) slowest = slowest == 0 ? best : std::min(slowest, best);
+  }
+  return slowest;
+}
+
+struct Run {
+  const train::TrainConfig& cfg;
+  const std::vector<ModuleCost>& work;
+  const ComputeTable& compute;
+  DType ec, er;
+  int64_t psi_params = 0;
+};
+
+// Note [What-if step model] for one stage and rank count.
+WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, double host_link) {
+  const train::TrainConfig& cfg = run.cfg;
+  const int n = comm.ranks();
+  const std::vector<ParamInfo> params = convnext_parameters(model_config(cfg));
+  const zero::ZeroLayout L = zero_layout(params, stage, n, cfg.bucket_mb, run.er);
+  const size_t np = L.partitions.size();
+  std::map<std::string, size_t> partition_of;
+  std::map<std::string, std::set<size_t>> module_parts;  // the partitions holding a module's parameters
+  for (size_t p = 0; p < np; ++p)
+    for (size_t i = L.partitions[p].first_param; i < L.partitions[p].end_param; ++i) {
+      partition_of[params[i].name] = p;
+      module_parts[params[i].unit].insert(p);
+    }
+  const double ec = double(dtype_size(run.ec)), er = double(dtype_size(run.er));
+  const bool mixed = run.ec != DType::f32, offload = cfg.offload_optimizer;
+  const bool comms = n > 1;
+
+  WhatIfRow row;
+  row.stage = stage;
+  row.ranks = n;
+  double t = 0, comm_free = 0;
+  auto collective = [&](Collective kind, double bytes, double at) {
+    const double d = comm.seconds(kind, bytes);
+    const double start = std::max(at, comm_free);
+    comm_free = start + d;
+    row.comm_s += d;
+    const double sent = bytes * double(n - 1) / double(n);
+    row.comm_bytes += int64_t(kind == Collective::all_reduce ? 2 * sent : sent);
+    return comm_free;
+  };
+  auto wait_for = [&](double until) {
+    if (until > t) {
+      row.comm_wait_s += until - t;
+      t = until;
+    }
+  };
+  auto run_op = [&](const OpCost& op) {
+    const double s = run.compute.seconds(op);
+    t += s;
+    row.compute_s += s;
+  };
+
+  // Stages 1-2: the previous step's parameter all-gathers, queued as the step begins.
+  std::vector<double> param_gather(np, 0);
+  if (comms && (stage == 1 || stage == 2))
+    for (size_t p = 0; p < np; ++p)
+      param_gather[p] = collective(Collective::all_gather, double(L.partitions[p].numel) * ec, 0);
+  run_op(zero_grad_work(int64_t(stage <= 1 ? double(L.flat.numel) * ec : double(L.shard_numel()) * 4)));
+
+  // Stage 3: when each unit's gather ends (0: resident since then; -1: released).
+  std::vector<double> resident(np, -1);
+  std::vector<size_t> unit_of_module(run.work.size(), 0);
+  for (size_t m = 0; m < run.work.size(); ++m)
+    unit_of_module[m] = *module_parts.at(run.work[m].module).begin();
+  auto gather = [&](size_t u) {
+    if (resident[u] < 0)
+      resident[u] = comms ? collective(Collective::all_gather, double(L.partitions[u].numel) * ec, t) : t;
+  };
+  auto use = [&](size_t u, bool backward) {
+    gather(u);
+    wait_for(resident[u]);
+    const size_t at = u;  // ConvNeXt's units run in partition order
+    for (int k = 1; k <= cfg.prefetch; ++k) {
+      const int64_t j = backward ? int64_t(at) - k : int64_t(at) + k;
+      if (j < 0 || j >= int64_t(np)) break;
+      gather(size_t(j));
+    }
+  };
+
+  // Host worker (offload): when it is free, and the copies and update of one partition's chunk.
+  double worker_free = 0;
+  auto host_job = [&](size_t p, double ready) {
+    const double chunk = double(L.chunk(p));
+    const double copy = chunk * 4 / (host_link * 1e9), update = chunk * 28 / run.compute.host_bytes;
+    worker_free = std::max(worker_free, ready) + copy + update;
+  };
+
+  struct Flight {
+    size_t p;
+    double end;
+  };
+  std::deque<Flight> in_flight;
+  std::vector<int> remaining(np);
+  std::vector<bool> launched(np);
+  auto finish_oldest = [&] {
+    wait_for(in_flight.front().end);
+    if (offload) host_job(in_flight.front().p, in_flight.front().end);
+    in_flight.pop_front();
+  };
+  auto launch = [&](size_t p) {
+    launched[p] = true;
+    while (in_flight.size() >= 2) finish_oldest();
+    const double bytes = double(L.partitions[p].numel) * er;
+    const double end =
+        comms ? collective(stage == 0 ? Collective::all_reduce : Collective::reduce_scatter, bytes, t) : t;
+    in_flight.push_back({p, end});
+    if (stage == 3) resident[p] = -1;
+  };
+
+  const int64_t micro_steps = cfg.grad_accum;
+  for (int64_t a = 0; a < micro_steps; ++a) {
+    const bool last = a + 1 == micro_steps;
+    for (size_t m = 0; m < run.work.size(); ++m) {
+      if (stage == 3) use(unit_of_module[m], false);
+      if (a == 0 && (stage == 1 || stage == 2))
+        for (size_t p : module_parts.at(run.work[m].module)) wait_for(param_gather[p]);
+      for (const OpCost& op : run.work[m].forward) run_op(op);
+      if (stage == 3) resident[unit_of_module[m]] = -1;
+    }
+    for (size_t p = 0; p < np; ++p) {
+      remaining[p] = int(L.partitions[p].end_param - L.partitions[p].first_param);
+      launched[p] = false;
+    }
+    for (size_t m = run.work.size(); m-- > 0;) {
+      if (stage == 3) use(unit_of_module[m], true);
+      for (const OpCost& op : run.work[m].backward) {
+        run_op(op);
+        for (const std::string& g : op.grads) {
+          const size_t p = partition_of.at(g);
+          if ((stage >= 2 || last) && --remaining[p] == 0) launch(p);
+        }
+      }
+    }
+    if (stage >= 2 || last)
+      for (size_t p = 0; p < np; ++p)
+        if (!launched[p]) launch(p);
+    while (!in_flight.empty()) finish_oldest();
+  }
+
+  // The step: the mean loss, the global norm (stages 1-3), the optimizer over this rank's shard.
+  if (comms) wait_for(collective(Collective::all_reduce, 8, t));
+  if (comms && stage > 0) wait_for(collective(Collective::all_reduce, 8, t));
+  if (offload) {
+    const double before = t;
+    t = std::max(t, worker_free) + double(L.shard_numel()) * ec / (host_link * 1e9);
+    row.host_wait_s = t - before;
+  } else {
+    run_op(optimizer_work(L.shard_numel(), mixed));
+  }
+  row.step_s = t;
+  row.img_per_s = double(cfg.micro_batch * cfg.grad_accum * n) / t;
+  return row;
+}
+
+}  // namespace
+
+WhatIf what_if(const WhatIfRequest& req) {
+  train::TrainConfig cfg = req.config;
+  if (cfg.steps == 0 && cfg.epochs == 0) cfg.steps = 1;
+  cfg.validate();
+  const DType ec = dtype_flag(cfg.precision), er = dtype_flag(cfg.reduce_dtype);
+  const nn::ConvNeXtConfig mc = model_config(cfg);
+  std::vector<int> ranks = req.ranks;
+  const int total = req.topology.num_ranks();
+  if (ranks.empty()) {
+    for (int k = 1; k < total; k *= 2) ranks.push_back(k);
+    ranks.push_back(total);
+  }
+  for (int k : ranks)
+    CZ_CHECK(k >= 1 && k <= total, "--what-if: {} ranks, but the topology has {}", k, total);
+
+  WhatIf w;
+  w.model = mc.name;
+  w.precision = cfg.precision;
+  w.compute_provenance = req.compute.provenance;
+  w.compute_device = req.compute.device;
+  w.image_size = cfg.image_size;
+  w.micro_batch = cfg.micro_batch;
+  w.grad_accum = cfg.grad_accum;
+  w.checkpointing = cfg.activation_checkpointing;
+  w.offload = cfg.offload_optimizer;
+
+  const std::vector<ModuleCost> work =
+      convnext_step_work(mc, cfg.image_size, cfg.micro_batch, ec, cfg.activation_checkpointing);
+  const Run run{cfg, work, req.compute, ec, er};
+  const std::vector<int> ring = req.topology.ring_order();
+  std::map<int, double> one_rank;  // img/s on one rank, per stage
+  for (int k : ranks) {
+    const CommModel comm(req.topology, k);
+    const dist::Topology sub = first_ranks(req.topology, k);
+    WhatIfRing r;
+    r.ranks = k;
+    // A sub-topology numbers its ranks by their place on the whole ring.
+    for (int i : comm.order()) r.order.push_back(k == total ? i : ring[size_t(i)]);
+    if (k > 1) {
+      constexpr double kBytes = 64.0 * 1024 * 1024;
+      const dist::RingPrediction rs = comm.predict(Collective::reduce_scatter, kBytes);
+      r.bottleneck = rs.bottleneck;
+      r.reduce_scatter_busbw_gbps = rs.busbw_gbps;
+      r.all_reduce_busbw_gbps = comm.predict(Collective::all_reduce, kBytes).busbw_gbps;
+    }
+    r.host_link_gbps = host_link_gbps(sub);
+    CZ_CHECK(!cfg.offload_optimizer || r.host_link_gbps > 0,
+             "--what-if: --offload-optimizer needs up_gbps on the links from the GPUs to their CPU");
+    w.rings.push_back(r);
+    for (int stage : req.stages) {
+      WhatIfRow row = simulate(run, stage, comm, r.host_link_gbps);
+      if (k == 1) one_rank[stage] = row.img_per_s;
+      if (one_rank.count(stage)) row.scaling = row.img_per_s / (double(k) * one_rank.at(stage));
+      PlanRequest pr;
+      pr.config = cfg;
+      pr.config.stage = stage;
+      pr.world = k;
+      pr.gpu_mem = req.gpu_mem;
+      pr.max_micro_batch = false;
+      const Plan p = make_plan(pr);
+      row.memory_bytes = p.required_bytes;
+      row.fits = p.fits;
+      w.rows.push_back(row);
+    }
+  }
+  return w;
+}
+
+std::string format_what_if(const WhatIf& w) {
+  std::string out = fmt::format(
+      "What-if: {} at {}x{} px, micro-batch {} x {} micro-step{} per rank, {}, activation checkpointing {}, "
+      "optimizer offload {}\n",
+      w.model, w.image_size, w.image_size, w.micro_batch, w.grad_accum, w.grad_accum == 1 ? "" : "s",
+      w.precision, w.checkpointing ? "on" : "off", w.offload ? "on" : "off");
+  out += fmt::format("Compute: {}\n", w.compute_provenance);
+  out += "Communication: the ring cost model (Note [Ring cost model]) on the first N ranks of the ring:\n";
+  for (const WhatIfRing& r : w.rings) {
+    if (r.ranks == 1) continue;
+    out += fmt::format(
+        "  {} ranks: ring {}; 64 MiB reduce-scatter {:.2f} GB/s bus, all-reduce {:.2f} GB/s bus ({}); to the "
+        "host {:.1f} GB/s per GPU\n",
+        r.ranks, fmt::join(r.order, " "), r.reduce_scatter_busbw_gbps, r.all_reduce_busbw_gbps, r.bottleneck,
+        r.host_link_gbps);
+  }
+  out += fmt::format("\n  {:>5} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8} {:>12} {:>5}\n", "stage",
+                     "ranks", "step ms", "compute ms", "comm ms", "exposed ms", "host ms", "img/s", "scaling",
+                     "memory/GPU", "fits");
+  for (const WhatIfRow& r : w.rows)
+    out += fmt::format(
+        "  {:>5} {:>5} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>9.1f} {:>7.0f}% {:>8.2f} GiB "
+        "{:>5}\n",
+        r.stage, r.ranks, 1e3 * r.step_s, 1e3 * r.compute_s, 1e3 * r.comm_s, 1e3 * r.comm_wait_s,
+        1e3 * r.host_wait_s, r.img_per_s, 100 * r.scaling, double(r.memory_bytes) / double(int64_t(1) << 30),
+        r.fits ? (*r.fits ? "yes" : "NO") : "-");
+  out +=
+      "\nPlanned figures (Note [What-if step model]): exposed = the time the compute stream waited for "
+      "collectives; memory/GPU is the planner's required bytes.\n";
+  return out;
+}
+
+nlohmann::json what_if_to_json(const WhatIf& w) {
+  nlohmann::json j = {{"model", w.model},
+                      {"precision", w.precision},
+                      {"image_size", w.image_size},
+                      {"micro_batch", w.micro_batch},
+                      {"grad_accum", w.grad_accum},
+                      {"activation_checkpointing", w.checkpointing},
+                      {"offload_optimizer", w.offload},
+                      {"compute", {{"device", w.compute_device}, {"provenance", w.compute_provenance}}}};
+  nlohmann::json rings = nlohmann::json::array();
+  for (const WhatIfRing& r : w.rings)
+    rings.push_back({{"ranks", r.ranks},
+                     {"ring", r.order},
+                     {"bottleneck", r.bottleneck},
+                     {"reduce_scatter_busbw_gbps", r.reduce_scatter_busbw_gbps},
+                     {"all_reduce_busbw_gbps", r.all_reduce_busbw_gbps},
+                     {"host_link_gbps", r.host_link_gbps}});
+  j["rings"] = rings;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const WhatIfRow& r : w.rows)
+    rows.push_back({{"stage", r.stage},
+                    {"ranks", r.ranks},
+                    {"step_s", r.step_s},
+                    {"compute_s", r.compute_s},
+                    {"comm_s", r.comm_s},
+                    {"comm_exposed_s", r.comm_wait_s},
+                    {"host_wait_s", r.host_wait_s},
+                    {"img_per_s", r.img_per_s},
+                    {"scaling", r.scaling},
+                    {"comm_bytes", r.comm_bytes},
+                    {"memory_bytes", r.memory_bytes},
+                    {"fits", r.fits ? nlohmann::json(*r.fits) : nlohmann::json()}});
+  j["rows"] = rows;
+  return j;
+}
+
+}  // namespace cz::plan

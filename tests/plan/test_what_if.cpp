@@ -1,0 +1,183 @@
+// The what-if model (what_if.h): its communication is the ring cost model's (Note [Ring cost model]) to the
+// last bit on the test topology, its step holds exactly the engine's collectives, a profile times its own
+// configuration at the measured step time, and the overlap behaves.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "dist/plan/model_shapes.h"
+#include "dist/plan/what_if.h"
+#include "dist/plan/zero_memory.h"
+#include "tensor/check.h"
+
+namespace cz::plan {
+namespace {
+
+using dist::Collective;
+
+dist::Topology test_box() {
+  return dist::Topology::load(std::string(CZ_DIST_TEST_DATA) + "/dual_socket_8gpu.json");
+}
+
+nlohmann::json profile() {
+  std::ifstream in(std::string(CZ_PLAN_TEST_DATA) + "/atto_cpu_profile.json");
+  return nlohmann::json::parse(in);
+}
+
+TEST(WhatIfComm, IsTheRingCostModelOnTheTestTopology) {
+  const dist::Topology topo = test_box();
+  const CommModel all(topo, 8);
+  EXPECT_EQ(all.order(), topo.ring_order());
+  for (Collective kind : {Collective::reduce_scatter, Collective::all_gather, Collective::all_reduce})
+    for (double bytes : {8.0, 4096.0, 25.0 * (1 << 20), 64.0 * (1 << 20), 1e9})
+      EXPECT_EQ(all.seconds(kind, bytes), topo.predict(topo.ring_order(), bytes, kind).time_s);
+  // commbench --topo-file dual_socket_8gpu.json --show-ring: "predicted_busbw_GBps: 19.xx" (a 64 MiB
+  // reduce-scatter); the what-if reports the same figure.
+  WhatIfRequest req;
+  req.config.model = "atto";
+  req.config.image_size = 64;
+  req.config.micro_batch = 8;
+  req.topology = topo;
+  req.compute = compute_table_from_json(profile(), DType::f32);
+  req.stages = {0};
+  const WhatIf w = what_if(req);
+  ASSERT_EQ(w.rings.size(), 4u);  // 1, 2, 4, 8 ranks
+  EXPECT_EQ(w.rings.back().reduce_scatter_busbw_gbps,
+            topo.predict(topo.ring_order(), 64.0 * (1 << 20)).busbw_gbps);
+  EXPECT_THAT(format_what_if(w), ::testing::HasSubstr(fmt::format(
+                                     "64 MiB reduce-scatter {:.2f} GB/s bus",
+                                     topo.predict(topo.ring_order(), 64.0 * (1 << 20)).busbw_gbps)));
+  EXPECT_EQ(w.rings.back().order, topo.ring_order());
+}
+
+TEST(WhatIfComm, FewerRanksTakeTheFirstOfTheRing) {
+  const dist::Topology topo = test_box();
+  // Ring 0 2 4 6 1 3 5 7: two ranks share a switch, four a socket.
+  const dist::Topology two = first_ranks(topo, 2), four = first_ranks(topo, 4);
+  EXPECT_EQ(two.num_ranks(), 2);
+  EXPECT_EQ(four.num_ranks(), 4);
+  EXPECT_EQ(two.nodes()[size_t(two.node_of_rank(1))].id, "gpu1");
+  EXPECT_EQ(four.nodes()[size_t(four.node_of_rank(3))].id, "gpu3");
+  EXPECT_EQ(four.find("cpu1"), -1);
+  // Within a socket the switch uplinks (24 GB/s) bound the ring, not the socket link (20 GB/s).
+  EXPECT_GT(CommModel(topo, 4).predict(Collective::reduce_scatter, 1e8).busbw_gbps,
+            CommModel(topo, 8).predict(Collective::reduce_scatter, 1e8).busbw_gbps);
+  EXPECT_EQ(CommModel(topo, 1).seconds(Collective::all_reduce, 1e8), 0.0);
+}
+
+// Every collective the engine issues in a step, timed one by one with the ring cost model: what the what-if
+// sums as comm_s (Note [ZeRO step]: buckets all-reduced at stage 0, reduce-scattered at 1-3; updated
+// partitions all-gathered at 1-2; units gathered before forward and backward at 3; the mean loss and, at
+// stages 1-3, the global norm all-reduced).
+TEST(WhatIfStep, HoldsExactlyTheEnginesCollectives) {
+  const dist::Topology topo = test_box();
+  WhatIfRequest req;
+  req.config.model = "atto";
+  req.config.image_size = 64;
+  req.config.micro_batch = 8;
+  req.config.bucket_mb = 2;
+  req.config.num_classes = 1000;  // the variant's own head, as convnext_variant("atto") has it
+  req.topology = topo;
+  req.compute = compute_table_from_json(profile(), DType::f32);
+  const WhatIf w = what_if(req);
+  const std::vector<ParamInfo> params = convnext_parameters(nn::convnext_variant("atto"));
+  for (const WhatIfRow& row : w.rows) {
+    SCOPED_TRACE(::testing::Message() << "stage " << row.stage << ", " << row.ranks << " ranks");
+    const CommModel comm(topo, row.ranks);
+    const zero::ZeroLayout L = zero_layout(params, row.stage, row.ranks, 2, DType::f32);
+    double expected = 0;
+    for (const zero::Partition& p : L.partitions) {
+      const double bytes = double(p.numel) * 4;
+      expected += comm.seconds(row.stage == 0 ? Collective::all_reduce : Collective::reduce_scatter, bytes);
+      if (row.stage == 1 || row.stage == 2) expected += comm.seconds(Collective::all_gather, bytes);
+      if (row.stage == 3) expected += 2 * comm.seconds(Collective::all_gather, bytes);
+    }
+    if (row.ranks > 1) expected += (row.stage > 0 ? 2 : 1) * comm.seconds(Collective::all_reduce, 8);
+    EXPECT_NEAR(row.comm_s, expected, 1e-12 * expected + 1e-15);
+    EXPECT_GE(row.step_s, row.compute_s);
+    EXPECT_LE(row.comm_wait_s, row.comm_s + 1e-15);
+    EXPECT_NEAR(row.step_s, row.compute_s + row.comm_wait_s + row.host_wait_s, 1e-12);
+    EXPECT_GT(row.memory_bytes, 0);
+  }
+}
+
+TEST(WhatIfCompute, AProfileTimesItsOwnConfigurationAtTheMeasuredStepTime) {
+  const nlohmann::json p = profile();
+  const ComputeTable t = compute_table_from_json(p, DType::f32);
+  EXPECT_TRUE(t.measured);
+  EXPECT_THAT(t.provenance, ::testing::StartsWith("measured: bench_train_step --profile on cpu"));
+  WhatIfRequest req;
+  req.config.model = "atto";
+  req.config.num_classes = 1000;  // bench_train_step's model
+  req.config.image_size = p.at("image").get<int64_t>();
+  req.config.micro_batch = p.at("batch").get<int64_t>();
+  req.topology = first_ranks(test_box(), 1);
+  req.compute = t;
+  req.stages = {0};
+  const WhatIf w = what_if(req);
+  ASSERT_EQ(w.rows.size(), 1u);
+  EXPECT_NEAR(w.rows[0].step_s, p.at("ms_per_step").get<double>() * 1e-3, 1e-9);
+  // Twice the batch: every op's work doubles but the weights' do not, so a little under twice the time.
+  req.config.micro_batch *= 2;
+  const double doubled = what_if(req).rows[0].step_s;
+  EXPECT_GT(doubled, 1.8 * w.rows[0].step_s);
+  EXPECT_LT(doubled, 2.0 * w.rows[0].step_s);
+}
+
+TEST(WhatIfCompute, ScaledAndRatesTablesSayWhatTheyAre) {
+  nlohmann::json scaled = {
+      {"profile", profile()},
+      {"scale_from", {{"matmul_tflops", 1.0}, {"memory_gbps", 10.0}}},
+      {"scale_to", {{"device", "GPU X"}, {"matmul_tflops", 100.0}, {"memory_gbps", 1000.0}}}};
+  const ComputeTable s = compute_table_from_json(scaled, DType::f32);
+  const ComputeTable m = compute_table_from_json(profile(), DType::f32);
+  EXPECT_FALSE(s.measured);
+  EXPECT_EQ(s.device, "GPU X");
+  EXPECT_THAT(s.provenance, ::testing::StartsWith("scaled: bench_train_step --profile on cpu"));
+  EXPECT_DOUBLE_EQ(s.per_op.at("linear").rate, 100 * m.per_op.at("linear").rate);
+  EXPECT_DOUBLE_EQ(s.per_op.at("gelu").rate, 100 * m.per_op.at("gelu").rate);
+  const ComputeTable d = default_compute_table(DType::bf16);
+  EXPECT_EQ(d.device, "RTX 4090");
+  EXPECT_THAT(d.provenance, ::testing::StartsWith("planned: RTX 4090 rates, bf16"));
+  EXPECT_DOUBLE_EQ(d.matmul_flops, 165.2e12 * 0.9);
+  EXPECT_THROW(compute_table_from_json({{"memory_gbps", 1000}}, DType::bf16), ValueError);
+  EXPECT_THROW(
+      compute_table_from_json({{"matmul_tflops", {{"fp32", 80}}}, {"memory_gbps", 1000}}, DType::bf16),
+      ValueError);
+}
+
+// The engine's overlap: at stage 0 one bucket holding the whole model is all-reduced after backward, fully
+// exposed; 25 MiB buckets are reduced while backward goes on; stage 3's prefetch hides gathers.
+TEST(WhatIfStep, BackwardHidesEarlierBucketsAndPrefetchHidesGathers) {
+  WhatIfRequest req;
+  req.config.model = "tiny";
+  req.config.image_size = 224;
+  req.config.micro_batch = 32;
+  req.config.device = "cuda";
+  req.config.precision = "bf16";
+  req.topology = test_box();
+  req.compute = default_compute_table(DType::bf16);
+  req.ranks = {8};
+  auto row = [&](int stage) {
+    req.stages = {stage};
+    return what_if(req).rows.at(0);
+  };
+  const WhatIfRow buckets = row(0);
+  EXPECT_LT(buckets.comm_wait_s, 0.5 * buckets.comm_s);
+  req.config.bucket_mb = 1024;
+  const WhatIfRow one = row(0);
+  EXPECT_NEAR(one.comm_wait_s, one.comm_s, 1e-12);
+  EXPECT_LT(one.comm_s, buckets.comm_s);  // the same bytes, fewer latencies
+  EXPECT_GT(one.comm_s, 0.95 * buckets.comm_s);
+  req.config.bucket_mb = 25;
+  req.config.prefetch = 0;
+  const WhatIfRow no_prefetch = row(3);
+  req.config.prefetch = 2;
+  const WhatIfRow prefetch = row(3);
+  EXPECT_LT(prefetch.comm_wait_s, no_prefetch.comm_wait_s);
+  EXPECT_NEAR(prefetch.comm_s, no_prefetch.comm_s, 1e-12);
+}
+
+}  // namespace
+}  // namespace cz::plan
