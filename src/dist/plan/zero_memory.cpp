@@ -54,14 +54,16 @@ zero::ZeroLayout zero_layout(const std::vector<ParamInfo>& params, int stage, in
   CZ_CHECK(bucket_mb > 0, "--bucket-mb must be positive, got {}", bucket_mb);
   // As Trainer::build_model and the ZeroEngine constructor turn --bucket-mb into elements.
   const int64_t bucket_bytes = std::max<int64_t>(1, int64_t(bucket_mb * (1 << 20)));
-  const int64_t bucket_elems = std::max<int64_t>(1, bucket_bytes / int64_t(dtype_size(reduce)));
   std::vector<zero::ParamShape> shapes;
   std::vector<std::string> unit_of;
+  int64_t numel = 0;
   for (const ParamInfo& p : params) {
     shapes.push_back({p.name, p.shape});
+    numel += shape_numel(p.shape);
     if (stage == 3) unit_of.push_back(p.unit);
   }
-  return zero::plan_layout(shapes, stage, world, bucket_elems, unit_of);
+  return zero::plan_layout(shapes, stage, world, zero::bucket_elems(double(bucket_bytes), dtype_size(reduce), numel),
+                           unit_of);
 }
 
 ZeroState zero_model_state(const ZeroSpec& s) {
