@@ -154,9 +154,11 @@ TEST(Planner, MixedPrecisionOnCudaKeepsMasterWeightsApart) {
   EXPECT_EQ(row("master_weights"), 4 * p.psi);
   EXPECT_EQ(row("gradients"), 2 * p.psi + 4 * p.psi);
   EXPECT_EQ(row("optimizer_state"), 8 * p.psi);
-  // One bucket (atto is < 25 MiB), cast to fp32 for the reduce: alive from the end of backward, so not at
-  // the peak, which falls in backward.
-  EXPECT_EQ(row("comm_buffers"), 0);
+  // Four buckets (zero::bucket_elems: at most a quarter of the model), cast to fp32 for the reduce; two in
+  // flight during backward, where the peak falls: about 2 x (psi / 4) x 4 bytes (buckets end at parameter
+  // boundaries, so they are uneven; padding and size classes on top).
+  EXPECT_GT(row("comm_buffers"), p.psi);
+  EXPECT_LE(double(row("comm_buffers")), 2.5 * double(p.psi));
   EXPECT_GT(row("workspace"), 0);  // cuBLAS and cuDNN
   EXPECT_GT(p.device_overhead_bytes, 0);
   EXPECT_GT(p.required_bytes, p.total_bytes);

@@ -147,8 +147,9 @@ TEST(WhatIfCompute, ScaledAndRatesTablesSayWhatTheyAre) {
       ValueError);
 }
 
-// The engine's overlap: at stage 0 one bucket holding the whole model is all-reduced after backward, fully
-// exposed; 25 MiB buckets are reduced while backward goes on; stage 3's prefetch hides gathers.
+// The engine's overlap: at stage 0 the last bucket is all-reduced after backward, exposed, so coarse buckets (a
+// quarter of the model, the most zero::bucket_elems allows) hide less than 25 MiB ones but pay fewer
+// latencies; stage 3's prefetch hides gathers.
 TEST(WhatIfStep, BackwardHidesEarlierBucketsAndPrefetchHidesGathers) {
   WhatIfRequest req;
   req.config.model = "tiny";
@@ -166,10 +167,10 @@ TEST(WhatIfStep, BackwardHidesEarlierBucketsAndPrefetchHidesGathers) {
   const WhatIfRow buckets = row(0);
   EXPECT_LT(buckets.comm_wait_s, 0.5 * buckets.comm_s);
   req.config.bucket_mb = 1024;
-  const WhatIfRow one = row(0);
-  EXPECT_NEAR(one.comm_wait_s, one.comm_s, 1e-12);
-  EXPECT_LT(one.comm_s, buckets.comm_s);  // the same bytes, fewer latencies
-  EXPECT_GT(one.comm_s, 0.95 * buckets.comm_s);
+  const WhatIfRow coarse = row(0);
+  EXPECT_GT(coarse.comm_wait_s, buckets.comm_wait_s);
+  EXPECT_LE(coarse.comm_s, buckets.comm_s);  // the same bytes, fewer latencies
+  EXPECT_GT(coarse.comm_s, 0.95 * buckets.comm_s);
   req.config.bucket_mb = 25;
   req.config.prefetch = 0;
   const WhatIfRow no_prefetch = row(3);
