@@ -6,9 +6,14 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 
 namespace cz {
+namespace {
+// OpenMP's thread count is a per-thread setting: the configured one, for threads started later.
+std::atomic<int> g_configured_threads{0};
+}  // namespace
 
 int available_cores() {
   cpu_set_t set;
@@ -22,10 +27,12 @@ void configure_cpu_threads(int ranks_on_node) {
   if (const char* env = std::getenv("OMP_NUM_THREADS"); env && std::atoi(env) > 0) threads = std::atoi(env);
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
+  g_configured_threads.store(threads);
 }
 
 int cpu_threads() {
-  return omp_get_max_threads();
+  const int configured = g_configured_threads.load();
+  return configured > 0 ? configured : omp_get_max_threads();
 }
 
 }  // namespace cz

@@ -10,7 +10,7 @@ namespace cz {
 
 int available_cores();  // CPUs in this process's affinity mask
 void configure_cpu_threads(int ranks_on_node);
-int cpu_threads();  // threads CPU kernels use
+int cpu_threads();  // threads CPU kernels use (as configured; a thread started later must apply it itself)
 
 // Parallel loops below this many elements of work stay on one thread.
 inline constexpr int64_t kParallelGrain = 1 << 14;
