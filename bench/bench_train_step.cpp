@@ -226,8 +226,8 @@ int run(const Flags& f) {
         std::pair{f.depthwise == "direct", "depthwise-direct"},
         std::pair{!f.gemm_epilogues, "no-gemm-epilogues"}, std::pair{f.patchify_gemm, "patchify-gemm"},
         std::pair{!f.reproducible, "not-reproducible"}})
-    if (on) variant += (variant.empty() ? "" : ",") + std::string(flag);
-  const std::string shown = variant.empty() ? "" : " (--" + variant + ")";
+    if (on) variant += fmt::format("{}{}", variant.empty() ? "" : ",", flag);
+  const std::string shown = variant.empty() ? std::string() : fmt::format(" (--{})", variant);
   const char* dw = shown.c_str();
   std::printf(
       "bench_train_step: %s%s %s %s batch %lld image %lld: %.2f ms/step, %.1f img/s, %.3f TFLOP/s, peak %.2f "
