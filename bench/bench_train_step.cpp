@@ -41,16 +41,17 @@ struct Flags {
   int64_t image = 224;
   int warmup = 3;
   int steps = 10;
-  bool conv_benchmark = true;  // cuDNN algorithm timing on first use (Note [Convolution algorithms])
+  bool conv_benchmark = true;  // cuDNN algorithm timing on first use (Note [Convolution algorithms]) ...
+  bool reproducible = true;    // ... which runs only with this off (Note [Reproducible runs])
   bool tf32 = false;
-  bool depthwise_direct = false;  // our direct depthwise kernels instead of cuDNN's
-  bool gemm_epilogues = true;    // cuBLASLt's bias / bias-gradient epilogues (off: plain GEMMs + our kernels)
-  bool patchify_gemm = false;    // patchify convolutions as one GEMM over their patches instead of cuDNN
-  std::string json;              // also write the result here
-  double peak_tflops = 0;        // the device's peak for this dtype: enables the MFU figure
-  int profile_steps = 0;         // extra steps under the op profiler
-  int stage = 0;                 // ZeRO stage (a world of one: the engine's buffers and copies, no traffic)
-  bool offload = false;          // --offload-optimizer
+  std::string depthwise = "tiled";  // depthwise kernels: tiled (ours, default), cudnn, direct
+  bool gemm_epilogues = true;  // cuBLASLt's bias / bias-gradient epilogues (off: plain GEMMs + our kernels)
+  bool patchify_gemm = false;  // patchify convolutions as one GEMM over their patches instead of cuDNN
+  std::string json;            // also write the result here
+  double peak_tflops = 0;      // the device's peak for this dtype: enables the MFU figure
+  int profile_steps = 0;       // extra steps under the op profiler
+  int stage = 0;               // ZeRO stage (a world of one: the engine's buffers and copies, no traffic)
+  bool offload = false;        // --offload-optimizer
   bool offload_overlap = false;  // --offload-overlap-step
 };
 
@@ -60,9 +61,9 @@ struct Flags {
       "bench_train_step: %s\n"
       "usage: bench_train_step [--model tiny] [--device cpu|cuda[:i]] [--dtype f32|bf16|f16]\n"
       "                        [--batch 8] [--image 224] [--warmup 3] [--steps 10]\n"
-      "                        [--no-conv-benchmark] [--tf32] [--depthwise-direct] [--no-gemm-epilogues]\n"
-      "                        [--patchify-gemm] [--json FILE] [--peak-tflops T] [--profile N]\n"
-      "                        [--stage 0-3] [--offload] [--offload-overlap-step]\n",
+      "                        [--no-conv-benchmark] [--not-reproducible] [--tf32] [--depthwise-cudnn]\n"
+      "                        [--depthwise-direct] [--no-gemm-epilogues] [--patchify-gemm] [--json FILE]\n"
+      "                        [--peak-tflops T] [--profile N] [--stage 0-3] [--offload] [--offload-overlap-step]\n",
       msg);
   std::exit(2);
 }
@@ -93,8 +94,12 @@ Flags parse(int argc, char** argv) {
       f.conv_benchmark = false;
     else if (a == "--tf32")
       f.tf32 = true;
+    else if (a == "--not-reproducible")
+      f.reproducible = false;
+    else if (a == "--depthwise-cudnn")
+      f.depthwise = "cudnn";
     else if (a == "--depthwise-direct")
-      f.depthwise_direct = true;
+      f.depthwise = "direct";
     else if (a == "--no-gemm-epilogues")
       f.gemm_epilogues = false;
     else if (a == "--patchify-gemm")
@@ -173,7 +178,10 @@ int run(const Flags& f) {
   if (dev.is_cuda()) {  // after the trainer, which sets its own defaults
     cuda::set_conv_benchmark(f.conv_benchmark);
     cuda::set_allow_tf32(f.tf32);
-    cuda::set_depthwise_direct(f.depthwise_direct);
+    cuda::set_reproducible(f.reproducible);
+    cuda::set_depthwise_algo(f.depthwise == "cudnn"    ? cuda::DepthwiseAlgo::cudnn
+                             : f.depthwise == "direct" ? cuda::DepthwiseAlgo::direct
+                                                       : cuda::DepthwiseAlgo::tiled);
     cuda::set_gemm_epilogues(f.gemm_epilogues);
     cuda::set_patchify_gemm(f.patchify_gemm);
     stream_guard.emplace(cuda::compute_stream(dev.index));
@@ -209,10 +217,12 @@ int run(const Flags& f) {
   // The switches off their defaults, as their flags without "--" (scripts/gpu_check_summary.py keys on it).
   std::string variant;
   for (const auto& [on, flag] :
-       {std::pair{f.depthwise_direct, "depthwise-direct"}, std::pair{!f.gemm_epilogues, "no-gemm-epilogues"},
-        std::pair{f.patchify_gemm, "patchify-gemm"}})
-    if (on) variant += (variant.empty() ? "" : ",") + std::string(flag);
-  const std::string shown = variant.empty() ? "" : " (--" + variant + ")";
+       {std::pair{f.depthwise == "cudnn", "depthwise-cudnn"},
+        std::pair{f.depthwise == "direct", "depthwise-direct"},
+        std::pair{!f.gemm_epilogues, "no-gemm-epilogues"}, std::pair{f.patchify_gemm, "patchify-gemm"},
+        std::pair{!f.reproducible, "not-reproducible"}})
+    if (on) variant += fmt::format("{}{}", variant.empty() ? "" : ",", flag);
+  const std::string shown = variant.empty() ? std::string() : fmt::format(" (--{})", variant);
   const char* dw = shown.c_str();
   std::printf(
       "bench_train_step: %s%s %s %s batch %lld image %lld: %.2f ms/step, %.1f img/s, %.3f TFLOP/s, peak %.2f "
@@ -262,12 +272,12 @@ int run(const Flags& f) {
                     "\"dtype\": \"{}\", \"batch\": {}, \"image\": {}, \"steps\": {}, "
                     "\"ms_per_step\": {:.4f}, \"img_per_s\": {:.3f}, \"train_flop_per_img\": {:.6g}, "
                     "\"tflops\": {:.3f}, \"mfu\": {}, \"peak_gib\": {:.4f}, \"loss\": {}, "
-                    "\"variant\": \"{}\", \"depthwise_direct\": {}, \"gemm_epilogues\": {}, "
+                    "\"variant\": \"{}\", \"depthwise\": \"{}\", \"gemm_epilogues\": {}, "
                     "\"patchify_gemm\": {}, \"profiled_ms_per_step\": {:.4f}, \"ops\": [{}]}}",
                     mc.name, f.device, f.dtype, f.batch, f.image, f.steps, 1e3 * seconds / f.steps, img_s,
                     flop_per_img, tflops, std::isfinite(mfu) ? fmt::format("{:.4f}", mfu) : "null", peak_gib,
                     std::isfinite(last_loss) ? fmt::format("{:.6f}", last_loss) : "null", variant,
-                    f.depthwise_direct, f.gemm_epilogues, f.patchify_gemm, profiled_ms, ops_json)
+                    f.depthwise, f.gemm_epilogues, f.patchify_gemm, profiled_ms, ops_json)
             .c_str());
     std::fclose(out);
   }

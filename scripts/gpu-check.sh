@@ -92,7 +92,8 @@ fits() {
   return 1
 }
 jobs=$(nproc)
-targets=(test_cuda test_optim_cuda test_nn_cuda test_trainer_cuda bench_train_step bench_gemm_cuda convnext_zero)
+targets=(test_cuda test_optim_cuda test_nn_cuda test_trainer_cuda bench_train_step bench_gemm_cuda bench_depthwise_cuda
+  convnext_zero)
 
 # ---- 1. the dependency prefix ----
 # Note [Relocating the prefix]: Debian's CMake and pkg-config files name their files by absolute /usr paths
@@ -295,15 +296,18 @@ for b in "${bs[@]}"; do
 --json $logs/compile_b$b.json")
 done
 # Each of our own paths in place of the library's, at the first batch size; which is faster decides the
-# default: the direct depthwise kernels instead of cuDNN's; plain GEMMs plus our bias kernels instead of
-# cuBLASLt's epilogues; the stem and downsamplings as one GEMM over their patches instead of cuDNN.
-for variant in depthwise-direct no-gemm-epilogues patchify-gemm; do
+# default: cuDNN's depthwise convolutions instead of our tiled kernels; plain GEMMs plus our bias kernels
+# instead of cuBLASLt's epilogues; the stem and downsamplings as one GEMM over their patches instead of cuDNN.
+for variant in depthwise-cudnn no-gemm-epilogues patchify-gemm; do
   bench_plan+=("${variant}_b${bs[0]}|60|240|$build/bench/bench_train_step --model $model --device cuda --dtype bf16 \
 --batch ${bs[0]} --image $image --warmup 5 --steps $steps --$variant --peak-tflops @PEAK@ --profile 5 \
 --json $logs/${variant}_b${bs[0]}.json")
 done
 bench_plan+=("gemm|45|180|$build/bench/bench_gemm_cuda --dtype bf16 --batch ${bs[0]} --image $image \
 --peak-tflops @PEAK@ --json $logs/gemm.json")
+# The depthwise kernels per stage, ours and cuDNN's, against the f32 FMA and memory bounds.
+bench_plan+=("depthwise|30|120|$build/bench/bench_depthwise_cuda --dtype bf16 --batch ${bs[0]} --image $image \
+--peak-fp32-tflops @PEAK32@ --peak-gbps @GBPS@ --json $logs/depthwise.json")
 want_job() { [[ "$bench_jobs" == all || ",$bench_jobs," == *",$1,"* ]]; }
 
 if ((dry)); then
@@ -418,6 +422,14 @@ if want bench; then
       *) peak=0 ;;
     esac
   fi
+  # f32 (non-tensor-core) peaks and memory bandwidths, for the depthwise bounds (data sheets).
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
+    *H200*) peak32=67 gbps=4800 ;;
+    *H100*NVL*) peak32=60 gbps=3900 ;;
+    *H100*PCIe*) peak32=51 gbps=2000 ;;
+    *H100*) peak32=67 gbps=3350 ;;
+    *) peak32=0 gbps=0 ;;
+  esac
   say "bf16 peak for the MFU: ${peak} TFLOP/s (0: unknown GPU, no MFU)"
   have_torch=1
   "${python_env[@]}" python3 -c 'import torch, timm; assert torch.cuda.is_available()' 2>/dev/null || have_torch=0
@@ -430,8 +442,10 @@ if want bench; then
     say "bench $name"
     rc=0
     # shellcheck disable=SC2086  # the plan's commands are plain words
+    cmd=${cmd//@PEAK32@/$peak32}
+    cmd=${cmd//@GBPS@/$gbps}
     capped "$cap" ${cmd//@PEAK@/$peak} >"$logs/$name.txt" 2>&1 || rc=$?
-    grep -E "^(bench_train_step: (convnext|MFU)|train_step_torch: convnext|\[gemm (path|time)\])" "$logs/$name.txt" |
+    grep -E "^(bench_train_step: (convnext|MFU)|train_step_torch: convnext|\[gemm (path|time)\]|\[depthwise\])" "$logs/$name.txt" |
       show || true
     if ((rc == 124)); then
       say "$name: cut off after its $cap s (or the time limit)"

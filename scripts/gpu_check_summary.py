@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The tables of a scripts/gpu-check.sh run, from the JSON results its bench stage writes: bench_train_step
---json (ours, default and each switch), bench/train_step_torch.py --json (PyTorch eager and torch.compile) and
-bench_gemm_cuda --json. Files are told apart by their contents ("impl", "variant"), not their names, so the
+--json (ours, default and each switch), bench/train_step_torch.py --json (PyTorch eager and torch.compile),
+bench_gemm_cuda --json and bench_depthwise_cuda --json. Files are told apart by their contents ("impl", "variant"), not their names, so the
 results of several calls (each call's gpu-check-logs.tar.gz unpacked into its own folder) can be given
 together: a later file replaces an earlier one with the same implementation, variant and batch.
 
@@ -12,7 +12,8 @@ together: a later file replaces an earlier one with the same implementation, var
 Tables: (1) img/s of ours, PyTorch eager and torch.compile per batch with the ratios, MFU and peak memory (the
 side-by-side table of issue 13); (2) each of our switches against our default at the same batch, with a
 verdict, which decides the defaults; (3) where our step goes, op by op, and the depthwise convolution's share
-against its goal; (4) PyTorch's top operators; (5) the pointwise GEMMs with and without cuBLASLt epilogues.
+against its goal; (4) PyTorch's top operators; (5) the pointwise GEMMs with and without cuBLASLt epilogues;
+(6) the depthwise kernels per ConvNeXt-T stage, ours (tiled) and cuDNN's, against their FMA and memory bounds.
 """
 import argparse
 import glob
@@ -27,15 +28,16 @@ IMPL_NAMES = {"convnext_zero": "convnext_zero", "pytorch_eager": "PyTorch eager"
 
 
 def load(dirs, strict):
-    """Every result in `dirs`, keyed by (impl, variant, batch); bench_gemm_cuda's under ("gemm", "", 0)."""
+    """Every result in `dirs`, keyed by (impl, variant, batch); bench_gemm_cuda's under ("gemm", "", 0),
+    bench_depthwise_cuda's under ("depthwise", "", 0)."""
     results, errors = {}, []
     for d in dirs:
         for path in sorted(glob.glob(os.path.join(d, "**", "*.json"), recursive=True)):
             try:
                 with open(path) as f:
                     r = json.load(f)
-                if r.get("impl") == "gemm":
-                    key = ("gemm", "", 0)
+                if r.get("impl") in ("gemm", "depthwise"):
+                    key = (r["impl"], "", 0)
                 else:
                     key = (r["impl"], r.get("variant", ""), int(r["batch"]))
                     float(r["img_per_s"])
@@ -75,10 +77,11 @@ def table(header, rows):
 def summarize(results, peak):
     lines = []
     ours_default = {b: r for (impl, var, b), r in results.items() if impl == "convnext_zero" and var == ""}
-    batches = sorted({b for (impl, _, b) in results if impl != "gemm"})
+    batches = sorted({b for (impl, _, b) in results if impl not in ("gemm", "depthwise")})
     if not batches:
-        return "no training-step results (no bench_train_step / train_step_torch.py JSON found)"
-    any_r = next(r for (impl, _, _), r in results.items() if impl != "gemm")
+        return "\n".join(["no training-step results (no bench_train_step / train_step_torch.py JSON found)"] +
+                         depthwise_table(results.get(("depthwise", "", 0))))
+    any_r = next(r for (impl, _, _), r in results.items() if impl not in ("gemm", "depthwise"))
     compile_modes = sorted({r.get("compile_mode") or "default" for (impl, _, _), r in results.items()
                             if impl == "pytorch_compile"})
     lines.append(f"## Training step: {any_r.get('model', '?')} {any_r.get('dtype', '?')}, "
@@ -170,13 +173,36 @@ def summarize(results, peak):
                          "unfused / fused (dw+db)"], rows),
                   "An unfused / fused ratio below 1 for dw+db means BGRADB costs the tall weight-gradient GEMM more "
                   "than a separate column sum: linear_backward should not ask for it on such shapes."]
+    lines += depthwise_table(results.get(("depthwise", "", 0)))
     return "\n".join(lines)
+
+
+def depthwise_table(dw):
+    """bench_depthwise_cuda: each stage's forward and backward, tiled and cuDNN, against the larger of the FMA
+    and memory bounds (a bound of 0 where the peaks were unknown)."""
+    if not dw:
+        return []
+    rows = []
+    for r in dw.get("rows", []):
+        fb = max(r["fwd_fma_ms"], r["fwd_mem_ms"])
+        bb = max(r["bwd_fma_ms"], r["bwd_mem_ms"])
+        rows.append([f"{r['stage']} (C={r['c']}, {r['side']}x{r['side']}, x{r['layers']})", r["path"],
+                     f"{r['fwd_ms']:.3f}", f"{fb:.3f}", fmt(ratio(fb, r["fwd_ms"]), ".0%"),
+                     f"{r['bwd_ms']:.3f}", f"{bb:.3f}", fmt(ratio(bb, r["bwd_ms"]), ".0%")])
+    step = dw.get("step_ms", {})
+    return ["", f"## Depthwise 7x7 per ConvNeXt-T stage ({dw.get('dtype', '?')}, batch {dw.get('batch', '?')}; "
+                f"bounds from {dw.get('peak_fp32_tflops', 0)} f32 TFLOP/s and {dw.get('peak_gbps', 0)} GB/s)",
+            table(["stage", "path", "fwd ms", "fwd bound", "of bound", "bwd ms", "bwd bound", "of bound"], rows),
+            f"per step (forward + backward, every layer): tiled {fmt(step.get('tiled'), '.2f')} ms, cuDNN "
+            f"{fmt(step.get('cudnn'), '.2f')} ms, bound {fmt(dw.get('step_bound_ms'), '.2f')} ms "
+            f"(goal: under {DEPTHWISE_GOAL_MS:g} ms at batch 64)"]
 
 
 def self_test():
     """Made-up results (the figures of issue 13's first run), through the same code as real ones."""
     def ours(batch, img_s, variant="", ops=None):
-        flags = {"depthwise_direct": variant == "depthwise-direct", "gemm_epilogues": variant != "no-gemm-epilogues",
+        flags = {"depthwise": "cudnn" if variant == "depthwise-cudnn" else "tiled",
+                 "gemm_epilogues": variant != "no-gemm-epilogues",
                  "patchify_gemm": variant == "patchify-gemm"}
         return {"impl": "convnext_zero", "variant": variant, "model": "convnext_tiny", "device": "cuda",
                 "dtype": "bf16", "batch": batch, "image": 224, "steps": 20, "ms_per_step": 1e3 * batch / img_s,
@@ -192,12 +218,17 @@ def self_test():
     ops = [{"name": "DepthwiseConv2dBackward", "calls_per_step": 18, "ms_per_step": 59.8},
            {"name": "depthwise_conv2d", "calls_per_step": 18, "ms_per_step": 21.8},
            {"name": "LinearBackward", "calls_per_step": 37, "ms_per_step": 3.7}]
-    results = [ours(64, 681, ops=ops), ours(128, 543), ours(64, 1469, "depthwise-direct"),
+    results = [ours(64, 681, ops=ops), ours(128, 543), ours(64, 1469, "depthwise-cudnn"),
                ours(64, 663, "no-gemm-epilogues"), ours(64, 676, "patchify-gemm"),
                torch("pytorch_eager", 64, 2190), torch("pytorch_compile", 64, 3038), torch("pytorch_eager", 128, 2547),
                {"impl": "gemm", "dtype": "bf16", "paths": [{"dtype": "bf16", "epilogue": "BGRADB", "fused": True}],
                 "layers": [{"name": "stage1 fc1", "rows": 200704, "in": 96, "out": 384,
-                            "fused": {"fwd_ms": 0.1, "dw_db_ms": 0.4}, "unfused": {"fwd_ms": 0.11, "dw_db_ms": 0.2}}]}]
+                            "fused": {"fwd_ms": 0.1, "dw_db_ms": 0.4}, "unfused": {"fwd_ms": 0.11, "dw_db_ms": 0.2}}]},
+               {"impl": "depthwise", "dtype": "bf16", "batch": 64, "image": 224, "peak_fp32_tflops": 67,
+                "peak_gbps": 3350, "step_ms": {"tiled": 1.5, "cudnn": 81.6}, "step_bound_ms": 0.65,
+                "rows": [{"stage": 1, "c": 96, "side": 56, "layers": 3, "path": "tiled", "fwd_ms": 0.05,
+                          "bwd_ms": 0.1, "fwd_fma_ms": 0.028, "fwd_mem_ms": 0.023, "bwd_fma_ms": 0.056,
+                          "bwd_mem_ms": 0.035}]}]
     with tempfile.TemporaryDirectory() as d:
         for i, r in enumerate(results):
             with open(os.path.join(d, f"r{i}.json"), "w") as f:
@@ -209,12 +240,14 @@ def self_test():
     expect = [
         "| 64 | 681 | 2190 | 3038 | 0.31 | 0.22 | 1.8% | 9.50 / 11.00 / 11.00 |",
         "| 128 | 543 | 2547 | - | 0.21 | - |",  # no torch.compile figure at 128: shown as missing
-        "| 64, --depthwise-direct | 1469 |  |  | 0.67 | 0.48 |",
-        "| --depthwise-direct | 64 | 1469 | 681 | +115.7% | faster: make it the default |",
+        "| 64, --depthwise-cudnn | 1469 |  |  | 0.67 | 0.48 |",
+        "| --depthwise-cudnn | 64 | 1469 | 681 | +115.7% | faster: make it the default |",
         "| --no-gemm-epilogues | 64 | 663 | 681 | -2.6% | within 3%: no reason to change |",
         "depthwise convolution, forward + backward: 81.60 ms/step, 85.0% of the step (goal: under 3 ms at batch 64)",
         "| aten::convolution_backward | 18.0 | 9.000 |",
         "| stage1 fc1 | 200704 x 96 -> 384 | 0.100 | 0.110 | 0.400 | 0.200 | 0.50 |",
+        "| 1 (C=96, 56x56, x3) | tiled | 0.050 | 0.028 | 56% | 0.100 | 0.056 | 56% |",
+        "per step (forward + backward, every layer): tiled 1.50 ms, cuDNN 81.60 ms, bound 0.65 ms (goal: under 3 ms at batch 64)",
     ]
     missing = [e for e in expect if e not in text]
     for e in missing:

@@ -92,6 +92,11 @@ void add_convnext_cases(std::vector<OpCase>& cases) {
   };
   dw_case("depthwise_conv2d_k7", {2, 5, 9, 19}, 7, true);
   dw_case("depthwise_conv2d_k7_w3_no_bias", {1, 8, 3, 5}, 7, false);
+  // The tiled CUDA kernels (Note [Tiled depthwise kernels]): C a multiple of 8 (16-byte staging in f32, f16
+  // and bf16) with N = 3 and H, W not multiples of the 4 x 7 strip; C = 40 over two 32-channel groups; C = 9.
+  dw_case("depthwise_conv2d_k7_c16_n3", {3, 5, 9, 16}, 7, true);
+  dw_case("depthwise_conv2d_k7_c40", {1, 3, 4, 40}, 7, true);
+  dw_case("depthwise_conv2d_k7_c9", {1, 11, 8, 9}, 7, false);
   dw_case("depthwise_conv2d_k5", {1, 6, 4, 8}, 5, true);
   dw_case("depthwise_conv2d_k3_w1", {2, 3, 1, 3}, 3, true);
   dw_case("depthwise_conv2d_k9_generic", {1, 3, 10, 3}, 9, false);

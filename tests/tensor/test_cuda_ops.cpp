@@ -1,6 +1,7 @@
 // The ConvNeXt op kernels on CUDA beyond the op table: argmax with ties and NaN, device-side label checks,
 // ConvNeXt-sized shapes, bit-for-bit repeatability of the deterministic reductions, the cuDNN algorithm
-// cache in both search modes, and the direct depthwise kernels. Skips without a GPU.
+// cache in both search modes, and the three depthwise paths (tiled, cuDNN, direct), the tiled kernels against
+// their CPU emulation bit for bit. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,8 +10,10 @@
 
 #include "common/gradcheck.h"
 #include "cuda_test_util.h"
+#include "depthwise_emulation.h"
 #include "tensor/autograd/engine.h"
 #include "tensor/cuda/context.h"
+#include "tensor/cuda/kernels.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
 
@@ -95,8 +98,11 @@ TEST(CudaOps, ConvNeXtShapesMatchCpuAndRepeatBitForBit) {
       {r32({16, 1000}, 15, -4, 4)}, 1e-5);
 }
 
+// The timed search runs only with reproducibility off (Note [Reproducible runs]); on cuDNN's depthwise path.
 TEST(CudaOps, ConvAlgorithmSearchModesAgree) {
   CZ_REQUIRE_GPU();
+  cuda::set_depthwise_algo(cuda::DepthwiseAlgo::cudnn);
+  cuda::set_reproducible(false);
   const Tensor x = r32({2, 14, 14, 96}, 21).to(gpu()), w = r32({96, 1, 7, 7}, 22).to(gpu());
   NoGradGuard no_grad;
   const Tensor heuristic = depthwise_conv2d(x, w);
@@ -109,6 +115,8 @@ TEST(CudaOps, ConvAlgorithmSearchModesAgree) {
   // bf16 through the tensor-op path.
   const Tensor xb = x.to(DType::bf16), wb = w.to(DType::bf16);
   EXPECT_TRUE(all_close(depthwise_conv2d(xb, wb).to(DType::f32), heuristic, 3e-2, 3e-2));
+  cuda::set_reproducible(true);
+  cuda::set_depthwise_algo(cuda::DepthwiseAlgo::tiled);
 }
 
 // Patchify as one GEMM over its patches (the fallback for problems cuDNN cannot run), forced on: the stem,
@@ -130,47 +138,95 @@ TEST(CudaOps, PatchifyAsGemmMatchesCpu) {
   cuda::set_patchify_gemm(false);
 }
 
-// The direct depthwise kernels (the fallback for problems cuDNN cannot run) against the CPU, forced on.
-TEST(CudaOps, DirectDepthwiseKernelsMatchCpu) {
+// Every depthwise path against the CPU in f32 and twice on the GPU, expecting the same bits (the weight
+// gradient's partials are added in a fixed order): the tiled kernels (default), cuDNN (the fallback) and the
+// direct kernels, k = 7 at odd sizes (C not a multiple of 8, H and W below the tile, N = 1 and 3) and at a
+// ConvNeXt shape; the direct kernels and cuDNN also for k = 3, 5, 9.
+TEST(CudaOps, DepthwisePathsMatchCpuAndRepeatBitForBit) {
   CZ_REQUIRE_GPU();
-  cuda::set_depthwise_direct(true);
-  for (int64_t k : {3, 5, 7, 9})
-    check_large(
-        "depthwise_direct", [](const auto& in) { return depthwise_conv2d(in[0], in[1], in[2]); },
-        {r32({2, 9, 13, 67}, 30 + k), r32({67, 1, k, k}, 40 + k), r32({67}, 50 + k)}, 1e-4);
-  check_large(
-      "depthwise_direct_7x7_convnext", [](const auto& in) { return depthwise_conv2d(in[0], in[1], in[2]); },
-      {r32({2, 28, 28, 192}, 60), r32({192, 1, 7, 7}, 61), r32({192}, 62)}, 1e-4);
-  cuda::set_depthwise_direct(false);
+  auto dw = [](const auto& in) { return depthwise_conv2d(in[0], in[1], in[2]); };
+  for (cuda::DepthwiseAlgo algo :
+       {cuda::DepthwiseAlgo::tiled, cuda::DepthwiseAlgo::cudnn, cuda::DepthwiseAlgo::direct}) {
+    cuda::set_depthwise_algo(algo);
+    const std::string name = std::string("depthwise_") + cuda::depthwise_algo_name(algo);
+    for (const Shape& x : std::vector<Shape>{{1, 5, 9, 19}, {3, 9, 13, 67}, {3, 1, 2, 40}, {2, 28, 28, 192}})
+      check_large(name.c_str(), dw, {r32(x, 30), r32({x[3], 1, 7, 7}, 31), r32({x[3]}, 32)}, 1e-4);
+    if (algo != cuda::DepthwiseAlgo::tiled)
+      for (int64_t k : {3, 5, 9})
+        check_large(name.c_str(), dw,
+                    {r32({2, 9, 13, 67}, 30 + k), r32({67, 1, k, k}, 40 + k), r32({67}, 50 + k)}, 1e-4);
+  }
+  cuda::set_depthwise_algo(cuda::DepthwiseAlgo::tiled);
 }
 
-// The direct kernels in bf16 (f32 accumulation, one rounding per output) against the CPU in f32 on the same
-// bf16-rounded inputs, and twice, expecting the same bits (the filter gradient's fixed summation order: the
-// lanes of a chunk in lane order, then the chunks in order). C = 67 leaves a partial 32-channel tile.
-TEST(CudaOps, DirectDepthwiseKernelsBf16MatchCpuF32) {
+// bf16 and f16 (f32 accumulation, one rounding per output) on every path against the CPU in f32 on the same
+// rounded inputs, and twice, expecting the same bits. C = 67 leaves a partial 32-channel group.
+TEST(CudaOps, DepthwisePaths16BitMatchCpuF32) {
   CZ_REQUIRE_GPU();
-  cuda::set_depthwise_direct(true);
-  for (int64_t k : {3, 7}) {
-    auto run = [&](Device d, DType t) {
-      std::vector<Tensor> in;
-      for (const Tensor& h : {r32({2, 9, 13, 67}, 70 + k), r32({67, 1, k, k}, 80 + k), r32({67}, 90 + k)})
-        in.push_back(h.to(DType::bf16).to(t).to(d).detach().set_requires_grad(true));
-      Tensor out = depthwise_conv2d(in[0], in[1], in[2]);
-      const Tensor g = r32(out.sizes(), 99).to(DType::bf16).to(t).to(d);
-      sum(mul(out, g)).backward();
-      std::vector<Tensor> r{out.detach().to(DType::f32)};
-      for (const Tensor& x : in) r.push_back(x.grad().to(DType::f32));
-      return r;
-    };
-    const auto cpu_r = run(Device::cpu(), DType::f32);
-    const auto gpu_a = run(gpu(), DType::bf16), gpu_b = run(gpu(), DType::bf16);
-    for (size_t i = 0; i < cpu_r.size(); ++i) {
-      EXPECT_TRUE(all_close(gpu_a[i], cpu_r[i], 2e-2, 2e-2)) << "k " << k << " result " << i;
-      EXPECT_TRUE(same_bits(gpu_a[i], gpu_b[i]))
-          << "k " << k << " result " << i << " differs between two runs";
-    }
+  for (cuda::DepthwiseAlgo algo :
+       {cuda::DepthwiseAlgo::tiled, cuda::DepthwiseAlgo::cudnn, cuda::DepthwiseAlgo::direct})
+    for (DType t : {DType::bf16, DType::f16})
+      for (int64_t k : {3, 7}) {
+        cuda::set_depthwise_algo(algo);
+        auto run = [&](Device d, DType dt) {
+          std::vector<Tensor> in;
+          for (const Tensor& h : {r32({3, 9, 13, 67}, 70 + k), r32({67, 1, k, k}, 80 + k), r32({67}, 90 + k)})
+            in.push_back(h.to(t).to(dt).to(d).detach().set_requires_grad(true));
+          Tensor out = depthwise_conv2d(in[0], in[1], in[2]);
+          const Tensor g = r32(out.sizes(), 99).to(t).to(dt).to(d);
+          sum(mul(out, g)).backward();
+          std::vector<Tensor> r{out.detach().to(DType::f32)};
+          for (const Tensor& x : in) r.push_back(x.grad().to(DType::f32));
+          return r;
+        };
+        const auto cpu_r = run(Device::cpu(), DType::f32);
+        const auto gpu_a = run(gpu(), t), gpu_b = run(gpu(), t);
+        const double tol = t == DType::bf16 ? 2e-2 : 1e-2;
+        for (size_t i = 0; i < cpu_r.size(); ++i) {
+          EXPECT_TRUE(all_close(gpu_a[i], cpu_r[i], tol, tol * (i >= 2 ? 10 : 1)))
+              << cuda::depthwise_algo_name(algo) << " " << dtype_name(t) << " k " << k << " result " << i;
+          EXPECT_TRUE(same_bits(gpu_a[i], gpu_b[i]))
+              << cuda::depthwise_algo_name(algo) << " " << dtype_name(t) << " k " << k << " result " << i
+              << " differs between two runs";
+        }
+      }
+  cuda::set_depthwise_algo(cuda::DepthwiseAlgo::tiled);
+}
+
+// The tiled kernels give exactly the bits of their CPU emulation (depthwise_emulation.h: the same phases,
+// FMAs and roundings), through the 16-byte and the element-by-element staging paths.
+template <class T>
+void expect_tiled_equals_emulation(const Shape& xs, uint64_t seed) {
+  const DType t = dtype_of<T>;
+  const int64_t n = xs[0], h = xs[1], w = xs[2], c = xs[3];
+  const Tensor x = r32(xs, seed).to(t), wk = r32({7, 7, c}, seed + 1).to(t), b = r32({c}, seed + 2).to(t),
+               gy = r32(xs, seed + 3).to(t);
+  const Stream s = current_stream(gpu());
+  const Tensor xg = x.to(gpu()), wg = wk.to(gpu()), bg = b.to(gpu()), gg = gy.to(gpu());
+  Tensor y = empty(xs, t, gpu()), dx = empty(xs, t, gpu()), dwg = empty({7, 7, c}, t, gpu()),
+         db = empty({c}, t, gpu());
+  cuda::depthwise_conv2d_forward(xg, wg, bg, y, s);
+  cuda::depthwise_conv2d_backward(gg, xg, wg, dx, dwg, db, s);
+  Tensor ey = empty(xs, t), edx = empty(xs, t), edw = empty({7, 7, c}, t), edb = empty({c}, t);
+  const int sms = cuda::context(0).sm_count();
+  emulate_depthwise7_forward<T>(x.data<T>(), wk.data<T>(), b.data<T>(), ey.data<T>(), n, h, w, c, false, sms);
+  emulate_depthwise7_backward<T>(gy.data<T>(), x.data<T>(), wk.data<T>(), edx.data<T>(), edw.data<T>(),
+                                 edb.data<T>(), n, h, w, c, sms);
+  const std::string what = ::testing::PrintToString(xs) + " " + std::string(dtype_name(t));
+  EXPECT_TRUE(same_bits(y.cpu(), ey)) << what << ": forward";
+  EXPECT_TRUE(same_bits(dx.cpu(), edx)) << what << ": dx";
+  EXPECT_TRUE(same_bits(dwg.cpu(), edw)) << what << ": dw";
+  EXPECT_TRUE(same_bits(db.cpu(), edb)) << what << ": db";
+}
+
+TEST(CudaOps, TiledDepthwiseKernelsEqualTheirCpuEmulation) {
+  CZ_REQUIRE_GPU();
+  ASSERT_EQ(cuda::context(0).depthwise_algo(), cuda::DepthwiseAlgo::tiled);
+  for (const Shape& xs : std::vector<Shape>{{3, 9, 13, 67}, {1, 5, 9, 16}, {2, 14, 14, 40}}) {
+    expect_tiled_equals_emulation<float>(xs, 200);
+    expect_tiled_equals_emulation<BFloat16>(xs, 300);
+    expect_tiled_equals_emulation<Half>(xs, 400);
   }
-  cuda::set_depthwise_direct(false);
 }
 
 }  // namespace

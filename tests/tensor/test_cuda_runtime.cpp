@@ -250,11 +250,13 @@ TEST(CudaContext, SwitchesLiveInEachDeviceContextAndTheSettersReachEveryDevice) 
     cuda::set_allow_tf32(on);
     cuda::set_gemm_epilogues(!on);
     cuda::set_conv_benchmark(on);
-    cuda::set_depthwise_direct(on);
+    cuda::set_reproducible(!on);
+    cuda::set_depthwise_algo(on ? cuda::DepthwiseAlgo::cudnn : cuda::DepthwiseAlgo::tiled);
     cuda::set_patchify_gemm(on);
   };
   if (!cuda_available()) {
     EXPECT_NO_THROW(set_all(true));
+    EXPECT_NO_THROW(cuda::clear_algorithm_caches());
     EXPECT_THROW(cuda::context(0), DeviceError);
     return;
   }
@@ -264,7 +266,9 @@ TEST(CudaContext, SwitchesLiveInEachDeviceContextAndTheSettersReachEveryDevice) 
       EXPECT_EQ(c.allow_tf32(), on) << when << ", cuda:" << d;
       EXPECT_EQ(c.gemm_epilogues(), !on) << when << ", cuda:" << d;
       EXPECT_EQ(c.conv_benchmark(), on) << when << ", cuda:" << d;
-      EXPECT_EQ(c.depthwise_direct(), on) << when << ", cuda:" << d;
+      EXPECT_EQ(c.reproducible(), !on) << when << ", cuda:" << d;
+      EXPECT_EQ(c.depthwise_algo(), on ? cuda::DepthwiseAlgo::cudnn : cuda::DepthwiseAlgo::tiled)
+          << when << ", cuda:" << d;
       EXPECT_EQ(c.patchify_gemm(), on) << when << ", cuda:" << d;
     }
   };
@@ -273,9 +277,9 @@ TEST(CudaContext, SwitchesLiveInEachDeviceContextAndTheSettersReachEveryDevice) 
   expect_all(true, "after the process-wide setters");
   set_all(false);
   expect_all(false, "after setting them back");
-  cuda::context(0).set_depthwise_direct(true);  // one device's own setter
-  EXPECT_TRUE(cuda::context(0).depthwise_direct());
-  cuda::context(0).set_depthwise_direct(false);
+  cuda::context(0).set_depthwise_algo(cuda::DepthwiseAlgo::direct);  // one device's own setter
+  EXPECT_EQ(cuda::context(0).depthwise_algo(), cuda::DepthwiseAlgo::direct);
+  cuda::context(0).set_depthwise_algo(cuda::DepthwiseAlgo::tiled);
 }
 
 // Note [Current device]: a guard restores a chosen device, and a thread that never chose one adopts the

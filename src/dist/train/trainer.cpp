@@ -44,7 +44,9 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
 #if CZ_WITH_CUDA
     cuda::set_allow_tf32(cfg_.tf32);
     // Training runs the same convolution shapes thousands of times: time cuDNN's candidates once per shape
-    // (Note [Convolution algorithms]), as PyTorch's cudnn.benchmark.
+    // (Note [Convolution algorithms]), as PyTorch's cudnn.benchmark; this takes effect only where the
+    // reproducible default is switched off (Note [Reproducible runs]), since timing picks a different
+    // algorithm, and so a different summation order, from run to run.
     cuda::set_conv_benchmark(true);
 #endif
   }

@@ -67,8 +67,26 @@ void set_gemm_epilogues(bool enable) {
 void set_conv_benchmark(bool enable) {
   on_every_device([&](DeviceContext& c) { c.set_conv_benchmark(enable); });
 }
-void set_depthwise_direct(bool enable) {
-  on_every_device([&](DeviceContext& c) { c.set_depthwise_direct(enable); });
+void set_reproducible(bool enable) {
+  on_every_device([&](DeviceContext& c) { c.set_reproducible(enable); });
+}
+void set_depthwise_algo(DepthwiseAlgo algo) {
+  on_every_device([&](DeviceContext& c) { c.set_depthwise_algo(algo); });
+}
+void clear_algorithm_caches() {
+  on_every_device([&](DeviceContext& c) { c.clear_algorithm_caches(); });
+}
+
+const char* depthwise_algo_name(DepthwiseAlgo a) {
+  switch (a) {
+    case DepthwiseAlgo::tiled:
+      return "tiled";
+    case DepthwiseAlgo::cudnn:
+      return "cudnn";
+    case DepthwiseAlgo::direct:
+      return "direct";
+  }
+  return "?";
 }
 void set_patchify_gemm(bool enable) {
   on_every_device([&](DeviceContext& c) { c.set_patchify_gemm(enable); });
@@ -141,6 +159,15 @@ void* DeviceContext::cudnn_workspace(const DnnLease& lease, Stream stream, size_
   // (Note [Cross-stream frees]).
   if (ws.nbytes() < bytes) ws = allocate(bytes, stream);
   return ws.get();
+}
+
+void DeviceContext::clear_algorithm_caches() {
+  {
+    std::lock_guard<std::mutex> lock(dnn_mu_);
+    conv_algos_.clear();
+  }
+  std::lock_guard<std::mutex> lock(lt_mu_);
+  lt_algos_.clear();
 }
 
 Stream DeviceContext::lazy_stream(std::atomic<void*>& slot, bool high_priority) {

@@ -51,17 +51,29 @@ class DeviceGuard {
   int prev_ = -1;
 };
 
-// Note [Backend switches]: five switches choose between numerically equivalent paths (or, for TF32, trade
-// f32 precision for speed). They are state of the backend, so they live in each device's DeviceContext, next
-// to the handles and caches they affect, and kernels read them from the context of their stream's device at
-// each call. The functions below set one switch on every visible device, for callers that choose one setting
-// for the process (the trainer, benchmarks); without a GPU they do nothing. Per-device setters are on
-// DeviceContext.
+// Which kernels run depthwise convolutions (conv.cpp, depthwise.cu). All three are deterministic.
+enum class DepthwiseAlgo {
+  tiled,   // default: our tiled 7x7 kernels (Note [Tiled depthwise kernels]); other sizes on cuDNN
+  cudnn,   // cuDNN wherever it has an algorithm (the tiled kernels, or the direct ones, where it has none)
+  direct,  // our direct kernels, one thread per output: any kernel size; the simple reference path
+};
+const char* depthwise_algo_name(DepthwiseAlgo a);
+
+// Note [Backend switches]: six switches choose between numerically equivalent paths (or, for TF32, trade
+// f32 precision for speed; for reproducibility, allow a timed choice). They are state of the backend, so they
+// live in each device's DeviceContext, next to the handles and caches they affect, and kernels read them from
+// the context of their stream's device at each call. The functions below set one switch on every visible
+// device, for callers that choose one setting for the process (the trainer, benchmarks); without a GPU they
+// do nothing. Per-device setters are on DeviceContext.
 void set_allow_tf32(bool allow);
 void set_gemm_epilogues(bool enable);
 void set_conv_benchmark(bool enable);
-void set_depthwise_direct(bool enable);
+void set_reproducible(bool enable);
+void set_depthwise_algo(DepthwiseAlgo algo);
 void set_patchify_gemm(bool enable);
+// Forgets every cached algorithm choice (cuDNN convolutions, cuBLASLt GEMMs) on every visible device, so the
+// next call of each problem chooses afresh, as a new process would. For tests of reproducibility.
+void clear_algorithm_caches();
 
 // The algorithm chosen for one convolution problem and direction, with the workspace it needs.
 struct ConvAlgo {
@@ -109,13 +121,20 @@ class DeviceContext {
   void set_gemm_epilogues(bool on) { gemm_epilogues_.store(on, std::memory_order_relaxed); }
   // How cuDNN convolution algorithms are chosen (Note [Convolution algorithms] in conv.cpp): by cuDNN's
   // heuristics (default: no host synchronisation, no trial runs), or by timing every candidate once per
-  // problem (cudnnFind*Ex, like PyTorch's cudnn.benchmark: the first call of each shape synchronises).
+  // problem (cudnnFind*Ex, like PyTorch's cudnn.benchmark: the first call of each shape synchronises). The
+  // timed search runs only with reproducible() off.
   bool conv_benchmark() const { return conv_benchmark_.load(std::memory_order_relaxed); }
   void set_conv_benchmark(bool on) { conv_benchmark_.store(on, std::memory_order_relaxed); }
-  // Depthwise convolutions on our direct kernels (depthwise.cu) even where cuDNN has an algorithm. Off by
-  // default; they are used anyway for problems cuDNN cannot run. The tests compare the two paths.
-  bool depthwise_direct() const { return depthwise_direct_.load(std::memory_order_relaxed); }
-  void set_depthwise_direct(bool on) { depthwise_direct_.store(on, std::memory_order_relaxed); }
+  // Note [Reproducible runs]: on by default, every algorithm choice is a function of the problem, the
+  // library versions and the GPU model only, never of timings, so a run repeats bit for bit in a new
+  // process: cuDNN's candidates come from its heuristics even under conv_benchmark (a timed search picks
+  // among deterministic algorithms whichever was fastest that time, and two of them sum in different
+  // orders), cuBLASLt's from its heuristic query (no timing anywhere). Off lets conv_benchmark time them.
+  bool reproducible() const { return reproducible_.load(std::memory_order_relaxed); }
+  void set_reproducible(bool on) { reproducible_.store(on, std::memory_order_relaxed); }
+  // Which kernels run depthwise convolutions (DepthwiseAlgo). The tests compare the paths.
+  DepthwiseAlgo depthwise_algo() const { return depthwise_algo_.load(std::memory_order_relaxed); }
+  void set_depthwise_algo(DepthwiseAlgo algo) { depthwise_algo_.store(algo, std::memory_order_relaxed); }
   // Patchify convolutions as one GEMM over their patches (Note [Patchify as a GEMM] in patches.h) even where
   // cuDNN has an algorithm. Off by default; used anyway for problems cuDNN cannot run.
   bool patchify_gemm() const { return patchify_gemm_.load(std::memory_order_relaxed); }
@@ -157,6 +176,9 @@ class DeviceContext {
 
   GemmCounters& gemm_counters() { return gemm_counters_; }
 
+  // Forgets the cached cuDNN and cuBLASLt algorithm choices (the workspaces stay).
+  void clear_algorithm_caches();
+
  private:
   Stream lazy_stream(std::atomic<void*>& slot, bool high_priority);
   std::pair<void*, size_t> workspace(Stream stream);  // cuBLAS(Lt) workspace of one stream
@@ -175,8 +197,9 @@ class DeviceContext {
   std::unordered_map<void*, DataPtr> dnn_workspaces_;  // by stream handle; guarded by dnn_mu_
   std::atomic<void*> compute_{nullptr}, comm_{nullptr}, copy_{nullptr};
   GemmCounters gemm_counters_;
-  std::atomic<bool> allow_tf32_{false}, gemm_epilogues_{true}, conv_benchmark_{false},
-      depthwise_direct_{false}, patchify_gemm_{false};
+  std::atomic<bool> allow_tf32_{false}, gemm_epilogues_{true}, conv_benchmark_{false}, reproducible_{true},
+      patchify_gemm_{false};
+  std::atomic<DepthwiseAlgo> depthwise_algo_{DepthwiseAlgo::tiled};
 };
 
 // The context of a visible device (DeviceError otherwise).

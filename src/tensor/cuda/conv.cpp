@@ -16,7 +16,9 @@ namespace {
 
 // Note [Convolution algorithms]: for every (op, direction, dtype, shape, groups, math) problem the first call
 // asks cuDNN for candidates, cudnnGet*_v7 (heuristics, no device work) by default or cudnnFind*Ex (each
-// candidate timed once, synchronising the device) under the device's conv_benchmark switch. It keeps those
+// candidate timed once, synchronising the device) under the device's conv_benchmark switch with
+// reproducible off (Note [Reproducible runs] in context.h: a timed choice can differ from one process to the
+// next, and two deterministic algorithms still round differently). It keeps those
 // that succeeded, fit kMaxWorkspace and, for f32 without TF32, need no tensor-op math (and runs them with FMA
 // math), and deterministic (no atomics, so training repeats bit for bit). It then runs them in that order
 // until cuDNN accepts one (heuristic candidates are not always runnable) and caches that one, or "none":
@@ -277,7 +279,7 @@ bool try_run(const Problem& problem, Dir dir, const Operands& o, Stream stream) 
   DeviceContext& ctx = context(stream.device.index);
   Problem p = problem;
   p.tf32 = ctx.allow_tf32();
-  p.search = ctx.conv_benchmark();
+  p.search = ctx.conv_benchmark() && !ctx.reproducible();  // Note [Reproducible runs]
   DeviceContext::DnnLease lease = ctx.cudnn(stream);
   Descs d(p);
   const std::string key = p.key(dir, d.math);
@@ -363,6 +365,20 @@ int64_t check_depthwise(const char* op, const Tensor& x, const Tensor& w, Stream
 
 }  // namespace
 
+// Note [Depthwise paths]: DepthwiseAlgo::tiled (the default) runs 7x7 problems on the tiled kernels, whose
+// backward gives dx, dw and db from one pass over gy and x; other kernel sizes go to cuDNN. cudnn runs every
+// problem on cuDNN where it has an algorithm (the bias and its gradient on our kernels), and direct every
+// problem on the direct kernels. A problem cuDNN cannot run takes the tiled kernels where they apply, the
+// direct ones otherwise.
+namespace {
+
+bool tiled_ok(const Tensor& x, int64_t k, Stream stream) {
+  return k == 7 && launch::depthwise7_supported(x.dtype(), x.size(0), x.size(1), x.size(2), x.size(3),
+                                                context(stream.device.index).sm_count());
+}
+
+}  // namespace
+
 void depthwise_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y,
                               Stream stream) {
   constexpr const char* op = "depthwise_conv2d_forward";
@@ -371,17 +387,30 @@ void depthwise_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bi
   check_like(op, "y", y, x.sizes(), x.dtype(), stream);
   if (x.numel() == 0) return;
   DeviceGuard guard(stream.device.index);
-  if (!context(stream.device.index).depthwise_direct()) {
+  const DepthwiseAlgo algo = context(stream.device.index).depthwise_algo();
+  const int64_t k = w.size(0);
+  const bool tiled = algo != DepthwiseAlgo::direct && tiled_ok(x, k, stream);
+  const launch::Config cfg = detail::config_of(stream);
+  const void* b = bias.defined() ? bias.raw_data() : nullptr;
+  if (tiled && algo == DepthwiseAlgo::tiled) {
+    CZ_CHECK_STATUS(launch::depthwise7_forward(cfg, x.dtype(), x.raw_data(), w.raw_data(), b, y.raw_data(),
+                                               x.size(0), x.size(1), x.size(2), c));
+    return;
+  }
+  if (algo != DepthwiseAlgo::direct) {
     const Tensor wt = crs_from_rsc(w, stream);
-    if (try_run(depthwise_problem(x, w.size(0)), Dir::fwd,
-                {x.raw_data(), wt.raw_data(), nullptr, y.raw_data()}, stream)) {
+    if (try_run(depthwise_problem(x, k), Dir::fwd, {x.raw_data(), wt.raw_data(), nullptr, y.raw_data()},
+                stream)) {
       add_bias(bias, y, c, stream);
       return;
     }
   }
-  CZ_CHECK_STATUS(launch::depthwise_forward(detail::config_of(stream), x.dtype(), x.raw_data(), w.raw_data(),
-                                            bias.defined() ? bias.raw_data() : nullptr, y.raw_data(),
-                                            x.size(0), x.size(1), x.size(2), c, int(w.size(0))));
+  if (tiled)
+    CZ_CHECK_STATUS(launch::depthwise7_forward(cfg, x.dtype(), x.raw_data(), w.raw_data(), b, y.raw_data(),
+                                               x.size(0), x.size(1), x.size(2), c));
+  else
+    CZ_CHECK_STATUS(launch::depthwise_forward(cfg, x.dtype(), x.raw_data(), w.raw_data(), b, y.raw_data(),
+                                              x.size(0), x.size(1), x.size(2), c, int(k)));
 }
 
 void depthwise_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
@@ -401,20 +430,36 @@ void depthwise_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& 
   const Problem p = depthwise_problem(x, w.size(0));
   const launch::Config cfg = detail::config_of(stream);
   const int k = int(w.size(0));
-  const bool direct = context(stream.device.index).depthwise_direct();
+  const int64_t n = x.size(0), h = x.size(1), ww = x.size(2);
+  const DepthwiseAlgo algo = context(stream.device.index).depthwise_algo();
+  const bool tiled = algo != DepthwiseAlgo::direct && tiled_ok(x, k, stream);
+  auto raw = [](Tensor& t) { return t.defined() ? t.raw_data() : nullptr; };
+  // dx, dw, db (each when asked for) from one tiled pass.
+  auto run_tiled = [&](Tensor& tdx, Tensor& tdw, Tensor& tdb) {
+    DataPtr ws;
+    if (tdw.defined() || tdb.defined())
+      ws = allocate(launch::depthwise7_backward_workspace(x.dtype(), n, h, ww, c, cfg.sm_count), stream);
+    CZ_CHECK_STATUS(launch::depthwise7_backward(cfg, x.dtype(), gy.raw_data(), x.raw_data(), w.raw_data(),
+                                                raw(tdx), raw(tdw), raw(tdb), n, h, ww, c, ws.get()));
+  };
+  if (tiled && algo == DepthwiseAlgo::tiled) return run_tiled(dx, dw, dbias);
+  Tensor none;
   if (dx.defined()) {
     bool done = false;
-    if (!direct) {
+    if (algo != DepthwiseAlgo::direct) {
       const Tensor wt = crs_from_rsc(w, stream);
       done = try_run(p, Dir::bwd_data, {nullptr, wt.raw_data(), gy.raw_data(), dx.raw_data()}, stream);
     }
-    if (!done)
+    if (!done && tiled)
+      CZ_CHECK_STATUS(launch::depthwise7_backward_data(cfg, x.dtype(), gy.raw_data(), w.raw_data(),
+                                                       dx.raw_data(), n, h, ww, c));
+    else if (!done)
       CZ_CHECK_STATUS(launch::depthwise_backward_data(cfg, x.dtype(), gy.raw_data(), w.raw_data(),
-                                                      dx.raw_data(), x.size(0), x.size(1), x.size(2), c, k));
+                                                      dx.raw_data(), n, h, ww, c, k));
   }
   if (dw.defined()) {
     bool done = false;
-    if (!direct) {
+    if (algo != DepthwiseAlgo::direct) {
       Tensor dwt = detail::empty_on({c, int64_t(k) * k}, x.dtype(), stream);
       done = try_run(p, Dir::bwd_filter, {x.raw_data(), nullptr, gy.raw_data(), dwt.raw_data()}, stream);
       if (done) {
@@ -422,13 +467,13 @@ void depthwise_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& 
         copy(dwt.transpose(0, 1), dst, stream);
       }
     }
-    if (!done) {
-      DataPtr ws = allocate(
-          launch::depthwise_backward_filter_workspace(x.dtype(), x.size(0), x.size(1), c, k, cfg.sm_count),
-          stream);
+    if (!done && tiled) {
+      return run_tiled(none, dw, dbias);  // db from the same pass
+    } else if (!done) {
+      DataPtr ws =
+          allocate(launch::depthwise_backward_filter_workspace(x.dtype(), n, h, c, k, cfg.sm_count), stream);
       CZ_CHECK_STATUS(launch::depthwise_backward_filter(cfg, x.dtype(), gy.raw_data(), x.raw_data(),
-                                                        dw.raw_data(), x.size(0), x.size(1), x.size(2), c, k,
-                                                        ws.get()));
+                                                        dw.raw_data(), n, h, ww, c, k, ws.get()));
     }
   }
   bias_grad(gy, dbias, c, stream);

@@ -1,8 +1,13 @@
-// Direct depthwise k x k convolution on NHWC data with the (k, k, C) weight, forward, backward-data and
-// backward-filter: the fallback for problems cuDNN has no algorithm for (and a reference for its results,
-// under set_depthwise_direct). One thread per output element along C, so a warp reads 32 consecutive
-// channels of a pixel; the filter gradient is summed in fixed chunks (lanes in lane order within a chunk),
-// then in chunk order: deterministic.
+// Depthwise k x k convolution on NHWC data with the (k, k, C) weight, stride 1, padding k/2.
+// - The tiled 7x7 kernels (Note [Tiled depthwise kernels] in depthwise_tiles.h): forward, backward-data, and
+//   one backward pass giving dx, dw and db, then a pass adding the per-tile weight-gradient partials in a
+//   fixed order. ConvNeXt's path by default.
+// - The direct kernels, any k: one thread per output element along C, so a warp reads 32 consecutive
+//   channels of a pixel; the filter gradient summed in fixed chunks (lanes in lane order within a chunk),
+//   then in chunk order. The path for other kernel sizes where cuDNN has no algorithm, and the simple
+//   reference the tests compare the others with (DepthwiseAlgo::direct).
+// Both are deterministic: no floating-point atomics, every sum in an order fixed by the problem's sizes.
+#include "tensor/cuda/depthwise_tiles.h"
 #include "tensor/cuda/device_utils.cuh"
 
 namespace cz::cuda::launch {
@@ -163,6 +168,112 @@ cudaError_t dispatch_k(int k, F&& f) {
   }
 }
 
+// ---- the tiled 7x7 kernels: thin wrappers around the phases of depthwise_tiles.h ----
+
+struct DeviceCvt {
+  template <class T>
+  __device__ __forceinline__ static float in(T v) {
+    return cvt<float>(v);
+  }
+  template <class T>
+  __device__ __forceinline__ static T out(float v) {
+    return cvt<T>(v);
+  }
+};
+
+// 49 weights and 49 accumulators per thread: at most 128 registers, two 8-warp blocks per SM.
+// 49 weights and 28 accumulators per thread: at most 128 registers, two 8-warp blocks per SM.
+template <class T, bool kFlip>
+__global__ void __launch_bounds__(dw7::kForwardWarps* dw7::kLanes, 2)
+    tiled_forward_kernel(const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict__ bias,
+                         T* __restrict__ y, dw7::Geometry g, bool vec) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* wsm = reinterpret_cast<float*>(smem);
+  T* buf = reinterpret_cast<T*>(smem + dw7::kWeightBytes);
+  const int tid = int(threadIdx.x);
+  const dw7::Block b = dw7::forward_block(g, blockIdx.x, blockIdx.y);
+  dw7::stage_weights<T, DeviceCvt, kFlip>(wt, g, b, wsm, tid);
+  dw7::stage<T, DeviceCvt>(x, g, b, vec, buf, tid);
+  __syncthreads();
+  dw7::forward_strip<T, DeviceCvt>(g, b, buf, wsm, bias, y, tid);
+}
+
+// Per image of the block's batches: gy staged, dx (kDx) and the strip's gy into registers; x staged, the
+// weight- and bias-gradient sums. Every thread reaches every barrier (the phases return early, never the
+// kernel).
+template <class T, bool kDx>
+__global__ void __launch_bounds__(dw7::kBackwardWarps* dw7::kLanes, 4)
+    tiled_backward_kernel(const T* __restrict__ gy, const T* __restrict__ x, const T* __restrict__ wt,
+                          T* __restrict__ dx, float* __restrict__ partial, dw7::Geometry g, bool vec_gy,
+                          bool vec_x) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* wsm = reinterpret_cast<float*>(smem);
+  T* buf = reinterpret_cast<T*>(smem + dw7::kWeightBytes);
+  float* sums = reinterpret_cast<float*>(smem + dw7::forward_smem(g, int(sizeof(T))));
+  const int tid = int(threadIdx.x);
+  const int64_t tile = dw7::backward_tile(g, blockIdx.x), z = dw7::backward_z(g, blockIdx.x);
+  if constexpr (kDx)
+    dw7::stage_weights<T, DeviceCvt, true>(wt, g, dw7::tile_block(g, 0, tile, blockIdx.y), wsm, tid);
+  dw7::zero_sums(g, sums, tid);
+  for (int64_t batch = z; batch < g.batches; batch += g.nz) {
+    const dw7::Block b = dw7::tile_block(g, batch, tile, blockIdx.y);
+    dw7::stage<T, DeviceCvt>(gy, g, b, vec_gy, buf, tid);
+    __syncthreads();
+    if constexpr (kDx) dw7::forward_strip<T, DeviceCvt>(g, b, buf, wsm, nullptr, dx, tid);
+    dw7::GyStrip gs;
+    dw7::load_gy<T, DeviceCvt>(g, b, buf, gs, tid);
+    __syncthreads();
+    dw7::stage<T, DeviceCvt>(x, g, b, vec_x, buf, tid);
+    __syncthreads();
+    dw7::accumulate_filter<T, DeviceCvt>(g, b, buf, gs, sums, tid);
+    __syncthreads();
+  }
+  dw7::write_partial(g, dw7::tile_block(g, 0, tile, blockIdx.y), tile * g.nz + z, sums, partial, tid);
+}
+
+template <class T>
+__global__ void tiled_finish_kernel(const float* __restrict__ partial, T* __restrict__ dw, T* __restrict__ db,
+                                    dw7::Geometry g) {
+  const int64_t items = int64_t(dw7::kSlots) * g.c;
+  for (int64_t i = global_thread(); i < items; i += grid_threads())
+    dw7::finish_item<T, DeviceCvt>(g, partial, dw, db, i);
+}
+
+// Calls f(Tag<T>{}) for the tiled kernels' dtypes.
+template <class F>
+cudaError_t visit_tiled(DType t, F&& f) {
+  switch (t) {
+    case DType::f32:
+      return f(Tag<float>{});
+    case DType::f16:
+      return f(Tag<__half>{});
+    case DType::bf16:
+      return f(Tag<__nv_bfloat16>{});
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+// Dynamic shared memory past the default 48 KiB must be asked for, per kernel.
+template <class K>
+cudaError_t allow_smem(K* kernel, int64_t bytes) {
+  if (bytes <= (48 << 10)) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+}
+
+template <class T, bool kFlip>
+cudaError_t launch_tiled_forward(const Config& cfg, const T* x, const T* wt, const T* bias, T* y, int64_t n,
+                                 int64_t h, int64_t w, int64_t c) {
+  const dw7::Geometry g = dw7::plan(n, h, w, c, int(sizeof(T)), false, cfg.sm_count);
+  if (!dw7::fits_grid(g, false)) return cudaErrorInvalidConfiguration;
+  const int64_t smem = dw7::forward_smem(g, int(sizeof(T)));
+  auto* kernel = tiled_forward_kernel<T, kFlip>;
+  if (const cudaError_t st = allow_smem(kernel, smem); st != cudaSuccess) return st;
+  kernel<<<dim3(unsigned(g.batches * g.tiles()), unsigned(g.cgroups)), unsigned(g.threads()), size_t(smem),
+           cfg.stream>>>(x, wt, bias, y, g, dw7::vector_ok(x, c));
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t depthwise_forward(const Config& cfg, DType t, const void* x, const void* w, const void* bias,
@@ -215,6 +326,70 @@ cudaError_t depthwise_backward_filter(const Config& cfg, DType t, const void* gy
           partial, f.chunks, taps_c, static_cast<T*>(dw));
       return cudaGetLastError();
     });
+  });
+}
+
+bool depthwise7_supported(DType t, int64_t n, int64_t h, int64_t w, int64_t c, int sm_count) {
+  if (t != DType::f32 && t != DType::f16 && t != DType::bf16) return false;
+  if (n <= 0 || h <= 0 || w <= 0 || c <= 0) return false;
+  const int elem = int(dtype_size(t));
+  return dw7::fits_grid(dw7::plan(n, h, w, c, elem, false, sm_count), false) &&
+         dw7::fits_grid(dw7::plan(n, h, w, c, elem, true, sm_count), true);
+}
+
+cudaError_t depthwise7_forward(const Config& cfg, DType t, const void* x, const void* w, const void* bias,
+                               void* y, int64_t n, int64_t h, int64_t ww, int64_t c) {
+  if (n * h * ww * c == 0) return cudaSuccess;
+  return visit_tiled(t, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return launch_tiled_forward<T, false>(cfg, static_cast<const T*>(x), static_cast<const T*>(w),
+                                          static_cast<const T*>(bias), static_cast<T*>(y), n, h, ww, c);
+  });
+}
+
+cudaError_t depthwise7_backward_data(const Config& cfg, DType t, const void* gy, const void* w, void* dx,
+                                     int64_t n, int64_t h, int64_t ww, int64_t c) {
+  if (n * h * ww * c == 0) return cudaSuccess;
+  return visit_tiled(t, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return launch_tiled_forward<T, true>(cfg, static_cast<const T*>(gy), static_cast<const T*>(w), nullptr,
+                                         static_cast<T*>(dx), n, h, ww, c);
+  });
+}
+
+size_t depthwise7_backward_workspace(DType t, int64_t n, int64_t h, int64_t ww, int64_t c, int sm_count) {
+  const dw7::Geometry g = dw7::plan(n, h, ww, c, int(dtype_size(t)), true, sm_count);
+  return size_t(g.partials()) * dw7::kSlots * size_t(c) * sizeof(float);
+}
+
+cudaError_t depthwise7_backward(const Config& cfg, DType t, const void* gy, const void* x, const void* w,
+                                void* dx, void* dw, void* db, int64_t n, int64_t h, int64_t ww, int64_t c,
+                                void* workspace) {
+  if (!dw && !db) return dx ? depthwise7_backward_data(cfg, t, gy, w, dx, n, h, ww, c) : cudaSuccess;
+  if (c == 0) return cudaSuccess;
+  return visit_tiled(t, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    const dw7::Geometry g = dw7::plan(n, h, ww, c, int(sizeof(T)), true, cfg.sm_count);
+    const int64_t items = int64_t(dw7::kSlots) * c;
+    dw7::Geometry finish = g;
+    if (n * h * ww > 0) {
+      if (!dw7::fits_grid(g, true)) return cudaErrorInvalidConfiguration;
+      const int64_t smem = dw7::backward_smem(g, int(sizeof(T)));
+      auto* kernel = dx ? tiled_backward_kernel<T, true> : tiled_backward_kernel<T, false>;
+      if (const cudaError_t st = allow_smem(kernel, smem); st != cudaSuccess) return st;
+      const T* pgy = static_cast<const T*>(gy);
+      const T* px = static_cast<const T*>(x);
+      kernel<<<dim3(unsigned(g.tiles() * g.nz), unsigned(g.cgroups)), unsigned(g.threads()), size_t(smem),
+               cfg.stream>>>(pgy, px, static_cast<const T*>(w), static_cast<T*>(dx),
+                             static_cast<float*>(workspace), g, dw7::vector_ok(pgy, c),
+                             dw7::vector_ok(px, c));
+      if (const cudaError_t st = cudaGetLastError(); st != cudaSuccess) return st;
+    } else {
+      finish.nz = 0;  // no pixels: no partials, and the gradients are empty sums
+    }
+    tiled_finish_kernel<T><<<grid_for(items, cfg.sm_count), kThreads, 0, cfg.stream>>>(
+        static_cast<const float*>(workspace), static_cast<T*>(dw), static_cast<T*>(db), finish);
+    return cudaGetLastError();
   });
 }
 

@@ -111,9 +111,25 @@ cudaError_t cross_entropy_backward(const Config& cfg, DType t, DType label_t, co
 // out (rows) i64: first index of the largest value of each row of k, NaN counting as largest.
 cudaError_t argmax(const Config& cfg, DType t, const void* x, int64_t* out, int64_t rows, int64_t k);
 
-// Direct depthwise k x k convolution, stride 1, padding k/2, NHWC x (n, h, w, c) and weight (k, k, c)
-// (depthwise.cu): the fallback when cuDNN has no algorithm. bias may be null. The filter gradient supports
-// k = 3, 5, 7, 9 (cudaErrorNotSupported otherwise) and needs depthwise_backward_filter_workspace bytes.
+// Depthwise k x k convolution, stride 1, padding k/2, NHWC x (n, h, w, c) and weight (k, k, c)
+// (depthwise.cu); bias may be null.
+// The tiled 7x7 kernels (Note [Tiled depthwise kernels] in depthwise_tiles.h): f32, f16, bf16 with f32
+// accumulation, for every size depthwise7_supported accepts (all but grids past CUDA's limits).
+// depthwise7_backward computes any of dx, dw and db (each may be null) from one pass over gy and x, then adds
+// the per-tile partials of dw and db in a fixed order; it needs depthwise7_backward_workspace bytes when dw
+// or db is asked for.
+bool depthwise7_supported(DType t, int64_t n, int64_t h, int64_t w, int64_t c, int sm_count);
+cudaError_t depthwise7_forward(const Config& cfg, DType t, const void* x, const void* w, const void* bias,
+                               void* y, int64_t n, int64_t h, int64_t ww, int64_t c);
+cudaError_t depthwise7_backward_data(const Config& cfg, DType t, const void* gy, const void* w, void* dx,
+                                     int64_t n, int64_t h, int64_t ww, int64_t c);
+size_t depthwise7_backward_workspace(DType t, int64_t n, int64_t h, int64_t ww, int64_t c, int sm_count);
+cudaError_t depthwise7_backward(const Config& cfg, DType t, const void* gy, const void* x, const void* w,
+                                void* dx, void* dw, void* db, int64_t n, int64_t h, int64_t ww, int64_t c,
+                                void* workspace);
+// The direct kernels, any odd k, f32/f64/f16/bf16: the path for other kernel sizes where cuDNN has no
+// algorithm, and the reference path (DepthwiseAlgo::direct). The filter gradient supports k = 3, 5, 7, 9
+// (cudaErrorNotSupported otherwise) and needs depthwise_backward_filter_workspace bytes.
 cudaError_t depthwise_forward(const Config& cfg, DType t, const void* x, const void* w, const void* bias,
                               void* y, int64_t n, int64_t h, int64_t ww, int64_t c, int k);
 cudaError_t depthwise_backward_data(const Config& cfg, DType t, const void* gy, const void* w, void* dx,

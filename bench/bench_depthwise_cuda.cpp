@@ -1,0 +1,184 @@
+// The 7x7 depthwise convolutions of ConvNeXt on one GPU, stage by stage: forward and backward (dx, dw, db) on
+// our tiled kernels and on cuDNN (DepthwiseAlgo), each against its bounds: the f32 FMA bound (N H W C 49
+// multiply-adds per direction: the kernels accumulate in f32, so --peak-fp32-tflops, the non-tensor-core
+// peak) and the memory bound (each tensor read or written once: x and y forward; gy, x and dx backward). The
+// per-step totals (3, 3, 9 and 3 layers per stage for ConvNeXt-T) are what issue 13's 3 ms goal is about.
+// scripts/gpu-check.sh runs it; scripts/gpu_check_summary.py prints its table.
+//
+//   bench_depthwise_cuda [--dtype bf16] [--batch 64] [--image 224] [--iters 10] [--peak-fp32-tflops T]
+//                        [--peak-gbps B] [--json FILE]
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "tensor/cuda/context.h"
+#include "tensor/cuda/kernels.h"
+#include "tensor/stream.h"
+#include "tensor/tensor.h"
+
+namespace {
+
+using namespace cz;
+
+struct Flags {
+  std::string dtype = "bf16";
+  int64_t batch = 64;
+  int64_t image = 224;
+  int iters = 10;
+  double peak_fp32_tflops = 0;  // 0: no FMA bound
+  double peak_gbps = 0;         // 0: no memory bound
+  std::string json;
+};
+
+[[noreturn]] void usage(const std::string& msg) {
+  std::fprintf(stderr,
+               "bench_depthwise_cuda: %s\n"
+               "usage: bench_depthwise_cuda [--dtype f32|bf16|f16] [--batch 64] [--image 224] [--iters 10]\n"
+               "                            [--peak-fp32-tflops T] [--peak-gbps B] [--json FILE]\n",
+               msg.c_str());
+  std::exit(2);
+}
+
+Flags parse(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage("missing value for " + std::string(a));
+      return argv[++i];
+    };
+    if (a == "--dtype")
+      f.dtype = value();
+    else if (a == "--batch")
+      f.batch = std::stoll(value());
+    else if (a == "--image")
+      f.image = std::stoll(value());
+    else if (a == "--iters")
+      f.iters = std::stoi(value());
+    else if (a == "--peak-fp32-tflops")
+      f.peak_fp32_tflops = std::stod(value());
+    else if (a == "--peak-gbps")
+      f.peak_gbps = std::stod(value());
+    else if (a == "--json")
+      f.json = value();
+    else if (a == "-h" || a == "--help")
+      usage("help");
+    else
+      usage("unknown flag " + std::string(a));
+  }
+  if (f.batch <= 0 || f.image < 32 || f.iters <= 0 || f.peak_fp32_tflops < 0 || f.peak_gbps < 0)
+    usage("sizes and counts must be positive");
+  return f;
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "f32") return DType::f32;
+  if (s == "bf16") return DType::bf16;
+  if (s == "f16") return DType::f16;
+  usage("unknown --dtype " + s);
+}
+
+int run(const Flags& f) {
+  if (cuda_device_count() == 0) {
+    std::fprintf(stderr, "bench_depthwise_cuda: no CUDA GPU is visible\n");
+    return 1;
+  }
+  const Device dev = Device::cuda(0);
+  const DType t = parse_dtype(f.dtype);
+  cuda::DeviceContext& ctx = cuda::context(dev.index);
+  const Stream s = cuda::compute_stream(dev.index);
+  StreamGuard guard(s);
+  const double elem = double(dtype_size(t));
+
+  auto time_ms = [&](auto&& fn) {
+    for (int i = 0; i < 2; ++i) fn();  // the first call chooses cuDNN's algorithm
+    Event start(dev), end(dev);
+    start.record(s);
+    for (int i = 0; i < f.iters; ++i) fn();
+    end.record(s);
+    end.synchronize();
+    return double(start.elapsed_ms(end)) / f.iters;
+  };
+  // The larger of the FMA and the memory bound, in ms (0 when neither peak is known).
+  auto bound_ms = [&](double fma, double bytes) {
+    const double by_fma = f.peak_fp32_tflops > 0 ? 2 * fma / (f.peak_fp32_tflops * 1e9) : 0;
+    const double by_bytes = f.peak_gbps > 0 ? bytes / (f.peak_gbps * 1e6) : 0;
+    return std::pair{by_fma, by_bytes};
+  };
+
+  // ConvNeXt-T: widths 96, 192, 384, 768 at strides 4, 8, 16, 32, with 3, 3, 9, 3 blocks.
+  const int64_t widths[4] = {96, 192, 384, 768}, layers[4] = {3, 3, 9, 3};
+  std::string rows_json;
+  double step_ms[2] = {0, 0}, step_bound = 0;
+  int64_t side = f.image / 4;
+  for (int st = 0; st < 4; ++st, side /= 2) {
+    const int64_t c = widths[st], n = f.batch;
+    const Tensor x = full({n, side, side, c}, 0.01, t, dev), w = full({7, 7, c}, 0.01, t, dev),
+                 b = full({c}, 0.01, t, dev), gy = full({n, side, side, c}, 0.01, t, dev);
+    Tensor y = empty(x.sizes(), t, dev), dx = empty(x.sizes(), t, dev), dw = empty(w.sizes(), t, dev),
+           db = empty({c}, t, dev);
+    const double pixels = double(n * side * side * c), fma = pixels * 49;
+    const auto [fwd_fma, fwd_bytes] = bound_ms(fma, 2 * pixels * elem);
+    const auto [bwd_fma, bwd_bytes] = bound_ms(2 * fma, 3 * pixels * elem);
+    const double fwd_bound = std::max(fwd_fma, fwd_bytes), bwd_bound = std::max(bwd_fma, bwd_bytes);
+    step_bound += double(layers[st]) * (fwd_bound + bwd_bound);
+    const cuda::DepthwiseAlgo algos[2] = {cuda::DepthwiseAlgo::tiled, cuda::DepthwiseAlgo::cudnn};
+    for (int a = 0; a < 2; ++a) {
+      ctx.set_depthwise_algo(algos[a]);
+      const double fwd = time_ms([&] { cuda::depthwise_conv2d_forward(x, w, b, y, s); });
+      const double bwd = time_ms([&] { cuda::depthwise_conv2d_backward(gy, x, w, dx, dw, db, s); });
+      step_ms[a] += double(layers[st]) * (fwd + bwd);
+      const char* path = cuda::depthwise_algo_name(algos[a]);
+      std::printf(
+          "[depthwise] %s stage %d (C=%lld, %lldx%lld, batch %lld) %s: forward %.3f ms (bound %.3f: FMA "
+          "%.3f, "
+          "memory %.3f), backward %.3f ms (bound %.3f: FMA %.3f, memory %.3f)\n",
+          f.dtype.c_str(), st + 1, (long long)c, (long long)side, (long long)side, (long long)n, path, fwd,
+          fwd_bound, fwd_fma, fwd_bytes, bwd, bwd_bound, bwd_fma, bwd_bytes);
+      rows_json += fmt::format(
+          "{}{{\"stage\": {}, \"c\": {}, \"side\": {}, \"layers\": {}, \"path\": \"{}\", \"fwd_ms\": {:.5f}, "
+          "\"bwd_ms\": {:.5f}, \"fwd_fma_ms\": {:.5f}, \"fwd_mem_ms\": {:.5f}, \"bwd_fma_ms\": {:.5f}, "
+          "\"bwd_mem_ms\": {:.5f}}}",
+          rows_json.empty() ? "" : ", ", st + 1, c, side, layers[st], path, fwd, bwd, fwd_fma, fwd_bytes,
+          bwd_fma, bwd_bytes);
+    }
+  }
+  ctx.set_depthwise_algo(cuda::DepthwiseAlgo::tiled);
+  std::printf(
+      "[depthwise] %s per ConvNeXt-T step at batch %lld: tiled %.3f ms, cudnn %.3f ms, bound %.3f ms\n",
+      f.dtype.c_str(), (long long)f.batch, step_ms[0], step_ms[1], step_bound);
+
+  if (!f.json.empty()) {
+    std::FILE* out = std::fopen(f.json.c_str(), "w");
+    if (out == nullptr) {
+      std::fprintf(stderr, "bench_depthwise_cuda: cannot write %s\n", f.json.c_str());
+      return 1;
+    }
+    std::fprintf(out, "%s\n",
+                 fmt::format("{{\"impl\": \"depthwise\", \"dtype\": \"{}\", \"batch\": {}, \"image\": {}, "
+                             "\"peak_fp32_tflops\": {}, \"peak_gbps\": {}, \"step_ms\": {{\"tiled\": {:.5f}, "
+                             "\"cudnn\": {:.5f}}}, \"step_bound_ms\": {:.5f}, \"rows\": [{}]}}",
+                             f.dtype, f.batch, f.image, f.peak_fp32_tflops, f.peak_gbps, step_ms[0],
+                             step_ms[1], step_bound, rows_json)
+                     .c_str());
+    std::fclose(out);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_depthwise_cuda: error: %s\n", e.what());
+    return 1;
+  }
+}
