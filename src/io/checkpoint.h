@@ -107,6 +107,8 @@ struct SaveResult {
   int64_t bytes = 0;         // all ranks' files together
   int64_t rank_bytes = 0;    // this rank's file
   double write_seconds = 0;  // this rank's file: create to synced
+  double prune_seconds = 0;  // rank 0 removing older checkpoints (keep) after the new one became latest
+                             // (a background save only renames them here; see ~PendingSave)
 };
 
 // A save in progress: this rank's file is being written on a background thread from a host copy of its
@@ -115,7 +117,9 @@ class PendingSave {
  public:
   PendingSave(PendingSave&&) noexcept;
   PendingSave& operator=(PendingSave&&) noexcept;
-  ~PendingSave();  // waits for the writer thread; an unfinished save is abandoned (never visible)
+  // Waits for the writer thread, and for the removal of the checkpoints this save pruned (Note [Pruning off
+  // the critical path]); an unfinished save is abandoned (never visible).
+  ~PendingSave();
 
   // This rank's file is written (or failed); does not block. Ranks may disagree: do not branch a collective
   // on it.
