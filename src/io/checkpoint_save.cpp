@@ -406,6 +406,7 @@ SaveResult PendingSave::finish() {
   if (failing > 0) {
     const int root = int(size - failing);
     const std::string reason = comm.broadcast(s.error, root);
+    s.index.reset();
     if (rank == 0) detail::remove_tree_quietly(s.temp_dir);
     throw IoError(fmt::format("checkpoint {} not saved: rank {}: {}", s.final_dir, root, reason));
   }
@@ -426,6 +427,7 @@ SaveResult PendingSave::finish() {
       outcome["prune_seconds"] = s.prune_seconds;
     } catch (const std::exception& e) {
       outcome["error"] = fmt::format("{}: {}", s.published ? "saved, but then" : "not saved", e.what());
+      s.index.reset();
       if (!s.published) detail::remove_tree_quietly(s.temp_dir);
     }
   }
