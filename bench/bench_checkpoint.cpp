@@ -1,8 +1,10 @@
 // bench_checkpoint: save and load time of a sharded checkpoint of a ConvNeXt (default convnext_tiny: fp32
 // master weights, AdamW exp_avg and exp_avg_sq, EMA; 4 x 28.6 M floats = 458 MB) at the world size of the
 // mpirun around it, as bandwidth against this machine's sequential speed measured in the same run with dd
-// (write: conv=fsync; read: after dropping the file from the page cache). Also the background save: how long
-// training stops for the copy to host memory, and how long the write behind it takes.
+// (write: conv=fsync; read: after dropping the file from the page cache). A save is timed until the
+// checkpoint is visible and `latest` names it; removing the previous one (keep 1) is reported apart. Also the
+// background save: how long training stops for the copy to host memory, and for finish() once every rank's
+// file is written (agreeing, the index, the rename, `latest`, the prune).
 //   mpirun -np 4 bench_checkpoint DIR [--model convnext_tiny] [--reps 3]
 // (bench/checkpoint_bandwidth.sh runs 1, 2 and 4 ranks.) DIR should be on the disk checkpoints go to.
 #include <fcntl.h>
@@ -15,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "io/checkpoint.h"
@@ -111,7 +114,7 @@ int main(int argc, char** argv) {
                 double(layout.numel) / 1e6, group_names.size(), total_bytes / 1e6, world, reps);
   }
 
-  std::vector<double> dd_write, dd_read, save, load, stall, background;
+  std::vector<double> dd_write, dd_read, save, prune, load, copy, finish, background;
   int64_t step = 0;
   for (int rep = 0; rep < reps; ++rep) {
     if (rank == 0) {  // the disk's sequential speed, right before this repetition's checkpoint
@@ -132,7 +135,8 @@ int main(int argc, char** argv) {
     double t0 = now();
     const ckpt::SaveResult res = ckpt::save_checkpoint(request(), comm);
     comm.barrier();
-    save.push_back(now() - t0);
+    save.push_back(now() - t0 - res.prune_seconds);
+    if (rep > 0) prune.push_back(res.prune_seconds);  // the first save has nothing to remove
 
     if (rank == 0)
       for (const auto& e : fs::directory_iterator(res.path)) evict(e.path().string());
@@ -145,26 +149,32 @@ int main(int argc, char** argv) {
     comm.barrier();
     load.push_back(now() - t0);
 
+    comm.barrier();
     t0 = now();
     ckpt::PendingSave pending = ckpt::begin_save(request(), comm);
-    const double stopped = comm.all_reduce_max(int64_t((now() - t0) * 1e6)) / 1e6;
-    const ckpt::SaveResult bg = pending.finish();
+    copy.push_back(double(comm.all_reduce_max(int64_t((now() - t0) * 1e6))) / 1e6);
+    while (!pending.written()) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // "training"
     comm.barrier();
-    stall.push_back(stopped);
     background.push_back(now() - t0);
-    (void)bg;
+    const double t1 = now();
+    pending.finish();
+    finish.push_back(double(comm.all_reduce_max(int64_t((now() - t1) * 1e6))) / 1e6);
   }
   if (rank == 0) {
     const double w = median(dd_write), r = median(dd_read), s = total_bytes / median(save),
                  l = total_bytes / median(load);
     std::printf("dd write (conv=fsync)  %7.2f GB/s\n", w / 1e9);
-    std::printf("save                   %7.2f GB/s  %6.3f s   %4.0f%% of dd\n", s / 1e9, median(save),
-                100 * s / w);
+    std::printf(
+        "save                   %7.2f GB/s  %6.3f s   %4.0f%% of dd   (then %.3f s removing the "
+        "previous one)\n",
+        s / 1e9, median(save), 100 * s / w, prune.empty() ? 0.0 : median(prune));
     std::printf("dd read (cold)         %7.2f GB/s\n", r / 1e9);
     std::printf("load (cold)            %7.2f GB/s  %6.3f s   %4.0f%% of dd\n", l / 1e9, median(load),
                 100 * l / r);
-    std::printf("background save: training stopped %.3f s (copy to host), save done after %.3f s\n",
-                median(stall), median(background));
+    std::printf(
+        "background save: training stops %.3f s to copy to host memory, files written %.3f s "
+        "later, then finish() stops it %.3f s\n",
+        median(copy), median(background) - median(copy), median(finish));
     std::printf("all repetitions: dd write");
     for (double v : dd_write) std::printf(" %.2f", v / 1e9);
     std::printf(" | save");

@@ -71,7 +71,7 @@ class Collective {
   virtual std::string broadcast(const std::string& value, int root) = 0;
 };
 
-// A world of one process (cz_weights, single-process training and tests).
+// A world of one process (single-process training, tools, tests).
 class SoloCollective final : public Collective {
  public:
   int rank() const override { return 0; }
@@ -107,6 +107,8 @@ struct SaveResult {
   int64_t bytes = 0;         // all ranks' files together
   int64_t rank_bytes = 0;    // this rank's file
   double write_seconds = 0;  // this rank's file: create to synced
+  double prune_seconds = 0;  // rank 0 removing older checkpoints (keep) after the new one became latest
+                             // (a background save only renames them here; see ~PendingSave)
 };
 
 // A save in progress: this rank's file is being written on a background thread from a host copy of its
@@ -115,7 +117,9 @@ class PendingSave {
  public:
   PendingSave(PendingSave&&) noexcept;
   PendingSave& operator=(PendingSave&&) noexcept;
-  ~PendingSave();  // waits for the writer thread; an unfinished save is abandoned (never visible)
+  // Waits for the writer thread, and for the removal of the checkpoints this save pruned (Note [Pruning off
+  // the critical path]); an unfinished save is abandoned (never visible).
+  ~PendingSave();
 
   // This rank's file is written (or failed); does not block. Ranks may disagree: do not branch a collective
   // on it.
@@ -132,10 +136,13 @@ class PendingSave {
   std::unique_ptr<State> state_;
 };
 
-// Collective. Prepares dir/.tmp-step_<step> (rank 0), copies this rank's slices into host memory (CUDA slices
-// included: a device-to-host copy), and starts writing this rank's file on a background thread. Training
-// stops only for the copy; the collectives of the save all happen in begin_save and finish(), on the
-// caller's thread. `comm` must outlive finish().
+// Collective. Prepares dir/.tmp-step_<step> (rank 0), sends rank 0 this rank's slice table (rank 0 checks
+// that the slices tile every tensor), copies this rank's slices into host memory (CUDA slices included: a
+// device-to-host copy), and starts writing this rank's file on a background thread (then, on rank 0, the
+// index). Training stops only for the copy and the small broadcasts; the collectives of the save all happen
+// in begin_save and finish(), on the caller's thread. Throws (every rank) only when the folder cannot be
+// prepared; any other failure is reported by finish(). One save at a time per folder; `comm` must outlive
+// finish().
 PendingSave begin_save(SaveRequest request, Collective& comm);
 
 // Collective: begin_save + finish, writing straight from the slices (no host copy of CPU slices).

@@ -293,20 +293,21 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   return found;
 }
 
-void prune(const std::string& dir, int64_t newest_step, int64_t keep) {
-  if (keep <= 0) return;
+std::vector<std::string> prune(const std::string& dir, int64_t newest_step, int64_t keep) {
+  std::vector<std::string> doomed;
+  if (keep <= 0) return doomed;
   std::vector<std::pair<int64_t, std::string>> older;
   for (auto& c : list_checkpoints(dir))
     if (c.first < newest_step) older.push_back(std::move(c));
   const int64_t excess = int64_t(older.size()) - (keep - 1);
   for (int64_t i = 0; i < excess; ++i) {
-    const std::string doomed = dir + "/.del-" + step_dir_name(older[size_t(i)].first);
-    remove_tree_quietly(doomed);
-    if (::rename(older[size_t(i)].second.c_str(), doomed.c_str()) != 0)
+    doomed.push_back(dir + "/.del-" + step_dir_name(older[size_t(i)].first));
+    remove_tree_quietly(doomed.back());
+    if (::rename(older[size_t(i)].second.c_str(), doomed.back().c_str()) != 0)
       fail_errno(older[size_t(i)].second, "cannot remove the old checkpoint");
-    sync_dir(dir);
-    remove_tree_quietly(doomed);
   }
+  if (!doomed.empty()) sync_dir(dir);
+  return doomed;
 }
 
 std::string trim_slashes(std::string path) {

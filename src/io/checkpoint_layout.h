@@ -87,9 +87,10 @@ void write_latest(const std::string& dir, const std::string& name);
 std::optional<std::string> read_latest(const std::string& dir);
 // The step_N folders of `dir` that hold an index file, by step.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
-// Removes the checkpoints older than `newest_step` beyond the `keep - 1` most recent of them (renamed to
-// .del-step_N first, so a crash part-way never leaves a half-removed step_N).
-void prune(const std::string& dir, int64_t newest_step, int64_t keep);
+// Takes the checkpoints older than `newest_step` beyond the `keep - 1` most recent of them out of sight:
+// renamed to .del-step_N (so a crash part-way never leaves a half-removed step_N). Returns those folders,
+// which the caller removes (remove_tree_quietly); remove_leftovers gets any it did not.
+std::vector<std::string> prune(const std::string& dir, int64_t newest_step, int64_t keep);
 std::string trim_slashes(std::string path);  // "a/b//" -> "a/b"; "/" stays
 bool is_file(const std::string& path);
 bool is_dir(const std::string& path);

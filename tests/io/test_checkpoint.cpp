@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 
 #include "checkpoint_testing.h"
@@ -33,7 +34,7 @@ void save_step(const std::string& dir, int world, int64_t step, int64_t keep = 0
     r.scalars = testing::global_scalars(step);
     r.rank_scalars = testing::rank_scalars(step, rank);
     const ckpt::SaveResult res = ckpt::save_checkpoint(std::move(r), comm);
-    EXPECT_EQ(res.path, dir + "/step_" + std::to_string(step));
+    EXPECT_EQ(res.path, fmt::format("{}/step_{}", dir, step));
     EXPECT_GT(res.rank_bytes, 0);
     EXPECT_GT(res.bytes, res.rank_bytes);
   });
@@ -181,19 +182,27 @@ TEST(Checkpoint, BackgroundSaveWritesTheValuesOfItsStart) {
   const testing::TensorList tensors = testing::small_model();
   const FlatLayout layout = testing::flat_layout(tensors, 4);
   const auto errors = testing::run_ranks(2, [&](int rank, ckpt::Collective& comm) {
-    SaveRequest r{.dir = dir.path().string(), .step = 8, .stage = 1};
-    r.groups = testing::rank_state(tensors, layout, 2, rank, 8, testing::all_groups());
-    std::vector<Tensor> originals;
-    for (const auto& g : r.groups)
-      for (const auto& s : g.slices) originals.push_back(s.local);
-    ckpt::PendingSave pending = ckpt::begin_save(r, comm);
-    for (Tensor& t : originals) t.fill_(-1.0);  // training goes on and changes the state
-    while (!pending.written()) std::this_thread::yield();
-    const ckpt::SaveResult res = pending.finish();
-    EXPECT_GT(res.write_seconds, 0);
+    std::optional<ckpt::PendingSave> pending;  // held until the next save, as a trainer would
+    for (int64_t step : {7, 8}) {
+      SaveRequest r{.dir = dir.path().string(), .step = step, .stage = 1, .keep = 1};
+      r.groups = testing::rank_state(tensors, layout, 2, rank, step, testing::all_groups());
+      std::vector<Tensor> originals;
+      for (const auto& g : r.groups)
+        for (const auto& s : g.slices) originals.push_back(s.local);
+      pending = ckpt::begin_save(r, comm);
+      for (Tensor& t : originals) t.fill_(-1.0);  // training goes on and changes the state
+      while (!pending->written()) std::this_thread::yield();
+      const ckpt::SaveResult res = pending->finish();
+      EXPECT_GT(res.write_seconds, 0);
+    }
   });
   for (const std::string& e : errors) ASSERT_EQ(e, "");
   EXPECT_EQ(wrong_at(Checkpoint::open(dir.path().string()), 2, 8, 4), 0);
+  // step_7 was pruned: renamed out of sight by finish(), removed before the PendingSave was gone.
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step_8"}));
 }
 
 TEST(Checkpoint, LatestKeepAndResaves) {
@@ -241,7 +250,7 @@ TEST(Checkpoint, ExportsAGroupAsAWeightFile) {
   const Checkpoint c = Checkpoint::open(dir.path().string());
   const testing::TensorList tensors = testing::small_model();
   for (const std::string group : {"params", "ema"}) {
-    const std::string out = dir.str(group + ".h5");
+    const std::string out = dir.str(fmt::format("{}.h5", group));
     ckpt::export_weights(c, group, out);
     NamedTensorList params;
     for (const auto& [name, shape] : tensors) params.emplace_back(name, zeros(shape));
@@ -327,7 +336,7 @@ TEST(H5Chunks, Fletcher32MatchesHdf5OnEdgeSizes) {
   std::vector<uint8_t> data(4000);
   for (size_t i = 0; i < data.size(); ++i) data[i] = uint8_t(255 - i % 7);  // large words stress the folds
   for (size_t n : {1, 2, 3, 719, 720, 721, 722, 1441, 4000}) {
-    const std::string path = dir.str("f" + std::to_string(n) + ".h5");
+    const std::string path = dir.str(fmt::format("f{}.h5", n));
     const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     const hsize_t dims = n;
     const hid_t space = H5Screate_simple(1, &dims, nullptr), dcpl = H5Pcreate(H5P_DATASET_CREATE);

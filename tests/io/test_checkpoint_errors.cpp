@@ -188,7 +188,8 @@ TEST(CheckpointErrors, SlicesThatDoNotTileAreRefused) {
   for (const std::string& e : save(dir.path().string(), 2, 2, [](int rank, SaveRequest&r) {
          if (rank == 1) r.groups[1].slices.pop_back();
        })) {
-    EXPECT_HAS(e, dir.str("step_2") + " not saved: the ranks' slices do not cover every tensor exactly once");
+    EXPECT_HAS(e, dir.str("step_2") +
+                      " not saved: rank 0: the ranks' slices do not cover every tensor exactly once");
     EXPECT_HAS(e, "ema/head.fc.scale: elements [0, 1) of (1) are in no rank's slice");
   }
   expect_step1_intact(dir);
