@@ -11,6 +11,8 @@
 #include <cmath>
 
 #include "dist/train/trainer.h"
+#include <nlohmann/json.hpp>
+
 #include "io/checkpoint.h"
 #include "tensor/ops.h"
 
@@ -68,6 +70,22 @@ std::vector<std::pair<std::string, std::string>> identity(const TrainConfig& c) 
           {"--data", c.data}};
 }
 
+// The run's configuration, recorded with the checkpoint for people and tools (resuming checks identity()).
+std::string config_json(const TrainConfig& c, int world) {
+  const nlohmann::json j = {
+      {"model", c.model},         {"depths", c.depths},       {"dims", c.dims},
+      {"num_classes", c.num_classes}, {"image_size", c.image_size}, {"data", c.data},
+      {"micro_batch", c.micro_batch}, {"grad_accum", c.grad_accum}, {"world_size", world},
+      {"optimizer", c.optimizer}, {"lr", c.lr},                {"min_lr", c.min_lr},
+      {"weight_decay", c.weight_decay}, {"warmup_steps", c.warmup_steps}, {"schedule", c.schedule},
+      {"steps", c.steps},         {"epochs", c.epochs},       {"label_smoothing", c.label_smoothing},
+      {"drop_path", c.drop_path}, {"clip_grad", c.clip_grad}, {"ema_decay", c.ema_decay},
+      {"augment", c.augment},     {"shuffle", c.shuffle},     {"seed", c.seed},
+      {"precision", c.precision}, {"stage", c.stage},         {"bucket_mb", c.bucket_mb},
+      {"reduce_dtype", c.reduce_dtype}, {"offload_optimizer", c.offload_optimizer}};
+  return j.dump();
+}
+
 }  // namespace
 
 void Trainer::save_checkpoint() {
@@ -95,6 +113,7 @@ void Trainer::save_checkpoint() {
   sc.ints["loss_scale_clean_steps"] = scaler_.state().clean_steps;
   sc.floats["loss_scale"] = scaler_.state().scale;
   for (const auto& [flag, value] : identity(cfg_)) sc.strings["flag" + flag] = value;
+  sc.strings["config"] = config_json(cfg_, world_.size());
   pending_save_ = std::make_unique<ckpt::PendingSave>(ckpt::begin_save(std::move(req), *ckpt_comm_));
 }
 
