@@ -26,22 +26,6 @@ constexpr int64_t kCudaContext = int64_t(512) << 20;
 constexpr int64_t kNcclBuffers = int64_t(256) << 20;
 constexpr int64_t kMaxSearchedBatch = int64_t(1) << 24;
 
-DType dtype_flag(const std::string& v) {
-  return v == "bf16" ? DType::bf16 : v == "fp16" ? DType::f16 : DType::f32;
-}
-
-nn::ConvNeXtConfig model_config(const train::TrainConfig& c) {
-  nn::ConvNeXtConfig mc = c.depths.empty() ? nn::convnext_variant(c.model) : nn::ConvNeXtConfig{};
-  if (!c.depths.empty()) {
-    mc.name = "custom";
-    mc.depths = c.depths;
-    mc.dims = c.dims;
-  }
-  mc.num_classes = c.num_classes;
-  mc.drop_path_rate = c.drop_path;
-  return mc;
-}
-
 // Everything make_plan derives from the flags once.
 struct Setup {
   train::TrainConfig cfg;
@@ -178,12 +162,12 @@ Plan make_plan(const PlanRequest& req) {
   CZ_CHECK(req.world >= 1, "--ranks must be at least 1, got {}", req.world);
   CZ_CHECK(!req.gpu_mem || *req.gpu_mem > 0, "--gpu-mem must be positive, got {}", req.gpu_mem.value_or(0));
   s.cuda = parse_device(s.cfg.device).is_cuda();
-  s.compute = dtype_flag(s.cfg.precision);
-  s.reduce = dtype_flag(s.cfg.reduce_dtype);
+  s.compute = train::dtype_of_flag(s.cfg.precision);
+  s.reduce = train::dtype_of_flag(s.cfg.reduce_dtype);
   CZ_CHECK(s.cuda || s.compute == DType::f32,
            "--precision {} needs --device cuda (the CPU backend computes in fp32)", s.cfg.precision);
   s.world = req.world;
-  s.model = model_config(s.cfg);
+  s.model = s.cfg.model_config();
   s.params = convnext_parameters(s.model);
 
   Plan p;

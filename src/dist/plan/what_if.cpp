@@ -81,22 +81,6 @@ namespace {
 
 using dist::Collective;
 
-DType dtype_flag(const std::string& v) {
-  return v == "bf16" ? DType::bf16 : v == "fp16" ? DType::f16 : DType::f32;
-}
-
-nn::ConvNeXtConfig model_config(const train::TrainConfig& c) {
-  nn::ConvNeXtConfig mc = c.depths.empty() ? nn::convnext_variant(c.model) : nn::ConvNeXtConfig{};
-  if (!c.depths.empty()) {
-    mc.name = "custom";
-    mc.depths = c.depths;
-    mc.dims = c.dims;
-  }
-  mc.num_classes = c.num_classes;
-  mc.drop_path_rate = c.drop_path;
-  return mc;
-}
-
 // Per GPU, to its CPU socket, when every GPU copies at once: the narrowest link on the way up, shared by the
 // GPUs below it. The slowest GPU's figure.
 double host_link_gbps(const dist::Topology& t) {
@@ -130,7 +114,7 @@ struct Run {
 WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, double host_link) {
   const train::TrainConfig& cfg = run.cfg;
   const int n = comm.ranks();
-  const std::vector<ParamInfo> params = convnext_parameters(model_config(cfg));
+  const std::vector<ParamInfo> params = convnext_parameters(cfg.model_config());
   const zero::ZeroLayout L = zero_layout(params, stage, n, cfg.bucket_mb, run.er);
   const size_t np = L.partitions.size();
   std::map<std::string, size_t> partition_of;
@@ -277,8 +261,8 @@ WhatIf what_if(const WhatIfRequest& req) {
   train::TrainConfig cfg = req.config;
   if (cfg.steps == 0 && cfg.epochs == 0) cfg.steps = 1;
   cfg.validate();
-  const DType ec = dtype_flag(cfg.precision), er = dtype_flag(cfg.reduce_dtype);
-  const nn::ConvNeXtConfig mc = model_config(cfg);
+  const DType ec = train::dtype_of_flag(cfg.precision), er = train::dtype_of_flag(cfg.reduce_dtype);
+  const nn::ConvNeXtConfig mc = cfg.model_config();
   std::vector<int> ranks = req.ranks;
   const int total = req.topology.num_ranks();
   if (ranks.empty()) {

@@ -10,8 +10,8 @@
 // loader at the saved position, and continues bit for bit at the same configuration.
 #include <cmath>
 
-#include "dist/train/trainer.h"
 #include <nlohmann/json.hpp>
+#include "dist/train/trainer.h"
 
 #include "io/checkpoint.h"
 #include "tensor/ops.h"
@@ -72,17 +72,35 @@ std::vector<std::pair<std::string, std::string>> identity(const TrainConfig& c) 
 
 // The run's configuration, recorded with the checkpoint for people and tools (resuming checks identity()).
 std::string config_json(const TrainConfig& c, int world) {
-  const nlohmann::json j = {
-      {"model", c.model},         {"depths", c.depths},       {"dims", c.dims},
-      {"num_classes", c.num_classes}, {"image_size", c.image_size}, {"data", c.data},
-      {"micro_batch", c.micro_batch}, {"grad_accum", c.grad_accum}, {"world_size", world},
-      {"optimizer", c.optimizer}, {"lr", c.lr},                {"min_lr", c.min_lr},
-      {"weight_decay", c.weight_decay}, {"warmup_steps", c.warmup_steps}, {"schedule", c.schedule},
-      {"steps", c.steps},         {"epochs", c.epochs},       {"label_smoothing", c.label_smoothing},
-      {"drop_path", c.drop_path}, {"clip_grad", c.clip_grad}, {"ema_decay", c.ema_decay},
-      {"augment", c.augment},     {"shuffle", c.shuffle},     {"seed", c.seed},
-      {"precision", c.precision}, {"stage", c.stage},         {"bucket_mb", c.bucket_mb},
-      {"reduce_dtype", c.reduce_dtype}, {"offload_optimizer", c.offload_optimizer}};
+  const nlohmann::json j = {{"model", c.model},
+                            {"depths", c.depths},
+                            {"dims", c.dims},
+                            {"num_classes", c.num_classes},
+                            {"image_size", c.image_size},
+                            {"data", c.data},
+                            {"micro_batch", c.micro_batch},
+                            {"grad_accum", c.grad_accum},
+                            {"world_size", world},
+                            {"optimizer", c.optimizer},
+                            {"lr", c.lr},
+                            {"min_lr", c.min_lr},
+                            {"weight_decay", c.weight_decay},
+                            {"warmup_steps", c.warmup_steps},
+                            {"schedule", c.schedule},
+                            {"steps", c.steps},
+                            {"epochs", c.epochs},
+                            {"label_smoothing", c.label_smoothing},
+                            {"drop_path", c.drop_path},
+                            {"clip_grad", c.clip_grad},
+                            {"ema_decay", c.ema_decay},
+                            {"augment", c.augment},
+                            {"shuffle", c.shuffle},
+                            {"seed", c.seed},
+                            {"precision", c.precision},
+                            {"stage", c.stage},
+                            {"bucket_mb", c.bucket_mb},
+                            {"reduce_dtype", c.reduce_dtype},
+                            {"offload_optimizer", c.offload_optimizer}};
   return j.dump();
 }
 

@@ -57,4 +57,22 @@ void TrainConfig::validate() const {
   CZ_CHECK(keep_checkpoints == 0 || !checkpoint_dir.empty(), "--keep-checkpoints needs --checkpoint-dir");
 }
 
+nn::ConvNeXtConfig TrainConfig::model_config() const {
+  nn::ConvNeXtConfig mc = depths.empty() ? nn::convnext_variant(model) : nn::ConvNeXtConfig{};
+  if (!depths.empty()) {
+    mc.name = "custom";
+    mc.depths = depths;
+    mc.dims = dims;
+  }
+  mc.num_classes = num_classes;
+  mc.drop_path_rate = drop_path;
+  return mc;
+}
+
+DType dtype_of_flag(const std::string& flag) {
+  CZ_CHECK_DTYPE(flag == "fp32" || flag == "bf16" || flag == "fp16", "expected fp32, bf16 or fp16, got '{}'",
+                 flag);
+  return flag == "bf16" ? DType::bf16 : flag == "fp16" ? DType::f16 : DType::f32;
+}
+
 }  // namespace cz::train

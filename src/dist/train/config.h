@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "nn/convnext.h"
+#include "tensor/dtype.h"
+
 namespace cz::train {
 
 struct TrainConfig {
@@ -21,8 +24,9 @@ struct TrainConfig {
   std::string export_weights;  // HDF5 file written at the end (timm names)
 
   // Checkpoints (docs/checkpoints.md).
-  std::string checkpoint_dir;    // where step_N checkpoints go; empty: none
-  int64_t checkpoint_every = 0;  // steps between checkpoints (0: only at the end); one is also written at the end
+  std::string checkpoint_dir;  // where step_N checkpoints go; empty: none
+  int64_t checkpoint_every =
+      0;  // steps between checkpoints (0: only at the end); one is also written at the end
   int64_t keep_checkpoints = 0;  // keep the newest K complete ones (0: all)
   std::string resume;            // a checkpoint folder (its latest) or one DIR/step_N to continue from
 
@@ -71,7 +75,12 @@ struct TrainConfig {
 
   // Throws ValueError naming the first bad flag.
   void validate() const;
+  // The architecture these flags name (--model, or --depths/--dims), with --num-classes and --drop-path.
+  nn::ConvNeXtConfig model_config() const;
   int64_t global_batch(int world) const { return micro_batch * grad_accum * world; }
 };
+
+// "fp32" | "bf16" | "fp16", as --precision and --reduce-dtype spell them.
+DType dtype_of_flag(const std::string& flag);
 
 }  // namespace cz::train

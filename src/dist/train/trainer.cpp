@@ -53,7 +53,7 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
   if (cfg_.precision != "fp32") {
     CZ_CHECK_DEVICE(device_.is_cuda(),
                     "--precision {} needs --device cuda (the CPU backend computes in fp32)", cfg_.precision);
-    compute_dtype_ = cfg_.precision == "bf16" ? DType::bf16 : DType::f16;
+    compute_dtype_ = dtype_of_flag(cfg_.precision);
   }
   if (world_.size() > 1) {
     dist::CommOptions opt;
@@ -121,15 +121,7 @@ void Trainer::check_ranks_agree() {
 Trainer::~Trainer() = default;
 
 void Trainer::build_model() {
-  nn::ConvNeXtConfig mc = cfg_.depths.empty() ? nn::convnext_variant(cfg_.model) : nn::ConvNeXtConfig{};
-  if (!cfg_.depths.empty()) {
-    mc.name = "custom";
-    mc.depths = cfg_.depths;
-    mc.dims = cfg_.dims;
-  }
-  mc.num_classes = cfg_.num_classes;
-  mc.drop_path_rate = cfg_.drop_path;
-  model_ = std::make_unique<nn::ConvNeXt>(mc, nn::ParamOptions{DType::f32, device_});
+  model_ = std::make_unique<nn::ConvNeXt>(cfg_.model_config(), nn::ParamOptions{DType::f32, device_});
   model_->init_weights(cfg_.seed);
   if (!cfg_.init_weights.empty()) {
     WeightImportOptions opt;
@@ -143,9 +135,7 @@ void Trainer::build_model() {
   zc.bucket_bytes = std::max<int64_t>(1, int64_t(cfg_.bucket_mb * (1 << 20)));
   zc.prefetch = cfg_.prefetch;
   zc.compute_dtype = compute_dtype_;
-  zc.reduce_dtype = cfg_.reduce_dtype == "fp32"   ? DType::f32
-                    : cfg_.reduce_dtype == "bf16" ? DType::bf16
-                                                  : DType::f16;
+  zc.reduce_dtype = dtype_of_flag(cfg_.reduce_dtype);
   zc.device = device_;
   zc.optimizer = cfg_.optimizer;
   zc.weight_decay = cfg_.weight_decay;

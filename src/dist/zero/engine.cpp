@@ -69,8 +69,9 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
   if (cfg_.stage == 3) unit_of = assign_units(shapes, units);
   int64_t params = 0;
   for (const ParamShape& p : shapes) params += shape_numel(p.shape);
-  layout_ = plan_layout(shapes, cfg_.stage, world_,
-                        bucket_elems(double(cfg_.bucket_bytes), dtype_size(cfg_.reduce_dtype), params), unit_of);
+  layout_ =
+      plan_layout(shapes, cfg_.stage, world_,
+                  bucket_elems(double(cfg_.bucket_bytes), dtype_size(cfg_.reduce_dtype), params), unit_of);
   for (size_t p = 0; p < layout_.partitions.size(); ++p)
     for (size_t i = layout_.partitions[p].first_param; i < layout_.partitions[p].end_param; ++i)
       param_partition_.push_back(p);
@@ -440,34 +441,36 @@ ZeroStepStats ZeroEngine::step(LossScaler& scaler) {
     collect_comm_times();
     return stats_;
   }
-  const double lr = lr_, clip_grad = clip_grad_;
   const std::vector<Tensor> g = master_grads(), w = master_params();
-  if (cfg_.stage <= 1 && grad_shard_.defined() &&
-      !worker_)  // mixed precision: fp32 master gradients from the 16-bit ones
+  if (cfg_.stage <= 1 &&
+      grad_shard_.defined())  // mixed precision: fp32 master gradients from the 16-bit ones
     for (size_t p = 0; p < g.size(); ++p)
       Tensor(g[p]).copy_(grads_.narrow(0, layout_.chunk_range(p, shard_rank_).begin, layout_.chunk(p)));
-  const bool sharded = cfg_.stage > 0;
-  bool take = true;
-  if (scaler.enabled()) {
-    bool overflow = false;
-    for (const Tensor& t : g) overflow = scaler.unscale_(t) || overflow;
-    // Every rank must skip the same steps: any rank's overflow is everyone's.
-    if (sharded) overflow = all_reduce_scalar(overflow ? 1.0 : 0.0, false) > 0;
-    take = scaler.update(overflow);
-  }
-  stats_.skipped = !take;
-  stats_.grad_norm = global_grad_norm(g);
-  if (take) {
-    if (clip_grad > 0) {
-      const double coef = clip_coefficient(stats_.grad_norm, clip_grad);
-      for (const Tensor& t : g) scale_(t, coef);
-    }
-    optimizer_->step(std::span<const Tensor>(w), std::span<const Tensor>(g), lr);
+  if (prepare_gradients(g, scaler)) {
+    optimizer_->step(std::span<const Tensor>(w), std::span<const Tensor>(g), lr_);
     if (ema_) ema_->update(std::span<const Tensor>(w), cfg_.ema_decay);
     refresh_compute();
   }
   collect_comm_times();
   return stats_;
+}
+
+bool ZeroEngine::prepare_gradients(const std::vector<Tensor>& g, LossScaler& scaler) {
+  bool take = true;
+  if (scaler.enabled()) {
+    bool overflow = false;
+    for (const Tensor& t : g) overflow = scaler.unscale_(t) || overflow;
+    // Every rank must skip the same steps: any rank's overflow is everyone's.
+    if (cfg_.stage > 0) overflow = all_reduce_scalar(overflow ? 1.0 : 0.0, false) > 0;
+    take = scaler.update(overflow);
+  }
+  stats_.skipped = !take;
+  stats_.grad_norm = global_grad_norm(g);
+  if (take && clip_grad_ > 0) {
+    const double coef = clip_coefficient(stats_.grad_norm, clip_grad_);
+    for (const Tensor& t : g) scale_(t, coef);
+  }
+  return take;
 }
 
 double ZeroEngine::global_grad_norm(const std::vector<Tensor>& g) {

@@ -152,6 +152,8 @@ class ZeroEngine {
   Tensor compute_chunk(size_t p) const;
   void refresh_compute();
   double global_grad_norm(const std::vector<Tensor>& grads);
+  // fp16 unscale and the all-rank overflow decision, the global norm, clipping: whether to take the step.
+  bool prepare_gradients(const std::vector<Tensor>& grads, LossScaler& scaler);
 
   ZeroConfig cfg_;
   dist::Communicator* comm_;

@@ -20,7 +20,6 @@
 
 #include "dist/zero/engine.h"
 #include "dist/zero/host_worker.h"
-#include "optim/clip.h"
 #include "tensor/autograd/engine.h"
 
 namespace cz::zero {
@@ -77,35 +76,20 @@ void ZeroEngine::offload_step(LossScaler& scaler) {
     optim_s_ += since(t1);
     stats_.grad_norm = global_grad_norm(g);
     refresh_compute();
-  } else {
-    bool take = true;
-    if (scaler.enabled()) {
-      bool overflow = false;
-      for (const Tensor& t : g) overflow = scaler.unscale_(t) || overflow;
-      if (cfg_.stage > 0) overflow = all_reduce_scalar(overflow ? 1.0 : 0.0, false) > 0;
-      take = scaler.update(overflow);
-    }
-    stats_.skipped = !take;
-    stats_.grad_norm = global_grad_norm(g);
-    if (take) {
-      if (clip_grad_ > 0) {
-        const double coef = clip_coefficient(stats_.grad_norm, clip_grad_);
-        for (const Tensor& t : g) scale_(t, coef);
-      }
-      auto update = [this, g, w, ema_update, lr = lr_] {
-        NoGradGuard no_grad;
-        const auto t1 = Clock::now();
-        optimizer_->step(std::span<const Tensor>(w), std::span<const Tensor>(g), lr);
-        ema_update();
-        optim_s_ += since(t1);
-      };
-      if (cfg_.offload_overlap_step) {
-        worker_->submit(update);
-        update_pending_ = true;
-      } else {
-        update();
-        refresh_compute();
-      }
+  } else if (prepare_gradients(g, scaler)) {
+    auto update = [this, g, w, ema_update, lr = lr_] {
+      NoGradGuard no_grad;
+      const auto t1 = Clock::now();
+      optimizer_->step(std::span<const Tensor>(w), std::span<const Tensor>(g), lr);
+      ema_update();
+      optim_s_ += since(t1);
+    };
+    if (cfg_.offload_overlap_step) {
+      worker_->submit(update);
+      update_pending_ = true;
+    } else {
+      update();
+      refresh_compute();
     }
   }
   stats_.offload_copy_s = copy_s_;

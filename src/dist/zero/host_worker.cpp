@@ -53,8 +53,9 @@ double HostWorker::take_busy_seconds() {
 }
 
 void HostWorker::loop() {
-  // OpenMP's thread count is per thread: this one must use the rank's share of the cores too (Note [CPU threads
-  // per rank]), not the machine's, or its parallel regions oversubscribe the cores the ranks' compute runs on.
+  // OpenMP's thread count is per thread: this one must use the rank's share of the cores too (Note [CPU
+  // threads per rank]), not the machine's, or its parallel regions oversubscribe the cores the ranks' compute
+  // runs on.
   omp_set_num_threads(cpu_threads());
   if (stream_.device.is_cuda()) {
     cuda_runtime::set_device(stream_.device.index);

@@ -58,10 +58,11 @@ struct ParamShape {
   Shape shape;
 };
 
-// The bucket size the engine uses, in elements: `bucket_bytes` (--bucket-mb) in the reduce dtype, but at most a
-// quarter of the model's parameters (and at least 64 Ki elements). A bucket is reduced only once backward
+// The bucket size the engine uses, in elements: `bucket_bytes` (--bucket-mb) in the reduce dtype, but at most
+// a quarter of the model's parameters (and at least 64 Ki elements). A bucket is reduced only once backward
 // has filled it, so a model smaller than one bucket would have nothing to overlap: ConvNeXt-atto's 14.8 MB
-// of fp32 gradients in one 25 MiB bucket hid 0-16% of the communication at 2 CPU ranks, in four buckets 91-97%.
+// of fp32 gradients in one 25 MiB bucket hid 0-16% of the communication at 2 CPU ranks, in four buckets
+// 91-97%.
 int64_t bucket_elems(double bucket_bytes, size_t reduce_dtype_size, int64_t params);
 
 // Stages 0-2: buckets of at most `bucket_elems` elements. Stage 3: `unit_of[i]` names parameter i's unit
