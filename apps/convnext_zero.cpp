@@ -62,7 +62,8 @@ void add_flags(CLI::App& app, cz::train::TrainConfig& c, bool& no_shuffle, bool&
   app.add_option("--stage", c.stage,
                  "ZeRO stage: 0 replicated, 1 shards optimizer state, 2 also gradients, 3 also parameters")
       ->capture_default_str();
-  app.add_option("--bucket-mb", c.bucket_mb, "gradient bucket size in MiB (stages 0-2; at most a quarter of the model)")
+  app.add_option("--bucket-mb", c.bucket_mb,
+                 "gradient bucket size in MiB (stages 0-2; at most a quarter of the model)")
       ->capture_default_str();
   app.add_option("--prefetch", c.prefetch, "stage 3: how many units ahead to all-gather")
       ->capture_default_str();

@@ -45,13 +45,13 @@ struct Flags {
   bool reproducible = true;    // ... which runs only with this off (Note [Reproducible runs])
   bool tf32 = false;
   std::string depthwise = "tiled";  // depthwise kernels: tiled (ours, default), cudnn, direct
-  bool gemm_epilogues = true;  // cuBLASLt's bias / bias-gradient epilogues (off: plain GEMMs + our kernels)
-  bool patchify_gemm = false;  // patchify convolutions as one GEMM over their patches instead of cuDNN
-  std::string json;            // also write the result here
-  double peak_tflops = 0;      // the device's peak for this dtype: enables the MFU figure
-  int profile_steps = 0;       // extra steps under the op profiler
-  int stage = 0;               // ZeRO stage (a world of one: the engine's buffers and copies, no traffic)
-  bool offload = false;        // --offload-optimizer
+  bool gemm_epilogues = true;    // cuBLASLt's bias / bias-gradient epilogues (off: plain GEMMs + our kernels)
+  bool patchify_gemm = false;    // patchify convolutions as one GEMM over their patches instead of cuDNN
+  std::string json;              // also write the result here
+  double peak_tflops = 0;        // the device's peak for this dtype: enables the MFU figure
+  int profile_steps = 0;         // extra steps under the op profiler
+  int stage = 0;                 // ZeRO stage (a world of one: the engine's buffers and copies, no traffic)
+  bool offload = false;          // --offload-optimizer
   bool offload_overlap = false;  // --offload-overlap-step
 };
 
@@ -63,7 +63,8 @@ struct Flags {
       "                        [--batch 8] [--image 224] [--warmup 3] [--steps 10]\n"
       "                        [--no-conv-benchmark] [--not-reproducible] [--tf32] [--depthwise-cudnn]\n"
       "                        [--depthwise-direct] [--no-gemm-epilogues] [--patchify-gemm] [--json FILE]\n"
-      "                        [--peak-tflops T] [--profile N] [--stage 0-3] [--offload] [--offload-overlap-step]\n",
+      "                        [--peak-tflops T] [--profile N] [--stage 0-3] [--offload] "
+      "[--offload-overlap-step]\n",
       msg);
   std::exit(2);
 }

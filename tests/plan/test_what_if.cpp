@@ -147,8 +147,8 @@ TEST(WhatIfCompute, ScaledAndRatesTablesSayWhatTheyAre) {
       ValueError);
 }
 
-// The engine's overlap: at stage 0 the last bucket is all-reduced after backward, exposed, so coarse buckets (a
-// quarter of the model, the most zero::bucket_elems allows) hide less than 25 MiB ones but pay fewer
+// The engine's overlap: at stage 0 the last bucket is all-reduced after backward, exposed, so coarse buckets
+// (a quarter of the model, the most zero::bucket_elems allows) hide less than 25 MiB ones but pay fewer
 // latencies; stage 3's prefetch hides gathers.
 TEST(WhatIfStep, BackwardHidesEarlierBucketsAndPrefetchHidesGathers) {
   WhatIfRequest req;

@@ -62,8 +62,8 @@ zero::ZeroLayout zero_layout(const std::vector<ParamInfo>& params, int stage, in
     numel += shape_numel(p.shape);
     if (stage == 3) unit_of.push_back(p.unit);
   }
-  return zero::plan_layout(shapes, stage, world, zero::bucket_elems(double(bucket_bytes), dtype_size(reduce), numel),
-                           unit_of);
+  return zero::plan_layout(shapes, stage, world,
+                           zero::bucket_elems(double(bucket_bytes), dtype_size(reduce), numel), unit_of);
 }
 
 ZeroState zero_model_state(const ZeroSpec& s) {
