@@ -4,12 +4,12 @@
 // optimizer state live in pinned host memory; the device keeps the compute copy (and, at stages 0-1, the
 // gradient buffer the .grads accumulate into). As each bucket's reduction finishes, a job on the HostWorker
 // thread copies this rank's reduced chunk to the host (CUDA: after an event of the compute stream, on the
-// worker's own stream) and, when nothing needs the whole gradient first (no clipping, no fp16 overflow check,
-// no delayed update), runs the CPU optimizer on that range at once, while backward goes on. engine.step()
-// waits for the worker, then writes the updated chunks back to the compute copy (cast to its dtype; all-
-// gathered at stages 1-2). Otherwise the step computes the global norm and the overflow decision over the
-// host gradients and runs the optimizer over all ranges. The arithmetic is the same CPU AdamW either way, so
-// offload changes no bit on the CPU backend (tested).
+// worker's own stream; on the CPU backend the main thread copies it) and, when nothing needs the whole
+// gradient first (no clipping, no fp16 overflow check, no delayed update), runs the CPU optimizer on that
+// range at once, while backward goes on. engine.step() waits for the worker, then writes the updated chunks
+// back to the compute copy (cast to its dtype; all- gathered at stages 1-2). Otherwise the step computes the
+// global norm and the overflow decision over the host gradients and runs the optimizer over all ranges. The
+// arithmetic is the same CPU AdamW either way, so offload changes no bit on the CPU backend (tested).
 //
 // --offload-overlap-step is ZeRO-Offload's delayed parameter update: the optimizer of step t is a worker job
 // that runs while the device computes step t+1, whose forward and backward therefore see the weights of step
@@ -31,17 +31,11 @@ double since(Clock::time_point t) {
 }  // namespace
 
 void ZeroEngine::offload_grad_chunk(size_t p, const Tensor& chunk, bool accumulate) {
-  std::shared_ptr<Event> ready;
-  if (chunk.is_cuda()) {
-    ready = std::make_shared<Event>(chunk.device());
-    ready->record(current_stream(chunk.device()));
-  }
   const int64_t off = layout_.local_offset(p), c = layout_.chunk(p);
   const bool update = eager_update_ && last_micro_;
-  worker_->submit([this, p, chunk, accumulate, ready, update, off, c] {
+  auto copy_in = [this, chunk, accumulate, off, c] {
     NoGradGuard no_grad;
     const auto t0 = Clock::now();
-    if (ready) ready->wait(worker_->stream());
     Tensor dst = grad_shard_.narrow(0, off, c);
     Tensor src = chunk.dtype() == DType::f32 ? chunk : chunk.to(DType::f32);
     if (accumulate)
@@ -49,11 +43,30 @@ void ZeroEngine::offload_grad_chunk(size_t p, const Tensor& chunk, bool accumula
     else
       dst.copy_(src);
     copy_s_ += since(t0);
-    if (update) {
-      const auto t1 = Clock::now();
-      optimizer_->step_range(p, master_.narrow(0, off, c), dst, lr_);
-      optim_s_ += since(t1);
-    }
+  };
+  auto step_range = [this, p, off, c] {
+    const auto t1 = Clock::now();
+    optimizer_->step_range(p, master_.narrow(0, off, c), grad_shard_.narrow(0, off, c), lr_);
+    optim_s_ += since(t1);
+  };
+  // On the CPU the copy is a memcpy of one chunk: done here, the bucket is freed at once (the memory profile
+  // of a run without offload, which the planner counts on) and only the update goes to the worker. Not under
+  // the delayed update, whose previous step's job may still be reading the host gradients: there the worker's
+  // order keeps the copies behind it.
+  if (chunk.is_cpu() && !cfg_.offload_overlap_step) {
+    copy_in();
+    if (update) worker_->submit(step_range);
+    return;
+  }
+  std::shared_ptr<Event> ready;
+  if (chunk.is_cuda()) {
+    ready = std::make_shared<Event>(chunk.device());
+    ready->record(current_stream(chunk.device()));
+  }
+  worker_->submit([this, ready, copy_in, step_range, update] {
+    if (ready) ready->wait(worker_->stream());
+    copy_in();
+    if (update) step_range();
   });
 }
 
