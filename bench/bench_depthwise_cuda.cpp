@@ -12,10 +12,10 @@
 #include <cstdlib>
 #include <exception>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "tensor/cuda/context.h"
 #include "tensor/cuda/kernels.h"
@@ -36,52 +36,33 @@ struct Flags {
   std::string json;
 };
 
-[[noreturn]] void usage(const std::string& msg) {
-  std::fprintf(stderr,
-               "bench_depthwise_cuda: %s\n"
-               "usage: bench_depthwise_cuda [--dtype f32|bf16|f16] [--batch 64] [--image 224] [--iters 10]\n"
-               "                            [--peak-fp32-tflops T] [--peak-gbps B] [--json FILE]\n",
-               msg.c_str());
-  std::exit(2);
-}
-
 Flags parse(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage("missing value for " + std::string(a));
-      return argv[++i];
-    };
-    if (a == "--dtype")
-      f.dtype = value();
-    else if (a == "--batch")
-      f.batch = std::stoll(value());
-    else if (a == "--image")
-      f.image = std::stoll(value());
-    else if (a == "--iters")
-      f.iters = std::stoi(value());
-    else if (a == "--peak-fp32-tflops")
-      f.peak_fp32_tflops = std::stod(value());
-    else if (a == "--peak-gbps")
-      f.peak_gbps = std::stod(value());
-    else if (a == "--json")
-      f.json = value();
-    else if (a == "-h" || a == "--help")
-      usage("help");
-    else
-      usage("unknown flag " + std::string(a));
+  CLI::App app{
+      "bench_depthwise_cuda: ConvNeXt-T's 7x7 depthwise convolutions, tiled and cuDNN, against their bounds"};
+  app.add_option("--dtype", f.dtype, "compute dtype")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
+  app.add_option("--batch", f.batch, "images")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--image", f.image, "square input size, at least 32")
+      ->check(CLI::Range(int64_t(32), int64_t(1) << 20))
+      ->capture_default_str();
+  app.add_option("--iters", f.iters, "timed iterations")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--peak-fp32-tflops", f.peak_fp32_tflops, "the GPU's fp32 FMA peak (0: no FMA bound)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--peak-gbps", f.peak_gbps, "the GPU's memory bandwidth (0: no memory bound)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--json", f.json, "also write the results here");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
   }
-  if (f.batch <= 0 || f.image < 32 || f.iters <= 0 || f.peak_fp32_tflops < 0 || f.peak_gbps < 0)
-    usage("sizes and counts must be positive");
   return f;
 }
 
-DType parse_dtype(const std::string& s) {
-  if (s == "f32") return DType::f32;
-  if (s == "bf16") return DType::bf16;
-  if (s == "f16") return DType::f16;
-  usage("unknown --dtype " + s);
+DType parse_dtype(const std::string& s) {  // one of the three parse() accepts
+  return s == "f32" ? DType::f32 : s == "bf16" ? DType::bf16 : DType::f16;
 }
 
 int run(const Flags& f) {
