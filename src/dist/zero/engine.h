@@ -102,15 +102,11 @@ class ZeroEngine {
   int64_t host_state_bytes() const;
   int64_t ema_bytes() const;
   const ZeroLayout& layout() const { return layout_; }
-  const ZeroConfig& config() const { return cfg_; }
   Optimizer& optimizer() { return *optimizer_; }
-  int rank() const { return rank_; }
-  int world() const { return world_; }
 
   // Stage 3: whether partition p's parameters are gathered (or being gathered) now, and the bytes gathered.
   bool unit_resident(size_t p) const;
   int64_t gathered_bytes() const;
-  const std::vector<size_t>& unit_order() const { return order_; }  // recorded on the first forward
 
  private:
   enum class Phase { forward, backward };
