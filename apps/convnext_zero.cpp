@@ -5,10 +5,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "dist/comm/bootstrap.h"
 #include "dist/plan/planner.h"
 #include "dist/plan/what_if.h"
+#include "dist/train/stop.h"
 #include "dist/train/trainer.h"
 #include "nn/convnext.h"
 #include "tensor/cuda/runtime.h"
@@ -30,7 +34,9 @@ void add_flags(CLI::App& app, cz::train::TrainConfig& c, bool& no_shuffle, bool&
       ->capture_default_str();
   app.add_option("--eval-batches", c.eval_batches, "evaluate on at most N batches per rank (0: all)")
       ->capture_default_str();
-  app.add_option("--steps", c.steps, "optimizer steps (0: use --epochs)")->capture_default_str();
+  app.add_option("--steps", c.steps,
+                 "optimizer steps (0: use --epochs; without --steps and --epochs: the default run)")
+      ->capture_default_str();
   app.add_option("--epochs", c.epochs, "passes over the training set (when --steps is 0)")
       ->capture_default_str();
   app.add_option("--micro-batch", c.micro_batch, "images per rank per micro-step")->capture_default_str();
@@ -88,9 +94,9 @@ void add_flags(CLI::App& app, cz::train::TrainConfig& c, bool& no_shuffle, bool&
       "write sharded HDF5 checkpoints (DIR/step_N, DIR/latest) here, one at the end of the run too");
   app.add_option("--checkpoint-every", c.checkpoint_every, "steps between checkpoints (0: only at the end)")
       ->capture_default_str();
-  app.add_option(
-         "--keep-checkpoints", c.keep_checkpoints,
-         "keep the newest K complete checkpoints (older ones removed once a newer one is complete; 0: all)")
+  app.add_option("--keep-checkpoints", c.keep_checkpoints,
+                 "keep the newest K complete checkpoints (older ones removed once a newer one is complete; "
+                 "0: all)")
       ->capture_default_str();
   app.add_option(
       "--resume", c.resume,
@@ -101,7 +107,12 @@ void add_flags(CLI::App& app, cz::train::TrainConfig& c, bool& no_shuffle, bool&
   app.add_flag("--no-shuffle", no_shuffle, "read the training set in file order");
   app.add_flag("--augment", c.augment, "random-resized-crop and horizontal flip");
   app.add_option("--loader-threads", c.loader_threads, "data loader worker threads")->capture_default_str();
-  app.add_flag("--no-progress", no_progress, "no progress bar even on a terminal");
+  app.add_flag("--no-progress", no_progress,
+               "no progress on stderr (by default a bar on a terminal, else a plain line every "
+               "--progress-interval seconds)");
+  app.add_option("--progress-interval", c.progress_interval_s,
+                 "seconds between plain progress lines when stderr is not a terminal (mpirun, a file)")
+      ->capture_default_str();
 }
 
 struct PlanFlags {
@@ -165,23 +176,141 @@ std::string mib(int64_t bytes) {
   return fmt::format("{:.1f} MiB", double(bytes) / (1 << 20));
 }
 
+// Edit distance, for "did you mean" on an unknown flag.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// "unknown flag --stpes (did you mean --steps?)" for the first argument CLI11 could not place.
+std::string unknown_argument(const CLI::App& app, const std::vector<std::string>& extras) {
+  const std::string arg = extras.front().substr(0, extras.front().find('='));
+  if (arg.rfind("-", 0) != 0)
+    return fmt::format("unexpected argument '{}' (every value follows its flag: see --help)", arg);
+  std::string best;
+  size_t best_distance = 3;  // suggest only a near miss: two edits at most
+  for (const CLI::Option* o : app.get_options()) {
+    for (const std::string& name : o->get_lnames()) {
+      const size_t d = edit_distance(arg, "--" + name);
+      if (d < best_distance) best_distance = d, best = "--" + name;
+    }
+  }
+  return best.empty() ? fmt::format("unknown flag {} (see --help)", arg)
+                      : fmt::format("unknown flag {} (did you mean {}?)", arg, best);
+}
+
+// The main job's run (scripts/main_job.sh, `./build.sh run`), for a command that names neither --steps nor
+// --epochs: ConvNeXt-atto on the embedded synthetic data, with these settings where the command gives none.
+constexpr int64_t kDefaultRunSteps = 300;
+void apply_default_run(const CLI::App& app, cz::train::TrainConfig& c) {
+  c.steps = kDefaultRunSteps;
+  if (app.count("--lr") == 0) c.lr = 3e-3;
+  if (app.count("--warmup-steps") == 0) c.warmup_steps = 20;
+  if (app.count("--eval-every") == 0) c.eval_every = 100;
+}
+
+// A word as a POSIX shell reads it back.
+std::string shell_quote(const std::string& w) {
+  if (!w.empty() &&
+      w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,+@%") ==
+          std::string::npos)
+    return w;
+  std::string q = "'";
+  for (char ch : w) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return q + "'";
+}
+
+// The command that continues a stopped run: this one with --resume DIR in place of any earlier --resume.
+std::string resume_command(const std::vector<std::string>& args, const std::string& dir, int world) {
+  std::vector<std::string> words;
+  if (world > 1) words = {"mpirun", "-np", std::to_string(world)};
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--resume") {
+      ++i;
+      continue;
+    }
+    if (args[i].rfind("--resume=", 0) == 0) continue;
+    words.push_back(args[i]);
+  }
+  words.push_back("--resume");
+  words.push_back(dir);
+  std::string out;
+  for (const std::string& w : words) out += (out.empty() ? "" : " ") + shell_quote(w);
+  return out;
+}
+
+// Open MPI gives ranks odls_base_sigkill_timeout seconds (1 by default) between the SIGTERM it sends on a
+// stop and SIGKILL; mpirun passes a value given with --mca on to the ranks' environment.
+void warn_short_grace(const cz::train::TrainConfig& cfg, bool lead) {
+  if (!lead || cfg.checkpoint_dir.empty() || !std::getenv("OMPI_COMM_WORLD_SIZE")) return;
+  const char* v = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
+  const int grace = v ? std::atoi(v) : 1;
+  if (grace >= 10) return;
+  fmt::print(
+      "note: Open MPI kills the ranks {} s after a Ctrl-C or SIGTERM to mpirun, which may be too soon for "
+      "the "
+      "final checkpoint: launch with `mpirun --mca odls_base_sigkill_timeout 60 ...`, or stop with "
+      "`kill -USR1 <mpirun pid>` (no deadline); the newest complete checkpoint stays loadable either way\n",
+      grace);
+}
+
+void print_stopped(const cz::train::TrainSummary& s, const cz::train::TrainConfig& cfg,
+                   const std::vector<std::string>& args, int world, int64_t total_steps) {
+  fmt::print("stopped by {} after step {} of {}", cz::train::signal_name(s.stop_signal), s.last_step,
+             total_steps);
+  if (!s.checkpoint.empty()) fmt::print("; the newest checkpoint on disk is {}", s.checkpoint);
+  if (cfg.checkpoint_dir.empty()) fmt::print("; nothing was saved (no --checkpoint-dir)");
+  if (!cfg.export_weights.empty())
+    fmt::print("; weights of step {} exported to {}", s.last_step, cfg.export_weights);
+  fmt::print("\n");
+  if (!cfg.checkpoint_dir.empty())
+    fmt::print("resume with: {}\n", resume_command(args, cfg.checkpoint_dir, world));
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  using cz::train::kExitFailed, cz::train::kExitStopped, cz::train::kExitUsage;
+  const std::vector<std::string> args(argv, argv + argc);
   cz::train::TrainConfig cfg;
   CLI::App app{
       "convnext_zero: train ConvNeXt image classifiers on CPUs or GPUs, on one process or many (mpirun)"};
+  app.allow_extras();  // an unknown flag gets our message, with a suggestion
+  app.footer(
+      "Exit codes: 0 done; 1 failed (the error is printed); 2 bad command line; 3 --plan --gpu-mem does not "
+      "fit; "
+      "75 stopped on request (SIGINT, SIGTERM, SIGUSR1) after saving; 128+N killed by signal N.");
   bool no_shuffle = false, no_progress = false;
   add_flags(app, cfg, no_shuffle, no_progress);
   PlanFlags plan_flags;
   add_plan_flags(app, plan_flags);
+  // Before MPI starts, every rank of a job sees the same command line: one of them reports its errors.
+  const bool lead_process = cz::plan::launcher_rank() == 0;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int code = lead_process ? app.exit(e) : e.get_exit_code();
+    return code == 0 ? 0 : kExitUsage;  // --help is not an error
+  }
+  if (!app.remaining().empty()) {
+    if (lead_process)
+      fmt::print(stderr, "convnext_zero: error: {}\n", unknown_argument(app, app.remaining()));
+    return kExitUsage;
   }
   cfg.shuffle = !no_shuffle;
   cfg.progress = !no_progress;
+  const bool default_run = app.count("--steps") == 0 && app.count("--epochs") == 0;
   const bool ranks_given = app.count("--ranks") > 0;
   try {
     for (const char* flag : {"--gpu-mem", "--json", "--ranks", "--what-if"})
@@ -192,16 +321,34 @@ int main(int argc, char** argv) {
              "--ranks does not go with --what-if (it plans every rank count the topology holds)");
     if (plan_flags.plan && !plan_flags.what_if.empty()) return run_what_if(cfg, plan_flags);
     if (plan_flags.plan) return run_plan(cfg, plan_flags, ranks_given);
+    if (default_run) {
+      CZ_CHECK(cfg.data.rfind("synthetic", 0) == 0,
+               "--data {}: give the run's length with --epochs N or --steps N (without them and without "
+               "--data, convnext_zero does its default run on the embedded synthetic data)",
+               cfg.data);
+      apply_default_run(app, cfg);
+    }
+    cfg.validate();
   } catch (const std::exception& e) {
-    fmt::print(stderr, "convnext_zero: error: {}\n", e.what());
-    return 1;
+    if (lead_process) fmt::print(stderr, "convnext_zero: error: {}\n", e.what());
+    return kExitFailed;
   }
 
   cz::dist::World* world = nullptr;
+  int exit_code = 0;
   try {
     world = &cz::dist::World::init(&argc, &argv);
-    cz::train::Trainer trainer(cfg, *world);
     const bool lead = world->rank() == 0;
+    cz::train::install_stop_handlers(lead);
+    if (lead && default_run)
+      fmt::print(
+          "convnext_zero: the default run ({} steps on the embedded synthetic data, as `./build.sh run`); "
+          "for "
+          "real data give --data h5:FILE|cifar10:DIR|folder:DIR and --epochs N or --steps N (--help lists "
+          "every flag)\n",
+          cfg.steps);
+    warn_short_grace(cfg, lead);
+    cz::train::Trainer trainer(cfg, *world);
     if (lead) {
       const auto& mc = trainer.model().config();
       fmt::print(
@@ -213,7 +360,10 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     const cz::train::TrainSummary s = trainer.run();
-    if (lead) {
+    if (s.stop_signal != 0) {
+      if (lead) print_stopped(s, cfg, args, world->size(), trainer.total_steps());
+      exit_code = kExitStopped;
+    } else if (lead) {
       fmt::print("done: {} steps in {:.1f} s, {:.1f} img/s, final train loss {:.4f}", s.steps, s.seconds,
                  s.img_per_s, s.final_loss);
       if (s.eval) fmt::print(", eval loss {:.4f} top1 {:.2f}%", s.eval->loss, 100 * s.eval->top1);
@@ -234,8 +384,8 @@ int main(int argc, char** argv) {
     if (world && world->size() > 1) cz::dist::die(e);
     fmt::print(stderr, "convnext_zero: error: {}\n", e.what());
     if (cz::dist::World::initialized()) cz::dist::World::finalize();
-    return 1;
+    return kExitFailed;
   }
-  cz::dist::World::finalize();
-  return 0;
+  cz::dist::World::finalize();  // after the trainer and its communicators are gone
+  return exit_code;
 }

@@ -25,6 +25,7 @@
 
 #include "io/checkpoint.h"
 #include "io/checkpoint_layout.h"
+#include "io/output_paths.h"
 
 namespace cz::ckpt {
 
@@ -127,6 +128,35 @@ void copy_to_host(std::vector<StateGroup>& groups) {
       s.local = host;
       offset += s.numel;
     }
+}
+
+// Bytes a save of `slices` slices holding `elements` values takes: the data, HDF5's chunk index, object
+// headers and checksums (measured at ~3 KiB per dataset), and the index file's virtual dataset for it (~1
+// KiB), with room to spare.
+int64_t bytes_needed(int64_t elements, int64_t slices) {
+  const int64_t data = elements * int64_t(sizeof(float));
+  return data + data / 64 + slices * (int64_t(6) << 10) + (int64_t(64) << 10);
+}
+
+// Why there is no room for this rank's part of the save (rank 0: the whole checkpoint, whose files usually
+// share one file system), empty when there is.
+std::string space_problem(const PendingSave::State& s, const std::vector<json>& tables) {
+  int64_t elements = 0, slices = 0;
+  if (s.comm->rank() == 0) {
+    for (const json& t : tables)
+      if (t.contains("slices"))
+        for (const json& sl : t.at("slices")) elements += sl.at("numel").get<int64_t>(), ++slices;
+  } else {
+    for (const StateGroup& g : s.request.groups)
+      for (const ShardSlice& slice : g.slices) elements += slice.numel, ++slices;
+  }
+  const int64_t need = bytes_needed(elements, slices), have = free_bytes(s.request.dir);
+  if (have < 0 || have >= need) return "";
+  return fmt::format(
+      "it needs about {:.1f} MB{} and {} has {:.1f} MB free; free some space or keep fewer checkpoints "
+      "(--keep-checkpoints)",
+      double(need) / 1e6, s.comm->rank() == 0 ? "" : " for this rank's file", s.request.dir,
+      double(have) / 1e6);
 }
 
 double now() {
@@ -348,6 +378,15 @@ PendingSave start(SaveRequest request, Collective& comm, bool background) {
     } catch (const std::exception& e) {
       s->error = e.what();
     }
+  }
+
+  // Refuse a save that cannot fit before anything is written, rather than fail half-way.
+  const std::string space = s->error.empty() ? space_problem(*s, tables) : std::string();
+  if (const int64_t failing = comm.all_reduce_max(space.empty() ? 0 : comm.size() - comm.rank())) {
+    const int root = int(comm.size() - failing);
+    const std::string reason = comm.broadcast(space, root);
+    if (comm.rank() == 0) detail::remove_tree_quietly(s->temp_dir);
+    throw IoError(fmt::format("checkpoint {} not saved: rank {}: {}", s->final_dir, root, reason));
   }
 
   if (!s->error.empty()) {

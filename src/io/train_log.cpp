@@ -38,18 +38,28 @@ std::string format_duration(double seconds) {
   return fmt::format("{}:{:02}", s / 60, s % 60);
 }
 
-ProgressBar::ProgressBar(int64_t total_steps, bool enabled) : total_(total_steps), enabled_(enabled) {}
+ProgressBar::ProgressBar(int64_t total_steps, ProgressMode mode, double interval_s)
+    : total_(total_steps), mode_(mode), interval_s_(interval_s) {}
 
 void ProgressBar::update(int64_t step, double loss, double img_per_s) {
-  if (!enabled_) return;
+  if (mode_ == ProgressMode::off) return;
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const double eta = step > 0 ? elapsed / double(step) * double(total_ - step) : NAN;
+  if (mode_ == ProgressMode::lines) {
+    if (last_line_s_ >= 0 && elapsed - last_line_s_ < interval_s_ && step < total_) return;
+    last_line_s_ = elapsed;
+    std::fprintf(stderr, "step %lld/%lld  loss %.4f  %.0f img/s  elapsed %s  ETA %s\n", (long long)step,
+                 (long long)total_, loss, img_per_s, format_duration(elapsed).c_str(),
+                 format_duration(eta).c_str());
+    std::fflush(stderr);
+    return;
+  }
   constexpr int kWidth = 24;
   const double frac = total_ > 0 ? double(step) / double(total_) : 0.0;
   const int filled = int(frac * kWidth);
   std::string bar(size_t(kWidth), ' ');
   for (int i = 0; i < filled && i < kWidth; ++i) bar[size_t(i)] = '=';
   if (filled < kWidth) bar[size_t(filled)] = '>';
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  const double eta = step > 0 ? elapsed / double(step) * double(total_ - step) : NAN;
   std::fprintf(stderr, "\rstep %lld/%lld [%s] loss %.4f  %.0f img/s  ETA %s   ", (long long)step,
                (long long)total_, bar.c_str(), loss, img_per_s, format_duration(eta).c_str());
   std::fflush(stderr);
@@ -57,7 +67,7 @@ void ProgressBar::update(int64_t step, double loss, double img_per_s) {
 }
 
 void ProgressBar::finish() {
-  if (enabled_ && drawn_) std::fprintf(stderr, "\n");
+  if (mode_ == ProgressMode::bar && drawn_) std::fprintf(stderr, "\n");
   drawn_ = false;
 }
 

@@ -38,19 +38,24 @@ class JsonLog {
   std::string path_;
 };
 
-// "step 120/300 [=======>      ] loss 1.234  2345 img/s  ETA 0:41" redrawn in place on stderr; silent when
-// stderr is not a terminal (logs stay clean when redirected).
+// Progress on stderr. On a terminal, "step 120/300 [=======>      ] loss 1.234  2345 img/s  ETA 0:41" redrawn
+// in place; elsewhere (a file, a pipe, mpirun's forwarding) one plain line per `interval_s` seconds, after
+// the first step and after the last: "step 120/300  loss 1.2340  2345 img/s  elapsed 0:13  ETA 0:41".
+enum class ProgressMode { off, bar, lines };
+
 class ProgressBar {
  public:
-  explicit ProgressBar(int64_t total_steps, bool enabled);
+  ProgressBar(int64_t total_steps, ProgressMode mode, double interval_s = 10);
   void update(int64_t step, double loss, double img_per_s);
-  void finish();  // ends the line
+  void finish();  // ends the bar's line
 
  private:
   int64_t total_;
-  bool enabled_;
+  ProgressMode mode_;
+  double interval_s_;
   bool drawn_ = false;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  double last_line_s_ = -1;  // seconds since start_ of the last plain line; -1 before the first
 };
 
 bool stderr_is_terminal();

@@ -13,7 +13,9 @@
 #include <nlohmann/json.hpp>
 #include "dist/train/trainer.h"
 
+#include "dist/train/stop.h"
 #include "io/checkpoint.h"
+#include "io/output_paths.h"
 #include "tensor/ops.h"
 
 namespace cz::train {
@@ -133,14 +135,47 @@ void Trainer::save_checkpoint() {
   for (const auto& [flag, value] : identity(cfg_)) sc.strings["flag" + flag] = value;
   sc.strings["config"] = config_json(cfg_, world_.size());
   pending_save_ = std::make_unique<ckpt::PendingSave>(ckpt::begin_save(std::move(req), *ckpt_comm_));
+  saved_step_ = step_;
 }
 
 void Trainer::finish_pending_save() {
   if (!pending_save_) return;
   std::unique_ptr<ckpt::PendingSave> p = std::move(pending_save_);
   const ckpt::SaveResult r = p->finish();
+  latest_checkpoint_ = r.path;
+  set_latest_checkpoint(r.path);
   if (world_.rank() == 0 && cfg_.progress)
     fmt::print(stderr, "checkpoint {} ({:.1f} MB)\n", r.path, double(r.bytes) / 1e6);
+}
+
+// Note [Stopping on request] (stop.cpp): every rank contributes its stop signal and whether its part of the
+// save in flight is written; all see all, so all take the same decisions. A save is published at the first
+// boundary after its last rank file (and rank 0's index) is durable, not at the next save.
+int Trainer::step_boundary() {
+  const bool unwritten = pending_save_ && !pending_save_->written();
+  std::vector<double> all = {double(stop_signal()), unwritten ? 1.0 : 0.0};
+  if (comm_) {
+    const int64_t n = world_.size();
+    Tensor mine = from_vector(all, {2}).to(device_), every = zeros({2 * n}, DType::f64, device_);
+    comm_->all_gather(mine, every)->wait();
+    all = every.to_vector<double>();
+  }
+  int sig = 0;
+  bool written = true;
+  for (size_t r = 0; r < all.size(); r += 2) {
+    if (sig == 0) sig = int(all[r]);
+    written = written && all[r + 1] == 0;
+  }
+  if (pending_save_ && written) finish_pending_save();
+  return sig;
+}
+
+// Every path the run will write, on every rank that writes it, before any data is read or any step taken.
+void Trainer::check_outputs() const {
+  if (!cfg_.checkpoint_dir.empty()) check_writable_dir(cfg_.checkpoint_dir, "--checkpoint-dir");
+  if (world_.rank() != 0) return;
+  if (!cfg_.export_weights.empty()) check_writable_file(cfg_.export_weights, "--export-weights");
+  if (!cfg_.log.empty()) check_writable_file(cfg_.log, "--log");
 }
 
 void Trainer::resume(const std::string& path) {
@@ -174,6 +209,9 @@ void Trainer::resume(const std::string& path) {
   }
   engine_->after_load(get("optimizer_steps"));
   step_ = ck.step();
+  saved_step_ = step_;
+  latest_checkpoint_ = ck.path();
+  set_latest_checkpoint(ck.path());
   epoch_ = get("epoch");
   batches_in_epoch_ = samples / batch;
   loader_->start_epoch(epoch_, batches_in_epoch_);

@@ -19,7 +19,6 @@ void TrainConfig::validate() const {
   CZ_CHECK(loader_threads >= 0, "--loader-threads must be >= 0, got {}", loader_threads);
   CZ_CHECK(steps >= 0, "--steps must be >= 0, got {}", steps);
   CZ_CHECK(epochs >= 0, "--epochs must be >= 0, got {}", epochs);
-  CZ_CHECK(steps > 0 || epochs > 0, "give --steps or --epochs (both are 0)");
   CZ_CHECK(micro_batch > 0, "--micro-batch must be positive, got {}", micro_batch);
   CZ_CHECK(grad_accum > 0, "--grad-accum must be positive, got {}", grad_accum);
   CZ_CHECK(optimizer == "adamw" || optimizer == "sgd", "--optimizer must be adamw or sgd, got '{}'",
@@ -54,7 +53,8 @@ void TrainConfig::validate() const {
   CZ_CHECK(checkpoint_every >= 0, "--checkpoint-every must be >= 0, got {}", checkpoint_every);
   CZ_CHECK(keep_checkpoints >= 0, "--keep-checkpoints must be >= 0, got {}", keep_checkpoints);
   CZ_CHECK(checkpoint_every == 0 || !checkpoint_dir.empty(), "--checkpoint-every needs --checkpoint-dir");
-  CZ_CHECK(keep_checkpoints == 0 || !checkpoint_dir.empty(), "--keep-checkpoints needs --checkpoint-dir");
+  CZ_CHECK(std::isfinite(progress_interval_s) && progress_interval_s >= 0,
+           "--progress-interval must be a number of seconds >= 0, got {}", progress_interval_s);
 }
 
 nn::ConvNeXtConfig TrainConfig::model_config() const {

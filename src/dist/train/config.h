@@ -27,7 +27,7 @@ struct TrainConfig {
   std::string checkpoint_dir;  // where step_N checkpoints go; empty: none
   int64_t checkpoint_every =
       0;  // steps between checkpoints (0: only at the end); one is also written at the end
-  int64_t keep_checkpoints = 0;  // keep the newest K complete ones (0: all)
+  int64_t keep_checkpoints = 3;  // keep the newest K complete ones (0: all)
   std::string resume;            // a checkpoint folder (its latest) or one DIR/step_N to continue from
 
   // Data.
@@ -40,7 +40,8 @@ struct TrainConfig {
   int loader_threads = 2;
 
   // Schedule and optimisation.
-  int64_t steps = 0;                // optimizer steps; 0 means use --epochs
+  int64_t steps = 0;                // optimizer steps; 0: --epochs decides (both 0: no step, as for exporting
+                                    // the initial weights)
   int64_t epochs = 0;               // passes over the training set
   int64_t micro_batch = 32;         // per rank and micro-step
   int64_t grad_accum = 1;           // micro-steps per optimizer step
@@ -62,7 +63,8 @@ struct TrainConfig {
   bool tf32 = false;                  // CUDA: TF32 tensor cores for fp32 matmuls
   std::string log;                    // JSON-lines log file
   uint64_t seed = 0;
-  bool progress = true;  // progress bar when stderr is a terminal
+  bool progress = true;             // progress on rank 0's stderr: a bar on a terminal, else plain lines
+  double progress_interval_s = 10;  // seconds between plain progress lines
 
   // ZeRO (docs/zero.md): what is sharded across ranks, how gradients travel, stage-3 prefetch.
   int stage = 0;                      // 0: replicated, 1: + optimizer state, 2: + gradients, 3: + parameters

@@ -64,6 +64,7 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     comm_ = dist::make_communicator(world_, opt);
     check_ranks_agree();
   }
+  check_outputs();
   if (world_.rank() == 0 && !cfg_.log.empty()) log_ = JsonLog(cfg_.log);
   build_data();
   build_model();
@@ -177,7 +178,7 @@ void Trainer::build_data() {
   loader_ = std::make_unique<Loader>(train_set_, lo);
   const int64_t per_epoch = loader_->steps_per_epoch() / cfg_.grad_accum;
   CZ_CHECK(
-      per_epoch > 0 || cfg_.steps > 0,
+      per_epoch > 0 || cfg_.epochs == 0,
       "--data {} has {} examples, fewer than one global batch of {} (--micro-batch x --grad-accum x ranks)",
       cfg_.data, train_set_->size(), cfg_.global_batch(world_.size()));
   CZ_CHECK(loader_->steps_per_epoch() > 0,
@@ -328,9 +329,14 @@ nlohmann::json Trainer::step_record(const StepStats& s) const {
   return j;
 }
 
+ProgressMode Trainer::progress_mode() const {
+  if (world_.rank() != 0 || !cfg_.progress) return ProgressMode::off;
+  return stderr_is_terminal() ? ProgressMode::bar : ProgressMode::lines;
+}
+
 TrainSummary Trainer::run() {
   const bool lead = world_.rank() == 0;
-  ProgressBar bar(total_steps_, lead && cfg_.progress && stderr_is_terminal());
+  ProgressBar bar(total_steps_, progress_mode(), cfg_.progress_interval_s);
   TrainSummary sum;
   const auto t0 = Clock::now();
   auto run_eval = [&](int64_t at_step) {
@@ -359,8 +365,9 @@ TrainSummary Trainer::run() {
   };
   int64_t images = 0;
   double time_in_steps = 0;
-  int64_t saved_at = -1, steps_run = 0;
-  while (step_ < total_steps_) {  // from a resumed step onwards too
+  int64_t steps_run = 0;
+  // From a resumed step onwards too; each boundary publishes a finished save and may stop the run.
+  while (step_ < total_steps_ && (sum.stop_signal = step_boundary()) == 0) {
     const StepStats s = step();
     ++steps_run;
     images += cfg_.global_batch(world_.size());
@@ -376,20 +383,19 @@ TrainSummary Trainer::run() {
     bar.update(s.step, s.loss, double(images) / time_in_steps);
     if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step < total_steps_ && eval_set_)
       run_eval(s.step);
-    if (cfg_.checkpoint_every > 0 && s.step % cfg_.checkpoint_every == 0) {
-      save_checkpoint();
-      saved_at = s.step;
-    }
+    if (cfg_.checkpoint_every > 0 && s.step % cfg_.checkpoint_every == 0) save_checkpoint();
   }
   bar.finish();
   if (!cfg_.checkpoint_dir.empty()) {
-    if (saved_at != step_) save_checkpoint();
+    if (saved_step_ != step_) save_checkpoint();
     finish_pending_save();
   }
   sum.steps = steps_run;
+  sum.last_step = step_;
+  sum.checkpoint = latest_checkpoint_;
   sum.seconds = seconds_since(t0);
   sum.img_per_s = time_in_steps > 0 ? double(images) / time_in_steps : 0;
-  if (eval_set_) run_eval(total_steps_);
+  if (eval_set_ && sum.stop_signal == 0) run_eval(total_steps_);
   if (!cfg_.export_weights.empty()) {
     // Gathered on every rank (the engine's master_parameters is collective), written by rank 0.
     const nn::NamedParameters weights = master_parameters();

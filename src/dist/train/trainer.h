@@ -60,6 +60,9 @@ struct TrainSummary {
   int64_t peak_mem_bytes = 0;
   int64_t model_state_bytes = 0;
   double comm_s = 0, comm_exposed_s = 0;  // summed over the steps
+  int stop_signal = 0;     // non-zero: stopped on request by this signal (Note [Stopping on request])
+  int64_t last_step = 0;   // optimizer steps done when the run ended
+  std::string checkpoint;  // the newest checkpoint of this run on disk (saved or resumed from); "" if none
 };
 
 class Trainer {
@@ -89,6 +92,9 @@ class Trainer {
   void save_checkpoint();
   // Collective: waits for the save in flight and makes it visible (docs/checkpoints.md).
   void finish_pending_save();
+  // Collective, at a step boundary: whether the run is to stop on request, and the save in flight published
+  // if every rank has written its file (Note [Stopping on request]). Returns the stop signal, 0 to go on.
+  int step_boundary();
   // Continues from a checkpoint (Note [Resuming]); the constructor calls it for --resume.
   void resume(const std::string& path);
 
@@ -101,6 +107,8 @@ class Trainer {
   void build_data();
   void build_schedule();
   void check_ranks_agree();
+  void check_outputs() const;
+  ProgressMode progress_mode() const;
   using Clock = std::chrono::steady_clock;
   StepStats run_step(std::span<const Batch> micro_batches, Clock::time_point t0);
   LoaderOptions loader_options(Split split) const;
@@ -122,6 +130,8 @@ class Trainer {
   int64_t batches_in_epoch_ = 0;  // the loader's global batches of this epoch consumed so far
   std::unique_ptr<ckpt::Collective> ckpt_comm_;
   std::unique_ptr<ckpt::PendingSave> pending_save_;
+  int64_t saved_step_ = -1;        // the step of the newest save begun (or resumed from)
+  std::string latest_checkpoint_;  // the newest checkpoint published (or resumed from)
 
   std::unique_ptr<LrSchedule> schedule_;
   LossScaler scaler_ = LossScaler::disabled();

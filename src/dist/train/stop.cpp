@@ -1,0 +1,114 @@
+// Stop signals. Note [Stopping on request]:
+// - A signal only records itself (handlers may call nothing but async-signal-safe functions). The training
+//   loop reads it at each step boundary, where the ranks agree on it in one small all-gather (Trainer::
+//   agree_at_boundary), so every rank stops after the same step even when the signal reached them on either
+//   side of a boundary; the stop then finishes the save in flight, writes a final checkpoint and the
+//   --export-weights file, and rank 0 prints one message for the job.
+// - A second signal means "now": the process exits at once with 128 + signal. Whatever a save had written is
+//   left in a .tmp- folder that no reader looks at, so the newest published checkpoint stays loadable.
+// - Open MPI's mpirun turns SIGINT and SIGTERM into SIGTERM for every rank and SIGKILLs them
+//   odls_base_sigkill_timeout seconds later (1 by default: `mpirun --mca odls_base_sigkill_timeout 60` gives
+//   a final save time); it forwards SIGUSR1 and leaves the ranks alone, so SIGUSR1 to mpirun stops with no
+//   deadline. Ranks run in their own process groups, so a terminal's Ctrl-C reaches them only through mpirun.
+#include "dist/train/stop.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace cz::train {
+namespace {
+
+volatile sig_atomic_t g_signal = 0;
+volatile sig_atomic_t g_announce = 0;
+// The newest published checkpoint, for the second signal's message: written into the idle buffer, then
+// published by index, as bootstrap.cpp does for its activity string.
+constexpr size_t kPathLen = 1024;
+char g_latest[2][kPathLen];
+std::atomic<int> g_latest_index{0};
+
+void write_str(const char* s) {
+  size_t n = std::strlen(s);
+  while (n > 0) {
+    const ssize_t w = ::write(STDERR_FILENO, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= size_t(w);
+  }
+}
+
+const char* short_name(int sig) {
+  switch (sig) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGUSR1:
+      return "SIGUSR1";
+    default:
+      return "a signal";
+  }
+}
+
+void on_stop(int sig) {
+  if (g_signal == 0) {
+    g_signal = sig;
+    if (g_announce) {
+      write_str("\nconvnext_zero: ");
+      write_str(short_name(sig));
+      write_str(": stopping after this step (send it again to stop at once)\n");
+    }
+    return;
+  }
+  if (g_announce) {
+    write_str("\nconvnext_zero: ");
+    write_str(short_name(sig));
+    write_str(" again: stopping now without saving; ");
+    const char* latest = g_latest[g_latest_index.load(std::memory_order_acquire)];
+    if (latest[0]) {
+      write_str("the newest checkpoint on disk is ");
+      write_str(latest);
+      write_str("\n");
+    } else {
+      write_str("no checkpoint of this run is on disk\n");
+    }
+  }
+  _exit(128 + sig);
+}
+
+}  // namespace
+
+void install_stop_handlers(bool announce) {
+  g_announce = announce ? 1 : 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_stop;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // reads and writes in progress carry on
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1}) sigaction(sig, &sa, nullptr);
+}
+
+int stop_signal() {
+  return g_signal;
+}
+
+void clear_stop_signal() {
+  g_signal = 0;
+}
+
+void set_latest_checkpoint(const std::string& path) {
+  const int next = 1 - g_latest_index.load(std::memory_order_relaxed);
+  const size_t n = std::min(path.size(), kPathLen - 1);
+  std::memcpy(g_latest[next], path.data(), n);
+  g_latest[next][n] = '\0';
+  g_latest_index.store(next, std::memory_order_release);
+}
+
+std::string signal_name(int sig) {
+  return sig == SIGINT || sig == SIGTERM || sig == SIGUSR1 ? short_name(sig) : fmt::format("signal {}", sig);
+}
+
+}  // namespace cz::train

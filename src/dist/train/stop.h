@@ -1,0 +1,28 @@
+// Stopping a run on request (Note [Stopping on request]): SIGINT, SIGTERM and SIGUSR1 ask the training loop
+// to stop after the step it is in, save a final checkpoint and exit with kExitStopped; a second one stops at
+// once.
+#pragma once
+
+#include <string>
+
+namespace cz::train {
+
+// Exit codes of convnext_zero (docs/training.md).
+inline constexpr int kExitFailed = 1;    // an error, printed
+inline constexpr int kExitUsage = 2;     // a bad command line (unknown flag, bad value)
+inline constexpr int kExitStopped = 75;  // stopped on request after saving what was asked for (EX_TEMPFAIL:
+                                         // the run can be resumed)
+
+// Installs the handlers (replacing World's launcher-SIGTERM message). `announce`: this process prints the one
+// "stopping after this step" line of the job (rank 0). Idempotent.
+void install_stop_handlers(bool announce);
+// The first stop signal received (SIGINT, SIGTERM or SIGUSR1), 0 when none.
+int stop_signal();
+// Tests: forget a received signal.
+void clear_stop_signal();
+// The checkpoint a second signal's message names as the newest on disk ("" before the first is published).
+void set_latest_checkpoint(const std::string& path);
+// "SIGTERM", "SIGINT", "SIGUSR1", or "signal N".
+std::string signal_name(int sig);
+
+}  // namespace cz::train
