@@ -96,6 +96,10 @@ cz_weights)
   "$cz_weights" "$work/f" "$work/ema.h5" --checkpoint-group ema --conv-mlp || fail "export"
   out=$("$cz_weights" "$work/ema.h5" --model atto --num-classes 10 2>&1) || fail "import: $out"
   grep -q "128 tensors" <<<"$out" || fail "import: $out"
+  # Without --model: the file says it is atto with 10 classes (its attributes), not tiny with 1000.
+  out=$("$cz_weights" "$work/ema.h5" 2>&1) || fail "import without --model: $out"
+  grep -q "depths (2, 2, 6, 2) dims (40, 80, 160, 320), 10 classes (from the file's attributes)" <<<"$out" &&
+    grep -q "128 tensors" <<<"$out" || fail "import without --model: $out"
   "$cz_weights" "$work/f/step_5" 2>&1 | grep -q "give the weight file to write" || fail "no output named"
   ;;
 *)
