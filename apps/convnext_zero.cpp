@@ -126,7 +126,8 @@ void add_plan_flags(CLI::App& app, PlanFlags& f) {
   app.add_flag("--plan", f.plan,
                "print the memory plan per rank for these flags and exit (no MPI, no GPU needed)");
   app.add_option("--gpu-mem", f.gpu_mem,
-                 "with --plan: device memory per rank to fit, e.g. 24GB, 24GiB, 512MiB");
+                 "with --plan: device memory per rank to fit, e.g. 24GB, 24GiB, 512MiB; the exit code is 3 "
+                 "when the plan does not fit it (0 when it does)");
   app.add_flag("--json", f.json, "with --plan: print the plan as one JSON object");
   app.add_option("--ranks", f.ranks, "with --plan: the world size (default: the launcher's, else 1)");
   app.add_option(
@@ -164,12 +165,25 @@ int run_plan(const cz::train::TrainConfig& cfg, const PlanFlags& f, bool ranks_g
   req.world = ranks_given ? f.ranks : cz::plan::launcher_world_size();
   if (!f.gpu_mem.empty()) req.gpu_mem = cz::plan::parse_memory_size(f.gpu_mem, "--gpu-mem");
   const cz::plan::Plan p = cz::plan::make_plan(req);
-  if (cz::plan::launcher_rank() != 0) return 0;  // under mpirun, one copy of the plan
+  // Scripts test the exit code: 3 (distinct from 1, an error) when --gpu-mem is given and the plan does not
+  // fit it, on every rank of a launcher.
+  constexpr int kDoesNotFit = 3;
+  const int rc = p.fits.value_or(true) ? 0 : kDoesNotFit;
+  if (cz::plan::launcher_rank() != 0) return rc;  // under mpirun, one copy of the plan
   if (f.json)
     fmt::print("{}\n", cz::plan::plan_to_json(p).dump(2));
   else
     fmt::print("{}", cz::plan::format_plan(p));
-  return 0;
+  if (rc != 0)
+    fmt::print(stderr,
+               "convnext_zero --plan: does not fit: {} B required per rank (the allocator's peak {} B{}) but "
+               "--gpu-mem is {} B, {:.1f} MiB short; exit code {}\n",
+               p.required_bytes, p.total_bytes,
+               p.device == "cuda" ? fmt::format(" + driver pages {} B + CUDA context and NCCL {} B",
+                                                p.fragmentation_bytes, p.device_overhead_bytes)
+                                  : "",
+               *p.gpu_mem, double(p.required_bytes - *p.gpu_mem) / (1 << 20), rc);
+  return rc;
 }
 
 std::string mib(int64_t bytes) {

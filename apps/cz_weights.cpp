@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <optional>
 
 #include "io/checkpoint.h"
 #include "io/weights.h"
@@ -34,13 +35,51 @@ int export_checkpoint(const std::string& input, const std::string& output, const
   return 0;
 }
 
+// The model the weights are checked against: the file's own architecture (its attributes, or its datasets'
+// names and shapes), with whatever --model/--depths/--dims/--num-classes say instead.
+cz::nn::ConvNeXtConfig model_config(const std::string& input, const cz::WeightImportOptions& options,
+                                    const std::string& model, const std::vector<int64_t>& depths,
+                                    const std::vector<int64_t>& dims, std::optional<int64_t> num_classes) {
+  const bool explicit_model = !model.empty() || !depths.empty();
+  std::optional<cz::WeightArchitecture> arch;
+  if (!explicit_model) {
+    arch = cz::read_weight_architecture(input, options);
+  } else if (!num_classes) {
+    try {
+      arch = cz::read_weight_architecture(input, options);  // for its classes only
+    } catch (const cz::IoError&) {
+    }
+  }
+  cz::nn::ConvNeXtConfig cfg;
+  if (!depths.empty()) {
+    cfg.depths = depths;
+    cfg.dims = dims;
+  } else if (!model.empty()) {
+    cfg = cz::nn::convnext_variant(model);
+  } else {
+    cfg.depths = arch->depths;
+    cfg.dims = arch->dims;
+    cfg.in_chans = arch->in_chans;
+    cfg.kernel = arch->kernel;
+    cfg.conv_mlp = arch->conv_mlp;
+    if (!arch->layer_scale) cfg.layer_scale_init = 0;
+  }
+  cfg.num_classes = num_classes ? *num_classes : arch && arch->num_classes > 0 ? arch->num_classes : 1000;
+  if (!explicit_model)
+    std::printf("%s: depths (%s) dims (%s), %lld classes (from the file's %s)\n", input.c_str(),
+                fmt::format("{}", fmt::join(cfg.depths, ", ")).c_str(),
+                fmt::format("{}", fmt::join(cfg.dims, ", ")).c_str(), static_cast<long long>(cfg.num_classes),
+                arch->source.c_str());
+  return cfg;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Import a ConvNeXt weight file (HDF5) as training would and export it with timm keys"};
-  std::string input, output, model = "convnext_tiny";
+  std::string input, output, model;
   std::vector<int64_t> depths, dims;
-  int64_t num_classes = 1000;
+  int64_t num_classes = 0;
   cz::WeightImportOptions options;
   bool reset_head = false;
   std::string group = "params";
@@ -52,21 +91,21 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--conv-mlp", conv_mlp,
                "checkpoint export: MLP weights as timm's 1x1 convolutions (atto..nano load them strictly)");
-  app.add_option("--model", model, "ConvNeXt variant")->capture_default_str();
+  app.add_option("--model", model,
+                 "ConvNeXt variant (default: the file's own, from its attributes or shapes)");
   app.add_option("--depths", depths, "custom blocks per stage (with --dims)")->delimiter(',');
   app.add_option("--dims", dims, "custom channels per stage (with --depths)")->delimiter(',');
-  app.add_option("--num-classes", num_classes, "classifier outputs")->capture_default_str();
+  CLI::Option* classes =
+      app.add_option("--num-classes", num_classes, "classifier outputs (default: the file's, else 1000)")
+          ->check(CLI::PositiveNumber);
   app.add_option("--group", options.group, "read the datasets under this group only");
   app.add_flag("--reset-head", reset_head, "leave the file's classifier out; a new one is initialised");
   CLI11_PARSE(app, argc, argv);
   try {
     if (is_dir(input)) return export_checkpoint(input, output, group, conv_mlp);
-    cz::nn::ConvNeXtConfig cfg = depths.empty() ? cz::nn::convnext_variant(model) : cz::nn::ConvNeXtConfig{};
-    if (!depths.empty()) {
-      cfg.depths = depths;
-      cfg.dims = dims;
-    }
-    cfg.num_classes = num_classes;
+    const cz::nn::ConvNeXtConfig cfg =
+        model_config(input, options, model, depths, dims,
+                     classes->count() ? std::optional<int64_t>(num_classes) : std::nullopt);
     cz::nn::ConvNeXt net(cfg);
     net.init_weights(0);
     if (reset_head) options.skip_prefixes = {"head.fc."};

@@ -8,8 +8,13 @@ each under mpirun, collected from the runs' JSON-lines logs into results.csv, PN
         --model tiny --image-size 224 -- --device cuda --precision bf16
 
 Each configuration's figures are medians over the steps after --warmup. Scaling efficiency is img/s divided
-by (ranks x img/s of 1 rank with the same stage, bucket size and micro-batch). The plots need matplotlib
-(Debian's python3-matplotlib); without it the CSV and the summary are still written.
+by (ranks x img/s of 1 rank with the same stage, bucket size and micro-batch). Hidden communication is
+1 - sum(comm_exposed_s) / sum(comm_s) over those steps, where comm_exposed_s is the part of the collectives'
+run time during which the host waited for them (Note [Exposed communication] in src/dist/zero/engine.cpp),
+so it lies in [0, 100]%; the host's other waiting (hand-off to the communication thread, wake-ups) is not in
+it. The plots need matplotlib (Debian's python3-matplotlib); an interpreter without it (a pyenv or venv
+python3) re-runs the script under /usr/bin/python3 when that one has it, and otherwise the CSV and the
+summary are still written and the message names the interpreter that lacked it.
 """
 import argparse
 import csv
@@ -94,8 +99,21 @@ def run_one(a, app, ranks, stage, bucket, micro, log):
     for k in ["img_per_s", "step_time_s", "peak_mem_bytes", "model_state_bytes", "comm_buffer_bytes",
               "comm_bytes", "comm_s", "comm_exposed_s"]:
         row[k] = med(k)
-    row["hidden_fraction"] = (1 - row["comm_exposed_s"] / row["comm_s"]) if row["comm_s"] > 0 else ""
+    row["hidden_fraction"] = hidden_fraction(s)
     return row
+
+
+def hidden_fraction(steps):
+    """1 - exposed/comm over the steps together (a ratio of sums, not of medians taken from different steps)."""
+    comm = sum(x.get("comm_s", 0) for x in steps)
+    exposed = sum(x.get("comm_exposed_s", 0) for x in steps)
+    if comm <= 0:
+        return ""
+    h = 1 - exposed / comm
+    if not -1e-9 <= h <= 1:
+        sys.exit(f"scaling_study: comm_exposed_s ({exposed:.6f} s) exceeds comm_s ({comm:.6f} s): a convnext_zero "
+                 "older than Note [Exposed communication]? rebuild it")
+    return max(0.0, h)
 
 
 def plot(rows, out):
@@ -104,7 +122,8 @@ def plot(rows, out):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("scaling_study: matplotlib not found (apt-get install python3-matplotlib): no plots")
+        print(f"scaling_study: {sys.executable} has no matplotlib: no plots (apt-get install python3-matplotlib "
+              "and run the script with /usr/bin/python3, or pip install matplotlib for this interpreter)")
         return []
     written = []
     groups = sorted({(r["bucket_mb"], r["micro_batch"]) for r in rows})
@@ -138,8 +157,29 @@ def plot(rows, out):
     return written
 
 
+def use_an_interpreter_with_matplotlib():
+    """Re-runs the script under Debian's python3 when this interpreter (a pyenv or venv one) lacks matplotlib
+    and /usr/bin/python3 has it (python3-matplotlib)."""
+    try:
+        import matplotlib  # noqa: F401
+        return
+    except ImportError:
+        pass
+    system = "/usr/bin/python3"
+    if os.environ.get("CZ_STUDY_REEXEC") or not os.access(system, os.X_OK):
+        return
+    if subprocess.run([system, "-c", "import matplotlib"], stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL).returncode != 0:
+        return
+    me = sys.executable + (" -S" if sys.flags.no_site else "")
+    print(f"scaling_study: {me} has no matplotlib; running under {system}, which has", flush=True)
+    os.environ["CZ_STUDY_REEXEC"] = "1"
+    os.execv(system, [system, os.path.abspath(__file__)] + sys.argv[1:])
+
+
 def main():
     a = parse_args()
+    use_an_interpreter_with_matplotlib()
     app = os.path.join(a.build, "apps", "convnext_zero")
     if not os.access(app, os.X_OK):
         sys.exit(f"scaling_study: {app} not found: build first or pass --build")

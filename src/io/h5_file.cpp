@@ -654,6 +654,17 @@ void File::set_attr(const std::string& name, int64_t value) {
   write_ok(H5Awrite(attr.get(), H5T_NATIVE_INT64, &value), fmt::format("writing attribute '{}'", name));
 }
 
+void File::set_attr(const std::string& name, const std::vector<int64_t>& values) {
+  check_writable("set_attr");
+  const hsize_t n = values.size();
+  const Id space(check_id(H5Screate_simple(1, &n, nullptr), path_, "creating a dataspace"));
+  const Id attr(
+      write_id(H5Acreate2(hid_t(id_), name.c_str(), H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+               fmt::format("creating attribute '{}'", name)));
+  write_ok(H5Awrite(attr.get(), H5T_NATIVE_INT64, values.data()),
+           fmt::format("writing attribute '{}'", name));
+}
+
 void File::set_attr(const std::string& name, double value) {
   check_writable("set_attr");
   const Id space(check_id(H5Screate(H5S_SCALAR), path_, "creating a dataspace"));

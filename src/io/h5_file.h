@@ -93,6 +93,7 @@ class File {
                      float fill);
   void set_attr(const std::string& name, const std::string& value);
   void set_attr(const std::string& name, int64_t value);
+  void set_attr(const std::string& name, const std::vector<int64_t>& values);  // a 1-D i64 array
   void set_attr(const std::string& name, double value);
   // Flushes, syncs and renames the temporary file to path(); the File is closed afterwards.
   void commit();

@@ -134,6 +134,112 @@ std::optional<std::string> timm_key_from_facebook(const std::string& key) {
   return std::nullopt;
 }
 
+std::optional<WeightArchitecture> infer_architecture(
+    const std::vector<std::pair<std::string, Shape>>& shapes) {
+  std::map<std::string, Shape> by_name;  // timm names
+  for (const auto& [key, shape] : shapes) {
+    std::string name = starts_with(key, "module.") ? key.substr(7) : key;
+    // Safe on timm keys too: none of them has a facebookresearch form.
+    if (auto timm = timm_key_from_facebook(name)) name = *timm;
+    by_name.emplace(name, shape);
+  }
+  auto shape_of = [&](const std::string& name) -> const Shape* {
+    auto it = by_name.find(name);
+    return it == by_name.end() ? nullptr : &it->second;
+  };
+  const Shape* stem = shape_of("stem.0.weight");
+  if (!stem || stem->size() != 4) return std::nullopt;
+  std::map<int64_t, std::set<int64_t>> blocks;  // stage -> the block indices present
+  for (const auto& [name, shape] : by_name) {
+    const std::vector<std::string> p = split_dots(name);
+    if (p.size() >= 5 && p[0] == "stages" && is_index(p[1]) && p[2] == "blocks" && is_index(p[3]))
+      blocks[std::stoll(p[1])].insert(std::stoll(p[3]));
+  }
+  if (blocks.empty()) return std::nullopt;
+  WeightArchitecture a;
+  a.source = "shapes";
+  a.in_chans = (*stem)[1];
+  for (int64_t i = 0; i < int64_t(blocks.size()); ++i) {
+    auto it = blocks.find(i);
+    if (it == blocks.end() || *it->second.rbegin() + 1 != int64_t(it->second.size()))
+      return std::nullopt;  // a stage or a block missing in between
+    a.depths.push_back(int64_t(it->second.size()));
+    const Shape* dw = shape_of(fmt::format("stages.{}.blocks.0.conv_dw.weight", i));
+    if (!dw || dw->size() != 4 || (*dw)[1] != 1 || (*dw)[2] != (*dw)[3]) return std::nullopt;
+    a.dims.push_back((*dw)[0]);
+    if (i == 0) a.kernel = (*dw)[2];
+  }
+  if (a.dims[0] != (*stem)[0]) return std::nullopt;
+  const Shape* fc1 = shape_of("stages.0.blocks.0.mlp.fc1.weight");
+  a.conv_mlp = fc1 && fc1->size() == 4;
+  a.layer_scale = shape_of("stages.0.blocks.0.gamma") != nullptr;
+  if (const Shape* fc = shape_of("head.fc.weight"); fc && fc->size() == 2) a.num_classes = (*fc)[0];
+  return a;
+}
+
+namespace {
+bool same_model(const WeightArchitecture& a, const WeightArchitecture& b) {
+  return a.depths == b.depths && a.dims == b.dims && a.num_classes == b.num_classes &&
+         a.in_chans == b.in_chans && a.kernel == b.kernel && a.conv_mlp == b.conv_mlp &&
+         a.layer_scale == b.layer_scale;
+}
+
+std::string describe(const WeightArchitecture& a) {
+  return fmt::format("depths ({}) dims ({}) {} classes, {} input channels, kernel {}{}{}",
+                     fmt::join(a.depths, ", "), fmt::join(a.dims, ", "), a.num_classes, a.in_chans, a.kernel,
+                     a.conv_mlp ? ", conv MLP" : "", a.layer_scale ? "" : ", no layer scale");
+}
+
+// The architecture attributes export writes; nullopt when the file is not one of ours or predates them.
+std::optional<WeightArchitecture> from_attributes(const h5::File& file) {
+  try {
+    if (file.string_attr("format") != kFormat) return std::nullopt;
+    WeightArchitecture a;
+    a.source = "attributes";
+    a.depths = file.int_attrs("depths");
+    a.dims = file.int_attrs("dims");
+    a.num_classes = file.int_attr("num_classes");
+    a.in_chans = file.int_attr("in_chans");
+    a.kernel = file.int_attr("kernel");
+    a.conv_mlp = file.int_attr("conv_mlp") != 0;
+    a.layer_scale = file.int_attr("layer_scale") != 0;
+    return a;
+  } catch (const IoError&) {
+    return std::nullopt;  // an attribute missing: files from other tools, or exported before they were
+                          // written
+  }
+}
+}  // namespace
+
+WeightArchitecture read_weight_architecture(const std::string& path, const WeightImportOptions& options) {
+  const h5::File file = h5::File::open(path);
+  const std::string group = options.group.empty() ? "" : options.group + "/";
+  std::vector<std::pair<std::string, Shape>> shapes;
+  for (const std::string& key : file.datasets()) {
+    if (!starts_with(key, group)) continue;
+    try {
+      shapes.emplace_back(key.substr(group.size()), file.info(key).shape);
+    } catch (const IoError&) {
+      // An unreadable dataset says nothing about the model; import reports it.
+    }
+  }
+  const std::optional<WeightArchitecture> inferred = infer_architecture(shapes);
+  // The root attributes describe the root's datasets, not those of a group.
+  const std::optional<WeightArchitecture> recorded = group.empty() ? from_attributes(file) : std::nullopt;
+  if (recorded) {
+    CZ_CHECK_IO(!inferred || same_model(*recorded, *inferred),
+                "{}: the attributes say {} but the datasets are those of {}", path, describe(*recorded),
+                describe(*inferred));
+    return *recorded;
+  }
+  CZ_CHECK_IO(inferred.has_value(),
+              "{}: cannot tell which ConvNeXt these weights are for: no architecture attributes, and the {} "
+              "datasets{} are not a ConvNeXt's (stem.0.weight and stages.i.blocks.j.conv_dw.weight for every "
+              "stage and block, in timm or facebookresearch keys); give the model explicitly",
+              path, shapes.size(), group.empty() ? "" : " under " + options.group);
+  return *inferred;
+}
+
 WeightImportReport import_weights(const std::string& path, const NamedTensorList& params,
                                   const WeightImportOptions& options) {
   const h5::File file = h5::File::open(path);
@@ -216,10 +322,21 @@ WeightFileWriter::WeightFileWriter(const std::string& path, const WeightExportOp
 void WeightFileWriter::add(const std::string& name, const Tensor& t) {
   CZ_CHECK(names_.insert(name).second, "{}: cannot export: parameter name '{}' is repeated", file_.path(),
            name);
-  file_.write(name, exported_tensor(file_.path(), name, t, options_));
+  const Tensor v = exported_tensor(file_.path(), name, t, options_);
+  file_.write(name, v);
+  shapes_.emplace_back(name, v.sizes());
 }
 
 void WeightFileWriter::commit() {
+  if (const std::optional<WeightArchitecture> a = infer_architecture(shapes_)) {
+    file_.set_attr("depths", a->depths);
+    file_.set_attr("dims", a->dims);
+    file_.set_attr("num_classes", a->num_classes);
+    file_.set_attr("in_chans", a->in_chans);
+    file_.set_attr("kernel", a->kernel);
+    file_.set_attr("conv_mlp", int64_t{a->conv_mlp});
+    file_.set_attr("layer_scale", int64_t{a->layer_scale});
+  }
   file_.commit();
 }
 

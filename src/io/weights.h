@@ -38,8 +38,35 @@ struct WeightImportReport {
 WeightImportReport import_weights(const std::string& path, const NamedTensorList& params,
                                   const WeightImportOptions& options = {});
 
+// The ConvNeXt a weight file holds, as far as its parameters determine it (the fields a model must match to
+// load the file; drop-path rate and initialisation scales leave no trace in the weights).
+struct WeightArchitecture {
+  std::vector<int64_t> depths;  // blocks per stage
+  std::vector<int64_t> dims;    // channels per stage
+  int64_t num_classes = 0;      // 0: the file has no classifier (head.fc.*)
+  int64_t in_chans = 3;
+  int64_t kernel = 7;       // the depthwise convolution's
+  bool conv_mlp = false;    // fc1/fc2 weights stored as (out, in, 1, 1) (timm's atto..nano)
+  bool layer_scale = true;  // the blocks have `gamma`
+  std::string source;       // "attributes" (written by export) or "shapes" (inferred from the datasets)
+};
+
+// The architecture of the ConvNeXt whose parameters are named (timm or facebookresearch keys, a leading
+// `module.` dropped) and shaped as given; nullopt when they are not a ConvNeXt's (no stem, no stages, gaps in
+// the block indices, inconsistent channels). Depths follow from which stages.i.blocks.j exist, channels and
+// classes from the shapes.
+std::optional<WeightArchitecture> infer_architecture(
+    const std::vector<std::pair<std::string, Shape>>& shapes);
+
+// The architecture of the weights in `path` (under `options.group`): from the root attributes export writes
+// when they are there, else inferred from the datasets (files from timm or other tools). IoError naming the
+// file when neither says what model it holds.
+WeightArchitecture read_weight_architecture(const std::string& path, const WeightImportOptions& options = {});
+
 // Writes `params` (any float dtype, any device) as f32 datasets under their names, in their (PyTorch) shapes,
-// plus root attributes `format` ("convnext_zero.weights") and `version`. Crash-safe: the data goes to a
+// plus root attributes `format` ("convnext_zero.weights") and `version`, and, when the parameters are a
+// ConvNeXt's, its architecture: `depths`, `dims` (i64 arrays), `num_classes`, `in_chans`, `kernel`,
+// `conv_mlp` and `layer_scale` (i64; the last two 0 or 1). Crash-safe: the data goes to a
 // temporary file beside `path`, which is synced and renamed over it only when complete; an existing file
 // stays intact if anything fails (bad parameter, unwritable directory, full disk).
 struct WeightExportOptions {
@@ -63,6 +90,8 @@ class WeightFileWriter {
   h5::File file_;
   WeightExportOptions options_;
   std::set<std::string> names_;
+  std::vector<std::pair<std::string, Shape>>
+      shapes_;  // as written: the architecture attributes come from them
 };
 
 // The timm key for an original facebookresearch/ConvNeXt key ("downsample_layers.0.0.weight" ->

@@ -312,5 +312,115 @@ TEST_F(Weights, FailedExportLeavesTheExistingFileAndNoTemporaries) {
   }
 }
 
+void expect_architecture(const WeightArchitecture& a, const nn::ConvNeXtConfig& cfg,
+                         const std::string& source) {
+  EXPECT_EQ(a.source, source);
+  EXPECT_EQ(a.depths, cfg.depths);
+  EXPECT_EQ(a.dims, cfg.dims);
+  EXPECT_EQ(a.num_classes, cfg.num_classes);
+  EXPECT_EQ(a.in_chans, cfg.in_chans);
+  EXPECT_EQ(a.kernel, cfg.kernel);
+  EXPECT_EQ(a.conv_mlp, cfg.conv_mlp);
+  EXPECT_EQ(a.layer_scale, cfg.layer_scale_init > 0);
+}
+
+// The model cz_weights builds for a file given no --model: the architecture the file describes.
+nn::ConvNeXtConfig config_of(const WeightArchitecture& a) {
+  nn::ConvNeXtConfig cfg;
+  cfg.depths = a.depths;
+  cfg.dims = a.dims;
+  cfg.num_classes = a.num_classes;
+  cfg.in_chans = a.in_chans;
+  cfg.kernel = a.kernel;
+  cfg.conv_mlp = a.conv_mlp;
+  if (!a.layer_scale) cfg.layer_scale_init = 0;
+  return cfg;
+}
+
+// An atto export (timm's 1x1-conv MLP form, 10 classes) says what it is: cz_weights used to assume
+// convnext_tiny with 1000 classes and report 182 wrong shapes.
+TEST_F(Weights, AttoExportRecordsItsArchitectureAndLoadsIntoIt) {
+  nn::ConvNeXtConfig cfg = nn::convnext_variant("atto");
+  cfg.num_classes = 10;
+  nn::ConvNeXt a(cfg);
+  a.init_weights(1);
+  const std::string path = file("atto.h5");
+  export_weights(path, a.named_parameters(), {.conv_mlp = true});
+  const h5::File f = h5::File::open(path);
+  EXPECT_EQ(f.int_attrs("depths"), (std::vector<int64_t>{2, 2, 6, 2}));
+  EXPECT_EQ(f.int_attrs("dims"), (std::vector<int64_t>{40, 80, 160, 320}));
+  EXPECT_EQ(f.int_attr("num_classes"), 10);
+  EXPECT_EQ(f.int_attr("conv_mlp"), 1);
+  const WeightArchitecture arch = read_weight_architecture(path);
+  expect_architecture(arch, cfg, "attributes");
+  nn::ConvNeXt b(config_of(arch));
+  EXPECT_EQ(import_weights(path, b.named_parameters()).tensors, int64_t(a.named_parameters().size()));
+}
+
+// Custom depths, another kernel, no layer scale, 7 classes: recorded by export, and inferred from the
+// datasets alone for files without the attributes, in timm and facebookresearch keys (a `module.` prefix
+// too).
+TEST_F(Weights, CustomDepthsAreRecordedAndInferredFromShapesWithoutAttributes) {
+  nn::ConvNeXtConfig cfg;
+  cfg.depths = {1, 3, 2};
+  cfg.dims = {8, 16, 24};
+  cfg.num_classes = 7;
+  cfg.kernel = 5;
+  cfg.layer_scale_init = 0;
+  nn::ConvNeXt a(cfg);
+  a.init_weights(1);
+  export_weights(file("ours.h5"), a.named_parameters());
+  expect_architecture(read_weight_architecture(file("ours.h5")), cfg, "attributes");
+
+  write(file("timm.h5"), a.named_parameters(), [](const std::string& n) { return "module." + n; });
+  expect_architecture(read_weight_architecture(file("timm.h5")), cfg, "shapes");
+  write(file("facebook.h5"), a.named_parameters(), facebook_key);
+  expect_architecture(read_weight_architecture(file("facebook.h5")), cfg, "shapes");
+  nn::ConvNeXt b(config_of(read_weight_architecture(file("facebook.h5"))));
+  EXPECT_EQ(import_weights(file("facebook.h5"), b.named_parameters()).key_style, "facebook");
+
+  cfg.conv_mlp = true;  // and the 1x1-conv MLP form, told by the shape of fc1
+  write(
+      file("conv_mlp.h5"), a.named_parameters(), [](const std::string& n) { return n; },
+      [](const std::string& n, const Tensor& t) {
+        return n.find(".mlp.fc") != std::string::npos && t.dim() == 2 ? Shape{t.size(0), t.size(1), 1, 1}
+                                                                      : t.sizes();
+      });
+  expect_architecture(read_weight_architecture(file("conv_mlp.h5")), cfg, "shapes");
+}
+
+TEST_F(Weights, ArchitectureErrorsNameTheFileAndWhatIsWrong) {
+  nn::ConvNeXt a(small_config());
+  a.init_weights(1);
+  NamedTensorList gap;  // stages.1.blocks.0 left out: the depths cannot be told
+  for (const auto& [name, t] : a.named_parameters())
+    if (name.rfind("stages.1.blocks.0.", 0) != 0) gap.emplace_back(name, t);
+  write(file("gap.h5"), gap, [](const std::string& n) { return n; });
+  try {
+    read_weight_architecture(file("gap.h5"));
+    ADD_FAILURE() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("gap.h5: cannot tell which ConvNeXt"), std::string::npos)
+        << e.what();
+  }
+  h5::File f = h5::File::create(file("lying.h5"));  // attributes that contradict the datasets
+  for (const auto& [name, t] : a.named_parameters()) f.write(name, t.detach().contiguous());
+  f.set_attr("format", std::string("convnext_zero.weights"));
+  f.set_attr("depths", std::vector<int64_t>{2, 2});
+  f.set_attr("dims", std::vector<int64_t>{8, 16});
+  for (const auto& [k, v] : std::map<std::string, int64_t>{
+           {"num_classes", 5}, {"in_chans", 3}, {"kernel", 7}, {"conv_mlp", 0}, {"layer_scale", 1}})
+    f.set_attr(k, v);
+  f.commit();
+  try {
+    read_weight_architecture(file("lying.h5"));
+    ADD_FAILURE() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("the attributes say depths (2, 2)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("datasets are those of depths (1, 2)"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace cz

@@ -51,6 +51,26 @@ assert j["compute"]["provenance"].startswith("planned:")
 print("what-if json: %d rows" % len(rows))
 PY
 
+# The exit code: 0 when the plan fits --gpu-mem, 3 (and why, on stderr) when it does not, with or without
+# --json; 0 without --gpu-mem.
+"$app" --plan --model atto --image-size 64 --micro-batch 8 --gpu-mem 4GiB > "$work/fit" 2>&1 ||
+  { cat "$work/fit"; fail "a plan that fits exited with $?"; }
+grep -q "fits, " "$work/fit" || { cat "$work/fit"; fail "the table does not say it fits"; }
+for json in "" --json; do
+  "$app" --plan $json --model atto --image-size 64 --micro-batch 8 --gpu-mem 8MiB > "$work/nofit" 2> "$work/why"
+  rc=$?
+  [[ $rc -eq 3 ]] || { cat "$work/nofit" "$work/why"; fail "a plan that does not fit exited with $rc, not 3"; }
+  grep -q "does not fit: .* B required per rank .* but --gpu-mem is 8388608 B, .* MiB short; exit code 3" \
+    "$work/why" || { cat "$work/why"; fail "no reason on stderr"; }
+  [[ -z $json ]] || python3 -c "import json, sys; assert json.load(open(sys.argv[1]))['fits'] is False" \
+    "$work/nofit" || fail "--json: not one JSON object with fits false on stdout"
+done
+"$app" --plan --model atto --image-size 64 --micro-batch 8 > /dev/null 2>&1 || fail "no --gpu-mem: exit $?"
+out=$(OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=1 "$app" --plan --model atto --gpu-mem 8MiB 2>&1)
+rc=$?
+[[ $rc -eq 3 && -z $out ]] || fail "rank 1 of 2: exit $rc (want 3, silently): $out"
+echo "exit codes: 0 fits, 3 does not fit"
+
 # Under a launcher only rank 0 prints.
 out=$(OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=2 "$app" --plan --model atto) || fail "--plan on rank 2 exited with $?"
 [[ -z $out ]] || fail "rank 2 printed the plan too"

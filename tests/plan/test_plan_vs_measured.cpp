@@ -10,6 +10,9 @@
 // the same way.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
+
 #include <fmt/format.h>
 
 #include "dist/plan/planner.h"
@@ -67,6 +70,13 @@ train::TrainConfig with(train::TrainConfig c, F f) {
   return c;
 }
 
+// --checkpoint-dir (the same on every rank): the test saves after the first step, in the background, so the
+// save's host copy of the state is alive during the second.
+train::TrainConfig checkpointed(train::TrainConfig c, const std::string& name) {
+  c.checkpoint_dir = (std::filesystem::temp_directory_path() / ("cz_plan_" + name)).string();
+  return c;
+}
+
 const std::vector<Case>& cases() {
   static const std::vector<Case> k = {
       // Stage 0 on one rank: the trainer before the engine, kept as they were.
@@ -98,6 +108,9 @@ const std::vector<Case>& cases() {
                                c.grad_accum = 2;
                              })},
       {"atto_prefetch", with(atto(48, 8), [](auto& c) { c.loader_threads = 1; })},
+      {"atto_64_checkpoint", checkpointed(atto(64, 8), "atto_64_checkpoint")},
+      {"s3_small_ema_checkpoint",
+       checkpointed(with(small(3), [](auto& c) { c.ema_decay = 0.99; }), "s3_small_ema_checkpoint")},
       // The engine's stages, one rank (the collectives are local copies; no ring scratch).
       {"s1_small_offload", with(small(1), [](auto& c) { c.offload_optimizer = true; })},
       {"s2_small", small(2)},
@@ -124,6 +137,9 @@ const std::vector<Case>& cases() {
               c.offload_optimizer = true;
             }),
        2},
+      {"np2_s0_atto_checkpoint", checkpointed(atto(64, 8), "np2_s0_atto_checkpoint"), 2},
+      {"np2_s2_small_ema_checkpoint",
+       checkpointed(with(small(2), [](auto& c) { c.ema_decay = 0.99; }), "np2_s2_small_ema_checkpoint"), 2},
       // Four ranks.
       {"np4_s0_small_bf16_reduce", with(small(0), [](auto& c) { c.reduce_dtype = "bf16"; }), 4},
       {"np4_s1_small_offload", with(small(1), [](auto& c) { c.offload_optimizer = true; }), 4},
@@ -177,15 +193,26 @@ TEST_P(PlanVsMeasured, PeakWithinTenPercent) {
   const int64_t before =
       alloc.stats().allocated_bytes;  // whatever else this process holds (nothing, normally)
   int64_t measured = 0;
+  const bool saves = !c.config.checkpoint_dir.empty();
+  int64_t copy_measured = 0;  // what the save left allocated: its host copy
+  if (saves && world.rank() == 0) std::filesystem::remove_all(c.config.checkpoint_dir);
   {
     train::Trainer t(c.config, world);
-    for (int i = 0; i < 2; ++i) measured = std::max(measured, t.step().peak_mem_bytes - before);
+    for (int i = 0; i < 2; ++i) {
+      measured = std::max(measured, t.step().peak_mem_bytes - before);
+      if (saves && i == 0) {
+        const int64_t held = alloc.stats().allocated_bytes;
+        t.save_checkpoint();
+        copy_measured = alloc.stats().allocated_bytes - held;
+      }
+    }
   }
   const int64_t reserved = alloc.stats().peak_reserved_bytes - before;
 
   PlanRequest req;
   req.config = c.config;
   req.world = c.ranks;
+  req.rank = world.rank();
   const Plan p = make_plan(req);
   const double err = double(p.total_bytes - measured) / double(measured);
   // One line per row and rank, for docs/planning.md.
@@ -193,6 +220,16 @@ TEST_P(PlanVsMeasured, PeakWithinTenPercent) {
              world.rank(), measured, p.total_bytes, 100 * err, reserved, p.reserved_bytes);
   EXPECT_LE(std::abs(err), 0.10) << "rank " << world.rank() << ": planned " << p.total_bytes << " measured "
                                  << measured << "; the peak is planned in " << p.peak_at;
+  if (saves) {  // the save's host copy is planned on its own row, to the byte
+    const auto row = std::find_if(p.rows.begin(), p.rows.end(),
+                                  [](const PlanRow& r) { return r.key == "checkpoint_copy"; });
+    ASSERT_NE(row, p.rows.end());
+    if (c.config.stage > 0 || world.rank() == 0) {  // stage 0: rank 0 saves it all
+      EXPECT_GT(row->bytes, 0);
+    }
+    EXPECT_EQ(row->bytes > 0 ? int64_t(round_to_size_class(size_t(row->bytes))) : 0, copy_measured)
+        << "rank " << world.rank();
+  }
   // The allocator's cache (what the planner reports as reserved_bytes) is replayed too.
   EXPECT_NEAR(double(p.reserved_bytes), double(reserved), 0.10 * double(reserved));
 }

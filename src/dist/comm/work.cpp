@@ -39,6 +39,12 @@ double Work::run_seconds() const {
   return timed_ ? std::chrono::duration<double>(finished_ - started_).count() : 0.0;
 }
 
+std::optional<std::pair<Work::TimePoint, Work::TimePoint>> Work::host_run_interval() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_ || !error_.empty() || !timed_ || (start_event_ && event_)) return std::nullopt;
+  return std::make_pair(started_, finished_);
+}
+
 void Work::mark_done() {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -7,8 +7,10 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "tensor/device.h"
 
@@ -35,6 +37,10 @@ class Work {
   // Seconds the collective ran, once completed: on the communication thread (from mark_started to mark_done),
   // or on the device between the start and end events (NCCL); 0 before it has completed.
   double run_seconds() const;
+  using TimePoint = std::chrono::steady_clock::time_point;
+  // When it ran on the communication thread (mark_started to mark_done), on the host's clock, once completed;
+  // nullopt before, after a failure, and for device-timed work (NCCL), whose run time is the device's.
+  std::optional<std::pair<TimePoint, TimePoint>> host_run_interval() const;
 
   // Backend side.
   void set_device_event(void* cuda_event);        // owned from now on; recorded after the device-side work

@@ -13,9 +13,10 @@
 namespace cz::plan {
 
 // What a buffer is for; the rows of the plan. bucket: gradient buckets (and stage 0-1's cast copies); gather:
-// stage-3 gathered units; scratch: the communicator's ring scratch.
-enum class Use : uint8_t { state, input, saved, transient, workspace, bucket, gather, scratch };
-inline constexpr int kNumUses = 8;
+// stage-3 gathered units; scratch: the communicator's ring scratch; checkpoint: a background checkpoint
+// save's host copy of this rank's state.
+enum class Use : uint8_t { state, input, saved, transient, workspace, bucket, gather, scratch, checkpoint };
+inline constexpr int kNumUses = 9;
 
 struct LiveBuffer {
   const char* what;

@@ -34,6 +34,7 @@ struct Setup {
   DType compute = DType::f32, reduce = DType::f32;
   bool cuda = false;
   int world = 1;
+  int rank = 0;
 };
 
 // The engine's layout and model state at `stage`, with or without offload.
@@ -59,6 +60,25 @@ Engine engine_at(const Setup& s, int stage, bool offload) {
   return e;
 }
 
+// --checkpoint-dir: the bytes of the host copy a background save makes of rank `s.rank`'s share of the state
+// (Trainer::save_checkpoint, checkpoint_save.cpp copy_to_host): its fp32 master weights, optimizer state and
+// EMA over the parameters' elements in its chunks (padding is not saved), one buffer for all of them; at
+// stage 0 rank 0 saves the replicated state and the others nothing. -1 without --checkpoint-dir.
+int64_t checkpoint_copy_bytes(const Setup& s, const Engine& engine) {
+  if (s.cfg.checkpoint_dir.empty()) return -1;
+  const zero::ZeroLayout& l = engine.spec.layout;
+  if (l.shards == 1 && s.rank != 0) return 0;
+  int64_t elements = 0;
+  for (size_t p = 0; p < l.partitions.size(); ++p) {
+    const ShardRange r = l.chunk_range(p, l.shards == 1 ? 0 : s.rank);
+    for (const FlatSegment& seg : l.flat.segments)
+      elements +=
+          std::max<int64_t>(0, std::min(r.end, seg.offset + seg.numel) - std::max(r.begin, seg.offset));
+  }
+  const int64_t groups = 1 + engine.spec.optimizer_state_tensors + (engine.spec.ema ? 1 : 0);
+  return elements * groups * 4;
+}
+
 StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bool checkpointing) {
   StepSpec sp;
   sp.model = s.model;
@@ -72,6 +92,8 @@ StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bo
   // the training device's allocator.
   sp.prefetched_batches = s.cuda ? 0 : int64_t(s.cfg.loader_threads) * 2;
   sp.state = engine.state.buffers;
+  // On CUDA the copy is pinned host memory (Plan::host_rows), outside the device's allocator.
+  if (!s.cuda) sp.checkpoint_copy_bytes = std::max<int64_t>(0, checkpoint_copy_bytes(s, engine));
   sp.engine.stage = engine.spec.stage;
   sp.engine.world = s.world;
   sp.engine.layout = engine.spec.layout;
@@ -167,6 +189,8 @@ Plan make_plan(const PlanRequest& req) {
   CZ_CHECK(s.cuda || s.compute == DType::f32,
            "--precision {} needs --device cuda (the CPU backend computes in fp32)", s.cfg.precision);
   s.world = req.world;
+  CZ_CHECK(0 <= req.rank && req.rank < req.world, "plan: rank {} of a world of {}", req.rank, req.world);
+  s.rank = req.rank;
   s.model = s.cfg.model_config();
   s.params = convnext_parameters(s.model);
 
@@ -201,12 +225,18 @@ Plan make_plan(const PlanRequest& req) {
       p.host_rows.push_back({state_row_key(row), label, state.host_row_bytes(row)});
   }
   p.host_bytes = state.host_bytes();
+  constexpr const char* kCheckpointLabel = "checkpoint host copy (background save)";
+  if (const int64_t copy = checkpoint_copy_bytes(s, engine); s.cuda && copy >= 0) {
+    p.host_rows.push_back({"checkpoint_copy", kCheckpointLabel, copy});
+    p.host_bytes += copy;
+  }
   CZ_ASSERT(state.total_bytes() == pk.raw[size_t(Use::state)], "model state {} but {} traced",
             state.total_bytes(), pk.raw[size_t(Use::state)]);
   p.rows.push_back({"comm_buffers", "gradient buckets / cast copies", pk.raw[size_t(Use::bucket)]});
   p.rows.push_back({"gather_buffers", "stage-3 gathered units", pk.raw[size_t(Use::gather)]});
   p.rows.push_back({"comm_scratch", "communicator ring scratch", pk.raw[size_t(Use::scratch)]});
   p.rows.push_back({"input_batch", "input batch (images, labels)", pk.raw[size_t(Use::input)]});
+  p.rows.push_back({"checkpoint_copy", kCheckpointLabel, pk.raw[size_t(Use::checkpoint)]});
   const std::vector<std::string> parts = network_parts(s.model);
   for (size_t i = 0; i < parts.size(); ++i) {
     std::string key = "activations_" + parts[i];
@@ -275,7 +305,8 @@ std::string format_plan(const Plan& p) {
     line("required", p.required_bytes);
   }
   if (!p.host_rows.empty()) {
-    out += "  in pinned host memory (--offload-optimizer; not in the total):\n";
+    out += fmt::format("  in pinned host memory ({}; not in the total):\n",
+                       p.offload ? "--offload-optimizer" : "a background checkpoint's copy");
     for (const PlanRow& r : p.host_rows) line("  " + r.label, r.bytes);
     line("  host total", p.host_bytes);
   }

@@ -21,6 +21,9 @@ struct PlanRequest {
   int world = 1;                   // ranks
   std::optional<int64_t> gpu_mem;  // bytes of device memory to fit in (--gpu-mem)
   bool max_micro_batch = true;     // search the largest micro-batch per stage (needs gpu_mem)
+  // Whose share of a checkpoint's host copy is planned (with config.checkpoint_dir): rank 0's, the largest
+  // (it writes the replicated state at stage 0, and the partitions' padding falls on the last ranks).
+  int rank = 0;
 };
 
 struct PlanRow {
@@ -51,7 +54,8 @@ struct Plan {
   // size-class rounding of all of them.
   std::vector<PlanRow> rows;
   int64_t total_bytes = 0;  // the planned peak of the allocator (StepStats::peak_mem_bytes)
-  // --offload-optimizer: what lives in pinned host memory instead (not in total_bytes), by row.
+  // --offload-optimizer, and on CUDA a background checkpoint's host copy: what lives in pinned host memory
+  // (not in total_bytes), by row.
   std::vector<PlanRow> host_rows;
   int64_t host_bytes = 0;
   std::string peak_at;                                               // the op running at the peak

@@ -215,6 +215,8 @@ void Walker::build() {
     m_.alloc(image, Use::input, "prefetched images");
     m_.alloc(s_.micro_batch * 8, Use::input, "prefetched labels");
   }
+  if (s_.checkpoint_copy_bytes > 0)  // an empty one (stage 0, ranks but 0) allocates nothing
+    m_.alloc(s_.checkpoint_copy_bytes, Use::checkpoint, "checkpoint host copy (background save)");
   // timm's linearly rising drop-path rates (nn::ConvNeXt).
   int64_t total = 0;
   for (int64_t d : s_.model.depths) total += d;

@@ -27,8 +27,12 @@ struct StepSpec {
   // CPU backend (loader threads x 2), none on CUDA (those live in host memory).
   int64_t prefetched_batches = 0;
   std::vector<StateBuffer> state;  // model state (zero_model_state), allocated after the build (not host)
-  EngineSpec engine;               // the ZeRO engine: stage, ranks, partitions (engine_trace.h)
-  int steps = 1;                   // >1 to let the allocator's cache reach its steady state
+  // --checkpoint-dir on the CPU backend: the host copy a background save makes of this rank's share of the
+  // state (checkpoint_save.cpp copy_to_host), in the training device's allocator and alive through the
+  // steps after the save until its writer finishes: planned as alive through the traced steps. 0: none.
+  int64_t checkpoint_copy_bytes = 0;
+  EngineSpec engine;  // the ZeRO engine: stage, ranks, partitions (engine_trace.h)
+  int steps = 1;      // >1 to let the allocator's cache reach its steady state
 };
 
 struct StepTraceResult {

@@ -38,11 +38,15 @@ struct ZeroConfig {
 };
 
 struct ZeroStepStats {
-  double grad_norm = 0;           // global L2 norm of the averaged, unscaled gradient, before clipping
-  bool skipped = false;           // fp16 overflow on some rank: no rank updated
-  int64_t comm_bytes = 0;         // bytes this rank sent in the step's collectives (ring algorithms' count)
-  double comm_s = 0;              // time the step's collectives ran (0 where the backend does not time them)
-  double comm_exposed_s = 0;      // time the step's host waited for collectives
+  double grad_norm = 0;    // global L2 norm of the averaged, unscaled gradient, before clipping
+  bool skipped = false;    // fp16 overflow on some rank: no rank updated
+  int64_t comm_bytes = 0;  // bytes this rank sent in the step's collectives (ring algorithms' count)
+  double comm_s = 0;       // time the step's collectives ran (0 where the backend does not time them)
+  // Note [Exposed communication]: the part of comm_s during which the host was waiting for a collective, so
+  // 0 <= comm_exposed_s <= comm_s; comm_wait_s is all the time the host waited, which also holds the hand-off
+  // to the communication thread and the wake-ups.
+  double comm_exposed_s = 0;
+  double comm_wait_s = 0;
   int64_t comm_buffer_bytes = 0;  // peak bytes of gradient buckets and stage-3 gather buffers in the step
   // Offload: time the worker spent copying gradients to the host and in the CPU optimizer (and EMA), and time
   // the step waited for it.
@@ -193,6 +197,7 @@ class ZeroEngine {
   double lr_ = 0, clip_grad_ = 0;
 
   std::vector<dist::WorkHandle> step_works_;  // waited for in this step: their run times are its comm_s
+  std::vector<std::pair<dist::Work::TimePoint, dist::Work::TimePoint>> step_waits_;  // the host's waits
   void collect_comm_times();
 
   ZeroStepStats stats_;
