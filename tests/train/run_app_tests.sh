@@ -3,6 +3,7 @@
 #   ranks_match_one_process  2 and 4 ranks at ZeRO stages 0-3 log the same losses and gradient norms as 1 rank
 #   bad_input                each bad flag or file: non-zero exit, a message naming it, no crash
 #   multi_rank_error         a bad data path under mpirun: every rank exits non-zero, nobody hangs
+#   export_initial           --steps 0 --export-weights: the initial weights, from which a run starts identically
 set -uo pipefail
 case_name=$1 app=$2 mpiexec=$3
 work=$(mktemp -d)
@@ -59,6 +60,8 @@ bad_input)
   check "--image-size" "${tiny[@]}" --steps 1 --image-size -3
   check "--steps" "${tiny[@]}" --steps -1
   check "--bogus" "${tiny[@]}" --steps 1 --bogus
+  check "unknown flag --stpes (did you mean --steps?)" "${tiny[@]}" --stpes 1
+  check "give the run's length with --epochs N or --steps N" "${model[@]}" --data "h5:$work/junk.h5"
   check "--precision" "${tiny[@]}" --steps 1 --precision fp8
   check "--precision fp16" "${tiny[@]}" --steps 1 --precision fp16
   check "--initial-loss-scale" "${tiny[@]}" --steps 1 --initial-loss-scale nan
@@ -82,6 +85,22 @@ bad_input)
   check "--prefetch" "${tiny[@]}" --steps 1 --prefetch -1
   check "--reduce-dtype" "${tiny[@]}" --steps 1 --reduce-dtype fp8
   echo "bad_input: OK"
+  ;;
+export_initial)
+  # --steps 0 --export-weights writes the initial weights; a run started from them (--init-weights, another
+  # --seed) computes what the run with the original seed computes, to the bit.
+  plain=("${tiny[@]}" --no-shuffle --eval-batches 1 --micro-batch 16)
+  "$app" "${plain[@]}" --seed 7 --steps 3 --log "$work/a.jsonl" > "$work/out" 2>&1 || { cat "$work/out"; fail "run a"; }
+  "$app" "${plain[@]}" --seed 7 --steps 0 --export-weights "$work/init.h5" > "$work/out" 2>&1 ||
+    { cat "$work/out"; fail "--steps 0 --export-weights failed"; }
+  [[ -s "$work/init.h5" ]] || fail "no export after zero steps"
+  ! grep -q '^step ' "$work/out" || fail "progress lines despite --no-progress"
+  "$app" "${plain[@]}" --seed 99 --steps 3 --init-weights "$work/init.h5" --log "$work/c.jsonl" > "$work/out" 2>&1 ||
+    { cat "$work/out"; fail "run from the exported init"; }
+  paste -d' ' <(steps_of "$work/a.jsonl") <(steps_of "$work/c.jsonl")
+  [[ $(steps_of "$work/a.jsonl" | wc -l) -eq 3 ]] || fail "expected 3 steps"
+  diff <(steps_of "$work/a.jsonl") <(steps_of "$work/c.jsonl") || fail "the run from the exported init differs"
+  echo "export_initial: OK"
   ;;
 multi_rank_error)
   start=$SECONDS
