@@ -263,18 +263,20 @@ std::string resume_command(const std::vector<std::string>& args, const std::stri
   return out;
 }
 
-// Open MPI gives ranks odls_base_sigkill_timeout seconds (1 by default) between the SIGTERM it sends on a
-// stop and SIGKILL; mpirun passes a value given with --mca on to the ranks' environment.
+// Open MPI's mpirun gives the ranks odls_base_sigkill_timeout seconds (1 by default) between the SIGTERM it
+// sends on a Ctrl-C or SIGTERM and SIGKILL (Note [Stopping on request]); a value given with --mca reaches the
+// ranks' environment.
 void warn_short_grace(const cz::train::TrainConfig& cfg, bool lead) {
   if (!lead || cfg.checkpoint_dir.empty() || !std::getenv("OMPI_COMM_WORLD_SIZE")) return;
   const char* v = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
   const int grace = v ? std::atoi(v) : 1;
   if (grace >= 10) return;
   fmt::print(
-      "note: Open MPI kills the ranks {} s after a Ctrl-C or SIGTERM to mpirun, which may be too soon for "
-      "the "
-      "final checkpoint: launch with `mpirun --mca odls_base_sigkill_timeout 60 ...`, or stop with "
-      "`kill -USR1 <mpirun pid>` (no deadline); the newest complete checkpoint stays loadable either way\n",
+      "note: Open MPI kills the ranks {} s after passing on a Ctrl-C or SIGTERM to mpirun, which may be too "
+      "soon "
+      "for the final checkpoint: stop with `kill -USR1 <mpirun pid>` (no deadline), or launch with `mpirun "
+      "--mca "
+      "odls_base_sigkill_timeout 10 ...`; the newest complete checkpoint stays loadable either way\n",
       grace);
 }
 

@@ -1,14 +1,14 @@
 // Stop signals. Note [Stopping on request]:
 // - A signal only records itself (handlers may call nothing but async-signal-safe functions). The training
 //   loop reads it at each step boundary, where the ranks agree on it in one small all-gather (Trainer::
-//   agree_at_boundary), so every rank stops after the same step even when the signal reached them on either
+//   step_boundary), so every rank stops after the same step even when the signal reached them on either
 //   side of a boundary; the stop then finishes the save in flight, writes a final checkpoint and the
 //   --export-weights file, and rank 0 prints one message for the job.
 // - A second signal means "now": the process exits at once with 128 + signal. Whatever a save had written is
 //   left in a .tmp- folder that no reader looks at, so the newest published checkpoint stays loadable.
-// - Open MPI's mpirun turns SIGINT and SIGTERM into SIGTERM for every rank and SIGKILLs them
-//   odls_base_sigkill_timeout seconds later (1 by default: `mpirun --mca odls_base_sigkill_timeout 60` gives
-//   a final save time); it forwards SIGUSR1 and leaves the ranks alone, so SIGUSR1 to mpirun stops with no
+// - Open MPI 4.1's mpirun answers SIGINT and SIGTERM by waiting odls_base_sigkill_timeout seconds (T, 1 by
+//   default), sending every rank SIGTERM, and SIGKILLing them T seconds later: the ranks have T for the step
+//   and the final save. It forwards SIGUSR1 and leaves the ranks alone, so SIGUSR1 to mpirun stops with no
 //   deadline. Ranks run in their own process groups, so a terminal's Ctrl-C reaches them only through mpirun.
 #include "dist/train/stop.h"
 
