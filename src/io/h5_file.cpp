@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "io/fletcher32.h"
+#include "io/h5_probe.h"
 #include "io/h5_writer_driver.h"
 
 namespace cz::h5 {
@@ -211,7 +212,7 @@ void File::close() noexcept {
   temp_path_.clear();
 }
 
-File File::open(const std::string& path, bool vds_source) {
+File File::open(const std::string& path, const OpenOptions& options) {
   silence_hdf5();
   struct stat st {};
   CZ_CHECK_IO(::stat(path.c_str(), &st) == 0, "{}: cannot open: {}", path, std::strerror(errno));
@@ -219,9 +220,10 @@ File File::open(const std::string& path, bool vds_source) {
   const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
   if (is_hdf5 < 0) fail(path, "cannot read the file");
   CZ_CHECK_IO(is_hdf5 > 0, "{}: not an HDF5 file (no HDF5 signature)", path);
+  if (options.probe) probe_file(path, path);
   // Strong close: closing the file closes every object still open in it, so nothing outlives a failed read.
   Id fapl(check_id(H5Pcreate(H5P_FILE_ACCESS), path, "creating a property list"));
-  check_ok(H5Pset_fclose_degree(fapl.get(), vds_source ? H5F_CLOSE_WEAK : H5F_CLOSE_STRONG), path,
+  check_ok(H5Pset_fclose_degree(fapl.get(), options.vds_source ? H5F_CLOSE_WEAK : H5F_CLOSE_STRONG), path,
            "setting the close degree");
   const hid_t id = check_id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), path, "cannot open as HDF5");
   return File(path, "", id);
