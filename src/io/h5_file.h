@@ -53,6 +53,9 @@ struct OpenOptions {
   // Walk the file in a separate process first (Note [Probing HDF5 files] in h5_probe.h). Off only for a file
   // this process has probed already (a checkpoint's rank file opened again after being closed).
   bool probe = true;
+  // Probe also the files its virtual datasets map from, for a reader that reads through them (a weight import
+  // of a checkpoint index). A checkpoint reads its rank files itself and probes each when it first needs it.
+  bool probe_virtual_sources = false;
 };
 
 // Debian's serial HDF5 is built thread-safe (H5_HAVE_THREADSAFE: one global lock), so Files may be used from

@@ -94,6 +94,8 @@ struct Output {
       unsafe = l.substr(std::strlen(protocol::kUnsafe));
     } else if (starts_with(l, protocol::kMemory)) {
       memory = l.substr(std::strlen(protocol::kMemory));
+    } else if (starts_with(l, protocol::kSource)) {
+      report.virtual_sources.push_back(l.substr(std::strlen(protocol::kSource)));
     } else if (starts_with(l, protocol::kDone)) {
       std::istringstream in(l.substr(std::strlen(protocol::kDone)));
       done =

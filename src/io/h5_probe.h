@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace cz::h5 {
 
@@ -57,6 +58,8 @@ struct ProbeReport {
   int64_t datasets = 0;
   int64_t sampled_bytes = 0;
   int64_t unsampled_datasets = 0;  // not sampled: the sample budget was spent
+  // Other files its virtual datasets map from, as stored: relative to the file's folder unless absolute.
+  std::vector<std::string> virtual_sources;
 };
 
 // `name` starts every error message: the path, or how the user gave it ("h5:/data/train.h5").

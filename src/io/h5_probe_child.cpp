@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <new>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,7 @@ struct Walk {
   size_t sampled = 0;
   int64_t objects = 0, datasets = 0, unsampled = 0;
   std::string phase;
+  std::set<std::string> sources;  // files virtual datasets map from, reported once each
 };
 
 void at(Walk& w, std::string phase) {
@@ -152,7 +154,9 @@ void walk_chunk_index(const Walk& w, hid_t ds) {
       return failed(w);
 }
 
-void walk_virtual_mappings(const Walk& w, hid_t dcpl) {
+// Every mapping's selections and names. The source files are named to the caller ("source" lines), which
+// probes them before reading through the virtual dataset ("." is this file).
+void walk_virtual_mappings(Walk& w, hid_t dcpl) {
   size_t count = 0;
   if (H5Pget_virtual_count(dcpl, &count) < 0) return failed(w);
   std::vector<char> text;
@@ -160,12 +164,15 @@ void walk_virtual_mappings(const Walk& w, hid_t dcpl) {
     const Id vspace(H5Pget_virtual_vspace(dcpl, i));
     const Id source_space(H5Pget_virtual_srcspace(dcpl, i));
     if (!vspace.ok() || !source_space.ok()) return failed(w);
-    for (auto get : {H5Pget_virtual_filename, H5Pget_virtual_dsetname}) {
+    for (auto get : {H5Pget_virtual_dsetname, H5Pget_virtual_filename}) {
       const ssize_t n = get(dcpl, i, nullptr, 0);
       if (n < 0) return failed(w);
       text.resize(size_t(n) + 1);
       if (get(dcpl, i, text.data(), text.size()) < 0) return failed(w);
     }
+    const std::string file = text.data();  // the file name, read last
+    if (file != "." && file.find('\n') == std::string::npos && w.sources.insert(file).second)
+      say("%s%s", protocol::kSource, file.c_str());
   }
 }
 
