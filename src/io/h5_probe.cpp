@@ -15,6 +15,7 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -94,6 +95,8 @@ struct Output {
       unsafe = l.substr(std::strlen(protocol::kUnsafe));
     } else if (starts_with(l, protocol::kMemory)) {
       memory = l.substr(std::strlen(protocol::kMemory));
+    } else if (starts_with(l, protocol::kExternal)) {
+      report.external_files.push_back(l.substr(std::strlen(protocol::kExternal)));
     } else if (starts_with(l, protocol::kSource)) {
       report.virtual_sources.push_back(l.substr(std::strlen(protocol::kSource)));
     } else if (starts_with(l, protocol::kDone)) {
@@ -190,9 +193,8 @@ std::string mib(int64_t bytes) {
                                          : fmt::format("{} MiB", bytes >> 20);
 }
 
-}  // namespace
-
-ProbeReport probe_file(const std::string& path, const std::string& name, const ProbeLimits& limits) {
+// One file, without following its external links.
+ProbeReport probe_one(const std::string& path, const std::string& name, const ProbeLimits& limits) {
   const std::string helper = limits.helper.empty() ? default_helper() : limits.helper;
   int fds[2];
   CZ_CHECK_IO(::pipe2(fds, O_CLOEXEC) == 0, "{}: cannot check the file: pipe: {}", name,
@@ -233,6 +235,33 @@ ProbeReport probe_file(const std::string& path, const std::string& name, const P
   throw IoError(fmt::format(
       "{}: cannot check the file: the HDF5 probe {} ended with {}{}", name, helper,
       code >= 0 ? fmt::format("exit status {}", code) : std::string("an unknown status"), detail));
+}
+
+}  // namespace
+
+ProbeReport probe_file(const std::string& path, const std::string& name, const ProbeLimits& limits) {
+  const ProbeReport report = probe_one(path, name, limits);
+  // External links, resolved as HDF5 first tries them (relative to the linking file's folder), each file
+  // once, so that links in a cycle end.
+  std::error_code ec;
+  std::set<std::filesystem::path> seen = {std::filesystem::weakly_canonical(path, ec)};
+  std::vector<std::pair<std::filesystem::path, std::vector<std::string>>> pending = {
+      {std::filesystem::path(path).parent_path(), report.external_files}};
+  while (!pending.empty()) {
+    auto [folder, files] = std::move(pending.back());
+    pending.pop_back();
+    for (const std::string& f : files) {
+      const std::filesystem::path p =
+          std::filesystem::path(f).is_absolute() ? std::filesystem::path(f) : folder / f;
+      if (!std::filesystem::is_regular_file(p, ec) ||
+          !seen.insert(std::filesystem::weakly_canonical(p, ec)).second)
+        continue;
+      const ProbeReport linked =
+          probe_one(p.string(), fmt::format("{} (external link from {})", p.string(), name), limits);
+      pending.emplace_back(p.parent_path(), linked.external_files);
+    }
+  }
+  return report;
 }
 
 }  // namespace cz::h5

@@ -17,7 +17,9 @@ namespace cz::h5 {
 // our readers would and more: every object header reachable by hard links, every attribute (its value read
 // when up to 1 MiB), every dataset's type, extent, layout, filters, chunk index (every entry) and
 // virtual-dataset mappings, and a sample of the data (the first and the last element, hence the first and
-// the last chunk through its filters) while the sample stays within a budget. If the helper dies by a signal,
+// the last chunk through its filters) while the sample stays within a budget. Files that external links point
+// into are probed in turn (opening a dataset by name follows such a link); the source files of virtual
+// datasets are listed, and probed by whoever reads through them. If the helper dies by a signal,
 // runs out of memory, finds metadata that libhdf5 would read out of bounds on, or overruns the clock,
 // probe_file throws an IoError naming the file and what happened; if it finishes, the caller opens the file
 // itself and HDF5's clean failures are reported by the caller's usual messages.
@@ -60,9 +62,13 @@ struct ProbeReport {
   int64_t unsampled_datasets = 0;  // not sampled: the sample budget was spent
   // Other files its virtual datasets map from, as stored: relative to the file's folder unless absolute.
   std::vector<std::string> virtual_sources;
+  // Files its external links point into, as stored (probe_file has probed those that exist).
+  std::vector<std::string> external_files;
 };
 
-// `name` starts every error message: the path, or how the user gave it ("h5:/data/train.h5").
+// `name` starts every error message: the path, or how the user gave it ("h5:/data/train.h5"). The files the
+// file's external links point into are probed as well (each once), since opening a dataset by name follows
+// them; those of its virtual datasets are only listed (h5::File::open probes them on request).
 ProbeReport probe_file(const std::string& path, const std::string& name, const ProbeLimits& limits = {});
 
 }  // namespace cz::h5

@@ -70,7 +70,8 @@ struct Walk {
   size_t sampled = 0;
   int64_t objects = 0, datasets = 0, unsampled = 0;
   std::string phase;
-  std::set<std::string> sources;  // files virtual datasets map from, reported once each
+  std::set<std::string> sources;    // files virtual datasets map from, reported once each
+  std::set<std::string> externals;  // files external links point into, reported once each
 };
 
 void at(Walk& w, std::string phase) {
@@ -255,10 +256,26 @@ void visit_object(Walk& w, hid_t location, const char* name) {
   if (H5Iget_type(object.get()) == H5I_DATASET) visit_dataset(w, object.get(), shown);
 }
 
+// An external link's file is named to the caller, which probes it too: opening a dataset by name follows
+// the link into that file. Soft links lead to objects the hard links reach anyway.
+void note_external_link(Walk& w, hid_t group, const char* name, size_t size) {
+  if (size == 0 || size > 65536) return;
+  std::vector<char> value(size);
+  unsigned flags = 0;
+  const char* file = nullptr;
+  const char* object = nullptr;
+  if (H5Lget_val(group, name, value.data(), size, H5P_DEFAULT) < 0 ||
+      H5Lunpack_elink_val(value.data(), size, &flags, &file, &object) < 0 || file == nullptr)
+    return failed(w);
+  const std::string f = file;
+  if (f.find('\n') == std::string::npos && w.externals.insert(f).second)
+    say("%s%s", protocol::kExternal, f.c_str());
+}
+
 herr_t visit_link(hid_t group, const char* name, const H5L_info_t* info, void* data) {
-  // Soft and external links are not followed: none of our readers does.
-  if (info->type != H5L_TYPE_HARD) return 0;
   Walk& w = *static_cast<Walk*>(data);
+  if (info->type == H5L_TYPE_EXTERNAL) note_external_link(w, group, name, info->u.val_size);
+  if (info->type != H5L_TYPE_HARD) return 0;
   visit_object(w, group, name);
   at(w, "reading the links after '" + printable(name) + "'");
   return 0;

@@ -11,6 +11,7 @@ namespace cz::h5::probe_protocol {
 //   "unsafe <reason>"   before exiting with kExitUnsafe
 //   "memory <phase>"    before exiting with kExitMemory
 //   "source <file>"     once per other file a virtual dataset maps from, as stored (relative to the file)
+//   "external <file>"   once per file an external link points into, as stored
 //   "done <objects> <datasets> <sampled bytes> <unsampled datasets>"  after closing the file and the library
 // Anything else (libc's "malloc(): corrupted top size", a sanitizer report) is passed through as is.
 constexpr const char* kAt = "at ";
@@ -18,6 +19,7 @@ constexpr const char* kUnsafe = "unsafe ";
 constexpr const char* kMemory = "memory ";
 constexpr const char* kDone = "done ";
 constexpr const char* kSource = "source ";
+constexpr const char* kExternal = "external ";
 
 // The walk ended: nothing crashed. Errors HDF5 reported cleanly are left to the caller's own open, which
 // reports them with its usual messages.

@@ -2,6 +2,7 @@
 // file through every reader, valid files pass with their walk reported, and each way the helper can end
 // (signal, memory limit, clock, missing helper) gives its message. Stand-in helpers are shell scripts.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <sys/stat.h>
 
 #include <chrono>
@@ -103,6 +104,26 @@ TEST(H5Probe, ValidFilesPassAndLoadAsBefore) {
   testing::write_bytes(path, {'n', 'o', 't', ' ', 'h', 'd', 'f'});
   EXPECT_EQ(h5::probe_file(path, path).objects, 0);
   EXPECT_HAS(error_of([&] { open_dataset("h5:" + path, Split::train, {}); }), "not a readable HDF5 file");
+}
+
+// Opening a dataset by name follows an external link into another file, so the probe walks that file too.
+TEST(H5Probe, ExternalLinksAreFollowed) {
+  TempDir dir;
+  auto link = [&](const std::string& from, const std::string& to, const std::string& name) {
+    const hid_t f = H5Fcreate(dir.str(from).c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    H5Lcreate_external(to.c_str(), "/images", f, name.c_str(), H5P_DEFAULT, H5P_DEFAULT);
+    H5Fclose(f);
+  };
+  const std::string crash = known_crashes().front();
+  link("linking.h5", crash, "images");
+  const std::string path = dir.str("linking.h5");
+  EXPECT_HAS(error_of([&] { open_dataset("h5:" + path, Split::train, {}); }),
+             crash + " (external link from h5:" + path + "): libhdf5 crashed (SIGSEGV)");
+  // A cycle of links ends; relative names are taken from the linking file's folder.
+  link("a.h5", "b.h5", "x");
+  link("b.h5", "a.h5", "x");
+  const h5::ProbeReport r = h5::probe_file(dir.str("a.h5"), "a");
+  EXPECT_EQ(r.external_files, std::vector<std::string>{"b.h5"});
 }
 
 TEST(H5Probe, SampleBudgetBoundsTheDataRead) {
