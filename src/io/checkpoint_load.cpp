@@ -30,6 +30,8 @@ struct Checkpoint::Impl {
   std::vector<std::map<std::string, size_t>> tensor_index;  // per group
   mutable std::vector<std::unique_ptr<h5::File>> rank_files;
   mutable std::vector<int64_t> last_use;  // per rank file, for closing the least recently used
+  // Per rank file: walked by the probe (Note [Probing HDF5 files]) when first opened; not again on reopening.
+  mutable std::vector<bool> probed;
   mutable int64_t uses = 0;
   mutable int open_files = 0;
 
@@ -59,8 +61,12 @@ struct Checkpoint::Impl {
         rank_files[oldest].reset();
         --open_files;
       }
-      auto file = std::make_unique<h5::File>(
-          h5::File::open(path + "/" + manifest.ranks[size_t(rank)].file, /*vds_source=*/true));
+      // Probed here, when a read first needs the file, rather than all at open: a reader at another world
+      // size touches only the rank files holding its ranges.
+      auto file =
+          std::make_unique<h5::File>(h5::File::open(path + "/" + manifest.ranks[size_t(rank)].file,
+                                                    {.vds_source = true, .probe = !probed[size_t(rank)]}));
+      probed[size_t(rank)] = true;
       CZ_CHECK_IO(file->string_attr("format") == kFormat && file->int_attr("rank") == rank &&
                       file->int_attr("step") == manifest.step,
                   "{}: not rank {}'s file of step {} (format '{}', rank {}, step {})", file->path(), rank,
@@ -132,6 +138,7 @@ Checkpoint Checkpoint::open(const std::string& given) {
   }
   impl->rank_files.resize(m.ranks.size());
   impl->last_use.resize(m.ranks.size());
+  impl->probed.resize(m.ranks.size());
   impl->scalars = detail::read_scalars(index, m.scalars);
   for (const detail::GroupEntry& g : m.groups) {
     impl->group_index[g.name] = impl->infos.size();

@@ -1,5 +1,6 @@
-// h5:FILE — `images` uint8 (N, H, W, 3) and `labels` integer (N), read through the HDF5 C API. Debian's build
-// is thread-safe, so worker threads may call it concurrently; with a build that is not, reads take a lock.
+// h5:FILE — `images` uint8 (N, H, W, 3) and `labels` integer (N), read through the HDF5 C API after the
+// file has been probed in a separate process (h5_probe.h). Debian's build is thread-safe, so worker threads
+// may call it concurrently; with a build that is not, reads take a lock.
 #include <hdf5.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "io/dataset_sources.h"
+#include "io/h5_probe.h"
 #include "io/image_codec.h"
 #include "tensor/check.h"
 
@@ -136,6 +138,7 @@ class H5Dataset final : public Dataset {
  private:
   static hid_t open_file(const std::string& path) {
     CZ_CHECK_IO(std::filesystem::is_regular_file(path), "h5:{}: no such file", path);
+    h5::probe_file(path, "h5:" + path);
     QuietErrors quiet;
     const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     CZ_CHECK_IO(f >= 0, "h5:{}: not a readable HDF5 file", path);

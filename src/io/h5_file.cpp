@@ -12,9 +12,11 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 
 #include "io/fletcher32.h"
+#include "io/h5_probe.h"
 #include "io/h5_writer_driver.h"
 
 namespace cz::h5 {
@@ -159,6 +161,18 @@ DType read_dtype(DType file_dtype) {
   return is_floating(file_dtype) ? DType::f32 : DType::i64;
 }
 
+// The source files of a virtual dataset in `path` that exist, resolved as HDF5 first tries them: relative to
+// the folder of `path` (a missing one reads as the fill value, and an unresolvable name is HDF5's to refuse).
+void probe_virtual_sources(const std::string& path, const std::vector<std::string>& sources) {
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  for (const std::string& source : sources) {
+    const std::filesystem::path p =
+        std::filesystem::path(source).is_absolute() ? std::filesystem::path(source) : folder / source;
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(p, ec)) probe_file(p.string(), p.string());
+  }
+}
+
 }  // namespace
 
 File::File(std::string path, std::string temp_path, int64_t id)
@@ -211,7 +225,7 @@ void File::close() noexcept {
   temp_path_.clear();
 }
 
-File File::open(const std::string& path, bool vds_source) {
+File File::open(const std::string& path, const OpenOptions& options) {
   silence_hdf5();
   struct stat st {};
   CZ_CHECK_IO(::stat(path.c_str(), &st) == 0, "{}: cannot open: {}", path, std::strerror(errno));
@@ -219,9 +233,13 @@ File File::open(const std::string& path, bool vds_source) {
   const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
   if (is_hdf5 < 0) fail(path, "cannot read the file");
   CZ_CHECK_IO(is_hdf5 > 0, "{}: not an HDF5 file (no HDF5 signature)", path);
+  if (options.probe) {
+    const ProbeReport report = probe_file(path, path);
+    if (options.probe_virtual_sources) probe_virtual_sources(path, report.virtual_sources);
+  }
   // Strong close: closing the file closes every object still open in it, so nothing outlives a failed read.
   Id fapl(check_id(H5Pcreate(H5P_FILE_ACCESS), path, "creating a property list"));
-  check_ok(H5Pset_fclose_degree(fapl.get(), vds_source ? H5F_CLOSE_WEAK : H5F_CLOSE_STRONG), path,
+  check_ok(H5Pset_fclose_degree(fapl.get(), options.vds_source ? H5F_CLOSE_WEAK : H5F_CLOSE_STRONG), path,
            "setting the close degree");
   const hid_t id = check_id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), path, "cannot open as HDF5");
   return File(path, "", id);

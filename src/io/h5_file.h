@@ -46,14 +46,25 @@ struct VirtualSource {
   int64_t numel = 0;
 };
 
+struct OpenOptions {
+  // Open it the way HDF5 opens the sources of virtual datasets (weak close), so that the same process can
+  // also read a virtual dataset built on it; a file open twice with different close degrees cannot be shared.
+  bool vds_source = false;
+  // Walk the file in a separate process first (Note [Probing HDF5 files] in h5_probe.h). Off only for a file
+  // this process has probed already (a checkpoint's rank file opened again after being closed).
+  bool probe = true;
+  // Probe also the files its virtual datasets map from, for a reader that reads through them (a weight import
+  // of a checkpoint index). A checkpoint reads its rank files itself and probes each when it first needs it.
+  bool probe_virtual_sources = false;
+};
+
 // Debian's serial HDF5 is built thread-safe (H5_HAVE_THREADSAFE: one global lock), so Files may be used from
 // several threads; the calls are serialised inside the library.
 class File {
  public:
-  // Read-only. IoError naming `path` when it is missing, unreadable or not an HDF5 file. `vds_source`: open
-  // it the way HDF5 opens the sources of virtual datasets (weak close), so that the same process can also
-  // read a virtual dataset built on it; a file open twice with different close degrees cannot be shared.
-  static File open(const std::string& path, bool vds_source = false);
+  // Read-only. IoError naming `path` when it is missing, unreadable or not an HDF5 file, or when the probe
+  // finds that libhdf5 crashes on it.
+  static File open(const std::string& path, const OpenOptions& options = {});
   // A new file that appears under `path` only when commit() succeeds; until then it is written to a temporary
   // file in the same directory (so the final rename is atomic), which is removed if the File dies
   // uncommitted.

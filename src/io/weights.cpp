@@ -242,7 +242,8 @@ WeightArchitecture read_weight_architecture(const std::string& path, const Weigh
 
 WeightImportReport import_weights(const std::string& path, const NamedTensorList& params,
                                   const WeightImportOptions& options) {
-  const h5::File file = h5::File::open(path);
+  // A checkpoint index reads as a weight file through its virtual datasets: their rank files are probed too.
+  const h5::File file = h5::File::open(path, {.probe_virtual_sources = true});
   std::map<std::string, const Tensor*> model;
   for (const auto& [name, t] : params) {
     CZ_ASSERT(t.defined() && !model.count(name), "import_weights: parameter '{}' undefined or listed twice",

@@ -154,7 +154,7 @@ TEST(Checkpoint, SeveralSlicesOfOneTensorOnOneRank) {
       ASSERT_EQ(v[i], testing::value_at(1, 0, int(t), int64_t(i))) << t << i;
   }
   const std::vector<std::string> datasets =
-      h5::File::open(dir.str("step_1/rank_00001.h5"), /*vds_source=*/true).datasets();
+      h5::File::open(dir.str("step_1/rank_00001.h5"), {.vds_source = true}).datasets();
   EXPECT_NE(std::find(datasets.begin(), datasets.end(), "params/stem.0.weight#1"), datasets.end());
 }
 

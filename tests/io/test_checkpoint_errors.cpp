@@ -12,6 +12,7 @@
 #include "checkpoint_testing.h"
 #include "io/checkpoint.h"
 #include "io/h5_file.h"
+#include "io/weights.h"
 #include "io_testing.h"
 
 namespace cz {
@@ -112,6 +113,33 @@ TEST(CheckpointErrors, TruncatedOrMissingRankFile) {
              fmt::format("{}: {} bytes, but {} were written: truncated", rank1, size / 2, size));
   fs::remove(rank1);
   EXPECT_HAS(error_of([&] { Checkpoint::open(dir.path().string()); }), rank1 + ": missing");
+}
+
+// Note [Probing HDF5 files]: an index or rank file that crashes libhdf5 is an IoError naming it. A rank file
+// is probed when a read first needs it; the damaged one here is padded to its recorded size, so that only
+// the probe can tell.
+TEST(CheckpointErrors, FilesThatCrashLibhdf5AreNamed) {
+  TempDir dir;
+  save_ok(dir.path().string(), 2, 1);
+  const std::string crash = CZ_KNOWN_CRASHES "/libhdf5_accum_read_null_memcpy.h5";
+  const std::string rank1 = dir.str("step_1/rank_00001.h5");
+  const auto size = fs::file_size(rank1);
+  ASSERT_GT(size, fs::file_size(crash));
+  fs::copy_file(crash, rank1, fs::copy_options::overwrite_existing);
+  fs::resize_file(rank1, size);
+  const Checkpoint c = Checkpoint::open(dir.path().string());
+  EXPECT_HAS(error_of([&] { c.verify(); }), rank1 + ": libhdf5 crashed (SIGSEGV) while ");
+  // The index read as a weight file goes through its virtual datasets into the rank files: probed too.
+  NamedTensorList params;
+  for (const auto& [name, shape] : testing::small_model()) params.emplace_back(name, zeros(shape));
+  const std::string index = dir.str("step_1/checkpoint.h5");
+  WeightImportOptions options;
+  options.group = "params";
+  EXPECT_HAS(error_of([&] { import_weights(index, params, options); }),
+             rank1 + ": libhdf5 crashed (SIGSEGV) while ");
+
+  fs::copy_file(crash, index, fs::copy_options::overwrite_existing);
+  EXPECT_HAS(error_of([&] { Checkpoint::open(dir.path().string()); }), index + ": libhdf5 crashed (SIGSEGV)");
 }
 
 TEST(CheckpointErrors, ChecksumMismatchNamesFileAndDataset) {
