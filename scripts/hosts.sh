@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A test bed of hosts on one machine: N "hosts", each its own network, mount (private /dev/shm, own /etc/hosts)
-# and UTS (own host name) namespace, joined by veth pairs to a bridge, each link shaped with tc; Open MPI
+# A test bed of hosts on one machine: N "hosts", each its own network, mount (private /dev/shm, own /etc/hosts
+# and /sys) and UTS (own host name) namespace, joined by veth pairs to a bridge, each link shaped with tc; Open MPI
 # starts each host's daemon through an rsh agent that enters that host. See docs/comm.md, "Running across hosts
 # (the test bed)".
 #
@@ -255,6 +255,9 @@ cmd_up() {
   exec 9> "$kState/.$bed.lock"
   flock 9
   down_bed "$bed"  # leftovers of an earlier run or crash
+  # A bed that failed half-way is removed, not left for the next "up".
+  up_done=0
+  trap '((up_done)) || down_bed "$bed" > /dev/null 2>&1 || true' EXIT
   local dir sw i ns
   dir=$(state_dir "$bed")
   sw=$(sw_ns "$bed")
@@ -290,6 +293,8 @@ cmd_up() {
   for ((i = 1; i <= n; ++i)); do echo "$kSubnet.$i slots=$r"; done > "$dir/hostfile"
   write_agent "$dir"
   apply_shape
+  # shellcheck disable=SC2034  # read by the EXIT trap above
+  up_done=1
   note "bed '$bed': $n hosts x $r slots, link rate ${rate/none/unshaped}${delay:+, delay $delay}; hostfile $dir/hostfile"
 }
 
@@ -344,6 +349,8 @@ threads_per_rank() {
   echo $((cores / (n * r) > 1 ? cores / (n * r) : 1))
 }
 
+# --bind-to none: each host's daemon would bind its own ranks from core 0 up, putting every host's rank 0 on
+# the same core of the machine they share.
 mpirun_flags() {
   local dir
   dir=$(state_dir "$bed")
