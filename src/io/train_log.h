@@ -30,7 +30,6 @@ class JsonLog {
     }
     return *this;
   }
-  bool is_open() const { return file_ != nullptr; }
   void write(const nlohmann::json& record);
 
  private:

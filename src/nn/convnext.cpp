@@ -57,6 +57,56 @@ int64_t convnext_forward_macs(const ConvNeXtConfig& cfg, int64_t image) {
   return macs + cfg.dims.back() * cfg.num_classes;
 }
 
+std::vector<ParamInfo> convnext_parameters(const ConvNeXtConfig& cfg) {
+  cfg.validate();
+  std::vector<ParamInfo> p;
+  auto add = [&p](std::string name, Shape shape, const std::string& unit) {
+    p.push_back({std::move(name), shape, shape_numel(shape), unit});
+  };
+  const int64_t c0 = cfg.dims[0], k = cfg.kernel;
+  add("stem.0.weight", {c0, cfg.in_chans, 4, 4}, "stem");
+  add("stem.0.bias", {c0}, "stem");
+  add("stem.1.weight", {c0}, "stem");
+  add("stem.1.bias", {c0}, "stem");
+  for (size_t i = 0; i < cfg.depths.size(); ++i) {
+    const int64_t c = cfg.dims[i];
+    const std::string stage = fmt::format("stages.{}.", i);
+    if (i > 0) {
+      const int64_t prev = cfg.dims[i - 1];
+      const std::string unit = stage + "downsample";
+      add(unit + ".0.weight", {prev}, unit);
+      add(unit + ".0.bias", {prev}, unit);
+      add(unit + ".1.weight", {c, prev, 2, 2}, unit);
+      add(unit + ".1.bias", {c}, unit);
+    }
+    for (int64_t j = 0; j < cfg.depths[i]; ++j) {
+      const std::string unit = fmt::format("{}blocks.{}", stage, j), b = unit + ".";
+      if (cfg.layer_scale_init > 0) add(b + "gamma", {c}, unit);  // the block's own parameter comes first
+      add(b + "conv_dw.weight", {c, 1, k, k}, unit);
+      add(b + "conv_dw.bias", {c}, unit);
+      add(b + "norm.weight", {c}, unit);
+      add(b + "norm.bias", {c}, unit);
+      add(b + "mlp.fc1.weight", {4 * c, c}, unit);
+      add(b + "mlp.fc1.bias", {4 * c}, unit);
+      add(b + "mlp.fc2.weight", {c, 4 * c}, unit);
+      add(b + "mlp.fc2.bias", {c}, unit);
+    }
+  }
+  const int64_t last = cfg.dims.back();
+  add("head.norm.weight", {last}, "head");
+  add("head.norm.bias", {last}, "head");
+  add("head.fc.weight", {cfg.num_classes, last}, "head");
+  add("head.fc.bias", {cfg.num_classes}, "head");
+  return p;
+}
+
+std::vector<std::string> convnext_units(const ConvNeXtConfig& cfg) {
+  std::vector<std::string> units;
+  for (const ParamInfo& p : convnext_parameters(cfg))
+    if (units.empty() || units.back() != p.unit) units.push_back(p.unit);
+  return units;
+}
+
 ConvNeXtConfig convnext_variant(const std::string& name) {
   const std::string key = name.rfind("convnext_", 0) == 0 ? name.substr(9) : name;
   for (const Variant& v : variants()) {
@@ -172,6 +222,19 @@ ConvNeXt::ConvNeXt(const ConvNeXtConfig& cfg, ParamOptions opt)
   head->add("norm", std::make_shared<LayerNorm>(cfg.dims.back(), cfg.ln_eps, opt));
   head->add("fc", std::make_shared<Linear>(cfg.dims.back(), cfg.num_classes, true, opt));
   head_ = register_module("head", std::static_pointer_cast<Sequential>(head));
+
+  // Note [ConvNeXt structure]: what was built is what the planner and the ZeRO engine are told.
+  const NamedParameters built = named_parameters();
+  const std::vector<ParamInfo> described = convnext_parameters(cfg_);
+  CZ_ASSERT(built.size() == described.size(), "ConvNeXt built {} parameters, convnext_parameters lists {}",
+            built.size(), described.size());
+  for (size_t i = 0; i < built.size(); ++i) {
+    const ParamInfo& d = described[i];
+    CZ_ASSERT(built[i].first == d.name && built[i].second.sizes() == d.shape &&
+                  built[i].first.rfind(d.unit + ".", 0) == 0,
+              "ConvNeXt parameter {} is {} {}, convnext_parameters lists {} {} in unit {}", i, built[i].first,
+              shape_str(built[i].second.sizes()), d.name, shape_str(d.shape), d.unit);
+  }
 }
 
 Tensor ConvNeXt::forward(const Tensor& x) {

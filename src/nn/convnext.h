@@ -40,6 +40,24 @@ std::vector<std::string> convnext_variant_names();
 // gradients), so its FLOPs are 6x the MACs: the figure MFU is computed from.
 int64_t convnext_forward_macs(const ConvNeXtConfig& cfg, int64_t image);
 
+// Note [ConvNeXt structure]: the model's parameters and its ZeRO-3 units, from a config alone. The planner
+// asks this without building the model (xlarge would allocate and initialise 350M parameters), the ZeRO
+// engine gets its units from ConvNeXt::units(), and ConvNeXt's constructor checks the module tree it built
+// against this list (names, shapes, order), so the description and the modules cannot drift apart.
+struct ParamInfo {
+  std::string name;  // as named_parameters() names it, e.g. "stages.1.blocks.0.mlp.fc1.weight"
+  Shape shape;       // PyTorch layout, as registered
+  int64_t numel = 0;
+  std::string unit;  // the unit holding it: "stem", "stages.i.downsample", "stages.i.blocks.j", "head"
+};
+
+// In registration order (the order of the flat buffer): stem, then each stage's downsample and blocks (a
+// block registers gamma before its children), then head.norm and head.fc.
+std::vector<ParamInfo> convnext_parameters(const ConvNeXtConfig& cfg);
+// The units in that order: the modules ZeRO stage 3 gathers and releases whole ("stem",
+// "stages.i.downsample" for i > 0, "stages.i.blocks.j", "head"); every parameter lies in exactly one.
+std::vector<std::string> convnext_units(const ConvNeXtConfig& cfg);
+
 // Note [Drop-path masks]: a block's mask for a sample depends only on (seed, step, block index, the sample's
 // index in the global batch). So a W-rank run (each rank holding a slice of the global batch) drops exactly
 // the samples a single-process run drops, and a checkpointed block's recompute reproduces its mask.
@@ -86,6 +104,8 @@ class ConvNeXt : public Module {
   Tensor forward(const Tensor& x) override;
 
   const ConvNeXtConfig& config() const { return cfg_; }
+  // Module names of the units ZeRO stage 3 gathers (Note [ConvNeXt structure]).
+  std::vector<std::string> units() const { return convnext_units(cfg_); }
   // timm initialisation from `seed` (see init_weights_timm), then layer scale and head scaling.
   void init_weights(uint64_t seed);
   // Re-initialises head.fc (for fine-tuning on another number of classes: build the model with the new

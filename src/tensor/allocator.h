@@ -75,13 +75,6 @@ Allocator& allocator_for(Device device);
 // plain aligned host memory otherwise. Statistics are kept separately from the CPU allocator's.
 Allocator& pinned_host_allocator();
 
-inline MemoryStats memory_stats(Device device) {
-  return allocator_for(device).stats();
-}
-inline void reset_peak_memory(Device device) {
-  allocator_for(device).reset_peak();
-}
-
 // Size-class rounding shared by the caching allocators: small requests round to 64 B, larger ones to one of
 // eight steps per power of two (at most 12.5% waste), above 1 MiB one of 64 (at most 1.6%), so freed blocks
 // are found again by exact class.

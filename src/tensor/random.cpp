@@ -26,11 +26,6 @@ std::array<uint32_t, 4> philox4x32(uint64_t seed, uint64_t counter) {
   return c;
 }
 
-Generator& default_generator() {
-  static Generator gen(0);
-  return gen;
-}
-
 namespace {
 
 // Two uniforms per Philox block (each from 64 bits), as doubles in [0, 1).
@@ -93,12 +88,6 @@ void trunc_normal_(Tensor& t, double mean, double std, double a, double b, Gener
     if (v < a || v > b) v = std::clamp(v, a, b);
   }
   assign(t, z);
-}
-
-Tensor rand(const Shape& shape, Generator& gen, DType dtype, Device device) {
-  Tensor t = empty(shape, dtype, device);
-  uniform_(t, 0.0, 1.0, gen);
-  return t;
 }
 
 Tensor randn(const Shape& shape, Generator& gen, DType dtype, Device device) {

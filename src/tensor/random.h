@@ -32,8 +32,6 @@ class Generator {
   uint64_t offset_ = 0;
 };
 
-Generator& default_generator();
-
 // Fill in place (no autograd; allowed on leaves under NoGradGuard). Floating dtypes; values are drawn in f64
 // on the host and converted, so every device and dtype sees the same numbers.
 void uniform_(Tensor& t, double lo, double hi, Generator& gen);
@@ -41,7 +39,6 @@ void normal_(Tensor& t, double mean, double std, Generator& gen);
 // Normal(mean, std) restricted to [a, b] (absolute bounds, as timm's trunc_normal_), by resampling.
 void trunc_normal_(Tensor& t, double mean, double std, double a, double b, Generator& gen);
 
-Tensor rand(const Shape& shape, Generator& gen, DType dtype = DType::f32, Device device = Device::cpu());
 Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::f32, Device device = Device::cpu());
 // Integers uniform in [0, high).
 Tensor randint(int64_t high, const Shape& shape, Generator& gen, DType dtype = DType::i64,

@@ -1,6 +1,7 @@
 // ConvNeXt structure: timm's parameter counts and names, shapes, init, train/eval, checkpointing, drop-path.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -54,6 +55,27 @@ TEST(ConvNeXt, NamesFollowTimmsStateDict) {
   EXPECT_EQ(m.find_module("stages.1.downsample.1")->type_name(), "PatchifyConv2d");
   EXPECT_EQ(m.find_module("stages.2.blocks.5.mlp.act")->type_name(), "GELU");
   EXPECT_EQ(m.find_module("stages.2.blocks.6"), nullptr);
+}
+
+// Note [ConvNeXt structure]: the units ZeRO stage 3 gathers are modules of the built model, in forward order,
+// and every parameter lies in exactly one of them.
+TEST(ConvNeXt, UnitsAreTheStemDownsamplesBlocksAndHead) {
+  ConvNeXtConfig cfg;
+  cfg.depths = {2, 1, 3};
+  cfg.dims = {8, 16, 24};
+  cfg.num_classes = 5;
+  ConvNeXt m(cfg);
+  const std::vector<std::string> units = m.units();
+  EXPECT_EQ(units,
+            (std::vector<std::string>{"stem", "stages.0.blocks.0", "stages.0.blocks.1", "stages.1.downsample",
+                                      "stages.1.blocks.0", "stages.2.downsample", "stages.2.blocks.0",
+                                      "stages.2.blocks.1", "stages.2.blocks.2", "head"}));
+  for (const std::string& u : units) EXPECT_NE(m.find_module(u), nullptr) << u;
+  for (const auto& [name, p] : m.named_parameters()) {
+    const auto holds = [&name](const std::string& u) { return name.rfind(u + ".", 0) == 0; };
+    EXPECT_EQ(std::count_if(units.begin(), units.end(), holds), 1) << name;
+  }
+  EXPECT_EQ(convnext_units(convnext_variant("atto")).size(), 1u + 3u + 12u + 1u);
 }
 
 TEST(ConvNeXt, UnknownVariantsAndBadConfigsAreRejectedByName) {

@@ -256,7 +256,8 @@ TEST(PlanVsEngine, ModelStateAndPartitions) {
       ZeroSpec spec;
       spec.stage = stage;
       spec.world = n;
-      spec.layout = zero_layout(convnext_parameters(t.model().config()), stage, n, cfg.bucket_mb, DType::f32);
+      spec.layout =
+          zero_layout(nn::convnext_parameters(t.model().config()), stage, n, cfg.bucket_mb, DType::f32);
       spec.optimizer_state_tensors = stage == 1 ? 1 : 2;
       spec.ema = true;
       spec.offload = offload;

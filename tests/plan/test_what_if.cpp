@@ -6,7 +6,6 @@
 
 #include <fstream>
 
-#include "dist/plan/model_shapes.h"
 #include "dist/plan/what_if.h"
 #include "dist/plan/zero_memory.h"
 #include "tensor/check.h"
@@ -81,7 +80,7 @@ TEST(WhatIfStep, HoldsExactlyTheEnginesCollectives) {
   req.topology = topo;
   req.compute = compute_table_from_json(profile(), DType::f32);
   const WhatIf w = what_if(req);
-  const std::vector<ParamInfo> params = convnext_parameters(nn::convnext_variant("atto"));
+  const std::vector<nn::ParamInfo> params = nn::convnext_parameters(nn::convnext_variant("atto"));
   for (const WhatIfRow& row : w.rows) {
     SCOPED_TRACE(::testing::Message() << "stage " << row.stage << ", " << row.ranks << " ranks");
     const CommModel comm(topo, row.ranks);

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <numeric>
 
-#include "dist/plan/model_shapes.h"
 #include "dist/plan/zero_memory.h"
 #include "nn/convnext.h"
 
@@ -22,7 +21,7 @@ TEST(ModelShapes, MatchTheModulesNamesShapesAndOrder) {
   for (const nn::ConvNeXtConfig& cfg : {nn::convnext_variant("atto"), custom, no_gamma}) {
     const nn::ConvNeXt model(cfg);
     const nn::NamedParameters real = model.named_parameters();
-    const std::vector<ParamInfo> planned = convnext_parameters(cfg);
+    const std::vector<nn::ParamInfo> planned = nn::convnext_parameters(cfg);
     ASSERT_EQ(planned.size(), real.size()) << cfg.name;
     for (size_t i = 0; i < real.size(); ++i) {
       EXPECT_EQ(planned[i].name, real[i].first);
@@ -32,9 +31,9 @@ TEST(ModelShapes, MatchTheModulesNamesShapesAndOrder) {
     }
   }
   // timm's count for ConvNeXt-T (README), without building it.
-  const std::vector<ParamInfo> tiny = convnext_parameters(nn::convnext_variant("tiny"));
+  const std::vector<nn::ParamInfo> tiny = nn::convnext_parameters(nn::convnext_variant("tiny"));
   EXPECT_EQ(std::accumulate(tiny.begin(), tiny.end(), int64_t(0),
-                            [](int64_t n, const ParamInfo& p) { return n + p.numel; }),
+                            [](int64_t n, const nn::ParamInfo& p) { return n + p.numel; }),
             28'589'128);
 }
 
@@ -46,7 +45,7 @@ std::vector<int64_t> sizes(const zero::ZeroLayout& z) {
 }
 
 TEST(ZeroLayout, BucketsUnitsAndPaddingAsTheEngineCutsThem) {
-  const std::vector<ParamInfo> params = convnext_parameters(nn::convnext_variant("atto"));
+  const std::vector<nn::ParamInfo> params = nn::convnext_parameters(nn::convnext_variant("atto"));
   const int64_t flat = flat_numel(params);
   for (int world : {1, 3, 4}) {
     // Units: stem, 3 downsamples, 12 blocks, head.
@@ -78,7 +77,8 @@ TEST(ZeroLayout, BucketsUnitsAndPaddingAsTheEngineCutsThem) {
     EXPECT_EQ(oversized, reduce == DType::f32 ? 5u : 0u);
   }
   // A parameter larger than the bucket is a bucket of its own.
-  const std::vector<ParamInfo> big = {{"a", {10}, 10, "u"}, {"b", {5000}, 5000, "u"}, {"c", {10}, 10, "u"}};
+  const std::vector<nn::ParamInfo> big = {
+      {"a", {10}, 10, "u"}, {"b", {5000}, 5000, "u"}, {"c", {10}, 10, "u"}};
   EXPECT_EQ(sizes(zero_layout(big, 0, 1, 1000.0 * 4 / double(1 << 20), DType::f32)),
             (std::vector<int64_t>{16, 5008, 16}));
 }
@@ -102,10 +102,10 @@ Expected formulas(int stage, bool mixed, int64_t psi, int n, int64_t ec) {
 // Four parameters, each its own bucket (a bucket of one element) or unit, sizes multiples of 16·n: no
 // padding, so Ψ is their sum.
 ZeroSpec four_partitions(int stage, int n) {
-  const std::vector<ParamInfo> params = {{"a", {64 * n}, 64 * n, "u0"},
-                                         {"b", {1024 * n}, 1024 * n, "u1"},
-                                         {"c", {16 * n}, 16 * n, "u2"},
-                                         {"d", {4096 * n}, 4096 * n, "u3"}};
+  const std::vector<nn::ParamInfo> params = {{"a", {64 * n}, 64 * n, "u0"},
+                                             {"b", {1024 * n}, 1024 * n, "u1"},
+                                             {"c", {16 * n}, 16 * n, "u2"},
+                                             {"d", {4096 * n}, 4096 * n, "u3"}};
   ZeroSpec s;
   s.stage = stage;
   s.world = n;

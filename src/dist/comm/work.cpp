@@ -104,8 +104,4 @@ bool Work::is_completed() const {
   }
 }
 
-void wait_all(std::span<const WorkHandle> works) {
-  for (const auto& w : works) w->wait();
-}
-
 }  // namespace cz::dist

@@ -8,7 +8,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <span>
 #include <string>
 #include <utility>
 
@@ -66,8 +65,5 @@ class Work {
 };
 
 using WorkHandle = std::shared_ptr<Work>;
-
-// wait() on each, in order.
-void wait_all(std::span<const WorkHandle> works);
 
 }  // namespace cz::dist

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "dist/plan/model_shapes.h"
+#include "dist/plan/zero_memory.h"
 #include "nn/convnext.h"
 #include "tensor/check.h"
 
@@ -85,7 +85,7 @@ ComputeTable from_profile(const nlohmann::json& p) {
     for (const OpCost& op : m.forward) count(op);
     for (const OpCost& op : m.backward) count(op);
   }
-  const int64_t params = flat_numel(convnext_parameters(cfg));
+  const int64_t params = flat_numel(nn::convnext_parameters(cfg));
   count(optimizer_work(params, dtype != DType::f32));
   count(zero_grad_work(params * int64_t(dtype_size(dtype))));
   // Time outside the ops we count (and the profiler's own cost) is spread over them in proportion, so that

@@ -11,7 +11,6 @@
 
 #include <fmt/format.h>
 
-#include "dist/plan/model_shapes.h"
 #include "dist/plan/step_trace.h"
 #include "dist/plan/zero_memory.h"
 #include "tensor/check.h"
@@ -30,7 +29,7 @@ constexpr int64_t kMaxSearchedBatch = int64_t(1) << 24;
 struct Setup {
   train::TrainConfig cfg;
   nn::ConvNeXtConfig model;
-  std::vector<ParamInfo> params;
+  std::vector<nn::ParamInfo> params;
   DType compute = DType::f32, reduce = DType::f32;
   bool cuda = false;
   int world = 1;
@@ -192,11 +191,11 @@ Plan make_plan(const PlanRequest& req) {
   CZ_CHECK(0 <= req.rank && req.rank < req.world, "plan: rank {} of a world of {}", req.rank, req.world);
   s.rank = req.rank;
   s.model = s.cfg.model_config();
-  s.params = convnext_parameters(s.model);
+  s.params = nn::convnext_parameters(s.model);
 
   Plan p;
   p.model = s.model.name;
-  for (const ParamInfo& i : s.params) p.num_params += i.numel;
+  for (const nn::ParamInfo& i : s.params) p.num_params += i.numel;
   p.world = s.world;
   p.stage = s.cfg.stage;
   p.device = s.cuda ? "cuda" : "cpu";

@@ -29,7 +29,6 @@
 #include <algorithm>
 #include <functional>
 
-#include "dist/plan/model_shapes.h"
 #include "tensor/check.h"
 
 namespace cz::plan {
@@ -184,11 +183,11 @@ void Walker::build() {
   // Trainer::build_model: each parameter is allocated, conv and linear weights drawn through an f64 host
   // tensor (random.cpp assign), then moved into the flat buffers; the freed blocks stay in the cache.
   std::vector<Id> params;
-  const std::vector<ParamInfo> list = convnext_parameters(s_.model);
-  for (const ParamInfo& p : list)
+  const std::vector<nn::ParamInfo> list = nn::convnext_parameters(s_.model);
+  for (const nn::ParamInfo& p : list)
     params.push_back(m_.alloc(p.numel * 4, Use::state, "parameter before flattening"));
   if (!s_.cuda)
-    for (const ParamInfo& p : list)
+    for (const nn::ParamInfo& p : list)
       if (p.shape.size() >= 2) m_.release(m_.alloc(p.numel * 8, Use::transient, "f64 initial draws"));
   // ZeroEngine::build_buffers: the model state; at stages 2-3 the flat buffers flatten_parameters made are
   // dropped once the shards exist, and stage 3's unit buffers are allocated and released once.

@@ -29,7 +29,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "dist/plan/model_shapes.h"
 #include "dist/plan/planner.h"
 #include "dist/plan/zero_memory.h"
 #include "tensor/check.h"
@@ -114,7 +113,7 @@ struct Run {
 WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, double host_link) {
   const train::TrainConfig& cfg = run.cfg;
   const int n = comm.ranks();
-  const std::vector<ParamInfo> params = convnext_parameters(cfg.model_config());
+  const std::vector<nn::ParamInfo> params = nn::convnext_parameters(cfg.model_config());
   const zero::ZeroLayout L = zero_layout(params, stage, n, cfg.bucket_mb, run.er);
   const size_t np = L.partitions.size();
   std::map<std::string, size_t> partition_of;

@@ -49,7 +49,13 @@ int64_t ZeroState::host_bytes() const {
   return n;
 }
 
-zero::ZeroLayout zero_layout(const std::vector<ParamInfo>& params, int stage, int world, double bucket_mb,
+int64_t flat_numel(const std::vector<nn::ParamInfo>& params, int64_t align) {
+  int64_t n = 0;
+  for (const nn::ParamInfo& p : params) n += (p.numel + align - 1) / align * align;
+  return n;
+}
+
+zero::ZeroLayout zero_layout(const std::vector<nn::ParamInfo>& params, int stage, int world, double bucket_mb,
                              DType reduce) {
   CZ_CHECK(bucket_mb > 0, "--bucket-mb must be positive, got {}", bucket_mb);
   // As Trainer::build_model and the ZeroEngine constructor turn --bucket-mb into elements.
@@ -57,7 +63,7 @@ zero::ZeroLayout zero_layout(const std::vector<ParamInfo>& params, int stage, in
   std::vector<zero::ParamShape> shapes;
   std::vector<std::string> unit_of;
   int64_t numel = 0;
-  for (const ParamInfo& p : params) {
+  for (const nn::ParamInfo& p : params) {
     shapes.push_back({p.name, p.shape});
     numel += shape_numel(p.shape);
     if (stage == 3) unit_of.push_back(p.unit);

@@ -27,8 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "dist/plan/model_shapes.h"
 #include "dist/zero/partition.h"
+#include "nn/convnext.h"
 #include "tensor/dtype.h"
 
 namespace cz::plan {
@@ -68,9 +68,13 @@ struct ZeroState {
   int64_t host_bytes() const;
 };
 
-// The layout ZeroEngine builds for ConvNeXt's parameters (registration order) with these flags: the same
-// bucket size in elements (--bucket-mb MiB of the reduce dtype) and the same units (ParamInfo::unit).
-zero::ZeroLayout zero_layout(const std::vector<ParamInfo>& params, int stage, int world, double bucket_mb,
+// Elements of the flat buffer: each parameter's offset aligned to `align` elements (Note [Flat buffers]).
+int64_t flat_numel(const std::vector<nn::ParamInfo>& params, int64_t align = 16);
+
+// The layout ZeroEngine builds for ConvNeXt's parameters (nn::convnext_parameters, registration order) with
+// these flags: the same bucket size in elements (--bucket-mb MiB of the reduce dtype) and the same units
+// (ParamInfo::unit, which ConvNeXt::units() hands the engine).
+zero::ZeroLayout zero_layout(const std::vector<nn::ParamInfo>& params, int stage, int world, double bucket_mb,
                              DType reduce);
 
 ZeroState zero_model_state(const ZeroSpec& spec);

@@ -144,7 +144,7 @@ void Trainer::build_model() {
   zc.ema_decay = cfg_.ema_decay;
   zc.offload = cfg_.offload_optimizer;
   zc.offload_overlap_step = cfg_.offload_overlap_step;
-  engine_ = std::make_unique<zero::ZeroEngine>(*model_, zero::convnext_units(*model_), comm_.get(), zc);
+  engine_ = std::make_unique<zero::ZeroEngine>(*model_, model_->units(), comm_.get(), zc);
 }
 
 // Both splits read this rank's share of global batches of micro-batch x ranks; evaluation reads every example

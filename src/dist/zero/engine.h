@@ -55,7 +55,7 @@ struct ZeroStepStats {
 
 class ZeroEngine {
  public:
-  // `units`: stage 3's units, module names of `model` (every parameter in exactly one; see convnext_units).
+  // `units`: stage 3's units, module names of `model` (every parameter in exactly one; ConvNeXt::units()).
   // `comm`: null for a world of one. Every rank must construct the engine with the same model and config;
   // rank 0's initial weights are broadcast to the others.
   ZeroEngine(nn::Module& model, const std::vector<std::string>& units, dist::Communicator* comm,
@@ -205,8 +205,5 @@ class ZeroEngine {
   std::vector<std::pair<int, int>> param_hooks_;           // (param index, hook id)
   std::vector<std::pair<nn::Module*, int>> module_hooks_;  // (module, hook id)
 };
-
-// ConvNeXt's stage-3 units: "stem", "stages.i.downsample" (i > 0), "stages.i.blocks.j", "head".
-std::vector<std::string> convnext_units(nn::Module& model);
 
 }  // namespace cz::zero

@@ -108,16 +108,4 @@ void ZeroEngine::on_unit_backward_pre(size_t p) {
   prefetch_after(p, true);
 }
 
-std::vector<std::string> convnext_units(nn::Module& model) {
-  std::vector<std::string> units;
-  for (const auto& [name, m] : model.named_modules()) {
-    const bool block = name.rfind("stages.", 0) == 0 && name.find(".blocks.") != std::string::npos &&
-                       std::count(name.begin(), name.end(), '.') == 3;
-    const bool downsample = name.rfind("stages.", 0) == 0 && name.size() > 11 &&
-                            name.compare(name.size() - 11, 11, ".downsample") == 0;
-    if (name == "stem" || name == "head" || block || downsample) units.push_back(name);
-  }
-  return units;
-}
-
 }  // namespace cz::zero

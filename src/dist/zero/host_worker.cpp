@@ -1,8 +1,6 @@
 // The offload worker thread.
 #include "dist/zero/host_worker.h"
 
-#include <chrono>
-
 #include <omp.h>
 
 #include "tensor/cuda/runtime.h"
@@ -45,13 +43,6 @@ void HostWorker::drain() {
   }
 }
 
-double HostWorker::take_busy_seconds() {
-  std::lock_guard<std::mutex> lock(mu_);
-  const double s = busy_s_;
-  busy_s_ = 0;
-  return s;
-}
-
 void HostWorker::loop() {
   // OpenMP's thread count is per thread: this one must use the rank's share of the cores too (Note [CPU
   // threads per rank]), not the machine's, or its parallel regions oversubscribe the cores the ranks' compute
@@ -71,7 +62,6 @@ void HostWorker::loop() {
       jobs_.pop_front();
       running_ = true;
     }
-    const auto t0 = std::chrono::steady_clock::now();
     std::exception_ptr failed;
     try {
       job();
@@ -81,7 +71,6 @@ void HostWorker::loop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       running_ = false;
-      busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (failed && !error_) error_ = failed;
       if (error_) jobs_.clear();
     }

@@ -26,8 +26,6 @@ class HostWorker {
   // Blocks until every job submitted so far has run; rethrows the first failure (later jobs are dropped).
   void drain();
   Stream stream() const { return stream_; }
-  // Seconds jobs have spent running since the last call (reset on read).
-  double take_busy_seconds();
 
  private:
   void loop();
@@ -38,7 +36,6 @@ class HostWorker {
   std::deque<std::function<void()>> jobs_;
   bool running_ = false, stop_ = false;
   std::exception_ptr error_;
-  double busy_s_ = 0;
   std::thread thread_;
 };
 

@@ -108,7 +108,6 @@ class DeviceContext {
 
   int device() const { return device_; }
   int sm_count() const { return sm_count_; }
-  int cc_major() const { return cc_major_; }
 
   // Switches (Note [Backend switches]); each takes effect at the next kernel call on this device.
   // TF32 tensor cores for f32 GEMMs and convolutions: about 3x faster on Ampere and later, with a 10-bit
