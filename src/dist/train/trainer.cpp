@@ -52,6 +52,7 @@ zero::MakeEma make_ema(const TrainConfig& c) {
     return std::make_unique<WeightEma>(weights, decay);
   };
 }
+
 }  // namespace
 
 Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), world_(world) {
