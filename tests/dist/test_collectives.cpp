@@ -10,6 +10,7 @@
 
 #include "dist/comm/bootstrap.h"
 #include "dist/comm/communicator.h"
+#include "dist/comm/process_group.h"
 #include "tensor/tensor.h"
 
 namespace cz::dist {
@@ -437,6 +438,36 @@ TEST(CollectivesCuda, StagedAndNcclMatchHost) {
       }
     }
   }
+}
+
+// The process group's small exchanges: every byte value survives the u8 broadcast from every root, gathered
+// values come back in rank order, scalars are summed and averaged; a group of one sends nothing.
+TEST(ProcessGroup, BytesValuesAndScalars) {
+  World& w = World::get();
+  ProcessGroup g(Comms::ring.get(), Device::cpu());
+  ASSERT_EQ(g.size(), w.size());
+  EXPECT_EQ(g.rank(), w.rank());
+  EXPECT_EQ(g.ranks().back(), w.size() - 1);
+  for (int root = 0; root < w.size(); ++root) {
+    std::string bytes;
+    for (int b = 0; b < 256; ++b) bytes.push_back(char(uint8_t(b + root)));
+    const std::string got = g.broadcast(w.rank() == root ? bytes : std::string(), root);
+    EXPECT_EQ(got, bytes) << "root " << root;
+    EXPECT_EQ(g.broadcast(std::string(), root), std::string());
+  }
+  const std::vector<double> all = g.all_gather({double(w.rank()), 0.5});
+  ASSERT_EQ(all.size(), size_t(2 * w.size()));
+  for (int r = 0; r < w.size(); ++r) EXPECT_EQ(all[size_t(2 * r)], double(r));
+  EXPECT_EQ(g.all_reduce(double(w.rank() + 1), ReduceOp::sum), double(w.size() * (w.size() + 1) / 2));
+  EXPECT_DOUBLE_EQ(g.all_reduce(double(w.rank()), ReduceOp::avg), double(w.size() - 1) / 2);
+
+  ProcessGroup one;
+  EXPECT_EQ(one.size(), 1);
+  EXPECT_EQ(one.broadcast("abc", 0), "abc");
+  EXPECT_EQ(one.all_reduce(2.5, ReduceOp::sum), 2.5);
+  Tensor shard = from_vector(std::vector<float>{1, 2, 3}, {3}), out = zeros({3});
+  EXPECT_EQ(one.all_gather(shard, out), nullptr);
+  EXPECT_EQ(out.to_vector<float>(), (std::vector<float>{1, 2, 3}));
 }
 
 }  // namespace

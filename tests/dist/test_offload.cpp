@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "dist/zero/engine.h"
+#include "optim/adamw.h"
 #include "tensor/ops.h"
 
 namespace cz::zero {
@@ -54,7 +55,11 @@ std::pair<std::vector<std::vector<float>>, std::vector<float>> train(int stage, 
   cfg.bucket_bytes = 100;  // several buckets
   cfg.offload = offload;
   cfg.offload_overlap_step = delayed;
-  ZeroEngine engine(model, {"a", "b"}, nullptr, cfg);
+  auto adamw = [](const ShardSpec& shard) -> std::unique_ptr<Optimizer> {
+    return std::make_unique<AdamW>(shard.flat, shard.ranges, timm_weight_decay(shard.flat, 0.05),
+                                   AdamWConfig{}, DType::f32, shard.device, shard.pinned);
+  };
+  ZeroEngine engine(model, {"a", "b"}, dist::ProcessGroup(), cfg, adamw);
   LossScaler scaler = LossScaler::disabled();
   std::vector<std::vector<float>> seen;
   for (int t = 0; t < 6; ++t) {
@@ -62,7 +67,8 @@ std::pair<std::vector<std::vector<float>>, std::vector<float>> train(int stage, 
     seen.push_back(model.weights());  // what this step's forward computes with
     Tensor loss = model(coefficients(t));
     engine.backward(loss, true);
-    engine.step(scaler);
+    StepStats stats;
+    engine.step(scaler, stats);
   }
   engine.synchronize();
   std::vector<float> last;

@@ -1,15 +1,15 @@
 // Note [What the engine allocates]
-// ZeroEngine (src/dist/zero/engine.cpp, engine_units.cpp, engine_offload.cpp) allocates during a step only
-// what this file replays; its model state is allocated once (Note [ZeRO memory model]).
-//  * Gradients (ZeroEngine::on_grad_ready, run by AccumulateGrad after the gradient became .grad and before
+// ZeroEngine's parts (src/dist/zero/: grad_reducer.cpp, engine_units.cpp, offload.cpp) allocate during a step
+// only what this file replays; its model state is allocated once (Note [ZeRO memory model]).
+//  * Gradients (GradReducer::on_grad_ready, run by AccumulateGrad after the gradient became .grad and before
 //    AccumulateGrad lets go of it). Stages 0-1: the gradient was added into the full gradient buffer; only
 //    on the last micro-step does the hook count it. Stages 2-3: the partition's bucket (its padded size in
 //    the reduce dtype) is allocated at its first gradient, the gradient copied in and .grad dropped.
-//  * A partition whose last gradient arrived is launched (launch_reduce): stages 0-1 all-reduce or reduce-
-//    scatter a view of the gradient buffer, or a copy cast to the reduce dtype when it differs; at most two
-//    collectives are in flight, so a third first finishes the oldest (its bucket or cast copy is freed; at
-//    stages 2-3 its chunk was added into the fp32 gradient shard, or handed to the offload worker, which
-//    copies it to the host at once). Up to three buckets are alive: two in flight and one filling.
+//  * A partition whose last gradient arrived is launched (GradReducer::launch): stages 0-1 all-reduce or
+//    reduce-scatter a view of the gradient buffer, or a copy cast to the reduce dtype when it differs; at
+//    most two collectives are in flight, so a third first finishes the oldest (its bucket or cast copy is
+//    freed; at stages 2-3 its chunk was added into the fp32 gradient shard, or handed to the offload worker,
+//    which copies it to the host at once). Up to three buckets are alive: two in flight and one filling.
 //  * Stage 3 (Note [Stage-3 units]): a unit is gathered (its padded size in the compute dtype) at its
 //  forward-
 //    pre hook and released at its forward hook; gathered again at its backward-pre hook and released when
@@ -22,8 +22,9 @@
 //    reduce-scatter and all-reduce, grown when a larger collective comes (the new block is allocated before
 //    the old one is freed) and kept for good; all-gather and broadcast need none. One rank has no
 //    communicator. The replay grows it when a collective is launched.
-//  * The step: a one-element f64 tensor per ZeroEngine::all_reduce_scalar (the mean loss; the global norm at
-//    stages 1-3) and the squared-norm scalars of global_grad_norm, one per partition summed as they come.
+//  * The step: a one-element f64 tensor per ProcessGroup::all_reduce of a scalar (the mean loss; the global
+//    norm at stages 1-3) and the squared-norm scalars of ShardedState::global_grad_norm, one per partition
+//    summed as they come.
 #include "dist/plan/engine_trace.h"
 
 #include <algorithm>

@@ -45,7 +45,7 @@ class EngineTrace {
   // AccumulateGrad of parameter `param` got `grad`: the engine's grad-ready hook runs, then the gradient is
   // freed (released here).
   void grad_ready(size_t param, Id grad);
-  // ZeroEngine::all_reduce_scalar (a one-element f64 tensor and its all-reduce) and ZeroEngine::step.
+  // ProcessGroup::all_reduce of a scalar (a one-element f64 tensor and its all-reduce) and ZeroEngine::step.
   void all_reduce_scalar();
   void optimizer_step();
 

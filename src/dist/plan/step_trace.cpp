@@ -189,7 +189,7 @@ void Walker::build() {
   if (!s_.cuda)
     for (const nn::ParamInfo& p : list)
       if (p.shape.size() >= 2) m_.release(m_.alloc(p.numel * 8, Use::transient, "f64 initial draws"));
-  // ZeroEngine::build_buffers: the model state; at stages 2-3 the flat buffers flatten_parameters made are
+  // The ZeroEngine constructor: the model state; at stages 2-3 the flat buffers flatten_parameters made are
   // dropped once the shards exist, and stage 3's unit buffers are allocated and released once.
   const int64_t flat = s_.engine.layout.flat.numel * 4;
   std::vector<Id> dropped;

@@ -93,7 +93,7 @@ ZeroState zero_model_state(const ZeroSpec& s) {
   const bool off = s.offload;
   const char* shard_name = s.stage == 0 ? "" : " shard";
 
-  // ZeroEngine::build_buffers: the compute copy (full at stages 0-2, this rank's chunks at stage 3).
+  // The ZeroEngine constructor: the compute copy (full at stages 0-2, this rank's chunks at stage 3).
   if (s.stage <= 2)
     add(StateRow::parameters, mixed ? "16-bit compute copy" : "flat parameters", psi * ec, false);
   else

@@ -1,5 +1,5 @@
 // Note [ZeRO memory model]: the bytes of model state one rank holds at each ZeRO stage, buffer by buffer as
-// ZeroEngine::build_buffers allocates them, over the engine's own partition list (zero::plan_layout, Note
+// the ZeroEngine constructor allocates them, over the engine's own partition list (zero::plan_layout, Note
 // [ZeRO partitioning]), so that the planner and the engine cannot disagree on a partition.
 //
 // Ψ is the parameter count after padding: the flat space of the layout, each parameter at a 16-element

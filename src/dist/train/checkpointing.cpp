@@ -20,42 +20,21 @@
 
 namespace cz::train {
 
-// The save's few collectives over the training communicator (its timeouts apply): values travel as f64 on the
-// communicator's device, strings one byte per element.
-class CommCollective final : public ckpt::Collective {
+// The save's few collectives, through the training process group (its communicator's timeouts apply).
+class GroupCollective final : public ckpt::Collective {
  public:
-  CommCollective(dist::Communicator* comm, Device device) : comm_(comm), device_(device) {}
-  int rank() const override { return comm_ ? comm_->rank() : 0; }
-  int size() const override { return comm_ ? comm_->size() : 1; }
+  explicit GroupCollective(dist::ProcessGroup group) : group_(std::move(group)) {}
+  int rank() const override { return group_.rank(); }
+  int size() const override { return group_.size(); }
   int64_t all_reduce_max(int64_t value) override {
-    if (!comm_) return value;
-    const int64_t n = comm_->size();
-    Tensor mine = full({1}, double(value), DType::f64, device_), all = zeros({n}, DType::f64, device_);
-    comm_->all_gather(mine, all)->wait();
     double m = -INFINITY;
-    for (double v : all.to_vector<double>()) m = std::max(m, v);
+    for (double v : group_.all_gather({double(value)})) m = std::max(m, v);
     return int64_t(m);
   }
-  std::string broadcast(const std::string& value, int root) override {
-    if (!comm_) return value;
-    Tensor len = full({1}, double(value.size()), DType::f64, device_);
-    comm_->broadcast(len, root)->wait();
-    const int64_t n = int64_t(len.item());
-    if (n == 0) return {};
-    std::vector<double> bytes(size_t(n), 0.0);
-    if (comm_->rank() == root)
-      for (int64_t i = 0; i < n; ++i) bytes[size_t(i)] = double(uint8_t(value[size_t(i)]));
-    Tensor t = from_vector(bytes, {n}).to(device_);
-    comm_->broadcast(t, root)->wait();
-    std::string out(size_t(n), '\0');
-    const auto v = t.to_vector<double>();
-    for (int64_t i = 0; i < n; ++i) out[size_t(i)] = char(uint8_t(v[size_t(i)]));
-    return out;
-  }
+  std::string broadcast(const std::string& value, int root) override { return group_.broadcast(value, root); }
 
  private:
-  dist::Communicator* comm_;
-  Device device_;
+  dist::ProcessGroup group_;
 };
 
 namespace {
@@ -111,7 +90,7 @@ std::string config_json(const TrainConfig& c, int world) {
 void Trainer::save_checkpoint() {
   CZ_CHECK(!cfg_.checkpoint_dir.empty(), "save_checkpoint needs --checkpoint-dir");
   finish_pending_save();  // one save in flight at a time
-  if (!ckpt_comm_) ckpt_comm_ = std::make_unique<CommCollective>(comm_.get(), device_);
+  if (!ckpt_comm_) ckpt_comm_ = std::make_unique<GroupCollective>(group_);
   ckpt::SaveRequest req;
   req.dir = cfg_.checkpoint_dir;
   req.step = step_;
@@ -154,12 +133,7 @@ void Trainer::finish_pending_save() {
 int Trainer::step_boundary() {
   const bool unwritten = pending_save_ && !pending_save_->written();
   std::vector<double> all = {double(stop_signal()), unwritten ? 1.0 : 0.0};
-  if (comm_) {
-    const int64_t n = world_.size();
-    Tensor mine = from_vector(all, {2}).to(device_), every = zeros({2 * n}, DType::f64, device_);
-    comm_->all_gather(mine, every)->wait();
-    all = every.to_vector<double>();
-  }
+  all = group_.all_gather(all);
   int sig = 0;
   bool written = true;
   for (size_t r = 0; r < all.size(); r += 2) {

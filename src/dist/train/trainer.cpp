@@ -12,6 +12,8 @@
 
 #include "io/checkpoint.h"
 #include "io/weights.h"
+#include "optim/adamw.h"
+#include "optim/sgd.h"
 #include "tensor/autograd/engine.h"
 #include "tensor/cuda/runtime.h"
 #if CZ_WITH_CUDA
@@ -24,6 +26,31 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// The optimizer over the shard the engine lays out: --optimizer with timm's weight-decay rule (not on biases
+// and 1-D parameters).
+zero::MakeOptimizer make_optimizer(const TrainConfig& c) {
+  CZ_CHECK(c.optimizer == "adamw" || c.optimizer == "sgd", "unknown optimizer '{}' (adamw or sgd)",
+           c.optimizer);
+  return [c](const zero::ShardSpec& shard) -> std::unique_ptr<Optimizer> {
+    const auto hyper = timm_weight_decay(shard.flat, c.weight_decay);
+    if (c.optimizer == "sgd") {
+      SgdConfig sc;
+      sc.momentum = c.momentum;
+      return std::make_unique<Sgd>(shard.flat, shard.ranges, hyper, sc, DType::f32, shard.device,
+                                   shard.pinned);
+    }
+    return std::make_unique<AdamW>(shard.flat, shard.ranges, hyper, AdamWConfig{}, DType::f32, shard.device,
+                                   shard.pinned);
+  };
+}
+
+zero::MakeEma make_ema(const TrainConfig& c) {
+  if (c.ema_decay <= 0) return {};
+  return [decay = c.ema_decay](std::span<const Tensor> weights) {
+    return std::make_unique<WeightEma>(weights, decay);
+  };
 }
 
 }  // namespace
@@ -62,8 +89,9 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     opt.algorithm = dist::Algorithm::ring;
     opt.timeout_s = cfg_.comm_timeout_s;
     comm_ = dist::make_communicator(world_, opt);
-    check_ranks_agree();
   }
+  group_ = dist::ProcessGroup(comm_.get(), device_);
+  if (world_.size() > 1) check_ranks_agree();
   check_outputs();
   if (world_.rank() == 0 && !cfg_.log.empty()) log_ = JsonLog(cfg_.log);
   build_data();
@@ -107,10 +135,7 @@ void Trainer::check_ranks_agree() {
   std::vector<double> mine;
   for (const auto& [flag, value] : flags)
     mine.push_back(double(std::hash<std::string>{}(value) & ((uint64_t(1) << 52) - 1)));
-  Tensor shard = from_vector(mine, {k}).to(device_);
-  Tensor all = zeros({k * n}, DType::f64, device_);
-  comm_->all_gather(shard, all)->wait();
-  const std::vector<double> v = all.to_vector<double>();
+  const std::vector<double> v = group_.all_gather(mine);
   for (int64_t f = 0; f < k; ++f)
     for (int64_t r = 1; r < n; ++r)
       CZ_CHECK(v[size_t(r * k + f)] == v[size_t(f)],
@@ -138,13 +163,10 @@ void Trainer::build_model() {
   zc.compute_dtype = compute_dtype_;
   zc.reduce_dtype = dtype_of_flag(cfg_.reduce_dtype);
   zc.device = device_;
-  zc.optimizer = cfg_.optimizer;
-  zc.weight_decay = cfg_.weight_decay;
-  zc.momentum = cfg_.momentum;
-  zc.ema_decay = cfg_.ema_decay;
   zc.offload = cfg_.offload_optimizer;
   zc.offload_overlap_step = cfg_.offload_overlap_step;
-  engine_ = std::make_unique<zero::ZeroEngine>(*model_, model_->units(), comm_.get(), zc);
+  engine_ = std::make_unique<zero::ZeroEngine>(*model_, model_->units(), group_, zc,
+                                               make_optimizer(cfg_), make_ema(cfg_));
 }
 
 // Both splits read this rank's share of global batches of micro-batch x ranks; evaluation reads every example
@@ -230,6 +252,9 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
   alloc.reset_peak();
   StepStats s;
   s.step = ++step_;
+  s.stage = cfg_.stage;
+  s.offload = cfg_.offload_optimizer;
+  s.loss_scaling = scaler_.enabled();
   s.lr = schedule_->lr_at(s.step);
   s.loss_scale = scaler_.scale();
   engine_->begin_step(s.lr, cfg_.clip_grad, scaler_);
@@ -250,22 +275,13 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
     NoGradGuard no_grad;
     loss_sum = loss_sum.defined() ? add(loss_sum, loss.detach()) : loss.detach();
   }
-  s.loss = engine_->all_reduce_scalar(loss_sum.item() / double(cfg_.grad_accum), true);
-  const zero::ZeroStepStats z = engine_->step(scaler_);
-  s.skipped = z.skipped;
-  s.grad_norm = z.grad_norm;
-  s.comm_bytes = z.comm_bytes;
-  s.comm_s = z.comm_s;
-  s.comm_exposed_s = z.comm_exposed_s;
-  s.comm_buffer_bytes = z.comm_buffer_bytes;
-  s.model_state_bytes = engine_->model_state_bytes();
-  s.offload_copy_s = z.offload_copy_s;
-  s.offload_optimizer_s = z.offload_optimizer_s;
-  s.offload_wait_s = z.offload_wait_s;
+  s.loss = group_.all_reduce(loss_sum.item() / double(cfg_.grad_accum), dist::ReduceOp::avg);
+  engine_->step(scaler_, s);  // the update on this rank's shard; the gatherer brings the weights back
   if (device_.is_cuda()) current_stream(device_).synchronize();
   s.step_time_s = seconds_since(t0);
   s.img_per_s = double(cfg_.global_batch(world_.size())) / s.step_time_s;
   s.peak_mem_bytes = alloc.stats().peak_allocated_bytes;
+  s.epoch = epoch_;
   return s;
 }
 
@@ -291,10 +307,10 @@ EvalResult Trainer::evaluate() {
   }
   model_->train();
   EvalResult r;
-  n = engine_->all_reduce_scalar(n, false);
+  n = group_.all_reduce(n, dist::ReduceOp::sum);
   r.examples = int64_t(n);
-  r.loss = n > 0 ? engine_->all_reduce_scalar(loss_sum, false) / n : NAN;
-  r.top1 = n > 0 ? engine_->all_reduce_scalar(correct, false) / n : NAN;
+  r.loss = n > 0 ? group_.all_reduce(loss_sum, dist::ReduceOp::sum) / n : NAN;
+  r.top1 = n > 0 ? group_.all_reduce(correct, dist::ReduceOp::sum) / n : NAN;
   return r;
 }
 
@@ -302,31 +318,12 @@ nn::NamedParameters Trainer::master_parameters() {
   return engine_->master_parameters();
 }
 
-nlohmann::json Trainer::step_record(const StepStats& s) const {
-  nlohmann::json j = {{"step", s.step},
-                      {"epoch", epoch_},
-                      {"loss", s.loss},
-                      {"lr", s.lr},
-                      {"grad_norm", s.grad_norm},
-                      {"step_time_s", s.step_time_s},
-                      {"img_per_s", s.img_per_s},
-                      {"peak_mem_bytes", s.peak_mem_bytes},
-                      {"stage", cfg_.stage},
-                      {"comm_bytes", s.comm_bytes},
-                      {"comm_s", s.comm_s},
-                      {"comm_exposed_s", s.comm_exposed_s},
-                      {"model_state_bytes", s.model_state_bytes},
-                      {"comm_buffer_bytes", s.comm_buffer_bytes}};
-  if (cfg_.offload_optimizer) {
-    j["offload_copy_s"] = s.offload_copy_s;
-    j["offload_optimizer_s"] = s.offload_optimizer_s;
-    j["offload_wait_s"] = s.offload_wait_s;
-  }
-  if (scaler_.enabled()) {
-    j["loss_scale"] = s.loss_scale;
-    j["skipped"] = s.skipped;
-  }
-  return j;
+void TrainSummary::add(const StepStats& s) {
+  final_loss = s.loss;
+  peak_mem_bytes = std::max(peak_mem_bytes, s.peak_mem_bytes);
+  model_state_bytes = s.model_state_bytes;
+  comm_s += s.comm_s;
+  comm_exposed_s += s.comm_exposed_s;
 }
 
 ProgressMode Trainer::progress_mode() const {
@@ -372,14 +369,10 @@ TrainSummary Trainer::run() {
     ++steps_run;
     images += cfg_.global_batch(world_.size());
     time_in_steps += s.step_time_s;
-    sum.final_loss = s.loss;
-    sum.peak_mem_bytes = std::max(sum.peak_mem_bytes, s.peak_mem_bytes);
-    sum.model_state_bytes = s.model_state_bytes;
-    sum.comm_s += s.comm_s;
-    sum.comm_exposed_s += s.comm_exposed_s;
+    sum.add(s);
     CZ_CHECK(std::isfinite(s.loss) || s.skipped,
              "training diverged at step {}: loss is {} (try a lower --lr or --clip-grad)", s.step, s.loss);
-    log_.write(step_record(s));
+    log_.write(zero::to_json(s));
     bar.update(s.step, s.loss, double(images) / time_in_steps);
     if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step < total_steps_ && eval_set_)
       run_eval(s.step);

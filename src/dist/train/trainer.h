@@ -9,6 +9,7 @@
 
 #include "dist/comm/bootstrap.h"
 #include "dist/comm/communicator.h"
+#include "dist/comm/process_group.h"
 #include "dist/train/config.h"
 #include "dist/zero/engine.h"
 #include "io/dataset.h"
@@ -25,25 +26,8 @@ class PendingSave;
 
 namespace cz::train {
 
-struct StepStats {
-  int64_t step = 0;  // 1-based optimizer step
-  double loss = 0;   // mean training loss of the step's global batch, before the update
-  double lr = 0;
-  double grad_norm = 0;  // global L2 norm of the (unscaled, averaged) gradient, before clipping
-  bool skipped = false;  // fp16 overflow: no update this step
-  double loss_scale = 1;
-  double step_time_s = 0;
-  double img_per_s = 0;        // global images per second
-  int64_t peak_mem_bytes = 0;  // this rank's peak allocated bytes on its device during the step
-  // Communication and memory (Note [ZeRO step]).
-  int64_t comm_bytes = 0;         // bytes this rank sent in the step's collectives
-  double comm_s = 0;              // time those collectives ran
-  double comm_exposed_s = 0;      // time the step waited for them
-  int64_t model_state_bytes = 0;  // master weights, gradients, optimizer state, compute copy (this rank)
-  int64_t comm_buffer_bytes = 0;  // peak bytes of buckets and stage-3 gather buffers in the step
-  // --offload-optimizer: gradient copies to the host, the CPU optimizer, and the step's wait for them.
-  double offload_copy_s = 0, offload_optimizer_s = 0, offload_wait_s = 0;
-};
+// One step's statistics: the engine fills in its figures, the trainer the rest (zero/step_stats.h).
+using StepStats = zero::StepStats;
 
 struct EvalResult {
   double loss = 0;  // mean cross-entropy (no label smoothing)
@@ -63,6 +47,8 @@ struct TrainSummary {
   int stop_signal = 0;     // non-zero: stopped on request by this signal (Note [Stopping on request])
   int64_t last_step = 0;   // optimizer steps done when the run ended
   std::string checkpoint;  // the newest checkpoint of this run on disk (saved or resumed from); "" if none
+
+  void add(const StepStats& s);  // a step's loss, peak memory, model state and communication
 };
 
 class Trainer {
@@ -113,13 +99,13 @@ class Trainer {
   StepStats run_step(std::span<const Batch> micro_batches, Clock::time_point t0);
   LoaderOptions loader_options(Split split) const;
   Batch next_batch();
-  nlohmann::json step_record(const StepStats& s) const;
 
   TrainConfig cfg_;
   dist::World& world_;
   Device device_;
   DType compute_dtype_ = DType::f32;
-  std::unique_ptr<dist::Communicator> comm_;
+  std::unique_ptr<dist::Communicator> comm_;  // owned here; used through group_
+  dist::ProcessGroup group_;  // the world: the engine, the checkpoints' and the step's exchanges
 
   std::unique_ptr<nn::ConvNeXt> model_;
   std::unique_ptr<zero::ZeroEngine> engine_;

@@ -1,96 +1,121 @@
-// ZeRO-3's unit life cycle: gather before use, prefetch ahead, release after.
+// ZeRO-3's parameter gatherer (UnitGatherer, param_gatherer.h): gather before use, prefetch ahead, release
+// after.
 //
 // Note [Stage-3 units]: each unit's parameters view one buffer of the unit's full (padded) size whose
 // Storage is released between uses (Note [Releasable storage]): the parameters and what autograd saved of
 // them keep their identity while the bytes come and go. A unit is all-gathered from the ranks' chunks just
 // before its forward (module forward-pre hook) and released after it (forward hook); gathered again when the
 // gradient of its output arrives (backward-pre hook), and released once its gradients have been handed to
-// their reduce-scatter (launch_reduce). The first forward records the order units run in; from then on the
-// next `prefetch` units in that order (reversed in backward) are gathered ahead, so at most 1 + prefetch
+// their reduce-scatter (GradReducer::launch). The first forward records the order units run in; from then on
+// the next `prefetch` units in that order (reversed in backward) are gathered ahead, so at most 1 + prefetch
 // units are resident at a unit's hook, plus units waiting for their gradients in backward. Under activation
 // checkpointing the recompute runs the forward hooks again during backward: the pre-hook gathers (if needed)
 // and the post-hook keeps the unit, which backward is about to use. Every rank takes the same decisions in
 // the same order (they depend on the order and the counts, never on timing), so the collectives match.
-#include "dist/zero/engine.h"
-
 #include <algorithm>
 
-#include <cstring>
-
-#include "tensor/cuda/runtime.h"
-#include "tensor/stream.h"
+#include "dist/zero/engine.h"
+#include "dist/zero/param_gatherer.h"
 
 namespace cz::zero {
-namespace {
 
-// A world of one "gathers" by copying its shard. Not through copy_: that counts as an in-place write, and the
-// views autograd saved of the unit's parameters would refuse the same values (Note [Releasable storage]).
-void copy_bytes(const Tensor& dst, const Tensor& src) {
-  if (dst.is_cpu())
-    std::memcpy(dst.raw_data(), src.raw_data(), src.nbytes());
-  else
-    cuda_runtime::memcpy_async(dst.raw_data(), src.raw_data(), src.nbytes(),
-                               cuda_runtime::CopyKind::device_to_device, current_stream(dst.device()));
+UnitGatherer::UnitGatherer(const ZeroLayout& layout, nn::Module& model, const std::vector<Tensor>& params,
+                           Tensor shard, int prefetch, dist::ProcessGroup group, CommMeter& meter)
+    : ParamGatherer(layout, std::move(group), meter), shard_(std::move(shard)), prefetch_(prefetch) {
+  const size_t np = layout_.partitions.size();
+  gathered_.resize(np);
+  state_.assign(np, State::released);
+  work_.resize(np);
+  position_.assign(np, 0);
+  for (size_t p = 0; p < np; ++p) {
+    const Partition& part = layout_.partitions[p];
+    gathered_[p] = empty({part.numel}, shard_.dtype(), shard_.device());
+    for (size_t i = part.first_param; i < part.end_param; ++i)
+      repoint_parameter(params[i], gathered_[p], layout_.flat.segments[i].offset - part.begin);
+    gathered_[p].storage()->release();
+  }
+  for (size_t p = 0; p < np; ++p) {
+    nn::Module* m = model.find_module(layout_.partitions[p].name);
+    CZ_CHECK(m != nullptr, "ZeRO-3: the model has no module '{}'", layout_.partitions[p].name);
+    hooks_.emplace_back(
+        m, m->register_forward_pre_hook([this, p](nn::Module&, const Tensor&) { on_forward_pre(p); }));
+    hooks_.emplace_back(m, m->register_forward_hook(
+                               [this, p](nn::Module&, const Tensor&, const Tensor&) { on_forward_post(p); }));
+    hooks_.emplace_back(m, m->register_backward_pre_hook([this, p](nn::Module&) { on_backward_pre(p); }));
+  }
 }
 
-}  // namespace
-
-bool ZeroEngine::unit_resident(size_t p) const {
-  return cfg_.stage == 3 && gather_state_[p] != Gather::released;
+UnitGatherer::~UnitGatherer() {
+  for (auto& w : work_)
+    if (w) try {
+        w->wait();
+      } catch (...) {
+      }
 }
 
-int64_t ZeroEngine::gathered_bytes() const {
+int64_t UnitGatherer::gathered_bytes() const {
   int64_t n = 0;
   for (size_t p = 0; p < gathered_.size(); ++p)
-    if (unit_resident(p)) n += int64_t(round_to_size_class(gathered_[p].storage()->nbytes()));
+    if (resident(p)) n += int64_t(round_to_size_class(gathered_[p].storage()->nbytes()));
   return n;
 }
 
-void ZeroEngine::gather(size_t p) {
-  if (gather_state_[p] != Gather::released) return;
+int64_t UnitGatherer::state_bytes() const {
+  return int64_t(round_to_size_class(shard_.storage()->nbytes()));
+}
+
+void UnitGatherer::gather(size_t p) {
+  if (state_[p] != State::released) return;
   Storage& storage = *gathered_[p].storage();
-  storage.restore(allocator_for(cfg_.device).allocate(storage.nbytes()));
-  Tensor mine = param_shard_.narrow(0, layout_.local_offset(p), layout_.chunk(p));
-  if (comm_) {
-    gather_work_[p] = comm_->all_gather(mine, gathered_[p]);
-    count_sent(gathered_[p].nbytes(), 1);
-  } else {
-    copy_bytes(gathered_[p].narrow(0, 0, mine.numel()), mine);
-  }
-  gather_state_[p] = Gather::gathering;
-  note_comm_buffers();
+  storage.restore(allocator_for(shard_.device()).allocate(storage.nbytes()));
+  Tensor mine = shard_.narrow(0, layout_.local_offset(p), layout_.chunk(p));
+  // A group of one copies its shard's bytes (Note [Releasable storage]: not an in-place write).
+  work_[p] = group_.all_gather(mine, gathered_[p]);
+  meter_.sent(group_, gathered_[p].nbytes(), 1);
+  state_[p] = State::gathering;
+  meter_.hold(int64_t(round_to_size_class(storage.nbytes())));
 }
 
-void ZeroEngine::use(size_t p) {
+void UnitGatherer::use(size_t p) {
   gather(p);
-  if (gather_state_[p] == Gather::gathering) {
-    wait(gather_work_[p]);
-    gather_work_[p].reset();
-    gather_state_[p] = Gather::resident;
+  if (state_[p] == State::gathering) {
+    meter_.wait(work_[p]);
+    work_[p].reset();
+    state_[p] = State::resident;
   }
 }
 
-void ZeroEngine::release(size_t p) {
-  if (gather_state_[p] == Gather::released) return;
-  if (gather_work_[p]) {
-    wait(gather_work_[p]);
-    gather_work_[p].reset();
+void UnitGatherer::release(size_t p) {
+  if (state_[p] == State::released) return;
+  if (work_[p]) {
+    meter_.wait(work_[p]);
+    work_[p].reset();
   }
+  meter_.hold(-int64_t(round_to_size_class(gathered_[p].storage()->nbytes())));
   gathered_[p].storage()->release();
-  gather_state_[p] = Gather::released;
+  state_[p] = State::released;
 }
 
-void ZeroEngine::prefetch_after(size_t p, bool backward) {
-  if (recording_ || cfg_.prefetch == 0) return;
+void UnitGatherer::end_backward(bool finished) {
+  phase_ = Phase::forward;
+  if (finished) recording_ = false;
+}
+
+void UnitGatherer::after_reduce() {
+  for (size_t p = 0; p < gathered_.size(); ++p) release(p);
+}
+
+void UnitGatherer::prefetch_after(size_t p, bool backward) {
+  if (recording_ || prefetch_ == 0) return;
   const int64_t at = int64_t(position_[p]), n = int64_t(order_.size());
-  for (int64_t k = 1; k <= cfg_.prefetch; ++k) {
+  for (int64_t k = 1; k <= prefetch_; ++k) {
     const int64_t j = backward ? at - k : at + k;
     if (j < 0 || j >= n) break;
     gather(order_[size_t(j)]);
   }
 }
 
-void ZeroEngine::on_unit_forward_pre(size_t p) {
+void UnitGatherer::on_forward_pre(size_t p) {
   if (recording_ && std::find(order_.begin(), order_.end(), p) == order_.end()) {
     position_[p] = order_.size();
     order_.push_back(p);
@@ -99,11 +124,11 @@ void ZeroEngine::on_unit_forward_pre(size_t p) {
   prefetch_after(p, phase_ == Phase::backward);
 }
 
-void ZeroEngine::on_unit_forward_post(size_t p) {
+void UnitGatherer::on_forward_post(size_t p) {
   if (phase_ == Phase::forward) release(p);
 }
 
-void ZeroEngine::on_unit_backward_pre(size_t p) {
+void UnitGatherer::on_backward_pre(size_t p) {
   use(p);
   prefetch_after(p, true);
 }

@@ -1,6 +1,6 @@
 // The CPU side of optimizer offload: one thread that runs host jobs (copying reduced gradient chunks to host
 // memory, the CPU optimizer) in submission order while the main thread goes on with backward (Note [CPU
-// offload] in engine_offload.cpp).
+// offload] in offload.cpp).
 #pragma once
 
 #include <condition_variable>

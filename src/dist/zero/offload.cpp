@@ -1,4 +1,4 @@
-// CPU optimizer offload.
+// CPU optimizer offload: the OffloadWorker part (offload.h).
 //
 // Note [CPU offload]: with --offload-optimizer the fp32 master chunks, the fp32 gradient chunks and the
 // optimizer state live in pinned host memory; the device keeps the compute copy (and, at stages 0-1, the
@@ -14,12 +14,12 @@
 // --offload-overlap-step is ZeRO-Offload's delayed parameter update: the optimizer of step t is a worker job
 // that runs while the device computes step t+1, whose forward and backward therefore see the weights of step
 // t-1: one step stale. The worker runs jobs in order, so step t+1's gradient copies wait for step t's update
-// (their device buckets stay alive meanwhile). synchronize() brings the last update to the device before
-// evaluation, export or a checkpoint.
+// (their device buckets stay alive meanwhile). ZeroEngine::synchronize() brings the last update to the device
+// before evaluation, export or a checkpoint.
+#include "dist/zero/offload.h"
+
 #include <chrono>
 
-#include "dist/zero/engine.h"
-#include "dist/zero/host_worker.h"
 #include "tensor/autograd/engine.h"
 
 namespace cz::zero {
@@ -30,13 +30,35 @@ double since(Clock::time_point t) {
 }
 }  // namespace
 
-void ZeroEngine::offload_grad_chunk(size_t p, const Tensor& chunk, bool accumulate) {
+OffloadWorker::OffloadWorker(ShardedState& state, const ZeroLayout& layout, Device device, bool delayed)
+    : state_(state),
+      layout_(layout),
+      delayed_(delayed),
+      worker_(std::make_unique<HostWorker>(device)),
+      fresh_(layout.partitions.size(), true) {}
+
+OffloadWorker::~OffloadWorker() {
+  worker_.reset();  // drains: its jobs use the state's buffers
+}
+
+void OffloadWorker::begin_step(bool gradients_first) {
+  fresh_.assign(fresh_.size(), true);
+  eager_ = !delayed_ && !gradients_first;
+  copy_s_ = 0;
+  optim_s_ = 0;
+}
+
+void OffloadWorker::receive(size_t p, const Tensor& chunk, bool final) {
   const int64_t off = layout_.local_offset(p), c = layout_.chunk(p);
-  const bool update = eager_update_ && last_micro_;
-  auto copy_in = [this, chunk, accumulate, off, c] {
+  const bool accumulate = !fresh_[p];  // a later micro-step's chunk of the same step
+  fresh_[p] = false;
+  const bool update = eager_ && final;
+  const double lr = state_.plan().lr;
+  Tensor grads = state_.grad_shard().narrow(0, off, c), master = state_.master().narrow(0, off, c);
+  auto copy_in = [this, chunk, accumulate, grads] {
     NoGradGuard no_grad;
     const auto t0 = Clock::now();
-    Tensor dst = grad_shard_.narrow(0, off, c);
+    Tensor dst = grads;
     Tensor src = chunk.dtype() == DType::f32 ? chunk : chunk.to(DType::f32);
     if (accumulate)
       dst.add_(src.is_cpu() ? src : src.to(Device::cpu()));
@@ -44,16 +66,16 @@ void ZeroEngine::offload_grad_chunk(size_t p, const Tensor& chunk, bool accumula
       dst.copy_(src);
     copy_s_ += since(t0);
   };
-  auto step_range = [this, p, off, c] {
+  auto step_range = [this, p, master, grads, lr] {
     const auto t1 = Clock::now();
-    optimizer_->step_range(p, master_.narrow(0, off, c), grad_shard_.narrow(0, off, c), lr_);
+    state_.optimizer().step_range(p, master, grads, lr);
     optim_s_ += since(t1);
   };
   // On the CPU the copy is a memcpy of one chunk: done here, the bucket is freed at once (the memory profile
   // of a run without offload, which the planner counts on) and only the update goes to the worker. Not under
   // the delayed update, whose previous step's job may still be reading the host gradients: there the worker's
   // order keeps the copies behind it.
-  if (chunk.is_cpu() && !cfg_.offload_overlap_step) {
+  if (chunk.is_cpu() && !delayed_) {
     copy_in();
     if (update) worker_->submit(step_range);
     return;
@@ -70,54 +92,47 @@ void ZeroEngine::offload_grad_chunk(size_t p, const Tensor& chunk, bool accumula
   });
 }
 
-void ZeroEngine::offload_step(LossScaler& scaler) {
+void OffloadWorker::step(LossScaler& scaler, StepStats& s, const std::function<void()>& refresh) {
   const auto t0 = Clock::now();
   worker_->drain();
-  stats_.offload_wait_s = since(t0);
+  s.offload_wait_s = since(t0);
   if (update_pending_) {  // the previous step's delayed update has finished: to the device with it
-    refresh_compute();
+    refresh();
     update_pending_ = false;
   }
-  const std::vector<Tensor> g = master_grads(), w = master_params();
-  auto ema_update = [this, w] {
-    if (ema_) ema_->update(std::span<const Tensor>(w), cfg_.ema_decay);
-  };
-  if (eager_update_) {
-    optimizer_->end_step();
+  if (eager_) {
+    state_.optimizer().end_step();
     const auto t1 = Clock::now();
-    ema_update();
+    state_.update_ema();
     optim_s_ += since(t1);
-    stats_.grad_norm = global_grad_norm(g);
-    refresh_compute();
-  } else if (prepare_gradients(g, scaler)) {
-    auto update = [this, g, w, ema_update, lr = lr_] {
+    s.grad_norm = state_.global_grad_norm();
+    refresh();
+  } else if (state_.prepare_gradients(scaler, s)) {
+    auto update = [this, lr = state_.plan().lr] {
       NoGradGuard no_grad;
       const auto t1 = Clock::now();
-      optimizer_->step(std::span<const Tensor>(w), std::span<const Tensor>(g), lr);
-      ema_update();
+      state_.optimizer().step(std::span<const Tensor>(state_.weights()),
+                              std::span<const Tensor>(state_.grads()), lr);
+      state_.update_ema();
       optim_s_ += since(t1);
     };
-    if (cfg_.offload_overlap_step) {
+    if (delayed_) {
       worker_->submit(update);
       update_pending_ = true;
     } else {
       update();
-      refresh_compute();
+      refresh();
     }
   }
-  stats_.offload_copy_s = copy_s_;
-  stats_.offload_optimizer_s = optim_s_;
+  s.offload_copy_s = copy_s_;
+  s.offload_optimizer_s = optim_s_;
 }
 
-void ZeroEngine::synchronize() {
-  wait_all_param_gathers();
-  if (!worker_) return;
+bool OffloadWorker::drain() {
   worker_->drain();
-  if (update_pending_) {
-    refresh_compute();
-    update_pending_ = false;
-  }
-  wait_all_param_gathers();
+  const bool pending = update_pending_;
+  update_pending_ = false;
+  return pending;
 }
 
 }  // namespace cz::zero

@@ -1,0 +1,37 @@
+// What one step's collectives cost: bytes sent, the time they ran, the time the host waited for them, and the
+// peak bytes of communication buffers. The reducer and the gatherer wait through it; the engine reads it out
+// into the step's statistics.
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "dist/comm/process_group.h"
+#include "dist/zero/step_stats.h"
+
+namespace cz::zero {
+
+class CommMeter {
+ public:
+  // A new step: the counts back to zero. The buffers still held are the new peak's start.
+  void begin_step();
+  // Waits for `w` (null: nothing to wait for), timing the host's wait.
+  void wait(const dist::WorkHandle& w);
+  // A ring collective over `group` of `bytes` (factor 2 for all-reduce; ring_bytes_sent).
+  void sent(const dist::ProcessGroup& group, int64_t bytes, int factor);
+  // Communication buffers allocated (bytes > 0) or freed (bytes < 0).
+  void hold(int64_t bytes);
+  // Waits for the device side of the step's collectives and writes comm_s, comm_exposed_s, comm_wait_s,
+  // comm_bytes and comm_buffer_bytes into `s`.
+  void finish_step(StepStats& s);
+
+ private:
+  using Interval = std::pair<dist::Work::TimePoint, dist::Work::TimePoint>;
+  std::vector<dist::WorkHandle> works_;  // waited for in this step: their run times are its comm_s
+  std::vector<Interval> waits_;          // the host's waits
+  double wait_s_ = 0;
+  int64_t bytes_ = 0;
+  int64_t held_ = 0, peak_ = 0;
+};
+
+}  // namespace cz::zero

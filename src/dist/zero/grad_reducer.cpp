@@ -1,0 +1,143 @@
+// The gradient reducer's hooks, buckets and collectives. At most two collectives are in flight: a third waits
+// for the oldest, which bounds the bucket memory.
+#include "dist/zero/grad_reducer.h"
+
+#include "tensor/autograd/engine.h"
+
+namespace cz::zero {
+namespace {
+int64_t held_bytes(const Tensor& t) {
+  return t.defined() ? int64_t(round_to_size_class(t.storage()->nbytes())) : 0;
+}
+}  // namespace
+
+GradReducer::GradReducer(const ZeroLayout& layout, std::vector<Tensor> params, Tensor grads,
+                         dist::ProcessGroup group, CommMeter& meter, ReducerMode mode)
+    : layout_(layout),
+      params_(std::move(params)),
+      grads_(std::move(grads)),
+      group_(std::move(group)),
+      meter_(meter),
+      mode_(mode) {
+  const size_t np = layout_.partitions.size();
+  for (size_t p = 0; p < np; ++p)
+    for (size_t i = layout_.partitions[p].first_param; i < layout_.partitions[p].end_param; ++i)
+      param_partition_.push_back(p);
+  remaining_.assign(np, 0);
+  launched_.assign(np, false);
+  buckets_.resize(np);
+  for (size_t i = 0; i < params_.size(); ++i)
+    hooks_.push_back(params_[i].register_grad_ready_hook([this, i](Tensor& t) { on_grad_ready(i, t); }));
+}
+
+GradReducer::~GradReducer() {
+  for (size_t i = 0; i < hooks_.size(); ++i) params_[i].remove_grad_ready_hook(hooks_[i]);
+  // Collectives still in flight (an exception mid-backward) must not outlive the buffers they use.
+  for (auto& f : in_flight_)
+    if (f.work) try {
+        f.work->wait();
+      } catch (...) {
+      }
+}
+
+void GradReducer::begin_step() {
+  NoGradGuard no_grad;
+  if (grads_.defined()) grads_.zero_();
+}
+
+void GradReducer::begin_backward(bool last_micro_step) {
+  last_micro_ = last_micro_step;
+  for (size_t p = 0; p < layout_.partitions.size(); ++p) {
+    remaining_[p] = int(layout_.partitions[p].end_param - layout_.partitions[p].first_param);
+    launched_[p] = false;
+  }
+}
+
+void GradReducer::on_grad_ready(size_t i, Tensor& param) {
+  const size_t p = param_partition_[i];
+  if (mode_.buckets) {
+    NoGradGuard no_grad;
+    const Partition& part = layout_.partitions[p];
+    if (!buckets_[p].defined()) {
+      buckets_[p] = zeros({part.numel}, mode_.reduce_dtype, mode_.device);
+      meter_.hold(held_bytes(buckets_[p]));
+    }
+    const FlatSegment& s = layout_.flat.segments[i];
+    const Tensor g = param.grad();
+    if (g.defined()) buckets_[p].narrow(0, s.offset - part.begin, s.numel).view(s.shape).copy_(g);
+    param.set_grad(Tensor());
+  } else if (!last_micro_) {
+    return;  // the full buffer is reduced once, on the last micro-step
+  }
+  if (--remaining_[p] == 0) launch(p);
+}
+
+void GradReducer::launch(size_t p) {
+  NoGradGuard no_grad;
+  const Partition& part = layout_.partitions[p];
+  launched_[p] = true;
+  Tensor buf;
+  if (mode_.buckets) {
+    if (!buckets_[p].defined()) {  // no gradient arrived: the partition's gradient is zero on this rank
+      buckets_[p] = zeros({part.numel}, mode_.reduce_dtype, mode_.device);
+      meter_.hold(held_bytes(buckets_[p]));
+    }
+    buf = buckets_[p];
+  } else {
+    buf = grads_.narrow(0, part.begin, part.numel);
+    if (buf.dtype() != mode_.reduce_dtype) {
+      buf = buf.to(mode_.reduce_dtype);
+      meter_.hold(held_bytes(buf));
+    }
+  }
+  while (in_flight_.size() >= 2) finish_oldest();
+  dist::WorkHandle w;
+  const int64_t bytes = part.numel * int64_t(dtype_size(mode_.reduce_dtype));
+  if (mode_.scatter) {
+    Tensor mine = buf.narrow(0, own_offset(p), layout_.chunk(p));
+    w = group_.reduce_scatter(buf, mine, dist::ReduceOp::avg);
+    meter_.sent(group_, bytes, 1);
+  } else {
+    w = group_.all_reduce(buf, dist::ReduceOp::avg);
+    meter_.sent(group_, bytes, 2);
+  }
+  in_flight_.push_back({p, std::move(w), buf});
+  if (on_launch_) on_launch_(p);
+}
+
+void GradReducer::finish_oldest() {
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  meter_.wait(f.work);
+  NoGradGuard no_grad;
+  const size_t p = f.partition;
+  const Tensor mine = f.buffer.narrow(0, own_offset(p), layout_.chunk(p));  // this rank's averaged chunk
+  const bool converted = !mode_.buckets && f.buffer.dtype() != grads_.dtype();
+  if (sink_)
+    sink_(p, mine, last_micro_);
+  else if (converted)
+    grad_chunk(p).copy_(mine);
+  if (mode_.buckets) {
+    meter_.hold(-held_bytes(buckets_[p]));
+    buckets_[p] = Tensor();
+  } else if (converted) {
+    meter_.hold(-held_bytes(f.buffer));
+  }
+}
+
+void GradReducer::flush() {
+  if (mode_.buckets || last_micro_)
+    for (size_t p = 0; p < layout_.partitions.size(); ++p)
+      if (!launched_[p]) launch(p);
+  while (!in_flight_.empty()) finish_oldest();
+}
+
+Tensor GradReducer::grad_chunk(size_t p) const {
+  return grads_.narrow(0, layout_.partitions[p].begin + own_offset(p), layout_.chunk(p));
+}
+
+int64_t GradReducer::state_bytes() const {
+  return held_bytes(grads_);
+}
+
+}  // namespace cz::zero

@@ -1,0 +1,83 @@
+// The gradient reducer: buckets of gradients reduced from the parameters' grad-ready hooks while backward
+// runs (Note [ZeRO step] in engine.cpp), over the process group it is given.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <vector>
+
+#include "dist/comm/process_group.h"
+#include "dist/zero/comm_meter.h"
+#include "dist/zero/partition.h"
+
+namespace cz::zero {
+
+struct ReducerMode {
+  // Reduce-scatter, each rank keeping its chunk of every bucket (stages 1-3), or all-reduce (stage 0).
+  bool scatter = false;
+  // Stages 2-3: on every micro-step each gradient is copied into its bucket (allocated at the first) and
+  // dropped, and a full bucket is reduced, handed on and freed. Stages 0-1: the gradients accumulate in the
+  // full buffer `grads`, whose ranges are reduced in place on the last micro-step.
+  bool buckets = false;
+  DType reduce_dtype = DType::f32;
+  Device device = Device::cpu();
+};
+
+class GradReducer {
+ public:
+  // `params`: the model's parameters in layout order (hooks are installed on them). `grads`: the full
+  // gradient buffer their .grad views (undefined with buckets).
+  GradReducer(const ZeroLayout& layout, std::vector<Tensor> params, Tensor grads, dist::ProcessGroup group,
+              CommMeter& meter, ReducerMode mode);
+  ~GradReducer();  // removes its hooks, waits for what is in flight; never throws
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  // Where a partition's reduced chunk (this rank's, averaged; valid during the call) goes, `final` on the
+  // step's last micro-step. Without one it stays in the full buffer.
+  using ChunkSink = std::function<void(size_t partition, const Tensor& chunk, bool final)>;
+  void set_sink(ChunkSink sink) { sink_ = std::move(sink); }
+  // Called once a partition's gradients have been handed to their collective (stage 3 releases the unit).
+  void set_on_launch(std::function<void(size_t partition)> f) { on_launch_ = std::move(f); }
+
+  void begin_step();  // the full buffer back to zero
+  void begin_backward(bool last_micro_step);
+  // After backward: partitions some of whose parameters got no gradient are reduced now (every rank reaches
+  // here with the same set: the graph has the same structure on every rank); then everything in flight ends.
+  void flush();
+
+  const Tensor& grads() const { return grads_; }
+  // This rank's chunk of partition p in the full buffer.
+  Tensor grad_chunk(size_t p) const;
+  int64_t state_bytes() const;  // the full buffer, as the allocator holds it
+
+ private:
+  struct InFlight {
+    size_t partition;
+    dist::WorkHandle work;
+    Tensor buffer;  // what the collective reduces (a bucket, or a range of the full gradient buffer)
+  };
+  void on_grad_ready(size_t param, Tensor& p);
+  void launch(size_t p);
+  void finish_oldest();
+  int64_t own_offset(size_t p) const { return (mode_.scatter ? group_.rank() : 0) * layout_.chunk(p); }
+
+  const ZeroLayout& layout_;
+  std::vector<Tensor> params_;
+  Tensor grads_;
+  dist::ProcessGroup group_;
+  CommMeter& meter_;
+  ReducerMode mode_;
+  ChunkSink sink_;
+  std::function<void(size_t)> on_launch_;
+
+  std::vector<size_t> param_partition_;
+  bool last_micro_ = true;
+  std::vector<int> remaining_;   // per partition: gradients still to arrive in this backward
+  std::vector<bool> launched_;   // reduced in this backward
+  std::vector<Tensor> buckets_;  // with buckets: the partition's gradients, filled by the hooks
+  std::deque<InFlight> in_flight_;
+  std::vector<int> hooks_;  // per parameter
+};
+
+}  // namespace cz::zero

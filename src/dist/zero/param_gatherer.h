@@ -1,0 +1,101 @@
+// The parameter gatherers: what brings the full parameters to every rank of the process group they are given.
+// Stages 1-2 (ChunkGatherer): after each update, this rank's updated chunks are all-gathered into the full
+// compute copy, and each module's forward waits for the partitions it reads (Note [Overlapped parameter
+// all-gather] in engine.cpp). Stage 3 (UnitGatherer, engine_units.cpp): each unit is gathered before its
+// use, prefetched ahead, and released after (Note [Stage-3 units]). Stage 0 needs none.
+#pragma once
+
+#include <vector>
+
+#include "dist/comm/process_group.h"
+#include "dist/zero/comm_meter.h"
+#include "dist/zero/partition.h"
+#include "nn/module.h"
+
+namespace cz::zero {
+
+class ParamGatherer {
+ public:
+  virtual ~ParamGatherer();  // removes its hooks, waits for what is in flight; never throws
+  // After an update of this rank's compute chunks.
+  virtual void after_update() {}
+  // Everything launched by after_update() waited for (before anything else reads or writes parameters).
+  virtual void wait_all() {}
+  virtual void begin_backward() {}
+  // `finished`: backward ran to its end (not an exception).
+  virtual void end_backward(bool finished) { (void)finished; }
+  // The reducer has handed partition p's gradients to their collective.
+  virtual void reduced(size_t p) { (void)p; }
+  // After the reducer's flush.
+  virtual void after_reduce() {}
+  virtual bool resident(size_t p) const {
+    (void)p;
+    return false;
+  }
+  virtual int64_t gathered_bytes() const { return 0; }
+  virtual int64_t state_bytes() const { return 0; }  // what it holds between steps (stage 3: the shard)
+
+ protected:
+  ParamGatherer(const ZeroLayout& layout, dist::ProcessGroup group, CommMeter& meter)
+      : layout_(layout), group_(std::move(group)), meter_(meter) {}
+  const ZeroLayout& layout_;
+  dist::ProcessGroup group_;
+  CommMeter& meter_;
+  std::vector<std::pair<nn::Module*, int>> hooks_;  // (module, hook id)
+};
+
+class ChunkGatherer final : public ParamGatherer {
+ public:
+  // `full`: the full compute copy; `chunks`: this rank's chunk of each partition in it.
+  ChunkGatherer(const ZeroLayout& layout, nn::Module& model, Tensor full, std::vector<Tensor> chunks,
+                dist::ProcessGroup group, CommMeter& meter);
+  ~ChunkGatherer() override;
+  void after_update() override;
+  void wait_all() override;
+
+ private:
+  void wait(const std::vector<size_t>& partitions);
+  Tensor full_;
+  std::vector<Tensor> chunks_;
+  std::vector<dist::WorkHandle> work_;  // per partition
+};
+
+class UnitGatherer final : public ParamGatherer {
+ public:
+  // `shard`: this rank's chunks of the compute copy (compute dtype); `params`: the model's parameters in
+  // layout order, repointed into each unit's releasable buffer. Every partition is a unit, a module of
+  // `model`.
+  UnitGatherer(const ZeroLayout& layout, nn::Module& model, const std::vector<Tensor>& params, Tensor shard,
+               int prefetch, dist::ProcessGroup group, CommMeter& meter);
+  ~UnitGatherer() override;
+  void begin_backward() override { phase_ = Phase::backward; }
+  void end_backward(bool finished) override;
+  void reduced(size_t p) override { release(p); }  // not needed again until the next forward
+  void after_reduce() override;
+  bool resident(size_t p) const override { return state_[p] != State::released; }
+  int64_t gathered_bytes() const override;
+  int64_t state_bytes() const override;
+
+ private:
+  enum class Phase { forward, backward };
+  enum class State { released, gathering, resident };
+  void gather(size_t p);
+  void use(size_t p);
+  void release(size_t p);
+  void prefetch_after(size_t p, bool backward);
+  void on_forward_pre(size_t p);
+  void on_forward_post(size_t p);
+  void on_backward_pre(size_t p);
+
+  Tensor shard_;
+  int prefetch_ = 1;
+  std::vector<Tensor> gathered_;  // per unit: the full unit, its storage released between uses
+  std::vector<State> state_;
+  std::vector<dist::WorkHandle> work_;
+  Phase phase_ = Phase::forward;
+  bool recording_ = true;      // the first forward records the unit order
+  std::vector<size_t> order_;  // units in forward order
+  std::vector<size_t> position_;
+};
+
+}  // namespace cz::zero

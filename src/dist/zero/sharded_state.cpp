@@ -1,0 +1,121 @@
+// The sharded optimizer state's step.
+#include "dist/zero/sharded_state.h"
+
+#include <cmath>
+
+#include "optim/clip.h"
+#include "tensor/autograd/engine.h"
+#include "tensor/ops.h"
+
+namespace cz::zero {
+namespace {
+int64_t held_bytes(const Tensor& t) {
+  return t.defined() ? int64_t(round_to_size_class(t.storage()->nbytes())) : 0;
+}
+}  // namespace
+
+ShardedState::ShardedState(const ZeroLayout& layout, dist::ProcessGroup group, Tensor master,
+                           Tensor grad_shard, bool host, std::vector<Tensor> weights,
+                           std::vector<Tensor> grads, std::vector<Tensor> from_compute,
+                           const MakeOptimizer& make_optimizer, const MakeEma& make_ema)
+    : layout_(layout),
+      group_(std::move(group)),
+      master_(std::move(master)),
+      grad_shard_(std::move(grad_shard)),
+      host_(host),
+      weights_(std::move(weights)),
+      grads_(std::move(grads)),
+      from_compute_(std::move(from_compute)) {
+  const Device dev = host_ ? Device::cpu() : group_.device();
+  optimizer_ = make_optimizer(ShardSpec{layout_.flat, layout_.ranges(group_.rank()), dev, host_});
+  CZ_ASSERT(optimizer_ != nullptr, "ZeRO: the optimizer factory built nothing");
+  if (make_ema) ema_ = make_ema(std::span<const Tensor>(weights_));
+}
+
+void ShardedState::begin_step(const StepPlan& plan) {
+  NoGradGuard no_grad;
+  plan_ = plan;
+  // Offload overwrites each host gradient chunk on its first arrival instead (the worker may still be
+  // reading them for the previous step's delayed update).
+  if (grad_shard_.defined() && !host_) grad_shard_.zero_();
+}
+
+void ShardedState::receive(size_t p, const Tensor& chunk) {
+  grad_shard_.narrow(0, layout_.local_offset(p), layout_.chunk(p))
+      .add_(chunk.dtype() == DType::f32 ? chunk : chunk.to(DType::f32));
+}
+
+bool ShardedState::step(LossScaler& scaler, StepStats& s) {
+  NoGradGuard no_grad;
+  for (size_t p = 0; p < from_compute_.size(); ++p) Tensor(grads_[p]).copy_(from_compute_[p]);
+  if (!prepare_gradients(scaler, s)) return false;
+  optimizer_->step(std::span<const Tensor>(weights_), std::span<const Tensor>(grads_), plan_.lr);
+  update_ema();
+  return true;
+}
+
+bool ShardedState::prepare_gradients(LossScaler& scaler, StepStats& s) {
+  bool take = true;
+  if (scaler.enabled()) {
+    bool overflow = false;
+    for (const Tensor& t : grads_) overflow = scaler.unscale_(t) || overflow;
+    // Every rank must skip the same steps: any rank's overflow is everyone's.
+    overflow = group_.all_reduce(overflow ? 1.0 : 0.0, dist::ReduceOp::sum) > 0;
+    take = scaler.update(overflow);
+  }
+  s.skipped = !take;
+  s.grad_norm = global_grad_norm();
+  if (take && plan_.clip_grad > 0) {
+    const double coef = clip_coefficient(s.grad_norm, plan_.clip_grad);
+    for (const Tensor& t : grads_) scale_(t, coef);
+  }
+  return take;
+}
+
+double ShardedState::global_grad_norm() {
+  Tensor sq;
+  for (const Tensor& t : grads_) sq = sq.defined() ? add(sq, grad_sq_norm(t)) : grad_sq_norm(t);
+  return std::sqrt(group_.all_reduce(sq.item(), dist::ReduceOp::sum));
+}
+
+void ShardedState::update_ema() {
+  if (ema_) ema_->update(std::span<const Tensor>(weights_), ema_->decay());
+}
+
+void ShardedState::write_compute(const std::vector<Tensor>& compute_chunks) {
+  NoGradGuard no_grad;
+  if (!master_.defined()) return;
+  for (size_t p = 0; p < compute_chunks.size(); ++p) Tensor(compute_chunks[p]).copy_(weights_[p]);
+}
+
+std::vector<std::pair<std::string, std::vector<std::pair<ShardRange, Tensor>>>> ShardedState::owned() const {
+  const int me = group_.rank();
+  std::vector<std::pair<std::string, std::vector<std::pair<ShardRange, Tensor>>>> out;
+  auto chunks_of = [&](const Tensor& shard_buffer) {  // a buffer laid out like this rank's shard
+    std::vector<std::pair<ShardRange, Tensor>> v;
+    for (size_t p = 0; p < layout_.partitions.size(); ++p)
+      v.emplace_back(layout_.chunk_range(p, me),
+                     shard_buffer.narrow(0, layout_.local_offset(p), layout_.chunk(p)));
+    return v;
+  };
+  std::vector<std::pair<ShardRange, Tensor>> params;
+  for (size_t p = 0; p < weights_.size(); ++p) params.emplace_back(layout_.chunk_range(p, me), weights_[p]);
+  out.emplace_back("params", std::move(params));
+  for (const auto& [name, t] : optimizer_->state())
+    if (name != "step") out.emplace_back(name, chunks_of(t));
+  if (ema_) out.emplace_back("ema", chunks_of(ema_->weights()));
+  return out;
+}
+
+int64_t ShardedState::state_bytes() const {
+  int64_t n = held_bytes(grad_shard_) + held_bytes(master_);
+  for (const auto& [name, t] : optimizer_->state())
+    if (name != "step") n += held_bytes(t);
+  return n;
+}
+
+int64_t ShardedState::ema_bytes() const {
+  return ema_ ? held_bytes(ema_->weights()) : 0;
+}
+
+}  // namespace cz::zero
