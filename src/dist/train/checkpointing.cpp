@@ -10,9 +10,9 @@
 // loader at the saved position, and continues bit for bit at the same configuration.
 #include <cmath>
 
-#include <nlohmann/json.hpp>
 #include "dist/train/trainer.h"
 
+#include "dist/train/flags.h"
 #include "dist/train/stop.h"
 #include "io/checkpoint.h"
 #include "io/output_paths.h"
@@ -58,56 +58,6 @@ class CommCollective final : public ckpt::Collective {
   Device device_;
 };
 
-namespace {
-
-// The flags a resumed run must share with the saved one for its state to mean the same thing.
-std::vector<std::pair<std::string, std::string>> identity(const TrainConfig& c) {
-  return {{"--model", c.depths.empty() ? c.model : "custom"},
-          {"--depths", fmt::format("{}", fmt::join(c.depths, ","))},
-          {"--dims", fmt::format("{}", fmt::join(c.dims, ","))},
-          {"--num-classes", std::to_string(c.num_classes)},
-          {"--optimizer", c.optimizer},
-          {"--ema-decay", c.ema_decay > 0 ? "on" : "off"},
-          {"--seed", std::to_string(c.seed)},
-          {"--data", c.data}};
-}
-
-// The run's configuration, recorded with the checkpoint for people and tools (resuming checks identity()).
-std::string config_json(const TrainConfig& c, int world) {
-  const nlohmann::json j = {{"model", c.model},
-                            {"depths", c.depths},
-                            {"dims", c.dims},
-                            {"num_classes", c.num_classes},
-                            {"image_size", c.image_size},
-                            {"data", c.data},
-                            {"micro_batch", c.micro_batch},
-                            {"grad_accum", c.grad_accum},
-                            {"world_size", world},
-                            {"optimizer", c.optimizer},
-                            {"lr", c.lr},
-                            {"min_lr", c.min_lr},
-                            {"weight_decay", c.weight_decay},
-                            {"warmup_steps", c.warmup_steps},
-                            {"schedule", c.schedule},
-                            {"steps", c.steps},
-                            {"epochs", c.epochs},
-                            {"label_smoothing", c.label_smoothing},
-                            {"drop_path", c.drop_path},
-                            {"clip_grad", c.clip_grad},
-                            {"ema_decay", c.ema_decay},
-                            {"augment", c.augment},
-                            {"shuffle", c.shuffle},
-                            {"seed", c.seed},
-                            {"precision", c.precision},
-                            {"stage", c.stage},
-                            {"bucket_mb", c.bucket_mb},
-                            {"reduce_dtype", c.reduce_dtype},
-                            {"offload_optimizer", c.offload_optimizer}};
-  return j.dump();
-}
-
-}  // namespace
-
 void Trainer::save_checkpoint() {
   CZ_CHECK(!cfg_.checkpoint_dir.empty(), "save_checkpoint needs --checkpoint-dir");
   finish_pending_save();  // one save in flight at a time
@@ -132,7 +82,7 @@ void Trainer::save_checkpoint() {
   sc.ints["optimizer_steps"] = engine_->optimizer().step_count();
   sc.ints["loss_scale_clean_steps"] = scaler_.state().clean_steps;
   sc.floats["loss_scale"] = scaler_.state().scale;
-  for (const auto& [flag, value] : identity(cfg_)) sc.strings["flag" + flag] = value;
+  for (const auto& [flag, value] : resume_identity(cfg_)) sc.strings["flag" + flag] = value;
   sc.strings["config"] = config_json(cfg_, world_.size());
   pending_save_ = std::make_unique<ckpt::PendingSave>(ckpt::begin_save(std::move(req), *ckpt_comm_));
   saved_step_ = step_;
@@ -181,7 +131,7 @@ void Trainer::check_outputs() const {
 void Trainer::resume(const std::string& path) {
   const ckpt::Checkpoint ck = ckpt::Checkpoint::open(path);
   const auto& sc = ck.scalars();
-  for (const auto& [flag, value] : identity(cfg_)) {
+  for (const auto& [flag, value] : resume_identity(cfg_)) {
     const auto it = sc.strings.find("flag" + flag);
     CZ_CHECK_IO(it != sc.strings.end(), "--resume {}: the checkpoint does not record {}", ck.path(), flag);
     CZ_CHECK_IO(it->second == value,

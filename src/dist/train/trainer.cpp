@@ -5,6 +5,8 @@
 // engine (dist/zero/engine.h) does all of it, at every stage.
 #include "dist/train/trainer.h"
 
+#include "dist/train/flags.h"
+
 #include <chrono>
 #include <cmath>
 
@@ -50,11 +52,7 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     cuda::set_conv_benchmark(true);
 #endif
   }
-  if (cfg_.precision != "fp32") {
-    CZ_CHECK_DEVICE(device_.is_cuda(),
-                    "--precision {} needs --device cuda (the CPU backend computes in fp32)", cfg_.precision);
-    compute_dtype_ = dtype_of_flag(cfg_.precision);
-  }
+  compute_dtype_ = compute_dtype(cfg_, device_.is_cuda());
   if (world_.size() > 1) {
     dist::CommOptions opt;
     opt.device = device_;
@@ -72,41 +70,18 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
   if (!cfg_.resume.empty()) resume(cfg_.resume);
 }
 
-// Every rank must run the same model, stage, dtypes and batch settings: a mismatch would otherwise show as a
-// hang or as silently wrong results. Each rank contributes a hash of each flag's value (52 bits, exact in an
-// f64); every rank sees all of them and so every rank stops with the same message, naming the flag.
+// Every rank must run the same model, stage, dtypes and batch settings (the flags marked ranks_agree in the
+// flag table): a mismatch would otherwise show as a hang or as silently wrong results. Each rank contributes
+// a hash of each such flag's value (52 bits, exact in an f64); every rank sees all of them and so every rank
+// stops with the same message, naming the flag.
 void Trainer::check_ranks_agree() {
-  const std::vector<std::pair<const char*, std::string>> flags = {
-      {"--model", cfg_.model},
-      {"--depths", fmt::format("{}", fmt::join(cfg_.depths, ","))},
-      {"--dims", fmt::format("{}", fmt::join(cfg_.dims, ","))},
-      {"--num-classes", std::to_string(cfg_.num_classes)},
-      {"--image-size", std::to_string(cfg_.image_size)},
-      {"--stage", std::to_string(cfg_.stage)},
-      {"--bucket-mb", fmt::format("{}", cfg_.bucket_mb)},
-      {"--prefetch", std::to_string(cfg_.prefetch)},
-      {"--reduce-dtype", cfg_.reduce_dtype},
-      {"--offload-optimizer", std::to_string(cfg_.offload_optimizer)},
-      {"--offload-overlap-step", std::to_string(cfg_.offload_overlap_step)},
-      {"--precision", cfg_.precision},
-      {"--micro-batch", std::to_string(cfg_.micro_batch)},
-      {"--grad-accum", std::to_string(cfg_.grad_accum)},
-      {"--optimizer", cfg_.optimizer},
-      {"--activation-checkpointing", std::to_string(cfg_.activation_checkpointing)},
-      {"--drop-path", fmt::format("{}", cfg_.drop_path)},
-      {"--data", cfg_.data},
-      {"--steps", std::to_string(cfg_.steps)},
-      {"--epochs", std::to_string(cfg_.epochs)},
-      {"--seed", std::to_string(cfg_.seed)},
-      {"--lr", fmt::format("{}", cfg_.lr)},
-      {"--clip-grad", fmt::format("{}", cfg_.clip_grad)},
-      {"--ema-decay", fmt::format("{}", cfg_.ema_decay)},
-      {"--init-weights", cfg_.init_weights},
-  };
-  const int64_t k = int64_t(flags.size()), n = world_.size();
+  std::vector<const Flag*> agreed;
+  for (const Flag& f : flags())
+    if (f.ranks_agree) agreed.push_back(&f);
+  const int64_t k = int64_t(agreed.size()), n = world_.size();
   std::vector<double> mine;
-  for (const auto& [flag, value] : flags)
-    mine.push_back(double(std::hash<std::string>{}(value) & ((uint64_t(1) << 52) - 1)));
+  for (const Flag* f : agreed)
+    mine.push_back(double(std::hash<std::string>{}(flag_value(cfg_, *f)) & ((uint64_t(1) << 52) - 1)));
   Tensor shard = from_vector(mine, {k}).to(device_);
   Tensor all = zeros({k * n}, DType::f64, device_);
   comm_->all_gather(shard, all)->wait();
@@ -116,7 +91,7 @@ void Trainer::check_ranks_agree() {
       CZ_CHECK(v[size_t(r * k + f)] == v[size_t(f)],
                "ranks were started with different {}: rank {} differs from rank 0 (every rank must get the "
                "same flags)",
-               flags[size_t(f)].first, r);
+               agreed[size_t(f)]->name, r);
 }
 
 Trainer::~Trainer() = default;
@@ -131,20 +106,8 @@ void Trainer::build_model() {
     if (cfg_.reset_head) model_->reset_head(cfg_.seed + 1);
   }
   model_->set_activation_checkpointing(cfg_.activation_checkpointing);
-  zero::ZeroConfig zc;
-  zc.stage = cfg_.stage;
-  zc.bucket_bytes = std::max<int64_t>(1, int64_t(cfg_.bucket_mb * (1 << 20)));
-  zc.prefetch = cfg_.prefetch;
-  zc.compute_dtype = compute_dtype_;
-  zc.reduce_dtype = dtype_of_flag(cfg_.reduce_dtype);
-  zc.device = device_;
-  zc.optimizer = cfg_.optimizer;
-  zc.weight_decay = cfg_.weight_decay;
-  zc.momentum = cfg_.momentum;
-  zc.ema_decay = cfg_.ema_decay;
-  zc.offload = cfg_.offload_optimizer;
-  zc.offload_overlap_step = cfg_.offload_overlap_step;
-  engine_ = std::make_unique<zero::ZeroEngine>(*model_, zero::convnext_units(*model_), comm_.get(), zc);
+  engine_ = std::make_unique<zero::ZeroEngine>(*model_, zero::convnext_units(*model_), comm_.get(),
+                                               zero_config(cfg_, device_));
 }
 
 // Both splits read this rank's share of global batches of micro-batch x ranks; evaluation reads every example
