@@ -50,28 +50,47 @@ void add_flags(CLI::App& app, cz::train::TrainConfig& c) {
   }
 }
 
+// The planner's flags (not a run's, so not in the flag table); messages name them through their options.
 struct PlanFlags {
   bool plan = false, json = false;
   std::string gpu_mem;
   int ranks = 0;  // 0: the launcher's world size, else 1
   std::string what_if, compute_table;
+  CLI::Option *plan_opt = nullptr, *gpu_mem_opt = nullptr, *json_opt = nullptr, *ranks_opt = nullptr,
+              *what_if_opt = nullptr, *compute_table_opt = nullptr;
+
+  std::string gpu_mem_name() const { return gpu_mem_opt->get_name(); }
 };
 
 void add_plan_flags(CLI::App& app, PlanFlags& f) {
-  app.add_flag("--plan", f.plan,
-               "print the memory plan per rank for these flags and exit (no MPI, no GPU needed)");
-  app.add_option("--gpu-mem", f.gpu_mem,
-                 "with --plan: device memory per rank to fit, e.g. 24GB, 24GiB, 512MiB; the exit code is 3 "
-                 "when the plan does not fit it (0 when it does)");
-  app.add_flag("--json", f.json, "with --plan: print the plan as one JSON object");
-  app.add_option("--ranks", f.ranks, "with --plan: the world size (default: the launcher's, else 1)");
-  app.add_option(
+  f.plan_opt = app.add_flag(
+      "--plan", f.plan, "print the memory plan per rank for these flags and exit (no MPI, no GPU needed)");
+  f.gpu_mem_opt = app.add_option("--gpu-mem", f.gpu_mem,
+                                 "with --plan: device memory per rank to fit, e.g. 24GB, 24GiB, 512MiB; the "
+                                 "exit code is 3 when the plan "
+                                 "does not fit it (0 when it does)");
+  f.json_opt = app.add_flag("--json", f.json, "with --plan: print the plan as one JSON object");
+  f.ranks_opt =
+      app.add_option("--ranks", f.ranks, "with --plan: the world size (default: the launcher's, else 1)");
+  f.what_if_opt = app.add_option(
       "--what-if", f.what_if,
       "with --plan: predict step time, img/s and memory per GPU at each stage and rank count on the "
       "machine this topology JSON describes (docs/planning.md)");
-  app.add_option("--compute-table", f.compute_table,
-                 "with --what-if: op rates, a bench_train_step --profile --json result or a rates table "
-                 "(default: the built-in RTX 4090 rates)");
+  f.compute_table_opt =
+      app.add_option("--compute-table", f.compute_table,
+                     "with --what-if: op rates, a bench_train_step --profile --json result or a rates table "
+                     "(default: the built-in RTX 4090 rates)");
+}
+
+// The plan flags that go with --plan, and which do not go together: the exit code 1 and a message.
+void check_plan_flags(const PlanFlags& f) {
+  for (const CLI::Option* o : {f.gpu_mem_opt, f.json_opt, f.ranks_opt, f.what_if_opt})
+    CZ_CHECK(f.plan || o->count() == 0, "{} goes with {}", o->get_name(), f.plan_opt->get_name());
+  CZ_CHECK(!f.what_if.empty() || f.compute_table_opt->count() == 0, "{} goes with {} {}",
+           f.compute_table_opt->get_name(), f.plan_opt->get_name(), f.what_if_opt->get_name());
+  CZ_CHECK(f.what_if.empty() || f.ranks_opt->count() == 0,
+           "{} does not go with {} (it plans every rank count the topology holds)", f.ranks_opt->get_name(),
+           f.what_if_opt->get_name());
 }
 
 int run_what_if(const cz::train::TrainConfig& cfg, const PlanFlags& f) {
@@ -82,7 +101,7 @@ int run_what_if(const cz::train::TrainConfig& cfg, const PlanFlags& f) {
   const cz::DType compute = cz::train::dtype_of_flag(cfg.precision);
   req.compute = f.compute_table.empty() ? cz::plan::default_compute_table(compute)
                                         : cz::plan::load_compute_table(f.compute_table, compute);
-  if (!f.gpu_mem.empty()) req.gpu_mem = cz::plan::parse_memory_size(f.gpu_mem, "--gpu-mem");
+  if (!f.gpu_mem.empty()) req.gpu_mem = cz::plan::parse_memory_size(f.gpu_mem, f.gpu_mem_name());
   const cz::plan::WhatIf w = cz::plan::what_if(req);
   if (cz::plan::launcher_rank() != 0) return 0;
   if (f.json)
@@ -92,12 +111,11 @@ int run_what_if(const cz::train::TrainConfig& cfg, const PlanFlags& f) {
   return 0;
 }
 
-int run_plan(const cz::train::TrainConfig& cfg, const PlanFlags& f, bool ranks_given) {
+int run_plan(const cz::train::TrainConfig& cfg, const PlanFlags& f) {
   cz::plan::PlanRequest req;
   req.config = cfg;
-  CZ_CHECK(!ranks_given || f.ranks >= 1, "--ranks must be at least 1, got {}", f.ranks);
-  req.world = ranks_given ? f.ranks : cz::plan::launcher_world_size();
-  if (!f.gpu_mem.empty()) req.gpu_mem = cz::plan::parse_memory_size(f.gpu_mem, "--gpu-mem");
+  req.world = f.ranks_opt->count() > 0 ? f.ranks : cz::plan::launcher_world_size();  // make_plan checks it
+  if (!f.gpu_mem.empty()) req.gpu_mem = cz::plan::parse_memory_size(f.gpu_mem, f.gpu_mem_name());
   const cz::plan::Plan p = cz::plan::make_plan(req);
   // Scripts test the exit code: 3 (distinct from 1, an error) when --gpu-mem is given and the plan does not
   // fit it, on every rank of a launcher.
@@ -110,13 +128,13 @@ int run_plan(const cz::train::TrainConfig& cfg, const PlanFlags& f, bool ranks_g
     fmt::print("{}", cz::plan::format_plan(p));
   if (rc != 0)
     fmt::print(stderr,
-               "convnext_zero --plan: does not fit: {} B required per rank (the allocator's peak {} B{}) but "
-               "--gpu-mem is {} B, {:.1f} MiB short; exit code {}\n",
-               p.required_bytes, p.total_bytes,
+               "convnext_zero {}: does not fit: {} B required per rank (the allocator's peak {} B{}) but "
+               "{} is {} B, {:.1f} MiB short; exit code {}\n",
+               f.plan_opt->get_name(), p.required_bytes, p.total_bytes,
                p.device == "cuda" ? fmt::format(" + driver pages {} B + CUDA context and NCCL {} B",
                                                 p.fragmentation_bytes, p.device_overhead_bytes)
                                   : "",
-               *p.gpu_mem, double(p.required_bytes - *p.gpu_mem) / (1 << 20), rc);
+               f.gpu_mem_name(), *p.gpu_mem, double(p.required_bytes - *p.gpu_mem) / (1 << 20), rc);
   return rc;
 }
 
@@ -261,16 +279,10 @@ int main(int argc, char** argv) {
   const char* const steps_flag = flag_name(&TrainConfig::steps);
   const char* const epochs_flag = flag_name(&TrainConfig::epochs);
   const bool default_run = app.count(steps_flag) == 0 && app.count(epochs_flag) == 0;
-  const bool ranks_given = app.count("--ranks") > 0;
   try {
-    for (const char* flag : {"--gpu-mem", "--json", "--ranks", "--what-if"})
-      CZ_CHECK(plan_flags.plan || app.count(flag) == 0, "{} goes with --plan", flag);
-    CZ_CHECK(!plan_flags.what_if.empty() || app.count("--compute-table") == 0,
-             "--compute-table goes with --plan --what-if");
-    CZ_CHECK(plan_flags.what_if.empty() || !ranks_given,
-             "--ranks does not go with --what-if (it plans every rank count the topology holds)");
+    check_plan_flags(plan_flags);
     if (plan_flags.plan && !plan_flags.what_if.empty()) return run_what_if(cfg, plan_flags);
-    if (plan_flags.plan) return run_plan(cfg, plan_flags, ranks_given);
+    if (plan_flags.plan) return run_plan(cfg, plan_flags);
     if (default_run) {
       const char* const data_flag = flag_name(&TrainConfig::data);
       CZ_CHECK(cfg.data.rfind("synthetic", 0) == 0,

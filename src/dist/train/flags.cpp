@@ -411,6 +411,11 @@ std::string flag_value(const TrainConfig& c, const Flag& f) {
       f.field);
 }
 
+std::string flag_arg(const TrainConfig& c, const FlagField& field) {
+  const Flag& f = flag_of(field);
+  return fmt::format("{} {}", f.name, flag_value(c, f));
+}
+
 void TrainConfig::validate() const {
   for (const Flag& f : flags())
     if (f.check) f.check(*this, f);

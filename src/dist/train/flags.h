@@ -22,7 +22,7 @@ using FlagField =
                  uint64_t TrainConfig::*, int TrainConfig::*, double TrainConfig::*, bool TrainConfig::*>;
 
 struct Flag {
-  const char* name;  // "--stage": the only place the name is spelled
+  const char* name;  // with its dashes, as typed: the only place the name is spelled
   FlagField field;
   std::string help;
   bool inverted = false;  // a switch that sets its bool field to false
@@ -49,6 +49,8 @@ inline const char* flag_name(const FlagField& field) {
 
 // The flag's value as text: numbers as fmt prints them, lists joined with ",".
 std::string flag_value(const TrainConfig& c, const Flag& f);
+// The flag and its value as a command line has them, for messages: "--data h5:train.h5".
+std::string flag_arg(const TrainConfig& c, const FlagField& field);
 
 // (flag, value) for each flag of the resume identity, as a checkpoint records them ("--dims", "8,16,24,32").
 std::vector<std::pair<std::string, std::string>> resume_identity(const TrainConfig& c);

@@ -34,14 +34,14 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
   cfg_.validate();
   device_ = parse_device(cfg_.device);
   if (device_.is_cuda()) {
-    CZ_CHECK_DEVICE(cuda_available(), "--device {}: no CUDA GPU is available{}", cfg_.device,
+    CZ_CHECK_DEVICE(cuda_available(), "{}: no CUDA GPU is available{}", flag_arg(cfg_, &TrainConfig::device),
                     cuda_runtime::built() ? "" : " (this build has no CUDA backend)");
     // One rank honours an explicit --device cuda:N (World picked GPU 0 for it); several ranks each take the
     // GPU World chose by local rank, as two ranks on one GPU would make NCCL fail.
     const bool explicit_index = cfg_.device.find(':') != std::string::npos;
     if (world_.gpu() >= 0 && !(explicit_index && world_.size() == 1)) device_ = Device::cuda(world_.gpu());
-    CZ_CHECK_DEVICE(device_.index < cuda_device_count(), "--device {}: only {} CUDA GPU(s) are visible",
-                    cfg_.device, cuda_device_count());
+    CZ_CHECK_DEVICE(device_.index < cuda_device_count(), "{}: only {} CUDA GPU(s) are visible",
+                    flag_arg(cfg_, &TrainConfig::device), cuda_device_count());
     cuda_runtime::set_device(device_.index);
 #if CZ_WITH_CUDA
     cuda::set_allow_tf32(cfg_.tf32);
@@ -131,22 +131,22 @@ void Trainer::build_data() {
   DatasetOptions dopt;
   dopt.image_size = cfg_.image_size;
   train_set_ = open_dataset(cfg_.data, Split::train, dopt);
-  CZ_CHECK(train_set_->num_classes() <= cfg_.num_classes,
-           "--num-classes {} is smaller than the {} classes of --data {}", cfg_.num_classes,
-           train_set_->num_classes(), cfg_.data);
+  const std::string data = flag_arg(cfg_, &TrainConfig::data);
+  CZ_CHECK(train_set_->num_classes() <= cfg_.num_classes, "{} is smaller than the {} classes of {}",
+           flag_arg(cfg_, &TrainConfig::num_classes), train_set_->num_classes(), data);
   if (!cfg_.eval_data.empty() || has_eval_split(cfg_.data))
     eval_set_ = open_eval_dataset(cfg_.data, cfg_.eval_data, dopt, train_set_.get());
 
   const LoaderOptions lo = loader_options(Split::train);
   loader_ = std::make_unique<Loader>(train_set_, lo);
   const int64_t per_epoch = loader_->steps_per_epoch() / cfg_.grad_accum;
-  CZ_CHECK(
-      per_epoch > 0 || cfg_.epochs == 0,
-      "--data {} has {} examples, fewer than one global batch of {} (--micro-batch x --grad-accum x ranks)",
-      cfg_.data, train_set_->size(), cfg_.global_batch(world_.size()));
+  CZ_CHECK(per_epoch > 0 || cfg_.epochs == 0,
+           "{} has {} examples, fewer than one global batch of {} ({} x {} x ranks)", data,
+           train_set_->size(), cfg_.global_batch(world_.size()), flag_name(&TrainConfig::micro_batch),
+           flag_name(&TrainConfig::grad_accum));
   CZ_CHECK(loader_->steps_per_epoch() > 0,
-           "--data {} has {} examples, fewer than one micro-batch of {} across {} rank(s)", cfg_.data,
-           train_set_->size(), lo.batch_size, world_.size());
+           "{} has {} examples, fewer than one micro-batch of {} across {} rank(s)", data, train_set_->size(),
+           lo.batch_size, world_.size());
   total_steps_ = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * per_epoch;
   loader_->start_epoch(0);
 }
@@ -183,8 +183,8 @@ StepStats Trainer::step() {
 }
 
 StepStats Trainer::step(std::span<const Batch> micro_batches) {
-  CZ_CHECK(int64_t(micro_batches.size()) == cfg_.grad_accum,
-           "Trainer::step: {} micro-batches for --grad-accum {}", micro_batches.size(), cfg_.grad_accum);
+  CZ_CHECK(int64_t(micro_batches.size()) == cfg_.grad_accum, "Trainer::step: {} micro-batches for {}",
+           micro_batches.size(), flag_arg(cfg_, &TrainConfig::grad_accum));
   return run_step(micro_batches, Clock::now());
 }
 
@@ -233,8 +233,8 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
 }
 
 EvalResult Trainer::evaluate() {
-  CZ_CHECK(eval_set_ != nullptr,
-           "evaluation needs an eval set: --data {} has no eval split; give --eval-data", cfg_.data);
+  CZ_CHECK(eval_set_ != nullptr, "evaluation needs an eval set: {} has no eval split; give {}",
+           flag_arg(cfg_, &TrainConfig::data), flag_name(&TrainConfig::eval_data));
   engine_->synchronize();  // offload's delayed update, stage 1-2's parameter all-gathers
   Loader loader(eval_set_, loader_options(Split::eval));
   loader.start_epoch(0);
@@ -341,7 +341,8 @@ TrainSummary Trainer::run() {
     sum.comm_s += s.comm_s;
     sum.comm_exposed_s += s.comm_exposed_s;
     CZ_CHECK(std::isfinite(s.loss) || s.skipped,
-             "training diverged at step {}: loss is {} (try a lower --lr or --clip-grad)", s.step, s.loss);
+             "training diverged at step {}: loss is {} (try a lower {} or {})", s.step, s.loss,
+             flag_name(&TrainConfig::lr), flag_name(&TrainConfig::clip_grad));
     log_.write(step_record(s));
     bar.update(s.step, s.loss, double(images) / time_in_steps);
     if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step < total_steps_ && eval_set_)
