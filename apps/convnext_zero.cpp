@@ -7,11 +7,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "dist/comm/bootstrap.h"
 #include "dist/plan/planner.h"
 #include "dist/plan/what_if.h"
+#include "dist/train/flags.h"
 #include "dist/train/stop.h"
 #include "dist/train/trainer.h"
 #include "nn/convnext.h"
@@ -19,136 +22,86 @@
 
 namespace {
 
-void add_flags(CLI::App& app, cz::train::TrainConfig& c, bool& no_shuffle, bool& no_progress) {
-  const std::string variants = fmt::format("{}", fmt::join(cz::nn::convnext_variant_names(), "|"));
-  app.add_option("--model", c.model, "ConvNeXt variant: " + variants)->capture_default_str();
-  app.add_option("--depths", c.depths, "custom blocks per stage, e.g. 2,2,6,2 (with --dims)")->delimiter(',');
-  app.add_option("--dims", c.dims, "custom channels per stage, e.g. 40,80,160,320 (with --depths)")
-      ->delimiter(',');
-  app.add_option("--num-classes", c.num_classes, "classifier outputs")->capture_default_str();
-  app.add_option("--image-size", c.image_size, "square input size in pixels")->capture_default_str();
-  app.add_option("--data", c.data, "synthetic[:k=v,...] | h5:FILE | cifar10:DIR | folder:DIR")
-      ->capture_default_str();
-  app.add_option("--eval-data", c.eval_data, "evaluation set (default: the data source's own eval split)");
-  app.add_option("--eval-every", c.eval_every, "evaluate every N steps (0: at the end only)")
-      ->capture_default_str();
-  app.add_option("--eval-batches", c.eval_batches, "evaluate on at most N batches per rank (0: all)")
-      ->capture_default_str();
-  app.add_option("--steps", c.steps,
-                 "optimizer steps (0: use --epochs; without --steps and --epochs: the default run)")
-      ->capture_default_str();
-  app.add_option("--epochs", c.epochs, "passes over the training set (when --steps is 0)")
-      ->capture_default_str();
-  app.add_option("--micro-batch", c.micro_batch, "images per rank per micro-step")->capture_default_str();
-  app.add_option("--grad-accum", c.grad_accum, "micro-steps per optimizer step")->capture_default_str();
-  app.add_option("--optimizer", c.optimizer, "adamw | sgd")->capture_default_str();
-  app.add_option("--lr", c.lr, "peak learning rate")->capture_default_str();
-  app.add_option("--min-lr", c.min_lr, "final learning rate of the cosine schedule")->capture_default_str();
-  app.add_option("--weight-decay", c.weight_decay, "decoupled weight decay (not on biases and 1-D params)")
-      ->capture_default_str();
-  app.add_option("--momentum", c.momentum, "SGD momentum")->capture_default_str();
-  app.add_option("--warmup-steps", c.warmup_steps, "linear warmup steps")->capture_default_str();
-  app.add_option("--schedule", c.schedule, "cosine | constant")->capture_default_str();
-  app.add_option("--label-smoothing", c.label_smoothing, "cross-entropy label smoothing")
-      ->capture_default_str();
-  app.add_option("--drop-path", c.drop_path, "stochastic depth rate of the last block")
-      ->capture_default_str();
-  app.add_option("--clip-grad", c.clip_grad, "global gradient-norm clipping (0: off)")->capture_default_str();
-  app.add_option("--ema-decay", c.ema_decay, "EMA of weights, evaluated alongside (0: off)")
-      ->capture_default_str();
-  app.add_option("--precision", c.precision, "fp32 | fp16 | bf16 (16-bit needs --device cuda)")
-      ->capture_default_str();
-  app.add_option(
-         "--initial-loss-scale", c.initial_loss_scale,
-         "fp16: the dynamic loss scale to start from (halved on overflow, doubled after 2000 clean steps)")
-      ->capture_default_str();
-  app.add_flag("--activation-checkpointing", c.activation_checkpointing,
-               "recompute block activations in backward");
-  app.add_option("--device", c.device, "cpu | cuda")->capture_default_str();
-  app.add_option("--stage", c.stage,
-                 "ZeRO stage: 0 replicated, 1 shards optimizer state, 2 also gradients, 3 also parameters")
-      ->capture_default_str();
-  app.add_option("--bucket-mb", c.bucket_mb,
-                 "gradient bucket size in MiB (stages 0-2; at most a quarter of the model)")
-      ->capture_default_str();
-  app.add_option("--prefetch", c.prefetch, "stage 3: how many units ahead to all-gather")
-      ->capture_default_str();
-  app.add_option("--reduce-dtype", c.reduce_dtype, "fp32 | bf16 | fp16: the dtype gradients are reduced in")
-      ->capture_default_str();
-  app.add_flag(
-      "--offload-optimizer", c.offload_optimizer,
-      "at any --stage: fp32 master weights, gradients and optimizer state in pinned host memory, updated "
-      "by the CPU bucket by bucket as gradients arrive");
-  app.add_flag("--offload-overlap-step", c.offload_overlap_step,
-               "with --offload-optimizer: run step t's CPU update during step t+1 (one step stale)");
-  app.add_option("--comm-timeout", c.comm_timeout_s,
-                 "seconds a collective may take before the run fails, naming it and the rank it waited for")
-      ->capture_default_str();
-  app.add_flag("--tf32", c.tf32, "CUDA: allow TF32 tensor cores for fp32 matmuls");
-  app.add_option("--init-weights", c.init_weights,
-                 "HDF5 weights to start from (timm or original ConvNeXt keys)");
-  app.add_flag("--reset-head", c.reset_head, "with --init-weights: new classifier for --num-classes");
-  app.add_option("--export-weights", c.export_weights, "write the trained weights (HDF5, timm keys)");
-  app.add_option(
-      "--checkpoint-dir", c.checkpoint_dir,
-      "write sharded HDF5 checkpoints (DIR/step_N, DIR/latest) here, one at the end of the run too");
-  app.add_option("--checkpoint-every", c.checkpoint_every, "steps between checkpoints (0: only at the end)")
-      ->capture_default_str();
-  app.add_option("--keep-checkpoints", c.keep_checkpoints,
-                 "keep the newest K complete checkpoints (older ones removed once a newer one is complete; "
-                 "0: all)")
-      ->capture_default_str();
-  app.add_option(
-      "--resume", c.resume,
-      "continue from a checkpoint: DIR (its latest complete one) or DIR/step_N, at any world size and stage");
-  app.add_option("--log", c.log, "JSON-lines log: one object per step and per evaluation");
-  app.add_option("--seed", c.seed, "initialisation, shuffling, augmentation and drop-path")
-      ->capture_default_str();
-  app.add_flag("--no-shuffle", no_shuffle, "read the training set in file order");
-  app.add_flag("--augment", c.augment, "random-resized-crop and horizontal flip");
-  app.add_option("--loader-threads", c.loader_threads, "data loader worker threads")->capture_default_str();
-  app.add_flag("--no-progress", no_progress,
-               "no progress on stderr (by default a bar on a terminal, else a plain line every "
-               "--progress-interval seconds)");
-  app.add_option("--progress-interval", c.progress_interval_s,
-                 "seconds between plain progress lines when stderr is not a terminal (mpirun, a file)")
-      ->capture_default_str();
+// Every flag of the table (src/dist/train/flags.cpp), in its order; CLI11 parses into `c`.
+void add_flags(CLI::App& app, cz::train::TrainConfig& c) {
+  for (const cz::train::Flag& f : cz::train::flags()) {
+    std::visit(
+        [&](auto member) {
+          auto& value = c.*member;
+          using V = std::decay_t<decltype(value)>;
+          if constexpr (std::is_same_v<V, bool>) {
+            if (f.inverted)
+              app.add_flag_callback(
+                  f.name, [&value] { value = false; }, f.help);
+            else
+              app.add_flag(f.name, value, f.help);
+          } else if constexpr (std::is_same_v<V, std::vector<int64_t>>) {
+            app.add_option(f.name, value, f.help)->delimiter(',');
+          } else {
+            CLI::Option* o = app.add_option(f.name, value, f.help);
+            if constexpr (std::is_same_v<V, std::string>) {
+              if (!value.empty()) o->capture_default_str();  // "" would say nothing
+            } else {
+              o->capture_default_str();
+            }
+          }
+        },
+        f.field);
+  }
 }
 
+// The planner's flags (not a run's, so not in the flag table); messages name them through their options.
 struct PlanFlags {
   bool plan = false, json = false;
   std::string gpu_mem;
   int ranks = 0;  // 0: the launcher's world size, else 1
   std::string what_if, compute_table;
+  CLI::Option *plan_opt = nullptr, *gpu_mem_opt = nullptr, *json_opt = nullptr, *ranks_opt = nullptr,
+              *what_if_opt = nullptr, *compute_table_opt = nullptr;
+
+  std::string gpu_mem_name() const { return gpu_mem_opt->get_name(); }
 };
 
 void add_plan_flags(CLI::App& app, PlanFlags& f) {
-  app.add_flag("--plan", f.plan,
-               "print the memory plan per rank for these flags and exit (no MPI, no GPU needed)");
-  app.add_option("--gpu-mem", f.gpu_mem,
-                 "with --plan: device memory per rank to fit, e.g. 24GB, 24GiB, 512MiB; the exit code is 3 "
-                 "when the plan does not fit it (0 when it does)");
-  app.add_flag("--json", f.json, "with --plan: print the plan as one JSON object");
-  app.add_option("--ranks", f.ranks, "with --plan: the world size (default: the launcher's, else 1)");
-  app.add_option(
+  f.plan_opt = app.add_flag(
+      "--plan", f.plan, "print the memory plan per rank for these flags and exit (no MPI, no GPU needed)");
+  f.gpu_mem_opt = app.add_option("--gpu-mem", f.gpu_mem,
+                                 "with --plan: device memory per rank to fit, e.g. 24GB, 24GiB, 512MiB; the "
+                                 "exit code is 3 when the plan "
+                                 "does not fit it (0 when it does)");
+  f.json_opt = app.add_flag("--json", f.json, "with --plan: print the plan as one JSON object");
+  f.ranks_opt =
+      app.add_option("--ranks", f.ranks, "with --plan: the world size (default: the launcher's, else 1)");
+  f.what_if_opt = app.add_option(
       "--what-if", f.what_if,
       "with --plan: predict step time, img/s and memory per GPU at each stage and rank count on the "
       "machine this topology JSON describes (docs/planning.md)");
-  app.add_option("--compute-table", f.compute_table,
-                 "with --what-if: op rates, a bench_train_step --profile --json result or a rates table "
-                 "(default: the built-in RTX 4090 rates)");
+  f.compute_table_opt =
+      app.add_option("--compute-table", f.compute_table,
+                     "with --what-if: op rates, a bench_train_step --profile --json result or a rates table "
+                     "(default: the built-in RTX 4090 rates)");
+}
+
+// The plan flags that go with --plan, and which do not go together: the exit code 1 and a message.
+void check_plan_flags(const PlanFlags& f) {
+  for (const CLI::Option* o : {f.gpu_mem_opt, f.json_opt, f.ranks_opt, f.what_if_opt})
+    CZ_CHECK(f.plan || o->count() == 0, "{} goes with {}", o->get_name(), f.plan_opt->get_name());
+  CZ_CHECK(!f.what_if.empty() || f.compute_table_opt->count() == 0, "{} goes with {} {}",
+           f.compute_table_opt->get_name(), f.plan_opt->get_name(), f.what_if_opt->get_name());
+  CZ_CHECK(f.what_if.empty() || f.ranks_opt->count() == 0,
+           "{} does not go with {} (it plans every rank count the topology holds)", f.ranks_opt->get_name(),
+           f.what_if_opt->get_name());
 }
 
 int run_what_if(const cz::train::TrainConfig& cfg, const PlanFlags& f) {
   cz::plan::WhatIfRequest req;
   req.config = cfg;
   req.topology = cz::dist::Topology::load(f.what_if);
-  const cz::DType compute = cfg.precision == "bf16"   ? cz::DType::bf16
-                            : cfg.precision == "fp16" ? cz::DType::f16
-                                                      : cz::DType::f32;
+  cfg.validate();
+  const cz::DType compute = cz::train::dtype_of_flag(cfg.precision);
   req.compute = f.compute_table.empty() ? cz::plan::default_compute_table(compute)
                                         : cz::plan::load_compute_table(f.compute_table, compute);
-  if (!f.gpu_mem.empty()) req.gpu_mem = cz::plan::parse_memory_size(f.gpu_mem, "--gpu-mem");
+  if (!f.gpu_mem.empty()) req.gpu_mem = cz::plan::parse_memory_size(f.gpu_mem, f.gpu_mem_name());
   const cz::plan::WhatIf w = cz::plan::what_if(req);
   if (cz::plan::launcher_rank() != 0) return 0;
   if (f.json)
@@ -158,12 +111,11 @@ int run_what_if(const cz::train::TrainConfig& cfg, const PlanFlags& f) {
   return 0;
 }
 
-int run_plan(const cz::train::TrainConfig& cfg, const PlanFlags& f, bool ranks_given) {
+int run_plan(const cz::train::TrainConfig& cfg, const PlanFlags& f) {
   cz::plan::PlanRequest req;
   req.config = cfg;
-  CZ_CHECK(!ranks_given || f.ranks >= 1, "--ranks must be at least 1, got {}", f.ranks);
-  req.world = ranks_given ? f.ranks : cz::plan::launcher_world_size();
-  if (!f.gpu_mem.empty()) req.gpu_mem = cz::plan::parse_memory_size(f.gpu_mem, "--gpu-mem");
+  req.world = f.ranks_opt->count() > 0 ? f.ranks : cz::plan::launcher_world_size();  // make_plan checks it
+  if (!f.gpu_mem.empty()) req.gpu_mem = cz::plan::parse_memory_size(f.gpu_mem, f.gpu_mem_name());
   const cz::plan::Plan p = cz::plan::make_plan(req);
   // Scripts test the exit code: 3 (distinct from 1, an error) when --gpu-mem is given and the plan does not
   // fit it, on every rank of a launcher.
@@ -176,13 +128,13 @@ int run_plan(const cz::train::TrainConfig& cfg, const PlanFlags& f, bool ranks_g
     fmt::print("{}", cz::plan::format_plan(p));
   if (rc != 0)
     fmt::print(stderr,
-               "convnext_zero --plan: does not fit: {} B required per rank (the allocator's peak {} B{}) but "
-               "--gpu-mem is {} B, {:.1f} MiB short; exit code {}\n",
-               p.required_bytes, p.total_bytes,
+               "convnext_zero {}: does not fit: {} B required per rank (the allocator's peak {} B{}) but "
+               "{} is {} B, {:.1f} MiB short; exit code {}\n",
+               f.plan_opt->get_name(), p.required_bytes, p.total_bytes,
                p.device == "cuda" ? fmt::format(" + driver pages {} B + CUDA context and NCCL {} B",
                                                 p.fragmentation_bytes, p.device_overhead_bytes)
                                   : "",
-               *p.gpu_mem, double(p.required_bytes - *p.gpu_mem) / (1 << 20), rc);
+               f.gpu_mem_name(), *p.gpu_mem, double(p.required_bytes - *p.gpu_mem) / (1 << 20), rc);
   return rc;
 }
 
@@ -227,10 +179,11 @@ std::string unknown_argument(const CLI::App& app, const std::vector<std::string>
 // --epochs: ConvNeXt-atto on the embedded synthetic data, with these settings where the command gives none.
 constexpr int64_t kDefaultRunSteps = 300;
 void apply_default_run(const CLI::App& app, cz::train::TrainConfig& c) {
+  using cz::train::flag_name, cz::train::TrainConfig;
   c.steps = kDefaultRunSteps;
-  if (app.count("--lr") == 0) c.lr = 3e-3;
-  if (app.count("--warmup-steps") == 0) c.warmup_steps = 20;
-  if (app.count("--eval-every") == 0) c.eval_every = 100;
+  if (app.count(flag_name(&TrainConfig::lr)) == 0) c.lr = 3e-3;
+  if (app.count(flag_name(&TrainConfig::warmup_steps)) == 0) c.warmup_steps = 20;
+  if (app.count(flag_name(&TrainConfig::eval_every)) == 0) c.eval_every = 100;
 }
 
 // A word as a POSIX shell reads it back.
@@ -246,17 +199,18 @@ std::string shell_quote(const std::string& w) {
 
 // The command that continues a stopped run: this one with --resume DIR in place of any earlier --resume.
 std::string resume_command(const std::vector<std::string>& args, const std::string& dir, int world) {
+  const std::string resume = cz::train::flag_name(&cz::train::TrainConfig::resume);
   std::vector<std::string> words;
   if (world > 1) words = {"mpirun", "-np", std::to_string(world)};
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--resume") {
+    if (args[i] == resume) {
       ++i;
       continue;
     }
-    if (args[i].rfind("--resume=", 0) == 0) continue;
+    if (args[i].rfind(resume + "=", 0) == 0) continue;
     words.push_back(args[i]);
   }
-  words.push_back("--resume");
+  words.push_back(resume);
   words.push_back(dir);
   std::string out;
   for (const std::string& w : words) out += (out.empty() ? "" : " ") + shell_quote(w);
@@ -307,8 +261,7 @@ int main(int argc, char** argv) {
       "Exit codes: 0 done; 1 failed (the error is printed); 2 bad command line; 3 --plan --gpu-mem does not "
       "fit; "
       "75 stopped on request (SIGINT, SIGTERM, SIGUSR1) after saving; 128+N killed by signal N.");
-  bool no_shuffle = false, no_progress = false;
-  add_flags(app, cfg, no_shuffle, no_progress);
+  add_flags(app, cfg);
   PlanFlags plan_flags;
   add_plan_flags(app, plan_flags);
   // Before MPI starts, every rank of a job sees the same command line: one of them reports its errors.
@@ -324,24 +277,20 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "convnext_zero: error: {}\n", unknown_argument(app, app.remaining()));
     return kExitUsage;
   }
-  cfg.shuffle = !no_shuffle;
-  cfg.progress = !no_progress;
-  const bool default_run = app.count("--steps") == 0 && app.count("--epochs") == 0;
-  const bool ranks_given = app.count("--ranks") > 0;
+  using cz::train::flag_name, cz::train::TrainConfig;
+  const char* const steps_flag = flag_name(&TrainConfig::steps);
+  const char* const epochs_flag = flag_name(&TrainConfig::epochs);
+  const bool default_run = app.count(steps_flag) == 0 && app.count(epochs_flag) == 0;
   try {
-    for (const char* flag : {"--gpu-mem", "--json", "--ranks", "--what-if"})
-      CZ_CHECK(plan_flags.plan || app.count(flag) == 0, "{} goes with --plan", flag);
-    CZ_CHECK(!plan_flags.what_if.empty() || app.count("--compute-table") == 0,
-             "--compute-table goes with --plan --what-if");
-    CZ_CHECK(plan_flags.what_if.empty() || !ranks_given,
-             "--ranks does not go with --what-if (it plans every rank count the topology holds)");
+    check_plan_flags(plan_flags);
     if (plan_flags.plan && !plan_flags.what_if.empty()) return run_what_if(cfg, plan_flags);
-    if (plan_flags.plan) return run_plan(cfg, plan_flags, ranks_given);
+    if (plan_flags.plan) return run_plan(cfg, plan_flags);
     if (default_run) {
+      const char* const data_flag = flag_name(&TrainConfig::data);
       CZ_CHECK(cfg.data.rfind("synthetic", 0) == 0,
-               "--data {}: give the run's length with --epochs N or --steps N (without them and without "
-               "--data, convnext_zero does its default run on the embedded synthetic data)",
-               cfg.data);
+               "{} {}: give the run's length with {} N or {} N (without them and without {}, convnext_zero "
+               "does its default run on the embedded synthetic data)",
+               data_flag, cfg.data, epochs_flag, steps_flag, data_flag);
       apply_default_run(app, cfg);
     }
     cfg.validate();

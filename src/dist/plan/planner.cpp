@@ -13,6 +13,7 @@
 
 #include "dist/plan/step_trace.h"
 #include "dist/plan/zero_memory.h"
+#include "dist/train/flags.h"
 #include "tensor/check.h"
 #include "tensor/device.h"
 
@@ -183,10 +184,8 @@ Plan make_plan(const PlanRequest& req) {
   CZ_CHECK(req.world >= 1, "--ranks must be at least 1, got {}", req.world);
   CZ_CHECK(!req.gpu_mem || *req.gpu_mem > 0, "--gpu-mem must be positive, got {}", req.gpu_mem.value_or(0));
   s.cuda = parse_device(s.cfg.device).is_cuda();
-  s.compute = train::dtype_of_flag(s.cfg.precision);
+  s.compute = train::compute_dtype(s.cfg, s.cuda);
   s.reduce = train::dtype_of_flag(s.cfg.reduce_dtype);
-  CZ_CHECK(s.cuda || s.compute == DType::f32,
-           "--precision {} needs --device cuda (the CPU backend computes in fp32)", s.cfg.precision);
   s.world = req.world;
   CZ_CHECK(0 <= req.rank && req.rank < req.world, "plan: rank {} of a world of {}", req.rank, req.world);
   s.rank = req.rank;
@@ -305,7 +304,8 @@ std::string format_plan(const Plan& p) {
   }
   if (!p.host_rows.empty()) {
     out += fmt::format("  in pinned host memory ({}; not in the total):\n",
-                       p.offload ? "--offload-optimizer" : "a background checkpoint's copy");
+                       p.offload ? train::flag_name(&train::TrainConfig::offload_optimizer)
+                                 : "a background checkpoint's copy");
     for (const PlanRow& r : p.host_rows) line("  " + r.label, r.bytes);
     line("  host total", p.host_bytes);
   }

@@ -31,6 +31,7 @@
 
 #include "dist/plan/planner.h"
 #include "dist/plan/zero_memory.h"
+#include "dist/train/flags.h"
 #include "tensor/check.h"
 
 namespace cz::plan {
@@ -303,7 +304,8 @@ WhatIf what_if(const WhatIfRequest& req) {
     }
     r.host_link_gbps = host_link_gbps(sub);
     CZ_CHECK(!cfg.offload_optimizer || r.host_link_gbps > 0,
-             "--what-if: --offload-optimizer needs up_gbps on the links from the GPUs to their CPU");
+             "--what-if: {} needs up_gbps on the links from the GPUs to their CPU",
+             train::flag_name(&train::TrainConfig::offload_optimizer));
     w.rings.push_back(r);
     for (int stage : req.stages) {
       WhatIfRow row = simulate(run, stage, comm, r.host_link_gbps);

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "dist/train/flags.h"
 #include "tensor/check.h"
 
 namespace cz::plan {
@@ -57,9 +58,8 @@ int64_t flat_numel(const std::vector<nn::ParamInfo>& params, int64_t align) {
 
 zero::ZeroLayout zero_layout(const std::vector<nn::ParamInfo>& params, int stage, int world, double bucket_mb,
                              DType reduce) {
-  CZ_CHECK(bucket_mb > 0, "--bucket-mb must be positive, got {}", bucket_mb);
-  // As Trainer::build_model and the ZeroEngine constructor turn --bucket-mb into elements.
-  const int64_t bucket_bytes = std::max<int64_t>(1, int64_t(bucket_mb * (1 << 20)));
+  CZ_CHECK(bucket_mb > 0, "zero_layout: the bucket size must be positive, got {} MiB", bucket_mb);
+  const int64_t bucket_bytes = train::bucket_bytes(bucket_mb);  // as the trainer's ZeroConfig has it
   std::vector<zero::ParamShape> shapes;
   std::vector<std::string> unit_of;
   int64_t numel = 0;

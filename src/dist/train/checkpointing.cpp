@@ -10,9 +10,9 @@
 // loader at the saved position, and continues bit for bit at the same configuration.
 #include <cmath>
 
-#include <nlohmann/json.hpp>
 #include "dist/train/trainer.h"
 
+#include "dist/train/flags.h"
 #include "dist/train/stop.h"
 #include "io/checkpoint.h"
 #include "io/output_paths.h"
@@ -37,58 +37,8 @@ class GroupCollective final : public ckpt::Collective {
   dist::ProcessGroup group_;
 };
 
-namespace {
-
-// The flags a resumed run must share with the saved one for its state to mean the same thing.
-std::vector<std::pair<std::string, std::string>> identity(const TrainConfig& c) {
-  return {{"--model", c.depths.empty() ? c.model : "custom"},
-          {"--depths", fmt::format("{}", fmt::join(c.depths, ","))},
-          {"--dims", fmt::format("{}", fmt::join(c.dims, ","))},
-          {"--num-classes", std::to_string(c.num_classes)},
-          {"--optimizer", c.optimizer},
-          {"--ema-decay", c.ema_decay > 0 ? "on" : "off"},
-          {"--seed", std::to_string(c.seed)},
-          {"--data", c.data}};
-}
-
-// The run's configuration, recorded with the checkpoint for people and tools (resuming checks identity()).
-std::string config_json(const TrainConfig& c, int world) {
-  const nlohmann::json j = {{"model", c.model},
-                            {"depths", c.depths},
-                            {"dims", c.dims},
-                            {"num_classes", c.num_classes},
-                            {"image_size", c.image_size},
-                            {"data", c.data},
-                            {"micro_batch", c.micro_batch},
-                            {"grad_accum", c.grad_accum},
-                            {"world_size", world},
-                            {"optimizer", c.optimizer},
-                            {"lr", c.lr},
-                            {"min_lr", c.min_lr},
-                            {"weight_decay", c.weight_decay},
-                            {"warmup_steps", c.warmup_steps},
-                            {"schedule", c.schedule},
-                            {"steps", c.steps},
-                            {"epochs", c.epochs},
-                            {"label_smoothing", c.label_smoothing},
-                            {"drop_path", c.drop_path},
-                            {"clip_grad", c.clip_grad},
-                            {"ema_decay", c.ema_decay},
-                            {"augment", c.augment},
-                            {"shuffle", c.shuffle},
-                            {"seed", c.seed},
-                            {"precision", c.precision},
-                            {"stage", c.stage},
-                            {"bucket_mb", c.bucket_mb},
-                            {"reduce_dtype", c.reduce_dtype},
-                            {"offload_optimizer", c.offload_optimizer}};
-  return j.dump();
-}
-
-}  // namespace
-
 void Trainer::save_checkpoint() {
-  CZ_CHECK(!cfg_.checkpoint_dir.empty(), "save_checkpoint needs --checkpoint-dir");
+  CZ_CHECK(!cfg_.checkpoint_dir.empty(), "save_checkpoint needs {}", flag_name(&TrainConfig::checkpoint_dir));
   finish_pending_save();  // one save in flight at a time
   if (!ckpt_comm_) ckpt_comm_ = std::make_unique<GroupCollective>(group_);
   ckpt::SaveRequest req;
@@ -111,7 +61,7 @@ void Trainer::save_checkpoint() {
   sc.ints["optimizer_steps"] = engine_->optimizer().step_count();
   sc.ints["loss_scale_clean_steps"] = scaler_.state().clean_steps;
   sc.floats["loss_scale"] = scaler_.state().scale;
-  for (const auto& [flag, value] : identity(cfg_)) sc.strings["flag" + flag] = value;
+  for (const auto& [flag, value] : resume_identity(cfg_)) sc.strings["flag" + flag] = value;
   sc.strings["config"] = config_json(cfg_, world_.size());
   pending_save_ = std::make_unique<ckpt::PendingSave>(ckpt::begin_save(std::move(req), *ckpt_comm_));
   saved_step_ = step_;
@@ -146,38 +96,39 @@ int Trainer::step_boundary() {
 
 // Every path the run will write, on every rank that writes it, before any data is read or any step taken.
 void Trainer::check_outputs() const {
-  if (!cfg_.checkpoint_dir.empty()) check_writable_dir(cfg_.checkpoint_dir, "--checkpoint-dir");
+  if (!cfg_.checkpoint_dir.empty())
+    check_writable_dir(cfg_.checkpoint_dir, flag_name(&TrainConfig::checkpoint_dir));
   if (world_.rank() != 0) return;
-  if (!cfg_.export_weights.empty()) check_writable_file(cfg_.export_weights, "--export-weights");
-  if (!cfg_.log.empty()) check_writable_file(cfg_.log, "--log");
+  if (!cfg_.export_weights.empty())
+    check_writable_file(cfg_.export_weights, flag_name(&TrainConfig::export_weights));
+  if (!cfg_.log.empty()) check_writable_file(cfg_.log, flag_name(&TrainConfig::log));
 }
 
 void Trainer::resume(const std::string& path) {
   const ckpt::Checkpoint ck = ckpt::Checkpoint::open(path);
   const auto& sc = ck.scalars();
-  for (const auto& [flag, value] : identity(cfg_)) {
+  const std::string resuming = fmt::format("{} {}", flag_name(&TrainConfig::resume), ck.path());
+  for (const auto& [flag, value] : resume_identity(cfg_)) {
     const auto it = sc.strings.find("flag" + flag);
-    CZ_CHECK_IO(it != sc.strings.end(), "--resume {}: the checkpoint does not record {}", ck.path(), flag);
-    CZ_CHECK_IO(it->second == value,
-                "--resume {}: the checkpoint was saved with {} {} but this run has {} {}", ck.path(), flag,
-                it->second, flag, value);
+    CZ_CHECK_IO(it != sc.strings.end(), "{}: the checkpoint does not record {}", resuming, flag);
+    CZ_CHECK_IO(it->second == value, "{}: the checkpoint was saved with {} {} but this run has {} {}",
+                resuming, flag, it->second, flag, value);
   }
   auto get = [&](const char* key) {
     const auto it = sc.ints.find(key);
-    CZ_CHECK_IO(it != sc.ints.end(), "--resume {}: the checkpoint has no '{}'", ck.path(), key);
+    CZ_CHECK_IO(it != sc.ints.end(), "{}: the checkpoint has no '{}'", resuming, key);
     return it->second;
   };
   const int64_t samples = get("samples_in_epoch"), batch = cfg_.micro_batch * world_.size();
   CZ_CHECK_IO(samples % batch == 0,
-              "--resume {}: the checkpoint stopped {} samples into its epoch, not a multiple of this run's "
+              "{}: the checkpoint stopped {} samples into its epoch, not a multiple of this run's "
               "micro-batch x ranks ({}); resume with the same global batch",
-              ck.path(), samples, batch);
+              resuming, samples, batch);
   const FlatLayout& layout = engine_->layout().flat;
   for (auto& [kind, chunks] : engine_->owned_state(false)) {
     CZ_CHECK_IO(ck.has(kind, layout.segments.front().name),
-                "--resume {}: the checkpoint has no '{}' state (saved with another --optimizer or without "
-                "--ema-decay?)",
-                ck.path(), kind);
+                "{}: the checkpoint has no '{}' state (saved with another {} or without {}?)", resuming, kind,
+                flag_name(&TrainConfig::optimizer), flag_name(&TrainConfig::ema_decay));
     for (const auto& c : chunks)
       ck.read_slices(kind, ckpt::slices_of_flat_range(layout, c.range.begin, c.range.end, c.values));
   }
@@ -193,8 +144,8 @@ void Trainer::resume(const std::string& path) {
   ls.scale = sc.floats.count("loss_scale") ? sc.floats.at("loss_scale") : 1.0;
   ls.clean_steps = get("loss_scale_clean_steps");
   if (scaler_.enabled()) scaler_.load_state(ls);
-  CZ_CHECK(step_ <= total_steps_, "--resume {}: the checkpoint is at step {}, past this run's {} steps",
-           ck.path(), step_, total_steps_);
+  CZ_CHECK(step_ <= total_steps_, "{}: the checkpoint is at step {}, past this run's {} steps", resuming,
+           step_, total_steps_);
   if (world_.rank() == 0 && cfg_.progress)
     fmt::print(stderr, "resumed from {} at step {} (saved by {} rank(s) at stage {})\n", ck.path(), step_,
                ck.world_size(), ck.stage());

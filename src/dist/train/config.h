@@ -1,5 +1,5 @@
-// Everything a training run is configured by: the flags of `convnext_zero` (apps/convnext_zero.cpp),
-// validated in one place so bad input gets one clear message naming the flag.
+// Everything a training run is configured by: the fields the flags of `convnext_zero` set. Each flag is
+// declared once, with its check, in the flag table (flags.h), so bad input gets one clear message naming it.
 #pragma once
 
 #include <cstdint>
@@ -75,7 +75,7 @@ struct TrainConfig {
   bool offload_overlap_step = false;  // with offload: the update of step t runs during step t+1 (stale)
   double comm_timeout_s = 300;        // a collective not done by then fails the run (Note [Failure handling])
 
-  // Throws ValueError naming the first bad flag.
+  // Throws ValueError naming the first bad flag: the checks of the flag table (flags.cpp), in its order.
   void validate() const;
   // The architecture these flags name (--model, or --depths/--dims), with --num-classes and --drop-path.
   nn::ConvNeXtConfig model_config() const;

@@ -5,6 +5,8 @@
 // engine (dist/zero/engine.h) does all of it, at every stage.
 #include "dist/train/trainer.h"
 
+#include "dist/train/flags.h"
+
 #include <chrono>
 #include <cmath>
 
@@ -59,14 +61,14 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
   cfg_.validate();
   device_ = parse_device(cfg_.device);
   if (device_.is_cuda()) {
-    CZ_CHECK_DEVICE(cuda_available(), "--device {}: no CUDA GPU is available{}", cfg_.device,
+    CZ_CHECK_DEVICE(cuda_available(), "{}: no CUDA GPU is available{}", flag_arg(cfg_, &TrainConfig::device),
                     cuda_runtime::built() ? "" : " (this build has no CUDA backend)");
     // One rank honours an explicit --device cuda:N (World picked GPU 0 for it); several ranks each take the
     // GPU World chose by local rank, as two ranks on one GPU would make NCCL fail.
     const bool explicit_index = cfg_.device.find(':') != std::string::npos;
     if (world_.gpu() >= 0 && !(explicit_index && world_.size() == 1)) device_ = Device::cuda(world_.gpu());
-    CZ_CHECK_DEVICE(device_.index < cuda_device_count(), "--device {}: only {} CUDA GPU(s) are visible",
-                    cfg_.device, cuda_device_count());
+    CZ_CHECK_DEVICE(device_.index < cuda_device_count(), "{}: only {} CUDA GPU(s) are visible",
+                    flag_arg(cfg_, &TrainConfig::device), cuda_device_count());
     cuda_runtime::set_device(device_.index);
 #if CZ_WITH_CUDA
     cuda::set_allow_tf32(cfg_.tf32);
@@ -77,11 +79,7 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     cuda::set_conv_benchmark(true);
 #endif
   }
-  if (cfg_.precision != "fp32") {
-    CZ_CHECK_DEVICE(device_.is_cuda(),
-                    "--precision {} needs --device cuda (the CPU backend computes in fp32)", cfg_.precision);
-    compute_dtype_ = dtype_of_flag(cfg_.precision);
-  }
+  compute_dtype_ = compute_dtype(cfg_, device_.is_cuda());
   if (world_.size() > 1) {
     dist::CommOptions opt;
     opt.device = device_;
@@ -100,48 +98,25 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
   if (!cfg_.resume.empty()) resume(cfg_.resume);
 }
 
-// Every rank must run the same model, stage, dtypes and batch settings: a mismatch would otherwise show as a
-// hang or as silently wrong results. Each rank contributes a hash of each flag's value (52 bits, exact in an
-// f64); every rank sees all of them and so every rank stops with the same message, naming the flag.
+// Every rank must run the same model, stage, dtypes and batch settings (the flags marked ranks_agree in the
+// flag table): a mismatch would otherwise show as a hang or as silently wrong results. Each rank contributes
+// a hash of each such flag's value (52 bits, exact in an f64); every rank sees all of them and so every rank
+// stops with the same message, naming the flag.
 void Trainer::check_ranks_agree() {
-  const std::vector<std::pair<const char*, std::string>> flags = {
-      {"--model", cfg_.model},
-      {"--depths", fmt::format("{}", fmt::join(cfg_.depths, ","))},
-      {"--dims", fmt::format("{}", fmt::join(cfg_.dims, ","))},
-      {"--num-classes", std::to_string(cfg_.num_classes)},
-      {"--image-size", std::to_string(cfg_.image_size)},
-      {"--stage", std::to_string(cfg_.stage)},
-      {"--bucket-mb", fmt::format("{}", cfg_.bucket_mb)},
-      {"--prefetch", std::to_string(cfg_.prefetch)},
-      {"--reduce-dtype", cfg_.reduce_dtype},
-      {"--offload-optimizer", std::to_string(cfg_.offload_optimizer)},
-      {"--offload-overlap-step", std::to_string(cfg_.offload_overlap_step)},
-      {"--precision", cfg_.precision},
-      {"--micro-batch", std::to_string(cfg_.micro_batch)},
-      {"--grad-accum", std::to_string(cfg_.grad_accum)},
-      {"--optimizer", cfg_.optimizer},
-      {"--activation-checkpointing", std::to_string(cfg_.activation_checkpointing)},
-      {"--drop-path", fmt::format("{}", cfg_.drop_path)},
-      {"--data", cfg_.data},
-      {"--steps", std::to_string(cfg_.steps)},
-      {"--epochs", std::to_string(cfg_.epochs)},
-      {"--seed", std::to_string(cfg_.seed)},
-      {"--lr", fmt::format("{}", cfg_.lr)},
-      {"--clip-grad", fmt::format("{}", cfg_.clip_grad)},
-      {"--ema-decay", fmt::format("{}", cfg_.ema_decay)},
-      {"--init-weights", cfg_.init_weights},
-  };
-  const int64_t k = int64_t(flags.size()), n = world_.size();
+  std::vector<const Flag*> agreed;
+  for (const Flag& f : flags())
+    if (f.ranks_agree) agreed.push_back(&f);
+  const int64_t k = int64_t(agreed.size()), n = world_.size();
   std::vector<double> mine;
-  for (const auto& [flag, value] : flags)
-    mine.push_back(double(std::hash<std::string>{}(value) & ((uint64_t(1) << 52) - 1)));
+  for (const Flag* f : agreed)
+    mine.push_back(double(std::hash<std::string>{}(flag_value(cfg_, *f)) & ((uint64_t(1) << 52) - 1)));
   const std::vector<double> v = group_.all_gather(mine);
   for (int64_t f = 0; f < k; ++f)
     for (int64_t r = 1; r < n; ++r)
       CZ_CHECK(v[size_t(r * k + f)] == v[size_t(f)],
                "ranks were started with different {}: rank {} differs from rank 0 (every rank must get the "
                "same flags)",
-               flags[size_t(f)].first, r);
+               agreed[size_t(f)]->name, r);
 }
 
 Trainer::~Trainer() = default;
@@ -156,16 +131,7 @@ void Trainer::build_model() {
     if (cfg_.reset_head) model_->reset_head(cfg_.seed + 1);
   }
   model_->set_activation_checkpointing(cfg_.activation_checkpointing);
-  zero::ZeroConfig zc;
-  zc.stage = cfg_.stage;
-  zc.bucket_bytes = std::max<int64_t>(1, int64_t(cfg_.bucket_mb * (1 << 20)));
-  zc.prefetch = cfg_.prefetch;
-  zc.compute_dtype = compute_dtype_;
-  zc.reduce_dtype = dtype_of_flag(cfg_.reduce_dtype);
-  zc.device = device_;
-  zc.offload = cfg_.offload_optimizer;
-  zc.offload_overlap_step = cfg_.offload_overlap_step;
-  engine_ = std::make_unique<zero::ZeroEngine>(*model_, model_->units(), group_, zc,
+  engine_ = std::make_unique<zero::ZeroEngine>(*model_, model_->units(), group_, zero_config(cfg_, device_),
                                                make_optimizer(cfg_), make_ema(cfg_));
 }
 
@@ -190,22 +156,22 @@ void Trainer::build_data() {
   DatasetOptions dopt;
   dopt.image_size = cfg_.image_size;
   train_set_ = open_dataset(cfg_.data, Split::train, dopt);
-  CZ_CHECK(train_set_->num_classes() <= cfg_.num_classes,
-           "--num-classes {} is smaller than the {} classes of --data {}", cfg_.num_classes,
-           train_set_->num_classes(), cfg_.data);
+  const std::string data = flag_arg(cfg_, &TrainConfig::data);
+  CZ_CHECK(train_set_->num_classes() <= cfg_.num_classes, "{} is smaller than the {} classes of {}",
+           flag_arg(cfg_, &TrainConfig::num_classes), train_set_->num_classes(), data);
   if (!cfg_.eval_data.empty() || has_eval_split(cfg_.data))
     eval_set_ = open_eval_dataset(cfg_.data, cfg_.eval_data, dopt, train_set_.get());
 
   const LoaderOptions lo = loader_options(Split::train);
   loader_ = std::make_unique<Loader>(train_set_, lo);
   const int64_t per_epoch = loader_->steps_per_epoch() / cfg_.grad_accum;
-  CZ_CHECK(
-      per_epoch > 0 || cfg_.epochs == 0,
-      "--data {} has {} examples, fewer than one global batch of {} (--micro-batch x --grad-accum x ranks)",
-      cfg_.data, train_set_->size(), cfg_.global_batch(world_.size()));
+  CZ_CHECK(per_epoch > 0 || cfg_.epochs == 0,
+           "{} has {} examples, fewer than one global batch of {} ({} x {} x ranks)", data,
+           train_set_->size(), cfg_.global_batch(world_.size()), flag_name(&TrainConfig::micro_batch),
+           flag_name(&TrainConfig::grad_accum));
   CZ_CHECK(loader_->steps_per_epoch() > 0,
-           "--data {} has {} examples, fewer than one micro-batch of {} across {} rank(s)", cfg_.data,
-           train_set_->size(), lo.batch_size, world_.size());
+           "{} has {} examples, fewer than one micro-batch of {} across {} rank(s)", data, train_set_->size(),
+           lo.batch_size, world_.size());
   total_steps_ = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * per_epoch;
   loader_->start_epoch(0);
 }
@@ -242,8 +208,8 @@ StepStats Trainer::step() {
 }
 
 StepStats Trainer::step(std::span<const Batch> micro_batches) {
-  CZ_CHECK(int64_t(micro_batches.size()) == cfg_.grad_accum,
-           "Trainer::step: {} micro-batches for --grad-accum {}", micro_batches.size(), cfg_.grad_accum);
+  CZ_CHECK(int64_t(micro_batches.size()) == cfg_.grad_accum, "Trainer::step: {} micro-batches for {}",
+           micro_batches.size(), flag_arg(cfg_, &TrainConfig::grad_accum));
   return run_step(micro_batches, Clock::now());
 }
 
@@ -286,8 +252,8 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
 }
 
 EvalResult Trainer::evaluate() {
-  CZ_CHECK(eval_set_ != nullptr,
-           "evaluation needs an eval set: --data {} has no eval split; give --eval-data", cfg_.data);
+  CZ_CHECK(eval_set_ != nullptr, "evaluation needs an eval set: {} has no eval split; give {}",
+           flag_arg(cfg_, &TrainConfig::data), flag_name(&TrainConfig::eval_data));
   engine_->synchronize();  // offload's delayed update, stage 1-2's parameter all-gathers
   Loader loader(eval_set_, loader_options(Split::eval));
   loader.start_epoch(0);
@@ -371,7 +337,8 @@ TrainSummary Trainer::run() {
     time_in_steps += s.step_time_s;
     sum.add(s);
     CZ_CHECK(std::isfinite(s.loss) || s.skipped,
-             "training diverged at step {}: loss is {} (try a lower --lr or --clip-grad)", s.step, s.loss);
+             "training diverged at step {}: loss is {} (try a lower {} or {})", s.step, s.loss,
+             flag_name(&TrainConfig::lr), flag_name(&TrainConfig::clip_grad));
     log_.write(zero::to_json(s));
     bar.update(s.step, s.loss, double(images) / time_in_steps);
     if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step < total_steps_ && eval_set_)

@@ -1,0 +1,463 @@
+// The flag table, and what is read from it: validation, the resume identity, the config JSON and the
+// configurations derived from the flags. A new flag is one entry here plus the code that uses its field.
+#include "dist/train/flags.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "tensor/check.h"
+
+namespace cz::train {
+namespace {
+
+using C = const TrainConfig&;
+using F = const Flag&;
+using T = TrainConfig;
+
+// "fp32" | "fp16" | "bf16"
+bool is_dtype_flag(const std::string& v) {
+  return v == "fp32" || v == "fp16" || v == "bf16";
+}
+
+std::vector<Flag> make_flags() {
+  const std::string variants = fmt::format("{}", fmt::join(nn::convnext_variant_names(), "|"));
+  // Checks run in this order; the first that fails names its flag.
+  return {
+      {.name = "--model",
+       .field = &T::model,
+       .help = "ConvNeXt variant: " + variants,
+       .ranks_agree = true,
+       .resume_identity = true,
+       .resume_spelling = [](C c) { return c.depths.empty() ? c.model : std::string("custom"); },
+       .json_key = "model"},
+      {.name = "--depths",
+       .field = &T::depths,
+       .help = "custom blocks per stage, e.g. 2,2,6,2 (with --dims)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.depths.empty() == c.dims.empty(), "{} and {} go together (got {} depths and {} dims)",
+                      f.name, flag_name(&T::dims), c.depths.size(), c.dims.size());
+           },
+       .ranks_agree = true,
+       .resume_identity = true,
+       .json_key = "depths"},
+      {.name = "--dims",
+       .field = &T::dims,
+       .help = "custom channels per stage, e.g. 40,80,160,320 (with --depths)",
+       .ranks_agree = true,
+       .resume_identity = true,
+       .json_key = "dims"},
+      {.name = "--num-classes",
+       .field = &T::num_classes,
+       .help = "classifier outputs",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.num_classes > 0, "{} must be positive, got {}", f.name, c.num_classes);
+           },
+       .ranks_agree = true,
+       .resume_identity = true,
+       .json_key = "num_classes"},
+      {.name = "--image-size",
+       .field = &T::image_size,
+       .help = "square input size in pixels",
+       .check = [](C c,
+                   F f) { CZ_CHECK(c.image_size > 0, "{} must be positive, got {}", f.name, c.image_size); },
+       .ranks_agree = true,
+       .json_key = "image_size"},
+      {.name = "--data",
+       .field = &T::data,
+       .help = "synthetic[:k=v,...] | h5:FILE | cifar10:DIR | folder:DIR",
+       .ranks_agree = true,
+       .resume_identity = true,
+       .json_key = "data"},
+      {.name = "--eval-data",
+       .field = &T::eval_data,
+       .help = "evaluation set (default: the data source's own eval split)"},
+      {.name = "--eval-every",
+       .field = &T::eval_every,
+       .help = "evaluate every N steps (0: at the end only)",
+       .check = [](C c,
+                   F f) { CZ_CHECK(c.eval_every >= 0, "{} must be >= 0, got {}", f.name, c.eval_every); }},
+      {.name = "--eval-batches",
+       .field = &T::eval_batches,
+       .help = "evaluate on at most N batches per rank (0: all)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.eval_batches >= 0, "{} must be >= 0, got {}", f.name, c.eval_batches);
+           }},
+      {.name = "--steps",
+       .field = &T::steps,
+       .help = "optimizer steps (0: use --epochs; without --steps and --epochs: the default run)",
+       .check = [](C c, F f) { CZ_CHECK(c.steps >= 0, "{} must be >= 0, got {}", f.name, c.steps); },
+       .ranks_agree = true,
+       .json_key = "steps"},
+      {.name = "--epochs",
+       .field = &T::epochs,
+       .help = "passes over the training set (when --steps is 0)",
+       .check = [](C c, F f) { CZ_CHECK(c.epochs >= 0, "{} must be >= 0, got {}", f.name, c.epochs); },
+       .ranks_agree = true,
+       .json_key = "epochs"},
+      {.name = "--micro-batch",
+       .field = &T::micro_batch,
+       .help = "images per rank per micro-step",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.micro_batch > 0, "{} must be positive, got {}", f.name, c.micro_batch);
+           },
+       .ranks_agree = true,
+       .json_key = "micro_batch"},
+      {.name = "--grad-accum",
+       .field = &T::grad_accum,
+       .help = "micro-steps per optimizer step",
+       .check = [](C c,
+                   F f) { CZ_CHECK(c.grad_accum > 0, "{} must be positive, got {}", f.name, c.grad_accum); },
+       .ranks_agree = true,
+       .json_key = "grad_accum"},
+      {.name = "--optimizer",
+       .field = &T::optimizer,
+       .help = "adamw | sgd",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.optimizer == "adamw" || c.optimizer == "sgd", "{} must be adamw or sgd, got '{}'",
+                      f.name, c.optimizer);
+           },
+       .ranks_agree = true,
+       .resume_identity = true,
+       .json_key = "optimizer"},
+      {.name = "--lr",
+       .field = &T::lr,
+       .help = "peak learning rate",
+       .check = [](C c, F f) { CZ_CHECK(c.lr >= 0, "{} must be >= 0, got {}", f.name, c.lr); },
+       .ranks_agree = true,
+       .json_key = "lr"},
+      {.name = "--min-lr",
+       .field = &T::min_lr,
+       .help = "final learning rate of the cosine schedule",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.min_lr >= 0 && c.min_lr <= c.lr, "{} must be in [0, {}], got {}", f.name,
+                      flag_name(&T::lr), c.min_lr);
+           },
+       .json_key = "min_lr"},
+      {.name = "--weight-decay",
+       .field = &T::weight_decay,
+       .help = "decoupled weight decay (not on biases and 1-D params)",
+       .check = [](C c,
+                   F f) { CZ_CHECK(c.weight_decay >= 0, "{} must be >= 0, got {}", f.name, c.weight_decay); },
+       .json_key = "weight_decay"},
+      {.name = "--momentum",
+       .field = &T::momentum,
+       .help = "SGD momentum",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.momentum >= 0 && c.momentum < 1, "{} must be in [0, 1), got {}", f.name, c.momentum);
+           }},
+      {.name = "--warmup-steps",
+       .field = &T::warmup_steps,
+       .help = "linear warmup steps",
+       .check = [](C c,
+                   F f) { CZ_CHECK(c.warmup_steps >= 0, "{} must be >= 0, got {}", f.name, c.warmup_steps); },
+       .json_key = "warmup_steps"},
+      {.name = "--schedule",
+       .field = &T::schedule,
+       .help = "cosine | constant",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.schedule == "cosine" || c.schedule == "constant",
+                      "{} must be cosine or constant, got '{}'", f.name, c.schedule);
+           },
+       .json_key = "schedule"},
+      {.name = "--label-smoothing",
+       .field = &T::label_smoothing,
+       .help = "cross-entropy label smoothing",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.label_smoothing >= 0 && c.label_smoothing < 1, "{} must be in [0, 1), got {}", f.name,
+                      c.label_smoothing);
+           },
+       .json_key = "label_smoothing"},
+      {.name = "--drop-path",
+       .field = &T::drop_path,
+       .help = "stochastic depth rate of the last block",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.drop_path >= 0 && c.drop_path < 1, "{} must be in [0, 1), got {}", f.name,
+                      c.drop_path);
+           },
+       .ranks_agree = true,
+       .json_key = "drop_path"},
+      {.name = "--clip-grad",
+       .field = &T::clip_grad,
+       .help = "global gradient-norm clipping (0: off)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.clip_grad >= 0, "{} must be >= 0 (0 disables clipping), got {}", f.name, c.clip_grad);
+           },
+       .ranks_agree = true,
+       .json_key = "clip_grad"},
+      {.name = "--ema-decay",
+       .field = &T::ema_decay,
+       .help = "EMA of weights, evaluated alongside (0: off)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.ema_decay >= 0 && c.ema_decay < 1, "{} must be in [0, 1) (0 disables EMA), got {}",
+                      f.name, c.ema_decay);
+           },
+       .ranks_agree = true,
+       .resume_identity = true,
+       // Whether there is EMA state to load, not its decay: a resumed run may change the decay.
+       .resume_spelling = [](C c) { return std::string(c.ema_decay > 0 ? "on" : "off"); },
+       .json_key = "ema_decay"},
+      {.name = "--precision",
+       .field = &T::precision,
+       .help = "fp32 | fp16 | bf16 (16-bit needs --device cuda)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(is_dtype_flag(c.precision), "{} must be fp32, fp16 or bf16, got '{}'", f.name,
+                      c.precision);
+           },
+       .ranks_agree = true,
+       .json_key = "precision"},
+      {.name = "--initial-loss-scale",
+       .field = &T::initial_loss_scale,
+       .help =
+           "fp16: the dynamic loss scale to start from (halved on overflow, doubled after 2000 clean steps)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(std::isfinite(c.initial_loss_scale) && c.initial_loss_scale >= 1,
+                      "{} must be a finite number >= 1, got {}", f.name, c.initial_loss_scale);
+           }},
+      {.name = "--activation-checkpointing",
+       .field = &T::activation_checkpointing,
+       .help = "recompute block activations in backward",
+       .ranks_agree = true},
+      {.name = "--device",
+       .field = &T::device,
+       .help = "cpu | cuda",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.device == "cpu" || c.device.rfind("cuda", 0) == 0,
+                      "{} must be cpu or cuda[:N], got '{}'", f.name, c.device);
+           }},
+      {.name = "--stage",
+       .field = &T::stage,
+       .help = "ZeRO stage: 0 replicated, 1 shards optimizer state, 2 also gradients, 3 also parameters",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.stage >= 0 && c.stage <= 3, "{} must be 0, 1, 2 or 3, got {}", f.name, c.stage);
+           },
+       .ranks_agree = true,
+       .json_key = "stage"},
+      {.name = "--bucket-mb",
+       .field = &T::bucket_mb,
+       .help = "gradient bucket size in MiB (stages 0-2; at most a quarter of the model)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(std::isfinite(c.bucket_mb) && c.bucket_mb > 0 && c.bucket_mb <= 1 << 16,
+                      "{} must be in (0, 65536], got {}", f.name, c.bucket_mb);
+           },
+       .ranks_agree = true,
+       .json_key = "bucket_mb"},
+      {.name = "--prefetch",
+       .field = &T::prefetch,
+       .help = "stage 3: how many units ahead to all-gather",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.prefetch >= 0 && c.prefetch <= 64, "{} must be in [0, 64], got {}", f.name,
+                      c.prefetch);
+           },
+       .ranks_agree = true},
+      {.name = "--reduce-dtype",
+       .field = &T::reduce_dtype,
+       .help = "fp32 | bf16 | fp16: the dtype gradients are reduced in",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(is_dtype_flag(c.reduce_dtype), "{} must be fp32, bf16 or fp16, got '{}'", f.name,
+                      c.reduce_dtype);
+           },
+       .ranks_agree = true,
+       .json_key = "reduce_dtype"},
+      {.name = "--offload-optimizer",
+       .field = &T::offload_optimizer,
+       .help = "at any --stage: fp32 master weights, gradients and optimizer state in pinned host memory, "
+               "updated by the CPU bucket by bucket as gradients arrive",
+       .ranks_agree = true,
+       .json_key = "offload_optimizer"},
+      {.name = "--offload-overlap-step",
+       .field = &T::offload_overlap_step,
+       .help = "with --offload-optimizer: run step t's CPU update during step t+1 (one step stale)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(!c.offload_overlap_step || c.offload_optimizer, "{} needs {}", f.name,
+                      flag_name(&T::offload_optimizer));
+           },
+       .ranks_agree = true},
+      {.name = "--comm-timeout",
+       .field = &T::comm_timeout_s,
+       .help = "seconds a collective may take before the run fails, naming it and the rank it waited for",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(std::isfinite(c.comm_timeout_s) && c.comm_timeout_s > 0, "{} must be positive, got {}",
+                      f.name, c.comm_timeout_s);
+           }},
+      {.name = "--tf32", .field = &T::tf32, .help = "CUDA: allow TF32 tensor cores for fp32 matmuls"},
+      {.name = "--init-weights",
+       .field = &T::init_weights,
+       .help = "HDF5 weights to start from (timm or original ConvNeXt keys)",
+       .ranks_agree = true},
+      {.name = "--reset-head",
+       .field = &T::reset_head,
+       .help = "with --init-weights: new classifier for --num-classes",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(!c.reset_head || !c.init_weights.empty(), "{} needs {}", f.name,
+                      flag_name(&T::init_weights));
+           }},
+      {.name = "--export-weights",
+       .field = &T::export_weights,
+       .help = "write the trained weights (HDF5, timm keys)"},
+      {.name = "--checkpoint-dir",
+       .field = &T::checkpoint_dir,
+       .help = "write sharded HDF5 checkpoints (DIR/step_N, DIR/latest) here, one at the end of the run too"},
+      {.name = "--checkpoint-every",
+       .field = &T::checkpoint_every,
+       .help = "steps between checkpoints (0: only at the end)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.checkpoint_every >= 0, "{} must be >= 0, got {}", f.name, c.checkpoint_every);
+             CZ_CHECK(c.checkpoint_every == 0 || !c.checkpoint_dir.empty(), "{} needs {}", f.name,
+                      flag_name(&T::checkpoint_dir));
+           }},
+      {.name = "--keep-checkpoints",
+       .field = &T::keep_checkpoints,
+       .help =
+           "keep the newest K complete checkpoints (older ones removed once a newer one is complete; 0: all)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.keep_checkpoints >= 0, "{} must be >= 0, got {}", f.name, c.keep_checkpoints);
+           }},
+      {.name = "--resume",
+       .field = &T::resume,
+       .help = "continue from a checkpoint: DIR (its latest complete one) or DIR/step_N, at any world size "
+               "and stage"},
+      {.name = "--log", .field = &T::log, .help = "JSON-lines log: one object per step and per evaluation"},
+      {.name = "--seed",
+       .field = &T::seed,
+       .help = "initialisation, shuffling, augmentation and drop-path",
+       .ranks_agree = true,
+       .resume_identity = true,
+       .json_key = "seed"},
+      {.name = "--no-shuffle",
+       .field = &T::shuffle,
+       .help = "read the training set in file order",
+       .inverted = true,
+       .json_key = "shuffle"},
+      {.name = "--augment",
+       .field = &T::augment,
+       .help = "random-resized-crop and horizontal flip",
+       .json_key = "augment"},
+      {.name = "--loader-threads",
+       .field = &T::loader_threads,
+       .help = "data loader worker threads",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.loader_threads >= 0, "{} must be >= 0, got {}", f.name, c.loader_threads);
+           }},
+      {.name = "--no-progress",
+       .field = &T::progress,
+       .help = "no progress on stderr (by default a bar on a terminal, else a plain line every "
+               "--progress-interval seconds)",
+       .inverted = true},
+      {.name = "--progress-interval",
+       .field = &T::progress_interval_s,
+       .help = "seconds between plain progress lines when stderr is not a terminal (mpirun, a file)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(std::isfinite(c.progress_interval_s) && c.progress_interval_s >= 0,
+                      "{} must be a number of seconds >= 0, got {}", f.name, c.progress_interval_s);
+           }},
+  };
+}
+
+}  // namespace
+
+const std::vector<Flag>& flags() {
+  static const std::vector<Flag> table = make_flags();
+  return table;
+}
+
+const Flag& flag_of(const FlagField& field) {
+  const auto& t = flags();
+  const auto it = std::find_if(t.begin(), t.end(), [&](const Flag& f) { return f.field == field; });
+  CZ_ASSERT(it != t.end(), "a TrainConfig field without a flag");
+  return *it;
+}
+
+std::string flag_value(const TrainConfig& c, const Flag& f) {
+  return std::visit(
+      [&](auto member) -> std::string {
+        const auto& v = c.*member;
+        if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>)
+          return v;
+        else if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::vector<int64_t>>)
+          return fmt::format("{}", fmt::join(v, ","));
+        else
+          return fmt::format("{}", v);
+      },
+      f.field);
+}
+
+std::string flag_arg(const TrainConfig& c, const FlagField& field) {
+  const Flag& f = flag_of(field);
+  return fmt::format("{} {}", f.name, flag_value(c, f));
+}
+
+void TrainConfig::validate() const {
+  for (const Flag& f : flags())
+    if (f.check) f.check(*this, f);
+}
+
+std::vector<std::pair<std::string, std::string>> resume_identity(const TrainConfig& c) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Flag& f : flags())
+    if (f.resume_identity)
+      out.emplace_back(f.name, f.resume_spelling ? f.resume_spelling(c) : flag_value(c, f));
+  return out;
+}
+
+std::string config_json(const TrainConfig& c, int world) {
+  nlohmann::json j = {{"world_size", world}};
+  for (const Flag& f : flags())
+    if (f.json_key) std::visit([&](auto member) { j[f.json_key] = c.*member; }, f.field);
+  return j.dump();
+}
+
+int64_t bucket_bytes(double bucket_mb) {
+  return std::max<int64_t>(1, int64_t(bucket_mb * (1 << 20)));
+}
+
+DType compute_dtype(const TrainConfig& c, bool cuda) {
+  const DType d = dtype_of_flag(c.precision);
+  CZ_CHECK(cuda || d == DType::f32, "{} {} needs {} cuda (the CPU backend computes in fp32)",
+           flag_name(&T::precision), c.precision, flag_name(&T::device));
+  return d;
+}
+
+zero::ZeroConfig zero_config(const TrainConfig& c, Device device) {
+  zero::ZeroConfig z;
+  z.stage = c.stage;
+  z.bucket_bytes = bucket_bytes(c.bucket_mb);
+  z.prefetch = c.prefetch;
+  z.compute_dtype = compute_dtype(c, device.is_cuda());
+  z.reduce_dtype = dtype_of_flag(c.reduce_dtype);
+  z.device = device;
+  z.offload = c.offload_optimizer;
+  z.offload_overlap_step = c.offload_overlap_step;
+  return z;
+}
+
+}  // namespace cz::train

@@ -1,0 +1,69 @@
+// The flags of convnext_zero, each declared once (flags.cpp) with its help, the TrainConfig field it sets,
+// its check and what else reads it; the CLI, TrainConfig::validate, the rank-agreement check, the resume
+// identity and the config JSON all iterate this one table (llama.cpp's common/arg.cpp does the same for its
+// options).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "dist/train/config.h"
+#include "dist/zero/engine.h"
+
+namespace cz::train {
+
+// The TrainConfig field a flag sets. A bool field is a switch: giving the flag sets it to true, or to false
+// for an inverted one (--no-shuffle sets `shuffle`).
+using FlagField =
+    std::variant<std::string TrainConfig::*, std::vector<int64_t> TrainConfig::*, int64_t TrainConfig::*,
+                 uint64_t TrainConfig::*, int TrainConfig::*, double TrainConfig::*, bool TrainConfig::*>;
+
+struct Flag {
+  const char* name;  // with its dashes, as typed: the only place the name is spelled
+  FlagField field;
+  std::string help;
+  bool inverted = false;  // a switch that sets its bool field to false
+  // Throws ValueError naming the flag (`self` is this entry); empty: any value the parser accepts.
+  std::function<void(const TrainConfig& c, const Flag& self)> check = nullptr;
+  // Every rank of a job must be given the same value (Trainer::check_ranks_agree).
+  bool ranks_agree = false;
+  // Part of the resume identity (Note [Resuming]): a resumed run must have the saved value. The value as a
+  // checkpoint records it: the flag's value where `resume_spelling` is empty.
+  bool resume_identity = false;
+  std::function<std::string(const TrainConfig& c)> resume_spelling = nullptr;
+  const char* json_key = nullptr;  // its key in the checkpoint's config JSON; null: not recorded
+};
+
+// Every flag, in the order of --help.
+const std::vector<Flag>& flags();
+
+// The entry that sets `field` (a bug if there is none), and its name, for messages and CLI look-ups:
+// flag_name(&TrainConfig::steps) is "--steps".
+const Flag& flag_of(const FlagField& field);
+inline const char* flag_name(const FlagField& field) {
+  return flag_of(field).name;
+}
+
+// The flag's value as text: numbers as fmt prints them, lists joined with ",".
+std::string flag_value(const TrainConfig& c, const Flag& f);
+// The flag and its value as a command line has them, for messages: "--data h5:train.h5".
+std::string flag_arg(const TrainConfig& c, const FlagField& field);
+
+// (flag, value) for each flag of the resume identity, as a checkpoint records them ("--dims", "8,16,24,32").
+std::vector<std::pair<std::string, std::string>> resume_identity(const TrainConfig& c);
+
+// The run's configuration as the checkpoint records it for people and tools, one JSON object.
+std::string config_json(const TrainConfig& c, int world);
+
+// Configurations derived from the flags, each in one place.
+// --bucket-mb in bytes, at least one.
+int64_t bucket_bytes(double bucket_mb);
+// The dtype the model computes in: --precision, whose 16-bit values need a CUDA device.
+DType compute_dtype(const TrainConfig& c, bool cuda);
+// The ZeRO engine's configuration for a run on `device`.
+zero::ZeroConfig zero_config(const TrainConfig& c, Device device);
+
+}  // namespace cz::train

@@ -1,0 +1,184 @@
+// The flag table (src/dist/train/flags.h): what checkpoints record from it stays byte for byte what they
+// recorded before the table existed, the rank-agreement set is the one the trainer checked, and the derived
+// configurations read the flags they should.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "dist/train/flags.h"
+
+namespace cz::train {
+namespace {
+
+using ::testing::HasSubstr;
+
+TrainConfig custom_config() {
+  TrainConfig c;
+  c.depths = {1, 1, 1, 1};
+  c.dims = {8, 16, 24, 32};
+  c.num_classes = 4;
+  c.data = "synthetic:n=256,eval_n=64,classes=4";
+  c.ema_decay = 0.99;
+  c.seed = 18446744073709551615ull;
+  c.shuffle = false;
+  c.augment = true;
+  c.bucket_mb = 0.01;
+  c.lr = 3e-3;
+  return c;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// As checkpoints saved before the table record them (the keys are read by people and tools).
+TEST(Flags, ConfigJsonIsWhatCheckpointsRecorded) {
+  EXPECT_EQ(
+      config_json(custom_config(), 2),
+      R"({"augment":true,"bucket_mb":0.01,"clip_grad":0.0,"data":"synthetic:n=256,eval_n=64,classes=4",)"
+      R"("depths":[1,1,1,1],"dims":[8,16,24,32],"drop_path":0.0,"ema_decay":0.99,"epochs":0,)"
+      R"("grad_accum":1,"image_size":64,"label_smoothing":0.0,"lr":0.003,"micro_batch":32,"min_lr":1e-06,)"
+      R"("model":"atto","num_classes":4,"offload_optimizer":false,"optimizer":"adamw","precision":"fp32",)"
+      R"("reduce_dtype":"fp32","schedule":"cosine","seed":18446744073709551615,"shuffle":false,"stage":0,)"
+      R"("steps":0,"warmup_steps":0,"weight_decay":0.05,"world_size":2})");
+}
+
+// Resuming compares these with the strings a checkpoint holds ("flag--dims" = "8,16,24,32").
+TEST(Flags, ResumeIdentityIsWhatCheckpointsRecorded) {
+  using Pairs = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(resume_identity(custom_config()), (Pairs{{"--model", "custom"},
+                                                     {"--depths", "1,1,1,1"},
+                                                     {"--dims", "8,16,24,32"},
+                                                     {"--num-classes", "4"},
+                                                     {"--data", "synthetic:n=256,eval_n=64,classes=4"},
+                                                     {"--optimizer", "adamw"},
+                                                     {"--ema-decay", "on"},
+                                                     {"--seed", "18446744073709551615"}}));
+  TrainConfig c;
+  c.model = "tiny";
+  c.optimizer = "sgd";
+  c.seed = 7;
+  EXPECT_EQ(resume_identity(c), (Pairs{{"--model", "tiny"},
+                                       {"--depths", ""},
+                                       {"--dims", ""},
+                                       {"--num-classes", "10"},
+                                       {"--data", "synthetic"},
+                                       {"--optimizer", "sgd"},
+                                       {"--ema-decay", "off"},
+                                       {"--seed", "7"}}));
+}
+
+TEST(Flags, RanksAgreeOnTheFlagsTheTrainerChecked) {
+  std::set<std::string> agreed;
+  for (const Flag& f : flags())
+    if (f.ranks_agree) agreed.insert(f.name);
+  EXPECT_EQ(agreed, (std::set<std::string>{"--model",
+                                           "--depths",
+                                           "--dims",
+                                           "--num-classes",
+                                           "--image-size",
+                                           "--stage",
+                                           "--bucket-mb",
+                                           "--prefetch",
+                                           "--reduce-dtype",
+                                           "--offload-optimizer",
+                                           "--offload-overlap-step",
+                                           "--precision",
+                                           "--micro-batch",
+                                           "--grad-accum",
+                                           "--optimizer",
+                                           "--activation-checkpointing",
+                                           "--drop-path",
+                                           "--data",
+                                           "--steps",
+                                           "--epochs",
+                                           "--seed",
+                                           "--lr",
+                                           "--clip-grad",
+                                           "--ema-decay",
+                                           "--init-weights"}));
+}
+
+TEST(Flags, NamesAndKeysAreUniqueAndFound) {
+  std::set<std::string> names, keys;
+  for (const Flag& f : flags()) {
+    EXPECT_TRUE(names.insert(f.name).second) << f.name;
+    EXPECT_EQ(std::string(f.name).rfind("--", 0), 0u) << f.name;
+    if (f.json_key) {
+      EXPECT_TRUE(keys.insert(f.json_key).second) << f.json_key;
+    }
+    EXPECT_EQ(&flag_of(f.field), &f) << f.name;  // one flag per field
+    EXPECT_FALSE(f.inverted && !std::holds_alternative<bool TrainConfig::*>(f.field)) << f.name;
+  }
+  EXPECT_STREQ(flag_name(&TrainConfig::shuffle), "--no-shuffle");
+  EXPECT_STREQ(flag_name(&TrainConfig::bucket_mb), "--bucket-mb");
+}
+
+TEST(Flags, FlagValueAsTheRanksCompareIt) {
+  const TrainConfig c = custom_config();
+  EXPECT_EQ(flag_value(c, flag_of(&TrainConfig::dims)), "8,16,24,32");
+  EXPECT_EQ(flag_value(c, flag_of(&TrainConfig::bucket_mb)), "0.01");
+  EXPECT_EQ(flag_value(c, flag_of(&TrainConfig::micro_batch)), "32");
+  EXPECT_EQ(flag_value(c, flag_of(&TrainConfig::data)), c.data);
+}
+
+TEST(Flags, ValidateNamesTheFlagWithItsMessage) {
+  TrainConfig c;
+  c.stage = 4;
+  EXPECT_EQ(error_of([&] { c.validate(); }), "--stage must be 0, 1, 2 or 3, got 4");
+  c = {};
+  c.bucket_mb = 0;
+  EXPECT_EQ(error_of([&] { c.validate(); }), "--bucket-mb must be in (0, 65536], got 0");
+  c = {};
+  c.offload_overlap_step = true;
+  EXPECT_EQ(error_of([&] { c.validate(); }), "--offload-overlap-step needs --offload-optimizer");
+  c = {};
+  c.dims = {8};
+  EXPECT_EQ(error_of([&] { c.validate(); }), "--depths and --dims go together (got 0 depths and 1 dims)");
+  c = {};
+  c.min_lr = 1;
+  EXPECT_EQ(error_of([&] { c.validate(); }), "--min-lr must be in [0, --lr], got 1");
+  c = {};
+  c.checkpoint_every = 5;
+  EXPECT_EQ(error_of([&] { c.validate(); }), "--checkpoint-every needs --checkpoint-dir");
+  EXPECT_EQ(error_of([] { TrainConfig{}.validate(); }), "(no error)");
+}
+
+TEST(Flags, DerivedConfigurations) {
+  EXPECT_EQ(bucket_bytes(25), int64_t(25) << 20);
+  EXPECT_EQ(bucket_bytes(1e-9), 1);  // at least one byte
+  TrainConfig c = custom_config();
+  c.stage = 2;
+  c.prefetch = 3;
+  c.reduce_dtype = "bf16";
+  c.optimizer = "sgd";
+  c.momentum = 0.5;
+  c.weight_decay = 0.1;
+  c.offload_optimizer = c.offload_overlap_step = true;
+  const zero::ZeroConfig z = zero_config(c, Device::cpu());
+  EXPECT_EQ(z.stage, 2);
+  EXPECT_EQ(z.bucket_bytes, bucket_bytes(0.01));
+  EXPECT_EQ(z.prefetch, 3);
+  EXPECT_EQ(z.compute_dtype, DType::f32);
+  EXPECT_EQ(z.reduce_dtype, DType::bf16);
+  EXPECT_EQ(z.optimizer, "sgd");
+  EXPECT_EQ(z.momentum, 0.5);
+  EXPECT_EQ(z.weight_decay, 0.1);
+  EXPECT_EQ(z.ema_decay, 0.99);
+  EXPECT_TRUE(z.offload && z.offload_overlap_step);
+  c.precision = "bf16";
+  EXPECT_EQ(compute_dtype(c, true), DType::bf16);
+  EXPECT_THAT(error_of([&] { compute_dtype(c, false); }),
+              HasSubstr("--precision bf16 needs --device cuda (the CPU backend computes in fp32)"));
+}
+
+}  // namespace
+}  // namespace cz::train
