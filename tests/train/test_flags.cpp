@@ -159,9 +159,6 @@ TEST(Flags, DerivedConfigurations) {
   c.stage = 2;
   c.prefetch = 3;
   c.reduce_dtype = "bf16";
-  c.optimizer = "sgd";
-  c.momentum = 0.5;
-  c.weight_decay = 0.1;
   c.offload_optimizer = c.offload_overlap_step = true;
   const zero::ZeroConfig z = zero_config(c, Device::cpu());
   EXPECT_EQ(z.stage, 2);
@@ -169,10 +166,6 @@ TEST(Flags, DerivedConfigurations) {
   EXPECT_EQ(z.prefetch, 3);
   EXPECT_EQ(z.compute_dtype, DType::f32);
   EXPECT_EQ(z.reduce_dtype, DType::bf16);
-  EXPECT_EQ(z.optimizer, "sgd");
-  EXPECT_EQ(z.momentum, 0.5);
-  EXPECT_EQ(z.weight_decay, 0.1);
-  EXPECT_EQ(z.ema_decay, 0.99);
   EXPECT_TRUE(z.offload && z.offload_overlap_step);
   c.precision = "bf16";
   EXPECT_EQ(compute_dtype(c, true), DType::bf16);
