@@ -20,6 +20,7 @@
 #include <mutex>
 
 #include "dist/comm/mpi_util.h"
+#include "dist/comm/signal_text.h"
 #include "tensor/check.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/device.h"
@@ -44,41 +45,29 @@ std::map<int, std::function<void()>>& hooks() {
 
 // Note [Activity for signals]: the SIGTERM handler may only call async-signal-safe functions, so the current
 // activity lives in two fixed buffers; writers fill the idle one and then publish its index.
-constexpr size_t kActivityLen = 256;
-char g_activity[2][kActivityLen];
-std::atomic<int> g_activity_index{0};
+SignalSafeText<256> g_activity;
 char g_prefix[64] = "";
 volatile sig_atomic_t g_aborting = 0;  // set once abort_world runs: the launcher's SIGTERM is then expected
 
-void write_all(const char* s) {
-  size_t n = strlen(s);
-  while (n > 0) {
-    const ssize_t w = ::write(STDERR_FILENO, s, n);
-    if (w <= 0) return;
-    s += w;
-    n -= size_t(w);
-  }
-}
-
 void on_sigterm(int sig) {
   if (g_aborting) _exit(128 + sig);
-  write_all(g_prefix);
-  write_all("terminated by the launcher (signal ");
+  write_stderr(g_prefix);
+  write_stderr("terminated by the launcher (signal ");
   char num[16];
   int k = 0;
   for (int v = sig; v > 0 && k < 15; v /= 10) num[k++] = char('0' + v % 10);
   while (k > 0) {
     const char c[2] = {num[--k], 0};
-    write_all(c);
+    write_stderr(c);
   }
-  const char* act = g_activity[g_activity_index.load(std::memory_order_acquire)];
+  const char* act = g_activity.get();
   if (act[0]) {
-    write_all(") during ");
-    write_all(act);
+    write_stderr(") during ");
+    write_stderr(act);
   } else {
-    write_all(") while not communicating");
+    write_stderr(") while not communicating");
   }
-  write_all(": another rank failed or died and the job is being stopped\n");
+  write_stderr(": another rank failed or died and the job is being stopped\n");
   _exit(128 + sig);
 }
 
@@ -112,11 +101,7 @@ bool env_set(const char* name) {
 }  // namespace
 
 void set_current_activity(const std::string& what) {
-  const int next = 1 - g_activity_index.load(std::memory_order_relaxed);
-  const size_t n = std::min(what.size(), kActivityLen - 1);
-  std::memcpy(g_activity[next], what.data(), n);
-  g_activity[next][n] = '\0';
-  g_activity_index.store(next, std::memory_order_release);
+  g_activity.set(what);
 }
 
 World& World::init(int* argc, char*** argv, const WorldOptions& options) {

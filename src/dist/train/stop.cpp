@@ -15,31 +15,16 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <cstring>
-
 #include <fmt/format.h>
+
+#include "dist/comm/signal_text.h"
 
 namespace cz::train {
 namespace {
 
 volatile sig_atomic_t g_signal = 0;
 volatile sig_atomic_t g_announce = 0;
-// The newest published checkpoint, for the second signal's message: written into the idle buffer, then
-// published by index, as bootstrap.cpp does for its activity string.
-constexpr size_t kPathLen = 1024;
-char g_latest[2][kPathLen];
-std::atomic<int> g_latest_index{0};
-
-void write_str(const char* s) {
-  size_t n = std::strlen(s);
-  while (n > 0) {
-    const ssize_t w = ::write(STDERR_FILENO, s, n);
-    if (w <= 0) return;
-    s += w;
-    n -= size_t(w);
-  }
-}
+dist::SignalSafeText<1024> g_latest;  // the newest published checkpoint, for the second signal's message
 
 const char* short_name(int sig) {
   switch (sig) {
@@ -58,23 +43,23 @@ void on_stop(int sig) {
   if (g_signal == 0) {
     g_signal = sig;
     if (g_announce) {
-      write_str("\nconvnext_zero: ");
-      write_str(short_name(sig));
-      write_str(": stopping after this step (send it again to stop at once)\n");
+      dist::write_stderr("\nconvnext_zero: ");
+      dist::write_stderr(short_name(sig));
+      dist::write_stderr(": stopping after this step (send it again to stop at once)\n");
     }
     return;
   }
   if (g_announce) {
-    write_str("\nconvnext_zero: ");
-    write_str(short_name(sig));
-    write_str(" again: stopping now without saving; ");
-    const char* latest = g_latest[g_latest_index.load(std::memory_order_acquire)];
+    dist::write_stderr("\nconvnext_zero: ");
+    dist::write_stderr(short_name(sig));
+    dist::write_stderr(" again: stopping now without saving; ");
+    const char* latest = g_latest.get();
     if (latest[0]) {
-      write_str("the newest checkpoint on disk is ");
-      write_str(latest);
-      write_str("\n");
+      dist::write_stderr("the newest checkpoint on disk is ");
+      dist::write_stderr(latest);
+      dist::write_stderr("\n");
     } else {
-      write_str("no checkpoint of this run is on disk\n");
+      dist::write_stderr("no checkpoint of this run is on disk\n");
     }
   }
   _exit(128 + sig);
@@ -95,16 +80,8 @@ int stop_signal() {
   return g_signal;
 }
 
-void clear_stop_signal() {
-  g_signal = 0;
-}
-
 void set_latest_checkpoint(const std::string& path) {
-  const int next = 1 - g_latest_index.load(std::memory_order_relaxed);
-  const size_t n = std::min(path.size(), kPathLen - 1);
-  std::memcpy(g_latest[next], path.data(), n);
-  g_latest[next][n] = '\0';
-  g_latest_index.store(next, std::memory_order_release);
+  g_latest.set(path);
 }
 
 std::string signal_name(int sig) {

@@ -18,8 +18,6 @@ inline constexpr int kExitStopped = 75;  // stopped on request after saving what
 void install_stop_handlers(bool announce);
 // The first stop signal received (SIGINT, SIGTERM or SIGUSR1), 0 when none.
 int stop_signal();
-// Tests: forget a received signal.
-void clear_stop_signal();
 // The checkpoint a second signal's message names as the newest on disk ("" before the first is published).
 void set_latest_checkpoint(const std::string& path);
 // "SIGTERM", "SIGINT", "SIGUSR1", or "signal N".
