@@ -10,6 +10,7 @@
 #include <random>
 
 #include "checkpoint_testing.h"
+#include "common/error_of.h"
 #include "io/checkpoint.h"
 #include "io/fletcher32.h"
 #include "io/h5_file.h"
@@ -55,18 +56,6 @@ int64_t wrong_at(const Checkpoint& c, int world, int64_t step, int64_t align) {
     }
   return wrong;
 }
-
-template <class E>
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-#define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)
 
 TEST(Checkpoint, RoundTripAtOneTwoFourRanks) {
   for (int world : {1, 2, 4}) {

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "checkpoint_testing.h"
+#include "common/error_of.h"
 #include "io/checkpoint.h"
 #include "io/h5_file.h"
 #include "io/weights.h"
@@ -22,18 +23,6 @@ using ckpt::Checkpoint;
 using ckpt::SaveRequest;
 using testing::TempDir;
 namespace fs = std::filesystem;
-
-template <class E = IoError>
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-#define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)
 
 // Saves step `step` at `world` ranks; `edit(rank, request)` may spoil a rank's request. Returns each rank's
 // error ("" when none).
@@ -69,25 +58,26 @@ void expect_step1_intact(const TempDir& dir) {
 
 TEST(CheckpointErrors, NoCheckpoint) {
   TempDir dir;
-  EXPECT_HAS(error_of([&] { Checkpoint::open(dir.str("nope")); }),
+  EXPECT_HAS(error_of<IoError>([&] { Checkpoint::open(dir.str("nope")); }),
              dir.str("nope") + ": no such checkpoint folder");
-  EXPECT_HAS(error_of([&] { Checkpoint::open(dir.path().string()); }),
+  EXPECT_HAS(error_of<IoError>([&] { Checkpoint::open(dir.path().string()); }),
              dir.path().string() + ": no checkpoint here");
   fs::create_directories(dir.str(".tmp-step_3"));
   std::ofstream(dir.str("latest")) << "step_3\n";
-  const std::string e = error_of([&] { Checkpoint::open(dir.path().string()); });
+  const std::string e = error_of<IoError>([&] { Checkpoint::open(dir.path().string()); });
   EXPECT_HAS(e, "'latest' names step_3, which is incomplete or gone");
   EXPECT_HAS(e, "interrupted save");
-  EXPECT_HAS(error_of([&] { Checkpoint::open(dir.str("step_3")); }), "no such checkpoint folder");
+  EXPECT_HAS(error_of<IoError>([&] { Checkpoint::open(dir.str("step_3")); }), "no such checkpoint folder");
 }
 
 TEST(CheckpointErrors, NotACheckpointOrAnotherVersion) {
   TempDir dir;
   fs::create_directories(dir.str("step_1"));
   std::ofstream(dir.str("step_1/checkpoint.h5")) << "not hdf5";
-  EXPECT_HAS(error_of([&] { Checkpoint::open(dir.path().string()); }), "checkpoint.h5: not an HDF5 file");
+  EXPECT_HAS(error_of<IoError>([&] { Checkpoint::open(dir.path().string()); }),
+             "checkpoint.h5: not an HDF5 file");
   export_weights(dir.str("step_1/checkpoint.h5"), {{"w", ones({2})}});
-  EXPECT_HAS(error_of([&] { Checkpoint::open(dir.path().string()); }),
+  EXPECT_HAS(error_of<IoError>([&] { Checkpoint::open(dir.path().string()); }),
              "checkpoint.h5: format is 'convnext_zero.weights', not a convnext_zero checkpoint");
 
   TempDir dir2;
@@ -99,7 +89,7 @@ TEST(CheckpointErrors, NotACheckpointOrAnotherVersion) {
   H5Awrite(a, H5T_NATIVE_INT64, &two);
   H5Aclose(a);
   H5Fclose(f);
-  EXPECT_HAS(error_of([&] { Checkpoint::open(dir2.path().string()); }),
+  EXPECT_HAS(error_of<IoError>([&] { Checkpoint::open(dir2.path().string()); }),
              index + ": checkpoint format version 2; this build reads version 1");
 }
 
@@ -109,10 +99,10 @@ TEST(CheckpointErrors, TruncatedOrMissingRankFile) {
   const std::string rank1 = dir.str("step_1/rank_00001.h5");
   const auto size = fs::file_size(rank1);
   fs::resize_file(rank1, size / 2);
-  EXPECT_HAS(error_of([&] { Checkpoint::open(dir.path().string()); }),
+  EXPECT_HAS(error_of<IoError>([&] { Checkpoint::open(dir.path().string()); }),
              fmt::format("{}: {} bytes, but {} were written: truncated", rank1, size / 2, size));
   fs::remove(rank1);
-  EXPECT_HAS(error_of([&] { Checkpoint::open(dir.path().string()); }), rank1 + ": missing");
+  EXPECT_HAS(error_of<IoError>([&] { Checkpoint::open(dir.path().string()); }), rank1 + ": missing");
 }
 
 // Note [Probing HDF5 files]: an index or rank file that crashes libhdf5 is an IoError naming it. A rank file
@@ -128,18 +118,19 @@ TEST(CheckpointErrors, FilesThatCrashLibhdf5AreNamed) {
   fs::copy_file(crash, rank1, fs::copy_options::overwrite_existing);
   fs::resize_file(rank1, size);
   const Checkpoint c = Checkpoint::open(dir.path().string());
-  EXPECT_HAS(error_of([&] { c.verify(); }), rank1 + ": libhdf5 crashed (SIGSEGV) while ");
+  EXPECT_HAS(error_of<IoError>([&] { c.verify(); }), rank1 + ": libhdf5 crashed (SIGSEGV) while ");
   // The index read as a weight file goes through its virtual datasets into the rank files: probed too.
   NamedTensorList params;
   for (const auto& [name, shape] : testing::small_model()) params.emplace_back(name, zeros(shape));
   const std::string index = dir.str("step_1/checkpoint.h5");
   WeightImportOptions options;
   options.group = "params";
-  EXPECT_HAS(error_of([&] { import_weights(index, params, options); }),
+  EXPECT_HAS(error_of<IoError>([&] { import_weights(index, params, options); }),
              rank1 + ": libhdf5 crashed (SIGSEGV) while ");
 
   fs::copy_file(crash, index, fs::copy_options::overwrite_existing);
-  EXPECT_HAS(error_of([&] { Checkpoint::open(dir.path().string()); }), index + ": libhdf5 crashed (SIGSEGV)");
+  EXPECT_HAS(error_of<IoError>([&] { Checkpoint::open(dir.path().string()); }),
+             index + ": libhdf5 crashed (SIGSEGV)");
 }
 
 TEST(CheckpointErrors, ChecksumMismatchNamesFileAndDataset) {
@@ -168,11 +159,11 @@ TEST(CheckpointErrors, ChecksumMismatchNamesFileAndDataset) {
     file.write(&c, 1);
   }
   const Checkpoint c = Checkpoint::open(dir.path().string());  // sizes are right: found when the data is read
-  const std::string e = error_of([&] { c.read_tensor("params", "stem.0.weight"); });
+  const std::string e = error_of<IoError>([&] { c.read_tensor("params", "stem.0.weight"); });
   EXPECT_HAS(e, rank0);
   EXPECT_HAS(e, "'params/stem.0.weight'");
   EXPECT_HAS(e, "Fletcher32 checksum");
-  EXPECT_HAS(error_of([&] { c.verify(); }), "Fletcher32 checksum");
+  EXPECT_HAS(error_of<IoError>([&] { c.verify(); }), "Fletcher32 checksum");
   EXPECT_EQ(c.read_tensor("ema", "stem.0.weight").to_vector<float>()[5], testing::value_at(1, 3, 0, 5));
 }
 
@@ -188,7 +179,7 @@ TEST(CheckpointErrors, MissingDatasetInRankFile) {
   H5Fclose(f);
   if (fs::file_size(rank1) != size) fs::resize_file(rank1, size);
   const Checkpoint c = Checkpoint::open(dir.path().string());
-  const std::string e = error_of([&] { c.read_tensor("ema", "head.fc.bias"); });
+  const std::string e = error_of<IoError>([&] { c.read_tensor("ema", "head.fc.bias"); });
   EXPECT_HAS(e, rank1);
   EXPECT_HAS(e, "no dataset 'ema/head.fc.bias'");
 }
@@ -197,12 +188,12 @@ TEST(CheckpointErrors, MissingTensorsAndMismatchedSlices) {
   TempDir dir;
   save_ok(dir.path().string(), 1, 1);
   const Checkpoint c = Checkpoint::open(dir.path().string());
-  EXPECT_HAS(error_of([&] { c.read_tensor("params", "stages.9.nope"); }),
+  EXPECT_HAS(error_of<IoError>([&] { c.read_tensor("params", "stages.9.nope"); }),
              dir.str("step_1") + ": no tensor 'stages.9.nope' in group 'params'");
-  EXPECT_HAS(error_of([&] { c.read_tensor("exp_avg", "stem.0.bias"); }),
+  EXPECT_HAS(error_of<IoError>([&] { c.read_tensor("exp_avg", "stem.0.bias"); }),
              "no group 'exp_avg' (it has: params, ema)");
   const std::vector<ckpt::ShardSlice> wrong_shape = {{"stem.0.bias", {9}, 0, 8, zeros({8})}};
-  EXPECT_HAS(error_of([&] { c.read_slices("params", wrong_shape); }),
+  EXPECT_HAS(error_of<IoError>([&] { c.read_slices("params", wrong_shape); }),
              "params/stem.0.bias has shape (8), but the slice to fill is of a tensor of shape (9)");
   EXPECT_HAS(error_of<ValueError>([&] { c.read("params", "stem.0.bias", 5, zeros({4})); }),
              "elements [5, 9) were asked for");

@@ -11,6 +11,7 @@
 #include <functional>
 #include <thread>
 
+#include "common/error_of.h"
 #include "io/dataset.h"
 #include "io/h5_file.h"
 #include "io/h5_probe.h"
@@ -22,17 +23,6 @@ namespace {
 
 using testing::TempDir;
 namespace fs = std::filesystem;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const IoError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-#define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)
 
 std::vector<std::string> known_crashes() {
   std::vector<std::string> files;
@@ -60,11 +50,11 @@ TEST(H5Probe, KnownLibhdf5CrashesAreIoErrorsThroughEveryReader) {
   ASSERT_GE(files.size(), 2u);
   for (const std::string& f : files) {
     SCOPED_TRACE(f);
-    const std::string as_data = error_of([&] { open_dataset("h5:" + f, Split::train, {}); });
+    const std::string as_data = error_of<IoError>([&] { open_dataset("h5:" + f, Split::train, {}); });
     EXPECT_HAS(as_data, "h5:" + f + ": ");
     EXPECT_HAS(as_data, "the file is corrupt");
     // Weight files and checkpoints open through h5::File.
-    const std::string as_file = error_of([&] { h5::File::open(f); });
+    const std::string as_file = error_of<IoError>([&] { h5::File::open(f); });
     EXPECT_HAS(as_file, f + ": ");
     EXPECT_HAS(as_file, "the file is corrupt");
   }
@@ -72,18 +62,19 @@ TEST(H5Probe, KnownLibhdf5CrashesAreIoErrorsThroughEveryReader) {
 
 TEST(H5Probe, MessagesSayWhatHappened) {
   const std::string dir = CZ_KNOWN_CRASHES;
-  EXPECT_HAS(error_of([&] { h5::probe_file(dir + "/libhdf5_accum_read_null_memcpy.h5", "x"); }),
+  EXPECT_HAS(error_of<IoError>([&] { h5::probe_file(dir + "/libhdf5_accum_read_null_memcpy.h5", "x"); }),
              "x: libhdf5 crashed (SIGSEGV) while reading the file's links: the file is corrupt or not HDF5");
-  EXPECT_HAS(error_of([&] { h5::probe_file(dir + "/libhdf5_memcpyvv_heap_overflow.h5", "x"); }),
+  EXPECT_HAS(error_of<IoError>([&] { h5::probe_file(dir + "/libhdf5_memcpyvv_heap_overflow.h5", "x"); }),
              "x: dataset 'labels' is stored compactly in 9 bytes, but its 2 elements of 8 bytes need 16: the "
              "file is corrupt");
   // Size fields claiming more than glibc grants, and 4 GiB, which it grants (in-process, H5Fopen then took
   // 7.7 s and 4.2 GB before failing): refused under the probe's memory limit instead.
   EXPECT_HAS(
-      error_of([] { h5::probe_file(CZ_FUZZ_REGRESSIONS "/h5_huge_metadata_alloc.h5", "x"); }),
+      error_of<IoError>([] { h5::probe_file(CZ_FUZZ_REGRESSIONS "/h5_huge_metadata_alloc.h5", "x"); }),
       "x: libhdf5 needed more than 1 GiB of memory while reading the file's links: the file is corrupt");
-  EXPECT_HAS(error_of([] { h5::probe_file(CZ_FUZZ_REGRESSIONS "/h5_superblock_realloc_4gib.h5", "x"); }),
-             "x: libhdf5 needed more than 1 GiB of memory while opening the file: the file is corrupt");
+  EXPECT_HAS(
+      error_of<IoError>([] { h5::probe_file(CZ_FUZZ_REGRESSIONS "/h5_superblock_realloc_4gib.h5", "x"); }),
+      "x: libhdf5 needed more than 1 GiB of memory while opening the file: the file is corrupt");
 }
 
 TEST(H5Probe, ValidFilesPassAndLoadAsBefore) {
@@ -103,7 +94,8 @@ TEST(H5Probe, ValidFilesPassAndLoadAsBefore) {
   // Not HDF5: the probe passes it on and the reader's own message stays.
   testing::write_bytes(path, {'n', 'o', 't', ' ', 'h', 'd', 'f'});
   EXPECT_EQ(h5::probe_file(path, path).objects, 0);
-  EXPECT_HAS(error_of([&] { open_dataset("h5:" + path, Split::train, {}); }), "not a readable HDF5 file");
+  EXPECT_HAS(error_of<IoError>([&] { open_dataset("h5:" + path, Split::train, {}); }),
+             "not a readable HDF5 file");
 }
 
 // Opening a dataset by name follows an external link into another file, so the probe walks that file too.
@@ -117,7 +109,7 @@ TEST(H5Probe, ExternalLinksAreFollowed) {
   const std::string crash = known_crashes().front();
   link("linking.h5", crash, "images");
   const std::string path = dir.str("linking.h5");
-  EXPECT_HAS(error_of([&] { open_dataset("h5:" + path, Split::train, {}); }),
+  EXPECT_HAS(error_of<IoError>([&] { open_dataset("h5:" + path, Split::train, {}); }),
              crash + " (external link from h5:" + path + "): libhdf5 crashed (SIGSEGV)");
   // A cycle of links ends; relative names are taken from the linking file's folder.
   link("a.h5", "b.h5", "x");
@@ -138,7 +130,7 @@ TEST(H5Probe, HelperDeathLimitsAndClock) {
   TempDir dir;
   const std::string file = valid_data_file(dir);
   auto with = [&](const std::string& helper, double seconds = 60) {
-    return error_of([&] { h5::probe_file(file, "h5:f", {.seconds = seconds, .helper = helper}); });
+    return error_of<IoError>([&] { h5::probe_file(file, "h5:f", {.seconds = seconds, .helper = helper}); });
   };
   EXPECT_HAS(with(script(dir, "segv", "echo \"at reading a sample of dataset 'images'\"; kill -SEGV $$")),
              "h5:f: libhdf5 crashed (SIGSEGV) while reading a sample of dataset 'images'");
@@ -170,7 +162,7 @@ TEST(H5Probe, ConcurrentProbesKeepTheirOwnVerdicts) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 5; ++i) {
         const bool bad = (t + i) % 2 == 1;
-        const std::string e = error_of([&] { h5::probe_file(bad ? crash : valid, "f"); });
+        const std::string e = error_of<IoError>([&] { h5::probe_file(bad ? crash : valid, "f"); });
         wrong[size_t(t)] += bad ? e.find("the file is corrupt") == std::string::npos : e != "(no error)";
       }
     });

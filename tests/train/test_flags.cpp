@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error_of.h"
 #include "dist/train/flags.h"
 
 namespace cz::train {
@@ -28,15 +29,6 @@ TrainConfig custom_config() {
   c.bucket_mb = 0.01;
   c.lr = 3e-3;
   return c;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // As checkpoints saved before the table record them (the keys are read by people and tools).
@@ -133,23 +125,25 @@ TEST(Flags, FlagValueAsTheRanksCompareIt) {
 TEST(Flags, ValidateNamesTheFlagWithItsMessage) {
   TrainConfig c;
   c.stage = 4;
-  EXPECT_EQ(error_of([&] { c.validate(); }), "--stage must be 0, 1, 2 or 3, got 4");
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }), "--stage must be 0, 1, 2 or 3, got 4");
   c = {};
   c.bucket_mb = 0;
-  EXPECT_EQ(error_of([&] { c.validate(); }), "--bucket-mb must be in (0, 65536], got 0");
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }), "--bucket-mb must be in (0, 65536], got 0");
   c = {};
   c.offload_overlap_step = true;
-  EXPECT_EQ(error_of([&] { c.validate(); }), "--offload-overlap-step needs --offload-optimizer");
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }),
+            "--offload-overlap-step needs --offload-optimizer");
   c = {};
   c.dims = {8};
-  EXPECT_EQ(error_of([&] { c.validate(); }), "--depths and --dims go together (got 0 depths and 1 dims)");
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }),
+            "--depths and --dims go together (got 0 depths and 1 dims)");
   c = {};
   c.min_lr = 1;
-  EXPECT_EQ(error_of([&] { c.validate(); }), "--min-lr must be in [0, --lr], got 1");
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }), "--min-lr must be in [0, --lr], got 1");
   c = {};
   c.checkpoint_every = 5;
-  EXPECT_EQ(error_of([&] { c.validate(); }), "--checkpoint-every needs --checkpoint-dir");
-  EXPECT_EQ(error_of([] { TrainConfig{}.validate(); }), "(no error)");
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }), "--checkpoint-every needs --checkpoint-dir");
+  EXPECT_EQ(error_of<std::exception>([] { TrainConfig{}.validate(); }), "(no error)");
 }
 
 TEST(Flags, DerivedConfigurations) {
@@ -169,7 +163,7 @@ TEST(Flags, DerivedConfigurations) {
   EXPECT_TRUE(z.offload && z.offload_overlap_step);
   c.precision = "bf16";
   EXPECT_EQ(compute_dtype(c, true), DType::bf16);
-  EXPECT_THAT(error_of([&] { compute_dtype(c, false); }),
+  EXPECT_THAT(error_of<std::exception>([&] { compute_dtype(c, false); }),
               HasSubstr("--precision bf16 needs --device cuda (the CPU backend computes in fp32)"));
 }
 
