@@ -23,6 +23,7 @@
 #include "io/checkpoint.h"
 #include "mpi_collective.h"
 #include "nn/convnext.h"
+#include "page_cache.h"
 
 namespace {
 
@@ -55,15 +56,6 @@ double dd_rate(const std::string& args) {
   }
   ::pclose(p);
   return seconds > 0 ? bytes / seconds : 0;
-}
-
-// Drops a synced file's pages from the page cache, so that the next read comes from the disk.
-void evict(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return;
-  ::fdatasync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
 }
 
 }  // namespace
@@ -121,7 +113,7 @@ int main(int argc, char** argv) {
       const std::string dd = dir + "/dd.bin";
       const int64_t count = int64_t(total_bytes) >> 22;
       dd_write.push_back(dd_rate(fmt::format("if=/dev/zero of={} bs=4M count={} conv=fsync", dd, count)));
-      evict(dd);
+      evict_from_page_cache(dd);
       dd_read.push_back(dd_rate(fmt::format("if={} of=/dev/null bs=4M", dd)));
       fs::remove(dd);
     }
@@ -139,7 +131,7 @@ int main(int argc, char** argv) {
     if (rep > 0) prune.push_back(res.prune_seconds);  // the first save has nothing to remove
 
     if (rank == 0)
-      for (const auto& e : fs::directory_iterator(res.path)) evict(e.path().string());
+      for (const auto& e : fs::directory_iterator(res.path)) evict_from_page_cache(e.path().string());
     comm.barrier();
     t0 = now();
     {

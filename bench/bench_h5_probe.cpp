@@ -24,6 +24,7 @@
 #include "io/h5_file.h"
 #include "io/h5_probe.h"
 #include "nn/convnext.h"
+#include "page_cache.h"
 
 namespace {
 
@@ -36,15 +37,6 @@ constexpr hsize_t kImageBytes = kSide * kSide * 3;
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-// Drops a file's pages from the page cache, so that the next read comes from the disk.
-void evict(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return;
-  ::fdatasync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
 }
 
 // Median milliseconds of `reps` runs of `fn`, each after `before` (evicting files, or nothing).
@@ -104,7 +96,7 @@ void bench_data_set(const std::string& dir, int reps) {
   for (bool chunked : {false, true}) {
     const std::string path = dir + (chunked ? "/chunked.h5" : "/contiguous.h5");
     write_data_set(path, n, chunked);
-    auto cold = [&] { evict(path); };
+    auto cold = [&] { evict_from_page_cache(path); };
     auto warm = [] {};
     const h5::ProbeReport r = h5::probe_file(path, path);
     std::printf("h5: data set, %llu images 224x224x3 (%.2f GB), %s: %lld datasets, %lld sampled bytes\n",
@@ -156,7 +148,7 @@ void bench_checkpoint(const std::string& dir, int reps, int world, const std::st
       double(rr.sampled_bytes) / 1e6, (long long)rr.unsampled_datasets);
   auto warm = [] {};
   auto cold = [&] {
-    for (const std::string& f : files) evict(f);
+    for (const std::string& f : files) evict_from_page_cache(f);
   };
   for (const auto& [label, before] :
        {std::pair<const char*, std::function<void()>>{"warm", warm}, {"cold", cold}}) {
