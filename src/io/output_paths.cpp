@@ -13,17 +13,27 @@
 #include "tensor/check.h"
 
 namespace cz {
+namespace {
+
+// Creates and removes a file in `dir`; the reason (strerror) when that fails, empty when it works.
+std::string create_fails(const std::string& dir) {
+  std::string probe = dir + "/.cz-write-probe-XXXXXX";
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0) return std::strerror(errno);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return "";
+}
+
+}  // namespace
 
 void check_writable_dir(const std::string& dir, std::string_view flag) {
   CZ_CHECK_IO(!dir.empty(), "{}: the path is empty", flag);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   CZ_CHECK_IO(!ec, "{} {}: cannot create the folder: {}", flag, dir, ec.message());
-  std::string probe = dir + "/.cz-write-probe-XXXXXX";
-  const int fd = ::mkstemp(probe.data());
-  CZ_CHECK_IO(fd >= 0, "{} {}: cannot write there: {}", flag, dir, std::strerror(errno));
-  ::close(fd);
-  ::unlink(probe.c_str());
+  const std::string why = create_fails(dir);
+  CZ_CHECK_IO(why.empty(), "{} {}: cannot write there: {}", flag, dir, why);
 }
 
 void check_writable_file(const std::string& path, std::string_view flag) {
@@ -35,11 +45,8 @@ void check_writable_file(const std::string& path, std::string_view flag) {
   const std::string dir = parent.empty() ? "." : parent.string();
   CZ_CHECK_IO(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "{} {}: the folder {} does not exist",
               flag, path, dir);
-  std::string probe = dir + "/.cz-write-probe-XXXXXX";
-  const int fd = ::mkstemp(probe.data());
-  CZ_CHECK_IO(fd >= 0, "{} {}: cannot write in {}: {}", flag, path, dir, std::strerror(errno));
-  ::close(fd);
-  ::unlink(probe.c_str());
+  const std::string why = create_fails(dir);
+  CZ_CHECK_IO(why.empty(), "{} {}: cannot write in {}: {}", flag, path, dir, why);
 }
 
 int64_t free_bytes(const std::string& path) {
