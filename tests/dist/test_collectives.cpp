@@ -10,6 +10,7 @@
 
 #include "dist/comm/bootstrap.h"
 #include "dist/comm/communicator.h"
+#include "dist/comm/mesh.h"
 #include "dist/comm/process_group.h"
 #include "tensor/tensor.h"
 
@@ -468,6 +469,54 @@ TEST(ProcessGroup, BytesValuesAndScalars) {
   Tensor shard = from_vector(std::vector<float>{1, 2, 3}, {3}), out = zeros({3});
   EXPECT_EQ(one.all_gather(shard, out), nullptr);
   EXPECT_EQ(out.to_vector<float>(), (std::vector<float>{1, 2, 3}));
+}
+
+// Note [2-D mesh]: every group of the mesh reduces over exactly its members, and names them by world rank.
+// Under $CZ_SIMULATE_HOSTS=2 (ctest's dist_mesh_np4) the host and cross groups are proper subgroups too.
+TEST(Mesh, GroupsReduceOverTheirMembers) {
+  World& w = World::get();
+  CommOptions o;
+  o.timeout_s = 120;
+  o.algorithm = Algorithm::ring;
+  const HostMap hosts = host_map(w);
+  const bool host_levels = hosts.ranks_per_host() > 0;
+  for (const std::string spec : {"world", "1", "2", "host"}) {
+    if (spec == "2" && w.size() % 2 != 0) continue;
+    Mesh mesh(w, o, spec, host_levels);
+    const auto shards = shard_groups(spec, hosts);
+    const auto replicas = replicate_groups(shards);
+    auto expect_group = [&](const ProcessGroup& g, const std::vector<std::vector<int>>& groups, const char* what) {
+      SCOPED_TRACE(fmt::format("--shard-group {}: {} group", spec, what));
+      const std::vector<int>* mine = nullptr;
+      for (const auto& grp : groups)
+        if (std::find(grp.begin(), grp.end(), w.rank()) != grp.end()) mine = &grp;
+      ASSERT_NE(mine, nullptr);
+      EXPECT_EQ(g.ranks(), *mine);
+      EXPECT_EQ(g.ranks()[size_t(g.rank())], w.rank());
+      double sum = 0;
+      for (int r : *mine) sum += r + 1;
+      EXPECT_EQ(g.all_reduce(double(w.rank() + 1), ReduceOp::sum), sum);
+      // A tensor all-gather in group order.
+      Tensor mine_t = full({2}, double(w.rank()), DType::f32, Device::cpu());
+      Tensor all = zeros({2 * int64_t(g.size())});
+      if (WorkHandle h = g.all_gather(mine_t, all)) h->wait();
+      const auto v = all.to_vector<float>();
+      for (int i = 0; i < g.size(); ++i) EXPECT_EQ(v[size_t(2 * i + 1)], float((*mine)[size_t(i)]));
+    };
+    expect_group(mesh.world(), {[&] {
+                   std::vector<int> all;
+                   for (int r = 0; r < w.size(); ++r) all.push_back(r);
+                   return all;
+                 }()},
+                 "world");
+    expect_group(mesh.shard(), shards, "shard");
+    expect_group(mesh.replicate(), replicas, "replicate");
+    EXPECT_EQ(mesh.flat(), mesh.shard().size() == w.size());
+    if (host_levels) {
+      expect_group(mesh.host(), hosts.ranks, "host");
+      expect_group(mesh.cross(), replicate_groups(hosts.ranks), "cross");
+    }
+  }
 }
 
 }  // namespace

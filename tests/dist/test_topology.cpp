@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "common/error_of.h"
+#include "dist/comm/mesh.h"
 #include "dist/comm/topology.h"
 #include "dist/comm/topology_detect.h"
 #include "tensor/check.h"
@@ -213,6 +215,27 @@ TEST(Topology, RejectsMalformedJson) {
   const Topology t = parse(R"({"nodes": [{"id": "h"}, {"id": "a", "parent": "h", "rank": 0},
                                           {"id": "b", "parent": "h", "rank": 1}]})");
   EXPECT_THROW(t.predict({0, 1}, 1e6), ValueError);
+}
+
+
+// Note [2-D mesh]: hosts in the order of their lowest rank, shard groups by host or by size, replication
+// groups across them, and errors that name the flag.
+TEST(Mesh, HostsShardAndReplicationGroups) {
+  const HostMap m = HostMap::of({"b", "b", "a", "a", "b", "a"});
+  EXPECT_EQ(m.hosts, (std::vector<std::string>{"b", "a"}));
+  EXPECT_EQ(m.ranks, (std::vector<std::vector<int>>{{0, 1, 4}, {2, 3, 5}}));
+  EXPECT_EQ(m.local_index, (std::vector<int>{0, 1, 0, 1, 2, 2}));
+  EXPECT_EQ(m.ranks_per_host(), 3);
+  EXPECT_EQ(shard_groups("host", m), m.ranks);
+  EXPECT_EQ(replicate_groups(m.ranks), (std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 5}}));
+  EXPECT_EQ(shard_groups("world", m), (std::vector<std::vector<int>>{{0, 1, 2, 3, 4, 5}}));
+  EXPECT_EQ(shard_groups("2", m), (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}}));
+  EXPECT_EQ(replicate_groups(shard_groups("3", m)), (std::vector<std::vector<int>>{{0, 3}, {1, 4}, {2, 5}}));
+  EXPECT_HAS(error_of<ValueError>([&] { shard_groups("4", m); }), "--shard-group 4 does not divide the 6 ranks");
+  EXPECT_HAS(error_of<ValueError>([&] { shard_groups("hosts", m); }), "got 'hosts'");
+  const HostMap uneven = HostMap::of({"a", "a", "b"});
+  EXPECT_EQ(uneven.ranks_per_host(), 0);
+  EXPECT_HAS(error_of<ValueError>([&] { shard_groups("host", uneven); }), "2 on a, 1 on b");
 }
 
 }  // namespace

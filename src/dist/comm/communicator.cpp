@@ -5,6 +5,7 @@
 
 #include "dist/comm/bootstrap.h"
 #include "dist/comm/mpi_communicator.h"
+#include "dist/comm/mpi_util.h"
 #include "dist/comm/topology_detect.h"
 #include "tensor/check.h"
 #if CZ_WITH_CUDA
@@ -33,7 +34,11 @@ Communicator::Call Communicator::make_call(Collective kind, const void* send, vo
 }
 
 Communicator::Communicator(int rank, int size, CommOptions options, std::vector<int> ring)
-    : rank_(rank), size_(size), options_(std::move(options)), ring_(std::move(ring)) {}
+    : rank_(rank), size_(size), options_(std::move(options)), ring_(std::move(ring)) {
+  members_ = options_.members;
+  if (members_.empty())
+    for (int r = 0; r < size_; ++r) members_.push_back(r);
+}
 
 WorkHandle Communicator::validate_and_submit(Call call) {
   const char* op = name(call.kind).data();
@@ -64,11 +69,11 @@ WorkHandle Communicator::validate_and_submit(Call call) {
   CZ_CHECK(call.count == 0 || !needs_recv || call.recv, "{}: null receive buffer", op);
   call.bytes = size_t(call.count) * dtype_size(call.dtype);
   if (call.kind == Collective::send) {
-    call.what = fmt::format("send of {} bytes to rank {}", call.bytes, call.peer);
+    call.what = fmt::format("send of {} bytes to rank {}", call.bytes, members_[size_t(call.peer)]);
   } else if (call.kind == Collective::recv) {
-    call.what = fmt::format("recv of {} bytes from rank {}", call.bytes, call.peer);
+    call.what = fmt::format("recv of {} bytes from rank {}", call.bytes, members_[size_t(call.peer)]);
   } else {
-    call.what = describe_call(call.kind, call.bytes, size_);
+    call.what = describe_call(call.kind, call.bytes, members_);
   }
   return submit(std::move(call));
 }
@@ -181,22 +186,59 @@ std::unique_ptr<Communicator> make_communicator(World& world, const CommOptions&
   CZ_CHECK(options.max_in_flight > 0, "communicator: max_in_flight must be positive, got {}",
            options.max_in_flight);
   CZ_CHECK(options.slice_bytes >= 0, "communicator: slice size must be >= 0, got {}", options.slice_bytes);
+  std::vector<int> members = options.members;
+  if (members.empty())
+    for (int r = 0; r < world.size(); ++r) members.push_back(r);
+  int me = -1;
+  for (size_t i = 0; i < members.size(); ++i) {
+    CZ_CHECK(members[i] >= 0 && members[i] < world.size(), "communicator: member {} is not a rank of a world of {}",
+             members[i], world.size());
+    CZ_CHECK(std::count(members.begin(), members.end(), members[i]) == 1,
+             "communicator: rank {} is named twice in the group {}", members[i], rank_list(members));
+    if (members[i] == world.rank()) me = int(i);
+  }
+  CZ_CHECK(me >= 0, "communicator: rank {} is not a member of the group {} it asked to join", world.rank(),
+           rank_list(members));
+  const int n = int(members.size());
   std::vector<int> ring = options.ring;
   if (!ring.empty()) {
     std::vector<int> sorted = ring;
     std::sort(sorted.begin(), sorted.end());
-    bool perm = int(sorted.size()) == world.size();
+    bool perm = int(sorted.size()) == n;
     for (size_t i = 0; perm && i < sorted.size(); ++i) perm = sorted[i] == int(i);
-    CZ_CHECK(perm, "communicator: ring order {} is not a permutation of the {} ranks", ring, world.size());
+    CZ_CHECK(perm, "communicator: ring order {} is not a permutation of the {} ranks", ring, n);
   } else if (options.algorithm == Algorithm::ring) {
-    ring = detect_topology(world).ring_order();
+    // The world's ring order, keeping the group's ranks: a depth-first walk restricted to them is still one.
+    for (int w : detect_topology(world).ring_order()) {
+      const auto it = std::find(members.begin(), members.end(), w);
+      if (it != members.end()) ring.push_back(int(it - members.begin()));
+    }
   } else {
-    for (int r = 0; r < world.size(); ++r) ring.push_back(r);
+    for (int r = 0; r < n; ++r) ring.push_back(r);
   }
-  if (options.backend == Backend::mpi) return make_mpi_communicator(world, options, std::move(ring));
+  // The group's own MPI communicator (Note [Groups]): a split of the world keyed by each rank's index in its
+  // group, coloured by the group's first member; for the whole world, a duplicate.
+  GroupComm group{MPI_COMM_NULL, me, n};
+  if (options.members.empty())
+    CZ_MPI(MPI_Comm_dup(world.comm(), &group.comm));
+  else
+    CZ_MPI(MPI_Comm_split(world.comm(), *std::min_element(members.begin(), members.end()), me, &group.comm));
+  int split_size = 0;
+  CZ_MPI(MPI_Comm_size(group.comm, &split_size));
+  if (split_size != n) {
+    MPI_Comm_free(&group.comm);
+    throw ValueError(fmt::format(
+        "communicator: rank {} asked for the group {}, but {} ranks joined it (every member must name the same "
+        "group)",
+        world.rank(), rank_list(members), split_size));
+  }
+  CommOptions opt = options;
+  opt.members = options.members.empty() ? std::vector<int>{} : members;
+  if (options.backend == Backend::mpi) return make_mpi_communicator(world, opt, std::move(ring), group);
 #if CZ_WITH_CUDA
-  return make_nccl_communicator(world, options, std::move(ring));
+  return make_nccl_communicator(world, opt, std::move(ring), group);
 #else
+  MPI_Comm_free(&group.comm);
   throw DeviceError(
       "the NCCL backend needs the CUDA build of convnext_zero (this one was built without CUDA); use the mpi "
       "backend");

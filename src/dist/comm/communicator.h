@@ -52,6 +52,10 @@ struct CommOptions {
   int max_in_flight = 1024;       // calls in flight before submitting blocks (Note [Back-pressure])
   int64_t slice_bytes = 0;        // ring pipelining granularity; 0 picks one per transport
   std::vector<int> ring;          // ring order as a permutation of the ranks; empty: from the topology
+  // The world ranks the communicator spans, in the order of their ranks in it; empty: the whole world.
+  // Creating one is collective over the world, as MPI_Comm_split: every rank names the group it joins, and
+  // the members of a group name it alike (Note [Groups]).
+  std::vector<int> members;
 };
 
 class Communicator {
@@ -66,6 +70,8 @@ class Communicator {
   Backend backend() const { return options_.backend; }
   Algorithm algorithm() const { return options_.algorithm; }
   const std::vector<int>& ring() const { return ring_; }  // the order the ring algorithms visit ranks in
+  // The world rank of each of its ranks (what messages name).
+  const std::vector<int>& members() const { return members_; }
 
   // Buffers hold `count` elements of `dtype` on `device` unless stated otherwise; send == recv is in place.
   // Shards follow Note [Uneven shards]; `count` is the total element count on every rank. Every call blocks
@@ -126,11 +132,19 @@ class Communicator {
   int rank_, size_;
   CommOptions options_;
   std::vector<int> ring_;
+  std::vector<int> members_;
 };
 
-// Creates a communicator over all ranks of `world` (collective: every rank must call it, in the same order
-// as its other communicator creations). The ring order comes from options.ring when given, else from the
-// detected topology (Note [Ring order] in topology.h).
+// Note [Groups]: a communicator spans all ranks of the world or a group of them (options.members), each with
+// its own MPI communicator (or NCCL communicator) and communication thread, so collectives on different
+// groups (within a host, across hosts) run concurrently and never match each other's messages. Its rank()
+// and size() are within the group; messages name world ranks. A communicator whose members share hosts
+// checks their liveness like the world's.
+//
+// Creates a communicator (collective over the world: every rank must call it, in the same order as its other
+// communicator creations, each naming its own group in options.members). The ring order comes from
+// options.ring when given (a permutation of the group's ranks), else from the detected topology restricted
+// to the group (Note [Ring order] in topology.h).
 std::unique_ptr<Communicator> make_communicator(World& world, const CommOptions& options);
 
 }  // namespace cz::dist

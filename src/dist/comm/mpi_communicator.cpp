@@ -126,9 +126,8 @@ class MpiRingTransport final : public RingTransport {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(World& world, const CommOptions& options, std::vector<int> ring)
-      : Communicator(world.rank(), world.size(), options, std::move(ring)), world_(world) {
-    CZ_MPI(MPI_Comm_dup(world.comm(), &comm_));
+  MpiCommunicator(World& world, const CommOptions& options, std::vector<int> ring, GroupComm group)
+      : Communicator(group.rank, group.size, options, std::move(ring)), world_(world), comm_(group.comm) {
     CZ_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     slice_bytes_ = options.slice_bytes > 0 ? options.slice_bytes : kMpiSliceBytes;
     thread_ = std::thread([this] { loop(); });
@@ -234,7 +233,7 @@ class MpiCommunicator final : public Communicator {
     try {
       if (broken_.load())
         throw CommError(fmt::format("{}: the communicator failed earlier: {}", c.what, reason()));
-      Poller poller(&world_, c.what, options().timeout_s);
+      Poller poller(&world_, c.what, options().timeout_s, &members());
       poller.set_idle_hook([this] { poll_p2p(); });
       poller.set_abort_flag(&aborted_);
       if (c.kind == Collective::send || c.kind == Collective::recv) {
@@ -569,8 +568,8 @@ class MpiCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_mpi_communicator(World& world, const CommOptions& options,
-                                                    std::vector<int> ring) {
-  return std::make_unique<MpiCommunicator>(world, options, std::move(ring));
+                                                    std::vector<int> ring, GroupComm group) {
+  return std::make_unique<MpiCommunicator>(world, options, std::move(ring), group);
 }
 
 }  // namespace cz::dist

@@ -3,6 +3,8 @@
 // streams]).
 #pragma once
 
+#include <mpi.h>
+
 #include <memory>
 #include <vector>
 
@@ -10,8 +12,15 @@
 
 namespace cz::dist {
 
+// What a backend is built on (Note [Groups]): an MPI communicator over the group's ranks, owned by the
+// backend from then on, and this process's rank in it.
+struct GroupComm {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+};
+
 std::unique_ptr<Communicator> make_mpi_communicator(World& world, const CommOptions& options,
-                                                    std::vector<int> ring);
+                                                    std::vector<int> ring, GroupComm group);
 
 // Default ring slice for host transfers: large enough to amortise a message, small enough that reducing one
 // slice overlaps receiving the next.

@@ -21,11 +21,10 @@ void copy_bytes(const Tensor& dst, const Tensor& src) {
 
 }  // namespace
 
-ProcessGroup::ProcessGroup(Device device) : device_(device), ranks_{0} {}
+ProcessGroup::ProcessGroup(Device device, int world_rank) : device_(device), ranks_{world_rank} {}
 
 ProcessGroup::ProcessGroup(Communicator* comm, Device device) : comm_(comm), device_(device) {
-  ranks_.resize(comm ? size_t(comm->size()) : 1);
-  std::iota(ranks_.begin(), ranks_.end(), 0);
+  ranks_ = comm ? comm->members() : std::vector<int>{0};
   rank_ = comm ? comm->rank() : 0;
 }
 

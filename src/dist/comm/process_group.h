@@ -16,7 +16,8 @@ namespace cz::dist {
 class ProcessGroup {
  public:
   // A group of one (no communicator): collectives are local copies, scalars come back as they went in.
-  explicit ProcessGroup(Device device = Device::cpu());
+  // `world_rank`: the rank it holds.
+  explicit ProcessGroup(Device device = Device::cpu(), int world_rank = 0);
   // All of `comm`'s ranks (`comm` null: a group of one). Not owned: it must outlive the group.
   ProcessGroup(Communicator* comm, Device device);
 

@@ -25,8 +25,8 @@ int yield_us() {
 }
 }  // namespace
 
-Poller::Poller(const World* world, std::string what, double timeout_s)
-    : world_(world), what_(std::move(what)), timeout_s_(timeout_s) {
+Poller::Poller(const World* world, std::string what, double timeout_s, const std::vector<int>* members)
+    : world_(world), members_(members), what_(std::move(what)), timeout_s_(timeout_s) {
   start_ = last_progress_ = Clock::now();
   deadline_ = start_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   next_liveness_ = start_ + std::chrono::milliseconds(kLivenessMs);
@@ -72,7 +72,10 @@ void Poller::check(int waiting_for) {
   }
   if (now >= deadline_) {
     throw CommError(fmt::format("comm timeout: {} after {:.1f} s{}", what_, timeout_s_,
-                                waiting_for >= 0 ? fmt::format(" (waiting for rank {})", waiting_for) : ""));
+                                waiting_for >= 0 ? fmt::format(" (waiting for rank {})",
+                                                               members_ ? (*members_)[size_t(waiting_for)]
+                                                                        : waiting_for)
+                                                 : ""));
   }
 }
 

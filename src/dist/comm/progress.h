@@ -15,6 +15,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace cz::dist {
 
@@ -27,7 +28,8 @@ class Poller {
   static constexpr int kLivenessMs = 100;  // how often waiting checks that same-host peers still exist
 
   // `what`: "all_reduce of 4096 bytes on ranks [0, 1]"; `world` may be null (no liveness checks).
-  Poller(const World* world, std::string what, double timeout_s);
+  // `members`: the world rank of each rank of the group being waited in (null: the world), for messages.
+  Poller(const World* world, std::string what, double timeout_s, const std::vector<int>* members = nullptr);
 
   // Calls done() until it returns true, backing off in between. `waiting_for` (a rank, or -1) only improves
   // the timeout message. Throws CommError on timeout or when a same-host peer has died.
@@ -54,6 +56,7 @@ class Poller {
   void check(int waiting_for);
 
   const World* world_;
+  const std::vector<int>* members_;
   std::string what_;
   double timeout_s_;
   std::chrono::steady_clock::time_point start_, deadline_, last_progress_, next_liveness_;

@@ -68,15 +68,23 @@ bool is_comm_dtype(DType t) {
   return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16;
 }
 
-std::string rank_list(int world_size) {
-  if (world_size > 16) return fmt::format("[0..{}]", world_size - 1);
+std::string rank_list(const std::vector<int>& ranks) {
+  bool contiguous = !ranks.empty();
+  for (size_t i = 1; contiguous && i < ranks.size(); ++i) contiguous = ranks[i] == ranks[i - 1] + 1;
+  if (contiguous && ranks.size() > 16) return fmt::format("[{}..{}]", ranks.front(), ranks.back());
   std::string s = "[";
-  for (int r = 0; r < world_size; ++r) s += (r ? ", " : "") + std::to_string(r);
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
   return s + "]";
 }
 
-std::string describe_call(Collective kind, size_t bytes, int world_size) {
-  return fmt::format("{} of {} bytes on ranks {}", name(kind), bytes, rank_list(world_size));
+std::string rank_list(int world_size) {
+  std::vector<int> ranks(size_t(std::max(world_size, 0)));
+  for (int r = 0; r < world_size; ++r) ranks[size_t(r)] = r;
+  return rank_list(ranks);
+}
+
+std::string describe_call(Collective kind, size_t bytes, const std::vector<int>& ranks) {
+  return fmt::format("{} of {} bytes on ranks {}", name(kind), bytes, rank_list(ranks));
 }
 
 }  // namespace cz::dist

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tensor/dtype.h"
 
@@ -41,9 +42,11 @@ inline int64_t shard_offset(int64_t count, int n, int r) {
   return r * (count / n) + (r < rem ? r : rem);
 }
 
-// "all_reduce of 4096 bytes on ranks [0, 1, 2, 3]", for error messages.
-std::string describe_call(Collective kind, size_t bytes, int world_size);
+// "all_reduce of 4096 bytes on ranks [0, 1, 2, 3]", for error messages: `ranks` are the world ranks taking
+// part.
+std::string describe_call(Collective kind, size_t bytes, const std::vector<int>& ranks);
 // "[0, 1, 2]" (or "[0..63]" for a long contiguous list).
-std::string rank_list(int world_size);
+std::string rank_list(const std::vector<int>& ranks);
+std::string rank_list(int world_size);  // ranks 0..world_size-1
 
 }  // namespace cz::dist

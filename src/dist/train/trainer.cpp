@@ -86,9 +86,11 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     opt.backend = device_.is_cuda() ? dist::Backend::nccl : dist::Backend::mpi;
     opt.algorithm = dist::Algorithm::ring;
     opt.timeout_s = cfg_.comm_timeout_s;
-    comm_ = dist::make_communicator(world_, opt);
+    mesh_ = dist::Mesh(world_, opt, "world", false);
+  } else {
+    mesh_ = dist::Mesh(device_);
   }
-  group_ = dist::ProcessGroup(comm_.get(), device_);
+  group_ = mesh_.world();
   if (world_.size() > 1) check_ranks_agree();
   check_outputs();
   if (world_.rank() == 0 && !cfg_.log.empty()) log_ = JsonLog(cfg_.log);

@@ -9,6 +9,7 @@
 
 #include "dist/comm/bootstrap.h"
 #include "dist/comm/communicator.h"
+#include "dist/comm/mesh.h"
 #include "dist/comm/process_group.h"
 #include "dist/train/config.h"
 #include "dist/zero/engine.h"
@@ -104,7 +105,7 @@ class Trainer {
   dist::World& world_;
   Device device_;
   DType compute_dtype_ = DType::f32;
-  std::unique_ptr<dist::Communicator> comm_;  // owned here; used through group_
+  dist::Mesh mesh_;           // the communicators, owned here; used through their groups
   dist::ProcessGroup group_;  // the world: the engine, the checkpoints' and the step's exchanges
 
   std::unique_ptr<nn::ConvNeXt> model_;

@@ -116,8 +116,13 @@ class NcclRingTransport final : public RingTransport {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(World& world, const CommOptions& options, std::vector<int> ring)
-      : Communicator(world.rank(), world.size(), options, std::move(ring)), world_(world) {
+  NcclCommunicator(World& world, const CommOptions& options, std::vector<int> ring, GroupComm group)
+      : Communicator(group.rank, group.size, options, std::move(ring)), world_(world) {
+    // The group's MPI communicator only carries the unique id (Note [Groups]).
+    struct FreeComm {
+      MPI_Comm& c;
+      ~FreeComm() { MPI_Comm_free(&c); }
+    } free_comm{group.comm};
     CZ_CHECK_DEVICE(options.device.is_cuda(), "the NCCL backend takes CUDA buffers, not {}",
                     options.device.str());
     device_ = options.device.index;
@@ -125,9 +130,9 @@ class NcclCommunicator final : public Communicator {
     // Must happen before NCCL initialises (it reads NCCL_P2P_DISABLE then).
     check_gpu_p2p_and_configure_nccl();
     ncclUniqueId id;
-    if (world.rank() == 0) CZ_NCCL(ncclGetUniqueId(&id));
-    CZ_MPI(MPI_Bcast(&id, int(sizeof(id)), MPI_BYTE, 0, world.comm()));
-    CZ_NCCL(ncclCommInitRank(&comm_, world.size(), id, world.rank()));
+    if (group.rank == 0) CZ_NCCL(ncclGetUniqueId(&id));
+    CZ_MPI(MPI_Bcast(&id, int(sizeof(id)), MPI_BYTE, 0, group.comm));
+    CZ_NCCL(ncclCommInitRank(&comm_, group.size, id, group.rank));
     // Non-blocking, at the device's highest priority (as cuda::comm_stream), so collectives are not starved
     // by the compute kernels they overlap with. Not the shared comm_stream itself: two communicators on one
     // stream would serialise their collectives, and ranks could order them differently.
@@ -404,10 +409,12 @@ class NcclCommunicator final : public Communicator {
         error = fmt::format("comm timeout: {} after {:.1f} s", what, options().timeout_s);
       if (error.empty() && now >= next_liveness) {
         next_liveness = now + std::chrono::milliseconds(100);
-        for (int r = 0; r < size() && error.empty(); ++r)
-          if (r != rank() && !world_.peer_alive(r))
-            error = fmt::format("comm failure: peer rank {} (pid {} on {}) died during {}", r,
-                                world_.peer(r).pid, world_.peer(r).host, what);
+        for (int r = 0; r < size() && error.empty(); ++r) {
+          const int w = members()[size_t(r)];
+          if (r != rank() && !world_.peer_alive(w))
+            error = fmt::format("comm failure: peer rank {} (pid {} on {}) died during {}", w,
+                                world_.peer(w).pid, world_.peer(w).host, what);
+        }
       }
       if (!error.empty()) {
         fail(error);
@@ -441,8 +448,8 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl_communicator(World& world, const CommOptions& options,
-                                                     std::vector<int> ring) {
-  return std::make_unique<NcclCommunicator>(world, options, std::move(ring));
+                                                     std::vector<int> ring, GroupComm group) {
+  return std::make_unique<NcclCommunicator>(world, options, std::move(ring), group);
 }
 
 }  // namespace cz::dist

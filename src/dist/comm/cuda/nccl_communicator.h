@@ -8,11 +8,12 @@
 #include <vector>
 
 #include "dist/comm/communicator.h"
+#include "dist/comm/mpi_communicator.h"
 
 namespace cz::dist {
 
 std::unique_ptr<Communicator> make_nccl_communicator(World& world, const CommOptions& options,
-                                                     std::vector<int> ring);
+                                                     std::vector<int> ring, GroupComm group);
 
 // Ring slice over NCCL: every exchange is a kernel launch, so slices are larger than for MPI.
 inline constexpr int64_t kNcclSliceBytes = 8 << 20;
