@@ -7,8 +7,10 @@
 
 #include "dist/comm/bootstrap.h"
 #include "dist/commbench/commbench.h"
+#include "tensor/parallel.h"
 
 int main(int argc, char** argv) {
+  cz::use_passive_omp_waits(argv);  // Note [Passive OpenMP waits]
   using namespace cz::dist;
   CommBenchOptions o;
   std::string min_b = "32M", max_b = "32M", step_b = "1M", impl = "builtin", dtype = "float", redop = "sum";

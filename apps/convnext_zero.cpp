@@ -19,6 +19,7 @@
 #include "dist/train/trainer.h"
 #include "nn/convnext.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/parallel.h"
 
 namespace {
 
@@ -251,6 +252,7 @@ void print_stopped(const cz::train::TrainSummary& s, const cz::train::TrainConfi
 }  // namespace
 
 int main(int argc, char** argv) {
+  cz::use_passive_omp_waits(argv);  // Note [Passive OpenMP waits]
   using cz::train::kExitFailed, cz::train::kExitStopped, cz::train::kExitUsage;
   const std::vector<std::string> args(argv, argv + argc);
   cz::train::TrainConfig cfg;

@@ -129,15 +129,8 @@ void add_patchify(int64_t n, int64_t hw, int64_t cin, int64_t k, int64_t cout) {
 }  // namespace cz
 
 int main(int argc, char** argv) {
-  // Note [Passive OpenMP waits]: libgomp's default wait policy spins for a while at every barrier. On a
-  // shared or oversubscribed machine a spinning thread steals the core its partner needs, and every parallel
-  // region gets several times slower (measured: LayerNorm 1 ms -> 8 ms on 2 loaded cores). The project rule
-  // is never to spin, so threads wait passively unless OMP_WAIT_POLICY says otherwise; libgomp reads it when
-  // it loads, hence the one-time re-exec.
-  if (!std::getenv("OMP_WAIT_POLICY")) {
-    setenv("OMP_WAIT_POLICY", "passive", 1);
-    execv("/proc/self/exe", argv);  // returns only on failure: then run with the default policy
-  }
+  // Note [Passive OpenMP waits] (measured here too: LayerNorm 1 ms -> 8 ms on 2 loaded cores when spinning).
+  cz::use_passive_omp_waits(argv);
   cz::configure_cpu_threads(1);
   // ConvNeXt-T at 224px, batch 8.
   for (auto [hw, c] : {std::pair{56, 96}, {28, 192}, {14, 384}, {7, 768}}) cz::add_stage(8, hw, c);

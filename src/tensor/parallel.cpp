@@ -4,6 +4,7 @@
 #include <cblas.h>
 #include <omp.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -14,6 +15,12 @@ namespace {
 // OpenMP's thread count is a per-thread setting: the configured one, for threads started later.
 std::atomic<int> g_configured_threads{0};
 }  // namespace
+
+void use_passive_omp_waits(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY")) return;
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  execv("/proc/self/exe", argv);
+}
 
 int available_cores() {
   cpu_set_t set;
