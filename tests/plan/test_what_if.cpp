@@ -179,5 +179,62 @@ TEST(WhatIfStep, BackwardHidesEarlierBucketsAndPrefetchHidesGathers) {
   EXPECT_NEAR(prefetch.comm_s, no_prefetch.comm_s, 1e-12);
 }
 
+
+// Two hosts of `per_host` CPU ranks joined by a `gbps` GB/s network link (the test bed's shape).
+dist::Topology two_hosts(int per_host, double gbps) {
+  nlohmann::json nodes = nlohmann::json::array();
+  for (int h = 0; h < 2; ++h) {
+    std::vector<int> ranks;
+    for (int i = 0; i < per_host; ++i) ranks.push_back(h * per_host + i);
+    nodes.push_back({{"id", fmt::format("host{}", h)}, {"type", "host"}, {"up_gbps", gbps}});
+    nodes.push_back({{"id", fmt::format("cpu{}", h)}, {"type", "cpu"}, {"parent", fmt::format("host{}", h)},
+                     {"up_gbps", 20}});
+    nodes.push_back({{"id", fmt::format("proc{}", h)}, {"type", "proc"}, {"parent", fmt::format("cpu{}", h)},
+                     {"up_gbps", 20}, {"ranks", ranks}});
+  }
+  return dist::Topology::from_json({{"nodes", nodes}});
+}
+
+// Note [What-if on a mesh]: one ring alone is the ring cost model; R rings across two hosts load each network
+// link R times. Bytes a host sends across per step, for B bytes of model on 2 hosts x 2 ranks: flat stage 3
+// makes three passes (gathers in forward and backward, the reduce-scatter), each 3B/4 over the host's one
+// crossing hop of the 4-rank ring: 9B/4. HSDP all-reduces each rank's B/2 chunk across hosts: 2 x (B/4) per
+// rank, B per host: 4/9 of flat. hpZ keeps backward's gathers inside the host: 2/3. At stage 0 the flat ring's
+// all-reduce sends 2(n-1)/n B = 3B/2 per host, the two-level one 2(H-1)/H B = B: 2/3.
+TEST(WhatIfMesh, RingsHostsAndCrossHostBytes) {
+  const dist::Topology topo = two_hosts(2, 0.125);
+  EXPECT_EQ(host_groups(topo), (std::vector<std::vector<int>>{{0, 1}, {2, 3}}));
+  for (Collective kind : {Collective::reduce_scatter, Collective::all_reduce})
+    EXPECT_EQ(predict_rings(topo, {topo.ring_order()}, 1e7, kind).time_s,
+              topo.predict(topo.ring_order(), 1e7, kind).time_s);
+  const dist::RingPrediction one = predict_rings(topo, {{0, 2}}, 1e7, Collective::all_reduce);
+  const dist::RingPrediction both = predict_rings(topo, {{0, 2}, {1, 3}}, 1e7, Collective::all_reduce);
+  EXPECT_EQ(one.max_link_load, 1);
+  EXPECT_EQ(both.max_link_load, 2);
+  EXPECT_NEAR(both.time_s, 2 * one.time_s, 1e-5);
+
+  WhatIfRequest req;
+  req.config.model = "atto";
+  req.config.image_size = 64;
+  req.config.micro_batch = 16;
+  req.topology = topo;
+  req.compute = compute_table_from_json(profile(), DType::f32);
+  req.ranks = {4};
+  req.stages = {3};
+  auto row = [&](MeshSpec mesh) {
+    req.mesh = mesh;
+    return what_if(req).rows.at(0);
+  };
+  const WhatIfRow flat = row({}), hsdp = row({.shard_by_host = true}), hpz = row({.hpz = true});
+  EXPECT_GT(flat.cross_host_bytes, 0);
+  EXPECT_NEAR(double(hsdp.cross_host_bytes) / double(flat.cross_host_bytes), 4.0 / 9.0, 0.01);
+  EXPECT_NEAR(double(hpz.cross_host_bytes) / double(flat.cross_host_bytes), 2.0 / 3.0, 0.01);
+  EXPECT_LT(hsdp.step_s, flat.step_s);
+  EXPECT_LT(hpz.step_s, flat.step_s);
+  req.stages = {0};
+  const WhatIfRow flat0 = row({}), hier0 = row({.hier = true});
+  EXPECT_NEAR(double(hier0.cross_host_bytes) / double(flat0.cross_host_bytes), 2.0 / 3.0, 0.01);
+}
+
 }  // namespace
 }  // namespace cz::plan

@@ -19,6 +19,24 @@
 //    for the worker, then copies the updated chunks back.
 // The steady state is modelled (stage 3 prefetching, the caches warm). Compute and communication do not slow
 // each other down (NCCL's kernels take a few SMs; PCIe is not shared with the copies of offload).
+//
+// Note [What-if on a mesh]: a collective of the mesh (Note [2-D mesh]) runs on every group of its level at
+// once, each group its own ring: every host's ranks (the host level), or the ranks with the same index on
+// every host (the cross level, whose R rings all cross the hosts' network links, so each link carries R hops
+// per direction; predict_rings sums the hops of all rings on each link). Each communicator has its own
+// timeline, one collective at a time, as its communication thread (or stream) runs them:
+//  * flat: one ring over the world;
+//  * --comm-impl hier: the world's collectives in two levels on the world communicator's one timeline: an
+//    all-reduce is a reduce-scatter inside each host, an all-reduce of the 1/R shard across hosts and an
+//    all-gather inside the host; a reduce-scatter stops after the cross-host reduce-scatter of the shard; an
+//    all-gather is the reverse;
+//  * --shard-group host (HSDP): the state is sharded over each host's ranks; a bucket is reduce-scattered on
+//    the shard (host) communicator and its chunk then all-reduced on the replication (cross) communicator,
+//    two timelines, so the next bucket's reduce-scatter overlaps this one's all-reduce; gathers stay inside the
+//    host; the global norm is reduced over the shard group;
+//  * --hpz (stage 3): forward gathers over the world, backward gathers inside the host (the secondary copy).
+// The bytes a host sends to other hosts in a step are counted hop by hop: what the veth counters of the test
+// bed see (bench/hosts_mesh.py).
 #include "dist/plan/what_if.h"
 
 #include <algorithm>
@@ -77,6 +95,66 @@ double CommModel::seconds(dist::Collective kind, double bytes) const {
   return ranks_ < 2 ? 0.0 : predict(kind, bytes).time_s;
 }
 
+dist::RingPrediction predict_rings(const dist::Topology& t, const std::vector<std::vector<int>>& rings,
+                                   double bytes, dist::Collective kind) {
+  dist::RingPrediction p;
+  const dist::CostModel model;
+  std::vector<int> up(t.nodes().size(), 0), down(t.nodes().size(), 0);
+  int n = 0;
+  size_t longest = 0;  // links on the longest hop, for the latency term (as Topology::predict)
+  for (const auto& ring : rings) {
+    if (ring.size() < 2) continue;
+    CZ_CHECK(n == 0 || int(ring.size()) == n, "what-if: rings of {} and {} ranks run together", n, ring.size());
+    n = int(ring.size());
+    for (const dist::LinkLoad& l : t.link_loads(ring)) {
+      up[size_t(l.node)] += l.up;
+      down[size_t(l.node)] += l.down;
+    }
+    for (size_t i = 0; i < ring.size(); ++i) {
+      size_t links = 0;
+      for (const dist::LinkLoad& l : t.link_loads({ring[i], ring[(i + 1) % ring.size()]})) links += l.up > 0;
+      longest = std::max(longest, links);
+    }
+  }
+  if (n < 2) return p;
+  const double chunk = bytes / n;
+  double slowest = 0;
+  for (size_t i = 0; i < t.nodes().size(); ++i) {
+    const int load = std::max(up[i], down[i]);
+    if (load == 0) continue;
+    const dist::TopoNode& node = t.nodes()[i];
+    CZ_CHECK(node.up_gbps > 0, "topology: ring hops cross the uplink of '{}', which has no up_gbps", node.id);
+    const double s = load * chunk / (node.up_gbps * 1e9);
+    if (s > slowest) {
+      slowest = s;
+      p.max_link_load = load;
+      p.bottleneck = fmt::format("{} (up {:g} GB/s, {} hop{} per direction)", node.id, node.up_gbps, load,
+                                 load == 1 ? "" : "s");
+    }
+  }
+  const double step = slowest + (model.step_overhead_us + model.link_latency_us * double(longest)) * 1e-6;
+  const int steps = kind == dist::Collective::all_reduce ? 2 * (n - 1) : n - 1;
+  p.time_s = steps * step;
+  p.algbw_gbps = bytes / p.time_s / 1e9;
+  p.busbw_gbps = p.algbw_gbps * (kind == dist::Collective::all_reduce ? 2.0 * (n - 1) / n : double(n - 1) / n);
+  return p;
+}
+
+std::vector<std::vector<int>> host_groups(const dist::Topology& t) {
+  const auto& nodes = t.nodes();
+  std::map<int, std::vector<int>> by_host;  // host node (or the rank's own node) -> ranks
+  for (int r : t.ring_order()) {
+    int h = t.node_of_rank(r);
+    for (int p = h; p >= 0; p = nodes[size_t(p)].parent)
+      if (nodes[size_t(p)].type == "host") h = p;
+    by_host[h].push_back(r);
+  }
+  std::vector<std::vector<int>> out;
+  for (auto& [h, ranks] : by_host) out.push_back(std::move(ranks));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 namespace {
 
 using dist::Collective;
@@ -104,18 +182,50 @@ double host_link_gbps(const dist::Topology& t) {
 
 struct Run {
   const train::TrainConfig& cfg;
+  MeshSpec mesh;
   const std::vector<ModuleCost>& work;
   const ComputeTable& compute;
   DType ec, er;
   int64_t psi_params = 0;
 };
 
+// The groups of each mesh level on a topology's ranks, in ring order (Note [What-if on a mesh]).
+struct Levels {
+  const dist::Topology* topology = nullptr;
+  std::vector<std::vector<int>> hosts, cross;
+  int per_host = 1;  // ranks on every host (0: hosts differ)
+};
+
+Levels mesh_levels(const dist::Topology& t) {
+  Levels lv;
+  lv.topology = &t;
+  lv.hosts = host_groups(t);
+  lv.per_host = int(lv.hosts.front().size());
+  for (const auto& h : lv.hosts)
+    if (int(h.size()) != lv.per_host) lv.per_host = 0;
+  if (lv.per_host > 0) {
+    lv.cross.resize(size_t(lv.per_host));
+    for (const auto& h : lv.hosts)
+      for (size_t i = 0; i < h.size(); ++i) lv.cross[i].push_back(h[i]);
+  }
+  return lv;
+}
+
 // Note [What-if step model] for one stage and rank count.
-WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, double host_link) {
+WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Levels& lv, double host_link) {
   const train::TrainConfig& cfg = run.cfg;
   const int n = comm.ranks();
+  const MeshSpec mesh = run.mesh;
+  const bool multi_host = lv.hosts.size() > 1;
+  CZ_CHECK(!(mesh.shard_by_host || mesh.hpz || mesh.hier) || !multi_host || lv.per_host > 0,
+           "--what-if: HSDP, hpZ and two-level collectives need the same number of ranks on every host");
+  const int R = lv.per_host > 0 ? lv.per_host : 1;
+  const bool hsdp = mesh.shard_by_host && multi_host && stage > 0;
+  const bool hpz = mesh.hpz && multi_host && stage == 3;
+  const bool hier = mesh.hier && multi_host && R > 1;
+  const int shards = hsdp ? R : n;  // the ranks the state is sharded over
   const std::vector<nn::ParamInfo> params = nn::convnext_parameters(cfg.model_config());
-  const zero::ZeroLayout L = zero_layout(params, stage, n, cfg.bucket_mb, run.er);
+  const zero::ZeroLayout L = zero_layout(params, stage, shards, cfg.bucket_mb, run.er);
   const size_t np = L.partitions.size();
   std::map<std::string, size_t> partition_of;
   std::map<std::string, std::set<size_t>> module_parts;  // the partitions holding a module's parameters
@@ -131,15 +241,67 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, double host
   WhatIfRow row;
   row.stage = stage;
   row.ranks = n;
-  double t = 0, comm_free = 0;
-  auto collective = [&](Collective kind, double bytes, double at) {
-    const double d = comm.seconds(kind, bytes);
-    const double start = std::max(at, comm_free);
-    comm_free = start + d;
+  double t = 0;
+  // Per communicator: when its timeline is free (Note [What-if on a mesh]).
+  enum Timeline { kWorld, kShard, kReplicate, kHost, kTimelines };
+  double comm_free[kTimelines] = {0, 0, 0, 0};
+  std::vector<double> host_sent(lv.hosts.size(), 0);
+  std::vector<int> host_of(size_t(n), 0);
+  for (size_t h = 0; h < lv.hosts.size(); ++h)
+    for (int r : lv.hosts[h]) host_of[size_t(r)] = int(h);
+  enum class Level { world, hosts, cross };
+  // One collective on every group of `level` at once, on timeline `tl`, not before `at`: when it ends.
+  auto level_collective = [&](Level level, Collective kind, double bytes, double at, Timeline tl) {
+    const std::vector<std::vector<int>>& rings =
+        level == Level::hosts ? lv.hosts : level == Level::cross ? lv.cross : std::vector<std::vector<int>>{comm.order()};
+    double d = 0;
+    if (level == Level::world)
+      d = comm.seconds(kind, bytes);
+    else
+      d = predict_rings(*lv.topology, rings, bytes, kind).time_s;
+    const int g = int(rings.front().size());
+    if (g > 1) {
+      const int steps = kind == Collective::all_reduce ? 2 * (g - 1) : g - 1;
+      row.comm_bytes += int64_t(double(steps) * bytes / g);
+      for (const auto& ring : rings)
+        for (size_t i = 0; i < ring.size(); ++i) {
+          const int a = ring[i], b = ring[(i + 1) % ring.size()];
+          if (host_of[size_t(a)] != host_of[size_t(b)]) host_sent[size_t(host_of[size_t(a)])] += steps * bytes / g;
+        }
+    }
+    const double start = std::max(at, comm_free[tl]);
+    comm_free[tl] = start + d;
     row.comm_s += d;
-    const double sent = bytes * double(n - 1) / double(n);
-    row.comm_bytes += int64_t(kind == Collective::all_reduce ? 2 * sent : sent);
-    return comm_free;
+    return comm_free[tl];
+  };
+  // A collective of the world, flat or in two levels on the world communicator's timeline.
+  auto world_collective = [&](Collective kind, double bytes, double at) {
+    if (!hier) return level_collective(Level::world, kind, bytes, at, kWorld);
+    switch (kind) {
+      case Collective::all_reduce:
+        at = level_collective(Level::hosts, Collective::reduce_scatter, bytes, at, kWorld);
+        at = level_collective(Level::cross, Collective::all_reduce, bytes / R, at, kWorld);
+        return level_collective(Level::hosts, Collective::all_gather, bytes, at, kWorld);
+      case Collective::reduce_scatter:
+        at = level_collective(Level::hosts, Collective::reduce_scatter, bytes, at, kWorld);
+        return level_collective(Level::cross, Collective::reduce_scatter, bytes / R, at, kWorld);
+      default:
+        at = level_collective(Level::cross, Collective::all_gather, bytes / R, at, kWorld);
+        return level_collective(Level::hosts, Collective::all_gather, bytes, at, kWorld);
+    }
+  };
+  // The engine's collectives: a gradient bucket's reduction, a parameter gather (backward: stage 3's second
+  // gather of a unit), a scalar.
+  auto reduce = [&](double bytes, double at) {
+    if (stage == 0) return world_collective(Collective::all_reduce, bytes, at);
+    if (!hsdp) return world_collective(Collective::reduce_scatter, bytes, at);
+    at = level_collective(Level::hosts, Collective::reduce_scatter, bytes, at, kShard);
+    return level_collective(Level::cross, Collective::all_reduce, bytes / R, at, kReplicate);
+  };
+  auto param_gather_of = [&](double bytes, double at, bool backward) {
+    if (hsdp) return level_collective(Level::hosts, Collective::all_gather, bytes, at, kShard);
+    if (hpz && backward) return level_collective(Level::hosts, Collective::all_gather, bytes, at, kHost);
+    return world_collective(Collective::all_gather, bytes, at);
   };
   auto wait_for = [&](double until) {
     if (until > t) {
@@ -157,7 +319,7 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, double host
   std::vector<double> param_gather(np, 0);
   if (comms && (stage == 1 || stage == 2))
     for (size_t p = 0; p < np; ++p)
-      param_gather[p] = collective(Collective::all_gather, double(L.partitions[p].numel) * ec, 0);
+      param_gather[p] = param_gather_of(double(L.partitions[p].numel) * ec, 0, false);
   run_op(zero_grad_work(int64_t(stage <= 1 ? double(L.flat.numel) * ec : double(L.shard_numel()) * 4)));
 
   // Stage 3: when each unit's gather ends (0: resident since then; -1: released).
@@ -165,18 +327,18 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, double host
   std::vector<size_t> unit_of_module(run.work.size(), 0);
   for (size_t m = 0; m < run.work.size(); ++m)
     unit_of_module[m] = *module_parts.at(run.work[m].module).begin();
-  auto gather = [&](size_t u) {
+  auto gather = [&](size_t u, bool backward) {
     if (resident[u] < 0)
-      resident[u] = comms ? collective(Collective::all_gather, double(L.partitions[u].numel) * ec, t) : t;
+      resident[u] = comms ? param_gather_of(double(L.partitions[u].numel) * ec, t, backward) : t;
   };
   auto use = [&](size_t u, bool backward) {
-    gather(u);
+    gather(u, backward);
     wait_for(resident[u]);
     const size_t at = u;  // ConvNeXt's units run in partition order
     for (int k = 1; k <= cfg.prefetch; ++k) {
       const int64_t j = backward ? int64_t(at) - k : int64_t(at) + k;
       if (j < 0 || j >= int64_t(np)) break;
-      gather(size_t(j));
+      gather(size_t(j), backward);
     }
   };
 
@@ -204,8 +366,7 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, double host
     launched[p] = true;
     while (in_flight.size() >= 2) finish_oldest();
     const double bytes = double(L.partitions[p].numel) * er;
-    const double end =
-        comms ? collective(stage == 0 ? Collective::all_reduce : Collective::reduce_scatter, bytes, t) : t;
+    const double end = comms ? reduce(bytes, t) : t;
     in_flight.push_back({p, end});
     if (stage == 3) resident[p] = -1;
   };
@@ -241,8 +402,10 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, double host
   }
 
   // The step: the mean loss, the global norm (stages 1-3), the optimizer over this rank's shard.
-  if (comms) wait_for(collective(Collective::all_reduce, 8, t));
-  if (comms && stage > 0) wait_for(collective(Collective::all_reduce, 8, t));
+  if (comms) wait_for(world_collective(Collective::all_reduce, 8, t));
+  if (comms && stage > 0)
+    wait_for(hsdp ? level_collective(Level::hosts, Collective::all_reduce, 8, t, kShard)
+                  : world_collective(Collective::all_reduce, 8, t));
   if (offload) {
     const double before = t;
     t = std::max(t, worker_free) + double(L.shard_numel()) * ec / (host_link * 1e9);
@@ -251,6 +414,7 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, double host
     run_op(optimizer_work(L.shard_numel(), mixed));
   }
   row.step_s = t;
+  for (double b : host_sent) row.cross_host_bytes = std::max(row.cross_host_bytes, int64_t(b));
   row.img_per_s = double(cfg.micro_batch * cfg.grad_accum * n) / t;
   return row;
 }
@@ -285,12 +449,13 @@ WhatIf what_if(const WhatIfRequest& req) {
 
   const std::vector<ModuleCost> work =
       convnext_step_work(mc, cfg.image_size, cfg.micro_batch, ec, cfg.activation_checkpointing);
-  const Run run{cfg, work, req.compute, ec, er};
+  const Run run{cfg, req.mesh, work, req.compute, ec, er};
   const std::vector<int> ring = req.topology.ring_order();
   std::map<int, double> one_rank;  // img/s on one rank, per stage
   for (int k : ranks) {
     const CommModel comm(req.topology, k);
     const dist::Topology sub = first_ranks(req.topology, k);
+    const Levels levels = mesh_levels(sub);
     WhatIfRing r;
     r.ranks = k;
     // A sub-topology numbers its ranks by their place on the whole ring.
@@ -308,7 +473,7 @@ WhatIf what_if(const WhatIfRequest& req) {
              train::flag_name(&train::TrainConfig::offload_optimizer));
     w.rings.push_back(r);
     for (int stage : req.stages) {
-      WhatIfRow row = simulate(run, stage, comm, r.host_link_gbps);
+      WhatIfRow row = simulate(run, stage, comm, levels, r.host_link_gbps);
       if (k == 1) one_rank[stage] = row.img_per_s;
       if (one_rank.count(stage)) row.scaling = row.img_per_s / (double(k) * one_rank.at(stage));
       PlanRequest pr;
@@ -388,6 +553,7 @@ nlohmann::json what_if_to_json(const WhatIf& w) {
                     {"img_per_s", r.img_per_s},
                     {"scaling", r.scaling},
                     {"comm_bytes", r.comm_bytes},
+                    {"cross_host_bytes", r.cross_host_bytes},
                     {"memory_bytes", r.memory_bytes},
                     {"fits", r.fits ? nlohmann::json(*r.fits) : nlohmann::json()}});
   j["rows"] = rows;

@@ -36,8 +36,27 @@ class CommModel {
 // The topology restricted to the first `ranks` ranks of its ring order (renumbered 0..ranks-1 in that order).
 dist::Topology first_ranks(const dist::Topology& topology, int ranks);
 
+// Several rings running one collective at once (every group of a mesh level: each host's ranks, or the ranks
+// with the same index on every host), each on a buffer of `bytes`: the ring cost model with every ring's hops
+// loading the links together (Note [What-if on a mesh]). Rings of one rank cost nothing.
+dist::RingPrediction predict_rings(const dist::Topology& topology, const std::vector<std::vector<int>>& rings,
+                                   double bytes, dist::Collective kind);
+// The ranks of each host of `topology` (under the same node of type "host"; ranks without one are a host of
+// their own), each in ring order.
+std::vector<std::vector<int>> host_groups(const dist::Topology& topology);
+
+// How the ranks communicate (Note [What-if on a mesh] in what_if.cpp): the ZeRO state sharded over the world
+// or over each host's ranks (HSDP, --shard-group host), hpZ's host-local gathers in backward (--hpz), and the
+// world's collectives flat (one ring) or in two levels (--comm-impl hier).
+struct MeshSpec {
+  bool shard_by_host = false;
+  bool hpz = false;
+  bool hier = false;
+};
+
 struct WhatIfRequest {
   train::TrainConfig config;  // the run: model, image size, micro-batch, precision, ZeRO flags
+  MeshSpec mesh;
   dist::Topology topology;
   ComputeTable compute;
   std::optional<int64_t> gpu_mem;
@@ -55,6 +74,7 @@ struct WhatIfRow {
   double img_per_s = 0;
   double scaling = 0;        // img/s over (ranks x img/s on one rank) at the same stage
   int64_t comm_bytes = 0;    // bytes this rank sends (the ring's count)
+  int64_t cross_host_bytes = 0;  // bytes the busiest host sends to other hosts in a step (all its ranks)
   int64_t memory_bytes = 0;  // the planner's required bytes per GPU
   std::optional<bool> fits;
 };

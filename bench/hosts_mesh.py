@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""Issue 21's figures on the test bed of hosts: 2 hosts x 2 ranks of convnext_zero at several link rates, for
+flat ZeRO stages 0-3, the node-aware (two-level) collectives, HSDP (--shard-group host) and hpZ (--hpz):
+img/s, step time, comm_s / comm_exposed_s, the bytes each host really sent per step (veth counters) next to
+the engine's own count, and the what-if model's predicted step time for the same run. Writes a CSV and a plot.
+
+Run as root from the repository:  python3 bench/hosts_mesh.py [--build build] [--models atto,femto]
+    [--rates 10gbit,1gbit,200mbit] [--settings ...] [--out bench/results/hosts_mesh]
+
+Bytes per step: two runs of A and B steps, (host 1's veth tx after the B run - after the A run) / (B - A), so
+start-up (wire-up, the initial broadcast) and the final evaluation cancel. img/s and times: the mean over the
+B run's steps after the first two. Each rank gets OMP_NUM_THREADS = max(1, cores / ranks) (hosts.sh run), the
+4 ranks share this machine's cores, so compute is that of a quarter of the machine per rank: the what-if model
+is given a compute profile measured under the same sharing (--profile, made by this script with
+bench_train_step when absent).
+"""
+import argparse
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOSTS = os.path.join(ROOT, "scripts", "hosts.sh")
+
+# name -> flags beyond the common ones
+SETTINGS = {
+    "flat_s0": ["--stage", "0"],
+    "flat_s1": ["--stage", "1"],
+    "flat_s2": ["--stage", "2"],
+    "flat_s3": ["--stage", "3"],
+    "hier_s0": ["--stage", "0", "--comm-impl", "hier"],
+    "hier_s3": ["--stage", "3", "--comm-impl", "hier"],
+    "hsdp_s2": ["--stage", "2", "--shard-group", "host"],
+    "hsdp_s3": ["--stage", "3", "--shard-group", "host"],
+    "hpz_s3": ["--stage", "3", "--hpz"],
+}
+RATE_GBPS = {"10gbit": 10.0, "1gbit": 1.0, "200mbit": 0.2}
+
+
+def sh(args, **kw):
+    return subprocess.run(args, check=True, text=True, capture_output=True, **kw).stdout
+
+
+def host_tx(host):
+    # "h1 tx_bytes T rx_bytes R"
+    return int(sh([HOSTS, "bytes", str(host)]).split()[2])
+
+
+def common_flags(model, micro_batch):
+    return ["--model", model, "--image-size", "64", "--micro-batch", str(micro_batch), "--data",
+            "synthetic:n=4096,eval_n=64", "--no-progress", "--loader-threads", "1", "--eval-every", "0"]
+
+
+def train_run(build, flags, steps, log):
+    cmd = [HOSTS, "run", os.path.join(build, "apps", "convnext_zero")] + flags + ["--steps", str(steps), "--log", log]
+    r = subprocess.run(cmd, text=True, capture_output=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+
+
+def step_records(log):
+    out = []
+    with open(log) as f:
+        for line in f:
+            j = json.loads(line)
+            if "split" not in j and "step" in j:
+                out.append(j)
+    return out
+
+
+def measure(build, model, micro_batch, setting, a, b, work):
+    flags = common_flags(model, micro_batch) + SETTINGS[setting]
+    tx = {}
+    for steps in (a, b):
+        before = [host_tx(1), host_tx(2)]
+        train_run(build, flags, steps, os.path.join(work, f"{setting}_{steps}.jsonl"))
+        after = [host_tx(1), host_tx(2)]
+        tx[steps] = [x - y for x, y in zip(after, before)]
+    recs = step_records(os.path.join(work, f"{setting}_{b}.jsonl"))[2:]
+    mean = lambda k: sum(float(r.get(k, 0)) for r in recs) / len(recs)
+    per_step = [(tx[b][h] - tx[a][h]) / (b - a) for h in range(2)]
+    last = recs[-1]
+    return {
+        "img_per_s": mean("img_per_s"),
+        "step_s": mean("step_s") if "step_s" in last else float(micro_batch * 4) / mean("img_per_s"),
+        "comm_s": mean("comm_s"),
+        "comm_exposed_s": mean("comm_exposed_s"),
+        "engine_bytes_rank0": float(last.get("comm_bytes", 0)),
+        "engine_cross_bytes_host": float(last.get("comm_cross_host_bytes", 0)),
+        "veth_tx_host1": per_step[0],
+        "veth_tx_host2": per_step[1],
+    }
+
+
+def predict(build, model, micro_batch, setting, topo, profile):
+    flags = common_flags(model, micro_batch) + SETTINGS[setting]
+    stage = flags[flags.index("--stage") + 1]
+    cmd = [os.path.join(build, "apps", "convnext_zero"), "--plan", "--what-if", topo, "--json"] + flags
+    if profile:
+        cmd += ["--compute-table", profile]
+    r = subprocess.run(cmd, text=True, capture_output=True)
+    if r.returncode != 0:
+        return None, r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"
+    w = json.loads(r.stdout)
+    for row in w["rows"]:
+        if str(row["stage"]) == stage and row["ranks"] == 4:
+            return row["step_s"], ""
+    return None, "no row for 4 ranks"
+
+
+def topology_file(rate, work):
+    """The test bed as a topology (src/dist/comm/topology.h): 2 hosts, each a cpu with 2 CPU ranks; a host's
+    network link is the tc rate."""
+    nodes = []
+    for h in range(2):
+        nodes.append({"id": f"host{h}", "type": "host", "up_gbps": RATE_GBPS[rate] / 8})
+        nodes.append({"id": f"cpu{h}", "type": "cpu", "parent": f"host{h}", "up_gbps": 20})
+        nodes.append({"id": f"proc{h}", "type": "proc", "parent": f"cpu{h}", "up_gbps": 20, "ranks": [2 * h, 2 * h + 1]})
+    path = os.path.join(work, f"bed_{rate}.json")
+    with open(path, "w") as f:
+        json.dump({"nodes": nodes}, f)
+    return path
+
+
+def inner(args):
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    work = tempfile.mkdtemp(prefix="hosts_mesh_")
+    rows = []
+    for rate in args.rates.split(","):
+        sh([HOSTS, "shape", rate])
+        topo = topology_file(rate, work)
+        for model in args.models.split(","):
+            for setting in args.settings.split(","):
+                print(f"# {rate} {model} {setting}", file=sys.stderr, flush=True)
+                try:
+                    m = measure(args.build, model, args.micro_batch, setting, args.a, args.b, work)
+                except RuntimeError as e:
+                    print(str(e), file=sys.stderr)
+                    m = None
+                pred, why = predict(args.build, model, args.micro_batch, setting, topo, args.profile)
+                row = {"rate": rate, "model": model, "setting": setting}
+                if m:
+                    row.update(m)
+                    row["engine_vs_veth"] = (m["engine_cross_bytes_host"] / m["veth_tx_host1"]
+                                             if m["engine_cross_bytes_host"] and m["veth_tx_host1"] else "")
+                row["predicted_step_s"] = pred if pred is not None else ""
+                row["predicted_note"] = why
+                if m and pred:
+                    row["predicted_over_measured"] = pred / m["step_s"]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    keys = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    with open(args.out + ".csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    plot(rows, args.out + ".png")
+    print(f"wrote {args.out}.csv and {args.out}.png", file=sys.stderr)
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    models = sorted({r["model"] for r in rows})
+    rates = list(dict.fromkeys(r["rate"] for r in rows))
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        width = 0.8 / len(settings)
+        for i, s in enumerate(settings):
+            ys = []
+            for rate in rates:
+                v = [r.get("img_per_s", 0) for r in rows if r["model"] == model and r["rate"] == rate and r["setting"] == s]
+                ys.append(float(v[0]) if v and v[0] != "" else 0)
+            ax.bar([x + i * width for x in range(len(rates))], ys, width, label=s)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rates))])
+        ax.set_xticklabels(rates)
+        ax.set_ylabel("img/s (4 ranks)")
+        ax.set_title(f"ConvNeXt-{model}, 64 px, 2 hosts x 2 ranks")
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--models", default="atto,femto")
+    p.add_argument("--rates", default="10gbit,1gbit,200mbit")
+    p.add_argument("--settings", default=",".join(SETTINGS))
+    p.add_argument("--micro-batch", type=int, default=16)
+    p.add_argument("--a", type=int, default=3, help="steps of the short run")
+    p.add_argument("--b", type=int, default=8, help="steps of the long run")
+    p.add_argument("--profile", default="", help="compute table for the what-if model (bench_train_step --profile JSON)")
+    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "hosts_mesh"))
+    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    args.build = os.path.abspath(args.build)
+    for s in args.settings.split(","):
+        if s not in SETTINGS:
+            p.error(f"--settings: unknown setting '{s}' (known: {', '.join(SETTINGS)})")
+    if args.inner:
+        return inner(args)
+    os.environ.setdefault("CZ_HOSTS_BED", "mesh")
+    cmd = [HOSTS, "with", "2", "2", "--", sys.executable, os.path.abspath(__file__), "--inner"] + sys.argv[1:]
+    return subprocess.call(cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
