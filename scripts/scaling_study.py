@@ -7,6 +7,13 @@ each under mpirun, collected from the runs' JSON-lines logs into results.csv, PN
     python3 scripts/scaling_study.py --ranks 1,2,4,8 --stages 0,2,3 --bucket-mb 5,25 --micro-batch 16,32 \\
         --model tiny --image-size 224 -- --device cuda --precision bf16
 
+Across hosts: --hosts 1,2 --link-rate none,1gbit,200mbit adds hosts x link rate to the grid. Ranks are then
+spread evenly over the hosts of the test bed (scripts/hosts.sh: network namespaces on this machine, each
+host's link shaped with tc; needs root); rank counts that do not divide evenly over a host count are left out
+for it. A bed is made per configuration and always removed afterwards.
+
+    sudo python3 scripts/scaling_study.py --hosts 1,2 --ranks 2,4 --link-rate none,1gbit --stages 0,3
+
 Each configuration's figures are medians over the steps after --warmup. Scaling efficiency is img/s divided
 by (ranks x img/s of 1 rank with the same stage, bucket size and micro-batch). Hidden communication is
 1 - sum(comm_exposed_s) / sum(comm_s) over those steps, where comm_exposed_s is the part of the collectives'
@@ -25,7 +32,7 @@ import statistics
 import subprocess
 import sys
 
-FIELDS = ["ranks", "stage", "bucket_mb", "micro_batch", "img_per_s", "scaling_efficiency", "step_time_s",
+FIELDS = ["hosts", "link_rate", "ranks", "stage", "bucket_mb", "micro_batch", "img_per_s", "scaling_efficiency", "step_time_s",
           "peak_mem_bytes", "model_state_bytes", "comm_buffer_bytes", "comm_bytes", "comm_s", "comm_exposed_s",
           "hidden_fraction"]
 
@@ -52,6 +59,9 @@ def parse_args():
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--mpirun", default="mpirun")
+    p.add_argument("--hosts", type=ints, default=[1], help="hosts of the test bed the ranks spread over (default 1)")
+    p.add_argument("--link-rate", default="none",
+                   help="comma-separated tc rates of each host's link with --hosts > 1 (none: unshaped)")
     p.add_argument("extra", nargs="*", help="more convnext_zero flags, after --")
     a = p.parse_args()
     q = a.quick
@@ -68,6 +78,9 @@ def parse_args():
         p.error("ranks, micro-batches and bucket sizes must be positive")
     if any(s not in (0, 1, 2, 3) for s in a.stages):
         p.error("stages are 0, 1, 2 or 3")
+    a.link_rate = [r for r in a.link_rate.split(",") if r]
+    if min(a.hosts) < 1:
+        p.error("--hosts must be positive")
     return a
 
 
@@ -79,13 +92,18 @@ def model_flags(a):
     return ["--model", "atto"]
 
 
-def run_one(a, app, ranks, stage, bucket, micro, log):
+HOSTS_SH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hosts.sh")
+
+
+def run_one(a, app, ranks, stage, bucket, micro, log, hosts=1):
     cmd = [app] + model_flags(a) + [
         "--image-size", str(a.image_size), "--micro-batch", str(micro), "--steps", str(a.steps),
         "--stage", str(stage), "--bucket-mb", str(bucket), "--num-classes", "10",
         "--data", f"synthetic:n={max(256, 4 * ranks * micro * a.steps)},eval_n=16", "--loader-threads", "1",
         "--no-progress", "--log", log] + a.extra
-    if ranks > 1:
+    if hosts > 1:
+        cmd = [HOSTS_SH, "run"] + cmd  # every slot of the bed: hosts x ranks/hosts
+    elif ranks > 1:
         cmd = [a.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)] + cmd
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
@@ -95,7 +113,7 @@ def run_one(a, app, ranks, stage, bucket, micro, log):
         sys.exit(f"scaling_study: {log} has {len(steps)} step records, expected {a.steps}")
     s = steps[a.warmup:]
     med = lambda k: statistics.median(x.get(k, 0) for x in s)
-    row = {"ranks": ranks, "stage": stage, "bucket_mb": bucket, "micro_batch": micro}
+    row = {"hosts": hosts, "link_rate": "", "ranks": ranks, "stage": stage, "bucket_mb": bucket, "micro_batch": micro}
     for k in ["img_per_s", "step_time_s", "peak_mem_bytes", "model_state_bytes", "comm_buffer_bytes",
               "comm_bytes", "comm_s", "comm_exposed_s"]:
         row[k] = med(k)
@@ -186,16 +204,36 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     rows = []
     grid = list(itertools.product(a.ranks, a.stages, a.bucket_mb, a.micro_batch))
-    for i, (ranks, stage, bucket, micro) in enumerate(grid):
-        log = os.path.join(a.out, f"run_r{ranks}_s{stage}_b{bucket:g}_m{micro}.jsonl")
-        row = run_one(a, app, ranks, stage, bucket, micro, log)
-        rows.append(row)
-        print(f"[{i + 1}/{len(grid)}] ranks {ranks} stage {stage} bucket {bucket:g} MiB micro-batch {micro}: "
-              f"{row['img_per_s']:.1f} img/s, model states {row['model_state_bytes'] / 2**20:.2f} MiB/rank",
-              flush=True)
+    # Hosts > 1: one test bed per (hosts, ranks per host), re-shaped per link rate (none on one host).
+    beds = [(1, None)] if 1 in a.hosts else []
+    beds += [(h, rate) for h in a.hosts if h > 1 for rate in a.link_rate]
+    if max(a.hosts) > 1:
+        os.environ.setdefault("CZ_HOSTS_BED", "study")
+    total = sum(1 for h, _ in beds for r, *_ in grid if h == 1 or r % h == 0)
+    for hosts, rate in beds:
+        for ranks, stage, bucket, micro in grid:
+            if hosts > 1 and ranks % hosts != 0:
+                continue
+            tag = f"h{hosts}_{rate}_" if hosts > 1 else ""
+            log = os.path.join(a.out, f"run_{tag}r{ranks}_s{stage}_b{bucket:g}_m{micro}.jsonl")
+            if hosts > 1:
+                subprocess.run([HOSTS_SH, "up", str(hosts), str(ranks // hosts)] +
+                               ([] if rate == "none" else ["--rate", rate]), check=True)
+                try:
+                    row = run_one(a, app, ranks, stage, bucket, micro, log, hosts)
+                finally:
+                    subprocess.run([HOSTS_SH, "down"], check=False)
+                row["link_rate"] = rate
+            else:
+                row = run_one(a, app, ranks, stage, bucket, micro, log)
+            rows.append(row)
+            where = f"{hosts} hosts at {rate}, " if hosts > 1 else ""
+            print(f"[{len(rows)}/{total}] {where}ranks {ranks} stage {stage} bucket {bucket:g} MiB micro-batch "
+                  f"{micro}: {row['img_per_s']:.1f} img/s, model states {row['model_state_bytes'] / 2**20:.2f} MiB/rank",
+                  flush=True)
     for r in rows:
         base = [b for b in rows if b["ranks"] == 1 and b["stage"] == r["stage"] and b["bucket_mb"] == r["bucket_mb"]
-                and b["micro_batch"] == r["micro_batch"]]
+                and b["micro_batch"] == r["micro_batch"] and b["hosts"] == 1]
         r["scaling_efficiency"] = r["img_per_s"] / (r["ranks"] * base[0]["img_per_s"]) if base else ""
     with open(os.path.join(a.out, "results.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
@@ -206,12 +244,12 @@ def main():
     with open(os.path.join(a.out, "summary.md"), "w") as f:
         f.write("# Scaling study\n\n")
         f.write(f"`{' '.join(sys.argv)}`: medians of steps {a.warmup + 1}-{a.steps}.\n\n")
-        f.write("| ranks | stage | bucket MiB | micro-batch | img/s | efficiency | peak MiB | model states MiB | "
-                "MiB sent/step | exposed comm s | hidden |\n|" + " --- |" * 11 + "\n")
+        f.write("| hosts | link | ranks | stage | bucket MiB | micro-batch | img/s | efficiency | peak MiB | "
+                "model states MiB | MiB sent/step | exposed comm s | hidden |\n|" + " --- |" * 13 + "\n")
         for r in rows:
             eff = f"{r['scaling_efficiency']:.2f}" if r["scaling_efficiency"] != "" else "-"
             hid = f"{100 * r['hidden_fraction']:.0f}%" if r["hidden_fraction"] != "" else "-"
-            f.write(f"| {r['ranks']} | {r['stage']} | {r['bucket_mb']:g} | {r['micro_batch']} | {r['img_per_s']:.1f} | "
+            f.write(f"| {r['hosts']} | {r['link_rate'] or '-'} | {r['ranks']} | {r['stage']} | {r['bucket_mb']:g} | {r['micro_batch']} | {r['img_per_s']:.1f} | "
                     f"{eff} | {r['peak_mem_bytes'] / 2**20:.1f} | {r['model_state_bytes'] / 2**20:.2f} | "
                     f"{r['comm_bytes'] / 2**20:.2f} | {r['comm_exposed_s']:.4f} | {hid} |\n")
         f.write(f"\nBest setting: {best['ranks']} ranks, stage {best['stage']}, bucket {best['bucket_mb']:g} MiB, "

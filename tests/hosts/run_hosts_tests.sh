@@ -7,6 +7,8 @@
 #                          norms of 4 ranks on one host, to the bit
 #   shaped_link            commbench's all-reduce bus bandwidth between 2 hosts at 100 Mbit/s is a small fraction
 #                          of the unshaped figure
+#   scaling_study          scripts/scaling_study.py's hosts x link-rate sweep: rows for 2 hosts at 1 Gbit/s next to
+#                          the one-host rows, with throughput and bytes sent, and no bed left behind
 # Exits 77 (ctest: skipped) with a SKIP line where namespaces cannot be made (not root).
 set -uo pipefail
 case_name=$1 hosts_sh=$2 probe=$3 app=$4 commbench=$5 mpiexec=$6
@@ -138,6 +140,27 @@ shaped_link)
   awk -v u="$unshaped" -v s="$shaped" 'BEGIN { exit !(s > 0 && s < 0.25 * u && s < 0.0125 * 1.5) }' ||
     fail "the shaped link is not slow: $shaped GB/s against $unshaped GB/s unshaped"
   echo "shaped_link: OK (ratio $(awk -v u="$unshaped" -v s="$shaped" 'BEGIN { printf "%.3f", s / u }'))"
+  ;;
+scaling_study)
+  py=python3
+  [[ -x /usr/bin/python3 ]] && py=/usr/bin/python3
+  root=$(cd "$(dirname "$hosts_sh")/.." && pwd)
+  build=$(dirname "$(dirname "$app")")
+  "$py" "$root/scripts/scaling_study.py" --quick --hosts 1,2 --ranks 2 --link-rate 1gbit --build "$build" \
+    --out "$work/study" --mpirun "$mpiexec" > "$work/study.out" 2>&1 || { cat "$work/study.out"; fail "the study failed"; }
+  cat "$work/study.out"
+  "$py" - "$work/study/results.csv" <<'PY' || fail "bad results.csv"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+got = sorted((r["hosts"], r["link_rate"], r["stage"]) for r in rows)
+want = sorted([("1", "", s) for s in ("0", "3")] + [("2", "1gbit", s) for s in ("0", "3")])
+assert got == want, f"configurations {got}, expected {want}"
+for r in rows:
+    assert float(r["img_per_s"]) > 0 and int(float(r["comm_bytes"])) > 0, r
+print(f"{len(rows)} rows, two of them across 2 hosts at 1 Gbit/s")
+PY
+  [[ -z $(ip netns list | grep -E "czhosts-$CZ_HOSTS_BED-") ]] || fail "the study left a bed behind"
+  echo "scaling_study: OK"
   ;;
 *) fail "unknown case $case_name" ;;
 esac
