@@ -703,7 +703,7 @@ std::vector<std::string> network_parts(const nn::ConvNeXtConfig& cfg) {
   return parts;
 }
 
-StepTraceResult trace_step(const StepSpec& spec, int64_t capture_event) {
+StepTraceResult trace_step(const StepSpec& spec, int64_t capture_event, bool log_events) {
   spec.model.validate();
   CZ_CHECK(spec.micro_batch > 0, "planner: micro-batch must be positive, got {}", spec.micro_batch);
   int64_t reduction = 4;
@@ -717,7 +717,12 @@ StepTraceResult trace_step(const StepSpec& spec, int64_t capture_event) {
   Walker w(spec, m, r.labels);
   w.build();
   m.reset_peak();  // Trainer::step resets the peak; what the build left live is counted from there
-  for (int i = 0; i < std::max(spec.steps, 1); ++i) w.step();
+  if (log_events) m.log_to(&r.events);
+  for (int i = 0; i < std::max(spec.steps, 1); ++i) {
+    r.step_begins.push_back(r.events.size());
+    w.step();
+  }
+  m.log_to(nullptr);
   r.peak = m.peak();
   r.saved_end_of_forward = w.saved_end_of_forward;
   r.reserved_peak = m.reserved_peak();
