@@ -56,6 +56,7 @@ class HostCachingAllocator final : public Allocator {
       stats_.allocated_bytes += int64_t(cls);
       stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
       ++stats_.num_allocs;
+      if (AllocatorObserver* o = observer()) o->allocated(p, nbytes);
     }
     return DataPtr(p, nbytes, this);
   }
@@ -86,6 +87,7 @@ class HostCachingAllocator final : public Allocator {
     free_[cls].push_back(ptr);
     stats_.allocated_bytes -= int64_t(cls);
     ++stats_.num_frees;
+    if (AllocatorObserver* o = observer()) o->released(ptr, nbytes);
   }
 
  private:

@@ -5,6 +5,7 @@
 // one so that memory savings show on a CPU-only machine.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -25,6 +26,19 @@ struct MemoryStats {
 };
 
 class Allocator;
+
+// Note [Allocator event log]: an observer sees every request an allocator serves and every block returned to
+// it, in the order the allocator serves them, with the bytes asked for. It is called under the allocator's
+// lock, from whichever thread allocates or frees, so it must not allocate through the same allocator, and
+// it may still be running on another thread just after set_observer(nullptr) returns. The planner's op-by-op test (tests/plan/test_step_events.cpp)
+// holds the planner's replay of a step to this log of the real step. With no observer set the allocator pays
+// one relaxed atomic load per request. The CPU caching allocators report to it; the CUDA one does not (yet).
+class AllocatorObserver {
+ public:
+  virtual ~AllocatorObserver() = default;
+  virtual void allocated(const void* ptr, size_t nbytes) = 0;
+  virtual void released(const void* ptr, size_t nbytes) = 0;
+};
 
 // Owning pointer to bytes from an Allocator; returns them to it on destruction.
 class DataPtr {
@@ -64,10 +78,16 @@ class Allocator {
   // Marks `ptr` as used on `stream`, so it is not handed out again before work queued there has finished
   // (Note [Cross-stream frees] in the CUDA allocator). A no-op on the CPU, where work runs in program order.
   virtual void record_stream(void* ptr, Stream stream) {}
+  // Note [Allocator event log]; nullptr stops it. The caller keeps the observer alive until then.
+  void set_observer(AllocatorObserver* o) { observer_.store(o, std::memory_order_relaxed); }
 
  protected:
   friend class DataPtr;
   virtual void release(void* ptr, size_t nbytes) = 0;
+  AllocatorObserver* observer() const { return observer_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<AllocatorObserver*> observer_{nullptr};
 };
 
 Allocator& allocator_for(Device device);

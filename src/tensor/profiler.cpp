@@ -49,6 +49,7 @@ State& state() {
 }
 
 thread_local int tls_depth = 0;
+thread_local std::string tls_outermost;  // the outermost open scope's name
 
 }  // namespace
 
@@ -61,6 +62,7 @@ void Scope::begin(std::string_view name, Device device) {
     slot_ = kNested;  // counted for the depth, not timed
     return;
   }
+  tls_outermost = name;
   State& s = state();
   std::lock_guard lock(s.mu);
   Record r;
@@ -81,6 +83,7 @@ void Scope::begin(std::string_view name, Device device) {
 void Scope::end() noexcept {
   --tls_depth;
   if (slot_ < 0) return;
+  tls_outermost.clear();
   State& s = state();
   std::lock_guard lock(s.mu);
   if (generation_ != s.generation) return;  // take() already ran and dropped this record
@@ -94,6 +97,10 @@ void Scope::end() noexcept {
   } catch (...) {
     // The device is failing anyway; take() leaves this record out.
   }
+}
+
+std::string_view current_scope() {
+  return tls_outermost;
 }
 
 std::vector<OpTime> take() {

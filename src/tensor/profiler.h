@@ -49,6 +49,10 @@ class Scope {
   uint64_t generation_ = 0;  // take() calls before this scope began: a record taken early is not touched
 };
 
+// The name of the outermost scope open on this thread, "" outside any (or while profiling is off): which op
+// an allocation happens in, for Note [Allocator event log].
+std::string_view current_scope();
+
 struct OpTime {
   std::string name;
   int64_t calls = 0;

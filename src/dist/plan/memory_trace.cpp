@@ -37,6 +37,7 @@ MemoryTrace::Id MemoryTrace::alloc(int64_t bytes, Use use, const char* what, int
       if (b.refs > 0) captured_.push_back({b.what, b.bytes, b.use, b.part});
   }
   ++events_;
+  if (log_) log_->push_back({true, id, bytes, where_, use, what});
   if (live_.total > peak_.total) peak_ = live_;
   return id;
 }
@@ -51,6 +52,7 @@ void MemoryTrace::release(Id id) {
   Block& b = blocks_.at(size_t(id));
   CZ_ASSERT(b.refs > 0, "release of freed block {} ({})", id, b.what);
   if (--b.refs > 0) return;
+  if (log_) log_->push_back({false, id, b.bytes, where_, b.use, b.what});
   ++cached_[b.cls];
   live_.total -= b.cls;
   live_.raw[size_t(b.use)] -= b.bytes;

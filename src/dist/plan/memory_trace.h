@@ -34,6 +34,17 @@ struct TraceSnapshot {
   int64_t event = -1;                   // index of the allocation that reached it
 };
 
+// One request or return of a block, for the op-by-op comparison with the allocator's own log (Note [Allocator
+// event log]; Note [One step, two descriptions] in step_trace.cpp).
+struct TraceEvent {
+  bool alloc;     // false: the block's last reference went
+  int32_t block;  // MemoryTrace::Id: which alloc a release returns
+  int64_t bytes;  // as requested
+  int where;      // label of the op running (MemoryTrace::at)
+  Use use;
+  const char* what;
+};
+
 class MemoryTrace {
  public:
   using Id = int32_t;
@@ -55,6 +66,8 @@ class MemoryTrace {
   TraceSnapshot now() const;
   int64_t reserved_peak() const { return reserved_; }  // bytes ever taken from the system (never returned)
   void reset_peak() { peak_ = now(); }
+  // Appends every alloc and release from now on to `log` (nullptr: stops). Off, it costs a null test.
+  void log_to(std::vector<TraceEvent>* log) { log_ = log; }
 
  private:
   struct Block {
@@ -75,6 +88,7 @@ class MemoryTrace {
   int64_t capture_event_ = -1;
   std::vector<LiveBuffer> captured_;
   int where_ = -1;
+  std::vector<TraceEvent>* log_ = nullptr;
 };
 
 }  // namespace cz::plan

@@ -174,9 +174,7 @@ std::string human(int64_t b) {
   return mib(b);
 }
 
-}  // namespace
-
-Plan make_plan(const PlanRequest& req) {
+Setup setup_of(const PlanRequest& req) {
   Setup s;
   s.cfg = req.config;
   if (s.cfg.steps == 0 && s.cfg.epochs == 0) s.cfg.steps = 1;  // the plan does not depend on the run length
@@ -191,7 +189,19 @@ Plan make_plan(const PlanRequest& req) {
   s.rank = req.rank;
   s.model = s.cfg.model_config();
   s.params = nn::convnext_parameters(s.model);
+  return s;
+}
 
+}  // namespace
+
+StepTraceResult plan_step_trace(const PlanRequest& req) {
+  const Setup s = setup_of(req);
+  const Engine engine = engine_at(s, s.cfg.stage, s.cfg.offload_optimizer);
+  return trace_step(step_spec(s, engine, s.cfg.micro_batch, s.cfg.activation_checkpointing), -1, true);
+}
+
+Plan make_plan(const PlanRequest& req) {
+  const Setup s = setup_of(req);
   Plan p;
   p.model = s.model.name;
   for (const nn::ParamInfo& i : s.params) p.num_params += i.numel;

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dist/plan/step_trace.h"
 #include "dist/train/config.h"
 
 namespace cz::plan {
@@ -75,6 +76,9 @@ struct Plan {
 };
 
 Plan make_plan(const PlanRequest& request);
+// The step replay make_plan's figures come from, with its event log (StepTraceResult::events): what
+// tests/plan/test_step_events.cpp holds the real step's allocator log to, op by op.
+StepTraceResult plan_step_trace(const PlanRequest& request);
 std::string format_plan(const Plan& plan);
 nlohmann::json plan_to_json(const Plan& plan);
 

@@ -24,6 +24,32 @@
 //    around each module's forward and backward, the ring's scratch, the step's scalars.
 //  * Kernel workspaces through the allocator: on the CPU the patchify im2col buffer (forward and backward);
 //    on CUDA the per-stream cuBLAS workspace, a cuDNN allowance and the depthwise filter-gradient partials.
+//  * Around the ops: on the CPU backend all of a step's micro-batches are taken from the loader first and
+//    live until the step returns; the summed loss is read through an f64 copy (Tensor::item); the engine's
+//    model_state_bytes() for the log makes the optimizer's step counter a new 8-byte tensor.
+//
+// Note [One step, two descriptions]
+// So the step is described twice: by the code that runs, and by this walk. Why not plan by running the real
+// step on a "meta" device, whose allocator is the MemoryTrace and whose kernels do nothing (as PyTorch's meta
+// tensors give shapes)? Because the planner is asked about steps that cannot run where it runs: a CUDA step
+// in bf16 (16-bit copies, cuBLAS/cuDNN workspaces, the driver's 2 MiB pages) on a CPU-only machine with no
+// CUDA build; a rank of a world of 8 or 64 from one process, with no MPI and no peers for the engine's
+// collectives; and xlarge at micro-batches of several hundred, a few dozen times over for the largest-batch
+// search, in tens of milliseconds. A meta path would need a no-op variant of every kernel and of the CUDA
+// backend's workspace choices, a fake communicator that still allocates what the ring does, and a fake
+// loader: a second description again, spread through src/tensor, src/dist/comm and src/io instead of kept
+// in one file. So the replay stays, and drift between the two is made impossible to miss instead:
+// tests/plan/test_step_events.cpp runs the real step on the CPU backend, for every row of
+// tests/plan/plan_cases.h (stages 0-3, 1, 2 and 4 ranks, checkpointing, accumulation, offload, EMA, a
+// background checkpoint's copy), with the allocator's event log on (Note [Allocator event log]), and holds
+// it to this walk's log (trace_step with log_events) request by request: the bytes of each request, and
+// which blocks were returned before it. The first difference fails the test with the op as the walk names it
+// ("stages.1.blocks.0 fc1 backward: linear input gradient") and as the profiler names it (LinearBackward),
+// both sizes and a few requests either side. What it cannot hold: the CUDA backend (its allocator keeps no
+// log, and nothing here runs it), and when the communicator's thread grows the ring scratch (its sizes are
+// compared, not its moment: the walk grows it when the collective is launched, which is never later than
+// the thread does, so the plan errs high there). A change to an op's temporaries is made in the op and
+// here, and the test says where the second one is missing.
 #include "dist/plan/step_trace.h"
 
 #include <algorithm>
@@ -81,7 +107,7 @@ class Walker {
     std::vector<Id> held;     // tensors nodes keep until the graph dies (drop-path scales)
   };
 
-  void micro_step(bool last);
+  void micro_step(bool last, const A& images, const A& labels);
   A stage(int i, A x, int64_t& side, bool last_stage);
   A block(const A& x, int64_t side, int64_t c, double rate, Use out_use);
   A checkpointed_block(const A& x, int64_t side, int64_t c, double rate, Use out_use);
@@ -224,33 +250,68 @@ void Walker::build() {
 }
 
 void Walker::step() {
+  // Trainer::step takes all of the step's micro-batches from the loader first; on the CPU backend they are
+  // in the training allocator and live until the step returns. On CUDA they are host memory, and each
+  // micro-step copies its own to the device (micro_step).
+  n_ = s_.micro_batch;
+  const int64_t pixels = n_ * s_.image_size * s_.image_size * s_.model.in_chans;
+  scope_ = "batch";
+  part_ = 0;
+  at("load");
+  std::vector<A> batches;  // images, labels per micro-step
+  if (!s_.cuda)
+    for (int64_t a = 0; a < s_.grad_accum; ++a) {
+      batches.push_back(buf(pixels * 4, Use::input, "images"));
+      batches.push_back(buf(n_ * 8, Use::input, "labels"));
+    }
   // The micro-steps' losses are summed on the device: the first one's loss is kept, later ones add into a
   // new scalar each.
   const int64_t micro_steps = std::min<int64_t>(s_.grad_accum, 2);
-  for (int64_t a = 0; a < micro_steps; ++a) micro_step(a + 1 == micro_steps);
+  for (int64_t a = 0; a < micro_steps; ++a) {
+    if (s_.cuda) {
+      micro_step(a + 1 == micro_steps, A{}, A{});
+    } else {
+      micro_step(a + 1 == micro_steps, batches[size_t(2 * a)], batches[size_t(2 * a + 1)]);
+    }
+  }
   scope_ = "optimizer";
   at("mean loss");
+  // loss_sum.item(): Tensor::to_vector reads the f32 scalar through an f64 copy.
+  m_.release(m_.alloc(8, Use::transient, "loss as f64 (item)"));
   engine_.all_reduce_scalar();
   at("grad norm");
   engine_.optimizer_step();
+  // ZeroEngine::step ends with model_state_bytes() for the log, which without offload asks the optimizer
+  // for its state(), whose "step" entry is made as a new 0-d i64 tensor each time.
+  at("model state bytes");
+  if (!s_.engine.offload) m_.release(m_.alloc(8, Use::transient, "optimizer step counter (state())"));
   m_.release(loss_sum_);  // a local of Trainer::step
   loss_sum_ = kNone;
+  for (const A& b : batches) m_.release(b.id);
 }
 
-void Walker::micro_step(bool last) {
+// `cpu_images`, `cpu_labels`: the CPU backend's batch (step()); none on CUDA, where the micro-step copies its
+// own.
+void Walker::micro_step(bool last, const A& cpu_images, const A& cpu_labels) {
   n_ = s_.micro_batch;
   const auto& cfg = s_.model;
   const int64_t img = s_.image_size, pixels = n_ * img * img * cfg.in_chans;
   scope_ = "batch";
   part_ = 0;
-  at("load");
-  A images = buf(pixels * 4, Use::input, "images");
-  if (s_.cuda && s_.compute != DType::f32) {  // images.to(device).to(compute dtype)
-    const A half = buf(pixels * e_, Use::input, "images (16-bit)");
-    m_.release(images.id);
-    images = half;
+  at("to device");
+  A images = cpu_images, labels = cpu_labels;
+  if (s_.cuda) {
+    images = buf(pixels * 4, Use::input, "images");
+    if (s_.compute != DType::f32) {  // images.to(device).to(compute dtype)
+      const A half = buf(pixels * e_, Use::input, "images (16-bit)");
+      m_.release(images.id);
+      images = half;
+    }
+    labels = buf(n_ * 8, Use::input, "labels");
+  } else {  // .to(device) and .to(f32) return the same tensors
+    m_.retain(images.id);
+    m_.retain(labels.id);
   }
-  const A labels = buf(n_ * 8, Use::input, "labels");
 
   // Stem: patchify 4x4, LayerNorm.
   scope_ = "stem";
@@ -703,7 +764,7 @@ std::vector<std::string> network_parts(const nn::ConvNeXtConfig& cfg) {
   return parts;
 }
 
-StepTraceResult trace_step(const StepSpec& spec, int64_t capture_event) {
+StepTraceResult trace_step(const StepSpec& spec, int64_t capture_event, bool log_events) {
   spec.model.validate();
   CZ_CHECK(spec.micro_batch > 0, "planner: micro-batch must be positive, got {}", spec.micro_batch);
   int64_t reduction = 4;
@@ -717,7 +778,12 @@ StepTraceResult trace_step(const StepSpec& spec, int64_t capture_event) {
   Walker w(spec, m, r.labels);
   w.build();
   m.reset_peak();  // Trainer::step resets the peak; what the build left live is counted from there
-  for (int i = 0; i < std::max(spec.steps, 1); ++i) w.step();
+  if (log_events) m.log_to(&r.events);
+  for (int i = 0; i < std::max(spec.steps, 1); ++i) {
+    r.step_begins.push_back(r.events.size());
+    w.step();
+  }
+  m.log_to(nullptr);
   r.peak = m.peak();
   r.saved_end_of_forward = w.saved_end_of_forward;
   r.reserved_peak = m.reserved_peak();

@@ -41,12 +41,16 @@ struct StepTraceResult {
   int64_t reserved_peak = 0;                  // bytes the cache took from the system, build included
   std::vector<std::string> labels;            // TraceSnapshot::where indexes this
   std::vector<LiveBuffer> at_peak;            // with capture_event: the live buffers then
+  // With log_events: every alloc and release of the traced steps (the build's are not logged), and the index
+  // of each step's first event (Note [One step, two descriptions] in step_trace.cpp).
+  std::vector<TraceEvent> events;
+  std::vector<size_t> step_begins;
 };
 
 // "stem", "stages.0", ..., "head": the parts saved activations are attributed to (head includes the loss).
 std::vector<std::string> network_parts(const nn::ConvNeXtConfig& cfg);
 
 // `capture_event`: a TraceSnapshot::event of an earlier run with the same spec, whose live buffers to list.
-StepTraceResult trace_step(const StepSpec& spec, int64_t capture_event = -1);
+StepTraceResult trace_step(const StepSpec& spec, int64_t capture_event = -1, bool log_events = false);
 
 }  // namespace cz::plan

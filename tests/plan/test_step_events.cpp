@@ -1,0 +1,239 @@
+// One step, two descriptions (Note [One step, two descriptions] in src/dist/plan/step_trace.cpp): the
+// planner's replay of a training step against the CPU allocator's own log of the real step (Note [Allocator
+// event log]), allocation by allocation, for the configurations of plan_cases.h. A change to what an op or
+// the engine allocates that the replay does not follow fails here, naming the op where the two part.
+//
+// Compared per step, on every rank: the sequence of requests (bytes as asked for) and, before each request,
+// which earlier blocks were returned (the order of returns between two requests does not change what the
+// allocator holds or hands out, so it is not compared). A block from before the step (model state, a
+// checkpoint's host copy) is known by its size.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "dist/plan/planner.h"
+#include "dist/train/trainer.h"
+#include "plan_cases.h"
+#include "tensor/allocator.h"
+#include "tensor/profiler.h"
+
+namespace cz::plan {
+namespace {
+
+// A returned block: the step's allocation index that made it, or -1 with its bytes for a block from before.
+struct Freed {
+  int64_t alloc;
+  int64_t bytes;
+  auto operator<=>(const Freed&) const = default;
+};
+
+// One request and the returns just before it; the last entry of Step::main (bytes -1) holds the returns after
+// the step's last request.
+struct Item {
+  int64_t bytes = -1;
+  std::string where;  // plan: its label and what the buffer is; step: the op running
+  std::vector<Freed> freed_before;
+};
+
+// A request made on another thread (the communicator's, at stages 0-3 on several ranks: the ring scratch),
+// with the number of the main thread's requests made before it. Its time is the other thread's; only the
+// sizes, in order, are compared.
+struct Aside {
+  int64_t bytes;
+  int64_t after;
+  std::string where;
+};
+
+struct Step {
+  std::vector<Item> main;
+  std::vector<Aside> aside;
+};
+
+void close_step(Step& s, std::vector<Freed>& freed) {
+  std::sort(freed.begin(), freed.end());
+  s.main.push_back({-1, "(end of step)", std::move(freed)});
+  freed.clear();
+}
+
+// The real step's log. The calling thread's requests and returns are compared one by one; other threads'
+// requests by size only (Aside); their returns are not logged. The loader's threads work at times of their
+// own, so the rows with loader threads are left out.
+class StepLog final : public AllocatorObserver {
+ public:
+  void allocated(const void* ptr, size_t nbytes) override {
+    std::lock_guard lock(mu_);
+    const std::string_view op = profiler::current_scope();
+    if (std::this_thread::get_id() != thread_) {
+      step_.aside.push_back({int64_t(nbytes), int64_t(step_.main.size()), "another thread"});
+      return;
+    }
+    std::sort(freed_.begin(), freed_.end());
+    live_[ptr] = int64_t(step_.main.size());
+    step_.main.push_back(
+        {int64_t(nbytes), op.empty() ? "(outside any op)" : std::string(op), std::move(freed_)});
+    freed_.clear();
+  }
+  void released(const void* ptr, size_t nbytes) override {
+    std::lock_guard lock(mu_);
+    if (std::this_thread::get_id() != thread_) return;
+    const auto it = live_.find(ptr);
+    if (it == live_.end()) {
+      freed_.push_back({-1, int64_t(nbytes)});
+    } else {
+      freed_.push_back({it->second, 0});
+      live_.erase(it);
+    }
+  }
+  Step take() {
+    std::lock_guard lock(mu_);
+    close_step(step_, freed_);
+    live_.clear();
+    return std::exchange(step_, {});
+  }
+
+ private:
+  std::mutex mu_;  // another thread may still be inside allocated() when take() runs
+  std::thread::id thread_ = std::this_thread::get_id();
+  std::unordered_map<const void*, int64_t> live_;
+  Step step_;
+  std::vector<Freed> freed_;
+};
+
+// The replay's events [begin, end) in the same form; the ring scratch is the communicator thread's.
+Step planned_step(const StepTraceResult& r, size_t begin, size_t end) {
+  Step s;
+  std::unordered_map<int32_t, int64_t> index;  // MemoryTrace id -> allocation index in this step
+  std::vector<Freed> freed;
+  for (size_t i = begin; i < end; ++i) {
+    const TraceEvent& e = r.events[i];
+    const std::string& label = e.where >= 0 ? r.labels.at(size_t(e.where)) : "(before any op)";
+    if (e.use == Use::scratch) {
+      if (e.alloc) s.aside.push_back({e.bytes, int64_t(s.main.size()), fmt::format("{}: {}", label, e.what)});
+    } else if (e.alloc) {
+      std::sort(freed.begin(), freed.end());
+      index[e.block] = int64_t(s.main.size());
+      s.main.push_back({e.bytes, fmt::format("{}: {}", label, e.what), std::move(freed)});
+      freed.clear();
+    } else if (const auto it = index.find(e.block); it != index.end()) {
+      freed.push_back({it->second, 0});
+    } else {
+      freed.push_back({-1, e.bytes});
+    }
+  }
+  close_step(s, freed);
+  return s;
+}
+
+std::string describe(const std::vector<Freed>& freed, const std::vector<Item>& s) {
+  std::string out;
+  for (const Freed& f : freed) {
+    if (!out.empty()) out += ", ";
+    out += f.alloc < 0 ? fmt::format("a block of {} B from before the step", f.bytes)
+                       : fmt::format("#{} ({} B)", f.alloc, s[size_t(f.alloc)].bytes);
+  }
+  return out.empty() ? "nothing" : out;
+}
+
+std::string item(const std::vector<Item>& s, size_t i) {
+  if (i >= s.size()) return "(nothing: the step ended)";
+  if (s[i].bytes < 0) return fmt::format("(the step ends) in {}", s[i].where);
+  return fmt::format("{} B in {}", s[i].bytes, s[i].where);
+}
+
+// "" when the two agree; else where they first part, with a few allocations of context from both.
+std::string first_difference(const Step& plan, const Step& real) {
+  const std::vector<Item>&p = plan.main, &r = real.main;
+  const size_t n = std::min(p.size(), r.size());
+  size_t k = 0;
+  while (k < n && p[k].bytes == r[k].bytes && p[k].freed_before == r[k].freed_before) ++k;
+  std::string msg;
+  if (k < n || p.size() != r.size()) {
+    msg += fmt::format("allocation #{} (of {} planned, {} made):\n  plan: {}\n  step: {}\n", k, p.size() - 1,
+                       r.size() - 1, item(p, k), item(r, k));
+    if (k < n && p[k].freed_before != r[k].freed_before)
+      msg += fmt::format("  before it the plan returns {}\n           the step returns {}\n",
+                         describe(p[k].freed_before, p), describe(r[k].freed_before, r));
+    msg += "context (#: plan | step):\n";
+    for (size_t i = k >= 4 ? k - 4 : 0; i < std::min(std::max(p.size(), r.size()), k + 4); ++i)
+      msg += fmt::format("  {}{:>5}: {} | {}\n", i == k ? '>' : ' ', i, item(p, i), item(r, i));
+    return msg;
+  }
+  const std::vector<Aside>&pa = plan.aside, &ra = real.aside;
+  size_t j = 0;
+  while (j < std::min(pa.size(), ra.size()) && pa[j].bytes == ra[j].bytes) ++j;
+  if (j == pa.size() && j == ra.size()) return "";
+  msg +=
+      fmt::format("the communicator's thread: request {} of {} planned, {} made:\n", j, pa.size(), ra.size());
+  for (size_t i = j >= 2 ? j - 2 : 0; i < std::min(std::max(pa.size(), ra.size()), j + 3); ++i)
+    msg += fmt::format(
+        "  {}{:>3}: {} | {}\n", i == j ? '>' : ' ', i,
+        i < pa.size() ? fmt::format("{} B in {} (after #{})", pa[i].bytes, pa[i].where, pa[i].after) : "-",
+        i < ra.size() ? fmt::format("{} B (after #{}: {})", ra[i].bytes, ra[i].after,
+                                    item(r, size_t(std::max<int64_t>(ra[i].after - 1, 0))))
+                      : "-");
+  return msg;
+}
+
+class StepEvents : public ::testing::TestWithParam<Case> {};
+
+TEST_P(StepEvents, EveryAllocationAsPlanned) {
+  const Case& c = GetParam();
+  if (c.config.loader_threads > 0) GTEST_SKIP() << "the loader's threads allocate at times of their own";
+  dist::World& world = dist::World::get();
+  ASSERT_EQ(c.ranks, world.size()) << "multi-rank rows run under mpirun";
+  const bool saves = !c.config.checkpoint_dir.empty();
+  if (saves && world.rank() == 0) std::filesystem::remove_all(c.config.checkpoint_dir);
+
+  PlanRequest req;
+  req.config = c.config;
+  req.world = c.ranks;
+  req.rank = world.rank();
+  const StepTraceResult planned = plan_step_trace(req);
+  ASSERT_EQ(planned.step_begins.size(), 2u);
+
+  Allocator& alloc = allocator_for(Device::cpu());
+  std::vector<Step> real;
+  {
+    train::Trainer t(c.config, world);
+    StepLog log;
+    const bool profiling = profiler::enabled();
+    profiler::set_enabled(true);  // names the op each allocation happens in
+    for (int i = 0; i < 2; ++i) {
+      {
+        alloc.set_observer(&log);
+        const std::unique_ptr<Allocator, void (*)(Allocator*)> stop(
+            &alloc, [](Allocator* a) { a->set_observer(nullptr); });
+        t.step();
+      }
+      real.push_back(log.take());
+      if (saves && i == 0) t.save_checkpoint();  // its host copy lives through the second step
+    }
+    profiler::set_enabled(profiling);
+    profiler::take();
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    const size_t end = i + 1 < 2 ? planned.step_begins[i + 1] : planned.events.size();
+    const Step plan = planned_step(planned, planned.step_begins[i], end);
+    const std::string diff = first_difference(plan, real[i]);
+    EXPECT_TRUE(diff.empty())
+        << "rank " << world.rank() << ", step " << i + 1
+        << ": the planner's replay (src/dist/plan/step_trace.cpp, engine_trace.cpp) and "
+           "the real step part at\n"
+        << diff;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, StepEvents, ::testing::ValuesIn(my_cases()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace cz::plan
