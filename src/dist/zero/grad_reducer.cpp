@@ -7,8 +7,8 @@
 // group's collectives run on their own communication thread, so the reducer launches a partition's all-reduce
 // from its in-flight queue as soon as it sees the reduce-scatter completed (Work::is_completed, checked at
 // every launch and grad-ready hook), and only the wait for the oldest partition blocks, as without a mesh. On
-// CUDA, Work::wait orders the caller's stream after the reduce-scatter without blocking the host, so the
-// all-reduce is enqueued right behind it. The all-reduces are launched in the partitions' launch order, which
+// CUDA the same test queries the reduce-scatter's event: launching at once would order the compute stream
+// (Work::wait) behind a collective still running, stalling backward's kernels. The all-reduces are launched in the partitions' launch order, which
 // is the same on every rank (timing decides only when, never the order), so they match across the group.
 // Both average: the replication group's mean of the shard groups' means (all of S ranks) is the world mean.
 #include "dist/zero/grad_reducer.h"
@@ -124,7 +124,7 @@ void GradReducer::launch(size_t p) {
 
 void GradReducer::launch_cross(InFlight& f) {
   NoGradGuard no_grad;
-  meter_.wait(f.work);  // completed on the CPU; on CUDA orders this stream after it
+  meter_.wait(f.work);  // completed (advance), or the oldest, which finish_oldest waits for anyway
   f.work.reset();
   Tensor mine = f.buffer.narrow(0, own_offset(f.partition), layout_.chunk(f.partition));
   f.cross = replicate_.all_reduce(mine, dist::ReduceOp::avg);
@@ -135,7 +135,7 @@ void GradReducer::launch_cross(InFlight& f) {
 void GradReducer::advance() {
   for (InFlight& f : in_flight_) {
     if (f.crossed) continue;
-    if (!mode_.device.is_cuda() && f.work && !f.work->is_completed()) break;
+    if (f.work && !f.work->is_completed()) break;
     launch_cross(f);
   }
 }
