@@ -6,6 +6,9 @@
 #   zero_matches_one_host  convnext_zero on 2 hosts x 2 ranks at ZeRO stages 0-3 logs the losses and gradient
 #                          norms of 4 ranks on one host, to the bit; on the 2-D mesh (--shard-group host at stages
 #                          1-3, --hpz) those of the flat run at its stage, relative 1e-5 (hpZ to the bit)
+#   mesh_cross_bytes       the engine's count of the bytes crossing hosts (comm_cross_bytes) per step within 2% of
+#                          host 1's veth counter, for flat stage 3, HSDP (--shard-group host) and hpZ; HSDP's at
+#                          most 1/2 (1/R) of flat stage 3's plus 5%, hpZ's at most 2/3 plus 5%
 #   shaped_link            commbench's all-reduce bus bandwidth between 2 hosts at 100 Mbit/s is a small fraction
 #                          of the unshaped figure
 # Exits 77 (ctest: skipped) with a SKIP line where namespaces cannot be made (not root).
@@ -129,6 +132,46 @@ zero_matches_one_host)
     fi
   done
   echo "zero_matches_one_host: OK"
+  ;;
+mesh_cross_bytes)
+  # Bytes per step: (veth tx over a 6-step run - over a 2-step run) / 4, so that start-up and the final
+  # evaluation cancel; the engine's figure is rank 0's comm_cross_bytes x 2 ranks per host (CommMeter::sent).
+  # A custom model of 2.9 M parameters: collectives of megabytes, where TCP/IP headers are 0.3%.
+  model=(--depths 1,1,1,1 --dims 64,128,256,512 --num-classes 4 --image-size 32 --micro-batch 2
+         --data synthetic:n=256,eval_n=8,classes=4 --eval-batches 1 --loader-threads 1 --no-progress)
+  runs=("s3:--stage 3" "hsdp:--stage 3 --shard-group host" "hpz:--stage 3 --hpz")
+  measure() {
+    local r steps runs before after
+    mapfile -t runs <<< "$runs_text"
+    for r in "${runs[@]}"; do
+      for steps in 2 6; do
+        before=$("$hosts_sh" bytes 1 | awk '{ print $3 }')
+        # shellcheck disable=SC2086
+        "$hosts_sh" run "$app" "${model[@]}" ${r#*:} --steps $steps --log "$work/${r%%:*}_$steps.jsonl" \
+          > "$work/out" 2>&1 || { cat "$work/out"; return 1; }
+        after=$("$hosts_sh" bytes 1 | awk '{ print $3 }')
+        echo $((after - before)) > "$work/tx_${r%%:*}_$steps"
+      done
+    done
+  }
+  export -f measure
+  export hosts_sh app work runs_text model_flags="${model[*]}"
+  runs_text=$(printf '%s\n' "${runs[@]}")
+  "$hosts_sh" with 2 2 -- bash -c 'model=($model_flags); measure' || fail "2 hosts x 2 ranks failed"
+  declare -A engine
+  for r in "${runs[@]}"; do
+    name=${r%%:*}
+    tx=$((($(cat "$work/tx_${name}_6") - $(cat "$work/tx_${name}_2")) / 4))
+    cross=$(grep -v '"split"' "$work/${name}_6.jsonl" | tail -1 | sed -E 's/.*"comm_cross_bytes":([0-9]+).*/\1/')
+    engine[$name]=$((2 * cross))
+    echo "$name (${r#*:}): host 1 veth tx per step $tx, engine ${engine[$name]} (2 x comm_cross_bytes)"
+    awk -v t="$tx" -v e="${engine[$name]}" 'BEGIN { exit !(e > 0 && t >= 0.98 * e && t <= 1.02 * e) }' ||
+      fail "$name: the veth counter ($tx) is not within 2% of the engine's count (${engine[$name]})"
+  done
+  awk -v h="${engine[hsdp]}" -v z="${engine[hpz]}" -v f="${engine[s3]}" \
+    'BEGIN { printf "HSDP / stage 3 = %.3f, hpZ / stage 3 = %.3f\n", h / f, z / f; exit !(h <= 1.05 * f / 2 && z <= 1.05 * 2 * f / 3) }' ||
+    fail "HSDP or hpZ sends more across hosts than it should"
+  echo "mesh_cross_bytes: OK"
   ;;
 shaped_link)
   # 2 hosts x 1 rank, 4 MiB ring all-reduce: unshaped, then the same bed at 100 Mbit/s (12.5 MB/s, so about
