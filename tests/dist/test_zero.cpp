@@ -385,6 +385,18 @@ TEST(ZeroMesh, EveryMeshTrainsAsTheFlatRun) {
       EXPECT_EQ(r.weights, ref.weights) << what;
     }
   }
+  // hpZ under activation checkpointing (the recompute in backward gathers inside the host too) with a deeper
+  // prefetch: still bit-identical to stage 3.
+  TrainConfig ck = zero_config(3);
+  ck.activation_checkpointing = true;
+  ck.prefetch = 2;
+  ck.steps = 4;
+  const RunResult flat_ck = run(ck);
+  ck.hpz = true;
+  const RunResult hpz_ck = run(ck);
+  EXPECT_EQ(hpz_ck.losses, flat_ck.losses);
+  EXPECT_EQ(hpz_ck.weights, flat_ck.weights);
+  EXPECT_EQ(hpz_ck.ema_eval_loss, flat_ck.ema_eval_loss);
 }
 
 // What each mesh holds and sends per step, from the engine's own accounts: HSDP's state is that of flat
