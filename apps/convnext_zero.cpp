@@ -116,6 +116,8 @@ int run_plan(const cz::train::TrainConfig& cfg, const PlanFlags& f) {
   cz::plan::PlanRequest req;
   req.config = cfg;
   req.world = f.ranks_opt->count() > 0 ? f.ranks : cz::plan::launcher_world_size();  // make_plan checks it
+  // --shard-group host and --hpz need the hosts: as the launcher (or $CZ_SIMULATE_HOSTS) puts the ranks.
+  if (const int per = cz::plan::launcher_ranks_per_host(); per > 0 && req.world % per == 0) req.ranks_per_host = per;
   if (!f.gpu_mem.empty()) req.gpu_mem = cz::plan::parse_memory_size(f.gpu_mem, f.gpu_mem_name());
   const cz::plan::Plan p = cz::plan::make_plan(req);
   // Scripts test the exit code: 3 (distinct from 1, an error) when --gpu-mem is given and the plan does not
@@ -339,6 +341,7 @@ int main(int argc, char** argv) {
       cz::plan::PlanRequest req;
       req.config = cfg;
       req.world = world->size();
+      req.ranks_per_host = trainer.mesh().hosts().ranks_per_host();
       req.max_micro_batch = false;
       fmt::print(", peak memory {} per rank (planned {}; model states {}", mib(s.peak_mem_bytes),
                  mib(cz::plan::make_plan(req).total_bytes), mib(s.model_state_bytes));

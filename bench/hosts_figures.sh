@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test bed's figures in docs/comm.md ("Running across hosts"): commbench's 4 MiB ring all-reduce between
 # 2 hosts x 1 rank unshaped, at 1 Gbit/s and at 200 Mbit/s; convnext_zero (atto, 64 px, micro-batch 16) on
-# 2 hosts x 2 ranks at 1 Gbit/s, stages 0 and 3: img/s, the engine's comm_bytes, and what host 1's veth sent
-# per step. Run as root: bench/hosts_figures.sh [BUILD_DIR] [REPS]
+# 2 hosts x 2 ranks at 1 Gbit/s, stages 0 and 3 flat, HSDP (--stage 3 --shard-group host) and hpZ (--stage 3
+# --hpz): img/s, the engine's comm_bytes and comm_cross_bytes (rank 0's; x 2 ranks per host: what the engine
+# says leaves host 1), and what host 1's veth sent per step. Run as root: bench/hosts_figures.sh [BUILD_DIR]
+# [REPS]; "train" or "links" as a third argument runs only that part.
 #
 # Bytes per step: two runs of A and B steps, (veth tx after B-run - veth tx after A-run) / (B - A), so that
 # start-up (wire-up, the initial broadcast) and the final evaluation cancel.
@@ -40,33 +42,40 @@ links() {
 export -f links
 
 train() {
-  local stage steps a=4 b=14
+  local run name steps a=4 b=14
   local flags=(--model atto --image-size 64 --micro-batch 16 --data synthetic:n=4096,eval_n=64 --no-progress
                --loader-threads 1)
   echo "# convnext_zero ${flags[*]}, 2 hosts x 2 ranks at 1 Gbit/s"
-  echo "# img/s: mean over steps 3-$b; host 1 tx: veth bytes per step from runs of $a and $b steps"
-  printf "%-6s %8s %10s %10s %14s %16s %8s\n" stage img_s comm_s exposed_s comm_bytes_rank host1_tx_step ratio
-  for stage in 0 3; do
+  echo "# img/s: mean over steps 3-$b; host 1 tx: veth bytes per step from runs of $a and $b steps;"
+  echo "# cross_host: comm_cross_bytes x 2 ranks per host (the engine's count of what leaves host 1)"
+  printf "%-6s %8s %10s %10s %14s %14s %16s %8s\n" run img_s comm_s exposed_s comm_bytes_rank cross_host \
+    host1_tx_step tx/cross
+  for run in "s0:--stage 0" "s3:--stage 3" "hsdp:--stage 3 --shard-group host" "hpz:--stage 3 --hpz"; do
+    name=${run%%:*}
     for steps in $a $b; do
       local before after
       before=$("$hosts" bytes 1 | awk '{ print $3 }')
-      "$hosts" run "$build/apps/convnext_zero" "${flags[@]}" --stage $stage --steps $steps \
-        --log "$work/s${stage}_$steps.jsonl" > "$work/out" 2>&1 || { cat "$work/out"; return 1; }
+      # shellcheck disable=SC2086
+      "$hosts" run "$build/apps/convnext_zero" "${flags[@]}" ${run#*:} --steps $steps \
+        --log "$work/${name}_$steps.jsonl" > "$work/out" 2>&1 || { cat "$work/out"; return 1; }
       after=$("$hosts" bytes 1 | awk '{ print $3 }')
-      echo $((after - before)) > "$work/tx_s${stage}_$steps"
+      echo $((after - before)) > "$work/tx_${name}_$steps"
     done
-    local log="$work/s${stage}_$b.jsonl"
-    local tx=$((($(cat "$work/tx_s${stage}_$b") - $(cat "$work/tx_s${stage}_$a")) / (b - a)))
-    grep -v '"split"' "$log" | awk -v tx="$tx" -v stage="$stage" '
+    local log="$work/${name}_$b.jsonl"
+    local tx=$((($(cat "$work/tx_${name}_$b") - $(cat "$work/tx_${name}_$a")) / (b - a)))
+    grep -v '"split"' "$log" | awk -v tx="$tx" -v name="$name" '
       { match($0, /"img_per_s":[^,}]+/); img = substr($0, RSTART + 12, RLENGTH - 12)
         match($0, /"comm_s":[^,}]+/); cs = substr($0, RSTART + 9, RLENGTH - 9)
         match($0, /"comm_exposed_s":[^,}]+/); ce = substr($0, RSTART + 17, RLENGTH - 17)
         match($0, /"comm_bytes":[^,}]+/); cb = substr($0, RSTART + 13, RLENGTH - 13)
+        match($0, /"comm_cross_bytes":[^,}]+/); cx = 2 * substr($0, RSTART + 19, RLENGTH - 19)
         if (NR >= 3) { n++; si += img; sc += cs; se += ce } }
-      END { printf "%-6s %8.1f %10.3f %10.3f %14.0f %16.0f %8.3f\n", stage, si / n, sc / n, se / n, cb, tx, tx / cb }'
+      END { printf "%-6s %8.1f %10.3f %10.3f %14.0f %14.0f %16.0f %8.3f\n", name, si / n, sc / n, se / n, cb, cx, tx,
+                   (cx > 0 ? tx / cx : 0) }'
   done
 }
 export -f train
 
-"$hosts" with 2 1 -- bash -c links
-"$hosts" with 2 2 --rate 1gbit -- bash -c train
+part=${3:-all}
+if [[ $part == all || $part == links ]]; then "$hosts" with 2 1 -- bash -c links; fi
+if [[ $part == all || $part == train ]]; then "$hosts" with 2 2 --rate 1gbit -- bash -c train; fi

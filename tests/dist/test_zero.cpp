@@ -319,3 +319,163 @@ TEST(ZeroCheckpoint, ResumeIsBitExactAtEveryStage) {
 
 }  // namespace
 }  // namespace cz::train
+
+// ---- the 2-D mesh (Note [2-D mesh]): under mpirun -np 4 with $CZ_SIMULATE_HOSTS=2 (ctest zero_mesh_np4),
+// two "hosts" of two ranks; elsewhere these skip.
+namespace cz::train {
+namespace {
+
+bool two_hosts_of_two() {
+  const dist::HostMap h = dist::host_map(world());
+  return world().size() == 4 && h.num_hosts() == 2 && h.ranks_per_host() == 2;
+}
+
+TrainConfig mesh_config(int stage, const std::string& shard_group, bool hpz) {
+  TrainConfig c = zero_config(stage);
+  c.shard_group = shard_group;
+  c.hpz = hpz;
+  return c;
+}
+
+struct MeshCase {
+  int stage;
+  const char* shard_group;
+  bool hpz, offload;
+};
+
+// HSDP at stages 1-3 (shard groups by host and by number), hpZ at stage 3, offload on the mesh: the losses,
+// gradient norms, final master weights and the EMA's evaluation of the flat run at the same stage (the same
+// global batch: 4 ranks x 4 images x 2 micro-steps), to float summation order. The reduction is two
+// averages instead of one, so not to the bit, except hpZ, whose backward gathers the very values forward
+// did (Note [hpZ]).
+TEST(ZeroMesh, EveryMeshTrainsAsTheFlatRun) {
+  if (!two_hosts_of_two()) GTEST_SKIP() << "needs 4 ranks on 2 (simulated) hosts";
+  const MeshCase cases[] = {{1, "host", false, false}, {2, "2", false, false},  {3, "host", false, false},
+                            {3, "world", true, false}, {2, "host", false, true}, {3, "2", false, true},
+                            {3, "world", true, true}};
+  RunResult flat[4];
+  for (int stage = 1; stage <= 3; ++stage) flat[stage] = run(zero_config(stage));
+  double max_w = 0;
+  for (float w : flat[3].weights) max_w = std::max(max_w, double(std::abs(w)));
+  for (const MeshCase& m : cases) {
+    TrainConfig c = mesh_config(m.stage, m.shard_group, m.hpz);
+    c.offload_optimizer = m.offload;
+    const RunResult r = run(c);
+    const RunResult& ref = flat[m.stage];
+    ASSERT_EQ(r.losses.size(), ref.losses.size());
+    ASSERT_EQ(r.weights.size(), ref.weights.size());
+    double worst_loss = 0, worst_norm = 0, worst_w = 0;
+    for (size_t i = 0; i < r.losses.size(); ++i) {
+      worst_loss = std::max(worst_loss, rel(r.losses[i], ref.losses[i]));
+      worst_norm = std::max(worst_norm, rel(r.norms[i], ref.norms[i]));
+    }
+    for (size_t i = 0; i < r.weights.size(); ++i)
+      worst_w = std::max(worst_w, std::abs(double(r.weights[i]) - double(ref.weights[i])) / max_w);
+    const std::string what = fmt::format("stage {} --shard-group {}{}{}", m.stage, m.shard_group,
+                                         m.hpz ? " --hpz" : "", m.offload ? " --offload-optimizer" : "");
+    if (world().rank() == 0)
+      std::printf("%s vs flat: losses %.2e, grad norms %.2e, weights %.2e (relative)\n", what.c_str(),
+                  worst_loss, worst_norm, worst_w);
+    EXPECT_LE(worst_loss, 1e-5) << what;
+    EXPECT_LE(worst_norm, 1e-5) << what;
+    EXPECT_LE(worst_w, 1e-5) << what;
+    EXPECT_LE(rel(r.ema_eval_loss, ref.ema_eval_loss), 1e-5) << what;
+    if (m.hpz && !m.offload) {
+      EXPECT_EQ(r.losses, ref.losses) << what;
+      EXPECT_EQ(r.weights, ref.weights) << what;
+    }
+  }
+  // hpZ under activation checkpointing (the recompute in backward gathers inside the host too) with a deeper
+  // prefetch: still bit-identical to stage 3.
+  TrainConfig ck = zero_config(3);
+  ck.activation_checkpointing = true;
+  ck.prefetch = 2;
+  ck.steps = 4;
+  const RunResult flat_ck = run(ck);
+  ck.hpz = true;
+  const RunResult hpz_ck = run(ck);
+  EXPECT_EQ(hpz_ck.losses, flat_ck.losses);
+  EXPECT_EQ(hpz_ck.weights, flat_ck.weights);
+  EXPECT_EQ(hpz_ck.ema_eval_loss, flat_ck.ema_eval_loss);
+}
+
+// What each mesh holds and sends per step, from the engine's own accounts: HSDP's state is that of flat
+// stage s at N = the shard group's size; hpZ adds its secondary copies, Psi/R elements (R = 2 ranks per
+// host); HSDP's bytes crossing hosts are at most 1/R of flat stage 3's (+5%), hpZ's 2/3 of them (backward's
+// gather stays on the host).
+TEST(ZeroMesh, StateAndCrossHostBytesFollowTheMesh) {
+  if (!two_hosts_of_two()) GTEST_SKIP() << "needs 4 ranks on 2 (simulated) hosts";
+  auto one_step = [](TrainConfig c) {
+    c.grad_accum = 1;
+    c.steps = 1;
+    c.ema_decay = 0;
+    Trainer t(c, world());
+    StepStats s = t.step();
+    return std::make_pair(s, t.engine().layout().flat.numel);
+  };
+  const auto [flat3, psi] = one_step(zero_config(3));
+  const auto [hsdp3, psi_h] = one_step(mesh_config(3, "host", false));
+  const auto [hpz3, psi_z] = one_step(mesh_config(3, "world", true));
+  const auto [flat2, psi_2] = one_step(mesh_config(3, "2", false));  // the same mesh, spelled by size
+  // Flat stage 3 at 4 ranks on 2 hosts: half of its ring links cross hosts.
+  EXPECT_EQ(flat3.comm_cross_bytes, flat3.comm_bytes / 2);
+  EXPECT_GT(hsdp3.comm_cross_bytes, 0);
+  EXPECT_LE(double(hsdp3.comm_cross_bytes), 1.05 * double(flat3.comm_cross_bytes) / 2);
+  EXPECT_LE(double(hpz3.comm_cross_bytes), 1.05 * 2.0 / 3 * double(flat3.comm_cross_bytes));
+  EXPECT_EQ(flat2.comm_cross_bytes, hsdp3.comm_cross_bytes);
+  // Model states: the shard group's N = 2 for HSDP (twice flat stage 3's per rank); hpZ: flat's plus Psi/2
+  // fp32 elements.
+  EXPECT_NEAR(double(hsdp3.model_state_bytes) / double(flat3.model_state_bytes), double(psi_h) / double(psi) * 2,
+              0.02);
+  EXPECT_NEAR(double(hpz3.model_state_bytes - flat3.model_state_bytes), double(psi_z) / 2 * 4, 4096);
+  if (world().rank() == 0)
+    std::printf("cross-host bytes per step (rank 0): flat stage 3 %lld, HSDP %lld (%.3f), hpZ %lld (%.3f)\n",
+                (long long)flat3.comm_cross_bytes, (long long)hsdp3.comm_cross_bytes,
+                double(hsdp3.comm_cross_bytes) / double(flat3.comm_cross_bytes), (long long)hpz3.comm_cross_bytes,
+                double(hpz3.comm_cross_bytes) / double(flat3.comm_cross_bytes));
+}
+
+// Checkpoints across meshes (docs/zero.md): one replica of each shard saves; a run resumes from any layout
+// into any mesh. 10 steps on one mesh, saved, then 10 more on another, against 20 straight steps on the
+// second (the same global batch, so the same data): HSDP stage 3 -> flat stage 3, flat stage 2 -> HSDP
+// stage 3 and hpZ -> HSDP stage 1.
+TEST(ZeroMesh, CheckpointsMoveBetweenMeshes) {
+  if (!two_hosts_of_two()) GTEST_SKIP() << "needs 4 ranks on 2 (simulated) hosts";
+  const std::string dir = fmt::format("/tmp/cz_mesh_resume_{}", ::getppid());
+  struct Hop {
+    TrainConfig from, to;
+  };
+  const Hop hops[] = {{mesh_config(3, "host", false), mesh_config(3, "world", false)},
+                      {mesh_config(2, "world", false), mesh_config(3, "2", false)},
+                      {mesh_config(3, "world", true), mesh_config(1, "host", false)}};
+  int k = 0;
+  for (Hop h : hops) {
+    for (TrainConfig* c : {&h.from, &h.to}) {
+      c->steps = 20;
+      c->data = "synthetic:n=96,eval_n=16,classes=5";
+    }
+    const std::string what = fmt::format("stage {} {}{} -> stage {} {}", h.from.stage, h.from.shard_group,
+                                         h.from.hpz ? " hpz" : "", h.to.stage, h.to.shard_group);
+    std::vector<double> straight;
+    {
+      Trainer t(h.to, world());
+      for (int i = 0; i < 20; ++i) straight.push_back(t.step().loss);
+    }
+    h.from.checkpoint_dir = fmt::format("{}/h{}", dir, k++);
+    {
+      Trainer t(h.from, world());
+      for (int i = 0; i < 10; ++i) EXPECT_LE(rel(t.step().loss, straight[size_t(i)]), 1e-5) << what;
+      t.save_checkpoint();
+      t.finish_pending_save();
+    }
+    h.to.resume = h.from.checkpoint_dir;
+    Trainer t(h.to, world());
+    EXPECT_EQ(t.steps_done(), 10);
+    for (int i = 10; i < 20; ++i)
+      EXPECT_LE(rel(t.step().loss, straight[size_t(i)]), 1e-5) << what << ", step " << i + 1;
+  }
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace cz::train

@@ -3,8 +3,12 @@
 #   bed                    2 hosts x 2 ranks: each host has its own host name and shared-memory group, both paths
 #                          carry data; down (and down after a killed "with") leaves no namespace, link, mount,
 #                          file or process behind
-#   zero_matches_one_host  convnext_zero on 2 hosts x 2 ranks at ZeRO stages 0 and 3 logs the losses and gradient
-#                          norms of 4 ranks on one host, to the bit
+#   zero_matches_one_host  convnext_zero on 2 hosts x 2 ranks at ZeRO stages 0-3 logs the losses and gradient
+#                          norms of 4 ranks on one host, to the bit; on the 2-D mesh (--shard-group host at stages
+#                          1-3, --hpz) those of the flat run at its stage, relative 1e-5 (hpZ to the bit)
+#   mesh_cross_bytes       the engine's count of the bytes crossing hosts (comm_cross_bytes) per step within 2% of
+#                          host 1's veth counter, for flat stage 3, HSDP (--shard-group host) and hpZ; HSDP's at
+#                          most 1/2 (1/R) of flat stage 3's plus 5%, hpZ's at most 2/3 plus 5%
 #   shaped_link            commbench's all-reduce bus bandwidth between 2 hosts at 100 Mbit/s is a small fraction
 #                          of the unshaped figure
 #   scaling_study          scripts/scaling_study.py's hosts x link-rate sweep: rows for 2 hosts at 1 Gbit/s next to
@@ -93,32 +97,83 @@ zero_matches_one_host)
   tiny=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --data synthetic:n=256,eval_n=64,classes=4
         --steps 3 --micro-batch 4 --loader-threads 1 --no-progress)
   # 4 ranks on 2 cores give each rank one thread both ways (the kernels' sums do not depend on it, but the
-  # comparison should not rest on that).
-  for stage in 0 3; do
+  # comparison should not rest on that). Runs: name, then flags; the flat ones run on one host too.
+  runs=("s0:--stage 0" "s1:--stage 1" "s2:--stage 2" "s3:--stage 3" "s1_host:--stage 1 --shard-group host"
+        "s2_host:--stage 2 --shard-group host" "s3_host:--stage 3 --shard-group host" "s3_hpz:--stage 3 --hpz")
+  for stage in 0 1 2 3; do
     OMP_NUM_THREADS=1 "$mpiexec" --allow-run-as-root --oversubscribe -np 4 "$app" "${tiny[@]}" --stage $stage \
       --log "$work/one_s$stage.jsonl" > "$work/one.out" 2>&1 || { cat "$work/one.out"; fail "4 ranks on one host, stage $stage"; }
   done
   across() {
-    local stage
-    for stage in 0 3; do
-      "$hosts_sh" run "$app" "${tiny[@]}" --stage $stage --log "$work/two_s$stage.jsonl" > "$work/two.out" 2>&1 ||
+    local r runs
+    mapfile -t runs <<< "$runs_text"
+    for r in "${runs[@]}"; do
+      # shellcheck disable=SC2086
+      "$hosts_sh" run "$app" "${tiny[@]}" ${r#*:} --log "$work/two_${r%%:*}.jsonl" > "$work/two.out" 2>&1 ||
         { cat "$work/two.out"; return 1; }
     done
   }
   export -f across
   export hosts_sh app work
-  export tiny_flags="${tiny[*]}"
+  export tiny_flags="${tiny[*]}" runs_text
+  runs_text=$(printf '%s\n' "${runs[@]}")
   "$hosts_sh" with 2 2 -- bash -c 'tiny=($tiny_flags); across' || fail "2 hosts x 2 ranks failed"
-  for stage in 0 3; do
-    paste -d' ' <(steps_of "$work/one_s$stage.jsonl") <(steps_of "$work/two_s$stage.jsonl") > "$work/both"
-    echo "stage $stage: step loss grad_norm (1 host x 4) | step loss grad_norm (2 hosts x 2)"; cat "$work/both"
+  for r in "${runs[@]}"; do
+    name=${r%%:*} stage=${name:1:1}
+    one="$work/one_s$stage.jsonl" two="$work/two_$name.jsonl"
+    paste -d' ' <(steps_of "$one") <(steps_of "$two") > "$work/both"
+    echo "$name (${r#*:}): step loss grad_norm (1 host x 4, flat) | step loss grad_norm (2 hosts x 2)"; cat "$work/both"
     [[ $(wc -l < "$work/both") -eq 3 ]] || fail "expected 3 step records in each log"
-    diff <(steps_of "$work/one_s$stage.jsonl") <(steps_of "$work/two_s$stage.jsonl") ||
-      fail "stage $stage: 2 hosts x 2 ranks differ from 4 ranks on one host"
-    diff <(grep '"split"' "$work/one_s$stage.jsonl") <(grep '"split"' "$work/two_s$stage.jsonl") ||
-      fail "stage $stage: the evaluations differ"
+    if [[ $name == s? || $name == s3_hpz ]]; then  # the same sums in the same order
+      diff <(steps_of "$one") <(steps_of "$two") || fail "$name: 2 hosts x 2 ranks differ from 4 ranks on one host"
+      diff <(grep '"split"' "$one") <(grep '"split"' "$two") || fail "$name: the evaluations differ"
+    else  # HSDP averages in two steps (Note [Cross all-reduce]): the same to float summation order
+      awk '{ for (c = 2; c <= 3; ++c) { a = $c; b = $(c + 3); d = a - b; if (d < 0) d = -d;
+             if (d > 1e-5 * (a < 0 ? -a : a) + 1e-7) { print "step " $1 ": " a " vs " b; bad = 1 } } }
+           END { exit bad }' "$work/both" || fail "$name: 2 hosts x 2 ranks differ from 4 ranks on one host"
+    fi
   done
   echo "zero_matches_one_host: OK"
+  ;;
+mesh_cross_bytes)
+  # Bytes per step: (veth tx over a 6-step run - over a 2-step run) / 4, so that start-up and the final
+  # evaluation cancel; the engine's figure is rank 0's comm_cross_bytes x 2 ranks per host (CommMeter::sent).
+  # A custom model of 2.9 M parameters: collectives of megabytes, where TCP/IP headers are 0.3%.
+  model=(--depths 1,1,1,1 --dims 64,128,256,512 --num-classes 4 --image-size 32 --micro-batch 2
+         --data synthetic:n=256,eval_n=8,classes=4 --eval-batches 1 --loader-threads 1 --no-progress)
+  runs=("s3:--stage 3" "hsdp:--stage 3 --shard-group host" "hpz:--stage 3 --hpz")
+  measure() {
+    local r steps runs before after
+    mapfile -t runs <<< "$runs_text"
+    for r in "${runs[@]}"; do
+      for steps in 2 6; do
+        before=$("$hosts_sh" bytes 1 | awk '{ print $3 }')
+        # shellcheck disable=SC2086
+        "$hosts_sh" run "$app" "${model[@]}" ${r#*:} --steps $steps --log "$work/${r%%:*}_$steps.jsonl" \
+          > "$work/out" 2>&1 || { cat "$work/out"; return 1; }
+        after=$("$hosts_sh" bytes 1 | awk '{ print $3 }')
+        echo $((after - before)) > "$work/tx_${r%%:*}_$steps"
+      done
+    done
+  }
+  export -f measure
+  export hosts_sh app work runs_text model_flags="${model[*]}"
+  runs_text=$(printf '%s\n' "${runs[@]}")
+  "$hosts_sh" with 2 2 -- bash -c 'model=($model_flags); measure' || fail "2 hosts x 2 ranks failed"
+  declare -A engine
+  for r in "${runs[@]}"; do
+    name=${r%%:*}
+    tx=$((($(cat "$work/tx_${name}_6") - $(cat "$work/tx_${name}_2")) / 4))
+    cross=$(grep -v '"split"' "$work/${name}_6.jsonl" | tail -1 | sed -E 's/.*"comm_cross_bytes":([0-9]+).*/\1/')
+    engine[$name]=$((2 * cross))
+    echo "$name (${r#*:}): host 1 veth tx per step $tx, engine ${engine[$name]} (2 x comm_cross_bytes)"
+    awk -v t="$tx" -v e="${engine[$name]}" 'BEGIN { exit !(e > 0 && t >= 0.98 * e && t <= 1.02 * e) }' ||
+      fail "$name: the veth counter ($tx) is not within 2% of the engine's count (${engine[$name]})"
+  done
+  awk -v h="${engine[hsdp]}" -v z="${engine[hpz]}" -v f="${engine[s3]}" \
+    'BEGIN { printf "HSDP / stage 3 = %.3f, hpZ / stage 3 = %.3f\n", h / f, z / f; exit !(h <= 1.05 * f / 2 && z <= 1.05 * 2 * f / 3) }' ||
+    fail "HSDP or hpZ sends more across hosts than it should"
+  echo "mesh_cross_bytes: OK"
   ;;
 shaped_link)
   # 2 hosts x 1 rank, 4 MiB ring all-reduce: unshaped, then the same bed at 100 Mbit/s (12.5 MB/s, so about

@@ -18,6 +18,9 @@ struct Case {
   const char* name;
   train::TrainConfig config;
   int ranks = 1;
+  // Ranks per host for the 2-D mesh's rows (--shard-group host, --hpz): they run where the launcher's hosts
+  // (or $CZ_SIMULATE_HOSTS, ctest plan_vs_measured_mesh_np4) have that many; 0: any.
+  int ranks_per_host = 0;
 };
 
 inline train::TrainConfig base(std::vector<int64_t> depths, std::vector<int64_t> dims, int64_t image,
@@ -145,6 +148,25 @@ inline const std::vector<Case>& cases() {
               c.activation_checkpointing = true;
             }),
        4},
+      // Four ranks on two hosts of two (Note [2-D mesh]): HSDP at stages 1-3, hpZ.
+      {"np4_mesh_s1_small_host", with(small(1), [](auto& c) { c.shard_group = "host"; }), 4, 2},
+      {"np4_mesh_s2_small_2_offload_checkpoint",
+       checkpointed(with(small(2),
+                         [](auto& c) {
+                           c.shard_group = "2";
+                           c.offload_optimizer = true;
+                         }),
+                    "np4_mesh_s2_small_2_offload_checkpoint"),
+       4, 2},
+      {"np4_mesh_s3_atto_host_ckpt",
+       with(atto(64, 8),
+            [](auto& c) {
+              c.stage = 3;
+              c.shard_group = "host";
+              c.activation_checkpointing = true;
+            }),
+       4, 2},
+      {"np4_mesh_s3_small_hpz", with(small(3), [](auto& c) { c.hpz = true; }), 4, 2},
   };
   return k;
 }
@@ -158,7 +180,8 @@ inline std::vector<Case> my_cases() {
   const int ranks = 1;
 #endif
   for (const Case& c : cases())
-    if (c.ranks == ranks) out.push_back(c);
+    if (c.ranks == ranks && (c.ranks_per_host == 0 || c.ranks_per_host == launcher_ranks_per_host()))
+      out.push_back(c);
   return out;
 }
 

@@ -4,6 +4,8 @@
 #   bad_input                each bad flag or file: non-zero exit, a message naming it, no crash
 #   multi_rank_error         a bad data path under mpirun: every rank exits non-zero, nobody hangs
 #   export_initial           --steps 0 --export-weights: the initial weights, from which a run starts identically
+#   mesh                     --shard-group and --hpz on 2 simulated hosts x 2 ranks: the losses of 1 rank, checkpoints
+#                            between HSDP and flat runs at other world sizes, and their bad values
 set -uo pipefail
 case_name=$1 app=$2 mpiexec=$3
 work=$(mktemp -d)
@@ -137,6 +139,67 @@ checkpoint_reshard)
          END { exit bad }' "$work/both" || fail "$n -> $m ranks: resumed run disagrees"
   done
   echo "checkpoint_reshard: OK"
+  ;;
+mesh)
+  # The 2-D mesh (Note [2-D mesh]) on two simulated hosts of two ranks ($CZ_SIMULATE_HOSTS=2).
+  common=("${tiny[@]}" --drop-path 0.2 --eval-batches 1 --seed 3 --grad-accum 2 --clip-grad 1 --bucket-mb 0.01)
+  compare() {  # compare A.jsonl B.jsonl LINES WHAT: step, loss and gradient norm to 1e-5 relative
+    paste -d' ' <(steps_of "$1") <(steps_of "$2") > "$work/both"
+    echo "$4:"; cat "$work/both"
+    [[ $(wc -l < "$work/both") -eq $3 ]] || fail "$4: expected $3 step records in each log"
+    awk '{ if ($1 != $4) { print "step " $1 " vs " $4; bad = 1 }
+           for (c = 2; c <= 3; ++c) { a = $c; b = $(c + 3); d = a - b; if (d < 0) d = -d;
+             if (d > 1e-5 * (a < 0 ? -a : a) + 1e-7) { print "step " $1 ": " a " vs " b; bad = 1 } } }
+         END { exit bad }' "$work/both" || fail "$4: the losses differ"
+  }
+  mesh_run() {  # mesh_run RANKS LOG ARGS...: 16 images per micro-step in total
+    local np=$1 log=$2; shift 2
+    if ((np == 1)); then "$app" "${common[@]}" --micro-batch 16 --log "$log" "$@" > "$work/out" 2>&1; else
+      CZ_SIMULATE_HOSTS=2 "${mpirun[@]}" -x CZ_SIMULATE_HOSTS -np "$np" "$app" "${common[@]}" \
+        --micro-batch $((16 / np)) --log "$log" "$@" > "$work/out" 2>&1; fi || { cat "$work/out"; fail "$np ranks: $* failed"; }
+  }
+  mesh_run 1 "$work/np1.jsonl" --steps 3
+  for flags in "--stage 1 --shard-group host" "--stage 2 --shard-group 2" "--stage 3 --shard-group host" \
+               "--stage 3 --hpz" "--stage 3 --shard-group host --offload-optimizer"; do
+    # shellcheck disable=SC2086
+    mesh_run 4 "$work/np4.jsonl" --steps 3 $flags
+    compare "$work/np1.jsonl" "$work/np4.jsonl" 3 "1 rank vs 2 hosts x 2 ranks $flags"
+    grep -q '"comm_cross_bytes":[1-9]' "$work/np4.jsonl" || fail "$flags: no cross-host bytes logged"
+  done
+  # Checkpoints between meshes and world sizes: HSDP at 4 ranks -> flat stage 3 at 2, flat at 2 -> HSDP at 4.
+  for hop in "4:--stage 3 --shard-group host:2:--stage 3" "2:--stage 3:4:--stage 2 --shard-group 2" \
+             "4:--stage 3 --hpz:1:--stage 1"; do
+    IFS=: read -r n from m to <<< "$hop"
+    rm -rf "$work/ck"
+    # shellcheck disable=SC2086
+    mesh_run "$m" "$work/straight.jsonl" --steps 8 $to
+    # shellcheck disable=SC2086
+    mesh_run "$n" "$work/first.jsonl" --steps 8 $from --checkpoint-dir "$work/ck" --checkpoint-every 4
+    [[ -d "$work/ck/step_4" ]] || { ls -la "$work/ck"; fail "no step_4"; }
+    # shellcheck disable=SC2086
+    mesh_run "$m" "$work/resumed.jsonl" --steps 8 $to --resume "$work/ck/step_4"
+    grep -v '"split"' "$work/straight.jsonl" | tail -n 4 > "$work/straight_tail.jsonl"
+    compare "$work/straight_tail.jsonl" \
+      "$work/resumed.jsonl" 4 "$n ranks $from -> $m ranks $to"
+  done
+  # Bad values: non-zero exit and a message naming the flag, on every launch.
+  bad() {  # bad EXPECTED RANKS SIMULATED-HOSTS ARGS...
+    local want=$1 np=$2 sim=$3; shift 3
+    if ((np == 1)); then "$app" "${tiny[@]}" --steps 1 --micro-batch 4 "$@" > "$work/out" 2>&1; else
+      CZ_SIMULATE_HOSTS=$sim "${mpirun[@]}" -x CZ_SIMULATE_HOSTS -np "$np" "$app" "${tiny[@]}" --steps 1 \
+        --micro-batch 4 "$@" > "$work/out" 2>&1; fi
+    local rc=$?
+    if [[ $rc -eq 0 || $rc -ge 128 ]]; then cat "$work/out"; fail "'$*' on $np ranks exited with $rc"; fi
+    grep -qF -- "$want" "$work/out" || { cat "$work/out"; fail "'$*': message lacks '$want'"; }
+    echo "ok ($rc): $np ranks $* -> $(grep -F -- "$want" "$work/out" | head -1)"
+  }
+  bad "--shard-group 3 does not divide the 4 ranks" 4 "" --stage 3 --shard-group 3
+  bad "--shard-group must be world, host or a number" 1 "" --stage 3 --shard-group two
+  bad "--hpz is for --stage 3" 1 "" --stage 2 --hpz
+  bad "--hpz needs more than one host" 4 "" --stage 3 --hpz
+  bad "--hpz needs more than one host" 1 "" --stage 3 --hpz
+  bad "--hpz shards over the world" 4 2 --stage 3 --hpz --shard-group host
+  echo "mesh: OK"
   ;;
 scaling_study_quick)
   # The study's smallest grid end to end: one CSV row per configuration, each with a non-zero throughput and,

@@ -37,9 +37,10 @@ TEST(Flags, ConfigJsonIsWhatCheckpointsRecorded) {
       config_json(custom_config(), 2),
       R"({"augment":true,"bucket_mb":0.01,"clip_grad":0.0,"data":"synthetic:n=256,eval_n=64,classes=4",)"
       R"("depths":[1,1,1,1],"dims":[8,16,24,32],"drop_path":0.0,"ema_decay":0.99,"epochs":0,)"
-      R"("grad_accum":1,"image_size":64,"label_smoothing":0.0,"lr":0.003,"micro_batch":32,"min_lr":1e-06,)"
-      R"("model":"atto","num_classes":4,"offload_optimizer":false,"optimizer":"adamw","precision":"fp32",)"
-      R"("reduce_dtype":"fp32","schedule":"cosine","seed":18446744073709551615,"shuffle":false,"stage":0,)"
+      R"("grad_accum":1,"hpz":false,"image_size":64,"label_smoothing":0.0,"lr":0.003,"micro_batch":32,)"
+      R"("min_lr":1e-06,"model":"atto","num_classes":4,"offload_optimizer":false,"optimizer":"adamw",)"
+      R"("precision":"fp32","reduce_dtype":"fp32","schedule":"cosine","seed":18446744073709551615,)"
+      R"("shard_group":"world","shuffle":false,"stage":0,)"
       R"("steps":0,"warmup_steps":0,"weight_decay":0.05,"world_size":2})");
 }
 
@@ -78,6 +79,8 @@ TEST(Flags, RanksAgreeOnTheFlagsTheTrainerChecked) {
                                            "--num-classes",
                                            "--image-size",
                                            "--stage",
+                                           "--shard-group",
+                                           "--hpz",
                                            "--bucket-mb",
                                            "--prefetch",
                                            "--reduce-dtype",
@@ -143,6 +146,18 @@ TEST(Flags, ValidateNamesTheFlagWithItsMessage) {
   c = {};
   c.checkpoint_every = 5;
   EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }), "--checkpoint-every needs --checkpoint-dir");
+  c = {};
+  c.shard_group = "0";
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }),
+            "--shard-group must be world, host or a number of ranks >= 1, got '0'");
+  c = {};
+  c.hpz = true;
+  c.stage = 2;
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }), "--hpz is for --stage 3, got --stage 2");
+  c.stage = 3;
+  c.shard_group = "host";
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }),
+            "--hpz shards over the world; with --shard-group host the shard already stays within its group");
   EXPECT_EQ(error_of<std::exception>([] { TrainConfig{}.validate(); }), "(no error)");
 }
 

@@ -28,6 +28,13 @@ ProcessGroup::ProcessGroup(Communicator* comm, Device device) : comm_(comm), dev
   rank_ = comm ? comm->rank() : 0;
 }
 
+std::vector<int> ProcessGroup::ring_order() const {
+  if (!comm_) return ranks_;
+  std::vector<int> out;
+  for (int r : comm_->ring()) out.push_back(ranks_[size_t(r)]);
+  return out.size() == ranks_.size() ? out : ranks_;
+}
+
 WorkHandle ProcessGroup::all_reduce(Tensor& t, ReduceOp op) const {
   return comm_ ? comm_->all_reduce(t, op) : nullptr;
 }

@@ -25,6 +25,9 @@ class ProcessGroup {
   int size() const { return int(ranks_.size()); }
   const std::vector<int>& ranks() const { return ranks_; }  // the world ranks it spans, in group order
   Device device() const { return device_; }  // where its small exchanges' buffers live (NCCL: CUDA only)
+  // Its world ranks in the order the ring algorithms visit them (each sends to the next): with the ranks'
+  // hosts, how many of a ring's links leave a host (CommMeter's cross-host count).
+  std::vector<int> ring_order() const;
 
   // Asynchronous collectives on contiguous tensors, as Communicator's. In a group of one nothing is sent and
   // the handle is null: an out-of-place all-gather or reduce-scatter copies the bytes (not through copy_,

@@ -21,7 +21,10 @@
 //    communicator's device block on CUDA): two slots of one chunk (one with 2 ranks) for the partial sums of
 //    reduce-scatter and all-reduce, grown when a larger collective comes (the new block is allocated before
 //    the old one is freed) and kept for good; all-gather and broadcast need none. One rank has no
-//    communicator. The replay grows it when a collective is launched.
+//    communicator. The replay grows it when a collective is launched. On a 2-D mesh the shard and replication
+//    groups have communicators (and scratch) of their own: a stage 1-3 partition is reduce-scattered in the
+//    shard group, then its chunk all-reduced across the replication group (Note [Cross all-reduce]); the
+//    loss is all-reduced over the world, the global norm over the shard group.
 //  * The step: a one-element f64 tensor per ProcessGroup::all_reduce of a scalar (the mean loss; the global
 //    norm at stages 1-3) and the squared-norm scalars of ShardedState::global_grad_norm, one per partition
 //    summed as they come.
@@ -104,7 +107,12 @@ void EngineTrace::launch(size_t p) {
     cast = m_.alloc(numel * er, Use::bucket, "gradients cast to the reduce dtype");
   }
   while (in_flight_.size() >= 2) finish_oldest();
-  ring_scratch(numel, er);
+  if (s_.stage == 0) {
+    ring_scratch(world_comm, numel, er);
+  } else {
+    ring_scratch(shard_comm, numel, er);
+    ring_scratch(replicate_comm, numel / shards(), er);
+  }
   in_flight_.push_back({p, cast});
   if (s_.stage == 3) release(p);
 }
@@ -120,15 +128,19 @@ void EngineTrace::finish_oldest() {
   }
 }
 
-void EngineTrace::ring_scratch(int64_t count, int64_t elem_bytes) {
-  if (s_.world < 2) return;
-  const int64_t slot = dist::shard_count(count, s_.world, 0) * elem_bytes;
-  const int64_t need = (s_.world > 2 ? 2 : 1) * slot;
-  if (scratch_ != kNone && scratch_bytes_ >= need) return;
-  scratch_bytes_ = std::max<int64_t>(need, s_.cuda ? 256 : 64);
-  const Id grown = m_.alloc(scratch_bytes_, Use::scratch, "ring scratch");
-  if (scratch_ != kNone) m_.release(scratch_);
-  scratch_ = grown;
+void EngineTrace::ring_scratch(Comm c, int64_t count, int64_t elem_bytes) {
+  const int size = c == world_comm ? s_.world : c == shard_comm ? shards() : s_.world / shards();
+  if (size < 2) return;
+  if (c == shard_comm && size == s_.world) c = world_comm;  // flat: the shard group is the world
+  const int64_t slot = dist::shard_count(count, size, 0) * elem_bytes;
+  const int64_t need = (size > 2 ? 2 : 1) * slot;
+  Id& scratch = scratch_[c];
+  int64_t& bytes = scratch_bytes_[c];
+  if (scratch != kNone && bytes >= need) return;
+  bytes = std::max<int64_t>(need, s_.cuda ? 256 : 64);
+  const Id grown = m_.alloc(bytes, Use::scratch, "ring scratch");
+  if (scratch != kNone) m_.release(scratch);
+  scratch = grown;
 }
 
 void EngineTrace::gather(size_t p) {
@@ -175,9 +187,14 @@ void EngineTrace::backward_pre(int u) {
 }
 
 void EngineTrace::all_reduce_scalar() {
-  if (s_.world < 2) return;  // a world of one returns the value
+  all_reduce_scalar_in(world_comm);
+}
+
+void EngineTrace::all_reduce_scalar_in(Comm c) {
+  const int size = c == world_comm ? s_.world : shards();
+  if (size < 2) return;  // a group of one returns the value
   const Id t = m_.alloc(8, Use::transient, "all-reduced scalar");
-  ring_scratch(1, 8);
+  ring_scratch(c, 1, 8);
   m_.release(t);
 }
 
@@ -191,7 +208,7 @@ void EngineTrace::optimizer_step() {
     m_.release(sum);
     sum = next;
   }
-  if (s_.stage > 0) all_reduce_scalar();
+  if (s_.stage > 0) all_reduce_scalar_in(shard_comm);
   m_.release(sum);
 }
 

@@ -18,6 +18,12 @@ namespace cz::plan {
 struct EngineSpec {
   int stage = 0;
   int world = 1;
+  // A 2-D mesh (--shard-group): the shard group's size (0: the world). Each group of more than one rank that
+  // is not the world has a communicator, and so a ring scratch, of its own: the world's carries the loss, the
+  // shard group's the reduce-scatters and the norm, the replication group's the gradient chunks'
+  // all-reduces. (hpZ allocates nothing during a step: its secondary copies are model state, and
+  // all-gathers need no ring scratch.)
+  int shard = 0;
   zero::ZeroLayout layout;  // the engine's partitions (zero_layout)
   DType compute = DType::f32, reduce = DType::f32;
   int prefetch = 1;
@@ -59,7 +65,10 @@ class EngineTrace {
   void gather(size_t p);
   void release(size_t p);
   void prefetch_after(size_t p, bool backward);
-  void ring_scratch(int64_t count, int64_t elem_bytes);
+  enum Comm { world_comm, shard_comm, replicate_comm };
+  void ring_scratch(Comm c, int64_t count, int64_t elem_bytes);
+  int shards() const { return s_.shard > 0 ? s_.shard : s_.world; }
+  void all_reduce_scalar_in(Comm c);
 
   MemoryTrace& m_;
   EngineSpec s_;
@@ -74,8 +83,8 @@ class EngineTrace {
   bool backward_ = false;
   bool recording_ = true;  // stage 3: the first forward records the unit order
   std::vector<size_t> order_, position_;
-  Id scratch_ = -1;
-  int64_t scratch_bytes_ = 0;
+  Id scratch_[3] = {-1, -1, -1};
+  int64_t scratch_bytes_[3] = {0, 0, 0};
 };
 
 }  // namespace cz::plan

@@ -35,6 +35,8 @@ struct Setup {
   bool cuda = false;
   int world = 1;
   int rank = 0;
+  int shard = 1;      // the shard group's ranks (--shard-group; the world when flat)
+  int hpz_ranks = 0;  // --hpz: ranks per host
 };
 
 // The engine's layout and model state at `stage`, with or without offload.
@@ -47,8 +49,9 @@ Engine engine_at(const Setup& s, int stage, bool offload) {
   Engine e;
   ZeroSpec& z = e.spec;
   z.stage = stage;
-  z.world = s.world;
-  z.layout = zero_layout(s.params, stage, s.world, s.cfg.bucket_mb, s.reduce);
+  z.world = s.shard;
+  z.hpz_ranks_per_host = stage == 3 ? s.hpz_ranks : 0;
+  z.layout = zero_layout(s.params, stage, s.shard, s.cfg.bucket_mb, s.reduce);
   z.compute = s.compute;
   z.reduce = s.reduce;
   z.prefetch = s.cfg.prefetch;
@@ -63,11 +66,13 @@ Engine engine_at(const Setup& s, int stage, bool offload) {
 // --checkpoint-dir: the bytes of the host copy a background save makes of rank `s.rank`'s share of the state
 // (Trainer::save_checkpoint, checkpoint_save.cpp copy_to_host): its fp32 master weights, optimizer state and
 // EMA over the parameters' elements in its chunks (padding is not saved), one buffer for all of them; at
-// stage 0 rank 0 saves the replicated state and the others nothing. -1 without --checkpoint-dir.
+// stage 0 rank 0 saves the replicated state and the others nothing; on a 2-D mesh the first shard group's
+// ranks save (the first of each replication group). -1 without --checkpoint-dir.
 int64_t checkpoint_copy_bytes(const Setup& s, const Engine& engine) {
   if (s.cfg.checkpoint_dir.empty()) return -1;
   const zero::ZeroLayout& l = engine.spec.layout;
   if (l.shards == 1 && s.rank != 0) return 0;
+  if (s.rank >= l.shards) return 0;  // shard groups are blocks of consecutive ranks
   int64_t elements = 0;
   for (size_t p = 0; p < l.partitions.size(); ++p) {
     const ShardRange r = l.chunk_range(p, l.shards == 1 ? 0 : s.rank);
@@ -96,6 +101,7 @@ StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bo
   if (!s.cuda) sp.checkpoint_copy_bytes = std::max<int64_t>(0, checkpoint_copy_bytes(s, engine));
   sp.engine.stage = engine.spec.stage;
   sp.engine.world = s.world;
+  sp.engine.shard = s.shard;
   sp.engine.layout = engine.spec.layout;
   sp.engine.compute = s.compute;
   sp.engine.reduce = s.reduce;
@@ -187,6 +193,20 @@ Setup setup_of(const PlanRequest& req) {
   s.world = req.world;
   CZ_CHECK(0 <= req.rank && req.rank < req.world, "plan: rank {} of a world of {}", req.rank, req.world);
   s.rank = req.rank;
+  // The mesh (Note [2-D mesh]): the shard group's size from --shard-group, hosts of req.ranks_per_host.
+  const int per_host = req.ranks_per_host > 0 ? req.ranks_per_host : s.world;
+  CZ_CHECK(s.world % per_host == 0, "plan: {} ranks per host do not divide the {} ranks", per_host, s.world);
+  if (s.cfg.shard_group == "world")
+    s.shard = s.world;
+  else if (s.cfg.shard_group == "host")
+    s.shard = per_host;
+  else
+    s.shard = std::stoi(s.cfg.shard_group);
+  CZ_CHECK(s.world % s.shard == 0, "{} {} does not divide the {} ranks into equal groups",
+           train::flag_name(&train::TrainConfig::shard_group), s.cfg.shard_group, s.world);
+  CZ_CHECK(!s.cfg.hpz || per_host < s.world, "{} needs more than one host; the plan has all {} ranks on one",
+           train::flag_name(&train::TrainConfig::hpz), s.world);
+  s.hpz_ranks = s.cfg.hpz ? per_host : 0;
   s.model = s.cfg.model_config();
   s.params = nn::convnext_parameters(s.model);
   return s;
@@ -453,6 +473,11 @@ int launcher_value(std::initializer_list<const char*> vars, int lo, int fallback
 int launcher_world_size() {
   return launcher_value(
       {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS"}, 1, 1);
+}
+
+int launcher_ranks_per_host() {
+  if (const char* sim = std::getenv("CZ_SIMULATE_HOSTS"); sim && *sim) return std::atoi(sim);
+  return launcher_value({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}, 1, 0);
 }
 
 int launcher_rank() {

@@ -20,6 +20,8 @@ namespace cz::plan {
 struct PlanRequest {
   train::TrainConfig config;       // as for a run: model, image size, micro-batch, precision, ZeRO flags, ...
   int world = 1;                   // ranks
+  // Ranks per host, for --shard-group host and --hpz (Note [2-D mesh]); 0: all ranks on one host.
+  int ranks_per_host = 0;
   std::optional<int64_t> gpu_mem;  // bytes of device memory to fit in (--gpu-mem)
   bool max_micro_batch = true;     // search the largest micro-batch per stage (needs gpu_mem)
   // Whose share of a checkpoint's host copy is planned (with config.checkpoint_dir): rank 0's, the largest
@@ -90,5 +92,8 @@ int64_t parse_memory_size(const std::string& text, const std::string& flag = "--
 // Slurm), without starting MPI; 1 and 0 outside any launcher.
 int launcher_world_size();
 int launcher_rank();
+// The ranks the launcher started on this rank's host (Open MPI's local size; $CZ_SIMULATE_HOSTS first, as
+// the trainer counts hosts); 0 when it does not say.
+int launcher_ranks_per_host();
 
 }  // namespace cz::plan

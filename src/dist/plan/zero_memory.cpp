@@ -98,6 +98,12 @@ ZeroState zero_model_state(const ZeroSpec& s) {
     add(StateRow::parameters, mixed ? "16-bit compute copy" : "flat parameters", psi * ec, false);
   else
     add(StateRow::parameters, mixed ? "16-bit parameter shard" : "parameter shard", shard * ec, false);
+  // hpZ: the secondary copies, the host-local slice of every unit (UnitGatherer, after the shard).
+  if (s.stage == 3 && s.hpz_ranks_per_host > 0) {
+    int64_t n = 0;
+    for (const zero::Partition& p : s.layout.partitions) n += p.numel / s.hpz_ranks_per_host;
+    add(StateRow::parameters, "hpZ secondary copies", n * ec, false);
+  }
   // fp32 master chunks: separate from the compute copy under mixed precision or offload.
   if (mixed || off) add(StateRow::master_weights, fmt::format("fp32 master{}", shard_name), shard * 4, off);
   // Stages 0-1: the full gradient buffer the .grads view (compute dtype).

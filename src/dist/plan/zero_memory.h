@@ -16,6 +16,10 @@
 // plus an fp32 master-gradient shard 4Ψ/N (4Ψ at stage 0) at stages 0-1, and an fp32 shard 4Ψ/N at 2-3.
 // CPU offload (Note [CPU offload]): the fp32 master shard, the fp32 gradient shard and the optimizer state
 // live in pinned host memory; the device keeps the compute copy (and the gradient buffer at stages 0-1).
+// On a 2-D mesh (--shard-group, Note [2-D mesh]) N is the shard group's size, not the world's: the state is
+// sharded inside the group and replicated across groups. hpZ (--hpz, Note [hpZ]) adds the secondary copies,
+// the host-local slice of every unit, e_c·Ψ/R (R ranks per host, e_c the compute dtype's bytes), to the
+// parameter shard.
 // The EMA of the weights (4Ψ at stage 0, 4Ψ/N otherwise) lives beside the master weights: on the host under
 // offload (which on the CPU backend is the training device's own allocator, as it is not pinned memory).
 // Gradient buckets, stage-3 gather buffers and the ring's scratch come and go during the step: the step
@@ -46,7 +50,8 @@ struct StateBuffer {
 
 struct ZeroSpec {
   int stage = 0;                    // 0-3
-  int world = 1;                    // N
+  int world = 1;                    // N: the ranks the state is sharded over (the shard group on a mesh)
+  int hpz_ranks_per_host = 0;       // stage 3 with --hpz: R, the ranks of a host; 0: no hpZ
   zero::ZeroLayout layout;          // the engine's partitions (zero_layout builds it as the engine does)
   DType compute = DType::f32;       // f32, or bf16/f16 for mixed precision (fp32 master weights)
   DType reduce = DType::f32;        // what gradients travel in

@@ -70,6 +70,8 @@ struct TrainConfig {
   int stage = 0;                      // 0: replicated, 1: + optimizer state, 2: + gradients, 3: + parameters
   double bucket_mb = 25;              // gradient bucket size (stages 0-2)
   int prefetch = 1;                   // stage 3: units gathered ahead of use
+  std::string shard_group = "world";  // stages 1-3: world | host | N ranks (Note [2-D mesh]: HSDP)
+  bool hpz = false;                   // stage 3: backward's gathers from host-local copies (Note [hpZ])
   std::string reduce_dtype = "fp32";  // fp32 | bf16 | fp16: the dtype gradients travel in
   bool offload_optimizer = false;     // fp32 master, gradients and optimizer state in host memory, CPU update
   bool offload_overlap_step = false;  // with offload: the update of step t runs during step t+1 (stale)

@@ -271,6 +271,34 @@ std::vector<Flag> make_flags() {
                       c.prefetch);
            },
        .ranks_agree = true},
+      {.name = "--shard-group",
+       .field = &T::shard_group,
+       .help = "stages 1-3: the ranks the model state is sharded over, replicated across the rest (HSDP): "
+               "world, host (each host's ranks) or N (blocks of N consecutive ranks)",
+       .check =
+           [](C c, F f) {
+             const std::string& v = c.shard_group;
+             const bool number = !v.empty() && v.size() <= 6 && v.find_first_not_of("0123456789") ==
+                                 std::string::npos && std::stoi(v) >= 1;
+             CZ_CHECK(v == "world" || v == "host" || number,
+                      "{} must be world, host or a number of ranks >= 1, got '{}'", f.name, v);
+           },
+       .ranks_agree = true,
+       .json_key = "shard_group"},
+      {.name = "--hpz",
+       .field = &T::hpz,
+       .help = "stage 3, several hosts: keep each unit's host-local slice after its forward gather, so that "
+               "backward gathers inside the host (costs 1/ranks-per-host of the model per rank)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(!c.hpz || c.stage == 3, "{} is for {} 3, got {} {}", f.name, flag_name(&T::stage),
+                      flag_name(&T::stage), c.stage);
+             CZ_CHECK(!c.hpz || c.shard_group == "world",
+                      "{} shards over the world; with {} {} the shard already stays within its group", f.name,
+                      flag_name(&T::shard_group), c.shard_group);
+           },
+       .ranks_agree = true,
+       .json_key = "hpz"},
       {.name = "--reduce-dtype",
        .field = &T::reduce_dtype,
        .help = "fp32 | bf16 | fp16: the dtype gradients are reduced in",
@@ -457,6 +485,7 @@ zero::ZeroConfig zero_config(const TrainConfig& c, Device device) {
   z.device = device;
   z.offload = c.offload_optimizer;
   z.offload_overlap_step = c.offload_overlap_step;
+  z.hpz = c.hpz;
   return z;
 }
 

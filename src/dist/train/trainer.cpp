@@ -86,12 +86,26 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     opt.backend = device_.is_cuda() ? dist::Backend::nccl : dist::Backend::mpi;
     opt.algorithm = dist::Algorithm::ring;
     opt.timeout_s = cfg_.comm_timeout_s;
+    // The ranks agree on the flags (--shard-group and --hpz among them) over the world before the mesh's
+    // groups are made: ranks naming different groups would wait for each other forever.
     mesh_ = dist::Mesh(world_, opt, "world", false);
+    group_ = mesh_.world();
+    check_ranks_agree();
+    if (cfg_.shard_group != "world" || cfg_.hpz) {
+      group_ = dist::ProcessGroup(device_);
+      mesh_ = dist::Mesh(world_, opt, cfg_.shard_group, cfg_.hpz);
+    }
   } else {
     mesh_ = dist::Mesh(device_);
+    dist::shard_groups(cfg_.shard_group, mesh_.hosts());  // the same checks as on a world of several
   }
+  // hpZ keeps backward's gathers on the host: with one host there is nothing to keep them from.
+  CZ_CHECK(!cfg_.hpz || mesh_.hosts().num_hosts() > 1,
+           "{} needs more than one host; all {} rank(s) of this launch are on {} (with one host, plain {} 3 "
+           "already gathers inside it)",
+           flag_name(&TrainConfig::hpz), world_.size(), mesh_.hosts().hosts.front(),
+           flag_name(&TrainConfig::stage));
   group_ = mesh_.world();
-  if (world_.size() > 1) check_ranks_agree();
   check_outputs();
   if (world_.rank() == 0 && !cfg_.log.empty()) log_ = JsonLog(cfg_.log);
   build_data();
@@ -133,8 +147,9 @@ void Trainer::build_model() {
     if (cfg_.reset_head) model_->reset_head(cfg_.seed + 1);
   }
   model_->set_activation_checkpointing(cfg_.activation_checkpointing);
-  engine_ = std::make_unique<zero::ZeroEngine>(*model_, model_->units(), group_, zero_config(cfg_, device_),
-                                               make_optimizer(cfg_), make_ema(cfg_));
+  zero::ZeroGroups groups{mesh_.world(), mesh_.shard(), mesh_.replicate(), mesh_.host(), mesh_.hosts().host_of};
+  engine_ = std::make_unique<zero::ZeroEngine>(*model_, model_->units(), std::move(groups),
+                                               zero_config(cfg_, device_), make_optimizer(cfg_), make_ema(cfg_));
 }
 
 // Both splits read this rank's share of global batches of micro-batch x ranks; evaluation reads every example

@@ -74,6 +74,7 @@ class Trainer {
   zero::ZeroEngine& engine() { return *engine_; }
   const TrainConfig& config() const { return cfg_; }
   int world_size() const { return world_.size(); }
+  const dist::Mesh& mesh() const { return mesh_; }
   // Collective: starts writing a checkpoint of the current state into --checkpoint-dir (this rank's shard is
   // copied to host memory and written on a background thread); the previous save is finished first.
   void save_checkpoint();

@@ -10,7 +10,7 @@ void CommMeter::begin_step() {
   works_.clear();  // evaluation's gathers since the last step
   waits_.clear();
   wait_s_ = 0;
-  bytes_ = 0;
+  bytes_ = cross_bytes_ = 0;
   peak_ = held_;
 }
 
@@ -25,7 +25,14 @@ void CommMeter::wait(const dist::WorkHandle& w) {
 }
 
 void CommMeter::sent(const dist::ProcessGroup& group, int64_t bytes, int factor) {
-  bytes_ += dist::ring_bytes_sent(group, bytes, factor);
+  const int64_t n = dist::ring_bytes_sent(group, bytes, factor);
+  bytes_ += n;
+  if (group.size() < 2 || host_of_.empty()) return;
+  const std::vector<int> ring = group.ring_order();
+  int cross = 0;  // links of the ring from one host to another
+  for (size_t i = 0; i < ring.size(); ++i)
+    cross += host_of_.at(size_t(ring[i])) != host_of_.at(size_t(ring[(i + 1) % ring.size()]));
+  cross_bytes_ += n * cross / group.size();
 }
 
 void CommMeter::hold(int64_t bytes) {
@@ -77,6 +84,7 @@ void CommMeter::finish_step(StepStats& s) {
   s.comm_exposed_s = exposed_seconds(std::move(runs), waits_);
   s.comm_wait_s = wait_s_;
   s.comm_bytes = bytes_;
+  s.comm_cross_bytes = cross_bytes_;
   s.comm_buffer_bytes = peak_;
   works_.clear();
   waits_.clear();

@@ -13,16 +13,21 @@ namespace cz::zero {
 
 class CommMeter {
  public:
+  // The host of each world rank (dist::HostMap::host_of); without it no byte counts as cross-host.
+  void set_hosts(std::vector<int> host_of) { host_of_ = std::move(host_of); }
   // A new step: the counts back to zero. The buffers still held are the new peak's start.
   void begin_step();
   // Waits for `w` (null: nothing to wait for), timing the host's wait.
   void wait(const dist::WorkHandle& w);
-  // A ring collective over `group` of `bytes` (factor 2 for all-reduce; ring_bytes_sent).
+  // A ring collective over `group` of `bytes` (factor 2 for all-reduce; ring_bytes_sent). Each rank of a ring
+  // sends as many bytes to its successor; of those that cross hosts (on the links to another host), this
+  // rank counts its equal share, so that a host's ranks together count what leaves the host when the
+  // groups are alike on every host (as a mesh's are), and rank 0's log alone tells it.
   void sent(const dist::ProcessGroup& group, int64_t bytes, int factor);
   // Communication buffers allocated (bytes > 0) or freed (bytes < 0).
   void hold(int64_t bytes);
   // Waits for the device side of the step's collectives and writes comm_s, comm_exposed_s, comm_wait_s,
-  // comm_bytes and comm_buffer_bytes into `s`.
+  // comm_bytes, comm_cross_bytes and comm_buffer_bytes into `s`.
   void finish_step(StepStats& s);
 
  private:
@@ -30,7 +35,8 @@ class CommMeter {
   std::vector<dist::WorkHandle> works_;  // waited for in this step: their run times are its comm_s
   std::vector<Interval> waits_;          // the host's waits
   double wait_s_ = 0;
-  int64_t bytes_ = 0;
+  int64_t bytes_ = 0, cross_bytes_ = 0;
+  std::vector<int> host_of_;
   int64_t held_ = 0, peak_ = 0;
 };
 

@@ -14,9 +14,15 @@
 //            does this.
 //   stage 3: as stage 2 with units for buckets, and parameters sharded too (Note [Stage-3 units]).
 // At most two collectives are in flight: a third waits for the oldest, which bounds the bucket memory.
+// On a 2-D mesh (--shard-group, Note [2-D mesh] in dist/comm/mesh.h) stages 1-3 shard over the shard group of
+// S ranks instead of the world: the layout has S shards, each bucket is reduce-scattered (averaged) inside the
+// shard group and this rank's chunk of it then all-reduced (averaged) across the replication group, the W/S
+// ranks holding the same chunk (GradReducer: Note [Cross all-reduce]); the mean of equal groups' means is the
+// world's mean. The global norm and the fp16 overflow decision sum over the shard group only (the replicas
+// hold equal chunks); stages 1-2 all-gather the parameters in the shard group. Stage 0 is unchanged.
 // The parts: stages 0-1 reduce in place in the full gradient buffer and stages 2-3 in buckets (GradReducer's
-// mode); stage 0 all-reduces, stages 1-3 reduce-scatter; the ShardedState is sharded over the world at stages
-// 1-3 and over a group of one at stage 0; the gatherer is the ChunkGatherer at stages 1-2, the UnitGatherer
+// mode); stage 0 all-reduces, stages 1-3 reduce-scatter; the ShardedState is sharded over the shard group (the
+// world, unless --shard-group makes a 2-D mesh) at stages 1-3 and over a group of one at stage 0; the gatherer is the ChunkGatherer at stages 1-2, the UnitGatherer
 // at stage 3, none at stage 0. So the stage is read once, here, when the parts are built.
 //
 // Note [Overlapped parameter all-gather]: at stages 1-2 the updated chunks are all-gathered after the step,
@@ -43,21 +49,39 @@ int64_t held_bytes(const Tensor& t) {
 // The buffers are allocated in one order, which the memory planner replays (plan/step_trace.cpp): the flat
 // copy, this rank's chunks, the master chunks, the compute copy (stage 3: its shard and the units'
 // buffers), the full gradient buffer, the gradient shard, the optimizer state, the EMA.
+ZeroGroups ZeroGroups::flat(const dist::ProcessGroup& world) {
+  const int me = world.ranks()[size_t(world.rank())];
+  return {world, world, dist::ProcessGroup(world.device(), me), dist::ProcessGroup(world.device(), me), {}};
+}
+
 ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
                        const dist::ProcessGroup& group, ZeroConfig cfg, const MakeOptimizer& make_optimizer,
                        const MakeEma& make_ema)
-    : cfg_(std::move(cfg)), group_(group) {
+    : ZeroEngine(model, units, ZeroGroups::flat(group), std::move(cfg), make_optimizer, make_ema) {}
+
+ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units, ZeroGroups groups,
+                       ZeroConfig cfg, const MakeOptimizer& make_optimizer, const MakeEma& make_ema)
+    : cfg_(std::move(cfg)), groups_(std::move(groups)) {
   CZ_CHECK(cfg_.stage >= 0 && cfg_.stage <= 3, "ZeRO: --stage must be 0-3, got {}", cfg_.stage);
   CZ_CHECK(cfg_.prefetch >= 0, "ZeRO: --prefetch must be >= 0, got {}", cfg_.prefetch);
   CZ_CHECK(cfg_.bucket_bytes > 0, "ZeRO: the bucket size must be positive, got {} bytes", cfg_.bucket_bytes);
   CZ_CHECK_DEVICE(cfg_.compute_dtype == DType::f32 || cfg_.device.is_cuda(),
                   "ZeRO: {} compute needs a CUDA device (the CPU backend computes in fp32)",
                   dtype_name(cfg_.compute_dtype));
-  CZ_CHECK(group_.device() == cfg_.device, "ZeRO: the process group's buffers are on {}, the engine's on {}",
-           group_.device().str(), cfg_.device.str());
+  CZ_CHECK(groups_.world.device() == cfg_.device,
+           "ZeRO: the process group's buffers are on {}, the engine's on {}", groups_.world.device().str(),
+           cfg_.device.str());
+  CZ_CHECK(groups_.shard.size() * groups_.replicate.size() == groups_.world.size(),
+           "ZeRO: a mesh of shard groups of {} and replication groups of {} on {} ranks", groups_.shard.size(),
+           groups_.replicate.size(), groups_.world.size());
+  CZ_CHECK(!cfg_.hpz || cfg_.stage == 3, "ZeRO: --hpz is for --stage 3, got --stage {}", cfg_.stage);
+  CZ_CHECK(!cfg_.hpz || groups_.replicate.size() == 1,
+           "ZeRO: --hpz shards over the world; with --shard-group the shard already stays on the host");
+  meter_.set_hosts(groups_.host_of);
   const bool sharded = cfg_.stage > 0, units_gathered = cfg_.stage == 3, buckets = cfg_.stage >= 2;
-  // What the state is sharded over: the world, or at stage 0 a group of one (every rank holds all of it).
-  const dist::ProcessGroup shard_group = sharded ? group_ : dist::ProcessGroup(cfg_.device);
+  // What the state is sharded over: the shard group (the world when flat), or at stage 0 a group of one (every
+  // rank holds all of it).
+  const dist::ProcessGroup shard_group = sharded ? groups_.shard : dist::ProcessGroup(cfg_.device);
   const auto named = model.named_parameters();
   std::vector<ParamShape> shapes;
   for (const auto& [name, p] : named) shapes.push_back({name, p.sizes()});
@@ -66,7 +90,7 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
   int64_t params = 0;
   for (const ParamShape& p : shapes) params += shape_numel(p.shape);
   layout_ =
-      plan_layout(shapes, cfg_.stage, group_.size(),
+      plan_layout(shapes, cfg_.stage, shard_group.size(),
                   bucket_elems(double(cfg_.bucket_bytes), dtype_size(cfg_.reduce_dtype), params), unit_of);
   const size_t np = layout_.partitions.size();
   const int me = shard_group.rank();
@@ -77,7 +101,7 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
   const bool mixed = cfg_.compute_dtype != DType::f32, offload = cfg_.offload;
   FlatParams flat = flatten_parameters(named, layout_.flat);
   // Every rank starts from rank 0's weights.
-  if (dist::WorkHandle w = group_.broadcast(flat.params, 0)) w->wait();
+  if (dist::WorkHandle w = groups_.world.broadcast(flat.params, 0)) w->wait();
   NoGradGuard no_grad;
   auto my_chunks = [&](const Tensor& full) {
     Tensor out = empty({layout_.shard_numel()}, full.dtype(), dev);
@@ -100,7 +124,8 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
     for (size_t p = 0; p < np; ++p)
       compute_chunks_.push_back(shard.narrow(0, layout_.local_offset(p), layout_.chunk(p)));
     gatherer_ =
-        std::make_unique<UnitGatherer>(layout_, model, param_list, shard, cfg_.prefetch, group_, meter_);
+        std::make_unique<UnitGatherer>(layout_, model, param_list, shard, cfg_.prefetch, shard_group, meter_,
+                                       cfg_.hpz ? std::optional(groups_.host) : std::nullopt);
   } else {
     params_ = mixed ? flat.params.to(cfg_.compute_dtype) : flat.params;
     if (mixed) bind_parameters(named, layout_.flat, params_);
@@ -126,7 +151,11 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
   }
 
   ReducerMode mode{sharded, buckets, cfg_.reduce_dtype, dev};
-  reducer_ = std::make_unique<GradReducer>(layout_, param_list, grads, group_, meter_, mode);
+  // Stage 0 all-reduces over the world; stages 1-3 reduce-scatter in the shard group, then all-reduce the
+  // chunk across the replication group.
+  reducer_ = std::make_unique<GradReducer>(layout_, param_list, grads, sharded ? shard_group : groups_.world,
+                                           sharded ? groups_.replicate : dist::ProcessGroup(cfg_.device),
+                                           meter_, mode);
   std::vector<Tensor> weights, grad_chunks, from_compute;
   for (size_t p = 0; p < np; ++p) {
     const int64_t off = layout_.local_offset(p), c = layout_.chunk(p);
@@ -146,7 +175,8 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
     reducer_->set_sink([this](size_t p, const Tensor& chunk, bool) { state_->receive(p, chunk); });
   }
   if (sharded && !units_gathered)
-    gatherer_ = std::make_unique<ChunkGatherer>(layout_, model, params_, compute_chunks_, group_, meter_);
+    gatherer_ =
+        std::make_unique<ChunkGatherer>(layout_, model, params_, compute_chunks_, shard_group, meter_);
   if (gatherer_) reducer_->set_on_launch([this](size_t p) { gatherer_->reduced(p); });
 }
 
@@ -240,8 +270,10 @@ std::vector<std::pair<std::string, std::vector<ZeroEngine::OwnedChunk>>> ZeroEng
   std::vector<std::pair<std::string, std::vector<OwnedChunk>>> out;
   for (auto& [kind, chunks] : state_->owned()) {
     std::vector<OwnedChunk> v;
-    // A replicated state (stage 0) is written by rank 0; the others name the kinds.
-    if (!for_save || state_->group().size() > 1 || group_.rank() == 0)
+    // A replicated state is written by one replica: at stage 0 rank 0, on a mesh the first rank of each
+    // replication group (their states are equal); the others name the kinds.
+    const bool writes = (state_->group().size() > 1 || groups_.world.rank() == 0) && groups_.replicate.rank() == 0;
+    if (!for_save || writes)
       for (auto& [range, values] : chunks) v.push_back({range, values});
     out.emplace_back(kind, std::move(v));
   }

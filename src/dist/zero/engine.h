@@ -34,6 +34,20 @@ struct ZeroConfig {
   // memory, updated by the CPU; with overlap_step the update of step t runs during step t+1 (one step stale).
   bool offload = false;
   bool offload_overlap_step = false;
+  // Stage 3 (Note [hpZ] in engine_units.cpp): keep each unit's host-local slice after its forward gather and
+  // gather backward's copy of the unit inside the host from those slices. Needs ZeroGroups::host.
+  bool hpz = false;
+};
+
+// The process groups the engine communicates in (Note [2-D mesh] in dist/comm/mesh.h, Note [ZeRO step]).
+// Flat: shard = world, replicate and host groups of one.
+struct ZeroGroups {
+  dist::ProcessGroup world;      // stage 0's all-reduce, rank 0's initial weights
+  dist::ProcessGroup shard;      // stages 1-3: the model state is sharded over it ...
+  dist::ProcessGroup replicate;  // ... and replicated over it: each reduced gradient chunk is all-reduced here
+  dist::ProcessGroup host;       // hpZ: this rank's host, where backward's gathers stay
+  std::vector<int> host_of;      // the host of each world rank (StepStats::comm_cross_bytes); empty: one host
+  static ZeroGroups flat(const dist::ProcessGroup& world);
 };
 
 class ZeroEngine {
@@ -45,6 +59,9 @@ class ZeroEngine {
   // shard once the engine has laid it out.
   ZeroEngine(nn::Module& model, const std::vector<std::string>& units, const dist::ProcessGroup& group,
              ZeroConfig cfg, const MakeOptimizer& make_optimizer, const MakeEma& make_ema = {});
+  // On a mesh: the state sharded over `groups.shard` and replicated over `groups.replicate`.
+  ZeroEngine(nn::Module& model, const std::vector<std::string>& units, ZeroGroups groups, ZeroConfig cfg,
+             const MakeOptimizer& make_optimizer, const MakeEma& make_ema = {});
   ~ZeroEngine();
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
@@ -100,7 +117,7 @@ class ZeroEngine {
   void refresh_compute();
 
   ZeroConfig cfg_;
-  dist::ProcessGroup group_;  // the world, which the reducer and the gatherer are given
+  ZeroGroups groups_;
   ZeroLayout layout_;
   Tensor params_;                       // stages 0-2: the full compute copy the model runs on
   std::vector<Tensor> compute_chunks_;  // this rank's chunk of each partition of the compute copy

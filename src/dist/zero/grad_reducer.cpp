@@ -1,5 +1,16 @@
 // The gradient reducer's hooks, buckets and collectives. At most two collectives are in flight: a third waits
 // for the oldest, which bounds the bucket memory.
+//
+// Note [Cross all-reduce]: on a 2-D mesh a partition's reduction is two collectives: the reduce-scatter in the
+// shard group, then the all-reduce of this rank's chunk across the replication group. The second may only
+// start once the first has written the chunk, and the training thread must not block for it: on the CPU each
+// group's collectives run on their own communication thread, so the reducer launches a partition's all-reduce
+// from its in-flight queue as soon as it sees the reduce-scatter completed (Work::is_completed, checked at
+// every launch and grad-ready hook), and only the wait for the oldest partition blocks, as without a mesh. On
+// CUDA the same test queries the reduce-scatter's event: launching at once would order the compute stream
+// (Work::wait) behind a collective still running, stalling backward's kernels. The all-reduces are launched in the partitions' launch order, which
+// is the same on every rank (timing decides only when, never the order), so they match across the group.
+// Both average: the replication group's mean of the shard groups' means (all of S ranks) is the world mean.
 #include "dist/zero/grad_reducer.h"
 
 #include "tensor/autograd/engine.h"
@@ -12,11 +23,13 @@ int64_t held_bytes(const Tensor& t) {
 }  // namespace
 
 GradReducer::GradReducer(const ZeroLayout& layout, std::vector<Tensor> params, Tensor grads,
-                         dist::ProcessGroup group, CommMeter& meter, ReducerMode mode)
+                         dist::ProcessGroup group, dist::ProcessGroup replicate, CommMeter& meter,
+                         ReducerMode mode)
     : layout_(layout),
       params_(std::move(params)),
       grads_(std::move(grads)),
       group_(std::move(group)),
+      replicate_(std::move(replicate)),
       meter_(meter),
       mode_(mode) {
   const size_t np = layout_.partitions.size();
@@ -34,10 +47,11 @@ GradReducer::~GradReducer() {
   for (size_t i = 0; i < hooks_.size(); ++i) params_[i].remove_grad_ready_hook(hooks_[i]);
   // Collectives still in flight (an exception mid-backward) must not outlive the buffers they use.
   for (auto& f : in_flight_)
-    if (f.work) try {
-        f.work->wait();
-      } catch (...) {
-      }
+    for (auto* w : {&f.work, &f.cross})
+      if (*w) try {
+          (*w)->wait();
+        } catch (...) {
+        }
 }
 
 void GradReducer::begin_step() {
@@ -55,6 +69,7 @@ void GradReducer::begin_backward(bool last_micro_step) {
 
 void GradReducer::on_grad_ready(size_t i, Tensor& param) {
   const size_t p = param_partition_[i];
+  advance();
   if (mode_.buckets) {
     NoGradGuard no_grad;
     const Partition& part = layout_.partitions[p];
@@ -101,14 +116,37 @@ void GradReducer::launch(size_t p) {
     w = group_.all_reduce(buf, dist::ReduceOp::avg);
     meter_.sent(group_, bytes, 2);
   }
-  in_flight_.push_back({p, std::move(w), buf});
+  // Flat (or stage 0): nothing to all-reduce across replicas.
+  in_flight_.push_back({p, std::move(w), buf, nullptr, !mode_.scatter || replicate_.size() == 1});
+  advance();
   if (on_launch_) on_launch_(p);
 }
 
+void GradReducer::launch_cross(InFlight& f) {
+  NoGradGuard no_grad;
+  meter_.wait(f.work);  // completed (advance), or the oldest, which finish_oldest waits for anyway
+  f.work.reset();
+  Tensor mine = f.buffer.narrow(0, own_offset(f.partition), layout_.chunk(f.partition));
+  f.cross = replicate_.all_reduce(mine, dist::ReduceOp::avg);
+  meter_.sent(replicate_, mine.nbytes(), 2);
+  f.crossed = true;
+}
+
+void GradReducer::advance() {
+  for (InFlight& f : in_flight_) {
+    if (f.crossed) continue;
+    if (f.work && !f.work->is_completed()) break;
+    launch_cross(f);
+  }
+}
+
 void GradReducer::finish_oldest() {
+  advance();
+  if (!in_flight_.front().crossed) launch_cross(in_flight_.front());  // the oldest: wait for it
   InFlight f = std::move(in_flight_.front());
   in_flight_.pop_front();
   meter_.wait(f.work);
+  meter_.wait(f.cross);
   NoGradGuard no_grad;
   const size_t p = f.partition;
   const Tensor mine = f.buffer.narrow(0, own_offset(p), layout_.chunk(p));  // this rank's averaged chunk

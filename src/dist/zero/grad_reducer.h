@@ -26,9 +26,11 @@ struct ReducerMode {
 class GradReducer {
  public:
   // `params`: the model's parameters in layout order (hooks are installed on them). `grads`: the full
-  // gradient buffer their .grad views (undefined with buckets).
+  // gradient buffer their .grad views (undefined with buckets). `group`: where buckets are reduced;
+  // `replicate` (a group of one when flat): where each reduced chunk is then all-reduced (Note [Cross
+  // all-reduce]).
   GradReducer(const ZeroLayout& layout, std::vector<Tensor> params, Tensor grads, dist::ProcessGroup group,
-              CommMeter& meter, ReducerMode mode);
+              dist::ProcessGroup replicate, CommMeter& meter, ReducerMode mode);
   ~GradReducer();  // removes its hooks, waits for what is in flight; never throws
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -56,7 +58,11 @@ class GradReducer {
     size_t partition;
     dist::WorkHandle work;
     Tensor buffer;  // what the collective reduces (a bucket, or a range of the full gradient buffer)
+    dist::WorkHandle cross;  // the chunk's all-reduce across the replication group, once launched
+    bool crossed = false;    // launched (or none needed)
   };
+  void launch_cross(InFlight& f);
+  void advance();  // launches the cross all-reduces whose reduce-scatter has completed, in launch order
   void on_grad_ready(size_t param, Tensor& p);
   void launch(size_t p);
   void finish_oldest();
@@ -66,6 +72,7 @@ class GradReducer {
   std::vector<Tensor> params_;
   Tensor grads_;
   dist::ProcessGroup group_;
+  dist::ProcessGroup replicate_;
   CommMeter& meter_;
   ReducerMode mode_;
   ChunkSink sink_;

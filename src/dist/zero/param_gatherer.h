@@ -5,6 +5,7 @@
 // use, prefetched ahead, and released after (Note [Stage-3 units]). Stage 0 needs none.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "dist/comm/process_group.h"
@@ -64,9 +65,11 @@ class UnitGatherer final : public ParamGatherer {
  public:
   // `shard`: this rank's chunks of the compute copy (compute dtype); `params`: the model's parameters in
   // layout order, repointed into each unit's releasable buffer. Every partition is a unit, a module of
-  // `model`.
+  // `model`. `host`: hpZ's host group (Note [hpZ]); none: every gather is over `group`.
   UnitGatherer(const ZeroLayout& layout, nn::Module& model, const std::vector<Tensor>& params, Tensor shard,
-               int prefetch, dist::ProcessGroup group, CommMeter& meter);
+               int prefetch, dist::ProcessGroup group, CommMeter& meter,
+               std::optional<dist::ProcessGroup> host = std::nullopt);
+  void after_update() override;  // hpZ: the secondary copies are stale
   ~UnitGatherer() override;
   void begin_backward() override { phase_ = Phase::backward; }
   void end_backward(bool finished) override;
@@ -96,6 +99,16 @@ class UnitGatherer final : public ParamGatherer {
   bool recording_ = true;      // the first forward records the unit order
   std::vector<size_t> order_;  // units in forward order
   std::vector<size_t> position_;
+  // hpZ (Note [hpZ]): the host group, the secondary copies (this rank's host-local slice of every unit, back
+  // to back, one allocation), each unit's slice of them, whether it holds the current weights, and whether
+  // the unit's gather in flight is the host one.
+  std::optional<dist::ProcessGroup> host_;
+  Tensor secondary_;
+  std::vector<Tensor> slice_;
+  std::vector<bool> slice_valid_, from_host_;
 };
+
+// hpZ's secondary copies: the elements of partition numel / ranks per host for every unit (Note [hpZ]).
+int64_t hpz_secondary_numel(const ZeroLayout& layout, int ranks_per_host);
 
 }  // namespace cz::zero

@@ -14,6 +14,7 @@ nlohmann::json to_json(const StepStats& s) {
                       {"peak_mem_bytes", s.peak_mem_bytes},
                       {"stage", s.stage},
                       {"comm_bytes", s.comm_bytes},
+                      {"comm_cross_bytes", s.comm_cross_bytes},
                       {"comm_s", s.comm_s},
                       {"comm_exposed_s", s.comm_exposed_s},
                       {"model_state_bytes", s.model_state_bytes},
