@@ -2,8 +2,8 @@
 // quant_block.h's, so the bits equal the host kernels'): raw launchers over device pointers returning the
 // launch status. Same contracts, nulls and aliasing as the host functions of quant.h; `block` must already be
 // checked (check_quant_block). x, out: f32, bf16 or f16 as the name says. The .cu side includes no project
-// header but quant_block.h (nvcc compiles it as C++17, and fmt does not compile under nvcc). Note: written
-// and compiled without a GPU; never run (docs/cuda.md, "Unrun code").
+// header but quant_block.h (nvcc compiles it as C++17, and fmt does not compile under nvcc). Written and
+// compiled without a GPU, never run (docs/cuda.md, "The block-quantized INT8 kernels (issue 22)").
 #pragma once
 
 #include <cuda_runtime_api.h>
