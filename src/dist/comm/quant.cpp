@@ -47,6 +47,21 @@ float quantize_block(const float* v, int64_t len, int8_t* q) {
   return scale;
 }
 
+// INT4: quantizes v[0, len) into (len + 1) / 2 packed bytes; returns the block's scale.
+float quantize_block4(const float* v, int64_t len, uint8_t* packed) {
+  const float scale = quant::block_scale4(amax_bits(v, len));
+  const float inv = quant::inverse_scale(scale);
+  if (!(inv > 0.f)) {
+    std::memset(packed, 0, size_t(quant4_code_bytes(len)));
+    return scale;
+  }
+  const int64_t pairs = len / 2;
+  for (int64_t p = 0; p < pairs; ++p)
+    packed[p] = quant::pack4(quant::quantize_value(v[2 * p], inv), quant::quantize_value(v[2 * p + 1], inv));
+  if (len % 2) packed[pairs] = quant::pack4(quant::quantize_value(v[len - 1], inv), 0);
+  return scale;
+}
+
 void widen_bf16(const uint16_t* x, int64_t len, float* out) {
   for (int64_t i = 0; i < len; ++i) out[i] = std::bit_cast<float>(uint32_t(x[i]) << 16);
 }
@@ -144,6 +159,50 @@ void quantize(DType dtype, const void* x, int64_t n, int64_t block, int8_t* q, f
     else
       widen_f16(xh + first, len, s.v);
     scales[k] = quantize_block(s.v, len, q + first);
+  });
+}
+
+int64_t quant4_packed_bytes(int64_t n, int64_t block) {
+  return quant_scales_offset(quant4_code_bytes(n)) + 4 * quant_scale_count(n, block);
+}
+
+void quantize_int4(DType dtype, const void* x, int64_t n, int64_t block, uint8_t* packed, float* scales) {
+  check_args("quantize_int4", n, block);
+  CZ_CHECK_DTYPE(is_quant_input(dtype), "quantize_int4: takes f32, bf16 or f16 values, not {}",
+                 dtype_name(dtype));
+  for_blocks(n, block, [&](int64_t k, int64_t first, int64_t len) {
+    Scratch s;
+    const float* v = s.v;
+    if (dtype == DType::f32)
+      v = static_cast<const float*>(x) + first;
+    else if (dtype == DType::bf16)
+      widen_bf16(static_cast<const uint16_t*>(x) + first, len, s.v);
+    else
+      widen_f16(static_cast<const uint16_t*>(x) + first, len, s.v);
+    scales[k] = quantize_block4(v, len, packed + first / 2);
+  });
+}
+
+void dequantize_int4(const uint8_t* packed, const float* scales, int64_t n, int64_t block, DType dtype,
+                     void* out) {
+  check_args("dequantize_int4", n, block);
+  CZ_CHECK_DTYPE(is_quant_input(dtype), "dequantize_int4: writes f32, bf16 or f16 values, not {}",
+                 dtype_name(dtype));
+  for_blocks(n, block, [&](int64_t k, int64_t first, int64_t len) {
+    const float scale = scales[k];
+    const uint8_t* pb = packed + first / 2;
+    Scratch s;
+    float* v = dtype == DType::f32 ? static_cast<float*>(out) + first : s.v;
+    const int64_t pairs = len / 2;
+    for (int64_t p = 0; p < pairs; ++p) {
+      v[2 * p] = quant::dequantize_value(quant::low4(pb[p]), scale);
+      v[2 * p + 1] = quant::dequantize_value(quant::high4(pb[p]), scale);
+    }
+    if (len % 2) v[len - 1] = quant::dequantize_value(quant::low4(pb[pairs]), scale);
+    if (dtype == DType::bf16)
+      narrow_bf16(s.v, len, static_cast<uint16_t*>(out) + first);
+    else if (dtype == DType::f16)
+      narrow_f16(s.v, len, static_cast<uint16_t*>(out) + first);
   });
 }
 

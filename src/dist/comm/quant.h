@@ -70,4 +70,19 @@ void dequantize_add_quantize(const int8_t* aq, const float* a_scales, const int8
 void quantize_with_feedback(const float* x, float* residual, int64_t n, int64_t block, int8_t* q,
                             float* scales);
 
+// Note [INT4 blocks]: the same format with 4-bit codes, for the parameter all-gathers (no per-hop step, no
+// error feedback: gradients lose too much at 4 bits): q in [-7, 7], s = max|x| / 7 (0 below 7 FLT_MIN), two
+// codes per byte, element 2k in the low nibble of byte k and element 2k + 1 in the high one (B is even, so a
+// block's codes start on a byte; an odd n leaves the last high nibble 0). Round trip:
+// |x - deq(q)| <= s (1/2 + 2^-15), i.e. 1/14 of the block's peak; non-finite blocks as for INT8.
+inline int64_t quant4_code_bytes(int64_t n) {
+  return (n + 1) / 2;
+}
+// Bytes of n values packed as one INT4 record: the codes, padding to 4 bytes, the scales.
+int64_t quant4_packed_bytes(int64_t n, int64_t block);
+// packed: quant4_code_bytes(n) bytes; scales: quant_scale_count(n, block) f32.
+void quantize_int4(DType dtype, const void* x, int64_t n, int64_t block, uint8_t* packed, float* scales);
+void dequantize_int4(const uint8_t* packed, const float* scales, int64_t n, int64_t block, DType dtype,
+                     void* out);
+
 }  // namespace cz::dist

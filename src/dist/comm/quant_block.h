@@ -53,6 +53,24 @@ CZ_QHD float block_scale(uint32_t amax_bits) {
   if (amax_bits < kMinAmaxBits) return 0.f;
   return bits_float(amax_bits) / float(kQMax);
 }
+
+// INT4 (Note [INT4 blocks] in quant.h): codes in [-7, 7], two per byte (the even element in the low nibble),
+// scale amax / 7; tiny below 7 x FLT_MIN (7 x 2^-126 = 1.75 x 2^-124), for the same reason as above.
+inline constexpr int kQMax4 = 7;
+inline constexpr uint32_t kMinAmaxBits4 = 0x01e00000u;
+CZ_QHD float block_scale4(uint32_t amax_bits) {
+  if (amax_bits < kMinAmaxBits4) return 0.f;
+  return bits_float(amax_bits) / float(kQMax4);
+}
+CZ_QHD uint8_t pack4(int8_t lo, int8_t hi) {
+  return uint8_t((uint8_t(lo) & 0x0fu) | (uint8_t(hi) << 4));
+}
+CZ_QHD int8_t low4(uint8_t b) {  // the nibble's sign extended
+  return int8_t(int8_t(uint8_t(b << 4)) >> 4);
+}
+CZ_QHD int8_t high4(uint8_t b) {
+  return int8_t(int8_t(b) >> 4);
+}
 CZ_QHD bool finite_scale(float scale) {
   return float_bits(scale) < kInfBits;  // scales are never negative
 }
@@ -169,6 +187,12 @@ CZ_QHD float dequantize_element(const int8_t* q, const float* scales, int64_t bl
   return dequantize_value(q[i], scales[i / block]);
 }
 
+// INT4 dequantization, one thread per element: element i of the packed codes.
+CZ_QHD float dequantize_element4(const uint8_t* packed, const float* scales, int64_t block, int64_t i) {
+  const uint8_t b = packed[i / 2];
+  return dequantize_value(i % 2 ? high4(b) : low4(b), scales[i / block]);
+}
+
 // Phase 1 for thread `tid` of `threads`: the largest |value| bits over elements tid, tid + threads, ... <
 // len.
 template <class Source>
@@ -187,6 +211,19 @@ CZ_QHD void thread_quantize(const Source& src, int64_t len, float scale, int8_t*
     const int8_t qi = inv > 0.f ? quantize_value(v, inv) : int8_t(0);
     q[i] = qi;
     src.finish(i, v, qi, scale);
+  }
+}
+
+// INT4 phase 2: thread tid's pairs (tid, tid + threads, ... < ceil(len / 2)) quantized with the block's
+// scale and packed; a block of odd length (only the last one) leaves its last high nibble 0. B is even, so
+// block k's codes start at byte k B / 2.
+template <class Source>
+CZ_QHD void thread_quantize4(const Source& src, int64_t len, float scale, uint8_t* packed, int tid,
+                             int threads) {
+  const float inv = inverse_scale(scale);
+  for (int64_t p = tid; 2 * p < len; p += threads) {
+    const float v0 = src.value(2 * p), v1 = 2 * p + 1 < len ? src.value(2 * p + 1) : 0.f;
+    packed[p] = inv > 0.f ? pack4(quantize_value(v0, inv), quantize_value(v1, inv)) : uint8_t(0);
   }
 }
 

@@ -33,6 +33,19 @@ __device__ __forceinline__ void store(__half* p, float v) {
 
 constexpr int kMaxWarps = 4;  // q8::quant_threads is at most 128
 
+// The CUDA block's maximum of its threads' m (every thread gets it). The __syncthreads also orders every
+// thread's read of the source's scales before thread 0 writes scales[k] (in-place per-hop steps).
+__device__ __forceinline__ uint32_t block_max(uint32_t m) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    m = q8::max_bits(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  __shared__ uint32_t warp_max[kMaxWarps];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  m = 0;
+  for (int w = 0; w < int(blockDim.x) / 32; ++w) m = q8::max_bits(m, warp_max[w]);
+  return m;
+}
+
 // Block k of the launch quantizes quantized block k (blockDim.x == q8::quant_threads(block)).
 template <class Blocks>
 __global__ void quantize_kernel(Blocks blocks, int64_t n, int64_t block, int8_t* q, float* scales) {
@@ -41,19 +54,51 @@ __global__ void quantize_kernel(Blocks blocks, int64_t n, int64_t block, int8_t*
   const int64_t len = n - first < block ? n - first : block;
   const auto src = blocks(k, first);
   const int tid = int(threadIdx.x), threads = int(blockDim.x);
-  uint32_t m = q8::thread_amax(src, len, tid, threads);
-  for (int offset = 16; offset > 0; offset >>= 1)
-    m = q8::max_bits(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  __shared__ uint32_t warp_max[kMaxWarps];
-  if (tid % 32 == 0) warp_max[tid / 32] = m;
-  __syncthreads();  // also orders every thread's read of the source's scales before thread 0 writes scales[k]
-  m = 0;
-  for (int w = 0; w < threads / 32; ++w) m = q8::max_bits(m, warp_max[w]);
-  const float scale = q8::block_scale(m);
+  const float scale = q8::block_scale(block_max(q8::thread_amax(src, len, tid, threads)));
   q8::thread_quantize(src, len, scale, q + first, tid, threads);
   if (tid == 0) scales[k] = scale;
 }
 
+// INT4 (Note [INT4 blocks]): the same, packing two codes per byte.
+template <class Blocks>
+__global__ void quantize4_kernel(Blocks blocks, int64_t n, int64_t block, uint8_t* packed, float* scales) {
+  const int64_t k = blockIdx.x;
+  const int64_t first = k * block;
+  const int64_t len = n - first < block ? n - first : block;
+  const auto src = blocks(k, first);
+  const int tid = int(threadIdx.x), threads = int(blockDim.x);
+  const float scale = q8::block_scale4(block_max(q8::thread_amax(src, len, tid, threads)));
+  q8::thread_quantize4(src, len, scale, packed + first / 2, tid, threads);
+  if (tid == 0) scales[k] = scale;
+}
+
+template <class T>
+__global__ void dequantize4_kernel(const uint8_t* packed, const float* scales, int64_t n, int64_t block,
+                                   T* out) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    store(out + i, q8::dequantize_element4(packed, scales, block, i));
+}
+
+template <class T>
+cudaError_t launch_quantize4(const void* x, int64_t n, int64_t block, uint8_t* packed, float* scales,
+                             cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  const int64_t grid = q8::block_count(n, block);
+  if (grid > 0x7fffffff) return cudaErrorInvalidValue;
+  quantize4_kernel<<<unsigned(grid), unsigned(q8::quant_threads(block)), 0, s>>>(
+      q8::InputBlocks<T, DeviceCvt>{static_cast<const T*>(x)}, n, block, packed, scales);
+  return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t launch_dequantize4(const uint8_t* packed, const float* scales, int64_t n, int64_t block,
+                               void* out, cudaStream_t s) {
+  if (n <= 0) return cudaSuccess;
+  dequantize4_kernel<T><<<unsigned(std::min<int64_t>((n + 255) / 256, 8192)), 256, 0, s>>>(
+      packed, scales, n, block, static_cast<T*>(out));
+  return cudaGetLastError();
+}
 template <class T>
 __global__ void dequantize_kernel(const int8_t* q, const float* scales, int64_t n, int64_t block, T* out) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -147,6 +192,31 @@ cudaError_t dequantize_add_quantize_q(const int8_t* aq, const float* a_scales, c
 cudaError_t quantize_with_feedback(const float* x, float* residual, int64_t n, int64_t block, int8_t* q,
                                    float* scales, cudaStream_t s) {
   return launch_quantize(q8::FeedbackBlocks{x, residual}, n, block, q, scales, s);
+}
+
+cudaError_t quantize4_f32(const void* x, int64_t n, int64_t block, uint8_t* packed, float* scales,
+                          cudaStream_t s) {
+  return launch_quantize4<float>(x, n, block, packed, scales, s);
+}
+cudaError_t quantize4_bf16(const void* x, int64_t n, int64_t block, uint8_t* packed, float* scales,
+                           cudaStream_t s) {
+  return launch_quantize4<__nv_bfloat16>(x, n, block, packed, scales, s);
+}
+cudaError_t quantize4_f16(const void* x, int64_t n, int64_t block, uint8_t* packed, float* scales,
+                          cudaStream_t s) {
+  return launch_quantize4<__half>(x, n, block, packed, scales, s);
+}
+cudaError_t dequantize4_f32(const uint8_t* packed, const float* scales, int64_t n, int64_t block, void* out,
+                            cudaStream_t s) {
+  return launch_dequantize4<float>(packed, scales, n, block, out, s);
+}
+cudaError_t dequantize4_bf16(const uint8_t* packed, const float* scales, int64_t n, int64_t block, void* out,
+                             cudaStream_t s) {
+  return launch_dequantize4<__nv_bfloat16>(packed, scales, n, block, out, s);
+}
+cudaError_t dequantize4_f16(const uint8_t* packed, const float* scales, int64_t n, int64_t block, void* out,
+                            cudaStream_t s) {
+  return launch_dequantize4<__half>(packed, scales, n, block, out, s);
 }
 
 }  // namespace cz::dist::cuda

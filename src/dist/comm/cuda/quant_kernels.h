@@ -34,4 +34,18 @@ cudaError_t dequantize_add_quantize_q(const int8_t* aq, const float* a_scales, c
 cudaError_t quantize_with_feedback(const float* x, float* residual, int64_t n, int64_t block, int8_t* q,
                                    float* scales, cudaStream_t s);
 
+// INT4 (Note [INT4 blocks] in quant.h): packed holds quant4_code_bytes(n) bytes.
+cudaError_t quantize4_f32(const void* x, int64_t n, int64_t block, uint8_t* packed, float* scales,
+                          cudaStream_t s);
+cudaError_t quantize4_bf16(const void* x, int64_t n, int64_t block, uint8_t* packed, float* scales,
+                           cudaStream_t s);
+cudaError_t quantize4_f16(const void* x, int64_t n, int64_t block, uint8_t* packed, float* scales,
+                          cudaStream_t s);
+cudaError_t dequantize4_f32(const uint8_t* packed, const float* scales, int64_t n, int64_t block, void* out,
+                            cudaStream_t s);
+cudaError_t dequantize4_bf16(const uint8_t* packed, const float* scales, int64_t n, int64_t block, void* out,
+                             cudaStream_t s);
+cudaError_t dequantize4_f16(const uint8_t* packed, const float* scales, int64_t n, int64_t block, void* out,
+                            cudaStream_t s);
+
 }  // namespace cz::dist::cuda
