@@ -55,6 +55,8 @@ int main(int argc, char** argv) {
   app.add_option("--quant-block", o.quant_block,
                  "quant_all_gather: values per f32 scale (multiple of 32, 32..4096)")
       ->capture_default_str();
+  app.add_option("--quant-bits", o.quant_bits, "quant_all_gather: 8 or 4 bits per value")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   int rc = 0;

@@ -112,6 +112,29 @@ void BM_quantize_bf16(benchmark::State& state) {  // bytes: the bf16 input
   state.SetBytesProcessed(state.iterations() * b.n * 2);
 }
 
+void BM_quantize_int4(benchmark::State& state) {
+  set_threads(state);
+  Buffers b(state);
+  std::vector<uint8_t> packed(static_cast<size_t>(cz::dist::quant4_code_bytes(b.n)));
+  for (auto _ : state) {
+    cz::dist::quantize_int4(cz::DType::f32, b.x.data(), b.n, b.block, packed.data(), b.s.data());
+    benchmark::ClobberMemory();
+  }
+  finish(state, b.n);
+}
+
+void BM_dequantize_int4(benchmark::State& state) {
+  set_threads(state);
+  Buffers b(state);
+  std::vector<uint8_t> packed(static_cast<size_t>(cz::dist::quant4_code_bytes(b.n)));
+  cz::dist::quantize_int4(cz::DType::f32, b.x.data(), b.n, b.block, packed.data(), b.s.data());
+  for (auto _ : state) {
+    cz::dist::dequantize_int4(packed.data(), b.s.data(), b.n, b.block, cz::DType::f32, b.y.data());
+    benchmark::ClobberMemory();
+  }
+  finish(state, b.n);
+}
+
 void BM_memcpy_f32(benchmark::State& state) {  // the peer: one read and one write of the f32 buffer
   const int64_t n = state.range(0);
   std::vector<float> x = normal_values(n, 2), y(static_cast<size_t>(n));
@@ -141,6 +164,14 @@ void one_size(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_quantize)->Apply(block_sizes);
 BENCHMARK(BM_dequantize)->Apply(block_sizes);
 BENCHMARK(BM_dequantize_add_quantize)->Apply(block_sizes);
+BENCHMARK(BM_quantize_int4)
+    ->Args({32, 1, kInCache})
+    ->Args({256, 1, kInCache})
+    ->ArgNames({"B", "threads", "n"});
+BENCHMARK(BM_dequantize_int4)
+    ->Args({32, 1, kInCache})
+    ->Args({256, 1, kInCache})
+    ->ArgNames({"B", "threads", "n"});
 BENCHMARK(BM_quantize_with_feedback)->Apply(one_size);
 BENCHMARK(BM_quantize_bf16)->Apply(one_size);
 BENCHMARK(BM_quantize)->Apply(two_threads);

@@ -40,7 +40,7 @@ struct Errors {
 
 // aligned: every tensor starts a block (as a flat layout aligned to B elements would make it), so no block
 // mixes two tensors; the padding is counted in the wire bytes.
-Errors measure(const DataSet& d, int64_t block, bool aligned, double& wire_bytes) {
+Errors measure(const DataSet& d, int64_t block, bool aligned, int bits, double& wire_bytes) {
   const auto n = int64_t(d.values.size());
   std::vector<float> y(static_cast<size_t>(n)), scale_of(static_cast<size_t>(n));
   std::vector<Piece> parts = aligned ? d.pieces : std::vector<Piece>{{"", 0, n}};
@@ -48,11 +48,17 @@ Errors measure(const DataSet& d, int64_t block, bool aligned, double& wire_bytes
   for (const Piece& p : parts) {
     const int64_t blocks = quant_scale_count(p.count, block);
     std::vector<int8_t> q(static_cast<size_t>(p.count));
+    std::vector<uint8_t> q4(static_cast<size_t>(cz::dist::quant4_code_bytes(p.count)));
     std::vector<float> s(static_cast<size_t>(blocks));
-    cz::dist::quantize(cz::DType::f32, d.values.data() + p.first, p.count, block, q.data(), s.data());
-    cz::dist::dequantize(q.data(), s.data(), p.count, block, cz::DType::f32, y.data() + p.first);
+    if (bits == 8) {
+      cz::dist::quantize(cz::DType::f32, d.values.data() + p.first, p.count, block, q.data(), s.data());
+      cz::dist::dequantize(q.data(), s.data(), p.count, block, cz::DType::f32, y.data() + p.first);
+    } else {
+      cz::dist::quantize_int4(cz::DType::f32, d.values.data() + p.first, p.count, block, q4.data(), s.data());
+      cz::dist::dequantize_int4(q4.data(), s.data(), p.count, block, cz::DType::f32, y.data() + p.first);
+    }
     for (int64_t i = 0; i < p.count; ++i) scale_of[size_t(p.first + i)] = s[size_t(i / block)];
-    bytes += double(aligned ? blocks * block : p.count) + 4.0 * double(blocks);
+    bytes += double(aligned ? blocks * block : p.count) * bits / 8.0 + 4.0 * double(blocks);
   }
   wire_bytes = bytes / double(n);
   Errors e;
@@ -126,18 +132,20 @@ int main(int argc, char** argv) {
   std::printf(
       "| data | B | wire bytes/value | vs f32 | rel. L2 error | worst tensor (rel. L2) | max err / s |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- |\n");
-  for (const DataSet& d : sets)
-    for (bool aligned : {false, true}) {
-      if (aligned && d.pieces.empty()) continue;
-      for (int64_t block : {32, 64, 128, 256, 512, 1024, 4096}) {
-        double wire = 0;
-        const Errors e = measure(d, block, aligned, wire);
-        const std::string worst =
-            e.worst.empty() ? "-" : fmt::format("{} ({:.2f}%)", e.worst, 100 * e.worst_rel);
-        std::printf("| %s%s | %lld | %.4f | %.2fx | %.3f%% | %s | %.4f |\n", d.name.c_str(),
-                    aligned ? ", blocks aligned to tensors" : "", (long long)block, wire, 4.0 / wire,
-                    100 * e.rel_l2, worst.c_str(), e.max_over_s);
+  for (int bits : {8, 4})
+    for (const DataSet& d : sets)
+      for (bool aligned : {false, true}) {
+        if (aligned && d.pieces.empty()) continue;
+        for (int64_t block : {32, 64, 128, 256, 512, 1024, 4096}) {
+          if (bits == 4 && block > 256) continue;
+          double wire = 0;
+          const Errors e = measure(d, block, aligned, bits, wire);
+          const std::string worst =
+              e.worst.empty() ? "-" : fmt::format("{} ({:.2f}%)", e.worst, 100 * e.worst_rel);
+          std::printf("| %s%s%s | %lld | %.4f | %.2fx | %.3f%% | %s | %.4f |\n", bits == 4 ? "INT4: " : "",
+                      d.name.c_str(), aligned ? ", blocks aligned to tensors" : "", (long long)block, wire,
+                      4.0 / wire, 100 * e.rel_l2, worst.c_str(), e.max_over_s);
+        }
       }
-    }
   return 0;
 }

@@ -38,6 +38,7 @@ struct CommBenchOptions {
   bool show_topology = false;
   // -o quant_all_gather (commbench_quant.cpp): values per f32 scale (Note [Quantized blocks]).
   int64_t quant_block = 256;
+  int quant_bits = 8;  // 8 or 4 (Note [INT4 blocks])
 };
 
 // "32M", "1G", "4096", "64K" (powers of 1024, as nccl-tests reads them).

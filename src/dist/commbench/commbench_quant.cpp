@@ -1,9 +1,10 @@
 // commbench -o quant_all_gather: an all-gather of f32 values sent as block-quantized INT8 (Note [Quantized
-// blocks]) through the unchanged communicator, next to the plain f32 all-gather of the same values. Each rank
-// quantizes its shard into one record (codes, then scales), the records travel as bytes in an all-gather of
-// equal-sized records (every record is padded to the largest shard's size), and every rank dequantizes all of
-// them into the f32 output. Reported: bytes on the wire, the f32 and the quantized times, and the quantized
-// path's effective bandwidth (f32 bytes delivered per second, with nccl-tests' all-gather factor).
+// blocks]; INT4 with --quant-bits 4, Note [INT4 blocks]) through the unchanged communicator, next to the
+// plain f32 all-gather of the same values. Each rank quantizes its shard into one record (codes, then
+// scales), the records travel as bytes in an all-gather of equal-sized records (every record is padded to the
+// largest shard's size), and every rank dequantizes all of them into the f32 output. Reported: bytes on the
+// wire, the f32 and the quantized times, and the quantized path's effective bandwidth (f32 bytes delivered
+// per second, with nccl-tests' all-gather factor).
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -38,19 +39,34 @@ float input_value(int64_t i) {
 struct Shards {
   int n = 1;
   int64_t count = 0, block = 256;
+  int bits = 8;
   int64_t len(int r) const { return shard_count(count, n, r); }
   int64_t off(int r) const { return shard_offset(count, n, r); }
-  int64_t record_bytes() const { return quant_packed_bytes(len(0), block); }  // rank 0's shard is the largest
+  int64_t record_bytes() const {  // rank 0's shard is the largest
+    return bits == 8 ? quant_packed_bytes(len(0), block) : quant4_packed_bytes(len(0), block);
+  }
 };
 
-// Quantizes a shard into its record (codes at 0, scales at quant_scales_offset).
-void pack(const float* x, int64_t len, int64_t block, char* record) {
-  quantize(DType::f32, x, len, block, reinterpret_cast<int8_t*>(record),
-           reinterpret_cast<float*>(record + quant_scales_offset(len)));
+// Quantizes a shard into its record (codes at 0, scales after them at a 4-byte boundary).
+void pack(const float* x, int64_t len, const Shards& sh, char* record) {
+  if (sh.bits == 8) {
+    quantize(DType::f32, x, len, sh.block, reinterpret_cast<int8_t*>(record),
+             reinterpret_cast<float*>(record + quant_scales_offset(len)));
+  } else {
+    quantize_int4(DType::f32, x, len, sh.block, reinterpret_cast<uint8_t*>(record),
+                  reinterpret_cast<float*>(record + quant_scales_offset(quant4_code_bytes(len))));
+  }
 }
-void unpack(const char* record, int64_t len, int64_t block, float* out) {
-  dequantize(reinterpret_cast<const int8_t*>(record),
-             reinterpret_cast<const float*>(record + quant_scales_offset(len)), len, block, DType::f32, out);
+void unpack(const char* record, int64_t len, const Shards& sh, float* out) {
+  if (sh.bits == 8) {
+    dequantize(reinterpret_cast<const int8_t*>(record),
+               reinterpret_cast<const float*>(record + quant_scales_offset(len)), len, sh.block, DType::f32,
+               out);
+  } else {
+    dequantize_int4(reinterpret_cast<const uint8_t*>(record),
+                    reinterpret_cast<const float*>(record + quant_scales_offset(quant4_code_bytes(len))), len,
+                    sh.block, DType::f32, out);
+  }
 }
 
 struct Result {
@@ -61,7 +77,7 @@ struct Result {
 Result run_size(World& world, const CommBenchOptions& o, Communicator& comm, Communicator& ctl,
                 int64_t count) {
   const int me = world.rank();
-  const Shards sh{world.size(), count, o.quant_block};
+  const Shards sh{world.size(), count, o.quant_block, o.quant_bits};
   const int64_t rb = sh.record_bytes();
   std::vector<float> mine(static_cast<size_t>(sh.len(me))), full(static_cast<size_t>(count));
   for (int64_t i = 0; i < sh.len(me); ++i) mine[size_t(i)] = input_value(sh.off(me) + i);
@@ -75,12 +91,11 @@ Result run_size(World& world, const CommBenchOptions& o, Communicator& comm, Com
   };
   // int8: quantize our shard into our slot of the record buffer (in place), gather the records, dequantize.
   auto quant_once = [&](double& comm_s) {
-    pack(mine.data(), sh.len(me), sh.block, own);
+    pack(mine.data(), sh.len(me), sh, own);
     const auto t = Clock::now();
     comm.all_gather(own, records.data(), rb * sh.n, DType::u8, Device::cpu())->synchronize();
     comm_s += seconds_since(t);
-    for (int r = 0; r < sh.n; ++r)
-      unpack(records.data() + rb * r, sh.len(r), sh.block, full.data() + sh.off(r));
+    for (int r = 0; r < sh.n; ++r) unpack(records.data() + rb * r, sh.len(r), sh, full.data() + sh.off(r));
   };
   double unused = 0;
   for (int i = 0; i < o.warmup; ++i) f32_once(), quant_once(unused);
@@ -100,13 +115,14 @@ Result run_size(World& world, const CommBenchOptions& o, Communicator& comm, Com
     quant_once(unused);
     for (int r = 0; r < sh.n; ++r) {
       std::vector<float> x(static_cast<size_t>(sh.len(r))), y(x.size());
-      std::vector<int8_t> q(x.size());
-      std::vector<float> s(static_cast<size_t>(quant_scale_count(sh.len(r), sh.block)));
+      std::vector<char> record(static_cast<size_t>(rb));
       for (int64_t i = 0; i < sh.len(r); ++i) x[size_t(i)] = input_value(sh.off(r) + i);
-      quantize(DType::f32, x.data(), sh.len(r), sh.block, q.data(), s.data());
-      dequantize(q.data(), s.data(), sh.len(r), sh.block, DType::f32, y.data());
+      pack(x.data(), sh.len(r), sh, record.data());
+      unpack(record.data(), sh.len(r), sh, y.data());
+      const int64_t codes = sh.bits == 8 ? sh.len(r) : quant4_code_bytes(sh.len(r));
+      const auto* s = reinterpret_cast<const float*>(record.data() + quant_scales_offset(codes));
       for (int64_t i = 0; i < sh.len(r); ++i) {
-        const float got = full[size_t(sh.off(r) + i)], bound = s[size_t(i / sh.block)] * (0.5f + 0x1p-15f);
+        const float got = full[size_t(sh.off(r) + i)], bound = s[i / sh.block] * (0.5f + 0x1p-15f);
         if (std::memcmp(&got, &y[size_t(i)], 4) != 0 || !(std::fabs(got - x[size_t(i)]) <= bound))
           ++res.wrong;
       }
@@ -130,6 +146,8 @@ int run_quant_bench(World& world, const CommBenchOptions& o, std::ostream& out) 
   CZ_CHECK(o.dtype == DType::f32, "commbench: -o quant_all_gather gathers float values, not {}",
            bench_dtype_name(o.dtype));
   check_quant_block(o.quant_block);
+  CZ_CHECK(o.quant_bits == 8 || o.quant_bits == 4, "commbench: --quant-bits takes 8 or 4, not {}",
+           o.quant_bits);
   CZ_CHECK(o.min_bytes > 0 && o.max_bytes >= o.min_bytes, "commbench: need 0 < -b ({}) <= -e ({})",
            o.min_bytes, o.max_bytes);
   CZ_CHECK(o.step_factor > 1 || o.step_bytes > 0, "commbench: need -f > 1 or -i > 0");
@@ -149,9 +167,9 @@ int run_quant_bench(World& world, const CommBenchOptions& o, std::ostream& out) 
     out << fmt::format(
         "# commbench quant_all_gather: impl {}, backend {}, device cpu, {} ranks ({} cores; rank 0 may use "
         "{}), "
-        "B {} (int8 codes + one f32 scale per block), warmup iters: {} iters: {} validation: {}\n",
+        "B {} (int{} codes + one f32 scale per block), warmup iters: {} iters: {} validation: {}\n",
         name(o.impl), name(co.backend), n, std::thread::hardware_concurrency(), available_cores(),
-        o.quant_block, o.warmup, o.iters, o.check ? 1 : 0);
+        o.quant_block, o.quant_bits, o.warmup, o.iters, o.check ? 1 : 0);
     out << "# size: the f32 buffer gathered; wire: the quantized all-gather's buffer (records of codes + "
            "scales);\n"
            "# int8 total = quantize own shard + all-gather of the records + dequantize all; effective "
@@ -172,7 +190,7 @@ int run_quant_bench(World& world, const CommBenchOptions& o, std::ostream& out) 
     total_wrong += r.wrong;
     if (!root_prints) continue;
     const double bytes = double(count) * 4;
-    const double wire = double(Shards{n, count, o.quant_block}.record_bytes() * n);
+    const double wire = double(Shards{n, count, o.quant_block, o.quant_bits}.record_bytes() * n);
     const double f32_algbw = bytes / r.f32_s / 1e9, eff_algbw = bytes / r.total_s / 1e9;
     out << fmt::format(
         "{:>12}  {:>12}  {:>10}  {:>8.4f} | {:>9.1f}  {:>6.2f}  {:>6.2f} | {:>10.1f}  {:>6.1f}  {:>9.2f} "
