@@ -368,6 +368,7 @@ int run_commbench(World& world, const CommBenchOptions& o, std::ostream& out) {
     return 0;
   }
   if (o.op == "copy") return run_copy_bench(world, o, out);
+  if (o.op == "quant_all_gather") return run_quant_bench(world, o, out);
 
   const Device device = parse_device(o.device);
   CommOptions co;

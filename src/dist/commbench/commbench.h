@@ -36,6 +36,9 @@ struct CommBenchOptions {
   std::string topo_file;
   bool show_ring = false;
   bool show_topology = false;
+  // -o quant_all_gather (commbench_quant.cpp): values per f32 scale (Note [Quantized blocks]).
+  int64_t quant_block = 256;
+  int quant_bits = 8;  // 8 or 4 (Note [INT4 blocks])
 };
 
 // "32M", "1G", "4096", "64K" (powers of 1024, as nccl-tests reads them).
@@ -52,5 +55,7 @@ int run_commbench(World& world, const CommBenchOptions& options, std::ostream& o
 void print_ring_report(const class Topology& topology, std::ostream& out);
 // The copy benchmark (-o copy), in commbench_copy.cpp.
 int run_copy_bench(World& world, const CommBenchOptions& options, std::ostream& out);
+// The block-quantized INT8 all-gather against the f32 one (-o quant_all_gather), in commbench_quant.cpp.
+int run_quant_bench(World& world, const CommBenchOptions& options, std::ostream& out);
 
 }  // namespace cz::dist
