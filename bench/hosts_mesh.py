@@ -90,7 +90,8 @@ def measure(build, model, micro_batch, setting, a, b, work):
         "comm_s": mean("comm_s"),
         "comm_exposed_s": mean("comm_exposed_s"),
         "engine_bytes_rank0": float(last.get("comm_bytes", 0)),
-        "engine_cross_bytes_host": float(last.get("comm_cross_host_bytes", 0)),
+        # comm_cross_bytes: rank 0's share of what its host sends to other hosts; the hosts' ranks are alike
+        "engine_cross_bytes_host": 2 * float(last.get("comm_cross_bytes", 0)),
         "veth_tx_host1": per_step[0],
         "veth_tx_host2": per_step[1],
     }

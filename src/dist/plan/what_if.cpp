@@ -180,6 +180,20 @@ double host_link_gbps(const dist::Topology& t) {
   return slowest;
 }
 
+// How the ranks communicate, from the flags (Note [What-if on a mesh]).
+struct MeshSpec {
+  bool shard_by_host = false;
+  bool hpz = false;
+  bool hier = false;
+};
+
+MeshSpec mesh_spec(const train::TrainConfig& cfg) {
+  CZ_CHECK(cfg.shard_group == "world" || cfg.shard_group == "host",
+           "--what-if models {} world or host, got {}", train::flag_name(&train::TrainConfig::shard_group),
+           cfg.shard_group);
+  return MeshSpec{.shard_by_host = cfg.shard_group == "host", .hpz = cfg.hpz, .hier = false};
+}
+
 struct Run {
   const train::TrainConfig& cfg;
   MeshSpec mesh;
@@ -449,7 +463,7 @@ WhatIf what_if(const WhatIfRequest& req) {
 
   const std::vector<ModuleCost> work =
       convnext_step_work(mc, cfg.image_size, cfg.micro_batch, ec, cfg.activation_checkpointing);
-  const Run run{cfg, req.mesh, work, req.compute, ec, er};
+  const Run run{cfg, mesh_spec(cfg), work, req.compute, ec, er};
   const std::vector<int> ring = req.topology.ring_order();
   std::map<int, double> one_rank;  // img/s on one rank, per stage
   for (int k : ranks) {

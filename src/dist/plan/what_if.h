@@ -45,18 +45,10 @@ dist::RingPrediction predict_rings(const dist::Topology& topology, const std::ve
 // their own), each in ring order.
 std::vector<std::vector<int>> host_groups(const dist::Topology& topology);
 
-// How the ranks communicate (Note [What-if on a mesh] in what_if.cpp): the ZeRO state sharded over the world
-// or over each host's ranks (HSDP, --shard-group host), hpZ's host-local gathers in backward (--hpz), and the
-// world's collectives flat (one ring) or in two levels (--comm-impl hier).
-struct MeshSpec {
-  bool shard_by_host = false;
-  bool hpz = false;
-  bool hier = false;
-};
-
 struct WhatIfRequest {
-  train::TrainConfig config;  // the run: model, image size, micro-batch, precision, ZeRO flags
-  MeshSpec mesh;
+  // The run: model, image size, micro-batch, precision, ZeRO flags, and how the ranks communicate (Note
+  // [What-if on a mesh] in what_if.cpp): --shard-group world or host, --hpz, --comm-impl.
+  train::TrainConfig config;
   dist::Topology topology;
   ComputeTable compute;
   std::optional<int64_t> gpu_mem;
