@@ -508,7 +508,9 @@ TEST(Hier, ExplainsItsChoice) {
     EXPECT_EQ(forced.rfind("hier: as asked", 0), 0u) << forced;
     EXPECT_EQ(small.rfind("auto: hier: predicted", 0), 0u) << small;
     const char* topo = std::getenv("CZ_TOPO_FILE");
-    if (topo && *topo) EXPECT_EQ(large.rfind("auto: hier: predicted", 0), 0u) << large;
+    if (topo && *topo) {
+      EXPECT_EQ(large.rfind("auto: hier: predicted", 0), 0u) << large;
+    }
     EXPECT_NE(Comms::hier->explain(Collective::broadcast, 64).find("flat ring"), std::string::npos);
   } else {
     const std::string why = hosts.num_hosts() == 1 ? "one host" : "one rank per host";
@@ -542,7 +544,9 @@ TEST(Hier, ManyInFlightBesideFlatCalls) {
   for (int k = 0; k < kCalls; ++k)
     EXPECT_EQ(bufs[size_t(k)][kCount - 1], ranks_sum * float(k + 1)) << "call " << k;
   EXPECT_EQ(bc[0], float(n - 1));
-  if (!shard.empty()) EXPECT_EQ(shard[0], ranks_sum * float(n));
+  if (!shard.empty()) {
+    EXPECT_EQ(shard[0], ranks_sum * float(n));
+  }
   // A ring of point-to-point transfers through the two-level communicator.
   if (n > 1) {
     float out = float(me), in = -1;
