@@ -96,7 +96,8 @@ TEST(Flags, RanksAgreeOnTheFlagsTheTrainerChecked) {
                                            "--lr",
                                            "--clip-grad",
                                            "--ema-decay",
-                                           "--init-weights"}));
+                                           "--init-weights",
+                                           "--comm-impl"}));
 }
 
 TEST(Flags, NamesAndKeysAreUniqueAndFound) {
@@ -143,6 +144,10 @@ TEST(Flags, ValidateNamesTheFlagWithItsMessage) {
   c = {};
   c.checkpoint_every = 5;
   EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }), "--checkpoint-every needs --checkpoint-dir");
+  c = {};
+  c.comm_impl = "tree";
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }),
+            "--comm-impl must be flat, hier or auto, got 'tree'");
   EXPECT_EQ(error_of<std::exception>([] { TrainConfig{}.validate(); }), "(no error)");
 }
 
@@ -161,6 +166,11 @@ TEST(Flags, DerivedConfigurations) {
   EXPECT_EQ(z.compute_dtype, DType::f32);
   EXPECT_EQ(z.reduce_dtype, DType::bf16);
   EXPECT_TRUE(z.offload && z.offload_overlap_step);
+  EXPECT_EQ(world_algorithm(TrainConfig{}), dist::Algorithm::automatic);  // the ring on one host
+  c.comm_impl = "flat";
+  EXPECT_EQ(world_algorithm(c), dist::Algorithm::ring);
+  c.comm_impl = "hier";
+  EXPECT_EQ(world_algorithm(c), dist::Algorithm::hier);
   c.precision = "bf16";
   EXPECT_EQ(compute_dtype(c, true), DType::bf16);
   EXPECT_THAT(error_of<std::exception>([&] { compute_dtype(c, false); }),

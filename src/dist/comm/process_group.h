@@ -25,6 +25,7 @@ class ProcessGroup {
   int size() const { return int(ranks_.size()); }
   const std::vector<int>& ranks() const { return ranks_; }  // the world ranks it spans, in group order
   Device device() const { return device_; }  // where its small exchanges' buffers live (NCCL: CUDA only)
+  const Communicator* communicator() const { return comm_; }  // null for a group of one
 
   // Asynchronous collectives on contiguous tensors, as Communicator's. In a group of one nothing is sent and
   // the handle is null: an out-of-place all-gather or reduce-scatter copies the bytes (not through copy_,

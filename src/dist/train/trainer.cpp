@@ -84,9 +84,14 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     dist::CommOptions opt;
     opt.device = device_;
     opt.backend = device_.is_cuda() ? dist::Backend::nccl : dist::Backend::mpi;
-    opt.algorithm = dist::Algorithm::ring;
+    opt.algorithm = world_algorithm(cfg_);
     opt.timeout_s = cfg_.comm_timeout_s;
     mesh_ = dist::Mesh(world_, opt, "world", false);
+    // Across hosts, say how the gradient buckets' collectives go (Note [Two-level cost model]).
+    if (world_.rank() == 0 && mesh_.hosts().num_hosts() > 1)
+      fmt::print("{}: {}\n", flag_arg(cfg_, &TrainConfig::comm_impl),
+                 mesh_.world().communicator()->explain(dist::Collective::all_reduce,
+                                                       size_t(bucket_bytes(cfg_.bucket_mb))));
   } else {
     mesh_ = dist::Mesh(device_);
   }
