@@ -4,9 +4,12 @@
 #                          carry data; down (and down after a killed "with") leaves no namespace, link, mount,
 #                          file or process behind
 #   zero_matches_one_host  convnext_zero on 2 hosts x 2 ranks at ZeRO stages 0 and 3 logs the losses and gradient
-#                          norms of 4 ranks on one host, to the bit
+#                          norms of 4 ranks on one host, to the bit, with --comm-impl flat, and with hier against
+#                          2 hosts simulated on one
 #   shaped_link            commbench's all-reduce bus bandwidth between 2 hosts at 100 Mbit/s is a small fraction
 #                          of the unshaped figure
+#   hier_commbench         commbench --impl hier on 2 hosts x 2 ranks: right values for every op, and about 2/3
+#                          of the flat ring's bytes on host 1's link per all-reduce
 # Exits 77 (ctest: skipped) with a SKIP line where namespaces cannot be made (not root).
 set -uo pipefail
 case_name=$1 hosts_sh=$2 probe=$3 app=$4 commbench=$5 mpiexec=$6
@@ -90,31 +93,44 @@ bed)
 zero_matches_one_host)
   tiny=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --data synthetic:n=256,eval_n=64,classes=4
         --steps 3 --micro-batch 4 --loader-threads 1 --no-progress)
-  # 4 ranks on 2 cores give each rank one thread both ways (the kernels' sums do not depend on it, but the
-  # comparison should not rest on that).
-  for stage in 0 3; do
-    OMP_NUM_THREADS=1 "$mpiexec" --allow-run-as-root --oversubscribe -np 4 "$app" "${tiny[@]}" --stage $stage \
-      --log "$work/one_s$stage.jsonl" > "$work/one.out" 2>&1 || { cat "$work/one.out"; fail "4 ranks on one host, stage $stage"; }
+  # Each algorithm against itself: the flat ring, and two levels (Note [Two-level collectives]), which sum in
+  # another order than the ring, on 2 hosts simulated on one ($CZ_SIMULATE_HOSTS). 4 ranks on 2 cores give
+  # each rank one thread both ways (the kernels' sums do not depend on it, but the comparison should not rest
+  # on that).
+  for impl in flat hier; do
+    sim=
+    [[ $impl == hier ]] && sim=2
+    for stage in 0 3; do
+      CZ_SIMULATE_HOSTS=$sim OMP_NUM_THREADS=1 "$mpiexec" --allow-run-as-root --oversubscribe -np 4 "$app" "${tiny[@]}" \
+        --stage $stage --comm-impl $impl --log "$work/one_${impl}_s$stage.jsonl" > "$work/one.out" 2>&1 ||
+        { cat "$work/one.out"; fail "4 ranks on one host, stage $stage, --comm-impl $impl"; }
+    done
   done
   across() {
-    local stage
-    for stage in 0 3; do
-      "$hosts_sh" run "$app" "${tiny[@]}" --stage $stage --log "$work/two_s$stage.jsonl" > "$work/two.out" 2>&1 ||
-        { cat "$work/two.out"; return 1; }
+    local stage impl
+    for impl in flat hier; do
+      for stage in 0 3; do
+        "$hosts_sh" run "$app" "${tiny[@]}" --stage $stage --comm-impl $impl --log "$work/two_${impl}_s$stage.jsonl" \
+          > "$work/two.out" 2>&1 || { cat "$work/two.out"; return 1; }
+      done
     done
   }
   export -f across
   export hosts_sh app work
   export tiny_flags="${tiny[*]}"
   "$hosts_sh" with 2 2 -- bash -c 'tiny=($tiny_flags); across' || fail "2 hosts x 2 ranks failed"
-  for stage in 0 3; do
-    paste -d' ' <(steps_of "$work/one_s$stage.jsonl") <(steps_of "$work/two_s$stage.jsonl") > "$work/both"
-    echo "stage $stage: step loss grad_norm (1 host x 4) | step loss grad_norm (2 hosts x 2)"; cat "$work/both"
-    [[ $(wc -l < "$work/both") -eq 3 ]] || fail "expected 3 step records in each log"
-    diff <(steps_of "$work/one_s$stage.jsonl") <(steps_of "$work/two_s$stage.jsonl") ||
-      fail "stage $stage: 2 hosts x 2 ranks differ from 4 ranks on one host"
-    diff <(grep '"split"' "$work/one_s$stage.jsonl") <(grep '"split"' "$work/two_s$stage.jsonl") ||
-      fail "stage $stage: the evaluations differ"
+  for impl in flat hier; do
+    for stage in 0 3; do
+      one=$work/one_${impl}_s$stage.jsonl two=$work/two_${impl}_s$stage.jsonl
+      paste -d' ' <(steps_of "$one") <(steps_of "$two") > "$work/both"
+      echo "--comm-impl $impl, stage $stage: step loss grad_norm (1 host x 4) | step loss grad_norm (2 hosts x 2)"
+      cat "$work/both"
+      [[ $(wc -l < "$work/both") -eq 3 ]] || fail "expected 3 step records in each log"
+      diff <(steps_of "$one") <(steps_of "$two") ||
+        fail "--comm-impl $impl, stage $stage: 2 hosts x 2 ranks differ from 4 ranks on one host"
+      diff <(grep '"split"' "$one") <(grep '"split"' "$two") ||
+        fail "--comm-impl $impl, stage $stage: the evaluations differ"
+    done
   done
   echo "zero_matches_one_host: OK"
   ;;
@@ -138,6 +154,41 @@ shaped_link)
   awk -v u="$unshaped" -v s="$shaped" 'BEGIN { exit !(s > 0 && s < 0.25 * u && s < 0.0125 * 1.5) }' ||
     fail "the shaped link is not slow: $shaped GB/s against $unshaped GB/s unshaped"
   echo "shaped_link: OK (ratio $(awk -v u="$unshaped" -v s="$shaped" 'BEGIN { printf "%.3f", s / u }'))"
+  ;;
+hier_commbench)
+  # 2 hosts x 2 ranks, --impl hier: every op's values are right at an uneven size (1030 B of halves: 515
+  # elements over 4 ranks) and at 4 MiB, commbench says it ran two levels, and host 1's veth sends about 2/3
+  # of the flat ring's bytes per all-reduce (Note [Two-level cost model]: 2(H-1)/H of the buffer against
+  # 2(HR-1)/(HR)), measured over runs of equal length so that start-up is in both.
+  check() {
+    local op impl
+    for op in all_reduce reduce_scatter all_gather; do
+      "$hosts_sh" run "$commbench" -o $op --impl hier -d half -b 1030 -e 5M -f 4096 -n 2 -w 1 > "$work/$op.out" \
+        2> "$work/err" || { cat "$work/$op.out" "$work/err"; return 1; }
+    done
+    for impl in ring hier; do
+      local before after
+      before=$("$hosts_sh" bytes 1 | awk '{ print $3 }')
+      "$hosts_sh" run "$commbench" -o all_reduce --impl $impl -b 4M -e 4M -n 8 -w 1 > /dev/null 2> "$work/err" ||
+        { cat "$work/err"; return 1; }
+      after=$("$hosts_sh" bytes 1 | awk '{ print $3 }')
+      echo $((after - before)) > "$work/tx_$impl"
+    done
+  }
+  export -f check
+  export hosts_sh commbench work
+  "$hosts_sh" with 2 2 -- bash -c check || fail "commbench --impl hier on 2 hosts x 2 ranks failed"
+  for op in all_reduce reduce_scatter all_gather; do
+    grep -E "^# hier|^ +[0-9]+ |Out of bounds" "$work/$op.out"
+    grep -q "^# hier: as asked (2 hosts x 2 ranks)" "$work/$op.out" || fail "$op: commbench did not run two levels"
+    grep -q "Out of bounds values : 0 OK" "$work/$op.out" || fail "$op: wrong values"
+    [[ $(grep -cE '^ +(1030|4218880) ' "$work/$op.out") -eq 2 ]] || fail "$op: expected the 1030 and 4218880 byte rows"
+  done
+  ring=$(cat "$work/tx_ring") hier=$(cat "$work/tx_hier")
+  ratio=$(awk -v h="$hier" -v r="$ring" 'BEGIN { printf "%.3f", h / r }')
+  echo "host 1 veth tx for 18 all-reduces of 4 MiB: ring $ring bytes, hier $hier bytes, ratio $ratio"
+  awk -v x="$ratio" 'BEGIN { exit !(x > 0.55 && x < 0.8) }' || fail "hier should send about 2/3 of the ring's bytes, got $ratio"
+  echo "hier_commbench: OK"
   ;;
 *) fail "unknown case $case_name" ;;
 esac
