@@ -60,7 +60,7 @@ bytes() {
     for iters in $a $b; do
       local before after
       before=$("$hosts" bytes 1 | awk '{ print $3 }')
-      busbw all_reduce $impl $iters > /dev/null
+      busbw all_reduce $impl $iters > /dev/null 2>&1
       after=$("$hosts" bytes 1 | awk '{ print $3 }')
       echo $((after - before)) > "$work/tx_$iters"
     done
