@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -117,7 +118,16 @@ class HierCommunicator final : public Communicator {
                       name(c.kind), c.device.str());
       return true;
     }
-    return !staged && predict(c.kind, c.bytes).hier_faster();
+    if (staged) return false;
+    // A step's buckets repeat a few sizes; the model walks the world's ring, so remember its answers.
+    std::lock_guard<std::mutex> lock(choice_mu_);
+    const auto key = std::make_pair(c.kind, c.bytes);
+    auto it = choices_.find(key);
+    if (it == choices_.end()) {
+      if (choices_.size() >= 256) choices_.clear();  // a sweep of sizes, not a training step
+      it = choices_.emplace(key, predict(c.kind, c.bytes).hier_faster()).first;
+    }
+    return it->second;
   }
 
   static WorkHandle forward(Communicator& to, const Call& c) {
@@ -289,6 +299,8 @@ class HierCommunicator final : public Communicator {
   std::unique_ptr<Communicator> flat_, host_, cross_;
   DataPtr scratch_;
   std::thread thread_;
+  mutable std::mutex choice_mu_;
+  mutable std::map<std::pair<Collective, size_t>, bool> choices_;  // auto's answers by call
   std::mutex mu_;
   std::condition_variable cv_, space_cv_;
   std::deque<Task> queue_;
