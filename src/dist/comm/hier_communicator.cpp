@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "dist/comm/bootstrap.h"
 #include "dist/comm/mesh.h"
@@ -23,6 +24,10 @@ namespace cz::dist {
 
 class HierCommunicator final : public Communicator {
  public:
+  // Note [Two-level pipeline]: pieces of at least this size, at most this many.
+  static constexpr int64_t kPieceBytes = 1 << 20;
+  static constexpr int64_t kMaxPieces = 4;
+
   HierCommunicator(const CommOptions& options, const HostMap& hosts, const Topology& topology,
                    std::unique_ptr<Communicator> flat, std::unique_ptr<Communicator> host,
                    std::unique_ptr<Communicator> cross)
@@ -183,14 +188,35 @@ class HierCommunicator final : public Communicator {
     const size_t es = dtype_size(c.dtype);
     const Device d = c.device;
     if (c.kind == Collective::all_reduce) {
+      // Note [Two-level pipeline]: in pieces, so that piece k crosses hosts while piece k+1 is reduced
+      // inside the host and piece k-1 gathered. Every rank cuts alike and submits in the same order, so
+      // each sub-communicator sees the same sequence everywhere: host RS 0..P-1, then host AG 0..P-1.
+      const int pieces = int(std::clamp<int64_t>(int64_t(c.bytes) / kPieceBytes, 1, kMaxPieces));
+      const size_t np = size_t(pieces);
+      const char* send = static_cast<const char*>(c.send);
       char* recv = static_cast<char*>(c.recv);
-      const size_t off = size_t(shard_offset(c.count, R, l)) * es;
-      const int64_t mine = shard_count(c.count, R, l);
-      // Out of place the host reduce-scatter reads `send` and writes the shard into `recv`; in place it is
-      // the in-place form.
-      step(host_->reduce_scatter(c.send, recv + off, c.count, c.dtype, d, c.op));
-      step(cross_->all_reduce(recv + off, recv + off, mine, c.dtype, d, c.op));
-      step(host_->all_gather(recv + off, recv, c.count, c.dtype, d));
+      std::vector<WorkHandle> rs(np), ar(np), ag(np);
+      std::vector<size_t> lo(np), off(np);
+      std::vector<int64_t> count(np);
+      for (int k = 0; k < pieces; ++k) {
+        const size_t i = size_t(k);
+        count[i] = shard_count(c.count, pieces, k);
+        lo[i] = size_t(shard_offset(c.count, pieces, k)) * es;
+        off[i] = lo[i] + size_t(shard_offset(count[i], R, l)) * es;
+        // Out of place the host reduce-scatter reads `send` and writes the shard into `recv`; in place it is
+        // the in-place form.
+        rs[i] = host_->reduce_scatter(send + lo[i], recv + off[i], count[i], c.dtype, d, c.op);
+      }
+      for (size_t i = 0; i < rs.size(); ++i) {
+        step(rs[i]);
+        ar[i] =
+            cross_->all_reduce(recv + off[i], recv + off[i], shard_count(count[i], R, l), c.dtype, d, c.op);
+      }
+      for (size_t i = 0; i < ar.size(); ++i) {
+        step(ar[i]);
+        ag[i] = host_->all_gather(recv + off[i], recv + lo[i], count[i], c.dtype, d);
+      }
+      for (const auto& w : ag) step(w);
       return;
     }
     const int64_t S = (c.count + n - 1) / n;
