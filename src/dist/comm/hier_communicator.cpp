@@ -183,7 +183,7 @@ class HierCommunicator final : public Communicator {
 
   void run_steps(const Call& c) {
     if (c.count == 0) return;
-    const int H = cross_->size(), R = host_->size(), h = cross_->rank(), l = host_->rank();
+    const int H = cross_->size(), R = host_->size(), l = host_->rank();
     const int n = H * R;
     const size_t es = dtype_size(c.dtype);
     const Device d = c.device;
@@ -219,37 +219,79 @@ class HierCommunicator final : public Communicator {
       for (const auto& w : ag) step(w);
       return;
     }
+    // Slots of S elements, piece-major (Note [Two-level pipeline]): piece k holds elements [o_k, o_k + S_k)
+    // of every slot, block k of the scratch the n slots' pieces in slot order, so each piece is a contiguous
+    // buffer for the host and the cross collectives.
     const int64_t S = (c.count + n - 1) / n;
-    const size_t slot = size_t(S) * es;
+    const int pieces = int(std::clamp<int64_t>(int64_t(c.bytes) / kPieceBytes, 1, std::min(kMaxPieces, S)));
     DataPtr per_call;
-    char* P = scratch(size_t(n) * slot, d, per_call);
-    auto slot_of = [&](int w) {
-      return P + size_t(hosts_.local_index[size_t(w)] * H + hosts_.host_of[size_t(w)]) * slot;
+    char* P = scratch(size_t(n) * size_t(S) * es, d, per_call);
+    auto piece = [&](int k) {
+      const int64_t o = shard_offset(S, pieces, k), len = shard_count(S, pieces, k);
+      return std::pair<int64_t, int64_t>(o, len);
     };
-    char* group = P + size_t(l) * size_t(H) * slot;  // this rank's cross group's slots
-    char* own = group + size_t(h) * slot;
+    auto block = [&](int64_t o) { return P + size_t(n) * size_t(o) * es; };  // piece k's, from its o
+    // Slot of world rank w (local rank l_w, host h_w) within the block of a piece of `len` elements.
+    auto slot_of = [&](int64_t o, int64_t len, int w) {
+      const int index = hosts_.local_index[size_t(w)] * H + hosts_.host_of[size_t(w)];
+      return block(o) + size_t(index) * size_t(len) * es;
+    };
+    // Of world shard w, the elements a piece covers: [o, o + len) clipped to the shard.
+    auto covered = [&](int w, int64_t o, int64_t len) {
+      return std::clamp<int64_t>(shard_count(c.count, n, w) - o, 0, len);
+    };
     const int me = rank();
-    const size_t mine = size_t(shard_count(c.count, n, me)) * es;
+    std::vector<WorkHandle> first(static_cast<size_t>(pieces)), second(static_cast<size_t>(pieces));
     if (c.kind == Collective::reduce_scatter) {
-      for (int w = 0; w < n; ++w) {
-        const size_t b = size_t(shard_count(c.count, n, w)) * es;
-        copy(slot_of(w), static_cast<const char*>(c.send) + size_t(shard_offset(c.count, n, w)) * es, b, d);
-        // The padding is reduced but never read; zeroed on the CPU so that no stray NaN is summed.
-        if (b < slot && d.is_cpu()) std::memset(slot_of(w) + b, 0, slot - b);
+      for (int k = 0; k < pieces; ++k) {
+        const auto [o, len] = piece(k);
+        for (int w = 0; w < n; ++w) {
+          const size_t b = size_t(covered(w, o, len)) * es;
+          char* dst = slot_of(o, len, w);
+          copy(dst, static_cast<const char*>(c.send) + size_t(shard_offset(c.count, n, w) + o) * es, b, d);
+          // The padding is reduced but never read; zeroed on the CPU so that no stray NaN is summed.
+          if (b < size_t(len) * es && d.is_cpu()) std::memset(dst + b, 0, size_t(len) * es - b);
+        }
+        first[size_t(k)] = host_->reduce_scatter(block(o), slot_of(o, len, hosts_.ranks[0][size_t(l)]),
+                                                 int64_t(n) * len, c.dtype, d, c.op);
       }
-      step(host_->reduce_scatter(P, group, int64_t(n) * S, c.dtype, d, c.op));
-      step(cross_->reduce_scatter(group, own, int64_t(H) * S, c.dtype, d, c.op));
-      copy(c.recv, own, mine, d);
+      for (int k = 0; k < pieces; ++k) {
+        const auto [o, len] = piece(k);
+        step(first[size_t(k)]);
+        second[size_t(k)] = cross_->reduce_scatter(slot_of(o, len, hosts_.ranks[0][size_t(l)]),
+                                                   slot_of(o, len, me), int64_t(H) * len, c.dtype, d, c.op);
+      }
+      for (int k = 0; k < pieces; ++k) {
+        const auto [o, len] = piece(k);
+        step(second[size_t(k)]);
+        copy(static_cast<char*>(c.recv) + size_t(o) * es, slot_of(o, len, me),
+             size_t(covered(me, o, len)) * es, d);
+      }
       return;
     }
     CZ_ASSERT(c.kind == Collective::all_gather, "hier: unexpected {}", name(c.kind));
-    copy(own, c.send, mine, d);
-    if (mine < slot && d.is_cpu()) std::memset(own + mine, 0, slot - mine);
-    step(cross_->all_gather(own, group, int64_t(H) * S, c.dtype, d));
-    step(host_->all_gather(group, P, int64_t(n) * S, c.dtype, d));
-    for (int w = 0; w < n; ++w)
-      copy(static_cast<char*>(c.recv) + size_t(shard_offset(c.count, n, w)) * es, slot_of(w),
-           size_t(shard_count(c.count, n, w)) * es, d);
+    for (int k = 0; k < pieces; ++k) {
+      const auto [o, len] = piece(k);
+      const size_t b = size_t(covered(me, o, len)) * es;
+      char* own = slot_of(o, len, me);
+      copy(own, static_cast<const char*>(c.send) + size_t(o) * es, b, d);
+      if (b < size_t(len) * es && d.is_cpu()) std::memset(own + b, 0, size_t(len) * es - b);
+      first[size_t(k)] =
+          cross_->all_gather(own, slot_of(o, len, hosts_.ranks[0][size_t(l)]), int64_t(H) * len, c.dtype, d);
+    }
+    for (int k = 0; k < pieces; ++k) {
+      const auto [o, len] = piece(k);
+      step(first[size_t(k)]);
+      second[size_t(k)] = host_->all_gather(slot_of(o, len, hosts_.ranks[0][size_t(l)]), block(o),
+                                            int64_t(n) * len, c.dtype, d);
+    }
+    for (int k = 0; k < pieces; ++k) {
+      const auto [o, len] = piece(k);
+      step(second[size_t(k)]);
+      for (int w = 0; w < n; ++w)
+        copy(static_cast<char*>(c.recv) + size_t(shard_offset(c.count, n, w) + o) * es, slot_of(o, len, w),
+             size_t(covered(w, o, len)) * es, d);
+    }
   }
 
   // NCCL: everything is enqueued now; the Work completes with the caller's stream.
