@@ -26,13 +26,12 @@
 // buffer, and the H-rank cross rings (one per local index, all R of them sharing each host's network link)
 // on a 1/R share. Links loaded by several rings of a phase add their hops, so R cross rings put R hops on a
 // host's uplink in each direction where the flat ring (Note [Ring order]) puts one; but the flat ring moves
-// chunks of bytes / (H R) in 2(HR-1) steps, the cross rings chunks of bytes / (H R) in 2(H-1) steps (all-reduce;
-// half as many for reduce-scatter and all-gather). So a
-// host's network carries 2(H-1)/H of the buffer instead of 2(HR-1)/(HR) (2/3 of it at 2 x 2), and the
-// step count that pays the network's latency falls from 2(HR-1) to 2(H-1); in exchange the buffer crosses
-// the host's own links twice more. The phases' times add up (each depends on the one before; the pieces of
-// Note [Two-level pipeline] overlap them, so this errs towards the flat ring). The local pack
-// copy of reduce-scatter and all-gather is not modelled.
+// chunks of bytes / (H R) in 2(HR-1) steps, the cross rings chunks of bytes / (H R) in 2(H-1) steps (for
+// all-reduce; half as many for reduce-scatter and all-gather). So a host's network carries 2(H-1)/H of the
+// buffer instead of 2(HR-1)/(HR) (2/3 of it at 2 x 2), and the step count that pays the network's latency
+// falls from 2(HR-1) to 2(H-1); in exchange the buffer crosses the host's own links twice more. The phases'
+// times add up (each depends on the one before; the pieces of Note [Two-level pipeline] overlap them, so
+// this errs towards the flat ring). The local pack copy of reduce-scatter and all-gather is not modelled.
 #pragma once
 
 #include <nlohmann/json.hpp>
