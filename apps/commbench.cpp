@@ -35,8 +35,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--redop", redop, "sum | avg")->check(CLI::IsMember({"sum", "avg"}))->capture_default_str();
   app.add_option("-r,--root", o.root, "broadcast root")->capture_default_str();
-  app.add_option("--impl", impl, "ring | builtin")
-      ->check(CLI::IsMember({"ring", "builtin"}))
+  app.add_option("--impl", impl, "ring | builtin | hier (two levels: inside hosts, then across) | auto")
+      ->check(CLI::IsMember({"ring", "builtin", "hier", "auto"}))
       ->capture_default_str();
   app.add_option("--backend", o.backend, "mpi | nccl (default: nccl for cuda, mpi for cpu)")
       ->check(CLI::IsMember({"mpi", "nccl"}));

@@ -1,6 +1,7 @@
 // Collectives against a reference computed locally: every op x algorithm x dtype x reduction x placement,
 // over odd counts (including fewer elements than ranks), on 2 and 4 ranks (ctest runs it under mpirun). Plus
-// asynchronous use, point to point, custom ring orders, the Tensor forms and argument errors.
+// asynchronous use, point to point, custom ring orders, the Tensor forms and argument errors. The two-level
+// (hier) and automatic communicators run the same reference under $CZ_SIMULATE_HOSTS (ctest's dist_hier_*).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -19,7 +20,7 @@ namespace {
 
 // Communicators shared by the tests (creating one is collective).
 struct Comms : ::testing::Environment {
-  static inline std::unique_ptr<Communicator> builtin, ring, ring_small, ring_custom;
+  static inline std::unique_ptr<Communicator> builtin, ring, ring_small, ring_custom, hier, automatic;
   void SetUp() override {
     World& w = World::get();
     CommOptions o;
@@ -34,17 +35,25 @@ struct Comms : ::testing::Environment {
     for (int r = w.size() - 1; r >= 0; r -= 2) o.ring.push_back(r);
     for (int r = w.size() - 2; r >= 0; r -= 2) o.ring.push_back(r);
     ring_custom = make_communicator(w, o);
+    CommOptions h;
+    h.timeout_s = 120;
+    h.algorithm = Algorithm::hier;
+    hier = make_communicator(w, h);
+    h.algorithm = Algorithm::automatic;
+    automatic = make_communicator(w, h);
   }
   void TearDown() override {
     builtin.reset();
     ring.reset();
     ring_small.reset();
     ring_custom.reset();
+    hier.reset();
+    automatic.reset();
   }
 };
 const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Comms);
 
-enum class Which { builtin, ring, ring_small, ring_custom };
+enum class Which { builtin, ring, ring_small, ring_custom, hier, automatic };
 Communicator& comm(Which w) {
   switch (w) {
     case Which::builtin:
@@ -53,12 +62,16 @@ Communicator& comm(Which w) {
       return *Comms::ring;
     case Which::ring_small:
       return *Comms::ring_small;
+    case Which::hier:
+      return *Comms::hier;
+    case Which::automatic:
+      return *Comms::automatic;
     default:
       return *Comms::ring_custom;
   }
 }
 const char* which_name(Which w) {
-  const char* names[] = {"builtin", "ring", "ring_small", "ring_custom"};
+  const char* names[] = {"builtin", "ring", "ring_small", "ring_custom", "hier", "auto"};
   return names[int(w)];
 }
 
@@ -152,6 +165,15 @@ std::vector<Case> all_cases() {
           if (!reduces && op == ReduceOp::avg) continue;
           for (bool in_place : {false, true}) cases.push_back({k, w, dt, op, in_place});
         }
+  // Two levels (Note [Two-level collectives]); auto mixes them with the ring by size, f32 is enough for it.
+  for (Collective k : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather})
+    for (Which w : {Which::hier, Which::automatic})
+      for (DType dt : {DType::f32, DType::f16, DType::bf16})
+        for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+          if (k == Collective::all_gather && op == ReduceOp::avg) continue;
+          if (w == Which::automatic && dt != DType::f32) continue;
+          for (bool in_place : {false, true}) cases.push_back({k, w, dt, op, in_place});
+        }
   return cases;
 }
 
@@ -240,6 +262,8 @@ TEST_P(CollectiveTest, MatchesLocalReference) {
   const int n = c.size();
   std::vector<int64_t> counts = {0, 1, 2, 3, 5, 7, int64_t(n) - 1, int64_t(n) + 1, 31, 1000, 4099};
   if (cs.which != Which::ring_small) counts.insert(counts.end(), {65537, 200003});
+  // Two-level calls of several MiB go in pieces (Note [Two-level pipeline]).
+  if (cs.which == Which::hier) counts.push_back(1500007);
   uint64_t seed = 1;
   for (int64_t count : counts) {
     if (count < 0) continue;
@@ -469,6 +493,71 @@ TEST(ProcessGroup, BytesValuesAndScalars) {
   Tensor shard = from_vector(std::vector<float>{1, 2, 3}, {3}), out = zeros({3});
   EXPECT_EQ(one.all_gather(shard, out), nullptr);
   EXPECT_EQ(out.to_vector<float>(), (std::vector<float>{1, 2, 3}));
+}
+
+// Note [Two-level collectives]: under $CZ_SIMULATE_HOSTS with several ranks per host, forced hier takes two
+// levels at every size and says so, and auto decides per call by the cost model (a small call is
+// latency-bound, and two levels cross the network in fewer steps: hier). With one host, or one rank per host,
+// both are the flat ring and say why. $CZ_TOPO_FILE (ctest's dist_hier_auto_np4: a 1 Gbit/s network) makes
+// auto take two levels for large calls too.
+TEST(Hier, ExplainsItsChoice) {
+  const HostMap hosts = host_map(World::get());
+  const bool two_levels = hosts.num_hosts() > 1 && hosts.ranks_per_host() > 1;
+  const std::string forced = Comms::hier->explain(Collective::reduce_scatter, 64 << 20);
+  const std::string small = Comms::automatic->explain(Collective::all_reduce, 1024);
+  const std::string large = Comms::automatic->explain(Collective::all_reduce, 64 << 20);
+  if (two_levels) {
+    EXPECT_EQ(forced.rfind("hier: as asked", 0), 0u) << forced;
+    EXPECT_EQ(small.rfind("auto: hier: predicted", 0), 0u) << small;
+    const char* topo = std::getenv("CZ_TOPO_FILE");
+    if (topo && *topo) {
+      EXPECT_EQ(large.rfind("auto: hier: predicted", 0), 0u) << large;
+    }
+    EXPECT_NE(Comms::hier->explain(Collective::broadcast, 64).find("flat ring"), std::string::npos);
+  } else {
+    const std::string why = hosts.num_hosts() == 1 ? "one host" : "one rank per host";
+    EXPECT_EQ(forced, "hier: ring: " + why + ", where two levels are the flat ring");
+    EXPECT_EQ(small, "auto: ring: " + why + ", where two levels are the flat ring");
+    EXPECT_EQ(Comms::hier->algorithm(), Algorithm::ring);
+    EXPECT_EQ(Comms::ring->explain(Collective::all_reduce, 1024), "ring");
+  }
+}
+
+// Two-level calls queue on their own thread while broadcast and send/recv go to the flat ring at once; all
+// complete, waited in any order, with the right values.
+TEST(Hier, ManyInFlightBesideFlatCalls) {
+  Communicator& c = *Comms::hier;
+  const int n = c.size(), me = c.rank();
+  constexpr int kCalls = 4;
+  constexpr int64_t kCount = 10007;
+  std::vector<std::vector<float>> bufs(kCalls, std::vector<float>(kCount));
+  std::vector<float> bc(kCount, float(me)), shard(size_t(shard_count(kCount, n, me)));
+  std::vector<WorkHandle> works;
+  for (int k = 0; k < kCalls; ++k) {
+    for (int64_t i = 0; i < kCount; ++i) bufs[size_t(k)][size_t(i)] = float(me + 1) * float(k + 1);
+    works.push_back(c.all_reduce(bufs[size_t(k)].data(), bufs[size_t(k)].data(), kCount, DType::f32,
+                                 Device::cpu(), ReduceOp::sum));
+    if (k == 1) works.push_back(c.broadcast(bc.data(), bc.data(), kCount, DType::f32, Device::cpu(), n - 1));
+  }
+  works.push_back(
+      c.reduce_scatter(bufs[0].data(), shard.data(), kCount, DType::f32, Device::cpu(), ReduceOp::sum));
+  for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();
+  const float ranks_sum = float(n * (n + 1) / 2);
+  for (int k = 0; k < kCalls; ++k)
+    EXPECT_EQ(bufs[size_t(k)][kCount - 1], ranks_sum * float(k + 1)) << "call " << k;
+  EXPECT_EQ(bc[0], float(n - 1));
+  if (!shard.empty()) {
+    EXPECT_EQ(shard[0], ranks_sum * float(n));
+  }
+  // A ring of point-to-point transfers through the two-level communicator.
+  if (n > 1) {
+    float out = float(me), in = -1;
+    auto s = c.send(&out, 1, DType::f32, Device::cpu(), (me + 1) % n);
+    auto r = c.recv(&in, 1, DType::f32, Device::cpu(), (me + n - 1) % n);
+    r->wait();
+    s->wait();
+    EXPECT_EQ(in, float((me + n - 1) % n));
+  }
 }
 
 // Note [2-D mesh]: every group of the mesh reduces over exactly its members, and names them by world rank.

@@ -112,6 +112,9 @@ TEST(Shards, CoverTheBufferInRankOrderForAnyCount) {
 TEST(Names, RoundTripAndRejectUnknown) {
   EXPECT_EQ(parse_collective("reduce_scatter"), Collective::reduce_scatter);
   EXPECT_EQ(parse_algorithm("ring"), Algorithm::ring);
+  EXPECT_EQ(parse_algorithm("hier"), Algorithm::hier);
+  EXPECT_EQ(parse_algorithm("auto"), Algorithm::automatic);
+  EXPECT_EQ(name(Algorithm::automatic), "auto");
   EXPECT_EQ(parse_backend("nccl"), Backend::nccl);
   EXPECT_EQ(parse_reduce_op("avg"), ReduceOp::avg);
   EXPECT_THROW(parse_algorithm("tree"), ValueError);

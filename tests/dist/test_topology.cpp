@@ -156,6 +156,64 @@ TEST(Topology, TwoHostsCrossTheNetworkOncePerDirection) {
   EXPECT_EQ(load_of(t, t.link_loads(rank_order(4)), "host0").up, 2);
 }
 
+// 2 hosts x 2 CPU ranks as detection builds them, with a network of `net_gbps` per host.
+Topology two_hosts_of_cpu_ranks(double net_gbps) {
+  std::vector<RankPlace> places;
+  for (int r = 0; r < 4; ++r) {
+    RankPlace p;
+    p.rank = r;
+    p.host = std::string(1, char('a' + r / 2));  // assigning a literal here trips GCC 12's -Wrestrict
+    p.net_gbps = net_gbps;
+    places.push_back(p);
+  }
+  return build_topology(places, DetectOptions{});
+}
+
+TEST(TwoLevel, DetectedHostsCarryTheirNameAndNetwork) {
+  const Topology t = two_hosts_of_cpu_ranks(0.125);
+  for (const auto& [id, host] : {std::pair{"host0", "a"}, std::pair{"host1", "b"}}) {
+    const TopoNode& n = t.nodes().at(size_t(t.find(id)));
+    EXPECT_EQ(n.type, "host");
+    EXPECT_EQ(n.up_gbps, 0.125);
+    EXPECT_EQ(n.extra.at("name"), host);
+  }
+  EXPECT_EQ(t.ring_order(), (std::vector<int>{0, 1, 2, 3}));
+}
+
+// Note [Two-level cost model], by hand: the cross rings put two hops on each host's network link.
+TEST(TwoLevel, CostModelMatchesHandComputation) {
+  const Topology t = two_hosts_of_cpu_ranks(0.125);
+  CostModel m;
+  m.step_overhead_us = 0;
+  m.link_latency_us = 0;
+  const double bytes = 4e6;
+  const std::vector<std::vector<int>> hosts = {{0, 1}, {2, 3}};
+  const TwoLevelPrediction p = t.predict_two_level(t.ring_order(), hosts, bytes, Collective::all_reduce, m);
+  // Flat: 6 steps of a 1 MB chunk over one host-link hop. Hier: inside, 1 step of 2 MB over a 10 GB/s proc
+  // link (reduce-scatter, then all-gather); across, 2 steps of 1 MB with two rings on the host link.
+  EXPECT_NEAR(p.flat_s, 6 * 1e6 / 0.125e9, 1e-12);
+  EXPECT_NEAR(p.hier_s, 2 * 2e6 / 10e9 + 2 * 2 * 1e6 / 0.125e9, 1e-12);
+  EXPECT_TRUE(p.hier_faster());
+  EXPECT_EQ(p.reason.rfind("hier: predicted", 0), 0u) << p.reason;
+  const auto loads = t.link_loads(t.ring_order());
+  EXPECT_EQ(load_of(t, loads, "host0").up, 1);
+}
+
+TEST(TwoLevel, HierWinsOnSlowNetworksAndForSmallCalls) {
+  constexpr double kLarge = 64 << 20, kSmall = 1024;
+  const std::vector<std::vector<int>> hosts = {{0, 1}, {2, 3}};
+  for (Collective k : {Collective::all_reduce, Collective::reduce_scatter, Collective::all_gather}) {
+    SCOPED_TRACE(std::string(name(k)));
+    const Topology slow = two_hosts_of_cpu_ranks(0.125), fast = two_hosts_of_cpu_ranks(12.5);
+    EXPECT_TRUE(slow.predict_two_level(slow.ring_order(), hosts, kLarge, k).hier_faster());
+    // A fast network: the flat ring moves large buffers over the slowest link (a rank's own, 10 GB/s) with
+    // fewer passes over it than two levels do.
+    EXPECT_FALSE(fast.predict_two_level(fast.ring_order(), hosts, kLarge, k).hier_faster());
+    // Small calls pay latency per step: 2(H-1) + 2(R-1) steps against 2(HR-1).
+    EXPECT_TRUE(fast.predict_two_level(fast.ring_order(), hosts, kSmall, k).hier_faster());
+  }
+}
+
 TEST(Topology, GpusOnRootPortsHangOffTheCpu) {
   std::vector<RankPlace> places;
   const std::vector<std::string> bus = {"0000:01:00.0", "0000:21:00.0", "0000:41:00.0", "0000:61:00.0",

@@ -5,7 +5,9 @@
 #                          file or process behind
 #   zero_matches_one_host  convnext_zero on 2 hosts x 2 ranks at ZeRO stages 0-3 logs the losses and gradient
 #                          norms of 4 ranks on one host, to the bit; on the 2-D mesh (--shard-group host at stages
-#                          1-3, --hpz) those of the flat run at its stage, relative 1e-5 (hpZ to the bit)
+#                          1-3, --hpz) those of the flat run at its stage, relative 1e-5 (hpZ to the bit), all with
+#                          --comm-impl flat; two-level collectives (--comm-impl hier) at stages 0 and 3 those of 2
+#                          hosts simulated on one to the bit, and of the flat run to 1e-5
 #   mesh_cross_bytes       the engine's count of the bytes crossing hosts (comm_cross_bytes) per step within 2% of
 #                          host 1's veth counter, for flat stage 3, HSDP (--shard-group host) and hpZ; HSDP's at
 #                          most 1/2 (1/R) of flat stage 3's plus 5%, hpZ's at most 2/3 plus 5%
@@ -13,6 +15,8 @@
 #                          of the unshaped figure
 #   scaling_study          scripts/scaling_study.py's hosts x link-rate sweep: rows for 2 hosts at 1 Gbit/s next to
 #                          the one-host rows, with throughput and bytes sent, and no bed left behind
+#   hier_commbench         commbench --impl hier on 2 hosts x 2 ranks: right values for every op, and about 2/3
+#                          of the flat ring's bytes on host 1's link per all-reduce
 # Exits 77 (ctest: skipped) with a SKIP line where namespaces cannot be made (not root).
 set -uo pipefail
 case_name=$1 hosts_sh=$2 probe=$3 app=$4 commbench=$5 mpiexec=$6
@@ -97,19 +101,30 @@ zero_matches_one_host)
   tiny=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --data synthetic:n=256,eval_n=64,classes=4
         --steps 3 --micro-batch 4 --loader-threads 1 --no-progress)
   # 4 ranks on 2 cores give each rank one thread both ways (the kernels' sums do not depend on it, but the
-  # comparison should not rest on that). Runs: name, then flags; the flat ones run on one host too.
+  # comparison should not rest on that). Runs: name, then flags. The flat ring's runs (--comm-impl flat) against
+  # 4 ranks on one host; the two-level ones (Note [Two-level collectives]), which sum in another order than the
+  # ring, against 2 hosts simulated on one ($CZ_SIMULATE_HOSTS) to the bit, and against the flat run to 1e-5.
   runs=("s0:--stage 0" "s1:--stage 1" "s2:--stage 2" "s3:--stage 3" "s1_host:--stage 1 --shard-group host"
-        "s2_host:--stage 2 --shard-group host" "s3_host:--stage 3 --shard-group host" "s3_hpz:--stage 3 --hpz")
+        "s2_host:--stage 2 --shard-group host" "s3_host:--stage 3 --shard-group host" "s3_hpz:--stage 3 --hpz"
+        "h0:--stage 0 --comm-impl hier" "h3:--stage 3 --comm-impl hier")
   for stage in 0 1 2 3; do
     OMP_NUM_THREADS=1 "$mpiexec" --allow-run-as-root --oversubscribe -np 4 "$app" "${tiny[@]}" --stage $stage \
-      --log "$work/one_s$stage.jsonl" > "$work/one.out" 2>&1 || { cat "$work/one.out"; fail "4 ranks on one host, stage $stage"; }
+      --comm-impl flat --log "$work/one_s$stage.jsonl" > "$work/one.out" 2>&1 ||
+      { cat "$work/one.out"; fail "4 ranks on one host, stage $stage"; }
+  done
+  for stage in 0 3; do
+    CZ_SIMULATE_HOSTS=2 OMP_NUM_THREADS=1 "$mpiexec" --allow-run-as-root --oversubscribe -np 4 "$app" "${tiny[@]}" \
+      --stage $stage --comm-impl hier --log "$work/one_h$stage.jsonl" > "$work/one.out" 2>&1 ||
+      { cat "$work/one.out"; fail "4 ranks on 2 simulated hosts, stage $stage, --comm-impl hier"; }
   done
   across() {
-    local r runs
+    local r runs impl
     mapfile -t runs <<< "$runs_text"
     for r in "${runs[@]}"; do
+      impl=--comm-impl=flat
+      [[ ${r#*:} == *--comm-impl* ]] && impl=
       # shellcheck disable=SC2086
-      "$hosts_sh" run "$app" "${tiny[@]}" ${r#*:} --log "$work/two_${r%%:*}.jsonl" > "$work/two.out" 2>&1 ||
+      "$hosts_sh" run "$app" "${tiny[@]}" ${r#*:} $impl --log "$work/two_${r%%:*}.jsonl" > "$work/two.out" 2>&1 ||
         { cat "$work/two.out"; return 1; }
     done
   }
@@ -118,6 +133,13 @@ zero_matches_one_host)
   export tiny_flags="${tiny[*]}" runs_text
   runs_text=$(printf '%s\n' "${runs[@]}")
   "$hosts_sh" with 2 2 -- bash -c 'tiny=($tiny_flags); across' || fail "2 hosts x 2 ranks failed"
+  # near A B: the step records of logs A and B within relative 1e-5.
+  near() {
+    paste -d' ' <(steps_of "$1") <(steps_of "$2") |
+      awk '{ for (c = 2; c <= 3; ++c) { a = $c; b = $(c + 3); d = a - b; if (d < 0) d = -d;
+             if (d > 1e-5 * (a < 0 ? -a : a) + 1e-7) { print "step " $1 ": " a " vs " b; bad = 1 } } }
+           END { exit bad }'
+  }
   for r in "${runs[@]}"; do
     name=${r%%:*} stage=${name:1:1}
     one="$work/one_s$stage.jsonl" two="$work/two_$name.jsonl"
@@ -127,10 +149,12 @@ zero_matches_one_host)
     if [[ $name == s? || $name == s3_hpz ]]; then  # the same sums in the same order
       diff <(steps_of "$one") <(steps_of "$two") || fail "$name: 2 hosts x 2 ranks differ from 4 ranks on one host"
       diff <(grep '"split"' "$one") <(grep '"split"' "$two") || fail "$name: the evaluations differ"
+    elif [[ $name == h? ]]; then  # two levels: the same sums as on simulated hosts; near the flat ring's
+      diff <(steps_of "$work/one_h$stage.jsonl") <(steps_of "$two") ||
+        fail "$name: 2 hosts x 2 ranks differ from 2 simulated hosts, --comm-impl hier"
+      near "$one" "$two" || fail "$name: --comm-impl hier across hosts is not near the flat run"
     else  # HSDP averages in two steps (Note [Cross all-reduce]): the same to float summation order
-      awk '{ for (c = 2; c <= 3; ++c) { a = $c; b = $(c + 3); d = a - b; if (d < 0) d = -d;
-             if (d > 1e-5 * (a < 0 ? -a : a) + 1e-7) { print "step " $1 ": " a " vs " b; bad = 1 } } }
-           END { exit bad }' "$work/both" || fail "$name: 2 hosts x 2 ranks differ from 4 ranks on one host"
+      near "$one" "$two" || fail "$name: 2 hosts x 2 ranks differ from 4 ranks on one host"
     fi
   done
   echo "zero_matches_one_host: OK"
@@ -216,6 +240,41 @@ print(f"{len(rows)} rows, two of them across 2 hosts at 1 Gbit/s")
 PY
   [[ -z $(ip netns list | grep -E "czhosts-$CZ_HOSTS_BED-") ]] || fail "the study left a bed behind"
   echo "scaling_study: OK"
+  ;;
+hier_commbench)
+  # 2 hosts x 2 ranks, --impl hier: every op's values are right at an uneven size (1030 B of halves: 515
+  # elements over 4 ranks) and at 4 MiB, commbench says it ran two levels, and host 1's veth sends about 2/3
+  # of the flat ring's bytes per all-reduce (Note [Two-level cost model]: 2(H-1)/H of the buffer against
+  # 2(HR-1)/(HR)), measured over runs of equal length so that start-up is in both.
+  check() {
+    local op impl
+    for op in all_reduce reduce_scatter all_gather; do
+      "$hosts_sh" run "$commbench" -o $op --impl hier -d half -b 1030 -e 5M -f 4096 -n 2 -w 1 > "$work/$op.out" \
+        2> "$work/err" || { cat "$work/$op.out" "$work/err"; return 1; }
+    done
+    for impl in ring hier; do
+      local before after
+      before=$("$hosts_sh" bytes 1 | awk '{ print $3 }')
+      "$hosts_sh" run "$commbench" -o all_reduce --impl $impl -b 4M -e 4M -n 8 -w 1 > /dev/null 2> "$work/err" ||
+        { cat "$work/err"; return 1; }
+      after=$("$hosts_sh" bytes 1 | awk '{ print $3 }')
+      echo $((after - before)) > "$work/tx_$impl"
+    done
+  }
+  export -f check
+  export hosts_sh commbench work
+  "$hosts_sh" with 2 2 -- bash -c check || fail "commbench --impl hier on 2 hosts x 2 ranks failed"
+  for op in all_reduce reduce_scatter all_gather; do
+    grep -E "^# hier|^ +[0-9]+ |Out of bounds" "$work/$op.out"
+    grep -q "^# hier: as asked (2 hosts x 2 ranks)" "$work/$op.out" || fail "$op: commbench did not run two levels"
+    grep -q "Out of bounds values : 0 OK" "$work/$op.out" || fail "$op: wrong values"
+    [[ $(grep -cE '^ +(1030|4218880) ' "$work/$op.out") -eq 2 ]] || fail "$op: expected the 1030 and 4218880 byte rows"
+  done
+  ring=$(cat "$work/tx_ring") hier=$(cat "$work/tx_hier")
+  ratio=$(awk -v h="$hier" -v r="$ring" 'BEGIN { printf "%.3f", h / r }')
+  echo "host 1 veth tx for 18 all-reduces of 4 MiB: ring $ring bytes, hier $hier bytes, ratio $ratio"
+  awk -v x="$ratio" 'BEGIN { exit !(x > 0.55 && x < 0.8) }' || fail "hier should send about 2/3 of the ring's bytes, got $ratio"
+  echo "hier_commbench: OK"
   ;;
 *) fail "unknown case $case_name" ;;
 esac

@@ -99,7 +99,8 @@ TEST(Flags, RanksAgreeOnTheFlagsTheTrainerChecked) {
                                            "--lr",
                                            "--clip-grad",
                                            "--ema-decay",
-                                           "--init-weights"}));
+                                           "--init-weights",
+                                           "--comm-impl"}));
 }
 
 TEST(Flags, NamesAndKeysAreUniqueAndFound) {
@@ -158,6 +159,10 @@ TEST(Flags, ValidateNamesTheFlagWithItsMessage) {
   c.shard_group = "host";
   EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }),
             "--hpz shards over the world; with --shard-group host the shard already stays within its group");
+  c = {};
+  c.comm_impl = "tree";
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }),
+            "--comm-impl must be flat, hier or auto, got 'tree'");
   EXPECT_EQ(error_of<std::exception>([] { TrainConfig{}.validate(); }), "(no error)");
 }
 
@@ -176,6 +181,11 @@ TEST(Flags, DerivedConfigurations) {
   EXPECT_EQ(z.compute_dtype, DType::f32);
   EXPECT_EQ(z.reduce_dtype, DType::bf16);
   EXPECT_TRUE(z.offload && z.offload_overlap_step);
+  EXPECT_EQ(world_algorithm(TrainConfig{}), dist::Algorithm::automatic);  // the ring on one host
+  c.comm_impl = "flat";
+  EXPECT_EQ(world_algorithm(c), dist::Algorithm::ring);
+  c.comm_impl = "hier";
+  EXPECT_EQ(world_algorithm(c), dist::Algorithm::hier);
   c.precision = "bf16";
   EXPECT_EQ(compute_dtype(c, true), DType::bf16);
   EXPECT_THAT(error_of<std::exception>([&] { compute_dtype(c, false); }),

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "dist/comm/bootstrap.h"
+#include "dist/comm/hier_communicator.h"
 #include "dist/comm/mpi_communicator.h"
 #include "dist/comm/mpi_util.h"
 #include "dist/comm/topology_detect.h"
@@ -76,6 +77,10 @@ WorkHandle Communicator::validate_and_submit(Call call) {
     call.what = describe_call(call.kind, call.bytes, members_);
   }
   return submit(std::move(call));
+}
+
+std::string Communicator::explain(Collective, size_t) const {
+  return choice_.empty() ? std::string(name(algorithm())) : choice_;
 }
 
 WorkHandle Communicator::all_reduce(const void* send, void* recv, int64_t count, DType dtype, Device device,
@@ -186,6 +191,12 @@ std::unique_ptr<Communicator> make_communicator(World& world, const CommOptions&
   CZ_CHECK(options.max_in_flight > 0, "communicator: max_in_flight must be positive, got {}",
            options.max_in_flight);
   CZ_CHECK(options.slice_bytes >= 0, "communicator: slice size must be >= 0, got {}", options.slice_bytes);
+  if (options.algorithm == Algorithm::hier || options.algorithm == Algorithm::automatic) {
+    if (options.members.empty()) return make_two_level_communicator(world, options);
+    CommOptions flat = options;
+    flat.algorithm = Algorithm::ring;
+    return make_communicator(world, flat);
+  }
   std::vector<int> members = options.members;
   if (members.empty())
     for (int r = 0; r < world.size(); ++r) members.push_back(r);

@@ -46,6 +46,7 @@ class World;
 
 struct CommOptions {
   Backend backend = Backend::mpi;
+  // hier and automatic apply to the world (members empty); a group's communicator runs them as the ring.
   Algorithm algorithm = Algorithm::builtin;
   Device device = Device::cpu();  // NCCL: the CUDA device. MPI: CPU buffers, and CUDA ones (staged)
   double timeout_s = 300;         // per collective (Note [Failure handling])
@@ -99,6 +100,10 @@ class Communicator {
   WorkHandle send(const Tensor& t, int peer);
   WorkHandle recv(Tensor& t, int peer);
 
+  // Which algorithm a `kind` call of `bytes` runs with on this communicator, and why: "ring" for a fixed
+  // choice; for hier and auto the reason (Note [Two-level cost model]), e.g. "auto: ring: predicted ...".
+  virtual std::string explain(Collective kind, size_t bytes) const;
+
   // Stops in-flight work without waiting for peers (NCCL: ncclCommAbort; MPI: marks the communicator broken,
   // since MPI's only abort ends the job: see abort_world). Later calls fail. Safe from any thread.
   virtual void abort() noexcept = 0;
@@ -128,8 +133,13 @@ class Communicator {
   virtual void note_tensor_use(const Tensor& t) {}
 
  private:
+  // The two-level communicator forwards calls to its sub-communicators' backends.
+  friend class HierCommunicator;
+  friend std::unique_ptr<Communicator> make_two_level_communicator(World& world, const CommOptions& options);
+
   WorkHandle validate_and_submit(Call call);
   int rank_, size_;
+  std::string choice_;  // set where auto or hier fell back to the flat ring: why
   CommOptions options_;
   std::vector<int> ring_;
   std::vector<int> members_;

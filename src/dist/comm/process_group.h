@@ -28,6 +28,7 @@ class ProcessGroup {
   // Its world ranks in the order the ring algorithms visit them (each sends to the next): with the ranks'
   // hosts, how many of a ring's links leave a host (CommMeter's cross-host count).
   std::vector<int> ring_order() const;
+  const Communicator* communicator() const { return comm_; }  // null for a group of one
 
   // Asynchronous collectives on contiguous tensors, as Communicator's. In a group of one nothing is sent and
   // the handle is null: an out-of-place all-gather or reduce-scatter copies the bytes (not through copy_,

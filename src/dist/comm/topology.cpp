@@ -207,16 +207,31 @@ std::vector<LinkLoad> Topology::link_loads(const std::vector<int>& order) const 
 
 RingPrediction Topology::predict(const std::vector<int>& order, double bytes, Collective kind,
                                  const CostModel& model) const {
-  const int n = int(order.size());
-  CZ_CHECK(n == num_ranks_, "topology: a ring of {} ranks on a topology of {}", n, num_ranks_);
+  CZ_CHECK(int(order.size()) == num_ranks_, "topology: a ring of {} ranks on a topology of {}", order.size(),
+           num_ranks_);
+  return predict_rings({order}, bytes, kind, model);
+}
+
+RingPrediction Topology::predict_rings(const std::vector<std::vector<int>>& rings, double bytes,
+                                       Collective kind, const CostModel& model) const {
   RingPrediction p;
+  if (rings.empty()) return p;
+  const int n = int(rings.front().size());
+  for (const auto& r : rings)
+    CZ_CHECK(int(r.size()) == n, "topology: rings running at once must have one size, got {} and {}", n,
+             r.size());
   if (n < 2) return p;
   const double chunk = bytes / n;
+  std::vector<LinkLoad> loads(nodes_.size());
+  for (const auto& r : rings) {
+    const auto one = link_loads(r);
+    for (size_t i = 0; i < loads.size(); ++i) loads[i].up += one[i].up, loads[i].down += one[i].down;
+  }
   double slowest = 0;
-  for (const auto& l : link_loads(order)) {
-    const int load = std::max(l.up, l.down);
+  for (size_t i = 0; i < loads.size(); ++i) {
+    const int load = std::max(loads[i].up, loads[i].down);
     if (load == 0) continue;
-    const TopoNode& node = nodes_[size_t(l.node)];
+    const TopoNode& node = nodes_[i];
     CZ_CHECK(node.up_gbps > 0, "topology: ring hops cross the uplink of '{}', which has no up_gbps", node.id);
     const double t = load * chunk / (node.up_gbps * 1e9);
     if (t > slowest) {
@@ -228,10 +243,11 @@ RingPrediction Topology::predict(const std::vector<int>& order, double bytes, Co
   }
   size_t longest = 0;
   std::vector<int> up, down;
-  for (int i = 0; i < n; ++i) {
-    path(node_of_rank(order[size_t(i)]), node_of_rank(order[size_t((i + 1) % n)]), up, down);
-    longest = std::max(longest, up.size() + down.size());
-  }
+  for (const auto& r : rings)
+    for (int i = 0; i < n; ++i) {
+      path(node_of_rank(r[size_t(i)]), node_of_rank(r[size_t((i + 1) % n)]), up, down);
+      longest = std::max(longest, up.size() + down.size());
+    }
   const double step = slowest + (model.step_overhead_us + model.link_latency_us * double(longest)) * 1e-6;
   const int steps = kind == Collective::all_reduce ? 2 * (n - 1) : n - 1;
   p.time_s = steps * step;
@@ -239,6 +255,47 @@ RingPrediction Topology::predict(const std::vector<int>& order, double bytes, Co
   const double factor = kind == Collective::all_reduce ? 2.0 * (n - 1) / n : double(n - 1) / n;
   p.busbw_gbps = p.algbw_gbps * factor;
   return p;
+}
+
+std::vector<int> Topology::restrict_ring(const std::vector<int>& order, const std::vector<int>& ranks) const {
+  std::vector<int> out;
+  for (int r : order)
+    if (std::find(ranks.begin(), ranks.end(), r) != ranks.end()) out.push_back(r);
+  return out;
+}
+
+TwoLevelPrediction Topology::predict_two_level(const std::vector<int>& order,
+                                               const std::vector<std::vector<int>>& host_groups, double bytes,
+                                               Collective kind, const CostModel& model) const {
+  CZ_CHECK(
+      kind == Collective::all_reduce || kind == Collective::reduce_scatter || kind == Collective::all_gather,
+      "topology: no two-level form of {}", name(kind));
+  CZ_CHECK(!host_groups.empty(), "topology: no hosts");
+  const size_t per_host = host_groups.front().size();
+  std::vector<std::vector<int>> host_rings, cross_rings(per_host);
+  for (const auto& g : host_groups) {
+    CZ_CHECK(g.size() == per_host, "topology: two-level collectives need equal hosts, got {} and {} ranks",
+             per_host, g.size());
+    host_rings.push_back(restrict_ring(order, g));
+    for (size_t l = 0; l < per_host; ++l) cross_rings[l].push_back(g[l]);
+  }
+  for (auto& c : cross_rings) c = restrict_ring(order, c);
+  TwoLevelPrediction t;
+  const RingPrediction flat = predict(order, bytes, kind, model);
+  t.flat_s = flat.time_s;
+  const double share = bytes / double(per_host);
+  const Collective cross_kind = kind;  // all-reduce's middle phase is an all-reduce of the host shard
+  const RingPrediction cross = predict_rings(cross_rings, share, cross_kind, model);
+  const double inside = predict_rings(host_rings, bytes, Collective::reduce_scatter, model).time_s;
+  t.hier_s = cross.time_s + (kind == Collective::all_reduce ? 2 * inside : inside);
+  t.reason = fmt::format(
+      "{}: predicted {:.3g} ms against {:.3g} ms for the flat ring ({} of {} bytes, {} hosts x {} ranks; "
+      "flat "
+      "ring bottleneck: {}; cross-host bottleneck: {})",
+      t.hier_faster() ? "hier" : "ring", t.hier_s * 1e3, t.flat_s * 1e3, name(kind), bytes,
+      host_groups.size(), per_host, flat.bottleneck.empty() ? "none" : flat.bottleneck,
+      cross.bottleneck.empty() ? "none" : cross.bottleneck);
+  return t;
 }
 
 }  // namespace cz::dist

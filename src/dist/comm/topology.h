@@ -20,6 +20,18 @@
 // link's time is its load in the busier direction times chunk / up_gbps; a step takes as long as the slowest
 // link plus a latency (a fixed step overhead plus a per-link latency along the longest hop). Reduce-scatter
 // and all-gather take n-1 steps, all-reduce 2(n-1). Bus bandwidth is reported as nccl-tests defines it.
+//
+// Note [Two-level cost model]: a two-level collective (Note [Two-level collectives]) on H hosts of R ranks is
+// a sequence of phases, each a set of rings running at once: the R-rank rings inside every host on the whole
+// buffer, and the H-rank cross rings (one per local index, all R of them sharing each host's network link)
+// on a 1/R share. Links loaded by several rings of a phase add their hops, so R cross rings put R hops on a
+// host's uplink in each direction where the flat ring (Note [Ring order]) puts one; but the flat ring moves
+// chunks of bytes / (H R) in 2(HR-1) steps, the cross rings chunks of bytes / (H R) in 2(H-1) steps (for
+// all-reduce; half as many for reduce-scatter and all-gather). So a host's network carries 2(H-1)/H of the
+// buffer instead of 2(HR-1)/(HR) (2/3 of it at 2 x 2), and the step count that pays the network's latency
+// falls from 2(HR-1) to 2(H-1); in exchange the buffer crosses the host's own links twice more. The phases'
+// times add up (each depends on the one before; the pieces of Note [Two-level pipeline] overlap them, so
+// this errs towards the flat ring). The local pack copy of reduce-scatter and all-gather is not modelled.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -61,6 +73,15 @@ struct LinkLoad {
   int down = 0;  // parent -> child
 };
 
+// A flat ring against a two-level collective over `host_groups` (Note [Two-level cost model]).
+struct TwoLevelPrediction {
+  double flat_s = 0, hier_s = 0;
+  bool hier_faster() const { return hier_s < flat_s; }
+  // "hier: predicted 0.91 ms against 1.20 ms for the flat ring (all_reduce of 4194304 bytes, 2 hosts x 2
+  // ranks; flat ring bottleneck: ..., cross-host bottleneck: ...)"
+  std::string reason;
+};
+
 class Topology {
  public:
   // Validates: unique ids, known parents, no cycles, ranks 0..R-1 each placed exactly once. Throws ValueError
@@ -84,6 +105,16 @@ class Topology {
   // Note [Ring cost model]; `kind` is reduce_scatter, all_gather or all_reduce; `bytes` the buffer size.
   RingPrediction predict(const std::vector<int>& order, double bytes,
                          Collective kind = Collective::reduce_scatter, const CostModel& model = {}) const;
+  // Rings that run at once, each over `bytes` (their link loads add up); any subsets of the ranks.
+  // Note [Two-level cost model]: `order` is the world's ring, `host_groups` the ranks of each host (equal
+  // sizes), `kind` all_reduce, reduce_scatter or all_gather.
+  TwoLevelPrediction predict_two_level(const std::vector<int>& order,
+                                       const std::vector<std::vector<int>>& host_groups, double bytes,
+                                       Collective kind, const CostModel& model = {}) const;
+  RingPrediction predict_rings(const std::vector<std::vector<int>>& rings, double bytes, Collective kind,
+                               const CostModel& model = {}) const;
+  // The ring `order` restricted to `ranks`, in ring order (what a group's communicator visits).
+  std::vector<int> restrict_ring(const std::vector<int>& order, const std::vector<int>& ranks) const;
 
  private:
   void index();

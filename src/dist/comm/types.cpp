@@ -22,7 +22,17 @@ std::string_view name(ReduceOp op) {
   return op == ReduceOp::sum ? "sum" : "avg";
 }
 std::string_view name(Algorithm algo) {
-  return algo == Algorithm::builtin ? "builtin" : "ring";
+  switch (algo) {
+    case Algorithm::builtin:
+      return "builtin";
+    case Algorithm::ring:
+      return "ring";
+    case Algorithm::hier:
+      return "hier";
+    case Algorithm::automatic:
+      return "auto";
+  }
+  return "?";
 }
 std::string_view name(Backend backend) {
   return backend == Backend::mpi ? "mpi" : "nccl";
@@ -51,7 +61,8 @@ ReduceOp parse_reduce_op(std::string_view s) {
   return parse_enum(s, std::array{ReduceOp::sum, ReduceOp::avg}, "reduction op");
 }
 Algorithm parse_algorithm(std::string_view s) {
-  return parse_enum(s, std::array{Algorithm::builtin, Algorithm::ring}, "algorithm");
+  return parse_enum(s, std::array{Algorithm::builtin, Algorithm::ring, Algorithm::hier, Algorithm::automatic},
+                    "algorithm");
 }
 Backend parse_backend(std::string_view s) {
   return parse_enum(s, std::array{Backend::mpi, Backend::nccl}, "backend");

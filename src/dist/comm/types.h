@@ -13,7 +13,10 @@
 namespace cz::dist {
 
 enum class ReduceOp : uint8_t { sum, avg };
-enum class Algorithm : uint8_t { builtin, ring };  // the library's own collectives, or our pipelined ring
+// builtin: the library's own collectives; ring: our pipelined ring; hier: two levels, inside each host then
+// across hosts (Note [Two-level collectives] in hier_communicator.h); automatic ("auto"): hier where the
+// topology's cost model predicts it faster for a call, else the ring.
+enum class Algorithm : uint8_t { builtin, ring, hier, automatic };
 enum class Backend : uint8_t { mpi, nccl };
 enum class Collective : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, send, recv, barrier };
 

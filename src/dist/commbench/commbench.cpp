@@ -401,6 +401,9 @@ int run_commbench(World& world, const CommBenchOptions& o, std::ostream& out) {
         o.max_bytes,
         o.step_factor > 1 ? fmt::format("{}(factor)", o.step_factor) : fmt::format("{}(bytes)", o.step_bytes),
         o.warmup, o.iters, o.check ? 1 : 0);
+    // hier and auto: which algorithm the largest size runs with, and why (Note [Two-level cost model]).
+    if (o.impl == Algorithm::hier || o.impl == Algorithm::automatic)
+      out << fmt::format("# {}\n", comm->explain(kind, size_t(o.max_bytes)));
     out << "#\n# Using devices\n";
     for (int r = 0; r < world.size(); ++r)
       out << fmt::format("#  Rank {:>2} Pid {:>7} on {:>10} device {}\n", r, world.peer(r).pid,
@@ -468,6 +471,7 @@ int run_commbench(World& world, const CommBenchOptions& o, std::ostream& out) {
       doc["device"] = o.device;
       doc["ranks"] = world.size();
       doc["ring"] = comm->ring();
+      doc["choice"] = comm->explain(kind, size_t(o.max_bytes));
       doc["warmup"] = o.warmup;
       doc["iters"] = o.iters;
       doc["results"] = std::move(rows);

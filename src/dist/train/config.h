@@ -76,6 +76,7 @@ struct TrainConfig {
   bool offload_optimizer = false;     // fp32 master, gradients and optimizer state in host memory, CPU update
   bool offload_overlap_step = false;  // with offload: the update of step t runs during step t+1 (stale)
   double comm_timeout_s = 300;        // a collective not done by then fails the run (Note [Failure handling])
+  std::string comm_impl = "auto";     // flat | hier | auto (Note [Two-level collectives])
 
   // Throws ValueError naming the first bad flag: the checks of the flag table (flags.cpp), in its order.
   void validate() const;

@@ -332,6 +332,18 @@ std::vector<Flag> make_flags() {
              CZ_CHECK(std::isfinite(c.comm_timeout_s) && c.comm_timeout_s > 0, "{} must be positive, got {}",
                       f.name, c.comm_timeout_s);
            }},
+      {.name = "--comm-impl",
+       .field = &T::comm_impl,
+       .help =
+           "flat | hier | auto: the world's collectives as one ring, in two levels (inside each host, then "
+           "across hosts), or per call whichever the topology's cost model predicts faster (on one host: "
+           "the ring)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.comm_impl == "flat" || c.comm_impl == "hier" || c.comm_impl == "auto",
+                      "{} must be flat, hier or auto, got '{}'", f.name, c.comm_impl);
+           },
+       .ranks_agree = true},
       {.name = "--tf32", .field = &T::tf32, .help = "CUDA: allow TF32 tensor cores for fp32 matmuls"},
       {.name = "--init-weights",
        .field = &T::init_weights,
@@ -473,6 +485,11 @@ DType compute_dtype(const TrainConfig& c, bool cuda) {
   CZ_CHECK(cuda || d == DType::f32, "{} {} needs {} cuda (the CPU backend computes in fp32)",
            flag_name(&T::precision), c.precision, flag_name(&T::device));
   return d;
+}
+
+dist::Algorithm world_algorithm(const TrainConfig& c) {
+  if (c.comm_impl == "flat") return dist::Algorithm::ring;
+  return c.comm_impl == "hier" ? dist::Algorithm::hier : dist::Algorithm::automatic;
 }
 
 zero::ZeroConfig zero_config(const TrainConfig& c, Device device) {

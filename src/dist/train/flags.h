@@ -10,6 +10,7 @@
 #include <variant>
 #include <vector>
 
+#include "dist/comm/types.h"
 #include "dist/train/config.h"
 #include "dist/zero/engine.h"
 
@@ -63,6 +64,8 @@ std::string config_json(const TrainConfig& c, int world);
 int64_t bucket_bytes(double bucket_mb);
 // The dtype the model computes in: --precision, whose 16-bit values need a CUDA device.
 DType compute_dtype(const TrainConfig& c, bool cuda);
+// --comm-impl as the world communicator's algorithm: flat is the ring, hier and auto as named.
+dist::Algorithm world_algorithm(const TrainConfig& c);
 // The ZeRO engine's configuration for a run on `device`.
 zero::ZeroConfig zero_config(const TrainConfig& c, Device device);
 

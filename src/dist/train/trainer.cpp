@@ -84,7 +84,7 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     dist::CommOptions opt;
     opt.device = device_;
     opt.backend = device_.is_cuda() ? dist::Backend::nccl : dist::Backend::mpi;
-    opt.algorithm = dist::Algorithm::ring;
+    opt.algorithm = world_algorithm(cfg_);
     opt.timeout_s = cfg_.comm_timeout_s;
     // The ranks agree on the flags (--shard-group and --hpz among them) over the world before the mesh's
     // groups are made: ranks naming different groups would wait for each other forever.
@@ -95,6 +95,11 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
       group_ = dist::ProcessGroup(device_);
       mesh_ = dist::Mesh(world_, opt, cfg_.shard_group, cfg_.hpz);
     }
+    // Across hosts, say how the gradient buckets' collectives go (Note [Two-level cost model]).
+    if (world_.rank() == 0 && mesh_.hosts().num_hosts() > 1)
+      fmt::print("{}: {}\n", flag_arg(cfg_, &TrainConfig::comm_impl),
+                 mesh_.world().communicator()->explain(dist::Collective::all_reduce,
+                                                       size_t(bucket_bytes(cfg_.bucket_mb))));
   } else {
     mesh_ = dist::Mesh(device_);
     dist::shard_groups(cfg_.shard_group, mesh_.hosts());  // the same checks as on a world of several
