@@ -402,10 +402,13 @@ TEST(ZeroMesh, EveryMeshTrainsAsTheFlatRun) {
 // What each mesh holds and sends per step, from the engine's own accounts: HSDP's state is that of flat
 // stage s at N = the shard group's size; hpZ adds its secondary copies, Psi/R elements (R = 2 ranks per
 // host); HSDP's bytes crossing hosts are at most 1/R of flat stage 3's (+5%), hpZ's 2/3 of them (backward's
-// gather stays on the host).
+// gather stays on the host), all on the flat ring; in two levels (--comm-impl hier, Note [Two-level
+// collectives]) flat stage 3's are 2/3 of the ring's: (H-1)/H of each rank's 1/R share per pass against
+// (N-1)/N of the buffer over each host's one crossing link.
 TEST(ZeroMesh, StateAndCrossHostBytesFollowTheMesh) {
   if (!two_hosts_of_two()) GTEST_SKIP() << "needs 4 ranks on 2 (simulated) hosts";
-  auto one_step = [](TrainConfig c) {
+  auto one_step = [](TrainConfig c, const std::string& impl = "flat") {
+    c.comm_impl = impl;
     c.grad_accum = 1;
     c.steps = 1;
     c.ema_decay = 0;
@@ -417,6 +420,8 @@ TEST(ZeroMesh, StateAndCrossHostBytesFollowTheMesh) {
   const auto [hsdp3, psi_h] = one_step(mesh_config(3, "host", false));
   const auto [hpz3, psi_z] = one_step(mesh_config(3, "world", true));
   const auto [flat2, psi_2] = one_step(mesh_config(3, "2", false));  // the same mesh, spelled by size
+  const auto [hier3, psi_3] = one_step(zero_config(3), "hier");
+  EXPECT_NEAR(double(hier3.comm_cross_bytes) / double(flat3.comm_cross_bytes), 2.0 / 3, 0.02);
   // Flat stage 3 at 4 ranks on 2 hosts: half of its ring links cross hosts.
   EXPECT_EQ(flat3.comm_cross_bytes, flat3.comm_bytes / 2);
   EXPECT_GT(hsdp3.comm_cross_bytes, 0);

@@ -103,6 +103,12 @@ class Communicator {
   // Which algorithm a `kind` call of `bytes` runs with on this communicator, and why: "ring" for a fixed
   // choice; for hier and auto the reason (Note [Two-level cost model]), e.g. "auto: ring: predicted ...".
   virtual std::string explain(Collective kind, size_t bytes) const;
+  // Whether a `kind` call of `bytes` on `device` runs in two levels (Note [Two-level collectives]); what a
+  // caller counting the bytes it sends must know.
+  virtual bool two_level(Collective kind, size_t bytes, Device device) const {
+    (void)kind, (void)bytes, (void)device;
+    return false;
+  }
 
   // Stops in-flight work without waiting for peers (NCCL: ncclCommAbort; MPI: marks the communicator broken,
   // since MPI's only abort ends the job: see abort_world). Later calls fail. Safe from any thread.

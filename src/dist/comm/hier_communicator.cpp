@@ -77,7 +77,7 @@ class HierCommunicator final : public Communicator {
   }
 
   WorkHandle submit(Call call) override {
-    if (!two_level(call)) return forward(*flat_, call);
+    if (!two_level(call.kind, call.bytes, call.device)) return forward(*flat_, call);
     auto work = std::make_shared<Work>(call.what, call.device);
     if (backend() == Backend::nccl) {
       run_inline(call, work);
@@ -113,7 +113,11 @@ class HierCommunicator final : public Communicator {
   }
 
   // Whether this call takes the two levels: every rank decides alike (same topology, same call).
-  bool two_level(const Call& c) const {
+  bool two_level(Collective kind, size_t bytes, Device device) const override {
+    Call c;
+    c.kind = kind;
+    c.device = device;
+    c.bytes = bytes;
     if (!is_two_level(c.kind)) return false;
     const bool staged = backend() == Backend::mpi && c.device.is_cuda();
     if (algorithm() == Algorithm::hier) {

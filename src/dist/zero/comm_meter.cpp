@@ -24,7 +24,20 @@ void CommMeter::wait(const dist::WorkHandle& w) {
   works_.push_back(w);
 }
 
-void CommMeter::sent(const dist::ProcessGroup& group, int64_t bytes, int factor) {
+void CommMeter::sent(const dist::ProcessGroup& group, int64_t bytes, dist::Collective kind) {
+  const int factor = kind == dist::Collective::all_reduce ? 2 : 1;
+  const dist::Communicator* comm = group.communicator();
+  if (comm && !host_of_.empty() && comm->two_level(kind, size_t(bytes), group.device())) {
+    std::vector<int> hosts;
+    for (int r : group.ranks()) hosts.push_back(host_of_.at(size_t(r)));
+    std::sort(hosts.begin(), hosts.end());
+    const int64_t h = std::unique(hosts.begin(), hosts.end()) - hosts.begin(), r = group.size() / h;
+    const int64_t host_steps = kind == dist::Collective::all_reduce ? 2 : 1;  // reduce-scatter, all-gather
+    const int64_t across = int64_t(factor) * (bytes / r) * (h - 1) / h;
+    bytes_ += host_steps * bytes * (r - 1) / r + across;
+    cross_bytes_ += across;
+    return;
+  }
   const int64_t n = dist::ring_bytes_sent(group, bytes, factor);
   bytes_ += n;
   if (group.size() < 2 || host_of_.empty()) return;

@@ -119,7 +119,7 @@ void UnitGatherer::gather(size_t p) {
       from_host_[p] ? slice_[p] : shard_.narrow(0, layout_.local_offset(p), layout_.chunk(p));
   // A group of one copies its shard's bytes (Note [Releasable storage]: not an in-place write).
   work_[p] = group.all_gather(mine, gathered_[p]);
-  meter_.sent(group, gathered_[p].nbytes(), 1);
+  meter_.sent(group, gathered_[p].nbytes(), dist::Collective::all_gather);
   state_[p] = State::gathering;
   meter_.hold(int64_t(round_to_size_class(storage.nbytes())));
 }

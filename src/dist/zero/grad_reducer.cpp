@@ -111,10 +111,10 @@ void GradReducer::launch(size_t p) {
   if (mode_.scatter) {
     Tensor mine = buf.narrow(0, own_offset(p), layout_.chunk(p));
     w = group_.reduce_scatter(buf, mine, dist::ReduceOp::avg);
-    meter_.sent(group_, bytes, 1);
+    meter_.sent(group_, bytes, dist::Collective::reduce_scatter);
   } else {
     w = group_.all_reduce(buf, dist::ReduceOp::avg);
-    meter_.sent(group_, bytes, 2);
+    meter_.sent(group_, bytes, dist::Collective::all_reduce);
   }
   // Flat (or stage 0): nothing to all-reduce across replicas.
   in_flight_.push_back({p, std::move(w), buf, nullptr, !mode_.scatter || replicate_.size() == 1});
@@ -128,7 +128,7 @@ void GradReducer::launch_cross(InFlight& f) {
   f.work.reset();
   Tensor mine = f.buffer.narrow(0, own_offset(f.partition), layout_.chunk(f.partition));
   f.cross = replicate_.all_reduce(mine, dist::ReduceOp::avg);
-  meter_.sent(replicate_, mine.nbytes(), 2);
+  meter_.sent(replicate_, mine.nbytes(), dist::Collective::all_reduce);
   f.crossed = true;
 }
 

@@ -45,7 +45,7 @@ void ChunkGatherer::after_update() {
     const Partition& part = layout_.partitions[p];
     Tensor full = full_.narrow(0, part.begin, part.numel);
     work_[p] = group_.all_gather(chunks_[p], full);
-    meter_.sent(group_, part.numel * int64_t(dtype_size(full_.dtype())), 1);
+    meter_.sent(group_, part.numel * int64_t(dtype_size(full_.dtype())), dist::Collective::all_gather);
   }
 }
 
