@@ -205,10 +205,10 @@ TEST(WhatIfMesh, RingsHostsAndCrossHostBytes) {
   const dist::Topology topo = two_hosts(2, 0.125);
   EXPECT_EQ(host_groups(topo), (std::vector<std::vector<int>>{{0, 1}, {2, 3}}));
   for (Collective kind : {Collective::reduce_scatter, Collective::all_reduce})
-    EXPECT_EQ(predict_rings(topo, {topo.ring_order()}, 1e7, kind).time_s,
+    EXPECT_EQ(topo.predict_rings({topo.ring_order()}, 1e7, kind).time_s,
               topo.predict(topo.ring_order(), 1e7, kind).time_s);
-  const dist::RingPrediction one = predict_rings(topo, {{0, 2}}, 1e7, Collective::all_reduce);
-  const dist::RingPrediction both = predict_rings(topo, {{0, 2}, {1, 3}}, 1e7, Collective::all_reduce);
+  const dist::RingPrediction one = topo.predict_rings({{0, 2}}, 1e7, Collective::all_reduce);
+  const dist::RingPrediction both = topo.predict_rings({{0, 2}, {1, 3}}, 1e7, Collective::all_reduce);
   EXPECT_EQ(one.max_link_load, 1);
   EXPECT_EQ(both.max_link_load, 2);
   EXPECT_NEAR(both.time_s, 2 * one.time_s, 1e-5);
@@ -221,9 +221,10 @@ TEST(WhatIfMesh, RingsHostsAndCrossHostBytes) {
   req.compute = compute_table_from_json(profile(), DType::f32);
   req.ranks = {4};
   req.stages = {3};
-  auto row = [&](const std::string& shard_group, bool hpz) {
+  auto row = [&](const std::string& shard_group, bool hpz, const std::string& impl = "flat") {
     req.config.shard_group = shard_group;
     req.config.hpz = hpz;
+    req.config.comm_impl = impl;
     return what_if(req).rows.at(0);
   };
   req.config.stage = 3;  // --hpz is for stage 3
@@ -234,8 +235,12 @@ TEST(WhatIfMesh, RingsHostsAndCrossHostBytes) {
   EXPECT_LT(hsdp.step_s, flat.step_s);
   EXPECT_LT(hpz.step_s, flat.step_s);
   req.stages = {0};
-  const WhatIfRow flat0 = row("world", false);
-  (void)flat0;
+  req.config.stage = 0;
+  const WhatIfRow flat0 = row("world", false), hier0 = row("world", false, "hier");
+  EXPECT_NEAR(double(hier0.cross_host_bytes) / double(flat0.cross_host_bytes), 2.0 / 3.0, 0.01);
+  // auto takes whichever the communicator's model predicts faster, call by call: never slower than both.
+  const WhatIfRow auto0 = row("world", false, "auto");
+  EXPECT_LE(auto0.comm_s, std::max(flat0.comm_s, hier0.comm_s) + 1e-12);
 }
 
 }  // namespace

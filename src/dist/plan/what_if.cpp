@@ -95,51 +95,6 @@ double CommModel::seconds(dist::Collective kind, double bytes) const {
   return ranks_ < 2 ? 0.0 : predict(kind, bytes).time_s;
 }
 
-dist::RingPrediction predict_rings(const dist::Topology& t, const std::vector<std::vector<int>>& rings,
-                                   double bytes, dist::Collective kind) {
-  dist::RingPrediction p;
-  const dist::CostModel model;
-  std::vector<int> up(t.nodes().size(), 0), down(t.nodes().size(), 0);
-  int n = 0;
-  size_t longest = 0;  // links on the longest hop, for the latency term (as Topology::predict)
-  for (const auto& ring : rings) {
-    if (ring.size() < 2) continue;
-    CZ_CHECK(n == 0 || int(ring.size()) == n, "what-if: rings of {} and {} ranks run together", n, ring.size());
-    n = int(ring.size());
-    for (const dist::LinkLoad& l : t.link_loads(ring)) {
-      up[size_t(l.node)] += l.up;
-      down[size_t(l.node)] += l.down;
-    }
-    for (size_t i = 0; i < ring.size(); ++i) {
-      size_t links = 0;
-      for (const dist::LinkLoad& l : t.link_loads({ring[i], ring[(i + 1) % ring.size()]})) links += l.up > 0;
-      longest = std::max(longest, links);
-    }
-  }
-  if (n < 2) return p;
-  const double chunk = bytes / n;
-  double slowest = 0;
-  for (size_t i = 0; i < t.nodes().size(); ++i) {
-    const int load = std::max(up[i], down[i]);
-    if (load == 0) continue;
-    const dist::TopoNode& node = t.nodes()[i];
-    CZ_CHECK(node.up_gbps > 0, "topology: ring hops cross the uplink of '{}', which has no up_gbps", node.id);
-    const double s = load * chunk / (node.up_gbps * 1e9);
-    if (s > slowest) {
-      slowest = s;
-      p.max_link_load = load;
-      p.bottleneck = fmt::format("{} (up {:g} GB/s, {} hop{} per direction)", node.id, node.up_gbps, load,
-                                 load == 1 ? "" : "s");
-    }
-  }
-  const double step = slowest + (model.step_overhead_us + model.link_latency_us * double(longest)) * 1e-6;
-  const int steps = kind == dist::Collective::all_reduce ? 2 * (n - 1) : n - 1;
-  p.time_s = steps * step;
-  p.algbw_gbps = bytes / p.time_s / 1e9;
-  p.busbw_gbps = p.algbw_gbps * (kind == dist::Collective::all_reduce ? 2.0 * (n - 1) / n : double(n - 1) / n);
-  return p;
-}
-
 std::vector<std::vector<int>> host_groups(const dist::Topology& t) {
   const auto& nodes = t.nodes();
   std::map<int, std::vector<int>> by_host;  // host node (or the rank's own node) -> ranks
@@ -184,14 +139,18 @@ double host_link_gbps(const dist::Topology& t) {
 struct MeshSpec {
   bool shard_by_host = false;
   bool hpz = false;
-  bool hier = false;
+  enum class Impl { flat, hier, automatic } impl = Impl::flat;
 };
 
 MeshSpec mesh_spec(const train::TrainConfig& cfg) {
   CZ_CHECK(cfg.shard_group == "world" || cfg.shard_group == "host",
            "--what-if models {} world or host, got {}", train::flag_name(&train::TrainConfig::shard_group),
            cfg.shard_group);
-  return MeshSpec{.shard_by_host = cfg.shard_group == "host", .hpz = cfg.hpz, .hier = false};
+  MeshSpec m{.shard_by_host = cfg.shard_group == "host", .hpz = cfg.hpz};
+  m.impl = cfg.comm_impl == "hier"   ? MeshSpec::Impl::hier
+           : cfg.comm_impl == "auto" ? MeshSpec::Impl::automatic
+                                     : MeshSpec::Impl::flat;
+  return m;
 }
 
 struct Run {
@@ -231,12 +190,20 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   const int n = comm.ranks();
   const MeshSpec mesh = run.mesh;
   const bool multi_host = lv.hosts.size() > 1;
-  CZ_CHECK(!(mesh.shard_by_host || mesh.hpz || mesh.hier) || !multi_host || lv.per_host > 0,
+  CZ_CHECK(!(mesh.shard_by_host || mesh.hpz || mesh.impl == MeshSpec::Impl::hier) || !multi_host ||
+               lv.per_host > 0,
            "--what-if: HSDP, hpZ and two-level collectives need the same number of ranks on every host");
   const int R = lv.per_host > 0 ? lv.per_host : 1;
   const bool hsdp = mesh.shard_by_host && multi_host && stage > 0;
   const bool hpz = mesh.hpz && multi_host && stage == 3;
-  const bool hier = mesh.hier && multi_host && R > 1;
+  // Two levels apply to the world's collectives across hosts of several ranks; auto takes them per call where
+  // the communicator's own model says (Note [Two-level cost model]).
+  const bool two_levels = mesh.impl != MeshSpec::Impl::flat && multi_host && R > 1;
+  auto hier = [&](Collective kind, double bytes) {
+    if (!two_levels) return false;
+    if (mesh.impl == MeshSpec::Impl::hier) return true;
+    return lv.topology->predict_two_level(comm.order(), lv.hosts, bytes, kind).hier_faster();
+  };
   const int shards = hsdp ? R : n;  // the ranks the state is sharded over
   const std::vector<nn::ParamInfo> params = nn::convnext_parameters(cfg.model_config());
   const zero::ZeroLayout L = zero_layout(params, stage, shards, cfg.bucket_mb, run.er);
@@ -272,7 +239,7 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
     if (level == Level::world)
       d = comm.seconds(kind, bytes);
     else
-      d = predict_rings(*lv.topology, rings, bytes, kind).time_s;
+      d = lv.topology->predict_rings(rings, bytes, kind).time_s;
     const int g = int(rings.front().size());
     if (g > 1) {
       const int steps = kind == Collective::all_reduce ? 2 * (g - 1) : g - 1;
@@ -290,7 +257,7 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   };
   // A collective of the world, flat or in two levels on the world communicator's timeline.
   auto world_collective = [&](Collective kind, double bytes, double at) {
-    if (!hier) return level_collective(Level::world, kind, bytes, at, kWorld);
+    if (!hier(kind, bytes)) return level_collective(Level::world, kind, bytes, at, kWorld);
     switch (kind) {
       case Collective::all_reduce:
         at = level_collective(Level::hosts, Collective::reduce_scatter, bytes, at, kWorld);
@@ -494,6 +461,7 @@ WhatIf what_if(const WhatIfRequest& req) {
       pr.config = cfg;
       pr.config.stage = stage;
       pr.world = k;
+      pr.ranks_per_host = levels.hosts.size() > 1 ? levels.per_host : 0;
       pr.gpu_mem = req.gpu_mem;
       pr.max_micro_batch = false;
       const Plan p = make_plan(pr);

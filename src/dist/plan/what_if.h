@@ -36,11 +36,6 @@ class CommModel {
 // The topology restricted to the first `ranks` ranks of its ring order (renumbered 0..ranks-1 in that order).
 dist::Topology first_ranks(const dist::Topology& topology, int ranks);
 
-// Several rings running one collective at once (every group of a mesh level: each host's ranks, or the ranks
-// with the same index on every host), each on a buffer of `bytes`: the ring cost model with every ring's hops
-// loading the links together (Note [What-if on a mesh]). Rings of one rank cost nothing.
-dist::RingPrediction predict_rings(const dist::Topology& topology, const std::vector<std::vector<int>>& rings,
-                                   double bytes, dist::Collective kind);
 // The ranks of each host of `topology` (under the same node of type "host"; ranks without one are a host of
 // their own), each in ring order.
 std::vector<std::vector<int>> host_groups(const dist::Topology& topology);
