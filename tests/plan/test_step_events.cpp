@@ -196,6 +196,7 @@ TEST_P(StepEvents, EveryAllocationAsPlanned) {
   PlanRequest req;
   req.config = c.config;
   req.world = c.ranks;
+  req.ranks_per_host = c.ranks_per_host;  // the mesh's rows: the shard groups and hpZ's hosts
   req.rank = world.rank();
   const StepTraceResult planned = plan_step_trace(req);
   ASSERT_EQ(planned.step_begins.size(), 2u);
