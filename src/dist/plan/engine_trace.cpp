@@ -32,6 +32,7 @@
 
 #include <algorithm>
 
+#include "dist/comm/mesh.h"
 #include "dist/comm/types.h"
 #include "tensor/check.h"
 
@@ -138,7 +139,9 @@ void EngineTrace::ring_scratch(Comm c, int64_t count, int64_t elem_bytes) {
   int64_t& bytes = scratch_bytes_[c];
   if (scratch != kNone && bytes >= need) return;
   bytes = std::max<int64_t>(need, s_.cuda ? 256 : 64);
-  const Id grown = m_.alloc(bytes, Use::scratch, "ring scratch");
+  // The communicator's own thread asks for it (Mesh's labels: its thread's dist::current_communicator()).
+  static constexpr const char* kThread[] = {dist::kWorldComm, dist::kShardComm, dist::kReplicateComm};
+  const Id grown = m_.alloc(bytes, Use::scratch, "ring scratch", -1, kThread[c]);
   if (scratch != kNone) m_.release(scratch);
   scratch = grown;
 }
