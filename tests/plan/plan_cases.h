@@ -167,6 +167,8 @@ inline const std::vector<Case>& cases() {
             }),
        4, 2},
       {"np4_mesh_s3_small_hpz", with(small(3), [](auto& c) { c.hpz = true; }), 4, 2},
+      // Shard groups of one: the replication group is the world, and shares the world's communicator.
+      {"np4_mesh_s2_small_1", with(small(2), [](auto& c) { c.shard_group = "1"; }), 4, 2},
   };
   return k;
 }

@@ -3,14 +3,18 @@
 // event log]), allocation by allocation, for the configurations of plan_cases.h. A change to what an op or
 // the engine allocates that the replay does not follow fails here, naming the op where the two part.
 //
-// Compared per step, on every rank: the sequence of requests (bytes as asked for) and, before each request,
-// which earlier blocks were returned (the order of returns between two requests does not change what the
-// allocator holds or hands out, so it is not compared). A block from before the step (model state, a
-// checkpoint's host copy) is known by its size.
+// Compared per step, on every rank: the training thread's sequence of requests (bytes as asked for) and,
+// before each request, which earlier blocks were returned (the order of returns between two requests does not
+// change what the allocator holds or hands out, so it is not compared). A block from before the step (model
+// state, a checkpoint's host copy) is known by its size. Each communicator's thread (its ring scratch; a 2-D
+// mesh has several: dist::current_communicator labels them) has its own sequence of requests, compared by
+// size: one thread's order is fixed by its collectives' order, but the threads' requests interleave as timing
+// has it, with each other and with the training thread's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,6 +24,7 @@
 
 #include <fmt/format.h>
 
+#include "dist/comm/communicator.h"
 #include "dist/plan/planner.h"
 #include "dist/train/trainer.h"
 #include "plan_cases.h"
@@ -44,18 +49,22 @@ struct Item {
   std::vector<Freed> freed_before;
 };
 
-// A request made on another thread (the communicator's, at stages 0-3 on several ranks: the ring scratch),
-// with the number of the main thread's requests made before it. Its time is the other thread's; only the
-// sizes, in order, are compared.
+// A request made on another thread (a communicator's, at stages 0-3 on several ranks: its ring scratch), with
+// the number of the training thread's requests made before it. Its time is the other thread's; only the
+// sizes, in that thread's order, are compared.
 struct Aside {
   int64_t bytes;
   int64_t after;
   std::string where;
 };
 
+// A thread of no communicator (the loader's rows are skipped; a checkpoint writer or offload worker that
+// began to allocate during a step would show here, with nothing planned).
+constexpr const char* kNoCommunicator = "(no communicator)";
+
 struct Step {
   std::vector<Item> main;
-  std::vector<Aside> aside;
+  std::map<std::string, std::vector<Aside>> aside;  // by thread: its communicator's label
 };
 
 void close_step(Step& s, std::vector<Freed>& freed) {
@@ -65,15 +74,17 @@ void close_step(Step& s, std::vector<Freed>& freed) {
 }
 
 // The real step's log. The calling thread's requests and returns are compared one by one; other threads'
-// requests by size only (Aside); their returns are not logged. The loader's threads work at times of their
-// own, so the rows with loader threads are left out.
+// requests by size only (Aside), thread by thread; their returns are not logged. The loader's threads work at
+// times of their own, so the rows with loader threads are left out.
 class StepLog final : public AllocatorObserver {
  public:
   void allocated(const void* ptr, size_t nbytes) override {
     std::lock_guard lock(mu_);
     const std::string_view op = profiler::current_scope();
     if (std::this_thread::get_id() != thread_) {
-      step_.aside.push_back({int64_t(nbytes), int64_t(step_.main.size()), "another thread"});
+      const std::string_view comm = dist::current_communicator();
+      step_.aside[comm.empty() ? kNoCommunicator : std::string(comm)].push_back(
+          {int64_t(nbytes), int64_t(step_.main.size()), ""});
       return;
     }
     std::sort(freed_.begin(), freed_.end());
@@ -108,7 +119,7 @@ class StepLog final : public AllocatorObserver {
   std::vector<Freed> freed_;
 };
 
-// The replay's events [begin, end) in the same form; the ring scratch is the communicator thread's.
+// The replay's events [begin, end) in the same form; a ring scratch is its communicator's thread's.
 Step planned_step(const StepTraceResult& r, size_t begin, size_t end) {
   Step s;
   std::unordered_map<int32_t, int64_t> index;  // MemoryTrace id -> allocation index in this step
@@ -116,8 +127,9 @@ Step planned_step(const StepTraceResult& r, size_t begin, size_t end) {
   for (size_t i = begin; i < end; ++i) {
     const TraceEvent& e = r.events[i];
     const std::string& label = e.where >= 0 ? r.labels.at(size_t(e.where)) : "(before any op)";
-    if (e.use == Use::scratch) {
-      if (e.alloc) s.aside.push_back({e.bytes, int64_t(s.main.size()), fmt::format("{}: {}", label, e.what)});
+    if (e.thread) {
+      if (e.alloc)
+        s.aside[e.thread].push_back({e.bytes, int64_t(s.main.size()), fmt::format("{}: {}", label, e.what)});
     } else if (e.alloc) {
       std::sort(freed.begin(), freed.end());
       index[e.block] = int64_t(s.main.size());
@@ -167,19 +179,28 @@ std::string first_difference(const Step& plan, const Step& real) {
       msg += fmt::format("  {}{:>5}: {} | {}\n", i == k ? '>' : ' ', i, item(p, i), item(r, i));
     return msg;
   }
-  const std::vector<Aside>&pa = plan.aside, &ra = real.aside;
-  size_t j = 0;
-  while (j < std::min(pa.size(), ra.size()) && pa[j].bytes == ra[j].bytes) ++j;
-  if (j == pa.size() && j == ra.size()) return "";
-  msg +=
-      fmt::format("the communicator's thread: request {} of {} planned, {} made:\n", j, pa.size(), ra.size());
-  for (size_t i = j >= 2 ? j - 2 : 0; i < std::min(std::max(pa.size(), ra.size()), j + 3); ++i)
-    msg += fmt::format(
-        "  {}{:>3}: {} | {}\n", i == j ? '>' : ' ', i,
-        i < pa.size() ? fmt::format("{} B in {} (after #{})", pa[i].bytes, pa[i].where, pa[i].after) : "-",
-        i < ra.size() ? fmt::format("{} B (after #{}: {})", ra[i].bytes, ra[i].after,
-                                    item(r, size_t(std::max<int64_t>(ra[i].after - 1, 0))))
-                      : "-");
+  // Thread by thread: every thread that either side has, each where its requests first part.
+  std::map<std::string, int> threads;
+  for (const auto& [name, asides] : plan.aside) threads[name];
+  for (const auto& [name, asides] : real.aside) threads[name];
+  const std::vector<Aside> none;
+  for (const auto& [name, unused] : threads) {
+    const auto pi = plan.aside.find(name), ri = real.aside.find(name);
+    const std::vector<Aside>&pa = pi != plan.aside.end() ? pi->second : none,
+          &ra = ri != real.aside.end() ? ri->second : none;
+    size_t j = 0;
+    while (j < std::min(pa.size(), ra.size()) && pa[j].bytes == ra[j].bytes) ++j;
+    if (j == pa.size() && j == ra.size()) continue;
+    msg += fmt::format("the {} communicator's thread: request {} of {} planned, {} made:\n", name, j,
+                       pa.size(), ra.size());
+    for (size_t i = j >= 2 ? j - 2 : 0; i < std::min(std::max(pa.size(), ra.size()), j + 3); ++i)
+      msg += fmt::format(
+          "  {}{:>3}: {} | {}\n", i == j ? '>' : ' ', i,
+          i < pa.size() ? fmt::format("{} B in {} (after #{})", pa[i].bytes, pa[i].where, pa[i].after) : "-",
+          i < ra.size() ? fmt::format("{} B (after #{}: {})", ra[i].bytes, ra[i].after,
+                                      item(r, size_t(std::max<int64_t>(ra[i].after - 1, 0))))
+                        : "-");
+  }
   return msg;
 }
 
@@ -196,6 +217,7 @@ TEST_P(StepEvents, EveryAllocationAsPlanned) {
   PlanRequest req;
   req.config = c.config;
   req.world = c.ranks;
+  req.ranks_per_host = c.ranks_per_host;  // the mesh's rows: the shard groups and hpZ's hosts
   req.rank = world.rank();
   const StepTraceResult planned = plan_step_trace(req);
   ASSERT_EQ(planned.step_begins.size(), 2u);

@@ -18,7 +18,17 @@ namespace {
 bool is_reduction(Collective k) {
   return k == Collective::all_reduce || k == Collective::reduce_scatter;
 }
+
+thread_local std::string tls_communicator;  // current_communicator()
 }  // namespace
+
+std::string_view current_communicator() {
+  return tls_communicator;
+}
+
+void Communicator::name_this_thread() const {
+  tls_communicator = label_;
+}
 
 Communicator::Call Communicator::make_call(Collective kind, const void* send, void* recv, int64_t count,
                                            DType dtype, Device device, ReduceOp op, int peer) {
@@ -39,6 +49,7 @@ Communicator::Communicator(int rank, int size, CommOptions options, std::vector<
   members_ = options_.members;
   if (members_.empty())
     for (int r = 0; r < size_; ++r) members_.push_back(r);
+  label_ = !options_.label.empty() ? options_.label : options_.members.empty() ? "world" : "group";
 }
 
 WorkHandle Communicator::validate_and_submit(Call call) {

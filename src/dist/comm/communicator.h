@@ -33,6 +33,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dist/comm/types.h"
@@ -57,6 +58,9 @@ struct CommOptions {
   // Creating one is collective over the world, as MPI_Comm_split: every rank names the group it joins, and
   // the members of a group name it alike (Note [Groups]).
   std::vector<int> members;
+  // What the group is for ("world", "shard", ...: Mesh's kWorldComm and the rest), which names its
+  // communication thread (current_communicator). Empty: "world" for the whole world, else "group".
+  std::string label;
 };
 
 class Communicator {
@@ -73,6 +77,7 @@ class Communicator {
   const std::vector<int>& ring() const { return ring_; }  // the order the ring algorithms visit ranks in
   // The world rank of each of its ranks (what messages name).
   const std::vector<int>& members() const { return members_; }
+  const std::string& label() const { return label_; }  // CommOptions::label, or its default
 
   // Buffers hold `count` elements of `dtype` on `device` unless stated otherwise; send == recv is in place.
   // Shards follow Note [Uneven shards]; `count` is the total element count on every rank. Every call blocks
@@ -137,6 +142,8 @@ class Communicator {
   virtual bool accepts(Device device) const = 0;
   // Called for tensors passed to the Tensor forms (NCCL records them on its stream for the allocator).
   virtual void note_tensor_use(const Tensor& t) {}
+  // A backend calls it first thing on its communication thread: current_communicator() there says label().
+  void name_this_thread() const;
 
  private:
   // The two-level communicator forwards calls to its sub-communicators' backends.
@@ -149,7 +156,14 @@ class Communicator {
   CommOptions options_;
   std::vector<int> ring_;
   std::vector<int> members_;
+  std::string label_;
 };
+
+// On a communicator's communication thread, that communicator's label(); "" on any other thread. What tells
+// one communicator's requests to the allocator (its ring scratch) from another's: each thread makes its own
+// in an order of its own, while the threads' requests interleave as timing has it (Note [Allocator event
+// log]; tests/plan/test_step_events.cpp compares them communicator by communicator).
+std::string_view current_communicator();
 
 // Note [Groups]: a communicator spans all ranks of the world or a group of them (options.members), each with
 // its own MPI communicator (or NCCL communicator) and communication thread, so collectives on different

@@ -105,25 +105,28 @@ Mesh::Mesh(World& world, const CommOptions& options, const std::string& shard_sp
   // spanning the world shares the world's communicator, a group of one needs none.
   Communicator* world_comm = nullptr;
   if (n > 1) {
-    comms_.push_back(make_communicator(world, options));
+    CommOptions o = options;
+    o.label = kWorldComm;
+    comms_.push_back(make_communicator(world, o));
     world_comm = comms_.back().get();
   }
   world_ = ProcessGroup(world_comm, options.device);
-  auto group = [&](const std::vector<std::vector<int>>& groups) {
+  auto group = [&](const std::vector<std::vector<int>>& groups, const char* label) {
     const std::vector<int>& mine = group_of(groups, me);
     if (int(mine.size()) == n) return world_;
     if (mine.size() == 1) return ProcessGroup(options.device, me);
     CommOptions o = options;
     o.members = mine;
     o.ring.clear();
+    o.label = label;
     comms_.push_back(make_communicator(world, o));
     return ProcessGroup(comms_.back().get(), options.device);
   };
-  shard_ = group(shards);
-  replicate_ = group(replicas);
+  shard_ = group(shards, kShardComm);
+  replicate_ = group(replicas, kReplicateComm);
   if (host_levels) {
-    host_ = group(host_groups);
-    cross_ = group(cross_groups);
+    host_ = group(host_groups, kHostComm);
+    cross_ = group(cross_groups, kCrossComm);
   }
 }
 

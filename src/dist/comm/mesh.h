@@ -24,6 +24,15 @@ namespace cz::dist {
 
 class World;
 
+// The labels of the mesh's communicators (CommOptions::label, so their communication threads'
+// current_communicator()); the planner's replay tags each ring scratch with them (engine_trace.cpp in
+// src/dist/plan).
+inline constexpr const char* kWorldComm = "world";
+inline constexpr const char* kShardComm = "shard";
+inline constexpr const char* kReplicateComm = "replicate";
+inline constexpr const char* kHostComm = "host";
+inline constexpr const char* kCrossComm = "cross";
+
 // The hosts of a launch, from the host name each rank reported at start (World::peer).
 struct HostMap {
   std::vector<std::string> hosts;           // in the order of their lowest rank

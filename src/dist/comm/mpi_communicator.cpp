@@ -198,6 +198,7 @@ class MpiCommunicator final : public Communicator {
 
   void loop() {
     Poller::tune_thread();
+    name_this_thread();
     for (;;) {
       Task task;
       {

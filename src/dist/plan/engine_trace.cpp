@@ -22,9 +22,11 @@
 //    reduce-scatter and all-reduce, grown when a larger collective comes (the new block is allocated before
 //    the old one is freed) and kept for good; all-gather and broadcast need none. One rank has no
 //    communicator. The replay grows it when a collective is launched. On a 2-D mesh the shard and replication
-//    groups have communicators (and scratch) of their own: a stage 1-3 partition is reduce-scattered in the
-//    shard group, then its chunk all-reduced across the replication group (Note [Cross all-reduce]); the
-//    loss is all-reduced over the world, the global norm over the shard group.
+//    groups have communicators (and scratch) of their own, unless one spans the world: a stage 1-3 partition
+//    is reduce-scattered in the shard group, then its chunk all-reduced across the replication group (Note
+//    [Cross all-reduce]); the loss is all-reduced over the world, the global norm over the shard group. Each
+//    communicator's thread grows its own scratch, so the replay tags each with the communicator's label
+//    (TraceEvent::thread).
 //  * The step: a one-element f64 tensor per ProcessGroup::all_reduce of a scalar (the mean loss; the global
 //    norm at stages 1-3) and the squared-norm scalars of ShardedState::global_grad_norm, one per partition
 //    summed as they come.
@@ -32,6 +34,7 @@
 
 #include <algorithm>
 
+#include "dist/comm/mesh.h"
 #include "dist/comm/types.h"
 #include "tensor/check.h"
 
@@ -131,14 +134,18 @@ void EngineTrace::finish_oldest() {
 void EngineTrace::ring_scratch(Comm c, int64_t count, int64_t elem_bytes) {
   const int size = c == world_comm ? s_.world : c == shard_comm ? shards() : s_.world / shards();
   if (size < 2) return;
-  if (c == shard_comm && size == s_.world) c = world_comm;  // flat: the shard group is the world
+  // A group spanning the world shares the world's communicator (Mesh): the shard group of a flat run, the
+  // replication group of shard groups of one.
+  if (size == s_.world) c = world_comm;
   const int64_t slot = dist::shard_count(count, size, 0) * elem_bytes;
   const int64_t need = (size > 2 ? 2 : 1) * slot;
   Id& scratch = scratch_[c];
   int64_t& bytes = scratch_bytes_[c];
   if (scratch != kNone && bytes >= need) return;
   bytes = std::max<int64_t>(need, s_.cuda ? 256 : 64);
-  const Id grown = m_.alloc(bytes, Use::scratch, "ring scratch");
+  // The communicator's own thread asks for it (Mesh's labels: its thread's dist::current_communicator()).
+  static constexpr const char* kThread[] = {dist::kWorldComm, dist::kShardComm, dist::kReplicateComm};
+  const Id grown = m_.alloc(bytes, Use::scratch, "ring scratch", -1, kThread[c]);
   if (scratch != kNone) m_.release(scratch);
   scratch = grown;
 }

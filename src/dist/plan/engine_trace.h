@@ -19,8 +19,8 @@ struct EngineSpec {
   int stage = 0;
   int world = 1;
   // A 2-D mesh (--shard-group): the shard group's size (0: the world). Each group of more than one rank that
-  // is not the world has a communicator, and so a ring scratch, of its own: the world's carries the loss, the
-  // shard group's the reduce-scatters and the norm, the replication group's the gradient chunks'
+  // does not span the world has a communicator, and so a ring scratch, of its own: the world's carries the
+  // loss, the shard group's the reduce-scatters and the norm, the replication group's the gradient chunks'
   // all-reduces. (hpZ allocates nothing during a step: its secondary copies are model state, and
   // all-gathers need no ring scratch.)
   int shard = 0;

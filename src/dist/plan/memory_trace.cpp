@@ -16,7 +16,7 @@ int64_t MemoryTrace::page_extra(int64_t cls) const {
   return (cls + page_bytes_ - 1) / page_bytes_ * page_bytes_ - cls;
 }
 
-MemoryTrace::Id MemoryTrace::alloc(int64_t bytes, Use use, const char* what, int part) {
+MemoryTrace::Id MemoryTrace::alloc(int64_t bytes, Use use, const char* what, int part, const char* thread) {
   CZ_ASSERT(bytes >= 0, "negative allocation {} for {}", bytes, what);
   const auto cls = int64_t(round_to_size_class(size_t(bytes)));
   if (int64_t& free_blocks = cached_[cls]; free_blocks > 0) {
@@ -25,7 +25,7 @@ MemoryTrace::Id MemoryTrace::alloc(int64_t bytes, Use use, const char* what, int
     reserved_ += cls;
   }
   const Id id = Id(blocks_.size());
-  blocks_.push_back({bytes, cls, use, part, 1, what});
+  blocks_.push_back({bytes, cls, use, part, 1, what, thread});
   live_.total += cls;
   live_.raw[size_t(use)] += bytes;
   if (use == Use::saved) live_.saved_by_part.at(size_t(part)) += bytes;
@@ -37,7 +37,7 @@ MemoryTrace::Id MemoryTrace::alloc(int64_t bytes, Use use, const char* what, int
       if (b.refs > 0) captured_.push_back({b.what, b.bytes, b.use, b.part});
   }
   ++events_;
-  if (log_) log_->push_back({true, id, bytes, where_, use, what});
+  if (log_) log_->push_back({true, id, bytes, where_, use, what, thread});
   if (live_.total > peak_.total) peak_ = live_;
   return id;
 }
@@ -52,7 +52,7 @@ void MemoryTrace::release(Id id) {
   Block& b = blocks_.at(size_t(id));
   CZ_ASSERT(b.refs > 0, "release of freed block {} ({})", id, b.what);
   if (--b.refs > 0) return;
-  if (log_) log_->push_back({false, id, b.bytes, where_, b.use, b.what});
+  if (log_) log_->push_back({false, id, b.bytes, where_, b.use, b.what, b.thread});
   ++cached_[b.cls];
   live_.total -= b.cls;
   live_.raw[size_t(b.use)] -= b.bytes;

@@ -43,6 +43,9 @@ struct TraceEvent {
   int where;      // label of the op running (MemoryTrace::at)
   Use use;
   const char* what;
+  // Whose thread makes the request: nullptr the training thread's; else the communication thread of the
+  // communicator of that label (dist::Communicator::label(), dist::current_communicator() on that thread).
+  const char* thread;
 };
 
 class MemoryTrace {
@@ -53,7 +56,8 @@ class MemoryTrace {
   // a cudaMalloc).
   explicit MemoryTrace(int parts, int64_t page_bytes = 0);
 
-  Id alloc(int64_t bytes, Use use, const char* what, int part = -1);
+  // `thread`: TraceEvent::thread (a communicator's label, or nullptr for the training thread).
+  Id alloc(int64_t bytes, Use use, const char* what, int part = -1, const char* thread = nullptr);
   void retain(Id id);
   void release(Id id);                    // the block returns to the cache when its last reference goes
   void at(int label) { where_ = label; }  // labels are the caller's (an index into its own list)
@@ -76,6 +80,7 @@ class MemoryTrace {
     int part;
     int refs;
     const char* what;
+    const char* thread;
   };
   int64_t page_extra(int64_t cls) const;
 

@@ -46,10 +46,12 @@
 // which blocks were returned before it. The first difference fails the test with the op as the walk names it
 // ("stages.1.blocks.0 fc1 backward: linear input gradient") and as the profiler names it (LinearBackward),
 // both sizes and a few requests either side. What it cannot hold: the CUDA backend (its allocator keeps no
-// log, and nothing here runs it), and when the communicator's thread grows the ring scratch (its sizes are
+// log, and nothing here runs it), and when a communicator's thread grows its ring scratch (its sizes are
 // compared, not its moment: the walk grows it when the collective is launched, which is never later than
-// the thread does, so the plan errs high there). A change to an op's temporaries is made in the op and
-// here, and the test says where the second one is missing.
+// the thread does, so the plan errs high there). Each communicator (a 2-D mesh has several, each with a
+// thread) is compared on its own, by the label the walk tags its scratch with (TraceEvent::thread) and its
+// thread goes by (dist::current_communicator): the threads' requests interleave as timing has it. A change
+// to an op's temporaries is made in the op and here, and the test says where the second one is missing.
 #include "dist/plan/step_trace.h"
 
 #include <algorithm>
