@@ -36,6 +36,9 @@ inline train::TrainConfig base(std::vector<int64_t> depths, std::vector<int64_t>
   c.loader_threads = 0;  // batches made in step(): the same peak on every run (threads: see "prefetch")
   c.progress = false;
   c.seed = 5;
+  // The flat ring on every row, simulated hosts included (where auto could take two levels); rows with
+  // --comm-impl hier say so.
+  c.comm_impl = "flat";
   return c;
 }
 
