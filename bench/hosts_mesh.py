@@ -11,8 +11,8 @@ Bytes per step: two runs of A and B steps, (host 1's veth tx after the B run - a
 start-up (wire-up, the initial broadcast) and the final evaluation cancel. img/s and times: the mean over the
 B run's steps after the first two. Each rank gets OMP_NUM_THREADS = max(1, cores / ranks) (hosts.sh run), the
 4 ranks share this machine's cores, so compute is that of a quarter of the machine per rank: the what-if model
-is given a compute profile measured under the same sharing (--profile, made by this script with
-bench_train_step when absent).
+is given a compute profile per model measured under the same sharing: 4 bench_train_step --profile processes at
+once, one thread each, the one with the median step time (made by this script unless --profiles names them).
 """
 import argparse
 import csv
@@ -28,15 +28,16 @@ HOSTS = os.path.join(ROOT, "scripts", "hosts.sh")
 
 # name -> flags beyond the common ones
 SETTINGS = {
-    "flat_s0": ["--stage", "0"],
-    "flat_s1": ["--stage", "1"],
-    "flat_s2": ["--stage", "2"],
-    "flat_s3": ["--stage", "3"],
+    "flat_s0": ["--stage", "0", "--comm-impl", "flat"],
+    "flat_s1": ["--stage", "1", "--comm-impl", "flat"],
+    "flat_s2": ["--stage", "2", "--comm-impl", "flat"],
+    "flat_s3": ["--stage", "3", "--comm-impl", "flat"],
     "hier_s0": ["--stage", "0", "--comm-impl", "hier"],
     "hier_s3": ["--stage", "3", "--comm-impl", "hier"],
-    "hsdp_s2": ["--stage", "2", "--shard-group", "host"],
-    "hsdp_s3": ["--stage", "3", "--shard-group", "host"],
-    "hpz_s3": ["--stage", "3", "--hpz"],
+    "hsdp_s2": ["--stage", "2", "--shard-group", "host", "--comm-impl", "flat"],
+    "hsdp_s3": ["--stage", "3", "--shard-group", "host", "--comm-impl", "flat"],
+    "hpz_s3": ["--stage", "3", "--hpz", "--comm-impl", "flat"],
+    "auto_s3": ["--stage", "3"],  # the default: --comm-impl auto
 }
 RATE_GBPS = {"10gbit": 10.0, "1gbit": 1.0, "200mbit": 0.2}
 
@@ -97,6 +98,26 @@ def measure(build, model, micro_batch, setting, a, b, work):
     }
 
 
+def make_profile(build, model, micro_batch, work, ranks=4):
+    """bench_train_step --profile on `ranks` processes at once, one thread each (as the bed's ranks share this
+    machine's cores): the profile with the median step time."""
+    procs, files = [], []
+    for i in range(ranks):
+        f = os.path.join(work, f"profile_{model}_{i}.json")
+        files.append(f)
+        procs.append(subprocess.Popen(
+            [os.path.join(build, "bench", "bench_train_step"), "--model", model, "--batch", str(micro_batch),
+             "--image", "64", "--warmup", "2", "--steps", "4", "--profile", "4", "--json", f],
+            env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    for p in procs:
+        if p.wait() != 0:
+            raise RuntimeError(f"bench_train_step --profile for {model} failed")
+    ms = sorted((json.load(open(f))["ms_per_step"], f) for f in files)
+    print(f"# profile {model}: ms/step {[round(m, 1) for m, _ in ms]}, using {ms[len(ms) // 2][1]}",
+          file=sys.stderr, flush=True)
+    return ms[len(ms) // 2][1]
+
+
 def predict(build, model, micro_batch, setting, topo, profile):
     flags = common_flags(model, micro_batch) + SETTINGS[setting]
     stage = flags[flags.index("--stage") + 1]
@@ -130,6 +151,10 @@ def topology_file(rate, work):
 def inner(args):
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     work = tempfile.mkdtemp(prefix="hosts_mesh_")
+    profiles = dict(kv.split("=", 1) for kv in args.profiles.split(",") if kv)
+    for model in args.models.split(","):
+        if model not in profiles:
+            profiles[model] = make_profile(args.build, model, args.micro_batch, work)
     rows = []
     for rate in args.rates.split(","):
         sh([HOSTS, "shape", rate])
@@ -142,7 +167,7 @@ def inner(args):
                 except RuntimeError as e:
                     print(str(e), file=sys.stderr)
                     m = None
-                pred, why = predict(args.build, model, args.micro_batch, setting, topo, args.profile)
+                pred, why = predict(args.build, model, args.micro_batch, setting, topo, profiles[model])
                 row = {"rate": rate, "model": model, "setting": setting}
                 if m:
                     row.update(m)
@@ -199,7 +224,8 @@ def main():
     p.add_argument("--micro-batch", type=int, default=16)
     p.add_argument("--a", type=int, default=3, help="steps of the short run")
     p.add_argument("--b", type=int, default=8, help="steps of the long run")
-    p.add_argument("--profile", default="", help="compute table for the what-if model (bench_train_step --profile JSON)")
+    p.add_argument("--profiles", default="",
+                   help="MODEL=FILE,... compute tables for the what-if (bench_train_step --profile JSON); default: measured")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "hosts_mesh"))
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()

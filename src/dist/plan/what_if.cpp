@@ -460,6 +460,8 @@ WhatIf what_if(const WhatIfRequest& req) {
       PlanRequest pr;
       pr.config = cfg;
       pr.config.stage = stage;
+      // hpZ is stage 3's across hosts: its other rows are plain stages.
+      if (stage != 3 || levels.hosts.size() < 2) pr.config.hpz = false;
       pr.world = k;
       pr.ranks_per_host = levels.hosts.size() > 1 ? levels.per_host : 0;
       pr.gpu_mem = req.gpu_mem;
