@@ -172,6 +172,20 @@ inline const std::vector<Case>& cases() {
       {"np4_mesh_s3_small_hpz", with(small(3), [](auto& c) { c.hpz = true; }), 4, 2},
       // Shard groups of one: the replication group is the world, and shares the world's communicator.
       {"np4_mesh_s2_small_1", with(small(2), [](auto& c) { c.shard_group = "1"; }), 4, 2},
+      // Two-level collectives (Note [Two-level collectives]) on the two hosts: the host and cross
+      // communicators' scratch and the slots' pack scratch; atto's 25 MB buckets go in pieces (Note
+      // [Two-level pipeline]). Auto: the cost model on the detected topology takes two levels for some calls
+      // and the flat ring for others.
+      {"np4_mesh_s0_small_hier", with(small(0), [](auto& c) { c.comm_impl = "hier"; }), 4, 2},
+      {"np4_mesh_s2_atto_hier",
+       with(atto(64, 8),
+            [](auto& c) {
+              c.stage = 2;
+              c.comm_impl = "hier";
+            }),
+       4, 2},
+      {"np4_mesh_s3_small_hier", with(small(3), [](auto& c) { c.comm_impl = "hier"; }), 4, 2},
+      {"np4_mesh_s0_atto_auto", with(atto(64, 8), [](auto& c) { c.comm_impl = "auto"; }), 4, 2},
   };
   return k;
 }

@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "dist/comm/communicator.h"
+#include "dist/comm/topology_detect.h"
 #include "dist/plan/planner.h"
 #include "dist/train/trainer.h"
 #include "plan_cases.h"
@@ -219,6 +220,8 @@ TEST_P(StepEvents, EveryAllocationAsPlanned) {
   req.world = c.ranks;
   req.ranks_per_host = c.ranks_per_host;  // the mesh's rows: the shard groups and hpZ's hosts
   req.rank = world.rank();
+  // Auto decides each collective on the run's topology (collective: every rank runs every row).
+  if (c.config.comm_impl == "auto" && world.size() > 1) req.topology = dist::detect_topology(world);
   const StepTraceResult planned = plan_step_trace(req);
   ASSERT_EQ(planned.step_begins.size(), 2u);
 

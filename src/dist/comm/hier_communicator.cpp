@@ -24,10 +24,6 @@ namespace cz::dist {
 
 class HierCommunicator final : public Communicator {
  public:
-  // Note [Two-level pipeline]: pieces of at least this size, at most this many.
-  static constexpr int64_t kPieceBytes = 1 << 20;
-  static constexpr int64_t kMaxPieces = 4;
-
   HierCommunicator(const CommOptions& options, const HostMap& hosts, const Topology& topology,
                    std::unique_ptr<Communicator> flat, std::unique_ptr<Communicator> host,
                    std::unique_ptr<Communicator> cross)
@@ -114,27 +110,19 @@ class HierCommunicator final : public Communicator {
 
   // Whether this call takes the two levels: every rank decides alike (same topology, same call).
   bool two_level(Collective kind, size_t bytes, Device device) const override {
-    Call c;
-    c.kind = kind;
-    c.device = device;
-    c.bytes = bytes;
-    if (!is_two_level(c.kind)) return false;
-    const bool staged = backend() == Backend::mpi && c.device.is_cuda();
-    if (algorithm() == Algorithm::hier) {
-      CZ_CHECK_DEVICE(!staged,
-                      "{}: hier over the mpi backend takes CPU buffers, not {} (use the nccl backend, or the "
-                      "ring, which stages CUDA buffers)",
-                      name(c.kind), c.device.str());
-      return true;
-    }
-    if (staged) return false;
+    if (!is_two_level(kind)) return false;
+    if (algorithm() == Algorithm::hier || (backend() == Backend::mpi && device.is_cuda()))
+      return takes_two_levels(algorithm(), backend(), topology_, ring(), hosts_.ranks, kind, bytes, device);
     // A step's buckets repeat a few sizes; the model walks the world's ring, so remember its answers.
     std::lock_guard<std::mutex> lock(choice_mu_);
-    const auto key = std::make_pair(c.kind, c.bytes);
+    const auto key = std::make_pair(kind, bytes);
     auto it = choices_.find(key);
     if (it == choices_.end()) {
       if (choices_.size() >= 256) choices_.clear();  // a sweep of sizes, not a training step
-      it = choices_.emplace(key, predict(c.kind, c.bytes).hier_faster()).first;
+      it = choices_
+               .emplace(key, takes_two_levels(algorithm(), backend(), topology_, ring(), hosts_.ranks, kind,
+                                              bytes, device))
+               .first;
     }
     return it->second;
   }
@@ -195,7 +183,7 @@ class HierCommunicator final : public Communicator {
       // Note [Two-level pipeline]: in pieces, so that piece k crosses hosts while piece k+1 is reduced
       // inside the host and piece k-1 gathered. Every rank cuts alike and submits in the same order, so
       // each sub-communicator sees the same sequence everywhere: host RS 0..P-1, then host AG 0..P-1.
-      const int pieces = int(std::clamp<int64_t>(int64_t(c.bytes) / kPieceBytes, 1, kMaxPieces));
+      const int pieces = two_level_pieces(c.kind, c.count, c.bytes, n);
       const size_t np = size_t(pieces);
       const char* send = static_cast<const char*>(c.send);
       char* recv = static_cast<char*>(c.recv);
@@ -227,7 +215,7 @@ class HierCommunicator final : public Communicator {
     // of every slot, block k of the scratch the n slots' pieces in slot order, so each piece is a contiguous
     // buffer for the host and the cross collectives.
     const int64_t S = (c.count + n - 1) / n;
-    const int pieces = int(std::clamp<int64_t>(int64_t(c.bytes) / kPieceBytes, 1, std::min(kMaxPieces, S)));
+    const int pieces = two_level_pieces(c.kind, c.count, c.bytes, n);
     DataPtr per_call;
     char* P = scratch(size_t(n) * size_t(S) * es, d, per_call);
     auto piece = [&](int k) {
@@ -319,6 +307,7 @@ class HierCommunicator final : public Communicator {
   // --- MPI: the communication thread ---
 
   void loop() {
+    name_this_thread();  // its pack scratch is this communicator's (Note [Allocator event log])
     for (;;) {
       Task task;
       {
@@ -381,6 +370,30 @@ class HierCommunicator final : public Communicator {
   std::string reason_;
 };
 
+int two_level_pieces(Collective kind, int64_t count, size_t bytes, int n) {
+  const int64_t by_size = int64_t(bytes) / kTwoLevelPieceBytes;
+  if (kind == Collective::all_reduce) return int(std::clamp<int64_t>(by_size, 1, kTwoLevelMaxPieces));
+  const int64_t slot = (count + n - 1) / n;  // a piece holds at least one element of every slot
+  return int(std::clamp<int64_t>(by_size, 1, std::max<int64_t>(std::min(kTwoLevelMaxPieces, slot), 1)));
+}
+
+bool takes_two_levels(Algorithm algorithm, Backend backend, const Topology& topology,
+                      const std::vector<int>& ring, const std::vector<std::vector<int>>& host_groups,
+                      Collective kind, size_t bytes, Device device) {
+  if (kind != Collective::all_reduce && kind != Collective::reduce_scatter && kind != Collective::all_gather)
+    return false;
+  const bool staged = backend == Backend::mpi && device.is_cuda();
+  if (algorithm == Algorithm::hier) {
+    CZ_CHECK_DEVICE(!staged,
+                    "{}: hier over the mpi backend takes CPU buffers, not {} (use the nccl backend, or the "
+                    "ring, which stages CUDA buffers)",
+                    name(kind), device.str());
+    return true;
+  }
+  if (staged) return false;
+  return topology.predict_two_level(ring, host_groups, double(bytes), kind).hier_faster();
+}
+
 std::unique_ptr<Communicator> make_hier_communicator(const CommOptions& options, const HostMap& hosts,
                                                      const Topology& topology,
                                                      std::unique_ptr<Communicator> flat,
@@ -435,9 +448,14 @@ std::unique_ptr<Communicator> make_two_level_communicator(World& world, const Co
     if (per_host == 0) c->choice_ = fmt::format("auto: ring: {}", why);
     return c;
   }
-  auto world_comm = make_communicator(world, flat);
   const int me = world.rank();
+  // Each inner communicator's thread by a name of its own (Note [Two-level collectives]).
+  const std::string label = !options.label.empty() ? options.label : "world";
+  flat.label = label + kFlatLevel;
+  auto world_comm = make_communicator(world, flat);
   CommOptions host = flat, cross = flat;
+  host.label = label + kHostLevel;
+  cross.label = label + kCrossLevel;
   host.members = hosts.ranks[size_t(hosts.host_of[size_t(me)])];
   for (const auto& g : hosts.ranks) cross.members.push_back(g[size_t(hosts.local_index[size_t(me)])]);
   host.ring = group_ring(topology, host.members);

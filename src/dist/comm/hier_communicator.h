@@ -37,14 +37,20 @@
 //
 // CPU (MPI backend): submit() queues the call to the communicator's own thread, which issues each step on
 // the sub-communicators and waits for its Work before the next (Note [Comm streams]: the caller never
-// blocks). The sub-communicators have their own threads, so this thread only waits. CUDA (NCCL backend): a
+// blocks). The sub-communicators have their own threads, so this thread only waits, and packs and unpacks
+// reduce-scatter's and all-gather's slots through its scratch (kept between calls, grown as a larger call
+// comes). Each thread goes by a label of its own (current_communicator(), and the planner's replay of their
+// scratch, src/dist/plan/engine_trace.cpp): this thread by the communicator's label, the flat ring, host and
+// cross communicators' by that label with kFlatLevel, kHostLevel and kCrossLevel after it ("world.host"). CUDA (NCCL backend): a
 // sub-collective's Work::wait() only orders the caller's stream after it, so the steps are issued inline
 // from submit(), the copies on the caller's current stream (not run on a GPU yet: no GPU here). CUDA buffers
 // through the MPI backend are not taken by hier (the flat ring stages them; auto routes them there).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dist/comm/communicator.h"
 
@@ -52,6 +58,28 @@ namespace cz::dist {
 
 class Topology;
 struct HostMap;
+
+// The inner communicators' labels: the two-level communicator's own label followed by these.
+inline constexpr const char* kFlatLevel = ".flat";
+inline constexpr const char* kHostLevel = ".host";
+inline constexpr const char* kCrossLevel = ".cross";
+
+// Note [Two-level pipeline]: pieces of at least this size, at most this many.
+inline constexpr int64_t kTwoLevelPieceBytes = 1 << 20;
+inline constexpr int64_t kTwoLevelMaxPieces = 4;
+
+// The pieces a two-level `kind` call of `count` elements (`bytes`) is cut into on hosts of `n` ranks in all
+// (all-reduce: pieces of the buffer; reduce-scatter and all-gather: of every slot, of ceil(count / n)).
+int two_level_pieces(Collective kind, int64_t count, size_t bytes, int n);
+
+// Whether a `kind` call of `bytes` on `device` takes the two levels on a world communicator of `algorithm`
+// (hier or automatic) over `backend`, whose flat ring is `ring` on `topology`, with `host_groups` the world
+// ranks of each host (equal sizes, more than one rank each): hier always (ValueError for CUDA buffers through
+// the MPI backend); auto where the cost model says (Note [Two-level cost model]). What the communicator
+// decides per call, and what the memory planner replays.
+bool takes_two_levels(Algorithm algorithm, Backend backend, const Topology& topology,
+                      const std::vector<int>& ring, const std::vector<std::vector<int>>& host_groups,
+                      Collective kind, size_t bytes, Device device);
 
 // What --impl / --comm-impl hier or auto does on this launch (collective over the world: it detects the
 // topology). `options.algorithm` is hier or automatic, options.members empty. Returns the flat ring when

@@ -27,6 +27,12 @@
 //    [Cross all-reduce]); the loss is all-reduced over the world, the global norm over the shard group. Each
 //    communicator's thread grows its own scratch, so the replay tags each with the communicator's label
 //    (TraceEvent::thread).
+//  * A two-level world communicator (--comm-impl hier, or auto where dist::takes_two_levels says so for the
+//    call; src/dist/comm/hier_communicator.cpp): its host and cross communicators ("world.host",
+//    "world.cross") grow their ring scratch with each piece's steps (Note [Two-level pipeline]), and its own
+//    thread ("world") a pack scratch of the slots for reduce-scatter and all-gather (stage 3's gathers,
+//    stages 1-2's after the update, the trainer's flag check at start), kept and grown like the ring's; calls
+//    it leaves on its flat ring grow that ring's scratch ("world.flat"). EngineTrace::two_level.
 //  * The step: a one-element f64 tensor per ProcessGroup::all_reduce of a scalar (the mean loss; the global
 //    norm at stages 1-3) and the squared-norm scalars of ShardedState::global_grad_norm, one per partition
 //    summed as they come.
@@ -34,6 +40,7 @@
 
 #include <algorithm>
 
+#include "dist/comm/hier_communicator.h"
 #include "dist/comm/mesh.h"
 #include "dist/comm/types.h"
 #include "tensor/check.h"
@@ -68,6 +75,15 @@ int EngineTrace::unit_of_module(const std::string& module) const {
   for (size_t p = 0; p < s_.layout.partitions.size(); ++p)
     if (s_.layout.partitions[p].name == module) return int(p);
   return -1;
+}
+
+void EngineTrace::ranks_agree() {
+  if (s_.world < 2) return;
+  collective(world_comm, dist::Collective::all_gather, s_.agreed_values * s_.world, 8);
+  if (s_.keep_first_mesh || scratch_[pack] == kNone) return;
+  m_.release(scratch_[pack]);  // the first mesh's communicators go, and their scratch with them
+  scratch_[pack] = kNone;
+  scratch_bytes_[pack] = 0;
 }
 
 void EngineTrace::backward_begin(bool last_micro_step) {
@@ -111,10 +127,10 @@ void EngineTrace::launch(size_t p) {
   }
   while (in_flight_.size() >= 2) finish_oldest();
   if (s_.stage == 0) {
-    ring_scratch(world_comm, numel, er);
+    collective(world_comm, dist::Collective::all_reduce, numel, er);
   } else {
-    ring_scratch(shard_comm, numel, er);
-    ring_scratch(replicate_comm, numel / shards(), er);
+    collective(shard_comm, dist::Collective::reduce_scatter, numel, er);
+    collective(replicate_comm, dist::Collective::all_reduce, numel / shards(), er);
   }
   in_flight_.push_back({p, cast});
   if (s_.stage == 3) release(p);
@@ -131,29 +147,72 @@ void EngineTrace::finish_oldest() {
   }
 }
 
-void EngineTrace::ring_scratch(Comm c, int64_t count, int64_t elem_bytes) {
+void EngineTrace::collective(Comm c, dist::Collective kind, int64_t count, int64_t elem_bytes) {
   const int size = c == world_comm ? s_.world : c == shard_comm ? shards() : s_.world / shards();
   if (size < 2) return;
   // A group spanning the world shares the world's communicator (Mesh): the shard group of a flat run, the
   // replication group of shard groups of one.
   if (size == s_.world) c = world_comm;
+  if (c == world_comm && hier() && s_.two_level(kind, count * elem_bytes)) return two_level(kind, count, elem_bytes);
+  if (kind != dist::Collective::all_gather) ring_scratch(c, size, count, elem_bytes);
+}
+
+void EngineTrace::ring_scratch(Comm c, int size, int64_t count, int64_t elem_bytes) {
+  if (count == 0) return;  // the ring returns before it asks for scratch
   const int64_t slot = dist::shard_count(count, size, 0) * elem_bytes;
-  const int64_t need = (size > 2 ? 2 : 1) * slot;
+  grow(c, (size > 2 ? 2 : 1) * slot);
+}
+
+// Note [Two-level collectives], step by step, on hosts of R consecutive ranks: the scratch each call grows
+// on the host and cross communicators' threads, each in its own order (host: the pieces' reduce-scatters;
+// cross: the pieces' all-reduces or reduce-scatters), and the slots' pack scratch on the two-level
+// communicator's own thread. The replay grows them all when the call is launched, never later than the
+// threads do.
+void EngineTrace::two_level(dist::Collective kind, int64_t count, int64_t elem_bytes) {
+  if (count == 0) return;
+  const int R = s_.ranks_per_host, H = s_.world / R, n = s_.world, l = s_.rank % R;
+  const int pieces = dist::two_level_pieces(kind, count, size_t(count * elem_bytes), n);
+  if (kind == dist::Collective::all_reduce) {
+    for (int k = 0; k < pieces; ++k) ring_scratch(host_level, R, dist::shard_count(count, pieces, k), elem_bytes);
+    for (int k = 0; k < pieces; ++k)
+      ring_scratch(cross_level, H, dist::shard_count(dist::shard_count(count, pieces, k), R, l), elem_bytes);
+    return;
+  }
+  const int64_t S = (count + n - 1) / n;  // a slot
+  if (s_.cuda) {
+    // NCCL runs the steps inline on the caller's stream, the pack scratch a block per call.
+    m_.release(m_.alloc(n * S * elem_bytes, Use::scratch, "two-level pack scratch"));
+  } else {
+    grow(pack, n * S * elem_bytes);
+  }
+  if (kind != dist::Collective::reduce_scatter) return;
+  for (int k = 0; k < pieces; ++k) ring_scratch(host_level, R, n * dist::shard_count(S, pieces, k), elem_bytes);
+  for (int k = 0; k < pieces; ++k) ring_scratch(cross_level, H, H * dist::shard_count(S, pieces, k), elem_bytes);
+}
+
+void EngineTrace::grow(Comm c, int64_t need) {
   Id& scratch = scratch_[c];
   int64_t& bytes = scratch_bytes_[c];
   if (scratch != kNone && bytes >= need) return;
-  bytes = std::max<int64_t>(need, s_.cuda ? 256 : 64);
-  // The communicator's own thread asks for it (Mesh's labels: its thread's dist::current_communicator()).
-  static constexpr const char* kThread[] = {dist::kWorldComm, dist::kShardComm, dist::kReplicateComm};
-  const Id grown = m_.alloc(bytes, Use::scratch, "ring scratch", -1, kThread[c]);
+  bytes = std::max<int64_t>(need, s_.cuda && c != pack ? 256 : 64);
+  // The communicator's own thread asks for it, by its label (Mesh's, and a two-level world's inner
+  // communicators' after it: dist::current_communicator() on that thread).
+  static const std::string kWorldFlat = std::string(dist::kWorldComm) + dist::kFlatLevel;
+  static const std::string kWorldHost = std::string(dist::kWorldComm) + dist::kHostLevel;
+  static const std::string kWorldCross = std::string(dist::kWorldComm) + dist::kCrossLevel;
+  static const char* const kThread[] = {dist::kWorldComm, dist::kShardComm,  dist::kReplicateComm,
+                                        kWorldHost.c_str(), kWorldCross.c_str(), dist::kWorldComm};
+  const char* thread = c == world_comm && hier() ? kWorldFlat.c_str() : kThread[c];
+  const Id grown = m_.alloc(bytes, Use::scratch, c == pack ? "two-level pack scratch" : "ring scratch", -1, thread);
   if (scratch != kNone) m_.release(scratch);
   scratch = grown;
 }
 
 void EngineTrace::gather(size_t p) {
   if (gathered_[p] != kNone) return;
-  gathered_[p] =
-      m_.alloc(s_.layout.partitions[p].numel * int64_t(dtype_size(s_.compute)), Use::gather, "gathered unit");
+  const int64_t numel = s_.layout.partitions[p].numel, ec = int64_t(dtype_size(s_.compute));
+  gathered_[p] = m_.alloc(numel * ec, Use::gather, "gathered unit");
+  if (!(s_.hpz && backward_)) collective(shard_comm, dist::Collective::all_gather, numel, ec);
 }
 
 void EngineTrace::release(size_t p) {
@@ -201,7 +260,7 @@ void EngineTrace::all_reduce_scalar_in(Comm c) {
   const int size = c == world_comm ? s_.world : shards();
   if (size < 2) return;  // a group of one returns the value
   const Id t = m_.alloc(8, Use::transient, "all-reduced scalar");
-  ring_scratch(c, 1, 8);
+  collective(c, dist::Collective::all_reduce, 1, 8);
   m_.release(t);
 }
 
@@ -217,6 +276,10 @@ void EngineTrace::optimizer_step() {
   }
   if (s_.stage > 0) all_reduce_scalar_in(shard_comm);
   m_.release(sum);
+  // Stages 1-2: the updated chunks are all-gathered into the compute copy (ChunkGatherer::after_update).
+  if (s_.stage == 1 || s_.stage == 2)
+    for (const zero::Partition& part : s_.layout.partitions)
+      collective(shard_comm, dist::Collective::all_gather, part.numel, int64_t(dtype_size(s_.compute)));
 }
 
 }  // namespace cz::plan

@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "dist/comm/types.h"
 #include "dist/plan/memory_trace.h"
 #include "dist/zero/partition.h"
 #include "tensor/dtype.h"
@@ -28,7 +30,18 @@ struct EngineSpec {
   DType compute = DType::f32, reduce = DType::f32;
   int prefetch = 1;
   bool offload = false;  // --offload-optimizer: the model state differs, not what a step allocates
+  bool hpz = false;      // stage 3 --hpz: backward gathers inside the host group (Note [hpZ])
   bool cuda = false;     // the ring's scratch comes from the device allocator with a 256-byte minimum on CUDA
+  // The world's communicator in two levels (--comm-impl hier or auto on hosts of several ranks, Note
+  // [Two-level collectives]): the ranks of a host (consecutive world ranks), this rank, and which calls take
+  // them (dist::takes_two_levels); 0 / empty: the flat ring.
+  int ranks_per_host = 0;
+  int rank = 0;
+  std::function<bool(dist::Collective kind, int64_t bytes)> two_level;
+  // Trainer::check_ranks_agree all-gathers this many f64 values per rank over the first mesh's world, which
+  // the trainer keeps unless --shard-group or --hpz makes it build another (keep_first_mesh).
+  int64_t agreed_values = 0;
+  bool keep_first_mesh = true;
 };
 
 class EngineTrace {
@@ -41,6 +54,9 @@ class EngineTrace {
   size_t param_index(const std::string& name) const;
   int unit_of_module(const std::string& module) const;
 
+  // The Trainer's constructor, before the model is built: the flags' agreement over the world (a two-level
+  // world's pack scratch; Note [What the engine allocates]).
+  void ranks_agree();
   // ZeroEngine::backward: before loss.backward() and after it (flush: what is still in flight ends).
   void backward_begin(bool last_micro_step);
   void backward_end();
@@ -65,8 +81,16 @@ class EngineTrace {
   void gather(size_t p);
   void release(size_t p);
   void prefetch_after(size_t p, bool backward);
-  enum Comm { world_comm, shard_comm, replicate_comm };
-  void ring_scratch(Comm c, int64_t count, int64_t elem_bytes);
+  // The communicators whose threads grow a scratch: the mesh's, and a two-level world's host and cross
+  // communicators and its own thread (the pack scratch; its flat ring is world_comm).
+  enum Comm { world_comm, shard_comm, replicate_comm, host_level, cross_level, pack, kComms };
+  // A `kind` collective of `count` elements on communicator `c` (a mesh group's): the scratch it grows.
+  void collective(Comm c, dist::Collective kind, int64_t count, int64_t elem_bytes);
+  void two_level(dist::Collective kind, int64_t count, int64_t elem_bytes);
+  // A ring reduce-scatter or all-reduce of `count` elements over `size` ranks on `c`.
+  void ring_scratch(Comm c, int size, int64_t count, int64_t elem_bytes);
+  void grow(Comm c, int64_t need);
+  bool hier() const { return s_.ranks_per_host > 1 && s_.ranks_per_host < s_.world && bool(s_.two_level); }
   int shards() const { return s_.shard > 0 ? s_.shard : s_.world; }
   void all_reduce_scalar_in(Comm c);
 
@@ -83,8 +107,8 @@ class EngineTrace {
   bool backward_ = false;
   bool recording_ = true;  // stage 3: the first forward records the unit order
   std::vector<size_t> order_, position_;
-  Id scratch_[3] = {-1, -1, -1};
-  int64_t scratch_bytes_[3] = {0, 0, 0};
+  Id scratch_[kComms] = {-1, -1, -1, -1, -1, -1};
+  int64_t scratch_bytes_[kComms] = {};
 };
 
 }  // namespace cz::plan

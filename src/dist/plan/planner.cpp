@@ -6,11 +6,14 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <initializer_list>
 #include <map>
 
 #include <fmt/format.h>
 
+#include "dist/comm/hier_communicator.h"
+#include "dist/comm/topology_detect.h"
 #include "dist/plan/step_trace.h"
 #include "dist/plan/zero_memory.h"
 #include "dist/train/flags.h"
@@ -37,6 +40,8 @@ struct Setup {
   int rank = 0;
   int shard = 1;      // the shard group's ranks (--shard-group; the world when flat)
   int hpz_ranks = 0;  // --hpz: ranks per host
+  int per_host = 0;   // ranks per host when the world's collectives may take two levels; else 0
+  std::function<bool(dist::Collective, int64_t)> two_level;  // which of them do (EngineSpec::two_level)
 };
 
 // The engine's layout and model state at `stage`, with or without offload.
@@ -107,6 +112,12 @@ StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bo
   sp.engine.reduce = s.reduce;
   sp.engine.prefetch = s.cfg.prefetch;
   sp.engine.offload = engine.spec.offload;
+  sp.engine.hpz = engine.spec.hpz_ranks_per_host > 0;
+  sp.engine.ranks_per_host = s.per_host;
+  sp.engine.rank = s.rank;
+  sp.engine.two_level = s.two_level;
+  for (const train::Flag& f : train::flags()) sp.engine.agreed_values += f.ranks_agree ? 1 : 0;
+  sp.engine.keep_first_mesh = s.cfg.shard_group == "world" && !s.cfg.hpz;
   sp.engine.cuda = s.cuda;
   // The second step meets the cache the first one left (the steady state), and stage 3 prefetches from the
   // second pass on.
@@ -207,6 +218,37 @@ Setup setup_of(const PlanRequest& req) {
   CZ_CHECK(!s.cfg.hpz || per_host < s.world, "{} needs more than one host; the plan has all {} ranks on one",
            train::flag_name(&train::TrainConfig::hpz), s.world);
   s.hpz_ranks = s.cfg.hpz ? per_host : 0;
+  // --comm-impl hier or auto makes the world's communicator two-level on hosts of several ranks
+  // (make_two_level_communicator; the mesh's other groups run the ring).
+  const dist::Algorithm algorithm = train::world_algorithm(s.cfg);
+  if (algorithm != dist::Algorithm::ring && per_host > 1 && per_host < s.world) {
+    s.per_host = per_host;
+    std::vector<std::vector<int>> hosts(size_t(s.world / per_host));
+    for (int r = 0; r < s.world; ++r) hosts[size_t(r / per_host)].push_back(r);
+    dist::Topology topology;
+    if (req.topology) {
+      CZ_CHECK(req.topology->num_ranks() == s.world, "plan: a topology of {} ranks for a world of {}",
+               req.topology->num_ranks(), s.world);
+      topology = *req.topology;
+    } else if (algorithm == dist::Algorithm::automatic) {
+      std::vector<dist::RankPlace> places;
+      const dist::DetectOptions defaults;
+      for (int r = 0; r < s.world; ++r) {
+        dist::RankPlace p;
+        p.rank = r;
+        p.host = fmt::format("host{}", r / per_host);
+        p.net_gbps = defaults.net_gbps;
+        places.push_back(std::move(p));
+      }
+      topology = dist::build_topology(places, defaults);
+    }
+    const std::vector<int> ring = algorithm == dist::Algorithm::automatic ? topology.ring_order() : std::vector<int>{};
+    const dist::Backend backend = s.cuda ? dist::Backend::nccl : dist::Backend::mpi;
+    const Device device = s.cuda ? Device::cuda(0) : Device::cpu();
+    s.two_level = [=](dist::Collective kind, int64_t bytes) {
+      return dist::takes_two_levels(algorithm, backend, topology, ring, hosts, kind, size_t(bytes), device);
+    };
+  }
   s.model = s.cfg.model_config();
   s.params = nn::convnext_parameters(s.model);
   return s;

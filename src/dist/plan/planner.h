@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dist/comm/topology.h"
 #include "dist/plan/step_trace.h"
 #include "dist/train/config.h"
 
@@ -20,8 +21,14 @@ namespace cz::plan {
 struct PlanRequest {
   train::TrainConfig config;       // as for a run: model, image size, micro-batch, precision, ZeRO flags, ...
   int world = 1;                   // ranks
-  // Ranks per host, for --shard-group host and --hpz (Note [2-D mesh]); 0: all ranks on one host.
+  // Ranks per host, for --shard-group host, --hpz (Note [2-D mesh]) and two-level collectives (--comm-impl
+  // hier or auto, Note [Two-level collectives]); 0: all ranks on one host.
   int ranks_per_host = 0;
+  // The run's topology (dist::detect_topology, or a topology file), for --comm-impl auto across hosts: each
+  // of the world's collectives is planned on the algorithm the communicator's cost model will pick for it
+  // (dist::takes_two_levels). Without one, the topology of CPU ranks on hosts of ranks_per_host with the
+  // detector's default link speeds (dist::DetectOptions).
+  std::optional<dist::Topology> topology;
   std::optional<int64_t> gpu_mem;  // bytes of device memory to fit in (--gpu-mem)
   bool max_micro_batch = true;     // search the largest micro-batch per stage (needs gpu_mem)
   // Whose share of a checkpoint's host copy is planned (with config.checkpoint_dir): rank 0's, the largest
