@@ -191,7 +191,14 @@ def inner(args):
 
 
 def plot(rows, path):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # a pyenv or venv python3: Debian's has python3-matplotlib
+        csv_path = os.path.splitext(path)[0] + ".csv"
+        if subprocess.call(["/usr/bin/python3", os.path.abspath(__file__), "--plot-only", csv_path]) != 0:
+            print(f"hosts_mesh: no plot ({sys.executable} and /usr/bin/python3 lack matplotlib)", file=sys.stderr)
+        return
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     models = sorted({r["model"] for r in rows})
@@ -228,8 +235,13 @@ def main():
                    help="MODEL=FILE,... compute tables for the what-if (bench_train_step --profile JSON); default: measured")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "hosts_mesh"))
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--plot-only", metavar="CSV", help="only draw the plot of an earlier run's CSV (next to it)")
     args = p.parse_args()
     args.build = os.path.abspath(args.build)
+    if args.plot_only:
+        with open(args.plot_only) as f:
+            plot(list(csv.DictReader(f)), os.path.splitext(args.plot_only)[0] + ".png")
+        return 0
     for s in args.settings.split(","):
         if s not in SETTINGS:
             p.error(f"--settings: unknown setting '{s}' (known: {', '.join(SETTINGS)})")

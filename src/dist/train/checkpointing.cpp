@@ -83,7 +83,7 @@ void Trainer::finish_pending_save() {
 int Trainer::step_boundary() {
   const bool unwritten = pending_save_ && !pending_save_->written();
   std::vector<double> all = {double(stop_signal()), unwritten ? 1.0 : 0.0};
-  all = group_.all_gather(all);
+  all = control_.all_gather(all);  // Note [Control communicator]
   int sig = 0;
   bool written = true;
   for (size_t r = 0; r < all.size(); r += 2) {
