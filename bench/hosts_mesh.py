@@ -9,10 +9,11 @@ Run as root from the repository:  python3 bench/hosts_mesh.py [--build build] [-
 
 Bytes per step: two runs of A and B steps, (host 1's veth tx after the B run - after the A run) / (B - A), so
 start-up (wire-up, the initial broadcast) and the final evaluation cancel. img/s and times: the mean over the
-B run's steps after the first two. Each rank gets OMP_NUM_THREADS = max(1, cores / ranks) (hosts.sh run), the
-4 ranks share this machine's cores, so compute is that of a quarter of the machine per rank: the what-if model
-is given a compute profile per model measured under the same sharing: 4 bench_train_step --profile processes at
-once, one thread each, the one with the median step time (made by this script unless --profiles names them).
+B run's steps after the first two, and
+the step on the clock, (wall time of the B run - that of the A run) / (B - A), from which img/s is taken.
+Each rank gets OMP_NUM_THREADS = max(1, cores / ranks) (hosts.sh run); the 4 ranks share this machine's cores, so compute is that of a quarter of the machine per rank: the what-if model
+is given a compute profile per model measured on one thread alone and scaled to a rank's share of the cores
+(made by this script unless --profiles names them).
 """
 import argparse
 import csv
@@ -22,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOSTS = os.path.join(ROOT, "scripts", "hosts.sh")
@@ -57,10 +59,14 @@ def common_flags(model, micro_batch):
 
 
 def train_run(build, flags, steps, log):
+    """Runs convnext_zero across the bed; returns its wall-clock seconds."""
     cmd = [HOSTS, "run", os.path.join(build, "apps", "convnext_zero")] + flags + ["--steps", str(steps), "--log", log]
+    t0 = time.monotonic()
     r = subprocess.run(cmd, text=True, capture_output=True)
+    wall = time.monotonic() - t0
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return wall
 
 
 def step_records(log):
@@ -75,19 +81,23 @@ def step_records(log):
 
 def measure(build, model, micro_batch, setting, a, b, work):
     flags = common_flags(model, micro_batch) + SETTINGS[setting]
-    tx = {}
+    tx, wall = {}, {}
     for steps in (a, b):
         before = [host_tx(1), host_tx(2)]
-        train_run(build, flags, steps, os.path.join(work, f"{setting}_{steps}.jsonl"))
+        wall[steps] = train_run(build, flags, steps, os.path.join(work, f"{model}_{setting}_{steps}.jsonl"))
         after = [host_tx(1), host_tx(2)]
         tx[steps] = [x - y for x, y in zip(after, before)]
-    recs = step_records(os.path.join(work, f"{setting}_{b}.jsonl"))[2:]
+    recs = step_records(os.path.join(work, f"{model}_{setting}_{b}.jsonl"))[2:]
     mean = lambda k: sum(float(r.get(k, 0)) for r in recs) / len(recs)
     per_step = [(tx[b][h] - tx[a][h]) / (b - a) for h in range(2)]
     last = recs[-1]
+    # A step on the clock: the B run's wall time less the A run's, per step (start-up and the final evaluation
+    # cancel); the logged step_time_s beside it.
+    step_s = (wall[b] - wall[a]) / (b - a)
     return {
-        "img_per_s": mean("img_per_s"),
-        "step_s": mean("step_s") if "step_s" in last else float(micro_batch * 4) / mean("img_per_s"),
+        "img_per_s": micro_batch * 4 / step_s,
+        "step_s": step_s,
+        "logged_step_s": mean("step_time_s"),
         "comm_s": mean("comm_s"),
         "comm_exposed_s": mean("comm_exposed_s"),
         "engine_bytes_rank0": float(last.get("comm_bytes", 0)),
@@ -99,23 +109,25 @@ def measure(build, model, micro_batch, setting, a, b, work):
 
 
 def make_profile(build, model, micro_batch, work, ranks=4):
-    """bench_train_step --profile on `ranks` processes at once, one thread each (as the bed's ranks share this
-    machine's cores): the profile with the median step time."""
-    procs, files = [], []
-    for i in range(ranks):
-        f = os.path.join(work, f"profile_{model}_{i}.json")
-        files.append(f)
-        procs.append(subprocess.Popen(
-            [os.path.join(build, "bench", "bench_train_step"), "--model", model, "--batch", str(micro_batch),
-             "--image", "64", "--warmup", "2", "--steps", "4", "--profile", "4", "--json", f],
-            env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    for p in procs:
-        if p.wait() != 0:
-            raise RuntimeError(f"bench_train_step --profile for {model} failed")
-    ms = sorted((json.load(open(f))["ms_per_step"], f) for f in files)
-    print(f"# profile {model}: ms/step {[round(m, 1) for m, _ in ms]}, using {ms[len(ms) // 2][1]}",
-          file=sys.stderr, flush=True)
-    return ms[len(ms) // 2][1]
+    """bench_train_step --profile of one process with one thread, alone on the machine, then scaled to a rank's
+    share of the cores (cores / ranks: the bed's ranks all share this machine's cores) with the compute
+    table's scale_from / scale_to. Four profiles taken at once instead gave 73-116 ms a step for the same
+    atto configuration, as the processes finished at different times."""
+    f = os.path.join(work, f"profile_{model}.json")
+    subprocess.run([os.path.join(build, "bench", "bench_train_step"), "--model", model, "--batch", str(micro_batch),
+                    "--image", "64", "--warmup", "3", "--steps", "8", "--profile", "6", "--json", f],
+                   env=dict(os.environ, OMP_NUM_THREADS="1"), check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    share = min(1.0, os.cpu_count() / ranks)
+    prof = json.load(open(f))
+    scaled = {"profile": prof, "scale_from": {"matmul_tflops": 1.0, "memory_gbps": 1.0},
+              "scale_to": {"device": f"cpu, {share:g} core per rank", "matmul_tflops": share, "memory_gbps": share}}
+    out = os.path.join(work, f"profile_{model}_share.json")
+    with open(out, "w") as g:
+        json.dump(scaled, g)
+    print(f"# profile {model}: {prof['ms_per_step']:.1f} ms a step alone on one thread; x{1 / share:g} for a rank's "
+          f"share of the cores", file=sys.stderr, flush=True)
+    return out
 
 
 def predict(build, model, micro_batch, setting, topo, profile):
