@@ -4,9 +4,11 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <variant>
 #include <vector>
@@ -117,7 +119,8 @@ int run_plan(const cz::train::TrainConfig& cfg, const PlanFlags& f) {
   req.config = cfg;
   req.world = f.ranks_opt->count() > 0 ? f.ranks : cz::plan::launcher_world_size();  // make_plan checks it
   // --shard-group host and --hpz need the hosts: as the launcher (or $CZ_SIMULATE_HOSTS) puts the ranks.
-  if (const int per = cz::plan::launcher_ranks_per_host(); per > 0 && req.world % per == 0) req.ranks_per_host = per;
+  if (const int per = cz::plan::launcher_ranks_per_host(); per > 0 && req.world % per == 0)
+    req.ranks_per_host = per;
   if (!f.gpu_mem.empty()) req.gpu_mem = cz::plan::parse_memory_size(f.gpu_mem, f.gpu_mem_name());
   const cz::plan::Plan p = cz::plan::make_plan(req);
   // Scripts test the exit code: 3 (distinct from 1, an error) when --gpu-mem is given and the plan does not
@@ -268,18 +271,24 @@ int main(int argc, char** argv) {
   add_flags(app, cfg);
   PlanFlags plan_flags;
   add_plan_flags(app, plan_flags);
-  // Before MPI starts, every rank of a job sees the same command line: one of them reports its errors.
+  // Before MPI starts, every rank of a job sees the same command line: one of them reports its errors. The
+  // others wait for it before they exit: mpirun ends the job at the first non-zero exit, and killed the lead
+  // before it had printed (app_mesh lost "--hpz shards over the world" 2 runs in 3 beside another test).
   const bool lead_process = cz::plan::launcher_rank() == 0;
+  auto refuse = [&](int code) {
+    if (!lead_process && code != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+    return code;
+  };
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = lead_process ? app.exit(e) : e.get_exit_code();
-    return code == 0 ? 0 : kExitUsage;  // --help is not an error
+    return refuse(code == 0 ? 0 : kExitUsage);  // --help is not an error
   }
   if (!app.remaining().empty()) {
     if (lead_process)
       fmt::print(stderr, "convnext_zero: error: {}\n", unknown_argument(app, app.remaining()));
-    return kExitUsage;
+    return refuse(kExitUsage);
   }
   using cz::train::flag_name, cz::train::TrainConfig;
   const char* const steps_flag = flag_name(&TrainConfig::steps);
@@ -300,7 +309,7 @@ int main(int argc, char** argv) {
     cfg.validate();
   } catch (const std::exception& e) {
     if (lead_process) fmt::print(stderr, "convnext_zero: error: {}\n", e.what());
-    return kExitFailed;
+    return refuse(kExitFailed);
   }
 
   cz::dist::World* world = nullptr;

@@ -11,16 +11,17 @@ namespace cz {
 // Note [Passive OpenMP waits]: libgomp's default wait policy spins at every barrier for a while before it
 // sleeps. Where a rank's threads share cores with anything else (other ranks, other jobs, namespace hosts of
 // the test bed, a build) a spinning thread steals the core its partner needs and every parallel region gets
-// several times slower. ConvNeXt-atto (64 px, micro-batch 16, one process of 2 threads on this 2-core machine):
+// several times slower. ConvNeXt-atto (64 px, micro-batch 16, one process of 2 threads on this 2-core
+// machine):
 //   beside a compiler:            12-14 img/s spinning (the default), 95-110 passive;
 //   beside two busy loops:        50-54 img/s spinning even with GOMP_SPINCOUNT=1000-10000, 228 passive;
 //   alone on an idle machine:     390-395 img/s spinning, 303-312 passive (22% slower).
 // No spin count avoids the cliff, so the project does not spin: programs call this first thing in main():
-// unless OMP_WAIT_POLICY is set, it sets it to passive and re-executes the program, since libgomp reads it only
-// when it loads. On a machine the run has to itself, OMP_WAIT_POLICY=active is faster (the user's setting
-// wins; docs/training.md says so). With one thread per rank (ranks >= cores) the policy makes no difference.
-// The pid, arguments and open files stay. Returns only when no re-exec happened (set already, or exec failed:
-// then the default policy stays).
+// unless OMP_WAIT_POLICY is set, it sets it to passive and re-executes the program, since libgomp reads it
+// only when it loads. On a machine the run has to itself, OMP_WAIT_POLICY=active is faster (the user's
+// setting wins; docs/training.md says so). With one thread per rank (ranks >= cores) the policy makes no
+// difference. The pid, arguments and open files stay. Returns only when no re-exec happened (set already, or
+// exec failed: then the default policy stays).
 void use_passive_omp_waits(char** argv);
 
 int available_cores();  // CPUs in this process's affinity mask

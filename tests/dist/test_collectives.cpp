@@ -574,7 +574,8 @@ TEST(Mesh, GroupsReduceOverTheirMembers) {
     Mesh mesh(w, o, spec, host_levels);
     const auto shards = shard_groups(spec, hosts);
     const auto replicas = replicate_groups(shards);
-    auto expect_group = [&](const ProcessGroup& g, const std::vector<std::vector<int>>& groups, const char* what) {
+    auto expect_group = [&](const ProcessGroup& g, const std::vector<std::vector<int>>& groups,
+                            const char* what) {
       SCOPED_TRACE(fmt::format("--shard-group {}: {} group", spec, what));
       const std::vector<int>* mine = nullptr;
       for (const auto& grp : groups)

@@ -118,7 +118,8 @@ TEST(Names, RoundTripAndRejectUnknown) {
   EXPECT_EQ(parse_backend("nccl"), Backend::nccl);
   EXPECT_EQ(parse_reduce_op("avg"), ReduceOp::avg);
   EXPECT_THROW(parse_algorithm("tree"), ValueError);
-  EXPECT_EQ(describe_call(Collective::all_gather, 64, {0, 1, 2}), "all_gather of 64 bytes on ranks [0, 1, 2]");
+  EXPECT_EQ(describe_call(Collective::all_gather, 64, {0, 1, 2}),
+            "all_gather of 64 bytes on ranks [0, 1, 2]");
   EXPECT_EQ(describe_call(Collective::all_reduce, 8, {1, 3}), "all_reduce of 8 bytes on ranks [1, 3]");
   EXPECT_EQ(rank_list(40), "[0..39]");
 }

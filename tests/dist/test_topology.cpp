@@ -275,7 +275,6 @@ TEST(Topology, RejectsMalformedJson) {
   EXPECT_THROW(t.predict({0, 1}, 1e6), ValueError);
 }
 
-
 // Note [2-D mesh]: hosts in the order of their lowest rank, shard groups by host or by size, replication
 // groups across them, and errors that name the flag.
 TEST(Mesh, HostsShardAndReplicationGroups) {
@@ -289,7 +288,8 @@ TEST(Mesh, HostsShardAndReplicationGroups) {
   EXPECT_EQ(shard_groups("world", m), (std::vector<std::vector<int>>{{0, 1, 2, 3, 4, 5}}));
   EXPECT_EQ(shard_groups("2", m), (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}}));
   EXPECT_EQ(replicate_groups(shard_groups("3", m)), (std::vector<std::vector<int>>{{0, 3}, {1, 4}, {2, 5}}));
-  EXPECT_HAS(error_of<ValueError>([&] { shard_groups("4", m); }), "--shard-group 4 does not divide the 6 ranks");
+  EXPECT_HAS(error_of<ValueError>([&] { shard_groups("4", m); }),
+             "--shard-group 4 does not divide the 6 ranks");
   EXPECT_HAS(error_of<ValueError>([&] { shard_groups("hosts", m); }), "got 'hosts'");
   const HostMap uneven = HostMap::of({"a", "a", "b"});
   EXPECT_EQ(uneven.ranks_per_host(), 0);

@@ -350,7 +350,7 @@ struct MeshCase {
 // did (Note [hpZ]).
 TEST(ZeroMesh, EveryMeshTrainsAsTheFlatRun) {
   if (!two_hosts_of_two()) GTEST_SKIP() << "needs 4 ranks on 2 (simulated) hosts";
-  const MeshCase cases[] = {{1, "host", false, false}, {2, "2", false, false},  {3, "host", false, false},
+  const MeshCase cases[] = {{1, "host", false, false}, {2, "2", false, false},   {3, "host", false, false},
                             {3, "world", true, false}, {2, "host", false, true}, {3, "2", false, true},
                             {3, "world", true, true}};
   RunResult flat[4];
@@ -430,13 +430,14 @@ TEST(ZeroMesh, StateAndCrossHostBytesFollowTheMesh) {
   EXPECT_EQ(flat2.comm_cross_bytes, hsdp3.comm_cross_bytes);
   // Model states: the shard group's N = 2 for HSDP (twice flat stage 3's per rank); hpZ: flat's plus Psi/2
   // fp32 elements.
-  EXPECT_NEAR(double(hsdp3.model_state_bytes) / double(flat3.model_state_bytes), double(psi_h) / double(psi) * 2,
-              0.02);
+  EXPECT_NEAR(double(hsdp3.model_state_bytes) / double(flat3.model_state_bytes),
+              double(psi_h) / double(psi) * 2, 0.02);
   EXPECT_NEAR(double(hpz3.model_state_bytes - flat3.model_state_bytes), double(psi_z) / 2 * 4, 4096);
   if (world().rank() == 0)
     std::printf("cross-host bytes per step (rank 0): flat stage 3 %lld, HSDP %lld (%.3f), hpZ %lld (%.3f)\n",
                 (long long)flat3.comm_cross_bytes, (long long)hsdp3.comm_cross_bytes,
-                double(hsdp3.comm_cross_bytes) / double(flat3.comm_cross_bytes), (long long)hpz3.comm_cross_bytes,
+                double(hsdp3.comm_cross_bytes) / double(flat3.comm_cross_bytes),
+                (long long)hpz3.comm_cross_bytes,
                 double(hpz3.comm_cross_bytes) / double(flat3.comm_cross_bytes));
 }
 

@@ -179,7 +179,6 @@ TEST(WhatIfStep, BackwardHidesEarlierBucketsAndPrefetchHidesGathers) {
   EXPECT_NEAR(prefetch.comm_s, no_prefetch.comm_s, 1e-12);
 }
 
-
 // Two hosts of `per_host` CPU ranks joined by a `gbps` GB/s network link (the test bed's shape).
 dist::Topology two_hosts(int per_host, double gbps) {
   nlohmann::json nodes = nlohmann::json::array();
@@ -187,10 +186,15 @@ dist::Topology two_hosts(int per_host, double gbps) {
     std::vector<int> ranks;
     for (int i = 0; i < per_host; ++i) ranks.push_back(h * per_host + i);
     nodes.push_back({{"id", fmt::format("host{}", h)}, {"type", "host"}, {"up_gbps", gbps}});
-    nodes.push_back({{"id", fmt::format("cpu{}", h)}, {"type", "cpu"}, {"parent", fmt::format("host{}", h)},
+    nodes.push_back({{"id", fmt::format("cpu{}", h)},
+                     {"type", "cpu"},
+                     {"parent", fmt::format("host{}", h)},
                      {"up_gbps", 20}});
-    nodes.push_back({{"id", fmt::format("proc{}", h)}, {"type", "proc"}, {"parent", fmt::format("cpu{}", h)},
-                     {"up_gbps", 20}, {"ranks", ranks}});
+    nodes.push_back({{"id", fmt::format("proc{}", h)},
+                     {"type", "proc"},
+                     {"parent", fmt::format("cpu{}", h)},
+                     {"up_gbps", 20},
+                     {"ranks", ranks}});
   }
   return dist::Topology::from_json({{"nodes", nodes}});
 }
@@ -199,8 +203,8 @@ dist::Topology two_hosts(int per_host, double gbps) {
 // link R times. Bytes a host sends across per step, for B bytes of model on 2 hosts x 2 ranks: flat stage 3
 // makes three passes (gathers in forward and backward, the reduce-scatter), each 3B/4 over the host's one
 // crossing hop of the 4-rank ring: 9B/4. HSDP all-reduces each rank's B/2 chunk across hosts: 2 x (B/4) per
-// rank, B per host: 4/9 of flat. hpZ keeps backward's gathers inside the host: 2/3. At stage 0 the flat ring's
-// all-reduce sends 2(n-1)/n B = 3B/2 per host, the two-level one 2(H-1)/H B = B: 2/3.
+// rank, B per host: 4/9 of flat. hpZ keeps backward's gathers inside the host: 2/3. At stage 0 the flat
+// ring's all-reduce sends 2(n-1)/n B = 3B/2 per host, the two-level one 2(H-1)/H B = B: 2/3.
 TEST(WhatIfMesh, RingsHostsAndCrossHostBytes) {
   const dist::Topology topo = two_hosts(2, 0.125);
   EXPECT_EQ(host_groups(topo), (std::vector<std::vector<int>>{{0, 1}, {2, 3}}));

@@ -181,8 +181,8 @@ void World::setup(const WorldOptions& options) {
   // ranks on other simulated hosts are then not watched for liveness (their failures surface as timeouts).
   if (const char* sim = std::getenv("CZ_SIMULATE_HOSTS"); sim && *sim) {
     const int per = std::atoi(sim);
-    CZ_CHECK(per >= 1 && size_ % per == 0, "$CZ_SIMULATE_HOSTS={} must be a number of ranks dividing the {} ranks",
-             sim, size_);
+    CZ_CHECK(per >= 1 && size_ % per == 0,
+             "$CZ_SIMULATE_HOSTS={} must be a number of ranks dividing the {} ranks", sim, size_);
     const std::string name = fmt::format("{}~{}", mine.host, rank_ / per);
     fmt::format_to_n(mine.host, kHostLen - 1, "{}", name).out[0] = '\0';
   }

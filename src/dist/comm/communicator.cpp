@@ -213,8 +213,8 @@ std::unique_ptr<Communicator> make_communicator(World& world, const CommOptions&
     for (int r = 0; r < world.size(); ++r) members.push_back(r);
   int me = -1;
   for (size_t i = 0; i < members.size(); ++i) {
-    CZ_CHECK(members[i] >= 0 && members[i] < world.size(), "communicator: member {} is not a rank of a world of {}",
-             members[i], world.size());
+    CZ_CHECK(members[i] >= 0 && members[i] < world.size(),
+             "communicator: member {} is not a rank of a world of {}", members[i], world.size());
     CZ_CHECK(std::count(members.begin(), members.end(), members[i]) == 1,
              "communicator: rank {} is named twice in the group {}", members[i], rank_list(members));
     if (members[i] == world.rank()) me = int(i);
@@ -249,10 +249,11 @@ std::unique_ptr<Communicator> make_communicator(World& world, const CommOptions&
   CZ_MPI(MPI_Comm_size(group.comm, &split_size));
   if (split_size != n) {
     MPI_Comm_free(&group.comm);
-    throw ValueError(fmt::format(
-        "communicator: rank {} asked for the group {}, but {} ranks joined it (every member must name the same "
-        "group)",
-        world.rank(), rank_list(members), split_size));
+    throw ValueError(
+        fmt::format("communicator: rank {} asked for the group {}, but {} ranks joined it (every member must "
+                    "name the same "
+                    "group)",
+                    world.rank(), rank_list(members), split_size));
   }
   CommOptions opt = options;
   opt.members = options.members.empty() ? std::vector<int>{} : members;

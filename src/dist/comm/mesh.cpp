@@ -55,7 +55,8 @@ std::vector<std::vector<int>> shard_groups(const std::string& spec, const HostMa
     const auto [end, ec] = std::from_chars(spec.data(), spec.data() + spec.size(), size);
     CZ_CHECK(ec == std::errc() && end == spec.data() + spec.size() && size >= 1,
              "--shard-group must be world, host or a number of ranks >= 1, got '{}'", spec);
-    CZ_CHECK(world % size == 0, "--shard-group {} does not divide the {} ranks into equal groups", spec, world);
+    CZ_CHECK(world % size == 0, "--shard-group {} does not divide the {} ranks into equal groups", spec,
+             world);
   }
   std::vector<std::vector<int>> groups(size_t(world / size));
   for (int r = 0; r < world; ++r) groups[size_t(r / size)].push_back(r);
@@ -94,10 +95,11 @@ Mesh::Mesh(World& world, const CommOptions& options, const std::string& shard_sp
   const auto replicas = replicate_groups(shards);
   std::vector<std::vector<int>> host_groups, cross_groups;
   if (host_levels) {
-    CZ_CHECK(hosts_.ranks_per_host() > 0,
-             "node-aware communication needs the same number of ranks on every host; this launch has {} ranks "
-             "on {} hosts",
-             n, hosts_.num_hosts());
+    CZ_CHECK(
+        hosts_.ranks_per_host() > 0,
+        "node-aware communication needs the same number of ranks on every host; this launch has {} ranks "
+        "on {} hosts",
+        n, hosts_.num_hosts());
     host_groups = hosts_.ranks;
     cross_groups = replicate_groups(host_groups);
   }

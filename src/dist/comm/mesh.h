@@ -10,8 +10,8 @@
 // `--shard-group N` takes blocks of N consecutive world ranks.
 //
 // The host groups (the ranks of this rank's host) and the cross groups (the ranks with this rank's local
-// index on every host) are the two levels of the node-aware collectives and of hpZ's host-local copy; a host's
-// ranks are numbered by world rank, so cross group i holds the i-th rank of each host.
+// index on every host) are the two levels of the node-aware collectives and of hpZ's host-local copy; a
+// host's ranks are numbered by world rank, so cross group i holds the i-th rank of each host.
 #pragma once
 
 #include <memory>
@@ -35,10 +35,10 @@ inline constexpr const char* kCrossComm = "cross";
 
 // The hosts of a launch, from the host name each rank reported at start (World::peer).
 struct HostMap {
-  std::vector<std::string> hosts;           // in the order of their lowest rank
-  std::vector<int> host_of;                 // per world rank: its index in `hosts`
-  std::vector<std::vector<int>> ranks;      // per host: its world ranks, ascending
-  std::vector<int> local_index;             // per world rank: its index in its host's ranks
+  std::vector<std::string> hosts;       // in the order of their lowest rank
+  std::vector<int> host_of;             // per world rank: its index in `hosts`
+  std::vector<std::vector<int>> ranks;  // per host: its world ranks, ascending
+  std::vector<int> local_index;         // per world rank: its index in its host's ranks
 
   int num_hosts() const { return int(hosts.size()); }
   // The ranks every host has, or 0 when hosts differ.

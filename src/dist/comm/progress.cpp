@@ -71,11 +71,11 @@ void Poller::check(int waiting_for) {
     }
   }
   if (now >= deadline_) {
-    throw CommError(fmt::format("comm timeout: {} after {:.1f} s{}", what_, timeout_s_,
-                                waiting_for >= 0 ? fmt::format(" (waiting for rank {})",
-                                                               members_ ? (*members_)[size_t(waiting_for)]
-                                                                        : waiting_for)
-                                                 : ""));
+    throw CommError(fmt::format(
+        "comm timeout: {} after {:.1f} s{}", what_, timeout_s_,
+        waiting_for >= 0
+            ? fmt::format(" (waiting for rank {})", members_ ? (*members_)[size_t(waiting_for)] : waiting_for)
+            : ""));
   }
 }
 

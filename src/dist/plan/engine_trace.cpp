@@ -153,7 +153,8 @@ void EngineTrace::collective(Comm c, dist::Collective kind, int64_t count, int64
   // A group spanning the world shares the world's communicator (Mesh): the shard group of a flat run, the
   // replication group of shard groups of one.
   if (size == s_.world) c = world_comm;
-  if (c == world_comm && hier() && s_.two_level(kind, count * elem_bytes)) return two_level(kind, count, elem_bytes);
+  if (c == world_comm && hier() && s_.two_level(kind, count * elem_bytes))
+    return two_level(kind, count, elem_bytes);
   if (kind != dist::Collective::all_gather) ring_scratch(c, size, count, elem_bytes);
 }
 
@@ -173,7 +174,8 @@ void EngineTrace::two_level(dist::Collective kind, int64_t count, int64_t elem_b
   const int R = s_.ranks_per_host, H = s_.world / R, n = s_.world, l = s_.rank % R;
   const int pieces = dist::two_level_pieces(kind, count, size_t(count * elem_bytes), n);
   if (kind == dist::Collective::all_reduce) {
-    for (int k = 0; k < pieces; ++k) ring_scratch(host_level, R, dist::shard_count(count, pieces, k), elem_bytes);
+    for (int k = 0; k < pieces; ++k)
+      ring_scratch(host_level, R, dist::shard_count(count, pieces, k), elem_bytes);
     for (int k = 0; k < pieces; ++k)
       ring_scratch(cross_level, H, dist::shard_count(dist::shard_count(count, pieces, k), R, l), elem_bytes);
     return;
@@ -186,8 +188,10 @@ void EngineTrace::two_level(dist::Collective kind, int64_t count, int64_t elem_b
     grow(pack, n * S * elem_bytes);
   }
   if (kind != dist::Collective::reduce_scatter) return;
-  for (int k = 0; k < pieces; ++k) ring_scratch(host_level, R, n * dist::shard_count(S, pieces, k), elem_bytes);
-  for (int k = 0; k < pieces; ++k) ring_scratch(cross_level, H, H * dist::shard_count(S, pieces, k), elem_bytes);
+  for (int k = 0; k < pieces; ++k)
+    ring_scratch(host_level, R, n * dist::shard_count(S, pieces, k), elem_bytes);
+  for (int k = 0; k < pieces; ++k)
+    ring_scratch(cross_level, H, H * dist::shard_count(S, pieces, k), elem_bytes);
 }
 
 void EngineTrace::grow(Comm c, int64_t need) {
@@ -200,10 +204,11 @@ void EngineTrace::grow(Comm c, int64_t need) {
   static const std::string kWorldFlat = std::string(dist::kWorldComm) + dist::kFlatLevel;
   static const std::string kWorldHost = std::string(dist::kWorldComm) + dist::kHostLevel;
   static const std::string kWorldCross = std::string(dist::kWorldComm) + dist::kCrossLevel;
-  static const char* const kThread[] = {dist::kWorldComm, dist::kShardComm,  dist::kReplicateComm,
+  static const char* const kThread[] = {dist::kWorldComm,   dist::kShardComm,    dist::kReplicateComm,
                                         kWorldHost.c_str(), kWorldCross.c_str(), dist::kWorldComm};
   const char* thread = c == world_comm && hier() ? kWorldFlat.c_str() : kThread[c];
-  const Id grown = m_.alloc(bytes, Use::scratch, c == pack ? "two-level pack scratch" : "ring scratch", -1, thread);
+  const Id grown =
+      m_.alloc(bytes, Use::scratch, c == pack ? "two-level pack scratch" : "ring scratch", -1, thread);
   if (scratch != kNone) m_.release(scratch);
   scratch = grown;
 }

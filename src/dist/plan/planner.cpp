@@ -242,7 +242,8 @@ Setup setup_of(const PlanRequest& req) {
       }
       topology = dist::build_topology(places, defaults);
     }
-    const std::vector<int> ring = algorithm == dist::Algorithm::automatic ? topology.ring_order() : std::vector<int>{};
+    const std::vector<int> ring =
+        algorithm == dist::Algorithm::automatic ? topology.ring_order() : std::vector<int>{};
     const dist::Backend backend = s.cuda ? dist::Backend::nccl : dist::Backend::mpi;
     const Device device = s.cuda ? Device::cuda(0) : Device::cpu();
     s.two_level = [=](dist::Collective kind, int64_t bytes) {

@@ -19,8 +19,8 @@
 namespace cz::plan {
 
 struct PlanRequest {
-  train::TrainConfig config;       // as for a run: model, image size, micro-batch, precision, ZeRO flags, ...
-  int world = 1;                   // ranks
+  train::TrainConfig config;  // as for a run: model, image size, micro-batch, precision, ZeRO flags, ...
+  int world = 1;              // ranks
   // Ranks per host, for --shard-group host, --hpz (Note [2-D mesh]) and two-level collectives (--comm-impl
   // hier or auto, Note [Two-level collectives]); 0: all ranks on one host.
   int ranks_per_host = 0;

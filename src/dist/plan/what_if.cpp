@@ -32,8 +32,8 @@
 //    all-gather is the reverse;
 //  * --shard-group host (HSDP): the state is sharded over each host's ranks; a bucket is reduce-scattered on
 //    the shard (host) communicator and its chunk then all-reduced on the replication (cross) communicator,
-//    two timelines, so the next bucket's reduce-scatter overlaps this one's all-reduce; gathers stay inside the
-//    host; the global norm is reduced over the shard group;
+//    two timelines, so the next bucket's reduce-scatter overlaps this one's all-reduce; gathers stay inside
+//    the host; the global norm is reduced over the shard group;
 //  * --hpz (stage 3): forward gathers over the world, backward gathers inside the host (the secondary copy).
 // The bytes a host sends to other hosts in a step are counted hop by hop: what the veth counters of the test
 // bed see (bench/hosts_mesh.py).
@@ -233,8 +233,10 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   enum class Level { world, hosts, cross };
   // One collective on every group of `level` at once, on timeline `tl`, not before `at`: when it ends.
   auto level_collective = [&](Level level, Collective kind, double bytes, double at, Timeline tl) {
-    const std::vector<std::vector<int>>& rings =
-        level == Level::hosts ? lv.hosts : level == Level::cross ? lv.cross : std::vector<std::vector<int>>{comm.order()};
+    const std::vector<std::vector<int>>& rings = level == Level::hosts ? lv.hosts
+                                                 : level == Level::cross
+                                                     ? lv.cross
+                                                     : std::vector<std::vector<int>>{comm.order()};
     double d = 0;
     if (level == Level::world)
       d = comm.seconds(kind, bytes);
@@ -247,7 +249,8 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
       for (const auto& ring : rings)
         for (size_t i = 0; i < ring.size(); ++i) {
           const int a = ring[i], b = ring[(i + 1) % ring.size()];
-          if (host_of[size_t(a)] != host_of[size_t(b)]) host_sent[size_t(host_of[size_t(a)])] += steps * bytes / g;
+          if (host_of[size_t(a)] != host_of[size_t(b)])
+            host_sent[size_t(host_of[size_t(a)])] += steps * bytes / g;
         }
     }
     const double start = std::max(at, comm_free[tl]);

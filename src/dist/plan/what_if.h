@@ -59,10 +59,10 @@ struct WhatIfRow {
   double host_wait_s = 0;  // offload: time it waited for the host (copies and the CPU optimizer)
   double step_s = 0;
   double img_per_s = 0;
-  double scaling = 0;        // img/s over (ranks x img/s on one rank) at the same stage
-  int64_t comm_bytes = 0;    // bytes this rank sends (the ring's count)
+  double scaling = 0;            // img/s over (ranks x img/s on one rank) at the same stage
+  int64_t comm_bytes = 0;        // bytes this rank sends (the ring's count)
   int64_t cross_host_bytes = 0;  // bytes the busiest host sends to other hosts in a step (all its ranks)
-  int64_t memory_bytes = 0;  // the planner's required bytes per GPU
+  int64_t memory_bytes = 0;      // the planner's required bytes per GPU
   std::optional<bool> fits;
 };
 

@@ -278,8 +278,8 @@ std::vector<Flag> make_flags() {
        .check =
            [](C c, F f) {
              const std::string& v = c.shard_group;
-             const bool number = !v.empty() && v.size() <= 6 && v.find_first_not_of("0123456789") ==
-                                 std::string::npos && std::stoi(v) >= 1;
+             const bool number = !v.empty() && v.size() <= 6 &&
+                                 v.find_first_not_of("0123456789") == std::string::npos && std::stoi(v) >= 1;
              CZ_CHECK(v == "world" || v == "host" || number,
                       "{} must be world, host or a number of ranks >= 1, got '{}'", f.name, v);
            },

@@ -96,8 +96,8 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
       mesh_ = dist::Mesh(world_, opt, cfg_.shard_group, cfg_.hpz);
     }
     // Note [Control communicator]: the step boundary's stop-and-publish exchange (Note [Stopping on request])
-    // runs on a world communicator of its own. On the world's, it queued behind the parameter all-gathers that
-    // stages 1-2 launch after the update to overlap the next forward, so the host waited for them at the
+    // runs on a world communicator of its own. On the world's, it queued behind the parameter all-gathers
+    // that stages 1-2 launch after the update to overlap the next forward, so the host waited for them at the
     // boundary, outside the step's timer: the overlap was lost and img/s overstated (ConvNeXt-femto, 2 hosts
     // x 2 ranks at 200 Mbit/s, stage 1: 1.39 s a step on the clock, 0.75 s logged). MPI's own collectives
     // (builtin) move its few values without ring scratch.
@@ -164,9 +164,11 @@ void Trainer::build_model() {
     if (cfg_.reset_head) model_->reset_head(cfg_.seed + 1);
   }
   model_->set_activation_checkpointing(cfg_.activation_checkpointing);
-  zero::ZeroGroups groups{mesh_.world(), mesh_.shard(), mesh_.replicate(), mesh_.host(), mesh_.hosts().host_of};
-  engine_ = std::make_unique<zero::ZeroEngine>(*model_, model_->units(), std::move(groups),
-                                               zero_config(cfg_, device_), make_optimizer(cfg_), make_ema(cfg_));
+  zero::ZeroGroups groups{mesh_.world(), mesh_.shard(), mesh_.replicate(), mesh_.host(),
+                          mesh_.hosts().host_of};
+  engine_ =
+      std::make_unique<zero::ZeroEngine>(*model_, model_->units(), std::move(groups),
+                                         zero_config(cfg_, device_), make_optimizer(cfg_), make_ema(cfg_));
 }
 
 // Both splits read this rank's share of global batches of micro-batch x ranks; evaluation reads every example

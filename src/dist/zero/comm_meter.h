@@ -23,8 +23,8 @@ class CommMeter {
   // rank sends as many bytes to its successor (ring_bytes_sent); of those that cross hosts (on the links to
   // another host), this rank counts its equal share, so that a host's ranks together count what leaves the
   // host when the groups are alike on every host (as a mesh's are), and rank 0's log alone tells it. In two
-  // levels (Note [Two-level collectives]) a rank sends (R-1)/R of the buffer inside its host per host step and
-  // its cross group's ring share of the buffer's 1/R across hosts, all of that leaving the host.
+  // levels (Note [Two-level collectives]) a rank sends (R-1)/R of the buffer inside its host per host step
+  // and its cross group's ring share of the buffer's 1/R across hosts, all of that leaving the host.
   void sent(const dist::ProcessGroup& group, int64_t bytes, dist::Collective kind);
   // Communication buffers allocated (bytes > 0) or freed (bytes < 0).
   void hold(int64_t bytes);

@@ -15,15 +15,16 @@
 //   stage 3: as stage 2 with units for buckets, and parameters sharded too (Note [Stage-3 units]).
 // At most two collectives are in flight: a third waits for the oldest, which bounds the bucket memory.
 // On a 2-D mesh (--shard-group, Note [2-D mesh] in dist/comm/mesh.h) stages 1-3 shard over the shard group of
-// S ranks instead of the world: the layout has S shards, each bucket is reduce-scattered (averaged) inside the
-// shard group and this rank's chunk of it then all-reduced (averaged) across the replication group, the W/S
-// ranks holding the same chunk (GradReducer: Note [Cross all-reduce]); the mean of equal groups' means is the
-// world's mean. The global norm and the fp16 overflow decision sum over the shard group only (the replicas
-// hold equal chunks); stages 1-2 all-gather the parameters in the shard group. Stage 0 is unchanged.
+// S ranks instead of the world: the layout has S shards, each bucket is reduce-scattered (averaged) inside
+// the shard group and this rank's chunk of it then all-reduced (averaged) across the replication group, the
+// W/S ranks holding the same chunk (GradReducer: Note [Cross all-reduce]); the mean of equal groups' means is
+// the world's mean. The global norm and the fp16 overflow decision sum over the shard group only (the
+// replicas hold equal chunks); stages 1-2 all-gather the parameters in the shard group. Stage 0 is unchanged.
 // The parts: stages 0-1 reduce in place in the full gradient buffer and stages 2-3 in buckets (GradReducer's
-// mode); stage 0 all-reduces, stages 1-3 reduce-scatter; the ShardedState is sharded over the shard group (the
-// world, unless --shard-group makes a 2-D mesh) at stages 1-3 and over a group of one at stage 0; the gatherer is the ChunkGatherer at stages 1-2, the UnitGatherer
-// at stage 3, none at stage 0. So the stage is read once, here, when the parts are built.
+// mode); stage 0 all-reduces, stages 1-3 reduce-scatter; the ShardedState is sharded over the shard group
+// (the world, unless --shard-group makes a 2-D mesh) at stages 1-3 and over a group of one at stage 0; the
+// gatherer is the ChunkGatherer at stages 1-2, the UnitGatherer at stage 3, none at stage 0. So the stage is
+// read once, here, when the parts are built.
 //
 // Note [Overlapped parameter all-gather]: at stages 1-2 the updated chunks are all-gathered after the step,
 // when nothing is left to overlap them with, so they are only launched there; each module's forward-pre hook
@@ -72,15 +73,15 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
            "ZeRO: the process group's buffers are on {}, the engine's on {}", groups_.world.device().str(),
            cfg_.device.str());
   CZ_CHECK(groups_.shard.size() * groups_.replicate.size() == groups_.world.size(),
-           "ZeRO: a mesh of shard groups of {} and replication groups of {} on {} ranks", groups_.shard.size(),
-           groups_.replicate.size(), groups_.world.size());
+           "ZeRO: a mesh of shard groups of {} and replication groups of {} on {} ranks",
+           groups_.shard.size(), groups_.replicate.size(), groups_.world.size());
   CZ_CHECK(!cfg_.hpz || cfg_.stage == 3, "ZeRO: --hpz is for --stage 3, got --stage {}", cfg_.stage);
   CZ_CHECK(!cfg_.hpz || groups_.replicate.size() == 1,
            "ZeRO: --hpz shards over the world; with --shard-group the shard already stays on the host");
   meter_.set_hosts(groups_.host_of);
   const bool sharded = cfg_.stage > 0, units_gathered = cfg_.stage == 3, buckets = cfg_.stage >= 2;
-  // What the state is sharded over: the shard group (the world when flat), or at stage 0 a group of one (every
-  // rank holds all of it).
+  // What the state is sharded over: the shard group (the world when flat), or at stage 0 a group of one
+  // (every rank holds all of it).
   const dist::ProcessGroup shard_group = sharded ? groups_.shard : dist::ProcessGroup(cfg_.device);
   const auto named = model.named_parameters();
   std::vector<ParamShape> shapes;
@@ -123,9 +124,8 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
     Tensor shard = mixed ? chunks.to(cfg_.compute_dtype) : chunks;
     for (size_t p = 0; p < np; ++p)
       compute_chunks_.push_back(shard.narrow(0, layout_.local_offset(p), layout_.chunk(p)));
-    gatherer_ =
-        std::make_unique<UnitGatherer>(layout_, model, param_list, shard, cfg_.prefetch, shard_group, meter_,
-                                       cfg_.hpz ? std::optional(groups_.host) : std::nullopt);
+    gatherer_ = std::make_unique<UnitGatherer>(layout_, model, param_list, shard, cfg_.prefetch, shard_group,
+                                               meter_, cfg_.hpz ? std::optional(groups_.host) : std::nullopt);
   } else {
     params_ = mixed ? flat.params.to(cfg_.compute_dtype) : flat.params;
     if (mixed) bind_parameters(named, layout_.flat, params_);
@@ -272,7 +272,8 @@ std::vector<std::pair<std::string, std::vector<ZeroEngine::OwnedChunk>>> ZeroEng
     std::vector<OwnedChunk> v;
     // A replicated state is written by one replica: at stage 0 rank 0, on a mesh the first rank of each
     // replication group (their states are equal); the others name the kinds.
-    const bool writes = (state_->group().size() > 1 || groups_.world.rank() == 0) && groups_.replicate.rank() == 0;
+    const bool writes =
+        (state_->group().size() > 1 || groups_.world.rank() == 0) && groups_.replicate.rank() == 0;
     if (!for_save || writes)
       for (auto& [range, values] : chunks) v.push_back({range, values});
     out.emplace_back(kind, std::move(v));

@@ -42,11 +42,12 @@ struct ZeroConfig {
 // The process groups the engine communicates in (Note [2-D mesh] in dist/comm/mesh.h, Note [ZeRO step]).
 // Flat: shard = world, replicate and host groups of one.
 struct ZeroGroups {
-  dist::ProcessGroup world;      // stage 0's all-reduce, rank 0's initial weights
-  dist::ProcessGroup shard;      // stages 1-3: the model state is sharded over it ...
-  dist::ProcessGroup replicate;  // ... and replicated over it: each reduced gradient chunk is all-reduced here
-  dist::ProcessGroup host;       // hpZ: this rank's host, where backward's gathers stay
-  std::vector<int> host_of;      // the host of each world rank (StepStats::comm_cross_bytes); empty: one host
+  dist::ProcessGroup world;  // stage 0's all-reduce, rank 0's initial weights
+  dist::ProcessGroup shard;  // stages 1-3: the model state is sharded over it ...
+  dist::ProcessGroup
+      replicate;             // ... and replicated over it: each reduced gradient chunk is all-reduced here
+  dist::ProcessGroup host;   // hpZ: this rank's host, where backward's gathers stay
+  std::vector<int> host_of;  // the host of each world rank (StepStats::comm_cross_bytes); empty: one host
   static ZeroGroups flat(const dist::ProcessGroup& world);
 };
 

@@ -63,8 +63,9 @@ UnitGatherer::UnitGatherer(const ZeroLayout& layout, nn::Module& model, const st
   if (host_) {
     const int r = host_->size();
     for (const Partition& part : layout_.partitions)
-      CZ_CHECK(part.numel % r == 0, "ZeRO-3 hpZ: unit '{}' of {} elements does not split over {} ranks per host",
-               part.name, part.numel, r);
+      CZ_CHECK(part.numel % r == 0,
+               "ZeRO-3 hpZ: unit '{}' of {} elements does not split over {} ranks per host", part.name,
+               part.numel, r);
     secondary_ = empty({hpz_secondary_numel(layout_, r)}, shard_.dtype(), shard_.device());
     int64_t off = 0;
     for (const Partition& part : layout_.partitions) {
@@ -115,8 +116,7 @@ void UnitGatherer::gather(size_t p) {
   // hpZ: backward gathers inside the host from the slices its forward kept (Note [hpZ]).
   from_host_[p] = host_ && phase_ == Phase::backward && slice_valid_[p];
   const dist::ProcessGroup& group = from_host_[p] ? *host_ : group_;
-  const Tensor mine =
-      from_host_[p] ? slice_[p] : shard_.narrow(0, layout_.local_offset(p), layout_.chunk(p));
+  const Tensor mine = from_host_[p] ? slice_[p] : shard_.narrow(0, layout_.local_offset(p), layout_.chunk(p));
   // A group of one copies its shard's bytes (Note [Releasable storage]: not an in-place write).
   work_[p] = group.all_gather(mine, gathered_[p]);
   meter_.sent(group, gathered_[p].nbytes(), dist::Collective::all_gather);

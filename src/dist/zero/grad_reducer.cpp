@@ -1,16 +1,17 @@
 // The gradient reducer's hooks, buckets and collectives. At most two collectives are in flight: a third waits
 // for the oldest, which bounds the bucket memory.
 //
-// Note [Cross all-reduce]: on a 2-D mesh a partition's reduction is two collectives: the reduce-scatter in the
-// shard group, then the all-reduce of this rank's chunk across the replication group. The second may only
+// Note [Cross all-reduce]: on a 2-D mesh a partition's reduction is two collectives: the reduce-scatter in
+// the shard group, then the all-reduce of this rank's chunk across the replication group. The second may only
 // start once the first has written the chunk, and the training thread must not block for it: on the CPU each
 // group's collectives run on their own communication thread, so the reducer launches a partition's all-reduce
 // from its in-flight queue as soon as it sees the reduce-scatter completed (Work::is_completed, checked at
 // every launch and grad-ready hook), and only the wait for the oldest partition blocks, as without a mesh. On
 // CUDA the same test queries the reduce-scatter's event: launching at once would order the compute stream
-// (Work::wait) behind a collective still running, stalling backward's kernels. The all-reduces are launched in the partitions' launch order, which
-// is the same on every rank (timing decides only when, never the order), so they match across the group.
-// Both average: the replication group's mean of the shard groups' means (all of S ranks) is the world mean.
+// (Work::wait) behind a collective still running, stalling backward's kernels. The all-reduces are launched
+// in the partitions' launch order, which is the same on every rank (timing decides only when, never the
+// order), so they match across the group. Both average: the replication group's mean of the shard groups'
+// means (all of S ranks) is the world mean.
 #include "dist/zero/grad_reducer.h"
 
 #include "tensor/autograd/engine.h"

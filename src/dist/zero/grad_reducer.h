@@ -57,7 +57,7 @@ class GradReducer {
   struct InFlight {
     size_t partition;
     dist::WorkHandle work;
-    Tensor buffer;  // what the collective reduces (a bucket, or a range of the full gradient buffer)
+    Tensor buffer;           // what the collective reduces (a bucket, or a range of the full gradient buffer)
     dist::WorkHandle cross;  // the chunk's all-reduce across the replication group, once launched
     bool crossed = false;    // launched (or none needed)
   };

@@ -28,7 +28,7 @@ struct StepStats {
   // Of comm_bytes, this rank's share of what its rings send from one host to another (CommMeter::sent): the
   // sum over a host's ranks is what leaves the host, R x rank 0's with R ranks per host on a mesh.
   int64_t comm_cross_bytes = 0;
-  double comm_s = 0;       // time the step's collectives ran (0 where the backend does not time them)
+  double comm_s = 0;  // time the step's collectives ran (0 where the backend does not time them)
   // Note [Exposed communication]: the part of comm_s during which the host was waiting for a collective, so
   // 0 <= comm_exposed_s <= comm_s; comm_wait_s is all the time the host waited, which also holds the hand-off
   // to the communication thread and the wake-ups.
