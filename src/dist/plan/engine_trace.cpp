@@ -31,7 +31,7 @@
 //    call; src/dist/comm/hier_communicator.cpp): its host and cross communicators ("world.host",
 //    "world.cross") grow their ring scratch with each piece's steps (Note [Two-level pipeline]), and its own
 //    thread ("world") a pack scratch of the slots for reduce-scatter and all-gather (stage 3's gathers,
-//    stages 1-2's after the update, the trainer's flag check at start), kept and grown like the ring's; calls
+//    stages 1-2's after the update), kept and grown like the ring's; calls
 //    it leaves on its flat ring grow that ring's scratch ("world.flat"). EngineTrace::two_level.
 //  * The step: a one-element f64 tensor per ProcessGroup::all_reduce of a scalar (the mean loss; the global
 //    norm at stages 1-3) and the squared-norm scalars of ShardedState::global_grad_norm, one per partition
@@ -75,15 +75,6 @@ int EngineTrace::unit_of_module(const std::string& module) const {
   for (size_t p = 0; p < s_.layout.partitions.size(); ++p)
     if (s_.layout.partitions[p].name == module) return int(p);
   return -1;
-}
-
-void EngineTrace::ranks_agree() {
-  if (s_.world < 2) return;
-  collective(world_comm, dist::Collective::all_gather, s_.agreed_values * s_.world, 8);
-  if (s_.keep_first_mesh || scratch_[pack] == kNone) return;
-  m_.release(scratch_[pack]);  // the first mesh's communicators go, and their scratch with them
-  scratch_[pack] = kNone;
-  scratch_bytes_[pack] = 0;
 }
 
 void EngineTrace::backward_begin(bool last_micro_step) {

@@ -38,10 +38,6 @@ struct EngineSpec {
   int ranks_per_host = 0;
   int rank = 0;
   std::function<bool(dist::Collective kind, int64_t bytes)> two_level;
-  // Trainer::check_ranks_agree all-gathers this many f64 values per rank over the first mesh's world, which
-  // the trainer keeps unless --shard-group or --hpz makes it build another (keep_first_mesh).
-  int64_t agreed_values = 0;
-  bool keep_first_mesh = true;
 };
 
 class EngineTrace {
@@ -54,9 +50,6 @@ class EngineTrace {
   size_t param_index(const std::string& name) const;
   int unit_of_module(const std::string& module) const;
 
-  // The Trainer's constructor, before the model is built: the flags' agreement over the world (a two-level
-  // world's pack scratch; Note [What the engine allocates]).
-  void ranks_agree();
   // ZeroEngine::backward: before loss.backward() and after it (flush: what is still in flight ends).
   void backward_begin(bool last_micro_step);
   void backward_end();

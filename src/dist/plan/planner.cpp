@@ -116,8 +116,6 @@ StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bo
   sp.engine.ranks_per_host = s.per_host;
   sp.engine.rank = s.rank;
   sp.engine.two_level = s.two_level;
-  for (const train::Flag& f : train::flags()) sp.engine.agreed_values += f.ranks_agree ? 1 : 0;
-  sp.engine.keep_first_mesh = s.cfg.shard_group == "world" && !s.cfg.hpz;
   sp.engine.cuda = s.cuda;
   // The second step meets the cache the first one left (the steady state), and stage 3 prefetches from the
   // second pass on.

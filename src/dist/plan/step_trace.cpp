@@ -210,7 +210,6 @@ class Walker {
 void Walker::build() {
   // Trainer::build_model: each parameter is allocated, conv and linear weights drawn through an f64 host
   // tensor (random.cpp assign), then moved into the flat buffers; the freed blocks stay in the cache.
-  engine_.ranks_agree();
   std::vector<Id> params;
   const std::vector<nn::ParamInfo> list = nn::convnext_parameters(s_.model);
   for (const nn::ParamInfo& p : list)

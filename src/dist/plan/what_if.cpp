@@ -47,6 +47,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "dist/comm/mesh.h"
 #include "dist/plan/planner.h"
 #include "dist/plan/zero_memory.h"
 #include "dist/train/flags.h"
@@ -176,11 +177,7 @@ Levels mesh_levels(const dist::Topology& t) {
   lv.per_host = int(lv.hosts.front().size());
   for (const auto& h : lv.hosts)
     if (int(h.size()) != lv.per_host) lv.per_host = 0;
-  if (lv.per_host > 0) {
-    lv.cross.resize(size_t(lv.per_host));
-    for (const auto& h : lv.hosts)
-      for (size_t i = 0; i < h.size(); ++i) lv.cross[i].push_back(h[i]);
-  }
+  if (lv.per_host > 0) lv.cross = dist::replicate_groups(lv.hosts);
   return lv;
 }
 

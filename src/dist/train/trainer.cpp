@@ -86,26 +86,24 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     opt.backend = device_.is_cuda() ? dist::Backend::nccl : dist::Backend::mpi;
     opt.algorithm = world_algorithm(cfg_);
     opt.timeout_s = cfg_.comm_timeout_s;
-    // The ranks agree on the flags (--shard-group and --hpz among them) over the world before the mesh's
-    // groups are made: ranks naming different groups would wait for each other forever.
-    mesh_ = dist::Mesh(world_, opt, "world", false);
-    group_ = mesh_.world();
-    check_ranks_agree();
-    if (cfg_.shard_group != "world" || cfg_.hpz) {
-      group_ = dist::ProcessGroup(device_);
-      mesh_ = dist::Mesh(world_, opt, cfg_.shard_group, cfg_.hpz);
-    }
-    // Note [Control communicator]: the step boundary's stop-and-publish exchange (Note [Stopping on request])
-    // runs on a world communicator of its own. On the world's, it queued behind the parameter all-gathers
-    // that stages 1-2 launch after the update to overlap the next forward, so the host waited for them at the
-    // boundary, outside the step's timer: the overlap was lost and img/s overstated (ConvNeXt-femto, 2 hosts
-    // x 2 ranks at 200 Mbit/s, stage 1: 1.39 s a step on the clock, 0.75 s logged). MPI's own collectives
-    // (builtin) move its few values without ring scratch.
-    dist::CommOptions control = opt;
+    // Note [Control communicator]: the trainer's own exchanges of a few host values (the flags' agreement
+    // here, the step boundary's stop-and-publish, Note [Stopping on request]) run on a world communicator of
+    // their own, MPI on host memory whatever the training device. On the world's, the step boundary queued
+    // behind the parameter all-gathers that stages 1-2 launch after the update to overlap the next forward,
+    // so the host waited for them at the boundary, outside the step's timer: the overlap was lost and img/s
+    // overstated (ConvNeXt-femto, 2 hosts x 2 ranks at 200 Mbit/s, stage 1: 1.39 s a step on the clock, 0.75
+    // s logged). MPI's own collectives (builtin) move the values without ring scratch. The ranks agree on the
+    // flags (--shard-group and --hpz among them) before the mesh's groups are made: ranks naming different
+    // groups would wait for each other forever.
+    dist::CommOptions control;
     control.algorithm = dist::Algorithm::builtin;
+    control.timeout_s = cfg_.comm_timeout_s;
     control.label = "control";
     control_comm_ = dist::make_communicator(world_, control);
-    control_ = dist::ProcessGroup(control_comm_.get(), device_);
+    control_ = dist::ProcessGroup(control_comm_.get(), Device::cpu());
+    check_ranks_agree();
+    mesh_ = dist::Mesh(world_, opt, cfg_.shard_group, cfg_.hpz);
+    group_ = mesh_.world();
     // Across hosts, say how the gradient buckets' collectives go (Note [Two-level cost model]).
     if (world_.rank() == 0 && mesh_.hosts().num_hosts() > 1)
       fmt::print("{}: {}\n", flag_arg(cfg_, &TrainConfig::comm_impl),
@@ -143,7 +141,7 @@ void Trainer::check_ranks_agree() {
   std::vector<double> mine;
   for (const Flag* f : agreed)
     mine.push_back(double(std::hash<std::string>{}(flag_value(cfg_, *f)) & ((uint64_t(1) << 52) - 1)));
-  const std::vector<double> v = group_.all_gather(mine);
+  const std::vector<double> v = control_.all_gather(mine);
   for (int64_t f = 0; f < k; ++f)
     for (int64_t r = 1; r < n; ++r)
       CZ_CHECK(v[size_t(r * k + f)] == v[size_t(f)],

@@ -108,7 +108,7 @@ class Trainer {
   DType compute_dtype_ = DType::f32;
   dist::Mesh mesh_;           // the communicators, owned here; used through their groups
   dist::ProcessGroup group_;  // the world: the engine, the checkpoints' and the step's exchanges
-  // Note [Control communicator]: the step boundary's exchange, on a communicator of its own.
+  // Note [Control communicator]: the flags' agreement and the step boundary's exchange, on their own.
   std::unique_ptr<dist::Communicator> control_comm_;
   dist::ProcessGroup control_;
 
