@@ -247,5 +247,69 @@ TEST(WhatIfMesh, RingsHostsAndCrossHostBytes) {
   EXPECT_LE(auto0.comm_s, std::max(flat0.comm_s, hier0.comm_s) + 1e-12);
 }
 
+// Note [CPU ranks pay for their messages]: with comm_cpu, a collective lasts at least its slowest rank's core
+// time on the bytes it sends, receives and adds, and the compute stream owes that time too; rates too high to
+// matter give the step without them, and a table with half the rates is not faster. On the flat 4-rank ring
+// over 2 hosts every rank has one network hop and one shared-memory hop, so a stage-0 all-reduce of b bytes
+// (each rank sends and receives 3b/2, adds 3b/4) costs 3b/4 / net + 3b/4 / shm + 3b/4 / red; a ring step's
+// fixed time (step_us) lengthens the collective.
+TEST(WhatIfMesh, CpuRanksPayForTheirMessages) {
+  WhatIfRequest req;
+  req.config.model = "atto";
+  req.config.image_size = 64;
+  req.config.micro_batch = 16;
+  req.config.bucket_mb = 2;
+  req.config.comm_impl = "flat";
+  req.topology = two_hosts(2, 1000.0);  // links too fast to matter: the cores decide
+  req.ranks = {4};
+  req.stages = {0};
+  nlohmann::json table = profile();
+  req.compute = compute_table_from_json(table, DType::f32);
+  const WhatIfRow free = what_if(req).rows.at(0);
+  EXPECT_EQ(free.comm_cpu_s, 0);
+
+  table["comm_cpu"] = {{"network_gbps", 1e6}, {"shared_memory_gbps", 1e6}, {"reduce_gbps", 1e6}};
+  req.compute = compute_table_from_json(table, DType::f32);
+  EXPECT_NEAR(what_if(req).rows.at(0).step_s, free.step_s, 1e-6 * free.step_s);
+
+  const double net = 0.5e9, shm = 2e9, red = 4e9;
+  table["comm_cpu"] = {
+      {"network_gbps", net / 1e9}, {"shared_memory_gbps", shm / 1e9}, {"reduce_gbps", red / 1e9}};
+  req.compute = compute_table_from_json(table, DType::f32);
+  EXPECT_THAT(req.compute.provenance, ::testing::HasSubstr("0.50 GB/s network, 2.00 GB/s shared memory"));
+  const WhatIfRow paid = what_if(req).rows.at(0);
+  const zero::ZeroLayout L =
+      zero_layout(nn::convnext_parameters(req.config.model_config()), 0, 4, 2, DType::f32);
+  const CommModel ring(req.topology, 4);
+  double cpu = 0, comm = 0;
+  auto all_reduce = [&](double b) {
+    const double c = 0.75 * b / net + 0.75 * b / shm + 0.75 * b / red;
+    cpu += c;
+    comm += std::max(c, ring.seconds(Collective::all_reduce, b));
+  };
+  all_reduce(8);  // the mean loss: the ring's latency, more than its core time
+  for (const zero::Partition& p : L.partitions) all_reduce(double(p.numel) * 4);
+  EXPECT_NEAR(paid.comm_s, comm, 1e-9 * comm);
+  EXPECT_GT(paid.comm_cpu_s, 0);
+  EXPECT_GE(paid.step_s, free.compute_s + cpu - 1e-12);
+  EXPECT_NEAR(paid.step_s, paid.compute_s + paid.comm_cpu_s + paid.comm_wait_s, 1e-12);
+  EXPECT_NEAR(paid.compute_s, free.compute_s, 1e-12);
+
+  // A ring step's fixed time lengthens every collective by its steps (6 for an all-reduce on 4 ranks).
+  table["comm_cpu"]["step_us"] = 100;
+  req.compute = compute_table_from_json(table, DType::f32);
+  const double collectives = double(L.partitions.size()) + 1;
+  EXPECT_NEAR(what_if(req).rows.at(0).comm_s, comm + collectives * 6 * 100e-6, 1e-9 * comm);
+
+  table["comm_cpu"] = {{"network_gbps", 0.25}, {"shared_memory_gbps", 1}, {"reduce_gbps", 2}};
+  req.compute = compute_table_from_json(table, DType::f32);
+  EXPECT_GT(what_if(req).rows.at(0).step_s, paid.step_s);
+
+  table["comm_cpu"] = {{"network_gbps", 0.5}, {"shared_memory_gbps", 2}};
+  EXPECT_THROW(compute_table_from_json(table, DType::f32), ValueError);
+  table["comm_cpu"] = {{"network_gbps", 0.5}, {"shared_memory_gbps", 2}, {"reduce_gbps", 4}, {"tcp_gbps", 1}};
+  EXPECT_THROW(compute_table_from_json(table, DType::f32), ValueError);
+}
+
 }  // namespace
 }  // namespace cz::plan

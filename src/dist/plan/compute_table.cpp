@@ -162,11 +162,41 @@ double ComputeTable::seconds(const OpCost& op) const {
   return op.bytes / memory_bytes + op_overhead_s;
 }
 
+ComputeTable::CommCpu comm_cpu_from_json(const nlohmann::json& j) {
+  ComputeTable::CommCpu c;
+  if (!j.contains("comm_cpu")) return c;
+  const nlohmann::json& k = j.at("comm_cpu");
+  CZ_CHECK(k.is_object(), "compute table: 'comm_cpu' must be an object");
+  for (const auto& [key, v] : k.items())
+    CZ_CHECK(key == "network_gbps" || key == "shared_memory_gbps" || key == "reduce_gbps" ||
+                 key == "step_us" || key == "source",
+             "compute table: unknown key comm_cpu.{} (known: network_gbps, shared_memory_gbps, reduce_gbps, "
+             "step_us, source)",
+             key);
+  c.network_bytes = number(k, "network_gbps", 0) * 1e9;
+  c.shared_bytes = number(k, "shared_memory_gbps", 0) * 1e9;
+  c.reduce_bytes = number(k, "reduce_gbps", 0) * 1e9;
+  c.step_s = number(k, "step_us", 0) * 1e-6;
+  CZ_CHECK(c.step_s >= 0, "compute table: comm_cpu.step_us must not be negative, got {}", k.dump());
+  CZ_CHECK(c.network_bytes > 0 && c.shared_bytes > 0 && c.reduce_bytes > 0,
+           "compute table: comm_cpu needs positive network_gbps, shared_memory_gbps and reduce_gbps, got {}",
+           k.dump());
+  return c;
+}
+
 ComputeTable compute_table_from_json(const nlohmann::json& j, DType compute) {
   CZ_CHECK(j.is_object(), "compute table: expected a JSON object");
-  if (j.contains("profile")) return scaled(j, compute);
-  if (j.contains("ops")) return from_profile(j);
-  return from_rates(j, compute);
+  ComputeTable t = j.contains("profile") ? scaled(j, compute)
+                   : j.contains("ops")   ? from_profile(j)
+                                         : from_rates(j, compute);
+  t.comm_cpu = comm_cpu_from_json(j);
+  if (t.comm_cpu.any())
+    t.provenance += fmt::format(
+        "; messages on the rank's cores at {:.2f} GB/s network, {:.2f} GB/s shared memory, {:.2f} GB/s "
+        "reductions, {:.0f} us a ring step",
+        t.comm_cpu.network_bytes / 1e9, t.comm_cpu.shared_bytes / 1e9, t.comm_cpu.reduce_bytes / 1e9,
+        t.comm_cpu.step_s * 1e6);
+  return t;
 }
 
 ComputeTable load_compute_table(const std::string& path, DType compute) {

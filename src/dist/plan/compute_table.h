@@ -9,6 +9,9 @@
 //  * rates: {"device": "...", "source": "...", "matmul_tflops": {"bf16": .., "fp32": ..}, "memory_gbps": ..,
 //    "efficiency": {"matmul": .., "memory": .., "depthwise": ..}, "op_overhead_us": ..,
 //    "host_optimizer_gbps": ..}: a roofline from peak rates and efficiencies.
+// Either kind may carry "comm_cpu": {"network_gbps": .., "shared_memory_gbps": .., "reduce_gbps": ..,
+// "step_us": ..}, what a CPU rank's own cores spend on its messages (Note [CPU ranks pay for their messages]
+// in what_if.cpp).
 // Without a file: the built-in RTX 4090 rates (kRtx4090, rates kind), marked planned.
 #pragma once
 
@@ -35,6 +38,15 @@ struct ComputeTable {
     double rate = 0;
   };
   std::map<std::string, OpRate> per_op;  // a profile's own rates, by op name
+  // The bytes/s at which a rank, on its share of the cores, moves a message through the network stack or
+  // through shared memory (each byte sent by it and received by its peer), and adds received partial sums,
+  // and the fixed time of one ring step; 0: free (a GPU's copy engines and NCCL's kernels do it beside the
+  // compute).
+  struct CommCpu {
+    double network_bytes = 0, shared_bytes = 0, reduce_bytes = 0;
+    double step_s = 0;
+    bool any() const { return network_bytes > 0 || shared_bytes > 0 || reduce_bytes > 0; }
+  } comm_cpu;
 
   double seconds(const OpCost& op) const;
 };

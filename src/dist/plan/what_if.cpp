@@ -17,8 +17,26 @@
 //    this rank's shard; under --offload-optimizer a host worker takes each partition's chunk as its reduction
 //    ends (a copy over the GPU's share of its PCIe path to the CPU, then the CPU update) and the step waits
 //    for the worker, then copies the updated chunks back.
-// The steady state is modelled (stage 3 prefetching, the caches warm). Compute and communication do not slow
-// each other down (NCCL's kernels take a few SMs; PCIe is not shared with the copies of offload).
+// The steady state is modelled (stage 3 prefetching, the caches warm). On GPUs compute and communication do
+// not slow each other down (NCCL's kernels take a few SMs; PCIe is not shared with the copies of offload);
+// CPU ranks do (Note [CPU ranks pay for their messages]).
+//
+// Note [CPU ranks pay for their messages]: a CPU rank's communication thread runs on the cores its compute
+// uses. Every byte it sends and receives costs core time in the network stack (TCP over the NIC) or in
+// shared-memory copies (two ranks of one host), and every partial sum it receives is added; on the test bed
+// of hosts, where 4 ranks share 2 cores, that made steps 25-50% longer than the link time and the compute
+// predicted (docs/planning.md). A compute table may give these costs as rates per rank on its share of the
+// cores (comm_cpu: network, shared memory, reduction; bench/hosts_mesh.py measures them with commbench on
+// the machine). A collective then costs each rank of a ring
+//     (sent / rate(hop to the next rank) + received / rate(hop from the previous)) / 2 + reduced / rate
+// of core time (each rate counts a byte's send and its receive, so half each side), its slowest rank's.
+// The collective takes at least that long, and the same time is owed by the compute stream, which shares
+// the cores: the debt is paid by the next op, or by time the compute stream spends waiting anyway (the
+// communication thread then has the cores to itself). Each ring step also has a fixed time (step_us: waking
+// the communication thread, MPI's matching, the receiver's turn on a shared core), measured from a small
+// collective; it lengthens the collective, not the compute. Stage 3 issues three collectives per unit, so
+// it shows most where units are small: on the bed's 2 x 2 CPU ranks ~0.2-0.4 ms a step against the 2 us of
+// a GPU ring. Without comm_cpu, or on GPUs, messages cost no compute.
 //
 // Note [What-if on a mesh]: a collective of the mesh (Note [2-D mesh]) runs on every group of its level at
 // once, each group its own ring: every host's ranks (the host level), or the ranks with the same index on
@@ -224,6 +242,8 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   enum Timeline { kWorld, kShard, kReplicate, kHost, kTimelines };
   double comm_free[kTimelines] = {0, 0, 0, 0};
   std::vector<double> host_sent(lv.hosts.size(), 0);
+  const ComputeTable::CommCpu& cpu_cost = run.compute.comm_cpu;
+  double cpu_debt = 0;  // core time the compute stream owes the communication thread
   std::vector<int> host_of(size_t(n), 0);
   for (size_t h = 0; h < lv.hosts.size(); ++h)
     for (int r : lv.hosts[h]) host_of[size_t(r)] = int(h);
@@ -242,13 +262,23 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
     const int g = int(rings.front().size());
     if (g > 1) {
       const int steps = kind == Collective::all_reduce ? 2 * (g - 1) : g - 1;
-      row.comm_bytes += int64_t(double(steps) * bytes / g);
+      const double moved = steps * bytes / g;
+      const double reduced = kind == Collective::all_gather ? 0 : (g - 1) * bytes / g;
+      row.comm_bytes += int64_t(moved);
+      double cpu = 0;  // Note [CPU ranks pay for their messages]: the slowest rank's core time
       for (const auto& ring : rings)
         for (size_t i = 0; i < ring.size(); ++i) {
-          const int a = ring[i], b = ring[(i + 1) % ring.size()];
-          if (host_of[size_t(a)] != host_of[size_t(b)])
-            host_sent[size_t(host_of[size_t(a)])] += steps * bytes / g;
+          const int a = ring[i], next = ring[(i + 1) % ring.size()], prev = ring[(i + g - 1) % ring.size()];
+          const bool out_net = host_of[size_t(a)] != host_of[size_t(next)];
+          const bool in_net = host_of[size_t(a)] != host_of[size_t(prev)];
+          if (out_net) host_sent[size_t(host_of[size_t(a)])] += moved;
+          if (cpu_cost.any())
+            cpu = std::max(cpu, moved / 2 / (out_net ? cpu_cost.network_bytes : cpu_cost.shared_bytes) +
+                                    moved / 2 / (in_net ? cpu_cost.network_bytes : cpu_cost.shared_bytes) +
+                                    reduced / cpu_cost.reduce_bytes);
         }
+      d = std::max(d, cpu) + steps * cpu_cost.step_s;
+      cpu_debt += cpu;
     }
     const double start = std::max(at, comm_free[tl]);
     comm_free[tl] = start + d;
@@ -287,13 +317,16 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   auto wait_for = [&](double until) {
     if (until > t) {
       row.comm_wait_s += until - t;
+      cpu_debt -= std::min(cpu_debt, until - t);
       t = until;
     }
   };
   auto run_op = [&](const OpCost& op) {
     const double s = run.compute.seconds(op);
-    t += s;
+    t += s + cpu_debt;
     row.compute_s += s;
+    row.comm_cpu_s += cpu_debt;
+    cpu_debt = 0;
   };
 
   // Stages 1-2: the previous step's parameter all-gathers, queued as the step begins.
@@ -394,6 +427,8 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   } else {
     run_op(optimizer_work(L.shard_numel(), mixed));
   }
+  row.comm_cpu_s += cpu_debt;
+  t += cpu_debt;
   row.step_s = t;
   for (double b : host_sent) row.cross_host_bytes = std::max(row.cross_host_bytes, int64_t(b));
   row.img_per_s = double(cfg.micro_batch * cfg.grad_accum * n) / t;
@@ -534,6 +569,7 @@ nlohmann::json what_if_to_json(const WhatIf& w) {
                     {"comm_s", r.comm_s},
                     {"comm_exposed_s", r.comm_wait_s},
                     {"host_wait_s", r.host_wait_s},
+                    {"comm_cpu_s", r.comm_cpu_s},
                     {"img_per_s", r.img_per_s},
                     {"scaling", r.scaling},
                     {"comm_bytes", r.comm_bytes},

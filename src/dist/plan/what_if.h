@@ -57,6 +57,7 @@ struct WhatIfRow {
   double comm_s = 0;       // the step's collectives, end to end, one after another on the comm stream
   double comm_wait_s = 0;  // time the compute stream waited for collectives (exposed communication)
   double host_wait_s = 0;  // offload: time it waited for the host (copies and the CPU optimizer)
+  double comm_cpu_s = 0;   // CPU ranks: compute delayed by the cores' work on messages (Note [CPU ranks ...])
   double step_s = 0;
   double img_per_s = 0;
   double scaling = 0;            // img/s over (ranks x img/s on one rank) at the same stage
