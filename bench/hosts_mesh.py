@@ -12,8 +12,12 @@ start-up (wire-up, the initial broadcast) and the final evaluation cancel. img/s
 B run's steps after the first two, and
 the step on the clock, (wall time of the B run - that of the A run) / (B - A), from which img/s is taken.
 Each rank gets OMP_NUM_THREADS = max(1, cores / ranks) (hosts.sh run); the 4 ranks share this machine's cores, so compute is that of a quarter of the machine per rank: the what-if model
-is given a compute profile per model measured on one thread alone and scaled to a rank's share of the cores
-(made by this script unless --profiles names them).
+is given a compute profile per model measured on one thread alone and scaled to a rank's share of the cores,
+together with what a rank's cores spend on messages
+(comm_cpu, measured with commbench: Note [CPU ranks pay for their messages]). Each row records the load average
+beside it: run on a quiet machine. Where the kernel groups processes by session (sched_autogroup_enabled=1),
+`nice` shields nothing from another session's compiler; the figures in bench/results were taken with autogroup
+off and the bed at nice -10.
 """
 import argparse
 import csv
@@ -35,6 +39,7 @@ SETTINGS = {
     "flat_s2": ["--stage", "2", "--comm-impl", "flat"],
     "flat_s3": ["--stage", "3", "--comm-impl", "flat"],
     "hier_s0": ["--stage", "0", "--comm-impl", "hier"],
+    "hier_s2": ["--stage", "2", "--comm-impl", "hier"],
     "hier_s3": ["--stage", "3", "--comm-impl", "hier"],
     "hsdp_s2": ["--stage", "2", "--shard-group", "host", "--comm-impl", "flat"],
     "hsdp_s3": ["--stage", "3", "--shard-group", "host", "--comm-impl", "flat"],
@@ -108,25 +113,68 @@ def measure(build, model, micro_batch, setting, a, b, work):
     }
 
 
-def make_profile(build, model, micro_batch, work, ranks=4):
-    """bench_train_step --profile of one process with one thread, alone on the machine, then scaled to a rank's
-    share of the cores (cores / ranks: the bed's ranks all share this machine's cores) with the compute
-    table's scale_from / scale_to. Four profiles taken at once instead gave 73-116 ms a step for the same
-    atto configuration, as the processes finished at different times."""
+def commbench_row(build, cmd, op, size, env):
+    """commbench's result for one size of a ring collective, out-of-place and in-place averaged:
+    (time_us, busbw GB/s). Bus bandwidth is the bytes a rank sends (and receives) per second."""
+    out = subprocess.run(cmd + [os.path.join(build, "apps", "commbench"), "-o", op, "-b", size, "-e", size,
+                                "--impl", "ring", "-n", "20", "-w", "3", "--json"],
+                         env=env, check=True, text=True, capture_output=True).stdout
+    r = json.loads(out[out.index("{"):])["results"][0]
+    mean = lambda k: (r["out_of_place"][k] + r["in_place"][k]) / 2
+    return mean("time_us"), mean("busbw_GBps")
+
+
+def measure_comm_cpu(build, ranks=4):
+    """What a rank's share of the cores spends on messages (Note [CPU ranks pay for their messages] in
+    src/dist/plan/what_if.cpp), measured like the bed runs: `ranks` ranks with one thread each on this machine,
+    8 MiB ring collectives, the median of 3 runs. Shared memory: the ranks on one host. Network: each rank a
+    host of its own on an unshaped bed, so every ring hop is TCP over a veth and the cores, not the link, set
+    the rate. Reduction: the reduce-scatter's extra time over the all-gather's, per byte. A ring step's fixed
+    time: a 4 KiB all-gather on the bed of 2 hosts x 2 ranks (this script's), over its ranks - 1 steps."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    local = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), "-x", "OMP_NUM_THREADS"]
+    median = lambda f: sorted(f() for _ in range(3))[1]
+    busbw = lambda cmd, op, e: median(lambda: commbench_row(build, cmd, op, "8M", e)[1])
+    shm_ag = busbw(local, "all_gather", env)
+    shm_rs = busbw(local, "reduce_scatter", env)
+    bed = dict(env, CZ_HOSTS_BED="meshcal")
+    net_ag = busbw([HOSTS, "with", str(ranks), "1", "--", HOSTS, "run"], "all_gather", bed)
+    step_us = median(lambda: commbench_row(build, [HOSTS, "run"], "all_gather", "4K", env)[0]) / (ranks - 1)
+    c = {"network_gbps": net_ag, "shared_memory_gbps": shm_ag,
+         "reduce_gbps": 1 / max(1 / shm_rs - 1 / shm_ag, 1e-6), "step_us": step_us,
+         "source": f"commbench ring collectives, {ranks} ranks x 1 thread on {os.cpu_count()} cores, median of 3 "
+                   "(bench/hosts_mesh.py)"}
+    print(f"# messages on the cores: network {c['network_gbps']:.2f} GB/s, shared memory {c['shared_memory_gbps']:.2f} "
+          f"GB/s, reductions {c['reduce_gbps']:.2f} GB/s per rank, {step_us:.0f} us a ring step", file=sys.stderr,
+          flush=True)
+    return c
+
+
+def measure_profile(build, model, micro_batch, work):
+    """bench_train_step --profile of one process with one thread, alone on the machine. (Four profiles taken
+    at once instead gave 73-116 ms a step for the same atto configuration, as the processes finished at
+    different times.)"""
     f = os.path.join(work, f"profile_{model}.json")
     subprocess.run([os.path.join(build, "bench", "bench_train_step"), "--model", model, "--batch", str(micro_batch),
                     "--image", "64", "--warmup", "3", "--steps", "8", "--profile", "6", "--json", f],
                    env=dict(os.environ, OMP_NUM_THREADS="1"), check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
-    share = min(1.0, os.cpu_count() / ranks)
     prof = json.load(open(f))
-    scaled = {"profile": prof, "scale_from": {"matmul_tflops": 1.0, "memory_gbps": 1.0},
-              "scale_to": {"device": f"cpu, {share:g} core per rank", "matmul_tflops": share, "memory_gbps": share}}
-    out = os.path.join(work, f"profile_{model}_share.json")
+    print(f"# profile {model}: {prof['ms_per_step']:.1f} ms a step alone on one thread", file=sys.stderr, flush=True)
+    return prof
+
+
+def compute_table(calibration, model, work, ranks=4):
+    """The what-if's compute table for a bed rank: the model's profile scaled to a rank's share of the cores
+    (cores / ranks: the bed's ranks all share this machine's cores) with scale_from / scale_to, and the
+    messages' cost on those cores."""
+    share = min(1.0, calibration["cores"] / ranks)
+    table = {"profile": calibration["profiles"][model], "scale_from": {"matmul_tflops": 1.0, "memory_gbps": 1.0},
+             "scale_to": {"device": f"cpu, {share:g} core per rank", "matmul_tflops": share, "memory_gbps": share},
+             "comm_cpu": calibration["comm_cpu"]}
+    out = os.path.join(work, f"table_{model}.json")
     with open(out, "w") as g:
-        json.dump(scaled, g)
-    print(f"# profile {model}: {prof['ms_per_step']:.1f} ms a step alone on one thread; x{1 / share:g} for a rank's "
-          f"share of the cores", file=sys.stderr, flush=True)
+        json.dump(table, g)
     return out
 
 
@@ -160,17 +208,45 @@ def topology_file(rate, work):
     return path
 
 
+def calibrate(args, work):
+    """Everything the what-if needs about this machine, measured once and kept beside the CSV
+    (OUT_calibration.json), so that --predict-only can redo the predictions of a measured CSV."""
+    c = {"cores": os.cpu_count(), "comm_cpu": measure_comm_cpu(args.build), "profiles": {}}
+    for model in args.models.split(","):
+        c["profiles"][model] = measure_profile(args.build, model, args.micro_batch, work)
+    with open(args.out + "_calibration.json", "w") as f:
+        json.dump(c, f, indent=1)
+    return c
+
+
+def predict_rows(args, rows, calibration, work):
+    """Fills in each row's predicted step time (and its ratio to the measured one)."""
+    for row in rows:
+        topo = topology_file(row["rate"], work)
+        table = compute_table(calibration, row["model"], work)
+        pred, why = predict(args.build, row["model"], args.micro_batch, row["setting"], topo, table)
+        row["predicted_step_s"] = pred if pred is not None else ""
+        row["predicted_note"] = why
+        row["predicted_over_measured"] = pred / float(row["step_s"]) if pred and row.get("step_s") else ""
+
+
+def write_csv(rows, out):
+    keys = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    with open(out + ".csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
 def inner(args):
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     work = tempfile.mkdtemp(prefix="hosts_mesh_")
-    profiles = dict(kv.split("=", 1) for kv in args.profiles.split(",") if kv)
-    for model in args.models.split(","):
-        if model not in profiles:
-            profiles[model] = make_profile(args.build, model, args.micro_batch, work)
+    calibration = calibrate(args, work)
     rows = []
     for rate in args.rates.split(","):
         sh([HOSTS, "shape", rate])
-        topo = topology_file(rate, work)
         for model in args.models.split(","):
             for setting in args.settings.split(","):
                 print(f"# {rate} {model} {setting}", file=sys.stderr, flush=True)
@@ -179,27 +255,67 @@ def inner(args):
                 except RuntimeError as e:
                     print(str(e), file=sys.stderr)
                     m = None
-                pred, why = predict(args.build, model, args.micro_batch, setting, topo, profiles[model])
-                row = {"rate": rate, "model": model, "setting": setting}
+                row = {"rate": rate, "model": model, "setting": setting, "load_1m": os.getloadavg()[0]}
                 if m:
                     row.update(m)
                     row["engine_vs_veth"] = (m["engine_cross_bytes_host"] / m["veth_tx_host1"]
                                              if m["engine_cross_bytes_host"] and m["veth_tx_host1"] else "")
-                row["predicted_step_s"] = pred if pred is not None else ""
-                row["predicted_note"] = why
-                if m and pred:
-                    row["predicted_over_measured"] = pred / m["step_s"]
+                predict_rows(args, [row], calibration, work)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    keys = []
-    for r in rows:
-        keys += [k for k in r if k not in keys]
-    with open(args.out + ".csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(rows, args.out)
     plot(rows, args.out + ".png")
     print(f"wrote {args.out}.csv and {args.out}.png", file=sys.stderr)
+
+
+LABELS = {"flat_s0": "flat s0", "flat_s1": "flat s1", "flat_s2": "flat s2", "flat_s3": "flat s3",
+          "hier_s0": "hier s0", "hier_s2": "hier s2", "hier_s3": "hier s3", "hsdp_s2": "HSDP s2",
+          "hsdp_s3": "HSDP s3", "hpz_s3": "hpZ s3", "auto_s3": "auto s3"}
+RATE_LABELS = {"10gbit": "10 Gbit/s", "1gbit": "1 Gbit/s", "200mbit": "200 Mbit/s"}
+
+
+def markdown(rows):
+    """The docs' tables from a CSV: img/s per setting with the best over flat stage 3, then predicted /
+    measured step time."""
+    settings = [s for s in SETTINGS if any(r["setting"] == s for r in rows)]
+    keys = []
+    for r in rows:
+        if (r["rate"], r["model"]) not in keys:
+            keys.append((r["rate"], r["model"]))
+    at = {(r["rate"], r["model"], r["setting"]): r for r in rows}
+    head = "| link | model | " + " | ".join(LABELS[s] for s in settings)
+    sep = "| --- | --- | " + " | ".join("---" for _ in settings)
+    out = ["img/s (4 ranks):", "", head + " | best / flat s3 |", sep + " | --- |"]
+    for rate, model in keys:
+        ips = {s: float(at[rate, model, s]["img_per_s"]) for s in settings if at.get((rate, model, s), {}).get("img_per_s")}
+        best = max((s for s in ips if s != "flat_s3"), key=ips.get)
+        cells = " | ".join(f"{ips[s]:.1f}" if s in ips else "-" for s in settings)
+        out.append(f"| {RATE_LABELS.get(rate, rate)} | {model} | {cells} | {ips[best] / ips['flat_s3']:.2f} ({LABELS[best]}) |")
+    out += ["", "Predicted / measured step time:", "", head + " |", sep + " |"]
+    for rate, model in keys:
+        cells = []
+        for s in settings:
+            v = at.get((rate, model, s), {}).get("predicted_over_measured")
+            cells.append(f"{float(v):.2f}" if v else "-")
+        out.append(f"| {RATE_LABELS.get(rate, rate)} | {model} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def predict_only(args):
+    """Redoes the predictions of a measured CSV with its saved calibration (after a change to the model)."""
+    base = os.path.splitext(args.predict_only)[0]
+    with open(args.predict_only) as f:
+        rows = list(csv.DictReader(f))
+    with open(base + "_calibration.json") as f:
+        calibration = json.load(f)
+    predict_rows(args, rows, calibration, tempfile.mkdtemp(prefix="hosts_mesh_"))
+    write_csv(rows, base)
+    plot(rows, base + ".png")
+    ratios = [float(r["predicted_over_measured"]) for r in rows if r.get("predicted_over_measured")]
+    within = sum(abs(x - 1) <= 0.2 for x in ratios)
+    print(f"predicted / measured: {min(ratios):.2f}-{max(ratios):.2f}, {within} of {len(ratios)} rows within 20%; "
+          f"wrote {base}.csv and {base}.png", file=sys.stderr)
+    return 0
 
 
 def plot(rows, path):
@@ -241,18 +357,25 @@ def main():
     p.add_argument("--rates", default="10gbit,1gbit,200mbit")
     p.add_argument("--settings", default=",".join(SETTINGS))
     p.add_argument("--micro-batch", type=int, default=16)
-    p.add_argument("--a", type=int, default=3, help="steps of the short run")
-    p.add_argument("--b", type=int, default=8, help="steps of the long run")
-    p.add_argument("--profiles", default="",
-                   help="MODEL=FILE,... compute tables for the what-if (bench_train_step --profile JSON); default: measured")
+    p.add_argument("--a", type=int, default=4, help="steps of the short run")
+    p.add_argument("--b", type=int, default=20, help="steps of the long run")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "hosts_mesh"))
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--plot-only", metavar="CSV", help="only draw the plot of an earlier run's CSV (next to it)")
+    p.add_argument("--markdown", metavar="CSV", help="print the docs' tables of an earlier run's CSV")
+    p.add_argument("--predict-only", metavar="CSV",
+                   help="redo the what-if predictions of an earlier run's CSV with its CSV_calibration.json, in place")
     args = p.parse_args()
     args.build = os.path.abspath(args.build)
     if args.plot_only:
         with open(args.plot_only) as f:
             plot(list(csv.DictReader(f)), os.path.splitext(args.plot_only)[0] + ".png")
+        return 0
+    if args.predict_only:
+        return predict_only(args)
+    if args.markdown:
+        with open(args.markdown) as f:
+            print(markdown(list(csv.DictReader(f))))
         return 0
     for s in args.settings.split(","):
         if s not in SETTINGS:
