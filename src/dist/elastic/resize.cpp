@@ -18,8 +18,8 @@ std::optional<BatchShape> resize(const BatchShape& first, int slots, int min_ran
 }
 
 std::string describe(const BatchShape& s) {
-  return fmt::format("{} ranks x micro-batch {} x grad-accum {} = global batch {}", s.world, s.micro_batch,
-                     s.grad_accum, s.global_batch());
+  return fmt::format("{} rank{} x micro-batch {} x grad-accum {} = global batch {}", s.world,
+                     s.world == 1 ? "" : "s", s.micro_batch, s.grad_accum, s.global_batch());
 }
 
 }  // namespace cz::elastic

@@ -139,6 +139,18 @@ Attempt run_attempt(const std::vector<std::string>& argv, const std::string& log
       }
       stops_forwarded = requests;
     }
+    // A daemon that cannot call back (its host's link went down as the launch began) is never reported:
+    // the rsh agent returned once the daemon had put itself in the background, and Open MPI's
+    // orte_startup_timeout did not end such a launch (60 s and counting).
+    if (a.t_first_step == 0 && o.start_timeout_s > 0 && unix_time() > a.t_launch + o.start_timeout_s &&
+        !a.killed && !a.stopped) {
+      say(fmt::format("no step {:.0f} s after the launch (--start-timeout): killing mpirun and its agents",
+                      o.start_timeout_s));
+      mpirun.kill_group();
+      a.killed = true;
+      a.failure_seen = true;
+      a.t_failure = unix_time();
+    }
     if (deadline > 0 && unix_time() > deadline && !a.killed) {
       say(fmt::format("mpirun has not exited {:.0f} s after the failure: killing it and its agents",
                       o.teardown_grace_s));
@@ -152,9 +164,10 @@ Attempt run_attempt(const std::vector<std::string>& argv, const std::string& log
   return a;
 }
 
+// Open MPI's oob TCP keepalive for a daemon that stops answering: idle time, then probes one interval apart,
+// time + probes x interval = daemon_timeout_s.
 std::vector<std::string> keepalive_options(int seconds) {
   if (seconds <= 0) return {};
-  // Idle time, then probes one interval apart: time + probes x interval = seconds.
   const int idle = std::max(1, seconds / 2), probes = std::max(1, seconds - idle);
   return {"--mca", "oob_tcp_keepalive_time",   std::to_string(idle),  "--mca", "oob_tcp_keepalive_intvl", "1",
           "--mca", "oob_tcp_keepalive_probes", std::to_string(probes)};
