@@ -389,9 +389,7 @@ std::vector<Flag> make_flags() {
            [](C c, F f) {
              CZ_CHECK(!c.checkpoint_sync || c.checkpoint_every > 0, "{} needs {}", f.name,
                       flag_name(&T::checkpoint_every));
-           },
-       .ranks_agree = true,  // publishing is collective: all ranks wait at the same step
-       .json_key = "checkpoint_sync"},
+           }},
       {.name = "--resume",
        .field = &T::resume,
        .help = "continue from a checkpoint: DIR (its latest complete one) or DIR/step_N, at any world size "
