@@ -288,13 +288,14 @@ int supervise(const SupervisorOptions& o) {
                           {"steps_lost", steps_lost_total},
                           {"failures", failures}};
       event(s);
-      say(fmt::format(
-          "{} at step {} on {} ranks after {} restart(s), {} step(s) lost in all{}",
-          a.stopped ? "stopped on request" : "done", reached, shape->world, restarts, steps_lost_total,
-          a.stopped ? fmt::format("; resume from {}", newest_checkpoint(*ck_dir)
-                                                          ? newest_checkpoint(*ck_dir)->second
-                                                          : std::string("nothing (no checkpoint)"))
-                    : ""));
+      say(fmt::format("{} at step {} on {} rank{} after {} restart(s), {} step(s) lost in all{}",
+                      a.stopped ? "stopped on request" : "done", reached, shape->world,
+                      shape->world == 1 ? "" : "s", restarts, steps_lost_total,
+                      a.stopped
+                          ? fmt::format("; resume from {}", newest_checkpoint(*ck_dir)
+                                                                ? newest_checkpoint(*ck_dir)->second
+                                                                : std::string("nothing (no checkpoint)"))
+                          : ""));
       return code;
     }
     // A failure: which hosts still answer?
