@@ -137,10 +137,12 @@ for line in sys.stdin:
 check_exact() {
   local n=$1 ev
   ev=$(restarts_of "$log" | sed -n "${n}p")
-  local from world mb ga
-  read -r from world mb ga <<< "$(python3 -c 'import json,sys; e=json.loads(sys.argv[1]); print(e["checkpoint"], e["new_world"], e["micro_batch"], e["grad_accum"])' "$ev")"
+  local world mb ga from
+  read -r world mb ga from <<< "$(python3 -c 'import json,sys; e=json.loads(sys.argv[1]); print(e["new_world"], e["micro_batch"], e["grad_accum"], e["checkpoint"])' "$ev")"
+  local resume=()
+  [[ -n $from ]] && resume=(--resume "$from")  # a failure before the first checkpoint starts again from step 0
   OMP_NUM_THREADS=1 "$mpiexec" --allow-run-as-root --oversubscribe -np "$world" "$app" "${tiny[@]}" --steps 40 \
-    --checkpoint-dir "$work/by_hand" --resume "$from" --micro-batch "$mb" --grad-accum "$ga" --no-progress \
+    --checkpoint-dir "$work/by_hand" "${resume[@]}" --micro-batch "$mb" --grad-accum "$ga" --no-progress \
     --log "$work/by_hand.jsonl" > "$work/by_hand.out" 2>&1 || { cat "$work/by_hand.out"; fail "the run by hand"; }
   local first
   first=$(steps_of "$work/by_hand.jsonl" | head -1 | awk '{ print $1 }')
@@ -148,7 +150,7 @@ check_exact() {
   steps_of "$work/by_hand.jsonl" > "$work/by_hand.steps"
   cmp -s "$work/elastic.steps" "$work/by_hand.steps" ||
     { paste "$work/elastic.steps" "$work/by_hand.steps" | head; fail "the steps after restart $n differ from a run resumed by hand"; }
-  echo "restart $n: steps $first-40 equal to the bit those of $world ranks resumed by hand from $from"
+  echo "restart $n: steps $first-40 equal to the bit those of $world ranks resumed by hand from ${from:-step 0}"
 }
 # No rank of the job left on a host that still has a namespace (a cut-off rank ends itself: Note [Abort
 # without a launcher], within 10 s of its abort).
