@@ -14,6 +14,8 @@
 #                  restart resumes from the one before
 #   during_restart host 3's link down, then host 2's link down as the relaunch starts: the job goes on alone
 #                  on host 1 (1 rank x micro-batch 4 x grad-accum 3)
+#   readmit        czrun --readmit: host 3's link down, then up again, then host 2's rank killed: the second
+#                  restart takes host 3 back and finishes on 3 ranks
 #   sigterm        SIGTERM to czrun: the job stops after a step with a checkpoint of it, czrun exits 75,
 #                  nothing left running
 # Each case prints the restarts' timings (detection, teardown, probe, relaunch). Exits 77 (skip) where
@@ -230,6 +232,22 @@ during_restart)
   grep -q '"event":"summary".*"world":1' "$log" || fail "expected to finish on 1 rank"
   grep -q '"grad_accum":3.*"lost_hosts":\["10.78.0.2"\]\|"lost_hosts":\["10.78.0.2"\].*"grad_accum":3' "$log" ||
     fail "expected host 2 lost at the restart and 1 rank x micro-batch 4 x grad-accum 3"
+  check_no_ranks
+  ;;
+readmit)
+  start_czrun --readmit
+  wait_step "$(random_step)" 0
+  lose 3 link
+  wait_step 3 1
+  "$hosts_sh" exec 3 ip link set eth0 up
+  for ((i = 0; i < 100; ++i)); do ip -n "czhosts-$bed-h3" -o link show eth0 | grep -q 'state UP' && break; sleep 0.1; done
+  echo "host 3's link is up again"
+  lose 2 kill
+  wait_czrun 0
+  check_log 2 5
+  restarts_of "$log" | sed -n 2p | grep -q '"readmitted_hosts":\["10.78.0.3"\]' || fail "host 3 was not re-admitted"
+  grep -q '"event":"summary".*"world":3' "$log" || fail "expected to finish on 3 ranks again"
+  check_exact 2
   check_no_ranks
   ;;
 sigterm)
