@@ -224,6 +224,25 @@ int supervise(const SupervisorOptions& o) {
   std::vector<nlohmann::json> failures;
   nlohmann::json pending_restart;  // the failure event, finished with the next attempt's timings
   for (int attempt = 0;; ++attempt) {
+    if (attempt > 0 && g_stop_requests > 0) {
+      // Asked to stop between attempts (while probing): no relaunch; what is published stays resumable.
+      const auto newest = newest_checkpoint(*ck_dir);
+      const std::string why = fmt::format("stopped on request before restart {}; resume from {}", restarts,
+                                          newest ? newest->second : std::string("nothing (no checkpoint)"));
+      say(why);
+      if (!pending_restart.is_null()) {
+        event(pending_restart);
+        failures.push_back(pending_restart);
+      }
+      event({{"event", "summary"},
+             {"failures", failures},
+             {"status", "stopped"},
+             {"steps", resumed_step},
+             {"restarts", restarts - 1},
+             {"steps_lost", steps_lost_total},
+             {"reason", why}});
+      return 75;
+    }
     const std::optional<BatchShape> shape = resize(first, total_slots(active), o.min_ranks);
     if (!shape) {
       const std::string why = fmt::format(
