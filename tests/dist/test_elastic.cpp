@@ -4,6 +4,7 @@
 // tests/hosts/run_elastic_tests.sh.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>

@@ -11,10 +11,13 @@
 //     cut off (the survivors' --comm-timeout, then MPI_Abort), or a daemon whose TCP connection to mpirun
 //     stops answering (Open MPI's oob keepalive, which the supervisor sets to --daemon-timeout; by default
 //     300 + 9 x 20 s). Open MPI 4.1's mpirun can wait for good for a lost host's daemon while tearing the job
-//     down (the issue-23 trial: 40 s and counting), so once a rank has printed "aborting" or mpirun has said
-//     it lost a daemon, mpirun gets --teardown-grace seconds to exit and is then killed with its process
-//     group (its rsh agents; a survivor's daemon ends its ranks when mpirun's connection closes, and a rank
-//     whose abort reaches nobody ends itself: Note [Abort without a launcher]);
+//     down (on the bed, a host's link down and no keepalive: 118 s and counting), so once a rank has printed
+//     "aborting" or mpirun has said it lost a daemon, mpirun gets --teardown-grace seconds to exit and is
+//     then killed with its process group (its rsh agents; the daemons put themselves in the background, and a
+//     survivor's ends its ranks when mpirun's connection closes; a rank whose abort reaches nobody ends
+//     itself: Note [Abort without a launcher]);
+//   - a launch that logs no step within --start-timeout is killed the same way: a daemon started on a host
+//     whose link went down as the launch began never calls back, and nothing reports it;
 //   - mpirun exits non-zero by itself.
 // After a failure every host (with --readmit, also the ones dropped before) is probed by launching `true`
 // on it through mpirun with the same options: an end-to-end check that a daemon starts there and calls back
