@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# czrun (Note [Elastic restarts] in src/dist/elastic/supervisor.h) on the test bed: 3 hosts x 1 rank training a
-# tiny ConvNeXt for 40 steps (a checkpoint every 5) while a host goes in one of the ways a host goes. Usage:
+# czrun (Note [Elastic restarts] in src/dist/elastic/supervisor.h) on the test bed: 3 hosts x 1 rank (2 for
+# link_2x) training a tiny ConvNeXt for 40 steps (a checkpoint every 5) while a host goes in one of the ways a
+# host goes. Usage:
 #   run_elastic_tests.sh CASE HOSTS_SH CZRUN APP MPIEXEC
 #   kill           host 3's rank killed (kill -9) at a random step: the job finishes its 40 steps (host 3 still
 #                  answers, so on 3 ranks again), each step once in the log, at most 5 steps lost; the steps
 #                  after the restart equal, to the bit, a run resumed by hand from the same checkpoint
 #   link           host 3's link down (ip link set eth0 down inside it) at a random step: host 3 dropped,
 #                  2 ranks at micro-batch 3 x grad-accum 2 (the same global batch 12), to the bit as by hand
+#   link_2x        as link on 3 hosts x 2 ranks: ranks 4 and 5 named and dropped, 4 ranks go on
 #   gone           host 3's namespace deleted (its processes killed, its network removed): as link
 #   stopped        host 3's rank stopped (SIGSTOP): the survivors' --comm-timeout ends the attempt
 #   two_failures   host 3's link down, then after the restart host 2's rank killed: two restarts, 40 steps
@@ -27,7 +29,9 @@ fail() { echo "FAIL: $*"; exit 1; }
 if [[ ${CZ_ELASTIC_INNER:-} != 1 ]]; then
   work=$(mktemp -d)
   export CZ_HOSTS_BED=e$$ CZ_ELASTIC_INNER=1 CZ_ELASTIC_WORK=$work
-  "$hosts_sh" with 3 1 -- bash "$0" "$@"
+  slots=1
+  [[ $1 == link_2x ]] && slots=2
+  "$hosts_sh" with 3 $slots -- bash "$0" "$@"
   rc=$?
   ((rc == 77)) && exit 77
   [[ -z $(ip netns list | grep -E "czhosts-$CZ_HOSTS_BED-") ]] || fail "the bed was left behind"
@@ -191,6 +195,21 @@ kill | link | gone | stopped)
   else
     restarts_of "$log" | grep -q '"lost_hosts":\[\].*"new_world":3' || fail "expected a restart on 3 ranks"
   fi
+  check_exact 1
+  check_no_ranks
+  ;;
+link_2x)
+  # 3 hosts x 2 ranks (global batch 24): host 3's link down drops ranks 4 and 5; 4 ranks go on at 6 images
+  # each, micro-batch 3 x grad-accum 2.
+  start_czrun
+  wait_step "$(random_step)" 0
+  lose 3 link
+  wait_czrun 0
+  check_log 1 5
+  grep -q 'czrun: the job failed at step [0-9]*: lost host 10.78.0.3 (ranks \[4, 5\] of 6)' "$work/out" ||
+    fail "no message naming the lost host and its two ranks"
+  restarts_of "$log" | grep -q '"grad_accum":2.*"lost_ranks":\[4,5\].*"micro_batch":3.*"new_world":4' ||
+    fail "expected ranks 4 and 5 lost and 4 ranks x micro-batch 3 x grad-accum 2"
   check_exact 1
   check_no_ranks
   ;;
