@@ -30,8 +30,8 @@ int main(int argc, char** argv) {
                  "seconds mpirun may take to exit after a rank aborted before it is killed")
       ->capture_default_str();
   app.add_option("--start-timeout", o.start_timeout_s,
-                 "seconds mpirun may take to start its daemons and the ranks before the launch fails "
-                 "(Open MPI's orte_startup_timeout; 0: no limit)")
+                 "seconds from a launch to its first step (start-up and checkpoint load included) before "
+                 "the launch counts as failed and mpirun is killed (0: no limit)")
       ->capture_default_str();
   app.add_option("--daemon-timeout", o.daemon_timeout_s,
                  "seconds before mpirun gives up on a silent daemon (Open MPI's oob TCP keepalive; 0: its "

@@ -43,7 +43,7 @@ struct SupervisorOptions {
   bool readmit = false;          // probe dropped hosts again at each restart, and take back those that answer
   double probe_timeout_s = 10;   // a host that has not run `true` by then is lost
   double teardown_grace_s = 10;  // after a rank's abort: how long mpirun may take to exit before it is killed
-  double start_timeout_s = 60;   // Open MPI's orte_startup_timeout for each launch: daemons up, ranks started
+  double start_timeout_s = 300;  // a launch with no step logged by then has failed (a daemon never started)
   int daemon_timeout_s = 10;     // Open MPI's oob keepalive: idle time + probes x interval; 0: leave it alone
   std::string work_dir;          // attempt logs and hostfiles; default CHECKPOINT_DIR/czrun
 };
