@@ -10,6 +10,8 @@
 #   hosts.sh bytes HOST                              that host's link counters: "h1 tx_bytes T rx_bytes R"
 #   hosts.sh shape RATE|none [--delay DELAY]         re-shape every link of a running bed
 #   hosts.sh info                                    the bed's hosts, files and mpirun flags
+#   hosts.sh flags                                   mpirun's options for the bed without --hostfile, one line
+#                                                    (for a launcher that writes its own: czrun --mpirun-args)
 #   hosts.sh down [--all]                            remove the bed (--all: every bed), leftovers of a crash too
 #   hosts.sh with N R [--rate RATE] [--delay DELAY] -- CMD...
 #                                                    up, CMD (which may call "hosts.sh run"), down on any exit,
@@ -352,9 +354,12 @@ threads_per_rank() {
 # --bind-to none: each host's daemon would bind its own ranks from core 0 up, putting every host's rank 0 on
 # the same core of the machine they share.
 mpirun_flags() {
+  echo --hostfile "$(state_dir "$bed")/hostfile" "$(mpirun_flags_no_hostfile)"
+}
+mpirun_flags_no_hostfile() {
   local dir
   dir=$(state_dir "$bed")
-  echo --allow-run-as-root --hostfile "$dir/hostfile" --mca plm_rsh_agent "$dir/agent" \
+  echo --allow-run-as-root --mca plm_rsh_agent "$dir/agent" \
     --mca plm_rsh_no_tree_spawn 1 --mca oob_tcp_if_include "$kSubnet.0/24" \
     --mca btl_tcp_if_include "$kSubnet.0/24" --mca btl tcp,self,vader --bind-to none
 }
@@ -408,6 +413,11 @@ cmd_info() {
   echo "mpirun   $(mpirun_flags) -x OMP_NUM_THREADS=$(threads_per_rank)   (run from inside host 1)"
 }
 
+cmd_flags() {
+  load_settings
+  echo "$(mpirun_flags_no_hostfile) -x OMP_NUM_THREADS=$(threads_per_rank)"
+}
+
 cmd_with() {
   local up_args=()
   while (($#)) && [[ $1 != -- ]]; do up_args+=("$1"); shift; done
@@ -437,6 +447,7 @@ case $sub in
   bytes) cmd_bytes "$@" ;;
   shape) cmd_shape "$@" ;;
   info) cmd_info ;;
+  flags) cmd_flags ;;
   with) cmd_with "$@" ;;
-  *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

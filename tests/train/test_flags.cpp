@@ -192,5 +192,15 @@ TEST(Flags, DerivedConfigurations) {
               HasSubstr("--precision bf16 needs --device cuda (the CPU backend computes in fp32)"));
 }
 
+// --checkpoint-sync publishes the periodic checkpoints: without them it has nothing to do.
+TEST(Flags, CheckpointSyncNeedsPeriodicCheckpoints) {
+  TrainConfig c;
+  c.checkpoint_sync = true;
+  c.checkpoint_dir = "ck";
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }), "--checkpoint-sync needs --checkpoint-every");
+  c.checkpoint_every = 5;
+  EXPECT_NO_THROW(c.validate());
+}
+
 }  // namespace
 }  // namespace cz::train

@@ -94,6 +94,28 @@ void drain_output() noexcept {
   }
 }
 
+// Note [Abort without a launcher]: MPI_Abort asks this host's Open MPI daemon to have mpirun kill the job.
+// When the daemon or mpirun is gone or cut off (a host lost: its link down, mpirun killed by a supervisor
+// such as czrun, Note [Elastic restarts] in src/dist/elastic/supervisor.h), nobody kills this rank, and
+// nothing promises that MPI_Abort returns (a cut-off rank of the issue-23 trial still ran 40 s after its
+// peers had aborted). So a rank that aborts also ends itself kAbortWatchdogSeconds later, whatever MPI_Abort
+// does.
+constexpr unsigned kAbortWatchdogSeconds = 10;
+int g_watchdog_code = 1;
+
+void on_watchdog(int) {
+  _exit(g_watchdog_code);
+}
+
+void arm_exit_watchdog(int exit_code) noexcept {
+  g_watchdog_code = exit_code;
+  struct sigaction sa {};
+  sa.sa_handler = on_watchdog;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGALRM, &sa, nullptr);
+  alarm(kAbortWatchdogSeconds);
+}
+
 bool env_set(const char* name) {
   const char* v = std::getenv(name);
   return v && *v;
@@ -273,7 +295,8 @@ void abort_world(int exit_code) noexcept {
   }
   std::fflush(stdout);
   std::fflush(stderr);
-  drain_output();  // Note [Output before abort]
+  drain_output();                // Note [Output before abort]
+  arm_exit_watchdog(exit_code);  // Note [Abort without a launcher]
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);

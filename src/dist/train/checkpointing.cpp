@@ -8,6 +8,7 @@
 // position: Note [Sampling]), the optimizer's step count and the loss scaler. There is no other random
 // state to save. A resumed run reads its own ranges of each tensor (any world size, any stage), restarts the
 // loader at the saved position, and continues bit for bit at the same configuration.
+#include <chrono>
 #include <cmath>
 
 #include "dist/train/trainer.h"
@@ -105,6 +106,7 @@ void Trainer::check_outputs() const {
 }
 
 void Trainer::resume(const std::string& path) {
+  const auto t0 = std::chrono::steady_clock::now();
   const ckpt::Checkpoint ck = ckpt::Checkpoint::open(path);
   const auto& sc = ck.scalars();
   const std::string resuming = fmt::format("{} {}", flag_name(&TrainConfig::resume), ck.path());
@@ -147,8 +149,9 @@ void Trainer::resume(const std::string& path) {
   CZ_CHECK(step_ <= total_steps_, "{}: the checkpoint is at step {}, past this run's {} steps", resuming,
            step_, total_steps_);
   if (world_.rank() == 0 && cfg_.progress)
-    fmt::print(stderr, "resumed from {} at step {} (saved by {} rank(s) at stage {})\n", ck.path(), step_,
-               ck.world_size(), ck.stage());
+    fmt::print(stderr, "resumed from {} at step {} (saved by {} rank(s) at stage {}) in {:.2f} s\n",
+               ck.path(), step_, ck.world_size(), ck.stage(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 }  // namespace cz::train

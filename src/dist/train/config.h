@@ -28,7 +28,9 @@ struct TrainConfig {
   int64_t checkpoint_every =
       0;  // steps between checkpoints (0: only at the end); one is also written at the end
   int64_t keep_checkpoints = 3;  // keep the newest K complete ones (0: all)
-  std::string resume;            // a checkpoint folder (its latest) or one DIR/step_N to continue from
+  bool checkpoint_sync =
+      false;           // publish each periodic checkpoint before the next step, not in the background
+  std::string resume;  // a checkpoint folder (its latest) or one DIR/step_N to continue from
 
   // Data.
   std::string data = "synthetic";

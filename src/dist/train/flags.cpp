@@ -380,6 +380,16 @@ std::vector<Flag> make_flags() {
            [](C c, F f) {
              CZ_CHECK(c.keep_checkpoints >= 0, "{} must be >= 0, got {}", f.name, c.keep_checkpoints);
            }},
+      {.name = "--checkpoint-sync",
+       .field = &T::checkpoint_sync,
+       .help =
+           "publish each --checkpoint-every checkpoint before the next step (the step waits for the "
+           "write) instead of in the background, so that a failure loses at most --checkpoint-every steps",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(!c.checkpoint_sync || c.checkpoint_every > 0, "{} needs {}", f.name,
+                      flag_name(&T::checkpoint_every));
+           }},
       {.name = "--resume",
        .field = &T::resume,
        .help = "continue from a checkpoint: DIR (its latest complete one) or DIR/step_N, at any world size "
