@@ -37,15 +37,21 @@ std::vector<std::string> with_flag(std::vector<std::string> args, const std::str
 std::string shell_words(const std::vector<std::string>& args) {
   std::string out;
   for (const std::string& w : args) {
-    std::string q = w;
-    if (w.empty() ||
-        w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,+@%") !=
+    if (!out.empty()) out += ' ';
+    if (!w.empty() &&
+        w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,+@%") ==
             std::string::npos) {
-      q = "'";
-      for (char ch : w) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-      q += "'";
+      out += w;
+      continue;
     }
-    out += (out.empty() ? "" : " ") + q;
+    out += '\'';
+    for (char ch : w) {
+      if (ch == '\'')
+        out += "'\\''";
+      else
+        out += ch;
+    }
+    out += '\'';
   }
   return out;
 }
