@@ -309,6 +309,21 @@ std::vector<Flag> make_flags() {
            },
        .ranks_agree = true,
        .json_key = "reduce_dtype"},
+      {.name = "--gather-dtype",
+       .field = &T::gather_dtype,
+       .help = "fp32 | bf16 | fp16 | int8: what parameters are all-gathered in (stages 1-3; never wider than "
+               "--precision). int8: blocks of 256 values with an fp32 scale each, quantized once per step "
+               "from the fp32 master",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(is_dtype_flag(c.gather_dtype) || c.gather_dtype == "int8",
+                      "{} must be fp32, bf16, fp16 or int8, got '{}'", f.name, c.gather_dtype);
+             CZ_CHECK(c.stage > 0 || c.gather_dtype == "fp32" || c.gather_dtype == c.precision,
+                      "{} {} is for {} 1-3 (stage 0 gathers no parameters)", f.name, c.gather_dtype,
+                      flag_name(&T::stage));
+           },
+       .ranks_agree = true,
+       .json_key = "gather_dtype"},
       {.name = "--offload-optimizer",
        .field = &T::offload_optimizer,
        .help = "at any --stage: fp32 master weights, gradients and optimizer state in pinned host memory, "
@@ -487,6 +502,10 @@ DType compute_dtype(const TrainConfig& c, bool cuda) {
   return d;
 }
 
+DType gather_wire_dtype(const TrainConfig& c) {
+  return c.gather_dtype == "int8" ? DType::u8 : dtype_of_flag(c.gather_dtype);
+}
+
 dist::Algorithm world_algorithm(const TrainConfig& c) {
   if (c.comm_impl == "flat") return dist::Algorithm::ring;
   return c.comm_impl == "hier" ? dist::Algorithm::hier : dist::Algorithm::automatic;
@@ -499,6 +518,7 @@ zero::ZeroConfig zero_config(const TrainConfig& c, Device device) {
   z.prefetch = c.prefetch;
   z.compute_dtype = compute_dtype(c, device.is_cuda());
   z.reduce_dtype = dtype_of_flag(c.reduce_dtype);
+  z.gather_dtype = gather_wire_dtype(c);
   z.device = device;
   z.offload = c.offload_optimizer;
   z.offload_overlap_step = c.offload_overlap_step;
