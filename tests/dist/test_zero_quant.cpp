@@ -15,6 +15,7 @@
 #include "dist/comm/mesh.h"
 #include "dist/comm/quant.h"
 #include "dist/train/trainer.h"
+#include "tensor/half.h"
 #include "tensor/ops.h"
 
 namespace cz::train {
@@ -59,8 +60,13 @@ std::map<std::string, std::vector<float>> masters(Trainer& t) {
 
 // What the compute copy must hold: each tensor quantized on its own, blocks from its first value (the layout
 // aligns every parameter to the block size, so a block never mixes two tensors).
-std::vector<float> round_trip(const std::vector<float>& x) {
+std::vector<float> round_trip(const std::vector<float>& x, bool bf16 = false) {
   const int64_t n = int64_t(x.size());
+  if (bf16) {
+    std::vector<float> y;
+    for (float v : x) y.push_back(float(BFloat16(v)));
+    return y;
+  }
   std::vector<int8_t> q(x.size());
   std::vector<float> s(size_t(dist::quant_scale_count(n, kBlock))), y(x.size());
   dist::quantize(DType::f32, x.data(), n, kBlock, q.data(), s.data());
@@ -73,7 +79,7 @@ std::vector<float> round_trip(const std::vector<float>& x) {
 // from.
 class ComputeCopyCheck {
  public:
-  explicit ComputeCopyCheck(Trainer& t) : t_(t) {
+  explicit ComputeCopyCheck(Trainer& t, bool bf16 = false) : t_(t), bf16_(bf16) {
     for (auto& [prefix, m] : t.model().named_modules()) {
       if (m->local_parameters().empty()) continue;
       const std::string pre = prefix.empty() ? "" : prefix + ".";
@@ -96,7 +102,7 @@ class ComputeCopyCheck {
     expected_.clear();
     moved_ = 0;
     for (auto& [name, w] : masters(t_)) {
-      expected_[name] = round_trip(w);
+      expected_[name] = round_trip(w, bf16_);
       for (size_t i = 0; i < w.size(); ++i) moved_ += expected_[name][i] != w[i];
     }
   }
@@ -104,6 +110,7 @@ class ComputeCopyCheck {
 
  private:
   Trainer& t_;
+  bool bf16_;
   std::map<std::string, std::vector<float>> expected_;
   std::vector<std::pair<nn::Module*, int>> hooks_;
 };
@@ -139,6 +146,17 @@ TEST(QuantGather, EveryForwardComputesWithTheRoundTripOfTheMaster) {
                     stage, ckpt ? " (checkpointing)" : "", world().size(), (long long)check.checked_,
                     (long long)check.wrong_);
     }
+  // bf16 gathers at fp32 compute (the CPU): the master rounded to bf16.
+  for (int stage : {2, 3}) {
+    Trainer t(quant_config(stage, "bf16"), world());
+    ComputeCopyCheck check(t, true);
+    for (int i = 0; i < 2; ++i) {
+      check.expect_from_master();
+      t.step();
+    }
+    EXPECT_GT(check.checked_, 0);
+    EXPECT_EQ(check.wrong_, 0) << "bf16 gathers at stage " << stage;
+  }
   // The check is not vacuous: unquantized gathers compute with the master itself.
   Trainer t(quant_config(3, "fp32"), world());
   ComputeCopyCheck check(t);
