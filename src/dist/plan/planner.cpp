@@ -56,7 +56,9 @@ Engine engine_at(const Setup& s, int stage, bool offload) {
   z.stage = stage;
   z.world = s.shard;
   z.hpz_ranks_per_host = stage == 3 ? s.hpz_ranks : 0;
-  z.layout = zero_layout(s.params, stage, s.shard, s.cfg.bucket_mb, s.reduce);
+  z.gather = train::gather_wire_dtype(s.cfg);
+  const zero::GatherCodec codec(s.compute, z.gather, z.quant_block);
+  z.layout = zero_layout(s.params, stage, s.shard, s.cfg.bucket_mb, s.reduce, stage > 0 ? codec.align() : 16);
   z.compute = s.compute;
   z.reduce = s.reduce;
   z.prefetch = s.cfg.prefetch;
@@ -110,6 +112,8 @@ StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bo
   sp.engine.layout = engine.spec.layout;
   sp.engine.compute = s.compute;
   sp.engine.reduce = s.reduce;
+  sp.engine.gather = engine.spec.gather;
+  sp.engine.quant_block = engine.spec.quant_block;
   sp.engine.prefetch = s.cfg.prefetch;
   sp.engine.offload = engine.spec.offload;
   sp.engine.hpz = engine.spec.hpz_ranks_per_host > 0;

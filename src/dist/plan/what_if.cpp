@@ -51,6 +51,7 @@
 #include "dist/plan/planner.h"
 #include "dist/plan/zero_memory.h"
 #include "dist/train/flags.h"
+#include "dist/zero/gather_codec.h"
 #include "tensor/check.h"
 
 namespace cz::plan {
@@ -203,7 +204,10 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   };
   const int shards = hsdp ? R : n;  // the ranks the state is sharded over
   const std::vector<nn::ParamInfo> params = nn::convnext_parameters(cfg.model_config());
-  const zero::ZeroLayout L = zero_layout(params, stage, shards, cfg.bucket_mb, run.er);
+  // --gather-dtype (Note [Quantized gathers]): what a parameter gather moves, and the layout's alignment.
+  const zero::GatherCodec codec(run.ec, train::gather_wire_dtype(cfg), 256);
+  const zero::ZeroLayout L =
+      zero_layout(params, stage, shards, cfg.bucket_mb, run.er, stage > 0 ? codec.align() : 16);
   const size_t np = L.partitions.size();
   std::map<std::string, size_t> partition_of;
   std::map<std::string, std::set<size_t>> module_parts;  // the partitions holding a module's parameters
@@ -296,11 +300,20 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
     row.compute_s += s;
   };
 
-  // Stages 1-2: the previous step's parameter all-gathers, queued as the step begins.
+  // A parameter gather's bytes: the partition in the compute dtype, or its N chunks' records (the encode and
+  // decode passes, at memory speed, are not charged); hpZ's backward gathers stay in the compute dtype.
+  auto gather_bytes = [&](size_t p, bool backward) {
+    if (codec.direct() || (hpz && backward)) return double(L.partitions[p].numel) * ec;
+    return double(shards) * double(codec.record_bytes(L.chunk(p)));
+  };
+  // Stages 1-2: the previous step's parameter all-gathers, queued as the step begins; quantized, the step
+  // waited for them all (ChunkGatherer::gather_records decodes on the training thread).
   std::vector<double> param_gather(np, 0);
   if (comms && (stage == 1 || stage == 2))
-    for (size_t p = 0; p < np; ++p)
-      param_gather[p] = param_gather_of(double(L.partitions[p].numel) * ec, 0, false);
+    for (size_t p = 0; p < np; ++p) {
+      param_gather[p] = param_gather_of(gather_bytes(p, false), 0, false);
+      if (!codec.direct()) wait_for(param_gather[p]);
+    }
   run_op(zero_grad_work(int64_t(stage <= 1 ? double(L.flat.numel) * ec : double(L.shard_numel()) * 4)));
 
   // Stage 3: when each unit's gather ends (0: resident since then; -1: released).
@@ -309,8 +322,7 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   for (size_t m = 0; m < run.work.size(); ++m)
     unit_of_module[m] = *module_parts.at(run.work[m].module).begin();
   auto gather = [&](size_t u, bool backward) {
-    if (resident[u] < 0)
-      resident[u] = comms ? param_gather_of(double(L.partitions[u].numel) * ec, t, backward) : t;
+    if (resident[u] < 0) resident[u] = comms ? param_gather_of(gather_bytes(u, backward), t, backward) : t;
   };
   auto use = [&](size_t u, bool backward) {
     gather(u, backward);
