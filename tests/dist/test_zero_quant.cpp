@@ -12,9 +12,11 @@
 #include <map>
 
 #include "dist/comm/bootstrap.h"
+#include "dist/comm/communicator.h"
 #include "dist/comm/mesh.h"
 #include "dist/comm/quant.h"
 #include "dist/train/trainer.h"
+#include "dist/zero/quant_reduce.h"
 #include "tensor/half.h"
 #include "tensor/ops.h"
 
@@ -224,8 +226,10 @@ TEST(QuantGather, CommMeterCountsTheRecords) {
 // alignment) with exactly the master it saved, and back.
 TEST(QuantGather, CheckpointsHoldTheFp32MasterAndResume) {
   const std::string dir = fmt::format("/tmp/cz_quant_resume_{}", ::getppid());  // the same on every rank
-  for (int stage : {1, 3}) {
+  for (int variant = 0; variant < 3; ++variant) {
+    const int stage = variant == 0 ? 1 : 3;
     TrainConfig c = quant_config(stage, "int8");
+    if (variant == 2) c.reduce_dtype = "int8";  // the reductions leave no state: resumed the same
     c.steps = 8;
     c.ema_decay = 0.99;
     c.data = "synthetic:n=96,eval_n=16,classes=5";
@@ -236,7 +240,7 @@ TEST(QuantGather, CheckpointsHoldTheFp32MasterAndResume) {
       for (int i = 0; i < 8; ++i) straight.push_back(t.step().loss);
       w_straight = masters(t);
     }
-    c.checkpoint_dir = dir + "/s" + std::to_string(stage);
+    c.checkpoint_dir = dir + "/v" + std::to_string(variant);
     std::map<std::string, std::vector<float>> w_saved;
     {
       Trainer t(c, world());
@@ -254,12 +258,128 @@ TEST(QuantGather, CheckpointsHoldTheFp32MasterAndResume) {
     }
     TrainConfig f = c;
     f.gather_dtype = "fp32";
+    f.reduce_dtype = "fp32";
     f.stage = 3;
     Trainer t(f, world());
     EXPECT_NE(t.engine().layout().flat.numel, 0);
     EXPECT_EQ(masters(t), w_saved) << "stage " << stage << " int8 -> stage 3 fp32";
   }
   if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Note [Quantized reduction], on a bucket of known values: every rank can make every rank's input, so each
+// checks its reduced chunk bit for bit against the owner's fp32 sum of the others' round trips, in group
+// order; the bytes are (N - 1) records; a NaN in one rank's input reaches its owner as that block's NaNs
+// only.
+float input_value(int rank, int64_t i) {
+  // Blocks of very different peaks (a tiny one like a layer scale's gradient among them).
+  const double peak = (i / 256) % 3 == 0 ? 1e-6 : (i / 256) % 3 == 1 ? 0.3 : 20.0;
+  return float(peak * std::sin(0.37 * double(i) + 1.3 * rank + 0.01 * double(i % 97) * rank));
+}
+
+TEST(QuantReduce, EachChunkIsTheOwnersFp32SumOfTheOthersRecords) {
+  const int n = world().size(), me = world().rank();
+  dist::CommOptions opt;
+  opt.algorithm = dist::Algorithm::ring;
+  auto comm = dist::make_communicator(world(), opt);
+  const dist::ProcessGroup g(comm.get(), Device::cpu());
+  const int64_t chunk = 3 * kBlock + 100;  // a short last block
+  auto bucket_of = [&](int r, bool nan) {
+    std::vector<float> v(size_t(n * chunk));
+    for (int64_t i = 0; i < n * chunk; ++i) v[size_t(i)] = input_value(r, i);
+    if (nan && r == 1) v[size_t(kBlock + 5)] = NAN;  // chunk 0, block 1: rank 0's
+    return v;
+  };
+  for (bool nan : {false, true}) {
+    zero::CommMeter meter;
+    meter.begin_step();
+    const std::vector<float> mine_in = bucket_of(me, nan);
+    Tensor bucket = from_vector(mine_in, {n * chunk});
+    {
+      zero::QuantizedReduceScatter q(g, bucket, chunk, kBlock, meter);
+      q.finish(1.0 / n);
+    }
+    StepStats s;
+    meter.finish_step(s);
+    EXPECT_EQ(s.comm_bytes, (n - 1) * dist::quant_packed_bytes(chunk, kBlock));
+    // The reference: own values, plus each other rank's record of our chunk, in group order, then 1/N.
+    Tensor expected = from_vector(
+        std::vector<float>(mine_in.begin() + me * chunk, mine_in.begin() + (me + 1) * chunk), {chunk});
+    for (int r = 0; r < n; ++r) {
+      if (r == me) continue;
+      const std::vector<float> x = bucket_of(r, nan);
+      std::vector<int8_t> codes(static_cast<size_t>(chunk));
+      std::vector<float> scales(size_t(dist::quant_scale_count(chunk, kBlock)));
+      dist::quantize(DType::f32, x.data() + me * chunk, chunk, kBlock, codes.data(), scales.data());
+      dist::dequantize_add_quantize(codes.data(), scales.data(), expected.data<float>(), chunk, kBlock,
+                                    nullptr, nullptr, expected.data<float>());
+    }
+    expected.mul_(1.0 / n);
+    const std::vector<float> got = bucket.narrow(0, me * chunk, chunk).contiguous().to_vector<float>();
+    const std::vector<float> want = expected.to_vector<float>();
+    int64_t differ = 0, non_finite = 0;
+    double worst = 0;
+    for (int64_t i = 0; i < chunk; ++i) {
+      if (std::memcmp(&got[size_t(i)], &want[size_t(i)], sizeof(float)) != 0) ++differ;
+      if (!std::isfinite(got[size_t(i)])) {
+        ++non_finite;
+        continue;
+      }
+      // Against the exact mean: each other rank's value is off by at most half its block's scale.
+      double exact = 0, bound = 0;
+      for (int r = 0; r < n; ++r) {
+        const std::vector<float> x = bucket_of(r, false);
+        exact += x[size_t(me * chunk + i)];
+        if (r == me) continue;
+        float peak = 0;
+        const int64_t b0 = i / kBlock * kBlock;
+        for (int64_t k = b0; k < std::min(chunk, b0 + kBlock); ++k)
+          peak = std::max(peak, std::abs(x[size_t(me * chunk + k)]));
+        bound += peak / 127 * (0.5 + 1e-4);
+      }
+      worst = std::max(worst, std::abs(got[size_t(i)] - exact / n) / (bound / n + 1e-30));
+    }
+    EXPECT_EQ(differ, 0) << (nan ? "with a NaN" : "");
+    EXPECT_LE(worst, 1.0 + 1e-3);  // in units of the summed per-sender bounds (plus f32 rounding)
+    // A NaN in rank 1's chunk 0 poisons exactly rank 0's block 1, nothing else.
+    EXPECT_EQ(non_finite, nan && me == 0 && n > 1 ? kBlock : 0);
+  }
+}
+
+// Through the trainer: stages 1-3 with int8 reductions (and both) learn near fp32; the bytes are the
+// records'.
+TEST(QuantReduce, TrainsNearFp32AndCountsTheRecords) {
+  const int n = world().size();
+  for (int stage = 1; stage <= 3; ++stage)
+    for (const char* gather : {"fp32", "int8"}) {
+      TrainConfig c = quant_config(stage, gather);
+      c.reduce_dtype = "int8";
+      c.grad_accum = 1;
+      TrainConfig f = quant_config(stage, "fp32");
+      f.grad_accum = 1;
+      Trainer t(c, world()), tf(f, world());
+      for (int i = 0; i < 4; ++i) {
+        const StepStats s = t.step(), sf = tf.step();
+        EXPECT_NEAR(s.loss, sf.loss, 2e-2 * sf.loss) << "stage " << stage << " step " << i + 1;
+        if (i > 0) EXPECT_NE(s.loss, sf.loss);
+        if (i > 0) continue;
+        const zero::ZeroLayout& L = t.engine().layout();
+        int64_t expected = 0;
+        for (size_t p = 0; p < L.partitions.size(); ++p) {
+          const int64_t rec = dist::quant_packed_bytes(L.chunk(p), kBlock);
+          expected += (n - 1) * rec;  // the reduction's records
+          const int64_t gathers = stage == 3 ? 2 : 1;
+          expected += gathers * (std::string(gather) == "int8" ? (n - 1) * rec
+                                                               : L.partitions[p].numel * 4 * (n - 1) / n);
+        }
+        EXPECT_EQ(s.comm_bytes, expected) << "stage " << stage << " gathers " << gather;
+        if (world().rank() == 0)
+          std::printf(
+              "stage %d, %d ranks, int8 reductions, %s gathers: comm_bytes %lld, %.3f of fp32's %lld\n",
+              stage, n, gather, (long long)s.comm_bytes, double(s.comm_bytes) / double(sf.comm_bytes),
+              (long long)sf.comm_bytes);
+      }
+    }
 }
 
 TEST(QuantGather, BadCombinationsStopWithAMessage) {
@@ -272,6 +392,15 @@ TEST(QuantGather, BadCombinationsStopWithAMessage) {
         << e.what();
   }
   c = quant_config(3, "int4");
+  EXPECT_THROW(c.validate(), ValueError);
+  c = quant_config(3, "int8");
+  c.reduce_dtype = "int8";
+  c.validate();
+  c.shard_group = "host";
+  EXPECT_THROW(c.validate(), ValueError);  // the cross all-reduce is not quantized
+  c.shard_group = "world";
+  c.stage = 0;
+  c.gather_dtype = "fp32";
   EXPECT_THROW(c.validate(), ValueError);
 }
 

@@ -42,6 +42,9 @@ struct ZeroConfig {
   // than compute_dtype: the compute copy itself travels then), or u8 for INT8 blocks of quant_block values
   // (Note [Quantized gathers] in gather_codec.h). Not INT8 at stage 0, which gathers nothing.
   DType gather_dtype = DType::f32;
+  // Stages 1-3, flat (no --shard-group): gradient buckets (f32, reduce_dtype) reduce-scattered as INT8
+  // records of quant_block values (--reduce-dtype int8, Note [Quantized reduction] in quant_reduce.h).
+  bool reduce_int8 = false;
   int64_t quant_block = 256;
 };
 
