@@ -142,6 +142,15 @@ inline const std::vector<Case>& cases() {
             }),
        2},
       {"np2_s2_small_bf16_gather", with(small(2), [](auto& c) { c.gather_dtype = "bf16"; }), 2},
+      {"np2_s1_small_int8_reduce", with(small(1), [](auto& c) { c.reduce_dtype = "int8"; }), 2},
+      {"np2_s3_small_int8_both_accum",
+       with(small(3),
+            [](auto& c) {
+              c.gather_dtype = "int8";
+              c.reduce_dtype = "int8";
+              c.grad_accum = 2;
+            }),
+       2},
       {"np2_s0_atto_checkpoint", checkpointed(atto(64, 8), "np2_s0_atto_checkpoint"), 2},
       {"np2_s2_small_ema_checkpoint",
        checkpointed(with(small(2), [](auto& c) { c.ema_decay = 0.99; }), "np2_s2_small_ema_checkpoint"), 2},
@@ -161,6 +170,13 @@ inline const std::vector<Case>& cases() {
             [](auto& c) {
               c.gather_dtype = "int8";
               c.ema_decay = 0.99;
+            }),
+       4},
+      {"np4_s2_atto_int8_reduce",
+       with(atto(64, 8),
+            [](auto& c) {
+              c.stage = 2;
+              c.reduce_dtype = "int8";
             }),
        4},
       {"np4_s3_small_prefetch2", with(small(3), [](auto& c) { c.prefetch = 2; }), 4},

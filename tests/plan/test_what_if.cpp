@@ -103,42 +103,50 @@ TEST(WhatIfStep, HoldsExactlyTheEnginesCollectives) {
 }
 
 // --gather-dtype int8 (Note [Quantized gathers]): each parameter gather moves the N chunks' records of a
-// layout aligned to 256 elements, the reductions stay fp32.
-TEST(WhatIfStep, QuantizedGathersMoveTheRecords) {
+// layout aligned to 256 elements; --reduce-dtype int8 (Note [Quantized reduction]): each reduction N records,
+// timed as a ring reduce-scatter of as many bytes.
+TEST(WhatIfStep, QuantizedGathersAndReductionsMoveTheRecords) {
   const dist::Topology topo = test_box();
-  WhatIfRequest req;
-  req.config.model = "atto";
-  req.config.image_size = 64;
-  req.config.micro_batch = 8;
-  req.config.bucket_mb = 2;
-  req.config.num_classes = 1000;
-  req.config.gather_dtype = "int8";
-  req.config.stage = 3;  // the flags' check: int8 gathers need stages 1-3
-  req.topology = topo;
-  req.compute = compute_table_from_json(profile(), DType::f32);
-  req.stages = {1, 2, 3};
-  const WhatIf w = what_if(req);
-  req.config.gather_dtype = "fp32";
-  const WhatIf f = what_if(req);
   const std::vector<nn::ParamInfo> params = nn::convnext_parameters(nn::convnext_variant("atto"));
-  ASSERT_EQ(w.rows.size(), f.rows.size());
-  for (size_t i = 0; i < w.rows.size(); ++i) {
-    const WhatIfRow& row = w.rows[i];
-    SCOPED_TRACE(::testing::Message() << "stage " << row.stage << ", " << row.ranks << " ranks");
-    if (row.ranks == 1) continue;
-    const CommModel comm(topo, row.ranks);
-    const zero::ZeroLayout L = zero_layout(params, row.stage, row.ranks, 2, DType::f32, 256);
-    double expected = 0;
-    for (size_t p = 0; p < L.partitions.size(); ++p) {
-      expected += comm.seconds(Collective::reduce_scatter, double(L.partitions[p].numel) * 4);
-      const double records = double(row.ranks) * double(dist::quant_packed_bytes(L.chunk(p), 256));
-      expected += (row.stage == 3 ? 2 : 1) * comm.seconds(Collective::all_gather, records);
+  for (const char* reduce_dtype : {"fp32", "int8"}) {
+    WhatIfRequest req;
+    req.config.model = "atto";
+    req.config.image_size = 64;
+    req.config.micro_batch = 8;
+    req.config.bucket_mb = 2;
+    req.config.num_classes = 1000;
+    req.config.gather_dtype = "int8";
+    req.config.reduce_dtype = reduce_dtype;
+    req.config.stage = 3;  // the flags' check: int8 needs stages 1-3
+    req.topology = topo;
+    req.compute = compute_table_from_json(profile(), DType::f32);
+    req.stages = {1, 2, 3};
+    const WhatIf w = what_if(req);
+    req.config.gather_dtype = "fp32";
+    req.config.reduce_dtype = "fp32";
+    const WhatIf f = what_if(req);
+    const bool q = std::string(reduce_dtype) == "int8";
+    ASSERT_EQ(w.rows.size(), f.rows.size());
+    for (size_t i = 0; i < w.rows.size(); ++i) {
+      const WhatIfRow& row = w.rows[i];
+      SCOPED_TRACE(::testing::Message()
+                   << "stage " << row.stage << ", " << row.ranks << " ranks, reduce " << reduce_dtype);
+      if (row.ranks == 1) continue;
+      const CommModel comm(topo, row.ranks);
+      const zero::ZeroLayout L = zero_layout(params, row.stage, row.ranks, 2, DType::f32, 256);
+      double expected = 0;
+      for (size_t p = 0; p < L.partitions.size(); ++p) {
+        const double records = double(row.ranks) * double(dist::quant_packed_bytes(L.chunk(p), 256));
+        expected += comm.seconds(Collective::reduce_scatter, q ? records : double(L.partitions[p].numel) * 4);
+        expected += (row.stage == 3 ? 2 : 1) * comm.seconds(Collective::all_gather, records);
+      }
+      expected += 2 * comm.seconds(Collective::all_reduce, 8);
+      EXPECT_NEAR(row.comm_s, expected, 1e-12 * expected + 1e-15);
+      // Stage 3 (two gathers, one reduction): (2 x 0.254 + 1) / 3 of fp32's bytes with int8 gathers, 0.254
+      // with both, and a little padding.
+      const double ratio = double(row.comm_bytes) / double(f.rows[i].comm_bytes);
+      EXPECT_LT(ratio, q ? 0.27 : row.stage == 3 ? 0.52 : 0.65);
     }
-    expected += 2 * comm.seconds(Collective::all_reduce, 8);
-    EXPECT_NEAR(row.comm_s, expected, 1e-12 * expected + 1e-15);
-    // Stage 3 (two gathers, one reduction): (2 x 0.254 + 1) / 3 of the bytes, and a little padding.
-    const double ratio = double(row.comm_bytes) / double(f.rows[i].comm_bytes);
-    EXPECT_LT(ratio, row.stage == 3 ? 0.52 : 0.65);
   }
 }
 

@@ -44,6 +44,7 @@
 #include "dist/comm/mesh.h"
 #include "dist/comm/types.h"
 #include "dist/zero/gather_codec.h"
+#include "dist/zero/quant_reduce.h"
 #include "tensor/check.h"
 
 namespace cz::plan {
@@ -119,19 +120,25 @@ void EngineTrace::launch(size_t p) {
     cast = m_.alloc(numel * er, Use::bucket, "gradients cast to the reduce dtype");
   }
   while (in_flight_.size() >= 2) finish_oldest();
-  if (s_.stage == 0) {
+  Id records = kNone;
+  if (s_.reduce_int8 && s_.stage > 0 && shards() > 1) {
+    // An all-to-all of records (QuantizedReduceScatter): point to point, no ring scratch.
+    records = m_.alloc(zero::quantized_reduce_buffer_bytes(shards(), s_.layout.chunk(p), s_.quant_block),
+                       Use::bucket, "reduction records");
+  } else if (s_.stage == 0) {
     collective(world_comm, dist::Collective::all_reduce, numel, er);
   } else {
     collective(shard_comm, dist::Collective::reduce_scatter, numel, er);
     collective(replicate_comm, dist::Collective::all_reduce, numel / shards(), er);
   }
-  in_flight_.push_back({p, cast});
+  in_flight_.push_back({p, cast, records});
   if (s_.stage == 3) release(p);
 }
 
 void EngineTrace::finish_oldest() {
   const InFlight f = in_flight_.front();
   in_flight_.pop_front();
+  if (f.records != kNone) m_.release(f.records);  // freed once summed, before the bucket
   if (s_.stage >= 2) {
     m_.release(bucket_[f.partition]);
     bucket_[f.partition] = kNone;

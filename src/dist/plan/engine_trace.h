@@ -29,6 +29,7 @@ struct EngineSpec {
   zero::ZeroLayout layout;  // the engine's partitions (zero_layout)
   DType compute = DType::f32, reduce = DType::f32;
   DType gather = DType::f32;  // ZeroConfig::gather_dtype: not the compute dtype, records travel (wire_)
+  bool reduce_int8 = false;   // --reduce-dtype int8: each reduction's records buffer, no ring scratch
   int64_t quant_block = 256;
   int prefetch = 1;
   bool offload = false;  // --offload-optimizer: the model state differs, not what a step allocates
@@ -72,7 +73,8 @@ class EngineTrace {
  private:
   struct InFlight {
     size_t partition;
-    Id cast;  // stages 0-1: the gradient cast to the reduce dtype, when it differs
+    Id cast;     // stages 0-1: the gradient cast to the reduce dtype, when it differs
+    Id records;  // --reduce-dtype int8: the records sent and received (Note [Quantized reduction])
   };
   void launch(size_t p);
   void finish_oldest();

@@ -48,6 +48,7 @@
 #include <fmt/ranges.h>
 
 #include "dist/comm/mesh.h"
+#include "dist/comm/quant.h"
 #include "dist/plan/planner.h"
 #include "dist/plan/zero_memory.h"
 #include "dist/train/flags.h"
@@ -206,8 +207,11 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   const std::vector<nn::ParamInfo> params = nn::convnext_parameters(cfg.model_config());
   // --gather-dtype (Note [Quantized gathers]): what a parameter gather moves, and the layout's alignment.
   const zero::GatherCodec codec(run.ec, train::gather_wire_dtype(cfg), 256);
-  const zero::ZeroLayout L =
-      zero_layout(params, stage, shards, cfg.bucket_mb, run.er, stage > 0 ? codec.align() : 16);
+  const bool reduce_int8 = cfg.reduce_dtype == "int8" && stage > 0;
+  const zero::ZeroLayout L = zero_layout(params, stage, shards, cfg.bucket_mb, run.er,
+                                         stage == 0    ? 16
+                                         : reduce_int8 ? 256
+                                                       : codec.align());
   const size_t np = L.partitions.size();
   std::map<std::string, size_t> partition_of;
   std::map<std::string, std::set<size_t>> module_parts;  // the partitions holding a module's parameters
@@ -358,7 +362,10 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   auto launch = [&](size_t p) {
     launched[p] = true;
     while (in_flight.size() >= 2) finish_oldest();
-    const double bytes = double(L.partitions[p].numel) * er;
+    // --reduce-dtype int8 (Note [Quantized reduction]): an all-to-all of N records, timed as a ring
+    // reduce-scatter of as many bytes (each rank sends N - 1 records either way).
+    const double bytes = reduce_int8 ? double(shards) * double(dist::quant_packed_bytes(L.chunk(p), 256))
+                                     : double(L.partitions[p].numel) * er;
     const double end = comms ? reduce(bytes, t) : t;
     in_flight.push_back({p, end});
     if (stage == 3) resident[p] = -1;
@@ -418,7 +425,7 @@ WhatIf what_if(const WhatIfRequest& req) {
   train::TrainConfig cfg = req.config;
   if (cfg.steps == 0 && cfg.epochs == 0) cfg.steps = 1;
   cfg.validate();
-  const DType ec = train::dtype_of_flag(cfg.precision), er = train::dtype_of_flag(cfg.reduce_dtype);
+  const DType ec = train::dtype_of_flag(cfg.precision), er = train::reduce_bucket_dtype(cfg);
   const nn::ConvNeXtConfig mc = cfg.model_config();
   std::vector<int> ranks = req.ranks;
   const int total = req.topology.num_ranks();
