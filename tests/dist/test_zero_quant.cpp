@@ -382,6 +382,23 @@ TEST(QuantReduce, TrainsNearFp32AndCountsTheRecords) {
     }
 }
 
+// Under offload the records are encoded from the compute chunks (the master is on the host), written from
+// the master just before: on the CPU backend offload changes no bit, quantized or not.
+TEST(QuantGather, OffloadChangesNoBit) {
+  for (int stage : {2, 3}) {
+    std::vector<double> losses[2];
+    for (int off = 0; off < 2; ++off) {
+      TrainConfig c = quant_config(stage, "int8");
+      c.reduce_dtype = "int8";
+      c.ema_decay = 0.9;
+      c.offload_optimizer = off == 1;
+      Trainer t(c, world());
+      for (int i = 0; i < 3; ++i) losses[off].push_back(t.step().loss);
+    }
+    EXPECT_EQ(losses[0], losses[1]) << "stage " << stage;
+  }
+}
+
 TEST(QuantGather, BadCombinationsStopWithAMessage) {
   TrainConfig c = quant_config(0, "int8");
   try {
