@@ -481,6 +481,9 @@ WhatIf what_if(const WhatIfRequest& req) {
       pr.config.stage = stage;
       // hpZ is stage 3's across hosts: its other rows are plain stages.
       if (stage != 3 || levels.hosts.size() < 2) pr.config.hpz = false;
+      // Quantized communication is stages 1-3's (stage 0 gathers nothing, and all-reduces): its stage-0 row
+      // is the unquantized run, as simulate() times it.
+      if (stage == 0) pr.config.gather_dtype = pr.config.reduce_dtype = "fp32";
       pr.world = k;
       pr.ranks_per_host = levels.hosts.size() > 1 ? levels.per_host : 0;
       pr.gpu_mem = req.gpu_mem;
