@@ -4,6 +4,10 @@ flat ZeRO stages 0-3, the node-aware (two-level) collectives, HSDP (--shard-grou
 img/s, step time, comm_s / comm_exposed_s, the bytes each host really sent per step (veth counters) next to
 the engine's own count, and the what-if model's predicted step time for the same run. Writes a CSV and a plot.
 
+Issue 22's rows: q8g_s3 (stage 3, --gather-dtype int8) and q8_s3 (and --reduce-dtype int8), e.g.
+  CZ_HOSTS_BED=qt python3 bench/hosts_mesh.py --models atto --rates 1gbit,200mbit \
+      --settings flat_s3,q8g_s3,q8_s3 --out bench/results/hosts_quant
+
 Run as root from the repository:  python3 bench/hosts_mesh.py [--build build] [--models atto,femto]
     [--rates 10gbit,1gbit,200mbit] [--settings ...] [--out bench/results/hosts_mesh]
 
@@ -45,6 +49,9 @@ SETTINGS = {
     "hsdp_s3": ["--stage", "3", "--shard-group", "host", "--comm-impl", "flat"],
     "hpz_s3": ["--stage", "3", "--hpz", "--comm-impl", "flat"],
     "auto_s3": ["--stage", "3"],  # the default: --comm-impl auto
+    # Issue 22: quantized communication on the flat ring (docs/zero.md, "Quantized blocks").
+    "q8g_s3": ["--stage", "3", "--gather-dtype", "int8", "--comm-impl", "flat"],
+    "q8_s3": ["--stage", "3", "--gather-dtype", "int8", "--reduce-dtype", "int8", "--comm-impl", "flat"],
 }
 RATE_GBPS = {"10gbit": 10.0, "1gbit": 1.0, "200mbit": 0.2}
 

@@ -1,7 +1,7 @@
 // The configurations the planner is held to the real step in (test_plan_vs_measured.cpp: the peak;
 // test_step_events.cpp: every allocation, op by op): models, image sizes, batches, checkpointing, drop path,
 // optimizers, EMA, accumulation, loader threads, and the ZeRO engine's stages, bucket sizes, prefetch, reduce
-// dtype and offload on 1, 2 and 4 ranks.
+// dtype, gather dtype (int8, bf16) and offload on 1, 2 and 4 ranks.
 #pragma once
 
 #include <filesystem>
@@ -117,6 +117,9 @@ inline const std::vector<Case>& cases() {
                               c.stage = 3;
                               c.activation_checkpointing = true;
                             })},
+      // Quantized gathers (Note [Quantized gathers]) on one rank: the records still go through a group of
+      // one.
+      {"s3_small_int8_gather", with(small(3), [](auto& c) { c.gather_dtype = "int8"; })},
       // Two ranks.
       {"np2_s0_atto", with(atto(64, 8), [](auto& c) { c.stage = 0; }), 2},
       {"np2_s1_small_ckpt", with(small(1), [](auto& c) { c.activation_checkpointing = true; }), 2},
@@ -127,6 +130,25 @@ inline const std::vector<Case>& cases() {
               c.stage = 3;
               c.activation_checkpointing = true;
               c.offload_optimizer = true;
+            }),
+       2},
+      {"np2_s3_atto_int8_gather_ckpt",
+       with(atto(64, 8),
+            [](auto& c) {
+              c.stage = 3;
+              c.gather_dtype = "int8";
+              c.activation_checkpointing = true;
+              c.prefetch = 2;
+            }),
+       2},
+      {"np2_s2_small_bf16_gather", with(small(2), [](auto& c) { c.gather_dtype = "bf16"; }), 2},
+      {"np2_s1_small_int8_reduce", with(small(1), [](auto& c) { c.reduce_dtype = "int8"; }), 2},
+      {"np2_s3_small_int8_both_accum",
+       with(small(3),
+            [](auto& c) {
+              c.gather_dtype = "int8";
+              c.reduce_dtype = "int8";
+              c.grad_accum = 2;
             }),
        2},
       {"np2_s0_atto_checkpoint", checkpointed(atto(64, 8), "np2_s0_atto_checkpoint"), 2},
@@ -141,6 +163,20 @@ inline const std::vector<Case>& cases() {
             [](auto& c) {
               c.activation_checkpointing = true;
               c.grad_accum = 2;
+            }),
+       4},
+      {"np4_s1_small_int8_gather_ema",
+       with(small(1),
+            [](auto& c) {
+              c.gather_dtype = "int8";
+              c.ema_decay = 0.99;
+            }),
+       4},
+      {"np4_s2_atto_int8_reduce",
+       with(atto(64, 8),
+            [](auto& c) {
+              c.stage = 2;
+              c.reduce_dtype = "int8";
             }),
        4},
       {"np4_s3_small_prefetch2", with(small(3), [](auto& c) { c.prefetch = 2; }), 4},
@@ -170,6 +206,13 @@ inline const std::vector<Case>& cases() {
             }),
        4, 2},
       {"np4_mesh_s3_small_hpz", with(small(3), [](auto& c) { c.hpz = true; }), 4, 2},
+      {"np4_mesh_s3_small_hpz_int8_gather",
+       with(small(3),
+            [](auto& c) {
+              c.hpz = true;
+              c.gather_dtype = "int8";
+            }),
+       4, 2},
       // Shard groups of one: the replication group is the world, and shares the world's communicator.
       {"np4_mesh_s2_small_1", with(small(2), [](auto& c) { c.shard_group = "1"; }), 4, 2},
       // Two-level collectives (Note [Two-level collectives]) on the two hosts: the host and cross

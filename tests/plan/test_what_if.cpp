@@ -6,6 +6,7 @@
 
 #include <fstream>
 
+#include "dist/comm/quant.h"
 #include "dist/plan/what_if.h"
 #include "dist/plan/zero_memory.h"
 #include "tensor/check.h"
@@ -98,6 +99,58 @@ TEST(WhatIfStep, HoldsExactlyTheEnginesCollectives) {
     EXPECT_LE(row.comm_wait_s, row.comm_s + 1e-15);
     EXPECT_NEAR(row.step_s, row.compute_s + row.comm_wait_s + row.host_wait_s, 1e-12);
     EXPECT_GT(row.memory_bytes, 0);
+  }
+}
+
+// --gather-dtype int8 (Note [Quantized gathers]): each parameter gather moves the N chunks' records of a
+// layout aligned to 256 elements; --reduce-dtype int8 (Note [Quantized reduction]): each reduction N records,
+// timed as a ring reduce-scatter of as many bytes.
+TEST(WhatIfStep, QuantizedGathersAndReductionsMoveTheRecords) {
+  const dist::Topology topo = test_box();
+  const std::vector<nn::ParamInfo> params = nn::convnext_parameters(nn::convnext_variant("atto"));
+  for (const char* reduce_dtype : {"fp32", "int8"}) {
+    WhatIfRequest req;
+    req.config.model = "atto";
+    req.config.image_size = 64;
+    req.config.micro_batch = 8;
+    req.config.bucket_mb = 2;
+    req.config.num_classes = 1000;
+    req.config.gather_dtype = "int8";
+    req.config.reduce_dtype = reduce_dtype;
+    req.config.stage = 3;  // the flags' check: int8 needs stages 1-3
+    req.topology = topo;
+    req.compute = compute_table_from_json(profile(), DType::f32);
+    req.stages = {0, 1, 2, 3};  // stage 0's row: the unquantized run (it gathers nothing, all-reduces)
+    const WhatIf w = what_if(req);
+    req.config.gather_dtype = "fp32";
+    req.config.reduce_dtype = "fp32";
+    const WhatIf f = what_if(req);
+    const bool q = std::string(reduce_dtype) == "int8";
+    ASSERT_EQ(w.rows.size(), f.rows.size());
+    for (size_t i = 0; i < w.rows.size(); ++i) {
+      const WhatIfRow& row = w.rows[i];
+      SCOPED_TRACE(::testing::Message()
+                   << "stage " << row.stage << ", " << row.ranks << " ranks, reduce " << reduce_dtype);
+      if (row.stage == 0) {
+        EXPECT_EQ(row.comm_bytes, f.rows[i].comm_bytes);
+        continue;
+      }
+      if (row.ranks == 1) continue;
+      const CommModel comm(topo, row.ranks);
+      const zero::ZeroLayout L = zero_layout(params, row.stage, row.ranks, 2, DType::f32, 256);
+      double expected = 0;
+      for (size_t p = 0; p < L.partitions.size(); ++p) {
+        const double records = double(row.ranks) * double(dist::quant_packed_bytes(L.chunk(p), 256));
+        expected += comm.seconds(Collective::reduce_scatter, q ? records : double(L.partitions[p].numel) * 4);
+        expected += (row.stage == 3 ? 2 : 1) * comm.seconds(Collective::all_gather, records);
+      }
+      expected += 2 * comm.seconds(Collective::all_reduce, 8);
+      EXPECT_NEAR(row.comm_s, expected, 1e-12 * expected + 1e-15);
+      // Stage 3 (two gathers, one reduction): (2 x 0.254 + 1) / 3 of fp32's bytes with int8 gathers, 0.254
+      // with both, and a little padding.
+      const double ratio = double(row.comm_bytes) / double(f.rows[i].comm_bytes);
+      EXPECT_LT(ratio, q ? 0.27 : row.stage == 3 ? 0.52 : 0.65);
+    }
   }
 }
 

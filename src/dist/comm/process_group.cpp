@@ -51,6 +51,17 @@ WorkHandle ProcessGroup::all_gather(const Tensor& shard, Tensor& out) const {
   return nullptr;
 }
 
+WorkHandle ProcessGroup::send(const Tensor& t, int peer) const {
+  CZ_CHECK(comm_ && peer != rank_, "process group: rank {} of {} cannot send to {}", rank_, size(), peer);
+  return comm_->send(t, peer);
+}
+
+WorkHandle ProcessGroup::recv(Tensor& t, int peer) const {
+  CZ_CHECK(comm_ && peer != rank_, "process group: rank {} of {} cannot receive from {}", rank_, size(),
+           peer);
+  return comm_->recv(t, peer);
+}
+
 WorkHandle ProcessGroup::broadcast(Tensor& t, int root) const {
   return comm_ ? comm_->broadcast(t, root) : nullptr;
 }

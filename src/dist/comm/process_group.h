@@ -37,6 +37,9 @@ class ProcessGroup {
   WorkHandle reduce_scatter(const Tensor& in, Tensor& shard, ReduceOp op) const;
   WorkHandle all_gather(const Tensor& shard, Tensor& out) const;
   WorkHandle broadcast(Tensor& t, int root) const;
+  // Point to point with the group's rank `peer` (not this rank); a group of one has no peer.
+  WorkHandle send(const Tensor& t, int peer) const;
+  WorkHandle recv(Tensor& t, int peer) const;
 
   // Blocking exchanges of small host values, through f64 buffers on device().
   double all_reduce(double value, ReduceOp op) const;

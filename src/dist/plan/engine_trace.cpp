@@ -43,6 +43,8 @@
 #include "dist/comm/hier_communicator.h"
 #include "dist/comm/mesh.h"
 #include "dist/comm/types.h"
+#include "dist/zero/gather_codec.h"
+#include "dist/zero/quant_reduce.h"
 #include "tensor/check.h"
 
 namespace cz::plan {
@@ -61,6 +63,7 @@ EngineTrace::EngineTrace(MemoryTrace& m, EngineSpec spec) : m_(m), s_(std::move(
   launched_.assign(np, false);
   bucket_.assign(np, kNone);
   gathered_.assign(np, kNone);
+  wire_.assign(np, kNone);
   position_.assign(np, 0);
 }
 
@@ -117,19 +120,25 @@ void EngineTrace::launch(size_t p) {
     cast = m_.alloc(numel * er, Use::bucket, "gradients cast to the reduce dtype");
   }
   while (in_flight_.size() >= 2) finish_oldest();
-  if (s_.stage == 0) {
+  Id records = kNone;
+  if (s_.reduce_int8 && s_.stage > 0 && shards() > 1) {
+    // An all-to-all of records (QuantizedReduceScatter): point to point, no ring scratch.
+    records = m_.alloc(zero::quantized_reduce_buffer_bytes(shards(), s_.layout.chunk(p), s_.quant_block),
+                       Use::bucket, "reduction records");
+  } else if (s_.stage == 0) {
     collective(world_comm, dist::Collective::all_reduce, numel, er);
   } else {
     collective(shard_comm, dist::Collective::reduce_scatter, numel, er);
     collective(replicate_comm, dist::Collective::all_reduce, numel / shards(), er);
   }
-  in_flight_.push_back({p, cast});
+  in_flight_.push_back({p, cast, records});
   if (s_.stage == 3) release(p);
 }
 
 void EngineTrace::finish_oldest() {
   const InFlight f = in_flight_.front();
   in_flight_.pop_front();
+  if (f.records != kNone) m_.release(f.records);  // freed once summed, before the bucket
   if (s_.stage >= 2) {
     m_.release(bucket_[f.partition]);
     bucket_[f.partition] = kNone;
@@ -204,15 +213,33 @@ void EngineTrace::grow(Comm c, int64_t need) {
   scratch = grown;
 }
 
+int64_t EngineTrace::wire_bytes(size_t p) const {
+  const zero::GatherCodec codec(s_.compute, s_.gather, s_.quant_block);
+  return codec.direct() ? 0 : shards() * codec.record_bytes(s_.layout.chunk(p));
+}
+
 void EngineTrace::gather(size_t p) {
   if (gathered_[p] != kNone) return;
   const int64_t numel = s_.layout.partitions[p].numel, ec = int64_t(dtype_size(s_.compute));
   gathered_[p] = m_.alloc(numel * ec, Use::gather, "gathered unit");
-  if (!(s_.hpz && backward_)) collective(shard_comm, dist::Collective::all_gather, numel, ec);
+  if (s_.hpz && backward_) return;  // from the host-local slices, in the compute dtype
+  if (const int64_t w = wire_bytes(p)) {
+    wire_[p] = m_.alloc(w, Use::gather, "gathered records");
+    collective(shard_comm, dist::Collective::all_gather, w, 1);
+  } else {
+    collective(shard_comm, dist::Collective::all_gather, numel, ec);
+  }
+}
+
+void EngineTrace::use(size_t p) {
+  if (wire_[p] == kNone) return;
+  m_.release(wire_[p]);
+  wire_[p] = kNone;
 }
 
 void EngineTrace::release(size_t p) {
   if (gathered_[p] == kNone) return;
+  use(p);
   m_.release(gathered_[p]);
   gathered_[p] = kNone;
 }
@@ -235,6 +262,7 @@ void EngineTrace::forward_pre(int u) {
     order_.push_back(p);
   }
   gather(p);
+  use(p);
   prefetch_after(p, backward_);
 }
 
@@ -245,6 +273,7 @@ void EngineTrace::forward_post(int u) {
 void EngineTrace::backward_pre(int u) {
   if (u < 0) return;
   gather(size_t(u));
+  use(size_t(u));
   prefetch_after(size_t(u), true);
 }
 
@@ -272,10 +301,21 @@ void EngineTrace::optimizer_step() {
   }
   if (s_.stage > 0) all_reduce_scalar_in(shard_comm);
   m_.release(sum);
-  // Stages 1-2: the updated chunks are all-gathered into the compute copy (ChunkGatherer::after_update).
-  if (s_.stage == 1 || s_.stage == 2)
-    for (const zero::Partition& part : s_.layout.partitions)
-      collective(shard_comm, dist::Collective::all_gather, part.numel, int64_t(dtype_size(s_.compute)));
+  // Stages 1-2: the updated chunks are all-gathered into the compute copy (ChunkGatherer::after_update);
+  // quantized, the records of every partition are gathered into buffers of their own, then decoded and freed
+  // in order (ChunkGatherer::gather_records).
+  if (s_.stage != 1 && s_.stage != 2) return;
+  std::vector<Id> wires;
+  for (size_t p = 0; p < s_.layout.partitions.size(); ++p) {
+    if (const int64_t w = wire_bytes(p)) {
+      wires.push_back(m_.alloc(w, Use::gather, "gathered records"));
+      collective(shard_comm, dist::Collective::all_gather, w, 1);
+    } else {
+      collective(shard_comm, dist::Collective::all_gather, s_.layout.partitions[p].numel,
+                 int64_t(dtype_size(s_.compute)));
+    }
+  }
+  for (Id w : wires) m_.release(w);
 }
 
 }  // namespace cz::plan

@@ -28,6 +28,9 @@ struct EngineSpec {
   int shard = 0;
   zero::ZeroLayout layout;  // the engine's partitions (zero_layout)
   DType compute = DType::f32, reduce = DType::f32;
+  DType gather = DType::f32;  // ZeroConfig::gather_dtype: not the compute dtype, records travel (wire_)
+  bool reduce_int8 = false;   // --reduce-dtype int8: each reduction's records buffer, no ring scratch
+  int64_t quant_block = 256;
   int prefetch = 1;
   bool offload = false;  // --offload-optimizer: the model state differs, not what a step allocates
   bool hpz = false;      // stage 3 --hpz: backward gathers inside the host group (Note [hpZ])
@@ -63,15 +66,20 @@ class EngineTrace {
   // ProcessGroup::all_reduce of a scalar (a one-element f64 tensor and its all-reduce) and ZeroEngine::step.
   void all_reduce_scalar();
   void optimizer_step();
+  // Bytes of the records of partition p's N chunks (Note [Quantized gathers]); 0 when the compute copy
+  // itself travels.
+  int64_t wire_bytes(size_t p) const;
 
  private:
   struct InFlight {
     size_t partition;
-    Id cast;  // stages 0-1: the gradient cast to the reduce dtype, when it differs
+    Id cast;     // stages 0-1: the gradient cast to the reduce dtype, when it differs
+    Id records;  // --reduce-dtype int8: the records sent and received (Note [Quantized reduction])
   };
   void launch(size_t p);
   void finish_oldest();
   void gather(size_t p);
+  void use(size_t p);  // the gathered records decoded, their buffer freed
   void release(size_t p);
   void prefetch_after(size_t p, bool backward);
   // The communicators whose threads grow a scratch: the mesh's, and a two-level world's host and cross
@@ -95,6 +103,7 @@ class EngineTrace {
   std::vector<bool> launched_;
   std::vector<Id> bucket_;    // stages 2-3
   std::vector<Id> gathered_;  // stage 3: kNone while released
+  std::vector<Id> wire_;      // stage 3, quantized: the gathered records, from gather to use
   std::deque<InFlight> in_flight_;
   bool last_micro_ = true;
   bool backward_ = false;

@@ -56,7 +56,13 @@ Engine engine_at(const Setup& s, int stage, bool offload) {
   z.stage = stage;
   z.world = s.shard;
   z.hpz_ranks_per_host = stage == 3 ? s.hpz_ranks : 0;
-  z.layout = zero_layout(s.params, stage, s.shard, s.cfg.bucket_mb, s.reduce);
+  z.gather = train::gather_wire_dtype(s.cfg);
+  const zero::GatherCodec codec(s.compute, z.gather, z.quant_block);
+  const bool reduce_int8 = s.cfg.reduce_dtype == "int8";
+  z.layout = zero_layout(s.params, stage, s.shard, s.cfg.bucket_mb, s.reduce,
+                         stage == 0    ? 16
+                         : reduce_int8 ? z.quant_block
+                                       : codec.align());
   z.compute = s.compute;
   z.reduce = s.reduce;
   z.prefetch = s.cfg.prefetch;
@@ -110,6 +116,9 @@ StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bo
   sp.engine.layout = engine.spec.layout;
   sp.engine.compute = s.compute;
   sp.engine.reduce = s.reduce;
+  sp.engine.gather = engine.spec.gather;
+  sp.engine.reduce_int8 = s.cfg.reduce_dtype == "int8";
+  sp.engine.quant_block = engine.spec.quant_block;
   sp.engine.prefetch = s.cfg.prefetch;
   sp.engine.offload = engine.spec.offload;
   sp.engine.hpz = engine.spec.hpz_ranks_per_host > 0;
@@ -198,7 +207,7 @@ Setup setup_of(const PlanRequest& req) {
   CZ_CHECK(!req.gpu_mem || *req.gpu_mem > 0, "--gpu-mem must be positive, got {}", req.gpu_mem.value_or(0));
   s.cuda = parse_device(s.cfg.device).is_cuda();
   s.compute = train::compute_dtype(s.cfg, s.cuda);
-  s.reduce = train::dtype_of_flag(s.cfg.reduce_dtype);
+  s.reduce = train::reduce_bucket_dtype(s.cfg);
   s.world = req.world;
   CZ_CHECK(0 <= req.rank && req.rank < req.world, "plan: rank {} of a world of {}", req.rank, req.world);
   s.rank = req.rank;

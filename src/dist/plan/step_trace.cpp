@@ -228,9 +228,20 @@ void Walker::build() {
     dropped.push_back(m_.alloc(s_.engine.layout.shard_numel() * 4, Use::transient, "own chunks (build)"));
   for (const StateBuffer& b : s_.state)
     if (!b.host) m_.alloc(b.bytes, Use::state, b.name.c_str());
-  if (s_.engine.stage == 3)
+  const size_t np = s_.engine.layout.partitions.size();
+  if (s_.engine.stage == 3) {
     for (const zero::Partition& p : s_.engine.layout.partitions)
       m_.release(m_.alloc(p.numel * e_, Use::transient, "unit buffer (build)"));
+    for (size_t p = 0; p < np; ++p)  // quantized: each unit's records buffer, released as the unit's
+      if (const int64_t w = engine_.wire_bytes(p)) m_.release(m_.alloc(w, Use::transient, "records (build)"));
+  } else if (s_.engine.stage > 0) {
+    // Quantized at stages 1-2: the constructor's first gather of the records (ChunkGatherer::gather_records).
+    std::vector<Id> wires;
+    for (size_t p = 0; p < np; ++p)
+      if (const int64_t w = engine_.wire_bytes(p))
+        wires.push_back(m_.alloc(w, Use::transient, "records (build)"));
+    for (Id w : wires) m_.release(w);
+  }
   for (Id p : params) m_.release(p);
   for (Id d : dropped) m_.release(d);
   if (s_.cuda) {

@@ -66,9 +66,11 @@
 #include <fmt/ranges.h>
 
 #include "dist/comm/mesh.h"
+#include "dist/comm/quant.h"
 #include "dist/plan/planner.h"
 #include "dist/plan/zero_memory.h"
 #include "dist/train/flags.h"
+#include "dist/zero/gather_codec.h"
 #include "tensor/check.h"
 
 namespace cz::plan {
@@ -221,7 +223,13 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   };
   const int shards = hsdp ? R : n;  // the ranks the state is sharded over
   const std::vector<nn::ParamInfo> params = nn::convnext_parameters(cfg.model_config());
-  const zero::ZeroLayout L = zero_layout(params, stage, shards, cfg.bucket_mb, run.er);
+  // --gather-dtype (Note [Quantized gathers]): what a parameter gather moves, and the layout's alignment.
+  const zero::GatherCodec codec(run.ec, train::gather_wire_dtype(cfg), 256);
+  const bool reduce_int8 = cfg.reduce_dtype == "int8" && stage > 0;
+  const zero::ZeroLayout L = zero_layout(params, stage, shards, cfg.bucket_mb, run.er,
+                                         stage == 0    ? 16
+                                         : reduce_int8 ? 256
+                                                       : codec.align());
   const size_t np = L.partitions.size();
   std::map<std::string, size_t> partition_of;
   std::map<std::string, std::set<size_t>> module_parts;  // the partitions holding a module's parameters
@@ -329,11 +337,20 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
     cpu_debt = 0;
   };
 
-  // Stages 1-2: the previous step's parameter all-gathers, queued as the step begins.
+  // A parameter gather's bytes: the partition in the compute dtype, or its N chunks' records (the encode and
+  // decode passes, at memory speed, are not charged); hpZ's backward gathers stay in the compute dtype.
+  auto gather_bytes = [&](size_t p, bool backward) {
+    if (codec.direct() || (hpz && backward)) return double(L.partitions[p].numel) * ec;
+    return double(shards) * double(codec.record_bytes(L.chunk(p)));
+  };
+  // Stages 1-2: the previous step's parameter all-gathers, queued as the step begins; quantized, the step
+  // waited for them all (ChunkGatherer::gather_records decodes on the training thread).
   std::vector<double> param_gather(np, 0);
   if (comms && (stage == 1 || stage == 2))
-    for (size_t p = 0; p < np; ++p)
-      param_gather[p] = param_gather_of(double(L.partitions[p].numel) * ec, 0, false);
+    for (size_t p = 0; p < np; ++p) {
+      param_gather[p] = param_gather_of(gather_bytes(p, false), 0, false);
+      if (!codec.direct()) wait_for(param_gather[p]);
+    }
   run_op(zero_grad_work(int64_t(stage <= 1 ? double(L.flat.numel) * ec : double(L.shard_numel()) * 4)));
 
   // Stage 3: when each unit's gather ends (0: resident since then; -1: released).
@@ -342,8 +359,7 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   for (size_t m = 0; m < run.work.size(); ++m)
     unit_of_module[m] = *module_parts.at(run.work[m].module).begin();
   auto gather = [&](size_t u, bool backward) {
-    if (resident[u] < 0)
-      resident[u] = comms ? param_gather_of(double(L.partitions[u].numel) * ec, t, backward) : t;
+    if (resident[u] < 0) resident[u] = comms ? param_gather_of(gather_bytes(u, backward), t, backward) : t;
   };
   auto use = [&](size_t u, bool backward) {
     gather(u, backward);
@@ -379,7 +395,10 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   auto launch = [&](size_t p) {
     launched[p] = true;
     while (in_flight.size() >= 2) finish_oldest();
-    const double bytes = double(L.partitions[p].numel) * er;
+    // --reduce-dtype int8 (Note [Quantized reduction]): an all-to-all of N records, timed as a ring
+    // reduce-scatter of as many bytes (each rank sends N - 1 records either way).
+    const double bytes = reduce_int8 ? double(shards) * double(dist::quant_packed_bytes(L.chunk(p), 256))
+                                     : double(L.partitions[p].numel) * er;
     const double end = comms ? reduce(bytes, t) : t;
     in_flight.push_back({p, end});
     if (stage == 3) resident[p] = -1;
@@ -441,7 +460,7 @@ WhatIf what_if(const WhatIfRequest& req) {
   train::TrainConfig cfg = req.config;
   if (cfg.steps == 0 && cfg.epochs == 0) cfg.steps = 1;
   cfg.validate();
-  const DType ec = train::dtype_of_flag(cfg.precision), er = train::dtype_of_flag(cfg.reduce_dtype);
+  const DType ec = train::dtype_of_flag(cfg.precision), er = train::reduce_bucket_dtype(cfg);
   const nn::ConvNeXtConfig mc = cfg.model_config();
   std::vector<int> ranks = req.ranks;
   const int total = req.topology.num_ranks();
@@ -497,6 +516,9 @@ WhatIf what_if(const WhatIfRequest& req) {
       pr.config.stage = stage;
       // hpZ is stage 3's across hosts: its other rows are plain stages.
       if (stage != 3 || levels.hosts.size() < 2) pr.config.hpz = false;
+      // Quantized communication is stages 1-3's (stage 0 gathers nothing, and all-reduces): its stage-0 row
+      // is the unquantized run, as simulate() times it.
+      if (stage == 0) pr.config.gather_dtype = pr.config.reduce_dtype = "fp32";
       pr.world = k;
       pr.ranks_per_host = levels.hosts.size() > 1 ? levels.per_host : 0;
       pr.gpu_mem = req.gpu_mem;

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "dist/train/flags.h"
+#include "dist/zero/gather_codec.h"
 #include "tensor/check.h"
 
 namespace cz::plan {
@@ -57,7 +58,7 @@ int64_t flat_numel(const std::vector<nn::ParamInfo>& params, int64_t align) {
 }
 
 zero::ZeroLayout zero_layout(const std::vector<nn::ParamInfo>& params, int stage, int world, double bucket_mb,
-                             DType reduce) {
+                             DType reduce, int64_t align) {
   CZ_CHECK(bucket_mb > 0, "zero_layout: the bucket size must be positive, got {} MiB", bucket_mb);
   const int64_t bucket_bytes = train::bucket_bytes(bucket_mb);  // as the trainer's ZeroConfig has it
   std::vector<zero::ParamShape> shapes;
@@ -69,7 +70,8 @@ zero::ZeroLayout zero_layout(const std::vector<nn::ParamInfo>& params, int stage
     if (stage == 3) unit_of.push_back(p.unit);
   }
   return zero::plan_layout(shapes, stage, world,
-                           zero::bucket_elems(double(bucket_bytes), dtype_size(reduce), numel), unit_of);
+                           zero::bucket_elems(double(bucket_bytes), dtype_size(reduce), numel), unit_of,
+                           align);
 }
 
 ZeroState zero_model_state(const ZeroSpec& s) {
@@ -104,8 +106,17 @@ ZeroState zero_model_state(const ZeroSpec& s) {
     for (const zero::Partition& p : s.layout.partitions) n += p.numel / s.hpz_ranks_per_host;
     add(StateRow::parameters, "hpZ secondary copies", n * ec, false);
   }
-  // fp32 master chunks: separate from the compute copy under mixed precision or offload.
-  if (mixed || off) add(StateRow::master_weights, fmt::format("fp32 master{}", shard_name), shard * 4, off);
+  // Gathers not of the compute copy itself (Note [Quantized gathers]): the records of this rank's chunks, in
+  // the gatherer (stage 3: after hpZ's copies; stages 1-2: after the optimizer state, in the order below).
+  const zero::GatherCodec codec(s.compute, s.gather, s.quant_block);
+  int64_t records = 0;
+  if (!codec.direct() && s.stage > 0)
+    for (size_t p = 0; p < s.layout.partitions.size(); ++p) records += codec.record_bytes(s.layout.chunk(p));
+  if (s.stage == 3) add(StateRow::parameters, "gather records", records, false);
+  // fp32 master chunks: separate from the compute copy under mixed precision or offload, and at stages 1-2
+  // when the gathered values land in every chunk of the compute copy.
+  if (mixed || off || (records > 0 && s.stage < 3))
+    add(StateRow::master_weights, fmt::format("fp32 master{}", shard_name), shard * 4, off);
   // Stages 0-1: the full gradient buffer the .grads view (compute dtype).
   if (s.stage <= 1) add(StateRow::gradients, mixed ? "16-bit gradients" : "flat gradients", psi * ec, false);
   // fp32 gradient chunks: stages 2-3, mixed precision, offload.
@@ -118,6 +129,7 @@ ZeroState zero_model_state(const ZeroSpec& s) {
   // WeightEma over the master chunks: on their device, which under offload is the host (not pinned: on the
   // CPU backend that is the training device's allocator).
   if (s.ema) add(StateRow::ema, "EMA weights", shard * 4, off && !s.cpu_device);
+  if (s.stage < 3) add(StateRow::parameters, "gather records", records, false);
   return z;
 }
 

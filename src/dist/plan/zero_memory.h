@@ -19,7 +19,10 @@
 // On a 2-D mesh (--shard-group, Note [2-D mesh]) N is the shard group's size, not the world's: the state is
 // sharded inside the group and replicated across groups. hpZ (--hpz, Note [hpZ]) adds the secondary copies,
 // the host-local slice of every unit, e_c·Ψ/R (R ranks per host, e_c the compute dtype's bytes), to the
-// parameter shard.
+// parameter shard. Gathers in another dtype than the compute copy's (--gather-dtype, Note [Quantized
+// gathers]) keep the records of this rank's chunks, Ψ/N·(1 + 4/B) bytes for INT8 (Ψ/N·e_g cast), as
+// parameters, and at stages 1-2 a separate fp32 master shard 4Ψ/N (the gathered values overwrite every chunk
+// of the compute copy); with INT8, Ψ is aligned to B elements per parameter and padded to B·N per partition.
 // The EMA of the weights (4Ψ at stage 0, 4Ψ/N otherwise) lives beside the master weights: on the host under
 // offload (which on the CPU backend is the training device's own allocator, as it is not pinned memory).
 // Gradient buckets, stage-3 gather buffers and the ring's scratch come and go during the step: the step
@@ -55,6 +58,8 @@ struct ZeroSpec {
   zero::ZeroLayout layout;          // the engine's partitions (zero_layout builds it as the engine does)
   DType compute = DType::f32;       // f32, or bf16/f16 for mixed precision (fp32 master weights)
   DType reduce = DType::f32;        // what gradients travel in
+  DType gather = DType::f32;        // --gather-dtype as ZeroConfig::gather_dtype (u8: INT8 blocks)
+  int64_t quant_block = 256;        // their block size
   int prefetch = 1;                 // stage 3: units gathered ahead of the one in use
   int optimizer_state_tensors = 2;  // fp32 tensors of Ψ elements (sharded): AdamW 2, SGD 1 or 0
   bool ema = false;
@@ -79,8 +84,9 @@ int64_t flat_numel(const std::vector<nn::ParamInfo>& params, int64_t align = 16)
 // The layout ZeroEngine builds for ConvNeXt's parameters (nn::convnext_parameters, registration order) with
 // these flags: the same bucket size in elements (--bucket-mb MiB of the reduce dtype) and the same units
 // (ParamInfo::unit, which ConvNeXt::units() hands the engine).
+// `align`: 16, or the block size with quantized gathers (zero::GatherCodec::align).
 zero::ZeroLayout zero_layout(const std::vector<nn::ParamInfo>& params, int stage, int world, double bucket_mb,
-                             DType reduce);
+                             DType reduce, int64_t align = 16);
 
 ZeroState zero_model_state(const ZeroSpec& spec);
 

@@ -74,7 +74,8 @@ struct TrainConfig {
   int prefetch = 1;                   // stage 3: units gathered ahead of use
   std::string shard_group = "world";  // stages 1-3: world | host | N ranks (Note [2-D mesh]: HSDP)
   bool hpz = false;                   // stage 3: backward's gathers from host-local copies (Note [hpZ])
-  std::string reduce_dtype = "fp32";  // fp32 | bf16 | fp16: the dtype gradients travel in
+  std::string reduce_dtype = "fp32";  // fp32 | bf16 | fp16 | int8: the dtype gradients travel in
+  std::string gather_dtype = "fp32";  // fp32 | bf16 | fp16 | int8: the parameters' all-gathers (stages 1-3)
   bool offload_optimizer = false;     // fp32 master, gradients and optimizer state in host memory, CPU update
   bool offload_overlap_step = false;  // with offload: the update of step t runs during step t+1 (stale)
   double comm_timeout_s = 300;        // a collective not done by then fails the run (Note [Failure handling])

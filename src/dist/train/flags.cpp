@@ -301,14 +301,34 @@ std::vector<Flag> make_flags() {
        .json_key = "hpz"},
       {.name = "--reduce-dtype",
        .field = &T::reduce_dtype,
-       .help = "fp32 | bf16 | fp16: the dtype gradients are reduced in",
+       .help = "fp32 | bf16 | fp16 | int8: the dtype gradients are reduced in. int8 (stages 1-3, without "
+               "--shard-group): each rank sends the others their chunks of a bucket as blocks of 256 values "
+               "with an fp32 scale each, summed in fp32 by the owner",
        .check =
            [](C c, F f) {
-             CZ_CHECK(is_dtype_flag(c.reduce_dtype), "{} must be fp32, bf16 or fp16, got '{}'", f.name,
-                      c.reduce_dtype);
+             CZ_CHECK(is_dtype_flag(c.reduce_dtype) || c.reduce_dtype == "int8",
+                      "{} must be fp32, bf16, fp16 or int8, got '{}'", f.name, c.reduce_dtype);
+             CZ_CHECK(c.reduce_dtype != "int8" || (c.stage > 0 && c.shard_group == "world"),
+                      "{} int8 is for {} 1-3 with {} world", f.name, flag_name(&T::stage),
+                      flag_name(&T::shard_group));
            },
        .ranks_agree = true,
        .json_key = "reduce_dtype"},
+      {.name = "--gather-dtype",
+       .field = &T::gather_dtype,
+       .help = "fp32 | bf16 | fp16 | int8: what parameters are all-gathered in (stages 1-3; never wider than "
+               "--precision). int8: blocks of 256 values with an fp32 scale each, quantized once per step "
+               "from the fp32 master",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(is_dtype_flag(c.gather_dtype) || c.gather_dtype == "int8",
+                      "{} must be fp32, bf16, fp16 or int8, got '{}'", f.name, c.gather_dtype);
+             CZ_CHECK(c.stage > 0 || c.gather_dtype == "fp32" || c.gather_dtype == c.precision,
+                      "{} {} is for {} 1-3 (stage 0 gathers no parameters)", f.name, c.gather_dtype,
+                      flag_name(&T::stage));
+           },
+       .ranks_agree = true,
+       .json_key = "gather_dtype"},
       {.name = "--offload-optimizer",
        .field = &T::offload_optimizer,
        .help = "at any --stage: fp32 master weights, gradients and optimizer state in pinned host memory, "
@@ -497,6 +517,14 @@ DType compute_dtype(const TrainConfig& c, bool cuda) {
   return d;
 }
 
+DType reduce_bucket_dtype(const TrainConfig& c) {
+  return c.reduce_dtype == "int8" ? DType::f32 : dtype_of_flag(c.reduce_dtype);
+}
+
+DType gather_wire_dtype(const TrainConfig& c) {
+  return c.gather_dtype == "int8" ? DType::u8 : dtype_of_flag(c.gather_dtype);
+}
+
 dist::Algorithm world_algorithm(const TrainConfig& c) {
   if (c.comm_impl == "flat") return dist::Algorithm::ring;
   return c.comm_impl == "hier" ? dist::Algorithm::hier : dist::Algorithm::automatic;
@@ -508,7 +536,9 @@ zero::ZeroConfig zero_config(const TrainConfig& c, Device device) {
   z.bucket_bytes = bucket_bytes(c.bucket_mb);
   z.prefetch = c.prefetch;
   z.compute_dtype = compute_dtype(c, device.is_cuda());
-  z.reduce_dtype = dtype_of_flag(c.reduce_dtype);
+  z.reduce_dtype = reduce_bucket_dtype(c);
+  z.reduce_int8 = c.reduce_dtype == "int8";
+  z.gather_dtype = gather_wire_dtype(c);
   z.device = device;
   z.offload = c.offload_optimizer;
   z.offload_overlap_step = c.offload_overlap_step;

@@ -64,6 +64,10 @@ std::string config_json(const TrainConfig& c, int world);
 int64_t bucket_bytes(double bucket_mb);
 // The dtype the model computes in: --precision, whose 16-bit values need a CUDA device.
 DType compute_dtype(const TrainConfig& c, bool cuda);
+// --reduce-dtype as the gradient buckets' dtype (f32 for int8, whose records are made from f32 buckets).
+DType reduce_bucket_dtype(const TrainConfig& c);
+// --gather-dtype as ZeroConfig::gather_dtype: f32, bf16, f16, or u8 for INT8 blocks.
+DType gather_wire_dtype(const TrainConfig& c);
 // --comm-impl as the world communicator's algorithm: flat is the ring, hier and auto as named.
 dist::Algorithm world_algorithm(const TrainConfig& c);
 // The ZeRO engine's configuration for a run on `device`.

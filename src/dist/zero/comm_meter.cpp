@@ -48,6 +48,14 @@ void CommMeter::sent(const dist::ProcessGroup& group, int64_t bytes, dist::Colle
   cross_bytes_ += n * cross / group.size();
 }
 
+void CommMeter::sent_to(const dist::ProcessGroup& group, int peer, int64_t bytes) {
+  bytes_ += bytes;
+  if (host_of_.empty()) return;
+  const std::vector<int>& ranks = group.ranks();
+  if (host_of_.at(size_t(ranks[size_t(peer)])) != host_of_.at(size_t(ranks[size_t(group.rank())])))
+    cross_bytes_ += bytes;
+}
+
 void CommMeter::hold(int64_t bytes) {
   held_ += bytes;
   peak_ = std::max(peak_, held_);

@@ -26,6 +26,8 @@ class CommMeter {
   // levels (Note [Two-level collectives]) a rank sends (R-1)/R of the buffer inside its host per host step
   // and its cross group's ring share of the buffer's 1/R across hosts, all of that leaving the host.
   void sent(const dist::ProcessGroup& group, int64_t bytes, dist::Collective kind);
+  // A send of `bytes` to the group's rank `peer` (cross-host when the peer's host is not this rank's).
+  void sent_to(const dist::ProcessGroup& group, int peer, int64_t bytes);
   // Communication buffers allocated (bytes > 0) or freed (bytes < 0).
   void hold(int64_t bytes);
   // Waits for the device side of the step's collectives and writes comm_s, comm_exposed_s, comm_wait_s,

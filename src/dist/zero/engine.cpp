@@ -62,7 +62,9 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
 
 ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units, ZeroGroups groups,
                        ZeroConfig cfg, const MakeOptimizer& make_optimizer, const MakeEma& make_ema)
-    : cfg_(std::move(cfg)), groups_(std::move(groups)) {
+    : cfg_(std::move(cfg)),
+      groups_(std::move(groups)),
+      codec_(cfg_.compute_dtype, cfg_.gather_dtype, cfg_.quant_block) {
   CZ_CHECK(cfg_.stage >= 0 && cfg_.stage <= 3, "ZeRO: --stage must be 0-3, got {}", cfg_.stage);
   CZ_CHECK(cfg_.prefetch >= 0, "ZeRO: --prefetch must be >= 0, got {}", cfg_.prefetch);
   CZ_CHECK(cfg_.bucket_bytes > 0, "ZeRO: the bucket size must be positive, got {} bytes", cfg_.bucket_bytes);
@@ -78,6 +80,15 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
   CZ_CHECK(!cfg_.hpz || cfg_.stage == 3, "ZeRO: --hpz is for --stage 3, got --stage {}", cfg_.stage);
   CZ_CHECK(!cfg_.hpz || groups_.replicate.size() == 1,
            "ZeRO: --hpz shards over the world; with --shard-group the shard already stays on the host");
+  CZ_CHECK(codec_.direct() || cfg_.stage > 0,
+           "ZeRO: gathering parameters in {} is for stages 1-3 (stage 0 gathers nothing)",
+           cfg_.gather_dtype == DType::u8 ? "int8" : dtype_name(cfg_.gather_dtype));
+  CZ_CHECK_DEVICE(codec_.kind() != GatherCodec::Kind::cast || !cfg_.device.is_cuda(),
+                  "ZeRO: gathering {} parameters in {} runs on the CPU only", dtype_name(cfg_.compute_dtype),
+                  dtype_name(cfg_.gather_dtype));
+  CZ_CHECK(!cfg_.reduce_int8 ||
+               (cfg_.stage > 0 && groups_.replicate.size() == 1 && cfg_.reduce_dtype == DType::f32),
+           "ZeRO: int8 gradient reductions are for stages 1-3 without --shard-group, in f32 buckets");
   meter_.set_hosts(groups_.host_of);
   const bool sharded = cfg_.stage > 0, units_gathered = cfg_.stage == 3, buckets = cfg_.stage >= 2;
   // What the state is sharded over: the shard group (the world when flat), or at stage 0 a group of one
@@ -90,9 +101,9 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
       units_gathered ? assign_units(shapes, units) : std::vector<std::string>{};
   int64_t params = 0;
   for (const ParamShape& p : shapes) params += shape_numel(p.shape);
-  layout_ =
-      plan_layout(shapes, cfg_.stage, shard_group.size(),
-                  bucket_elems(double(cfg_.bucket_bytes), dtype_size(cfg_.reduce_dtype), params), unit_of);
+  layout_ = plan_layout(shapes, cfg_.stage, shard_group.size(),
+                        bucket_elems(double(cfg_.bucket_bytes), dtype_size(cfg_.reduce_dtype), params),
+                        unit_of, cfg_.reduce_int8 ? cfg_.quant_block : codec_.align());
   const size_t np = layout_.partitions.size();
   const int me = shard_group.rank();
   std::vector<Tensor> param_list;
@@ -100,6 +111,10 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
 
   const Device dev = cfg_.device;
   const bool mixed = cfg_.compute_dtype != DType::f32, offload = cfg_.offload;
+  // Stages 1-2 gathering other than the compute copy itself: the gathered (rounded) values land in every
+  // chunk of the compute copy, this rank's too, so the fp32 master is a shard of its own, as under mixed
+  // precision (Note [Quantized gathers]).
+  const bool own_master = mixed || (!codec_.direct() && !units_gathered);
   FlatParams flat = flatten_parameters(named, layout_.flat);
   // Every rank starts from rank 0's weights.
   if (dist::WorkHandle w = groups_.world.broadcast(flat.params, 0)) w->wait();
@@ -112,20 +127,21 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
     }
     return out;
   };
-  const Tensor chunks = units_gathered || mixed || offload ? my_chunks(flat.params) : Tensor();
+  const Tensor chunks = units_gathered || own_master || offload ? my_chunks(flat.params) : Tensor();
   Tensor master;
   if (offload) {
     master = empty_pinned({layout_.shard_numel()}, DType::f32);
     master.copy_(chunks);
-  } else if (mixed) {
+  } else if (own_master) {
     master = chunks;
   }
   if (units_gathered) {
     Tensor shard = mixed ? chunks.to(cfg_.compute_dtype) : chunks;
     for (size_t p = 0; p < np; ++p)
       compute_chunks_.push_back(shard.narrow(0, layout_.local_offset(p), layout_.chunk(p)));
-    gatherer_ = std::make_unique<UnitGatherer>(layout_, model, param_list, shard, cfg_.prefetch, shard_group,
-                                               meter_, cfg_.hpz ? std::optional(groups_.host) : std::nullopt);
+    gatherer_ =
+        std::make_unique<UnitGatherer>(layout_, model, param_list, shard, cfg_.prefetch, shard_group, meter_,
+                                       codec_, cfg_.hpz ? std::optional(groups_.host) : std::nullopt);
   } else {
     params_ = mixed ? flat.params.to(cfg_.compute_dtype) : flat.params;
     if (mixed) bind_parameters(named, layout_.flat, params_);
@@ -150,7 +166,7 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
     grad_shard = zeros({layout_.shard_numel()}, DType::f32, dev);
   }
 
-  ReducerMode mode{sharded, buckets, cfg_.reduce_dtype, dev};
+  ReducerMode mode{sharded, buckets, cfg_.reduce_dtype, dev, cfg_.reduce_int8 ? cfg_.quant_block : 0};
   // Stage 0 all-reduces over the world; stages 1-3 reduce-scatter in the shard group, then all-reduce the
   // chunk across the replication group.
   reducer_ = std::make_unique<GradReducer>(layout_, param_list, grads, sharded ? shard_group : groups_.world,
@@ -175,9 +191,16 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
     reducer_->set_sink([this](size_t p, const Tensor& chunk, bool) { state_->receive(p, chunk); });
   }
   if (sharded && !units_gathered)
-    gatherer_ =
-        std::make_unique<ChunkGatherer>(layout_, model, params_, compute_chunks_, shard_group, meter_);
-  if (gatherer_) reducer_->set_on_launch([this](size_t p) { gatherer_->reduced(p); });
+    gatherer_ = std::make_unique<ChunkGatherer>(layout_, model, params_, compute_chunks_, shard_group, meter_,
+                                                codec_);
+  if (gatherer_) {
+    reducer_->set_on_launch([this](size_t p) { gatherer_->reduced(p); });
+    // What a gather encodes: the fp32 master chunks where they are on the device, else (offload: on the
+    // host) the compute chunks, written from them just before.
+    gatherer_->set_sources(offload ? compute_chunks_ : state_->weights());
+  }
+  // The first forward sees gathered values too, as every later one does.
+  if (!codec_.direct()) refresh_compute();
 }
 
 ZeroEngine::~ZeroEngine() {

@@ -13,6 +13,7 @@
 
 #include "dist/comm/process_group.h"
 #include "dist/zero/comm_meter.h"
+#include "dist/zero/gather_codec.h"
 #include "dist/zero/grad_reducer.h"
 #include "dist/zero/offload.h"
 #include "dist/zero/param_gatherer.h"
@@ -37,6 +38,14 @@ struct ZeroConfig {
   // Stage 3 (Note [hpZ] in engine_units.cpp): keep each unit's host-local slice after its forward gather and
   // gather backward's copy of the unit inside the host from those slices. Needs ZeroGroups::host.
   bool hpz = false;
+  // What parameters travel in when all-gathered (stages 1-3; --gather-dtype): f32, bf16 or f16 (never wider
+  // than compute_dtype: the compute copy itself travels then), or u8 for INT8 blocks of quant_block values
+  // (Note [Quantized gathers] in gather_codec.h). Not INT8 at stage 0, which gathers nothing.
+  DType gather_dtype = DType::f32;
+  // Stages 1-3, flat (no --shard-group): gradient buckets (f32, reduce_dtype) reduce-scattered as INT8
+  // records of quant_block values (--reduce-dtype int8, Note [Quantized reduction] in quant_reduce.h).
+  bool reduce_int8 = false;
+  int64_t quant_block = 256;
 };
 
 // The process groups the engine communicates in (Note [2-D mesh] in dist/comm/mesh.h, Note [ZeRO step]).
@@ -119,6 +128,7 @@ class ZeroEngine {
 
   ZeroConfig cfg_;
   ZeroGroups groups_;
+  GatherCodec codec_;
   ZeroLayout layout_;
   Tensor params_;                       // stages 0-2: the full compute copy the model runs on
   std::vector<Tensor> compute_chunks_;  // this rank's chunk of each partition of the compute copy

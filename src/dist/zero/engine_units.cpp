@@ -41,8 +41,8 @@ int64_t hpz_secondary_numel(const ZeroLayout& layout, int ranks_per_host) {
 
 UnitGatherer::UnitGatherer(const ZeroLayout& layout, nn::Module& model, const std::vector<Tensor>& params,
                            Tensor shard, int prefetch, dist::ProcessGroup group, CommMeter& meter,
-                           std::optional<dist::ProcessGroup> host)
-    : ParamGatherer(layout, std::move(group), meter),
+                           const GatherCodec& codec, std::optional<dist::ProcessGroup> host)
+    : ParamGatherer(layout, std::move(group), meter, codec),
       shard_(std::move(shard)),
       prefetch_(prefetch),
       host_(std::move(host)) {
@@ -57,6 +57,15 @@ UnitGatherer::UnitGatherer(const ZeroLayout& layout, nn::Module& model, const st
     for (size_t i = part.first_param; i < part.end_param; ++i)
       repoint_parameter(params[i], gathered_[p], layout_.flat.segments[i].offset - part.begin);
     gathered_[p].storage()->release();
+  }
+  wired_.assign(np, false);
+  if (!codec_.direct()) {
+    const int64_t n = group_.size();
+    for (size_t p = 0; p < np; ++p) {
+      wire_.push_back(
+          empty({n * codec_.record_numel(layout_.chunk(p))}, codec_.wire_dtype(), shard_.device()));
+      wire_.back().storage()->release();
+    }
   }
   slice_valid_.assign(np, false);
   from_host_.assign(np, false);
@@ -82,6 +91,7 @@ UnitGatherer::UnitGatherer(const ZeroLayout& layout, nn::Module& model, const st
                                [this, p](nn::Module&, const Tensor&, const Tensor&) { on_forward_post(p); }));
     hooks_.emplace_back(m, m->register_backward_pre_hook([this, p](nn::Module&) { on_backward_pre(p); }));
   }
+  allocate_records();
 }
 
 UnitGatherer::~UnitGatherer() {
@@ -100,13 +110,14 @@ int64_t UnitGatherer::gathered_bytes() const {
 }
 
 int64_t UnitGatherer::state_bytes() const {
-  int64_t n = int64_t(round_to_size_class(shard_.storage()->nbytes()));
+  int64_t n = ParamGatherer::state_bytes() + int64_t(round_to_size_class(shard_.storage()->nbytes()));
   if (secondary_.defined()) n += int64_t(round_to_size_class(secondary_.storage()->nbytes()));
   return n;
 }
 
 void UnitGatherer::after_update() {
   slice_valid_.assign(slice_valid_.size(), false);
+  encode_all();
 }
 
 void UnitGatherer::gather(size_t p) {
@@ -116,12 +127,28 @@ void UnitGatherer::gather(size_t p) {
   // hpZ: backward gathers inside the host from the slices its forward kept (Note [hpZ]).
   from_host_[p] = host_ && phase_ == Phase::backward && slice_valid_[p];
   const dist::ProcessGroup& group = from_host_[p] ? *host_ : group_;
+  meter_.hold(int64_t(round_to_size_class(storage.nbytes())));
+  state_[p] = State::gathering;
+  if (!from_host_[p] && !codec_.direct()) {  // the records, decoded at use (Note [Quantized gathers])
+    Storage& w = *wire_[p].storage();
+    w.restore(allocator_for(shard_.device()).allocate(w.nbytes()));
+    wired_[p] = true;
+    meter_.hold(int64_t(round_to_size_class(w.nbytes())));
+    work_[p] = group.all_gather(record(p), wire_[p]);
+    meter_.sent(group, wire_[p].nbytes(), dist::Collective::all_gather);
+    return;
+  }
   const Tensor mine = from_host_[p] ? slice_[p] : shard_.narrow(0, layout_.local_offset(p), layout_.chunk(p));
   // A group of one copies its shard's bytes (Note [Releasable storage]: not an in-place write).
   work_[p] = group.all_gather(mine, gathered_[p]);
   meter_.sent(group, gathered_[p].nbytes(), dist::Collective::all_gather);
-  state_[p] = State::gathering;
-  meter_.hold(int64_t(round_to_size_class(storage.nbytes())));
+}
+
+void UnitGatherer::drop_wire(size_t p) {
+  if (!wired_[p]) return;
+  meter_.hold(-int64_t(round_to_size_class(wire_[p].storage()->nbytes())));
+  wire_[p].storage()->release();
+  wired_[p] = false;
 }
 
 void UnitGatherer::use(size_t p) {
@@ -130,6 +157,11 @@ void UnitGatherer::use(size_t p) {
     meter_.wait(work_[p]);
     work_[p].reset();
     state_[p] = State::resident;
+    if (wired_[p]) {
+      NoGradGuard no_grad;
+      codec_.decode(wire_[p], group_.size(), layout_.chunk(p), gathered_[p]);
+      drop_wire(p);
+    }
     if (host_ && !from_host_[p]) {  // hpZ: keep the host-local slice for backward
       NoGradGuard no_grad;
       const int64_t n = layout_.partitions[p].numel / host_->size();
@@ -145,6 +177,7 @@ void UnitGatherer::release(size_t p) {
     meter_.wait(work_[p]);
     work_[p].reset();
   }
+  drop_wire(p);
   meter_.hold(-int64_t(round_to_size_class(gathered_[p].storage()->nbytes())));
   gathered_[p].storage()->release();
   state_[p] = State::released;

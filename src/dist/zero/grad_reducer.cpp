@@ -48,7 +48,7 @@ GradReducer::~GradReducer() {
   for (size_t i = 0; i < hooks_.size(); ++i) params_[i].remove_grad_ready_hook(hooks_[i]);
   // Collectives still in flight (an exception mid-backward) must not outlive the buffers they use.
   for (auto& f : in_flight_)
-    for (auto* w : {&f.work, &f.cross})
+    for (auto* w : {&f.work, &f.cross})  // (a quantized one waits in its destructor)
       if (*w) try {
           (*w)->wait();
         } catch (...) {
@@ -109,7 +109,11 @@ void GradReducer::launch(size_t p) {
   while (in_flight_.size() >= 2) finish_oldest();
   dist::WorkHandle w;
   const int64_t bytes = part.numel * int64_t(dtype_size(mode_.reduce_dtype));
-  if (mode_.scatter) {
+  std::unique_ptr<QuantizedReduceScatter> quantized;
+  if (mode_.quant_block > 0 && group_.size() > 1) {
+    quantized =
+        std::make_unique<QuantizedReduceScatter>(group_, buf, layout_.chunk(p), mode_.quant_block, meter_);
+  } else if (mode_.scatter) {
     Tensor mine = buf.narrow(0, own_offset(p), layout_.chunk(p));
     w = group_.reduce_scatter(buf, mine, dist::ReduceOp::avg);
     meter_.sent(group_, bytes, dist::Collective::reduce_scatter);
@@ -118,7 +122,8 @@ void GradReducer::launch(size_t p) {
     meter_.sent(group_, bytes, dist::Collective::all_reduce);
   }
   // Flat (or stage 0): nothing to all-reduce across replicas.
-  in_flight_.push_back({p, std::move(w), buf, nullptr, !mode_.scatter || replicate_.size() == 1});
+  in_flight_.push_back(
+      {p, std::move(w), buf, nullptr, !mode_.scatter || replicate_.size() == 1, std::move(quantized)});
   advance();
   if (on_launch_) on_launch_(p);
 }
@@ -148,6 +153,7 @@ void GradReducer::finish_oldest() {
   in_flight_.pop_front();
   meter_.wait(f.work);
   meter_.wait(f.cross);
+  if (f.quantized) f.quantized->finish(1.0 / group_.size());  // the average, as ReduceOp::avg
   NoGradGuard no_grad;
   const size_t p = f.partition;
   const Tensor mine = f.buffer.narrow(0, own_offset(p), layout_.chunk(p));  // this rank's averaged chunk

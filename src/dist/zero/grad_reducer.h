@@ -4,11 +4,13 @@
 
 #include <deque>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "dist/comm/process_group.h"
 #include "dist/zero/comm_meter.h"
 #include "dist/zero/partition.h"
+#include "dist/zero/quant_reduce.h"
 
 namespace cz::zero {
 
@@ -21,6 +23,9 @@ struct ReducerMode {
   bool buckets = false;
   DType reduce_dtype = DType::f32;
   Device device = Device::cpu();
+  // > 0 (--reduce-dtype int8; with scatter, f32 buckets and a flat mesh): each reduce-scatter travels as INT8
+  // records of blocks of this many values (Note [Quantized reduction] in quant_reduce.h).
+  int64_t quant_block = 0;
 };
 
 class GradReducer {
@@ -60,6 +65,7 @@ class GradReducer {
     Tensor buffer;           // what the collective reduces (a bucket, or a range of the full gradient buffer)
     dist::WorkHandle cross;  // the chunk's all-reduce across the replication group, once launched
     bool crossed = false;    // launched (or none needed)
+    std::unique_ptr<QuantizedReduceScatter> quantized;  // instead of `work`
   };
   void launch_cross(InFlight& f);
   void advance();  // launches the cross all-reduces whose reduce-scatter has completed, in launch order

@@ -10,6 +10,7 @@
 
 #include "dist/comm/process_group.h"
 #include "dist/zero/comm_meter.h"
+#include "dist/zero/gather_codec.h"
 #include "dist/zero/partition.h"
 #include "nn/module.h"
 
@@ -34,28 +35,46 @@ class ParamGatherer {
     return false;
   }
   virtual int64_t gathered_bytes() const { return 0; }
-  virtual int64_t state_bytes() const { return 0; }  // what it holds between steps (stage 3: the shard)
+  // What it holds between steps: the records of this rank's chunks (when the codec is not direct), and at
+  // stage 3 the shard (and hpZ's secondary copies).
+  virtual int64_t state_bytes() const;
+  // What each partition's record is encoded from (per partition, this rank's chunk): given once the
+  // engine's state exists.
+  void set_sources(std::vector<Tensor> sources) { sources_ = std::move(sources); }
 
  protected:
-  ParamGatherer(const ZeroLayout& layout, dist::ProcessGroup group, CommMeter& meter)
-      : layout_(layout), group_(std::move(group)), meter_(meter) {}
+  ParamGatherer(const ZeroLayout& layout, dist::ProcessGroup group, CommMeter& meter,
+                const GatherCodec& codec)
+      : layout_(layout), group_(std::move(group)), meter_(meter), codec_(codec) {}
+  // Not direct: one buffer of the records of all of this rank's chunks (Note [Quantized gathers]).
+  void allocate_records();
+  Tensor record(size_t p) const;
+  void encode_all();  // every record from its source
   const ZeroLayout& layout_;
   dist::ProcessGroup group_;
   CommMeter& meter_;
+  const GatherCodec& codec_;
+  std::vector<Tensor> sources_;
+  Tensor records_;
+  std::vector<int64_t> record_offset_;
   std::vector<std::pair<nn::Module*, int>> hooks_;  // (module, hook id)
 };
 
 class ChunkGatherer final : public ParamGatherer {
  public:
   // `full`: the full compute copy; `chunks`: this rank's chunk of each partition in it.
+  // Not direct (Note [Quantized gathers]): each update encodes the sources into the records, all-gathers
+  // them and decodes every partition into `full` at once, on the training thread; so these gathers are not
+  // overlapped with the next forward.
   ChunkGatherer(const ZeroLayout& layout, nn::Module& model, Tensor full, std::vector<Tensor> chunks,
-                dist::ProcessGroup group, CommMeter& meter);
+                dist::ProcessGroup group, CommMeter& meter, const GatherCodec& codec);
   ~ChunkGatherer() override;
   void after_update() override;
   void wait_all() override;
 
  private:
   void wait(const std::vector<size_t>& partitions);
+  void gather_records();
   Tensor full_;
   std::vector<Tensor> chunks_;
   std::vector<dist::WorkHandle> work_;  // per partition
@@ -66,10 +85,12 @@ class UnitGatherer final : public ParamGatherer {
   // `shard`: this rank's chunks of the compute copy (compute dtype); `params`: the model's parameters in
   // layout order, repointed into each unit's releasable buffer. Every partition is a unit, a module of
   // `model`. `host`: hpZ's host group (Note [hpZ]); none: every gather is over `group`.
+  // Not direct: the records are gathered into a releasable wire buffer per unit, decoded into the unit when
+  // it is first used (hpZ's host gathers stay in the compute dtype).
   UnitGatherer(const ZeroLayout& layout, nn::Module& model, const std::vector<Tensor>& params, Tensor shard,
-               int prefetch, dist::ProcessGroup group, CommMeter& meter,
+               int prefetch, dist::ProcessGroup group, CommMeter& meter, const GatherCodec& codec,
                std::optional<dist::ProcessGroup> host = std::nullopt);
-  void after_update() override;  // hpZ: the secondary copies are stale
+  void after_update() override;  // hpZ: the secondary copies are stale; the records encoded again
   ~UnitGatherer() override;
   void begin_backward() override { phase_ = Phase::backward; }
   void end_backward(bool finished) override;
@@ -92,7 +113,10 @@ class UnitGatherer final : public ParamGatherer {
 
   Tensor shard_;
   int prefetch_ = 1;
+  void drop_wire(size_t p);
   std::vector<Tensor> gathered_;  // per unit: the full unit, its storage released between uses
+  std::vector<Tensor> wire_;      // per unit, not direct: the gathered records, held from gather to use
+  std::vector<bool> wired_;
   std::vector<State> state_;
   std::vector<dist::WorkHandle> work_;
   Phase phase_ = Phase::forward;

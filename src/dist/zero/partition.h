@@ -13,6 +13,8 @@
 // (optimizer state, gradient shard, master weights, EMA): chunk p starts at local_offset(p). A parameter may
 // straddle chunk boundaries, so one parameter's elements may live on several ranks; padding elements are
 // zero and stay zero (their gradients are zero, and AdamW keeps a zero weight with a zero gradient at zero).
+// `align` is 16, or the block size B with quantized gathers (Note [Quantized gathers] in gather_codec.h):
+// then every parameter and every chunk starts a block, and no block holds two tensors.
 #pragma once
 
 #include <string>

@@ -1,0 +1,92 @@
+// Note [Quantized reduction] (quant_reduce.h): the records, the all-to-all, the fp32 sum. Host kernels on the
+// CPU; on CUDA the kernels of dist/comm/cuda/quant_kernels.h on the current stream (compiled, never run).
+#include "dist/zero/quant_reduce.h"
+
+#include "dist/comm/quant.h"
+#include "dist/zero/gather_codec.h"
+#include "optim/clip.h"
+#include "tensor/autograd/engine.h"
+#include "tensor/check.h"
+#include "tensor/ops.h"
+
+#if CZ_WITH_CUDA
+#include "dist/comm/cuda/cuda_check.h"
+#include "dist/comm/cuda/quant_kernels.h"
+#include "tensor/stream.h"
+#endif
+
+namespace cz::zero {
+namespace {
+
+// acc = deq(record) + acc, in f32.
+void dequantize_add(const uint8_t* record, int64_t n, int64_t block, const Tensor& acc) {
+  const auto* q = reinterpret_cast<const int8_t*>(record);
+  const auto* s = reinterpret_cast<const float*>(record + dist::quant_scales_offset(n));
+  auto* a = static_cast<float*>(acc.raw_data());
+  if (!acc.device().is_cuda()) return dist::dequantize_add_quantize(q, s, a, n, block, nullptr, nullptr, a);
+#if CZ_WITH_CUDA
+  const auto st = static_cast<cudaStream_t>(current_stream(acc.device()).handle);
+  CZ_CUDA_COMM(dist::cuda::dequantize_add_quantize(q, s, a, n, block, nullptr, nullptr, a, st));
+  return;
+#endif
+  CZ_CHECK_DEVICE(false, "quantized reduction: no kernels for {}", acc.device().str());
+}
+
+}  // namespace
+
+int64_t quantized_reduce_buffer_bytes(int n, int64_t chunk, int64_t block) {
+  return 2 * int64_t(n) * dist::quant_packed_bytes(chunk, block);
+}
+
+QuantizedReduceScatter::QuantizedReduceScatter(const dist::ProcessGroup& group, const Tensor& bucket,
+                                               int64_t chunk, int64_t block, CommMeter& meter)
+    : group_(group),
+      bucket_(bucket),
+      chunk_(chunk),
+      block_(block),
+      record_bytes_(dist::quant_packed_bytes(chunk, block)),
+      meter_(meter) {
+  const int n = group_.size(), me = group_.rank();
+  CZ_ASSERT(bucket_.dtype() == DType::f32 && bucket_.numel() == n * chunk && bucket_.is_contiguous(),
+            "quantized reduction: a bucket {} for {} chunks of {}", bucket_.str(), n, chunk);
+  records_ = empty({quantized_reduce_buffer_bytes(n, chunk, block)}, DType::u8, bucket_.device());
+  meter_.hold(int64_t(round_to_size_class(records_.storage()->nbytes())));
+  NoGradGuard no_grad;
+  const GatherCodec codec(DType::f32, DType::u8, block);
+  for (int k = 1; k < n; ++k) {
+    const int to = (me + k) % n;
+    codec.encode(bucket_.narrow(0, to * chunk, chunk), records_.narrow(0, to * record_bytes_, record_bytes_));
+  }
+  for (int k = 1; k < n; ++k) {
+    const int to = (me + k) % n, from = (me - k + n) % n;
+    works_.push_back(group_.send(records_.narrow(0, to * record_bytes_, record_bytes_), to));
+    Tensor in = records_.narrow(0, (n + from) * record_bytes_, record_bytes_);
+    works_.push_back(group_.recv(in, from));
+    meter_.sent_to(group_, to, record_bytes_);
+  }
+}
+
+QuantizedReduceScatter::~QuantizedReduceScatter() {
+  for (auto& w : works_)
+    if (w) try {
+        w->wait();
+      } catch (...) {
+      }
+  if (records_.defined()) meter_.hold(-int64_t(round_to_size_class(records_.storage()->nbytes())));
+}
+
+void QuantizedReduceScatter::finish(double scale) {
+  for (auto& w : works_) meter_.wait(w);
+  works_.clear();
+  NoGradGuard no_grad;
+  const int n = group_.size(), me = group_.rank();
+  Tensor mine = bucket_.narrow(0, me * chunk_, chunk_);
+  const auto* base = static_cast<const uint8_t*>(records_.raw_data());
+  for (int r = 0; r < n; ++r)
+    if (r != me) dequantize_add(base + (n + r) * record_bytes_, chunk_, block_, mine);
+  if (scale != 1.0) scale_(mine, scale);
+  meter_.hold(-int64_t(round_to_size_class(records_.storage()->nbytes())));
+  records_ = Tensor();
+}
+
+}  // namespace cz::zero

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# convnext_zero with --gather-dtype int8 from the outside (Note [Quantized gathers]). Usage:
+# run_quant_app_tests.sh APP MPIEXEC
+#   * 2 and 4 ranks at stages 1-3 log the losses and gradient norms of 1 rank at stage 3 with the same global
+#     batch (the gathered weights are a function of the master alone, whatever the world size), to 2e-5;
+#   * a checkpoint of 4 quantized ranks resumes at 2 ranks (another layout) as the straight run at 2 ranks does,
+#     and unquantized at stage 2 near the quantized run; it holds no 8-bit integers (h5dump, where installed).
+set -uo pipefail
+app=$1 mpiexec=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
+common=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --loader-threads 1 --no-progress
+        --data synthetic:n=256,eval_n=64,classes=4 --drop-path 0.2 --eval-batches 1 --seed 3 --grad-accum 2
+        --clip-grad 1 --bucket-mb 0.01)
+fail() { echo "FAIL: $*"; exit 1; }
+steps_of() {  # "<step> <loss> <grad_norm>" per step record
+  grep -v '"split"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
+}
+compare() {  # compare A.jsonl B.jsonl LINES WHAT [RELATIVE-TOLERANCE, default 2e-5]
+  paste -d' ' <(steps_of "$1") <(steps_of "$2") > "$work/both"
+  echo "$4:"; cat "$work/both"
+  [[ $(wc -l < "$work/both") -eq $3 ]] || fail "$4: expected $3 step records in each log"
+  awk -v tol="${5:-2e-5}" '{ if ($1 != $4) { print "step " $1 " vs " $4; bad = 1 }
+         for (c = 2; c <= 3; ++c) { a = $c; b = $(c + 3); d = a - b; if (d < 0) d = -d;
+           if (d > tol * (a < 0 ? -a : a) + 1e-7) { print "step " $1 ": " a " vs " b; bad = 1 } } }
+       END { exit bad }' "$work/both" || fail "$4: the losses differ"
+}
+run() {  # run RANKS LOG ARGS...: 16 images per micro-step in total
+  local np=$1 log=$2; shift 2
+  if ((np == 1)); then "$app" "${common[@]}" --micro-batch 16 --log "$log" "$@" > "$work/out" 2>&1; else
+    "${mpirun[@]}" -np "$np" "$app" "${common[@]}" --micro-batch $((16 / np)) --log "$log" "$@" > "$work/out" 2>&1
+  fi || { cat "$work/out"; fail "$np ranks: $* failed"; }
+}
+run 1 "$work/np1.jsonl" --steps 3 --stage 3 --gather-dtype int8
+for np in 2 4; do
+  for stage in 1 2 3; do
+    run $np "$work/np$np.jsonl" --steps 3 --stage $stage --gather-dtype int8
+    compare "$work/np1.jsonl" "$work/np$np.jsonl" 3 "1 rank vs $np ranks, stage $stage, int8 gathers"
+  done
+done
+# Checkpoints: 4 ranks at stage 3, int8 -> 2 ranks at stage 3 (int8) and at stage 2 (fp32 gathers).
+run 4 "$work/first.jsonl" --steps 8 --stage 3 --gather-dtype int8 --checkpoint-dir "$work/ck" --checkpoint-every 4
+[[ -d "$work/ck/step_4" ]] || { ls -la "$work/ck"; fail "no step_4"; }
+if command -v h5dump > /dev/null; then  # every state tensor in fp32 (the manifest is bytes)
+  h5dump -H "$work/ck/step_4"/rank_*.h5 > "$work/h5" 2>&1 || fail "h5dump failed"
+  awk '/DATASET "/ { want = $2 != "\"manifest\""; next }
+       want && /DATATYPE/ { n++; want = 0; if ($2 != "H5T_IEEE_F32LE") { print; bad = 1 } }
+       END { print n " state datasets"; exit bad || n == 0 }' "$work/h5" || fail "a state tensor is not fp32"
+fi
+run 2 "$work/straight.jsonl" --steps 8 --stage 3 --gather-dtype int8
+run 2 "$work/resumed.jsonl" --steps 8 --stage 3 --gather-dtype int8 --resume "$work/ck/step_4"
+grep -v '"split"' "$work/straight.jsonl" | tail -n 4 > "$work/straight_tail.jsonl"
+compare "$work/straight_tail.jsonl" "$work/resumed.jsonl" 4 "4 ranks stage 3 int8 -> 2 ranks stage 3 int8"
+# Unquantized from the quantized run's fp32 master: no longer the same run (its weights are not rounded), so
+# only near it.
+run 2 "$work/resumed.jsonl" --steps 8 --stage 2 --resume "$work/ck/step_4"
+grep -v '"split"' "$work/first.jsonl" | tail -n 4 > "$work/first_tail.jsonl"
+compare "$work/first_tail.jsonl" "$work/resumed.jsonl" 4 "4 ranks stage 3 int8 -> 2 ranks stage 2 fp32" 2e-2
+echo "quant app: OK"
