@@ -361,8 +361,10 @@ TEST(QuantReduce, TrainsNearFp32AndCountsTheRecords) {
       for (int i = 0; i < 4; ++i) {
         const StepStats s = t.step(), sf = tf.step();
         EXPECT_NEAR(s.loss, sf.loss, 2e-2 * sf.loss) << "stage " << stage << " step " << i + 1;
-        if (i > 0) EXPECT_NE(s.loss, sf.loss);
-        if (i > 0) continue;
+        if (i > 0) {
+          EXPECT_NE(s.loss, sf.loss);
+          continue;
+        }
         const zero::ZeroLayout& L = t.engine().layout();
         int64_t expected = 0;
         for (size_t p = 0; p < L.partitions.size(); ++p) {
