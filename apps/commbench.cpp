@@ -17,9 +17,10 @@ int main(int argc, char** argv) {
   std::string slice = "0";
   CLI::App app{"commbench: collective benchmarks (nccl-tests columns), host<->device copies, topology views"};
   app.add_option("-o,--op", o.op,
-                 "all_reduce | reduce_scatter | all_gather | broadcast | copy | quant_all_gather")
-      ->check(CLI::IsMember(
-          {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "copy", "quant_all_gather"}))
+                 "all_reduce | reduce_scatter | all_gather | broadcast | copy | quant_all_gather | "
+                 "quant_reduce_scatter")
+      ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather", "broadcast", "copy",
+                             "quant_all_gather", "quant_reduce_scatter"}))
       ->capture_default_str();
   app.add_option("-b,--minbytes", min_b, "smallest size (e.g. 8, 64K, 32M)")->capture_default_str();
   app.add_option("-e,--maxbytes", max_b, "largest size")->capture_default_str();
@@ -53,7 +54,7 @@ int main(int argc, char** argv) {
                "print the ring order and its predicted bus bandwidth vs rank order");
   app.add_flag("--show-topology", o.show_topology, "print the detected topology as JSON");
   app.add_option("--quant-block", o.quant_block,
-                 "quant_all_gather: values per f32 scale (multiple of 32, 32..4096)")
+                 "quant_all_gather, quant_reduce_scatter: values per f32 scale (multiple of 32, 32..4096)")
       ->capture_default_str();
   app.add_option("--quant-bits", o.quant_bits, "quant_all_gather: 8 or 4 bits per value")
       ->capture_default_str();

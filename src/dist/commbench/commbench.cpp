@@ -369,6 +369,7 @@ int run_commbench(World& world, const CommBenchOptions& o, std::ostream& out) {
   }
   if (o.op == "copy") return run_copy_bench(world, o, out);
   if (o.op == "quant_all_gather") return run_quant_bench(world, o, out);
+  if (o.op == "quant_reduce_scatter") return run_quant_reduce_scatter_bench(world, o, out);
 
   const Device device = parse_device(o.device);
   CommOptions co;

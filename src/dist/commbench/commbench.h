@@ -57,5 +57,8 @@ void print_ring_report(const class Topology& topology, std::ostream& out);
 int run_copy_bench(World& world, const CommBenchOptions& options, std::ostream& out);
 // The block-quantized INT8 all-gather against the f32 one (-o quant_all_gather), in commbench_quant.cpp.
 int run_quant_bench(World& world, const CommBenchOptions& options, std::ostream& out);
+// The engine's quantized reduce-scatter against the f32 one (-o quant_reduce_scatter), in
+// commbench_quant_rs.cpp.
+int run_quant_reduce_scatter_bench(World& world, const CommBenchOptions& options, std::ostream& out);
 
 }  // namespace cz::dist
