@@ -19,6 +19,7 @@
 #include "dist/zero/quant_reduce.h"
 #include "tensor/half.h"
 #include "tensor/ops.h"
+#include "zero_testing.h"
 
 namespace cz::train {
 namespace {
@@ -29,26 +30,11 @@ dist::World& world() {
   return dist::World::get();
 }
 
-// test_zero.cpp's model: chunks straddle parameters, several buckets in flight; tensors of every size class
-// (layer-scale gammas of 8 values beside 1-D biases and 4-D convolutions).
+// test_zero.cpp's model (zero_testing.h), 4 steps, no EMA.
 TrainConfig quant_config(int stage, const std::string& gather) {
-  TrainConfig c;
-  c.depths = {1, 1, 2, 1};
-  c.dims = {8, 16, 24, 32};
-  c.num_classes = 5;
-  c.image_size = 32;
-  c.data = "synthetic:n=512,eval_n=64,classes=5";
-  c.micro_batch = 4;
-  c.grad_accum = 2;
-  c.clip_grad = 1;
-  c.drop_path = 0.1;
+  TrainConfig c = testing::zero_config(stage);
+  c.ema_decay = 0;
   c.steps = 4;
-  c.lr = 3e-3;
-  c.loader_threads = 0;
-  c.progress = false;
-  c.seed = 11;
-  c.stage = stage;
-  c.bucket_mb = 0.01;
   c.gather_dtype = gather;
   return c;
 }

@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
 #include <string>
 
+#include "dist/comm/communicator.h"
 #include "dist/comm/types.h"
 #include "tensor/device.h"
 
@@ -57,6 +59,14 @@ void print_ring_report(const class Topology& topology, std::ostream& out);
 int run_copy_bench(World& world, const CommBenchOptions& options, std::ostream& out);
 // The block-quantized INT8 all-gather against the f32 one (-o quant_all_gather), in commbench_quant.cpp.
 int run_quant_bench(World& world, const CommBenchOptions& options, std::ostream& out);
+// What both quantized benchmarks check and open (commbench_quant.cpp): CPU float buffers, a valid block and
+// size range; the communicator measured (--impl, --backend, --slice) and a control one for barriers and the
+// results.
+struct QuantBenchComms {
+  std::unique_ptr<Communicator> comm, ctl;
+  CommOptions options;  // comm's
+};
+QuantBenchComms quant_bench_setup(World& world, const CommBenchOptions& options, const char* op);
 // The engine's quantized reduce-scatter against the f32 one (-o quant_reduce_scatter), in
 // commbench_quant_rs.cpp.
 int run_quant_reduce_scatter_bench(World& world, const CommBenchOptions& options, std::ostream& out);

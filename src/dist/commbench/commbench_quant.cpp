@@ -139,27 +139,33 @@ Result run_size(World& world, const CommBenchOptions& o, Communicator& comm, Com
 
 }  // namespace
 
-int run_quant_bench(World& world, const CommBenchOptions& o, std::ostream& out) {
-  CZ_CHECK(o.device == "cpu",
-           "commbench: -o quant_all_gather runs on CPU buffers (the CUDA kernels are unrun), not {}",
+QuantBenchComms quant_bench_setup(World& world, const CommBenchOptions& o, const char* op) {
+  CZ_CHECK(o.device == "cpu", "commbench: -o {} runs on CPU buffers (the CUDA kernels are unrun), not {}", op,
            o.device);
-  CZ_CHECK(o.dtype == DType::f32, "commbench: -o quant_all_gather gathers float values, not {}",
+  CZ_CHECK(o.dtype == DType::f32, "commbench: -o {} takes float values, not {}", op,
            bench_dtype_name(o.dtype));
   check_quant_block(o.quant_block);
-  CZ_CHECK(o.quant_bits == 8 || o.quant_bits == 4, "commbench: --quant-bits takes 8 or 4, not {}",
-           o.quant_bits);
   CZ_CHECK(o.min_bytes > 0 && o.max_bytes >= o.min_bytes, "commbench: need 0 < -b ({}) <= -e ({})",
            o.min_bytes, o.max_bytes);
   CZ_CHECK(o.step_factor > 1 || o.step_bytes > 0, "commbench: need -f > 1 or -i > 0");
-  CommOptions co;
-  co.backend = o.backend.empty() ? Backend::mpi : parse_backend(o.backend);
-  co.algorithm = o.impl;
-  co.timeout_s = o.timeout_s;
-  co.slice_bytes = o.slice_bytes;
-  auto comm = make_communicator(world, co);
+  QuantBenchComms c;
+  c.options.backend = o.backend.empty() ? Backend::mpi : parse_backend(o.backend);
+  c.options.algorithm = o.impl;
+  c.options.timeout_s = o.timeout_s;
+  c.options.slice_bytes = o.slice_bytes;
+  c.comm = make_communicator(world, c.options);
   CommOptions cc;
   cc.timeout_s = o.timeout_s;
-  auto ctl = make_communicator(world, cc);
+  c.ctl = make_communicator(world, cc);
+  return c;
+}
+
+int run_quant_bench(World& world, const CommBenchOptions& o, std::ostream& out) {
+  CZ_CHECK(o.quant_bits == 8 || o.quant_bits == 4, "commbench: --quant-bits takes 8 or 4, not {}",
+           o.quant_bits);
+  QuantBenchComms c = quant_bench_setup(world, o, "quant_all_gather");
+  const CommOptions& co = c.options;
+  Communicator *comm = c.comm.get(), *ctl = c.ctl.get();
   const int n = world.size();
   const bool root_prints = world.rank() == 0;
   const double factor = busbw_factor(Collective::all_gather, n);

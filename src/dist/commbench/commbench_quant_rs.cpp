@@ -109,26 +109,11 @@ Result run_size(World& world, const CommBenchOptions& o, Communicator& comm, Com
 }  // namespace
 
 int run_quant_reduce_scatter_bench(World& world, const CommBenchOptions& o, std::ostream& out) {
-  CZ_CHECK(o.device == "cpu",
-           "commbench: -o quant_reduce_scatter runs on CPU buffers (the CUDA kernels are unrun), not {}",
-           o.device);
-  CZ_CHECK(o.dtype == DType::f32, "commbench: -o quant_reduce_scatter reduces float values, not {}",
-           bench_dtype_name(o.dtype));
-  check_quant_block(o.quant_block);
   CZ_CHECK(o.quant_bits == 8,
            "commbench: -o quant_reduce_scatter sends INT8 records (--quant-bits 8), not {}", o.quant_bits);
-  CZ_CHECK(o.min_bytes > 0 && o.max_bytes >= o.min_bytes, "commbench: need 0 < -b ({}) <= -e ({})",
-           o.min_bytes, o.max_bytes);
-  CZ_CHECK(o.step_factor > 1 || o.step_bytes > 0, "commbench: need -f > 1 or -i > 0");
-  CommOptions co;
-  co.backend = o.backend.empty() ? Backend::mpi : parse_backend(o.backend);
-  co.algorithm = o.impl;
-  co.timeout_s = o.timeout_s;
-  co.slice_bytes = o.slice_bytes;
-  auto comm = make_communicator(world, co);
-  CommOptions cc;
-  cc.timeout_s = o.timeout_s;
-  auto ctl = make_communicator(world, cc);
+  QuantBenchComms c = quant_bench_setup(world, o, "quant_reduce_scatter");
+  const CommOptions& co = c.options;
+  Communicator *comm = c.comm.get(), *ctl = c.ctl.get();
   const int n = world.size();
   const bool root_prints = world.rank() == 0;
   const double factor = busbw_factor(Collective::reduce_scatter, n);
