@@ -19,7 +19,6 @@
 #include <memory>
 #include <mutex>
 
-#include "dist/comm/mpi_communicator.h"
 #include "dist/comm/mpi_util.h"
 #include "dist/comm/signal_text.h"
 #include "tensor/check.h"
@@ -121,23 +120,6 @@ bool env_set(const char* name) {
   return v && *v;
 }
 
-// Note [Eager ring slices over TCP]: Open MPI's TCP transport sends a message larger than
-// btl_tcp_eager_limit (64 KiB by default) by rendezvous: a first fragment, then the rest only after the
-// receiver's acknowledgement has come back. Where two ranks on different hosts send to each other at once,
-// as both ranks of a cross-host ring of two do (the two-level collectives' and HSDP's cross level), that
-// acknowledgement travels on the one TCP connection between them, behind the reverse direction's queued
-// data: on the test bed at 200 Mbit/s every 1 MiB ring slice waited ~100 ms for it, and a two-level
-// all-reduce of 16 MiB took 0.96 s for 0.64 s of bytes; a flat ring, whose connections carry data one way,
-// was not affected. Slices that fit the eager limit go at once (0.71 s). So, unless the launch set them,
-// both limits are raised to a ring slice plus headers before MPI starts (other MPIs ignore the variables).
-// The cost: a slice that arrives before its receive is posted is buffered by MPI, at most a window of
-// slices per peer (Note [Ring schedule]).
-void raise_tcp_eager_limit() {
-  const std::string limit = std::to_string(kMpiSliceBytes + 64 * 1024);
-  for (const char* name : {"OMPI_MCA_btl_tcp_eager_limit", "OMPI_MCA_btl_tcp_rndv_eager_limit"})
-    if (!env_set(name)) setenv(name, limit.c_str(), 1);
-}
-
 }  // namespace
 
 void set_current_activity(const std::string& what) {
@@ -151,7 +133,6 @@ World& World::init(int* argc, char*** argv, const WorldOptions& options) {
   CZ_MPI(MPI_Initialized(&initialized));
   bool owns = false;
   if (!initialized) {
-    raise_tcp_eager_limit();
     int provided = 0;
     CZ_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
     owns = true;
