@@ -1,0 +1,152 @@
+// The walk of one training step's allocations (Note [What a step allocates] in step_trace.cpp): the
+// walker's state and the ops it replays; step_trace.cpp walks the step, step_walker_ops.cpp the ops.
+// Internal to src/dist/plan.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dist/plan/step_trace.h"
+#include "tensor/check.h"
+
+namespace cz::plan::walk {
+
+using Id = MemoryTrace::Id;
+inline constexpr Id kNone = -1;
+
+// CUDA figures (src/tensor/cuda): cuBLAS(Lt) workspace per stream (context.cpp: 32 MiB on Hopper and later,
+// 4 MiB before; we plan for the larger), cuDNN workspace bound (conv.cpp kMaxWorkspace: no algorithm needing
+// more is chosen, and the first step's timed search borrows a block of this size), the depthwise filter
+// gradient's partial sums (depthwise.cu, capped at 32 MiB; sized here for 132 SMs), and the 2 MiB pages the
+// driver backs a cudaMalloc with.
+inline constexpr int64_t kCublasWorkspace = int64_t(32) << 20;
+inline constexpr int64_t kCudnnWorkspace = int64_t(256) << 20;
+inline constexpr int64_t kDepthwiseFilterCap = int64_t(32) << 20;
+inline constexpr int64_t kAssumedSmCount = 132;
+inline constexpr int64_t kCudaPage = int64_t(2) << 20;
+
+// depthwise.cu filter_plan: partial sums per chunk of rows.
+int64_t depthwise_filter_workspace(int64_t rows, int64_t c, int64_t k);
+
+// A tensor of the walk: its buffer and size.
+struct A {
+  Id id = kNone;
+  int64_t bytes = 0;
+};
+
+class Walker {
+ public:
+  Walker(const StepSpec& s, MemoryTrace& m, std::vector<std::string>& labels)
+      : s_(s), m_(m), labels_(labels), e_(int64_t(dtype_size(s.compute))), engine_(m, s.engine) {}
+
+  void build();
+  void step();
+  std::vector<int64_t> saved_end_of_forward;
+
+ private:
+  using Node = std::function<void()>;
+  struct Graph {
+    std::vector<Node> nodes;  // creation order
+    std::vector<Id> held;     // tensors nodes keep until the graph dies (drop-path scales)
+  };
+
+  void micro_step(bool last, const A& images, const A& labels);
+  A stage(int i, A x, int64_t& side, bool last_stage);
+  A block(const A& x, int64_t side, int64_t c, double rate, Use out_use);
+  A checkpointed_block(const A& x, int64_t side, int64_t c, double rate, Use out_use);
+
+  // Ops: outputs get `out`; `keep` is the use of tensors a recorded node keeps.
+  // `module`: the op's module path ("stages.0.blocks.1.conv_dw"), whose .weight and .bias get gradients.
+  A depthwise(const A& x, int64_t side, int64_t c, const std::string& module, Use out);
+  A patchify(const A& x, int64_t side, int64_t cin, int64_t cout, int64_t k, bool x_grad,
+             const std::string& module, Use out);
+  A layer_norm(const A& x, int64_t rows, int64_t c, const std::string& module, Use out);
+  A linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module, Use out);
+  A gelu(const A& x, Use out);
+  // residual_scale_add / channel_scale; `gamma`: the parameter's name.
+  A scale_add(const A* residual, const A& h, int64_t c, const std::string& gamma, Use out);
+  // A module call: its forward-pre hook; then, after its ops, its forward hook and (when recording) the
+  // identity node whose backward fires its backward-pre hook (nn::Module::operator()).
+  int module_begin(const std::string& module);
+  void module_end(int unit);
+  A drop_path(const A& x, Use out);
+  A add(const A& a, const A& b, Use out);
+  A pool(const A& x, int64_t c, Use out);
+
+  A buf(int64_t bytes, Use use, const char* what) {
+    return {m_.alloc(bytes, use, what, use == Use::saved ? part_ : -1), bytes};
+  }
+  Use keep() const { return recording_ ? saved_use_ : Use::transient; }
+  void at(const std::string& scope, const char* op) {
+    labels_.push_back(scope + " " + op);
+    m_.at(int(labels_.size()) - 1);
+  }
+  void at(const char* op) { at(scope_, op); }
+  void record(Node n) { graph_->nodes.push_back(std::move(n)); }
+  void run_backward(Graph& g) {
+    for (auto it = g.nodes.rbegin(); it != g.nodes.rend(); ++it) (*it)();
+  }
+  void destroy(Graph& g) {
+    for (Id t : g.held) m_.release(t);
+    g = Graph{};
+  }
+
+  Id& slot(Id t) {
+    if (size_t(t) >= slots_.size()) slots_.resize(size_t(t) + 1, kNone);
+    return slots_[size_t(t)];
+  }
+  Id take(Id t) {
+    const Id g = slot(t);
+    CZ_ASSERT(g != kNone, "planner walk: no gradient arrived for buffer {}", t);
+    slot(t) = kNone;
+    return g;
+  }
+  // The engine's accumulate(): the first gradient becomes the slot, later ones are added in place, into a
+  // clone when the slot's tensor is also held elsewhere (a checkpoint's seed gradient).
+  void deposit(const A& t, Id g) {
+    Id& s = slot(t.id);
+    if (s == kNone) {
+      s = g;
+      return;
+    }
+    if (s == shared_grad_) {
+      const Id c = m_.alloc(t.bytes, Use::transient, "gradient cloned to accumulate");
+      m_.release(s);
+      slot(t.id) = c;
+    }
+    m_.release(g);
+  }
+  // A parameter's gradient reaches its AccumulateGrad node (which runs right after the op's node: it was
+  // created when the op was recorded, so its sequence number is next; a bias's after its weight's, so the
+  // bias goes first): the engine's grad-ready hook, then the gradient is freed. Inside a checkpoint's
+  // grad() it is held until grad() returns instead.
+  void param_grad(Id g, const std::string& name) {
+    const size_t i = engine_.param_index(name);
+    if (captured_grads_)
+      captured_grads_->emplace_back(i, g);
+    else
+      engine_.grad_ready(i, g);
+  }
+
+  const StepSpec& s_;
+  MemoryTrace& m_;
+  std::vector<std::string>& labels_;
+  const int64_t e_;  // bytes per compute element
+  int64_t n_ = 0;    // micro-batch
+  Graph main_;
+  Graph* graph_ = &main_;
+  std::vector<Id> slots_;
+  std::vector<std::pair<size_t, Id>>* captured_grads_ = nullptr;  // (parameter, gradient)
+  Id shared_grad_ = kNone;
+  Id loss_sum_ = kNone;
+  bool recording_ = true;
+  Use saved_use_ = Use::saved;
+  int part_ = 0;
+  std::string scope_;
+  int64_t block_index_ = 0;
+  std::vector<double> rates_;
+  EngineTrace engine_;
+};
+
+}  // namespace cz::plan::walk

@@ -1,0 +1,234 @@
+// The ops of the step walk (step_walker.h): what each op of src/tensor/ops and src/nn allocates in forward,
+// what its autograd node keeps, and what its backward allocates and frees.
+#include <algorithm>
+
+#include "dist/plan/step_walker.h"
+
+namespace cz::plan::walk {
+
+// depthwise.cu filter_plan: partial sums per chunk of rows.
+int64_t depthwise_filter_workspace(int64_t rows, int64_t c, int64_t k) {
+  const int64_t per_chunk = k * k * c * 4, col_tiles = (c + 31) / 32;
+  const int64_t cap = std::max<int64_t>(kDepthwiseFilterCap / std::max<int64_t>(per_chunk, 1), 1);
+  const int64_t want = (kAssumedSmCount * 4 + col_tiles - 1) / col_tiles;
+  int64_t chunks = std::clamp<int64_t>(want, 1, std::min<int64_t>({cap, std::max<int64_t>(rows, 1), 65535}));
+  const int64_t rows_per_chunk = std::max<int64_t>((rows + chunks - 1) / chunks, 1);
+  chunks = std::max<int64_t>((rows + rows_per_chunk - 1) / rows_per_chunk, 1);
+  return chunks * per_chunk;
+}
+
+A Walker::depthwise(const A& x, int64_t side, int64_t c, const std::string& module, Use out) {
+  at("conv_dw");
+  const int64_t k = s_.model.kernel, rows = n_ * side * side;
+  const A wk = buf(k * k * c * e_, keep(), "depthwise weight (k, k, C)");
+  const A y = buf(rows * c * e_, out, "conv_dw output");
+  if (!recording_) {
+    m_.release(wk.id);
+    return y;
+  }
+  m_.retain(x.id);
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, "conv_dw backward");
+    const Id g = take(y.id);
+    const Id dx = m_.alloc(x.bytes, Use::transient, "conv_dw input gradient");
+    const Id dwk = m_.alloc(wk.bytes, Use::transient, "conv_dw weight gradient (k, k, C)");
+    const Id db = m_.alloc(c * e_, Use::transient, "conv_dw bias gradient");
+    if (s_.cuda)
+      m_.release(
+          m_.alloc(depthwise_filter_workspace(n_ * side, c, k), Use::workspace, "depthwise filter partials"));
+    const Id dw = m_.alloc(wk.bytes, Use::transient, "conv_dw weight gradient (C, 1, k, k)");
+    m_.release(dwk);
+    m_.release(x.id);
+    m_.release(wk.id);
+    deposit(x, dx);
+    m_.release(g);
+    param_grad(db, module + ".bias");
+    param_grad(dw, module + ".weight");
+  });
+  return y;
+}
+
+A Walker::patchify(const A& x, int64_t side, int64_t cin, int64_t cout, int64_t k, bool x_grad,
+                   const std::string& module, Use out) {
+  at("patchify");
+  const int64_t so = side / k, m = n_ * so * so, kk = k * k * cin;
+  const A wk = buf(cout * kk * e_, keep(), "patchify weight (Cout, k, k, Cin)");
+  const A y = buf(m * cout * e_, out, "patchify output");
+  if (!s_.cuda) m_.release(m_.alloc(m * kk * e_, Use::workspace, "im2col patches"));
+  if (!recording_) {
+    m_.release(wk.id);
+    return y;
+  }
+  m_.retain(x.id);
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, "patchify backward");
+    const Id g = take(y.id);
+    const Id dx = x_grad ? m_.alloc(x.bytes, Use::transient, "patchify input gradient") : kNone;
+    const Id dwk = m_.alloc(wk.bytes, Use::transient, "patchify weight gradient (Cout, k, k, Cin)");
+    const Id db = m_.alloc(cout * e_, Use::transient, "patchify bias gradient");
+    if (!s_.cuda) m_.release(m_.alloc(m * kk * e_, Use::workspace, "im2col patches"));
+    const Id dw = m_.alloc(wk.bytes, Use::transient, "patchify weight gradient (Cout, Cin, k, k)");
+    m_.release(dwk);
+    m_.release(x.id);
+    m_.release(wk.id);
+    if (dx != kNone) deposit(x, dx);
+    m_.release(g);
+    param_grad(db, module + ".bias");
+    param_grad(dw, module + ".weight");
+  });
+  return y;
+}
+
+A Walker::layer_norm(const A& x, int64_t rows, int64_t c, const std::string& module, Use out) {
+  at("layer_norm");
+  const A y = buf(rows * c * e_, out, "layer_norm output");
+  const A mean = buf(rows * 4, keep(), "layer_norm mean");
+  const A rstd = buf(rows * 4, keep(), "layer_norm rstd");
+  if (!recording_) {
+    m_.release(mean.id);
+    m_.release(rstd.id);
+    return y;
+  }
+  m_.retain(x.id);
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, "layer_norm backward");
+    const Id g = take(y.id);
+    const Id dx = m_.alloc(x.bytes, Use::transient, "layer_norm input gradient");
+    const Id dw = m_.alloc(c * e_, Use::transient, "layer_norm weight gradient");
+    const Id db = m_.alloc(c * e_, Use::transient, "layer_norm bias gradient");
+    m_.release(x.id);
+    m_.release(mean.id);
+    m_.release(rstd.id);
+    deposit(x, dx);
+    m_.release(g);
+    param_grad(db, module + ".bias");
+    param_grad(dw, module + ".weight");
+  });
+  return y;
+}
+
+A Walker::linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module, Use out) {
+  const char* name = module.ends_with("fc1") ? "fc1" : module.ends_with("fc2") ? "fc2" : "fc";
+  at(name);
+  const A y = buf(rows * out_f * e_, out, "linear output");
+  if (!recording_) return y;
+  m_.retain(x.id);
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, (std::string(name) + " backward").c_str());
+    const Id g = take(y.id);
+    const Id dx = m_.alloc(x.bytes, Use::transient, "linear input gradient");
+    const Id dw = m_.alloc(out_f * in * e_, Use::transient, "linear weight gradient");
+    const Id db = m_.alloc(out_f * e_, Use::transient, "linear bias gradient");
+    m_.release(x.id);
+    deposit(x, dx);
+    m_.release(g);
+    param_grad(db, module + ".bias");
+    param_grad(dw, module + ".weight");
+  });
+  return y;
+}
+
+A Walker::gelu(const A& x, Use out) {
+  at("gelu");
+  const A y = buf(x.bytes, out, "gelu output");
+  if (!recording_) return y;
+  m_.retain(x.id);
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, "gelu backward");
+    const Id g = take(y.id);
+    const Id dx = m_.alloc(x.bytes, Use::transient, "gelu input gradient");
+    m_.release(x.id);
+    deposit(x, dx);
+    m_.release(g);
+  });
+  return y;
+}
+
+A Walker::scale_add(const A* residual, const A& h, int64_t c, const std::string& gamma, Use out) {
+  at(residual ? "residual_scale_add" : "channel_scale");
+  const A y = buf(h.bytes, out, residual ? "block output" : "channel_scale output");
+  if (!recording_) return y;
+  m_.retain(h.id);
+  const std::string scope = scope_;
+  const A r = residual ? *residual : A{};
+  record([=, this] {
+    at(scope, r.id != kNone ? "residual_scale_add backward" : "channel_scale backward");
+    const Id g = take(y.id);
+    const Id dx = m_.alloc(h.bytes, Use::transient, "block branch gradient");
+    const Id dgamma = m_.alloc(c * e_, Use::transient, "gamma gradient");
+    m_.release(h.id);
+    if (r.id != kNone) {  // the residual's gradient is the incoming one, passed through
+      m_.retain(g);
+      deposit(r, g);
+    }
+    deposit(h, dx);
+    m_.release(g);
+    param_grad(dgamma, gamma);
+  });
+  return y;
+}
+
+A Walker::drop_path(const A& x, Use out) {
+  at("drop_path");
+  // The per-sample scale: from_vector (f64, host) -> .to(dtype) -> .to(device).
+  A scale;
+  if (s_.cuda) {
+    scale = buf(n_ * e_, keep(), "drop-path scale");
+  } else {
+    const Id f64 = m_.alloc(n_ * 8, Use::transient, "drop-path mask (f64)");
+    scale = buf(n_ * e_, keep(), "drop-path scale");
+    m_.release(f64);
+  }
+  const A y = buf(x.bytes, out, "drop_path output");
+  if (!recording_) {
+    m_.release(scale.id);
+    return y;
+  }
+  graph_->held.push_back(scale.id);
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, "drop_path backward");
+    const Id g = take(y.id);
+    deposit(x, m_.alloc(x.bytes, Use::transient, "drop_path input gradient"));
+    m_.release(g);
+  });
+  return y;
+}
+
+A Walker::add(const A& a, const A& b, Use out) {
+  at("add");
+  const A y = buf(a.bytes, out, "block output");
+  if (!recording_) return y;
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, "add backward");
+    const Id g = take(y.id);
+    m_.retain(g);  // both inputs get the incoming gradient itself
+    m_.retain(g);
+    deposit(a, g);
+    deposit(b, g);
+    m_.release(g);
+  });
+  return y;
+}
+
+A Walker::pool(const A& x, int64_t c, Use out) {
+  at("global_avg_pool");
+  const A y = buf(n_ * c * e_, out, "pooled");
+  if (!recording_) return y;
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, "global_avg_pool backward");
+    const Id g = take(y.id);
+    deposit(x, m_.alloc(x.bytes, Use::transient, "last stage output gradient"));
+    m_.release(g);
+  });
+  return y;
+}
+
+}  // namespace cz::plan::walk
