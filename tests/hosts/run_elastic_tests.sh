@@ -63,16 +63,51 @@ steps_in() {
   n=$(grep -c '"img_per_s"' "$1" 2> /dev/null)
   echo "${n:-0}"
 }
-# wait_step N ATTEMPT: until attempt ATTEMPT has logged N steps (czrun still running).
+# Launches that czrun retried after its --start-timeout before the case's failure was placed (see
+# wait_step); restart and attempt numbers after them are shifted by this many.
+stalls=0
+# What each process of the job is doing (threads' states and kernel wait channels, and their stacks where gdb
+# is installed): printed when a launch shows no step for 15 s, so that a stalled launch says where it stalled.
+dump_stall() {
+  local h p t
+  echo "--- attempt $1 has logged no step for 15 s: what the job's processes are doing"
+  for h in 1 2 3; do
+    for p in $(ip netns pids "czhosts-$bed-h$h" 2> /dev/null); do
+      [[ $(readlink "/proc/$p/exe" 2> /dev/null) =~ /(convnext_zero|orted|orterun|mpirun)$ ]] || continue
+      echo "host $h pid $p ${BASH_REMATCH[1]}"
+      for t in /proc/"$p"/task/*; do
+        echo "  thread $(cat "$t/comm" 2> /dev/null) state $(awk '{ print $3 }' "$t/stat" 2> /dev/null) wchan $(cat "$t/wchan" 2> /dev/null)"
+      done
+      command -v gdb > /dev/null &&
+        timeout 20 gdb -p "$p" -batch -ex 'thread apply all bt 16' 2> /dev/null | grep -E '^(#|Thread)' |
+        grep -v ' in ?? ()$' | sed 's/^/  /'
+    done
+  done
+  echo "---"
+}
+# wait_step N ATTEMPT: until attempt ATTEMPT has logged N steps (czrun still running). A launch that never
+# reached its first step and that czrun ended by its --start-timeout and relaunched is a known, undiagnosed
+# stall of 3 hosts x 2 ranks on shared cores (docs/training.md, "When a host dies"): the wait then moves on to
+# the next attempt, counts it in `stalls`, and the stalled launch's processes are described first.
 wait_step() {
-  local i
-  for ((i = 0; i < 1200; ++i)); do
-    (($(steps_in "$ck/czrun/attempt-$2.jsonl") >= $1)) && return 0
-    kill -0 "$czrun_pid" 2> /dev/null || { cat "$work/out"; fail "czrun ended before attempt $2 reached step $1"; }
+  local i a dumped=0 since=0
+  for ((i = 0; i < 1200 + 600 * stalls; ++i)); do
+    a=$(($2 + stalls))
+    (($(steps_in "$ck/czrun/attempt-$a.jsonl") >= $1)) && return 0
+    if (($(steps_in "$ck/czrun/attempt-$a.jsonl") == 0)); then
+      ((i - since == 300 && !dumped)) && { dump_stall "$a"; dumped=1; }
+      if [[ -e $ck/czrun/attempt-$((a + 1)).jsonl ]] &&
+        (($(grep -c 'after the launch (--start-timeout)' "$work/out") > stalls)); then
+        echo "note: launch $a stalled before its first step and czrun relaunched it (--start-timeout)"
+        stalls=$((stalls + 1)) dumped=0 since=$i
+        continue
+      fi
+    fi
+    kill -0 "$czrun_pid" 2> /dev/null || { cat "$work/out"; fail "czrun ended before attempt $a reached step $1"; }
     sleep 0.05
   done
   cat "$work/out"
-  fail "attempt $2 did not reach step $1 in 60 s"
+  fail "attempt $a did not reach step $1 in $((i / 20)) s"
 }
 # The job's ranks on host HOST (one pid namespace for all hosts: pkill would find every host's; and the ranks'
 # comm reads "exe").
@@ -124,6 +159,7 @@ check_log() {
   local restarts=$1 max_lost=$2
   [[ $(steps_of "$log" | awk '{ print $1 }' | tr '\n' ' ') == "$(seq -s ' ' 1 40) " ]] ||
     fail "the log's steps are not 1..40 once each: $(steps_of "$log" | awk '{ print $1 }' | tr '\n' ' ')"
+  restarts=$((restarts + stalls))
   [[ $(restarts_of "$log" | wc -l) -eq $restarts ]] || fail "expected $restarts restart event(s) in the log"
   restarts_of "$log" | python3 -c '
 import json, sys
@@ -141,7 +177,7 @@ for line in sys.stdin:
 }
 # Restart N's steps equal, to the bit, a run resumed by hand from its checkpoint at its size and batch split.
 check_exact() {
-  local n=$1 ev
+  local n=$(($1 + stalls)) ev
   ev=$(restarts_of "$log" | sed -n "${n}p")
   local world mb ga from
   read -r world mb ga from <<< "$(python3 -c 'import json,sys; e=json.loads(sys.argv[1]); print(e["new_world"], e["micro_batch"], e["grad_accum"], e["checkpoint"])' "$ev")"
@@ -221,7 +257,7 @@ two_failures)
   lose 2 kill
   wait_czrun 0
   check_log 2 5
-  [[ $(grep -c '"event":"launch"' "$log") -eq 3 ]] || fail "expected 3 launches"
+  [[ $(grep -c '"event":"launch"' "$log") -eq $((3 + stalls)) ]] || fail "expected $((3 + stalls)) launches"
   check_exact 2
   check_no_ranks
   ;;
@@ -264,7 +300,7 @@ readmit)
   lose 2 kill
   wait_czrun 0
   check_log 2 5
-  restarts_of "$log" | sed -n 2p | grep -q '"readmitted_hosts":\["10.78.0.3"\]' || fail "host 3 was not re-admitted"
+  restarts_of "$log" | sed -n "$((2 + stalls))p" | grep -q '"readmitted_hosts":\["10.78.0.3"\]' || fail "host 3 was not re-admitted"
   grep -q '"event":"summary".*"world":3' "$log" || fail "expected to finish on 3 ranks again"
   check_exact 2
   check_no_ranks
@@ -274,7 +310,7 @@ sigterm)
   wait_step 12 0
   kill -TERM "$czrun_pid"
   wait_czrun 75
-  last=$(steps_of "$ck/czrun/attempt-0.jsonl" | tail -1 | awk '{ print $1 }')
+  last=$(steps_of "$ck/czrun/attempt-$stalls.jsonl" | tail -1 | awk '{ print $1 }')
   [[ -d $ck/step_$last && $(cat "$ck/latest") == "step_$last" ]] || fail "no published checkpoint of step $last"
   grep -q '"event":"summary".*"status":"stopped"' "$log" || fail "no stopped summary"
   [[ -z $(find "$ck" -maxdepth 1 -name '.tmp-*') ]] || fail "a half-written checkpoint is left"

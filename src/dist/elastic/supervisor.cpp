@@ -87,9 +87,10 @@ std::vector<int> ranks_on(const std::vector<Host>& used, const std::set<std::str
 // One mpirun of the job, watched (Note [Elastic restarts]).
 struct Attempt {
   int exit_code = -1;
-  bool stopped = false;       // the supervisor forwarded a stop request
-  bool failure_seen = false;  // a rank aborted or mpirun lost a daemon
-  bool killed = false;        // mpirun outlived --teardown-grace and was killed
+  bool stopped = false;          // the supervisor forwarded a stop request
+  bool failure_seen = false;     // a rank aborted or mpirun lost a daemon
+  bool killed = false;           // mpirun outlived --teardown-grace and was killed
+  bool start_timed_out = false;  // no step within --start-timeout: killed
   double t_launch = 0, t_first_step = 0, t_last_growth = 0, t_failure = 0, t_exit = 0;
   double load_s = -1;  // the trainer's "resumed from ... in X s"
 };
@@ -148,6 +149,7 @@ Attempt run_attempt(const std::vector<std::string>& argv, const std::string& log
                       o.start_timeout_s));
       mpirun.kill_group();
       a.killed = true;
+      a.start_timed_out = true;
       a.failure_seen = true;
       a.t_failure = unix_time();
     }
@@ -361,10 +363,13 @@ int supervise(const SupervisorOptions& o) {
     const std::vector<int> lost_ranks = ranks_on(used, lost);
     ++restarts;
     const std::string where =
-        lost.empty() ? fmt::format("every host answers (mpirun exit {})", a.exit_code)
-                     : fmt::format("lost host{} {} (ranks [{}] of {}) did not answer within {:.0f} s",
-                                   lost.size() > 1 ? "s" : "", fmt::join(lost, ", "),
-                                   fmt::join(lost_ranks, ", "), shape->world, o.probe_timeout_s);
+        lost.empty()
+            ? (a.start_timed_out ? fmt::format("no step within --start-timeout {:.0f} s, every host answers",
+                                               o.start_timeout_s)
+                                 : fmt::format("every host answers (mpirun exit {})", a.exit_code))
+            : fmt::format("lost host{} {} (ranks [{}] of {}) did not answer within {:.0f} s",
+                          lost.size() > 1 ? "s" : "", fmt::join(lost, ", "), fmt::join(lost_ranks, ", "),
+                          shape->world, o.probe_timeout_s);
     const std::string ck_text = newest
                                     ? fmt::format("the newest published checkpoint is {} ({} step{} lost)",
                                                   newest->second, lost_steps, lost_steps == 1 ? "" : "s")
@@ -385,6 +390,7 @@ int supervise(const SupervisorOptions& o) {
                                             (a.t_last_growth > 0 ? a.t_last_growth : a.t_launch)},
                         {"teardown_s", a.failure_seen ? a.t_exit - a.t_failure : 0.0},
                         {"mpirun_killed", a.killed},
+                        {"start_timeout", a.start_timed_out},
                         {"probe_s", t_probed - t_probe}};
     if (restarts > o.max_restarts) {
       const std::string why = fmt::format(
