@@ -28,7 +28,9 @@
 # Layout (Note [Host namespaces]):
 #   namespace czhosts-BED-sw   the switch: bridge br0 and one port pI per host, nothing else
 #   namespace czhosts-BED-hI   host I: eth0 = 10.78.0.I/24, host name BED-hI, private /dev/shm and /etc/hosts
-#   /run/cz-hosts/BED/         hostfile, rsh agent, etc_hosts, holder pids, settings
+#   /run/cz-hosts/BED/         hostfile, rsh agent, etc_hosts, holder pids, settings, and tmp/: Open MPI's
+#                              session directories (orte_tmpdir_base), which a killed mpirun leaves behind,
+#                              removed with the bed
 # No address is given to the machine's own namespace: mpirun runs inside host 1, so nothing of the bed is
 # reachable from, or routed to, anywhere else. The same /24 can serve several beds at once.
 #
@@ -263,7 +265,7 @@ cmd_up() {
   local dir sw i ns
   dir=$(state_dir "$bed")
   sw=$(sw_ns "$bed")
-  mkdir -p "$dir"
+  mkdir -p "$dir/tmp"
   {
     echo "127.0.0.1 localhost"
     for ((i = 1; i <= n; ++i)); do echo "$kSubnet.$i $bed-h$i"; done
@@ -361,7 +363,8 @@ mpirun_flags_no_hostfile() {
   dir=$(state_dir "$bed")
   echo --allow-run-as-root --mca plm_rsh_agent "$dir/agent" \
     --mca plm_rsh_no_tree_spawn 1 --mca oob_tcp_if_include "$kSubnet.0/24" \
-    --mca btl_tcp_if_include "$kSubnet.0/24" --mca btl tcp,self,vader --bind-to none
+    --mca btl_tcp_if_include "$kSubnet.0/24" --mca btl tcp,self,vader --bind-to none \
+    --mca orte_tmpdir_base "$dir/tmp"
 }
 
 cmd_run() {

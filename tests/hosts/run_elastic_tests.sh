@@ -35,6 +35,9 @@ if [[ ${CZ_ELASTIC_INNER:-} != 1 ]]; then
   rc=$?
   ((rc == 77)) && exit 77
   [[ -z $(ip netns list | grep -E "czhosts-$CZ_HOSTS_BED-") ]] || fail "the bed was left behind"
+  # Open MPI's session directories go under the bed's own folder (hosts.sh), not /tmp, where a killed mpirun's
+  # would stay.
+  ! compgen -G "${TMPDIR:-/tmp}/ompi.$CZ_HOSTS_BED-h*" > /dev/null || fail "Open MPI session folders left in /tmp"
   ((rc == 0)) && rm -rf "$work"
   exit $rc
 fi
