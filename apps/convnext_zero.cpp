@@ -225,9 +225,11 @@ std::string resume_command(const std::vector<std::string>& args, const std::stri
 
 // Open MPI's mpirun gives the ranks odls_base_sigkill_timeout seconds (1 by default) between the SIGTERM it
 // sends on a Ctrl-C or SIGTERM and SIGKILL (Note [Stopping on request]); a value given with --mca reaches the
-// ranks' environment.
+// ranks' environment. Under czrun (CZ_SUPERVISOR), which stops the job by SIGUSR1 itself, there is nothing to
+// advise.
 void warn_short_grace(const cz::train::TrainConfig& cfg, bool lead) {
   if (!lead || cfg.checkpoint_dir.empty() || !std::getenv("OMPI_COMM_WORLD_SIZE")) return;
+  if (const char* s = std::getenv("CZ_SUPERVISOR"); s && *s) return;
   const char* v = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
   const int grace = v ? std::atoi(v) : 1;
   if (grace >= 10) return;

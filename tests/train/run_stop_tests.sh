@@ -147,6 +147,7 @@ mpirun_sigint)
   latest=$(latest_of "$work/ck")
   echo "== mpirun exit $rc; last reported save step_${reported:-none}; latest = $latest"
   [[ $rc -ne 0 && $rc -ne 124 ]] || fail "mpirun exited $rc"
+  grep -q 'note: Open MPI kills the ranks 1 s after' "$work/out" || fail "no note on mpirun's 1 s kill deadline"
   [[ -n $reported && -n $latest ]] || fail "nothing was reported saved, or no latest"
   ((${latest#step_} >= reported)) || fail "latest ($latest) is older than the reported step_$reported"
   "$cz_weights" "$work/ck" "$work/w.h5" > /dev/null || fail "the newest checkpoint does not load"

@@ -270,6 +270,9 @@ int supervise(const SupervisorOptions& o) {
     }
     std::vector<std::string> argv = o.mpirun;
     for (const std::string& w : keepalive_options(o.daemon_timeout_s)) argv.push_back(w);
+    // The ranks learn that a supervisor stops them (by SIGUSR1, Note [Elastic restarts]), so that they do not
+    // advise a user to signal mpirun (convnext_zero's note on Open MPI's kill deadline).
+    for (const char* w : {"-x", "CZ_SUPERVISOR=czrun"}) argv.emplace_back(w);
     for (const std::string& w :
          {std::string("--hostfile"), hostfile, std::string("-np"), std::to_string(shape->world)})
       argv.push_back(w);
