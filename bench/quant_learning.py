@@ -9,6 +9,8 @@ the last 20 steps, with a two-sided exact permutation test of each configuration
 matplotlib, quant_learning.png (mean training-loss curves). Not part of the test suite (minutes).
 
   python3 bench/quant_learning.py [--build build] [--steps 200] [--seeds 5] [--ranks 2,4] [--quick]
+  python3 bench/quant_learning.py --stage 0 --configs "fp32,int8 reductions" --tag quant_learning_s0
+                                               # stage 0: the quantized all-reduce (two exchanges)
 """
 import argparse
 import csv
@@ -40,7 +42,7 @@ def run(args, task, ranks, gather, reduce, seed, log):
            "--depths", "1,1,1,1", "--dims", "16,32,64,128", "--image-size", "32",
            "--num-classes", TASKS[task].split("classes=")[1], "--data", TASKS[task],
            "--micro-batch", str(args.batch // ranks), "--steps", str(args.steps), "--warmup-steps", "20",
-           "--lr", "3e-3", "--stage", "3", "--gather-dtype", gather, "--reduce-dtype", reduce,
+           "--lr", "3e-3", "--stage", str(args.stage), "--gather-dtype", gather, "--reduce-dtype", reduce,
            "--seed", str(seed), "--eval-every", "0", "--loader-threads", "1", "--no-progress",
            "--comm-impl", "flat", "--log", log]
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -78,6 +80,8 @@ def main():
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--batch", type=int, default=32, help="global batch")
     ap.add_argument("--tasks", default=",".join(TASKS), help="comma-separated task names")
+    ap.add_argument("--stage", type=int, default=3, help="ZeRO stage (0: no gathers, so no int8 gathers)")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated configurations")
     ap.add_argument("--quick", action="store_true", help="40 steps, 2 seeds, 2 ranks, the 10-class task")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--tag", default="quant_learning", help="the CSV's and the plot's file name")
@@ -100,7 +104,8 @@ def main():
     work = tempfile.mkdtemp()
     for task in args.tasks.split(","):
         for ranks in [int(r) for r in args.ranks.split(",")]:
-            for name, (gather, reduce) in CONFIGS.items():
+            for name in args.configs.split(","):
+                gather, reduce = CONFIGS[name]
                 for seed in range(args.seeds):
                     log = os.path.join(work, "run.jsonl")
                     losses, top1, eval_loss = run(args, task, ranks, gather, reduce, seed, log)
@@ -114,14 +119,14 @@ def main():
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    print(f"\n{args.steps} steps, global batch {args.batch}, stage 3, {args.seeds} seeds; p: two-sided exact "
+    print(f"\n{args.steps} steps, global batch {args.batch}, stage {args.stage}, {args.seeds} seeds; p: two-sided exact "
           "permutation test of the mean top-1 against fp32's")
     print("| task | ranks | config | top-1 mean ± std | min-max | eval loss | train loss (last 20) | p vs fp32 |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for task in args.tasks.split(","):
         for ranks in [int(r) for r in args.ranks.split(",")]:
             ref = [r["top1"] for r in rows if r["task"] == task and r["ranks"] == ranks and r["config"] == "fp32"]
-            for name in CONFIGS:
+            for name in args.configs.split(","):
                 sel = [r for r in rows if r["task"] == task and r["ranks"] == ranks and r["config"] == name]
                 t = [r["top1"] for r in sel]
                 sd = statistics.stdev(t) if len(t) > 1 else 0.0
@@ -151,7 +156,7 @@ def plot(args, curves, path):
     for i, task in enumerate(tasks):
         for j, ranks in enumerate(ranks_list):
             ax = axes[i][j]
-            for name in CONFIGS:
+            for name in [c for c in CONFIGS if (task, ranks, c) in curves]:
                 runs = curves[(task, ranks, name)]
                 mean = [statistics.mean(v) for v in zip(*runs)]
                 smooth = [statistics.mean(mean[max(0, k - 9):k + 1]) for k in range(len(mean))]

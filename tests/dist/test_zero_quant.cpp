@@ -3,6 +3,7 @@
 // quantizer applied here to each tensor; the master and the checkpoints stay fp32 and move between runs
 // with and without quantization; the bytes the engine counts are the records'.
 #include <gtest/gtest.h>
+#include <mpi.h>
 
 #include <unistd.h>
 
@@ -332,6 +333,75 @@ TEST(QuantReduce, EachChunkIsTheOwnersFp32SumOfTheOthersRecords) {
   }
 }
 
+// Note [Quantized all-reduce]: every rank ends with the same bucket, bit for bit: each chunk's owner's fp32
+// sum of its own values and the others' records, averaged, then one more round trip through a record; within
+// the senders' bounds plus half a scale of the average of the exact mean; 2 (N - 1) records sent.
+TEST(QuantReduce, AllReduceGivesEveryRankTheSameRoundTripOfTheOwnersMean) {
+  const int n = world().size(), me = world().rank();
+  dist::CommOptions opt;
+  opt.algorithm = dist::Algorithm::ring;
+  auto comm = dist::make_communicator(world(), opt);
+  const dist::ProcessGroup g(comm.get(), Device::cpu());
+  const int64_t chunk = 3 * kBlock;  // whole blocks: the stage-0 layout pads buckets to N x B
+  auto bucket_of = [&](int r) {
+    std::vector<float> v(size_t(n * chunk));
+    for (int64_t i = 0; i < n * chunk; ++i) v[size_t(i)] = input_value(r, i);
+    return v;
+  };
+  zero::CommMeter meter;
+  meter.begin_step();
+  Tensor bucket = from_vector(bucket_of(me), {n * chunk});
+  {
+    zero::QuantizedAllReduce q(g, bucket, kBlock, meter);
+    q.finish(1.0 / n);
+  }
+  StepStats s;
+  meter.finish_step(s);
+  const int64_t rec = dist::quant_packed_bytes(chunk, kBlock);
+  EXPECT_EQ(s.comm_bytes, 2 * (n - 1) * rec);
+  const std::vector<float> got = bucket.to_vector<float>();
+  std::vector<int8_t> codes(static_cast<size_t>(chunk));
+  std::vector<float> scales(size_t(dist::quant_scale_count(chunk, kBlock)));
+  int64_t differ = 0;
+  double worst = 0;
+  for (int c = 0; c < n; ++c) {  // chunk c, as its owner (rank c) sums it
+    const std::vector<float> own = bucket_of(c);
+    std::vector<float> sum(own.begin() + c * chunk, own.begin() + (c + 1) * chunk);
+    for (int r = 0; r < n; ++r) {
+      if (r == c) continue;
+      const std::vector<float> x = bucket_of(r);
+      dist::quantize(DType::f32, x.data() + c * chunk, chunk, kBlock, codes.data(), scales.data());
+      dist::dequantize_add_quantize(codes.data(), scales.data(), sum.data(), chunk, kBlock, nullptr, nullptr,
+                                    sum.data());
+    }
+    Tensor mean = from_vector(sum, {chunk});
+    mean.mul_(1.0 / n);
+    std::vector<float> want(static_cast<size_t>(chunk));
+    dist::quantize(DType::f32, mean.data<float>(), chunk, kBlock, codes.data(), scales.data());
+    dist::dequantize(codes.data(), scales.data(), chunk, kBlock, DType::f32, want.data());
+    const std::vector<float> m = mean.to_vector<float>();
+    for (int64_t i = 0; i < chunk; ++i) {
+      const float v = got[size_t(c * chunk + i)];
+      if (std::memcmp(&v, &want[size_t(i)], sizeof(float)) != 0) ++differ;
+      double exact = 0, bound = 0;
+      const int64_t b0 = i / kBlock * kBlock;
+      for (int r = 0; r < n; ++r) {
+        const std::vector<float> x = bucket_of(r);
+        exact += x[size_t(c * chunk + i)];
+        if (r == c) continue;
+        float peak = 0;
+        for (int64_t k = b0; k < b0 + kBlock; ++k) peak = std::max(peak, std::abs(x[size_t(c * chunk + k)]));
+        bound += peak / 127 * (0.5 + 1e-4);
+      }
+      float mean_peak = 0;
+      for (int64_t k = b0; k < b0 + kBlock; ++k) mean_peak = std::max(mean_peak, std::abs(m[size_t(k)]));
+      worst = std::max(worst, std::abs(v - exact / n) / (bound / n + mean_peak / 127 * (0.5 + 1e-4) + 1e-30));
+    }
+  }
+  EXPECT_EQ(differ, 0);
+  EXPECT_LE(worst, 1.0 + 1e-3);
+}
+
 // Through the trainer: stages 1-3 with int8 reductions (and both) learn near fp32; the bytes are the
 // records'.
 TEST(QuantReduce, TrainsNearFp32AndCountsTheRecords) {
@@ -406,7 +476,44 @@ TEST(QuantGather, BadCombinationsStopWithAMessage) {
   c.shard_group = "world";
   c.stage = 0;
   c.gather_dtype = "fp32";
+  c.validate();  // stage 0 all-reduces in two quantized exchanges (Note [Quantized all-reduce])
+  c.shard_group = "host";
   EXPECT_THROW(c.validate(), ValueError);
+}
+
+// Stage 0 with int8 reductions: the replicas stay identical (every rank's weights equal rank 0's, bit for
+// bit), the losses stay near fp32's, and each bucket costs 2 (N - 1) records.
+TEST(QuantReduce, StageZeroKeepsTheReplicasIdenticalNearFp32) {
+  const int n = world().size();
+  TrainConfig c = quant_config(0, "fp32");
+  c.reduce_dtype = "int8";
+  c.grad_accum = 1;
+  TrainConfig f = quant_config(0, "fp32");
+  f.grad_accum = 1;
+  Trainer t(c, world()), tf(f, world());
+  for (int i = 0; i < 4; ++i) {
+    const StepStats s = t.step(), sf = tf.step();
+    EXPECT_NEAR(s.loss, sf.loss, 2e-2 * sf.loss) << "step " << i + 1;
+    if (i == 0) {
+      const zero::ZeroLayout& L = t.engine().layout();
+      int64_t expected = 0;
+      for (size_t p = 0; p < L.partitions.size(); ++p) {
+        EXPECT_EQ(L.partitions[p].numel % (n * kBlock), 0) << "bucket " << p;
+        expected += 2 * (n - 1) * dist::quant_packed_bytes(L.partitions[p].numel / n, kBlock);
+      }
+      EXPECT_EQ(s.comm_bytes, n > 1 ? expected : 0);
+      if (world().rank() == 0)
+        std::printf("stage 0, %d ranks, int8 reductions: comm_bytes %lld, %.3f of fp32's %lld\n", n,
+                    (long long)s.comm_bytes, double(s.comm_bytes) / double(sf.comm_bytes),
+                    (long long)sf.comm_bytes);
+    }
+  }
+  // Every rank's parameters equal rank 0's.
+  for (const auto& [name, p] : t.model().named_parameters()) {
+    Tensor mine = p.contiguous().to(DType::f32), root = mine.clone();
+    MPI_Bcast(root.raw_data(), int(root.nbytes()), MPI_BYTE, 0, world().comm());
+    EXPECT_TRUE(std::memcmp(mine.raw_data(), root.raw_data(), size_t(mine.nbytes())) == 0) << name;
+  }
 }
 
 }  // namespace

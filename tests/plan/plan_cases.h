@@ -143,6 +143,13 @@ inline const std::vector<Case>& cases() {
        2},
       {"np2_s2_small_bf16_gather", with(small(2), [](auto& c) { c.gather_dtype = "bf16"; }), 2},
       {"np2_s1_small_int8_reduce", with(small(1), [](auto& c) { c.reduce_dtype = "int8"; }), 2},
+      {"np2_s0_small_int8_reduce_accum",
+       with(small(0),
+            [](auto& c) {
+              c.reduce_dtype = "int8";
+              c.grad_accum = 2;
+            }),
+       2},
       {"np2_s3_small_int8_both_accum",
        with(small(3),
             [](auto& c) {
@@ -179,6 +186,7 @@ inline const std::vector<Case>& cases() {
               c.reduce_dtype = "int8";
             }),
        4},
+      {"np4_s0_atto_int8_reduce", with(atto(64, 8), [](auto& c) { c.reduce_dtype = "int8"; }), 4},
       {"np4_s3_small_prefetch2", with(small(3), [](auto& c) { c.prefetch = 2; }), 4},
       {"np4_s3_atto_ckpt",
        with(atto(64, 8),

@@ -120,8 +120,14 @@ void EngineTrace::launch(size_t p) {
     cast = m_.alloc(numel * er, Use::bucket, "gradients cast to the reduce dtype");
   }
   while (in_flight_.size() >= 2) finish_oldest();
-  Id records = kNone;
-  if (s_.reduce_int8 && s_.stage > 0 && shards() > 1) {
+  Id records = kNone, records2 = kNone;
+  if (s_.reduce_int8 && s_.stage == 0 && s_.world > 1) {
+    // QuantizedAllReduce: the reduce-scatter's records, then the second exchange's, both at launch.
+    records = m_.alloc(zero::quantized_reduce_buffer_bytes(s_.world, numel / s_.world, s_.quant_block),
+                       Use::bucket, "reduction records");
+    records2 = m_.alloc(zero::quantized_all_reduce_buffer_bytes(s_.world, numel / s_.world, s_.quant_block),
+                        Use::bucket, "all-reduce records");
+  } else if (s_.reduce_int8 && s_.stage > 0 && shards() > 1) {
     // An all-to-all of records (QuantizedReduceScatter): point to point, no ring scratch.
     records = m_.alloc(zero::quantized_reduce_buffer_bytes(shards(), s_.layout.chunk(p), s_.quant_block),
                        Use::bucket, "reduction records");
@@ -131,7 +137,7 @@ void EngineTrace::launch(size_t p) {
     collective(shard_comm, dist::Collective::reduce_scatter, numel, er);
     collective(replicate_comm, dist::Collective::all_reduce, numel / shards(), er);
   }
-  in_flight_.push_back({p, cast, records});
+  in_flight_.push_back({p, cast, records, records2});
   if (s_.stage == 3) release(p);
 }
 
@@ -139,6 +145,7 @@ void EngineTrace::finish_oldest() {
   const InFlight f = in_flight_.front();
   in_flight_.pop_front();
   if (f.records != kNone) m_.release(f.records);  // freed once summed, before the bucket
+  if (f.records2 != kNone) m_.release(f.records2);
   if (s_.stage >= 2) {
     m_.release(bucket_[f.partition]);
     bucket_[f.partition] = kNone;

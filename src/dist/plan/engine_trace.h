@@ -73,8 +73,9 @@ class EngineTrace {
  private:
   struct InFlight {
     size_t partition;
-    Id cast;     // stages 0-1: the gradient cast to the reduce dtype, when it differs
-    Id records;  // --reduce-dtype int8: the records sent and received (Note [Quantized reduction])
+    Id cast;           // stages 0-1: the gradient cast to the reduce dtype, when it differs
+    Id records;        // --reduce-dtype int8: the records sent and received (Note [Quantized reduction])
+    Id records2 = -1;  // stage 0: the second exchange's records (Note [Quantized all-reduce])
   };
   void launch(size_t p);
   void finish_oldest();

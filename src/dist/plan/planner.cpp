@@ -60,9 +60,10 @@ Engine engine_at(const Setup& s, int stage, bool offload) {
   const zero::GatherCodec codec(s.compute, z.gather, z.quant_block);
   const bool reduce_int8 = s.cfg.reduce_dtype == "int8";
   z.layout = zero_layout(s.params, stage, s.shard, s.cfg.bucket_mb, s.reduce,
-                         stage == 0    ? 16
-                         : reduce_int8 ? z.quant_block
-                                       : codec.align());
+                         reduce_int8  ? z.quant_block
+                         : stage == 0 ? 16
+                                      : codec.align(),
+                         reduce_int8 && stage == 0 ? s.shard : 1);
   z.compute = s.compute;
   z.reduce = s.reduce;
   z.prefetch = s.cfg.prefetch;

@@ -225,11 +225,12 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   const std::vector<nn::ParamInfo> params = nn::convnext_parameters(cfg.model_config());
   // --gather-dtype (Note [Quantized gathers]): what a parameter gather moves, and the layout's alignment.
   const zero::GatherCodec codec(run.ec, train::gather_wire_dtype(cfg), 256);
-  const bool reduce_int8 = cfg.reduce_dtype == "int8" && stage > 0;
+  const bool reduce_int8 = cfg.reduce_dtype == "int8";
   const zero::ZeroLayout L = zero_layout(params, stage, shards, cfg.bucket_mb, run.er,
-                                         stage == 0    ? 16
-                                         : reduce_int8 ? 256
-                                                       : codec.align());
+                                         reduce_int8  ? 256
+                                         : stage == 0 ? 16
+                                                      : codec.align(),
+                                         reduce_int8 && stage == 0 ? shards : 1);
   const size_t np = L.partitions.size();
   std::map<std::string, size_t> partition_of;
   std::map<std::string, std::set<size_t>> module_parts;  // the partitions holding a module's parameters
@@ -396,8 +397,10 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
     launched[p] = true;
     while (in_flight.size() >= 2) finish_oldest();
     // --reduce-dtype int8 (Note [Quantized reduction]): an all-to-all of N records, timed as a ring
-    // reduce-scatter of as many bytes (each rank sends N - 1 records either way).
-    const double bytes = reduce_int8 ? double(shards) * double(dist::quant_packed_bytes(L.chunk(p), 256))
+    // reduce-scatter of as many bytes (each rank sends N - 1 records either way); at stage 0 two of them
+    // (Note [Quantized all-reduce]), timed as a ring all-reduce of N records.
+    const int64_t chunk = stage == 0 ? L.partitions[p].numel / shards : L.chunk(p);
+    const double bytes = reduce_int8 ? double(shards) * double(dist::quant_packed_bytes(chunk, 256))
                                      : double(L.partitions[p].numel) * er;
     const double end = comms ? reduce(bytes, t) : t;
     in_flight.push_back({p, end});

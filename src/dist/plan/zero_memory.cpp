@@ -58,7 +58,7 @@ int64_t flat_numel(const std::vector<nn::ParamInfo>& params, int64_t align) {
 }
 
 zero::ZeroLayout zero_layout(const std::vector<nn::ParamInfo>& params, int stage, int world, double bucket_mb,
-                             DType reduce, int64_t align) {
+                             DType reduce, int64_t align, int pad_ranks) {
   CZ_CHECK(bucket_mb > 0, "zero_layout: the bucket size must be positive, got {} MiB", bucket_mb);
   const int64_t bucket_bytes = train::bucket_bytes(bucket_mb);  // as the trainer's ZeroConfig has it
   std::vector<zero::ParamShape> shapes;
@@ -71,7 +71,7 @@ zero::ZeroLayout zero_layout(const std::vector<nn::ParamInfo>& params, int stage
   }
   return zero::plan_layout(shapes, stage, world,
                            zero::bucket_elems(double(bucket_bytes), dtype_size(reduce), numel), unit_of,
-                           align);
+                           align, pad_ranks);
 }
 
 ZeroState zero_model_state(const ZeroSpec& s) {

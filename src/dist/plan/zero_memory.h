@@ -84,9 +84,10 @@ int64_t flat_numel(const std::vector<nn::ParamInfo>& params, int64_t align = 16)
 // The layout ZeroEngine builds for ConvNeXt's parameters (nn::convnext_parameters, registration order) with
 // these flags: the same bucket size in elements (--bucket-mb MiB of the reduce dtype) and the same units
 // (ParamInfo::unit, which ConvNeXt::units() hands the engine).
-// `align`: 16, or the block size with quantized gathers (zero::GatherCodec::align).
+// `align`: 16, or the block size with quantized gathers or reductions (zero::GatherCodec::align);
+// `pad_ranks`: the world size at stage 0 with quantized reductions (zero::plan_layout).
 zero::ZeroLayout zero_layout(const std::vector<nn::ParamInfo>& params, int stage, int world, double bucket_mb,
-                             DType reduce, int64_t align = 16);
+                             DType reduce, int64_t align = 16, int pad_ranks = 1);
 
 ZeroState zero_model_state(const ZeroSpec& spec);
 

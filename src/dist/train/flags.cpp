@@ -301,15 +301,16 @@ std::vector<Flag> make_flags() {
        .json_key = "hpz"},
       {.name = "--reduce-dtype",
        .field = &T::reduce_dtype,
-       .help = "fp32 | bf16 | fp16 | int8: the dtype gradients are reduced in. int8 (stages 1-3, without "
-               "--shard-group): each rank sends the others their chunks of a bucket as blocks of 256 values "
-               "with an fp32 scale each, summed in fp32 by the owner",
+       .help =
+           "fp32 | bf16 | fp16 | int8: the dtype gradients are reduced in. int8 (without --shard-group): "
+           "each rank sends the others their chunks of a bucket as blocks of 256 values with an fp32 scale "
+           "each, summed in fp32 by the owner (at stage 0 the owner then sends every rank its averaged "
+           "chunk the same way)",
        .check =
            [](C c, F f) {
              CZ_CHECK(is_dtype_flag(c.reduce_dtype) || c.reduce_dtype == "int8",
                       "{} must be fp32, bf16, fp16 or int8, got '{}'", f.name, c.reduce_dtype);
-             CZ_CHECK(c.reduce_dtype != "int8" || (c.stage > 0 && c.shard_group == "world"),
-                      "{} int8 is for {} 1-3 with {} world", f.name, flag_name(&T::stage),
+             CZ_CHECK(c.reduce_dtype != "int8" || c.shard_group == "world", "{} int8 is for {} world", f.name,
                       flag_name(&T::shard_group));
            },
        .ranks_agree = true,

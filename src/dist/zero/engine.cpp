@@ -86,9 +86,8 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
   CZ_CHECK_DEVICE(codec_.kind() != GatherCodec::Kind::cast || !cfg_.device.is_cuda(),
                   "ZeRO: gathering {} parameters in {} runs on the CPU only", dtype_name(cfg_.compute_dtype),
                   dtype_name(cfg_.gather_dtype));
-  CZ_CHECK(!cfg_.reduce_int8 ||
-               (cfg_.stage > 0 && groups_.replicate.size() == 1 && cfg_.reduce_dtype == DType::f32),
-           "ZeRO: int8 gradient reductions are for stages 1-3 without --shard-group, in f32 buckets");
+  CZ_CHECK(!cfg_.reduce_int8 || (groups_.replicate.size() == 1 && cfg_.reduce_dtype == DType::f32),
+           "ZeRO: int8 gradient reductions are for runs without --shard-group, in f32 buckets");
   meter_.set_hosts(groups_.host_of);
   const bool sharded = cfg_.stage > 0, units_gathered = cfg_.stage == 3, buckets = cfg_.stage >= 2;
   // What the state is sharded over: the shard group (the world when flat), or at stage 0 a group of one
@@ -103,7 +102,8 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
   for (const ParamShape& p : shapes) params += shape_numel(p.shape);
   layout_ = plan_layout(shapes, cfg_.stage, shard_group.size(),
                         bucket_elems(double(cfg_.bucket_bytes), dtype_size(cfg_.reduce_dtype), params),
-                        unit_of, cfg_.reduce_int8 ? cfg_.quant_block : codec_.align());
+                        unit_of, cfg_.reduce_int8 ? cfg_.quant_block : codec_.align(),
+                        cfg_.reduce_int8 && !sharded ? groups_.world.size() : 1);
   const size_t np = layout_.partitions.size();
   const int me = shard_group.rank();
   std::vector<Tensor> param_list;

@@ -110,7 +110,10 @@ void GradReducer::launch(size_t p) {
   dist::WorkHandle w;
   const int64_t bytes = part.numel * int64_t(dtype_size(mode_.reduce_dtype));
   std::unique_ptr<QuantizedReduceScatter> quantized;
-  if (mode_.quant_block > 0 && group_.size() > 1) {
+  std::unique_ptr<QuantizedAllReduce> quantized_all;
+  if (mode_.quant_block > 0 && group_.size() > 1 && !mode_.scatter) {
+    quantized_all = std::make_unique<QuantizedAllReduce>(group_, buf, mode_.quant_block, meter_);
+  } else if (mode_.quant_block > 0 && group_.size() > 1) {
     quantized =
         std::make_unique<QuantizedReduceScatter>(group_, buf, layout_.chunk(p), mode_.quant_block, meter_);
   } else if (mode_.scatter) {
@@ -122,8 +125,8 @@ void GradReducer::launch(size_t p) {
     meter_.sent(group_, bytes, dist::Collective::all_reduce);
   }
   // Flat (or stage 0): nothing to all-reduce across replicas.
-  in_flight_.push_back(
-      {p, std::move(w), buf, nullptr, !mode_.scatter || replicate_.size() == 1, std::move(quantized)});
+  in_flight_.push_back({p, std::move(w), buf, nullptr, !mode_.scatter || replicate_.size() == 1,
+                        std::move(quantized), std::move(quantized_all)});
   advance();
   if (on_launch_) on_launch_(p);
 }
@@ -154,6 +157,7 @@ void GradReducer::finish_oldest() {
   meter_.wait(f.work);
   meter_.wait(f.cross);
   if (f.quantized) f.quantized->finish(1.0 / group_.size());  // the average, as ReduceOp::avg
+  if (f.quantized_all) f.quantized_all->finish(1.0 / group_.size());
   NoGradGuard no_grad;
   const size_t p = f.partition;
   const Tensor mine = f.buffer.narrow(0, own_offset(p), layout_.chunk(p));  // this rank's averaged chunk

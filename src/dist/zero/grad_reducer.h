@@ -66,6 +66,7 @@ class GradReducer {
     dist::WorkHandle cross;  // the chunk's all-reduce across the replication group, once launched
     bool crossed = false;    // launched (or none needed)
     std::unique_ptr<QuantizedReduceScatter> quantized;  // instead of `work`
+    std::unique_ptr<QuantizedAllReduce> quantized_all;  // instead of `work` (stage 0)
   };
   void launch_cross(InFlight& f);
   void advance();  // launches the cross all-reduces whose reduce-scatter has completed, in launch order

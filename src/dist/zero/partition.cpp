@@ -57,7 +57,7 @@ std::vector<std::string> assign_units(const std::vector<ParamShape>& params,
 }
 
 ZeroLayout plan_layout(const std::vector<ParamShape>& params, int stage, int world, int64_t bucket_elems,
-                       const std::vector<std::string>& unit_of, int64_t align) {
+                       const std::vector<std::string>& unit_of, int64_t align, int pad_ranks) {
   CZ_CHECK(stage >= 0 && stage <= 3, "ZeRO: stage must be 0-3, got {}", stage);
   CZ_CHECK(world >= 1, "ZeRO: world size must be >= 1, got {}", world);
   CZ_CHECK(align >= 1 && bucket_elems >= 1, "ZeRO: align ({}) and bucket size ({}) must be >= 1", align,
@@ -68,7 +68,8 @@ ZeroLayout plan_layout(const std::vector<ParamShape>& params, int stage, int wor
   ZeroLayout z;
   z.shards = stage == 0 ? 1 : world;
   z.flat.align = align;
-  const int64_t pad_to = int64_t(z.shards) * align;
+  CZ_CHECK(pad_ranks >= 1, "ZeRO: pad_ranks must be >= 1, got {}", pad_ranks);
+  const int64_t pad_to = int64_t(stage == 0 ? pad_ranks : z.shards) * align;
   const auto padded = [align](int64_t n) { return (n + align - 1) / align * align; };
   int64_t offset = 0;
   Partition cur;

@@ -69,8 +69,10 @@ int64_t bucket_elems(double bucket_bytes, size_t reduce_dtype_size, int64_t para
 
 // Stages 0-2: buckets of at most `bucket_elems` elements. Stage 3: `unit_of[i]` names parameter i's unit
 // (consecutive parameters of one unit; a unit may not reappear after another one started).
+// `pad_ranks`: at stage 0, pad each partition to a multiple of pad_ranks x align instead of align (the
+// quantized all-reduce cuts it into that many chunks of whole blocks: Note [Quantized all-reduce]).
 ZeroLayout plan_layout(const std::vector<ParamShape>& params, int stage, int world, int64_t bucket_elems,
-                       const std::vector<std::string>& unit_of, int64_t align = 16);
+                       const std::vector<std::string>& unit_of, int64_t align = 16, int pad_ranks = 1);
 
 // The unit of each parameter: the longest of `units` that is a dotted prefix of its name (ValueError naming
 // the parameter when none is).

@@ -89,4 +89,56 @@ void QuantizedReduceScatter::finish(double scale) {
   records_ = Tensor();
 }
 
+int64_t quantized_all_reduce_buffer_bytes(int n, int64_t chunk, int64_t block) {
+  return int64_t(n) * dist::quant_packed_bytes(chunk, block);
+}
+
+QuantizedAllReduce::QuantizedAllReduce(const dist::ProcessGroup& group, const Tensor& bucket, int64_t block,
+                                       CommMeter& meter)
+    : group_(group),
+      bucket_(bucket),
+      chunk_(bucket.numel() / group.size()),
+      block_(block),
+      record_bytes_(dist::quant_packed_bytes(chunk_, block)),
+      meter_(meter) {
+  const int n = group_.size();
+  CZ_ASSERT(bucket_.numel() == n * chunk_ && chunk_ % block == 0,
+            "quantized all-reduce: a bucket of {} values is not {} chunks of whole blocks of {}",
+            bucket_.numel(), n, block);
+  scatter_ = std::make_unique<QuantizedReduceScatter>(group_, bucket_, chunk_, block_, meter_);
+  records_ = empty({quantized_all_reduce_buffer_bytes(n, chunk_, block_)}, DType::u8, bucket_.device());
+  meter_.hold(int64_t(round_to_size_class(records_.storage()->nbytes())));
+}
+
+QuantizedAllReduce::~QuantizedAllReduce() {
+  for (auto& w : works_)
+    if (w) try {
+        w->wait();
+      } catch (...) {
+      }
+  if (records_.defined()) meter_.hold(-int64_t(round_to_size_class(records_.storage()->nbytes())));
+}
+
+void QuantizedAllReduce::finish(double scale) {
+  scatter_->finish(scale);
+  const int n = group_.size(), me = group_.rank();
+  NoGradGuard no_grad;
+  const GatherCodec codec(DType::f32, DType::u8, block_);
+  codec.encode(bucket_.narrow(0, me * chunk_, chunk_), records_.narrow(0, me * record_bytes_, record_bytes_));
+  const Tensor mine = records_.narrow(0, me * record_bytes_, record_bytes_);
+  for (int k = 1; k < n; ++k) {
+    const int to = (me + k) % n, from = (me - k + n) % n;
+    works_.push_back(group_.send(mine, to));
+    Tensor in = records_.narrow(0, from * record_bytes_, record_bytes_);
+    works_.push_back(group_.recv(in, from));
+    meter_.sent_to(group_, to, record_bytes_);
+  }
+  for (auto& w : works_) meter_.wait(w);
+  works_.clear();
+  codec.decode(records_, n, chunk_, bucket_);
+  meter_.hold(-int64_t(round_to_size_class(records_.storage()->nbytes())));
+  records_ = Tensor();
+  scatter_.reset();
+}
+
 }  // namespace cz::zero

@@ -3,6 +3,7 @@
 // for its own chunk into its fp32 values.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "dist/comm/process_group.h"
@@ -46,5 +47,38 @@ class QuantizedReduceScatter {
 
 // Bytes of the records buffer a quantized reduce-scatter of N chunks of `chunk` values allocates.
 int64_t quantized_reduce_buffer_bytes(int n, int64_t chunk, int64_t block);
+
+// Note [Quantized all-reduce]: stage 0's bucket all-reduce with --reduce-dtype int8, in two all-to-alls: the
+// quantized reduce-scatter above (each rank owns chunk r of the bucket, summed in fp32 and averaged), then
+// each owner quantizes its averaged chunk once into one record and sends it to every other rank, and every
+// rank, the owner included, dequantizes all N records into the bucket. So every rank applies the same
+// gradient, bit for bit (replicas stay identical); each value carries the N - 1 senders' round-trip errors
+// divided by N plus one more round trip of the average (at most half its block's scale). Bytes each rank
+// sends: 2 (N - 1) records, 0.254 of the fp32 ring all-reduce's 2 (N - 1) chunks at B = 256. The second
+// exchange is posted when the reducer finishes the bucket (finish_oldest), not as soon as the first has
+// arrived: point-to-point transfers match in call order, and posting it at a moment timing chooses would
+// interleave it differently with the next bucket's first exchange on different ranks. The layout pads each
+// stage-0 bucket to a multiple of N x B (plan_layout's pad_ranks), so the chunks are whole blocks.
+class QuantizedAllReduce {
+ public:
+  // bucket: f32, N x chunk values. Posts the first exchange and allocates the second's N records.
+  QuantizedAllReduce(const dist::ProcessGroup& group, const Tensor& bucket, int64_t block, CommMeter& meter);
+  ~QuantizedAllReduce();  // waits for what is posted; never throws
+  QuantizedAllReduce(const QuantizedAllReduce&) = delete;
+  QuantizedAllReduce& operator=(const QuantizedAllReduce&) = delete;
+  // The bucket becomes, on every rank, the dequantized records of the owners' (sum x scale).
+  void finish(double scale);
+
+ private:
+  dist::ProcessGroup group_;
+  Tensor bucket_, records_;  // the second exchange's N records, in rank order
+  int64_t chunk_, block_, record_bytes_;
+  CommMeter& meter_;
+  std::unique_ptr<QuantizedReduceScatter> scatter_;
+  std::vector<dist::WorkHandle> works_;
+};
+
+// Bytes of the second exchange's records buffer (QuantizedAllReduce), allocated after the first's.
+int64_t quantized_all_reduce_buffer_bytes(int n, int64_t chunk, int64_t block);
 
 }  // namespace cz::zero
