@@ -248,6 +248,11 @@ kill | link | gone | stopped)
     restarts_of "$log" | grep -q '"lost_hosts":\["10.78.0.3"\].*"new_world":2' || fail "host 3 not dropped"
     grep -q 'czrun: the job failed at step [0-9]*: lost host 10.78.0.3 (ranks \[2\] of 3)' "$work/out" ||
       fail "no message naming the lost host and ranks"
+    # A survivor's timeout names the peer it waits for with that peer's host (rank K runs on host K + 1).
+    { grep 'comm timeout: .*(waiting for rank' "$work/out" || true; } | while read -r line; do
+      [[ $line =~ \(waiting\ for\ rank\ ([0-9]+)\ on\ host\ $bed-h([0-9]+)\) ]] &&
+        ((BASH_REMATCH[2] == BASH_REMATCH[1] + 1)) || fail "a timeout that does not name its peer's host: $line"
+    done || exit 1
   else
     restarts_of "$log" | grep -q '"lost_hosts":\[\].*"new_world":3' || fail "expected a restart on 3 ranks"
   fi

@@ -71,11 +71,19 @@ void Poller::check(int waiting_for) {
     }
   }
   if (now >= deadline_) {
-    throw CommError(fmt::format(
-        "comm timeout: {} after {:.1f} s{}", what_, timeout_s_,
-        waiting_for >= 0
-            ? fmt::format(" (waiting for rank {})", members_ ? (*members_)[size_t(waiting_for)] : waiting_for)
-            : ""));
+    std::string waiting;
+    if (waiting_for >= 0) {
+      const int rank = members_ ? (*members_)[size_t(waiting_for)] : waiting_for;
+      waiting = fmt::format(" (waiting for rank {})", rank);
+      // A peer on another host is named with its host: a lost host is then named by every survivor's message
+      // (issue 23), also without a supervisor.
+      if (World::initialized()) {
+        const World& w = World::get();
+        if (rank >= 0 && rank < w.size() && !w.same_host(rank))
+          waiting = fmt::format(" (waiting for rank {} on host {})", rank, w.peer(rank).host);
+      }
+    }
+    throw CommError(fmt::format("comm timeout: {} after {:.1f} s{}", what_, timeout_s_, waiting));
   }
 }
 
