@@ -137,7 +137,8 @@ TEST(WhatIfStep, QuantizedGathersAndReductionsMoveTheRecords) {
       }
       if (row.ranks == 1) continue;
       const CommModel comm(topo, row.ranks);
-      if (row.stage == 0) {  // Note [Quantized all-reduce]: two exchanges, timed as an all-reduce of N records
+      // Note [Quantized all-reduce]: two exchanges, timed as an all-reduce of N records.
+      if (row.stage == 0) {
         const zero::ZeroLayout L = zero_layout(params, 0, row.ranks, 2, DType::f32, 256, row.ranks);
         double expected = 0;
         for (size_t p = 0; p < L.partitions.size(); ++p)

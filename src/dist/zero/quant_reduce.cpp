@@ -32,6 +32,30 @@ void dequantize_add(const uint8_t* record, int64_t n, int64_t block, const Tenso
   CZ_CHECK_DEVICE(false, "quantized reduction: no kernels for {}", acc.device().str());
 }
 
+// A records buffer of `bytes`, counted by the meter while it lives.
+Tensor hold_records(int64_t bytes, Device device, CommMeter& meter) {
+  Tensor records = empty({bytes}, DType::u8, device);
+  meter.hold(int64_t(round_to_size_class(records.storage()->nbytes())));
+  return records;
+}
+
+void release_records(Tensor& records, CommMeter& meter) noexcept {
+  if (!records.defined()) return;
+  meter.hold(-int64_t(round_to_size_class(records.storage()->nbytes())));
+  records = Tensor();
+}
+
+// Waits for what is posted, swallowing errors: for destructors (a failure was reported by finish() or is
+// being unwound).
+void settle(std::vector<dist::WorkHandle>& works) noexcept {
+  for (auto& w : works)
+    if (w) try {
+        w->wait();
+      } catch (...) {
+      }
+  works.clear();
+}
+
 }  // namespace
 
 int64_t quantized_reduce_buffer_bytes(int n, int64_t chunk, int64_t block) {
@@ -49,8 +73,7 @@ QuantizedReduceScatter::QuantizedReduceScatter(const dist::ProcessGroup& group, 
   const int n = group_.size(), me = group_.rank();
   CZ_ASSERT(bucket_.dtype() == DType::f32 && bucket_.numel() == n * chunk && bucket_.is_contiguous(),
             "quantized reduction: a bucket {} for {} chunks of {}", bucket_.str(), n, chunk);
-  records_ = empty({quantized_reduce_buffer_bytes(n, chunk, block)}, DType::u8, bucket_.device());
-  meter_.hold(int64_t(round_to_size_class(records_.storage()->nbytes())));
+  records_ = hold_records(quantized_reduce_buffer_bytes(n, chunk, block), bucket_.device(), meter_);
   NoGradGuard no_grad;
   const GatherCodec codec(DType::f32, DType::u8, block);
   for (int k = 1; k < n; ++k) {
@@ -67,12 +90,8 @@ QuantizedReduceScatter::QuantizedReduceScatter(const dist::ProcessGroup& group, 
 }
 
 QuantizedReduceScatter::~QuantizedReduceScatter() {
-  for (auto& w : works_)
-    if (w) try {
-        w->wait();
-      } catch (...) {
-      }
-  if (records_.defined()) meter_.hold(-int64_t(round_to_size_class(records_.storage()->nbytes())));
+  settle(works_);
+  release_records(records_, meter_);
 }
 
 void QuantizedReduceScatter::finish(double scale) {
@@ -85,8 +104,7 @@ void QuantizedReduceScatter::finish(double scale) {
   for (int r = 0; r < n; ++r)
     if (r != me) dequantize_add(base + (n + r) * record_bytes_, chunk_, block_, mine);
   if (scale != 1.0) scale_(mine, scale);
-  meter_.hold(-int64_t(round_to_size_class(records_.storage()->nbytes())));
-  records_ = Tensor();
+  release_records(records_, meter_);
 }
 
 int64_t quantized_all_reduce_buffer_bytes(int n, int64_t chunk, int64_t block) {
@@ -106,17 +124,12 @@ QuantizedAllReduce::QuantizedAllReduce(const dist::ProcessGroup& group, const Te
             "quantized all-reduce: a bucket of {} values is not {} chunks of whole blocks of {}",
             bucket_.numel(), n, block);
   scatter_ = std::make_unique<QuantizedReduceScatter>(group_, bucket_, chunk_, block_, meter_);
-  records_ = empty({quantized_all_reduce_buffer_bytes(n, chunk_, block_)}, DType::u8, bucket_.device());
-  meter_.hold(int64_t(round_to_size_class(records_.storage()->nbytes())));
+  records_ = hold_records(quantized_all_reduce_buffer_bytes(n, chunk_, block_), bucket_.device(), meter_);
 }
 
 QuantizedAllReduce::~QuantizedAllReduce() {
-  for (auto& w : works_)
-    if (w) try {
-        w->wait();
-      } catch (...) {
-      }
-  if (records_.defined()) meter_.hold(-int64_t(round_to_size_class(records_.storage()->nbytes())));
+  settle(works_);
+  release_records(records_, meter_);
 }
 
 void QuantizedAllReduce::finish(double scale) {
@@ -136,8 +149,7 @@ void QuantizedAllReduce::finish(double scale) {
   for (auto& w : works_) meter_.wait(w);
   works_.clear();
   codec.decode(records_, n, chunk_, bucket_);
-  meter_.hold(-int64_t(round_to_size_class(records_.storage()->nbytes())));
-  records_ = Tensor();
+  release_records(records_, meter_);
   scatter_.reset();
 }
 
