@@ -264,16 +264,27 @@ float input_value(int rank, int64_t i) {
   return float(peak * std::sin(0.37 * double(i) + 1.3 * rank + 0.01 * double(i % 97) * rank));
 }
 
-TEST(QuantReduce, EachChunkIsTheOwnersFp32SumOfTheOthersRecords) {
-  const int n = world().size(), me = world().rank();
+// Rank r's bucket of `count` values.
+std::vector<float> inputs_of(int rank, int64_t count) {
+  std::vector<float> v(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) v[size_t(i)] = input_value(rank, i);
+  return v;
+}
+
+// The ring communicator the engine's quantized reductions run on, over the world.
+std::unique_ptr<dist::Communicator> ring_communicator() {
   dist::CommOptions opt;
   opt.algorithm = dist::Algorithm::ring;
-  auto comm = dist::make_communicator(world(), opt);
+  return dist::make_communicator(world(), opt);
+}
+
+TEST(QuantReduce, EachChunkIsTheOwnersFp32SumOfTheOthersRecords) {
+  const int n = world().size(), me = world().rank();
+  const auto comm = ring_communicator();
   const dist::ProcessGroup g(comm.get(), Device::cpu());
   const int64_t chunk = 3 * kBlock + 100;  // a short last block
   auto bucket_of = [&](int r, bool nan) {
-    std::vector<float> v(size_t(n * chunk));
-    for (int64_t i = 0; i < n * chunk; ++i) v[size_t(i)] = input_value(r, i);
+    std::vector<float> v = inputs_of(r, n * chunk);
     if (nan && r == 1) v[size_t(kBlock + 5)] = NAN;  // chunk 0, block 1: rank 0's
     return v;
   };
@@ -338,16 +349,10 @@ TEST(QuantReduce, EachChunkIsTheOwnersFp32SumOfTheOthersRecords) {
 // the senders' bounds plus half a scale of the average of the exact mean; 2 (N - 1) records sent.
 TEST(QuantReduce, AllReduceGivesEveryRankTheSameRoundTripOfTheOwnersMean) {
   const int n = world().size(), me = world().rank();
-  dist::CommOptions opt;
-  opt.algorithm = dist::Algorithm::ring;
-  auto comm = dist::make_communicator(world(), opt);
+  const auto comm = ring_communicator();
   const dist::ProcessGroup g(comm.get(), Device::cpu());
   const int64_t chunk = 3 * kBlock;  // whole blocks: the stage-0 layout pads buckets to N x B
-  auto bucket_of = [&](int r) {
-    std::vector<float> v(size_t(n * chunk));
-    for (int64_t i = 0; i < n * chunk; ++i) v[size_t(i)] = input_value(r, i);
-    return v;
-  };
+  auto bucket_of = [&](int r) { return inputs_of(r, n * chunk); };
   zero::CommMeter meter;
   meter.begin_step();
   Tensor bucket = from_vector(bucket_of(me), {n * chunk});

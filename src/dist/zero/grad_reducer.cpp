@@ -111,11 +111,12 @@ void GradReducer::launch(size_t p) {
   const int64_t bytes = part.numel * int64_t(dtype_size(mode_.reduce_dtype));
   std::unique_ptr<QuantizedReduceScatter> quantized;
   std::unique_ptr<QuantizedAllReduce> quantized_all;
-  if (mode_.quant_block > 0 && group_.size() > 1 && !mode_.scatter) {
-    quantized_all = std::make_unique<QuantizedAllReduce>(group_, buf, mode_.quant_block, meter_);
-  } else if (mode_.quant_block > 0 && group_.size() > 1) {
-    quantized =
-        std::make_unique<QuantizedReduceScatter>(group_, buf, layout_.chunk(p), mode_.quant_block, meter_);
+  if (mode_.quant_block > 0 && group_.size() > 1) {
+    if (mode_.scatter)
+      quantized =
+          std::make_unique<QuantizedReduceScatter>(group_, buf, layout_.chunk(p), mode_.quant_block, meter_);
+    else
+      quantized_all = std::make_unique<QuantizedAllReduce>(group_, buf, mode_.quant_block, meter_);
   } else if (mode_.scatter) {
     Tensor mine = buf.narrow(0, own_offset(p), layout_.chunk(p));
     w = group_.reduce_scatter(buf, mine, dist::ReduceOp::avg);
