@@ -337,6 +337,8 @@ int main(int argc, char** argv) {
           mc.name, double(trainer.model().num_parameters()) / 1e6, cfg.device, world->size(), cfg.precision,
           cfg.stage, cfg.offload_optimizer ? " + CPU offload" : "", cfg.data, cfg.image_size, cfg.image_size,
           cfg.global_batch(world->size()), trainer.total_steps());
+      if (!trainer.comm_backend_note().empty())
+        fmt::print("convnext_zero: collectives over {}\n", trainer.comm_backend_note());
       std::fflush(stdout);
     }
     const cz::train::TrainSummary s = trainer.run();

@@ -3,6 +3,7 @@
 #   ranks_match_one_process  2 and 4 ranks at ZeRO stages 0-3 log the same losses and gradient norms as 1 rank
 #   bad_input                each bad flag or file: non-zero exit, a message naming it, no crash
 #   multi_rank_error         a bad data path under mpirun: every rank exits non-zero, nobody hangs
+#   comm_backend             --comm-backend: CPU ranks say MPI; a communicator of one trains as none at stages 0-3
 #   export_initial           --steps 0 --export-weights: the initial weights, from which a run starts identically
 #   mesh                     --shard-group and --hpz on 2 simulated hosts x 2 ranks: the losses of 1 rank, checkpoints
 #                            between HSDP and flat runs at other world sizes, and their bad values
@@ -86,6 +87,8 @@ bad_input)
   check "--bucket-mb" "${tiny[@]}" --steps 1 --bucket-mb 0
   check "--prefetch" "${tiny[@]}" --steps 1 --prefetch -1
   check "--reduce-dtype" "${tiny[@]}" --steps 1 --reduce-dtype fp8
+  check "--comm-backend must be nccl, mpi or auto, got 'ucx'" "${tiny[@]}" --steps 1 --comm-backend ucx
+  check "--comm-backend nccl needs --device cuda" "${tiny[@]}" --steps 1 --comm-backend nccl
   echo "bad_input: OK"
   ;;
 export_initial)
@@ -200,6 +203,29 @@ mesh)
   bad "--hpz needs more than one host" 1 "" --stage 3 --hpz
   bad "--hpz shards over the world" 4 2 --stage 3 --hpz --shard-group host
   echo "mesh: OK"
+  ;;
+comm_backend)
+  # --comm-backend (Note [Choosing the comm backend]): CPU ranks use MPI and say so; at one rank a named
+  # backend runs the collectives over a communicator of one, which must train as the run without one.
+  common=("${tiny[@]}" --drop-path 0.2 --eval-batches 1 --seed 3 --grad-accum 2 --clip-grad 1 --bucket-mb 0.01)
+  "${mpirun[@]}" -np 2 "$app" "${common[@]}" --steps 1 --micro-batch 8 > "$work/out" 2>&1 ||
+    { cat "$work/out"; fail "2 ranks failed"; }
+  grep -q "collectives over mpi (CPU ranks)" "$work/out" || { cat "$work/out"; fail "no backend in the header"; }
+  for stage in 0 1 2 3; do
+    "$app" "${common[@]}" --steps 3 --micro-batch 16 --stage $stage --log "$work/auto.jsonl" > "$work/out" 2>&1 ||
+      { cat "$work/out"; fail "stage $stage failed"; }
+    ! grep -q "collectives over" "$work/out" || { cat "$work/out"; fail "one rank with auto has no communicator"; }
+    "$app" "${common[@]}" --steps 3 --micro-batch 16 --stage $stage --comm-backend mpi --log "$work/one.jsonl" \
+      > "$work/out" 2>&1 || { cat "$work/out"; fail "stage $stage over a communicator of one failed"; }
+    grep -q "collectives over mpi (CPU ranks)" "$work/out" || { cat "$work/out"; fail "no communicator of one"; }
+    paste -d' ' <(steps_of "$work/auto.jsonl") <(steps_of "$work/one.jsonl") > "$work/both"
+    echo "stage $stage, no communicator vs one of one:"; cat "$work/both"
+    [[ $(wc -l < "$work/both") -eq 3 ]] || fail "expected 3 step records in each log"
+    awk '{ for (c = 2; c <= 3; ++c) { a = $c; b = $(c + 3); d = a - b; if (d < 0) d = -d;
+           if (d > 2e-5 * (a < 0 ? -a : a) + 1e-7) { print "step " $1 ": " a " vs " b; bad = 1 } } }
+         END { exit bad }' "$work/both" || fail "stage $stage: a communicator of one trains differently"
+  done
+  echo "comm_backend: OK"
   ;;
 scaling_study_quick)
   # The study's smallest grid end to end: one CSV row per configuration, each with a non-zero throughput and,

@@ -86,7 +86,8 @@ Mesh::Mesh(Device device)
   hosts_ = HostMap::of({"localhost"});
 }
 
-Mesh::Mesh(World& world, const CommOptions& options, const std::string& shard_spec, bool host_levels)
+Mesh::Mesh(World& world, const CommOptions& options, const std::string& shard_spec, bool host_levels,
+           bool comm_of_one)
     : Mesh(options.device) {
   hosts_ = host_map(world);
   const int me = world.rank(), n = world.size();
@@ -106,7 +107,7 @@ Mesh::Mesh(World& world, const CommOptions& options, const std::string& shard_sp
   // Every rank creates the same communicators in the same order (each a collective over the world); a group
   // spanning the world shares the world's communicator, a group of one needs none.
   Communicator* world_comm = nullptr;
-  if (n > 1) {
+  if (n > 1 || comm_of_one) {
     CommOptions o = options;
     o.label = kWorldComm;
     comms_.push_back(make_communicator(world, o));

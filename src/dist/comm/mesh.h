@@ -59,8 +59,11 @@ class Mesh {
   explicit Mesh(Device device = Device::cpu());
   // Collective over the world: the communicators of every group this rank is in, built with `options`
   // (members set per group). `shard_spec` as in shard_groups(); `host_levels`: also the host and cross groups
-  // (hpZ, node-aware collectives). Groups of one get no communicator.
-  Mesh(World& world, const CommOptions& options, const std::string& shard_spec, bool host_levels);
+  // (hpZ, node-aware collectives). Groups of one get no communicator, except that with `comm_of_one` a world
+  // of one rank gets one (and its shard and replication groups share it): the collectives' own code paths at
+  // one rank, which a run of one otherwise never takes (--comm-backend named at one rank).
+  Mesh(World& world, const CommOptions& options, const std::string& shard_spec, bool host_levels,
+       bool comm_of_one = false);
   ~Mesh();
   Mesh(Mesh&&) noexcept;
   Mesh& operator=(Mesh&&) noexcept;

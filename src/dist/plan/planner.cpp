@@ -252,7 +252,9 @@ Setup setup_of(const PlanRequest& req) {
     }
     const std::vector<int> ring =
         algorithm == dist::Algorithm::automatic ? topology.ring_order() : std::vector<int>{};
-    const dist::Backend backend = s.cuda ? dist::Backend::nccl : dist::Backend::mpi;
+    // auto: NCCL, as on a box with a GPU per rank (Note [Choosing the comm backend]).
+    const dist::Backend backend =
+        s.cuda && s.cfg.comm_backend != "mpi" ? dist::Backend::nccl : dist::Backend::mpi;
     const Device device = s.cuda ? Device::cuda(0) : Device::cpu();
     s.two_level = [=](dist::Collective kind, int64_t bytes) {
       return dist::takes_two_levels(algorithm, backend, topology, ring, hosts, kind, size_t(bytes), device);

@@ -80,6 +80,7 @@ struct TrainConfig {
   bool offload_overlap_step = false;  // with offload: the update of step t runs during step t+1 (stale)
   double comm_timeout_s = 300;        // a collective not done by then fails the run (Note [Failure handling])
   std::string comm_impl = "auto";     // flat | hier | auto (Note [Two-level collectives])
+  std::string comm_backend = "auto";  // nccl | mpi | auto (Note [Choosing the comm backend])
 
   // Throws ValueError naming the first bad flag: the checks of the flag table (flags.cpp), in its order.
   void validate() const;

@@ -365,6 +365,22 @@ std::vector<Flag> make_flags() {
                       "{} must be flat, hier or auto, got '{}'", f.name, c.comm_impl);
            },
        .ranks_agree = true},
+      {.name = "--comm-backend",
+       .field = &T::comm_backend,
+       .help =
+           "nccl | mpi | auto: what moves the collectives of CUDA ranks: NCCL, or MPI through pinned host "
+           "memory (slower; works with several ranks on one GPU and where NCCL hangs); auto: NCCL when every "
+           "rank has a GPU of its own, else MPI. CPU ranks always use MPI. At 1 rank, naming one runs the "
+           "collectives' code paths over a communicator of one",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.comm_backend == "nccl" || c.comm_backend == "mpi" || c.comm_backend == "auto",
+                      "{} must be nccl, mpi or auto, got '{}'", f.name, c.comm_backend);
+             CZ_CHECK(c.comm_backend != "nccl" || c.device.rfind("cuda", 0) == 0,
+                      "{} nccl needs {} cuda (NCCL moves GPU buffers; CPU ranks use mpi)", f.name,
+                      flag_name(&T::device));
+           },
+       .ranks_agree = true},
       {.name = "--tf32", .field = &T::tf32, .help = "CUDA: allow TF32 tensor cores for fp32 matmuls"},
       {.name = "--init-weights",
        .field = &T::init_weights,

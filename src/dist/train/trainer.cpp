@@ -80,10 +80,12 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
 #endif
   }
   compute_dtype_ = compute_dtype(cfg_, device_.is_cuda());
-  if (world_.size() > 1) {
+  // At one rank, a --comm-backend named on the command line still gets a communicator of one, so that the
+  // collectives' code paths run (the NCCL path of a one-GPU box among them); auto keeps none.
+  const bool comm_of_one = world_.size() == 1 && cfg_.comm_backend != "auto";
+  if (world_.size() > 1 || comm_of_one) {
     dist::CommOptions opt;
     opt.device = device_;
-    opt.backend = device_.is_cuda() ? dist::Backend::nccl : dist::Backend::mpi;
     opt.algorithm = world_algorithm(cfg_);
     opt.timeout_s = cfg_.comm_timeout_s;
     // Note [Control communicator]: the trainer's own exchanges of a few host values (the flags' agreement
@@ -102,7 +104,8 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     control_comm_ = dist::make_communicator(world_, control);
     control_ = dist::ProcessGroup(control_comm_.get(), Device::cpu());
     check_ranks_agree();
-    mesh_ = dist::Mesh(world_, opt, cfg_.shard_group, cfg_.hpz);
+    opt.backend = choose_backend();
+    mesh_ = dist::Mesh(world_, opt, cfg_.shard_group, cfg_.hpz, comm_of_one);
     group_ = mesh_.world();
     // Across hosts, say how the gradient buckets' collectives go (Note [Two-level cost model]).
     if (world_.rank() == 0 && mesh_.hosts().num_hosts() > 1)
@@ -148,6 +151,46 @@ void Trainer::check_ranks_agree() {
                "ranks were started with different {}: rank {} differs from rank 0 (every rank must get the "
                "same flags)",
                agreed[size_t(f)]->name, r);
+}
+
+// Note [Choosing the comm backend]: NCCL moves CUDA buffers between GPUs directly, but refuses two ranks on
+// one device ("Duplicate GPU detected", since NCCL 2.5). MPI stages each CUDA buffer through pinned host
+// memory (a device-to-host copy, the collective on host memory, a host-to-device copy, on the communicator's
+// own stream: Note [Comm streams]), which costs two PCIe crossings per call and the host's bandwidth, but works
+// whatever the ranks share, and also where NCCL's transports hang (consumer PCIe boxes without P2P). auto
+// takes NCCL when every rank has a GPU of its own (World gives a host's local rank i GPU i % count, so a host
+// has enough when its ranks are no more than its GPUs), else MPI; CPU ranks always use MPI. Every rank
+// reaches the same choice: each one's answer goes round the control communicator.
+dist::Backend Trainer::choose_backend() {
+  const std::string flag = flag_arg(cfg_, &TrainConfig::comm_backend);
+  if (!device_.is_cuda()) {
+    comm_note_ = "mpi (CPU ranks)";
+    return dist::Backend::mpi;
+  }
+  const int gpus = cuda_device_count();
+  const std::vector<double> own =
+      control_.all_gather({double(world_.local_size() <= gpus), double(world_.local_size()), double(gpus)});
+  int shared = -1;  // the first rank whose host has more ranks than GPUs
+  for (int r = 0; r < world_.size() && shared < 0; ++r)
+    if (own[size_t(3 * r)] == 0) shared = r;
+  std::string why = "every rank has a GPU of its own";
+  if (shared >= 0)
+    why = fmt::format("{} ranks share {} GPU(s) on host {}", int(own[size_t(3 * shared + 1)]),
+                      int(own[size_t(3 * shared + 2)]), world_.peer(shared).host);
+  if (cfg_.comm_backend == "mpi") {
+    comm_note_ = fmt::format("mpi ({}: CUDA buffers staged through pinned host memory)", flag);
+    return dist::Backend::mpi;
+  }
+  CZ_CHECK(cfg_.comm_backend != "nccl" || shared < 0,
+           "{}: {}, and NCCL refuses two ranks on one GPU; use {} mpi (or auto, which picks it)", flag, why,
+           flag_name(&TrainConfig::comm_backend));
+  if (cfg_.comm_backend == "nccl") {
+    comm_note_ = fmt::format("nccl ({})", flag);
+    return dist::Backend::nccl;
+  }
+  comm_note_ = shared < 0 ? fmt::format("nccl (auto: {})", why)
+                          : fmt::format("mpi (auto: {}; CUDA buffers staged through pinned host memory)", why);
+  return shared < 0 ? dist::Backend::nccl : dist::Backend::mpi;
 }
 
 Trainer::~Trainer() = default;

@@ -75,6 +75,9 @@ class Trainer {
   const TrainConfig& config() const { return cfg_; }
   int world_size() const { return world_.size(); }
   const dist::Mesh& mesh() const { return mesh_; }
+  // What moves the collectives and why (Note [Choosing the comm backend]): "nccl (auto: ...)"; "" at one rank
+  // with --comm-backend auto (no communicator).
+  const std::string& comm_backend_note() const { return comm_note_; }
   // Collective: starts writing a checkpoint of the current state into --checkpoint-dir (this rank's shard is
   // copied to host memory and written on a background thread); the previous save is finished first.
   void save_checkpoint();
@@ -95,6 +98,7 @@ class Trainer {
   void build_data();
   void build_schedule();
   void check_ranks_agree();
+  dist::Backend choose_backend();  // collective over control_
   void check_outputs() const;
   ProgressMode progress_mode() const;
   using Clock = std::chrono::steady_clock;
@@ -110,6 +114,7 @@ class Trainer {
   dist::ProcessGroup group_;  // the world: the engine, the checkpoints' and the step's exchanges
   // Note [Control communicator]: the flags' agreement and the step boundary's exchange, on their own.
   std::unique_ptr<dist::Communicator> control_comm_;
+  std::string comm_note_;
   dist::ProcessGroup control_;
 
   std::unique_ptr<nn::ConvNeXt> model_;
