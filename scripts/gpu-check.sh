@@ -1,40 +1,64 @@
 #!/usr/bin/env bash
-# First run on a bare GPU machine (CUDA 13, cuDNN, NCCL, CMake, ninja, PyTorch + timm; no -dev packages, no
-# network): unpacks the Debian packages scripts/gpu-deps.sh downloaded into a private prefix (never into /)
-# and points their CMake and pkg-config files into it, builds Release with CUDA against it, runs the tests
-# labelled `cuda` (and compute-sanitizer on the op table and optimizer tests), trains convnext_atto briefly
-# (bf16), and times a ConvNeXt training step against PyTorch eager and torch.compile at the same batch sizes,
-# plus each of our own paths in place of cuDNN's or cuBLASLt's. OUT gets summary.txt (the tables that decide
-# the defaults) and gpu-check-logs.tar.gz (every log and JSON result): two files, as a device tool that brings
-# back at most a few files wants.
+# The GPU check: one call of at most 9 minutes on a bare GPU machine (CUDA 13, cuDNN, NCCL, CMake, ninja,
+# PyTorch + timm; no -dev packages, no network). It unpacks the Debian packages scripts/gpu-deps.sh downloaded
+# into a private prefix (never into /), takes the executables from the prebuilt bundle scripts/gpu-bundle.sh
+# made (or, when there is none or it does not match the sources, builds them here), then runs its stages in
+# this order, the most valuable first, each capped:
+#   build     the bundle unpacked and checked (every library resolves, the programs start), or a build
+#   test      ctest -L cuda, less the rank tests: every op, the optimizer, the model, the trainer, checkpoints
+#   ranks     the cuda_ranks_* tests: 2 and 4 ranks on one GPU at stages 0-3 over the MPI backend, offload,
+#             INT8, simulated hosts, checkpoints across world sizes and devices, NCCL at one rank, bf16
+#             repeating in two processes (tests/train/run_cuda_rank_tests.sh)
+#   train     the main job's short run on the GPU (convnext_atto, bf16)
+#   eager     a ConvNeXt training step, ours against PyTorch eager, per batch size
+#   compile   the same against torch.compile
+#   switches  our paths in place of cuDNN's / cuBLASLt's (the defaults' evidence), the depthwise kernels per
+#             stage, the GEMMs
+#   sanitize  compute-sanitizer memcheck and racecheck
+# OUT gets summary.txt (stage times, test counts, the multi-rank differences, the speed tables) and
+# gpu-check-logs.tar.gz (every log and JSON result): two files, as the device tool brings back few.
 #
 #   scripts/gpu-check.sh [options] [OUT]        OUT defaults to $OUT, else ./gpu-check-out
 #     --deps DIR        the .deb folder (default .deps)           --build DIR   build folder (default build-gpu)
+#     --bundle FILE     the prebuilt bundle (default .gpu-bundle/bundle.tar.xz; "none": build here)
 #     --model NAME      ConvNeXt variant (default tiny)           --batch N[,N] batch sizes to time (default 64,128)
 #     --image PX        image size (default 224)                  --steps N     timed steps (default 20)
 #     --compile-mode M  torch.compile mode of the compiled peer (default "default"; "none" leaves it out)
 #     --peak-tflops T   the GPU's dense bf16 peak, for the MFU (default: from the GPU's name: H100 SXM/H200 989,
 #                       H100 NVL 835, H100 PCIe 756; unknown names print no MFU)
-#     --only STAGES     comma list of build,test,train,bench,sanitize (default: all of them, in that order)
-#     --bench-jobs J    comma list of bench jobs (default all; names as the plan prints them)
-#     --time-limit S    this call's wall-clock budget in seconds: every run is capped to what is left, and what
-#                       does not fit is listed at the end with the command that runs it (570 under a 10-minute
-#                       command limit)
-#     --no-sanitize     leave out sanitize                        --no-bench    leave out bench
-#     --dry-run         what a machine without a GPU can check: unpack, configure, and build and run a program
-#                       using every dependency, with the system's copies of the packages hidden; scan the
-#                       configured build for paths outside the prefix; check the summary tables; print the plan
+#     --only STAGES     comma list of the stages above (default: all, in that order; build is always done)
+#     --bench-jobs J    comma list of the eager/compile/switches jobs (default all; names as the plan prints)
+#     --time-limit S    this call's wall-clock budget in seconds: every run is capped to what is left, a stage
+#                       that needs more than is left is not started, and what did not fit is listed at the end
+#                       with the command that runs it (540 under a 10-minute command limit)
+#     --no-sanitize     leave out sanitize                        --no-bench    leave out eager, compile, switches
+#     --dry-run         what a machine without a GPU can check: unpack the packages, check the bundle (its
+#                       sources, every library resolving from the prefix with the system's copies hidden, the
+#                       programs starting, two CPU ranks under the prefix's mpirun), configure the fallback
+#                       build, build and run a program using every dependency, check the summary tables,
+#                       print the plan with each stage's time
+#     --source-hash     print the hash of the sources a bundle is checked against, and exit
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 orig_args=("$@")
 
-deps=.deps build=build-gpu model=tiny batches=64,128 image=224 steps=20 dry=0 out="" peak="" limit=0
-compile_mode=default only=build,test,train,bench,sanitize bench_jobs=all
+# The sources a build depends on, by path and content: what travels with the working tree (there is no .git
+# on the GPU machine), less Python's caches. scripts/gpu-bundle.sh writes it into the bundle's manifest.
+source_hash() {
+  find src apps bench tests cmake CMakeLists.txt -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 |
+    sort -z | xargs -0 sha1sum | sha1sum | cut -c1-16
+}
+
+all_stages=build,test,ranks,train,eager,compile,switches,sanitize
+deps=.deps build=build-gpu bundle=.gpu-bundle/bundle.tar.xz model=tiny batches=64,128 image=224 steps=20 dry=0
+out="" peak="" limit=0 compile_mode=default only=$all_stages bench_jobs=all
 while (($#)); do
   case "$1" in
     --deps) deps=$2; shift ;;
     --build) build=$2; shift ;;
+    --bundle) bundle=$2; shift ;;
+    --source-hash) source_hash; exit 0 ;;
     --model) model=$2; shift ;;
     --batch) batches=$2; shift ;;
     --image) image=$2; shift ;;
@@ -45,15 +69,17 @@ while (($#)); do
     --bench-jobs) bench_jobs=$2; shift ;;
     --time-limit) limit=$2; shift ;;
     --no-sanitize) only=${only//sanitize/} ;;
-    --no-bench) only=${only//bench/} ;;
+    --no-bench) only=${only//eager/}; only=${only//compile/}; only=${only//switches/} ;;
     --dry-run) dry=1 ;;
-    -h | --help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,46p' "$0"; exit 0 ;;
     -*) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
     *) out=$1 ;;
   esac
   shift
 done
 out=${out:-${OUT:-gpu-check-out}}
+# A dry run works in a folder of its own: it reconfigures, and it must not touch a build a bundle comes from.
+((dry)) && build=${build%/}-dry
 mkdir -p "$out" "$build"
 out=$(cd "$out" && pwd)
 build=$(cd "$build" && pwd)
@@ -72,9 +98,18 @@ trap pack EXIT
 trap 'exit 143' TERM INT
 
 # ---- time: each run gets at most what is left of --time-limit, less a margin for packing the logs ----
+# Note [Stage times]: each stage's NEED (it is not started with less than that left) and CAP (it is stopped
+# after that), in seconds, on a bare H100 with 16 cores. TIMES_SEEN says where they come from: until a GPU run
+# measures them they are estimates; after one, each NEED is that run's time plus a margin.
+TIMES_SEEN="estimates (no GPU run has timed the stages yet)"
+declare -A need=([build]=30 [test]=120 [ranks]=120 [train]=30 [eager]=40 [compile]=150 [switches]=40
+  [sanitize]=120)
+declare -A cap=([build]=420 [test]=240 [ranks]=240 [train]=120 [eager]=180 [compile]=300 [switches]=180
+  [sanitize]=170)
 t0=$SECONDS
-left() { if ((limit > 0)); then echo $((limit - (SECONDS - t0) - 20)); else echo 1000000; fi; }
+left() { if ((limit > 0)); then echo $((limit - (SECONDS - t0) - 15)); else echo 1000000; fi; }
 not_run=()  # stage or stage:job names this call had no time for
+stage_rows=()  # "stage|seconds|result" for the summary's table
 # capped CAP CMD...: CMD with a timeout of CAP seconds, or of what is left when that is less; 124 if cut off.
 capped() {
   local cap=$1 l
@@ -91,10 +126,25 @@ fits() {
   say "$1: not run, $(left) s left of --time-limit $limit"
   return 1
 }
+# begin STAGE: true when the stage is wanted and its NEED fits; starts its clock. end STAGE RESULT: its row.
+stage_t=0
+begin() {
+  want "$1" || return 1
+  fits "$1" "${need[$1]}" || { stage_rows+=("$1|-|not run (time)"); return 1; }
+  stage_t=$SECONDS
+  say "stage $1 (needs ${need[$1]} s, at most ${cap[$1]} s)"
+}
+end() {
+  stage_rows+=("$1|$((SECONDS - stage_t))|$2")
+  say "stage $1: $2 in $((SECONDS - stage_t)) s"
+}
+IFS=, read -ra wanted_stages <<<"$only"
+for st in "${wanted_stages[@]}"; do
+  [[ -z "$st" || ",$all_stages," == *",$st,"* ]] ||
+    { echo "gpu-check: unknown stage '$st' in --only (stages: $all_stages)" >&2; exit 2; }
+done
+[[ ",$only," == *,build,* ]] || only=build,$only  # every stage needs the executables
 jobs=$(nproc)
-targets=(test_cuda test_optim_cuda test_nn_cuda test_trainer_cuda bench_train_step bench_gemm_cuda bench_depthwise_cuda
-  convnext_zero)
-
 # ---- 1. the dependency prefix ----
 # Note [Relocating the prefix]: Debian's CMake and pkg-config files name their files by absolute /usr paths
 # (libjpeg-turbo's imported targets point at /usr/lib/<arch>/libjpeg.so.62.3.0, OpenBLAS's config and most
@@ -195,7 +245,28 @@ if ((dry)); then
 fi
 maybe_hidden() { if ((hide)); then hidden "$@"; else "$@"; fi; }
 
-# ---- 2. configure ----
+# ---- 2. the GPU libraries: CUDA's, cuDNN's and NCCL's, wherever this machine has them ----
+# The executables need libcudnn.so.9, libnccl.so.2 and cuBLAS by SONAME. A machine with only PyTorch's pip
+# wheels has them in site-packages/nvidia/*/lib rather than on the loader's path: each one ldd cannot find is
+# looked up in the CUDA toolkit's folders and the wheels, and its folder goes onto LD_LIBRARY_PATH.
+nvidia_wheels=$("${python_env[@]}" python3 -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2>/dev/null || true)
+lib_dirs_tried=(/usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib)
+resolve_libs() {  # EXE...: adds the folders of what ldd cannot find; what stays missing into missing-libs.txt
+  local lib dir found
+  for lib in $(ldd "$@" 2>/dev/null | awk '/not found/ {print $1}' | sort -u); do
+    found=""
+    for dir in "${lib_dirs_tried[@]}"; do [[ -e "$dir/$lib" ]] && { found=$dir; break; }; done
+    [[ -n "$found" || -z "$nvidia_wheels" ]] ||
+      found=$(find "$nvidia_wheels" -name "$lib" -printf '%h\n' 2>/dev/null | head -1)
+    if [[ -n "$found" ]]; then
+      export LD_LIBRARY_PATH=$found:$LD_LIBRARY_PATH
+      echo "$lib from $found" >>"$logs/libraries.txt"
+    fi
+  done
+  { ldd "$@" 2>&1 | grep -E "not found" | sort -u || true; } >"$logs/missing-libs.txt"
+}
+
+# ---- 3. the fallback build's configuration (and, in a dry run, its proof) ----
 # Paths Debian's packages would normally find under /usr (the OpenMP OpenBLAS, HDF5's serial flavour, Open MPI
 # without its compiler wrapper, which lives in openmpi-bin, and its mpiexec, which an alternative would name)
 # are given explicitly; the CMake config packages (fmt, GTest, benchmark, nlohmann_json, CLI11, libjpeg-turbo)
@@ -214,103 +285,183 @@ if ((!dry)) && cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/
   [[ "$cc" =~ ^[0-9]+\.[0-9]+$ ]]; then
   cmake_args+=(-DCMAKE_CUDA_ARCHITECTURES="${cc/./}")
 fi
-# cuDNN and NCCL normally sit beside CUDA or in /usr; if not, fall back to PyTorch's pip wheels.
+# cuDNN's and NCCL's headers normally sit beside CUDA or in /usr; if not, those of PyTorch's pip wheels.
 for lib in cudnn nccl; do
   hdr=$([[ $lib == cudnn ]] && echo cudnn_version.h || echo nccl.h)
   compgen -G "/usr/local/cuda/include/$hdr" >/dev/null || compgen -G "/usr/include/$hdr" >/dev/null ||
     compgen -G "/usr/include/*/$hdr" >/dev/null && continue
   root=$("${python_env[@]}" python3 -c "import nvidia.$lib as m; print(list(m.__path__)[0])" 2>/dev/null) || continue
-  say "$lib from the Python wheel at $root"
   cmake_args+=("-DCZ_${lib^^}_ROOT=$root")
-  export LD_LIBRARY_PATH=$root/lib:$LD_LIBRARY_PATH
 done
-say "configuring $build"
-if ! maybe_hidden cmake "${cmake_args[@]}" >"$logs/configure.log" 2>&1; then
-  say "configure failed:"
-  tail -40 "$logs/configure.log" | show
-  exit 1
-fi
-grep -E "CUDA backend|CUDA compiler identification|cuDNN" "$logs/configure.log" | show || true
 
-# Every library and header the configured build names must come from the prefix, the toolchain's own
-# excepted (compiler, C library, CUDA, cuDNN, NCCL): on a bare machine nothing else exists. The cache holds
-# what find_* resolved, build.ninja every include and link path the compiler will be given. An imported
-# target's include folder that is the compiler's default (/usr/include) never reaches build.ninja: the hidden
-# configure and the probe below catch that kind.
-read -r -d '' scan_awk <<'AWK' || true
-function allowed(p, base) {
-  if (index(p, prefix) == 1 || index(p, repo) == 1 || index(p, build) == 1) return 1
-  if (p !~ /^(\/usr)?\/(lib|lib32|lib64|libx32|include)(\/|$)/) return 1  # not a library or header folder
-  if (p ~ /^\/usr\/lib\/gcc\//) return 1                                   # the compiler's own (libgomp, crt)
-  if (tolower(p) ~ /cuda|cudnn|nccl|cublas|cupti|nvrtc|culibos|nvidia/) return 1  # CUDA's, where a system has it
-  base = p
-  sub(/.*\//, "", base)
-  if (base ~ /^lib(c|m|dl|pthread|rt|util|mvec|resolv)(_nonshared)?\.(a|so)/) return 1  # the C library (libc6-dev)
-  return 0
-}
-FILENAME ~ /CMakeCache\.txt$/ {
-  if ($0 !~ /^[A-Za-z0-9_.+-]+:[A-Z]+=/) next
-  key = substr($0, 1, index($0, ":") - 1)
-  type = substr($0, index($0, ":") + 1)
-  sub(/=.*/, "", type)
-  if (type == "INTERNAL" || type == "STATIC" || key ~ /^(CMAKE_|CUDA|CUDAToolkit_|CZ_CUDNN|CZ_NCCL)/) next
-  n = split(substr($0, index($0, "=") + 1), v, ";")
-  for (i = 1; i <= n; i++) if (v[i] ~ /^\// && !allowed(v[i])) print "CMakeCache.txt: " key "=" v[i]
-  next
-}
-{
-  n = split($0, t, /[ \t"'=;:,]+/)
-  for (i = 1; i <= n; i++) {
-    p = t[i]
-    sub(/^-(I|L|isystem|iquote|idirafter)/, "", p)
-    if (p ~ /^\// && !allowed(p)) print "build.ninja: " p
+# configure_fallback: configures $build against the prefix and fails naming any path outside it.
+configure_fallback() {
+  say "configuring $build"
+  if ! maybe_hidden cmake "${cmake_args[@]}" >"$logs/configure.log" 2>&1; then
+    say "configure failed:"
+    tail -40 "$logs/configure.log" | show
+    return 1
+  fi
+  grep -E "CUDA backend|CUDA compiler identification|cuDNN" "$logs/configure.log" | show || true
+
+  # Every library and header the configured build names must come from the prefix, the toolchain's own
+  # excepted (compiler, C library, CUDA, cuDNN, NCCL): on a bare machine nothing else exists. The cache holds
+  # what find_* resolved, build.ninja every include and link path the compiler will be given. An imported
+  # target's include folder that is the compiler's default (/usr/include) never reaches build.ninja: the hidden
+  # configure and the probe below catch that kind.
+  read -r -d '' scan_awk <<'AWK' || true
+  function allowed(p, base) {
+    if (index(p, prefix) == 1 || index(p, repo) == 1 || index(p, build) == 1) return 1
+    if (p !~ /^(\/usr)?\/(lib|lib32|lib64|libx32|include)(\/|$)/) return 1  # not a library or header folder
+    if (p ~ /^\/usr\/lib\/gcc\//) return 1                                   # the compiler's own (libgomp, crt)
+    if (tolower(p) ~ /cuda|cudnn|nccl|cublas|cupti|nvrtc|culibos|nvidia/) return 1  # CUDA's, where a system has it
+    base = p
+    sub(/.*\//, "", base)
+    if (base ~ /^lib(c|m|dl|pthread|rt|util|mvec|resolv)(_nonshared)?\.(a|so)/) return 1  # the C library (libc6-dev)
+    return 0
   }
-}
+  FILENAME ~ /CMakeCache\.txt$/ {
+    if ($0 !~ /^[A-Za-z0-9_.+-]+:[A-Z]+=/) next
+    key = substr($0, 1, index($0, ":") - 1)
+    type = substr($0, index($0, ":") + 1)
+    sub(/=.*/, "", type)
+    if (type == "INTERNAL" || type == "STATIC" || key ~ /^(CMAKE_|CUDA|CUDAToolkit_|CZ_CUDNN|CZ_NCCL)/) next
+    n = split(substr($0, index($0, "=") + 1), v, ";")
+    for (i = 1; i <= n; i++) if (v[i] ~ /^\// && !allowed(v[i])) print "CMakeCache.txt: " key "=" v[i]
+    next
+  }
+  {
+    n = split($0, t, /[ \t"'=;:,]+/)
+    for (i = 1; i <= n; i++) {
+      p = t[i]
+      sub(/^-(I|L|isystem|iquote|idirafter)/, "", p)
+      if (p ~ /^\// && !allowed(p)) print "build.ninja: " p
+    }
+  }
 AWK
-outside_paths() {  # DIR: the scan over one configured build folder
-  awk -v prefix="$prefix" -v repo="$repo" -v build="$1" "$scan_awk" "$1/CMakeCache.txt" "$1/build.ninja" | sort -u
+  outside_paths() {  # DIR: the scan over one configured build folder
+    awk -v prefix="$prefix" -v repo="$repo" -v build="$1" "$scan_awk" "$1/CMakeCache.txt" "$1/build.ninja" | sort -u
+  }
+  outside=$(outside_paths "$build")
+  if [[ -n "$outside" ]]; then
+    say "the configured build uses these from outside the prefix; a bare machine has none of them:"
+    echo "$outside" | show
+    return 1
+  fi
+  say "every library and header path of the configured build lies in the prefix or the toolchain"
 }
-outside=$(outside_paths "$build")
-if [[ -n "$outside" ]]; then
-  say "the configured build uses these from outside the prefix; a bare machine has none of them:"
-  echo "$outside" | show
-  exit 1
-fi
-say "every library and header path of the configured build lies in the prefix or the toolchain"
+
+# ---- 4. the executables: the prebuilt bundle, or a build here ----
+# Note [The prebuilt bundle]: building on the GPU machine costs minutes of a 9-minute call (279 build steps;
+# nvcc alone is most of a 2-core machine's build). scripts/gpu-bundle.sh builds here for sm_90 instead and packs
+# the executables and ctest's files into one xz file (Note [Stage times] for what it saves). The bundle names
+# the sources it was built from; a working tree with other sources builds here instead, so a stale bundle never
+# tests code other than the tree's. Unpacked, every path of the build and source folders it was made in, and
+# its mpiexec, is rewritten to where it landed (ctest's files name them absolutely); every executable must
+# then find each library it needs (the prefix's, CUDA's, cuDNN's, NCCL's: resolve_libs) and start.
+bundle_manifest=""
+bundle_state="none"
+# The bundle's tar stream: xz where the machine has it, else Python's lzma (a bare image may lack xz-utils).
+bundle_tar() {
+  if command -v xz >/dev/null; then
+    xz -dc "$bundle"
+  else
+    "${python_env[@]}" python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' \
+      "$bundle"
+  fi
+}  # none | stale | ok | broken
+unpack_bundle() {  # DIR: unpacks the bundle into DIR and rewrites its paths; false when it does not match
+  local dir=$1 want have old_build old_src old_mpiexec
+  [[ "$bundle" != none && -f "$bundle" ]] || { say "no bundle ($bundle): building here"; return 1; }
+  bundle_manifest=$(bundle_tar | tar -xO manifest.txt) || { bundle_state=broken; say "cannot read $bundle"; return 1; }
+  want=$(sed -n 's/^source_hash //p' <<<"$bundle_manifest")
+  have=$(source_hash)
+  if [[ "$want" != "$have" ]]; then
+    bundle_state=stale
+    say "the bundle was built from other sources (hash $want, $(sed -n 's/^commit //p' <<<"$bundle_manifest")) than this tree ($have): building here"
+    return 1
+  fi
+  mkdir -p "$dir"
+  bundle_tar | tar -C "$dir" -x
+  old_build=$(sed -n 's/^build_dir //p' <<<"$bundle_manifest")
+  old_src=$(sed -n 's/^source_dir //p' <<<"$bundle_manifest")
+  old_mpiexec=$(sed -n 's/^mpiexec //p' <<<"$bundle_manifest")
+  find "$dir" -name '*.cmake' -print0 | xargs -0 sed -i \
+    -e "s,\"$old_mpiexec\",\"@CZ_MPIEXEC@\",g" -e "s,$old_build,@CZ_BUILD@,g" -e "s,$old_src,@CZ_SOURCE@,g" \
+    -e "s,@CZ_BUILD@,$dir,g" -e "s,@CZ_SOURCE@,$repo,g" -e "s,@CZ_MPIEXEC@,$prefix/usr/bin/mpiexec.openmpi,g"
+  bundle_state=ok
+}
+# check_executables DIR [RUNNER]: every executable of the bundle finds its libraries and starts (RUNNER:
+# maybe_hidden in a dry run, where resolve_libs then runs in the hidden namespace).
+check_executables() {
+  local dir=$1
+  shift
+  mapfile -t exes < <(find "$dir" -type f -perm -u+x ! -name '*.sh' ! -name '*.py' ! -path '*/deps-prefix/*' \
+    ! -path '*/CMakeFiles/*' ! -path '*/gpu-check-logs/*')
+  if (($#)); then
+    "$@" bash -c "$(declare -f resolve_libs); $(declare -p lib_dirs_tried nvidia_wheels logs); resolve_libs \"\$@\"" \
+      resolve "${exes[@]}"
+  else
+    resolve_libs "${exes[@]}"
+  fi
+  if [[ -s "$logs/missing-libs.txt" ]]; then
+    say "the bundle's executables miss libraries:"
+    show <"$logs/missing-libs.txt"
+    return 1
+  fi
+  if ! "$@" "$dir/apps/convnext_zero" --help >"$logs/bundle-start.log" 2>&1 ||
+    ! "$@" "$dir/tests/tensor/test_cuda" --gtest_list_tests >>"$logs/bundle-start.log" 2>&1; then
+    say "the bundle's programs do not start:"
+    tail -5 "$logs/bundle-start.log" | show
+    return 1
+  fi
+  say "${#exes[@]} executables find every library and start"
+}
 
 # ---- the plan: every stage's commands, run or (dry run) printed ----
 IFS=, read -ra bs <<<"$batches"
-# bench jobs: NAME|NEED|CAP|command: not started with less than NEED seconds left, stopped after CAP. The
-# peers' table first (ours, eager, compiled per batch), then our switches at the first batch, then the GEMMs.
-# NEED is a guess at the job's time on an H100 (torch.compile's is mostly compilation, on the CPU).
+# bench jobs: STAGE|NAME|NEED|CAP|command: not started with less than NEED seconds left, stopped after CAP.
+# eager: ours and PyTorch eager per batch; compile: torch.compile per batch (its time is mostly compilation,
+# on the CPU); switches: our paths in place of the libraries' at the first batch, the depthwise kernels per
+# stage, the GEMMs.
 bench_plan=()
 for b in "${bs[@]}"; do
   # The timed steps come first; the 5 profiled steps after them (slower) give the per-op table.
-  bench_plan+=("ours_b$b|60|240|$build/bench/bench_train_step --model $model --device cuda --dtype bf16 --batch $b \
+  bench_plan+=("eager|ours_b$b|20|120|$build/bench/bench_train_step --model $model --device cuda --dtype bf16 --batch $b \
 --image $image --warmup 5 --steps $steps --peak-tflops @PEAK@ --profile 5 --json $logs/ours_b$b.json")
-  bench_plan+=("eager_b$b|60|240|${python_env[*]} python3 bench/train_step_torch.py --model $model --device cuda \
+  bench_plan+=("eager|eager_b$b|25|120|${python_env[*]} python3 bench/train_step_torch.py --model $model --device cuda \
 --dtype bf16 --batch $b --image $image --warmup 5 --steps $steps --profile 5 --json $logs/eager_b$b.json")
-  [[ "$compile_mode" == none ]] ||
-    bench_plan+=("compile_b$b|180|420|${python_env[*]} python3 bench/train_step_torch.py --model $model --device cuda \
---dtype bf16 --batch $b --image $image --warmup 5 --steps $steps --profile 5 --compile $compile_mode \
---json $logs/compile_b$b.json")
 done
+if [[ "$compile_mode" != none ]]; then
+  for b in "${bs[@]}"; do
+    bench_plan+=("compile|compile_b$b|90|240|${python_env[*]} python3 bench/train_step_torch.py --model $model \
+--device cuda --dtype bf16 --batch $b --image $image --warmup 5 --steps $steps --profile 5 --compile $compile_mode \
+--json $logs/compile_b$b.json")
+  done
+fi
+# The depthwise kernels per stage, ours and cuDNN's, against the f32 FMA and memory bounds: first, as the
+# depthwise convolution is where our step went (issue 13).
+bench_plan+=("switches|depthwise|15|120|$build/bench/bench_depthwise_cuda --dtype bf16 --batch ${bs[0]} --image $image \
+--peak-fp32-tflops @PEAK32@ --peak-gbps @GBPS@ --json $logs/depthwise.json")
 # Each of our own paths in place of the library's, at the first batch size; which is faster decides the
 # default: cuDNN's depthwise convolutions instead of our tiled kernels; plain GEMMs plus our bias kernels
 # instead of cuBLASLt's epilogues; the stem and downsamplings as one GEMM over their patches instead of cuDNN.
 for variant in depthwise-cudnn no-gemm-epilogues patchify-gemm; do
-  bench_plan+=("${variant}_b${bs[0]}|60|240|$build/bench/bench_train_step --model $model --device cuda --dtype bf16 \
---batch ${bs[0]} --image $image --warmup 5 --steps $steps --$variant --peak-tflops @PEAK@ --profile 5 \
+  bench_plan+=("switches|${variant}_b${bs[0]}|20|120|$build/bench/bench_train_step --model $model --device cuda \
+--dtype bf16 --batch ${bs[0]} --image $image --warmup 5 --steps $steps --$variant --peak-tflops @PEAK@ --profile 5 \
 --json $logs/${variant}_b${bs[0]}.json")
 done
-bench_plan+=("gemm|45|180|$build/bench/bench_gemm_cuda --dtype bf16 --batch ${bs[0]} --image $image \
+bench_plan+=("switches|gemm|15|120|$build/bench/bench_gemm_cuda --dtype bf16 --batch ${bs[0]} --image $image \
 --peak-tflops @PEAK@ --json $logs/gemm.json")
-# The depthwise kernels per stage, ours and cuDNN's, against the f32 FMA and memory bounds.
-bench_plan+=("depthwise|30|120|$build/bench/bench_depthwise_cuda --dtype bf16 --batch ${bs[0]} --image $image \
---peak-fp32-tflops @PEAK32@ --peak-gbps @GBPS@ --json $logs/depthwise.json")
 want_job() { [[ "$bench_jobs" == all || ",$bench_jobs," == *",$1,"* ]]; }
+# The tests of the test stage, and of the ranks stage (the cuda_ranks_* of tests/train/CMakeLists.txt).
+test_args=(-L cuda -E '^cuda_ranks_')
+ranks_args=(-R '^cuda_ranks_')
+train_args=(--model atto --image-size 64 --num-classes 10 --data synthetic --micro-batch 32 --steps 120
+  --warmup-steps 10 --lr 2e-3 --eval-every 40 --device cuda --precision bf16 --log "$logs/train_cuda_bf16.jsonl")
 
 if ((dry)); then
+  configure_fallback || { say "the fallback build's configure failed: a bare machine would fail the same way"; exit 1; }
   say "building and running a program that uses every dependency ($build/deps-probe)"
   probe=$build/deps-probe
   rm -rf "$probe"
@@ -329,73 +480,130 @@ if ((dry)); then
     tail -30 "$logs/probe.log" | show
   fi
   ((probe_ok)) || { say "the dependency probe failed: a bare machine would fail the same way"; exit 1; }
+  # The bundle as the GPU machine will see it, with the system's copies of the packages hidden: its sources,
+  # its libraries, its programs starting, two CPU ranks under the prefix's Open MPI, and ctest's cuda tests
+  # (which skip here: every test executable and script starts and finds what it names).
+  bdir=$build/bundle
+  rm -rf "$bdir"
+  unpack_bundle "$bdir" || { say "no usable bundle: run scripts/gpu-bundle.sh (or the GPU call builds)"; exit 1; }
+  say "bundle: $(grep -E '^(commit|made|cuda_tests) ' <<<"$bundle_manifest" | paste -sd';'), $(du -b "$bundle" | cut -f1) bytes"
+  check_executables "$bdir" maybe_hidden || exit 1
+  if ! maybe_hidden "$prefix/usr/bin/mpiexec.openmpi" --allow-run-as-root --oversubscribe -np 2 \
+    "$bdir/apps/convnext_zero" --depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --steps 2 \
+    --micro-batch 4 --data synthetic:n=64,eval_n=16,classes=4 --no-progress >"$logs/bundle-mpi.log" 2>&1; then
+    say "two CPU ranks under the prefix's mpiexec failed:"
+    tail -10 "$logs/bundle-mpi.log" | show
+    exit 1
+  fi
+  say "two CPU ranks under the prefix's mpiexec: $(grep -m1 '^done' "$logs/bundle-mpi.log")"
+  rc=0
+  maybe_hidden ctest --test-dir "$bdir" -L cuda -j "$jobs" --timeout 120 >"$logs/bundle-ctest.log" 2>&1 || rc=$?
+  grep -E "tests passed|tests failed" "$logs/bundle-ctest.log" | show || true
+  ran=$(grep -cE "Test +#[0-9]+: " "$logs/bundle-ctest.log" || true)
+  listed=$(sed -n 's/^cuda_tests //p' <<<"$bundle_manifest")
+  if ((rc != 0)) || ((ran != listed)); then
+    grep -E "\*\*\*Failed|Not Run|Could not find" "$logs/bundle-ctest.log" | head -20 | show || true
+    say "the bundle's cuda tests: $ran of $listed ran, ctest exit $rc"
+    exit 1
+  fi
+  say "the bundle's $ran cuda tests all start (and skip: no GPU) with the system's copies hidden"
   say "checking the summary tables against made-up results (scripts/gpu_check_summary.py --self-test)"
   "${python_env[@]}" python3 scripts/gpu_check_summary.py --self-test >"$logs/summary-self-test.txt" 2>&1 ||
     { tail -20 "$logs/summary-self-test.txt" | show; exit 1; }
   "${python_env[@]}" python3 -m py_compile bench/train_step_torch.py scripts/gpu_check_summary.py
-  say "dry run: the plan of a real run ($jobs jobs; stages: $only; time limit: $( ((limit)) && echo "$limit s" || echo none)):"
+  say "dry run: the plan of a real run ($jobs jobs here; stages: $only; time limit: $( ((limit)) && echo "$limit s" || echo none); times: $TIMES_SEEN):"
   {
-    echo "build: cmake --build $build -j $jobs --target ${targets[*]}"
-    echo "test: ctest --test-dir $build -L cuda -j 4 (failures rerun alone)"
-    echo "train: $build/apps/convnext_zero --model atto ... --device cuda --precision bf16"
+    echo "build (needs ${need[build]} s, at most ${cap[build]}): unpack $bundle and check it; else cmake --build -j"
+    echo "test (needs ${need[test]} s, at most ${cap[test]}): ctest ${test_args[*]} -j 6 (failures rerun alone)"
+    echo "ranks (needs ${need[ranks]} s, at most ${cap[ranks]}): ctest ${ranks_args[*]} -j 7"
+    echo "train (needs ${need[train]} s, at most ${cap[train]}): convnext_zero ${train_args[*]}"
     for job in "${bench_plan[@]}"; do
-      IFS='|' read -r name need cap cmd <<<"$job"
-      want_job "$name" && echo "bench $name (needs ${need} s, at most $cap s): $cmd"
+      IFS='|' read -r st name jneed jcap cmd <<<"$job"
+      want_job "$name" && echo "$st $name (needs $jneed s, at most $jcap s): $cmd"
     done
-    echo "sanitize: compute-sanitizer memcheck (op table, ConvNeXt-shape ops, optimizer), racecheck (f32 op table)"
+    echo "sanitize (needs ${need[sanitize]} s): compute-sanitizer memcheck (op table, optimizer), racecheck (f32 op table)"
   } | show
   exit 0
 fi
 
-# ---- 3. build ----
+# ---- 5. the run ----
 {
   nvidia-smi || true
   nvcc --version | tail -2
   grep -h -E "define CUDNN_(MAJOR|MINOR|PATCHLEVEL) " /usr/include/cudnn_version*.h /usr/local/cuda/include/cudnn_version*.h 2>/dev/null | head -3 || true
-  "${python_env[@]}" python3 -c 'import torch, timm; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "timm", timm.__version__)' || true
+  "${python_env[@]}" python3 -c 'import torch, timm; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "nccl", torch.cuda.nccl.version(), "timm", timm.__version__)' || true
+  nproc
 } >"$logs/env.txt" 2>&1
+say "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
 status=0
-if want build || want test || want train || want bench || want sanitize; then
-  # Every stage needs the binaries; on a warm machine this is a no-op.
-  say "building ${targets[*]} with $jobs jobs"
-  if ! capped 480 cmake --build "$build" -j "$jobs" --target "${targets[@]}" >"$logs/build.log" 2>&1; then
+begin build
+build_how=""
+if unpack_bundle "$build" && check_executables "$build"; then
+  build_how="bundle ($(sed -n 's/^commit //p' <<<"$bundle_manifest"))"
+  end build "ok: bundle unpacked and checked"
+else
+  [[ "$bundle_state" != ok ]] || say "the bundle does not run here: building instead"
+  configure_fallback || { end build "configure failed"; exit 1; }
+  say "building everything with $jobs jobs"
+  if ! capped "${cap[build]}" cmake --build "$build" -j "$jobs" >"$logs/build.log" 2>&1; then
     grep -E "error|FAILED" "$logs/build.log" | head -40 | show || true
-    say "build failed or ran out of time"
+    end build "failed or out of time"
     exit 1
   fi
-  grep -i "warning" "$logs/build.log" | head -20 >"$logs/build-warnings.txt" || true
-  say "build ok ($(wc -l <"$logs/build-warnings.txt") warning lines)"
-  missing_libs=$(ldd "$build/tests/tensor/test_cuda" "$build/tests/optim/test_optim_cuda" "$build/apps/convnext_zero" \
-    "$build/bench/bench_train_step" 2>&1 | grep "not found" | sort -u || true)
-  [[ -z "$missing_libs" ]] || { say "shared libraries not found:"; echo "$missing_libs" | show; status=1; }
+  resolve_libs "$build/apps/convnext_zero" "$build/tests/tensor/test_cuda"
+  [[ ! -s "$logs/missing-libs.txt" ]] || { say "shared libraries not found:"; show <"$logs/missing-libs.txt"; status=1; }
+  build_how="built here"
+  end build "ok: built here"
 fi
 
-# ---- 4. tests ----
-if want test && fits test 120; then
-  # Four test processes share the GPU; a test that fails is run again alone, so a failure caused by the
-  # sharing is told apart from a real one.
-  say "ctest -L cuda (4 at a time)"
-  rc=0
-  capped 420 ctest --test-dir "$build" -L cuda --output-on-failure --timeout 240 -j 4 >"$logs/ctest.log" 2>&1 || rc=$?
-  ((rc == 124)) && { say "ctest cut off by the time limit"; not_run+=(test); }
-  grep -E "tests passed|tests failed|Total Test time" "$logs/ctest.log" | show || true
-  skipped=$(grep -c "\*\*\*Skipped" "$logs/ctest.log" || true)
-  ((skipped == 0)) || say "$skipped of them skipped (a test skips when it sees no GPU): see ctest.log"
+# run_ctest STAGE ARGS...: ctest over the build, JOBS at a time (from $ctest_jobs), failures rerun alone (a
+# failure caused by the sharing of the GPU is told apart from a real one).
+run_ctest() {
+  local st=$1 rc=0
+  shift
+  capped "${cap[$st]}" ctest --test-dir "$build" "$@" --output-on-failure --timeout 240 -j "$ctest_jobs" \
+    >"$logs/ctest-$st.log" 2>&1 || rc=$?
+  ((rc == 124)) && { say "$st: ctest cut off by the time limit"; not_run+=("$st"); }
+  grep -E "tests passed|tests failed|Total Test time" "$logs/ctest-$st.log" | show || true
+  skipped=$(grep -c "\*\*\*Skipped" "$logs/ctest-$st.log" || true)
+  ((skipped == 0)) || say "$skipped of them skipped (a test skips when it sees no GPU): see ctest-$st.log"
+  grep -h "^maxdiff " "$logs/ctest-$st.log" | show || true
   if ((rc != 0 && rc != 124)); then
-    grep -E "\(Failed\)|\(SEGFAULT\)|\(Timeout\)|Not Run|Subprocess aborted" "$logs/ctest.log" | show || true
+    grep -E "\(Failed\)|\(SEGFAULT\)|\(Timeout\)|Not Run|Subprocess aborted" "$logs/ctest-$st.log" | show || true
     say "the failed tests again, one at a time"
-    capped 240 ctest --test-dir "$build" --rerun-failed --output-on-failure --timeout 240 -j 1 \
-      >"$logs/ctest-rerun.log" 2>&1 || status=1
-    grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Timeout\)" "$logs/ctest-rerun.log" | show || true
+    capped 150 ctest --test-dir "$build" --rerun-failed --output-on-failure --timeout 120 -j 1 \
+      >"$logs/ctest-$st-rerun.log" 2>&1 || status=1
+    grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Timeout\)" "$logs/ctest-$st-rerun.log" | show || true
   fi
+  return $rc
+}
+
+# ---- test: every cuda test but the rank tests ----
+if begin test; then
+  ctest_jobs=6
+  if run_ctest test "${test_args[@]}"; then end test passed; else end test "failures (see above)"; fi
 fi
 
-# ---- 5. end to end: the main job's short run on the GPU, bf16 ----
-train_args=(--model atto --image-size 64 --num-classes 10 --data synthetic --micro-batch 32 --steps 120
-  --warmup-steps 10 --lr 2e-3 --eval-every 40 --device cuda --precision bf16 --log "$logs/train_cuda_bf16.jsonl")
-if want train && fits train 60; then
-  say "training convnext_atto on synthetic data on the GPU (bf16, 120 steps)"
-  if capped 180 "$build/apps/convnext_zero" "${train_args[@]}" >"$logs/train_cuda_bf16.log" 2>&1; then
+# ---- ranks: several ranks on one GPU over the MPI backend; NCCL at one rank ----
+if begin ranks; then
+  ctest_jobs=7  # the cases side by side: the GPU has room for their ~30 processes, the 16 cores for their ranks
+  result=passed
+  run_ctest ranks "${ranks_args[@]}" || result="failures (see above)"
+  # What the MPI backend's staging costs (Note [Choosing the comm backend]): the same all-reduce between 2 ranks
+  # on CUDA buffers (staged through pinned host memory) and on host buffers.
+  for dev in cuda cpu; do
+    capped 40 "$prefix/usr/bin/mpiexec.openmpi" --allow-run-as-root --oversubscribe -np 2 "$build/apps/commbench" \
+      -o all_reduce --device $dev --backend mpi --impl ring -b 1M -e 64M -f 4 -n 10 -w 3 \
+      >"$logs/commbench-mpi-$dev.txt" 2>&1 || say "commbench on $dev buffers failed (commbench-mpi-$dev.txt)"
+    say "MPI backend, 2 ranks, all-reduce on $dev buffers:"
+    grep -E "^ *[0-9]+ " "$logs/commbench-mpi-$dev.txt" | tail -4 | show || true
+  done
+  end ranks "$result"
+fi
+
+# ---- train: the main job's short run on the GPU, bf16 ----
+if begin train; then
+  if capped "${cap[train]}" "$build/apps/convnext_zero" "${train_args[@]}" >"$logs/train_cuda_bf16.log" 2>&1; then
     "${python_env[@]}" python3 - "$logs/train_cuda_bf16.jsonl" <<'PY' | show || status=1
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -404,14 +612,17 @@ evals = [r for r in rows if r.get("split") == "eval"]
 print(f"train loss {train[0]['loss']:.4f} (step {train[0].get('step')}) -> {train[-1]['loss']:.4f} "
       f"(step {train[-1].get('step')}); last eval {evals[-1] if evals else 'none'}")
 PY
+    grep -E "^done" "$logs/train_cuda_bf16.log" | show || true
+    end train ok
   else
     status=1
     tail -5 "$logs/train_cuda_bf16.log" | show
+    end train failed
   fi
 fi
 
-# ---- 6. ours against PyTorch eager and torch.compile, and our switches ----
-if want bench; then
+# ---- eager, compile, switches: ours against PyTorch, and our own paths ----
+if want eager || want compile || want switches; then
   if [[ -z "$peak" ]]; then
     # Dense bf16 tensor-core peaks (NVIDIA's data sheets, without sparsity).
     case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" in
@@ -434,51 +645,62 @@ if want bench; then
   have_torch=1
   "${python_env[@]}" python3 -c 'import torch, timm; assert torch.cuda.is_available()' 2>/dev/null || have_torch=0
   ((have_torch)) || say "PyTorch with CUDA and timm not importable: no peer figures"
+fi
+for st in eager compile switches; do
+  begin "$st" || continue
+  result=ok
   for job in "${bench_plan[@]}"; do
-    IFS='|' read -r name need cap cmd <<<"$job"
-    want_job "$name" || continue
+    IFS='|' read -r jst name jneed jcap cmd <<<"$job"
+    [[ "$jst" == "$st" ]] && want_job "$name" || continue
     [[ "$cmd" == *python3* ]] && ! ((have_torch)) && continue
-    fits "bench:$name" "$need" || continue
+    fits "$st:$name" "$jneed" || continue
     say "bench $name"
     rc=0
-    # shellcheck disable=SC2086  # the plan's commands are plain words
     cmd=${cmd//@PEAK32@/$peak32}
     cmd=${cmd//@GBPS@/$gbps}
-    capped "$cap" ${cmd//@PEAK@/$peak} >"$logs/$name.txt" 2>&1 || rc=$?
+    # shellcheck disable=SC2086  # the plan's commands are plain words
+    capped "$jcap" ${cmd//@PEAK@/$peak} >"$logs/$name.txt" 2>&1 || rc=$?
     grep -E "^(bench_train_step: (convnext|MFU)|train_step_torch: convnext|\[gemm (path|time)\]|\[depthwise\])" "$logs/$name.txt" |
       show || true
     if ((rc == 124)); then
-      say "$name: cut off after its $cap s (or the time limit)"
-      not_run+=("bench:$name")
+      say "$name: cut off after its $jcap s (or the time limit)"
+      not_run+=("$st:$name")
+      result="some cut off"
     elif ((rc != 0)); then
       status=1
+      result="some failed"
       tail -5 "$logs/$name.txt" | show
     fi
   done
-fi
+  end "$st" "$result"
+done
 
-# ---- 7. compute-sanitizer ----
+# ---- sanitize: compute-sanitizer ----
 if want sanitize && ! command -v compute-sanitizer >/dev/null; then
   say "compute-sanitizer not found: sanitize not run"
-elif want sanitize && fits sanitize 120; then
+elif begin sanitize; then
   say "compute-sanitizer memcheck: op table (f32, bf16), ConvNeXt-shape ops, optimizer kernels; racecheck"
   # Each run is capped (a sanitizer slows kernels 10-100x); a cap that is hit shows as "cut off" below
   # rather than as a silent pass.
   sanitize() {  # LOG TOOL TEST [FILTER]
     local log=$1 tool=$2 test=$3 filter=${4:-*} rc=0
-    fits "sanitize:$log" 60 || return 0
-    capped 170 compute-sanitizer --tool "$tool" --error-exitcode 9 "$test" --gtest_filter="$filter" \
+    fits "sanitize:$log" 40 || return 0
+    capped "${cap[sanitize]}" compute-sanitizer --tool "$tool" --error-exitcode 9 "$test" --gtest_filter="$filter" \
       >"$logs/$log" 2>&1 || rc=$?
-    ((rc == 124)) && say "$log: cut off after 170 s (or the time limit)"
+    ((rc == 124)) && say "$log: cut off after ${cap[sanitize]} s (or the time limit)"
     ((rc == 0)) || status=1
   }
   sanitize memcheck-tensor.log memcheck "$build/tests/tensor/test_cuda" 'All/OpTableCuda.*:CudaOps.*'
   sanitize memcheck-optim.log memcheck "$build/tests/optim/test_optim_cuda"
   sanitize racecheck-tensor.log racecheck "$build/tests/tensor/test_cuda" 'All/OpTableCuda.F32*'
   grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$logs"/memcheck-*.log "$logs"/racecheck-*.log 2>/dev/null | show || true
+  end sanitize done
 fi
 
 # ---- the tables, and what is left for another call ----
+echo | show
+say "stages ($build_how; times: seconds of this call):"
+printf '%s\n' "${stage_rows[@]}" | awk -F'|' '{ printf "   %-9s %6s s  %s\n", $1, $2, $3 }' | show
 if compgen -G "$logs/*.json" >/dev/null; then
   echo | show
   "${python_env[@]}" python3 scripts/gpu_check_summary.py --peak-tflops "${peak:-0}" "$logs" 2>&1 | show || status=1
@@ -488,7 +710,7 @@ if ((${#not_run[@]})); then
   for item in "${not_run[@]}"; do
     stage=${item%%:*}
     [[ " ${stages[*]} " == *" $stage "* ]] || stages+=("$stage")
-    [[ "$item" == bench:* ]] && jobs_left+=("${item#bench:}")
+    [[ "$item" == *:* && "$stage" != sanitize ]] && jobs_left+=("${item#*:}")
   done
   rest=()
   skip=0
