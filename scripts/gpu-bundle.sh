@@ -28,9 +28,10 @@ done
 mkdir -p "$(dirname "$out")"
 out=$(cd "$(dirname "$out")" && pwd)/$(basename "$out")
 
+mkdir -p "$build"
 cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCZ_WITH_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="$arch" >"$build.configure.log" 2>&1 ||
-  { tail -20 "$build.configure.log"; echo "gpu-bundle: configure failed" >&2; exit 1; }
+  -DCMAKE_CUDA_ARCHITECTURES="$arch" >"$build/gpu-bundle-configure.log" 2>&1 ||
+  { tail -20 "$build/gpu-bundle-configure.log"; echo "gpu-bundle: configure failed" >&2; exit 1; }
 build=$(cd "$build" && pwd)
 grep -q "^CMAKE_CUDA_ARCHITECTURES:.*=$arch$" "$build/CMakeCache.txt" ||
   { echo "gpu-bundle: $build is not configured for sm_$arch" >&2; exit 1; }
