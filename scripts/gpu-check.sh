@@ -561,7 +561,7 @@ fi
 run_ctest() {
   local st=$1 rc=0
   shift
-  capped "${cap[$st]}" ctest --test-dir "$build" "$@" --output-on-failure --timeout 240 -j "$ctest_jobs" \
+  capped "${cap[$st]}" ctest --test-dir "$build" "$@" --output-on-failure --timeout 150 -j "$ctest_jobs" \
     >"$logs/ctest-$st.log" 2>&1 || rc=$?
   ((rc == 124)) && { say "$st: ctest cut off by the time limit"; not_run+=("$st"); }
   grep -E "tests passed|tests failed|Total Test time" "$logs/ctest-$st.log" | show || true
