@@ -43,11 +43,14 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 orig_args=("$@")
 
-# The sources a build depends on, by path and content: what travels with the working tree (there is no .git
-# on the GPU machine), less Python's caches. scripts/gpu-bundle.sh writes it into the bundle's manifest.
+# The sources the executables are compiled from, by path and content (C++, CUDA and CMake files; not data or
+# scripts, which run from the tree): what travels with the working tree (there is no .git on the GPU machine).
+# The byte order of C keeps the hash the same whatever the machine's locale. scripts/gpu-bundle.sh writes it
+# into the bundle's manifest.
 source_hash() {
-  find src apps bench tests cmake CMakeLists.txt -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 |
-    sort -z | xargs -0 sha1sum | sha1sum | cut -c1-16
+  find src apps bench tests cmake CMakeLists.txt -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o \
+    -name '*.cuh' -o -name '*.cmake' -o -name 'CMakeLists.txt' \) -print0 | LC_ALL=C sort -z | xargs -0 sha1sum |
+    sha1sum | cut -c1-16
 }
 
 all_stages=build,test,ranks,train,eager,compile,switches,sanitize
