@@ -5,8 +5,8 @@
 #
 #   scripts/gpu-bundle.sh [--build DIR] [--arch SM] [OUT]     OUT defaults to .gpu-bundle/bundle.tar.xz
 #
-# The bundle holds: every executable a `cuda`-labelled test runs, convnext_zero, cz_weights and the GPU
-# benchmarks; every CTestTestfile.cmake and GoogleTest discovery file of the build (ctest's view of the
+# The bundle holds: every executable a `cuda`-labelled test runs, every program of apps/ and src/ (the apps and
+# the helpers they start), and the GPU benchmarks; every CTestTestfile.cmake and GoogleTest discovery file of the build (ctest's view of the
 # suite); and manifest.txt (the build folder and source folder it was made in, which gpu-check.sh rewrites
 # to where it lands; the commit and a hash of the sources, which gpu-check.sh checks against the working
 # tree it travels with; the CUDA architectures; the libraries the executables need). The Debian packages
@@ -48,9 +48,12 @@ for t in json.load(sys.stdin)["tests"]:
         if os.path.isfile(a) and os.access(a, os.X_OK) and not a.endswith((".sh", ".py")) and "/bin/" not in a:
             seen.add(a)
 print("\n".join(sorted(seen)))')
-for t in apps/convnext_zero apps/cz_weights apps/commbench bench/bench_train_step bench/bench_gemm_cuda bench/bench_depthwise_cuda; do
+for t in bench/bench_train_step bench/bench_gemm_cuda bench/bench_depthwise_cuda; do
   exes+=("$build/$t")
 done
+# Every program under apps/ and src/: the helpers the programs start themselves (src/io/cz_h5_probe, which
+# checks a checkpoint before it is read: the first GPU run's checkpoint tests failed without it).
+mapfile -t -O "${#exes[@]}" exes < <(find "$build/apps" "$build/src" -type f -perm -u+x ! -path '*/CMakeFiles/*')
 mapfile -t exes < <(printf '%s\n' "${exes[@]}" | sort -u)
 ncuda=$(ctest --test-dir "$build" -N -L cuda | sed -n 's/^Total Tests: //p')
 echo "gpu-bundle: $ncuda cuda tests in ${#exes[@]} executables"

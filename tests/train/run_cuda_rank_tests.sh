@@ -129,7 +129,7 @@ quant)
   ;;
 mesh)
   for flags in "--stage 2 --shard-group 2" "--stage 3 --shard-group host" "--stage 3 --hpz" \
-               "--stage 1 --shard-group host --comm-impl hier"; do
+               "--stage 1 --shard-group host"; do
     # shellcheck disable=SC2086
     SIM=2 run 4 "$work/cpu.jsonl" --steps 3 $flags
     # shellcheck disable=SC2086
@@ -137,6 +137,16 @@ mesh)
     grep -q '"comm_cross_bytes":[1-9]' "$work/gpu.jsonl" || fail "$flags: no cross-host bytes logged"
     compare "$work/cpu.jsonl" "$work/gpu.jsonl" 3 "fp32 2 hosts x 2 ranks $flags, GPU vs CPU" 2e-5 1e-3
   done
+  # Two-level collectives over MPI take host buffers: refused at start, naming both flags (the first GPU run
+  # met the refusal only at the first bucket).
+  if ((!rehearse)); then
+    CZ_SIMULATE_HOSTS=2 "${mpirun[@]}" -x CZ_SIMULATE_HOSTS -np 4 "$app" "${common[@]}" --micro-batch 4 --steps 1 \
+      --stage 1 --shard-group host --comm-impl hier --device cuda > "$work/hier.out" 2>&1 &&
+      { cat "$work/hier.out"; fail "--comm-impl hier over MPI on CUDA ranks was not refused"; }
+    grep -q "comm-impl hier: two-level collectives over the mpi backend take host buffers" "$work/hier.out" ||
+      { cat "$work/hier.out"; fail "--comm-impl hier over MPI: no message naming it"; }
+    ! grep -q "^convnext_zero: custom" "$work/hier.out" || fail "--comm-impl hier over MPI: refused only after start"
+  fi
   ;;
 checkpoint)
   run 4 "$work/first.jsonl" --steps 8 --stage 3 --device cuda --checkpoint-dir "$work/ck" --checkpoint-every 4

@@ -105,6 +105,7 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     control_ = dist::ProcessGroup(control_comm_.get(), Device::cpu());
     check_ranks_agree();
     opt.backend = choose_backend();
+    check_comm_impl(opt.backend);
     mesh_ = dist::Mesh(world_, opt, cfg_.shard_group, cfg_.hpz, comm_of_one);
     group_ = mesh_.world();
     // Across hosts, say how the gradient buckets' collectives go (Note [Two-level cost model]).
@@ -191,6 +192,17 @@ dist::Backend Trainer::choose_backend() {
   comm_note_ = shared < 0 ? fmt::format("nccl (auto: {})", why)
                           : fmt::format("mpi (auto: {}; CUDA buffers staged through pinned host memory)", why);
   return shared < 0 ? dist::Backend::nccl : dist::Backend::mpi;
+}
+
+// The two-level collectives over MPI move host buffers only (takes_two_levels): --comm-impl hier with CUDA
+// ranks on the mpi backend is refused here, at start, rather than at the first bucket (the first GPU run
+// found it there). auto and flat take the ring, which stages CUDA buffers.
+void Trainer::check_comm_impl(dist::Backend backend) const {
+  CZ_CHECK(!(backend == dist::Backend::mpi && device_.is_cuda() && cfg_.comm_impl == "hier"),
+           "{}: two-level collectives over the mpi backend take host buffers, and these ranks train on {} with "
+           "the collectives over {}; use {} auto or flat (the ring, which stages CUDA buffers), or {} nccl",
+           flag_arg(cfg_, &TrainConfig::comm_impl), cfg_.device, comm_note_,
+           flag_name(&TrainConfig::comm_impl), flag_name(&TrainConfig::comm_backend));
 }
 
 Trainer::~Trainer() = default;

@@ -99,6 +99,7 @@ class Trainer {
   void build_schedule();
   void check_ranks_agree();
   dist::Backend choose_backend();  // collective over control_
+  void check_comm_impl(dist::Backend backend) const;
   void check_outputs() const;
   ProgressMode progress_mode() const;
   using Clock = std::chrono::steady_clock;
