@@ -101,7 +101,8 @@ TEST(Flags, RanksAgreeOnTheFlagsTheTrainerChecked) {
                                            "--clip-grad",
                                            "--ema-decay",
                                            "--init-weights",
-                                           "--comm-impl"}));
+                                           "--comm-impl",
+                                           "--comm-backend"}));
 }
 
 TEST(Flags, NamesAndKeysAreUniqueAndFound) {
