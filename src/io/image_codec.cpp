@@ -27,6 +27,27 @@ void check_dims(int64_t w, int64_t h, const std::string& name, const char* forma
               kMaxImagePixels);
 }
 
+// Note [CMYK JPEGs]: Photoshop and other Adobe software write CMYK JPEGs (an Adobe APP14 marker, transform 0
+// for CMYK, 2 for YCCK, which libjpeg turns back into CMYK) with every channel inverted: a stored 255 means
+// no ink. PIL assumes that polarity for every CMYK JPEG, marker or not (raw mode "CMYK;I": "always use Adobe
+// polarity" in its JPEG plugin since 2009; it writes its own CMYK JPEGs that way too), and so do we, so that
+// a file decodes to what torchvision and timm, which read through PIL, see. PIL then converts to RGB without
+// a colour profile: with ink c and black k, R = (255 - k) - round(c (255 - k) / 255). On the stored values (s
+// = 255 - ink) that is R = s_k - round((255 - s_c) s_k / 255), with PIL's integer rounding of a * b / 255
+// (mul_div_255), so the RGB bytes equal PIL's `Image.open(f).convert("RGB")` for the same decoded samples
+// (tests/io/test_cmyk.cpp; the samples themselves may differ by libjpeg's IDCT between builds).
+inline uint8_t mul_div_255(int a, int b) {
+  const int t = a * b + 128;
+  return uint8_t(((t >> 8) + t) >> 8);
+}
+
+void adobe_cmyk_to_rgb(const uint8_t* stored, uint8_t* rgb, int64_t pixels) {
+  for (int64_t p = 0; p < pixels; ++p, stored += 4, rgb += 3) {
+    const int not_black = stored[3];  // 255 - k
+    for (int c = 0; c < 3; ++c) rgb[c] = uint8_t(not_black - mul_div_255(255 - stored[c], not_black));
+  }
+}
+
 struct TjDeleter {
   void operator()(void* h) const { tjDestroy(h); }
 };
@@ -43,12 +64,20 @@ void decode_jpeg(const uint8_t* data, size_t size, const std::string& name, Imag
   check_dims(w, h, name, "JPEG");
   out.height = h;
   out.width = w;
+  // libjpeg converts CMYK and YCCK JPEGs to CMYK only ("Unsupported color conversion request" for RGB):
+  // those are decoded as CMYK and converted here (Note [CMYK JPEGs]).
+  const bool cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
+  std::vector<uint8_t> ink;
+  if (cmyk) ink.resize(size_t(w) * size_t(h) * 4);
   out.pixels.resize(size_t(w) * size_t(h) * 3);
   // Stop at the first warning: a truncated or corrupt file would otherwise decode into grey filler that
   // silently trains the model on garbage.
-  const int rc = tjDecompress2(tj.get(), buf, static_cast<unsigned long>(size), out.pixels.data(), w, 0, h,
-                               TJPF_RGB, TJFLAG_STOPONWARNING);
-  CZ_CHECK_IO(rc == 0, "{}: corrupt JPEG ({}x{}): {}", name, w, h, tjGetErrorStr2(tj.get()));
+  const int rc =
+      tjDecompress2(tj.get(), buf, static_cast<unsigned long>(size), cmyk ? ink.data() : out.pixels.data(), w,
+                    0, h, cmyk ? TJPF_CMYK : TJPF_RGB, TJFLAG_STOPONWARNING);
+  CZ_CHECK_IO(rc == 0, "{}: corrupt JPEG ({}x{}{}): {}", name, w, h,
+              cmyk ? (colorspace == TJCS_YCCK ? ", YCCK" : ", CMYK") : "", tjGetErrorStr2(tj.get()));
+  if (cmyk) adobe_cmyk_to_rgb(ink.data(), out.pixels.data(), int64_t(w) * h);
 }
 
 void decode_png(const uint8_t* data, size_t size, const std::string& name, Image& out) {
