@@ -339,6 +339,7 @@ int main(int argc, char** argv) {
           cfg.global_batch(world->size()), trainer.total_steps());
       if (!trainer.comm_backend_note().empty())
         fmt::print("convnext_zero: collectives over {}\n", trainer.comm_backend_note());
+      for (const std::string& line : trainer.data_notes()) fmt::print("convnext_zero: {}\n", line);
       std::fflush(stdout);
     }
     const cz::train::TrainSummary s = trainer.run();

@@ -194,7 +194,9 @@ class Checkpoint {
 };
 
 // Writes tensor group `group` ("params" or "ema") of a checkpoint as a weight file (timm names, PyTorch
-// shapes; io/weights.h), one tensor at a time: no more than the largest tensor is in memory at once.
+// shapes; io/weights.h), one tensor at a time: no more than the largest tensor is in memory at once. The
+// checkpoint's `class_names` scalar, when it has one, becomes the file's attribute (unless `options` name
+// classes themselves).
 void export_weights(const Checkpoint& ckpt, const std::string& group, const std::string& path,
                     const WeightExportOptions& options = {});
 

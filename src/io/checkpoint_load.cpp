@@ -271,7 +271,12 @@ void Checkpoint::verify() const {
 
 void export_weights(const Checkpoint& ckpt, const std::string& group, const std::string& path,
                     const WeightExportOptions& options) {
-  WeightFileWriter writer(path, options);
+  WeightExportOptions opt = options;
+  // The training set's class names, which the trainer records (Note [Class names]).
+  const auto names = ckpt.scalars().strings.find("class_names");
+  if (opt.class_names.empty() && names != ckpt.scalars().strings.end())
+    opt.class_names = class_names_from_json(names->second, ckpt.path() + ": scalar 'class_names'");
+  WeightFileWriter writer(path, opt);
   for (const TensorInfo& t : ckpt.tensors(group)) writer.add(t.name, ckpt.read_tensor(group, t.name));
   writer.commit();
 }

@@ -53,10 +53,15 @@ std::shared_ptr<const Dataset> open_eval_dataset(const std::string& train_spec, 
   CZ_CHECK(!eval_spec.empty() || has_eval_split(train_spec),
            "--data '{}' has no eval split of its own; give --eval-data", train_spec);
   const std::string& spec = eval_spec.empty() ? train_spec : eval_spec;
-  auto eval = open_from(spec, Split::eval, options, eval_spec.empty() ? "--data" : "--eval-data");
-  CZ_CHECK(train == nullptr || eval->num_classes() <= train->num_classes(),
-           "--eval-data '{}' has {} classes but --data '{}' only {}", spec, eval->num_classes(), train_spec,
-           train->num_classes());
+  const char* flag = eval_spec.empty() ? "--data" : "--eval-data";
+  auto eval = open_from(spec, Split::eval, options, flag);
+  if (train == nullptr) return eval;
+  // Note [Class names]: by name where both sides have names, else by number.
+  if (!train->class_names().empty() && !eval->class_names().empty())
+    return relabel_by_name(std::move(eval), *train, fmt::format("{} '{}'", flag, spec),
+                           fmt::format("--data '{}'", train_spec));
+  CZ_CHECK(eval->num_classes() <= train->num_classes(), "{} '{}' has {} classes but --data '{}' only {}",
+           flag, spec, eval->num_classes(), train_spec, train->num_classes());
   return eval;
 }
 

@@ -33,6 +33,9 @@ class Dataset {
   // IoError naming the file (and the entry) when the stored bytes cannot be decoded.
   virtual void read(int64_t index, Image& out) const = 0;
   virtual std::string describe() const = 0;  // "cifar10:/data/cifar (train, 50000 images, 10 classes)"
+  // Label i's name at [i], for sources that name their classes (folder: the class folders); empty where
+  // classes are numbers only (synthetic, h5, cifar10). Note [Class names].
+  virtual std::vector<std::string> class_names() const { return {}; }
 };
 
 // Opens `spec` ("synthetic[:k=v,...]", "h5:FILE", "cifar10:DIR", "folder:DIR"). ValueError for an unknown
@@ -44,8 +47,27 @@ std::shared_ptr<const Dataset> open_dataset(const std::string& spec, Split split
 bool has_eval_split(const std::string& spec);
 
 // The evaluation set of a run: `eval_spec` when given, else the eval split of `train_spec`. Checks that its
-// classes fit the training set's (`train` may be null).
+// classes fit the training set's (`train` may be null); when both name their classes, the eval set's labels
+// are the training set's labels of the same names (Note [Class names]), and an eval class the training set
+// lacks is a ValueError naming it.
 std::shared_ptr<const Dataset> open_eval_dataset(const std::string& train_spec, const std::string& eval_spec,
                                                  const DatasetOptions& options, const Dataset* train);
+
+// Note [Held-out split]: `--eval-split F` takes round(F * n_c) of each class's n_c examples (at most n_c - 1,
+// so no class leaves the training set) out of `data` as the eval set, and trains on the rest. Which ones is a
+// Fisher-Yates draw per class from Philox keyed by (seed, "holdout") at the class's counter: a function of
+// the seed and the labels alone, so every rank, thread and resumed run makes the same split, and the two
+// parts never share an example. Both keep `data`'s order, class count and names. ValueError naming `what`
+// ("--eval-split 0.05") when the fraction is outside [0, 1) or holds out nothing.
+struct HeldOutSplit {
+  std::shared_ptr<const Dataset> train, eval;
+};
+HeldOutSplit hold_out(std::shared_ptr<const Dataset> data, double fraction, uint64_t seed,
+                      const std::string& what);
+// The example indices of `data` that hold_out puts in the eval set, ascending (for tests and tools).
+std::vector<int64_t> held_out_indices(const Dataset& data, double fraction, uint64_t seed);
+
+// "cat, coffee, rocket" for a few names; the first `shown` and a count for many.
+std::string join_names(const std::vector<std::string>& names, size_t shown = 8);
 
 }  // namespace cz

@@ -19,4 +19,10 @@ std::shared_ptr<const Dataset> open_folder(const std::string& dir);
 
 const char* split_name(Split split);
 
+// `eval` with its labels taken from `train`'s class of the same name (Note [Class names]); `eval` itself when
+// the names are the same. Both must name their classes. ValueError naming `eval_what` and the missing
+// classes.
+std::shared_ptr<const Dataset> relabel_by_name(std::shared_ptr<const Dataset> eval, const Dataset& train,
+                                               const std::string& eval_what, const std::string& train_what);
+
 }  // namespace cz

@@ -437,6 +437,12 @@ double File::double_attr(const std::string& name) const {
   return v;
 }
 
+bool File::has_attr(const std::string& name) const {
+  const htri_t exists = H5Aexists(hid_t(id_), name.c_str());
+  if (exists < 0) fail(path_, fmt::format("looking for attribute '{}'", name));
+  return exists > 0;
+}
+
 std::string File::string_attr(const std::string& name) const {
   const Attr a = open_attr(hid_t(id_), path_, name);
   CZ_CHECK_IO(a.cls == H5T_STRING && a.count == 1, "{}: attribute '{}' is not a string", path_, name);

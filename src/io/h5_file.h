@@ -94,6 +94,7 @@ class File {
   int64_t int_attr(const std::string& name) const;
   double double_attr(const std::string& name) const;
   std::string string_attr(const std::string& name) const;
+  bool has_attr(const std::string& name) const;
 
   // Writing (files from create() only). `key` may contain '/' (groups are created); t: contiguous CPU,
   // f16/f32/f64/i64/u8.

@@ -5,6 +5,8 @@
 #include <map>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "io/h5_file.h"
 #include "tensor/autograd/engine.h"
 
@@ -291,6 +293,9 @@ WeightImportReport import_weights(const std::string& path, const NamedTensorList
   }
   WeightImportReport report;
   report.key_style = facebook ? "facebook" : "timm";
+  if (options.group.empty() && file.has_attr("class_names"))
+    report.class_names =
+        class_names_from_json(file.string_attr("class_names"), path + ": attribute 'class_names'");
   NoGradGuard no_grad;
   for (auto& [t, v] : values) {
     Tensor(*t).copy_(v);
@@ -329,6 +334,7 @@ void WeightFileWriter::add(const std::string& name, const Tensor& t) {
 }
 
 void WeightFileWriter::commit() {
+  if (!options_.class_names.empty()) file_.set_attr("class_names", class_names_to_json(options_.class_names));
   if (const std::optional<WeightArchitecture> a = infer_architecture(shapes_)) {
     file_.set_attr("depths", a->depths);
     file_.set_attr("dims", a->dims);
@@ -351,9 +357,24 @@ void export_weights(const std::string& path, const NamedTensorList& params,
              name);
     host.emplace_back(name, exported_tensor(path, name, t, options));
   }
-  WeightFileWriter writer(path);  // the tensors are already in their exported shapes
+  // The tensors are already in their exported shapes.
+  WeightFileWriter writer(path, {.conv_mlp = false, .class_names = options.class_names});
   for (const auto& [name, t] : host) writer.add(name, t);
   writer.commit();
+}
+
+std::string class_names_to_json(const std::vector<std::string>& names) {
+  // Folder names are bytes; one that is not UTF-8 is written with U+FFFD in place of its bad bytes (the
+  // checks compare names after this round trip).
+  return nlohmann::json(names).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::vector<std::string> class_names_from_json(const std::string& json, const std::string& where) {
+  const nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  CZ_CHECK_IO(
+      j.is_array() && std::all_of(j.begin(), j.end(), [](const nlohmann::json& v) { return v.is_string(); }),
+      "{}: expected a JSON array of class names, found '{}'", where, json.substr(0, 200));
+  return j.get<std::vector<std::string>>();
 }
 
 }  // namespace cz

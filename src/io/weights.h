@@ -28,6 +28,8 @@ struct WeightImportReport {
   std::string key_style;  // "timm" or "facebook"
   int64_t tensors = 0;    // parameters loaded
   int64_t elements = 0;
+  // The file's `class_names` attribute (what each classifier output stands for); empty when it has none.
+  std::vector<std::string> class_names;
 };
 
 // Copies the file's weights into `params` (values converted to each parameter's dtype and device). Parameter
@@ -64,15 +66,18 @@ std::optional<WeightArchitecture> infer_architecture(
 WeightArchitecture read_weight_architecture(const std::string& path, const WeightImportOptions& options = {});
 
 // Writes `params` (any float dtype, any device) as f32 datasets under their names, in their (PyTorch) shapes,
-// plus root attributes `format` ("convnext_zero.weights") and `version`, and, when the parameters are a
-// ConvNeXt's, its architecture: `depths`, `dims` (i64 arrays), `num_classes`, `in_chans`, `kernel`,
-// `conv_mlp` and `layer_scale` (i64; the last two 0 or 1). Crash-safe: the data goes to a
-// temporary file beside `path`, which is synced and renamed over it only when complete; an existing file
+// plus root attributes `format` ("convnext_zero.weights") and `version`, `class_names` when given, and, when
+// the parameters are a ConvNeXt's, its architecture: `depths`, `dims` (i64 arrays), `num_classes`,
+// `in_chans`, `kernel`, `conv_mlp` and `layer_scale` (i64; the last two 0 or 1). Crash-safe: the data goes to
+// a temporary file beside `path`, which is synced and renamed over it only when complete; an existing file
 // stays intact if anything fails (bad parameter, unwritable directory, full disk).
 struct WeightExportOptions {
   // Write `*.mlp.fc1.weight` / `*.mlp.fc2.weight` as (out, in, 1, 1), the shape timm's conv-MLP models
   // (atto..nano, ConvNeXtConfig::conv_mlp) have in their state dicts, so the file loads into them strictly.
   bool conv_mlp = false;
+  // The training set's class names (Note [Class names] in dataset_views.cpp), written as the root attribute
+  // `class_names`, a JSON array of strings (`json.loads(f.attrs["class_names"])`); none when empty.
+  std::vector<std::string> class_names = {};
 };
 void export_weights(const std::string& path, const NamedTensorList& params,
                     const WeightExportOptions& options = {});
@@ -93,6 +98,11 @@ class WeightFileWriter {
   std::vector<std::pair<std::string, Shape>>
       shapes_;  // as written: the architecture attributes come from them
 };
+
+// Class names as the JSON array a weight file's attribute and a checkpoint's scalar hold them, and back
+// (IoError naming `where` when the text is not an array of strings).
+std::string class_names_to_json(const std::vector<std::string>& names);
+std::vector<std::string> class_names_from_json(const std::string& json, const std::string& where);
 
 // The timm key for an original facebookresearch/ConvNeXt key ("downsample_layers.0.0.weight" ->
 // "stem.0.weight", "stages.1.2.pwconv1.bias" -> "stages.1.blocks.2.mlp.fc1.bias", "norm.weight" ->

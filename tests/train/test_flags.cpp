@@ -36,7 +36,7 @@ TEST(Flags, ConfigJsonIsWhatCheckpointsRecorded) {
   EXPECT_EQ(
       config_json(custom_config(), 2),
       R"({"augment":true,"bucket_mb":0.01,"clip_grad":0.0,"data":"synthetic:n=256,eval_n=64,classes=4",)"
-      R"("depths":[1,1,1,1],"dims":[8,16,24,32],"drop_path":0.0,"ema_decay":0.99,"epochs":0,)"
+      R"("depths":[1,1,1,1],"dims":[8,16,24,32],"drop_path":0.0,"ema_decay":0.99,"epochs":0,"eval_split":0.0,)"
       R"("gather_dtype":"fp32","grad_accum":1,"hpz":false,"image_size":64,"label_smoothing":0.0,"lr":0.003,"micro_batch":32,)"
       R"("min_lr":1e-06,"model":"atto","num_classes":4,"offload_optimizer":false,"optimizer":"adamw",)"
       R"("precision":"fp32","reduce_dtype":"fp32","schedule":"cosine","seed":18446744073709551615,)"
@@ -52,6 +52,7 @@ TEST(Flags, ResumeIdentityIsWhatCheckpointsRecorded) {
                                                      {"--dims", "8,16,24,32"},
                                                      {"--num-classes", "4"},
                                                      {"--data", "synthetic:n=256,eval_n=64,classes=4"},
+                                                     {"--eval-split", "0"},
                                                      {"--optimizer", "adamw"},
                                                      {"--ema-decay", "on"},
                                                      {"--seed", "18446744073709551615"}}));
@@ -64,6 +65,7 @@ TEST(Flags, ResumeIdentityIsWhatCheckpointsRecorded) {
                                        {"--dims", ""},
                                        {"--num-classes", "10"},
                                        {"--data", "synthetic"},
+                                       {"--eval-split", "0"},
                                        {"--optimizer", "sgd"},
                                        {"--ema-decay", "off"},
                                        {"--seed", "7"}}));
@@ -94,6 +96,7 @@ TEST(Flags, RanksAgreeOnTheFlagsTheTrainerChecked) {
                                            "--activation-checkpointing",
                                            "--drop-path",
                                            "--data",
+                                           "--eval-split",
                                            "--steps",
                                            "--epochs",
                                            "--seed",

@@ -64,6 +64,8 @@ void Trainer::save_checkpoint() {
   sc.floats["loss_scale"] = scaler_.state().scale;
   for (const auto& [flag, value] : resume_identity(cfg_)) sc.strings["flag" + flag] = value;
   sc.strings["config"] = config_json(cfg_, world_.size());
+  if (const std::vector<std::string> names = class_names(); !names.empty())
+    sc.strings["class_names"] = class_names_to_json(names);  // Note [Class names]
   pending_save_ = std::make_unique<ckpt::PendingSave>(ckpt::begin_save(std::move(req), *ckpt_comm_));
   saved_step_ = step_;
 }
@@ -110,12 +112,25 @@ void Trainer::resume(const std::string& path) {
   const ckpt::Checkpoint ck = ckpt::Checkpoint::open(path);
   const auto& sc = ck.scalars();
   const std::string resuming = fmt::format("{} {}", flag_name(&TrainConfig::resume), ck.path());
-  for (const auto& [flag, value] : resume_identity(cfg_)) {
+  const auto identity = resume_identity(cfg_), defaults = resume_identity(TrainConfig{});
+  for (size_t i = 0; i < identity.size(); ++i) {
+    const auto& [flag, value] = identity[i];
     const auto it = sc.strings.find("flag" + flag);
-    CZ_CHECK_IO(it != sc.strings.end(), "{}: the checkpoint does not record {}", resuming, flag);
+    // A flag the checkpoint does not record is younger than the checkpoint, which was trained with its
+    // default.
+    CZ_CHECK_IO(it != sc.strings.end() || value == defaults[i].second,
+                "{}: the checkpoint does not record {} (it was saved before the flag existed, so with its "
+                "default {}) but this run has {} {}",
+                resuming, flag, defaults[i].second, flag, value);
+    if (it == sc.strings.end()) continue;
     CZ_CHECK_IO(it->second == value, "{}: the checkpoint was saved with {} {} but this run has {} {}",
                 resuming, flag, it->second, flag, value);
   }
+  // The same --data spec may name a folder whose classes changed since (Note [Class names]).
+  if (const auto it = sc.strings.find("class_names"); it != sc.strings.end())
+    check_classes(class_names_from_json(it->second, ck.path() + ": scalar 'class_names'"), resuming,
+                  "resume with the classes it was trained on (a folder's labels are its classes' places in "
+                  "sorted order)");
   auto get = [&](const char* key) {
     const auto it = sc.ints.find(key);
     CZ_CHECK_IO(it != sc.ints.end(), "{}: the checkpoint has no '{}'", resuming, key);

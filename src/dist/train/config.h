@@ -35,6 +35,7 @@ struct TrainConfig {
   // Data.
   std::string data = "synthetic";
   std::string eval_data;     // empty: the data source's own eval split, if it has one
+  double eval_split = 0;     // hold this fraction of --data out as the eval set (Note [Held-out split])
   int64_t eval_every = 0;    // evaluate every N steps (0: only at the end)
   int64_t eval_batches = 0;  // limit evaluation to this many batches per rank (0: the whole set)
   bool shuffle = true;

@@ -77,6 +77,21 @@ std::vector<Flag> make_flags() {
       {.name = "--eval-data",
        .field = &T::eval_data,
        .help = "evaluation set (default: the data source's own eval split)"},
+      {.name = "--eval-split",
+       .field = &T::eval_split,
+       .help = "hold out this fraction of --data's examples as the eval set, e.g. 0.05: the same examples of "
+               "each class for a given --seed, never trained on (not with --eval-data)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(std::isfinite(c.eval_split) && c.eval_split >= 0 && c.eval_split < 1,
+                      "{} must be in [0, 1), got {}", f.name, c.eval_split);
+             CZ_CHECK(c.eval_split == 0 || c.eval_data.empty(),
+                      "{} holds out part of {} as the eval set, so it does not go with {} {}", f.name,
+                      flag_name(&T::data), flag_name(&T::eval_data), c.eval_data);
+           },
+       .ranks_agree = true,
+       .resume_identity = true,
+       .json_key = "eval_split"},
       {.name = "--eval-every",
        .field = &T::eval_every,
        .help = "evaluate every N steps (0: at the end only)",

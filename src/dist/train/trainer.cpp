@@ -213,7 +213,12 @@ void Trainer::build_model() {
   if (!cfg_.init_weights.empty()) {
     WeightImportOptions opt;
     if (cfg_.reset_head) opt.skip_prefixes = {"head.fc."};
-    import_weights(cfg_.init_weights, model_->named_parameters(), opt);
+    const WeightImportReport r = import_weights(cfg_.init_weights, model_->named_parameters(), opt);
+    // Note [Class names]: a kept classifier must be for this data's classes; --reset-head makes a new one.
+    if (!cfg_.reset_head)
+      check_classes(r.class_names, flag_arg(cfg_, &TrainConfig::init_weights),
+                    fmt::format("give {} to train a new classifier for these classes",
+                                flag_name(&TrainConfig::reset_head)));
     if (cfg_.reset_head) model_->reset_head(cfg_.seed + 1);
   }
   model_->set_activation_checkpointing(cfg_.activation_checkpointing);
@@ -248,8 +253,7 @@ void Trainer::build_data() {
   const std::string data = flag_arg(cfg_, &TrainConfig::data);
   CZ_CHECK(train_set_->num_classes() <= cfg_.num_classes, "{} is smaller than the {} classes of {}",
            flag_arg(cfg_, &TrainConfig::num_classes), train_set_->num_classes(), data);
-  if (!cfg_.eval_data.empty() || has_eval_split(cfg_.data))
-    eval_set_ = open_eval_dataset(cfg_.data, cfg_.eval_data, dopt, train_set_.get());
+  open_eval_set(dopt);  // --eval-split takes its part out of train_set_
 
   const LoaderOptions lo = loader_options(Split::train);
   loader_ = std::make_unique<Loader>(train_set_, lo);
@@ -458,6 +462,7 @@ TrainSummary Trainer::run() {
     if (lead) {
       WeightExportOptions opt;
       opt.conv_mlp = model_->config().conv_mlp;
+      opt.class_names = class_names();
       export_weights(cfg_.export_weights, weights, opt);
     }
   }

@@ -78,6 +78,11 @@ class Trainer {
   // What moves the collectives and why (Note [Choosing the comm backend]): "nccl (auto: ...)"; "" at one rank
   // with --comm-backend auto (no communicator).
   const std::string& comm_backend_note() const { return comm_note_; }
+  // Lines for the start of the run: what the training and eval sets hold (a folder's images, classes and
+  // skipped files) and warnings about them ("warning: ...").
+  const std::vector<std::string>& data_notes() const { return data_notes_; }
+  // The training set's class names as checkpoints and weight files record them; empty for numbered classes.
+  std::vector<std::string> class_names() const;
   // Collective: starts writing a checkpoint of the current state into --checkpoint-dir (this rank's shard is
   // copied to host memory and written on a background thread); the previous save is finished first.
   void save_checkpoint();
@@ -97,6 +102,11 @@ class Trainer {
   void build_model();
   void build_data();
   void build_schedule();
+  void open_eval_set(const DatasetOptions& options);  // data_sets.cpp
+  // ValueError when `recorded` (what `what` was trained on) and this run's class names differ, naming the
+  // difference and `remedy`; nothing when either side has no names.
+  void check_classes(const std::vector<std::string>& recorded, const std::string& what,
+                     const std::string& remedy) const;
   void check_ranks_agree();
   dist::Backend choose_backend();  // collective over control_
   void check_comm_impl(dist::Backend backend) const;
@@ -122,6 +132,7 @@ class Trainer {
   std::unique_ptr<zero::ZeroEngine> engine_;
 
   std::shared_ptr<const Dataset> train_set_, eval_set_;
+  std::vector<std::string> data_notes_;
   std::unique_ptr<Loader> loader_;
   int64_t epoch_ = 0;
   int64_t batches_in_epoch_ = 0;  // the loader's global batches of this epoch consumed so far

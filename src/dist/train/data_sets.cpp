@@ -1,0 +1,76 @@
+// The run's eval set (--eval-data, --eval-split or the source's own split), what the start line says about
+// the data, and the checks that a checkpoint or a weight file was trained on the classes of this run's data
+// (Note [Class names] in io/dataset_views.cpp).
+#include <set>
+
+#include "dist/train/flags.h"
+#include "dist/train/trainer.h"
+#include "io/weights.h"
+
+namespace cz::train {
+namespace {
+
+// "'dog' is new, 'coffee' is missing": how `now` differs from `before`; "" when they are the same list.
+std::string class_difference(const std::vector<std::string>& before, const std::vector<std::string>& now) {
+  if (before == now) return "";
+  const std::set<std::string> a(before.begin(), before.end()), b(now.begin(), now.end());
+  std::vector<std::string> added, missing;
+  for (const std::string& n : now)
+    if (!a.count(n)) added.push_back("'" + n + "'");
+  for (const std::string& n : before)
+    if (!b.count(n)) missing.push_back("'" + n + "'");
+  std::vector<std::string> parts;
+  if (!added.empty())
+    parts.push_back(fmt::format("{} {}", join_names(added), added.size() == 1 ? "is new" : "are new"));
+  if (!missing.empty())
+    parts.push_back(
+        fmt::format("{} {}", join_names(missing), missing.size() == 1 ? "is missing" : "are missing"));
+  if (parts.empty()) parts.push_back("the same names in another order, so other labels");
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+}  // namespace
+
+void Trainer::open_eval_set(const DatasetOptions& options) {
+  const std::string data = flag_arg(cfg_, &TrainConfig::data);
+  if (cfg_.eval_split > 0) {
+    // Note [Held-out split]: the training set becomes the rest.
+    HeldOutSplit s =
+        hold_out(train_set_, cfg_.eval_split, cfg_.seed, flag_arg(cfg_, &TrainConfig::eval_split));
+    train_set_ = std::move(s.train);
+    eval_set_ = std::move(s.eval);
+  } else if (!cfg_.eval_data.empty() || has_eval_split(cfg_.data)) {
+    eval_set_ = open_eval_dataset(cfg_.data, cfg_.eval_data, options, train_set_.get());
+  }
+  CZ_CHECK(eval_set_ != nullptr || cfg_.eval_every == 0,
+           "{} needs an eval set, and {} has no eval split of its own: give {} SPEC, or {} F to hold out a "
+           "fraction F of it (docs/data.md)",
+           flag_arg(cfg_, &TrainConfig::eval_every), data, flag_name(&TrainConfig::eval_data),
+           flag_name(&TrainConfig::eval_split));
+  data_notes_.push_back("data " + train_set_->describe());
+  if (eval_set_) data_notes_.push_back("eval " + eval_set_->describe());
+  const int64_t classes = train_set_->num_classes();
+  if (classes < cfg_.num_classes)
+    data_notes_.push_back(
+        fmt::format("warning: {} but {} has {} classes: the classifier's outputs {}..{} are "
+                    "never a label",
+                    flag_arg(cfg_, &TrainConfig::num_classes), data, classes, classes, cfg_.num_classes - 1));
+}
+
+// The names as a checkpoint or weight file would record them (class_names_to_json's round trip).
+std::vector<std::string> Trainer::class_names() const {
+  const std::vector<std::string> names = train_set_->class_names();
+  return names.empty() ? names : class_names_from_json(class_names_to_json(names), "class names");
+}
+
+void Trainer::check_classes(const std::vector<std::string>& recorded, const std::string& what,
+                            const std::string& remedy) const {
+  const std::vector<std::string> now = class_names();
+  if (recorded.empty() || now.empty()) return;  // one side has numbered classes only: nothing to compare
+  const std::string diff = class_difference(recorded, now);
+  CZ_CHECK(diff.empty(), "{} was trained on {} classes ({}) but {} has {} ({}): {}; {}", what,
+           recorded.size(), join_names(recorded), flag_arg(cfg_, &TrainConfig::data), now.size(),
+           join_names(now), diff, remedy);
+}
+
+}  // namespace cz::train
