@@ -113,7 +113,10 @@ int main(int argc, char** argv) {
     std::printf("%s: %lld tensors, %lld values (%s keys)\n", input.c_str(), static_cast<long long>(r.tensors),
                 static_cast<long long>(r.elements), r.key_style.c_str());
     if (!output.empty()) {
-      cz::export_weights(output, net.named_parameters(), {.conv_mlp = cfg.conv_mlp});
+      // The file's class names stay with its classifier (a new head has none).
+      cz::export_weights(
+          output, net.named_parameters(),
+          {.conv_mlp = cfg.conv_mlp, .class_names = reset_head ? std::vector<std::string>{} : r.class_names});
       std::printf("wrote %s\n", output.c_str());
     }
   } catch (const std::exception& e) {

@@ -4,8 +4,9 @@
 #   eval_classes    issue 30's case: trained on cat, coffee, rocket, evaluated on a folder of cat and rocket (or
 #                   rocket alone): scored against the training labels of those names; an eval class the
 #                   training set lacks is an error naming it
-#   class_names     the class names in checkpoints and exported weights: a resume whose folder gained a class, and
-#                   a fine-tune on other classes without --reset-head, are refused naming the difference
+#   class_names     the class names in checkpoints and weight files (--export-weights, cz_weights' exports): a
+#                   resume whose class folder was renamed, and a fine-tune on other classes without --reset-head,
+#                   are refused naming the difference
 #   skipped_files   macOS `._x.jpg` files, .webp/.bmp files and a CMYK JPEG among the images: the run trains, and
 #                   its start line says what it skipped; --num-classes above the folder's classes is a warning
 #   eval_split      --eval-every without an eval set is an error naming --eval-data; --eval-split F holds out F
@@ -87,8 +88,18 @@ class_names)
   # refused without --reset-head, which trains a new classifier.
   make "$work/pets" 8 4 cat=0 dog=60
   "$cz_weights" "$work/ck" "$work/from_ck.h5" > "$work/out" 2>&1 || { cat "$work/out"; fail "cz_weights export"; }
+  "$cz_weights" "$work/w.h5" "$work/converted.h5" > "$work/out" 2>&1 || { cat "$work/out"; fail "cz_weights convert"; }
+  if /usr/bin/python3 -c "import h5py" 2> /dev/null; then  # the attribute as h5py users read it
+    /usr/bin/python3 - "$work"/{w,from_ck,converted}.h5 <<'PY' || fail "class_names attribute"
+import json, sys, h5py
+for path in sys.argv[1:]:
+    names = json.loads(h5py.File(path, "r").attrs["class_names"])
+    assert names == ["cat", "coffee", "rocket"], (path, names)
+    print(f"{path}: class_names {names}")
+PY
+  fi
   pets=("${base[@]}" --steps 2 --micro-batch 8 --num-classes 3 --data "folder:$work/pets")
-  for w in "$work/w.h5" "$work/from_ck.h5"; do
+  for w in "$work/w.h5" "$work/from_ck.h5" "$work/converted.h5"; do
     refused "--init-weights $w was trained on 3 classes (cat, coffee, rocket) but --data folder:$work/pets has 2 (cat, dog): 'dog' is new, 'coffee', 'rocket' are missing; give --reset-head" \
       "${pets[@]}" --init-weights "$w"
   done
