@@ -200,7 +200,7 @@ TEST(OpBehaviour, ArgmaxTakesTheFirstMaximumAndNaN) {
 // Top-k against a sort of each row: NaN first, then by value, the lower index first among equals (argmax's
 // order); top-1 is count_correct.
 TEST(OpBehaviour, CountTopKRanksAsArgmaxAndSortDo) {
-  const Tensor x = from_vector(std::vector<float>{1, 3, 3, 0, 2,  //
+  const Tensor x = from_vector(std::vector<float>{1, 3, 3, 0, 2,    //
                                                   NAN, 5, 1, 2, 2,  //
                                                   -1, -1, -1, -1, -1},
                                {3, 5});
@@ -211,11 +211,13 @@ TEST(OpBehaviour, CountTopKRanksAsArgmaxAndSortDo) {
   EXPECT_EQ(count_top_k(x, y, 4), 2);
   EXPECT_EQ(count_top_k(x, y, 5), 3);
   const Tensor logits = random_tensor({64, 10}, 5, DType::f32);
-  const Tensor rounded = from_vector([&] {  // coarse values: many ties
-    std::vector<float> v = logits.to_vector<float>();
-    for (float& e : v) e = std::round(e * 2) / 2;
-    return v;
-  }(), {64, 10});
+  const Tensor rounded = from_vector(
+      [&] {  // coarse values: many ties
+        std::vector<float> v = logits.to_vector<float>();
+        for (float& e : v) e = std::round(e * 2) / 2;
+        return v;
+      }(),
+      {64, 10});
   std::vector<int64_t> labels(64);
   for (size_t i = 0; i < labels.size(); ++i) labels[i] = int64_t((i * 7 + i / 3) % 10);
   const Tensor yl = from_vector(labels, {64});
@@ -227,7 +229,8 @@ TEST(OpBehaviour, CountTopKRanksAsArgmaxAndSortDo) {
       for (int64_t i = 0; i < 64; ++i) {
         std::vector<int64_t> order(10);
         std::iota(order.begin(), order.end(), 0);
-        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return v[i * 10 + a] > v[i * 10 + b]; });
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int64_t a, int64_t b) { return v[i * 10 + a] > v[i * 10 + b]; });
         expected += std::find(order.begin(), order.begin() + k, labels[size_t(i)]) != order.begin() + k;
       }
       EXPECT_EQ(count_top_k(z, yl, k), expected) << "k " << k;

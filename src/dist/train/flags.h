@@ -35,6 +35,9 @@ struct Flag {
   // checkpoint records it: the flag's value where `resume_spelling` is empty.
   bool resume_identity = false;
   std::function<std::string(const TrainConfig& c)> resume_spelling = nullptr;
+  // For a flag of the resume identity added after checkpoints were first written: the value a checkpoint
+  // that does not record it was saved with (null: such a checkpoint is refused).
+  const char* resume_absent = nullptr;
   const char* json_key = nullptr;  // its key in the checkpoint's config JSON; null: not recorded
 };
 
@@ -47,6 +50,12 @@ const Flag& flag_of(const FlagField& field);
 inline const char* flag_name(const FlagField& field) {
   return flag_of(field).name;
 }
+
+// The entry named `name` ("--lr"), or null.
+const Flag* find_flag(const std::string& name);
+// Sets the flag's field from text as a command line gives it: numbers, lists "a,b,c", switches "true" /
+// "false" (the field's value, also for an inverted switch). Throws ValueError naming the flag.
+void set_flag_value(TrainConfig& c, const Flag& f, const std::string& value);
 
 // The flag's value as text: numbers as fmt prints them, lists joined with ",".
 std::string flag_value(const TrainConfig& c, const Flag& f);
