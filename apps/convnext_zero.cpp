@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -17,6 +18,8 @@
 #include "dist/plan/planner.h"
 #include "dist/plan/what_if.h"
 #include "dist/train/flags.h"
+#include "dist/train/param_groups.h"
+#include "dist/train/recipe.h"
 #include "dist/train/stop.h"
 #include "dist/train/trainer.h"
 #include "nn/convnext.h"
@@ -55,12 +58,12 @@ void add_flags(CLI::App& app, cz::train::TrainConfig& c) {
 
 // The planner's flags (not a run's, so not in the flag table); messages name them through their options.
 struct PlanFlags {
-  bool plan = false, json = false;
+  bool plan = false, json = false, param_groups = false;
   std::string gpu_mem;
   int ranks = 0;  // 0: the launcher's world size, else 1
   std::string what_if, compute_table;
   CLI::Option *plan_opt = nullptr, *gpu_mem_opt = nullptr, *json_opt = nullptr, *ranks_opt = nullptr,
-              *what_if_opt = nullptr, *compute_table_opt = nullptr;
+              *what_if_opt = nullptr, *compute_table_opt = nullptr, *param_groups_opt = nullptr;
 
   std::string gpu_mem_name() const { return gpu_mem_opt->get_name(); }
 };
@@ -72,7 +75,12 @@ void add_plan_flags(CLI::App& app, PlanFlags& f) {
                                  "with --plan: device memory per rank to fit, e.g. 24GB, 24GiB, 512MiB; the "
                                  "exit code is 3 when the plan "
                                  "does not fit it (0 when it does)");
-  f.json_opt = app.add_flag("--json", f.json, "with --plan: print the plan as one JSON object");
+  f.json_opt =
+      app.add_flag("--json", f.json,
+                   "with --plan or --print-param-groups: print the plan or the groups as one JSON object");
+  f.param_groups_opt = app.add_flag("--print-param-groups", f.param_groups,
+                                    "print the optimizer's parameter groups for these flags (lr scale of "
+                                    "--layer-decay, weight decay) and exit (no MPI, no GPU needed)");
   f.ranks_opt =
       app.add_option("--ranks", f.ranks, "with --plan: the world size (default: the launcher's, else 1)");
   f.what_if_opt = app.add_option(
@@ -87,7 +95,11 @@ void add_plan_flags(CLI::App& app, PlanFlags& f) {
 
 // The plan flags that go with --plan, and which do not go together: the exit code 1 and a message.
 void check_plan_flags(const PlanFlags& f) {
-  for (const CLI::Option* o : {f.gpu_mem_opt, f.json_opt, f.ranks_opt, f.what_if_opt})
+  CZ_CHECK(!f.plan || !f.param_groups, "{} and {} go separately", f.plan_opt->get_name(),
+           f.param_groups_opt->get_name());
+  CZ_CHECK(f.plan || f.param_groups || f.json_opt->count() == 0, "{} goes with {} or {}",
+           f.json_opt->get_name(), f.plan_opt->get_name(), f.param_groups_opt->get_name());
+  for (const CLI::Option* o : {f.gpu_mem_opt, f.ranks_opt, f.what_if_opt})
     CZ_CHECK(f.plan || o->count() == 0, "{} goes with {}", o->get_name(), f.plan_opt->get_name());
   CZ_CHECK(!f.what_if.empty() || f.compute_table_opt->count() == 0, "{} goes with {} {}",
            f.compute_table_opt->get_name(), f.plan_opt->get_name(), f.what_if_opt->get_name());
@@ -142,6 +154,11 @@ int run_plan(const cz::train::TrainConfig& cfg, const PlanFlags& f) {
                                   : "",
                f.gpu_mem_name(), *p.gpu_mem, double(p.required_bytes - *p.gpu_mem) / (1 << 20), rc);
   return rc;
+}
+
+// "93.75%", or "n/a" for a top-5 below 5 classes (EvalResult::top5).
+std::string percent(double fraction) {
+  return std::isnan(fraction) ? std::string("n/a") : fmt::format("{:.2f}%", 100 * fraction);
 }
 
 std::string mib(int64_t bytes) {
@@ -295,9 +312,27 @@ int main(int argc, char** argv) {
   using cz::train::flag_name, cz::train::TrainConfig;
   const char* const steps_flag = flag_name(&TrainConfig::steps);
   const char* const epochs_flag = flag_name(&TrainConfig::epochs);
-  const bool default_run = app.count(steps_flag) == 0 && app.count(epochs_flag) == 0;
+  // Whether the command line gave `flag` (the recipe's values yield to it); false for one this build lacks.
+  const auto given = [&](const std::string& flag) {
+    const CLI::Option* o = app.get_option_no_throw(flag);
+    return o != nullptr && o->count() > 0;
+  };
+  bool default_run = false;
+  cz::train::RecipeReport recipe;
   try {
+    recipe = cz::train::apply_recipe(cfg, given);  // Note [Recipes]; --lr once the world size is known
+    default_run =
+        !given(steps_flag) && !given(epochs_flag) && !recipe.sets(steps_flag) && !recipe.sets(epochs_flag);
     check_plan_flags(plan_flags);
+    if (plan_flags.param_groups) {
+      cfg.validate();
+      const auto groups = cz::train::param_groups(cfg);
+      if (plan_flags.json)
+        fmt::print("{}\n", cz::train::param_groups_json(cfg, groups).dump(2));
+      else
+        fmt::print("{}", cz::train::format_param_groups(cfg, groups));
+      return 0;
+    }
     if (plan_flags.plan && !plan_flags.what_if.empty()) return run_what_if(cfg, plan_flags);
     if (plan_flags.plan) return run_plan(cfg, plan_flags);
     if (default_run) {
@@ -328,6 +363,7 @@ int main(int argc, char** argv) {
           "every flag)\n",
           cfg.steps);
     warn_short_grace(cfg, lead);
+    cz::train::apply_recipe_lr(cfg, world->size(), given(flag_name(&TrainConfig::lr)), recipe);
     cz::train::Trainer trainer(cfg, *world);
     if (lead) {
       const auto& mc = trainer.model().config();
@@ -337,6 +373,7 @@ int main(int argc, char** argv) {
           mc.name, double(trainer.model().num_parameters()) / 1e6, cfg.device, world->size(), cfg.precision,
           cfg.stage, cfg.offload_optimizer ? " + CPU offload" : "", cfg.data, cfg.image_size, cfg.image_size,
           cfg.global_batch(world->size()), trainer.total_steps());
+      fmt::print("{}", cz::train::format_recipe(recipe));
       if (!trainer.comm_backend_note().empty())
         fmt::print("convnext_zero: collectives over {}\n", trainer.comm_backend_note());
       for (const std::string& line : trainer.data_notes()) fmt::print("convnext_zero: {}\n", line);
@@ -349,8 +386,14 @@ int main(int argc, char** argv) {
     } else if (lead) {
       fmt::print("done: {} steps in {:.1f} s, {:.1f} img/s, final train loss {:.4f}", s.steps, s.seconds,
                  s.img_per_s, s.final_loss);
-      if (s.eval) fmt::print(", eval loss {:.4f} top1 {:.2f}%", s.eval->loss, 100 * s.eval->top1);
-      if (s.eval_ema) fmt::print(" (EMA top1 {:.2f}%)", 100 * s.eval_ema->top1);
+      if (s.eval)
+        fmt::print(", eval loss {:.4f} top1 {:.2f}% top5 {}", s.eval->loss, 100 * s.eval->top1,
+                   percent(s.eval->top5));
+      if (s.eval_ema)
+        fmt::print(" (EMA top1 {:.2f}% top5 {})", 100 * s.eval_ema->top1, percent(s.eval_ema->top5));
+      if (s.best.top1 >= 0) fmt::print(", best top1 {:.2f}% at step {}", 100 * s.best.top1, s.best.step);
+      if (s.best_ema.top1 >= 0)
+        fmt::print(" (EMA {:.2f}% at step {})", 100 * s.best_ema.top1, s.best_ema.step);
       // Planned beside measured (docs/planning.md): the same flags through the planner.
       cz::plan::PlanRequest req;
       req.config = cfg;

@@ -107,6 +107,37 @@ std::vector<std::string> convnext_units(const ConvNeXtConfig& cfg) {
   return units;
 }
 
+void check_layer_decay_numbering(const ConvNeXtConfig& cfg) {
+  CZ_CHECK(
+      cfg.depths.size() == 4,
+      "--layer-decay numbers ConvNeXt's four stages (Note [Layer-wise lr decay numbering]), but the model "
+      "has {} (--depths {})",
+      cfg.depths.size(), fmt::join(cfg.depths, ","));
+  constexpr int64_t kMaxStage2 = 3 * (kConvNeXtDecayLayers - 3);
+  CZ_CHECK(
+      cfg.depths[2] <= kMaxStage2,
+      "--layer-decay groups stage 2's blocks by three into layers 3-11, at most {} blocks, but the model "
+      "has {} (--depths {})",
+      kMaxStage2, cfg.depths[2], fmt::join(cfg.depths, ","));
+}
+
+int64_t convnext_layer_id(const std::string& name) {
+  const auto field = [&](size_t k) {  // the k-th dot-separated field of the name, as a number
+    size_t b = 0;
+    for (size_t i = 0; i < k; ++i) b = name.find('.', b) + 1;
+    return std::stoll(name.substr(b, name.find('.', b) - b));
+  };
+  if (name.rfind("stem.", 0) == 0) return 0;
+  if (name.rfind("head.", 0) == 0) return kConvNeXtDecayLayers + 1;
+  CZ_ASSERT(name.rfind("stages.", 0) == 0, "convnext_layer_id: '{}' is not a ConvNeXt parameter", name);
+  const int64_t stage = field(1);
+  const bool downsample = name.find(".downsample.") != std::string::npos;
+  if (stage == 3) return kConvNeXtDecayLayers;
+  if (downsample || stage < 2)
+    return stage + 1;       // stage 0 has no downsample; stage 1's shares its blocks' id
+  return 3 + field(3) / 3;  // stages.2.blocks.j
+}
+
 ConvNeXtConfig convnext_variant(const std::string& name) {
   const std::string key = name.rfind("convnext_", 0) == 0 ? name.substr(9) : name;
   for (const Variant& v : variants()) {

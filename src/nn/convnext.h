@@ -58,6 +58,21 @@ std::vector<ParamInfo> convnext_parameters(const ConvNeXtConfig& cfg);
 // "stages.i.downsample" for i > 0, "stages.i.blocks.j", "head"); every parameter lies in exactly one.
 std::vector<std::string> convnext_units(const ConvNeXtConfig& cfg);
 
+// Note [Layer-wise lr decay numbering]: fine-tuning scales each parameter's lr by D^(num_layers + 1 - id),
+// with the layer ids of the official ConvNeXt code (facebookresearch/ConvNeXt, optim_factory.py,
+// get_num_layer_for_convnext), which cuts [3, 3, 27, 3] into 12 layers: the stem is 0, stage 0's blocks 1,
+// stage 1's downsample and blocks 2, stage 2's downsample 3 and its blocks j at 3 + j / 3 (groups of three),
+// stage 3's downsample and blocks 12, and the head (norm and fc) 13. The numbering is fixed, not derived
+// from the depths: with fewer than 27 blocks in stage 2 (tiny's 9, atto's 6) ids 6-11 stay empty, exactly as
+// the official function numbers them, so stage 3 is one decay below the head and several above stage 2.
+// num_layers is 12 for every model; stage 2 may hold at most 27 blocks (ids up to 11), and there must be
+// four stages.
+inline constexpr int64_t kConvNeXtDecayLayers = 12;
+// Throws ValueError naming --layer-decay unless `cfg` has four stages and at most 27 blocks in stage 2.
+void check_layer_decay_numbering(const ConvNeXtConfig& cfg);
+// The layer id (0 .. kConvNeXtDecayLayers + 1) of a parameter named as convnext_parameters names it.
+int64_t convnext_layer_id(const std::string& param_name);
+
 // Note [Drop-path masks]: a block's mask for a sample depends only on (seed, step, block index, the sample's
 // index in the global batch). So a W-rank run (each rank holding a slice of the global batch) drops exactly
 // the samples a single-process run drops, and a checkpointed block's recompute reproduces its mask.

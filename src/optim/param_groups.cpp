@@ -31,6 +31,20 @@ std::vector<ParamHyper> timm_weight_decay(const FlatLayout& layout, double weigh
   return out;
 }
 
+void apply_layer_decay(std::vector<ParamHyper>& hyper, const std::vector<int64_t>& layer_ids,
+                       int64_t num_layers, double decay) {
+  CZ_CHECK(std::isfinite(decay) && decay > 0, "layer decay must be a finite value > 0, got {}", decay);
+  CZ_CHECK(layer_ids.size() == hyper.size(), "apply_layer_decay: {} layer ids for {} parameters",
+           layer_ids.size(), hyper.size());
+  for (size_t i = 0; i < hyper.size(); ++i) {
+    CZ_CHECK(layer_ids[i] >= 0 && layer_ids[i] <= num_layers + 1,
+             "apply_layer_decay: layer id {} of parameter {} is outside [0, {}]", layer_ids[i], i,
+             num_layers + 1);
+    // pow of an integer exponent, as the official code's `decay ** (num_layers + 1 - i)` computes it.
+    hyper[i].lr_scale *= std::pow(decay, double(num_layers + 1 - layer_ids[i]));
+  }
+}
+
 std::vector<ShardPiece> shard_pieces(const FlatLayout& layout, ShardRange shard,
                                      const std::vector<ParamHyper>& hyper) {
   check_shard_range("shard_pieces", layout, shard);

@@ -38,6 +38,13 @@ bool timm_decays(const FlatSegment& segment, const std::vector<std::string>& no_
 std::vector<ParamHyper> timm_weight_decay(const FlatLayout& layout, double weight_decay,
                                           const std::vector<std::string>& no_decay_names = {});
 
+// Layer-wise lr decay (BEiT, ConvNeXt fine-tuning): multiplies hyper[i].lr_scale by
+// decay^(num_layers + 1 - layer_ids[i]), so the last layer id (num_layers + 1, the head) keeps its lr and
+// each id below it gets one more factor of `decay`. layer_ids: one per entry of `hyper`, in [0, num_layers
+// + 1]. decay > 0; 1 changes nothing.
+void apply_layer_decay(std::vector<ParamHyper>& hyper, const std::vector<int64_t>& layer_ids,
+                       int64_t num_layers, double decay);
+
 // Note [Shard pieces]: a shard is cut into pieces, maximal runs of elements whose parameters share one
 // ParamHyper, in shard-local offsets. Each segment owns its padded extent [offset, next segment's offset) —
 // the alignment padding after a parameter is updated with that parameter's hyper-parameters, which keeps it

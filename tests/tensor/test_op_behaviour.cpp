@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <numeric>
 
 #include "common/gradcheck.h"
 #include "op_reference.h"
@@ -194,6 +195,49 @@ TEST(OpBehaviour, ArgmaxTakesTheFirstMaximumAndNaN) {
   const Tensor logits = from_vector(std::vector<float>{0, 1, 2, 5, 1, 0, 0, 0, 1}, {3, 3});
   EXPECT_EQ(count_correct(logits, from_vector(std::vector<int64_t>{2, 0, 1}, {3})), 2);
   EXPECT_EQ(count_correct(logits, from_vector(std::vector<int32_t>{2, 0, 2}, {3})), 3);
+}
+
+// Top-k against a sort of each row: NaN first, then by value, the lower index first among equals (argmax's
+// order); top-1 is count_correct.
+TEST(OpBehaviour, CountTopKRanksAsArgmaxAndSortDo) {
+  const Tensor x = from_vector(std::vector<float>{1, 3, 3, 0, 2,    //
+                                                  NAN, 5, 1, 2, 2,  //
+                                                  -1, -1, -1, -1, -1},
+                               {3, 5});
+  const Tensor y = from_vector(std::vector<int64_t>{2, 0, 4}, {3});
+  // Row 0: order 1, 2, 4, 0, 3 -> label 2 is second. Row 1: NaN first. Row 2: all equal -> label 4 is last.
+  EXPECT_EQ(count_top_k(x, y, 1), 1);
+  EXPECT_EQ(count_top_k(x, y, 2), 2);
+  EXPECT_EQ(count_top_k(x, y, 4), 2);
+  EXPECT_EQ(count_top_k(x, y, 5), 3);
+  const Tensor logits = random_tensor({64, 10}, 5, DType::f32);
+  const Tensor rounded = from_vector(
+      [&] {  // coarse values: many ties
+        std::vector<float> v = logits.to_vector<float>();
+        for (float& e : v) e = std::round(e * 2) / 2;
+        return v;
+      }(),
+      {64, 10});
+  std::vector<int64_t> labels(64);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = int64_t((i * 7 + i / 3) % 10);
+  const Tensor yl = from_vector(labels, {64});
+  for (const Tensor& z : {logits, rounded}) {
+    const std::vector<float> v = z.to_vector<float>();
+    EXPECT_EQ(count_top_k(z, yl, 1), count_correct(z, yl));
+    for (int64_t k = 1; k <= 10; ++k) {
+      int64_t expected = 0;
+      for (int64_t i = 0; i < 64; ++i) {
+        std::vector<int64_t> order(10);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int64_t a, int64_t b) { return v[i * 10 + a] > v[i * 10 + b]; });
+        expected += std::find(order.begin(), order.begin() + k, labels[size_t(i)]) != order.begin() + k;
+      }
+      EXPECT_EQ(count_top_k(z, yl, k), expected) << "k " << k;
+    }
+  }
+  EXPECT_THROW(count_top_k(x, y, 6), ValueError);
+  EXPECT_THROW(count_top_k(x, y, 0), ValueError);
 }
 
 TEST(OpBehaviour, DropPathMask) {

@@ -37,11 +37,12 @@ TEST(Flags, ConfigJsonIsWhatCheckpointsRecorded) {
       config_json(custom_config(), 2),
       R"({"augment":true,"bucket_mb":0.01,"clip_grad":0.0,"data":"synthetic:n=256,eval_n=64,classes=4",)"
       R"("depths":[1,1,1,1],"dims":[8,16,24,32],"drop_path":0.0,"ema_decay":0.99,"epochs":0,"eval_split":0.0,)"
-      R"("gather_dtype":"fp32","grad_accum":1,"hpz":false,"image_size":64,"label_smoothing":0.0,"lr":0.003,"micro_batch":32,)"
+      R"("gather_dtype":"fp32","grad_accum":1,"hpz":false,"image_size":64,"label_smoothing":0.0,"layer_decay":1.0,)"
+      R"("lr":0.003,"micro_batch":32,)"
       R"("min_lr":1e-06,"model":"atto","num_classes":4,"offload_optimizer":false,"optimizer":"adamw",)"
-      R"("precision":"fp32","reduce_dtype":"fp32","schedule":"cosine","seed":18446744073709551615,)"
+      R"("precision":"fp32","recipe":"","reduce_dtype":"fp32","schedule":"cosine","seed":18446744073709551615,)"
       R"("shard_group":"world","shuffle":false,"stage":0,)"
-      R"("steps":0,"warmup_steps":0,"weight_decay":0.05,"world_size":2})");
+      R"("steps":0,"warmup_epochs":0.0,"warmup_steps":0,"weight_decay":0.05,"world_size":2})");
 }
 
 // Resuming compares these with the strings a checkpoint holds ("flag--dims" = "8,16,24,32").
@@ -54,11 +55,13 @@ TEST(Flags, ResumeIdentityIsWhatCheckpointsRecorded) {
                                                      {"--data", "synthetic:n=256,eval_n=64,classes=4"},
                                                      {"--eval-split", "0"},
                                                      {"--optimizer", "adamw"},
+                                                     {"--layer-decay", "1"},
                                                      {"--ema-decay", "on"},
                                                      {"--seed", "18446744073709551615"}}));
   TrainConfig c;
   c.model = "tiny";
   c.optimizer = "sgd";
+  c.layer_decay = 0.75;
   c.seed = 7;
   EXPECT_EQ(resume_identity(c), (Pairs{{"--model", "tiny"},
                                        {"--depths", ""},
@@ -67,6 +70,7 @@ TEST(Flags, ResumeIdentityIsWhatCheckpointsRecorded) {
                                        {"--data", "synthetic"},
                                        {"--eval-split", "0"},
                                        {"--optimizer", "sgd"},
+                                       {"--layer-decay", "0.75"},
                                        {"--ema-decay", "off"},
                                        {"--seed", "7"}}));
 }
@@ -105,7 +109,12 @@ TEST(Flags, RanksAgreeOnTheFlagsTheTrainerChecked) {
                                            "--ema-decay",
                                            "--init-weights",
                                            "--comm-impl",
-                                           "--comm-backend"}));
+                                           "--comm-backend",
+                                           "--recipe",
+                                           "--layer-decay",
+                                           "--layer-scale-init",
+                                           "--head-init-scale",
+                                           "--warmup-epochs"}));
 }
 
 TEST(Flags, NamesAndKeysAreUniqueAndFound) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -216,6 +217,70 @@ TEST(Trainer, EveryZeroStageRunsAtWorldSizeOne) {
     }
     EXPECT_EQ(losses, ref_losses) << "stage " << stage;
     EXPECT_EQ(testing::max_abs_diff(w, ref), 0.0) << "stage " << stage;
+  }
+}
+
+}  // namespace
+}  // namespace cz::train
+
+namespace cz::train {
+namespace {
+
+// --layer-decay D: AdamW's first update moves each element by lr x scale x g / (|g| + eps), and the first
+// gradients do not depend on the lr, so each parameter moves by its lr scale (D^(13 - layer), Note
+// [Layer-wise lr decay numbering]) times what it moves without layer decay, element by element, with the
+// replicated update and with stage 3's sharded update offloaded to the CPU alike.
+TEST(Trainer, LayerDecayScalesEachParametersFirstUpdate) {
+  // Per parameter: its name, each element's move, and its largest weight (whose f32 spacing bounds the
+  // rounding of a move).
+  struct Moves {
+    std::string name;
+    std::vector<float> move;
+    double largest = 0;
+  };
+  using Values = std::vector<Moves>;
+  const auto first_move = [](bool sharded, double layer_decay) {
+    TrainConfig c = testing::tiny_config();
+    c.depths = {1, 1, 4, 1};  // stage 2's blocks in layers 3 and 4
+    c.layer_decay = layer_decay;
+    c.weight_decay = 0;
+    c.steps = 1;
+    c.stage = sharded ? 3 : 0;
+    c.offload_optimizer = sharded;
+    Trainer t(c, dist::World::get());
+    Values v;
+    for (const auto& [name, p] : t.master_parameters()) {
+      v.push_back({name, p.to(Device::cpu()).contiguous().to_vector<float>()});
+      for (float x : v.back().move) v.back().largest = std::max(v.back().largest, double(std::abs(x)));
+    }
+    t.step();
+    const nn::NamedParameters after = t.master_parameters();
+    for (size_t i = 0; i < v.size(); ++i) {
+      const std::vector<float> a = after[i].second.to(Device::cpu()).contiguous().to_vector<float>();
+      for (size_t e = 0; e < a.size(); ++e) v[i].move[e] = a[e] - v[i].move[e];
+    }
+    return v;
+  };
+  for (const bool sharded : {false, true}) {
+    const Values plain = first_move(sharded, 1.0), decayed = first_move(sharded, 0.6);
+    ASSERT_EQ(plain.size(), decayed.size());
+    std::set<int64_t> layers;
+    for (size_t i = 0; i < plain.size(); ++i) {
+      const std::string& name = plain[i].name;
+      const int64_t layer = nn::convnext_layer_id(name);
+      layers.insert(layer);
+      const double scale = std::pow(0.6, double(13 - layer));
+      double off = 0, size = 0;
+      for (size_t e = 0; e < plain[i].move.size(); ++e) {
+        off = std::max(off, std::abs(decayed[i].move[e] - scale * plain[i].move[e]));
+        size = std::max(size, std::abs(scale * plain[i].move[e]));
+      }
+      EXPECT_GT(size, 0) << name;
+      // The moves are differences of f32 weights: apart by the rounding of the weights at most.
+      EXPECT_LE(off, 1e-4 * size + 2 * std::ldexp(plain[i].largest, -23))
+          << name << (sharded ? " (stage 3, offload)" : "") << ": scale " << scale;
+    }
+    EXPECT_EQ(layers, (std::set<int64_t>{0, 1, 2, 3, 4, 12, 13}));
   }
 }
 

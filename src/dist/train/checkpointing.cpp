@@ -8,8 +8,21 @@
 // position: Note [Sampling]), the optimizer's step count and the loss scaler. There is no other random
 // state to save. A resumed run reads its own ranges of each tensor (any world size, any stage), restarts the
 // loader at the saved position, and continues bit for bit at the same configuration.
+//
+// Note [Best checkpoints]: with --keep-best, DIR/best holds one checkpoint (step_N and its own `latest`) of
+// the run's state at the evaluation whose top-1 of the weights was the highest so far, and DIR/best_ema the
+// same for the EMA's top-1, as the official ConvNeXt main.py keeps checkpoint-best and checkpoint-best-ema.
+// Each is a whole checkpoint (master weights, optimizer state, EMA, the eval's figures in its scalars), so
+// it resumes (--resume DIR/best) and exports (cz_weights DIR/best) like any other. A strictly higher top-1
+// replaces it (a tie keeps the earlier one, as the official code's `<` does); the first evaluation always
+// makes one. The save is synchronous, right after the evaluation and after publishing any save in flight:
+// evaluations are rare, and a save in the background would have to share the single in-flight slot with the
+// periodic ones. --keep-checkpoints' rotation and DIR/latest see only DIR's own step_N folders, so a best
+// checkpoint stays however old it gets. Every checkpoint records the best top-1s so far, so a resumed run
+// replaces a best checkpoint only with a better evaluation (than those and than the one DIR/best holds).
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 
 #include "dist/train/trainer.h"
 
@@ -38,9 +51,7 @@ class GroupCollective final : public ckpt::Collective {
   dist::ProcessGroup group_;
 };
 
-void Trainer::save_checkpoint() {
-  CZ_CHECK(!cfg_.checkpoint_dir.empty(), "save_checkpoint needs {}", flag_name(&TrainConfig::checkpoint_dir));
-  finish_pending_save();  // one save in flight at a time
+ckpt::SaveRequest Trainer::checkpoint_request() {
   if (!ckpt_comm_) ckpt_comm_ = std::make_unique<GroupCollective>(group_);
   ckpt::SaveRequest req;
   req.dir = cfg_.checkpoint_dir;
@@ -66,6 +77,17 @@ void Trainer::save_checkpoint() {
   sc.strings["config"] = config_json(cfg_, world_.size());
   if (const std::vector<std::string> names = class_names(); !names.empty())
     sc.strings["class_names"] = class_names_to_json(names);  // Note [Class names]
+  sc.floats["best_top1"] = best_.top1;
+  sc.ints["best_step"] = best_.step;
+  sc.floats["best_ema_top1"] = best_ema_.top1;
+  sc.ints["best_ema_step"] = best_ema_.step;
+  return req;
+}
+
+void Trainer::save_checkpoint() {
+  CZ_CHECK(!cfg_.checkpoint_dir.empty(), "save_checkpoint needs {}", flag_name(&TrainConfig::checkpoint_dir));
+  finish_pending_save();  // one save in flight at a time
+  ckpt::SaveRequest req = checkpoint_request();
   pending_save_ = std::make_unique<ckpt::PendingSave>(ckpt::begin_save(std::move(req), *ckpt_comm_));
   saved_step_ = step_;
 }
@@ -78,6 +100,33 @@ void Trainer::finish_pending_save() {
   set_latest_checkpoint(r.path);
   if (world_.rank() == 0 && cfg_.progress)
     fmt::print(stderr, "checkpoint {} ({:.1f} MB)\n", r.path, double(r.bytes) / 1e6);
+}
+
+void Trainer::track_best(BestEval& best, const EvalResult& r, const char* folder) {
+  if (!(r.top1 > best.top1)) return;  // a NaN top-1 (no examples) is never the best
+  best.top1 = r.top1;
+  best.step = step_;
+  if (!cfg_.keep_best) return;
+  finish_pending_save();
+  ckpt::SaveRequest req = checkpoint_request();
+  req.dir = cfg_.checkpoint_dir + "/" + folder;
+  req.keep = 1;
+  req.scalars.strings["best_of"] = std::string(folder) == "best" ? "weights" : "ema";
+  req.scalars.floats["eval_top1"] = r.top1;
+  req.scalars.floats["eval_top5"] = r.top5;
+  req.scalars.floats["eval_loss"] = r.loss;
+  best.checkpoint = ckpt::save_checkpoint(std::move(req), *ckpt_comm_).path;
+  if (world_.rank() != 0) return;
+  // A resumed run that took another path may have left a best of a later step; only the new one stands.
+  std::error_code ec;
+  const std::string keep = std::filesystem::path(best.checkpoint).filename().string();
+  for (const auto& e : std::filesystem::directory_iterator(cfg_.checkpoint_dir + "/" + folder, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) == 0 && name != keep) std::filesystem::remove_all(e.path(), ec);
+  }
+  if (cfg_.progress)
+    fmt::print(stderr, "best {} top1 {:.2f}% at step {}: {}\n",
+               folder == std::string("best") ? "weights'" : "EMA's", 100 * r.top1, step_, best.checkpoint);
 }
 
 // Note [Stopping on request] (stop.cpp): every rank contributes its stop signal and whether its part of the
@@ -157,6 +206,24 @@ void Trainer::resume(const std::string& path) {
   epoch_ = get("epoch");
   batches_in_epoch_ = samples / batch;
   loader_->start_epoch(epoch_, batches_in_epoch_);
+  // Checkpoints from before --keep-best have no best figures: every evaluation from here is compared afresh.
+  if (const auto b = sc.floats.find("best_top1"); b != sc.floats.end()) best_.top1 = b->second;
+  if (const auto b = sc.floats.find("best_ema_top1"); b != sc.floats.end()) best_ema_.top1 = b->second;
+  if (const auto b = sc.ints.find("best_step"); b != sc.ints.end()) best_.step = b->second;
+  if (const auto b = sc.ints.find("best_ema_step"); b != sc.ints.end()) best_ema_.step = b->second;
+  // The checkpoint was saved before its step's evaluation (the last one of a run among them), so a best kept
+  // after it is not in its figures: what DIR/best holds counts too, or a later, worse evaluation would
+  // replace it.
+  if (cfg_.keep_best) {
+    for (auto [best, folder] : {std::pair{&best_, "best"}, std::pair{&best_ema_, "best_ema"}}) {
+      const std::string dir = cfg_.checkpoint_dir + "/" + folder;
+      if (!std::filesystem::exists(dir + "/latest")) continue;
+      const ckpt::Checkpoint kept = ckpt::Checkpoint::open(dir);
+      const auto top1 = kept.scalars().floats.find("eval_top1");
+      if (top1 == kept.scalars().floats.end() || !(top1->second > best->top1)) continue;
+      *best = BestEval{top1->second, kept.step(), kept.path()};
+    }
+  }
   LossScaler::State ls;
   ls.scale = sc.floats.count("loss_scale") ? sc.floats.at("loss_scale") : 1.0;
   ls.clean_steps = get("loss_scale_clean_steps");

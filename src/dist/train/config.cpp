@@ -14,6 +14,8 @@ nn::ConvNeXtConfig TrainConfig::model_config() const {
   }
   mc.num_classes = num_classes;
   mc.drop_path_rate = drop_path;
+  mc.layer_scale_init = layer_scale_init;
+  mc.head_init_scale = head_init_scale;
   return mc;
 }
 

@@ -12,12 +12,16 @@
 namespace cz::train {
 
 struct TrainConfig {
+  std::string recipe;  // a named recipe's values for the flags not given (dist/train/recipe.h)
+
   // Model.
   std::string model = "atto";
   std::vector<int64_t> depths, dims;  // custom architecture; both or neither, overriding --model's
   int64_t num_classes = 10;
   int64_t image_size = 64;
   double drop_path = 0.0;
+  double layer_scale_init = 1e-6;  // each block's gamma starts here (0: no layer scale)
+  double head_init_scale = 1.0;    // head.fc's initial weight and bias are multiplied by this
   bool activation_checkpointing = false;
   std::string init_weights;    // HDF5 weights to start from
   bool reset_head = false;     // with init_weights: keep the file's head out, initialise a new one
@@ -29,8 +33,9 @@ struct TrainConfig {
       0;  // steps between checkpoints (0: only at the end); one is also written at the end
   int64_t keep_checkpoints = 3;  // keep the newest K complete ones (0: all)
   bool checkpoint_sync =
-      false;           // publish each periodic checkpoint before the next step, not in the background
-  std::string resume;  // a checkpoint folder (its latest) or one DIR/step_N to continue from
+      false;               // publish each periodic checkpoint before the next step, not in the background
+  bool keep_best = false;  // also keep the checkpoints of the best eval top-1 (weights' and EMA's): DIR/best*
+  std::string resume;      // a checkpoint folder (its latest) or one DIR/step_N to continue from
 
   // Data.
   std::string data = "synthetic";
@@ -52,8 +57,10 @@ struct TrainConfig {
   double lr = 1e-3;
   double min_lr = 1e-6;
   double weight_decay = 0.05;
-  double momentum = 0.9;  // sgd
+  double layer_decay = 1.0;  // layer-wise lr decay (Note [Layer-wise lr decay numbering]); 1: off
+  double momentum = 0.9;     // sgd
   int64_t warmup_steps = 0;
+  double warmup_epochs = 0;         // warmup in epochs of the training set (instead of warmup_steps)
   std::string schedule = "cosine";  // cosine | constant
   double label_smoothing = 0.0;
   double clip_grad = 0.0;  // global-norm clipping; 0: off

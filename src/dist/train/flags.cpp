@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "dist/train/recipe.h"
 #include "tensor/check.h"
 
 namespace cz::train {
@@ -27,6 +28,17 @@ std::vector<Flag> make_flags() {
   const std::string variants = fmt::format("{}", fmt::join(nn::convnext_variant_names(), "|"));
   // Checks run in this order; the first that fails names its flag.
   return {
+      {.name = "--recipe",
+       .field = &T::recipe,
+       .help = "a named recipe's values for every flag not given (the header lists them): " + recipe_names() +
+               " (docs/training.md)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.recipe.empty() || find_recipe(c.recipe), "{} must be one of {}, got '{}'", f.name,
+                      recipe_names(), c.recipe);
+           },
+       .ranks_agree = true,
+       .json_key = "recipe"},
       {.name = "--model",
        .field = &T::model,
        .help = "ConvNeXt variant: " + variants,
@@ -164,6 +176,19 @@ std::vector<Flag> make_flags() {
        .check = [](C c,
                    F f) { CZ_CHECK(c.weight_decay >= 0, "{} must be >= 0, got {}", f.name, c.weight_decay); },
        .json_key = "weight_decay"},
+      {.name = "--layer-decay",
+       .field = &T::layer_decay,
+       .help = "layer-wise lr decay D: each parameter's lr times D^(13 - its layer), ConvNeXt's official "
+               "numbering (stem 0 .. head 13; --print-param-groups shows them; 1: off)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(std::isfinite(c.layer_decay) && c.layer_decay > 0,
+                      "{} must be a finite value > 0, got {}", f.name, c.layer_decay);
+             if (c.layer_decay != 1.0) nn::check_layer_decay_numbering(c.model_config());
+           },
+       .ranks_agree = true,
+       .resume_identity = true,
+       .json_key = "layer_decay"},
       {.name = "--momentum",
        .field = &T::momentum,
        .help = "SGD momentum",
@@ -177,6 +202,19 @@ std::vector<Flag> make_flags() {
        .check = [](C c,
                    F f) { CZ_CHECK(c.warmup_steps >= 0, "{} must be >= 0, got {}", f.name, c.warmup_steps); },
        .json_key = "warmup_steps"},
+      {.name = "--warmup-epochs",
+       .field = &T::warmup_epochs,
+       .help =
+           "linear warmup in epochs of the training set (rounded to whole steps), instead of --warmup-steps",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(std::isfinite(c.warmup_epochs) && c.warmup_epochs >= 0, "{} must be >= 0, got {}",
+                      f.name, c.warmup_epochs);
+             CZ_CHECK(c.warmup_epochs == 0 || c.warmup_steps == 0, "give {} or {}, not both (got {} and {})",
+                      flag_name(&T::warmup_steps), f.name, c.warmup_steps, c.warmup_epochs);
+           },
+       .ranks_agree = true,
+       .json_key = "warmup_epochs"},
       {.name = "--schedule",
        .field = &T::schedule,
        .help = "cosine | constant",
@@ -205,6 +243,25 @@ std::vector<Flag> make_flags() {
            },
        .ranks_agree = true,
        .json_key = "drop_path"},
+      {.name = "--layer-scale-init",
+       .field = &T::layer_scale_init,
+       .help = "initial value of each block's layer scale gamma (0: no layer scale)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(std::isfinite(c.layer_scale_init) && c.layer_scale_init >= 0, "{} must be >= 0, got {}",
+                      f.name, c.layer_scale_init);
+           },
+       .ranks_agree = true},
+      {.name = "--head-init-scale",
+       .field = &T::head_init_scale,
+       .help = "multiply the classifier's initial weight and bias by this (fine-tuning: 0.001; applies to a "
+               "head initialised here, not to one read with --init-weights)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(std::isfinite(c.head_init_scale) && c.head_init_scale >= 0, "{} must be >= 0, got {}",
+                      f.name, c.head_init_scale);
+           },
+       .ranks_agree = true},
       {.name = "--clip-grad",
        .field = &T::clip_grad,
        .help = "global gradient-norm clipping (0: off)",
@@ -432,6 +489,15 @@ std::vector<Flag> make_flags() {
            [](C c, F f) {
              CZ_CHECK(c.keep_checkpoints >= 0, "{} must be >= 0, got {}", f.name, c.keep_checkpoints);
            }},
+      {.name = "--keep-best",
+       .field = &T::keep_best,
+       .help = "also keep the checkpoint of the best eval top-1 in DIR/best (and of the EMA's in "
+               "DIR/best_ema), apart from --keep-checkpoints' rotation",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(!c.keep_best || !c.checkpoint_dir.empty(), "{} needs {}", f.name,
+                      flag_name(&T::checkpoint_dir));
+           }},
       {.name = "--checkpoint-sync",
        .field = &T::checkpoint_sync,
        .help =
@@ -497,6 +563,54 @@ const Flag& flag_of(const FlagField& field) {
   const auto it = std::find_if(t.begin(), t.end(), [&](const Flag& f) { return f.field == field; });
   CZ_ASSERT(it != t.end(), "a TrainConfig field without a flag");
   return *it;
+}
+
+const Flag* find_flag(const std::string& name) {
+  for (const Flag& f : flags())
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
+void set_flag_value(TrainConfig& c, const Flag& f, const std::string& value) {
+  // The whole of `text` as a number, by `parse` (std::stod and the like).
+  const auto number = [&](const std::string& text, auto parse) {
+    size_t used = 0;
+    try {
+      const auto v = parse(text, &used);
+      if (used == text.size()) return v;
+    } catch (const std::exception&) {
+    }
+    throw ValueError(fmt::format("{}: '{}' is not a number", f.name, text));
+  };
+  const auto stoll = [](const std::string& s, size_t* n) { return std::stoll(s, n); };
+  std::visit(
+      [&](auto member) {
+        auto& v = c.*member;
+        using V = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<V, std::string>) {
+          v = value;
+        } else if constexpr (std::is_same_v<V, bool>) {
+          CZ_CHECK(value == "true" || value == "false", "{}: expected true or false, got '{}'", f.name,
+                   value);
+          v = value == "true";
+        } else if constexpr (std::is_same_v<V, std::vector<int64_t>>) {
+          v.clear();
+          size_t b = 0;
+          while (!value.empty()) {
+            const size_t e = std::min(value.find(',', b), value.size());
+            v.push_back(number(value.substr(b, e - b), stoll));
+            if (e == value.size()) break;
+            b = e + 1;
+          }
+        } else if constexpr (std::is_same_v<V, double>) {
+          v = number(value, [](const std::string& s, size_t* n) { return std::stod(s, n); });
+        } else if constexpr (std::is_same_v<V, uint64_t>) {
+          v = number(value, [](const std::string& s, size_t* n) { return std::stoull(s, n); });
+        } else {
+          v = V(number(value, stoll));
+        }
+      },
+      f.field);
 }
 
 std::string flag_value(const TrainConfig& c, const Flag& f) {

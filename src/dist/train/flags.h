@@ -48,6 +48,12 @@ inline const char* flag_name(const FlagField& field) {
   return flag_of(field).name;
 }
 
+// The entry named `name` ("--lr"), or null.
+const Flag* find_flag(const std::string& name);
+// Sets the flag's field from text as a command line gives it: numbers, lists "a,b,c", switches "true" /
+// "false" (the field's value, also for an inverted switch). Throws ValueError naming the flag.
+void set_flag_value(TrainConfig& c, const Flag& f, const std::string& value);
+
 // The flag's value as text: numbers as fmt prints them, lists joined with ",".
 std::string flag_value(const TrainConfig& c, const Flag& f);
 // The flag and its value as a command line has them, for messages: "--data h5:train.h5".

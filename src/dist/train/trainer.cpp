@@ -6,6 +6,7 @@
 #include "dist/train/trainer.h"
 
 #include "dist/train/flags.h"
+#include "dist/train/param_groups.h"
 
 #include <chrono>
 #include <cmath>
@@ -26,17 +27,22 @@
 namespace cz::train {
 namespace {
 
+// "93.75%", or "n/a" for a top-5 below 5 classes.
+std::string percent(double fraction) {
+  return std::isnan(fraction) ? std::string("n/a") : fmt::format("{:.2f}%", 100 * fraction);
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 // The optimizer over the shard the engine lays out: --optimizer with timm's weight-decay rule (not on biases
-// and 1-D parameters).
+// and 1-D parameters) and --layer-decay's lr scales (param_groups.h).
 zero::MakeOptimizer make_optimizer(const TrainConfig& c) {
   CZ_CHECK(c.optimizer == "adamw" || c.optimizer == "sgd", "unknown optimizer '{}' (adamw or sgd)",
            c.optimizer);
   return [c](const zero::ShardSpec& shard) -> std::unique_ptr<Optimizer> {
-    const auto hyper = timm_weight_decay(shard.flat, c.weight_decay);
+    const auto hyper = param_hyper(c, shard.flat);
     if (c.optimizer == "sgd") {
       SgdConfig sc;
       sc.momentum = c.momentum;
@@ -128,6 +134,11 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
   check_outputs();
   if (world_.rank() == 0 && !cfg_.log.empty()) log_ = JsonLog(cfg_.log);
   build_data();
+  CZ_CHECK(!cfg_.keep_best || eval_set_,
+           "{} keeps the checkpoint of the best evaluation, but {} has no eval split; "
+           "give {}",
+           flag_name(&TrainConfig::keep_best), flag_arg(cfg_, &TrainConfig::data),
+           flag_name(&TrainConfig::eval_data));
   build_model();
   build_schedule();
   if (!cfg_.resume.empty()) resume(cfg_.resume);
@@ -157,10 +168,10 @@ void Trainer::check_ranks_agree() {
 // Note [Choosing the comm backend]: NCCL moves CUDA buffers between GPUs directly, but refuses two ranks on
 // one device ("Duplicate GPU detected", since NCCL 2.5). MPI stages each CUDA buffer through pinned host
 // memory (a device-to-host copy, the collective on host memory, a host-to-device copy, on the communicator's
-// own stream: Note [Comm streams]), which costs two PCIe crossings per call and the host's bandwidth, but works
-// whatever the ranks share, and also where NCCL's transports hang (consumer PCIe boxes without P2P). auto
-// takes NCCL when every rank has a GPU of its own (World gives a host's local rank i GPU i % count, so a host
-// has enough when its ranks are no more than its GPUs), else MPI; CPU ranks always use MPI. Every rank
+// own stream: Note [Comm streams]), which costs two PCIe crossings per call and the host's bandwidth, but
+// works whatever the ranks share, and also where NCCL's transports hang (consumer PCIe boxes without P2P).
+// auto takes NCCL when every rank has a GPU of its own (World gives a host's local rank i GPU i % count, so a
+// host has enough when its ranks are no more than its GPUs), else MPI; CPU ranks always use MPI. Every rank
 // reaches the same choice: each one's answer goes round the control communicator.
 dist::Backend Trainer::choose_backend() {
   const std::string flag = flag_arg(cfg_, &TrainConfig::comm_backend);
@@ -189,8 +200,9 @@ dist::Backend Trainer::choose_backend() {
     comm_note_ = fmt::format("nccl ({})", flag);
     return dist::Backend::nccl;
   }
-  comm_note_ = shared < 0 ? fmt::format("nccl (auto: {})", why)
-                          : fmt::format("mpi (auto: {}; CUDA buffers staged through pinned host memory)", why);
+  comm_note_ = shared < 0
+                   ? fmt::format("nccl (auto: {})", why)
+                   : fmt::format("mpi (auto: {}; CUDA buffers staged through pinned host memory)", why);
   return shared < 0 ? dist::Backend::nccl : dist::Backend::mpi;
 }
 
@@ -198,11 +210,12 @@ dist::Backend Trainer::choose_backend() {
 // ranks on the mpi backend is refused here, at start, rather than at the first bucket (the first GPU run
 // found it there). auto and flat take the ring, which stages CUDA buffers.
 void Trainer::check_comm_impl(dist::Backend backend) const {
-  CZ_CHECK(!(backend == dist::Backend::mpi && device_.is_cuda() && cfg_.comm_impl == "hier"),
-           "{}: two-level collectives over the mpi backend take host buffers, and these ranks train on {} with "
-           "the collectives over {}; use {} auto or flat (the ring, which stages CUDA buffers), or {} nccl",
-           flag_arg(cfg_, &TrainConfig::comm_impl), cfg_.device, comm_note_,
-           flag_name(&TrainConfig::comm_impl), flag_name(&TrainConfig::comm_backend));
+  CZ_CHECK(
+      !(backend == dist::Backend::mpi && device_.is_cuda() && cfg_.comm_impl == "hier"),
+      "{}: two-level collectives over the mpi backend take host buffers, and these ranks train on {} with "
+      "the collectives over {}; use {} auto or flat (the ring, which stages CUDA buffers), or {} nccl",
+      flag_arg(cfg_, &TrainConfig::comm_impl), cfg_.device, comm_note_, flag_name(&TrainConfig::comm_impl),
+      flag_name(&TrainConfig::comm_backend));
 }
 
 Trainer::~Trainer() = default;
@@ -270,10 +283,19 @@ void Trainer::build_data() {
 }
 
 void Trainer::build_schedule() {
+  int64_t warmup = cfg_.warmup_steps;
+  if (cfg_.warmup_epochs > 0) {
+    warmup = std::llround(cfg_.warmup_epochs * double(loader_->steps_per_epoch() / cfg_.grad_accum));
+    CZ_CHECK(cfg_.schedule == "constant" || warmup <= total_steps_,
+             "{} is {} steps at {} steps per epoch, more than the run's {} steps (give {} or a longer run)",
+             flag_arg(cfg_, &TrainConfig::warmup_epochs), warmup,
+             loader_->steps_per_epoch() / cfg_.grad_accum, total_steps_,
+             flag_name(&TrainConfig::warmup_steps));
+  }
   schedule_ = std::make_unique<LrSchedule>(
       cfg_.schedule == "constant"
-          ? constant_schedule(cfg_.lr, cfg_.warmup_steps)
-          : cosine_schedule(cfg_.lr, cfg_.min_lr, std::max<int64_t>(total_steps_, 1), cfg_.warmup_steps));
+          ? constant_schedule(cfg_.lr, warmup)
+          : cosine_schedule(cfg_.lr, cfg_.min_lr, std::max<int64_t>(total_steps_, 1), warmup));
   if (compute_dtype_ == DType::f16) {
     LossScalerConfig sc;
     sc.init_scale = cfg_.initial_loss_scale;
@@ -352,7 +374,10 @@ EvalResult Trainer::evaluate() {
   loader.start_epoch(0);
   model_->eval();
   NoGradGuard no_grad;
-  double loss_sum = 0, correct = 0, n = 0;
+  // Top-5 means something with 5 classes or more (EvalResult::top5).
+  const int64_t classes = model_->config().num_classes;
+  const bool top5 = classes >= 5;
+  double loss_sum = 0, correct = 0, correct5 = 0, n = 0;
   int64_t batches = 0;
   while (auto batch = loader.next()) {
     if (cfg_.eval_batches > 0 && batches++ >= cfg_.eval_batches) break;
@@ -362,6 +387,7 @@ EvalResult Trainer::evaluate() {
     const double bn = double(labels.numel());
     loss_sum += cross_entropy(logits, labels, 0.0).item() * bn;
     correct += double(count_correct(logits, labels));
+    if (top5) correct5 += double(count_top_k(logits, labels, 5));
     n += bn;
   }
   model_->train();
@@ -370,6 +396,7 @@ EvalResult Trainer::evaluate() {
   r.examples = int64_t(n);
   r.loss = n > 0 ? group_.all_reduce(loss_sum, dist::ReduceOp::sum) / n : NAN;
   r.top1 = n > 0 ? group_.all_reduce(correct, dist::ReduceOp::sum) / n : NAN;
+  r.top5 = n > 0 && top5 ? group_.all_reduce(correct5, dist::ReduceOp::sum) / n : NAN;
   return r;
 }
 
@@ -398,10 +425,13 @@ TrainSummary Trainer::run() {
   auto run_eval = [&](int64_t at_step) {
     bar.finish();
     sum.eval = evaluate();
+    // top5 is null below 5 classes (EvalResult::top5).
+    const auto fraction = [](double v) { return std::isnan(v) ? nlohmann::json() : nlohmann::json(v); };
     nlohmann::json j = {{"split", "eval"},
                         {"step", at_step},
                         {"loss", sum.eval->loss},
                         {"top1", sum.eval->top1},
+                        {"top5", fraction(sum.eval->top5)},
                         {"examples", sum.eval->examples}};
     if (engine_->has_ema()) {
       engine_->swap_ema();
@@ -409,12 +439,19 @@ TrainSummary Trainer::run() {
       engine_->swap_ema();
       j["ema_loss"] = sum.eval_ema->loss;
       j["ema_top1"] = sum.eval_ema->top1;
+      j["ema_top5"] = fraction(sum.eval_ema->top5);
     }
+    track_best(best_, *sum.eval, "best");
+    if (sum.eval_ema) track_best(best_ema_, *sum.eval_ema, "best_ema");
+    sum.best = best_;
+    sum.best_ema = best_ema_;
     log_.write(j);
     if (lead) {
-      fmt::print("eval @ step {}: loss {:.4f}  top1 {:.2f}%", at_step, sum.eval->loss, 100 * sum.eval->top1);
+      fmt::print("eval @ step {}: loss {:.4f}  top1 {:.2f}%  top5 {}", at_step, sum.eval->loss,
+                 100 * sum.eval->top1, percent(sum.eval->top5));
       if (sum.eval_ema)
-        fmt::print("  (EMA: loss {:.4f}  top1 {:.2f}%)", sum.eval_ema->loss, 100 * sum.eval_ema->top1);
+        fmt::print("  (EMA: loss {:.4f}  top1 {:.2f}%  top5 {})", sum.eval_ema->loss,
+                   100 * sum.eval_ema->top1, percent(sum.eval_ema->top5));
       fmt::print("\n");
       std::fflush(stdout);
     }

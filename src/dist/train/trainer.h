@@ -13,17 +13,13 @@
 #include "dist/comm/process_group.h"
 #include "dist/train/config.h"
 #include "dist/zero/engine.h"
+#include "io/checkpoint.h"
 #include "io/dataset.h"
 #include "io/loader.h"
 #include "io/train_log.h"
 #include "nn/convnext.h"
 #include "optim/loss_scaler.h"
 #include "optim/schedule.h"
-
-namespace cz::ckpt {
-class Collective;
-class PendingSave;
-}  // namespace cz::ckpt
 
 namespace cz::train {
 
@@ -33,7 +29,17 @@ using StepStats = zero::StepStats;
 struct EvalResult {
   double loss = 0;  // mean cross-entropy (no label smoothing)
   double top1 = 0;  // fraction correct
+  // Fraction with the label among the 5 largest logits; NaN (null in the log) when the model has fewer than
+  // 5 classes, where every label would be among them.
+  double top5 = 0;
   int64_t examples = 0;
+};
+
+// The best evaluation of the run so far, of the weights or of the EMA (--keep-best).
+struct BestEval {
+  double top1 = -1;  // below any real top-1: the first evaluation is the best so far
+  int64_t step = 0;
+  std::string checkpoint;  // where --keep-best keeps it; "" without
 };
 
 struct TrainSummary {
@@ -42,6 +48,7 @@ struct TrainSummary {
   double img_per_s = 0;
   double final_loss = 0;
   std::optional<EvalResult> eval, eval_ema;
+  BestEval best, best_ema;  // step 0: no evaluation
   int64_t peak_mem_bytes = 0;
   int64_t model_state_bytes = 0;
   double comm_s = 0, comm_exposed_s = 0;  // summed over the steps
@@ -111,6 +118,10 @@ class Trainer {
   dist::Backend choose_backend();  // collective over control_
   void check_comm_impl(dist::Backend backend) const;
   void check_outputs() const;
+  // After an evaluation at step_: whether `r` beats `best`; with --keep-best, a checkpoint of now is kept in
+  // DIR/<folder> (Note [Best checkpoints]).
+  void track_best(BestEval& best, const EvalResult& r, const char* folder);
+  ckpt::SaveRequest checkpoint_request();  // this rank's state and the run's scalars, for DIR/step_<step_>
   ProgressMode progress_mode() const;
   using Clock = std::chrono::steady_clock;
   StepStats run_step(std::span<const Batch> micro_batches, Clock::time_point t0);
@@ -144,6 +155,7 @@ class Trainer {
   std::unique_ptr<LrSchedule> schedule_;
   LossScaler scaler_ = LossScaler::disabled();
 
+  BestEval best_, best_ema_;
   int64_t total_steps_ = 0;
   int64_t step_ = 0;
   JsonLog log_;

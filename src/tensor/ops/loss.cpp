@@ -115,4 +115,30 @@ int64_t count_correct(const Tensor& logits, const Tensor& labels) {
   return correct;
 }
 
+int64_t count_top_k(const Tensor& logits, const Tensor& labels, int64_t k) {
+  check_logits_labels("count_top_k", logits, labels);
+  const int64_t n = logits.size(0), classes = logits.size(1);
+  CZ_CHECK(k >= 1 && k <= classes, "count_top_k: k must be in [1, {}] for logits {}, got {}", classes,
+           shape_str(logits.sizes()), k);
+  // On the host: an evaluation batch's logits are small beside its forward pass, and the count is read there.
+  const std::vector<double> z = logits.detach().to(Device::cpu()).to(DType::f64).to_vector<double>();
+  const std::vector<int64_t> y = labels.to_vector<int64_t>();
+  // a ranks above b: NaN above every number; otherwise by value, and the lower index among equals.
+  const auto above = [](double a, int64_t ia, double b, int64_t ib) {
+    if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && (!std::isnan(b) || ia < ib);
+    return a > b || (a == b && ia < ib);
+  };
+  int64_t correct = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t label = y[size_t(i)];
+    CZ_CHECK(label >= 0 && label < classes, "count_top_k: labels[{}] = {} is out of range for {} classes", i,
+             label, classes);
+    const double* row = z.data() + i * classes;
+    int64_t rank = 0;  // classes ranked above the label's
+    for (int64_t j = 0; j < classes && rank < k; ++j) rank += above(row[j], j, row[label], label);
+    correct += rank < k;
+  }
+  return correct;
+}
+
 }  // namespace cz

@@ -16,5 +16,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_sm
 Tensor argmax(const Tensor& x);
 // Number of rows whose argmax equals the label. logits: (N, K), labels: (N).
 int64_t count_correct(const Tensor& logits, const Tensor& labels);
+// Number of rows whose label is among the k largest logits (top-k accuracy's numerator), 1 <= k <= K. Ties
+// and NaN rank as argmax ranks them: NaN above every number, and among equal values the lower index first,
+// so count_top_k(logits, labels, 1) == count_correct(logits, labels). logits: (N, K), labels: (N).
+int64_t count_top_k(const Tensor& logits, const Tensor& labels, int64_t k);
 
 }  // namespace cz
