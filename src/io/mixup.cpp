@@ -189,35 +189,52 @@ MixParams draw_mix(const MixConfig& c, int64_t n, int64_t height, int64_t width,
   return p;
 }
 
+namespace {
+
+// Image `dst` made from its unmixed pixels `mine` and its partner's `theirs` (both copies) as `s` says.
+void mix_one(const SampleMix& s, MixMode mode, const float* mine, const float* theirs, float* dst, int64_t w,
+             int64_t ch, int64_t pixels) {
+  if (s.cutmix) {
+    for (int64_t y = s.box.y0; y < s.box.y1; ++y)
+      std::memcpy(dst + (y * w + s.box.x0) * ch, theirs + (y * w + s.box.x0) * ch,
+                  size_t((s.box.x1 - s.box.x0) * ch) * sizeof(float));
+  } else if (s.lam != 1.0) {
+    const auto [l, m] = weights_of(mode, s.lam);
+    for (int64_t k = 0; k < pixels; ++k) {
+      // Two roundings and a sum, as timm's mul_, mul_ and add_ (this file is compiled with
+      // -ffp-contract=off: no fused multiply-add).
+      const float a = mine[k] * l, b = theirs[k] * m;
+      dst[k] = a + b;
+    }
+  }
+}
+
+}  // namespace
+
 void apply_mix(const MixParams& p, Tensor& images) {
   CZ_CHECK(
       images.is_cpu() && images.dtype() == DType::f32 && images.is_contiguous() && images.dim() == 4 &&
-          images.size(0) == int64_t(p.samples.size()),
+          images.size(0) == int64_t(p.samples.size()) && images.size(0) % 2 == 0,
       "apply_mix: images must be a contiguous CPU f32 (n, H, W, C) tensor of the {} mixed images, got {} {}",
       p.samples.size(), dtype_name(images.dtype()), shape_str(images.sizes()));
-  const int64_t n = images.size(0), h = images.size(1), w = images.size(2), ch = images.size(3);
-  const int64_t pixels = h * w * ch;
-  if (n == 0) return;
-  float* out = images.data<float>();
-  const std::vector<float> orig(out, out + images.numel());  // host memory, not the training allocator
-  for (int64_t i = 0; i < n; ++i) {
-    const SampleMix& s = p.samples[size_t(i)];
-    const float* mine = orig.data() + i * pixels;
-    const float* theirs = orig.data() + s.partner * pixels;
-    float* dst = out + i * pixels;
-    if (s.cutmix) {
-      for (int64_t y = s.box.y0; y < s.box.y1; ++y)
-        std::memcpy(dst + (y * w + s.box.x0) * ch, theirs + (y * w + s.box.x0) * ch,
-                    size_t((s.box.x1 - s.box.x0) * ch) * sizeof(float));
-    } else if (s.lam != 1.0) {
-      const auto [l, m] = weights_of(p.mode, s.lam);
-      for (int64_t k = 0; k < pixels; ++k) {
-        // Two roundings and a sum, as timm's mul_, mul_ and add_ (this file is compiled with
-        // -ffp-contract=off: no fused multiply-add).
-        const float a = mine[k] * l, b = theirs[k] * m;
-        dst[k] = a + b;
-      }
-    }
+  const int64_t n = images.size(0), w = images.size(2), ch = images.size(3);
+  const int64_t pixels = images.size(1) * w * ch;
+  for (int64_t i = 0; i < n; ++i)
+    CZ_CHECK(p.samples[size_t(i)].partner == n - 1 - i,
+             "apply_mix: image {} is paired with {}; timm's pairing (n-1-i) is the one supported", i,
+             p.samples[size_t(i)].partner);
+  // Each pair (i, n-1-i) is made from copies of its own two images: no copy of the whole batch (whose fresh
+  // pages cost more than the mixing itself), and the scratch is reused by the loader's thread.
+  thread_local std::vector<float> scratch;
+  scratch.resize(size_t(2 * pixels));
+  float* out = n > 0 ? images.data<float>() : nullptr;
+  for (int64_t i = 0; i < n / 2; ++i) {
+    const int64_t j = n - 1 - i;
+    float *a = scratch.data(), *b = scratch.data() + pixels;
+    std::memcpy(a, out + i * pixels, size_t(pixels) * sizeof(float));
+    std::memcpy(b, out + j * pixels, size_t(pixels) * sizeof(float));
+    mix_one(p.samples[size_t(i)], p.mode, a, b, out + i * pixels, w, ch, pixels);
+    mix_one(p.samples[size_t(j)], p.mode, b, a, out + j * pixels, w, ch, pixels);
   }
 }
 

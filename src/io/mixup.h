@@ -84,7 +84,8 @@ MixParams draw_mix(const MixConfig& c, int64_t n, int64_t height, int64_t width,
 
 // Mixes images (n, H, W, C) f32, contiguous, CPU, in place, as timm's Mixup does to its (n, C, H, W) batch:
 // out_i = in_i * L + in_partner * M rounded as timm rounds (L = f32(lam); M = f32(1 - lam), taken in f64 in
-// batch mode and in f32 in pair and elem modes), and CutMix boxes copied from the unmixed partner.
+// batch mode and in f32 in pair and elem modes), and CutMix boxes copied from the unmixed partner. n even,
+// every image paired with image n-1-i (draw_mix's pairing, timm's flip).
 void apply_mix(const MixParams& p, Tensor& images);
 
 // The soft targets (n, num_classes) f32 of labels (n) i64: timm's mixup_target, bit for bit.
