@@ -8,11 +8,11 @@
 // whatever the world size, thread count or resume point, and a micro-batch covering the same positions is
 // mixed the same way: W ranks with micro-batch m see what one rank with micro-batch m and --grad-accum W
 // sees, pixels, pairs and targets alike (one rank with micro-batch W*m mixes over W*m images instead, as timm
-// would on one bigger GPU). Mixing in the loader, after the batch's images are normalised (and erased, as
-// timm does before its Mixup), keeps the data path straight: the trainer receives the images and targets the
-// model trains on, `--dump-batches` writes what the model sees, and the work runs on the loader's threads
-// ahead of the step. Mixup commutes with the per-channel normalisation (lam + (1 - lam) = 1), so mixing
-// normalised images gives timm's values.
+// would on one bigger GPU). Mixing in the loader, once the batch's images are augmented and normalised (per-
+// image augmentations such as random erasing belong before it, as in timm), keeps the data path straight:
+// the trainer receives the images and targets the model trains on, `--dump-batches` writes what the model
+// sees, and the work runs on the loader's threads ahead of the step. Mixup commutes with the per-channel
+// normalisation (lam + (1 - lam) = 1), so mixing normalised images gives timm's values.
 #pragma once
 
 #include <cstdint>
