@@ -16,10 +16,12 @@
 #include <limits>
 
 #include "io/fletcher32.h"
+#include "io/h5_detail.h"
 #include "io/h5_probe.h"
 #include "io/h5_writer_driver.h"
 
 namespace cz::h5 {
+using namespace detail;
 namespace {
 
 // HDF5 prints its error stack to stderr by default; we report through exceptions instead. The setting is
@@ -54,21 +56,9 @@ std::string hdf5_reason() {
   return reason;
 }
 
-// Owns one HDF5 identifier of any kind (H5Idec_ref closes files, groups, datasets, spaces, types, lists).
-class Id {
- public:
-  explicit Id(hid_t id = H5I_INVALID_HID) : id_(id) {}
-  Id(Id&& o) noexcept : id_(o.id_) { o.id_ = H5I_INVALID_HID; }
-  Id& operator=(Id&&) = delete;
-  ~Id() {
-    if (id_ >= 0) H5Idec_ref(id_);
-  }
-  hid_t get() const { return id_; }
+}  // namespace
 
- private:
-  hid_t id_;
-};
-
+namespace detail {
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw IoError(fmt::format("{}: {}: {}", path, what, hdf5_reason()));
 }
@@ -79,6 +69,9 @@ hid_t check_id(hid_t id, const std::string& path, const std::string& what) {
 void check_ok(herr_t status, const std::string& path, const std::string& what) {
   if (status < 0) fail(path, what);
 }
+}  // namespace detail
+
+namespace {
 
 // The file's element type as one of ours. Floats must have exactly the IEEE half/single/double layout and
 // integers no padding bits: anything else is refused here rather than handed to HDF5's generic conversions.
@@ -134,6 +127,9 @@ Shape extent(hid_t space, const std::string& path, const std::string& key) {
   return shape;
 }
 
+}  // namespace
+
+namespace detail {
 hid_t memory_type(DType t) {
   switch (t) {
     case DType::f64:
@@ -155,6 +151,26 @@ Id ieee_half_type(const std::string& path) {
   check_ok(H5Tset_ebias(t.get(), 15), path, "creating a half type");
   return t;
 }
+
+FileTypes file_types(DType t, const std::string& path, const std::string& key) {
+  FileTypes r;
+  r.mem = memory_type(t);
+  if (t == DType::f64)
+    r.file = H5T_IEEE_F64LE;
+  else if (t == DType::i64)
+    r.file = H5T_STD_I64LE;
+  else if (t == DType::u8)
+    r.file = H5T_STD_U8LE;
+  else if (t == DType::f16)
+    r.half = ieee_half_type(path), r.file = r.mem = r.half.get();
+  else
+    CZ_CHECK_DTYPE(t == DType::f32, "{}: '{}' is {}; only f16, f32, f64, i64 and u8 are written", path, key,
+                   dtype_name(t));
+  return r;
+}
+}  // namespace detail
+
+namespace {
 
 DType read_dtype(DType file_dtype) {
   if (file_dtype == DType::f64) return DType::f64;
@@ -504,19 +520,8 @@ void File::write(const std::string& key, const Tensor& t, const WriteOptions& op
   check_writable("write");
   CZ_CHECK_IO(t.defined() && t.is_cpu() && t.is_contiguous(), "{}: '{}' must be a contiguous CPU tensor",
               path_, key);
-  hid_t file_type = H5T_IEEE_F32LE, mem_type = memory_type(t.dtype());
-  const Id half(t.dtype() == DType::f16 ? ieee_half_type(path_) : Id());
-  if (t.dtype() == DType::f64)
-    file_type = H5T_IEEE_F64LE;
-  else if (t.dtype() == DType::i64)
-    file_type = H5T_STD_I64LE;
-  else if (t.dtype() == DType::u8)
-    file_type = H5T_STD_U8LE;
-  else if (t.dtype() == DType::f16)
-    file_type = mem_type = half.get();
-  else
-    CZ_CHECK_DTYPE(t.dtype() == DType::f32, "{}: '{}' is {}; only f16, f32, f64, i64 and u8 are written",
-                   path_, key, dtype_name(t.dtype()));
+  const FileTypes types = file_types(t.dtype(), path_, key);
+  const hid_t file_type = types.file, mem_type = types.mem;
   std::vector<hsize_t> dims(t.sizes().begin(), t.sizes().end());
   const Id space(check_id(
       dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(int(dims.size()), dims.data(), nullptr), path_,

@@ -101,6 +101,11 @@ class File {
   void write(const std::string& key, const Tensor& t, const WriteOptions& options = {});
   // An f32 virtual dataset of `shape` pieced together from `sources` (HDF5 VDS, read by h5py and h5dump as an
   // ordinary dataset). Elements no source covers, or whose source file is missing, read as `fill`.
+  // Appends `rows` (a contiguous CPU tensor of at least one dimension, dtypes as write()) to the dataset
+  // `key` along its first dimension, creating it at the first call: chunked, unlimited along the first
+  // dimension, one chunk per first call's worth of rows. Later calls must give the same trailing dimensions.
+  // For files written as they go (--dump-batches), which commit() makes visible at the end.
+  void append(const std::string& key, const Tensor& rows);
   void write_virtual(const std::string& key, const Shape& shape, const std::vector<VirtualSource>& sources,
                      float fill);
   void set_attr(const std::string& name, const std::string& value);

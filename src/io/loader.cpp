@@ -45,7 +45,13 @@ struct Loader::Impl {
 Batch Loader::Impl::make_batch(int64_t b) const {
   const BatchSlice s = rank_slice(data->size(), opt.batch_size, b, opt.world, opt.rank);
   const int64_t n = s.end - s.begin, size = opt.image_size;
-  Batch batch{empty({n, size, size, 3}, DType::f32), empty({n}, DType::i64), b, s.begin};
+  Batch batch;
+  batch.images = empty({n, size, size, 3}, DType::f32);
+  batch.labels = empty({n}, DType::i64);
+  batch.sources.resize(size_t(n));
+  batch.epoch = epoch;
+  batch.index = b;
+  batch.first_sample = s.begin;
   float* images = n > 0 ? batch.images.data<float>() : nullptr;
   int64_t* labels = n > 0 ? batch.labels.data<int64_t>() : nullptr;
   const uint64_t aug_key = rng_key(opt.seed, RngDomain::augment);
@@ -62,6 +68,14 @@ Batch Loader::Impl::make_batch(int64_t b) const {
     }
     resample_normalised(img, box, size, images + i * size * size * 3);
     labels[i] = data->label(index);
+    batch.sources[size_t(i)] = index;
+  }
+  if (opt.mix.active() && n > 0 && !stopping.load(std::memory_order_relaxed)) {
+    // Note [Mixing within a micro-batch]: keyed by the position of the batch's first sample.
+    CounterRng rng = mix_stream(opt.seed, epoch, s.begin);
+    batch.mix = draw_mix(opt.mix, n, size, size, rng);
+    apply_mix(batch.mix, batch.images);
+    batch.targets = mix_targets(batch.mix, batch.labels, opt.mix.num_classes, opt.mix.label_smoothing);
   }
   return batch;
 }
@@ -108,6 +122,17 @@ Loader::Loader(std::shared_ptr<const Dataset> data, LoaderOptions options) : imp
            "Loader: rank {} is not in a world of {}", options.rank, options.world);
   CZ_CHECK(options.threads >= 0, "Loader: threads must be >= 0, got {}", options.threads);
   CZ_CHECK(options.prefetch > 0, "Loader: prefetch must be positive, got {}", options.prefetch);
+  if (options.mix.active()) {
+    // Every rank's share of a full batch is batch / world images (the loader mixes training batches, which
+    // drop the last partial one).
+    CZ_CHECK(options.drop_last && options.batch_size % options.world == 0 &&
+                 (options.batch_size / options.world) % 2 == 0,
+             "Loader: Mixup/CutMix pairs image i with image n-1-i of each rank's batch, which must be even; "
+             "got {} images over {} rank(s)",
+             options.batch_size, options.world);
+    CZ_CHECK(options.mix.num_classes > 0, "Loader: Mixup/CutMix needs the number of classes");
+    check_mix_config(options.mix, options.image_size);
+  }
   impl_->data = std::move(data);
   impl_->opt = options;
   impl_->steps = batches_per_epoch(impl_->data->size(), options.batch_size, options.drop_last);

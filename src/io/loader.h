@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "io/dataset.h"
+#include "io/mixup.h"
 #include "tensor/tensor.h"
 
 namespace cz {
@@ -28,11 +29,21 @@ struct LoaderOptions {
   int world = 1, rank = 0;
   int threads = 2;   // decoding workers (0: decode on the calling thread)
   int prefetch = 2;  // batches decoded ahead per worker
+  // Mixup/CutMix of each rank's batch after normalisation (Note [Mixing within a micro-batch], mixup.h);
+  // inactive by default.
+  MixConfig mix;
 };
 
 struct Batch {
-  Tensor images;             // (n, image_size, image_size, 3) f32, normalised with ImageNet mean/std, CPU
-  Tensor labels;             // (n) i64, CPU
+  Tensor images;   // (n, image_size, image_size, 3) f32, normalised with ImageNet mean/std, CPU
+                   // (and mixed, with mixing on)
+  Tensor labels;   // (n) i64, CPU: each image's own class
+  Tensor targets;  // with mixing on: (n, num_classes) f32 soft targets, CPU; else undefined
+  // Each image's index in the data set (host memory: not in the training allocator, whose peak the memory
+  // planner predicts to the byte).
+  std::vector<int64_t> sources;
+  MixParams mix;  // with mixing on: how each image was mixed (partner, lam, box)
+  int64_t epoch = 0;
   int64_t index = 0;         // global batch number within the epoch
   int64_t first_sample = 0;  // position in the epoch of this rank's first sample
 };

@@ -25,8 +25,8 @@ class CounterRng {
 };
 
 // Independent Philox keys for the different uses of one user seed (shuffling, augmentation, synthetic
-// images, the held-out eval split).
-enum class RngDomain : uint64_t { shuffle = 1, augment = 2, synthetic = 3, holdout = 4 };
+// images, the held-out eval split, Mixup/CutMix).
+enum class RngDomain : uint64_t { shuffle = 1, augment = 2, synthetic = 3, holdout = 4, mix = 5 };
 uint64_t rng_key(uint64_t seed, RngDomain domain);
 
 // Epoch `epoch`'s order of the indices 0..n-1: a Fisher-Yates permutation drawn from (seed, epoch), or the

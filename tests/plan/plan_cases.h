@@ -100,6 +100,23 @@ inline const std::vector<Case>& cases() {
                                c.grad_accum = 2;
                              })},
       {"atto_prefetch", with(atto(48, 8), [](auto& c) { c.loader_threads = 1; })},
+      // Mixup/CutMix: soft targets in every batch (prefetched too) and the soft-target loss's row sums.
+      {"atto_mixup_accum",
+       with(atto(32, 8),
+            [](auto& c) {
+              c.mixup = 0.8;
+              c.cutmix = 1.0;
+              c.num_classes = 37;
+              c.grad_accum = 2;
+            })},
+      {"atto_mixup_prefetch_accum", with(atto(32, 8),
+                                         [](auto& c) {
+                                           c.mixup = 0.8;
+                                           c.cutmix = 1.0;
+                                           c.num_classes = 37;
+                                           c.loader_threads = 1;
+                                           c.grad_accum = 2;
+                                         })},
       {"atto_64_checkpoint", checkpointed(atto(64, 8), "atto_64_checkpoint")},
       {"s3_small_ema_checkpoint",
        checkpointed(with(small(3), [](auto& c) { c.ema_decay = 0.99; }), "s3_small_ema_checkpoint")},

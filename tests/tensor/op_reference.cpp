@@ -134,6 +134,21 @@ Tensor ref_cross_entropy(const Tensor& logits, const Tensor& labels, double smoo
   return make({total / double(N)}, {});
 }
 
+Tensor ref_soft_target_cross_entropy(const Tensor& logits, const Tensor& targets) {
+  const auto z = host(logits), t = host(targets);
+  const int64_t N = logits.size(0), K = logits.size(1);
+  double total = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    double m = -INFINITY;
+    for (int64_t k = 0; k < K; ++k) m = std::max(m, z[at(n * K + k)]);
+    double s = 0;
+    for (int64_t k = 0; k < K; ++k) s += std::exp(z[at(n * K + k)] - m);
+    const double lse = m + std::log(s);
+    for (int64_t k = 0; k < K; ++k) total -= t[at(n * K + k)] * (z[at(n * K + k)] - lse);
+  }
+  return make({total / double(N)}, {});
+}
+
 Tensor ref_drop_path(const Tensor& x, double p, uint64_t seed) {
   auto v = host(x);
   // Sample n's uniform comes from Philox block n of a fresh generator: 53 bits of its first two words.

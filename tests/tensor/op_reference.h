@@ -19,6 +19,8 @@ Tensor ref_global_avg_pool(const Tensor& x);
 // y = x w^T + bias over the last dim of x; w: (out, in).
 Tensor ref_linear(const Tensor& x, const Tensor& weight, const Tensor* bias);
 Tensor ref_cross_entropy(const Tensor& logits, const Tensor& labels, double smoothing);
+// mean_n sum_k -t_nk log_softmax(z_n)_k, as timm's SoftTargetCrossEntropy.
+Tensor ref_soft_target_cross_entropy(const Tensor& logits, const Tensor& targets);
 // Recomputes the mask from a fresh Generator(seed), as drop_path(x, p, gen) with gen = Generator(seed).
 Tensor ref_drop_path(const Tensor& x, double p, uint64_t seed);
 

@@ -136,6 +136,31 @@ void add_convnext_cases(std::vector<OpCase>& cases) {
                    [](const auto& in) { return cross_entropy(in[0], in[1], 0.1); },
                    [](const auto& in) { return ref_cross_entropy(in[0], in[1], 0.1); }});
 
+  // Soft targets: rows of a Mixup-like mixture (two smoothed one-hot rows, weights 0.7/0.3), and free
+  // positive targets whose rows do not sum to 1, which the gradient must handle too. Both inputs are
+  // differentiable.
+  cases.push_back({"soft_target_cross_entropy_mixed",
+                   [](DType t, uint64_t s) {
+                     const Tensor y = labels(6, 7, DType::i64, s + 1);
+                     const auto yv = y.to_vector<int64_t>();
+                     std::vector<double> tv(6 * 7, 0.1 / 7);
+                     for (size_t n = 0; n < 6; ++n) {
+                       tv[n * 7 + size_t(yv[n])] += 0.7 * 0.9;
+                       tv[n * 7 + size_t(yv[5 - n])] += 0.3 * 0.9;
+                     }
+                     return std::vector{input({6, 7}, t, s, true, -3, 3),
+                                        from_vector(tv, {6, 7}).to(t).set_requires_grad(true)};
+                   },
+                   [](const auto& in) { return soft_target_cross_entropy(in[0], in[1]); },
+                   [](const auto& in) { return ref_soft_target_cross_entropy(in[0], in[1]); }});
+  cases.push_back(
+      {"soft_target_cross_entropy_free",
+       [](DType t, uint64_t s) {
+         return std::vector{input({5, 11}, t, s, true, -3, 3), input({5, 11}, t, s + 1, true, 0, 1)};
+       },
+       [](const auto& in) { return soft_target_cross_entropy(in[0], in[1]); },
+       [](const auto& in) { return ref_soft_target_cross_entropy(in[0], in[1]); }});
+
   // Seed 3 drops some of the 8 samples and keeps others (test_op_behaviour checks that it still does).
   cases.push_back({"drop_path",
                    [](DType t, uint64_t s) {

@@ -11,6 +11,7 @@
 #include "common/gradcheck.h"
 #include "cuda_test_util.h"
 #include "depthwise_emulation.h"
+#include "soft_target_emulation.h"
 #include "tensor/autograd/engine.h"
 #include "tensor/cuda/context.h"
 #include "tensor/cuda/kernels.h"
@@ -96,6 +97,27 @@ TEST(CudaOps, ConvNeXtShapesMatchCpuAndRepeatBitForBit) {
   check_large(
       "cross_entropy", [&](const auto& in) { return cross_entropy(in[0], labels.to(in[0].device()), 0.1); },
       {r32({16, 1000}, 15, -4, 4)}, 1e-5);
+  check_large(
+      "soft_target_cross_entropy", [](const auto& in) { return soft_target_cross_entropy(in[0], in[1]); },
+      {r32({16, 1000}, 16, -4, 4), r32({16, 1000}, 17, 0, 0.002)}, 1e-5);
+}
+
+// The soft-target kernels against their CPU emulation (soft_target_emulation.h): the same per-thread work
+// and reduction order, so only the device's exp/log and multiply-add contraction differ (a few ulps).
+TEST(CudaOps, SoftTargetCrossEntropyMatchesItsEmulation) {
+  CZ_REQUIRE_GPU();
+  for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{{3, 7}, {4, 257}, {300, 5}, {16, 1000}}) {
+    const Tensor z = r32({n, k}, uint64_t(n + k), -6, 6),
+                 t = r32({n, k}, uint64_t(n * k), 0, 2.0 / double(k));
+    const auto emu =
+        emulate_soft_target_cross_entropy<float>(z.to_vector<float>(), t.to_vector<float>(), n, k, 0.75f);
+    Tensor zg = z.to(gpu()).set_requires_grad(true), tg = t.to(gpu()).set_requires_grad(true);
+    const Tensor loss = soft_target_cross_entropy(zg, tg);
+    loss.backward(full({}, 0.75, DType::f32, gpu()));
+    EXPECT_NEAR(loss.item(), double(emu.loss), 4e-7 * (1 + std::abs(double(emu.loss)))) << n << "x" << k;
+    EXPECT_TRUE(all_close(zg.grad().cpu(), from_vector(emu.dlogits, {n, k}), 1e-6, 1e-9)) << n << "x" << k;
+    EXPECT_TRUE(all_close(tg.grad().cpu(), from_vector(emu.dtargets, {n, k}), 1e-6, 1e-9)) << n << "x" << k;
+  }
 }
 
 // The timed search runs only with reproducibility off (Note [Reproducible runs]); on cuDNN's depthwise path.

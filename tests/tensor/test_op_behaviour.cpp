@@ -179,6 +179,30 @@ TEST(OpBehaviour, CrossEntropyIsStableForLargeLogits) {
   EXPECT_NEAR(cross_entropy(two, from_vector(std::vector<int32_t>{1}, {1}), 0.3).item(), std::log(2.0), 1e-7);
 }
 
+// Soft targets equal to cross_entropy's smoothed one-hot rows give cross_entropy's loss and gradient; a
+// large common shift of the logits changes neither.
+TEST(OpBehaviour, SoftTargetCrossEntropyWithSmoothedOneHotIsCrossEntropy) {
+  const Tensor z = random_tensor({5, 9}, 7, DType::f32, -3, 3);
+  const std::vector<int64_t> y = {0, 8, 3, 3, 5};
+  std::vector<float> t(5 * 9, float(0.1 / 9));
+  for (size_t n = 0; n < 5; ++n) t[n * 9 + size_t(y[n])] += 0.9f;
+  const Tensor targets = from_vector(t, {5, 9}), labels = from_vector(y, {5});
+  Tensor za = z.clone().set_requires_grad(true), zb = z.clone().set_requires_grad(true);
+  const Tensor soft = soft_target_cross_entropy(za, targets), hard = cross_entropy(zb, labels, 0.1);
+  EXPECT_NEAR(soft.item(), hard.item(), 1e-6);
+  soft.backward();
+  hard.backward();
+  EXPECT_TRUE(all_close(za.grad(), zb.grad(), 1e-5, 1e-7));
+  // z + 1000 in f32 moves each logit by up to half an ulp at 1000 (3e-5): the loss moves as much, no more.
+  const double shifted = soft_target_cross_entropy(add(z, full({5, 9}, 1000.0)), targets).item();
+  EXPECT_TRUE(std::isfinite(shifted));
+  EXPECT_NEAR(shifted, soft.item(), 1e-4);
+  // A non-contiguous view of the targets reads the same values.
+  const Tensor wide = from_vector(t, {5, 9}).transpose(0, 1).contiguous().transpose(0, 1);
+  ASSERT_FALSE(wide.is_contiguous());
+  EXPECT_EQ(soft_target_cross_entropy(z, wide).item(), soft_target_cross_entropy(z, targets).item());
+}
+
 TEST(OpBehaviour, ArgmaxTakesTheFirstMaximumAndNaN) {
   const Tensor x = from_vector(std::vector<double>{1, 3, 3, 0,    //
                                                    NAN, 5, 1, 2,  //

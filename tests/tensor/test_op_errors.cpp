@@ -177,6 +177,34 @@ TEST(OpErrors, CrossEntropy) {
       {"cross_entropy", "logits", "i64"});
 }
 
+TEST(OpErrors, SoftTargetCrossEntropy) {
+  const Tensor logits = f32({4, 10});
+  expect_error<ShapeError>(
+      [&] {
+        soft_target_cross_entropy(logits, f32({4, 9}));
+      },
+      {"soft_target_cross_entropy", "logits has shape (4, 10) but targets has shape (4, 9)"});
+  expect_error<DtypeError>(
+      [&] {
+        soft_target_cross_entropy(logits, zeros({4, 10}, DType::f64));
+      },
+      {"soft_target_cross_entropy", "targets is f64 but logits is f32"});
+  expect_error<ShapeError>([&] { soft_target_cross_entropy(f32({10}), f32({10})); },
+                           {"soft_target_cross_entropy", "logits", "(10)"});
+  expect_error<ShapeError>(
+      [&] {
+        soft_target_cross_entropy(f32({0, 10}), f32({0, 10}));
+      },
+      {"soft_target_cross_entropy", "non-empty", "(0, 10)"});
+  expect_error<DtypeError>(
+      [&] {
+        soft_target_cross_entropy(zeros({4, 10}, DType::i64), f32({4, 10}));
+      },
+      {"soft_target_cross_entropy", "logits", "i64"});
+  expect_error<ValueError>([&] { soft_target_cross_entropy(logits, Tensor()); },
+                           {"soft_target_cross_entropy", "targets is an undefined tensor"});
+}
+
 TEST(OpErrors, ArgmaxAndCountCorrect) {
   expect_error<DtypeError>([] { argmax(zeros({3, 4}, DType::i32)); }, {"argmax", "i32"});
   expect_error<ShapeError>([] { argmax(f32({3, 0})); }, {"argmax", "(3, 0)"});

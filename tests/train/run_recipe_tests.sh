@@ -35,9 +35,14 @@ compare() {
            if (d > 2e-5 * (a < 0 ? -a : a) + 1e-7) { print "step " $1 ": " a " vs " b; bad = 1 } } }
        END { exit bad }' "$work/both" || fail "$4: the runs differ"
 }
-run() {  # run RANKS LOG ARGS...: 16 images per micro-step in total
+# run RANKS LOG ARGS...: 16 images per micro-step in total. With one_rank_accum=N one rank takes them as N
+# micro-batches of 16/N (Mixup pairs images within a rank's micro-batch: docs/data.md).
+one_rank_accum=1
+run() {
   local np=$1 log=$2; shift 2
-  if ((np == 1)); then "$app" "${common[@]}" --micro-batch 16 --log "$log" "$@" > "$work/out" 2>&1; else
+  if ((np == 1)); then
+    "$app" "${common[@]}" --micro-batch $((16 / one_rank_accum)) --grad-accum $one_rank_accum --log "$log" "$@" \
+      > "$work/out" 2>&1; else
     "${mpirun[@]}" -np "$np" "$app" "${common[@]}" --micro-batch $((16 / np)) --log "$log" "$@" > "$work/out" 2>&1
   fi || { cat "$work/out"; fail "$np ranks: $* failed"; }
 }
@@ -187,6 +192,7 @@ print(best[1], repr(best[0]))"; }
   ;;
 recipe)
   common=("${tiny[@]}" --recipe convnext-in1k --steps 3 --eval-batches 1)
+  one_rank_accum=2  # the recipe mixes (--mixup 0.8 --cutmix 1.0)
   refused "--warmup-epochs 20 is 320 steps at 16 steps per epoch, more than the run's 3 steps" "${common[@]}" \
     --micro-batch 16
   for np in 1 2; do
@@ -205,7 +211,8 @@ recipe)
            END { exit bad || NR != 3 }' || fail "$np ranks: the log's lr is not the recipe's schedule"
     grep '"split":"eval"' "$work/np$np.jsonl" | grep -q '"ema_top1"' || fail "$np ranks: the recipe's EMA is not evaluated"
   done
-  compare "$work/np1.jsonl" "$work/np2.jsonl" 3 "--recipe convnext-in1k, 1 rank vs 2"
+  compare "$work/np1.jsonl" "$work/np2.jsonl" 3 "--recipe convnext-in1k, 1 rank (2 micro-batches of 8) vs 2"
+  one_rank_accum=1
   run 1 "$work/lr.jsonl" --warmup-steps 1 --lr 1e-3
   grep -qF "recipe convnext-in1k: --lr 0.001 given (convnext-in1k 0.004 at global batch 4096)" "$work/out" ||
     { cat "$work/out"; fail "an explicit --lr is not kept"; }

@@ -31,15 +31,18 @@ TrainConfig custom_config() {
   return c;
 }
 
-// As checkpoints saved before the table record them (the keys are read by people and tools).
+// As checkpoints saved before the table record them (the keys are read by people and tools), plus the
+// Mixup/CutMix flags (added with them).
 TEST(Flags, ConfigJsonIsWhatCheckpointsRecorded) {
   EXPECT_EQ(
       config_json(custom_config(), 2),
-      R"({"augment":true,"bucket_mb":0.01,"clip_grad":0.0,"data":"synthetic:n=256,eval_n=64,classes=4",)"
+      R"({"augment":true,"bucket_mb":0.01,"clip_grad":0.0,"cutmix":0.0,"cutmix_minmax":"",)"
+      R"("data":"synthetic:n=256,eval_n=64,classes=4",)"
       R"("depths":[1,1,1,1],"dims":[8,16,24,32],"drop_path":0.0,"ema_decay":0.99,"epochs":0,"eval_split":0.0,)"
       R"("gather_dtype":"fp32","grad_accum":1,"hpz":false,"image_size":64,"label_smoothing":0.0,"layer_decay":1.0,)"
       R"("lr":0.003,"micro_batch":32,)"
-      R"("min_lr":1e-06,"model":"atto","num_classes":4,"offload_optimizer":false,"optimizer":"adamw",)"
+      R"("min_lr":1e-06,"mixup":0.0,"mixup_mode":"batch","mixup_prob":1.0,"mixup_switch_prob":0.5,)"
+      R"("model":"atto","num_classes":4,"offload_optimizer":false,"optimizer":"adamw",)"
       R"("precision":"fp32","recipe":"","reduce_dtype":"fp32","schedule":"cosine","seed":18446744073709551615,)"
       R"("shard_group":"world","shuffle":false,"stage":0,)"
       R"("steps":0,"warmup_epochs":0.0,"warmup_steps":0,"weight_decay":0.05,"world_size":2})");
@@ -114,7 +117,13 @@ TEST(Flags, RanksAgreeOnTheFlagsTheTrainerChecked) {
                                            "--layer-decay",
                                            "--layer-scale-init",
                                            "--head-init-scale",
-                                           "--warmup-epochs"}));
+                                           "--warmup-epochs",
+                                           "--mixup",
+                                           "--cutmix",
+                                           "--cutmix-minmax",
+                                           "--mixup-prob",
+                                           "--mixup-switch-prob",
+                                           "--mixup-mode"}));
 }
 
 TEST(Flags, NamesAndKeysAreUniqueAndFound) {
@@ -177,7 +186,46 @@ TEST(Flags, ValidateNamesTheFlagWithItsMessage) {
   c.comm_impl = "tree";
   EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }),
             "--comm-impl must be flat, hier or auto, got 'tree'");
+  c = {};
+  c.mixup_mode = "rows";
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }),
+            "--mixup-mode must be batch, pair or elem, got 'rows'");
+  c = {};
+  c.cutmix = 1;
+  c.micro_batch = 7;
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }),
+            "--micro-batch 7: Mixup/CutMix mixes image i with image n-1-i of each rank's micro-batch, which "
+            "must be "
+            "even");
+  c.micro_batch = 8;
+  c.cutmix_minmax = "0.3,0.31";
+  c.image_size = 32;
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }),
+            "--cutmix-minmax 0.3,0.31 with --image-size 32: box sides are drawn from [9, 9) pixels, which is "
+            "empty");
+  c = {};
+  c.dump_batches = "b.txt";
+  EXPECT_THAT(error_of<std::exception>([&] { c.validate(); }),
+              HasSubstr("--dump-batches b.txt: the file must end"));
   EXPECT_EQ(error_of<std::exception>([] { TrainConfig{}.validate(); }), "(no error)");
+}
+
+// The loader's mixing from the flags: timm's meanings, smoothing and classes from the run's own flags.
+TEST(Flags, MixConfigFromTheFlags) {
+  TrainConfig c;
+  EXPECT_FALSE(c.mix_config().active());
+  c.cutmix_minmax = "0.2,0.8";
+  c.mixup_mode = "pair";
+  c.label_smoothing = 0.1;
+  c.num_classes = 37;
+  const MixConfig m = c.mix_config();
+  EXPECT_TRUE(m.active());
+  EXPECT_EQ(m.cutmix_minmax, std::make_pair(0.2, 0.8));
+  EXPECT_EQ(m.mode, MixMode::pair);
+  EXPECT_EQ(m.label_smoothing, 0.1);
+  EXPECT_EQ(m.num_classes, 37);
+  EXPECT_EQ(m.prob, 1.0);
+  EXPECT_EQ(m.switch_prob, 0.5);
 }
 
 TEST(Flags, DerivedConfigurations) {

@@ -108,6 +108,7 @@ StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bo
   // The loader's workers keep up to threads x prefetch (2) batches ahead; on the CPU backend they are in
   // the training device's allocator.
   sp.prefetched_batches = s.cuda ? 0 : int64_t(s.cfg.loader_threads) * 2;
+  sp.soft_targets = s.cfg.mix_config().active();
   sp.state = engine.state.buffers;
   // On CUDA the copy is pinned host memory (Plan::host_rows), outside the device's allocator.
   if (!s.cuda) sp.checkpoint_copy_bytes = std::max<int64_t>(0, checkpoint_copy_bytes(s, engine));

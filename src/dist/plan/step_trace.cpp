@@ -7,8 +7,9 @@
 //    linear its input (the weight is a view of the flat buffer, no copy); GELU its input; residual_scale_add
 //    and channel_scale their scaled input; drop_path only its per-sample scale (N elements, kept until the
 //    graph dies); add and global_avg_pool nothing; cross-entropy the logits, labels and f32 log-sum-exp per
-//    row. What no node keeps is freed when the last C++ handle to it goes (e.g. a block's fc1 output, under
-//    no-grad, once GELU has run; the last block's output after the head's pooling).
+//    row (with Mixup/CutMix the soft targets instead of the labels, and an f32 row sum). What no node keeps
+//    is freed when the last C++ handle to it goes (e.g. a block's fc1 output, under no-grad, once GELU has
+//    run; the last block's output after the head's pooling).
 //  * Activation checkpointing (ConvNeXtStage, src/tensor/autograd/checkpoint.cpp): a block runs under
 //    no-grad and its CheckpointBackward node keeps only the block input. In backward the node recomputes the
 //    block with grad (all of its saved tensors again), runs the block's backward inside grad(), which holds
@@ -107,6 +108,8 @@ void Walker::build() {
   for (int64_t b = 0; b < s_.prefetched_batches; ++b) {
     m_.alloc(image, Use::input, "prefetched images");
     m_.alloc(s_.micro_batch * 8, Use::input, "prefetched labels");
+    if (s_.soft_targets)
+      m_.alloc(s_.micro_batch * s_.model.num_classes * 4, Use::input, "prefetched targets");
   }
   if (s_.checkpoint_copy_bytes > 0)  // an empty one (stage 0, ranks but 0) allocates nothing
     m_.alloc(s_.checkpoint_copy_bytes, Use::checkpoint, "checkpoint host copy (background save)");
@@ -126,11 +129,13 @@ void Walker::step() {
   scope_ = "batch";
   part_ = 0;
   at("load");
-  std::vector<A> batches;  // images, labels per micro-step
+  std::vector<A> batches;  // images, labels (and soft targets, made after the batch's images) per micro-step
+  const size_t per_batch = s_.soft_targets ? 3 : 2;
   if (!s_.cuda)
     for (int64_t a = 0; a < s_.grad_accum; ++a) {
       batches.push_back(buf(pixels * 4, Use::input, "images"));
       batches.push_back(buf(n_ * 8, Use::input, "labels"));
+      if (s_.soft_targets) batches.push_back(buf(n_ * s_.model.num_classes * 4, Use::input, "targets"));
     }
   // The micro-steps' losses are summed on the device: the first one's loss is kept, later ones add into a
   // new scalar each.
@@ -139,7 +144,9 @@ void Walker::step() {
     if (s_.cuda) {
       micro_step(a + 1 == micro_steps, A{}, A{});
     } else {
-      micro_step(a + 1 == micro_steps, batches[size_t(2 * a)], batches[size_t(2 * a + 1)]);
+      // The loss reads the labels, or the soft targets.
+      micro_step(a + 1 == micro_steps, batches[per_batch * size_t(a)],
+                 batches[per_batch * size_t(a + 1) - 1]);
     }
   }
   scope_ = "optimizer";
@@ -175,7 +182,8 @@ void Walker::micro_step(bool last, const A& cpu_images, const A& cpu_labels) {
       m_.release(images.id);
       images = half;
     }
-    labels = buf(n_ * 8, Use::input, "labels");
+    labels = s_.soft_targets ? buf(n_ * s_.model.num_classes * 4, Use::input, "targets")
+                             : buf(n_ * 8, Use::input, "labels");
   } else {  // .to(device) and .to(f32) return the same tensors
     m_.retain(images.id);
     m_.retain(labels.id);
@@ -229,6 +237,7 @@ void Walker::micro_step(bool last, const A& cpu_images, const A& cpu_labels) {
   at("cross_entropy");
   const A loss = buf(4, keep(), "loss");
   const A lse = buf(n_ * 4, keep(), "log-sum-exp");
+  const A row_sums = s_.soft_targets ? buf(n_ * 4, keep(), "targets' row sums") : A{};
   m_.retain(logits.id);
   m_.retain(labels.id);
   record([=, this] {
@@ -238,6 +247,7 @@ void Walker::micro_step(bool last, const A& cpu_images, const A& cpu_labels) {
     m_.release(logits.id);
     m_.release(labels.id);
     m_.release(lse.id);
+    if (row_sums.id != kNone) m_.release(row_sums.id);
     deposit(logits, d);
     m_.release(g);
   });

@@ -31,6 +31,9 @@ struct StepSpec {
   // state (checkpoint_save.cpp copy_to_host), in the training device's allocator and alive through the
   // steps after the save until its writer finishes: planned as alive through the traced steps. 0: none.
   int64_t checkpoint_copy_bytes = 0;
+  // Mixup/CutMix on: each batch also carries (n, num_classes) f32 soft targets, which the loss reads instead
+  // of the labels (soft_target_cross_entropy: it keeps them and an f32 row sum besides the log-sum-exp).
+  bool soft_targets = false;
   EngineSpec engine;  // the ZeRO engine: stage, ranks, partitions (engine_trace.h)
   int steps = 1;      // >1 to let the allocator's cache reach its steady state
 };

@@ -150,6 +150,10 @@ int Trainer::step_boundary() {
 void Trainer::check_outputs() const {
   if (!cfg_.checkpoint_dir.empty())
     check_writable_dir(cfg_.checkpoint_dir, flag_name(&TrainConfig::checkpoint_dir));
+  const std::string dump = cfg_.dump_batches.empty()
+                               ? std::string()
+                               : BatchDump::rank_path(cfg_.dump_batches, world_.size(), world_.rank());
+  if (!dump.empty()) check_writable_file(dump, flag_name(&TrainConfig::dump_batches));
   if (world_.rank() != 0) return;
   if (!cfg_.export_weights.empty())
     check_writable_file(cfg_.export_weights, flag_name(&TrainConfig::export_weights));

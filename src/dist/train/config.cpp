@@ -19,6 +19,19 @@ nn::ConvNeXtConfig TrainConfig::model_config() const {
   return mc;
 }
 
+MixConfig TrainConfig::mix_config() const {
+  MixConfig m;
+  m.mixup_alpha = mixup;
+  m.cutmix_alpha = cutmix;
+  if (!cutmix_minmax.empty()) m.cutmix_minmax = parse_cutmix_minmax(cutmix_minmax, "--cutmix-minmax");
+  m.prob = mixup_prob;
+  m.switch_prob = mixup_switch_prob;
+  m.mode = parse_mix_mode(mixup_mode);
+  m.label_smoothing = label_smoothing;
+  m.num_classes = num_classes;
+  return m;
+}
+
 DType dtype_of_flag(const std::string& flag) {
   CZ_CHECK_DTYPE(flag == "fp32" || flag == "bf16" || flag == "fp16", "expected fp32, bf16 or fp16, got '{}'",
                  flag);

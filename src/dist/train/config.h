@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "io/mixup.h"
 #include "nn/convnext.h"
 #include "tensor/dtype.h"
 
@@ -46,6 +47,14 @@ struct TrainConfig {
   bool shuffle = true;
   bool augment = false;
   int loader_threads = 2;
+  // Mixup/CutMix with timm's flags and meanings (Note [Mixing within a micro-batch], io/mixup.h).
+  double mixup = 0;                  // Mixup's lam ~ Beta(A, A); 0: no Mixup
+  double cutmix = 0;                 // CutMix's lam ~ Beta(A, A); 0: no CutMix
+  std::string cutmix_minmax;         // "LO,HI": CutMix box sides as fractions of the image's (CutMix on)
+  double mixup_prob = 1.0;           // probability a batch (pair, image) is mixed
+  double mixup_switch_prob = 0.5;    // with both on: probability of CutMix rather than Mixup
+  std::string mixup_mode = "batch";  // batch | pair | elem
+  std::string dump_batches;          // FILE.h5: every training batch as the model saw it; FILE.png: a picture
 
   // Schedule and optimisation.
   int64_t steps = 0;                // optimizer steps; 0: --epochs decides (both 0: no step, as for exporting
@@ -94,6 +103,10 @@ struct TrainConfig {
   void validate() const;
   // The architecture these flags name (--model, or --depths/--dims), with --num-classes and --drop-path.
   nn::ConvNeXtConfig model_config() const;
+  // The loader's Mixup/CutMix for these flags, with --label-smoothing and --num-classes (inactive when
+  // neither
+  // --mixup, --cutmix nor --cutmix-minmax turns it on).
+  MixConfig mix_config() const;
   int64_t global_batch(int world) const { return micro_batch * grad_accum * world; }
 };
 

@@ -554,7 +554,14 @@ std::vector<Flag> make_flags() {
 }  // namespace
 
 const std::vector<Flag>& flags() {
-  static const std::vector<Flag> table = make_flags();
+  static const std::vector<Flag> table = [] {
+    std::vector<Flag> t = make_flags();
+    const auto augment =
+        std::find_if(t.begin(), t.end(), [](const Flag& f) { return f.field == FlagField(&T::augment); });
+    std::vector<Flag> mix = mix_flags();
+    t.insert(augment + 1, mix.begin(), mix.end());
+    return t;
+  }();
   return table;
 }
 

@@ -94,10 +94,9 @@ std::string recipe_names() {
 }
 
 const std::vector<std::string>& recipe_flags_pending() {
-  // Mixup/CutMix (issue 31 item 1) and RandAugment, random erasing and interpolation (item 2).
-  static const std::vector<std::string> pending = {
-      "--mixup", "--cutmix", "--mixup-prob", "--mixup-switch-prob", "--mixup-mode",
-      "--aa",    "--reprob", "--remode",     "--recount",           "--interpolation"};
+  // RandAugment, random erasing and interpolation (issue 31 item 2).
+  static const std::vector<std::string> pending = {"--aa", "--reprob", "--remode", "--recount",
+                                                   "--interpolation"};
   return pending;
 }
 

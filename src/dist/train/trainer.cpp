@@ -256,6 +256,7 @@ LoaderOptions Trainer::loader_options(Split split) const {
   lo.world = world_.size();
   lo.rank = world_.rank();
   lo.threads = cfg_.loader_threads;
+  if (train) lo.mix = cfg_.mix_config();  // Note [Mixing within a micro-batch]
   return lo;
 }
 
@@ -280,6 +281,9 @@ void Trainer::build_data() {
            lo.batch_size, world_.size());
   total_steps_ = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * per_epoch;
   loader_->start_epoch(0);
+  if (!cfg_.dump_batches.empty())
+    dump_ = std::make_unique<BatchDump>(cfg_.dump_batches, world_.size(), world_.rank(), lo.mix,
+                                        cfg_.num_classes, cfg_.image_size);
 }
 
 void Trainer::build_schedule() {
@@ -319,7 +323,10 @@ StepStats Trainer::step() {
   const auto t0 = Clock::now();  // waiting for the loader counts
   std::vector<Batch> batches;
   for (int64_t a = 0; a < cfg_.grad_accum; ++a) batches.push_back(next_batch());
-  return run_step(batches, t0);
+  const StepStats s = run_step(batches, t0);
+  // After the step's timer: the batches exactly as the model received them.
+  for (int64_t a = 0; dump_ && a < cfg_.grad_accum; ++a) dump_->write(batches[size_t(a)], s.step, a);
+  return s;
 }
 
 StepStats Trainer::step(std::span<const Batch> micro_batches) {
@@ -347,11 +354,15 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
   for (int64_t a = 0; a < cfg_.grad_accum; ++a) {
     const Batch& batch = micro_batches[size_t(a)];
     Tensor images = batch.images.to(device_).to(compute_dtype_);
-    Tensor labels = batch.labels.to(device_);
+    // The labels, or a mixed batch's soft targets with the smoothing folded in (Note [Mixing within a
+    // micro-batch]).
+    const bool soft = batch.targets.defined();
+    Tensor targets = (soft ? batch.targets : batch.labels).to(device_);
     // Note [Drop-path masks]: keyed by the sample's index in the step's global batch.
     model_->set_drop_path_context(cfg_.seed, uint64_t(s.step), (a * world_.size() + world_.rank()) * micro);
     Tensor logits = (*model_)(images).to(DType::f32);
-    Tensor loss = cross_entropy(logits, labels, cfg_.label_smoothing);
+    Tensor loss = soft ? soft_target_cross_entropy(logits, targets)
+                       : cross_entropy(logits, targets, cfg_.label_smoothing);
     engine_->backward(scale(loss, s.loss_scale / double(cfg_.grad_accum)), a + 1 == cfg_.grad_accum);
     NoGradGuard no_grad;
     loss_sum = loss_sum.defined() ? add(loss_sum, loss.detach()) : loss.detach();
@@ -483,6 +494,7 @@ TrainSummary Trainer::run() {
     }
   }
   bar.finish();
+  if (dump_) dump_->finish();
   if (!cfg_.checkpoint_dir.empty()) {
     if (saved_step_ != step_) save_checkpoint();
     finish_pending_save();

@@ -14,6 +14,7 @@
 #include "dist/train/config.h"
 #include "dist/zero/engine.h"
 #include "io/checkpoint.h"
+#include "io/batch_dump.h"
 #include "io/dataset.h"
 #include "io/loader.h"
 #include "io/train_log.h"
@@ -145,6 +146,7 @@ class Trainer {
   std::shared_ptr<const Dataset> train_set_, eval_set_;
   std::vector<std::string> data_notes_;
   std::unique_ptr<Loader> loader_;
+  std::unique_ptr<BatchDump> dump_;  // --dump-batches
   int64_t epoch_ = 0;
   int64_t batches_in_epoch_ = 0;  // the loader's global batches of this epoch consumed so far
   std::unique_ptr<ckpt::Collective> ckpt_comm_;

@@ -96,6 +96,14 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& labels, double sm
 // gloss: () the loss gradient; dlogits: (N, K).
 void cross_entropy_backward(const Tensor& gloss, const Tensor& logits, const Tensor& labels,
                             const Tensor& lse, double smoothing, Tensor& dlogits);
+// Softmax cross-entropy against soft targets, mean over rows. logits, targets: (N, K); loss: () like logits;
+// lse: (N) log-sum-exp per row and tsum: (N) the targets' row sums, for backward.
+void soft_target_cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
+                                       Tensor& tsum);
+// dlogits, dtargets: (N, K), either may be undefined.
+void soft_target_cross_entropy_backward(const Tensor& gloss, const Tensor& logits, const Tensor& targets,
+                                        const Tensor& lse, const Tensor& tsum, Tensor& dlogits,
+                                        Tensor& dtargets);
 // x: (rows, K) -> out: (rows) i64, the first index of the largest value (NaN counts as largest).
 void argmax(const Tensor& x, Tensor& out);
 

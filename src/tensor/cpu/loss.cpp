@@ -1,4 +1,4 @@
-// Softmax cross-entropy with label smoothing (forward and backward) and argmax.
+// Softmax cross-entropy with label smoothing and against soft targets (forward and backward), and argmax.
 #include <cmath>
 #include <limits>
 
@@ -72,6 +72,67 @@ void cross_entropy_backward(const Tensor& gloss, const Tensor& logits, const Ten
         d[py[n]] -= scale * hit;
       }
     });
+  });
+}
+
+// Per row, from the row maximum m and lse = m + log sum_k exp(z_k - m):
+//   loss_n = -sum_k t_k (z_k - lse) = S log sum_k exp(z_k - m) - sum_k t_k (z_k - m),   S = sum_k t_k.
+// Summing t_k (z_k - m) rather than t_k z_k keeps a large common shift of the logits from cancelling.
+void soft_target_cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
+                                       Tensor& tsum) {
+  visit_float(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t N = logits.size(0), K = logits.size(1);
+    const T* pz = logits.data<T>();
+    const T* pt = targets.data<T>();
+    T* pl = lse.data<T>();
+    T* ps = tsum.data<T>();
+    double total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total) if (logits.numel() >= kParallelGrain)
+    for (int64_t n = 0; n < N; ++n) {
+      const T* z = pz + n * K;
+      const T* t = pt + n * K;
+      T m = z[0];
+      for (int64_t k = 1; k < K; ++k) m = z[k] > m ? z[k] : m;
+      double se = 0, stz = 0, st = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double v = double(z[k] - m);
+        se += std::exp(v);
+        stz += double(t[k]) * v;
+        st += double(t[k]);
+      }
+      const double log_se = std::log(se);
+      pl[n] = T(double(m) + log_se);
+      ps[n] = T(st);
+      total += st * log_se - stz;
+    }
+    loss.data<T>()[0] = T(total / double(N));
+  });
+}
+
+// dloss/dz_k = g / N * (softmax_k S - t_k); dloss/dt_k = g / N * (lse - z_k).
+void soft_target_cross_entropy_backward(const Tensor& gloss, const Tensor& logits, const Tensor& targets,
+                                        const Tensor& lse, const Tensor& tsum, Tensor& dlogits,
+                                        Tensor& dtargets) {
+  visit_float(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t N = logits.size(0), K = logits.size(1);
+    const T* pz = logits.data<T>();
+    const T* pt = targets.data<T>();
+    const T* pl = lse.data<T>();
+    const T* ps = tsum.data<T>();
+    T* pdz = dlogits.defined() ? dlogits.data<T>() : nullptr;
+    T* pdt = dtargets.defined() ? dtargets.data<T>() : nullptr;
+    const T scale = T(double(gloss.data<T>()[0]) / double(N));
+#pragma omp parallel for schedule(static) if (logits.numel() >= kParallelGrain)
+    for (int64_t n = 0; n < N; ++n) {
+      const T* z = pz + n * K;
+      const T* t = pt + n * K;
+      if (pdz)
+        for (int64_t k = 0; k < K; ++k) pdz[n * K + k] = scale * (std::exp(z[k] - pl[n]) * ps[n] - t[k]);
+      if (pdt)
+        for (int64_t k = 0; k < K; ++k) pdt[n * K + k] = scale * (pl[n] - z[k]);
+    }
   });
 }
 

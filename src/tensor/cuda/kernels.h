@@ -89,6 +89,14 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& labels, double sm
 // gloss: () read on the device.
 void cross_entropy_backward(const Tensor& gloss, const Tensor& logits, const Tensor& labels,
                             const Tensor& lse, double smoothing, Tensor& dlogits, Stream stream);
+// Softmax cross-entropy against soft targets, mean over rows (deterministic). logits, targets: (N, K) of one
+// dtype; loss: () like logits; lse, tsum: (N) stat_dtype. Backward: dlogits, dtargets (N, K), either
+// undefined.
+void soft_target_cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
+                                       Tensor& tsum, Stream stream);
+void soft_target_cross_entropy_backward(const Tensor& gloss, const Tensor& logits, const Tensor& targets,
+                                        const Tensor& lse, const Tensor& tsum, Tensor& dlogits,
+                                        Tensor& dtargets, Stream stream);
 // x: (rows, K) -> out: (rows) i64, the first index of the largest value (NaN counts as largest).
 void argmax(const Tensor& x, Tensor& out, Stream stream);
 

@@ -108,6 +108,15 @@ cudaError_t cross_entropy_forward(const Config& cfg, DType t, DType label_t, con
 cudaError_t cross_entropy_backward(const Config& cfg, DType t, DType label_t, const void* gloss,
                                    const void* logits, const void* labels, const void* lse, double smoothing,
                                    void* dlogits, int64_t n, int64_t k);
+// Soft targets (Note [Soft-target cross-entropy kernels]): targets like logits; lse and tsum (n) in the
+// accumulation type; workspace: cross_entropy_workspace(t, n) bytes. Backward: dlogits, dtargets may be null.
+cudaError_t soft_target_cross_entropy_forward(const Config& cfg, DType t, const void* logits,
+                                              const void* targets, void* loss, void* lse, void* tsum,
+                                              int64_t n, int64_t k, void* workspace);
+cudaError_t soft_target_cross_entropy_backward(const Config& cfg, DType t, const void* gloss,
+                                               const void* logits, const void* targets, const void* lse,
+                                               const void* tsum, void* dlogits, void* dtargets, int64_t n,
+                                               int64_t k);
 // out (rows) i64: first index of the largest value of each row of k, NaN counting as largest.
 cudaError_t argmax(const Config& cfg, DType t, const void* x, int64_t* out, int64_t rows, int64_t k);
 

@@ -1,5 +1,5 @@
-// Host wrappers of the cross-entropy and argmax kernels (loss.cu): argument checks, device guard, the
-// forward pass's workspace from the caching allocator, launch status.
+// Host wrappers of the cross-entropy (hard and soft targets) and argmax kernels (loss.cu): argument checks,
+// device guard, the forward pass's workspace from the caching allocator, launch status.
 #include "tensor/cuda/host_utils.h"
 #include "tensor/cuda/kernels.h"
 
@@ -59,6 +59,59 @@ void cross_entropy_backward(const Tensor& gloss, const Tensor& logits, const Ten
   CZ_CHECK_STATUS(launch::cross_entropy_backward(detail::config_of(stream), t, labels.dtype(),
                                                  gloss.raw_data(), logits.raw_data(), labels.raw_data(),
                                                  lse.raw_data(), smoothing, dlogits.raw_data(), n, k));
+}
+
+void soft_target_cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
+                                       Tensor& tsum, Stream stream) {
+  constexpr const char* op = "soft_target_cross_entropy_forward";
+  check_float(op, "logits", logits);
+  check_operand(op, "logits", logits, logits.dtype(), stream);
+  CZ_CHECK_SHAPE(logits.dim() == 2 && logits.size(0) > 0 && logits.size(1) > 0,
+                 "cuda::{}: logits have shape {}", op, shape_str(logits.sizes()));
+  const DType t = logits.dtype();
+  const int64_t n = logits.size(0), k = logits.size(1);
+  check_operand(op, "targets", targets, t, stream);
+  check_numel(op, "targets", targets, n * k);
+  check_operand(op, "loss", loss, t, stream);
+  check_numel(op, "loss", loss, 1);
+  check_operand(op, "lse", lse, stat_dtype(t), stream);
+  check_numel(op, "lse", lse, n);
+  check_operand(op, "tsum", tsum, stat_dtype(t), stream);
+  check_numel(op, "tsum", tsum, n);
+  DeviceGuard guard(stream.device.index);
+  DataPtr ws = allocate(launch::cross_entropy_workspace(t, n), stream);
+  CZ_CHECK_STATUS(launch::soft_target_cross_entropy_forward(detail::config_of(stream), t, logits.raw_data(),
+                                                            targets.raw_data(), loss.raw_data(),
+                                                            lse.raw_data(), tsum.raw_data(), n, k, ws.get()));
+}
+
+void soft_target_cross_entropy_backward(const Tensor& gloss, const Tensor& logits, const Tensor& targets,
+                                        const Tensor& lse, const Tensor& tsum, Tensor& dlogits,
+                                        Tensor& dtargets, Stream stream) {
+  constexpr const char* op = "soft_target_cross_entropy_backward";
+  check_float(op, "logits", logits);
+  check_operand(op, "logits", logits, logits.dtype(), stream);
+  CZ_CHECK_SHAPE(logits.dim() == 2, "cuda::{}: logits have shape {}", op, shape_str(logits.sizes()));
+  const DType t = logits.dtype();
+  const int64_t n = logits.size(0), k = logits.size(1);
+  check_operand(op, "targets", targets, t, stream);
+  check_numel(op, "targets", targets, n * k);
+  check_operand(op, "gloss", gloss, t, stream);
+  check_numel(op, "gloss", gloss, 1);
+  check_operand(op, "lse", lse, stat_dtype(t), stream);
+  check_numel(op, "lse", lse, n);
+  check_operand(op, "tsum", tsum, stat_dtype(t), stream);
+  check_numel(op, "tsum", tsum, n);
+  for (Tensor* g : {&dlogits, &dtargets})
+    if (g->defined()) {
+      check_operand(op, g == &dlogits ? "dlogits" : "dtargets", *g, t, stream);
+      check_numel(op, g == &dlogits ? "dlogits" : "dtargets", *g, n * k);
+    }
+  DeviceGuard guard(stream.device.index);
+  CZ_CHECK_STATUS(launch::soft_target_cross_entropy_backward(
+      detail::config_of(stream), t, gloss.raw_data(), logits.raw_data(), targets.raw_data(), lse.raw_data(),
+      tsum.raw_data(), dlogits.defined() ? dlogits.raw_data() : nullptr,
+      dtargets.defined() ? dtargets.raw_data() : nullptr, n, k));
 }
 
 void argmax(const Tensor& x, Tensor& out, Stream stream) {

@@ -1,6 +1,9 @@
-// Softmax cross-entropy with label smoothing (forward and backward) and argmax. The loss is a mean over rows:
-// per-row terms go to a workspace and one block adds them in a fixed order, so it repeats bit for bit.
+// Softmax cross-entropy with label smoothing and against soft targets (forward and backward), and argmax. The
+// losses are means over rows: per-row terms go to a workspace and one block adds them in a fixed order, so
+// they repeat bit for bit. The soft-target kernels' per-thread work is soft_target_rows.h's (Note
+// [Soft-target cross-entropy kernels]).
 #include "tensor/cuda/device_utils.cuh"
+#include "tensor/cuda/soft_target_rows.h"
 
 namespace cz::cuda::launch {
 namespace {
@@ -91,6 +94,53 @@ __global__ void backward_kernel(const T* __restrict__ gloss, const T* __restrict
   }
 }
 
+struct DeviceCvt {
+  template <class A, class S>
+  __device__ __forceinline__ static A to(S s) {
+    return cvt<A>(s);
+  }
+};
+
+// One block of stce::kRowThreads per row: lse, the targets' sum and the row's loss.
+template <class T>
+__global__ void soft_rows_kernel(const T* __restrict__ logits, const T* __restrict__ targets,
+                                 acc_t<T>* __restrict__ lse, acc_t<T>* __restrict__ tsum,
+                                 acc_t<T>* __restrict__ row_loss, int64_t k) {
+  using A = acc_t<T>;
+  const int64_t row = blockIdx.x;
+  const T* z = logits + row * k;
+  const T* t = targets + row * k;
+  const int tid = int(threadIdx.x);
+  const A m = block_reduce(stce::thread_max<A, T, DeviceCvt>(z, k, tid), Max{});
+  A se, stz, st;
+  stce::thread_sums<A, T, DeviceCvt>(z, t, k, tid, m, se, stz, st);
+  se = block_reduce(se, Add{});
+  stz = block_reduce(stz, Add{});
+  st = block_reduce(st, Add{});
+  if (tid == 0) {
+    const stce::Row<A> r = stce::row_of(m, se, stz, st);
+    lse[row] = r.lse;
+    tsum[row] = r.st;
+    row_loss[row] = r.loss;
+  }
+}
+
+// Either gradient may be null.
+template <class T>
+__global__ void soft_backward_kernel(const T* __restrict__ gloss, const T* __restrict__ logits,
+                                     const T* __restrict__ targets, const acc_t<T>* __restrict__ lse,
+                                     const acc_t<T>* __restrict__ tsum, T* __restrict__ dlogits,
+                                     T* __restrict__ dtargets, int64_t n, int64_t k) {
+  using A = acc_t<T>;
+  const A scale = to_acc(gloss[0]) / A(n);
+  for (int64_t i = global_thread(); i < n * k; i += grid_threads()) {
+    const int64_t row = i / k;
+    const A z = to_acc(logits[i]);
+    if (dlogits) dlogits[i] = cvt<T>(stce::grad_logit(z, to_acc(targets[i]), lse[row], tsum[row], scale));
+    if (dtargets) dtargets[i] = cvt<T>(stce::grad_target(z, lse[row], scale));
+  }
+}
+
 // (value, index) a beats b: NaN beats numbers, larger beats smaller, and ties go to the smaller index.
 template <class A>
 __device__ __forceinline__ bool beats(A av, int64_t ai, A bv, int64_t bi) {
@@ -176,6 +226,40 @@ cudaError_t cross_entropy_backward(const Config& cfg, DType t, DType label_t, co
           static_cast<const A*>(lse), smoothing, static_cast<T*>(dlogits), n, k);
       return cudaGetLastError();
     });
+  });
+}
+
+cudaError_t soft_target_cross_entropy_forward(const Config& cfg, DType t, const void* logits,
+                                              const void* targets, void* loss, void* lse, void* tsum,
+                                              int64_t n, int64_t k, void* workspace) {
+  if (n == 0 || n > 0x7fffffff) return cudaErrorInvalidValue;
+  return visit_float(t, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    A* row_loss = static_cast<A*>(workspace);
+    soft_rows_kernel<T><<<unsigned(n), stce::kRowThreads, 0, cfg.stream>>>(
+        static_cast<const T*>(logits), static_cast<const T*>(targets), static_cast<A*>(lse),
+        static_cast<A*>(tsum), row_loss, k);
+    const cudaError_t st = cudaGetLastError();
+    if (st != cudaSuccess) return st;
+    forward_mean_kernel<T><<<1, stce::kRowThreads, 0, cfg.stream>>>(row_loss, n, static_cast<T*>(loss));
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t soft_target_cross_entropy_backward(const Config& cfg, DType t, const void* gloss,
+                                               const void* logits, const void* targets, const void* lse,
+                                               const void* tsum, void* dlogits, void* dtargets, int64_t n,
+                                               int64_t k) {
+  if (n * k == 0 || (!dlogits && !dtargets)) return cudaSuccess;
+  return visit_float(t, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    soft_backward_kernel<T><<<grid_for(n * k, cfg.sm_count), kThreads, 0, cfg.stream>>>(
+        static_cast<const T*>(gloss), static_cast<const T*>(logits), static_cast<const T*>(targets),
+        static_cast<const A*>(lse), static_cast<const A*>(tsum), static_cast<T*>(dlogits),
+        static_cast<T*>(dtargets), n, k);
+    return cudaGetLastError();
   });
 }
 

@@ -1,4 +1,5 @@
-// Cross-entropy, argmax and accuracy counting: validation, dispatch and the cross-entropy backward rule.
+// Cross-entropy (hard and soft targets), argmax and accuracy counting: validation, dispatch and the
+// cross-entropies' backward rules.
 #include "tensor/ops/loss.h"
 
 #include <cmath>
@@ -35,6 +36,35 @@ class CrossEntropyBackward final : public Node {
  private:
   SavedTensor logits_, labels_, lse_;
   double smoothing_;
+};
+
+class SoftTargetCrossEntropyBackward final : public Node {
+ public:
+  SoftTargetCrossEntropyBackward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                 const Tensor& tsum)
+      : logits_(logits), targets_(targets), lse_(lse), tsum_(tsum) {}
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    const Tensor logits = logits_.get(), targets = targets_.get(), lse = lse_.get(), tsum = tsum_.get();
+    const Tensor gloss = g[0].contiguous();
+    Tensor dlogits = needs_input_grad(0) ? empty_like(logits) : Tensor();
+    Tensor dtargets = needs_input_grad(1) ? empty_like(targets) : Tensor();
+    if (logits.is_cpu())
+      cpu::soft_target_cross_entropy_backward(gloss, logits, targets, lse, tsum, dlogits, dtargets);
+    else
+      CZ_CUDA_CALL(cuda::soft_target_cross_entropy_backward(gloss, logits, targets, lse, tsum, dlogits,
+                                                            dtargets, ops::stream_of(logits)));
+    return {dlogits, dtargets};
+  }
+  std::string name() const override { return "SoftTargetCrossEntropyBackward"; }
+  void release_saved() override {
+    logits_.reset();
+    targets_.reset();
+    lse_.reset();
+    tsum_.reset();
+  }
+
+ private:
+  SavedTensor logits_, targets_, lse_, tsum_;
 };
 
 // logits: (N, K) float, labels: (N) i32/i64 on the same device.
@@ -83,6 +113,30 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, double label_sm
     CZ_CUDA_CALL(cuda::cross_entropy_forward(zc, yc, label_smoothing, loss, lse, ops::stream_of(logits)));
   if (should_record({&logits}))
     record(std::make_shared<CrossEntropyBackward>(zc, yc, lse, label_smoothing), {&logits, &labels}, {&loss});
+  return loss;
+}
+
+Tensor soft_target_cross_entropy(const Tensor& logits, const Tensor& targets) {
+  constexpr const char* op = "soft_target_cross_entropy";
+  ops::check_floating(op, "logits", logits);
+  ops::check_cpu_compute_dtype(op, logits);
+  ops::check_dim(op, "logits", logits, 2, "(N, K)");
+  profiler::Scope prof(op, logits.device());
+  CZ_CHECK_SHAPE(logits.size(0) > 0 && logits.size(1) > 0, "{}: logits must be non-empty, got shape {}", op,
+                 shape_str(logits.sizes()));
+  ops::check_same_shape(op, "logits", logits, "targets", targets);
+  const Tensor zc = logits.contiguous().detach(), tc = targets.contiguous().detach();
+  Tensor loss = empty({}, logits.dtype(), logits.device());
+  // Row statistics in the accumulation type, as cross_entropy's lse (f32 for 16-bit logits on CUDA).
+  const DType stat_t = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor lse = empty({logits.size(0)}, stat_t, logits.device());
+  Tensor tsum = empty({logits.size(0)}, stat_t, logits.device());
+  if (logits.is_cpu())
+    cpu::soft_target_cross_entropy_forward(zc, tc, loss, lse, tsum);
+  else
+    CZ_CUDA_CALL(cuda::soft_target_cross_entropy_forward(zc, tc, loss, lse, tsum, ops::stream_of(logits)));
+  if (should_record({&logits, &targets}))
+    record(std::make_shared<SoftTargetCrossEntropyBackward>(zc, tc, lse, tsum), {&logits, &targets}, {&loss});
   return loss;
 }
 

@@ -1,0 +1,92 @@
+// The Mixup/CutMix and batch-dump entries of the flag table (flags.h), kept beside the rest in --help's order
+// after --augment: timm's train.py flags with its meanings, and --dump-batches.
+#include <cmath>
+
+#include "dist/train/flags.h"
+#include "io/batch_dump.h"
+#include "tensor/check.h"
+
+namespace cz::train {
+namespace {
+
+using C = const TrainConfig&;
+using F = const Flag&;
+using T = TrainConfig;
+
+void check_alpha(double v, const char* name) {
+  CZ_CHECK(std::isfinite(v) && v >= 0, "{} must be a finite number >= 0 (0: off), got {}", name, v);
+}
+void check_probability(double v, const char* name) {
+  CZ_CHECK(v >= 0 && v <= 1, "{} must be in [0, 1], got {}", name, v);
+}
+
+}  // namespace
+
+std::vector<Flag> mix_flags() {
+  return {
+      {.name = "--mixup",
+       .field = &T::mixup,
+       .help = "Mixup alpha: images and targets mixed as lam x + (1 - lam) x', lam ~ Beta(A, A), with image "
+               "n-1-i of the rank's micro-batch (0: off); the loss becomes the soft-target cross-entropy",
+       .check = [](C c, F f) { check_alpha(c.mixup, f.name); },
+       .ranks_agree = true,
+       .json_key = "mixup"},
+      {.name = "--cutmix",
+       .field = &T::cutmix,
+       .help = "CutMix alpha: a box of area (1 - lam) pasted from image n-1-i, lam ~ Beta(A, A) (0: off)",
+       .check = [](C c, F f) { check_alpha(c.cutmix, f.name); },
+       .ranks_agree = true,
+       .json_key = "cutmix"},
+      {.name = "--cutmix-minmax",
+       .field = &T::cutmix_minmax,
+       .help =
+           "LO,HI: CutMix box sides uniform in [LO, HI) of the image's instead of from lam (turns CutMix on)",
+       .check =
+           [](C c, F f) {
+             if (c.cutmix_minmax.empty()) return;
+             const auto [lo, hi] = parse_cutmix_minmax(c.cutmix_minmax, f.name);
+             const int64_t a = int64_t(double(c.image_size) * lo), b = int64_t(double(c.image_size) * hi);
+             CZ_CHECK(a < b, "{} {} with {} {}: box sides are drawn from [{}, {}) pixels, which is empty",
+                      f.name, c.cutmix_minmax, flag_name(&T::image_size), c.image_size, a, b);
+           },
+       .ranks_agree = true,
+       .json_key = "cutmix_minmax"},
+      {.name = "--mixup-prob",
+       .field = &T::mixup_prob,
+       .help = "probability of mixing a batch (pair, image) at all",
+       .check = [](C c, F f) { check_probability(c.mixup_prob, f.name); },
+       .ranks_agree = true,
+       .json_key = "mixup_prob"},
+      {.name = "--mixup-switch-prob",
+       .field = &T::mixup_switch_prob,
+       .help = "with both --mixup and --cutmix: probability of CutMix rather than Mixup",
+       .check = [](C c, F f) { check_probability(c.mixup_switch_prob, f.name); },
+       .ranks_agree = true,
+       .json_key = "mixup_switch_prob"},
+      {.name = "--mixup-mode",
+       .field = &T::mixup_mode,
+       .help = "batch | pair | elem: one lam per micro-batch, per pair (i, n-1-i), or per image",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.mixup_mode == "batch" || c.mixup_mode == "pair" || c.mixup_mode == "elem",
+                      "{} must be batch, pair or elem, got '{}'", f.name, c.mixup_mode);
+             // Note [Mixing within a micro-batch]: image i is mixed with image n-1-i of the micro-batch.
+             CZ_CHECK(!c.mix_config().active() || c.micro_batch % 2 == 0,
+                      "{} {}: Mixup/CutMix mixes image i with image n-1-i of each rank's micro-batch, which "
+                      "must be even",
+                      flag_name(&T::micro_batch), c.micro_batch);
+           },
+       .ranks_agree = true,
+       .json_key = "mixup_mode"},
+      {.name = "--dump-batches",
+       .field = &T::dump_batches,
+       .help = "FILE.h5: write every training batch as the model receives it (images, targets, sources, "
+               "lam and box; FILE.rankR.h5 per rank under mpirun); FILE.png: a picture of the first batch",
+       .check =
+           [](C c, F f) {
+             if (!c.dump_batches.empty()) BatchDump::format_of(c.dump_batches, f.name);
+           }},
+  };
+}
+
+}  // namespace cz::train

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Mixup/CutMix and --dump-batches from the outside: real runs, real files, real mpirun.
+# Usage: run_mix_tests.sh CASE APP MPIEXEC
+#   ranks_pairing  Note [Mixing within a micro-batch]: 2 and 4 ranks x micro-batch m receive, position by
+#                  position, the images, targets and mixing one rank receives with micro-batch m and
+#                  --grad-accum 2 / 4 (their dumps, bit for bit), and log the same losses and gradient norms;
+#                  one rank with micro-batch 4m pairs within its 4m images instead
+#   dump_stats     a mixed run's dump against the same run's unmixed dump: pixels, targets and lam as timm
+#                  makes them, row by row, and lam's distribution
+#   resume         a run resumed from a checkpoint mixes its batches as the uninterrupted run did
+#   png            --dump-batches FILE.png: a PNG picture of the first batch (rank 0 under mpirun)
+#   bad_input      each bad mixing or dump flag: non-zero exit and a message naming it
+set -uo pipefail
+case_name=$1 app=$2 mpiexec=$3
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
+model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --loader-threads 1 --no-progress)
+tiny=("${model[@]}" --data synthetic:n=512,eval_n=64,classes=4 --eval-batches 1)
+fail() { echo "FAIL: $*"; exit 1; }
+
+py=python3
+/usr/bin/python3 -c "import h5py, numpy" 2>/dev/null && py=/usr/bin/python3  # Debian's python3-h5py
+check_dump() { "$py" "$here/check_mix_dump.py" "$@" || fail "check_mix_dump.py $*"; }
+need_h5py() {
+  "$py" -c "import h5py, numpy" 2>/dev/null && return
+  [[ ${CI:-} == true ]] && fail "python3 cannot import h5py and numpy (apt-get install python3-h5py)"
+  echo "h5py is not installed: skipped"
+  exit 77
+}
+
+# Prints "<step> <loss> <grad_norm>" for each step record of a JSON-lines log.
+steps_of() {
+  grep -v '"split"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
+}
+# The two logs' losses and gradient norms agree up to the order of float sums.
+same_steps() {
+  paste -d' ' <(steps_of "$1") <(steps_of "$2") > "$work/both"
+  cat "$work/both"
+  [[ $(wc -l < "$work/both") -eq $3 ]] || fail "expected $3 step records in each log"
+  awk '{ for (c = 2; c <= 3; ++c) { a = $c; b = $(c + 3); d = a - b; if (d < 0) d = -d;
+         if (d > 2e-5 * (a < 0 ? -a : a) + 1e-7) { print "step " $1 ": " a " vs " b; bad = 1 } } }
+       END { exit bad }' "$work/both" || fail "$4"
+}
+run() {  # run LOG_NAME ARGS...: one process
+  local name=$1; shift
+  "$app" "$@" > "$work/$name.out" 2>&1 || { cat "$work/$name.out"; fail "run $name failed"; }
+}
+
+case $case_name in
+ranks_pairing)
+  need_h5py
+  mix=(--mixup 0.8 --cutmix 1.0 --label-smoothing 0.1 --augment --drop-path 0.1 --seed 5 --steps 3)
+  for mode in batch pair elem; do
+    run one "${tiny[@]}" "${mix[@]}" --mixup-mode $mode --micro-batch 4 --grad-accum 4 \
+      --log "$work/one.jsonl" --dump-batches "$work/one.h5"
+    for np in 2 4; do
+      rm -f "$work"/ranks*.h5
+      "${mpirun[@]}" -np $np "$app" "${tiny[@]}" "${mix[@]}" --mixup-mode $mode --micro-batch 4 \
+        --grad-accum $((4 / np)) --log "$work/np$np.jsonl" --dump-batches "$work/ranks.h5" > "$work/np.out" 2>&1 ||
+        { cat "$work/np.out"; fail "$np ranks ($mode) failed"; }
+      echo "$mode: $np ranks x micro-batch 4 x accumulation $((4 / np)) against 1 rank x 4 x 4:"
+      check_dump same "$work/one.h5" "$work"/ranks.rank*.h5
+      same_steps "$work/one.jsonl" "$work/np$np.jsonl" 3 "$np ranks ($mode) disagree with 1 rank"
+    done
+    check_dump pairs "$work/one.h5" 4
+  done
+  # One rank with micro-batch 16 pairs image i with image 15-i: groups of 16, not of 4.
+  run big "${tiny[@]}" "${mix[@]}" --micro-batch 16 --dump-batches "$work/big.h5"
+  check_dump pairs "$work/big.h5" 16
+  ! "$py" "$here/check_mix_dump.py" pairs "$work/big.h5" 4 > /dev/null || fail "micro-batch 16 paired in groups of 4"
+  echo "ranks_pairing: OK"
+  ;;
+dump_stats)
+  need_h5py
+  common=("${tiny[@]}" --augment --label-smoothing 0.1 --seed 9 --micro-batch 16 --steps 32)
+  for mode in batch elem; do
+    run mixed "${common[@]}" --mixup 0.8 --cutmix 1.0 --mixup-mode $mode --dump-batches "$work/mixed.h5"
+    run unmixed "${common[@]}" --dump-batches "$work/unmixed.h5"
+    echo "$mode:"
+    check_dump stats "$work/mixed.h5" "$work/unmixed.h5"
+  done
+  echo "dump_stats: OK"
+  ;;
+resume)
+  need_h5py
+  common=("${tiny[@]}" --mixup 0.8 --cutmix 1.0 --mixup-mode elem --augment --seed 4 --micro-batch 8 --steps 6)
+  run straight "${common[@]}" --log "$work/a.jsonl" --dump-batches "$work/a.h5"
+  run first "${common[@]}" --checkpoint-dir "$work/ck" --checkpoint-every 3 --checkpoint-sync
+  run resumed "${common[@]}" --resume "$work/ck/step_3" --log "$work/b.jsonl" --dump-batches "$work/b.h5"
+  check_dump from_step "$work/a.h5" "$work/b.h5" 4
+  diff <(steps_of "$work/a.jsonl" | tail -n 3) <(steps_of "$work/b.jsonl") ||
+    fail "the resumed steps' losses differ from the uninterrupted run's"
+  echo "resume: OK"
+  ;;
+png)
+  run pic "${tiny[@]}" --mixup 0.8 --cutmix 1.0 --micro-batch 6 --steps 2 --dump-batches "$work/first.png"
+  head -c 8 "$work/first.png" | od -An -tx1 | grep -q "89 50 4e 47 0d 0a 1a 0a" || fail "not a PNG"
+  # 6 images of 32 px in 3 x 2 cells of 34 x (32 + 2 x 6 + 4) pixels, 2 more of margin.
+  size=$(od -An -tu1 -j16 -N8 "$work/first.png" | awk '{ print $3 * 256 + $4, $7 * 256 + $8 }')
+  [[ $size == "104 98" ]] || fail "picture is $size pixels, expected 104 98"
+  "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --micro-batch 2 --steps 1 --dump-batches "$work/np2.png" \
+    > "$work/np2.out" 2>&1 || { cat "$work/np2.out"; fail "2 ranks failed"; }
+  [[ -s $work/np2.png && $(ls "$work" | grep -c 'np2.*png') -eq 1 ]] || { ls "$work"; fail "expected one picture"; }
+  echo "png: OK"
+  ;;
+bad_input)
+  check() {  # check EXPECTED-SUBSTRING ARGS...
+    local want=$1; shift
+    "$app" "$@" > "$work/out" 2>&1
+    local rc=$?
+    if [[ $rc -eq 0 || $rc -ge 128 ]]; then cat "$work/out"; fail "'$*' exited with $rc"; fi
+    grep -qF -- "$want" "$work/out" || { cat "$work/out"; fail "'$*': message lacks '$want'"; }
+    ! grep -qiE 'terminate called|segmentation|core dumped|abort' "$work/out" ||
+      { cat "$work/out"; fail "'$*' crashed"; }
+    echo "ok ($rc): $* -> $(grep -F -- "$want" "$work/out" | head -1)"
+  }
+  check "--mixup must be a finite number >= 0" "${tiny[@]}" --steps 1 --mixup -1
+  check "--cutmix must be a finite number >= 0" "${tiny[@]}" --steps 1 --cutmix nan
+  check "--mixup-prob must be in [0, 1], got 2" "${tiny[@]}" --steps 1 --mixup 1 --mixup-prob 2
+  check "--mixup-switch-prob must be in [0, 1]" "${tiny[@]}" --steps 1 --mixup-switch-prob -0.5
+  check "--mixup-mode must be batch, pair or elem, got 'rows'" "${tiny[@]}" --steps 1 --mixup-mode rows
+  check "--cutmix-minmax must be LO,HI" "${tiny[@]}" --steps 1 --cutmix-minmax 0.8,0.2
+  check "--cutmix-minmax must be LO,HI" "${tiny[@]}" --steps 1 --cutmix-minmax 0.5
+  check "--cutmix-minmax 0.3,0.31 with --image-size 32" "${tiny[@]}" --steps 1 --cutmix-minmax 0.3,0.31
+  check "--micro-batch 7: Mixup/CutMix mixes image i with image n-1-i" "${tiny[@]}" --steps 1 --mixup 0.8 \
+    --micro-batch 7
+  check "--dump-batches $work/x.txt: the file must end in .h5" "${tiny[@]}" --steps 1 --dump-batches "$work/x.txt"
+  touch "$work/file"
+  check "--dump-batches $work/file/x.h5" "${tiny[@]}" --steps 1 --dump-batches "$work/file/x.h5"
+  echo "bad_input: OK"
+  ;;
+*)
+  fail "unknown case $case_name"
+  ;;
+esac
