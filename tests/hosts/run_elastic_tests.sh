@@ -193,6 +193,7 @@ check_exact() {
   read -r world mb ga from <<< "$(python3 -c 'import json,sys; e=json.loads(sys.argv[1]); print(e["new_world"], e["micro_batch"], e["grad_accum"], e["checkpoint"])' "$ev")"
   local resume=()
   [[ -n $from ]] && resume=(--resume "$from")  # a failure before the first checkpoint starts again from step 0
+  rm -f "$work/by_hand.jsonl"  # a resumed run would continue the last check's log (Note [One log across resumes])
   OMP_NUM_THREADS=1 "$mpiexec" --allow-run-as-root --oversubscribe -np "$world" "$app" "${tiny[@]}" --steps 40 \
     --checkpoint-dir "$work/by_hand" "${resume[@]}" --micro-batch "$mb" --grad-accum "$ga" --no-progress \
     --log "$work/by_hand.jsonl" > "$work/by_hand.out" 2>&1 || { cat "$work/by_hand.out"; fail "the run by hand"; }
