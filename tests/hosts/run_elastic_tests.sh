@@ -18,7 +18,8 @@
 #                  on host 1 (1 rank x micro-batch 4 x grad-accum 3)
 #   readmit        czrun --readmit: host 3's link down, then up again, then host 2's rank killed: the second
 #                  restart takes host 3 back and finishes on 3 ranks
-#   sigterm        SIGTERM to czrun: the job stops after a step with a checkpoint of it, czrun exits 75,
+#   sigterm        SIGTERM to czrun: the job stops after a step with a checkpoint of it, czrun exits 75 and
+#                  prints the czrun command that resumes it (the ranks print none),
 #                  nothing left running
 #   stalled_launch host 3's rank stopped (SIGSTOP) as soon as it starts, so the first launch never logs a step:
 #                  czrun's --start-timeout ends it, every host still answers, and the relaunch on 3 ranks
@@ -340,6 +341,10 @@ sigterm)
   [[ -d $ck/step_$last && $(cat "$ck/latest") == "step_$last" ]] || fail "no published checkpoint of step $last"
   grep -q '"event":"summary".*"status":"stopped"' "$log" || fail "no stopped summary"
   [[ -z $(find "$ck" -maxdepth 1 -name '.tmp-*') ]] || fail "a half-written checkpoint is left"
+  # Note [Resume command]: czrun prints the command that resumes the job (its own, not the ranks' mpirun).
+  grep -qE "^czrun: resume with: .*czrun --hostfile .* -- .*convnext_zero .*--resume $ck\$" "$work/out" ||
+    fail "czrun printed no command resuming from $ck"
+  ! grep -q "^resume with: " "$work/out" || fail "the ranks printed a resume command under czrun"
   check_no_ranks
   ;;
 stalled_launch)
