@@ -187,14 +187,15 @@ void apply_default_run(const CLI::App& app, cz::train::TrainConfig& c) {
 
 // Note [Resume command] (dist/elastic/command.h): under a launcher, its own words as the user typed them,
 // read from the command line of rank 0's parent (mpirun starts the ranks of its host itself). Where that
-// cannot be read (rank 0 started by a remote daemon, or another launcher), `mpirun -np N` and a note saying
-// which options to add; as root Open MPI refuses to start without --allow-run-as-root, so that one is given.
+// cannot be read (rank 0 started by a remote daemon, through a wrapper, or by another launcher), `mpirun -np
+// N` and a note saying which options to add; as root Open MPI refuses to start without --allow-run-as-root,
+// so that one is given.
 std::string resume_command(const std::vector<std::string>& args, const std::string& dir, int world,
                            std::string& note) {
   const std::string resume = cz::train::flag_name(&cz::train::TrainConfig::resume);
   if (!std::getenv("OMPI_COMM_WORLD_SIZE") && world == 1)
     return cz::elastic::resume_command({args[0]}, args, resume, dir);
-  if (auto head = cz::elastic::launcher_head(cz::elastic::parent_command_line(), args))
+  if (auto head = cz::elastic::launcher_head(cz::elastic::launcher_command_line(), args))
     return cz::elastic::resume_command(*head, args, resume, dir);
   std::vector<std::string> head = {"mpirun"};
   if (::geteuid() == 0) head.push_back("--allow-run-as-root");

@@ -18,7 +18,8 @@
 #   log_resume        a run killed (SIGKILL) past its checkpoint, resumed: its --log holds every step once (the
 #                     records past the checkpoint dropped); a fresh run keeps the old log as LOG.1 and says so
 #   stop_order        under mpirun, rank 0's stop lines are on one stream (stderr), in order: "stopping after
-#                     this step", "stopped by", "resume with"
+#                     this step", "stopped by", "resume with"; through a wrapper, whose command line is not
+#                     mpirun's, the resume command says which launcher options to add
 #   bar_messages      on a terminal (a pseudo-terminal from script(1)): checkpoint, evaluation and stop lines
 #                     never land on the progress bar's line
 set -uo pipefail
@@ -358,6 +359,22 @@ stop_order)
     ((a < b && b < c)) || fail "the stop lines are out of order: stopping at line $a, stopped at $b, resume at $c"
     ! grep -q "^$" "$work/err" || fail "an empty line on stderr (a new line for a bar that is not there)"
   done
+  # Started through a wrapper (bash, which passes SIGUSR1 on), rank 0's parent is not mpirun: the command
+  # cannot be read back, and the message says which options to add (Note [Resume command]).
+  rm -rf "$work/ck"
+  "${mpirun[@]}" -np 2 bash -c 'trap "kill -USR1 \$p" USR1; "$0" "$@" & p=$!; wait $p; wait $p' "$app" "${model[@]}" \
+    --micro-batch 4 --steps 100000 --checkpoint-dir "$work/ck" --log "$work/run.jsonl" > "$work/err" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+  wait_for_step "$work/run.jsonl" 10 "$pid" || { cat "$work/err"; fail "the wrapped run did not reach step 10"; }
+  kill -USR1 "$pid"
+  wait_exit "$pid" 60
+  echo "== through a wrapper: mpirun exit $?"
+  cat "$work/err"
+  want="mpirun $([[ $(id -u) == 0 ]] && echo '--allow-run-as-root ')-np 2 $app "
+  grep -qF "resume with: $want" "$work/err" || fail "the resume command does not start with '$want'"
+  grep -qF "(the launcher's own options could not be read from here: add those the job was started with" \
+    "$work/err" || fail "no line saying which options to add"
   echo "stop_order: OK"
   ;;
 bar_messages)

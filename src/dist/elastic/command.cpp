@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -79,8 +80,15 @@ std::optional<std::vector<std::string>> launcher_head(const std::vector<std::str
   return std::vector<std::string>(launcher_argv.begin(), launcher_argv.begin() + std::ptrdiff_t(program) + 1);
 }
 
-std::vector<std::string> parent_command_line() {
-  std::ifstream f("/proc/" + std::to_string(::getppid()) + "/cmdline", std::ios::binary);
+std::vector<std::string> launcher_command_line() {
+  const std::string proc = "/proc/" + std::to_string(::getppid());
+  std::error_code ec;
+  const std::string exe = std::filesystem::read_symlink(proc + "/exe", ec).filename().string();
+  bool launcher = false;
+  for (const char* name : {"mpirun", "mpiexec", "orterun", "prterun"})
+    launcher = launcher || exe.starts_with(name);
+  if (ec || !launcher) return {};
+  std::ifstream f(proc + "/cmdline", std::ios::binary);
   const std::string raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   std::vector<std::string> words;
   size_t start = 0;

@@ -32,7 +32,10 @@ std::string resume_command(const std::vector<std::string>& head, const std::vect
 // started by a remote orted, srun or hydra, whose command lines do not hold the user's).
 std::optional<std::vector<std::string>> launcher_head(const std::vector<std::string>& launcher_argv,
                                                       const std::vector<std::string>& args);
-// The command line of this process's parent (/proc/PPID/cmdline); empty when it cannot be read.
-std::vector<std::string> parent_command_line();
+// The command line of this process's parent (/proc/PPID/cmdline) when the parent is an MPI launcher (its
+// executable named mpirun, mpiexec, orterun or prterun, as Debian's /usr/bin/mpirun -> orterun is); empty
+// otherwise, or when it cannot be read. A wrapper between the launcher and the rank (bash -c ...) has the
+// rank's arguments at the end of its command line too, but is not what the user typed to start the job.
+std::vector<std::string> launcher_command_line();
 
 }  // namespace cz::elastic
