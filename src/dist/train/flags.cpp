@@ -104,6 +104,7 @@ std::vector<Flag> make_flags() {
        .help = "evaluation set (default: the data source's own eval split)"},
       {.name = "--eval-split",
        .field = &T::eval_split,
+       .group = kDataGroup,
        .help = "hold out this fraction of --data's examples as the eval set, e.g. 0.05: the same examples of "
                "each class for a given --seed, never trained on (not with --eval-data)",
        .check =
