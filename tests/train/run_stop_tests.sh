@@ -341,7 +341,7 @@ stop_order)
   job=("${mpirun[@]}" --mca odls_base_sigkill_timeout 3 -np 2 "$app" "${model[@]}" --micro-batch 4 --stage 3
        --steps 100000 --checkpoint-dir "$work/ck" --log "$work/run.jsonl")
   for merged in 0 1; do
-    rm -rf "$work/ck"
+    rm -rf "$work/ck" "$work"/run.jsonl*  # wait_for_step reads the new run's log, not the last one's
     if ((merged)); then "${job[@]}" > "$work/err" 2>&1 & else "${job[@]}" > "$work/out" 2> "$work/err" & fi
     pid=$!
     pids+=("$pid")
@@ -359,10 +359,11 @@ stop_order)
     ((a < b && b < c)) || fail "the stop lines are out of order: stopping at line $a, stopped at $b, resume at $c"
     ! grep -q "^$" "$work/err" || fail "an empty line on stderr (a new line for a bar that is not there)"
   done
-  # Started through a wrapper (bash, which passes SIGUSR1 on), rank 0's parent is not mpirun: the command
-  # cannot be read back, and the message says which options to add (Note [Resume command]).
-  rm -rf "$work/ck"
-  "${mpirun[@]}" -np 2 bash -c 'trap "kill -USR1 \$p" USR1; "$0" "$@" & p=$!; wait $p; wait $p' "$app" "${model[@]}" \
+  # Started through a wrapper (a bash that is not replaced by the rank), rank 0's parent is not mpirun: the
+  # command cannot be read back, and the message says which options to add (Note [Resume command]). mpirun
+  # sends SIGUSR1 to the wrapper's whole process group, so the rank hears it directly; bash ignores it.
+  rm -rf "$work/ck" "$work"/run.jsonl*
+  "${mpirun[@]}" -np 2 bash -c 'trap "" USR1; "$0" "$@"; exit $?' "$app" "${model[@]}" \
     --micro-batch 4 --steps 100000 --checkpoint-dir "$work/ck" --log "$work/run.jsonl" > "$work/err" 2>&1 &
   pid=$!
   pids+=("$pid")
