@@ -256,8 +256,11 @@ void print_no_steps(const cz::train::TrainSummary& s, const cz::train::TrainConf
       total_steps == 0
           ? fmt::format("done: no training step ({} 0)", flag_name(&TrainConfig::steps))
           : fmt::format("done: no training step (resumed at step {}, the run's last)", s.last_step);
-  if (s.eval) text += fmt::format("; eval loss {:.4f} top1 {:.2f}%", s.eval->loss, 100 * s.eval->top1);
-  if (s.eval_ema) text += fmt::format(" (EMA top1 {:.2f}%)", 100 * s.eval_ema->top1);
+  if (s.eval)
+    text += fmt::format("; eval loss {:.4f} top1 {:.2f}% top5 {}", s.eval->loss, 100 * s.eval->top1,
+                        percent(s.eval->top5));
+  if (s.eval_ema)
+    text += fmt::format(" (EMA top1 {:.2f}% top5 {})", 100 * s.eval_ema->top1, percent(s.eval_ema->top5));
   if (!s.checkpoint.empty()) text += fmt::format("; checkpoint {}", s.checkpoint);
   if (!cfg.export_weights.empty()) text += fmt::format("; weights exported to {}", cfg.export_weights);
   fmt::print("{}\n", text);

@@ -124,9 +124,10 @@ void Trainer::track_best(BestEval& best, const EvalResult& r, const char* folder
     const std::string name = e.path().filename().string();
     if (name.rfind("step_", 0) == 0 && name != keep) std::filesystem::remove_all(e.path(), ec);
   }
-  if (cfg_.progress)
-    fmt::print(stderr, "best {} top1 {:.2f}% at step {}: {}\n",
-               folder == std::string("best") ? "weights'" : "EMA's", 100 * r.top1, step_, best.checkpoint);
+  if (world_.rank() == 0 && cfg_.progress)  // one line for the job, not onto the bar (Note [One console])
+    console_print(stderr, fmt::format("best {} top1 {:.2f}% at step {}: {}\n",
+                                      folder == std::string("best") ? "weights'" : "EMA's", 100 * r.top1,
+                                      step_, best.checkpoint));
 }
 
 // Note [Stopping on request] (stop.cpp): every rank contributes its stop signal and whether its part of the

@@ -30,6 +30,7 @@ std::vector<Flag> make_flags() {
   return {
       {.name = "--recipe",
        .field = &T::recipe,
+       .group = kOptimGroup,
        .help = "a named recipe's values for every flag not given (the header lists them): " + recipe_names() +
                " (docs/training.md)",
        .check =
@@ -202,6 +203,7 @@ std::vector<Flag> make_flags() {
        .json_key = "weight_decay"},
       {.name = "--layer-decay",
        .field = &T::layer_decay,
+       .group = kOptimGroup,
        .help = "layer-wise lr decay D: each parameter's lr times D^(13 - its layer), ConvNeXt's official "
                "numbering (stem 0 .. head 13; --print-param-groups shows them; 1: off)",
        .check =
@@ -230,6 +232,7 @@ std::vector<Flag> make_flags() {
        .json_key = "warmup_steps"},
       {.name = "--warmup-epochs",
        .field = &T::warmup_epochs,
+       .group = kOptimGroup,
        .help =
            "linear warmup in epochs of the training set (rounded to whole steps), instead of --warmup-steps",
        .check =
@@ -274,6 +277,7 @@ std::vector<Flag> make_flags() {
        .json_key = "drop_path"},
       {.name = "--layer-scale-init",
        .field = &T::layer_scale_init,
+       .group = kModelGroup,
        .help = "initial value of each block's layer scale gamma (0: no layer scale)",
        .check =
            [](C c, F f) {
@@ -283,6 +287,7 @@ std::vector<Flag> make_flags() {
        .ranks_agree = true},
       {.name = "--head-init-scale",
        .field = &T::head_init_scale,
+       .group = kModelGroup,
        .help = "multiply the classifier's initial weight and bias by this (fine-tuning: 0.001; applies to a "
                "head initialised here, not to one read with --init-weights)",
        .check =
@@ -548,6 +553,7 @@ std::vector<Flag> make_flags() {
            }},
       {.name = "--keep-best",
        .field = &T::keep_best,
+       .group = kOutputGroup,
        .help = "also keep the checkpoint of the best eval top-1 in DIR/best (and of the EMA's in "
                "DIR/best_ema), apart from --keep-checkpoints' rotation",
        .check =
