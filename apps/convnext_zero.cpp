@@ -10,51 +10,26 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
-#include <type_traits>
-#include <variant>
 #include <vector>
 
+#include <unistd.h>
+
 #include "dist/comm/bootstrap.h"
+#include "dist/elastic/command.h"
 #include "dist/plan/planner.h"
 #include "dist/plan/what_if.h"
+#include "dist/train/cli.h"
 #include "dist/train/flags.h"
 #include "dist/train/param_groups.h"
 #include "dist/train/recipe.h"
 #include "dist/train/stop.h"
 #include "dist/train/trainer.h"
+#include "io/train_log.h"
 #include "nn/convnext.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/parallel.h"
 
 namespace {
-
-// Every flag of the table (src/dist/train/flags.cpp), in its order; CLI11 parses into `c`.
-void add_flags(CLI::App& app, cz::train::TrainConfig& c) {
-  for (const cz::train::Flag& f : cz::train::flags()) {
-    std::visit(
-        [&](auto member) {
-          auto& value = c.*member;
-          using V = std::decay_t<decltype(value)>;
-          if constexpr (std::is_same_v<V, bool>) {
-            if (f.inverted)
-              app.add_flag_callback(
-                  f.name, [&value] { value = false; }, f.help);
-            else
-              app.add_flag(f.name, value, f.help);
-          } else if constexpr (std::is_same_v<V, std::vector<int64_t>>) {
-            app.add_option(f.name, value, f.help)->delimiter(',');
-          } else {
-            CLI::Option* o = app.add_option(f.name, value, f.help);
-            if constexpr (std::is_same_v<V, std::string>) {
-              if (!value.empty()) o->capture_default_str();  // "" would say nothing
-            } else {
-              o->capture_default_str();
-            }
-          }
-        },
-        f.field);
-  }
-}
 
 // The planner's flags (not a run's, so not in the flag table); messages name them through their options.
 struct PlanFlags {
@@ -69,6 +44,7 @@ struct PlanFlags {
 };
 
 void add_plan_flags(CLI::App& app, PlanFlags& f) {
+  app.option_defaults()->group("Planning (--plan: no training)");
   f.plan_opt = app.add_flag(
       "--plan", f.plan, "print the memory plan per rank for these flags and exit (no MPI, no GPU needed)");
   f.gpu_mem_opt = app.add_option("--gpu-mem", f.gpu_mem,
@@ -209,35 +185,25 @@ void apply_default_run(const CLI::App& app, cz::train::TrainConfig& c) {
   if (app.count(flag_name(&TrainConfig::eval_every)) == 0) c.eval_every = 100;
 }
 
-// A word as a POSIX shell reads it back.
-std::string shell_quote(const std::string& w) {
-  if (!w.empty() &&
-      w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,+@%") ==
-          std::string::npos)
-    return w;
-  std::string q = "'";
-  for (char ch : w) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return q + "'";
-}
-
-// The command that continues a stopped run: this one with --resume DIR in place of any earlier --resume.
-std::string resume_command(const std::vector<std::string>& args, const std::string& dir, int world) {
+// Note [Resume command] (dist/elastic/command.h): under a launcher, its own words as the user typed them,
+// read from the command line of rank 0's parent (mpirun starts the ranks of its host itself). Where that
+// cannot be read (rank 0 started by a remote daemon, through a wrapper, or by another launcher), `mpirun -np
+// N` and a note saying which options to add; as root Open MPI refuses to start without --allow-run-as-root,
+// so that one is given.
+std::string resume_command(const std::vector<std::string>& args, const std::string& dir, int world,
+                           std::string& note) {
   const std::string resume = cz::train::flag_name(&cz::train::TrainConfig::resume);
-  std::vector<std::string> words;
-  if (world > 1) words = {"mpirun", "-np", std::to_string(world)};
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == resume) {
-      ++i;
-      continue;
-    }
-    if (args[i].rfind(resume + "=", 0) == 0) continue;
-    words.push_back(args[i]);
-  }
-  words.push_back(resume);
-  words.push_back(dir);
-  std::string out;
-  for (const std::string& w : words) out += (out.empty() ? "" : " ") + shell_quote(w);
-  return out;
+  if (!std::getenv("OMPI_COMM_WORLD_SIZE") && world == 1)
+    return cz::elastic::resume_command({args[0]}, args, resume, dir);
+  if (auto head = cz::elastic::launcher_head(cz::elastic::launcher_command_line(), args))
+    return cz::elastic::resume_command(*head, args, resume, dir);
+  std::vector<std::string> head = {"mpirun"};
+  if (::geteuid() == 0) head.push_back("--allow-run-as-root");
+  for (const std::string& w : {std::string("-np"), std::to_string(world), args[0]}) head.push_back(w);
+  note =
+      "(the launcher's own options could not be read from here: add those the job was started with, "
+      "e.g. --hostfile, --oversubscribe, -x VAR, --mca ...)";
+  return cz::elastic::resume_command(head, args, resume, dir);
 }
 
 // Open MPI's mpirun gives the ranks odls_base_sigkill_timeout seconds (1 by default) between the SIGTERM it
@@ -259,18 +225,45 @@ void warn_short_grace(const cz::train::TrainConfig& cfg, bool lead) {
       grace);
 }
 
+// Rank 0's lines for a stop go to stderr, where the stop handler's "stopping after this step" went (a
+// handler may only write(2)), so that under mpirun, which forwards stdout and stderr through separate pipes,
+// they come out in the order they were written.
 void print_stopped(const cz::train::TrainSummary& s, const cz::train::TrainConfig& cfg,
                    const std::vector<std::string>& args, int world, int64_t total_steps) {
-  fmt::print("stopped by {} after step {} of {}", cz::train::signal_name(s.stop_signal), s.last_step,
-             total_steps);
-  if (!s.checkpoint.empty()) fmt::print("; the newest checkpoint on disk is {}", s.checkpoint);
-  if (cfg.checkpoint_dir.empty()) fmt::print("; nothing was saved (no --checkpoint-dir)");
+  std::string text = fmt::format("stopped by {} after step {} of {}", cz::train::signal_name(s.stop_signal),
+                                 s.last_step, total_steps);
+  if (!s.checkpoint.empty()) text += fmt::format("; the newest checkpoint on disk is {}", s.checkpoint);
+  if (cfg.checkpoint_dir.empty()) text += "; nothing was saved (no --checkpoint-dir)";
   if (!cfg.export_weights.empty())
-    fmt::print("; weights of step {} exported to {}", s.last_step, cfg.export_weights);
-  fmt::print("\n");
-  if (!cfg.checkpoint_dir.empty())
-    fmt::print("resume with: {}\n", resume_command(args, cfg.checkpoint_dir, world));
-  std::fflush(stdout);
+    text += fmt::format("; weights of step {} exported to {}", s.last_step, cfg.export_weights);
+  text += "\n";
+  const char* supervisor = std::getenv("CZ_SUPERVISOR");
+  if (!cfg.checkpoint_dir.empty() && !(supervisor && *supervisor)) {  // czrun prints its own
+    std::string note;
+    const std::string cmd = resume_command(args, cfg.checkpoint_dir, world, note);
+    text += fmt::format("resume with: {}\n", cmd);
+    if (!note.empty()) text += note + "\n";
+  }
+  cz::console_print(stderr, text);
+}
+
+// The summary of a run that took no step (--steps 0 to export or checkpoint the initial weights, or a
+// resume at its last step): what it did, not a loss and a peak memory of zero.
+void print_no_steps(const cz::train::TrainSummary& s, const cz::train::TrainConfig& cfg,
+                    int64_t total_steps) {
+  using cz::train::flag_name, cz::train::TrainConfig;
+  std::string text =
+      total_steps == 0
+          ? fmt::format("done: no training step ({} 0)", flag_name(&TrainConfig::steps))
+          : fmt::format("done: no training step (resumed at step {}, the run's last)", s.last_step);
+  if (s.eval)
+    text += fmt::format("; eval loss {:.4f} top1 {:.2f}% top5 {}", s.eval->loss, 100 * s.eval->top1,
+                        percent(s.eval->top5));
+  if (s.eval_ema)
+    text += fmt::format(" (EMA top1 {:.2f}% top5 {})", 100 * s.eval_ema->top1, percent(s.eval_ema->top5));
+  if (!s.checkpoint.empty()) text += fmt::format("; checkpoint {}", s.checkpoint);
+  if (!cfg.export_weights.empty()) text += fmt::format("; weights exported to {}", cfg.export_weights);
+  fmt::print("{}\n", text);
 }
 
 }  // namespace
@@ -283,11 +276,13 @@ int main(int argc, char** argv) {
   CLI::App app{
       "convnext_zero: train ConvNeXt image classifiers on CPUs or GPUs, on one process or many (mpirun)"};
   app.allow_extras();  // an unknown flag gets our message, with a suggestion
+  app.formatter(std::make_shared<cz::train::WrappingFormatter>(cz::train::help_width()));
+  cz::train::take_last_values(app);  // Note [Flags given twice]
   app.footer(
       "Exit codes: 0 done; 1 failed (the error is printed); 2 bad command line; 3 --plan --gpu-mem does not "
       "fit; "
       "75 stopped on request (SIGINT, SIGTERM, SIGUSR1) after saving; 128+N killed by signal N.");
-  add_flags(app, cfg);
+  cz::train::add_flags(app, cfg);
   PlanFlags plan_flags;
   add_plan_flags(app, plan_flags);
   // Before MPI starts, every rank of a job sees the same command line: one of them reports its errors. The
@@ -377,12 +372,16 @@ int main(int argc, char** argv) {
       if (!trainer.comm_backend_note().empty())
         fmt::print("convnext_zero: collectives over {}\n", trainer.comm_backend_note());
       for (const std::string& line : trainer.data_notes()) fmt::print("convnext_zero: {}\n", line);
+      if (!trainer.init_weights_note().empty())
+        fmt::print("convnext_zero: {}\n", trainer.init_weights_note());
       std::fflush(stdout);
     }
     const cz::train::TrainSummary s = trainer.run();
     if (s.stop_signal != 0) {
       if (lead) print_stopped(s, cfg, args, world->size(), trainer.total_steps());
       exit_code = kExitStopped;
+    } else if (lead && s.steps == 0) {
+      print_no_steps(s, cfg, trainer.total_steps());
     } else if (lead) {
       fmt::print("done: {} steps in {:.1f} s, {:.1f} img/s, final train loss {:.4f}", s.steps, s.seconds,
                  s.img_per_s, s.final_loss);

@@ -3,6 +3,7 @@
 // same global batch (src/dist/elastic/supervisor.h, docs/training.md "When a host dies").
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -50,6 +51,8 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
+  // czrun's words before the command (CLI11 took the command from the end of argv, after any "--").
+  o.self.assign(argv, argv + (size_t(argc) - std::min(size_t(argc), o.command.size())));
   o.mpirun = {mpirun};
   std::istringstream words(mpirun_args);
   for (std::string w; words >> w;) o.mpirun.push_back(w);

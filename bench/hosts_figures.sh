@@ -63,7 +63,7 @@ train() {
     done
     local log="$work/${name}_$b.jsonl"
     local tx=$((($(cat "$work/tx_${name}_$b") - $(cat "$work/tx_${name}_$a")) / (b - a)))
-    grep -v '"split"' "$log" | awk -v tx="$tx" -v name="$name" '
+    grep '"split":"train"' "$log" | awk -v tx="$tx" -v name="$name" '
       { match($0, /"img_per_s":[^,}]+/); img = substr($0, RSTART + 12, RLENGTH - 12)
         match($0, /"comm_s":[^,}]+/); cs = substr($0, RSTART + 9, RLENGTH - 9)
         match($0, /"comm_exposed_s":[^,}]+/); ce = substr($0, RSTART + 17, RLENGTH - 17)

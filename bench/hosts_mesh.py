@@ -86,7 +86,7 @@ def step_records(log):
     with open(log) as f:
         for line in f:
             j = json.loads(line)
-            if "split" not in j and "step" in j:
+            if j.get("split") == "train":
                 out.append(j)
     return out
 

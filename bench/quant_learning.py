@@ -51,9 +51,9 @@ def run(args, task, ranks, gather, reduce, seed, log):
     losses, top1, eval_loss = [], None, None
     for line in open(log):
         r = json.loads(line)
-        if "split" in r:
+        if r.get("split") == "eval":
             top1, eval_loss = r.get("top1"), r.get("loss")
-        elif "loss" in r:
+        elif r.get("split") == "train":
             losses.append(r["loss"])
     return losses, top1, eval_loss
 

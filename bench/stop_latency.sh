@@ -15,7 +15,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 common=(--model atto --image-size 64 --micro-batch 8 --stage 3 --schedule constant --loader-threads 1
         --data synthetic:n=2048,eval_n=64 --eval-batches 1)
-steps_of() { grep -v '"split"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'; }
+steps_of() { grep '"split":"train"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'; }
 last_step() { steps_of "$1" | tail -n 1 | cut -d' ' -f1; }
 
 # measure NAME SIGNAL LAUNCHER...: one stopped run; prints a table row.

@@ -31,7 +31,7 @@ def time_ours(args, env, tmp):
     print("running:", " ".join(cmd), file=sys.stderr)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
     with open(log) as f:
-        steps = [json.loads(line) for line in f if '"split"' not in line]
+        steps = [json.loads(line) for line in f if '"split":"train"' in line]
     return statistics.mean(s["step_time_s"] for s in steps[args.warmup:]), steps[-1]["peak_mem_bytes"]
 
 

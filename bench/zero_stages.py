@@ -22,7 +22,7 @@ def run(args, ranks, stage, log):
     if ranks > 1:
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)] + cmd
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    steps = [json.loads(l) for l in open(log) if '"split"' not in l]
+    steps = [json.loads(l) for l in open(log) if '"split":"train"' in l]
     return steps[args.warmup:]
 
 

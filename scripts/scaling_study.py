@@ -108,7 +108,7 @@ def run_one(a, app, ranks, stage, bucket, micro, log, hosts=1):
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
         sys.exit(f"scaling_study: {' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-3000:]}")
-    steps = [json.loads(l) for l in open(log) if '"split"' not in l]
+    steps = [json.loads(l) for l in open(log) if '"split":"train"' in l]
     if len(steps) != a.steps:
         sys.exit(f"scaling_study: {log} has {len(steps)} step records, expected {a.steps}")
     s = steps[a.warmup:]

@@ -15,7 +15,7 @@ common=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --loa
         --clip-grad 1 --bucket-mb 0.01)
 fail() { echo "FAIL: $*"; exit 1; }
 steps_of() {  # "<step> <loss> <grad_norm>" per step record
-  grep -v '"split"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
+  grep '"split":"train"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
 }
 compare() {  # compare A.jsonl B.jsonl LINES WHAT [RELATIVE-TOLERANCE, default 2e-5]
   paste -d' ' <(steps_of "$1") <(steps_of "$2") > "$work/both"
@@ -52,7 +52,7 @@ fi
 # as the first comparisons' ranks follow 1 rank. (Not a straight run at 2 ranks: its master after step 4 differs
 # from the 4 ranks' in the last bits (another summation order), and a value that then rounds to another INT8
 # code moves a gradient norm by ~1e-4.)
-grep -v '"split"' "$work/first.jsonl" | tail -n 4 > "$work/first_tail.jsonl"
+grep '"split":"train"' "$work/first.jsonl" | tail -n 4 > "$work/first_tail.jsonl"
 run 2 "$work/resumed.jsonl" --steps 8 --stage 3 --gather-dtype int8 --resume "$work/ck/step_4"
 compare "$work/first_tail.jsonl" "$work/resumed.jsonl" 4 "4 ranks stage 3 int8 -> 2 ranks stage 3 int8"
 # Unquantized from the quantized run's fp32 master: no longer the same run (its weights are not rounded), so

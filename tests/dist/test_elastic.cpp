@@ -75,6 +75,29 @@ TEST(Command, ReadsAndReplacesFlagsInEitherSpelling) {
   EXPECT_EQ(shell_words({"mpirun", "-np", "2", "a b", "it's"}), R"(mpirun -np 2 'a b' 'it'\''s')");
 }
 
+// Note [Resume command]: the launcher's words as typed, read off its command line when it ends with the
+// rank's arguments; the resume command is that head, the arguments, and --resume DIR in place of any other.
+TEST(Command, ResumeCommandKeepsTheLaunchersOptions) {
+  const std::vector<std::string> args = {
+      "build/apps/convnext_zero", "--steps", "90", "--resume=old", "--log", "a b.jsonl"};
+  std::vector<std::string> mpirun = {
+      "mpirun", "--allow-run-as-root", "--oversubscribe", "--hostfile", "h", "-np", "4"};
+  mpirun.insert(mpirun.end(), args.begin(), args.end());
+  const auto head = launcher_head(mpirun, args);
+  ASSERT_TRUE(head.has_value());
+  EXPECT_EQ(
+      resume_command(*head, args, "--resume", "ck"),
+      "mpirun --allow-run-as-root --oversubscribe --hostfile h -np 4 build/apps/convnext_zero --steps 90 "
+      "--log 'a b.jsonl' --resume ck");
+  EXPECT_EQ(resume_command({args[0]}, args, "--resume", "ck"),
+            "build/apps/convnext_zero --steps 90 --log 'a b.jsonl' --resume ck");
+  // A parent whose command line does not end with the rank's arguments (orted, srun, a shell) says nothing.
+  EXPECT_EQ(launcher_head({"orted", "-mca", "ess", "env"}, args), std::nullopt);
+  EXPECT_EQ(launcher_head({"bash"}, args), std::nullopt);
+  mpirun.back() = "b.jsonl";
+  EXPECT_EQ(launcher_head(mpirun, args), std::nullopt);
+}
+
 TEST(Supervisor, ActsOnAbortsAndLostDaemons) {
   EXPECT_TRUE(
       is_failure_line("[rank 1] comm timeout: all_gather of 24 bytes on ranks [0, 1, 2] after 5.0 s "

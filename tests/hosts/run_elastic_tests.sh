@@ -18,7 +18,8 @@
 #                  on host 1 (1 rank x micro-batch 4 x grad-accum 3)
 #   readmit        czrun --readmit: host 3's link down, then up again, then host 2's rank killed: the second
 #                  restart takes host 3 back and finishes on 3 ranks
-#   sigterm        SIGTERM to czrun: the job stops after a step with a checkpoint of it, czrun exits 75,
+#   sigterm        SIGTERM to czrun: the job stops after a step with a checkpoint of it, czrun exits 75 and
+#                  prints the czrun command that resumes it (the ranks print none),
 #                  nothing left running
 #   stalled_launch host 3's rank stopped (SIGSTOP) as soon as it starts, so the first launch never logs a step:
 #                  czrun's --start-timeout ends it, every host still answers, and the relaunch on 3 ranks
@@ -193,6 +194,7 @@ check_exact() {
   read -r world mb ga from <<< "$(python3 -c 'import json,sys; e=json.loads(sys.argv[1]); print(e["new_world"], e["micro_batch"], e["grad_accum"], e["checkpoint"])' "$ev")"
   local resume=()
   [[ -n $from ]] && resume=(--resume "$from")  # a failure before the first checkpoint starts again from step 0
+  rm -f "$work/by_hand.jsonl"  # a resumed run would continue the last check's log (Note [One log across resumes])
   OMP_NUM_THREADS=1 "$mpiexec" --allow-run-as-root --oversubscribe -np "$world" "$app" "${tiny[@]}" --steps 40 \
     --checkpoint-dir "$work/by_hand" "${resume[@]}" --micro-batch "$mb" --grad-accum "$ga" --no-progress \
     --log "$work/by_hand.jsonl" > "$work/by_hand.out" 2>&1 || { cat "$work/by_hand.out"; fail "the run by hand"; }
@@ -339,6 +341,10 @@ sigterm)
   [[ -d $ck/step_$last && $(cat "$ck/latest") == "step_$last" ]] || fail "no published checkpoint of step $last"
   grep -q '"event":"summary".*"status":"stopped"' "$log" || fail "no stopped summary"
   [[ -z $(find "$ck" -maxdepth 1 -name '.tmp-*') ]] || fail "a half-written checkpoint is left"
+  # Note [Resume command]: czrun prints the command that resumes the job (its own, not the ranks' mpirun).
+  grep -qE "^czrun: resume with: .*czrun --hostfile .* -- .*convnext_zero .*--resume $ck\$" "$work/out" ||
+    fail "czrun printed no command resuming from $ck"
+  ! grep -q "^resume with: " "$work/out" || fail "the ranks printed a resume command under czrun"
   check_no_ranks
   ;;
 stalled_launch)

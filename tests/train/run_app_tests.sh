@@ -4,9 +4,13 @@
 #   bad_input                each bad flag or file: non-zero exit, a message naming it, no crash
 #   multi_rank_error         a bad data path under mpirun: every rank exits non-zero, nobody hangs
 #   comm_backend             --comm-backend: CPU ranks say MPI; a communicator of one trains as none at stages 0-3
-#   export_initial           --steps 0 --export-weights: the initial weights, from which a run starts identically
+#   export_initial           --steps 0 --export-weights: the initial weights, from which a run starts identically;
+#                            its summary says what it did; --init-weights says what it loaded
 #   mesh                     --shard-group and --hpz on 2 simulated hosts x 2 ranks: the losses of 1 rank, checkpoints
 #                            between HSDP and flat runs at other world sizes, and their bad values
+#   resume_eta               a run resumed at step 150 of 450 estimates the time left from its own steps
+#   cli                      --help in sections and wrapped to the terminal; a flag given twice takes its last value;
+#                            the log's start record (every flag, world, device, build, time), "t" and "split"
 set -uo pipefail
 case_name=$1 app=$2 mpiexec=$3
 work=$(mktemp -d)
@@ -18,7 +22,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 # Prints "<step> <loss> <grad_norm>" for each step record of a JSON-lines log.
 steps_of() {
-  grep -v '"split"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
+  grep '"split":"train"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
 }
 
 case $case_name in
@@ -58,7 +62,8 @@ bad_input)
       { cat "$work/out"; fail "'$*' crashed"; }
     echo "ok ($rc): $* -> $(grep -F -- "$want" "$work/out" | head -1)"
   }
-  check "gigantic" --model gigantic --steps 1
+  check "--model must be one of atto, femto, pico, nano, tiny, small, base, large, xlarge, got 'tinyy'" --model tinyy \
+    --steps 1
   check "--micro-batch" "${tiny[@]}" --steps 1 --micro-batch 0
   check "--image-size" "${tiny[@]}" --steps 1 --image-size -3
   check "--steps" "${tiny[@]}" --steps -1
@@ -100,8 +105,21 @@ export_initial)
     { cat "$work/out"; fail "--steps 0 --export-weights failed"; }
   [[ -s "$work/init.h5" ]] || fail "no export after zero steps"
   ! grep -q '^step ' "$work/out" || fail "progress lines despite --no-progress"
+  cat "$work/out"
+  # A run of no step says what it did, not a loss and a peak memory of zero.
+  grep -qxE "done: no training step \(--steps 0\); eval loss [0-9.]+ top1 [0-9.]+% top5 n/a; weights exported to $work/init.h5" \
+    "$work/out" || fail "the --steps 0 summary"
+  ! grep -qE "final train loss|peak memory 0.0" "$work/out" || fail "the --steps 0 summary has a loss or a zero peak"
   "$app" "${plain[@]}" --seed 99 --steps 3 --init-weights "$work/init.h5" --log "$work/c.jsonl" > "$work/out" 2>&1 ||
     { cat "$work/out"; fail "run from the exported init"; }
+  # --init-weights says what it loaded: every tensor of this model (its parameter count), with timm keys.
+  grep -F -- "--init-weights $work/init.h5: " "$work/out" || fail "--init-weights printed nothing"
+  grep -qE -- "--init-weights .*: [0-9]+ tensors \(0\.03M values\) with timm keys; the head loaded with the rest$" "$work/out" ||
+    fail "--init-weights: not the tensors, key style and head"
+  "$app" "${plain[@]}" --seed 99 --steps 1 --init-weights "$work/init.h5" --reset-head --num-classes 6 > "$work/out" 2>&1 ||
+    { cat "$work/out"; fail "--reset-head"; }
+  grep -qF "the head (head.fc.*) was not loaded (--reset-head): a new one for 6 classes" "$work/out" ||
+    { cat "$work/out"; fail "--reset-head is not reported"; }
   paste -d' ' <(steps_of "$work/a.jsonl") <(steps_of "$work/c.jsonl")
   [[ $(steps_of "$work/a.jsonl" | wc -l) -eq 3 ]] || fail "expected 3 steps"
   diff <(steps_of "$work/a.jsonl") <(steps_of "$work/c.jsonl") || fail "the run from the exported init differs"
@@ -181,7 +199,7 @@ mesh)
     [[ -d "$work/ck/step_4" ]] || { ls -la "$work/ck"; fail "no step_4"; }
     # shellcheck disable=SC2086
     mesh_run "$m" "$work/resumed.jsonl" --steps 8 $to --resume "$work/ck/step_4"
-    grep -v '"split"' "$work/straight.jsonl" | tail -n 4 > "$work/straight_tail.jsonl"
+    grep '"split":"train"' "$work/straight.jsonl" | tail -n 4 > "$work/straight_tail.jsonl"
     compare "$work/straight_tail.jsonl" \
       "$work/resumed.jsonl" 4 "$n ranks $from -> $m ranks $to"
   done
@@ -260,6 +278,99 @@ print(f"{len(rows)} rows, all with throughput")
 PY
   [[ -s "$work/study/summary.md" ]] || fail "no summary.md"
   echo "scaling_study_quick: OK"
+  ;;
+resume_eta)
+  # Resumed at step 150 of 450, the ETA must follow the pace of the steps this process runs, not spread the
+  # elapsed time over 150 steps it never ran (which printed "ETA 0:00" with seconds to go). Checked against
+  # the time the run then really took (`elapsed` of the last progress line less that of the line checked),
+  # within a factor of 4 either way for a loaded machine: the old ETA was 1/16 of it at step 160.
+  # 64 px: steps slow enough on an idle machine that whole seconds can judge the estimate (32 px ran in 2 s).
+  eta_run=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 64 --loader-threads 1 --micro-batch 64
+           --data synthetic:n=256,eval_n=64,classes=4 --checkpoint-dir "$work/ck")
+  "$app" "${eta_run[@]}" --steps 150 --no-progress > "$work/out" 2>&1 || { cat "$work/out"; fail "the first run failed"; }
+  "$app" "${eta_run[@]}" --steps 450 --resume "$work/ck" --progress-interval 0 > "$work/out" 2>&1 ||
+    { cat "$work/out"; fail "the resumed run failed"; }
+  secs() { awk -F: '{ print $1 * 60 + $2 }' <<< "$1"; }
+  line=$(grep -E '^step 16[0-9]/450 ' "$work/out" | head -1)
+  last=$(grep -E '^step 450/450 ' "$work/out")
+  [[ -n $line && -n $last ]] || { tail "$work/out"; fail "no progress lines for steps 160-169 and 450"; }
+  eta=$(secs "$(sed -E 's/.*ETA ([0-9:]+).*/\1/' <<< "$line")")
+  left=$(($(secs "$(sed -E 's/.*elapsed ([0-9:]+).*/\1/' <<< "$last")") - $(secs "$(sed -E 's/.*elapsed ([0-9:]+).*/\1/' <<< "$line")")))
+  echo "$line"
+  echo "$last"
+  echo "== ETA ${eta} s at ${line%%  loss*}; the run took ${left} s more"
+  ((left >= 3)) || fail "the run was too quick to judge the ETA (${left} s)"
+  ((4 * eta + 2 >= left && eta <= 4 * left + 2)) || fail "ETA ${eta} s, but ${left} s were left"
+  echo "resume_eta: OK"
+  ;;
+cli)
+  # --help: grouped into sections, wrapped at 80 columns when stdout is not a terminal, at $COLUMNS when set,
+  # and at a terminal's width (script(1) gives one, stty sets its width).
+  "$app" --help > "$work/help" || fail "--help failed"
+  awk 'length > 80 { print "too long (" length "): " $0; bad = 1 } END { exit bad }' "$work/help" ||
+    fail "--help has lines over 80 columns"
+  for section in "Model and weights:" "Data and evaluation:" "Augmentation and regularisation:" \
+    "Optimizer and schedule:" "Device and precision:" "Distributed and ZeRO:" "Checkpoints, logs and progress:" \
+    "Planning (--plan: no training):"; do
+    grep -qxF "$section" "$work/help" || fail "no '$section' section in --help"
+  done
+  tr '\n' ' ' < "$work/help" | grep -qE -- '--device TEXT=cpu +cpu \| cuda\[:N\]' || fail "--device help lacks cuda[:N]"
+  COLUMNS=120 "$app" --help > "$work/help120"
+  awk 'length > 120 { bad = 1 } length > 80 { wide = 1 } END { exit bad || !wide }' "$work/help120" ||
+    fail "COLUMNS=120: lines over 120 columns, or none over 80"
+  if command -v script > /dev/null; then
+    script -qec "stty cols 100; $(printf '%q' "$app") --help" /dev/null | tr -d '\r' > "$work/help100"
+    awk 'length > 100 { bad = 1 } length > 80 { wide = 1 } END { exit bad || !wide }' "$work/help100" ||
+      fail "on a 100-column terminal: lines over 100 columns, or none over 80"
+  fi
+  echo "--help: $(wc -l < "$work/help") lines, at most 80 columns; 120 with COLUMNS=120, 100 on a 100-column terminal"
+  # A flag given twice takes its last value (argparse does): a resume command extended by --steps N.
+  "$app" "${tiny[@]}" --steps 5 --micro-batch 16 --eval-every 2 --steps 3 --log "$work/run.jsonl" > "$work/out" 2>&1 ||
+    { cat "$work/out"; fail "--steps given twice was refused"; }
+  [[ $(steps_of "$work/run.jsonl" | wc -l) -eq 3 ]] || fail "--steps 5 ... --steps 3 did not run 3 steps"
+  # The log: a start record with every flag's value, the world, device, build and time; "t" on every record;
+  # "split" on every step and evaluation record.
+  python3 - "$work/run.jsonl" "$work/help" 1 <<'PY' || fail "the log's records"
+import json, re, sys
+records = [json.loads(l) for l in open(sys.argv[1])]
+start = records[0]
+assert start["event"] == "start", start
+assert start["world_size"] == int(sys.argv[3]) and start["device"] == "cpu", start
+assert re.match(r"\d+\.\d+\.\d+", start["version"]), start["version"]
+assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", start["time"]), start["time"]
+# The run's flags: those of every section of --help but the first (-h,--help) and the planner's.
+sections = re.split(r"^(\S.*):$", open(sys.argv[2]).read(), flags=re.M)
+run_flags = {f for title, body in zip(sections[1::2], sections[2::2]) if title not in ("Options", "Planning (--plan: no training)")
+             for f in re.findall(r"^  --([a-z0-9-]+)", body, re.M)}
+assert len(run_flags) > 50, run_flags
+assert set(start["flags"]) == run_flags, sorted(set(start["flags"]) ^ run_flags)
+assert start["flags"]["steps"] == 3 and start["flags"]["micro-batch"] == 16 and start["flags"]["no-progress"] is True
+for r in records:
+    assert isinstance(r["t"], float) and r["t"] >= start["t"] - 1, r
+steps = [r for r in records if r.get("split") == "train"]
+evals = [r for r in records if r.get("split") == "eval"]
+assert [r["step"] for r in steps] == [1, 2, 3], steps
+assert [r["step"] for r in evals] == [2, 3], evals
+assert len(records) == 1 + len(steps) + len(evals), records
+print(f"log: a start record with {len(start['flags'])} flags, {start['version']}, {start['time']}; "
+      f"{len(steps)} train and {len(evals)} eval records, each with t")
+PY
+  "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --steps 3 --micro-batch 8 --eval-every 2 --log "$work/run2.jsonl" > "$work/out" 2>&1 ||
+    { cat "$work/out"; fail "2 ranks failed"; }
+  python3 - "$work/run2.jsonl" "$work/help" 2 <<'PY' || fail "the log's records at 2 ranks"
+import json, sys
+records = [json.loads(l) for l in open(sys.argv[1])]
+assert records[0]["event"] == "start" and records[0]["world_size"] == 2, records[0]
+assert [r["step"] for r in records if r.get("split") == "train"] == [1, 2, 3]
+print("2 ranks: world_size 2 in the start record")
+PY
+  # Ranks given different values (the last one counting) still stop, naming the flag.
+  "${mpirun[@]}" -np 1 "$app" "${tiny[@]}" --steps 3 --micro-batch 8 : -np 1 "$app" "${tiny[@]}" --steps 3 \
+    --micro-batch 8 --steps 4 > "$work/out" 2>&1
+  rc=$?
+  ((rc != 0)) && grep -q "ranks were started with different --steps" "$work/out" ||
+    { cat "$work/out"; fail "ranks whose last --steps differ were not stopped (exit $rc)"; }
+  echo "cli: OK"
   ;;
 *) fail "unknown case $case_name" ;;
 esac

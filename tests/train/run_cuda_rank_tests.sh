@@ -44,7 +44,7 @@ rehearse=${CZ_REHEARSE:-0}
 
 # Prints "<step> <loss> <grad_norm>" for each step record of a JSON-lines log.
 steps_of() {
-  grep -v '"split"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
+  grep '"split":"train"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
 }
 
 # run NP LOG ARGS...: 16 images per micro-step in total; NP 1 runs without mpirun. $SIM: simulated hosts.
@@ -151,7 +151,7 @@ mesh)
 checkpoint)
   run 4 "$work/first.jsonl" --steps 8 --stage 3 --device cuda --checkpoint-dir "$work/ck" --checkpoint-every 4
   [[ -d "$work/ck/step_4" ]] || { ls -la "$work/ck"; fail "no step_4"; }
-  grep -v '"split"' "$work/first.jsonl" | tail -n 4 > "$work/first_tail.jsonl"
+  grep '"split":"train"' "$work/first.jsonl" | tail -n 4 > "$work/first_tail.jsonl"
   run 2 "$work/gpu2.jsonl" --steps 8 --stage 2 --device cuda --resume "$work/ck/step_4"
   compare "$work/first_tail.jsonl" "$work/gpu2.jsonl" 4 "4 GPU ranks stage 3 -> 2 GPU ranks stage 2" 1e-3 1e-3
   run 2 "$work/cpu2.jsonl" --steps 8 --stage 3 --resume "$work/ck/step_4"
@@ -180,7 +180,7 @@ bf16_repeat)
     done
     [[ $(steps_of "$work/a.jsonl" | wc -l) -eq 30 ]] || fail "bf16 $variant: expected 30 step records"
     diff <(steps_of "$work/a.jsonl") <(steps_of "$work/b.jsonl") || fail "bf16 $variant: two processes differ"
-    evals() { grep '"split"' "$1" | grep -oE '"(loss|top1)":[^,}]+'; }
+    evals() { grep '"split":"eval"' "$1" | grep -oE '"(loss|top1)":[^,}]+'; }
     [[ -n "$(evals "$work/a.jsonl")" ]] || fail "bf16 $variant: no eval record"
     diff <(evals "$work/a.jsonl") <(evals "$work/b.jsonl") || fail "bf16 $variant: the evaluations differ"
     if python3 -c "import h5py, numpy" 2>/dev/null; then

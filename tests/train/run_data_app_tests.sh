@@ -154,8 +154,8 @@ eval_split)
   # on the same held-out images.
   "${mpirun[@]}" -np 2 "$app" "${common[@]}" --steps 20 --micro-batch 8 --eval-split 0.2 --eval-every 10 \
     --log "$work/two.jsonl" > "$work/out" 2>&1 || { cat "$work/out"; fail "2 ranks failed"; }
-  paste -d' ' <(grep -v '"split":"eval"' "$work/one.jsonl" | sed -E 's/.*"loss":([^,}]+).*/\1/') \
-              <(grep -v '"split":"eval"' "$work/two.jsonl" | sed -E 's/.*"loss":([^,}]+).*/\1/') > "$work/both"
+  paste -d' ' <(grep '"split":"train"' "$work/one.jsonl" | sed -E 's/.*"loss":([^,}]+).*/\1/') \
+              <(grep '"split":"train"' "$work/two.jsonl" | sed -E 's/.*"loss":([^,}]+).*/\1/') > "$work/both"
   [[ $(wc -l < "$work/both") -eq 20 ]] || fail "expected 20 step records in each log"
   awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 2e-5 * ($1 < 0 ? -$1 : $1) + 1e-6) { print NR ": " $0; bad = 1 } }
        END { exit bad }' "$work/both" || fail "2 ranks trained on other examples than 1 rank"

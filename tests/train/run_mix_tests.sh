@@ -32,7 +32,7 @@ need_h5py() {
 
 # Prints "<step> <loss> <grad_norm>" for each step record of a JSON-lines log.
 steps_of() {
-  grep -v '"split"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
+  grep -F '"split":"train"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
 }
 # The two logs' losses and gradient norms agree up to the order of float sums.
 same_steps() {

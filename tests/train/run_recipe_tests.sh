@@ -23,7 +23,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 # Prints "<step> <loss> <grad_norm>" for each step record of a JSON-lines log.
 steps_of() {
-  grep -v '"split"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
+  grep '"split":"train"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
 }
 # compare A.jsonl B.jsonl LINES WHAT: the step records' losses and gradient norms to 2e-5 relative.
 compare() {
@@ -41,8 +41,10 @@ one_rank_accum=1
 run() {
   local np=$1 log=$2; shift 2
   if ((np == 1)); then
-    "$app" "${common[@]}" --micro-batch $((16 / one_rank_accum)) --grad-accum $one_rank_accum --log "$log" "$@" \
-      > "$work/out" 2>&1; else
+    local accum=()
+    ((one_rank_accum > 1)) && accum=(--grad-accum "$one_rank_accum")
+    "$app" "${common[@]}" --micro-batch $((16 / one_rank_accum)) "${accum[@]}" --log "$log" "$@" > "$work/out" 2>&1
+  else
     "${mpirun[@]}" -np "$np" "$app" "${common[@]}" --micro-batch $((16 / np)) --log "$log" "$@" > "$work/out" 2>&1
   fi || { cat "$work/out"; fail "$np ranks: $* failed"; }
 }
@@ -77,7 +79,7 @@ layer_decay_resume)
           --layer-decay 0.7)
   run 4 "$work/straight.jsonl" --stage 3 --checkpoint-dir "$work/ck" --checkpoint-every 4
   [[ -d "$work/ck/step_4" ]] || { ls -la "$work/ck"; fail "no step_4"; }
-  grep -v '"split"' "$work/straight.jsonl" | tail -n 4 > "$work/tail.jsonl"
+  grep '"split":"train"' "$work/straight.jsonl" | tail -n 4 > "$work/tail.jsonl"
   run 2 "$work/resumed.jsonl" --stage 1 --resume "$work/ck/step_4"
   compare "$work/tail.jsonl" "$work/resumed.jsonl" 4 "4 ranks stage 3 -> 2 ranks stage 1, --layer-decay 0.7"
   run 1 "$work/resumed1.jsonl" --stage 2 --offload-optimizer --resume "$work/ck/step_4"
@@ -205,7 +207,7 @@ recipe)
     grep -qF "given instead: --image-size 32 (recipe: --image-size 224), --warmup-steps 1 (recipe: --warmup-epochs 20)" \
       "$work/out" || fail "$np ranks: the given flags are not listed"
     # The schedule of the scaled lr: warmup 1 step from 0, then cosine to 1e-6 over 3 steps (timm's indexing).
-    grep -v '"split"' "$work/np$np.jsonl" | sed -E 's/.*"lr":([^,}]+).*"step":([0-9]+).*/\2 \1/' |
+    grep '"split":"train"' "$work/np$np.jsonl" | sed -E 's/.*"lr":([^,}]+).*"step":([0-9]+).*/\2 \1/' |
       awk 'function want(t) { return t < 1 ? 0 : 1e-6 + 0.5 * (1.5625e-05 - 1e-6) * (1 + cos(3.141592653589793 * t / 3)) }
            { w = want($1 - 1); d = $2 - w; if (d < 0) d = -d; if (d > 1e-12) { print "step " $1 ": lr " $2 ", expected " w; bad = 1 } }
            END { exit bad || NR != 3 }' || fail "$np ranks: the log's lr is not the recipe's schedule"

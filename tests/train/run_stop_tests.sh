@@ -2,9 +2,11 @@
 # Stopping runs with real signals, to a real process or a real mpirun, and what is on disk afterwards
 # (Note [Stopping on request]). Usage: run_stop_tests.sh CASE APP MPIEXEC CZ_WEIGHTS
 #   single_sigint     Ctrl-C (SIGINT) to one process: exit 75, one message naming the step, `latest` = that
-#                     step, the export written; resuming gives the uninterrupted run's losses to the bit
-#   mpirun_sigterm    SIGTERM to mpirun (4 ranks, stage 3, a grace period set): the same, at 4 ranks, and the
-#                     printed resume command starts with mpirun -np 4
+#                     step, the export written; the printed resume command, run as printed, continues the log
+#                     (each step once) with the uninterrupted run's losses to the bit
+#   mpirun_sigterm    SIGTERM to mpirun (4 ranks, stage 3, a grace period set): the same, at 4 ranks; the
+#                     printed resume command repeats mpirun's options (--allow-run-as-root ...) and runs as
+#                     printed with --steps N appended
 #   mpirun_sigint     Ctrl-C to mpirun with Open MPI's default 1 s grace: whatever happens, `latest` names a
 #                     complete, loadable checkpoint no older than the last one the run reported saved
 #   second_signal     two SIGINTs: exit 130 at once; the newest published checkpoint still loads
@@ -13,6 +15,13 @@
 #                     under mpirun, and stops on SIGUSR1 (forwarded by mpirun) with exit 75
 #   outputs_first     unwritable --export-weights / --log / read-only --checkpoint-dir fail before step 1
 #   disk_full         a save that cannot fit in the free space stops the run with a message and leaves nothing
+#   log_resume        a run killed (SIGKILL) past its checkpoint, resumed: its --log holds every step once (the
+#                     records past the checkpoint dropped); a fresh run keeps the old log as LOG.1 and says so
+#   stop_order        under mpirun, rank 0's stop lines are on one stream (stderr), in order: "stopping after
+#                     this step", "stopped by", "resume with"; through a wrapper, whose command line is not
+#                     mpirun's, the resume command says which launcher options to add
+#   bar_messages      on a terminal (a pseudo-terminal from script(1)): checkpoint, evaluation and stop lines
+#                     never land on the progress bar's line
 set -uo pipefail
 case_name=$1 app=$2 mpiexec=$3 cz_weights=$4
 work=$(mktemp -d)
@@ -30,7 +39,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 # "<step> <loss> <grad_norm>" per step record of a JSON-lines log, the numbers exactly as written.
 steps_of() {
-  grep -v '"split"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
+  grep '"split":"train"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
 }
 last_step() { steps_of "$1" | tail -n 1 | cut -d' ' -f1; }
 
@@ -59,15 +68,24 @@ wait_exit() {
 
 latest_of() { cat "$1/latest" 2>/dev/null; }
 
-# check_resume OUT_OF_STOPPED_RUN LOG_STRAIGHT LOG_RESUMED: the resumed steps equal the straight run's, to the
-# bit (the log's decimal text), from the first resumed step to the end.
+# check_resumed_equal LOG_STRAIGHT LOG_RESUMED FROM: the resumed steps equal the straight run's, to the bit
+# (the log's decimal text), from step FROM + 1 to the end. LOG_RESUMED may also hold the steps before (a log
+# continued by the resumed run): each step must be there once.
 check_resumed_equal() {
   local straight=$1 resumed=$2 from=$3
   steps_of "$straight" | awk -v f="$from" '$1 > f' > "$work/want"
-  steps_of "$resumed" > "$work/got"
+  steps_of "$resumed" | awk -v f="$from" '$1 > f' > "$work/got"
   [[ $(head -n 1 "$work/got" | cut -d' ' -f1) == $((from + 1)) ]] || fail "the resumed run did not start at step $((from + 1))"
   diff "$work/want" "$work/got" > /dev/null || { diff "$work/want" "$work/got" | head; fail "resumed losses differ"; }
   echo "resumed steps $((from + 1))-$(last_step "$resumed") equal the uninterrupted run's to the bit"
+}
+
+# check_each_step_once LOG N: the log's step records are steps 1..N, each once, in order.
+check_each_step_once() {
+  local got
+  got=$(steps_of "$1" | cut -d' ' -f1 | tr '\n' ' ')
+  [[ $got == "$(seq -s ' ' 1 "$2") " ]] || fail "$1 does not hold steps 1..$2 once each: $got"
+  echo "$1 holds steps 1..$2, each once"
 }
 
 # stop_and_check RUN_PREFIX... : shared by single_sigint and mpirun_sigterm. Globals: signal, target, extra.
@@ -118,17 +136,22 @@ single_sigint | mpirun_sigterm)
   [[ $(ls -d "$work/ck"/step_* | wc -l) -le 3 ]] || { ls "$work/ck"; fail "more than 3 checkpoints kept"; }
   cmd=$(sed -n 's/^resume with: //p' "$work/stopped.out")
   [[ $cmd == *"--resume $work/ck" ]] || fail "the resume command does not end in --resume $work/ck: $cmd"
-  [[ $name == SIGTERM ]] && [[ $cmd != "mpirun -np 4 "* ]] && fail "the resume command does not start with mpirun -np 4"
-  # Resumed as printed (for a fixed-length run; open-ended runs stop 20 steps later), the losses and gradient
-  # norms are the uninterrupted run's to the bit.
+  # Note [Resume command]: mpirun's own options as given (root needs --allow-run-as-root).
+  [[ $name == SIGTERM && $cmd != "${mpirun[*]} --mca odls_base_sigkill_timeout 3 -np 4 $app "* ]] &&
+    fail "the resume command does not repeat the launcher's options: $cmd"
+  # Resumed as printed (an open-ended run with `--steps N` appended: the last value wins, Note [Flags given
+  # twice]), it continues the same --log (Note [One log across resumes]): every step once, and the resumed
+  # steps' losses and gradient norms are the uninterrupted run's to the bit.
   if [[ -z $straight_steps ]]; then
     straight_steps=$((stopped_at + 20))
     "${run[@]}" --steps $straight_steps --log "$work/straight.jsonl" > "$work/straight.out" 2>&1 ||
       { cat "$work/straight.out"; fail "the uninterrupted run failed"; }
+    cmd+=" --steps $straight_steps"
   fi
-  "${run[@]}" --steps $straight_steps --checkpoint-dir "$work/ck" --log "$work/resumed.jsonl" --resume "$work/ck" \
-    > "$work/resumed.out" 2>&1 || { cat "$work/resumed.out"; fail "resuming failed"; }
-  check_resumed_equal "$work/straight.jsonl" "$work/resumed.jsonl" "$stopped_at"
+  echo "== resuming as printed: $cmd"
+  eval "$cmd" > "$work/resumed.out" 2>&1 || { cat "$work/resumed.out"; fail "the printed resume command failed"; }
+  check_each_step_once "$work/stopped.jsonl" "$straight_steps"
+  check_resumed_equal "$work/straight.jsonl" "$work/stopped.jsonl" "$stopped_at"
   echo "$case_name: OK"
   ;;
 mpirun_sigint)
@@ -264,6 +287,125 @@ disk_full)
     fail "no message about free space"
   ! grep -q LEFTOVER "$work/out" || fail "a half-written save was left behind"
   echo "disk_full: OK"
+  ;;
+log_resume)
+  # A checkpoint every 10 steps, published before the next step (--checkpoint-sync); killed outright 3-9 steps
+  # past one (step 35 or later), so that the log holds steps past the newest checkpoint.
+  run=("$app" "${model[@]}" --micro-batch 16 --steps 120 --checkpoint-dir "$work/ck" --checkpoint-every 10
+       --checkpoint-sync --log "$work/run.jsonl")
+  "$app" "${model[@]}" --micro-batch 16 --steps 120 --log "$work/straight.jsonl" > "$work/straight.out" 2>&1 ||
+    { cat "$work/straight.out"; fail "the uninterrupted run failed"; }
+  "${run[@]}" > "$work/killed.out" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+  wait_for_step "$work/run.jsonl" 35 "$pid" || { cat "$work/killed.out"; fail "the run did not reach step 35"; }
+  for _ in $(seq 200); do
+    kill -STOP "$pid"
+    at=$(last_step "$work/run.jsonl")
+    ((at % 10 >= 3)) && break
+    kill -CONT "$pid"
+    sleep 0.01
+  done
+  kill -KILL "$pid"
+  wait "$pid"
+  latest=$(latest_of "$work/ck")
+  from=${latest#step_}
+  echo "== killed at step $at; latest = $latest"
+  ((at > from)) || fail "the log (step $at) is not past the checkpoint ($latest)"
+  "${run[@]}" --resume "$work/ck" > "$work/resumed.out" 2>&1 || { cat "$work/resumed.out"; fail "resuming failed"; }
+  cat "$work/resumed.out"
+  grep -qF -- "--log $work/run.jsonl: continued after step $from; $((at - from)) record(s) of steps $((from + 1))-$at" \
+    "$work/resumed.out" || fail "no note on the records dropped"
+  check_each_step_once "$work/run.jsonl" 120
+  check_resumed_equal "$work/straight.jsonl" "$work/run.jsonl" "$from"
+  diff <(steps_of "$work/straight.jsonl" | head -n "$from") <(steps_of "$work/run.jsonl" | head -n "$from") ||
+    fail "the steps before the checkpoint differ from the uninterrupted run's"
+  [[ $(grep -c '"event":"start"' "$work/run.jsonl") -eq 2 ]] || fail "expected a start record for each start"
+  grep '"event":"start"' "$work/run.jsonl" | tail -1 | grep -qF "\"resumed_from\":\"$work/ck/$latest\"" ||
+    fail "the second start record does not name the checkpoint"
+  # Started afresh on the same log: the old one is kept, and the run says where.
+  cp "$work/run.jsonl" "$work/before.jsonl"
+  "${run[@]}" --steps 3 --no-progress > "$work/again.out" 2>&1 || { cat "$work/again.out"; fail "the fresh run failed"; }
+  cat "$work/again.out"
+  grep -qF -- "--log $work/run.jsonl: the file held an earlier run's log" "$work/again.out" &&
+    grep -qF "kept as $work/run.jsonl.1" "$work/again.out" || fail "no note on the earlier log"
+  cmp -s "$work/before.jsonl" "$work/run.jsonl.1" || fail "the earlier log was not kept as it was"
+  check_each_step_once "$work/run.jsonl" 3
+  echo "log_resume: OK"
+  ;;
+stop_order)
+  # stdout and stderr into separate files: rank 0's three stop lines must all be on stderr (mpirun forwards the
+  # two streams through separate pipes and interleaves them as it reads them: "stopped by" came before
+  # "stopping after this step" in 1 run of 3 here), in the order written; then merged, as a user sees them.
+  # A 3 s grace (odls_base_sigkill_timeout) so that a loaded machine still finishes the stop before SIGKILL.
+  job=("${mpirun[@]}" --mca odls_base_sigkill_timeout 3 -np 2 "$app" "${model[@]}" --micro-batch 4 --stage 3
+       --steps 100000 --checkpoint-dir "$work/ck" --log "$work/run.jsonl")
+  for merged in 0 1; do
+    rm -rf "$work/ck" "$work"/run.jsonl*  # wait_for_step reads the new run's log, not the last one's
+    if ((merged)); then "${job[@]}" > "$work/err" 2>&1 & else "${job[@]}" > "$work/out" 2> "$work/err" & fi
+    pid=$!
+    pids+=("$pid")
+    wait_for_step "$work/run.jsonl" 20 "$pid" || { cat "$work/err"; fail "the run did not reach step 20"; }
+    kill -TERM "$pid"
+    wait_exit "$pid" 60
+    echo "== merged=$merged: mpirun exit $?"
+    ((merged)) || { echo "-- stdout:"; cat "$work/out"; echo "-- stderr:"; }
+    cat "$work/err"
+    a=$(grep -n "SIGTERM: stopping after this step" "$work/err" | cut -d: -f1)
+    b=$(grep -n "^stopped by SIGTERM after step" "$work/err" | cut -d: -f1)
+    c=$(grep -n "^resume with: " "$work/err" | cut -d: -f1)
+    [[ $a =~ ^[0-9]+$ && $b =~ ^[0-9]+$ && $c =~ ^[0-9]+$ ]] ||
+      fail "expected each stop line once on stderr (stopping: '$a', stopped: '$b', resume: '$c')"
+    ((a < b && b < c)) || fail "the stop lines are out of order: stopping at line $a, stopped at $b, resume at $c"
+    ! grep -q "^$" "$work/err" || fail "an empty line on stderr (a new line for a bar that is not there)"
+  done
+  # Started through a wrapper (a bash that is not replaced by the rank), rank 0's parent is not mpirun: the
+  # command cannot be read back, and the message says which options to add (Note [Resume command]). mpirun
+  # sends SIGUSR1 to the wrapper's whole process group, so the rank hears it directly; bash ignores it.
+  rm -rf "$work/ck" "$work"/run.jsonl*
+  "${mpirun[@]}" -np 2 bash -c 'trap "" USR1; "$0" "$@"; exit $?' "$app" "${model[@]}" \
+    --micro-batch 4 --steps 100000 --checkpoint-dir "$work/ck" --log "$work/run.jsonl" > "$work/err" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+  wait_for_step "$work/run.jsonl" 10 "$pid" || { cat "$work/err"; fail "the wrapped run did not reach step 10"; }
+  kill -USR1 "$pid"
+  wait_exit "$pid" 60
+  echo "== through a wrapper: mpirun exit $?"
+  cat "$work/err"
+  want="mpirun $([[ $(id -u) == 0 ]] && echo '--allow-run-as-root ')-np 2 $app "
+  grep -qF "resume with: $want" "$work/err" || fail "the resume command does not start with '$want'"
+  grep -qF "(the launcher's own options could not be read from here: add those the job was started with" \
+    "$work/err" || fail "no line saying which options to add"
+  echo "stop_order: OK"
+  ;;
+bar_messages)
+  command -v script > /dev/null || { echo "SKIP: no script(1)"; exit 0; }
+  # In a pseudo-terminal, so that stderr is a terminal and the bar is drawn; stopped with Ctrl-C (SIGINT) once
+  # 40 steps are logged.
+  {
+    printf '%q ' "$app" "${model[@]}" --micro-batch 16 --steps 100000 --eval-every 7 --checkpoint-dir "$work/ck" \
+      --checkpoint-every 5 --log "$work/run.jsonl"
+    echo '&'
+    echo 'pid=$!'
+    printf 'until [[ $(grep -c %q %q 2>/dev/null) -ge 40 ]]; do sleep 0.05; done\n' '"img_per_s"' "$work/run.jsonl"
+    echo 'kill -INT $pid; wait $pid'
+  } > "$work/in_pty.sh"
+  timeout 120 script -qfec "bash $work/in_pty.sh" /dev/null > "$work/typescript" 2>&1
+  rc=$?
+  # What a terminal shows: a '\r' returns to the line's start, a line ends at '\n'. Each piece between them is
+  # one drawing; a message in the same piece as a bar is what the user saw glued to the bar.
+  tr '\r' '\n' < "$work/typescript" > "$work/pieces"
+  echo "== exit $rc; $(grep -c 'ETA' "$work/pieces") bar drawings; the other lines:"
+  grep -v ETA "$work/pieces" | grep -v '^ *$' | head -30
+  [[ $rc -eq 75 ]] || { tail -c 2000 "$work/typescript"; fail "exit $rc, expected 75"; }
+  grep -q "ETA" "$work/pieces" || fail "no progress bar drawn"
+  for msg in "checkpoint $work/ck/step_" "eval @ step" "SIGINT: stopping after this step" "stopped by SIGINT" \
+    "resume with:"; do
+    grep -qF "$msg" "$work/pieces" || fail "no '$msg' line"
+    ! grep -F "$msg" "$work/pieces" | grep -q "ETA" ||
+      { grep -F "$msg" "$work/pieces" | grep ETA | head -3; fail "'$msg' printed onto the progress bar"; }
+  done
+  echo "bar_messages: OK"
   ;;
 *) fail "unknown case $case_name" ;;
 esac

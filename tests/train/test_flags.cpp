@@ -4,11 +4,16 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/error_of.h"
+#include "dist/train/cli.h"
 #include "dist/train/flags.h"
 
 namespace cz::train {
@@ -262,6 +267,91 @@ TEST(Flags, CheckpointSyncNeedsPeriodicCheckpoints) {
   EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }), "--checkpoint-sync needs --checkpoint-every");
   c.checkpoint_every = 5;
   EXPECT_NO_THROW(c.validate());
+}
+
+// The command line as convnext_zero registers it (cli.h): parses `words` into a TrainConfig.
+TrainConfig parse(std::vector<std::string> words) {
+  TrainConfig c;
+  CLI::App app;
+  take_last_values(app);
+  add_flags(app, c);
+  words.insert(words.begin(), "convnext_zero");
+  std::vector<const char*> argv;
+  for (const std::string& w : words) argv.push_back(w.c_str());
+  app.parse(int(argv.size()), argv.data());
+  return c;
+}
+
+// Note [Flags given twice]: the last value wins, as with argparse, so that `--steps N` appended to a printed
+// resume command takes effect; lists too, and switches may be repeated.
+TEST(Flags, AFlagGivenTwiceTakesTheLastValue) {
+  const TrainConfig c = parse(
+      {"--steps", "30",        "--lr",      "1e-3",         "--steps",      "50",         "--data=synthetic",
+       "--data",  "h5:x.h5",   "--depths",  "1,1,1,1",      "--dims",       "8,16,24,32", "--depths",
+       "2,2,6,2", "--augment", "--augment", "--no-shuffle", "--no-shuffle", "--lr=2e-3"});
+  EXPECT_EQ(c.steps, 50);
+  EXPECT_EQ(c.lr, 2e-3);
+  EXPECT_EQ(c.data, "h5:x.h5");
+  EXPECT_EQ(c.depths, (std::vector<int64_t>{2, 2, 6, 2}));
+  EXPECT_EQ(c.dims, (std::vector<int64_t>{8, 16, 24, 32}));
+  EXPECT_TRUE(c.augment);
+  EXPECT_FALSE(c.shuffle);
+  EXPECT_THAT(error_of<CLI::ParseError>([] {
+                parse({"--depths", "2,x,6,2"});
+              }),
+              HasSubstr("expected integers separated by commas, got '2,x,6,2'"));
+}
+
+TEST(Flags, ModelNamesTheValidVariants) {
+  TrainConfig c;
+  c.model = "tinyy";
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }),
+            "--model must be one of atto, femto, pico, nano, tiny, small, base, large, xlarge, got 'tinyy'");
+}
+
+// --help: each flag in one of the sections, in the sections' order; every line within the width.
+TEST(Flags, HelpIsGroupedAndWrapped) {
+  for (const Flag& f : flags())
+    EXPECT_TRUE(f.group && std::find(std::begin(kFlagGroups), std::end(kFlagGroups),
+                                     std::string_view(f.group)) != std::end(kFlagGroups))
+        << f.name << " has no --help section";
+  for (size_t width : {60, 80, 132}) {
+    TrainConfig c;
+    CLI::App app{"convnext_zero: a description long enough to need wrapping at sixty columns, which it gets"};
+    app.formatter(std::make_shared<WrappingFormatter>(width));
+    add_flags(app, c);
+    app.footer(
+        "Exit codes: 0 done; 1 failed (the error is printed); 2 bad command line; 75 stopped on request");
+    const std::string help = app.help();
+    size_t longest = 0, lines = 0, at = 0;
+    std::stringstream in(help);
+    for (std::string line; std::getline(in, line);) longest = std::max(longest, line.size()), ++lines;
+    EXPECT_LE(longest, width) << help;
+    EXPECT_GT(lines, flags().size());
+    for (const char* group : kFlagGroups) {
+      const size_t pos = help.find(std::string("\n") + group + ":\n");
+      EXPECT_NE(pos, std::string::npos) << group;
+      EXPECT_GT(pos, at) << group << " out of order";
+      at = pos;
+    }
+    EXPECT_THAT(help, HasSubstr("cpu | cuda[:N]"));
+  }
+  EXPECT_EQ(wrap_words("a bb ccc dddd", 6), (std::vector<std::string>{"a bb", "ccc", "dddd"}));
+  EXPECT_EQ(wrap_words("averyveryverylongword x", 6),
+            (std::vector<std::string>{"averyveryverylongword", "x"}));
+  EXPECT_EQ(wrap_words("ab: atto|femto|pico|nano", 12),
+            (std::vector<std::string>{"ab:", "atto|femto|", "pico|nano"}));
+}
+
+// The log's start record: every flag by its name, a switch as given.
+TEST(Flags, FlagsJsonHasEveryFlag) {
+  const nlohmann::json j = flags_json(custom_config());
+  EXPECT_EQ(j.size(), flags().size());
+  EXPECT_EQ(j.at("dims"), (std::vector<int64_t>{8, 16, 24, 32}));
+  EXPECT_EQ(j.at("no-shuffle"), true);
+  EXPECT_EQ(j.at("no-progress"), false);
+  EXPECT_EQ(j.at("lr"), 3e-3);
+  EXPECT_EQ(j.at("model"), "atto");
 }
 
 }  // namespace

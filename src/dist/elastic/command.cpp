@@ -1,5 +1,11 @@
-// Editing the relaunched command's flags.
+// Editing the relaunched command's flags, and the resume command (Note [Resume command]).
 #include "dist/elastic/command.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "tensor/check.h"
 
@@ -54,6 +60,44 @@ std::string shell_words(const std::vector<std::string>& args) {
     out += '\'';
   }
   return out;
+}
+
+std::string resume_command(const std::vector<std::string>& head, const std::vector<std::string>& args,
+                           const std::string& resume_flag, const std::string& dir) {
+  CZ_CHECK(!head.empty() && !args.empty(), "resume_command: no program");
+  std::vector<std::string> words = head;
+  const std::vector<std::string> rest = with_flag(args, resume_flag, dir);
+  words.insert(words.end(), rest.begin() + 1, rest.end());
+  return shell_words(words);
+}
+
+std::optional<std::vector<std::string>> launcher_head(const std::vector<std::string>& launcher_argv,
+                                                      const std::vector<std::string>& args) {
+  if (args.empty() || launcher_argv.size() <= args.size()) return std::nullopt;
+  const size_t program = launcher_argv.size() - args.size();
+  for (size_t i = 1; i < args.size(); ++i)
+    if (launcher_argv[program + i] != args[i]) return std::nullopt;
+  return std::vector<std::string>(launcher_argv.begin(), launcher_argv.begin() + std::ptrdiff_t(program) + 1);
+}
+
+std::vector<std::string> launcher_command_line() {
+  const std::string proc = "/proc/" + std::to_string(::getppid());
+  std::error_code ec;
+  const std::string exe = std::filesystem::read_symlink(proc + "/exe", ec).filename().string();
+  bool launcher = false;
+  for (const char* name : {"mpirun", "mpiexec", "orterun", "prterun"})
+    launcher = launcher || exe.starts_with(name);
+  if (ec || !launcher) return {};
+  std::ifstream f(proc + "/cmdline", std::ios::binary);
+  const std::string raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<std::string> words;
+  size_t start = 0;
+  for (size_t i = 0; i < raw.size(); ++i)
+    if (raw[i] == '\0') {
+      words.push_back(raw.substr(start, i - start));
+      start = i + 1;
+    }
+  return words;
 }
 
 }  // namespace cz::elastic

@@ -22,7 +22,7 @@ std::vector<nlohmann::json> read_records(const std::string& path) {
 int64_t last_step(const std::vector<nlohmann::json>& records, int64_t otherwise) {
   int64_t last = otherwise;
   for (const auto& r : records)
-    if (r.contains("step") && !r.contains("split") && !r.contains("event"))
+    if (r.contains("step") && r.value("split", "") == "train" && !r.contains("event"))
       last = std::max(last, r["step"].get<int64_t>());
   return last;
 }

@@ -13,7 +13,7 @@ namespace cz::elastic {
 
 // The records of a JSON-lines file, skipping a last line cut short by a crash; empty when it is missing.
 std::vector<nlohmann::json> read_records(const std::string& path);
-// The highest "step" of the step records (not evaluations), or `otherwise` when there is none.
+// The highest "step" of the step records ("split": "train"), or `otherwise` when there is none.
 int64_t last_step(const std::vector<nlohmann::json>& records, int64_t otherwise);
 
 // Appends records to a JSON-lines file (no-op for an empty path), one object a line, flushed.

@@ -175,6 +175,14 @@ std::vector<std::string> keepalive_options(int seconds) {
           "--mca", "oob_tcp_keepalive_probes", std::to_string(probes)};
 }
 
+// Note [Resume command]: czrun's own words, then the command with --resume CHECKPOINT_DIR (its newest).
+void say_resume_command(const SupervisorOptions& o, const std::string& ck_dir, bool saved) {
+  if (o.self.empty() || !saved) return;
+  std::vector<std::string> head = o.self;
+  head.push_back(o.command.front());
+  say("resume with: " + resume_command(head, o.command, flag_name(&TrainConfig::resume), ck_dir));
+}
+
 }  // namespace
 
 bool is_failure_line(const std::string& line) {
@@ -232,6 +240,7 @@ int supervise(const SupervisorOptions& o) {
       const std::string why = fmt::format("stopped on request before restart {}; resume from {}", restarts,
                                           newest ? newest->second : std::string("nothing (no checkpoint)"));
       say(why);
+      say_resume_command(o, *ck_dir, newest.has_value());
       if (!pending_restart.is_null()) {
         event(pending_restart);
         failures.push_back(pending_restart);
@@ -320,6 +329,7 @@ int supervise(const SupervisorOptions& o) {
                                                                 ? newest_checkpoint(*ck_dir)->second
                                                                 : std::string("nothing (no checkpoint)"))
                           : ""));
+      if (a.stopped) say_resume_command(o, *ck_dir, newest_checkpoint(*ck_dir).has_value());
       return code;
     }
     // A failure: which hosts still answer?

@@ -46,6 +46,9 @@ struct SupervisorOptions {
   double start_timeout_s = 300;  // a launch with no step logged by then has failed (a daemon never started)
   int daemon_timeout_s = 10;     // Open MPI's oob keepalive: idle time + probes x interval; 0: leave it alone
   std::string work_dir;          // attempt logs and hostfiles; default CHECKPOINT_DIR/czrun
+  // czrun's own words before the command ("czrun", "--hostfile", "h", "--"): a stop prints them, the command
+  // and --resume CHECKPOINT_DIR as the command that resumes (Note [Resume command]); empty: no such line.
+  std::vector<std::string> self;
 };
 
 // Exit codes: 0 done, 75 stopped on request (resumable), 1 gave up or failed (the reason is printed).

@@ -98,8 +98,8 @@ void Trainer::finish_pending_save() {
   const ckpt::SaveResult r = p->finish();
   latest_checkpoint_ = r.path;
   set_latest_checkpoint(r.path);
-  if (world_.rank() == 0 && cfg_.progress)
-    fmt::print(stderr, "checkpoint {} ({:.1f} MB)\n", r.path, double(r.bytes) / 1e6);
+  if (world_.rank() == 0 && cfg_.progress)  // Note [One console]: not onto the progress bar
+    console_print(stderr, fmt::format("checkpoint {} ({:.1f} MB)\n", r.path, double(r.bytes) / 1e6));
 }
 
 void Trainer::track_best(BestEval& best, const EvalResult& r, const char* folder) {
@@ -124,9 +124,10 @@ void Trainer::track_best(BestEval& best, const EvalResult& r, const char* folder
     const std::string name = e.path().filename().string();
     if (name.rfind("step_", 0) == 0 && name != keep) std::filesystem::remove_all(e.path(), ec);
   }
-  if (cfg_.progress)
-    fmt::print(stderr, "best {} top1 {:.2f}% at step {}: {}\n",
-               folder == std::string("best") ? "weights'" : "EMA's", 100 * r.top1, step_, best.checkpoint);
+  if (world_.rank() == 0 && cfg_.progress)  // one line for the job, not onto the bar (Note [One console])
+    console_print(stderr, fmt::format("best {} top1 {:.2f}% at step {}: {}\n",
+                                      folder == std::string("best") ? "weights'" : "EMA's", 100 * r.top1,
+                                      step_, best.checkpoint));
 }
 
 // Note [Stopping on request] (stop.cpp): every rank contributes its stop signal and whether its part of the
@@ -235,9 +236,10 @@ void Trainer::resume(const std::string& path) {
   CZ_CHECK(step_ <= total_steps_, "{}: the checkpoint is at step {}, past this run's {} steps", resuming,
            step_, total_steps_);
   if (world_.rank() == 0 && cfg_.progress)
-    fmt::print(stderr, "resumed from {} at step {} (saved by {} rank(s) at stage {}) in {:.2f} s\n",
-               ck.path(), step_, ck.world_size(), ck.stage(),
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    console_print(stderr,
+                  fmt::format("resumed from {} at step {} (saved by {} rank(s) at stage {}) in {:.2f} s\n",
+                              ck.path(), step_, ck.world_size(), ck.stage(),
+                              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
 }
 
 }  // namespace cz::train

@@ -30,6 +30,7 @@ std::vector<Flag> make_flags() {
   return {
       {.name = "--recipe",
        .field = &T::recipe,
+       .group = kOptimGroup,
        .help = "a named recipe's values for every flag not given (the header lists them): " + recipe_names() +
                " (docs/training.md)",
        .check =
@@ -41,13 +42,21 @@ std::vector<Flag> make_flags() {
        .json_key = "recipe"},
       {.name = "--model",
        .field = &T::model,
+       .group = kModelGroup,
        .help = "ConvNeXt variant: " + variants,
+       .check =
+           [](C c, F f) {
+             const auto names = nn::convnext_variant_names();
+             CZ_CHECK(std::find(names.begin(), names.end(), c.model) != names.end(),
+                      "{} must be one of {}, got '{}'", f.name, fmt::join(names, ", "), c.model);
+           },
        .ranks_agree = true,
        .resume_identity = true,
        .resume_spelling = [](C c) { return c.depths.empty() ? c.model : std::string("custom"); },
        .json_key = "model"},
       {.name = "--depths",
        .field = &T::depths,
+       .group = kModelGroup,
        .help = "custom blocks per stage, e.g. 2,2,6,2 (with --dims)",
        .check =
            [](C c, F f) {
@@ -59,12 +68,14 @@ std::vector<Flag> make_flags() {
        .json_key = "depths"},
       {.name = "--dims",
        .field = &T::dims,
+       .group = kModelGroup,
        .help = "custom channels per stage, e.g. 40,80,160,320 (with --depths)",
        .ranks_agree = true,
        .resume_identity = true,
        .json_key = "dims"},
       {.name = "--num-classes",
        .field = &T::num_classes,
+       .group = kModelGroup,
        .help = "classifier outputs",
        .check =
            [](C c, F f) {
@@ -75,6 +86,7 @@ std::vector<Flag> make_flags() {
        .json_key = "num_classes"},
       {.name = "--image-size",
        .field = &T::image_size,
+       .group = kModelGroup,
        .help = "square input size in pixels",
        .check = [](C c,
                    F f) { CZ_CHECK(c.image_size > 0, "{} must be positive, got {}", f.name, c.image_size); },
@@ -82,15 +94,18 @@ std::vector<Flag> make_flags() {
        .json_key = "image_size"},
       {.name = "--data",
        .field = &T::data,
+       .group = kDataGroup,
        .help = "synthetic[:k=v,...] | h5:FILE | cifar10:DIR | folder:DIR",
        .ranks_agree = true,
        .resume_identity = true,
        .json_key = "data"},
       {.name = "--eval-data",
        .field = &T::eval_data,
+       .group = kDataGroup,
        .help = "evaluation set (default: the data source's own eval split)"},
       {.name = "--eval-split",
        .field = &T::eval_split,
+       .group = kDataGroup,
        .help = "hold out this fraction of --data's examples as the eval set, e.g. 0.05: the same examples of "
                "each class for a given --seed, never trained on (not with --eval-data)",
        .check =
@@ -106,11 +121,13 @@ std::vector<Flag> make_flags() {
        .json_key = "eval_split"},
       {.name = "--eval-every",
        .field = &T::eval_every,
+       .group = kDataGroup,
        .help = "evaluate every N steps (0: at the end only)",
        .check = [](C c,
                    F f) { CZ_CHECK(c.eval_every >= 0, "{} must be >= 0, got {}", f.name, c.eval_every); }},
       {.name = "--eval-batches",
        .field = &T::eval_batches,
+       .group = kDataGroup,
        .help = "evaluate on at most N batches per rank (0: all)",
        .check =
            [](C c, F f) {
@@ -118,18 +135,21 @@ std::vector<Flag> make_flags() {
            }},
       {.name = "--steps",
        .field = &T::steps,
+       .group = kOptimGroup,
        .help = "optimizer steps (0: use --epochs; without --steps and --epochs: the default run)",
        .check = [](C c, F f) { CZ_CHECK(c.steps >= 0, "{} must be >= 0, got {}", f.name, c.steps); },
        .ranks_agree = true,
        .json_key = "steps"},
       {.name = "--epochs",
        .field = &T::epochs,
+       .group = kOptimGroup,
        .help = "passes over the training set (when --steps is 0)",
        .check = [](C c, F f) { CZ_CHECK(c.epochs >= 0, "{} must be >= 0, got {}", f.name, c.epochs); },
        .ranks_agree = true,
        .json_key = "epochs"},
       {.name = "--micro-batch",
        .field = &T::micro_batch,
+       .group = kOptimGroup,
        .help = "images per rank per micro-step",
        .check =
            [](C c, F f) {
@@ -139,6 +159,7 @@ std::vector<Flag> make_flags() {
        .json_key = "micro_batch"},
       {.name = "--grad-accum",
        .field = &T::grad_accum,
+       .group = kOptimGroup,
        .help = "micro-steps per optimizer step",
        .check = [](C c,
                    F f) { CZ_CHECK(c.grad_accum > 0, "{} must be positive, got {}", f.name, c.grad_accum); },
@@ -146,6 +167,7 @@ std::vector<Flag> make_flags() {
        .json_key = "grad_accum"},
       {.name = "--optimizer",
        .field = &T::optimizer,
+       .group = kOptimGroup,
        .help = "adamw | sgd",
        .check =
            [](C c, F f) {
@@ -157,12 +179,14 @@ std::vector<Flag> make_flags() {
        .json_key = "optimizer"},
       {.name = "--lr",
        .field = &T::lr,
+       .group = kOptimGroup,
        .help = "peak learning rate",
        .check = [](C c, F f) { CZ_CHECK(c.lr >= 0, "{} must be >= 0, got {}", f.name, c.lr); },
        .ranks_agree = true,
        .json_key = "lr"},
       {.name = "--min-lr",
        .field = &T::min_lr,
+       .group = kOptimGroup,
        .help = "final learning rate of the cosine schedule",
        .check =
            [](C c, F f) {
@@ -172,12 +196,14 @@ std::vector<Flag> make_flags() {
        .json_key = "min_lr"},
       {.name = "--weight-decay",
        .field = &T::weight_decay,
+       .group = kOptimGroup,
        .help = "decoupled weight decay (not on biases and 1-D params)",
        .check = [](C c,
                    F f) { CZ_CHECK(c.weight_decay >= 0, "{} must be >= 0, got {}", f.name, c.weight_decay); },
        .json_key = "weight_decay"},
       {.name = "--layer-decay",
        .field = &T::layer_decay,
+       .group = kOptimGroup,
        .help = "layer-wise lr decay D: each parameter's lr times D^(13 - its layer), ConvNeXt's official "
                "numbering (stem 0 .. head 13; --print-param-groups shows them; 1: off)",
        .check =
@@ -191,6 +217,7 @@ std::vector<Flag> make_flags() {
        .json_key = "layer_decay"},
       {.name = "--momentum",
        .field = &T::momentum,
+       .group = kOptimGroup,
        .help = "SGD momentum",
        .check =
            [](C c, F f) {
@@ -198,12 +225,14 @@ std::vector<Flag> make_flags() {
            }},
       {.name = "--warmup-steps",
        .field = &T::warmup_steps,
+       .group = kOptimGroup,
        .help = "linear warmup steps",
        .check = [](C c,
                    F f) { CZ_CHECK(c.warmup_steps >= 0, "{} must be >= 0, got {}", f.name, c.warmup_steps); },
        .json_key = "warmup_steps"},
       {.name = "--warmup-epochs",
        .field = &T::warmup_epochs,
+       .group = kOptimGroup,
        .help =
            "linear warmup in epochs of the training set (rounded to whole steps), instead of --warmup-steps",
        .check =
@@ -217,6 +246,7 @@ std::vector<Flag> make_flags() {
        .json_key = "warmup_epochs"},
       {.name = "--schedule",
        .field = &T::schedule,
+       .group = kOptimGroup,
        .help = "cosine | constant",
        .check =
            [](C c, F f) {
@@ -226,6 +256,7 @@ std::vector<Flag> make_flags() {
        .json_key = "schedule"},
       {.name = "--label-smoothing",
        .field = &T::label_smoothing,
+       .group = kAugmentGroup,
        .help = "cross-entropy label smoothing",
        .check =
            [](C c, F f) {
@@ -235,6 +266,7 @@ std::vector<Flag> make_flags() {
        .json_key = "label_smoothing"},
       {.name = "--drop-path",
        .field = &T::drop_path,
+       .group = kAugmentGroup,
        .help = "stochastic depth rate of the last block",
        .check =
            [](C c, F f) {
@@ -245,6 +277,7 @@ std::vector<Flag> make_flags() {
        .json_key = "drop_path"},
       {.name = "--layer-scale-init",
        .field = &T::layer_scale_init,
+       .group = kModelGroup,
        .help = "initial value of each block's layer scale gamma (0: no layer scale)",
        .check =
            [](C c, F f) {
@@ -254,6 +287,7 @@ std::vector<Flag> make_flags() {
        .ranks_agree = true},
       {.name = "--head-init-scale",
        .field = &T::head_init_scale,
+       .group = kModelGroup,
        .help = "multiply the classifier's initial weight and bias by this (fine-tuning: 0.001; applies to a "
                "head initialised here, not to one read with --init-weights)",
        .check =
@@ -264,6 +298,7 @@ std::vector<Flag> make_flags() {
        .ranks_agree = true},
       {.name = "--clip-grad",
        .field = &T::clip_grad,
+       .group = kOptimGroup,
        .help = "global gradient-norm clipping (0: off)",
        .check =
            [](C c, F f) {
@@ -273,6 +308,7 @@ std::vector<Flag> make_flags() {
        .json_key = "clip_grad"},
       {.name = "--ema-decay",
        .field = &T::ema_decay,
+       .group = kAugmentGroup,
        .help = "EMA of weights, evaluated alongside (0: off)",
        .check =
            [](C c, F f) {
@@ -286,6 +322,7 @@ std::vector<Flag> make_flags() {
        .json_key = "ema_decay"},
       {.name = "--precision",
        .field = &T::precision,
+       .group = kDeviceGroup,
        .help = "fp32 | fp16 | bf16 (16-bit needs --device cuda)",
        .check =
            [](C c, F f) {
@@ -296,6 +333,7 @@ std::vector<Flag> make_flags() {
        .json_key = "precision"},
       {.name = "--initial-loss-scale",
        .field = &T::initial_loss_scale,
+       .group = kDeviceGroup,
        .help =
            "fp16: the dynamic loss scale to start from (halved on overflow, doubled after 2000 clean steps)",
        .check =
@@ -305,11 +343,14 @@ std::vector<Flag> make_flags() {
            }},
       {.name = "--activation-checkpointing",
        .field = &T::activation_checkpointing,
+       .group = kDeviceGroup,
        .help = "recompute block activations in backward",
        .ranks_agree = true},
       {.name = "--device",
        .field = &T::device,
-       .help = "cpu | cuda",
+       .group = kDeviceGroup,
+       .help = "cpu | cuda[:N] (N: the GPU of a single process; under mpirun each rank takes GPU local_rank "
+               "mod the GPU count)",
        .check =
            [](C c, F f) {
              CZ_CHECK(c.device == "cpu" || c.device.rfind("cuda", 0) == 0,
@@ -317,6 +358,7 @@ std::vector<Flag> make_flags() {
            }},
       {.name = "--stage",
        .field = &T::stage,
+       .group = kZeroGroup,
        .help = "ZeRO stage: 0 replicated, 1 shards optimizer state, 2 also gradients, 3 also parameters",
        .check =
            [](C c, F f) {
@@ -326,6 +368,7 @@ std::vector<Flag> make_flags() {
        .json_key = "stage"},
       {.name = "--bucket-mb",
        .field = &T::bucket_mb,
+       .group = kZeroGroup,
        .help = "gradient bucket size in MiB (stages 0-2; at most a quarter of the model)",
        .check =
            [](C c, F f) {
@@ -336,6 +379,7 @@ std::vector<Flag> make_flags() {
        .json_key = "bucket_mb"},
       {.name = "--prefetch",
        .field = &T::prefetch,
+       .group = kZeroGroup,
        .help = "stage 3: how many units ahead to all-gather",
        .check =
            [](C c, F f) {
@@ -345,6 +389,7 @@ std::vector<Flag> make_flags() {
        .ranks_agree = true},
       {.name = "--shard-group",
        .field = &T::shard_group,
+       .group = kZeroGroup,
        .help = "stages 1-3: the ranks the model state is sharded over, replicated across the rest (HSDP): "
                "world, host (each host's ranks) or N (blocks of N consecutive ranks)",
        .check =
@@ -359,6 +404,7 @@ std::vector<Flag> make_flags() {
        .json_key = "shard_group"},
       {.name = "--hpz",
        .field = &T::hpz,
+       .group = kZeroGroup,
        .help = "stage 3, several hosts: keep each unit's host-local slice after its forward gather, so that "
                "backward gathers inside the host (costs 1/ranks-per-host of the model per rank)",
        .check =
@@ -373,6 +419,7 @@ std::vector<Flag> make_flags() {
        .json_key = "hpz"},
       {.name = "--reduce-dtype",
        .field = &T::reduce_dtype,
+       .group = kZeroGroup,
        .help =
            "fp32 | bf16 | fp16 | int8: the dtype gradients are reduced in. int8 (without --shard-group): "
            "each rank sends the others their chunks of a bucket as blocks of 256 values with an fp32 scale "
@@ -389,6 +436,7 @@ std::vector<Flag> make_flags() {
        .json_key = "reduce_dtype"},
       {.name = "--gather-dtype",
        .field = &T::gather_dtype,
+       .group = kZeroGroup,
        .help = "fp32 | bf16 | fp16 | int8: what parameters are all-gathered in (stages 1-3; never wider than "
                "--precision). int8: blocks of 256 values with an fp32 scale each, quantized once per step "
                "from the fp32 master",
@@ -404,12 +452,14 @@ std::vector<Flag> make_flags() {
        .json_key = "gather_dtype"},
       {.name = "--offload-optimizer",
        .field = &T::offload_optimizer,
+       .group = kZeroGroup,
        .help = "at any --stage: fp32 master weights, gradients and optimizer state in pinned host memory, "
                "updated by the CPU bucket by bucket as gradients arrive",
        .ranks_agree = true,
        .json_key = "offload_optimizer"},
       {.name = "--offload-overlap-step",
        .field = &T::offload_overlap_step,
+       .group = kZeroGroup,
        .help = "with --offload-optimizer: run step t's CPU update during step t+1 (one step stale)",
        .check =
            [](C c, F f) {
@@ -419,6 +469,7 @@ std::vector<Flag> make_flags() {
        .ranks_agree = true},
       {.name = "--comm-timeout",
        .field = &T::comm_timeout_s,
+       .group = kZeroGroup,
        .help = "seconds a collective may take before the run fails, naming it and the rank it waited for",
        .check =
            [](C c, F f) {
@@ -427,6 +478,7 @@ std::vector<Flag> make_flags() {
            }},
       {.name = "--comm-impl",
        .field = &T::comm_impl,
+       .group = kZeroGroup,
        .help =
            "flat | hier | auto: the world's collectives as one ring, in two levels (inside each host, then "
            "across hosts), or per call whichever the topology's cost model predicts faster (on one host: "
@@ -439,6 +491,7 @@ std::vector<Flag> make_flags() {
        .ranks_agree = true},
       {.name = "--comm-backend",
        .field = &T::comm_backend,
+       .group = kZeroGroup,
        .help =
            "nccl | mpi | auto: what moves the collectives of CUDA ranks: NCCL, or MPI through pinned host "
            "memory (slower; works with several ranks on one GPU and where NCCL hangs); auto: NCCL when every "
@@ -453,13 +506,18 @@ std::vector<Flag> make_flags() {
                       flag_name(&T::device));
            },
        .ranks_agree = true},
-      {.name = "--tf32", .field = &T::tf32, .help = "CUDA: allow TF32 tensor cores for fp32 matmuls"},
+      {.name = "--tf32",
+       .field = &T::tf32,
+       .group = kDeviceGroup,
+       .help = "CUDA: allow TF32 tensor cores for fp32 matmuls"},
       {.name = "--init-weights",
        .field = &T::init_weights,
+       .group = kModelGroup,
        .help = "HDF5 weights to start from (timm or original ConvNeXt keys)",
        .ranks_agree = true},
       {.name = "--reset-head",
        .field = &T::reset_head,
+       .group = kModelGroup,
        .help = "with --init-weights: new classifier for --num-classes",
        .check =
            [](C c, F f) {
@@ -468,12 +526,15 @@ std::vector<Flag> make_flags() {
            }},
       {.name = "--export-weights",
        .field = &T::export_weights,
+       .group = kOutputGroup,
        .help = "write the trained weights (HDF5, timm keys)"},
       {.name = "--checkpoint-dir",
        .field = &T::checkpoint_dir,
+       .group = kOutputGroup,
        .help = "write sharded HDF5 checkpoints (DIR/step_N, DIR/latest) here, one at the end of the run too"},
       {.name = "--checkpoint-every",
        .field = &T::checkpoint_every,
+       .group = kOutputGroup,
        .help = "steps between checkpoints (0: only at the end)",
        .check =
            [](C c, F f) {
@@ -483,6 +544,7 @@ std::vector<Flag> make_flags() {
            }},
       {.name = "--keep-checkpoints",
        .field = &T::keep_checkpoints,
+       .group = kOutputGroup,
        .help =
            "keep the newest K complete checkpoints (older ones removed once a newer one is complete; 0: all)",
        .check =
@@ -491,6 +553,7 @@ std::vector<Flag> make_flags() {
            }},
       {.name = "--keep-best",
        .field = &T::keep_best,
+       .group = kOutputGroup,
        .help = "also keep the checkpoint of the best eval top-1 in DIR/best (and of the EMA's in "
                "DIR/best_ema), apart from --keep-checkpoints' rotation",
        .check =
@@ -500,6 +563,7 @@ std::vector<Flag> make_flags() {
            }},
       {.name = "--checkpoint-sync",
        .field = &T::checkpoint_sync,
+       .group = kOutputGroup,
        .help =
            "publish each --checkpoint-every checkpoint before the next step (the step waits for the "
            "write) instead of in the background, so that a failure loses at most --checkpoint-every steps",
@@ -510,26 +574,36 @@ std::vector<Flag> make_flags() {
            }},
       {.name = "--resume",
        .field = &T::resume,
+       .group = kOutputGroup,
        .help = "continue from a checkpoint: DIR (its latest complete one) or DIR/step_N, at any world size "
                "and stage"},
-      {.name = "--log", .field = &T::log, .help = "JSON-lines log: one object per step and per evaluation"},
+      {.name = "--log",
+       .field = &T::log,
+       .group = kOutputGroup,
+       .help =
+           "JSON-lines log: a start record, then one object per step and per evaluation; --resume continues "
+           "it (records past the checkpoint dropped), else an existing one is kept as FILE.1"},
       {.name = "--seed",
        .field = &T::seed,
+       .group = kDataGroup,
        .help = "initialisation, shuffling, augmentation and drop-path",
        .ranks_agree = true,
        .resume_identity = true,
        .json_key = "seed"},
       {.name = "--no-shuffle",
        .field = &T::shuffle,
+       .group = kDataGroup,
        .help = "read the training set in file order",
        .inverted = true,
        .json_key = "shuffle"},
       {.name = "--augment",
        .field = &T::augment,
+       .group = kAugmentGroup,
        .help = "random-resized-crop and horizontal flip",
        .json_key = "augment"},
       {.name = "--loader-threads",
        .field = &T::loader_threads,
+       .group = kDataGroup,
        .help = "data loader worker threads",
        .check =
            [](C c, F f) {
@@ -537,11 +611,13 @@ std::vector<Flag> make_flags() {
            }},
       {.name = "--no-progress",
        .field = &T::progress,
+       .group = kOutputGroup,
        .help = "no progress on stderr (by default a bar on a terminal, else a plain line every "
                "--progress-interval seconds)",
        .inverted = true},
       {.name = "--progress-interval",
        .field = &T::progress_interval_s,
+       .group = kOutputGroup,
        .help = "seconds between plain progress lines when stderr is not a terminal (mpirun, a file)",
        .check =
            [](C c, F f) {
@@ -657,6 +733,19 @@ std::string config_json(const TrainConfig& c, int world) {
   for (const Flag& f : flags())
     if (f.json_key) std::visit([&](auto member) { j[f.json_key] = c.*member; }, f.field);
   return j.dump();
+}
+
+nlohmann::json flags_json(const TrainConfig& c) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const Flag& f : flags())
+    std::visit(
+        [&](auto member) {
+          nlohmann::json v = c.*member;
+          if (f.inverted) v = !v.template get<bool>();
+          j[std::string(f.name).substr(2)] = std::move(v);
+        },
+        f.field);
+  return j;
 }
 
 int64_t bucket_bytes(double bucket_mb) {

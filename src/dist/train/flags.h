@@ -10,6 +10,8 @@
 #include <variant>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "dist/comm/types.h"
 #include "dist/train/config.h"
 #include "dist/zero/engine.h"
@@ -22,9 +24,21 @@ using FlagField =
     std::variant<std::string TrainConfig::*, std::vector<int64_t> TrainConfig::*, int64_t TrainConfig::*,
                  uint64_t TrainConfig::*, int TrainConfig::*, double TrainConfig::*, bool TrainConfig::*>;
 
+// The sections of --help, in this order (as timm's train.py and torchrun group theirs).
+inline constexpr const char* kModelGroup = "Model and weights";
+inline constexpr const char* kDataGroup = "Data and evaluation";
+inline constexpr const char* kAugmentGroup = "Augmentation and regularisation";
+inline constexpr const char* kOptimGroup = "Optimizer and schedule";
+inline constexpr const char* kDeviceGroup = "Device and precision";
+inline constexpr const char* kZeroGroup = "Distributed and ZeRO";
+inline constexpr const char* kOutputGroup = "Checkpoints, logs and progress";
+inline constexpr const char* kFlagGroups[] = {kModelGroup,  kDataGroup, kAugmentGroup, kOptimGroup,
+                                              kDeviceGroup, kZeroGroup, kOutputGroup};
+
 struct Flag {
   const char* name;  // with its dashes, as typed: the only place the name is spelled
   FlagField field;
+  const char* group = nullptr;  // its section of --help: one of kFlagGroups
   std::string help;
   bool inverted = false;  // a switch that sets its bool field to false
   // Throws ValueError naming the flag (`self` is this entry); empty: any value the parser accepts.
@@ -66,6 +80,9 @@ std::vector<std::pair<std::string, std::string>> resume_identity(const TrainConf
 
 // The run's configuration as the checkpoint records it for people and tools, one JSON object.
 std::string config_json(const TrainConfig& c, int world);
+// Every flag's value, keyed by the flag's name without its dashes, a switch as given ("no-shuffle": true):
+// the log's start record.
+nlohmann::json flags_json(const TrainConfig& c);
 
 // Configurations derived from the flags, each in one place.
 // --bucket-mb in bytes, at least one.

@@ -26,6 +26,7 @@ std::vector<Flag> mix_flags() {
   return {
       {.name = "--mixup",
        .field = &T::mixup,
+       .group = kAugmentGroup,
        .help = "Mixup alpha: images and targets mixed as lam x + (1 - lam) x', lam ~ Beta(A, A), with image "
                "n-1-i of the rank's micro-batch (0: off); the loss becomes the soft-target cross-entropy",
        .check = [](C c, F f) { check_alpha(c.mixup, f.name); },
@@ -33,12 +34,14 @@ std::vector<Flag> mix_flags() {
        .json_key = "mixup"},
       {.name = "--cutmix",
        .field = &T::cutmix,
+       .group = kAugmentGroup,
        .help = "CutMix alpha: a box of area (1 - lam) pasted from image n-1-i, lam ~ Beta(A, A) (0: off)",
        .check = [](C c, F f) { check_alpha(c.cutmix, f.name); },
        .ranks_agree = true,
        .json_key = "cutmix"},
       {.name = "--cutmix-minmax",
        .field = &T::cutmix_minmax,
+       .group = kAugmentGroup,
        .help =
            "LO,HI: CutMix box sides uniform in [LO, HI) of the image's instead of from lam (turns CutMix on)",
        .check =
@@ -53,18 +56,21 @@ std::vector<Flag> mix_flags() {
        .json_key = "cutmix_minmax"},
       {.name = "--mixup-prob",
        .field = &T::mixup_prob,
+       .group = kAugmentGroup,
        .help = "probability of mixing a batch (pair, image) at all",
        .check = [](C c, F f) { check_probability(c.mixup_prob, f.name); },
        .ranks_agree = true,
        .json_key = "mixup_prob"},
       {.name = "--mixup-switch-prob",
        .field = &T::mixup_switch_prob,
+       .group = kAugmentGroup,
        .help = "with both --mixup and --cutmix: probability of CutMix rather than Mixup",
        .check = [](C c, F f) { check_probability(c.mixup_switch_prob, f.name); },
        .ranks_agree = true,
        .json_key = "mixup_switch_prob"},
       {.name = "--mixup-mode",
        .field = &T::mixup_mode,
+       .group = kAugmentGroup,
        .help = "batch | pair | elem: one lam per micro-batch, per pair (i, n-1-i), or per image",
        .check =
            [](C c, F f) {
@@ -80,6 +86,7 @@ std::vector<Flag> mix_flags() {
        .json_key = "mixup_mode"},
       {.name = "--dump-batches",
        .field = &T::dump_batches,
+       .group = kDataGroup,
        .help = "FILE.h5: write every training batch as the model receives it (images, targets, sources, "
                "lam and box; FILE.rankR.h5 per rank under mpirun); FILE.png: a picture of the first batch",
        .check =

@@ -10,6 +10,10 @@
 //   default), sending every rank SIGTERM, and SIGKILLing them T seconds later: the ranks have T for the step
 //   and the final save. It forwards SIGUSR1 and leaves the ranks alone, so SIGUSR1 to mpirun stops with no
 //   deadline. Ranks run in their own process groups, so a terminal's Ctrl-C reaches them only through mpirun.
+// - Rank 0's lines about a stop all go to stderr: the handler's (write(2) is all it may call), and the
+//   closing "stopped by ..." and "resume with: ..." (convnext_zero.cpp). mpirun forwards a rank's stdout and
+//   stderr through two pipes and interleaves them as it reads them, which printed the closing line before
+//   the handler's; one stream keeps them in the order written.
 #include "dist/train/stop.h"
 
 #include <signal.h>
@@ -18,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "dist/comm/signal_text.h"
+#include "io/train_log.h"
 
 namespace cz::train {
 namespace {
@@ -39,18 +44,26 @@ const char* short_name(int sig) {
   }
 }
 
+// A progress bar on the terminal's current line keeps its line; anywhere else (mpirun's pipes, a file) the
+// message needs no empty line before it.
+void new_line_after_bar() {
+  if (progress_bar_drawn()) dist::write_stderr("\n");
+}
+
 void on_stop(int sig) {
   if (g_signal == 0) {
     g_signal = sig;
     if (g_announce) {
-      dist::write_stderr("\nconvnext_zero: ");
+      new_line_after_bar();
+      dist::write_stderr("convnext_zero: ");
       dist::write_stderr(short_name(sig));
       dist::write_stderr(": stopping after this step (send it again to stop at once)\n");
     }
     return;
   }
   if (g_announce) {
-    dist::write_stderr("\nconvnext_zero: ");
+    new_line_after_bar();
+    dist::write_stderr("convnext_zero: ");
     dist::write_stderr(short_name(sig));
     dist::write_stderr(" again: stopping now without saving; ");
     const char* latest = g_latest.get();

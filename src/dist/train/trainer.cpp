@@ -54,6 +54,19 @@ zero::MakeOptimizer make_optimizer(const TrainConfig& c) {
   };
 }
 
+// One line for --init-weights: what was read, in which key style, and what the head became.
+std::string describe_import(const TrainConfig& c, const WeightImportReport& r) {
+  std::string s =
+      fmt::format("{} {}: {} tensors ({:.2f}M values) with {} keys", flag_name(&TrainConfig::init_weights),
+                  c.init_weights, r.tensors, double(r.elements) / 1e6, r.key_style);
+  if (c.reset_head)
+    s += fmt::format("; the head (head.fc.*) was not loaded ({}): a new one for {} classes",
+                     flag_name(&TrainConfig::reset_head), c.num_classes);
+  else
+    s += "; the head loaded with the rest";
+  return s;
+}
+
 zero::MakeEma make_ema(const TrainConfig& c) {
   if (c.ema_decay <= 0) return {};
   return [decay = c.ema_decay](std::span<const Tensor> weights) {
@@ -132,7 +145,6 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
            flag_name(&TrainConfig::stage));
   group_ = mesh_.world();
   check_outputs();
-  if (world_.rank() == 0 && !cfg_.log.empty()) log_ = JsonLog(cfg_.log);
   build_data();
   CZ_CHECK(!cfg_.keep_best || eval_set_,
            "{} keeps the checkpoint of the best evaluation, but {} has no eval split; "
@@ -142,6 +154,7 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
   build_model();
   build_schedule();
   if (!cfg_.resume.empty()) resume(cfg_.resume);
+  open_log();  // after the resume, which says from which step the log continues
 }
 
 // Every rank must run the same model, stage, dtypes and batch settings (the flags marked ranks_agree in the
@@ -233,6 +246,7 @@ void Trainer::build_model() {
                     fmt::format("give {} to train a new classifier for these classes",
                                 flag_name(&TrainConfig::reset_head)));
     if (cfg_.reset_head) model_->reset_head(cfg_.seed + 1);
+    init_weights_note_ = describe_import(cfg_, r);
   }
   model_->set_activation_checkpointing(cfg_.activation_checkpointing);
   zero::ZeroGroups groups{mesh_.world(), mesh_.shard(), mesh_.replicate(), mesh_.host(),
@@ -430,11 +444,11 @@ ProgressMode Trainer::progress_mode() const {
 
 TrainSummary Trainer::run() {
   const bool lead = world_.rank() == 0;
-  ProgressBar bar(total_steps_, progress_mode(), cfg_.progress_interval_s);
+  // The ETA counts only the steps this process runs, from the resumed one (io/train_log.h).
+  ProgressBar bar(total_steps_, progress_mode(), cfg_.progress_interval_s, step_);
   TrainSummary sum;
   const auto t0 = Clock::now();
   auto run_eval = [&](int64_t at_step) {
-    bar.finish();
     sum.eval = evaluate();
     // top5 is null below 5 classes (EvalResult::top5).
     const auto fraction = [](double v) { return std::isnan(v) ? nlohmann::json() : nlohmann::json(v); };
@@ -458,13 +472,12 @@ TrainSummary Trainer::run() {
     sum.best_ema = best_ema_;
     log_.write(j);
     if (lead) {
-      fmt::print("eval @ step {}: loss {:.4f}  top1 {:.2f}%  top5 {}", at_step, sum.eval->loss,
-                 100 * sum.eval->top1, percent(sum.eval->top5));
+      std::string line = fmt::format("eval @ step {}: loss {:.4f}  top1 {:.2f}%  top5 {}", at_step,
+                                     sum.eval->loss, 100 * sum.eval->top1, percent(sum.eval->top5));
       if (sum.eval_ema)
-        fmt::print("  (EMA: loss {:.4f}  top1 {:.2f}%  top5 {})", sum.eval_ema->loss,
-                   100 * sum.eval_ema->top1, percent(sum.eval_ema->top5));
-      fmt::print("\n");
-      std::fflush(stdout);
+        line += fmt::format("  (EMA: loss {:.4f}  top1 {:.2f}%  top5 {})", sum.eval_ema->loss,
+                            100 * sum.eval_ema->top1, percent(sum.eval_ema->top5));
+      console_print(stdout, line + "\n");  // Note [One console]: not onto the progress bar
     }
   };
   int64_t images = 0;
@@ -480,7 +493,9 @@ TrainSummary Trainer::run() {
     CZ_CHECK(std::isfinite(s.loss) || s.skipped,
              "training diverged at step {}: loss is {} (try a lower {} or {})", s.step, s.loss,
              flag_name(&TrainConfig::lr), flag_name(&TrainConfig::clip_grad));
-    log_.write(zero::to_json(s));
+    nlohmann::json record = zero::to_json(s);
+    record["split"] = "train";  // beside evaluations' "eval": readers select steps by it
+    log_.write(std::move(record));
     bar.update(s.step, s.loss, double(images) / time_in_steps);
     if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step < total_steps_ && eval_set_)
       run_eval(s.step);

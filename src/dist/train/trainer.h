@@ -91,6 +91,9 @@ class Trainer {
   const std::vector<std::string>& data_notes() const { return data_notes_; }
   // The training set's class names as checkpoints and weight files record them; empty for numbered classes.
   std::vector<std::string> class_names() const;
+  // What --init-weights loaded ("--init-weights w.h5: 180 tensors (27.82M values) with timm keys; ..."); ""
+  // without.
+  const std::string& init_weights_note() const { return init_weights_note_; }
   // Collective: starts writing a checkpoint of the current state into --checkpoint-dir (this rank's shard is
   // copied to host memory and written on a background thread); the previous save is finished first.
   void save_checkpoint();
@@ -123,6 +126,7 @@ class Trainer {
   // DIR/<folder> (Note [Best checkpoints]).
   void track_best(BestEval& best, const EvalResult& r, const char* folder);
   ckpt::SaveRequest checkpoint_request();  // this rank's state and the run's scalars, for DIR/step_<step_>
+  void open_log();  // rank 0: --log, continued after a resumed step (Note [One log across resumes])
   ProgressMode progress_mode() const;
   using Clock = std::chrono::steady_clock;
   StepStats run_step(std::span<const Batch> micro_batches, Clock::time_point t0);
@@ -138,6 +142,7 @@ class Trainer {
   // Note [Control communicator]: the flags' agreement and the step boundary's exchange, on their own.
   std::unique_ptr<dist::Communicator> control_comm_;
   std::string comm_note_;
+  std::string init_weights_note_;
   dist::ProcessGroup control_;
 
   std::unique_ptr<nn::ConvNeXt> model_;

@@ -1,0 +1,43 @@
+// The run's --log: opened on rank 0 after a resume (Note [One log across resumes] in io/train_log.h), and the
+// record each start writes first, saying what ran where: every flag's value, the world, the device, the build
+// and the time. A resumed run writes one too, naming the checkpoint, so the log shows each start.
+#include <ctime>
+
+#include "dist/train/build_info.h"
+#include "dist/train/flags.h"
+#include "dist/train/trainer.h"
+
+namespace cz::train {
+namespace {
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+}  // namespace
+
+void Trainer::open_log() {
+  if (world_.rank() != 0 || cfg_.log.empty()) return;
+  log_ = cfg_.resume.empty() ? JsonLog::start(cfg_.log) : JsonLog::resume(cfg_.log, step_);
+  if (!log_.note().empty()) console_print(stderr, log_.note() + "\n");
+  nlohmann::json r = {{"event", "start"},
+                      {"time", utc_now()},
+                      {"version", build_version()},
+                      {"world_size", world_.size()},
+                      {"hosts", mesh_.hosts().num_hosts()},
+                      {"device", device_.str()},
+                      {"total_steps", total_steps_},
+                      {"flags", flags_json(cfg_)}};
+  if (!cfg_.resume.empty()) {
+    r["resumed_from"] = latest_checkpoint_;
+    r["resumed_step"] = step_;
+  }
+  log_.write(std::move(r));
+}
+
+}  // namespace cz::train
