@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -73,8 +74,8 @@ void add_plan_flags(CLI::App& app, PlanFlags& f) {
       "--plan", f.plan, "print the memory plan per rank for these flags and exit (no MPI, no GPU needed)");
   f.gpu_mem_opt = app.add_option("--gpu-mem", f.gpu_mem,
                                  "with --plan: device memory per rank to fit, e.g. 24GB, 24GiB, 512MiB; the "
-                                 "exit code is 3 when the plan "
-                                 "does not fit it (0 when it does)");
+                                 "exit code is 3 when the plan does not fit it (0 when it does); without "
+                                 "--device the plan is for CUDA");
   f.json_opt =
       app.add_flag("--json", f.json,
                    "with --plan or --print-param-groups: print the plan or the groups as one JSON object");
@@ -86,7 +87,8 @@ void add_plan_flags(CLI::App& app, PlanFlags& f) {
   f.what_if_opt = app.add_option(
       "--what-if", f.what_if,
       "with --plan: predict step time, img/s and memory per GPU at each stage and rank count on the "
-      "machine this topology JSON describes (docs/planning.md)");
+      "machine this topology JSON describes (docs/planning.md); without --device, ranks on GPUs are "
+      "planned for CUDA");
   f.compute_table_opt =
       app.add_option("--compute-table", f.compute_table,
                      "with --what-if: op rates, a bench_train_step --profile --json result or a rates table "
@@ -108,10 +110,22 @@ void check_plan_flags(const PlanFlags& f) {
            f.what_if_opt->get_name());
 }
 
-int run_what_if(const cz::train::TrainConfig& cfg, const PlanFlags& f) {
+// Without --device, a plan about GPU memory or a GPU machine is a CUDA plan (Note [The device a plan is
+// for]).
+cz::plan::PlanDevice plan_device(const cz::train::TrainConfig& cfg, bool device_given, const PlanFlags& f,
+                                 const cz::dist::Topology* what_if) {
+  return cz::plan::plan_device(device_given ? std::optional<std::string>(cfg.device) : std::nullopt,
+                               !f.gpu_mem.empty(), what_if);
+}
+
+int run_what_if(const cz::train::TrainConfig& run_cfg, bool device_given, const PlanFlags& f) {
   cz::plan::WhatIfRequest req;
-  req.config = cfg;
   req.topology = cz::dist::Topology::load(f.what_if);
+  const cz::plan::PlanDevice device = plan_device(run_cfg, device_given, f, &req.topology);
+  cz::train::TrainConfig cfg = run_cfg;
+  cfg.device = device.device;
+  req.config = cfg;
+  req.device_reason = device.reason;
   cfg.validate();
   const cz::DType compute = cz::train::dtype_of_flag(cfg.precision);
   req.compute = f.compute_table.empty() ? cz::plan::default_compute_table(compute)
@@ -126,9 +140,12 @@ int run_what_if(const cz::train::TrainConfig& cfg, const PlanFlags& f) {
   return 0;
 }
 
-int run_plan(const cz::train::TrainConfig& cfg, const PlanFlags& f) {
+int run_plan(const cz::train::TrainConfig& cfg, bool device_given, const PlanFlags& f) {
   cz::plan::PlanRequest req;
   req.config = cfg;
+  const cz::plan::PlanDevice device = plan_device(cfg, device_given, f, nullptr);
+  req.config.device = device.device;
+  req.device_reason = device.reason;
   req.world = f.ranks_opt->count() > 0 ? f.ranks : cz::plan::launcher_world_size();  // make_plan checks it
   // --shard-group host and --hpz need the hosts: as the launcher (or $CZ_SIMULATE_HOSTS) puts the ranks.
   if (const int per = cz::plan::launcher_ranks_per_host(); per > 0 && req.world % per == 0)
@@ -333,8 +350,9 @@ int main(int argc, char** argv) {
         fmt::print("{}", cz::train::format_param_groups(cfg, groups));
       return 0;
     }
-    if (plan_flags.plan && !plan_flags.what_if.empty()) return run_what_if(cfg, plan_flags);
-    if (plan_flags.plan) return run_plan(cfg, plan_flags);
+    const bool device_given = app.count(flag_name(&TrainConfig::device)) > 0;
+    if (plan_flags.plan && !plan_flags.what_if.empty()) return run_what_if(cfg, device_given, plan_flags);
+    if (plan_flags.plan) return run_plan(cfg, device_given, plan_flags);
     if (default_run) {
       const char* const data_flag = flag_name(&TrainConfig::data);
       CZ_CHECK(cfg.data.rfind("synthetic", 0) == 0,

@@ -267,6 +267,33 @@ Setup setup_of(const PlanRequest& req) {
 
 }  // namespace
 
+bool has_gpu_ranks(const dist::Topology& topology) {
+  for (int r = 0; r < topology.num_ranks(); ++r)
+    if (topology.nodes().at(size_t(topology.node_of_rank(r))).type == "gpu") return true;
+  return false;
+}
+
+PlanDevice plan_device(const std::optional<std::string>& device_flag, bool gpu_mem,
+                       const dist::Topology* what_if) {
+  const char* const flag = train::flag_name(&train::TrainConfig::device);
+  if (device_flag) return {*device_flag, fmt::format("as {} says", flag)};
+  if (what_if && has_gpu_ranks(*what_if))
+    return {"cuda",
+            fmt::format("the --what-if topology's ranks are GPUs and no {} was given ({} cpu plans the "
+                        "CPU backend)",
+                        flag, flag)};
+  if (what_if)
+    return {"cpu",
+            fmt::format("the --what-if topology's ranks are CPU processes and no {} was given ({} cuda "
+                        "plans GPUs)",
+                        flag, flag)};
+  if (gpu_mem)
+    return {"cuda", fmt::format("--gpu-mem asks about GPU memory and no {} was given ({} cpu plans the CPU "
+                                "backend)",
+                                flag, flag)};
+  return {"cpu", fmt::format("the default {} ({} cuda, or --gpu-mem, plans a GPU)", flag, flag)};
+}
+
 StepTraceResult plan_step_trace(const PlanRequest& req) {
   const Setup s = setup_of(req);
   const Engine engine = engine_at(s, s.cfg.stage, s.cfg.offload_optimizer);
@@ -281,6 +308,7 @@ Plan make_plan(const PlanRequest& req) {
   p.world = s.world;
   p.stage = s.cfg.stage;
   p.device = s.cuda ? "cuda" : "cpu";
+  p.device_reason = req.device_reason;
   p.precision = s.cfg.precision;
   p.image_size = s.cfg.image_size;
   p.micro_batch = s.cfg.micro_batch;
@@ -370,10 +398,14 @@ Plan make_plan(const PlanRequest& req) {
 std::string format_plan(const Plan& p) {
   std::string out = fmt::format(
       "Memory plan per rank: {} ({} parameters, {} after padding), {}x{} images, micro-batch {}, {} on {}, "
-      "ZeRO stage {} of {} rank{}, activation checkpointing {}, optimizer offload {}\n\n",
+      "ZeRO stage {} of {} rank{}, activation checkpointing {}, optimizer offload {}\n",
       p.model, with_commas(p.num_params), with_commas(p.psi), p.image_size, p.image_size, p.micro_batch,
       p.precision, p.device, p.stage, p.world, p.world == 1 ? "" : "s", p.checkpointing ? "on" : "off",
       p.offload ? "on" : "off");
+  if (!p.device_reason.empty())
+    out += fmt::format("Planned for the {} backend: {}.\n", p.device == "cuda" ? "CUDA" : "CPU",
+                       p.device_reason);
+  out += "\n";
   auto line = [&](const std::string& label, int64_t b) {
     out += fmt::format("  {:<44} {:>17} B  {:>12}\n", label, with_commas(b), mib(b));
   };
@@ -442,6 +474,7 @@ nlohmann::json plan_to_json(const Plan& p) {
                       {"world", p.world},
                       {"stage", p.stage},
                       {"device", p.device},
+                      {"device_reason", p.device_reason},
                       {"precision", p.precision},
                       {"image_size", p.image_size},
                       {"micro_batch", p.micro_batch},

@@ -18,8 +18,29 @@
 
 namespace cz::plan {
 
+// Note [The device a plan is for]: a run's --device defaults to cpu, and the planner used to take it as it
+// was. But `--plan --gpu-mem 24GB` asks about GPU memory, and `--plan --what-if` on a topology whose ranks
+// sit on GPUs asks about a GPU machine: planned for the CPU backend, they left out the CUDA context, the
+// cuBLAS and cuDNN workspaces and the driver's pages (issue 30: ConvNeXt-T at 224 px, micro-batch 64, one
+// rank of the 8-GPU test topology, 7.17 GiB planned where a CUDA plan needs 7.90 GiB), quietly. So without
+// --device such a plan is a CUDA plan; --device, when given, always wins (--device cpu plans CPU ranks
+// against
+// --gpu-mem); and every plan says which device it is for and why.
+// Order: --device given, then the what-if topology's ranks (on GPUs: cuda; CPU processes: cpu), then
+// --gpu-mem, then the default.
+struct PlanDevice {
+  std::string device;  // "cpu" or "cuda[:N]", for TrainConfig::device
+  std::string reason;  // why, naming the flags: "--gpu-mem asks about GPU memory and no --device was given"
+};
+// device_flag: the --device value when the command gave one; what_if: the --what-if topology, if any.
+PlanDevice plan_device(const std::optional<std::string>& device_flag, bool gpu_mem,
+                       const dist::Topology* what_if);
+// Whether any rank of the topology sits on a node of type "gpu" (CPU ranks sit on "proc" nodes).
+bool has_gpu_ranks(const dist::Topology& topology);
+
 struct PlanRequest {
   train::TrainConfig config;  // as for a run: model, image size, micro-batch, precision, ZeRO flags, ...
+  std::string device_reason;  // why config.device (PlanDevice::reason), shown with the plan; "" says nothing
   int world = 1;              // ranks
   // Ranks per host, for --shard-group host, --hpz (Note [2-D mesh]) and two-level collectives (--comm-impl
   // hier or auto, Note [Two-level collectives]); 0: all ranks on one host.
@@ -55,6 +76,7 @@ struct Plan {
   int64_t psi = 0;         // Ψ: after alignment and partition padding (Note [ZeRO memory model])
   int world = 1, stage = 0;
   std::string device, precision;
+  std::string device_reason;  // PlanRequest::device_reason
   int64_t image_size = 0, micro_batch = 0;
   bool checkpointing = false;
   bool offload = false;
