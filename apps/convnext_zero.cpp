@@ -25,7 +25,7 @@
 #include "dist/train/trainer.h"
 #include "nn/convnext.h"
 #include "tensor/cuda/runtime.h"
-#include "tensor/parallel.h"
+#include "tensor/omp_wait_policy.h"
 
 namespace {
 
@@ -293,7 +293,6 @@ void print_stopped(const cz::train::TrainSummary& s, const cz::train::TrainConfi
 }  // namespace
 
 int main(int argc, char** argv) {
-  cz::use_passive_omp_waits(argv);  // Note [Passive OpenMP waits]
   using cz::train::kExitFailed, cz::train::kExitStopped, cz::train::kExitUsage;
   const std::vector<std::string> args(argv, argv + argc);
   cz::train::TrainConfig cfg;
@@ -367,6 +366,8 @@ int main(int argc, char** argv) {
     return refuse(kExitFailed);
   }
 
+  // Before MPI and any OpenMP use: may re-execute the program (Note [Choosing the OpenMP wait policy]).
+  cz::choose_omp_wait_policy(argv);
   cz::dist::World* world = nullptr;
   int exit_code = 0;
   try {
@@ -392,6 +393,10 @@ int main(int argc, char** argv) {
           cfg.stage, cfg.offload_optimizer ? " + CPU offload" : "", cfg.data, cfg.image_size, cfg.image_size,
           cfg.global_batch(world->size()), trainer.total_steps());
       fmt::print("{}", cz::train::format_recipe(recipe));
+      if (!cz::omp_wait_policy_note().empty())
+        fmt::print(
+            "convnext_zero: OpenMP waits {} (rank 0's choice; OMP_WAIT_POLICY=active|passive overrides)\n",
+            cz::omp_wait_policy_note());
       if (!trainer.comm_backend_note().empty())
         fmt::print("convnext_zero: collectives over {}\n", trainer.comm_backend_note());
       for (const std::string& line : trainer.data_notes()) fmt::print("convnext_zero: {}\n", line);
