@@ -417,14 +417,11 @@ int main(int argc, char** argv) {
       if (s.best.top1 >= 0) fmt::print(", best top1 {:.2f}% at step {}", 100 * s.best.top1, s.best.step);
       if (s.best_ema.top1 >= 0)
         fmt::print(" (EMA {:.2f}% at step {})", 100 * s.best_ema.top1, s.best_ema.step);
-      // Planned beside measured (docs/planning.md): the same flags through the planner.
-      cz::plan::PlanRequest req;
-      req.config = cfg;
-      req.world = world->size();
-      req.ranks_per_host = trainer.mesh().hosts().ranks_per_host();
-      req.max_micro_batch = false;
-      fmt::print(", peak memory {} per rank (planned {}; model states {}", mib(s.peak_mem_bytes),
-                 mib(cz::plan::make_plan(req).total_bytes), mib(s.model_state_bytes));
+      // Planned beside measured (docs/planning.md): the same flags and the run's steps through the planner.
+      const cz::plan::Plan planned = cz::plan::make_plan(cz::plan::plan_request_for_run(trainer, s, 0));
+      const std::string why = cz::plan::plan_difference(planned, s.peak_mem_bytes);
+      fmt::print(", peak memory {} per rank (planned {}{}; model states {}", mib(s.peak_mem_bytes),
+                 mib(planned.total_bytes), why.empty() ? "" : ", " + why, mib(s.model_state_bytes));
       if (world->size() > 1 && s.comm_s > 0)
         fmt::print(", {:.0f}% of {:.2f} s of communication hidden",
                    100 * std::max(0.0, 1 - s.comm_exposed_s / s.comm_s), s.comm_s);

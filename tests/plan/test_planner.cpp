@@ -187,6 +187,24 @@ TEST(Planner, AnswersForTheLargestModelInWellUnderASecond) {
   EXPECT_GT(p.total_bytes, 0);
 }
 
+// The closing summary's word on a plan that differs from the measured peak.
+TEST(Planner, PlanDifferenceSaysWhy) {
+  Plan p;
+  p.world = 2;
+  p.device = "cpu";
+  p.total_bytes = 80'280'832;
+  p.rows = {{"comm_scratch", "communicator ring scratch", 2'503'072}};
+  EXPECT_EQ(plan_difference(p, p.total_bytes), "");
+  EXPECT_EQ(plan_difference(p, 80'192'256),
+            "86.5 KiB high: the communicators' threads grow their ring scratch at times of their own");
+  EXPECT_EQ(plan_difference(p, 70'000'000), "9.8 MiB high: not expected, see docs/planning.md");
+  EXPECT_EQ(plan_difference(p, 81'000'000), "702.3 KiB low: not expected, see docs/planning.md");
+  p.world = 1;  // one rank has no communicator thread
+  EXPECT_EQ(plan_difference(p, 80'192'256), "86.5 KiB high: not expected, see docs/planning.md");
+  p.device = "cuda";
+  EXPECT_EQ(plan_difference(p, 80'192'256), "86.5 KiB high: the plan is not yet checked against a GPU");
+}
+
 // Note [The device a plan is for]: --device wins; else a topology of GPUs, or --gpu-mem, plans CUDA.
 TEST(PlannerDevice, GpuQuestionsAreCudaPlansUnlessDeviceSaysOtherwise) {
   using ::testing::HasSubstr;
