@@ -68,8 +68,8 @@ OmpWaitChoice decide_omp_wait_policy(int threads, int local_ranks, int mask_core
             fmt::format("{} oversubscribe the {} this rank may use", who, plural(mask_cores, "core"))};
   if (idle_cores < 0) return {"passive", fmt::format("{}, but /proc/stat could not be read", who)};
   if (idle_cores + kIdleSlack >= double(need))
-    return {"active", fmt::format("{} fit the {:.1f} idle cores of the {} cores this rank may use", who, idle_cores,
-                                  mask_cores)};
+    return {"active", fmt::format("{} fit the {:.1f} idle cores of the {} cores this rank may use", who,
+                                  idle_cores, mask_cores)};
   return {"passive", fmt::format("{} but only {:.1f} of the {} cores this rank may use were idle at start "
                                  "(spinning beside other work stalls)",
                                  who, idle_cores, mask_cores)};

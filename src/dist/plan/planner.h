@@ -138,8 +138,9 @@ PlanRequest plan_request_for_run(const train::Trainer& trainer, const train::Tra
 StepTraceResult plan_step_trace(const PlanRequest& request);
 std::string format_plan(const Plan& plan);
 // Why a run's measured peak differs from its plan, for the closing summary: "" when they are equal; on
-// several ranks, planned high by no more than the ring scratch, the communicators' threads growing it at times
-// of their own (docs/planning.md, Measured against planned); otherwise by how much and that it is not expected.
+// several ranks, planned high by no more than the ring scratch, the communicators' threads growing it at
+// times of their own (docs/planning.md, Measured against planned); otherwise by how much and that it is not
+// expected.
 std::string plan_difference(const Plan& plan, int64_t measured_bytes);
 nlohmann::json plan_to_json(const Plan& plan);
 
