@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,7 +28,7 @@
 #include "io/train_log.h"
 #include "nn/convnext.h"
 #include "tensor/cuda/runtime.h"
-#include "tensor/parallel.h"
+#include "tensor/omp_wait_policy.h"
 
 namespace {
 
@@ -49,8 +50,8 @@ void add_plan_flags(CLI::App& app, PlanFlags& f) {
       "--plan", f.plan, "print the memory plan per rank for these flags and exit (no MPI, no GPU needed)");
   f.gpu_mem_opt = app.add_option("--gpu-mem", f.gpu_mem,
                                  "with --plan: device memory per rank to fit, e.g. 24GB, 24GiB, 512MiB; the "
-                                 "exit code is 3 when the plan "
-                                 "does not fit it (0 when it does)");
+                                 "exit code is 3 when the plan does not fit it (0 when it does); without "
+                                 "--device the plan is for CUDA");
   f.json_opt =
       app.add_flag("--json", f.json,
                    "with --plan or --print-param-groups: print the plan or the groups as one JSON object");
@@ -62,7 +63,8 @@ void add_plan_flags(CLI::App& app, PlanFlags& f) {
   f.what_if_opt = app.add_option(
       "--what-if", f.what_if,
       "with --plan: predict step time, img/s and memory per GPU at each stage and rank count on the "
-      "machine this topology JSON describes (docs/planning.md)");
+      "machine this topology JSON describes (docs/planning.md); without --device, ranks on GPUs are "
+      "planned for CUDA");
   f.compute_table_opt =
       app.add_option("--compute-table", f.compute_table,
                      "with --what-if: op rates, a bench_train_step --profile --json result or a rates table "
@@ -84,10 +86,22 @@ void check_plan_flags(const PlanFlags& f) {
            f.what_if_opt->get_name());
 }
 
-int run_what_if(const cz::train::TrainConfig& cfg, const PlanFlags& f) {
+// Without --device, a plan about GPU memory or a GPU machine is a CUDA plan (Note [The device a plan is
+// for]).
+cz::plan::PlanDevice plan_device(const cz::train::TrainConfig& cfg, bool device_given, const PlanFlags& f,
+                                 const cz::dist::Topology* what_if) {
+  return cz::plan::plan_device(device_given ? std::optional<std::string>(cfg.device) : std::nullopt,
+                               !f.gpu_mem.empty(), what_if);
+}
+
+int run_what_if(const cz::train::TrainConfig& run_cfg, bool device_given, const PlanFlags& f) {
   cz::plan::WhatIfRequest req;
-  req.config = cfg;
   req.topology = cz::dist::Topology::load(f.what_if);
+  const cz::plan::PlanDevice device = plan_device(run_cfg, device_given, f, &req.topology);
+  cz::train::TrainConfig cfg = run_cfg;
+  cfg.device = device.device;
+  req.config = cfg;
+  req.device_reason = device.reason;
   cfg.validate();
   const cz::DType compute = cz::train::dtype_of_flag(cfg.precision);
   req.compute = f.compute_table.empty() ? cz::plan::default_compute_table(compute)
@@ -102,9 +116,12 @@ int run_what_if(const cz::train::TrainConfig& cfg, const PlanFlags& f) {
   return 0;
 }
 
-int run_plan(const cz::train::TrainConfig& cfg, const PlanFlags& f) {
+int run_plan(const cz::train::TrainConfig& cfg, bool device_given, const PlanFlags& f) {
   cz::plan::PlanRequest req;
   req.config = cfg;
+  const cz::plan::PlanDevice device = plan_device(cfg, device_given, f, nullptr);
+  req.config.device = device.device;
+  req.device_reason = device.reason;
   req.world = f.ranks_opt->count() > 0 ? f.ranks : cz::plan::launcher_world_size();  // make_plan checks it
   // --shard-group host and --hpz need the hosts: as the launcher (or $CZ_SIMULATE_HOSTS) puts the ranks.
   if (const int per = cz::plan::launcher_ranks_per_host(); per > 0 && req.world % per == 0)
@@ -269,7 +286,6 @@ void print_no_steps(const cz::train::TrainSummary& s, const cz::train::TrainConf
 }  // namespace
 
 int main(int argc, char** argv) {
-  cz::use_passive_omp_waits(argv);  // Note [Passive OpenMP waits]
   using cz::train::kExitFailed, cz::train::kExitStopped, cz::train::kExitUsage;
   const std::vector<std::string> args(argv, argv + argc);
   cz::train::TrainConfig cfg;
@@ -328,8 +344,9 @@ int main(int argc, char** argv) {
         fmt::print("{}", cz::train::format_param_groups(cfg, groups));
       return 0;
     }
-    if (plan_flags.plan && !plan_flags.what_if.empty()) return run_what_if(cfg, plan_flags);
-    if (plan_flags.plan) return run_plan(cfg, plan_flags);
+    const bool device_given = app.count(flag_name(&TrainConfig::device)) > 0;
+    if (plan_flags.plan && !plan_flags.what_if.empty()) return run_what_if(cfg, device_given, plan_flags);
+    if (plan_flags.plan) return run_plan(cfg, device_given, plan_flags);
     if (default_run) {
       const char* const data_flag = flag_name(&TrainConfig::data);
       CZ_CHECK(cfg.data.rfind("synthetic", 0) == 0,
@@ -344,6 +361,8 @@ int main(int argc, char** argv) {
     return refuse(kExitFailed);
   }
 
+  // Before MPI and any OpenMP use: may re-execute the program (Note [Choosing the OpenMP wait policy]).
+  cz::choose_omp_wait_policy(argv);
   cz::dist::World* world = nullptr;
   int exit_code = 0;
   try {
@@ -369,6 +388,10 @@ int main(int argc, char** argv) {
           cfg.stage, cfg.offload_optimizer ? " + CPU offload" : "", cfg.data, cfg.image_size, cfg.image_size,
           cfg.global_batch(world->size()), trainer.total_steps());
       fmt::print("{}", cz::train::format_recipe(recipe));
+      if (!cz::omp_wait_policy_note().empty())
+        fmt::print(
+            "convnext_zero: OpenMP waits {} (rank 0's choice; OMP_WAIT_POLICY=active|passive overrides)\n",
+            cz::omp_wait_policy_note());
       if (!trainer.comm_backend_note().empty())
         fmt::print("convnext_zero: collectives over {}\n", trainer.comm_backend_note());
       for (const std::string& line : trainer.data_notes()) fmt::print("convnext_zero: {}\n", line);
@@ -393,14 +416,11 @@ int main(int argc, char** argv) {
       if (s.best.top1 >= 0) fmt::print(", best top1 {:.2f}% at step {}", 100 * s.best.top1, s.best.step);
       if (s.best_ema.top1 >= 0)
         fmt::print(" (EMA {:.2f}% at step {})", 100 * s.best_ema.top1, s.best_ema.step);
-      // Planned beside measured (docs/planning.md): the same flags through the planner.
-      cz::plan::PlanRequest req;
-      req.config = cfg;
-      req.world = world->size();
-      req.ranks_per_host = trainer.mesh().hosts().ranks_per_host();
-      req.max_micro_batch = false;
-      fmt::print(", peak memory {} per rank (planned {}; model states {}", mib(s.peak_mem_bytes),
-                 mib(cz::plan::make_plan(req).total_bytes), mib(s.model_state_bytes));
+      // Planned beside measured (docs/planning.md): the same flags and the run's steps through the planner.
+      const cz::plan::Plan planned = cz::plan::make_plan(cz::plan::plan_request_for_run(trainer, s, 0));
+      const std::string why = cz::plan::plan_difference(planned, s.peak_mem_bytes);
+      fmt::print(", peak memory {} per rank (planned {}{}; model states {}", mib(s.peak_mem_bytes),
+                 mib(planned.total_bytes), why.empty() ? "" : ", " + why, mib(s.model_state_bytes));
       if (world->size() > 1 && s.comm_s > 0)
         fmt::print(", {:.0f}% of {:.2f} s of communication hidden",
                    100 * std::max(0.0, 1 - s.comm_exposed_s / s.comm_s), s.comm_s);

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <optional>
 
+#include <nlohmann/json.hpp>
+
 #include "io/checkpoint.h"
 #include "io/weights.h"
 #include "nn/convnext.h"
@@ -20,6 +22,39 @@ bool is_dir(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+// Note [One MLP layout for both exports]: timm builds atto..nano with conv_mlp=True, so their state dicts
+// hold mlp.fc1/fc2 weights as (out, in, 1, 1), and the larger variants and custom ConvNeXts as Linear
+// (out, in). `convnext_zero --export-weights` writes the model's layout as timm defines it
+// (ConvNeXtConfig::conv_mlp); a checkpoint's export must write the same file (issue 30: it wrote atto's fc1
+// as (160, 40) unless --conv-mlp). The model: a custom one when the run configuration the checkpoint records
+// has --depths/--dims (the trainer names it "custom" whatever its sizes, and writes Linear weights); else the
+// named variant whose depths and dims the checkpoint's tensors have (the tensors cannot disagree with
+// themselves, where a configuration copied from elsewhere could). --conv-mlp still forces the 1x1 form.
+struct MlpLayout {
+  bool conv = false;
+  std::string why;
+};
+
+MlpLayout checkpoint_mlp_layout(const cz::ckpt::Checkpoint& ckpt, const std::string& group) {
+  const auto& strings = ckpt.scalars().strings;
+  if (const auto it = strings.find("config"); it != strings.end()) {
+    const nlohmann::json config = nlohmann::json::parse(it->second, nullptr, false);
+    if (config.is_object() && config.contains("depths") && config["depths"].is_array() &&
+        !config["depths"].empty())
+      return {false, "a custom ConvNeXt: --depths/--dims in the checkpoint's configuration"};
+  }
+  std::vector<std::pair<std::string, cz::Shape>> shapes;
+  for (const cz::ckpt::TensorInfo& t : ckpt.tensors(group)) shapes.emplace_back(t.name, t.shape);
+  if (const std::optional<cz::WeightArchitecture> a = cz::infer_architecture(shapes)) {
+    for (const std::string& name : cz::nn::convnext_variant_names()) {
+      const cz::nn::ConvNeXtConfig v = cz::nn::convnext_variant(name);
+      if (v.depths == a->depths && v.dims == a->dims)
+        return {v.conv_mlp, fmt::format("{}, by the checkpoint's depths and dims", v.name)};
+    }
+  }
+  return {false, "not one of timm's named variants"};
+}
+
 int export_checkpoint(const std::string& input, const std::string& output, const std::string& group,
                       bool conv_mlp) {
   if (output.empty()) {
@@ -28,10 +63,14 @@ int export_checkpoint(const std::string& input, const std::string& output, const
     return 1;
   }
   const cz::ckpt::Checkpoint ckpt = cz::ckpt::Checkpoint::open(input);
-  cz::ckpt::export_weights(ckpt, group, output, {.conv_mlp = conv_mlp});
-  std::printf("%s (step %lld, saved at %d ranks): %zu tensors of '%s' written to %s\n", ckpt.path().c_str(),
-              static_cast<long long>(ckpt.step()), ckpt.world_size(), ckpt.tensors(group).size(),
-              group.c_str(), output.c_str());
+  MlpLayout layout = checkpoint_mlp_layout(ckpt, group);
+  if (conv_mlp && !layout.conv) layout = {true, "--conv-mlp"};
+  cz::ckpt::export_weights(ckpt, group, output, {.conv_mlp = layout.conv});
+  std::printf(
+      "%s (step %lld, saved at %d ranks): %zu tensors of '%s' written to %s, MLP weights as %s (%s)\n",
+      ckpt.path().c_str(), static_cast<long long>(ckpt.step()), ckpt.world_size(), ckpt.tensors(group).size(),
+      group.c_str(), output.c_str(),
+      layout.conv ? "timm's 1x1 convolutions (out, in, 1, 1)" : "Linear (out, in)", layout.why.c_str());
   return 0;
 }
 
@@ -90,7 +129,9 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-group", group, "checkpoint export: which weights (params: fp32 master, ema)")
       ->capture_default_str();
   app.add_flag("--conv-mlp", conv_mlp,
-               "checkpoint export: MLP weights as timm's 1x1 convolutions (atto..nano load them strictly)");
+               "checkpoint export: MLP weights as timm's 1x1 convolutions (out, in, 1, 1) whatever the model "
+               "(default: the layout timm gives the checkpoint's model, as --export-weights writes it: 1x1 "
+               "convolutions for atto..nano, Linear otherwise)");
   app.add_option("--model", model,
                  "ConvNeXt variant (default: the file's own, from its attributes or shapes)");
   app.add_option("--depths", depths, "custom blocks per stage (with --dims)")->delimiter(',');

@@ -8,20 +8,28 @@
     # HDF5 (e.g. from convnext_zero --export-weights) -> PyTorch state dict; with --timm-model the tensors are
     # shaped for that model (timm's 1x1-conv MLP of atto..nano) and load_state_dict(strict=True) is checked
     python3 tools/convert_weights.py to-torch trained.h5 trained.pth --timm-model convnext_atto --num-classes 10
+    # what a weight file holds: its attributes, and each tensor's name, shape and dtype (needs h5py only)
+    python3 tools/convert_weights.py show trained.h5
 
 to-h5 writes one float32 dataset per floating-point tensor, named by its state-dict key (timm or original
 facebookresearch keys, kept as found: convnext_zero maps either), in PyTorch's shape. Both directions write to a
 temporary file and rename it, so an interrupted run never leaves a half-written file under the output name.
-Needs torch and h5py (timm for --timm-model); not part of the C++ build or of ctest.
+Needs h5py and numpy, and torch for to-h5 and to-torch (timm for --timm-model, safetensors for a .safetensors
+file). When this interpreter lacks one of them and /usr/bin/python3 has them all (e.g. a pyenv or venv python3
+beside Debian's python3-h5py), the script re-runs itself there; otherwise it prints one line naming what to
+install and exits 1. --help needs none of them. Not part of the C++ build (ctest runs it without the packages:
+convert_weights_without_packages).
 """
 import argparse
+import importlib.util
 import os
+import subprocess
 import sys
 import tempfile
 
-import h5py
-import numpy as np
-import torch
+# Note [Imports on demand]: h5py, numpy and torch are imported by the functions that use them, after the
+# command line is parsed, so that --help and a missing package never end in a traceback (issue 30): main() checks
+# what the command needs (needed_modules) and either re-runs under an interpreter that has it or names it.
 
 FORMAT, VERSION = "convnext_zero.weights", 1
 
@@ -30,15 +38,84 @@ def fail(msg):
     sys.exit(f"convert_weights: {msg}")
 
 
+# The import name of each package the commands use, and what to install for it.
+PIP_NAMES = {"h5py": "h5py", "numpy": "numpy", "torch": "torch", "timm": "timm", "safetensors": "safetensors"}
+SYSTEM_PYTHON = "/usr/bin/python3"
+REEXEC_MARK = "CZ_CONVERT_WEIGHTS_REEXEC"  # set on the re-run, so that it never loops
+
+
+def needed_modules(args):
+    """The packages the parsed command imports, in the order a user would install them."""
+    need = ["numpy", "h5py"]
+    if args.cmd != "show":
+        need.append("torch")
+    if getattr(args, "timm_model", None):
+        need.append("timm")
+    if args.cmd == "to-h5" and not args.timm_model and args.paths[0].endswith(".safetensors"):
+        need.append("safetensors")
+    return need
+
+
+def missing_here(modules):
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+def missing_in(python, modules):
+    """The modules `python` cannot find (all of them when it cannot run)."""
+    probe = "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
+    try:
+        r = subprocess.run([python, "-c", probe] + modules, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return list(modules)
+    return r.stdout.split() if r.returncode == 0 else list(modules)
+
+
+def same_interpreter(python):
+    try:
+        return os.path.samefile(python, sys.executable)
+    except OSError:
+        return False
+
+
+def ensure_modules(args):
+    """Returns when this interpreter has what the command needs; else re-runs the script under /usr/bin/python3
+    when that one has it all, or exits 1 with one line naming what to install."""
+    need = needed_modules(args)
+    missing = missing_here(need)
+    if not missing:
+        return
+    me = sys.executable + (" -S" if sys.flags.no_site else "")
+    system_missing = None
+    if not os.environ.get(REEXEC_MARK) and os.access(SYSTEM_PYTHON, os.X_OK) and not (
+            same_interpreter(SYSTEM_PYTHON) and not sys.flags.no_site):
+        system_missing = missing_in(SYSTEM_PYTHON, need)
+        if not system_missing:
+            print(f"convert_weights: {me} has no {', '.join(missing)}; running under {SYSTEM_PYTHON}, which has",
+                  file=sys.stderr, flush=True)
+            os.environ[REEXEC_MARK] = "1"
+            os.execv(SYSTEM_PYTHON, [SYSTEM_PYTHON, os.path.abspath(__file__)] + sys.argv[1:])
+    also = ""
+    if system_missing:
+        also = f" (nor has {SYSTEM_PYTHON}: no {', '.join(system_missing)})"
+    what = args.cmd + (" --timm-model" if getattr(args, "timm_model", None) else "")
+    fail(f"{what} needs {', '.join(need)}, and {me} has no {', '.join(missing)}{also}: "
+         f"pip install {' '.join(PIP_NAMES[m] for m in missing)}")
+
+
 def create_timm_model(name, num_classes, pretrained=False, seed=0):
     import timm
+    import torch
     torch.manual_seed(seed)
     kw = {} if num_classes is None else {"num_classes": num_classes}
-    return timm.create_model(name, pretrained=pretrained, **kw)
+    try:
+        return timm.create_model(name, pretrained=pretrained, **kw)
+    except RuntimeError as e:  # an unknown name, or --pretrained without the weights at hand
+        fail(f"--timm-model {name}: {e}")
 
 
 def load_checkpoint(path):
     """The state dict in a checkpoint file, unwrapped from {"model"|"state_dict"|...: sd} and DDP's "module."."""
+    import torch
     if not os.path.isfile(path):
         fail(f"{path}: no such file")
     if path.endswith(".safetensors"):
@@ -69,6 +146,7 @@ def atomic_write(dst, write):
 
 
 def write_h5(sd, dst):
+    import h5py
     skipped = [k for k, v in sd.items() if not v.is_floating_point()]
     def write(tmp):
         with h5py.File(tmp, "w") as f:
@@ -84,6 +162,9 @@ def write_h5(sd, dst):
 
 
 def read_h5(src, group=""):
+    import h5py
+    import numpy as np
+    import torch
     sd = {}
     with h5py.File(src, "r") as f:
         root = f[group] if group else f
@@ -131,8 +212,30 @@ def to_torch(args):
         except RuntimeError as e:
             fail(f"{args.src}: does not load into timm {args.timm_model}: {e}")
         print(f"checked: loads into timm {args.timm_model} with strict=True")
+    import torch
     atomic_write(args.dst, lambda tmp: torch.save(sd, tmp))
     print(f"wrote {args.dst}: {len(sd)} tensors")
+
+
+def show(args):
+    import h5py
+    if not os.path.isfile(args.src):
+        fail(f"{args.src}: no such file")
+    try:
+        f = h5py.File(args.src, "r")
+    except OSError as e:
+        fail(f"{args.src}: not an HDF5 file ({e})")
+    with f:
+        for k in sorted(f.attrs):
+            v = f.attrs[k]
+            v = v.decode() if isinstance(v, bytes) else v.tolist() if hasattr(v, "tolist") else v
+            print(f"{k} = {v}")
+        rows = []
+        f.visititems(lambda name, obj: rows.append((name, obj.shape, obj.dtype))
+                     if isinstance(obj, h5py.Dataset) else None)
+        for name, shape, dtype in rows:
+            print(f"{name} {tuple(shape)} {dtype}")
+        print(f"{len(rows)} tensors")
 
 
 def main():
@@ -152,7 +255,11 @@ def main():
     b.add_argument("--timm-model", help="shape the tensors for this timm model and check a strict load")
     b.add_argument("--num-classes", type=int, help="with --timm-model: classifier outputs")
     b.set_defaults(fn=to_torch)
+    c = sub.add_parser("show", help="a weight file's attributes and tensors (name, shape, dtype)")
+    c.add_argument("src", metavar="IN.h5")
+    c.set_defaults(fn=show)
     args = ap.parse_args()
+    ensure_modules(args)
     args.fn(args)
 
 

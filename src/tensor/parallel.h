@@ -16,10 +16,11 @@ namespace cz {
 //   beside a compiler:            12-14 img/s spinning (the default), 95-110 passive;
 //   beside two busy loops:        50-54 img/s spinning even with GOMP_SPINCOUNT=1000-10000, 228 passive;
 //   alone on an idle machine:     390-395 img/s spinning, 303-312 passive (22% slower).
-// No spin count avoids the cliff, so the project does not spin: programs call this first thing in main():
-// unless OMP_WAIT_POLICY is set, it sets it to passive and re-executes the program, since libgomp reads it
-// only when it loads. On a machine the run has to itself, OMP_WAIT_POLICY=active is faster (the user's
-// setting wins; docs/training.md says so). With one thread per rank (ranks >= cores) the policy makes no
+// No spin count avoids the cliff. commbench and bench_kernels call this first thing in main(): unless
+// OMP_WAIT_POLICY is set, it sets it to passive and re-executes the program, since libgomp reads it only
+// when it loads. convnext_zero chooses active or passive per rank instead, from whether its threads fit the
+// idle cores it may use (Note [Choosing the OpenMP wait policy] in omp_wait_policy.h): passive waits cost
+// 19% on an idle machine (issue 30). With one thread per rank (ranks >= cores) the policy makes no
 // difference. The pid, arguments and open files stay. Returns only when no re-exec happened (set already, or
 // exec failed: then the default policy stays).
 void use_passive_omp_waits(char** argv);

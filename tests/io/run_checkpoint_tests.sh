@@ -102,7 +102,11 @@ h5dump)
   ;;
 cz_weights)
   expect_ok 2 save "$work/f" 5 --model atto
-  "$cz_weights" "$work/f" "$work/ema.h5" --checkpoint-group ema --conv-mlp || fail "export"
+  # Atto, known by its depths and dims, is exported in timm's layout for it (1x1-convolution MLP weights)
+  # without --conv-mlp.
+  out=$("$cz_weights" "$work/f" "$work/ema.h5" --checkpoint-group ema 2>&1) || fail "export: $out"
+  grep -q "MLP weights as timm's 1x1 convolutions (out, in, 1, 1) (convnext_atto, by the checkpoint's depths and dims)" \
+    <<<"$out" || fail "export: not in atto's timm layout: $out"
   out=$("$cz_weights" "$work/ema.h5" --model atto --num-classes 10 2>&1) || fail "import: $out"
   grep -q "128 tensors" <<<"$out" || fail "import: $out"
   # Without --model: the file says it is atto with 10 classes (its attributes), not tiny with 1000.

@@ -17,7 +17,7 @@ grep -q "total: the allocator's planned peak" "$work/table" || fail "no total in
 grep -q "Largest micro-batch that fits" "$work/table" || fail "no largest micro-batch table"
 (( ms < 2000 )) || fail "--plan took $ms ms"
 
-OMPI_COMM_WORLD_SIZE=4 "$app" --plan --json --model atto --stage 3 --gpu-mem 512MiB > "$work/json" 2>&1 ||
+OMPI_COMM_WORLD_SIZE=4 "$app" --plan --json --model atto --stage 3 --gpu-mem 2GiB > "$work/json" 2>&1 ||
   { cat "$work/json"; fail "--plan --json exited with $?"; }
 python3 - "$work/json" <<'PY' || fail "--plan --json"
 import json, sys
@@ -74,6 +74,64 @@ echo "exit codes: 0 fits, 3 does not fit"
 # Under a launcher only rank 0 prints.
 out=$(OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=2 "$app" --plan --model atto) || fail "--plan on rank 2 exited with $?"
 [[ -z $out ]] || fail "rank 2 printed the plan too"
+
+# The device a plan is for (issue 30, Note [The device a plan is for]): a plan asked about GPU memory
+# (--gpu-mem), or for a topology of GPUs (--what-if), is a CUDA plan unless --device says otherwise, and
+# every plan says which device it is for and why.
+plan_json() {  # plan_json FILE ARGS...: --plan --json ARGS into FILE
+  local out=$1; shift
+  "$app" --plan --json --model atto --image-size 64 --micro-batch 8 "$@" > "$out" 2>&1 ||
+    [[ $? -eq 3 ]] || { cat "$out"; fail "--plan --json $* exited with $?"; }
+}
+"$app" --plan --model atto --image-size 64 --micro-batch 8 --gpu-mem 24GB > "$work/dev" 2>&1 ||
+  { cat "$work/dev"; fail "--plan --gpu-mem exited with $?"; }
+grep -q "micro-batch 8, fp32 on cuda," "$work/dev" || { cat "$work/dev"; fail "--gpu-mem without --device: not a CUDA plan"; }
+grep -q "^Planned for the CUDA backend: --gpu-mem asks about GPU memory and no --device was given" "$work/dev" ||
+  { cat "$work/dev"; fail "--gpu-mem without --device: the plan does not say why CUDA"; }
+grep -q "CUDA context, NCCL (allowance)" "$work/dev" || fail "--gpu-mem without --device: no CUDA context row"
+plan_json "$work/gpu.json" --gpu-mem 24GB
+plan_json "$work/cuda.json" --gpu-mem 24GB --device cuda
+plan_json "$work/cpu.json" --gpu-mem 24GB --device cpu
+plan_json "$work/default.json"
+python3 - "$work" <<'PY' || fail "the device of --plan --json"
+import json, sys
+j = {k: json.load(open(f"{sys.argv[1]}/{k}.json")) for k in ("gpu", "cuda", "cpu", "default")}
+assert j["gpu"]["device"] == "cuda" and "--gpu-mem asks about GPU memory" in j["gpu"]["device_reason"], j["gpu"]
+assert j["gpu"]["required_bytes"] == j["cuda"]["required_bytes"] > j["gpu"]["total_bytes"], "not the CUDA plan"
+assert j["cuda"]["device_reason"] == "as --device says", j["cuda"]["device_reason"]
+assert j["cpu"]["device"] == "cpu" and j["cpu"]["device_reason"] == "as --device says", j["cpu"]
+assert j["cpu"]["required_bytes"] == j["cpu"]["total_bytes"] < j["gpu"]["required_bytes"]
+assert j["default"]["device"] == "cpu" and "the default --device" in j["default"]["device_reason"], j["default"]
+print("devices: --gpu-mem plans cuda (required %d B), --device cpu cpu (%d B), neither cpu"
+      % (j["gpu"]["required_bytes"], j["cpu"]["required_bytes"]))
+PY
+"$app" --plan --what-if "$topo" --model atto --image-size 64 --micro-batch 8 > "$work/wdev" 2>&1 ||
+  { cat "$work/wdev"; fail "--what-if without --device exited with $?"; }
+grep -q "^Memory planned for the CUDA backend: the --what-if topology's ranks are GPUs and no --device was given" \
+  "$work/wdev" || { cat "$work/wdev"; fail "--what-if on GPUs without --device: not said to be a CUDA plan"; }
+cpu_topo=$(dirname "$topo")/two_hosts_2x2_cpu_1gbit.json
+for d in "" "--device cpu" "--device cuda"; do
+  for t in "$topo" "$cpu_topo"; do
+    "$app" --plan --json --what-if "$t" --model atto --image-size 64 --micro-batch 8 --stage 0 $d \
+      > "$work/w$(basename "$t")${d// /}.json" 2>&1 || { cat "$work/w$(basename "$t")${d// /}.json"; fail "--what-if $d exited $?"; }
+  done
+done
+python3 - "$work" "$(basename "$topo")" "$(basename "$cpu_topo")" "$work/gpu.json" "$work/cpu.json" <<'PY' ||
+import json, sys
+w, gpus, cpus = sys.argv[1:4]
+plan_cuda, plan_cpu = (json.load(open(f)) for f in sys.argv[4:6])
+j = lambda t, d: json.load(open(f"{w}/w{t}{d}.json"))
+def one_rank(r):
+    return next(x for x in r["rows"] if x["ranks"] == 1 and x["stage"] == 0)["memory_bytes"]
+assert j(gpus, "")["device"] == "cuda" and "ranks are GPUs" in j(gpus, "")["device_reason"], j(gpus, "")["device_reason"]
+assert one_rank(j(gpus, "")) == plan_cuda["required_bytes"], (one_rank(j(gpus, "")), plan_cuda["required_bytes"])
+assert j(gpus, "--devicecpu")["device"] == "cpu" and one_rank(j(gpus, "--devicecpu")) == plan_cpu["required_bytes"]
+assert j(cpus, "")["device"] == "cpu" and "CPU processes" in j(cpus, "")["device_reason"], j(cpus, "")
+assert j(cpus, "--devicecuda")["device"] == "cuda" and j(cpus, "--devicecuda")["device_reason"] == "as --device says"
+print("what-if devices: GPU topology cuda (one rank %d B), --device cpu cpu (%d B), CPU topology cpu"
+      % (one_rank(j(gpus, "")), one_rank(j(gpus, "--devicecpu"))))
+PY
+  fail "the device of --what-if"
 
 check() {  # check EXPECTED-SUBSTRING ARGS...
   local want=$1; shift

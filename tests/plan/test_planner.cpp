@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "dist/comm/topology.h"
 #include "dist/plan/planner.h"
 #include "tensor/check.h"
 
@@ -184,6 +185,47 @@ TEST(Planner, AnswersForTheLargestModelInWellUnderASecond) {
   EXPECT_EQ(p.num_params, 348'168'458);  // 1000 classes would be timm's 350,196,968; we plan for 10
   EXPECT_EQ(p.max_micro_batch.size(), 16u);
   EXPECT_GT(p.total_bytes, 0);
+}
+
+// The closing summary's word on a plan that differs from the measured peak.
+TEST(Planner, PlanDifferenceSaysWhy) {
+  Plan p;
+  p.world = 2;
+  p.device = "cpu";
+  p.total_bytes = 80'280'832;
+  p.rows = {{"comm_scratch", "communicator ring scratch", 2'503'072}};
+  EXPECT_EQ(plan_difference(p, p.total_bytes), "");
+  EXPECT_EQ(plan_difference(p, 80'192'256),
+            "86.5 KiB high: the communicators' threads grow their ring scratch at times of their own");
+  EXPECT_EQ(plan_difference(p, 70'000'000), "9.8 MiB high: not expected, see docs/planning.md");
+  EXPECT_EQ(plan_difference(p, 81'000'000), "702.3 KiB low: not expected, see docs/planning.md");
+  p.world = 1;  // one rank has no communicator thread
+  EXPECT_EQ(plan_difference(p, 80'192'256), "86.5 KiB high: not expected, see docs/planning.md");
+  p.device = "cuda";
+  EXPECT_EQ(plan_difference(p, 80'192'256), "86.5 KiB high: the plan is not yet checked against a GPU");
+}
+
+// Note [The device a plan is for]: --device wins; else a topology of GPUs, or --gpu-mem, plans CUDA.
+TEST(PlannerDevice, GpuQuestionsAreCudaPlansUnlessDeviceSaysOtherwise) {
+  using ::testing::HasSubstr;
+  const dist::Topology gpus = dist::Topology::load(std::string(CZ_DIST_TEST_DATA) + "/dual_socket_8gpu.json");
+  const dist::Topology cpus =
+      dist::Topology::load(std::string(CZ_DIST_TEST_DATA) + "/two_hosts_2x2_cpu_1gbit.json");
+  EXPECT_TRUE(has_gpu_ranks(gpus));
+  EXPECT_FALSE(has_gpu_ranks(cpus));
+  EXPECT_EQ(plan_device(std::nullopt, false, nullptr).device, "cpu");
+  EXPECT_THAT(plan_device(std::nullopt, false, nullptr).reason, HasSubstr("the default --device"));
+  EXPECT_EQ(plan_device(std::nullopt, true, nullptr).device, "cuda");
+  EXPECT_THAT(plan_device(std::nullopt, true, nullptr).reason, HasSubstr("--gpu-mem asks about GPU memory"));
+  EXPECT_EQ(plan_device(std::nullopt, false, &gpus).device, "cuda");
+  EXPECT_THAT(plan_device(std::nullopt, true, &gpus).reason, HasSubstr("ranks are GPUs"));
+  EXPECT_EQ(plan_device(std::nullopt, true, &cpus).device, "cpu");  // CPU ranks, whatever --gpu-mem says
+  for (const dist::Topology* t : {static_cast<const dist::Topology*>(nullptr), &gpus, &cpus})
+    for (bool gpu_mem : {false, true}) {
+      EXPECT_EQ(plan_device(std::string("cpu"), gpu_mem, t).device, "cpu");
+      EXPECT_EQ(plan_device(std::string("cuda:1"), gpu_mem, t).device, "cuda:1");
+      EXPECT_EQ(plan_device(std::string("cpu"), gpu_mem, t).reason, "as --device says");
+    }
 }
 
 }  // namespace

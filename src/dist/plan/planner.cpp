@@ -17,6 +17,7 @@
 #include "dist/plan/step_trace.h"
 #include "dist/plan/zero_memory.h"
 #include "dist/train/flags.h"
+#include "dist/train/trainer.h"
 #include "tensor/check.h"
 #include "tensor/device.h"
 
@@ -42,6 +43,10 @@ struct Setup {
   int hpz_ranks = 0;  // --hpz: ranks per host
   int per_host = 0;   // ranks per host when the world's collectives may take two levels; else 0
   std::function<bool(dist::Collective, int64_t)> two_level;  // which of them do (EngineSpec::two_level)
+  // Note [What a run holds that a step does not decide]: the loader's batches beyond the step's own at its
+  // peak, and whether a background save's host copy is alive during a step.
+  int64_t prefetched = 0;
+  bool copy_in_flight = false;
 };
 
 // The engine's layout and model state at `stage`, with or without offload.
@@ -79,9 +84,9 @@ Engine engine_at(const Setup& s, int stage, bool offload) {
 // (Trainer::save_checkpoint, checkpoint_save.cpp copy_to_host): its fp32 master weights, optimizer state and
 // EMA over the parameters' elements in its chunks (padding is not saved), one buffer for all of them; at
 // stage 0 rank 0 saves the replicated state and the others nothing; on a 2-D mesh the first shard group's
-// ranks save (the first of each replication group). -1 without --checkpoint-dir.
+// ranks save (the first of each replication group). -1 when no save is in flight during a step.
 int64_t checkpoint_copy_bytes(const Setup& s, const Engine& engine) {
-  if (s.cfg.checkpoint_dir.empty()) return -1;
+  if (!s.copy_in_flight) return -1;
   const zero::ZeroLayout& l = engine.spec.layout;
   if (l.shards == 1 && s.rank != 0) return 0;
   if (s.rank >= l.shards) return 0;  // shard groups are blocks of consecutive ranks
@@ -107,7 +112,7 @@ StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bo
   sp.cuda = s.cuda;
   // The loader's workers keep up to threads x prefetch (2) batches ahead; on the CPU backend they are in
   // the training device's allocator.
-  sp.prefetched_batches = s.cuda ? 0 : int64_t(s.cfg.loader_threads) * 2;
+  sp.prefetched_batches = s.cuda ? 0 : s.prefetched;
   sp.soft_targets = s.cfg.mix_config().active();
   sp.state = engine.state.buffers;
   // On CUDA the copy is pinned host memory (Plan::host_rows), outside the device's allocator.
@@ -200,10 +205,31 @@ std::string human(int64_t b) {
   return mib(b);
 }
 
+// The loader's prefetch window (Loader: threads x prefetch 2 batches).
+constexpr int64_t kLoaderPrefetch = 2;
+
+// Note [What a run holds that a step does not decide] (planner.h).
+void plan_the_run(const PlanRequest& req, Setup& s) {
+  const int64_t last = req.last_step > 0 ? req.last_step : s.cfg.steps;  // 0: unknown (--epochs)
+  const int64_t every = s.cfg.checkpoint_every;
+  bool save_before_last = every > 0;
+  if (every > 0 && last > 0) {
+    const int64_t first_save = (std::max<int64_t>(req.first_step, 1) + every - 1) / every * every;
+    save_before_last = first_save < last;
+  }
+  s.copy_in_flight = !s.cfg.checkpoint_dir.empty() && !s.cfg.checkpoint_sync && save_before_last;
+  const int64_t window = int64_t(s.cfg.loader_threads) * kLoaderPrefetch;
+  s.prefetched = req.batches_per_epoch > 0 && last > 0
+                     ? run_prefetched_batches(window, req.batches_per_epoch, s.cfg.grad_accum,
+                                              std::max<int64_t>(req.first_step, 1), last)
+                     : window;
+}
+
 Setup setup_of(const PlanRequest& req) {
   Setup s;
   s.cfg = req.config;
-  if (s.cfg.steps == 0 && s.cfg.epochs == 0) s.cfg.steps = 1;  // the plan does not depend on the run length
+  plan_the_run(req, s);
+  if (s.cfg.steps == 0 && s.cfg.epochs == 0) s.cfg.steps = 1;  // validate() wants a length
   s.cfg.validate();
   CZ_CHECK(req.world >= 1, "--ranks must be at least 1, got {}", req.world);
   CZ_CHECK(!req.gpu_mem || *req.gpu_mem > 0, "--gpu-mem must be positive, got {}", req.gpu_mem.value_or(0));
@@ -268,6 +294,61 @@ Setup setup_of(const PlanRequest& req) {
 
 }  // namespace
 
+int64_t run_prefetched_batches(int64_t window, int64_t batches_per_epoch, int64_t grad_accum,
+                               int64_t first_step, int64_t last_step) {
+  const int64_t e = batches_per_epoch;
+  if (window <= 0 || e <= 0) return std::max<int64_t>(window, 0);
+  int64_t most = 0;
+  // Step s's last micro-batch is number s * grad_accum - 1 of the stream of epochs of e; the positions
+  // repeat every e steps.
+  for (int64_t step = first_step; step <= last_step && step < first_step + e && most < window; ++step) {
+    const int64_t position = (step * grad_accum - 1) % e + 1;  // micro-batches of this epoch taken
+    most = std::max(most, std::min(window, e - position));
+  }
+  return most;
+}
+
+PlanRequest plan_request_for_run(const train::Trainer& trainer, const train::TrainSummary& summary,
+                                 int rank) {
+  PlanRequest req;
+  req.config = trainer.config();
+  req.world = trainer.world_size();
+  req.ranks_per_host = trainer.mesh().hosts().ranks_per_host();
+  req.max_micro_batch = false;
+  req.rank = rank;
+  req.first_step = summary.last_step - summary.steps + 1;
+  req.last_step = summary.last_step;
+  req.batches_per_epoch = trainer.batches_per_epoch();
+  return req;
+}
+
+bool has_gpu_ranks(const dist::Topology& topology) {
+  for (int r = 0; r < topology.num_ranks(); ++r)
+    if (topology.nodes().at(size_t(topology.node_of_rank(r))).type == "gpu") return true;
+  return false;
+}
+
+PlanDevice plan_device(const std::optional<std::string>& device_flag, bool gpu_mem,
+                       const dist::Topology* what_if) {
+  const char* const flag = train::flag_name(&train::TrainConfig::device);
+  if (device_flag) return {*device_flag, fmt::format("as {} says", flag)};
+  if (what_if && has_gpu_ranks(*what_if))
+    return {"cuda",
+            fmt::format("the --what-if topology's ranks are GPUs and no {} was given ({} cpu plans the "
+                        "CPU backend)",
+                        flag, flag)};
+  if (what_if)
+    return {"cpu",
+            fmt::format("the --what-if topology's ranks are CPU processes and no {} was given ({} cuda "
+                        "plans GPUs)",
+                        flag, flag)};
+  if (gpu_mem)
+    return {"cuda", fmt::format("--gpu-mem asks about GPU memory and no {} was given ({} cpu plans the CPU "
+                                "backend)",
+                                flag, flag)};
+  return {"cpu", fmt::format("the default {} ({} cuda, or --gpu-mem, plans a GPU)", flag, flag)};
+}
+
 StepTraceResult plan_step_trace(const PlanRequest& req) {
   const Setup s = setup_of(req);
   const Engine engine = engine_at(s, s.cfg.stage, s.cfg.offload_optimizer);
@@ -282,6 +363,7 @@ Plan make_plan(const PlanRequest& req) {
   p.world = s.world;
   p.stage = s.cfg.stage;
   p.device = s.cuda ? "cuda" : "cpu";
+  p.device_reason = req.device_reason;
   p.precision = s.cfg.precision;
   p.image_size = s.cfg.image_size;
   p.micro_batch = s.cfg.micro_batch;
@@ -371,10 +453,14 @@ Plan make_plan(const PlanRequest& req) {
 std::string format_plan(const Plan& p) {
   std::string out = fmt::format(
       "Memory plan per rank: {} ({} parameters, {} after padding), {}x{} images, micro-batch {}, {} on {}, "
-      "ZeRO stage {} of {} rank{}, activation checkpointing {}, optimizer offload {}\n\n",
+      "ZeRO stage {} of {} rank{}, activation checkpointing {}, optimizer offload {}\n",
       p.model, with_commas(p.num_params), with_commas(p.psi), p.image_size, p.image_size, p.micro_batch,
       p.precision, p.device, p.stage, p.world, p.world == 1 ? "" : "s", p.checkpointing ? "on" : "off",
       p.offload ? "on" : "off");
+  if (!p.device_reason.empty())
+    out += fmt::format("Planned for the {} backend: {}.\n", p.device == "cuda" ? "CUDA" : "CPU",
+                       p.device_reason);
+  out += "\n";
   auto line = [&](const std::string& label, int64_t b) {
     out += fmt::format("  {:<44} {:>17} B  {:>12}\n", label, with_commas(b), mib(b));
   };
@@ -436,6 +522,22 @@ std::string format_plan(const Plan& p) {
   return out;
 }
 
+std::string plan_difference(const Plan& p, int64_t measured) {
+  const int64_t off = p.total_bytes - measured;
+  if (off == 0) return "";
+  const int64_t b = std::abs(off);
+  const std::string by =
+      fmt::format("{} {}", b < (1 << 20) ? fmt::format("{:.1f} KiB", double(b) / 1024) : human(b),
+                  off > 0 ? "high" : "low");
+  int64_t scratch = 0;
+  for (const PlanRow& r : p.rows)
+    if (r.key == "comm_scratch") scratch = r.bytes;
+  if (p.world > 1 && off > 0 && off <= scratch)
+    return fmt::format("{}: the communicators' threads grow their ring scratch at times of their own", by);
+  if (p.device == "cuda") return fmt::format("{}: the plan is not yet checked against a GPU", by);
+  return fmt::format("{}: not expected, see docs/planning.md", by);
+}
+
 nlohmann::json plan_to_json(const Plan& p) {
   nlohmann::json j = {{"model", p.model},
                       {"num_params", p.num_params},
@@ -443,6 +545,7 @@ nlohmann::json plan_to_json(const Plan& p) {
                       {"world", p.world},
                       {"stage", p.stage},
                       {"device", p.device},
+                      {"device_reason", p.device_reason},
                       {"precision", p.precision},
                       {"image_size", p.image_size},
                       {"micro_batch", p.micro_batch},

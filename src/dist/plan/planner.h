@@ -16,10 +16,36 @@
 #include "dist/plan/step_trace.h"
 #include "dist/train/config.h"
 
+namespace cz::train {
+class Trainer;
+struct TrainSummary;
+}  // namespace cz::train
+
 namespace cz::plan {
+
+// Note [The device a plan is for]: a run's --device defaults to cpu, and the planner used to take it as it
+// was. But `--plan --gpu-mem 24GB` asks about GPU memory, and `--plan --what-if` on a topology whose ranks
+// sit on GPUs asks about a GPU machine: planned for the CPU backend, they left out the CUDA context, the
+// cuBLAS and cuDNN workspaces and the driver's pages (issue 30: ConvNeXt-T at 224 px, micro-batch 64, one
+// rank of the 8-GPU test topology, 7.17 GiB planned where a CUDA plan needs 7.90 GiB), quietly. So without
+// --device such a plan is a CUDA plan; --device, when given, always wins (--device cpu plans CPU ranks
+// against
+// --gpu-mem); and every plan says which device it is for and why.
+// Order: --device given, then the what-if topology's ranks (on GPUs: cuda; CPU processes: cpu), then
+// --gpu-mem, then the default.
+struct PlanDevice {
+  std::string device;  // "cpu" or "cuda[:N]", for TrainConfig::device
+  std::string reason;  // why, naming the flags: "--gpu-mem asks about GPU memory and no --device was given"
+};
+// device_flag: the --device value when the command gave one; what_if: the --what-if topology, if any.
+PlanDevice plan_device(const std::optional<std::string>& device_flag, bool gpu_mem,
+                       const dist::Topology* what_if);
+// Whether any rank of the topology sits on a node of type "gpu" (CPU ranks sit on "proc" nodes).
+bool has_gpu_ranks(const dist::Topology& topology);
 
 struct PlanRequest {
   train::TrainConfig config;  // as for a run: model, image size, micro-batch, precision, ZeRO flags, ...
+  std::string device_reason;  // why config.device (PlanDevice::reason), shown with the plan; "" says nothing
   int world = 1;              // ranks
   // Ranks per host, for --shard-group host, --hpz (Note [2-D mesh]) and two-level collectives (--comm-impl
   // hier or auto, Note [Two-level collectives]); 0: all ranks on one host.
@@ -34,7 +60,25 @@ struct PlanRequest {
   // Whose share of a checkpoint's host copy is planned (with config.checkpoint_dir): rank 0's, the largest
   // (it writes the replicated state at stage 0, and the partitions' padding falls on the last ranks).
   int rank = 0;
+  // The run as it went, where known (plan_request_for_run: the closing summary): its first and last step
+  // and the loader's micro-batches per rank in an epoch. 0: unknown, as for `--plan` (the last step is then
+  // --steps when given), which plans the loader's whole window of prefetched batches and, with
+  // --checkpoint-every, a save in flight. Note [What a run holds that a step does not decide].
+  int64_t first_step = 1, last_step = 0, batches_per_epoch = 0;
 };
+
+// Note [What a run holds that a step does not decide]: two rows of the plan depend on the run around the
+// step, not on the step. (1) A background save's host copy lives from the save until the first step
+// boundary after its writer finished, so it is in a step's peak only when a step runs after a periodic save:
+// --checkpoint-every N with a multiple of N before the last step, without --checkpoint-sync (which finishes
+// the save before the next step). The save that every run with --checkpoint-dir makes at its end comes after
+// its last step, and a stop's final save too (issue 30: 1 process planned 179.5 MiB, measured 134.5, with
+// --checkpoint-dir alone). (2) The loader's workers hold up to threads x 2 batches beyond the step's own,
+// but never past the end of an epoch: after the step's last micro-batch, at position p of an epoch of E
+// micro-batches, min(window, E - p) (a folder of 100 images at micro-batch 32 has E = 3: issue 30, 140.5
+// planned against 134.5 measured). The planner takes the largest over the run's steps.
+int64_t run_prefetched_batches(int64_t window, int64_t batches_per_epoch, int64_t grad_accum,
+                               int64_t first_step, int64_t last_step);
 
 struct PlanRow {
   std::string key;    // JSON key without the "_bytes" suffix, e.g. "optimizer_state", "activations_stages_0"
@@ -55,6 +99,7 @@ struct Plan {
   int64_t psi = 0;         // Ψ: after alignment and partition padding (Note [ZeRO memory model])
   int world = 1, stage = 0;
   std::string device, precision;
+  std::string device_reason;  // PlanRequest::device_reason
   int64_t image_size = 0, micro_batch = 0;
   bool checkpointing = false;
   bool offload = false;
@@ -85,10 +130,18 @@ struct Plan {
 };
 
 Plan make_plan(const PlanRequest& request);
+// The request whose plan a run's closing summary prints beside the measured peak: the trainer's flags, world,
+// hosts and epoch length, and the steps the run took (summary.last_step - summary.steps + 1 to last_step).
+PlanRequest plan_request_for_run(const train::Trainer& trainer, const train::TrainSummary& summary, int rank);
 // The step replay make_plan's figures come from, with its event log (StepTraceResult::events): what
 // tests/plan/test_step_events.cpp holds the real step's allocator log to, op by op.
 StepTraceResult plan_step_trace(const PlanRequest& request);
 std::string format_plan(const Plan& plan);
+// Why a run's measured peak differs from its plan, for the closing summary: "" when they are equal; on
+// several ranks, planned high by no more than the ring scratch, the communicators' threads growing it at
+// times of their own (docs/planning.md, Measured against planned); otherwise by how much and that it is not
+// expected.
+std::string plan_difference(const Plan& plan, int64_t measured_bytes);
 nlohmann::json plan_to_json(const Plan& plan);
 
 // "24GB" (10^9), "24GiB" (2^30), "512MB", "512MiB", "1.5TB", "4096" (bytes); units are case-insensitive.

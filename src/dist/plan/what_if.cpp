@@ -72,6 +72,7 @@
 #include "dist/train/flags.h"
 #include "dist/zero/gather_codec.h"
 #include "tensor/check.h"
+#include "tensor/device.h"
 
 namespace cz::plan {
 
@@ -477,6 +478,8 @@ WhatIf what_if(const WhatIfRequest& req) {
   WhatIf w;
   w.model = mc.name;
   w.precision = cfg.precision;
+  w.device = parse_device(cfg.device).is_cuda() ? "cuda" : "cpu";
+  w.device_reason = req.device_reason;
   w.compute_provenance = req.compute.provenance;
   w.compute_device = req.compute.device;
   w.image_size = cfg.image_size;
@@ -541,6 +544,9 @@ std::string format_what_if(const WhatIf& w) {
       "optimizer offload {}\n",
       w.model, w.image_size, w.image_size, w.micro_batch, w.grad_accum, w.grad_accum == 1 ? "" : "s",
       w.precision, w.checkpointing ? "on" : "off", w.offload ? "on" : "off");
+  if (!w.device_reason.empty())
+    out += fmt::format("Memory planned for the {} backend: {}.\n", w.device == "cuda" ? "CUDA" : "CPU",
+                       w.device_reason);
   out += fmt::format("Compute: {}\n", w.compute_provenance);
   out += "Communication: the ring cost model (Note [Ring cost model]) on the first N ranks of the ring:\n";
   for (const WhatIfRing& r : w.rings) {
@@ -570,6 +576,8 @@ std::string format_what_if(const WhatIf& w) {
 nlohmann::json what_if_to_json(const WhatIf& w) {
   nlohmann::json j = {{"model", w.model},
                       {"precision", w.precision},
+                      {"device", w.device},
+                      {"device_reason", w.device_reason},
                       {"image_size", w.image_size},
                       {"micro_batch", w.micro_batch},
                       {"grad_accum", w.grad_accum},

@@ -44,6 +44,7 @@ struct WhatIfRequest {
   // The run: model, image size, micro-batch, precision, ZeRO flags, and how the ranks communicate (Note
   // [What-if on a mesh] in what_if.cpp): --shard-group world or host, --hpz, --comm-impl.
   train::TrainConfig config;
+  std::string device_reason;  // why config.device (plan_device in planner.h), shown with the report
   dist::Topology topology;
   ComputeTable compute;
   std::optional<int64_t> gpu_mem;
@@ -78,6 +79,7 @@ struct WhatIfRing {
 
 struct WhatIf {
   std::string model, precision, compute_provenance, compute_device;
+  std::string device, device_reason;  // the backend the memory column is planned for, and why
   int64_t image_size = 0, micro_batch = 0, grad_accum = 1;
   bool checkpointing = false, offload = false;
   std::vector<WhatIfRing> rings;

@@ -321,6 +321,10 @@ void Trainer::build_schedule() {
   }
 }
 
+int64_t Trainer::batches_per_epoch() const {
+  return loader_->steps_per_epoch();
+}
+
 Batch Trainer::next_batch() {
   std::optional<Batch> b = loader_->next();
   if (!b) {

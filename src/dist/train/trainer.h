@@ -77,6 +77,7 @@ class Trainer {
   EvalResult evaluate();  // over the eval set (or --eval-batches of it), every rank together
   int64_t total_steps() const { return total_steps_; }
   int64_t steps_done() const { return step_; }
+  int64_t batches_per_epoch() const;  // micro-batches per rank in an epoch of the training set (its loader's)
 
   nn::ConvNeXt& model() { return *model_; }
   zero::ZeroEngine& engine() { return *engine_; }
