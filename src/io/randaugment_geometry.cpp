@@ -55,17 +55,20 @@ void bicubic(const Image& img, double xin, double yin, uint8_t* out) {
   const double dx = xin - (x + 1), dy = yin - (y + 1);
   int64_t cols[4];
   for (int k = 0; k < 4; ++k) cols[k] = int64_t(clip(x + k, img.width)) * 3;
+  // The four rows: the first clamped into the image; a later one outside it repeats the row before.
   const int64_t row = img.width * 3;
+  const uint8_t* rows[4];
+  rows[0] = img.pixels.data() + int64_t(clip(y, img.height)) * row;
+  for (int k = 1; k < 4; ++k) {
+    const int yy = y + k;
+    rows[k] = yy >= 0 && yy < img.height ? img.pixels.data() + int64_t(yy) * row : nullptr;
+  }
   for (int c = 0; c < 3; ++c) {
     double v[4];
-    for (int k = 0; k < 4; ++k) {
-      const int yy = y + k;
-      if (k > 0 && !(yy >= 0 && yy < img.height)) {
-        v[k] = v[k - 1];
-        continue;
-      }
-      const uint8_t* r = img.pixels.data() + int64_t(k == 0 ? clip(yy, img.height) : yy) * row;
-      v[k] = cubic(r[cols[0] + c], r[cols[1] + c], r[cols[2] + c], r[cols[3] + c], dx);
+    v[0] = cubic(rows[0][cols[0] + c], rows[0][cols[1] + c], rows[0][cols[2] + c], rows[0][cols[3] + c], dx);
+    for (int k = 1; k < 4; ++k) {
+      const uint8_t* r = rows[k];
+      v[k] = r ? cubic(r[cols[0] + c], r[cols[1] + c], r[cols[2] + c], r[cols[3] + c], dx) : v[k - 1];
     }
     out[c] = truncate_clamped(cubic(v[0], v[1], v[2], v[3], dy));
   }
