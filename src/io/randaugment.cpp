@@ -155,6 +155,8 @@ RandAugmentConfig parse_rand_augment(const std::string& spec, const std::string&
     if (!seen.insert(key).second) throw bad(fmt::format("'{}' is given twice", key));
     const bool real = key == "p" || key == "mstd";
     const std::optional<double> v = parse_number(val, real);
+    if (!v && !real && val.find_first_not_of("0123456789") == std::string::npos)
+      throw bad(fmt::format("'{}' in section '{}' is too large", val, s));
     if (!v)
       throw bad(fmt::format("'{}' in section '{}' is not {}", val, s, real ? "a number" : "a whole number"));
     if (key == "m") {

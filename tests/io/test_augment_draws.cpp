@@ -64,7 +64,7 @@ TEST(RandAugmentConfig, MalformedStringsNameTheFlagAndTheBadPart) {
            {"rand-n65", "n65 layers is more than 64"},
            {"rand-t3a", "transform set '3a' in section 't3a' is not supported"},
            {"rand-n16-tweights", "n16 layers without replacement from the 15 weighted ops"},
-           {"rand-m99999999999", "is not a whole number"},
+           {"rand-m99999999999", "'99999999999' in section 'm99999999999' is too large"},
        }) {
     const std::string e = err(spec);
     EXPECT_NE(e.find("--aa '" + spec + "'"), std::string::npos) << e;
@@ -92,6 +92,36 @@ TEST(RandAugmentOps, PosterizeZeroBitsIsBlackAndLevelFunctionsAreTimms) {
   rotate(r, 180, Interpolation::bicubic, ra_fill());  // PIL transposes exactly at 180
   for (int64_t p = 0; p < 16; ++p)
     for (int c = 0; c < 3; ++c) EXPECT_EQ(r.pixels[size_t(p * 3 + c)], sq.pixels[size_t((15 - p) * 3 + c)]);
+}
+
+TEST(RandAugmentOps, EveryOpKeepsTheSizeOfTinyAndOddImages) {
+  // Images of one row, one column, 2x3 (under the 3x3 smoothing filter) and a long strip, through every op at
+  // every magnitude, either sign and both filters, and through the 8-bit resize.
+  for (const auto& [h, w] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 7}, {7, 1}, {2, 3}, {3, 3}, {5, 40}}) {
+    Image src{h, w, std::vector<uint8_t>(size_t(h * w * 3))};
+    for (size_t i = 0; i < src.pixels.size(); ++i) src.pixels[i] = uint8_t(i * 37 % 256);
+    for (int op = 0; op < kRaOpCount; ++op)
+      for (double m : {0.0, 3.0, 10.0})
+        for (bool neg : {false, true})
+          for (Interpolation f : {Interpolation::bilinear, Interpolation::bicubic}) {
+            Image img = src;
+            apply_ra_op(RaOp(op), ra_op_argument(RaOp(op), m, neg), img, f);
+            ASSERT_EQ(img.height, h);
+            ASSERT_EQ(img.width, w);
+            ASSERT_EQ(img.pixels.size(), src.pixels.size()) << ra_op_name(RaOp(op));
+          }
+    for (int64_t size : {1, 4, 9}) {
+      Image out;
+      resample_u8(src, {0, 0, h, w, true}, size, Interpolation::bicubic, out);
+      ASSERT_EQ(out.pixels.size(), size_t(size * size * 3));
+    }
+  }
+  // An image of one colour keeps it through the resize (the coefficients of each output sum to 1 in 22 bits).
+  Image flat{9, 13, std::vector<uint8_t>(9 * 13 * 3, 200)};
+  Image out;
+  resample_u8(flat, {1, 2, 7, 10, false}, 5, Interpolation::bicubic, out);
+  for (uint8_t v : out.pixels) EXPECT_EQ(v, 200);
 }
 
 // Draws of rand_augment on a tiny image, many times: what was applied, against timm's definitions.
