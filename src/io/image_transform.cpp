@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "io/loader.h"
+#include "tensor/check.h"
 
 namespace cz {
 
@@ -49,10 +50,21 @@ struct Taps {
   std::vector<float> weights;
 };
 
+// The filter at x source pixels (already divided by the widening when shrinking).
+double filter_weight(Interpolation interpolation, double x) {
+  x = std::abs(x);
+  if (interpolation == Interpolation::bilinear) return std::max(0.0, 1.0 - x);
+  constexpr double a = -0.5;  // PIL's bicubic
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0.0;
+}
+
 // Taps mapping `out` outputs onto source pixels [start, start + len), mirrored when `flip`.
-std::vector<Taps> axis_taps(int64_t start, int64_t len, int64_t out, bool flip) {
+std::vector<Taps> axis_taps(int64_t start, int64_t len, int64_t out, bool flip, Interpolation interpolation) {
   const double scale = double(len) / double(out);
-  const double support = std::max(scale, 1.0);  // triangle half-width in source pixels
+  const double widen = std::max(scale, 1.0);
+  const double support = widen * (interpolation == Interpolation::bilinear ? 1.0 : 2.0);  // in source pixels
   std::vector<Taps> taps(static_cast<size_t>(out));
   for (int64_t o = 0; o < out; ++o) {
     const double center = (double(o) + 0.5) * scale;  // relative to `start`, in pixel-edge coordinates
@@ -62,11 +74,12 @@ std::vector<Taps> axis_taps(int64_t start, int64_t len, int64_t out, bool flip) 
     t.first = start + lo;
     double sum = 0;
     for (int64_t i = lo; i < hi; ++i) {
-      const double wgt = std::max(0.0, 1.0 - std::abs((double(i) + 0.5 - center) / support));
+      const double wgt = filter_weight(interpolation, (double(i) + 0.5 - center) / widen);
       t.weights.push_back(float(wgt));
       sum += wgt;
     }
-    // Clipping at the borders drops taps; renormalise. The tap nearest the centre always has weight >= 1/2.
+    // Clipping at the borders drops taps; renormalise. The tap nearest the centre has weight >= 1/2 for the
+    // triangle and >= 0.56 for the cubic, so the sum is never near zero.
     for (float& wgt : t.weights) wgt = float(wgt / sum);
   }
   return taps;
@@ -74,9 +87,20 @@ std::vector<Taps> axis_taps(int64_t start, int64_t len, int64_t out, bool flip) 
 
 }  // namespace
 
-void resample_normalised(const Image& src, const CropBox& box, int64_t size, float* out) {
-  const std::vector<Taps> xs = axis_taps(box.x, box.w, size, box.flip);
-  const std::vector<Taps> ys = axis_taps(box.y, box.h, size, false);
+Interpolation parse_interpolation(const std::string& name, const std::string& flag) {
+  if (name == "bilinear") return Interpolation::bilinear;
+  if (name == "bicubic") return Interpolation::bicubic;
+  throw ValueError(fmt::format("{} must be bilinear or bicubic, got '{}'", flag, name));
+}
+
+const char* interpolation_name(Interpolation interpolation) {
+  return interpolation == Interpolation::bicubic ? "bicubic" : "bilinear";
+}
+
+void resample_normalised(const Image& src, const CropBox& box, int64_t size, float* out,
+                         Interpolation interpolation) {
+  const std::vector<Taps> xs = axis_taps(box.x, box.w, size, box.flip, interpolation);
+  const std::vector<Taps> ys = axis_taps(box.y, box.h, size, false, interpolation);
   // Horizontal pass over the crop's rows into floats, then the vertical pass per output row.
   std::vector<float> rows(size_t(box.h * size * 3));
   for (int64_t y = 0; y < box.h; ++y) {

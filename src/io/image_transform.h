@@ -1,8 +1,10 @@
 // Geometry and pixel transforms the loader applies to each decoded image: random-resized-crop parameters,
-// and one resampling pass that crops, resizes, flips and normalises into the batch tensor.
+// one resampling pass that crops, resizes, flips and normalises into the batch tensor, and its 8-bit form
+// for RandAugment (resize_u8.cpp).
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "io/dataset.h"
 #include "io/sampler.h"
@@ -20,9 +22,27 @@ struct CropBox {
 // the image, else the largest centred crop whose ratio is clamped into `ratio`.
 CropBox random_resized_crop(int64_t height, int64_t width, CounterRng& rng);
 
+// The resize filter (`--interpolation`): PIL's BILINEAR (triangle) or BICUBIC (cubic convolution, a = -0.5),
+// both widened by the scale when shrinking so every source pixel contributes, as PIL's resize does.
+enum class Interpolation { bilinear, bicubic };
+// "bilinear" | "bicubic"; anything else is a ValueError naming `flag`.
+Interpolation parse_interpolation(const std::string& name, const std::string& flag = "--interpolation");
+const char* interpolation_name(Interpolation interpolation);
+
 // Resamples `box` of `src` to size x size and writes it normalised with ImageNet mean/std, NHWC, to `out`
-// (size*size*3 floats). Bilinear when enlarging; when shrinking the triangle filter widens with the scale, so
-// every source pixel contributes (area-aware, like PIL's antialiased bilinear) instead of aliasing.
-void resample_normalised(const Image& src, const CropBox& box, int64_t size, float* out);
+// (size*size*3 floats), in float throughout (no rounding to 8 bits on the way).
+void resample_normalised(const Image& src, const CropBox& box, int64_t size, float* out,
+                         Interpolation interpolation = Interpolation::bilinear);
+
+// Note [8-bit resize]: the same crop, resize and flip into an 8-bit image, with PIL's own arithmetic (its
+// Resample.c: coefficients in 22-bit fixed point, a horizontal pass rounded to 8 bits, then a vertical one),
+// so that it equals what timm's RandomResizedCropAndInterpolation (torchvision's resized_crop: PIL's crop,
+// then resize) gives RandAugment. The loader takes this path when RandAugment is on (it works on 8-bit
+// images, as timm's does on PIL's); without it the float path above keeps the extra precision.
+// out: size x size, RGB; resized (not reallocated) when it already has that size.
+void resample_u8(const Image& src, const CropBox& box, int64_t size, Interpolation interpolation, Image& out);
+
+// (v / 255 - mean) / std per channel, as resample_normalised ends. img: 8-bit RGB; out: h*w*3 floats.
+void normalise_u8(const Image& img, float* out);
 
 }  // namespace cz

@@ -37,10 +37,35 @@ struct Loader::Impl {
   std::map<int64_t, Result> ready;
   std::exception_ptr failed;  // sticky until the next start_epoch
 
+  // Crop, resize, flip, RandAugment, normalise and erase one image into `out` (size x size x 3 floats);
+  // `crop` is scratch for the 8-bit path.
+  void transform_image(const Image& img, int64_t pos, Image& crop, float* out) const;
   Batch make_batch(int64_t b) const;
   void work();
   void stop_workers();
 };
+
+void Loader::Impl::transform_image(const Image& img, int64_t pos, Image& crop, float* out) const {
+  const int64_t size = opt.image_size;
+  CropBox box{0, 0, img.height, img.width};
+  if (opt.augment) {
+    // 64 blocks per (epoch, position): the crop needs at most 12.
+    CounterRng rng(rng_key(opt.seed, RngDomain::augment), (uint64_t(epoch) << 36 | uint64_t(pos)) << 6);
+    box = random_resized_crop(img.height, img.width, rng);
+  }
+  if (opt.rand_augment.enabled) {
+    resample_u8(img, box, size, opt.interpolation, crop);  // Note [8-bit resize]
+    CounterRng rng = sample_stream(opt.seed, RngDomain::randaugment, epoch, pos);
+    rand_augment(opt.rand_augment, crop, opt.interpolation, rng);
+    normalise_u8(crop, out);
+  } else {
+    resample_normalised(img, box, size, out, opt.interpolation);
+  }
+  if (opt.erasing.probability > 0) {
+    CounterRng rng = sample_stream(opt.seed, RngDomain::erase, epoch, pos);
+    random_erase(opt.erasing, out, size, size, rng);
+  }
+}
 
 Batch Loader::Impl::make_batch(int64_t b) const {
   const BatchSlice s = rank_slice(data->size(), opt.batch_size, b, opt.world, opt.rank);
@@ -54,19 +79,12 @@ Batch Loader::Impl::make_batch(int64_t b) const {
   batch.first_sample = s.begin;
   float* images = n > 0 ? batch.images.data<float>() : nullptr;
   int64_t* labels = n > 0 ? batch.labels.data<int64_t>() : nullptr;
-  const uint64_t aug_key = rng_key(opt.seed, RngDomain::augment);
-  Image img;
+  Image img, crop;
   for (int64_t i = 0; i < n; ++i) {
     if (stopping.load(std::memory_order_relaxed)) break;  // the batch will be discarded
     const int64_t pos = s.begin + i, index = order[size_t(pos)];
     data->read(index, img);
-    CropBox box{0, 0, img.height, img.width};
-    if (opt.augment) {
-      // 64 blocks per (epoch, position): the crop needs at most 12.
-      CounterRng rng(aug_key, (uint64_t(epoch) << 36 | uint64_t(pos)) << 6);
-      box = random_resized_crop(img.height, img.width, rng);
-    }
-    resample_normalised(img, box, size, images + i * size * size * 3);
+    transform_image(img, pos, crop, images + i * size * size * 3);
     labels[i] = data->label(index);
     batch.sources[size_t(i)] = index;
   }
@@ -133,6 +151,10 @@ Loader::Loader(std::shared_ptr<const Dataset> data, LoaderOptions options) : imp
     CZ_CHECK(options.mix.num_classes > 0, "Loader: Mixup/CutMix needs the number of classes");
     check_mix_config(options.mix, options.image_size);
   }
+  CZ_CHECK(
+      options.erasing.probability >= 0 && options.erasing.probability <= 1 && options.erasing.max_count >= 1,
+      "Loader: random erasing needs a probability in [0, 1] and at least one box, got {} and {}",
+      options.erasing.probability, options.erasing.max_count);
   impl_->data = std::move(data);
   impl_->opt = options;
   impl_->steps = batches_per_epoch(impl_->data->size(), options.batch_size, options.drop_last);

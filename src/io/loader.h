@@ -6,6 +6,8 @@
 // of W takes the contiguous slice [r*B/W, (r+1)*B/W) of it, so W ranks with micro-batch m see exactly the
 // examples one rank with micro-batch W*m sees, in the same places. Augmentation draws from (seed, epoch,
 // position in the epoch): the same sample is augmented the same way whatever the world size or thread count.
+// The order is timm's training transform's: crop and resize, flip, RandAugment (8-bit), normalise, random
+// erasing; RandAugment and erasing draw from streams of their own per sample (sample_stream, sampler.h).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +17,9 @@
 
 #include "io/dataset.h"
 #include "io/mixup.h"
+#include "io/image_transform.h"
+#include "io/randaugment.h"
+#include "io/random_erasing.h"
 #include "tensor/tensor.h"
 
 namespace cz {
@@ -29,6 +34,12 @@ struct LoaderOptions {
   int world = 1, rank = 0;
   int threads = 2;   // decoding workers (0: decode on the calling thread)
   int prefetch = 2;  // batches decoded ahead per worker
+  // The resize filter of every image (the training crop's and evaluation's), and RandAugment's geometric ops.
+  Interpolation interpolation = Interpolation::bilinear;
+  // After the crop and flip, on the 8-bit image (Note [RandAugment], randaugment.h); off unless enabled.
+  RandAugmentConfig rand_augment;
+  // After normalisation (Note [Random erasing], random_erasing.h); off at probability 0.
+  RandomErasingConfig erasing;
   // Mixup/CutMix of each rank's batch after normalisation (Note [Mixing within a micro-batch], mixup.h);
   // inactive by default.
   MixConfig mix;

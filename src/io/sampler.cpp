@@ -35,6 +35,14 @@ uint64_t rng_key(uint64_t seed, RngDomain domain) {
   return z ^ (z >> 31);
 }
 
+CounterRng sample_stream(uint64_t seed, RngDomain domain, int64_t epoch, int64_t pos) {
+  // An odd multiplier and the splitmix64 finaliser are both bijections of 64 bits.
+  uint64_t z = rng_key(seed, domain) ^ ((uint64_t(epoch) << 36 | uint64_t(pos)) * 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return CounterRng(z ^ (z >> 31), 0);
+}
+
 std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch, bool shuffle) {
   std::vector<int64_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), int64_t(0));

@@ -25,9 +25,23 @@ class CounterRng {
 };
 
 // Independent Philox keys for the different uses of one user seed (shuffling, augmentation, synthetic
-// images, the held-out eval split, Mixup/CutMix).
-enum class RngDomain : uint64_t { shuffle = 1, augment = 2, synthetic = 3, holdout = 4, mix = 5 };
+// images, the held-out eval split, Mixup/CutMix, RandAugment, random erasing).
+enum class RngDomain : uint64_t {
+  shuffle = 1,
+  augment = 2,
+  synthetic = 3,
+  holdout = 4,
+  mix = 5,
+  randaugment = 6,
+  erase = 7
+};
 uint64_t rng_key(uint64_t seed, RngDomain domain);
+
+// A stream of its own for the sample at position `pos` of epoch `epoch`: Philox keyed by a bijective hash of
+// (domain's key, epoch << 36 | pos), from block 0, so distinct samples never share a key. For augmentations
+// whose number of draws has no small bound (RandAugment's layers, random erasing's per-pixel values); the
+// crop's few draws use counters of the domain key instead (Note [Sampling]).
+CounterRng sample_stream(uint64_t seed, RngDomain domain, int64_t epoch, int64_t pos);
 
 // Epoch `epoch`'s order of the indices 0..n-1: a Fisher-Yates permutation drawn from (seed, epoch), or the
 // identity with shuffle off.

@@ -37,18 +37,20 @@ TrainConfig custom_config() {
 }
 
 // As checkpoints saved before the table record them (the keys are read by people and tools), plus the
-// Mixup/CutMix flags (added with them).
+// Mixup/CutMix and augmentation flags (added with them).
 TEST(Flags, ConfigJsonIsWhatCheckpointsRecorded) {
   EXPECT_EQ(
       config_json(custom_config(), 2),
-      R"({"augment":true,"bucket_mb":0.01,"clip_grad":0.0,"cutmix":0.0,"cutmix_minmax":"",)"
+      R"({"aa":"","augment":true,"bucket_mb":0.01,"clip_grad":0.0,"cutmix":0.0,"cutmix_minmax":"",)"
       R"("data":"synthetic:n=256,eval_n=64,classes=4",)"
       R"("depths":[1,1,1,1],"dims":[8,16,24,32],"drop_path":0.0,"ema_decay":0.99,"epochs":0,"eval_split":0.0,)"
-      R"("gather_dtype":"fp32","grad_accum":1,"hpz":false,"image_size":64,"label_smoothing":0.0,"layer_decay":1.0,)"
+      R"("gather_dtype":"fp32","grad_accum":1,"hpz":false,"image_size":64,"interpolation":"bilinear",)"
+      R"("label_smoothing":0.0,"layer_decay":1.0,)"
       R"("lr":0.003,"micro_batch":32,)"
       R"("min_lr":1e-06,"mixup":0.0,"mixup_mode":"batch","mixup_prob":1.0,"mixup_switch_prob":0.5,)"
       R"("model":"atto","num_classes":4,"offload_optimizer":false,"optimizer":"adamw",)"
-      R"("precision":"fp32","recipe":"","reduce_dtype":"fp32","schedule":"cosine","seed":18446744073709551615,)"
+      R"("precision":"fp32","recipe":"","recount":1,"reduce_dtype":"fp32","remode":"pixel","reprob":0.0,)"
+      R"("schedule":"cosine","seed":18446744073709551615,)"
       R"("shard_group":"world","shuffle":false,"stage":0,)"
       R"("steps":0,"warmup_epochs":0.0,"warmup_steps":0,"weight_decay":0.05,"world_size":2})");
 }
@@ -128,7 +130,13 @@ TEST(Flags, RanksAgreeOnTheFlagsTheTrainerChecked) {
                                            "--cutmix-minmax",
                                            "--mixup-prob",
                                            "--mixup-switch-prob",
-                                           "--mixup-mode"}));
+                                           "--mixup-mode",
+
+                                           "--interpolation",
+                                           "--aa",
+                                           "--reprob",
+                                           "--remode",
+                                           "--recount"}));
 }
 
 TEST(Flags, NamesAndKeysAreUniqueAndFound) {
@@ -212,6 +220,25 @@ TEST(Flags, ValidateNamesTheFlagWithItsMessage) {
   c.dump_batches = "b.txt";
   EXPECT_THAT(error_of<std::exception>([&] { c.validate(); }),
               HasSubstr("--dump-batches b.txt: the file must end"));
+  c = {};
+  c.interpolation = "lanczos";
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }),
+            "--interpolation must be bilinear or bicubic, got 'lanczos'");
+  c = {};
+  c.aa = "rand-m9-x3";
+  EXPECT_THAT(error_of<std::exception>([&] { c.validate(); }),
+              HasSubstr("--aa 'rand-m9-x3': unknown key 'x' in section 'x3'"));
+  c = {};
+  c.reprob = 1.5;
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }),
+            "--reprob must be a probability in [0, 1], got 1.5");
+  c = {};
+  c.remode = "zero";
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }),
+            "--remode must be const, rand or pixel, got 'zero'");
+  c = {};
+  c.recount = 0;
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }), "--recount must be in [1, 64], got 0");
   EXPECT_EQ(error_of<std::exception>([] { TrainConfig{}.validate(); }), "(no error)");
 }
 

@@ -15,30 +15,17 @@ namespace {
 
 using ::testing::HasSubstr;
 
-bool pending(const std::string& flag) {
-  const auto& p = recipe_flags_pending();
-  return std::find(p.begin(), p.end(), flag) != p.end();
-}
-
-// Once every branch of issue 31 is merged, recipe_flags_pending() must be empty and every value applied.
-TEST(Recipes, EveryValueNamesAFlagOfTheTableOrOnePending) {
+TEST(Recipes, EveryValueNamesAFlagOfTheTable) {
   for (const Recipe& r : recipes()) {
     std::set<std::string> seen;
     for (const RecipeValue& v : r.values) {
-      EXPECT_TRUE(find_flag(v.flag) != nullptr || pending(v.flag))
-          << r.name << " names " << v.flag << ", which is neither a flag nor pending";
+      EXPECT_NE(find_flag(v.flag), nullptr) << r.name << " names " << v.flag << ", which is not a flag";
       EXPECT_TRUE(seen.insert(v.flag).second) << r.name << " names " << v.flag << " twice";
       if (v.unless) {
         EXPECT_NE(find_flag(v.unless), nullptr) << r.name << ": " << v.unless;
       }
     }
   }
-}
-
-TEST(Recipes, PendingFlagsHaveNotArrivedYet) {
-  for (const std::string& flag : recipe_flags_pending())
-    EXPECT_EQ(find_flag(flag), nullptr)
-        << flag << " is in the flag table now: take it off recipe_flags_pending()";
 }
 
 TEST(Recipes, In1kSetsTheOfficialValuesAndGivenFlagsWin) {
@@ -63,7 +50,13 @@ TEST(Recipes, In1kSetsTheOfficialValuesAndGivenFlagsWin) {
   EXPECT_TRUE(r.sets("--epochs"));
   EXPECT_FALSE(r.sets("--weight-decay"));
   EXPECT_THAT(r.overridden, ::testing::ElementsAre("--weight-decay 0.01 (recipe: --weight-decay 0.05)"));
-  for (const auto& [flag, value] : r.missing) EXPECT_TRUE(pending(flag)) << flag;
+  // The whole recipe is applied: the augmentations and mixing too.
+  EXPECT_EQ(c.aa, "rand-m9-mstd0.5-inc1");
+  EXPECT_EQ(c.interpolation, "bicubic");
+  EXPECT_EQ(c.reprob, 0.25);
+  EXPECT_EQ(c.remode, "pixel");
+  EXPECT_EQ(c.mixup, 0.8);
+  EXPECT_EQ(c.cutmix, 1.0);
   // 4e-3 at 4096, linearly: 2 ranks x 32 x 2 = 128 -> 1.25e-4.
   c.micro_batch = 32;
   c.grad_accum = 2;

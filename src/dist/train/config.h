@@ -46,6 +46,11 @@ struct TrainConfig {
   int64_t eval_batches = 0;  // limit evaluation to this many batches per rank (0: the whole set)
   bool shuffle = true;
   bool augment = false;
+  std::string interpolation = "bilinear";  // the resize filter: bilinear | bicubic
+  std::string aa;                          // timm's RandAugment string, e.g. rand-m9-mstd0.5-inc1; empty: off
+  double reprob = 0;                       // random erasing: probability per training image (0: off)
+  std::string remode = "pixel";            // random erasing's fill: const | rand | pixel
+  int64_t recount = 1;                     // random erasing: at most this many boxes per image
   int loader_threads = 2;
   // Mixup/CutMix with timm's flags and meanings (Note [Mixing within a micro-batch], io/mixup.h).
   double mixup = 0;                  // Mixup's lam ~ Beta(A, A); 0: no Mixup

@@ -93,13 +93,6 @@ std::string recipe_names() {
   return out;
 }
 
-const std::vector<std::string>& recipe_flags_pending() {
-  // RandAugment, random erasing and interpolation (issue 31 item 2).
-  static const std::vector<std::string> pending = {"--aa", "--reprob", "--remode", "--recount",
-                                                   "--interpolation"};
-  return pending;
-}
-
 bool RecipeReport::sets(const std::string& flag) const {
   for (const auto& [f, v] : applied)
     if (f == flag) return true;
@@ -122,10 +115,7 @@ RecipeReport apply_recipe(TrainConfig& c, const std::function<bool(const std::st
           fmt::format("{} {} (recipe: {} {})", instead, g ? flag_value(c, *g) : "?", v.flag, v.value));
       continue;
     }
-    if (f == nullptr) {
-      r.missing.emplace_back(v.flag, v.value);
-      continue;
-    }
+    CZ_CHECK(f != nullptr, "recipe {} names {}, which is not a flag", recipe->name, v.flag);  // a bug
     set_flag_value(c, *f, v.value);
     r.applied.emplace_back(v.flag, v.value);
   }
@@ -157,8 +147,6 @@ std::string format_recipe(const RecipeReport& r) {
       fmt::format("recipe {}: {}{}{}\n", r.name, r.lr_note, r.applied.empty() ? "" : " ", joined(r.applied));
   if (!r.overridden.empty())
     out += fmt::format("recipe {}: given instead: {}\n", r.name, fmt::join(r.overridden, ", "));
-  if (!r.missing.empty())
-    out += fmt::format("recipe {}: not in this build, not applied: {}\n", r.name, joined(r.missing));
   return out;
 }
 

@@ -11,15 +11,11 @@
 
 namespace cz::train {
 
-// Note [Recipes]: a recipe is data, keyed by flag name: every value of the published recipe is listed,
-// whether or not this build has its flag yet, so the table reads as the source does. Applying it sets each
-// listed flag that the command line does not give and that exists in the flag table; a value whose flag
-// the build lacks is reported in the header ("not in this build"), never silently dropped. --lr is not a
-// fixed value but `lr` at global batch `lr_batch`, scaled linearly to the run's global batch (the official
-// README's rule), once the world size is known. The flags other work adds (issue 31) are listed in
-// recipe_flags_pending(); test_recipe fails both when a recipe names a flag that is neither in the table nor
-// pending and when a pending flag has arrived in the table (then the list is to shrink), so once every
-// branch is merged each recipe value must be applied.
+// Note [Recipes]: a recipe is data, keyed by flag name: every value of the published recipe is listed, so
+// the table reads as the source does, and each names a flag of the table (test_recipe). Applying it sets
+// each listed flag that the command line does not give. --lr is not a fixed value but `lr` at global batch
+// `lr_batch`, scaled linearly to the run's global batch (the official README's rule), once the world size is
+// known.
 struct RecipeValue {
   const char* flag;
   const char* value;
@@ -38,16 +34,13 @@ struct Recipe {
 const std::vector<Recipe>& recipes();
 const Recipe* find_recipe(const std::string& name);
 std::string recipe_names();  // "convnext-in1k | convnext-finetune"
-// The flags the recipes name that this build's flag table does not have yet (Note [Recipes]).
-const std::vector<std::string>& recipe_flags_pending();
 
 // What applying a recipe did, for the header.
 struct RecipeReport {
   std::string name;
   std::vector<std::pair<std::string, std::string>> applied;  // (flag, value) set from the recipe
   std::vector<std::string> overridden;  // "--epochs 2 (recipe: 300)": what the command line gave instead
-  std::vector<std::pair<std::string, std::string>> missing;  // (flag, value) this build has no flag for
-  std::string lr_note;                                       // how --lr came about
+  std::string lr_note;                  // how --lr came about
   bool sets(const std::string& flag) const;
 };
 

@@ -265,6 +265,11 @@ LoaderOptions Trainer::loader_options(Split split) const {
   lo.image_size = cfg_.image_size;
   lo.shuffle = train && cfg_.shuffle;
   lo.augment = train && cfg_.augment;
+  lo.interpolation = parse_interpolation(cfg_.interpolation);
+  if (train) {
+    lo.rand_augment = parse_rand_augment(cfg_.aa);
+    lo.erasing = {cfg_.reprob, parse_erase_mode(cfg_.remode), int(cfg_.recount)};
+  }
   lo.drop_last = train;
   lo.seed = cfg_.seed;
   lo.world = world_.size();
