@@ -1,5 +1,6 @@
-// Internals of the HDF5 layer shared by its .cpp files (h5_file.cpp, h5_append.cpp): identifier ownership,
-// failure reporting that names the file, and our dtypes' HDF5 types. Not for use outside src/io/h5_*.
+// Internals of the HDF5 layer shared by its .cpp files (h5_file.cpp, h5_read.cpp, h5_write.cpp,
+// h5_append.cpp): identifier ownership, failure reporting that names the file, and our dtypes' HDF5 types.
+// Not for use outside src/io/h5_*.
 #pragma once
 
 #include <hdf5.h>

@@ -14,18 +14,7 @@ common=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --loa
         --data synthetic:n=256,eval_n=64,classes=4 --drop-path 0.2 --eval-batches 1 --seed 3 --grad-accum 2
         --clip-grad 1 --bucket-mb 0.01)
 fail() { echo "FAIL: $*"; exit 1; }
-steps_of() {  # "<step> <loss> <grad_norm>" per step record
-  grep '"split":"train"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
-}
-compare() {  # compare A.jsonl B.jsonl LINES WHAT [RELATIVE-TOLERANCE, default 2e-5]
-  paste -d' ' <(steps_of "$1") <(steps_of "$2") > "$work/both"
-  echo "$4:"; cat "$work/both"
-  [[ $(wc -l < "$work/both") -eq $3 ]] || fail "$4: expected $3 step records in each log"
-  awk -v tol="${5:-2e-5}" '{ if ($1 != $4) { print "step " $1 " vs " $4; bad = 1 }
-         for (c = 2; c <= 3; ++c) { a = $c; b = $(c + 3); d = a - b; if (d < 0) d = -d;
-           if (d > tol * (a < 0 ? -a : a) + 1e-7) { print "step " $1 ": " a " vs " b; bad = 1 } } }
-       END { exit bad }' "$work/both" || fail "$4: the losses differ"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
 run() {  # run RANKS LOG ARGS...: 16 images per micro-step in total
   local np=$1 log=$2; shift 2
   if ((np == 1)); then "$app" "${common[@]}" --micro-batch 16 --log "$log" "$@" > "$work/out" 2>&1; else

@@ -26,6 +26,7 @@ work=$(mktemp -d)
 export CZ_HOSTS_BED=t$$
 trap '"$hosts_sh" down > /dev/null 2>&1; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
 
 # Skip where namespaces cannot be made: hosts.sh up exits 77 with the reason.
 "$hosts_sh" up 1 1 > "$work/probe.out" 2>&1
@@ -47,10 +48,6 @@ leftovers() {
   return 0
 }
 
-# Prints "<step> <loss> <grad_norm>" for each step record of a JSON-lines log, the numbers' text as logged.
-steps_of() {
-  grep '"split":"train"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
-}
 # The evaluation records without their time stamps ("t").
 evals_of() { grep '"split":"eval"' "$1" | sed -E 's/,"t":[^,}]+//'; }
 

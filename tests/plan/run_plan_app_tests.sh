@@ -7,6 +7,7 @@ topo=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
 
 start=$(date +%s%N)
 "$app" --plan --model large --image-size 224 --micro-batch 16 --device cuda --precision bf16 --stage 2 \
@@ -133,26 +134,18 @@ print("what-if devices: GPU topology cuda (one rank %d B), --device cpu cpu (%d 
 PY
   fail "the device of --what-if"
 
-check() {  # check EXPECTED-SUBSTRING ARGS...
-  local want=$1; shift
-  "$app" "$@" > "$work/out" 2>&1
-  local rc=$?
-  if [[ $rc -eq 0 || $rc -ge 128 ]]; then cat "$work/out"; fail "'$*' exited with $rc"; fi
-  grep -qF -- "$want" "$work/out" || { cat "$work/out"; fail "'$*': message lacks '$want'"; }
-  echo "ok ($rc): $* -> $(head -1 "$work/out")"
-}
-check "--gpu-mem must be positive" --plan --gpu-mem 0
-check "--gpu-mem must be positive" --plan --gpu-mem 0GiB
-check "--gpu-mem: unknown unit 'XB'" --plan --gpu-mem 24XB
-check "--gpu-mem: 'lots' is not a memory size" --plan --gpu-mem lots
-check "--gpu-mem goes with --plan" --gpu-mem 24GB --steps 1
-check "--json goes with --plan" --json --steps 1
-check "--ranks must be at least 1" --plan --ranks 0
-check "--precision bf16 needs --device cuda" --plan --precision bf16
-check "--stage" --plan --stage 5
-check "--compute-table goes with --plan --what-if" --plan --compute-table x.json
-check "--what-if goes with --plan" --what-if "$topo" --steps 1
-check "--ranks does not go with --what-if" --plan --what-if "$topo" --ranks 4
-check "cannot" --plan --what-if /nonexistent/topo.json
-check "--compute-table /nonexistent.json: cannot read it" --plan --what-if "$topo" --compute-table /nonexistent.json
+refused "--gpu-mem must be positive" --plan --gpu-mem 0
+refused "--gpu-mem must be positive" --plan --gpu-mem 0GiB
+refused "--gpu-mem: unknown unit 'XB'" --plan --gpu-mem 24XB
+refused "--gpu-mem: 'lots' is not a memory size" --plan --gpu-mem lots
+refused "--gpu-mem goes with --plan" --gpu-mem 24GB --steps 1
+refused "--json goes with --plan" --json --steps 1
+refused "--ranks must be at least 1" --plan --ranks 0
+refused "--precision bf16 needs --device cuda" --plan --precision bf16
+refused "--stage" --plan --stage 5
+refused "--compute-table goes with --plan --what-if" --plan --compute-table x.json
+refused "--what-if goes with --plan" --what-if "$topo" --steps 1
+refused "--ranks does not go with --what-if" --plan --what-if "$topo" --ranks 4
+refused "cannot" --plan --what-if /nonexistent/topo.json
+refused "--compute-table /nonexistent.json: cannot read it" --plan --what-if "$topo" --compute-table /nonexistent.json
 echo "app_plan_flags: OK"

@@ -12,27 +12,13 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
 fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
 
 "$make_folder" "$work/d" 40 24 7 cat=20 coffee=140 rocket=260 > /dev/null || fail "make_image_folder failed"
 model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 3 --image-size 32 --loader-threads 2 --no-progress
        --data "folder:$work/d" --eval-batches 1 --seed 11)
 recipe=(--augment --aa rand-m9-mstd0.5-inc1 --interpolation bicubic --reprob 0.25 --remode pixel --recount 2)
 
-# Prints "<step> <loss> <grad_norm>" for each step record of a JSON-lines log.
-steps_of() {
-  grep -F '"split":"train"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
-}
-# compare A.jsonl B.jsonl LINES WHAT: the same steps, losses and gradient norms to 1e-5 relative (the order of
-# float sums differs across rank counts).
-compare() {
-  paste -d' ' <(steps_of "$1") <(steps_of "$2") > "$work/both"
-  echo "$4:"; cat "$work/both"
-  [[ $(wc -l < "$work/both") -eq $3 ]] || fail "$4: expected $3 step records in each log"
-  awk '{ if ($1 != $4) { print "step " $1 " vs " $4; bad = 1 }
-         for (c = 2; c <= 3; ++c) { a = $c; b = $(c + 3); d = a - b; if (d < 0) d = -d;
-           if (d > 1e-5 * (a < 0 ? -a : a) + 1e-7) { print "step " $1 ": " a " vs " b; bad = 1 } } }
-       END { exit bad }' "$work/both" || fail "$4: the losses differ"
-}
 
 case $case_name in
 augment_ranks)
@@ -40,11 +26,11 @@ augment_ranks)
     --log "$work/one.jsonl" > "$work/out" 2>&1 || { cat "$work/out"; fail "1-rank run failed"; }
   "${mpirun[@]}" -np 2 "$app" "${model[@]}" "${recipe[@]}" --steps 4 --micro-batch 8 --log "$work/two.jsonl" \
     > "$work/out" 2>&1 || { cat "$work/out"; fail "2-rank run failed"; }
-  compare "$work/one.jsonl" "$work/two.jsonl" 4 "1 rank x 16 and 2 ranks x 8"
+  compare "$work/one.jsonl" "$work/two.jsonl" 4 "1 rank x 16 and 2 ranks x 8" 1e-5
   "${mpirun[@]}" -np 2 "$app" "${model[@]}" "${recipe[@]}" --steps 4 --micro-batch 8 --resume "$work/ck/step_2" \
     --log "$work/resumed.jsonl" > "$work/out" 2>&1 || { cat "$work/out"; fail "resuming at 2 ranks failed"; }
   grep -F '"split":"train"' "$work/one.jsonl" | tail -n 2 > "$work/tail.jsonl"
-  compare "$work/tail.jsonl" "$work/resumed.jsonl" 2 "steps 3-4 straight and resumed at 2 ranks"
+  compare "$work/tail.jsonl" "$work/resumed.jsonl" 2 "steps 3-4 straight and resumed at 2 ranks" 1e-5
   # Each flag changes the images (so the runs above compared augmented training, not a no-op).
   for off in --aa --reprob --interpolation; do  # the recipe without one flag (its default: off, bilinear)
     without=()

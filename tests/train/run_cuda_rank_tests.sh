@@ -28,6 +28,7 @@ model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --load
 common=("${model[@]}" --data synthetic:n=256,eval_n=64,classes=4 --drop-path 0.2 --eval-batches 1 --seed 3
         --grad-accum 2 --clip-grad 1 --bucket-mb 0.01)
 fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
 
 # $CZ_REHEARSE=1 checks this script without a GPU: the "GPU" runs go to the CPU in fp32 (bf16 becomes fp32,
 # NCCL becomes MPI), and the backend lines are not checked. Nothing is learnt about the GPU that way.
@@ -42,10 +43,6 @@ rehearse=${CZ_REHEARSE:-0}
   fail "one rank on the GPU failed"
 }
 
-# Prints "<step> <loss> <grad_norm>" for each step record of a JSON-lines log.
-steps_of() {
-  grep '"split":"train"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
-}
 
 # run NP LOG ARGS...: 16 images per micro-step in total; NP 1 runs without mpirun. $SIM: simulated hosts.
 run() {

@@ -19,6 +19,7 @@ mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
 model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --loader-threads 1 --no-progress)
 tiny=("${model[@]}" --data synthetic:n=512,eval_n=64,classes=4 --eval-batches 1)
 fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
 
 py=python3
 /usr/bin/python3 -c "import h5py, numpy" 2>/dev/null && py=/usr/bin/python3  # Debian's python3-h5py
@@ -30,10 +31,6 @@ need_h5py() {
   exit 77
 }
 
-# Prints "<step> <loss> <grad_norm>" for each step record of a JSON-lines log.
-steps_of() {
-  grep -F '"split":"train"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
-}
 # The two logs' losses and gradient norms agree up to the order of float sums.
 same_steps() {
   paste -d' ' <(steps_of "$1") <(steps_of "$2") > "$work/both"
@@ -106,29 +103,19 @@ png)
   echo "png: OK"
   ;;
 bad_input)
-  check() {  # check EXPECTED-SUBSTRING ARGS...
-    local want=$1; shift
-    "$app" "$@" > "$work/out" 2>&1
-    local rc=$?
-    if [[ $rc -eq 0 || $rc -ge 128 ]]; then cat "$work/out"; fail "'$*' exited with $rc"; fi
-    grep -qF -- "$want" "$work/out" || { cat "$work/out"; fail "'$*': message lacks '$want'"; }
-    ! grep -qiE 'terminate called|segmentation|core dumped|abort' "$work/out" ||
-      { cat "$work/out"; fail "'$*' crashed"; }
-    echo "ok ($rc): $* -> $(grep -F -- "$want" "$work/out" | head -1)"
-  }
-  check "--mixup must be a finite number >= 0" "${tiny[@]}" --steps 1 --mixup -1
-  check "--cutmix must be a finite number >= 0" "${tiny[@]}" --steps 1 --cutmix nan
-  check "--mixup-prob must be in [0, 1], got 2" "${tiny[@]}" --steps 1 --mixup 1 --mixup-prob 2
-  check "--mixup-switch-prob must be in [0, 1]" "${tiny[@]}" --steps 1 --mixup-switch-prob -0.5
-  check "--mixup-mode must be batch, pair or elem, got 'rows'" "${tiny[@]}" --steps 1 --mixup-mode rows
-  check "--cutmix-minmax must be LO,HI" "${tiny[@]}" --steps 1 --cutmix-minmax 0.8,0.2
-  check "--cutmix-minmax must be LO,HI" "${tiny[@]}" --steps 1 --cutmix-minmax 0.5
-  check "--cutmix-minmax 0.3,0.31 with --image-size 32" "${tiny[@]}" --steps 1 --cutmix-minmax 0.3,0.31
-  check "--micro-batch 7: Mixup/CutMix mixes image i with image n-1-i" "${tiny[@]}" --steps 1 --mixup 0.8 \
+  refused "--mixup must be a finite number >= 0" "${tiny[@]}" --steps 1 --mixup -1
+  refused "--cutmix must be a finite number >= 0" "${tiny[@]}" --steps 1 --cutmix nan
+  refused "--mixup-prob must be in [0, 1], got 2" "${tiny[@]}" --steps 1 --mixup 1 --mixup-prob 2
+  refused "--mixup-switch-prob must be in [0, 1]" "${tiny[@]}" --steps 1 --mixup-switch-prob -0.5
+  refused "--mixup-mode must be batch, pair or elem, got 'rows'" "${tiny[@]}" --steps 1 --mixup-mode rows
+  refused "--cutmix-minmax must be LO,HI" "${tiny[@]}" --steps 1 --cutmix-minmax 0.8,0.2
+  refused "--cutmix-minmax must be LO,HI" "${tiny[@]}" --steps 1 --cutmix-minmax 0.5
+  refused "--cutmix-minmax 0.3,0.31 with --image-size 32" "${tiny[@]}" --steps 1 --cutmix-minmax 0.3,0.31
+  refused "--micro-batch 7: Mixup/CutMix mixes image i with image n-1-i" "${tiny[@]}" --steps 1 --mixup 0.8 \
     --micro-batch 7
-  check "--dump-batches $work/x.txt: the file must end in .h5" "${tiny[@]}" --steps 1 --dump-batches "$work/x.txt"
+  refused "--dump-batches $work/x.txt: the file must end in .h5" "${tiny[@]}" --steps 1 --dump-batches "$work/x.txt"
   touch "$work/file"
-  check "--dump-batches $work/file/x.h5" "${tiny[@]}" --steps 1 --dump-batches "$work/file/x.h5"
+  refused "--dump-batches $work/file/x.h5" "${tiny[@]}" --steps 1 --dump-batches "$work/file/x.h5"
   echo "bad_input: OK"
   ;;
 *)

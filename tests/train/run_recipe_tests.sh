@@ -20,21 +20,8 @@ mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
 model=(--depths 1,1,4,1 --dims 8,16,24,32 --image-size 32 --loader-threads 1 --no-progress)
 tiny=("${model[@]}" --num-classes 4 --data synthetic:n=256,eval_n=64,classes=4)
 fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
 
-# Prints "<step> <loss> <grad_norm>" for each step record of a JSON-lines log.
-steps_of() {
-  grep '"split":"train"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
-}
-# compare A.jsonl B.jsonl LINES WHAT: the step records' losses and gradient norms to 2e-5 relative.
-compare() {
-  paste -d' ' <(steps_of "$1") <(steps_of "$2") > "$work/both"
-  echo "$4:"; cat "$work/both"
-  [[ $(wc -l < "$work/both") -eq $3 ]] || fail "$4: expected $3 step records in each log"
-  awk '{ if ($1 != $4) { print "step " $1 " vs " $4; bad = 1 }
-         for (c = 2; c <= 3; ++c) { a = $c; b = $(c + 3); d = a - b; if (d < 0) d = -d;
-           if (d > 2e-5 * (a < 0 ? -a : a) + 1e-7) { print "step " $1 ": " a " vs " b; bad = 1 } } }
-       END { exit bad }' "$work/both" || fail "$4: the runs differ"
-}
 # run RANKS LOG ARGS...: 16 images per micro-step in total. With one_rank_accum=N one rank takes them as N
 # micro-batches of 16/N (Mixup pairs images within a rank's micro-batch: docs/data.md).
 one_rank_accum=1
@@ -47,14 +34,6 @@ run() {
   else
     "${mpirun[@]}" -np "$np" "$app" "${common[@]}" --micro-batch $((16 / np)) --log "$log" "$@" > "$work/out" 2>&1
   fi || { cat "$work/out"; fail "$np ranks: $* failed"; }
-}
-refused() {  # refused EXPECTED ARGS...: a non-zero exit (no crash) and a message with EXPECTED
-  local want=$1; shift
-  "$app" "$@" > "$work/out" 2>&1
-  local rc=$?
-  if [[ $rc -eq 0 || $rc -ge 128 ]]; then cat "$work/out"; fail "'$*' exited with $rc"; fi
-  grep -qF -- "$want" "$work/out" || { cat "$work/out"; fail "'$*': message lacks '$want'"; }
-  echo "ok ($rc): $(grep -F -- "$want" "$work/out" | head -1)"
 }
 
 case $case_name in

@@ -36,11 +36,9 @@ mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
 model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --loader-threads 1
        --data synthetic:n=512,eval_n=64,classes=4 --eval-batches 1 --drop-path 0.1 --augment --seed 5)
 fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
 
 # "<step> <loss> <grad_norm>" per step record of a JSON-lines log, the numbers exactly as written.
-steps_of() {
-  grep '"split":"train"' "$1" | sed -E 's/.*"grad_norm":([^,}]+).*"loss":([^,}]+).*"step":([^,}]+).*/\3 \2 \1/'
-}
 last_step() { steps_of "$1" | tail -n 1 | cut -d' ' -f1; }
 
 # wait_for_step LOG N PID: until LOG has a step record >= N (or PID is gone, or 120 s pass).

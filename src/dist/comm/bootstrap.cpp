@@ -49,6 +49,7 @@ SignalSafeText<256> g_activity;
 char g_prefix[64] = "";
 volatile sig_atomic_t g_aborting = 0;  // set once abort_world runs: the launcher's SIGTERM is then expected
 
+// One of three SIGTERM handlers: Note [Three SIGTERM handlers] in src/dist/train/stop.cpp.
 void on_sigterm(int sig) {
   if (g_aborting) _exit(128 + sig);
   write_stderr(g_prefix);

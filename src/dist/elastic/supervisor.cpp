@@ -34,6 +34,7 @@ void on_stop(int sig) {
   g_stop_requests = g_stop_requests + 1;
 }
 
+// One of three SIGTERM handlers: Note [Three SIGTERM handlers] in src/dist/train/stop.cpp.
 void install_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_stop;

@@ -14,6 +14,18 @@
 //   closing "stopped by ..." and "resume with: ..." (convnext_zero.cpp). mpirun forwards a rank's stdout and
 //   stderr through two pipes and interleaves them as it reads them, which printed the closing line before
 //   the handler's; one stream keeps them in the order written.
+//
+// Note [Three SIGTERM handlers]: a SIGTERM means something different to each of three kinds of process, so
+// each installs its own handler; all three only record the signal or write(2), as handlers must.
+// - Any rank of an MPI program (World::init in src/dist/comm/bootstrap.cpp: commbench, the test programs):
+//   the launcher is ending the job because another rank failed. The handler says what this rank was doing
+//   (Note [Activity for signals]) and exits with 128 + signal, so that the output names the stuck collective.
+// - A training rank (install_stop_handlers, here, which convnext_zero installs right after World::init in
+//   place of the first): SIGTERM, SIGINT and SIGUSR1 ask for a stop after the step with a final checkpoint,
+//   a second one for an exit at once (Note [Stopping on request], above).
+// - czrun's supervisor (src/dist/elastic/supervisor.cpp, not an MPI process): a signal to czrun stops the
+//   whole job; it hands mpirun SIGUSR1, which mpirun forwards to every rank without a kill deadline, and
+//   waits for the job's own stop (Note [Elastic restarts]).
 #include "dist/train/stop.h"
 
 #include <signal.h>

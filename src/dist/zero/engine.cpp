@@ -35,18 +35,11 @@
 // copy that is refreshed (cast, then all-gathered at stages 1-2) after each update.
 #include "dist/zero/engine.h"
 
+#include "dist/zero/held_bytes.h"
 #include "tensor/autograd/engine.h"
 #include "tensor/ops.h"
 
 namespace cz::zero {
-namespace {
-
-int64_t held_bytes(const Tensor& t) {
-  return t.defined() ? int64_t(round_to_size_class(t.storage()->nbytes())) : 0;
-}
-
-}  // namespace
-
 // The buffers are allocated in one order, which the memory planner replays (plan/step_trace.cpp): the flat
 // copy, this rank's chunks, the master chunks, the compute copy (stage 3: its shard and the units'
 // buffers), the full gradient buffer, the gradient shard, the optimizer state, the EMA.

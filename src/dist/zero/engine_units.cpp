@@ -28,6 +28,7 @@
 #include <algorithm>
 
 #include "dist/zero/engine.h"
+#include "dist/zero/held_bytes.h"
 #include "dist/zero/param_gatherer.h"
 #include "tensor/autograd/engine.h"
 
@@ -105,13 +106,13 @@ UnitGatherer::~UnitGatherer() {
 int64_t UnitGatherer::gathered_bytes() const {
   int64_t n = 0;
   for (size_t p = 0; p < gathered_.size(); ++p)
-    if (resident(p)) n += int64_t(round_to_size_class(gathered_[p].storage()->nbytes()));
+    if (resident(p)) n += held_bytes(gathered_[p]);
   return n;
 }
 
 int64_t UnitGatherer::state_bytes() const {
-  int64_t n = ParamGatherer::state_bytes() + int64_t(round_to_size_class(shard_.storage()->nbytes()));
-  if (secondary_.defined()) n += int64_t(round_to_size_class(secondary_.storage()->nbytes()));
+  int64_t n = ParamGatherer::state_bytes() + held_bytes(shard_);
+  if (secondary_.defined()) n += held_bytes(secondary_);
   return n;
 }
 
@@ -146,7 +147,7 @@ void UnitGatherer::gather(size_t p) {
 
 void UnitGatherer::drop_wire(size_t p) {
   if (!wired_[p]) return;
-  meter_.hold(-int64_t(round_to_size_class(wire_[p].storage()->nbytes())));
+  meter_.hold(-held_bytes(wire_[p]));
   wire_[p].storage()->release();
   wired_[p] = false;
 }
@@ -178,7 +179,7 @@ void UnitGatherer::release(size_t p) {
     work_[p].reset();
   }
   drop_wire(p);
-  meter_.hold(-int64_t(round_to_size_class(gathered_[p].storage()->nbytes())));
+  meter_.hold(-held_bytes(gathered_[p]));
   gathered_[p].storage()->release();
   state_[p] = State::released;
 }

@@ -14,15 +14,10 @@
 // means (all of S ranks) is the world mean.
 #include "dist/zero/grad_reducer.h"
 
+#include "dist/zero/held_bytes.h"
 #include "tensor/autograd/engine.h"
 
 namespace cz::zero {
-namespace {
-int64_t held_bytes(const Tensor& t) {
-  return t.defined() ? int64_t(round_to_size_class(t.storage()->nbytes())) : 0;
-}
-}  // namespace
-
 GradReducer::GradReducer(const ZeroLayout& layout, std::vector<Tensor> params, Tensor grads,
                          dist::ProcessGroup group, dist::ProcessGroup replicate, CommMeter& meter,
                          ReducerMode mode)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 
+#include "dist/zero/held_bytes.h"
 #include "tensor/autograd/engine.h"
 #include "tensor/ops.h"
 
@@ -14,7 +15,7 @@ ParamGatherer::~ParamGatherer() {
 }
 
 int64_t ParamGatherer::state_bytes() const {
-  return records_.defined() ? int64_t(round_to_size_class(records_.storage()->nbytes())) : 0;
+  return held_bytes(records_);
 }
 
 void ParamGatherer::allocate_records() {

@@ -3,17 +3,12 @@
 
 #include <cmath>
 
+#include "dist/zero/held_bytes.h"
 #include "optim/clip.h"
 #include "tensor/autograd/engine.h"
 #include "tensor/ops.h"
 
 namespace cz::zero {
-namespace {
-int64_t held_bytes(const Tensor& t) {
-  return t.defined() ? int64_t(round_to_size_class(t.storage()->nbytes())) : 0;
-}
-}  // namespace
-
 ShardedState::ShardedState(const ZeroLayout& layout, dist::ProcessGroup group, Tensor master,
                            Tensor grad_shard, bool host, std::vector<Tensor> weights,
                            std::vector<Tensor> grads, std::vector<Tensor> from_compute,
