@@ -22,6 +22,8 @@ std::string utc_now() {
 }  // namespace
 
 void Trainer::open_log() {
+  if (world_.rank() == 0 && !cfg_.tensorboard.empty())
+    tensorboard_ = std::make_unique<TensorBoardWriter>(cfg_.tensorboard, flag_name(&TrainConfig::tensorboard));
   if (world_.rank() != 0 || cfg_.log.empty()) return;
   log_ = cfg_.resume.empty() ? JsonLog::start(cfg_.log) : JsonLog::resume(cfg_.log, step_);
   if (!log_.note().empty()) console_print(stderr, log_.note() + "\n");
@@ -38,6 +40,14 @@ void Trainer::open_log() {
     r["resumed_step"] = step_;
   }
   log_.write(std::move(r));
+}
+
+void Trainer::write_record(nlohmann::json record) {
+  if (tensorboard_) {
+    const auto scalars = log_record_scalars(record);
+    tensorboard_->write(record.value("step", int64_t(0)), scalars, unix_seconds());
+  }
+  log_.write(std::move(record));
 }
 
 }  // namespace cz::train

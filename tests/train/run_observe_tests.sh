@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Seeing a run from the outside (issue 33). Usage: run_observe_tests.sh CASE APP MPIEXEC
+#   tensorboard      2 ranks at stage 2 with --tensorboard: rank 0 alone writes one event file, which TensorBoard's
+#                    reader (and check_tensorboard.py's own) decodes to the JSON log's values; a resumed run adds
+#                    a second file and the two read as one run
+#   tensorboard_bad  --tensorboard on a file, or under a file: a message naming the flag and the path, exit 1
+set -uo pipefail
+case_name=$1 app=$2 mpiexec=$3
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
+model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 5 --image-size 32 --loader-threads 1 --no-progress)
+tiny=("${model[@]}" --data synthetic:n=256,eval_n=64,classes=5 --micro-batch 8 --bucket-mb 0.01)
+fail() { echo "FAIL: $*"; exit 1; }
+
+# A Python that has the tensorboard package (pip), else any: check_tensorboard.py then reads with its own decoder.
+py=python3
+for p in python3 /usr/bin/python3; do
+  "$p" -c "import tensorboard" 2>/dev/null && { py=$p; break; }
+done
+
+case $case_name in
+tensorboard)
+  "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --stage 2 --steps 6 --eval-every 3 --log "$work/run.jsonl" \
+    --tensorboard "$work/tb" > "$work/out" 2>&1 || { cat "$work/out"; fail "2-rank run failed"; }
+  "$py" "$here/check_tensorboard.py" "$work/tb" "$work/run.jsonl" 1 train/loss train/lr train/grad_norm \
+    train/img_per_s train/peak_mem_bytes train/model_state_bytes train/comm_hidden eval/top1 eval/top5 eval/loss ||
+    fail "the event file does not hold the log's values"
+  # Stopped at step 3 and resumed: the log continues, TensorBoard gets a second file of steps 4-6.
+  rm -rf "$work/tb"
+  "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --stage 2 --steps 3 --log "$work/res.jsonl" --tensorboard "$work/tb" \
+    --checkpoint-dir "$work/ck" --checkpoint-every 3 > "$work/out" 2>&1 || { cat "$work/out"; fail "first half failed"; }
+  "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --stage 2 --steps 6 --log "$work/res.jsonl" --tensorboard "$work/tb" \
+    --resume "$work/ck" > "$work/out" 2>&1 || { cat "$work/out"; fail "resumed half failed"; }
+  [[ $(grep -c '"split":"train"' "$work/res.jsonl") -eq 6 ]] || fail "the resumed log does not hold 6 steps"
+  "$py" "$here/check_tensorboard.py" "$work/tb" "$work/res.jsonl" 2 train/loss || fail "resumed run's files"
+  echo "tensorboard: OK"
+  ;;
+tensorboard_bad)
+  echo "a file" > "$work/file"
+  for dir in "$work/file" "$work/file/sub"; do
+    "$app" "${tiny[@]}" --steps 1 --tensorboard "$dir" > "$work/out" 2>&1
+    rc=$?
+    [[ $rc -eq 1 ]] || { cat "$work/out"; fail "--tensorboard $dir exited with $rc, expected 1"; }
+    grep -qF -- "--tensorboard $dir" "$work/out" || { cat "$work/out"; fail "the message does not name the flag and $dir"; }
+  done
+  echo "tensorboard_bad: OK"
+  ;;
+*)
+  fail "unknown case $case_name"
+  ;;
+esac
