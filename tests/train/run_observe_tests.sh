@@ -4,6 +4,8 @@
 #                    reader (and check_tensorboard.py's own) decodes to the JSON log's values; a resumed run adds
 #                    a second file and the two read as one run
 #   tensorboard_bad  --tensorboard on a file, or under a file: a message naming the flag and the path, exit 1
+#   plot             scripts/plot_run.py on one and on two real logs: a PNG of the six panels, named in the
+#                    closing line; a missing or non-log file is refused by name
 set -uo pipefail
 case_name=$1 app=$2 mpiexec=$3
 here=$(cd "$(dirname "$0")" && pwd)
@@ -46,6 +48,34 @@ tensorboard_bad)
     grep -qF -- "--tensorboard $dir" "$work/out" || { cat "$work/out"; fail "the message does not name the flag and $dir"; }
   done
   echo "tensorboard_bad: OK"
+  ;;
+plot)
+  plot=$here/../../scripts/plot_run.py
+  "$app" "${tiny[@]}" --steps 6 --eval-every 3 --log "$work/a.jsonl" > "$work/out" 2>&1 || { cat "$work/out"; fail "run a"; }
+  cat "$work/out"
+  # The closing line names the command; run as printed, it writes a.png beside the log.
+  cmd=$(grep -o '; plot: .*' "$work/out" | sed 's/^; plot: //')
+  [[ -n $cmd ]] || fail "the closing line names no plot command"
+  eval "$cmd" || fail "the printed command failed: $cmd"
+  [[ -s $work/a.png ]] || fail "no $work/a.png"
+  "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --stage 3 --steps 6 --eval-every 3 --log "$work/b.jsonl" > "$work/out" 2>&1 ||
+    { cat "$work/out"; fail "run b"; }
+  "$plot" "$work/a.jsonl" "$work/b.jsonl" -o "$work/ab.png" > "$work/plot.out" 2>&1 || { cat "$work/plot.out"; fail "two runs"; }
+  cat "$work/plot.out"
+  # 2 runs x 5 panels the log has (loss, eval top-1, lr, img/s, memory): 10 lines; data wait is not logged.
+  grep -q "ab.png: 10 lines of 2 runs" "$work/plot.out" || fail "expected 10 lines of 2 runs"
+  /usr/bin/python3 -c "
+import matplotlib.image as m, sys
+a = m.imread(sys.argv[1])
+assert a.shape[0] == 800 and a.shape[1] == 1500, a.shape
+assert a[..., :3].std() > 0.05, 'blank picture'
+" "$work/ab.png" || fail "ab.png is not a 1500x800 picture with something drawn"
+  "$plot" "$work/nothere.jsonl" > "$work/plot.out" 2>&1 && fail "a missing log was accepted"
+  grep -q "nothere.jsonl" "$work/plot.out" || { cat "$work/plot.out"; fail "the message does not name the file"; }
+  echo '{"event": "start"}' > "$work/start_only.jsonl"
+  "$plot" "$work/start_only.jsonl" > "$work/plot.out" 2>&1 && fail "a log without steps was accepted"
+  grep -q "start_only.jsonl: no training step records" "$work/plot.out" || { cat "$work/plot.out"; fail "message"; }
+  echo "plot: OK"
   ;;
 *)
   fail "unknown case $case_name"
