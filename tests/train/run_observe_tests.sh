@@ -4,6 +4,9 @@
 #                    reader (and check_tensorboard.py's own) decodes to the JSON log's values; a resumed run adds
 #                    a second file and the two read as one run
 #   tensorboard_bad  --tensorboard on a file, or under a file: a message naming the flag and the path, exit 1
+#   comms_table      2 ranks, --comms-table: at stage 0 the table's rows add up to the log's comm_s and comm_bytes
+#                    (bytes x nccl-tests' bus factor = what a ring sends), its bandwidths follow from its times;
+#                    at stage 2 it has reduce-scatters and all-gathers; one rank has none
 #   plot             scripts/plot_run.py on one and on two real logs: a PNG of the six panels, named in the
 #                    closing line; a missing or non-log file is refused by name
 set -uo pipefail
@@ -48,6 +51,45 @@ tensorboard_bad)
     grep -qF -- "--tensorboard $dir" "$work/out" || { cat "$work/out"; fail "the message does not name the flag and $dir"; }
   done
   echo "tensorboard_bad: OK"
+  ;;
+comms_table)
+  for stage in 0 2; do
+    "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --stage $stage --steps 4 --comms-table --log "$work/s$stage.jsonl" \
+      > "$work/out$stage" 2>&1 || { cat "$work/out$stage"; fail "2 ranks at stage $stage failed"; }
+    cat "$work/out$stage"
+    grep -q "^# comms: rank 0's collectives in the 4 steps of this run" "$work/out$stage" || fail "no table printed"
+  done
+  "$py" - "$work/s0.jsonl" "$work/s2.jsonl" <<'PY' || fail "the comms table disagrees with the log"
+import json, math, sys
+def load(path):
+    recs = [json.loads(l) for l in open(path)]
+    tables = [r for r in recs if r.get("event") == "comms_table"]
+    assert len(tables) == 1, f"{path}: {len(tables)} comms_table records"
+    return [r for r in recs if r.get("split") == "train"], tables[0]
+steps, table = load(sys.argv[1])
+rows = table["rows"]
+assert table["steps"] == 4 and rows, table
+assert {r["op"] for r in rows} == {"all_reduce"}, rows
+factor = {"all_reduce": 2 * (2 - 1) / 2, "reduce_scatter": 0.5, "all_gather": 0.5}
+total_s = sum(r["total_s"] for r in rows)
+comm_s = sum(s["comm_s"] for s in steps)
+assert math.isclose(total_s, comm_s, rel_tol=1e-9), f"table {total_s} s, log {comm_s} s"
+sent = sum(r["count"] * r["size_bytes"] * factor[r["op"]] for r in rows)
+assert sent == sum(s["comm_bytes"] for s in steps), f"table {sent} B, log {sum(s['comm_bytes'] for s in steps)} B"
+assert sum(r["exposed_s"] for r in rows) <= total_s + 1e-12
+for r in rows:
+    assert r["ranks"] == 2 and r["count"] % 4 == 0, r  # each bucket once a step
+    algbw = r["count"] * r["size_bytes"] / r["total_s"] / 1e9
+    assert math.isclose(r["algbw_gbs"], algbw, rel_tol=1e-9) and math.isclose(r["busbw_gbs"], algbw * factor[r["op"]], rel_tol=1e-9), r
+    assert math.isclose(r["mean_us"], 1e6 * r["total_s"] / r["count"], rel_tol=1e-9), r
+steps2, table2 = load(sys.argv[2])
+ops = {r["op"] for r in table2["rows"]}
+assert {"reduce_scatter", "all_gather"} <= ops, ops
+print(f"comms_table: {len(rows)} rows, {total_s:.4f} s and {sent:.0f} B as the log's; stage 2: {sorted(ops)}")
+PY
+  "$app" "${tiny[@]}" --steps 2 --comms-table --log "$work/one.jsonl" > "$work/out1" 2>&1 || { cat "$work/out1"; fail "1 rank failed"; }
+  grep -q "no collective ran" "$work/out1" || { cat "$work/out1"; fail "one rank: no 'no collective' line"; }
+  echo "comms_table: OK"
   ;;
 plot)
   plot=$here/../../scripts/plot_run.py

@@ -528,6 +528,7 @@ TrainSummary Trainer::run() {
   sum.checkpoint = latest_checkpoint_;
   sum.seconds = seconds_since(t0);
   sum.img_per_s = time_in_steps > 0 ? double(images) / time_in_steps : 0;
+  if (cfg_.comms_table) report_comms(steps_run);
   if (eval_set_ && sum.stop_signal == 0) run_eval(total_steps_);
   if (!cfg_.export_weights.empty()) {
     // Gathered on every rank (the engine's master_parameters is collective), written by rank 0.

@@ -130,6 +130,7 @@ class Trainer {
   ckpt::SaveRequest checkpoint_request();  // this rank's state and the run's scalars, for DIR/step_<step_>
   void open_log();  // rank 0: --log, continued after a resumed step (Note [One log across resumes])
   void write_record(nlohmann::json record);  // to --log, and its scalars to --tensorboard (log_record.cpp)
+  void report_comms(int64_t steps);          // --comms-table, at the end of run() (log_record.cpp)
   ProgressMode progress_mode() const;
   using Clock = std::chrono::steady_clock;
   StepStats run_step(std::span<const Batch> micro_batches, Clock::time_point t0);
