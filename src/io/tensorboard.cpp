@@ -1,5 +1,5 @@
-// TensorBoard event files (Note [TensorBoard event files] in io/tensorboard.h): the record framing and CRC-32C
-// written here, the Event messages by libprotobuf from io/tensorboard.proto.
+// TensorBoard event files (Note [TensorBoard event files] in io/tensorboard.h): the record framing and
+// CRC-32C written here, the Event messages by libprotobuf from io/tensorboard.proto.
 #include "io/tensorboard.h"
 
 #include <unistd.h>
@@ -61,7 +61,8 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir, std::string_view fl
   std::filesystem::create_directories(dir, ec);
   CZ_CHECK_IO(!ec, "{} {}: cannot create the folder: {}", flag, dir, ec.message());
   CZ_CHECK_IO(std::filesystem::is_directory(dir), "{} {}: not a folder", flag, dir);
-  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   path_ = (std::filesystem::path(dir) /
            fmt::format("events.out.tfevents.{}.{}.{}", int64_t(now), host_name(), int64_t(getpid())))
               .string();
@@ -98,7 +99,8 @@ void TensorBoardWriter::write_record(const std::string& data) {
   put_le(record, masked_crc32c(header), 4);
   record += data;
   put_le(record, masked_crc32c(data), 4);
-  const bool ok = std::fwrite(record.data(), 1, record.size(), file_) == record.size() && std::fflush(file_) == 0;
+  const bool ok =
+      std::fwrite(record.data(), 1, record.size(), file_) == record.size() && std::fflush(file_) == 0;
   CZ_CHECK_IO(ok, "--tensorboard: cannot write {}: {}", path_, std::strerror(errno));
 }
 

@@ -54,15 +54,20 @@ TEST(TensorBoard, FileIsFramedRecords) {
   EXPECT_EQ(records, 2u);  // the file version, then the step
   EXPECT_NE(bytes.find("brain.Event:2"), std::string::npos);
   EXPECT_NE(bytes.find("train/loss"), std::string::npos);
-  // A 0 is in the bytes (field 2, fixed32, zero), not left out as a plain proto3 field's would be: TensorBoard
-  // drops a value that has none.
+  // A 0 is in the bytes (field 2, fixed32, zero), not left out as a plain proto3 field's would be:
+  // TensorBoard drops a value that has none.
   EXPECT_NE(bytes.find(std::string("train/zero\x15\0\0\0\0", 15)), std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
 TEST(TensorBoard, ScalarsOfLogRecords) {
-  const auto train = log_record_scalars({{"split", "train"}, {"step", 3}, {"epoch", 0}, {"loss", 2.0},
-                                         {"skipped", false}, {"comm_s", 0.2}, {"comm_exposed_s", 0.05}});
+  const auto train = log_record_scalars({{"split", "train"},
+                                         {"step", 3},
+                                         {"epoch", 0},
+                                         {"loss", 2.0},
+                                         {"skipped", false},
+                                         {"comm_s", 0.2},
+                                         {"comm_exposed_s", 0.05}});
   ASSERT_EQ(train.size(), 4u);  // loss, comm_s, comm_exposed_s, comm_hidden: not step, epoch or the bool
   EXPECT_EQ(train.back().tag, "train/comm_hidden");
   EXPECT_DOUBLE_EQ(train.back().value, 0.75);

@@ -28,8 +28,8 @@ std::vector<CommsRow> CommsTable::rows() const {
 std::string format_comms_table(const std::vector<CommsRow>& rows, const std::string& title) {
   if (rows.empty()) return "";
   std::string s = fmt::format("# {}\n", title);
-  s += fmt::format("# {:>14} {:>12} {:>5} {:>7} {:>10} {:>10} {:>7} {:>7} {:>10} {:>7}\n", "op", "size", "ranks",
-                   "count", "total", "time", "algbw", "busbw", "exposed", "hidden");
+  s += fmt::format("# {:>14} {:>12} {:>5} {:>7} {:>10} {:>10} {:>7} {:>7} {:>10} {:>7}\n", "op", "size",
+                   "ranks", "count", "total", "time", "algbw", "busbw", "exposed", "hidden");
   s += fmt::format("# {:>14} {:>12} {:>5} {:>7} {:>10} {:>10} {:>7} {:>7} {:>10} {:>7}\n", "", "(B)", "", "",
                    "(ms)", "(us)", "(GB/s)", "(GB/s)", "(ms)", "");
   int64_t count = 0, bytes = 0;
@@ -45,8 +45,9 @@ std::string format_comms_table(const std::vector<CommsRow>& rows, const std::str
     total += r.total_s;
     exposed += r.exposed_s;
   }
-  s += fmt::format("# total: {} calls, {} bytes, {:.3f} ms, {:.3f} ms exposed ({:.0f}% hidden)\n", count, bytes,
-                   1e3 * total, 1e3 * exposed, total > 0 ? 100 * std::max(0.0, 1 - exposed / total) : 0.0);
+  s += fmt::format("# total: {} calls, {} bytes, {:.3f} ms, {:.3f} ms exposed ({:.0f}% hidden)\n", count,
+                   bytes, 1e3 * total, 1e3 * exposed,
+                   total > 0 ? 100 * std::max(0.0, 1 - exposed / total) : 0.0);
   return s;
 }
 

@@ -589,8 +589,9 @@ std::vector<Flag> make_flags() {
       {.name = "--tensorboard",
        .field = &T::tensorboard,
        .group = kOutputGroup,
-       .help = "write the log's scalars (loss, lr, grad norm, img/s, communication, memory, eval top-1/top-5) "
-               "as TensorBoard event files into DIR, on rank 0: tensorboard --logdir DIR"},
+       .help =
+           "write the log's scalars (loss, lr, grad norm, img/s, communication, memory, eval top-1/top-5) "
+           "as TensorBoard event files into DIR, on rank 0: tensorboard --logdir DIR"},
       {.name = "--comms-table",
        .field = &T::comms_table,
        .group = kOutputGroup,

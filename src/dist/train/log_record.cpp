@@ -26,7 +26,8 @@ std::string utc_now() {
 
 void Trainer::open_log() {
   if (world_.rank() == 0 && !cfg_.tensorboard.empty())
-    tensorboard_ = std::make_unique<TensorBoardWriter>(cfg_.tensorboard, flag_name(&TrainConfig::tensorboard));
+    tensorboard_ =
+        std::make_unique<TensorBoardWriter>(cfg_.tensorboard, flag_name(&TrainConfig::tensorboard));
   if (world_.rank() != 0 || cfg_.log.empty()) return;
   log_ = cfg_.resume.empty() ? JsonLog::start(cfg_.log) : JsonLog::resume(cfg_.log, step_);
   if (!log_.note().empty()) console_print(stderr, log_.note() + "\n");

@@ -104,7 +104,8 @@ void CommMeter::finish_step(StepStats& s) {
     if (r) runs.push_back(*r);
     const dist::Work::Call& call = w->call();
     if (call.ranks > 0)
-      table_.add(call.kind, call.bytes, call.ranks, w->run_seconds(), r ? exposed_seconds({*r}, waits_) : 0.0);
+      table_.add(call.kind, call.bytes, call.ranks, w->run_seconds(),
+                 r ? exposed_seconds({*r}, waits_) : 0.0);
   }
   s.comm_exposed_s = exposed_seconds(std::move(runs), waits_);
   s.comm_wait_s = wait_s_;
