@@ -19,7 +19,7 @@ fi
 packages=(build-essential cmake ninja-build pkg-config ccache
   libopenblas-openmp-dev libopenmpi-dev openmpi-bin libhdf5-dev
   libgtest-dev libgmock-dev libbenchmark-dev libfmt-dev nlohmann-json3-dev libcli11-dev
-  libturbojpeg0-dev libpng-dev python3-matplotlib python3-h5py hdf5-tools
+  libturbojpeg0-dev libpng-dev libprotobuf-dev protobuf-compiler python3-matplotlib python3-h5py hdf5-tools
   iproute2  # ip, tc, bridge: the test bed of hosts (scripts/hosts.sh; util-linux is essential)
   gdb)  # the elastic tests print a stalled launch's stacks (tests/hosts/run_elastic_tests.sh)
 missing=()

@@ -424,7 +424,9 @@ int main(int argc, char** argv) {
       if (world->size() > 1 && s.comm_s > 0)
         fmt::print(", {:.0f}% of {:.2f} s of communication hidden",
                    100 * std::max(0.0, 1 - s.comm_exposed_s / s.comm_s), s.comm_s);
-      fmt::print(")\n");
+      fmt::print(")");
+      if (!cfg.log.empty()) fmt::print("; plot: {}", cz::elastic::shell_words({CZ_PLOT_SCRIPT, cfg.log}));
+      fmt::print("\n");
     }
   } catch (const std::exception& e) {
     if (world && world->size() > 1) cz::dist::die(e);

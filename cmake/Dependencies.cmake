@@ -1,4 +1,4 @@
-# Third-party dependencies, all from Debian packages (scripts/setup.sh installs them).
+# Third-party dependencies, all from Debian packages (build.sh installs them).
 find_package(Threads REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(fmt REQUIRED)
@@ -8,6 +8,8 @@ find_package(MPI REQUIRED COMPONENTS C)
 find_package(HDF5 REQUIRED COMPONENTS C)
 find_package(PNG REQUIRED)
 find_package(libjpeg-turbo REQUIRED)
+# libprotobuf-lite and protoc: --tensorboard's Event messages (src/io/tensorboard.proto).
+find_package(Protobuf REQUIRED)
 
 # OpenBLAS: prefer the OpenMP build so GEMM shares the OpenMP thread pool instead of running a second pool of
 # spinning pthreads next to it (which starves other ranks when several share a machine's cores).

@@ -26,6 +26,7 @@ wanted=(
   nlohmann-json3-dev libcli11-dev
   libturbojpeg0-dev libturbojpeg0 libjpeg62-turbo-dev libjpeg62-turbo
   libpng-dev libpng16-16
+  libprotobuf-dev libprotobuf32 libprotobuf-lite32 protobuf-compiler libprotoc32  # --tensorboard's messages
   zlib1g-dev zlib1g  # FindPNG needs zlib.h and libz.so; the runtime too, or the prefix's libz.so dangles
 )
 # Assumed on any machine that runs nvcc and PyTorch: the C/C++ runtimes and the compiler's OpenMP and zlib (whose

@@ -87,7 +87,10 @@ WorkHandle Communicator::validate_and_submit(Call call) {
   } else {
     call.what = describe_call(call.kind, call.bytes, members_);
   }
-  return submit(std::move(call));
+  const Work::Call info{call.kind, int64_t(call.bytes), size_};
+  WorkHandle work = submit(std::move(call));
+  if (work) work->set_call(info);
+  return work;
 }
 
 std::string Communicator::explain(Collective, size_t) const {

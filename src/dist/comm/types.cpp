@@ -98,4 +98,16 @@ std::string describe_call(Collective kind, size_t bytes, const std::vector<int>&
   return fmt::format("{} of {} bytes on ranks {}", name(kind), bytes, rank_list(ranks));
 }
 
+double busbw_factor(Collective kind, int n) {
+  switch (kind) {
+    case Collective::all_reduce:
+      return 2.0 * (n - 1) / n;
+    case Collective::reduce_scatter:
+    case Collective::all_gather:
+      return double(n - 1) / n;
+    default:
+      return 1.0;
+  }
+}
+
 }  // namespace cz::dist

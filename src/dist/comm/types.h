@@ -24,6 +24,9 @@ std::string_view name(ReduceOp op);
 std::string_view name(Algorithm algo);
 std::string_view name(Backend backend);
 std::string_view name(Collective kind);
+// nccl-tests' bus bandwidth factor for a collective on n ranks (busbw = algbw x factor): commbench's and the
+// trainer's comms table's (comms_table.h).
+double busbw_factor(Collective kind, int n);
 // Parsers throw ValueError listing the accepted names.
 ReduceOp parse_reduce_op(std::string_view s);
 Algorithm parse_algorithm(std::string_view s);

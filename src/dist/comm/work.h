@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "dist/comm/types.h"
 #include "tensor/device.h"
 
 namespace cz::dist {
@@ -41,6 +42,16 @@ class Work {
   // nullopt before, after a failure, and for device-timed work (NCCL), whose run time is the device's.
   std::optional<std::pair<TimePoint, TimePoint>> host_run_interval() const;
 
+  // What was called, for the comms table (comms_table.h): set by the communicator as it hands the work out,
+  // so read it on the thread that launched the collective; bytes as nccl-tests count them (the whole buffer).
+  struct Call {
+    Collective kind = Collective::barrier;
+    int64_t bytes = 0;
+    int ranks = 0;
+  };
+  void set_call(Call call) { call_ = call; }
+  const Call& call() const { return call_; }
+
   // Backend side.
   void set_device_event(void* cuda_event);        // owned from now on; recorded after the device-side work
   void set_device_start_event(void* cuda_event);  // owned; recorded before it (timing)
@@ -54,6 +65,7 @@ class Work {
 
   std::string what_;
   Device device_;
+  Call call_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;

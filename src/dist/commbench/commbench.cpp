@@ -329,18 +329,6 @@ std::string bench_dtype_name(DType dtype) {
   }
 }
 
-double busbw_factor(Collective kind, int n) {
-  switch (kind) {
-    case Collective::all_reduce:
-      return 2.0 * (n - 1) / n;
-    case Collective::reduce_scatter:
-    case Collective::all_gather:
-      return double(n - 1) / n;
-    default:
-      return 1.0;
-  }
-}
-
 void print_ring_report(const Topology& topology, std::ostream& out) {
   constexpr double kBytes = 64.0 * 1024 * 1024;  // a 64 MiB reduce-scatter
   const std::vector<int> ring = topology.ring_order();

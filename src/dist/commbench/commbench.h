@@ -48,8 +48,6 @@ int64_t parse_size(const std::string& s);
 // nccl-tests' names: float, double, half, bfloat16 (f32, f64, f16, bf16 accepted too).
 DType parse_bench_dtype(const std::string& s);
 std::string bench_dtype_name(DType dtype);
-// nccl-tests' bus bandwidth factor for a collective on n ranks.
-double busbw_factor(Collective kind, int n);
 
 // Runs what the options ask for; rank 0 prints to `out`. Returns the exit code (1 when results were wrong).
 int run_commbench(World& world, const CommBenchOptions& options, std::ostream& out);

@@ -159,6 +159,7 @@ void Trainer::check_outputs() const {
   if (!cfg_.export_weights.empty())
     check_writable_file(cfg_.export_weights, flag_name(&TrainConfig::export_weights));
   if (!cfg_.log.empty()) check_writable_file(cfg_.log, flag_name(&TrainConfig::log));
+  if (!cfg_.tensorboard.empty()) check_writable_dir(cfg_.tensorboard, flag_name(&TrainConfig::tensorboard));
 }
 
 void Trainer::resume(const std::string& path) {

@@ -86,6 +86,8 @@ struct TrainConfig {
   std::string device = "cpu";         // cpu | cuda
   bool tf32 = false;                  // CUDA: TF32 tensor cores for fp32 matmuls
   std::string log;                    // JSON-lines log file
+  std::string tensorboard;            // TensorBoard event files of the log's scalars (rank 0)
+  bool comms_table = false;           // the run's collectives by kind and size at its end (comms_table.h)
   uint64_t seed = 0;
   bool progress = true;             // progress on rank 0's stderr: a bar on a terminal, else plain lines
   double progress_interval_s = 10;  // seconds between plain progress lines

@@ -586,6 +586,17 @@ std::vector<Flag> make_flags() {
        .help =
            "JSON-lines log: a start record, then one object per step and per evaluation; --resume continues "
            "it (records past the checkpoint dropped), else an existing one is kept as FILE.1"},
+      {.name = "--tensorboard",
+       .field = &T::tensorboard,
+       .group = kOutputGroup,
+       .help =
+           "write the log's scalars (loss, lr, grad norm, img/s, communication, memory, eval top-1/top-5) "
+           "as TensorBoard event files into DIR, on rank 0: tensorboard --logdir DIR"},
+      {.name = "--comms-table",
+       .field = &T::comms_table,
+       .group = kOutputGroup,
+       .help = "at the end, print rank 0's collectives per kind and message size (count, time, algorithm and "
+               "bus bandwidth in nccl-tests' units, exposed time) and write them into --log"},
       {.name = "--seed",
        .field = &T::seed,
        .group = kDataGroup,

@@ -3,6 +3,9 @@
 // and the time. A resumed run writes one too, naming the checkpoint, so the log shows each start.
 #include <ctime>
 
+#include <fmt/format.h>
+
+#include "dist/comm/comms_table.h"
 #include "dist/train/build_info.h"
 #include "dist/train/flags.h"
 #include "dist/train/trainer.h"
@@ -22,6 +25,9 @@ std::string utc_now() {
 }  // namespace
 
 void Trainer::open_log() {
+  if (world_.rank() == 0 && !cfg_.tensorboard.empty())
+    tensorboard_ =
+        std::make_unique<TensorBoardWriter>(cfg_.tensorboard, flag_name(&TrainConfig::tensorboard));
   if (world_.rank() != 0 || cfg_.log.empty()) return;
   log_ = cfg_.resume.empty() ? JsonLog::start(cfg_.log) : JsonLog::resume(cfg_.log, step_);
   if (!log_.note().empty()) console_print(stderr, log_.note() + "\n");
@@ -38,6 +44,28 @@ void Trainer::open_log() {
     r["resumed_step"] = step_;
   }
   log_.write(std::move(r));
+}
+
+void Trainer::write_record(nlohmann::json record) {
+  if (tensorboard_) {
+    const auto scalars = log_record_scalars(record);
+    tensorboard_->write(record.value("step", int64_t(0)), scalars, unix_seconds());
+  }
+  log_.write(std::move(record));
+}
+
+// Rank 0's own figures, not a mean over ranks: they add up to its log's comm_s and comm_bytes (the stage 1-2
+// all-gathers after the last update excepted: they are waited for after the last step, outside it).
+void Trainer::report_comms(int64_t steps) {
+  if (world_.rank() != 0) return;
+  const std::vector<dist::CommsRow> rows = engine_->comms_table().rows();
+  if (rows.empty()) {
+    console_print(stdout, "# comms: no collective ran in the steps (one rank)\n");
+  } else {
+    const std::string title = fmt::format("comms: rank 0's collectives in the {} steps of this run", steps);
+    console_print(stdout, dist::format_comms_table(rows, title));
+  }
+  log_.write({{"event", "comms_table"}, {"steps", steps}, {"rows", dist::comms_table_json(rows)}});
 }
 
 }  // namespace cz::train

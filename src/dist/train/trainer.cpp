@@ -479,7 +479,7 @@ TrainSummary Trainer::run() {
     if (sum.eval_ema) track_best(best_ema_, *sum.eval_ema, "best_ema");
     sum.best = best_;
     sum.best_ema = best_ema_;
-    log_.write(j);
+    write_record(j);
     if (lead) {
       std::string line = fmt::format("eval @ step {}: loss {:.4f}  top1 {:.2f}%  top5 {}", at_step,
                                      sum.eval->loss, 100 * sum.eval->top1, percent(sum.eval->top5));
@@ -504,7 +504,7 @@ TrainSummary Trainer::run() {
              flag_name(&TrainConfig::lr), flag_name(&TrainConfig::clip_grad));
     nlohmann::json record = zero::to_json(s);
     record["split"] = "train";  // beside evaluations' "eval": readers select steps by it
-    log_.write(std::move(record));
+    write_record(std::move(record));
     bar.update(s.step, s.loss, double(images) / time_in_steps);
     if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step < total_steps_ && eval_set_)
       run_eval(s.step);
@@ -528,6 +528,7 @@ TrainSummary Trainer::run() {
   sum.checkpoint = latest_checkpoint_;
   sum.seconds = seconds_since(t0);
   sum.img_per_s = time_in_steps > 0 ? double(images) / time_in_steps : 0;
+  if (cfg_.comms_table) report_comms(steps_run);
   if (eval_set_ && sum.stop_signal == 0) run_eval(total_steps_);
   if (!cfg_.export_weights.empty()) {
     // Gathered on every rank (the engine's master_parameters is collective), written by rank 0.

@@ -17,6 +17,7 @@
 #include "io/batch_dump.h"
 #include "io/dataset.h"
 #include "io/loader.h"
+#include "io/tensorboard.h"
 #include "io/train_log.h"
 #include "nn/convnext.h"
 #include "optim/loss_scaler.h"
@@ -128,6 +129,8 @@ class Trainer {
   void track_best(BestEval& best, const EvalResult& r, const char* folder);
   ckpt::SaveRequest checkpoint_request();  // this rank's state and the run's scalars, for DIR/step_<step_>
   void open_log();  // rank 0: --log, continued after a resumed step (Note [One log across resumes])
+  void write_record(nlohmann::json record);  // to --log, and its scalars to --tensorboard (log_record.cpp)
+  void report_comms(int64_t steps);          // --comms-table, at the end of run() (log_record.cpp)
   ProgressMode progress_mode() const;
   using Clock = std::chrono::steady_clock;
   StepStats run_step(std::span<const Batch> micro_batches, Clock::time_point t0);
@@ -167,6 +170,7 @@ class Trainer {
   int64_t total_steps_ = 0;
   int64_t step_ = 0;
   JsonLog log_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0, --tensorboard
 };
 
 }  // namespace cz::train

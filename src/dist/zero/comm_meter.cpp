@@ -100,7 +100,12 @@ void CommMeter::finish_step(StepStats& s) {
   for (const auto& w : works_) {
     w->synchronize();
     s.comm_s += w->run_seconds();
-    if (auto r = w->host_run_interval()) runs.push_back(*r);
+    const auto r = w->host_run_interval();
+    if (r) runs.push_back(*r);
+    const dist::Work::Call& call = w->call();
+    if (call.ranks > 0)
+      table_.add(call.kind, call.bytes, call.ranks, w->run_seconds(),
+                 r ? exposed_seconds({*r}, waits_) : 0.0);
   }
   s.comm_exposed_s = exposed_seconds(std::move(runs), waits_);
   s.comm_wait_s = wait_s_;

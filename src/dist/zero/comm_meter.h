@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "dist/comm/comms_table.h"
 #include "dist/comm/process_group.h"
 #include "dist/zero/step_stats.h"
 
@@ -33,6 +34,9 @@ class CommMeter {
   // Waits for the device side of the step's collectives and writes comm_s, comm_exposed_s, comm_wait_s,
   // comm_bytes, comm_cross_bytes and comm_buffer_bytes into `s`.
   void finish_step(StepStats& s);
+  // Every collective of the steps so far, by kind and size (--comms-table); each call's exposed time is the
+  // part of its own run during the host's waits.
+  const dist::CommsTable& table() const { return table_; }
 
  private:
   using Interval = std::pair<dist::Work::TimePoint, dist::Work::TimePoint>;
@@ -42,6 +46,7 @@ class CommMeter {
   int64_t bytes_ = 0, cross_bytes_ = 0;
   std::vector<int> host_of_;
   int64_t held_ = 0, peak_ = 0;
+  dist::CommsTable table_;
 };
 
 }  // namespace cz::zero

@@ -115,6 +115,8 @@ class ZeroEngine {
   // device, in bytes as the allocator holds them; what offload keeps in host memory, and the EMA, separately.
   int64_t model_state_bytes() const;
   int64_t host_state_bytes() const;
+  // This rank's collectives of every step so far, by kind and size (CommMeter::table).
+  const dist::CommsTable& comms_table() const { return meter_.table(); }
   int64_t ema_bytes() const { return state_->ema_bytes(); }
   const ZeroLayout& layout() const { return layout_; }
   Optimizer& optimizer() { return state_->optimizer(); }
