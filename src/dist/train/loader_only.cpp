@@ -68,9 +68,9 @@ std::string format_loader_only(const LoaderOnlyReport& r, const TrainConfig& cfg
   return fmt::format(
       "loader only: {} batches of {} x {} rank(s), {} images in {:.3f} s: {:.1f} img/s, {:.1f} img/s per "
       "thread ({} loader thread(s) per rank{}, {}, {}x{}{}{})",
-      r.batches, cfg.micro_batch, r.ranks, r.images, r.seconds, r.img_per_s, r.img_per_s_per_thread, r.threads,
-      r.threads == 0 ? ": the calling thread decodes" : "", cfg.data, cfg.image_size, cfg.image_size,
-      aug.empty() ? ", no augmentation" : ",", aug);
+      r.batches, cfg.micro_batch, r.ranks, r.images, r.seconds, r.img_per_s, r.img_per_s_per_thread,
+      r.threads, r.threads == 0 ? ": the calling thread decodes" : "", cfg.data, cfg.image_size,
+      cfg.image_size, aug.empty() ? ", no augmentation" : ",", aug);
 }
 
 }  // namespace cz::train

@@ -1,5 +1,5 @@
-// `convnext_zero --loader-only`: the input pipeline alone, with the run's data, augmentation and loader flags,
-// timed over a number of batches; what DALI's and FFCV's users measure first (issue 32).
+// `convnext_zero --loader-only`: the input pipeline alone, with the run's data, augmentation and loader
+// flags, timed over a number of batches; what DALI's and FFCV's users measure first (issue 32).
 #pragma once
 
 #include <cstdint>
