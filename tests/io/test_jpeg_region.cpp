@@ -9,19 +9,22 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include <fmt/format.h>
 
 #include "io/image_codec.h"
 #include "io/jpeg_region.h"
+#include "io/loader.h"
 #include "io_testing.h"
 #include "tensor/check.h"
 
 namespace cz {
 namespace {
 
-using testing::encode_png, testing::smooth_image, testing::TempDir, testing::write_bytes;
+using testing::encode_png, testing::smooth_image, testing::TempDir, testing::write_bytes,
+    testing::write_h5_images;
 
 // A photograph-like test image: smooth fields and waves plus per-pixel noise and a few hard edges, so that
 // every 8x8 block has detail in each channel (chroma included).
@@ -162,6 +165,85 @@ TEST(JpegRegion, CorruptAndForeignStreams) {
   EXPECT_FALSE(jpeg_region_info(png.data(), png.size(), "x.png").has_value());
   const std::vector<uint8_t> ok = encode(img, TJSAMP_420, 90);
   EXPECT_THROW(decode_jpeg_region(ok.data(), ok.size(), "a.jpg", 10, 10, 60, 10, 1), ValueError);
+}
+
+// The loader on a folder of JPEGs (which decodes only each crop) against the loader on an h5 file holding the
+// same files' whole decodes (which crops the decoded image): the same batches, bit for bit, where no crop is
+// scaled (224 px from 333x517 images: every crop is under 448 px on its shorter side), with and without
+// RandAugment's 8-bit path; and close where the DCT scales the crops (32 px).
+class JpegRegionLoader : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<Image> whole;
+    std::vector<int64_t> labels;
+    for (int k = 0; k < 12; ++k) {
+      const char* cls = k % 2 ? "b" : "a";
+      std::filesystem::create_directories(dir_.path() / "f" / cls);
+      const Image img = textured(333, 517, uint32_t(100 + k));
+      const std::string path = dir_.str(fmt::format("f/{}/img_{:02d}.jpg", cls, k / 2));
+      write_bytes(path, encode(img, k % 3 == 0 ? TJSAMP_444 : TJSAMP_420, 85));
+      files_.push_back(path);
+    }
+    std::sort(files_.begin(), files_.end());  // the folder source's order: class, then name
+    for (const std::string& path : files_) {
+      const std::vector<uint8_t> bytes = read_file_bytes(path);
+      whole.emplace_back();
+      decode_image(bytes.data(), bytes.size(), path, whole.back());
+      labels.push_back(path.find("/f/b/") != std::string::npos);
+    }
+    write_h5_images(dir_.str("whole.h5"), whole, labels);
+  }
+  std::vector<Batch> batches(const std::string& spec, int64_t size, bool rand_augment) {
+    LoaderOptions o;
+    o.batch_size = 4;
+    o.image_size = size;
+    o.augment = true;
+    o.seed = 5;
+    o.threads = 0;
+    if (rand_augment) o.rand_augment = parse_rand_augment("rand-m9-mstd0.5-inc1");
+    Loader loader(open_dataset(spec, Split::train, {}), o);
+    std::vector<Batch> out;
+    for (int e = 0; e < 2; ++e) {
+      loader.start_epoch(e);
+      while (auto b = loader.next()) out.push_back(std::move(*b));
+    }
+    return out;
+  }
+  TempDir dir_;
+  std::vector<std::string> files_;
+};
+
+TEST_F(JpegRegionLoader, UnscaledCropsEqualWholeDecode) {
+  for (bool ra : {false, true}) {
+    const auto folder = batches("folder:" + dir_.str("f"), 224, ra);
+    const auto h5 = batches("h5:" + dir_.str("whole.h5"), 224, ra);
+    ASSERT_EQ(folder.size(), h5.size());
+    for (size_t b = 0; b < folder.size(); ++b) {
+      const Tensor& x = folder[b].images;
+      ASSERT_EQ(folder[b].sources, h5[b].sources);
+      ASSERT_EQ(0, std::memcmp(x.data<float>(), h5[b].images.data<float>(), size_t(x.numel()) * 4))
+          << "batch " << b << (ra ? " with RandAugment" : "");
+    }
+  }
+}
+
+TEST_F(JpegRegionLoader, ScaledCropsClose) {
+  const auto folder = batches("folder:" + dir_.str("f"), 32, false);
+  const auto h5 = batches("h5:" + dir_.str("whole.h5"), 32, false);
+  ASSERT_EQ(folder.size(), h5.size());
+  double se = 0, n = 0;
+  for (size_t b = 0; b < folder.size(); ++b) {
+    const float* x = folder[b].images.data<float>();
+    const float* y = h5[b].images.data<float>();
+    for (int64_t i = 0; i < folder[b].images.numel(); ++i) {
+      const double d = double(x[i] - y[i]) * kImageNetStd[i % 3] * 255;  // in 8-bit levels
+      se += d * d;
+      n += 1;
+    }
+  }
+  const double psnr = 10 * std::log10(255.0 * 255.0 / (se / n));
+  std::printf("32 px batches from DCT-scaled crops against whole decodes: PSNR %.1f dB\n", psnr);
+  EXPECT_GE(psnr, 30.0);
 }
 
 }  // namespace
