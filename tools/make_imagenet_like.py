@@ -23,7 +23,8 @@ Usage: python3 tools/make_imagenet_like.py OUT_DIR [--classes 10] [--per-class 3
        [--max-side 2000]
 Writes OUT_DIR/c000/img_00000.JPEG ... and prints the count, the median and largest sizes, the quality range
 and the bytes written. Needs NumPy and Pillow (python3-numpy, python3-pil); with a Python that lacks them
-(pyenv, a venv) it re-runs itself under /usr/bin/python3 when that one has them.
+(pyenv, a venv), or without any of the packages that ship the photographs, it re-runs itself under
+/usr/bin/python3.
 """
 import argparse
 import bz2
@@ -36,8 +37,8 @@ def reexec_under_system_python(missing):
     system = "/usr/bin/python3"
     if os.path.realpath(sys.executable) != os.path.realpath(system) and os.path.exists(system):
         os.execv(system, [system] + sys.argv)
-    sys.exit(f"make_imagenet_like.py: needs {missing} (Debian: apt-get install python3-numpy python3-pil "
-             "python3-matplotlib python3-scipy)")
+    sys.exit(f"make_imagenet_like.py: needs {missing}; none found under {sys.executable} or {system} "
+             "(Debian: apt-get install python3-numpy python3-pil python3-matplotlib python3-scipy)")
 
 
 try:
@@ -78,9 +79,8 @@ def photographs():
                 pass
     except ImportError:
         pass
-    if not found:
-        sys.exit("make_imagenet_like.py: no sample photographs found: install python3-matplotlib or "
-                 "python3-scipy (or python3-skimage)")
+    if not found:  # a pyenv or venv Python with NumPy and Pillow but not the packages that ship photographs
+        reexec_under_system_python("sample photographs (python3-matplotlib, python3-scipy or python3-skimage)")
     return found
 
 
