@@ -21,6 +21,7 @@
 #include "dist/plan/what_if.h"
 #include "dist/train/cli.h"
 #include "dist/train/flags.h"
+#include "dist/train/loader_only.h"
 #include "dist/train/param_groups.h"
 #include "dist/train/recipe.h"
 #include "dist/train/stop.h"
@@ -264,6 +265,37 @@ void print_stopped(const cz::train::TrainSummary& s, const cz::train::TrainConfi
   cz::console_print(stderr, text);
 }
 
+// Note [Data wait] (io/train_log.h): rank 0's wait for data, and whether the loader limited the run.
+void print_data_wait(const cz::train::TrainSummary& s, const cz::train::TrainConfig& cfg) {
+  fmt::print(", data wait {:.2f} s", s.data_wait_s);
+  if (std::isnan(s.data_wait_fraction)) return;
+  fmt::print(" ({:.1f}% of step time after the first step", 100 * s.data_wait_fraction);
+  const char* const flag = cz::train::flag_name(&cz::train::TrainConfig::loader_threads);
+  if (s.data_wait_fraction > cz::kLoaderBoundFraction && cfg.loader_threads == 0)
+    fmt::print("; the loader is the bottleneck: the training thread decodes ({} 0)", flag);
+  else if (s.data_wait_fraction > cz::kLoaderBoundFraction)
+    fmt::print("; the loader is the bottleneck at {} {}: more threads help where the host has idle cores",
+               flag, cfg.loader_threads);
+  fmt::print(")");
+}
+
+// --loader-only (dist/train/loader_only.h): rank 0 prints the job's rate.
+int run_loader_only(const cz::train::TrainConfig& cfg, int* argc, char*** argv) {
+  cz::dist::World* world = nullptr;
+  try {
+    world = &cz::dist::World::init(argc, argv);
+    const cz::train::LoaderOnlyReport r = cz::train::run_loader_only(cfg, *world);
+    if (world->rank() == 0) fmt::print("{}\n", cz::train::format_loader_only(r, cfg));
+  } catch (const std::exception& e) {
+    if (world && world->size() > 1) cz::dist::die(e);
+    fmt::print(stderr, "convnext_zero: error: {}\n", e.what());
+    if (cz::dist::World::initialized()) cz::dist::World::finalize();
+    return cz::train::kExitFailed;
+  }
+  cz::dist::World::finalize();
+  return 0;
+}
+
 // The summary of a run that took no step (--steps 0 to export or checkpoint the initial weights, or a
 // resume at its last step): what it did, not a loss and a peak memory of zero.
 void print_no_steps(const cz::train::TrainSummary& s, const cz::train::TrainConfig& cfg,
@@ -301,6 +333,13 @@ int main(int argc, char** argv) {
   cz::train::add_flags(app, cfg);
   PlanFlags plan_flags;
   add_plan_flags(app, plan_flags);
+  bool loader_only = false;
+  app.option_defaults()->group("Loader benchmark (--loader-only: no training)");
+  app.add_flag("--loader-only", loader_only,
+               fmt::format("run the input pipeline alone with the run's data, augmentation and loader flags "
+                           "for --steps (x --grad-accum) batches per rank, --epochs, or {}; print img/s in "
+                           "all and per loader thread, and exit (under mpirun: every rank's share)",
+                           cz::train::kLoaderOnlyBatches));
   // Before MPI starts, every rank of a job sees the same command line: one of them reports its errors. The
   // others wait for it before they exit: mpirun ends the job at the first non-zero exit, and killed the lead
   // before it had printed (app_mesh lost "--hpz shards over the world" 2 runs in 3 beside another test).
@@ -335,6 +374,8 @@ int main(int argc, char** argv) {
     default_run =
         !given(steps_flag) && !given(epochs_flag) && !recipe.sets(steps_flag) && !recipe.sets(epochs_flag);
     check_plan_flags(plan_flags);
+    CZ_CHECK(!loader_only || !(plan_flags.plan || plan_flags.param_groups),
+             "--loader-only and {} go separately", plan_flags.plan ? "--plan" : "--print-param-groups");
     if (plan_flags.param_groups) {
       cfg.validate();
       const auto groups = cz::train::param_groups(cfg);
@@ -347,7 +388,7 @@ int main(int argc, char** argv) {
     const bool device_given = app.count(flag_name(&TrainConfig::device)) > 0;
     if (plan_flags.plan && !plan_flags.what_if.empty()) return run_what_if(cfg, device_given, plan_flags);
     if (plan_flags.plan) return run_plan(cfg, device_given, plan_flags);
-    if (default_run) {
+    if (default_run && !loader_only) {
       const char* const data_flag = flag_name(&TrainConfig::data);
       CZ_CHECK(cfg.data.rfind("synthetic", 0) == 0,
                "{} {}: give the run's length with {} N or {} N (without them and without {}, convnext_zero "
@@ -361,6 +402,7 @@ int main(int argc, char** argv) {
     return refuse(kExitFailed);
   }
 
+  if (loader_only) return run_loader_only(cfg, &argc, &argv);
   // Before MPI and any OpenMP use: may re-execute the program (Note [Choosing the OpenMP wait policy]).
   cz::choose_omp_wait_policy(argv);
   cz::dist::World* world = nullptr;
@@ -425,6 +467,7 @@ int main(int argc, char** argv) {
         fmt::print(", {:.0f}% of {:.2f} s of communication hidden",
                    100 * std::max(0.0, 1 - s.comm_exposed_s / s.comm_s), s.comm_s);
       fmt::print(")");
+      print_data_wait(s, trainer.config());  // its --loader-threads resolved
       if (!cfg.log.empty()) fmt::print("; plot: {}", cz::elastic::shell_words({CZ_PLOT_SCRIPT, cfg.log}));
       fmt::print("\n");
     }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,12 @@ enum class Split { train, eval };
 struct Image {
   int64_t height = 0, width = 0;
   std::vector<uint8_t> pixels;
+};
+
+// A crop of an image (rows y..y+h, columns x..x+w), mirrored left-right when `flip`.
+struct CropBox {
+  int64_t y = 0, x = 0, h = 0, w = 0;
+  bool flip = false;  // mirror left-right
 };
 
 struct DatasetOptions {
@@ -32,6 +39,18 @@ class Dataset {
   // Decodes example `index` into `out` (resized storage reused). Safe to call from several threads at once.
   // IoError naming the file (and the entry) when the stored bytes cannot be decoded.
   virtual void read(int64_t index, Image& out) const = 0;
+  // What the loader reads: the part of example `index` that the crop `choose` picks (given the stored
+  // height and width) and that is then resized to out_size x out_size, into `out`, and that crop in `out`'s
+  // pixels into `box`. Resampling `box` of `out` gives the crop of the whole image: exactly (the same pixels)
+  // or, where the decoder scaled the crop down by 2, 4 or 8, as the DCT-scaled decode of it (folder JPEGs,
+  // Note [Decoding the crop] in jpeg_region.h). By default the whole image is read.
+  using CropChooser = std::function<CropBox(int64_t height, int64_t width)>;
+  virtual void read_crop(int64_t index, const CropChooser& choose, int64_t out_size, Image& out,
+                         CropBox& box) const {
+    (void)out_size;
+    read(index, out);
+    box = choose(out.height, out.width);
+  }
   virtual std::string describe() const = 0;  // "cifar10:/data/cifar (train, 50000 images, 10 classes)"
   // Label i's name at [i], for sources that name their classes (folder: the class folders); empty where
   // classes are numbers only (synthetic, h5, cifar10). Note [Class names].

@@ -34,6 +34,10 @@ class RelabeledDataset final : public Dataset {
   int64_t num_classes() const override { return int64_t(names_.size()); }
   int64_t label(int64_t index) const override { return map_[size_t(inner_->label(index))]; }
   void read(int64_t index, Image& out) const override { inner_->read(index, out); }
+  void read_crop(int64_t index, const CropChooser& choose, int64_t out_size, Image& out,
+                 CropBox& box) const override {
+    inner_->read_crop(index, choose, out_size, out, box);
+  }
   std::string describe() const override {
     return fmt::format("{}; labelled by name as {} of the {} training classes", inner_->describe(),
                        inner_->num_classes(), names_.size());
@@ -55,6 +59,10 @@ class SubsetDataset final : public Dataset {
   int64_t num_classes() const override { return inner_->num_classes(); }
   int64_t label(int64_t index) const override { return inner_->label(at(index)); }
   void read(int64_t index, Image& out) const override { inner_->read(at(index), out); }
+  void read_crop(int64_t index, const CropChooser& choose, int64_t out_size, Image& out,
+                 CropBox& box) const override {
+    inner_->read_crop(at(index), choose, out_size, out, box);
+  }
   std::string describe() const override { return description_; }
   std::vector<std::string> class_names() const override { return inner_->class_names(); }
 

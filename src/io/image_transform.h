@@ -12,10 +12,7 @@
 namespace cz {
 
 // A window of the source image, in whole pixels: rows [y, y+h), columns [x, x+w).
-struct CropBox {
-  int64_t y = 0, x = 0, h = 0, w = 0;
-  bool flip = false;  // mirror left-right
-};
+// CropBox: dataset.h (Dataset::read_crop hands one back).
 
 // timm's RandomResizedCrop(scale=(0.08, 1), ratio=(3/4, 4/3)) followed by a horizontal flip with p = 0.5: up
 // to ten tries of an area fraction uniform in `scale` and an aspect ratio log-uniform in `ratio` that fits

@@ -37,22 +37,26 @@ struct Loader::Impl {
   std::map<int64_t, Result> ready;
   std::exception_ptr failed;  // sticky until the next start_epoch
 
-  // Crop, resize, flip, RandAugment, normalise and erase one image into `out` (size x size x 3 floats);
-  // `crop` is scratch for the 8-bit path.
-  void transform_image(const Image& img, int64_t pos, Image& crop, float* out) const;
+  // Reads example `index` (at position `pos` of the epoch) as far as its crop needs, and crops, resizes,
+  // flips, RandAugments, normalises and erases it into `out` (size x size x 3 floats); `img` and `crop` are
+  // scratch.
+  void transform_image(int64_t index, int64_t pos, Image& img, Image& crop, float* out) const;
   Batch make_batch(int64_t b) const;
   void work();
   void stop_workers();
 };
 
-void Loader::Impl::transform_image(const Image& img, int64_t pos, Image& crop, float* out) const {
+void Loader::Impl::transform_image(int64_t index, int64_t pos, Image& img, Image& crop, float* out) const {
   const int64_t size = opt.image_size;
-  CropBox box{0, 0, img.height, img.width};
-  if (opt.augment) {
+  // The crop is drawn from the stored size; the source decodes only what it needs (Dataset::read_crop).
+  const auto choose = [&](int64_t height, int64_t width) {
+    if (!opt.augment) return CropBox{0, 0, height, width};
     // 64 blocks per (epoch, position): the crop needs at most 12.
     CounterRng rng(rng_key(opt.seed, RngDomain::augment), (uint64_t(epoch) << 36 | uint64_t(pos)) << 6);
-    box = random_resized_crop(img.height, img.width, rng);
-  }
+    return random_resized_crop(height, width, rng);
+  };
+  CropBox box;
+  data->read_crop(index, choose, size, img, box);
   if (opt.rand_augment.enabled) {
     resample_u8(img, box, size, opt.interpolation, crop);  // Note [8-bit resize]
     CounterRng rng = sample_stream(opt.seed, RngDomain::randaugment, epoch, pos);
@@ -83,8 +87,7 @@ Batch Loader::Impl::make_batch(int64_t b) const {
   for (int64_t i = 0; i < n; ++i) {
     if (stopping.load(std::memory_order_relaxed)) break;  // the batch will be discarded
     const int64_t pos = s.begin + i, index = order[size_t(pos)];
-    data->read(index, img);
-    transform_image(img, pos, crop, images + i * size * size * 3);
+    transform_image(index, pos, img, crop, images + i * size * size * 3);
     labels[i] = data->label(index);
     batch.sources[size_t(i)] = index;
   }

@@ -188,16 +188,21 @@ ProgressBar::~ProgressBar() {
   finish();
 }
 
-void ProgressBar::update(int64_t step, double loss, double img_per_s) {
+void ProgressBar::update(int64_t step, double loss, double img_per_s, double data_wait_fraction) {
   if (mode_ == ProgressMode::off) return;
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const double eta = eta_seconds(first_step_, step, total_, elapsed);
+  // Note [Data wait]: said only when it is what limits the run.
+  const std::string loader =
+      data_wait_fraction > kLoaderBoundFraction
+          ? fmt::format("  loader-bound: {:.0f}% of step time waiting for data", 100 * data_wait_fraction)
+          : "";
   if (mode_ == ProgressMode::lines) {
     if (last_line_s_ >= 0 && elapsed - last_line_s_ < interval_s_ && step < total_) return;
     last_line_s_ = elapsed;
-    console_print(
-        stderr, fmt::format("step {}/{}  loss {:.4f}  {:.0f} img/s  elapsed {}  ETA {}\n", step, total_, loss,
-                            img_per_s, format_duration(elapsed), format_duration(eta)));
+    console_print(stderr,
+                  fmt::format("step {}/{}  loss {:.4f}  {:.0f} img/s  elapsed {}  ETA {}{}\n", step, total_,
+                              loss, img_per_s, format_duration(elapsed), format_duration(eta), loader));
     return;
   }
   constexpr int kWidth = 24;
@@ -207,8 +212,8 @@ void ProgressBar::update(int64_t step, double loss, double img_per_s) {
   for (int i = 0; i < filled && i < kWidth; ++i) bar[size_t(i)] = '=';
   if (filled < kWidth) bar[size_t(filled)] = '>';
   std::lock_guard<std::mutex> lock(g_console);
-  const std::string text = fmt::format("step {}/{} [{}] loss {:.4f}  {:.0f} img/s  ETA {}", step, total_, bar,
-                                       loss, img_per_s, format_duration(eta));
+  const std::string text = fmt::format("step {}/{} [{}] loss {:.4f}  {:.0f} img/s  ETA {}{}", step, total_,
+                                       bar, loss, img_per_s, format_duration(eta), loader);
   if (g_bar_drawn && text.size() < g_bar.size()) wipe_bar();
   g_bar = text;
   std::fprintf(stderr, "\r%s", g_bar.c_str());

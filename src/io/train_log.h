@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -68,6 +69,16 @@ double unix_seconds();  // now, as the records' "t"
 // from the time its own steps took, not from 200 steps it never ran.
 enum class ProgressMode { off, bar, lines };
 
+// Note [Data wait]: a step's data_wait_s is the time its rank waited in the loader for the step's batches
+// (the workers had not finished them), part of step_time_s; each log record has it, rank 0's like the other
+// per-rank figures. The progress and the closing summary judge the loader by the fraction of step time spent
+// waiting over the steps after this process's first, whose wait is the pipeline's fill (the workers start
+// with the run), not its pace. Above kLoaderBoundFraction the loader is the bottleneck: the model waits for
+// images one step in ten or more, so more --loader-threads (or cores) would speed the run up. Below it the
+// wait is the hand-over of a batch and the odd slow image. ConvNeXt-atto at 32 px on 2 cores with synthetic
+// data waits under 1%; 600 px JPEGs decoded by one thread for the same model wait most of each step.
+inline constexpr double kLoaderBoundFraction = 0.10;
+
 class ProgressBar {
  public:
   // `first_step`: the step the run starts from (the checkpoint's, when resumed).
@@ -75,7 +86,9 @@ class ProgressBar {
   ~ProgressBar();
   ProgressBar(const ProgressBar&) = delete;
   ProgressBar& operator=(const ProgressBar&) = delete;
-  void update(int64_t step, double loss, double img_per_s);
+  // `data_wait_fraction`: of step time, the part spent waiting for data (Note [Data wait]); the line says
+  // when the loader is the bottleneck. NaN: not known yet.
+  void update(int64_t step, double loss, double img_per_s, double data_wait_fraction = NAN);
   void finish();  // ends the bar's line; the bar stays on screen
 
  private:

@@ -29,8 +29,12 @@ int available_cores() {
   return std::max(1, CPU_COUNT(&set));
 }
 
+int cores_per_rank(int ranks_on_node) {
+  return std::max(1, available_cores() / std::max(1, ranks_on_node));
+}
+
 void configure_cpu_threads(int ranks_on_node) {
-  int threads = std::max(1, available_cores() / std::max(1, ranks_on_node));
+  int threads = cores_per_rank(ranks_on_node);
   if (const char* env = std::getenv("OMP_NUM_THREADS"); env && std::atoi(env) > 0) threads = std::atoi(env);
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);

@@ -26,6 +26,10 @@ namespace cz {
 void use_passive_omp_waits(char** argv);
 
 int available_cores();  // CPUs in this process's affinity mask
+// The cores this rank really has: max(1, available_cores() / ranks on its node). OpenMP's threads
+// (configure_cpu_threads, unless OMP_NUM_THREADS says otherwise) and the loader's default --loader-threads
+// both take this many.
+int cores_per_rank(int ranks_on_node);
 void configure_cpu_threads(int ranks_on_node);
 int cpu_threads();  // threads CPU kernels use (as configured; a thread started later must apply it itself)
 

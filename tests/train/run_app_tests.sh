@@ -335,9 +335,9 @@ assert start["event"] == "start", start
 assert start["world_size"] == int(sys.argv[3]) and start["device"] == "cpu", start
 assert re.match(r"\d+\.\d+\.\d+", start["version"]), start["version"]
 assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", start["time"]), start["time"]
-# The run's flags: those of every section of --help but the first (-h,--help) and the planner's.
+# The run's flags: those of every section of --help but the first (-h,--help), the planner's and --loader-only's.
 sections = re.split(r"^(\S.*):$", open(sys.argv[2]).read(), flags=re.M)
-run_flags = {f for title, body in zip(sections[1::2], sections[2::2]) if title not in ("Options", "Planning (--plan: no training)")
+run_flags = {f for title, body in zip(sections[1::2], sections[2::2]) if title not in ("Options", "Planning (--plan: no training)", "Loader benchmark (--loader-only: no training)")
              for f in re.findall(r"^  --([a-z0-9-]+)", body, re.M)}
 assert len(run_flags) > 50, run_flags
 assert set(start["flags"]) == run_flags, sorted(set(start["flags"]) ^ run_flags)

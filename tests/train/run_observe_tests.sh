@@ -104,8 +104,8 @@ plot)
     { cat "$work/out"; fail "run b"; }
   "$plot" "$work/a.jsonl" "$work/b.jsonl" -o "$work/ab.png" > "$work/plot.out" 2>&1 || { cat "$work/plot.out"; fail "two runs"; }
   cat "$work/plot.out"
-  # 2 runs x 5 panels the log has (loss, eval top-1, lr, img/s, memory): 10 lines; data wait is not logged.
-  grep -q "ab.png: 10 lines of 2 runs" "$work/plot.out" || fail "expected 10 lines of 2 runs"
+  # 2 runs x the 6 panels (loss, eval top-1, lr, img/s, data wait, memory): 12 lines.
+  grep -q "ab.png: 12 lines of 2 runs" "$work/plot.out" || fail "expected 12 lines of 2 runs"
   /usr/bin/python3 -c "
 import matplotlib.image as m, sys
 a = m.imread(sys.argv[1])

@@ -20,6 +20,7 @@
 #include "dist/train/trainer.h"
 #include "tensor/check.h"
 #include "tensor/device.h"
+#include "tensor/parallel.h"
 
 namespace cz::plan {
 namespace {
@@ -218,7 +219,9 @@ void plan_the_run(const PlanRequest& req, Setup& s) {
     save_before_last = first_save < last;
   }
   s.copy_in_flight = !s.cfg.checkpoint_dir.empty() && !s.cfg.checkpoint_sync && save_before_last;
-  const int64_t window = int64_t(s.cfg.loader_threads) * kLoaderPrefetch;
+  // The default (-1) as the trainer resolves it, taking the planned ranks to share this host.
+  const int threads = s.cfg.loader_threads >= 0 ? s.cfg.loader_threads : cores_per_rank(req.world);
+  const int64_t window = int64_t(threads) * kLoaderPrefetch;
   s.prefetched = req.batches_per_epoch > 0 && last > 0
                      ? run_prefetched_batches(window, req.batches_per_epoch, s.cfg.grad_accum,
                                               std::max<int64_t>(req.first_step, 1), last)

@@ -668,10 +668,12 @@ std::vector<Flag> make_flags() {
       {.name = "--loader-threads",
        .field = &T::loader_threads,
        .group = kDataGroup,
-       .help = "data loader worker threads",
+       .help = "data loader worker threads (default: the cores this rank has, its affinity mask's CPUs / "
+               "the ranks on its host, as for OpenMP; 0: decode on the training thread)",
        .check =
            [](C c, F f) {
-             CZ_CHECK(c.loader_threads >= 0, "{} must be >= 0, got {}", f.name, c.loader_threads);
+             // -1 is the default, resolved by the trainer (Trainer::Trainer) and the planner.
+             CZ_CHECK(c.loader_threads >= -1, "{} must be >= 0, got {}", f.name, c.loader_threads);
            }},
       {.name = "--no-progress",
        .field = &T::progress,

@@ -23,6 +23,7 @@
 #include "tensor/cuda/context.h"
 #endif
 #include "tensor/ops.h"
+#include "tensor/parallel.h"
 
 namespace cz::train {
 namespace {
@@ -145,6 +146,9 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
            flag_name(&TrainConfig::stage));
   group_ = mesh_.world();
   check_outputs();
+  // --loader-threads' default: the cores this rank has, as OpenMP gets them; resolved before the log's start
+  // record, which shows the number used.
+  if (cfg_.loader_threads < 0) cfg_.loader_threads = cores_per_rank(world_.local_size());
   build_data();
   CZ_CHECK(!cfg_.keep_best || eval_set_,
            "{} keeps the checkpoint of the best evaluation, but {} has no eval split; "
@@ -259,9 +263,13 @@ void Trainer::build_model() {
 // Both splits read this rank's share of global batches of micro-batch x ranks; evaluation reads every example
 // once, in file order, unaugmented.
 LoaderOptions Trainer::loader_options(Split split) const {
+  return run_loader_options(cfg_, split, world_.size(), world_.rank());
+}
+
+LoaderOptions run_loader_options(const TrainConfig& cfg_, Split split, int world, int rank) {
   const bool train = split == Split::train;
   LoaderOptions lo;
-  lo.batch_size = cfg_.micro_batch * world_.size();
+  lo.batch_size = cfg_.micro_batch * world;
   lo.image_size = cfg_.image_size;
   lo.shuffle = train && cfg_.shuffle;
   lo.augment = train && cfg_.augment;
@@ -272,8 +280,8 @@ LoaderOptions Trainer::loader_options(Split split) const {
   }
   lo.drop_last = train;
   lo.seed = cfg_.seed;
-  lo.world = world_.size();
-  lo.rank = world_.rank();
+  lo.world = world;
+  lo.rank = rank;
   lo.threads = cfg_.loader_threads;
   if (train) lo.mix = cfg_.mix_config();  // Note [Mixing within a micro-batch]
   return lo;
@@ -346,7 +354,10 @@ StepStats Trainer::step() {
   const auto t0 = Clock::now();  // waiting for the loader counts
   std::vector<Batch> batches;
   for (int64_t a = 0; a < cfg_.grad_accum; ++a) batches.push_back(next_batch());
-  const StepStats s = run_step(batches, t0);
+  // Note [Data wait]: the time this rank's step waited for its batches, inside step_time_s.
+  const double data_wait_s = seconds_since(t0);
+  StepStats s = run_step(batches, t0);
+  s.data_wait_s = data_wait_s;
   // After the step's timer: the batches exactly as the model received them.
   for (int64_t a = 0; dump_ && a < cfg_.grad_accum; ++a) dump_->write(batches[size_t(a)], s.step, a);
   return s;
@@ -444,6 +455,7 @@ void TrainSummary::add(const StepStats& s) {
   model_state_bytes = s.model_state_bytes;
   comm_s += s.comm_s;
   comm_exposed_s += s.comm_exposed_s;
+  data_wait_s += s.data_wait_s;
 }
 
 ProgressMode Trainer::progress_mode() const {
@@ -492,12 +504,18 @@ TrainSummary Trainer::run() {
   int64_t images = 0;
   double time_in_steps = 0;
   int64_t steps_run = 0;
+  double wait_after_first = 0, time_after_first = 0;  // Note [Data wait]
   // From a resumed step onwards too; each boundary publishes a finished save and may stop the run.
   while (step_ < total_steps_ && (sum.stop_signal = step_boundary()) == 0) {
     const StepStats s = step();
     ++steps_run;
     images += cfg_.global_batch(world_.size());
     time_in_steps += s.step_time_s;
+    if (steps_run > 1) {
+      wait_after_first += s.data_wait_s;
+      time_after_first += s.step_time_s;
+      sum.data_wait_fraction = wait_after_first / time_after_first;
+    }
     sum.add(s);
     CZ_CHECK(std::isfinite(s.loss) || s.skipped,
              "training diverged at step {}: loss is {} (try a lower {} or {})", s.step, s.loss,
@@ -505,7 +523,7 @@ TrainSummary Trainer::run() {
     nlohmann::json record = zero::to_json(s);
     record["split"] = "train";  // beside evaluations' "eval": readers select steps by it
     write_record(std::move(record));
-    bar.update(s.step, s.loss, double(images) / time_in_steps);
+    bar.update(s.step, s.loss, double(images) / time_in_steps, sum.data_wait_fraction);
     if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step < total_steps_ && eval_set_)
       run_eval(s.step);
     if (cfg_.checkpoint_every > 0 && s.step % cfg_.checkpoint_every == 0) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <span>
@@ -54,12 +55,20 @@ struct TrainSummary {
   int64_t peak_mem_bytes = 0;
   int64_t model_state_bytes = 0;
   double comm_s = 0, comm_exposed_s = 0;  // summed over the steps
+  // Note [Data wait] (io/train_log.h): this rank's wait for data summed over the steps, and its fraction of
+  // the step time of the steps after the first (NaN with fewer than two steps).
+  double data_wait_s = 0;
+  double data_wait_fraction = NAN;
   int stop_signal = 0;     // non-zero: stopped on request by this signal (Note [Stopping on request])
   int64_t last_step = 0;   // optimizer steps done when the run ended
   std::string checkpoint;  // the newest checkpoint of this run on disk (saved or resumed from); "" if none
 
   void add(const StepStats& s);  // a step's loss, peak memory, model state and communication
 };
+
+// The loader options of a run's training or eval set for `rank` of `world` (--loader-threads resolved); the
+// trainer's and --loader-only's (loader_only.h).
+LoaderOptions run_loader_options(const TrainConfig& cfg, Split split, int world, int rank);
 
 class Trainer {
  public:

@@ -10,6 +10,7 @@ nlohmann::json to_json(const StepStats& s) {
                       {"lr", s.lr},
                       {"grad_norm", s.grad_norm},
                       {"step_time_s", s.step_time_s},
+                      {"data_wait_s", s.data_wait_s},
                       {"img_per_s", s.img_per_s},
                       {"peak_mem_bytes", s.peak_mem_bytes},
                       {"stage", s.stage},

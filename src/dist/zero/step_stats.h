@@ -20,6 +20,7 @@ struct StepStats {
   double step_time_s = 0;
   double img_per_s = 0;        // global images per second
   int64_t peak_mem_bytes = 0;  // this rank's peak allocated bytes on its device during the step
+  double data_wait_s = 0;      // of step_time_s, the time this rank waited for the loader's batches
 
   // The engine's (Note [ZeRO step]).
   double grad_norm = 0;    // global L2 norm of the averaged, unscaled gradient, before clipping
