@@ -8,23 +8,28 @@ with the whole recipe: random-resized-crop + flip, RandAugment rand-m9-mstd0.5-i
 AdamW wd 0.05, warmup + cosine (the PyTorch side takes each step's lr from our log, so the schedules are equal
 by construction), EMA evaluated. timm's own pieces on its side: create_transform, Mixup,
 SoftTargetCrossEntropy, ModelEmaV2. The data order differs (ours: Philox shuffle; timm: torch's sampler):
-only the statistics can agree, not the runs.
+only the statistics can agree, not the runs. timm's Posterize at 0 bits is patched to give black, as ours and
+Pillow < 13 do (docs/data.md, Note [Posterize to 0 bits]); Pillow 13 raises there.
 
-The task (why not the embedded synthetic one: its colour cue gives 69% in 250 steps): 8 classes of noisy
-gratings, 4 orientations (0, 45, 90, 135 deg) x 2 spatial frequencies, with random phase, random foreground and
-background colours, random contrast and pixel noise; colour and mean brightness carry nothing, so the model must
-see orientation and frequency, and RandAugment's rotations (up to ~30 deg) and shears blur the orientation cue:
-not trivially separable, and the augmentation matters.
+The task (why not the embedded synthetic one: its pixels are not readable by PyTorch; why not real photos: the
+machine has none in classes): 8 classes, the hue of one shape (8 neighbouring hues 45 deg apart, +-12 deg of
+jitter, random saturation and value 0.45-1) drawn as one of 8 shapes (disc, square, triangle, plus, cross, ring,
+frame, diamond) of random size and place on a grey background of random lightness, with pixel noise (sd 12).
+The model must find the shape's colour against a varying grey, and RandAugment's colour ops (Color, Solarize,
+Invert, Posterize, Equalize) and Mixup/CutMix blur that cue: without the recipe this model reaches
+97% eval top-1 in 300 steps, with it about 65-70% in 400. An earlier try, oriented gratings, did not learn in
+600 steps on either side (chance, 12.5%) and was dropped.
 
 Spread: the smallest interval [min, max] holding PyTorch+timm's per-seed final eval top-1 values. The check
 passes when our mean final top-1 lies in it. Writes bench/results/recipe_learning.{json,md}.
 
-  bench/recipe_learning.py [--python VENV/bin/python] [--seeds 3] [--steps 300] [--build build]
+  bench/recipe_learning.py [--python VENV/bin/python] [--seeds 8] [--steps 400] [--build build]
   (runs itself under a python with torch, timm and h5py; --python names it)
 """
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -136,7 +141,8 @@ def run_timm(a, seed, d, lrs):
                                             else plain_posterize(img, bits, **kw))
     aa.NAME_TO_OP["Posterize"] = aa.NAME_TO_OP["PosterizeIncreasing"] = aa.posterize
     torch.manual_seed(seed)
-    np.random.seed(seed)
+    np.random.seed(seed)  # timm's Mixup draws from numpy
+    random.seed(seed)  # its RandAugment and RandomErasing from Python's random
     torch.set_num_threads(1)
     model = timm_model(seed, 0.1)  # the same initial weights as init_{seed}.h5
     with h5py.File(os.path.join(d, "train.h5")) as f:
@@ -199,11 +205,11 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--python", default=os.environ.get("CZ_TORCH_PYTHON", "/work/wt/mix31-venv/bin/python"))
     p.add_argument("--build", default="build")
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--seeds", type=int, default=8)
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--warmup", type=int, default=40)
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=4e-3)
     p.add_argument("--ema", type=float, default=0.99)  # 0.9999 averages over ~10^4 steps: longer than the run
     p.add_argument("--n", type=int, default=4096)
     p.add_argument("--out", default="bench/results/recipe_learning")
