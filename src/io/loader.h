@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "io/dataset.h"
-#include "io/mixup.h"
 #include "io/image_transform.h"
+#include "io/mixup.h"
 #include "io/randaugment.h"
 #include "io/random_erasing.h"
 #include "tensor/tensor.h"

@@ -102,14 +102,13 @@ inline const std::vector<Case>& cases() {
                              })},
       {"atto_prefetch", with(atto(48, 8), [](auto& c) { c.loader_threads = 1; })},
       // Mixup/CutMix: soft targets in every batch (prefetched too) and the soft-target loss's row sums.
-      {"atto_mixup_accum",
-       with(atto(32, 8),
-            [](auto& c) {
-              c.mixup = 0.8;
-              c.cutmix = 1.0;
-              c.num_classes = 37;
-              c.grad_accum = 2;
-            })},
+      {"atto_mixup_accum", with(atto(32, 8),
+                                [](auto& c) {
+                                  c.mixup = 0.8;
+                                  c.cutmix = 1.0;
+                                  c.num_classes = 37;
+                                  c.grad_accum = 2;
+                                })},
       {"atto_mixup_prefetch_accum", with(atto(32, 8),
                                          [](auto& c) {
                                            c.mixup = 0.8;

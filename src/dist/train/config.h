@@ -51,7 +51,7 @@ struct TrainConfig {
   double reprob = 0;                       // random erasing: probability per training image (0: off)
   std::string remode = "pixel";            // random erasing's fill: const | rand | pixel
   int64_t recount = 1;                     // random erasing: at most this many boxes per image
-  int loader_threads = -1;  // -1: the cores this rank has (cores_per_rank, tensor/parallel.h)
+  int loader_threads = -1;                 // -1: the cores this rank has (cores_per_rank, tensor/parallel.h)
   // Mixup/CutMix with timm's flags and meanings (Note [Mixing within a micro-batch], io/mixup.h).
   double mixup = 0;                  // Mixup's lam ~ Beta(A, A); 0: no Mixup
   double cutmix = 0;                 // CutMix's lam ~ Beta(A, A); 0: no CutMix
