@@ -10,9 +10,6 @@
 #include <nlohmann/json.hpp>
 
 #include "dist/train/recipe.h"
-#include "io/image_transform.h"
-#include "io/randaugment.h"
-#include "io/random_erasing.h"
 #include "tensor/check.h"
 
 namespace cz::train {
@@ -615,56 +612,6 @@ std::vector<Flag> make_flags() {
        .group = kAugmentGroup,
        .help = "random-resized-crop and horizontal flip",
        .json_key = "augment"},
-      {.name = "--interpolation",
-       .field = &T::interpolation,
-       .group = kAugmentGroup,
-       .help = "resize filter of the training crop and of evaluation: bilinear | bicubic (PIL's, as timm's; "
-               "the ConvNeXt recipe's is bicubic); also RandAugment's geometric ops'",
-       .check = [](C c, F f) { parse_interpolation(c.interpolation, f.name); },
-       .ranks_agree = true,
-       .json_key = "interpolation"},
-      {.name = "--aa",
-       .field = &T::aa,
-       .group = kAugmentGroup,
-       .help =
-           "RandAugment on training images, timm's string: rand-m9-mstd0.5-inc1 is the ConvNeXt recipe's "
-           "(m magnitude, n ops per image, p each op's probability, mstd magnitude noise, mmax its bound, "
-           "inc1 the increasing ops, tweights timm's weighted choice); empty or none: off",
-       .check = [](C c, F f) { parse_rand_augment(c.aa, f.name); },
-       .ranks_agree = true,
-       .json_key = "aa"},
-      {.name = "--reprob",
-       .field = &T::reprob,
-       .group = kAugmentGroup,
-       .help = "random erasing: the probability that a training image gets erased boxes, after normalisation "
-               "(timm's; the ConvNeXt recipe's 0.25); 0: off",
-       .check =
-           [](C c, F f) {
-             CZ_CHECK(std::isfinite(c.reprob) && c.reprob >= 0 && c.reprob <= 1,
-                      "{} must be a probability in [0, 1], got {}", f.name, c.reprob);
-           },
-       .ranks_agree = true,
-       .json_key = "reprob"},
-      {.name = "--remode",
-       .field = &T::remode,
-       .group = kAugmentGroup,
-       .help =
-           "random erasing's fill: const (0, the mean colour) | rand (a normal colour per box) | pixel (a "
-           "normal value per pixel and channel)",
-       .check = [](C c, F f) { parse_erase_mode(c.remode, f.name); },
-       .ranks_agree = true,
-       .json_key = "remode"},
-      {.name = "--recount",
-       .field = &T::recount,
-       .group = kAugmentGroup,
-       .help = "random erasing: each erased image gets 1 to N boxes (uniform), each of a 1/count share of "
-               "the area",
-       .check =
-           [](C c, F f) {
-             CZ_CHECK(c.recount >= 1 && c.recount <= 64, "{} must be in [1, 64], got {}", f.name, c.recount);
-           },
-       .ranks_agree = true,
-       .json_key = "recount"},
       {.name = "--loader-threads",
        .field = &T::loader_threads,
        .group = kDataGroup,
@@ -700,8 +647,8 @@ const std::vector<Flag>& flags() {
     std::vector<Flag> t = make_flags();
     const auto augment =
         std::find_if(t.begin(), t.end(), [](const Flag& f) { return f.field == FlagField(&T::augment); });
-    std::vector<Flag> mix = mix_flags();
-    t.insert(augment + 1, mix.begin(), mix.end());
+    std::vector<Flag> more = augment_flags();
+    t.insert(augment + 1, more.begin(), more.end());
     return t;
   }();
   return table;

@@ -54,8 +54,9 @@ struct Flag {
 
 // Every flag, in the order of --help.
 const std::vector<Flag>& flags();
-// The Mixup/CutMix and --dump-batches entries (flags_mix.cpp), which flags() places after --augment.
-std::vector<Flag> mix_flags();
+// The Mixup/CutMix, --dump-batches, --interpolation, RandAugment and random-erasing entries
+// (flags_augment.cpp), which flags() places after --augment.
+std::vector<Flag> augment_flags();
 
 // The entry that sets `field` (a bug if there is none), and its name, for messages and CLI look-ups:
 // flag_name(&TrainConfig::steps) is "--steps".

@@ -1,9 +1,13 @@
-// The Mixup/CutMix and batch-dump entries of the flag table (flags.h), kept beside the rest in --help's order
-// after --augment: timm's train.py flags with its meanings, and --dump-batches.
+// The augmentation entries of the flag table (flags.h), placed in --help's order after --augment:
+// Mixup/CutMix and --dump-batches, then the loader's per-image augmentations (--interpolation, RandAugment's
+// --aa, random erasing's --reprob/--remode/--recount); timm's train.py flags with its meanings.
 #include <cmath>
 
 #include "dist/train/flags.h"
 #include "io/batch_dump.h"
+#include "io/image_transform.h"
+#include "io/randaugment.h"
+#include "io/random_erasing.h"
 #include "tensor/check.h"
 
 namespace cz::train {
@@ -22,7 +26,7 @@ void check_probability(double v, const char* name) {
 
 }  // namespace
 
-std::vector<Flag> mix_flags() {
+std::vector<Flag> augment_flags() {
   return {
       {.name = "--mixup",
        .field = &T::mixup,
@@ -93,6 +97,56 @@ std::vector<Flag> mix_flags() {
            [](C c, F f) {
              if (!c.dump_batches.empty()) BatchDump::format_of(c.dump_batches, f.name);
            }},
+      {.name = "--interpolation",
+       .field = &T::interpolation,
+       .group = kAugmentGroup,
+       .help = "resize filter of the training crop and of evaluation: bilinear | bicubic (PIL's, as timm's; "
+               "the ConvNeXt recipe's is bicubic); also RandAugment's geometric ops'",
+       .check = [](C c, F f) { parse_interpolation(c.interpolation, f.name); },
+       .ranks_agree = true,
+       .json_key = "interpolation"},
+      {.name = "--aa",
+       .field = &T::aa,
+       .group = kAugmentGroup,
+       .help =
+           "RandAugment on training images, timm's string: rand-m9-mstd0.5-inc1 is the ConvNeXt recipe's "
+           "(m magnitude, n ops per image, p each op's probability, mstd magnitude noise, mmax its bound, "
+           "inc1 the increasing ops, tweights timm's weighted choice); empty or none: off",
+       .check = [](C c, F f) { parse_rand_augment(c.aa, f.name); },
+       .ranks_agree = true,
+       .json_key = "aa"},
+      {.name = "--reprob",
+       .field = &T::reprob,
+       .group = kAugmentGroup,
+       .help = "random erasing: the probability that a training image gets erased boxes, after normalisation "
+               "(timm's; the ConvNeXt recipe's 0.25); 0: off",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(std::isfinite(c.reprob) && c.reprob >= 0 && c.reprob <= 1,
+                      "{} must be a probability in [0, 1], got {}", f.name, c.reprob);
+           },
+       .ranks_agree = true,
+       .json_key = "reprob"},
+      {.name = "--remode",
+       .field = &T::remode,
+       .group = kAugmentGroup,
+       .help =
+           "random erasing's fill: const (0, the mean colour) | rand (a normal colour per box) | pixel (a "
+           "normal value per pixel and channel)",
+       .check = [](C c, F f) { parse_erase_mode(c.remode, f.name); },
+       .ranks_agree = true,
+       .json_key = "remode"},
+      {.name = "--recount",
+       .field = &T::recount,
+       .group = kAugmentGroup,
+       .help = "random erasing: each erased image gets 1 to N boxes (uniform), each of a 1/count share of "
+               "the area",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.recount >= 1 && c.recount <= 64, "{} must be in [1, 64], got {}", f.name, c.recount);
+           },
+       .ranks_agree = true,
+       .json_key = "recount"},
   };
 }
 
