@@ -37,7 +37,12 @@ void resample_normalised(const Image& src, const CropBox& box, int64_t size, flo
 // then resize) gives RandAugment. The loader takes this path when RandAugment is on (it works on 8-bit
 // images, as timm's does on PIL's); without it the float path above keeps the extra precision.
 // out: size x size, RGB; resized (not reallocated) when it already has that size.
+// Runs on the widest kernel this CPU has (Note [Resize kernels per instruction set], resize_u8_kernels.h);
+// the overload names one (tests, measurements).
 void resample_u8(const Image& src, const CropBox& box, int64_t size, Interpolation interpolation, Image& out);
+enum class ResizeKernel;
+void resample_u8(const Image& src, const CropBox& box, int64_t size, Interpolation interpolation, Image& out,
+                 ResizeKernel kernel);
 
 // (v / 255 - mean) / std per channel, as resample_normalised ends. img: 8-bit RGB; out: h*w*3 floats.
 void normalise_u8(const Image& img, float* out);

@@ -2,10 +2,17 @@
 // normalisation of an 8-bit image. Compiled with -ffp-contract=off, like the RandAugment ops: the fixed-point
 // coefficients come from doubles rounded at each step as PIL's C does.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "io/image_transform.h"
 #include "io/loader.h"
+#include "io/resize_u8_kernels.h"
+#include "tensor/check.h"
 
 namespace cz {
 namespace {
@@ -105,19 +112,111 @@ void vertical_pass(const uint8_t* in, int64_t stride, int64_t width, const std::
   }
 }
 
-}  // namespace
+// The taps of fixed_taps as resize_u8_kernels.h's flat arrays.
+struct FlatTaps {
+  std::vector<int64_t> first;
+  std::vector<int32_t> count, coeff;
+  int64_t stride = 0;
+  explicit FlatTaps(const std::vector<FixedTaps>& taps) {
+    for (const FixedTaps& t : taps) stride = std::max<int64_t>(stride, int64_t(t.k.size()));
+    coeff.assign(size_t(stride) * taps.size(), 0);
+    for (size_t i = 0; i < taps.size(); ++i) {
+      first.push_back(taps[i].first);
+      count.push_back(int32_t(taps[i].k.size()));
+      std::copy(taps[i].k.begin(), taps[i].k.end(), coeff.begin() + int64_t(i) * stride);
+    }
+  }
+  AxisTapsView view() const {
+    return {first.data(), count.data(), coeff.data(), stride, int64_t(first.size())};
+  }
+};
 
-void resample_u8(const Image& src, const CropBox& box, int64_t size, Interpolation interpolation,
-                 Image& out) {
-  out.height = out.width = size;
-  out.pixels.resize(size_t(size * size * 3));
-  const int64_t stride = src.width * 3;
-  const uint8_t* crop = src.pixels.data() + box.y * stride + box.x * 3;
+// (rows x cols) 3-byte pixels, `stride` bytes from row to row, into (cols x rows), packed: output row c is
+// input column c; with `mirror`, output row c is written right to left (input row r lands in column rows-1-r).
+// Pixels move as 4-byte words where the byte after the pixel may be read (not the input's last column) and
+// written (not the output row's last pixel), the extra byte landing on the next pixel of the same output row,
+// which the loops' order writes afterwards (rows ascending, or descending when mirrored).
+void transpose_pixels(const uint8_t* in, int64_t stride, int64_t rows, int64_t cols, bool mirror, uint8_t* out) {
+  constexpr int64_t kBlock = 32;  // a block of rows and columns stays in the L1 cache both ways
+  const int64_t blocks = (rows + kBlock - 1) / kBlock;
+  for (int64_t bi = 0; bi < blocks; ++bi) {
+    const int64_t r0 = (mirror ? blocks - 1 - bi : bi) * kBlock, r1 = std::min(rows, r0 + kBlock);
+    for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
+      const int64_t c1 = std::min(cols, c0 + kBlock);
+      for (int64_t c = c0; c < c1; ++c) {
+        uint8_t* dst = out + c * rows * 3;
+        const uint8_t* src = in + c * 3;
+        for (int64_t i = r0; i < r1; ++i) {
+          const int64_t r = mirror ? r1 - 1 - (i - r0) : i;
+          const int64_t at = mirror ? rows - 1 - r : r;
+          const uint8_t* p = src + r * stride;
+          if (c + 1 < cols && at + 1 < rows) {
+            std::memcpy(dst + at * 3, p, 4);
+          } else {
+            dst[at * 3] = p[0], dst[at * 3 + 1] = p[1], dst[at * 3 + 2] = p[2];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Note [8-bit resize] with a rows-pass kernel: the vertical pass is the kernel itself; the horizontal one is
+// the kernel between two transposes (columns become rows, which the kernel sums whole and wide). The flip is
+// fused into whichever pass writes `out` last. Same bytes as the scalar loops (integer sums in any order).
+void resample_with_kernel(RowsPassFn rows_pass, const uint8_t* crop, int64_t stride, const CropBox& box,
+                          int64_t size, Interpolation interpolation, bool horizontal_first, uint8_t* out) {
+  const bool horizontal = box.w != size, vertical = box.h != size;
+  std::vector<int32_t> acc;
+  std::vector<uint8_t> t0, t1, mid;
+  // rows x in_w pixels at `src` -> rows x size at `dst`.
+  auto horizontal_pass = [&](const uint8_t* src, int64_t src_stride, int64_t rows, int64_t in_w, bool flip,
+                             uint8_t* dst) {
+    const FlatTaps xs(fixed_taps(in_w, size, interpolation));
+    t0.resize(size_t(in_w * rows * 3));
+    transpose_pixels(src, src_stride, rows, in_w, false, t0.data());
+    t1.resize(size_t(size * rows * 3));
+    acc.resize(size_t(rows * 3));
+    rows_pass(t0.data(), rows * 3, rows * 3, xs.view(), t1.data(), rows * 3, false, acc.data());
+    transpose_pixels(t1.data(), rows * 3, size, rows, flip, dst);  // size x rows -> rows x size, flipped
+  };
+  // in_h x width pixels at `src` -> size x width at `dst`.
+  auto vertical_pass = [&](const uint8_t* src, int64_t src_stride, int64_t in_h, int64_t width, bool flip,
+                           uint8_t* dst) {
+    const FlatTaps ys(fixed_taps(in_h, size, interpolation));
+    acc.resize(size_t(width * 3));
+    rows_pass(src, src_stride, width * 3, ys.view(), dst, width * 3, flip, acc.data());
+  };
+  if (horizontal && vertical) {
+    if (horizontal_first) {
+      mid.resize(size_t(box.h * size * 3));
+      horizontal_pass(crop, stride, box.h, box.w, false, mid.data());
+      vertical_pass(mid.data(), size * 3, box.h, size, box.flip, out);
+    } else {
+      mid.resize(size_t(size * box.w * 3));
+      vertical_pass(crop, stride, box.h, box.w, false, mid.data());
+      horizontal_pass(mid.data(), box.w * 3, size, box.w, box.flip, out);
+    }
+  } else if (horizontal) {
+    horizontal_pass(crop, stride, size, box.w, box.flip, out);
+  } else if (vertical) {
+    vertical_pass(crop, stride, box.h, size, box.flip, out);
+  } else {
+    for (int64_t y = 0; y < size; ++y) {
+      const uint8_t* src = crop + y * stride;
+      uint8_t* dst = out + y * size * 3;
+      for (int64_t x = 0; x < size; ++x) {
+        const int64_t from = box.flip ? size - 1 - x : x;
+        dst[x * 3] = src[from * 3], dst[x * 3 + 1] = src[from * 3 + 1], dst[x * 3 + 2] = src[from * 3 + 2];
+      }
+    }
+  }
+}
+
+// The per-pixel loops (ResizeKernel::scalar): the reference the kernels are tested against.
+void resample_scalar(const uint8_t* crop, int64_t stride, const CropBox& box, int64_t size,
+                     Interpolation interpolation, bool vertical_first, uint8_t* out) {
   const bool horizontal = box.w != size, vertical = box.h != size;  // PIL skips a pass that changes nothing
-  // Pillow 13 runs the vertical pass first when the height shrinks by more than twice what the width does
-  // (fewer rows for the horizontal pass); earlier versions always went horizontal first. The two orders
-  // round differently in between, so the order is part of matching it.
-  const bool vertical_first = box.h - size > 0 && box.h - size > (box.w - size) * 2;
   std::vector<uint8_t> tmp;
   if (horizontal && vertical) {
     const std::vector<FixedTaps> xs = fixed_taps(box.w, size, interpolation);
@@ -125,27 +224,51 @@ void resample_u8(const Image& src, const CropBox& box, int64_t size, Interpolati
     if (vertical_first) {
       tmp.resize(size_t(size * box.w * 3));
       vertical_pass(crop, stride, box.w, ys, tmp.data());
-      horizontal_pass(tmp.data(), box.w * 3, size, xs, out.pixels.data());
+      horizontal_pass(tmp.data(), box.w * 3, size, xs, out);
     } else {
       tmp.resize(size_t(box.h * size * 3));
       horizontal_pass(crop, stride, box.h, xs, tmp.data());
-      vertical_pass(tmp.data(), size * 3, size, ys, out.pixels.data());
+      vertical_pass(tmp.data(), size * 3, size, ys, out);
     }
   } else if (horizontal) {
-    horizontal_pass(crop, stride, size, fixed_taps(box.w, size, interpolation), out.pixels.data());
+    horizontal_pass(crop, stride, size, fixed_taps(box.w, size, interpolation), out);
   } else if (vertical) {
-    vertical_pass(crop, stride, size, fixed_taps(box.h, size, interpolation), out.pixels.data());
+    vertical_pass(crop, stride, size, fixed_taps(box.h, size, interpolation), out);
   } else {
-    for (int64_t y = 0; y < size; ++y)
-      std::copy_n(crop + y * stride, size * 3, out.pixels.data() + y * size * 3);
+    for (int64_t y = 0; y < size; ++y) std::copy_n(crop + y * stride, size * 3, out + y * size * 3);
   }
   if (box.flip) {
     for (int64_t y = 0; y < size; ++y) {
-      uint8_t* r = out.pixels.data() + y * size * 3;
+      uint8_t* r = out + y * size * 3;
       for (int64_t a = 0, b = size - 1; a < b; ++a, --b)
         for (int c = 0; c < 3; ++c) std::swap(r[a * 3 + c], r[b * 3 + c]);
     }
   }
+}
+
+}  // namespace
+
+void resample_u8(const Image& src, const CropBox& box, int64_t size, Interpolation interpolation,
+                 Image& out) {
+  static const ResizeKernel kernel = default_resize_kernel();
+  resample_u8(src, box, size, interpolation, out, kernel);
+}
+
+void resample_u8(const Image& src, const CropBox& box, int64_t size, Interpolation interpolation, Image& out,
+                 ResizeKernel kernel) {
+  out.height = out.width = size;
+  out.pixels.resize(size_t(size * size * 3));
+  const int64_t stride = src.width * 3;
+  const uint8_t* crop = src.pixels.data() + box.y * stride + box.x * 3;
+  // Pillow 13 runs the vertical pass first when the height shrinks by more than twice what the width does
+  // (fewer rows for the horizontal pass); earlier versions always went horizontal first. The two orders
+  // round differently in between, so the order is part of matching it.
+  const bool vertical_first = box.h - size > 0 && box.h - size > (box.w - size) * 2;
+  if (kernel == ResizeKernel::scalar)
+    resample_scalar(crop, stride, box, size, interpolation, vertical_first, out.pixels.data());
+  else
+    resample_with_kernel(rows_pass_for(kernel), crop, stride, box, size, interpolation, !vertical_first,
+                         out.pixels.data());
 }
 
 void normalise_u8(const Image& img, float* out) {
@@ -156,6 +279,66 @@ void normalise_u8(const Image& img, float* out) {
   }
   const int64_t n = img.height * img.width * 3;
   for (int64_t i = 0; i < n; ++i) out[i] = float(img.pixels[size_t(i)]) * mul[i % 3] + add[i % 3];
+}
+
+const char* resize_kernel_name(ResizeKernel kernel) {
+  switch (kernel) {
+    case ResizeKernel::scalar: return "scalar";
+    case ResizeKernel::baseline: return "baseline";
+    case ResizeKernel::avx2: return "avx2";
+    case ResizeKernel::avx512: return "avx512";
+  }
+  return "?";
+}
+
+bool resize_kernel_runs_here(ResizeKernel kernel) {
+  switch (kernel) {
+    case ResizeKernel::scalar:
+    case ResizeKernel::baseline: return true;
+#if defined(CZ_RESIZE_X86_KERNELS)
+    case ResizeKernel::avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2");
+    case ResizeKernel::avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512cd") && resize_kernel_runs_here(ResizeKernel::avx2);
+#else
+    default: return false;
+#endif
+  }
+  return false;
+}
+
+ResizeKernel default_resize_kernel() {
+  const ResizeKernel all[] = {ResizeKernel::scalar, ResizeKernel::baseline, ResizeKernel::avx2, ResizeKernel::avx512};
+  if (const char* env = std::getenv("CZ_RESIZE_KERNEL"); env != nullptr && *env != '\0') {
+    for (ResizeKernel k : all)
+      if (std::string(env) == resize_kernel_name(k)) {
+        if (!resize_kernel_runs_here(k))
+          throw ValueError(fmt::format("CZ_RESIZE_KERNEL={}: this CPU (or build) cannot run that kernel", env));
+        return k;
+      }
+    throw ValueError(
+        fmt::format("CZ_RESIZE_KERNEL must be scalar, baseline, avx2 or avx512, got '{}'", env));
+  }
+  for (ResizeKernel k : {ResizeKernel::avx512, ResizeKernel::avx2})
+    if (resize_kernel_runs_here(k)) return k;
+  return ResizeKernel::baseline;
+}
+
+RowsPassFn rows_pass_for(ResizeKernel kernel) {
+  switch (kernel) {
+    case ResizeKernel::scalar: return nullptr;
+    case ResizeKernel::baseline: return resize_kernels::rows_pass_baseline;
+#if defined(CZ_RESIZE_X86_KERNELS)
+    case ResizeKernel::avx2: return resize_kernels::rows_pass_avx2;
+    case ResizeKernel::avx512: return resize_kernels::rows_pass_avx512;
+#else
+    default: break;
+#endif
+  }
+  CZ_CHECK(false, "rows_pass_for: the {} kernel is not compiled in", resize_kernel_name(kernel));
+  return nullptr;
 }
 
 }  // namespace cz
