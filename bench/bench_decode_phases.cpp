@@ -19,9 +19,9 @@
 // rows above the crop, the IDCT only the crop's), so its first column is entropy + IDCT. The crop is the one
 // RandomResizedCrop(scale=(0.08, 1)) gives on average: a centred square of 54% of the image's area (the
 // mean of U(0.08, 1)), clipped to the image.
+#include <stdio.h>  // before jpeglib.h, which needs FILE
 #include <time.h>
 
-#include <cstdio>  // jpeglib.h needs FILE
 #include <jpeglib.h>
 
 #include <algorithm>
@@ -81,7 +81,9 @@ struct ErrorMgr {
   jpeg_error_mgr pub;
   jmp_buf jump;
 };
-void on_error(j_common_ptr cinfo) { longjmp(reinterpret_cast<ErrorMgr*>(cinfo->err)->jump, 1); }
+void on_error(j_common_ptr cinfo) {
+  longjmp(reinterpret_cast<ErrorMgr*>(cinfo->err)->jump, 1);
+}
 
 enum class Phase { entropy, ycc, rgb };
 
@@ -115,7 +117,8 @@ uint64_t decode(const std::vector<uint8_t>& data, Phase phase, int denom, int64_
   cinfo.scale_denom = static_cast<unsigned>(denom);
   jpeg_start_decompress(&cinfo);
   const int64_t sh = cinfo.output_height, sw = cinfo.output_width;
-  const int64_t y0 = std::min<int64_t>(y / denom, sh), y1 = std::min<int64_t>((y + h + denom - 1) / denom, sh);
+  const int64_t y0 = std::min<int64_t>(y / denom, sh),
+                y1 = std::min<int64_t>((y + h + denom - 1) / denom, sh);
   JDIMENSION cx = static_cast<JDIMENSION>(std::min<int64_t>(x / denom, sw - 1));
   JDIMENSION cw = static_cast<JDIMENSION>(
       std::max<int64_t>(1, std::min<int64_t>((x + w + denom - 1) / denom, sw) - int64_t(cx)));
@@ -168,11 +171,13 @@ int main(int argc, char** argv) {
   int reps = 3, threads = 1;
   bool only = false;
   app.add_option("dir", dir, "folder: data set of JPEGs")->required();
-  app.add_option("--images", images, "images to time (phases: the first N files)")->check(CLI::PositiveNumber);
+  app.add_option("--images", images, "images to time (phases: the first N files)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--size", size, "output side of the resize")->check(CLI::PositiveNumber);
   app.add_option("--reps", reps, "repetitions per phase (median taken)")->check(CLI::PositiveNumber);
   app.add_option("--threads", threads, "--decode-only: decoding threads")->check(CLI::PositiveNumber);
-  app.add_flag("--decode-only", only, "whole decodes to RGB alone, on --threads threads, for --images images");
+  app.add_flag("--decode-only", only,
+               "whole decodes to RGB alone, on --threads threads, for --images images");
   CLI11_PARSE(app, argc, argv);
   if (!fs::is_directory(dir)) {
     std::fprintf(stderr, "bench_decode_phases: %s: not a directory\n", dir.c_str());
@@ -222,23 +227,27 @@ int main(int argc, char** argv) {
       const CropBox in_region{box.y / denom - region.top, box.x / denom - region.left,
                               std::min(region.image.height, box.h / denom),
                               std::min(region.image.width, box.w / denom), false};
-      time(acc[1][kResize], [&] { resample_u8(region.image, in_region, size, Interpolation::bilinear, out); });
+      time(acc[1][kResize],
+           [&] { resample_u8(region.image, in_region, size, Interpolation::bilinear, out); });
       sink += out.pixels[0];
     }
     for (int p = 0; p < 2; ++p)
       for (int k = 0; k < kPhases; ++k) sums[p][k].push_back(acc[p][k] / double(n) * 1e3);
   }
-  fmt::print("{} images of {}, crop = centred square of 54% of the area, resized to {}; DCT scale used:", n, dir,
-             size);
+  fmt::print("{} images of {}, crop = centred square of 54% of the area, resized to {}; DCT scale used:", n,
+             dir, size);
   for (int d : {1, 2, 4, 8}) fmt::print(" 1/{} x{}", d, denoms[size_t(d)]);
   fmt::print("\nms per image (thread CPU time, median of {} reps)\n", reps);
-  fmt::print("| path | entropy | IDCT + upsampling | colour | resize | total |\n| --- | --- | --- | --- | --- | --- |\n");
+  fmt::print(
+      "| path | entropy | IDCT + upsampling | colour | resize | total |\n| --- | --- | --- | --- | --- | --- "
+      "|\n");
   const char* names[2] = {"whole decode + crop (before)", "crop-only, DCT-scaled (after)"};
   for (int p = 0; p < 2; ++p) {
     const double e = median(sums[p][kEntropy]), y = median(sums[p][kYcc]), r = median(sums[p][kRgb]),
                  z = median(sums[p][kResize]);
     if (p == 0)
-      fmt::print("| {} | {:.3f} | {:.3f} | {:.3f} | {:.3f} | {:.3f} |\n", names[p], e, y - e, r - y, z, r + z);
+      fmt::print("| {} | {:.3f} | {:.3f} | {:.3f} | {:.3f} | {:.3f} |\n", names[p], e, y - e, r - y, z,
+                 r + z);
     else  // entropy decoding is not separable here: skipping rows still Huffman-decodes them
       fmt::print("| {} | {:.3f} (with IDCT) | | {:.3f} | {:.3f} | {:.3f} |\n", names[p], y, r - y, z, r + z);
   }
