@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "io/h5_file.h"
+#include "io/model_input.h"
 
 namespace cz {
 namespace {
@@ -76,6 +77,12 @@ void BatchDump::finish() {
 }
 
 void BatchDump::write(const Batch& b, int64_t step, int64_t micro_step) {
+  if (!b.images.defined() && b.pixels.defined()) {  // what the model sees (Note [Normalising on the device])
+    Batch with_images = b;
+    with_images.images = model_input(b, Device::cpu());
+    write(with_images, step, micro_step);
+    return;
+  }
   if (format_ == Format::png) {
     if (!png_written_ && !path_.empty()) write_png(b);
     png_written_ = true;

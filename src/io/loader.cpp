@@ -3,6 +3,7 @@
 #include "io/loader.h"
 
 #include <atomic>
+#include <cstring>
 #include <condition_variable>
 #include <exception>
 #include <map>
@@ -10,6 +11,7 @@
 #include <thread>
 
 #include "io/image_transform.h"
+#include "io/model_input.h"
 #include "io/sampler.h"
 
 namespace cz {
@@ -38,15 +40,14 @@ struct Loader::Impl {
   std::exception_ptr failed;  // sticky until the next start_epoch
 
   // Reads example `index` (at position `pos` of the epoch) as far as its crop needs, and crops, resizes,
-  // flips, RandAugments, normalises and erases it into `out` (size x size x 3 floats); `img` and `crop` are
-  // scratch.
-  void transform_image(int64_t index, int64_t pos, Image& img, Image& crop, float* out) const;
+  // flips and RandAugments it into `out` (size x size x 3 bytes); `img` and `crop` are scratch.
+  void transform_image(int64_t index, int64_t pos, Image& img, Image& crop, uint8_t* out) const;
   Batch make_batch(int64_t b) const;
   void work();
   void stop_workers();
 };
 
-void Loader::Impl::transform_image(int64_t index, int64_t pos, Image& img, Image& crop, float* out) const {
+void Loader::Impl::transform_image(int64_t index, int64_t pos, Image& img, Image& crop, uint8_t* out) const {
   const int64_t size = opt.image_size;
   // The crop is drawn from the stored size; the source decodes only what it needs (Dataset::read_crop).
   const auto choose = [&](int64_t height, int64_t width) {
@@ -57,37 +58,36 @@ void Loader::Impl::transform_image(int64_t index, int64_t pos, Image& img, Image
   };
   CropBox box;
   data->read_crop(index, choose, size, img, box);
+  resample_u8(img, box, size, opt.interpolation, crop);  // Note [8-bit resize]
   if (opt.rand_augment.enabled) {
-    resample_u8(img, box, size, opt.interpolation, crop);  // Note [8-bit resize]
     CounterRng rng = sample_stream(opt.seed, RngDomain::randaugment, epoch, pos);
     rand_augment(opt.rand_augment, crop, opt.interpolation, rng);
-    normalise_u8(crop, out);
-  } else {
-    resample_normalised(img, box, size, out, opt.interpolation);
   }
-  if (opt.erasing.probability > 0) {
-    CounterRng rng = sample_stream(opt.seed, RngDomain::erase, epoch, pos);
-    random_erase(opt.erasing, out, size, size, rng);
-  }
+  std::memcpy(out, crop.pixels.data(), crop.pixels.size());
 }
 
 Batch Loader::Impl::make_batch(int64_t b) const {
   const BatchSlice s = rank_slice(data->size(), opt.batch_size, b, opt.world, opt.rank);
   const int64_t n = s.end - s.begin, size = opt.image_size;
   Batch batch;
-  batch.images = empty({n, size, size, 3}, DType::f32);
+  batch.pixels = opt.pinned ? empty_pinned({n, size, size, 3}, DType::u8) : empty({n, size, size, 3}, DType::u8);
   batch.labels = empty({n}, DType::i64);
   batch.sources.resize(size_t(n));
   batch.epoch = epoch;
   batch.index = b;
   batch.first_sample = s.begin;
-  float* images = n > 0 ? batch.images.data<float>() : nullptr;
+  uint8_t* pixels = n > 0 ? batch.pixels.data<uint8_t>() : nullptr;
+  if (opt.erasing.probability > 0) batch.erased.resize(size_t(n));
   int64_t* labels = n > 0 ? batch.labels.data<int64_t>() : nullptr;
   Image img, crop;
   for (int64_t i = 0; i < n; ++i) {
     if (stopping.load(std::memory_order_relaxed)) break;  // the batch will be discarded
     const int64_t pos = s.begin + i, index = order[size_t(pos)];
-    transform_image(index, pos, img, crop, images + i * size * size * 3);
+    transform_image(index, pos, img, crop, pixels + i * size * size * 3);
+    if (opt.erasing.probability > 0) {  // applied after normalisation (model_input)
+      CounterRng rng = sample_stream(opt.seed, RngDomain::erase, epoch, pos);
+      batch.erased[size_t(i)] = draw_erasing(opt.erasing, size, size, rng);
+    }
     labels[i] = data->label(index);
     batch.sources[size_t(i)] = index;
   }
@@ -95,9 +95,9 @@ Batch Loader::Impl::make_batch(int64_t b) const {
     // Note [Mixing within a micro-batch]: keyed by the position of the batch's first sample.
     CounterRng rng = mix_stream(opt.seed, epoch, s.begin);
     batch.mix = draw_mix(opt.mix, n, size, size, rng);
-    apply_mix(batch.mix, batch.images);
     batch.targets = mix_targets(batch.mix, batch.labels, opt.mix.num_classes, opt.mix.label_smoothing);
   }
+  if (!opt.pixels_only && !stopping.load(std::memory_order_relaxed)) batch.images = model_input(batch, Device::cpu());
   return batch;
 }
 

@@ -43,11 +43,20 @@ struct LoaderOptions {
   // Mixup/CutMix of each rank's batch after normalisation (Note [Mixing within a micro-batch], mixup.h);
   // inactive by default.
   MixConfig mix;
+  // Note [Normalising on the device] (model_input.h): with `pixels_only`, batches carry the 8-bit pixels and
+  // the draws of erasing and mixing, and `images` is left for the consumer to make where the model runs
+  // (model_input); without, the loader's threads make `images` on the CPU as well. `pinned`: the pixels in
+  // page-locked memory (CUDA runs), so their copy to the device is asynchronous.
+  bool pixels_only = false;
+  bool pinned = false;
 };
 
 struct Batch {
-  Tensor images;   // (n, image_size, image_size, 3) f32, normalised with ImageNet mean/std, CPU
-                   // (and mixed, with mixing on)
+  Tensor pixels;   // (n, image_size, image_size, 3) u8, CPU: each image after the crop, resize, flip and
+                   // RandAugment (Note [Normalising on the device], model_input.h)
+  Tensor images;   // (n, image_size, image_size, 3) f32, CPU: model_input(*this) (normalised with ImageNet
+                   // mean/std, erased, mixed); undefined with LoaderOptions::pixels_only
+  std::vector<std::vector<ErasePatch>> erased;  // random erasing's draws per image (empty with erasing off)
   Tensor labels;   // (n) i64, CPU: each image's own class
   Tensor targets;  // with mixing on: (n, num_classes) f32 soft targets, CPU; else undefined
   // Each image's index in the data set (host memory: not in the training allocator, whose peak the memory

@@ -90,12 +90,6 @@ std::pair<double, bool> draw_lam(const MixConfig& c, CounterRng& rng) {
 
 // The two weights timm multiplies by: f32(lam) and f32(1 - lam), the subtraction in f64 in batch mode (lam a
 // Python float) and in f32 in pair and elem modes (lam a float32 array there).
-std::pair<float, float> weights_of(MixMode mode, double lam) {
-  if (mode == MixMode::batch) return {float(lam), float(1.0 - lam)};
-  const float l = float(lam);
-  return {l, 1.0f - l};
-}
-
 }  // namespace
 
 MixMode parse_mix_mode(const std::string& s) {
@@ -199,7 +193,7 @@ void mix_one(const SampleMix& s, MixMode mode, const float* mine, const float* t
       std::memcpy(dst + (y * w + s.box.x0) * ch, theirs + (y * w + s.box.x0) * ch,
                   size_t((s.box.x1 - s.box.x0) * ch) * sizeof(float));
   } else if (s.lam != 1.0) {
-    const auto [l, m] = weights_of(mode, s.lam);
+    const auto [l, m] = mix_weights(mode, s.lam);
     for (int64_t k = 0; k < pixels; ++k) {
       // Two roundings and a sum, as timm's mul_, mul_ and add_ (this file is compiled with
       // -ffp-contract=off: no fused multiply-add).
@@ -210,6 +204,12 @@ void mix_one(const SampleMix& s, MixMode mode, const float* mine, const float* t
 }
 
 }  // namespace
+
+std::pair<float, float> mix_weights(MixMode mode, double lam) {
+  if (mode == MixMode::batch) return {float(lam), float(1.0 - lam)};
+  const float l = float(lam);
+  return {l, 1.0f - l};
+}
 
 void apply_mix(const MixParams& p, Tensor& images) {
   CZ_CHECK(
@@ -253,7 +253,7 @@ Tensor mix_targets(const MixParams& p, const Tensor& labels, int64_t num_classes
     const int64_t a = y[i], b = y[s.partner];
     CZ_CHECK(a >= 0 && a < num_classes && b >= 0 && b < num_classes,
              "mix_targets: label {} or {} is out of range for {} classes", a, b, num_classes);
-    const auto [l, m] = weights_of(p.mode, s.lam);
+    const auto [l, m] = mix_weights(p.mode, s.lam);
     for (int64_t k = 0; k < num_classes; ++k) {
       const float y1 = k == a ? on : off, y2 = k == b ? on : off;
       const float u = y1 * l, v = y2 * m;

@@ -88,6 +88,9 @@ MixParams draw_mix(const MixConfig& c, int64_t n, int64_t height, int64_t width,
 // every image paired with image n-1-i (draw_mix's pairing, timm's flip).
 void apply_mix(const MixParams& p, Tensor& images);
 
+// The weights (L, M) apply_mix rounds lam to in `mode` (above).
+std::pair<float, float> mix_weights(MixMode mode, double lam);
+
 // The soft targets (n, num_classes) f32 of labels (n) i64: timm's mixup_target, bit for bit.
 Tensor mix_targets(const MixParams& p, const Tensor& labels, int64_t num_classes, double smoothing);
 

@@ -2,6 +2,7 @@
 #include "io/random_erasing.h"
 
 #include <cmath>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -44,10 +45,10 @@ EraseMode parse_erase_mode(const std::string& name, const std::string& flag) {
   throw ValueError(fmt::format("{} must be const, rand or pixel, got '{}'", flag, name));
 }
 
-std::vector<EraseBox> random_erase(const RandomErasingConfig& cfg, float* img, int64_t height, int64_t width,
-                                   CounterRng& rng) {
-  std::vector<EraseBox> boxes;
-  if (cfg.probability <= 0 || rng.uniform() > cfg.probability) return boxes;  // timm: random() > p skips
+std::vector<ErasePatch> draw_erasing(const RandomErasingConfig& cfg, int64_t height, int64_t width,
+                                     CounterRng& rng) {
+  std::vector<ErasePatch> patches;
+  if (cfg.probability <= 0 || rng.uniform() > cfg.probability) return patches;  // timm: random() > p skips
   const int count = cfg.max_count <= 1 ? 1 : 1 + int(rng.below(cfg.max_count));
   const double area = double(height) * double(width);
   const double log_lo = std::log(kMinAspect), log_hi = std::log(1.0 / kMinAspect);
@@ -59,19 +60,34 @@ std::vector<EraseBox> random_erase(const RandomErasingConfig& cfg, float* img, i
       const int64_t h = int64_t(std::nearbyint(std::sqrt(target * ratio)));
       const int64_t w = int64_t(std::nearbyint(std::sqrt(target / ratio)));
       if (!(w < width && h < height)) continue;
-      EraseBox box{rng.below(height - h + 1), rng.below(width - w + 1), h, w};
-      float colour[3] = {0, 0, 0};
-      if (cfg.mode == EraseMode::rand)
-        for (float& c : colour) c = normal.next();
-      for (int64_t y = box.top; y < box.top + h; ++y) {
-        float* row = img + (y * width + box.left) * 3;
-        for (int64_t i = 0; i < w * 3; ++i)
-          row[i] = cfg.mode == EraseMode::pixel ? normal.next() : colour[i % 3];
-      }
-      boxes.push_back(box);
+      ErasePatch p;
+      p.box = EraseBox{rng.below(height - h + 1), rng.below(width - w + 1), h, w};
+      p.per_pixel = cfg.mode == EraseMode::pixel;
+      p.values.assign(p.per_pixel ? size_t(h * w * 3) : 3, 0.0f);
+      if (cfg.mode != EraseMode::constant)
+        for (float& v : p.values) v = normal.next();
+      patches.push_back(std::move(p));
       break;
     }
   }
+  return patches;
+}
+
+void write_erasing(const std::vector<ErasePatch>& patches, float* img, int64_t width) {
+  for (const ErasePatch& p : patches)
+    for (int64_t y = p.box.top; y < p.box.top + p.box.h; ++y) {
+      float* row = img + (y * width + p.box.left) * 3;
+      for (int64_t i = 0; i < p.box.w * 3; ++i)
+        row[i] = p.per_pixel ? p.values[size_t((y - p.box.top) * p.box.w * 3 + i)] : p.values[size_t(i % 3)];
+    }
+}
+
+std::vector<EraseBox> random_erase(const RandomErasingConfig& cfg, float* img, int64_t height, int64_t width,
+                                   CounterRng& rng) {
+  const std::vector<ErasePatch> patches = draw_erasing(cfg, height, width, rng);
+  write_erasing(patches, img, width);
+  std::vector<EraseBox> boxes;
+  for (const ErasePatch& p : patches) boxes.push_back(p.box);
   return boxes;
 }
 

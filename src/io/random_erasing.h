@@ -33,6 +33,21 @@ struct EraseBox {
   int64_t top = 0, left = 0, h = 0, w = 0;
 };
 
+// A drawn box and what fills it: 3 values (one per channel: const's zeros, rand's colour) or, `per_pixel`,
+// h x w x 3 of them row by row.
+struct ErasePatch {
+  EraseBox box;
+  bool per_pixel = false;
+  std::vector<float> values;
+};
+
+// The draws of random_erase, without an image: the boxes in the order drawn and their values (erasing does
+// not read the pixels, so they can be written later, where the image is normalised: model_input.h).
+std::vector<ErasePatch> draw_erasing(const RandomErasingConfig& cfg, int64_t height, int64_t width,
+                                     CounterRng& rng);
+// Writes patches into img (height x width x 3 f32, NHWC) in order.
+void write_erasing(const std::vector<ErasePatch>& patches, float* img, int64_t width);
+
 // Erases boxes of img (h x w x 3 f32, NHWC, normalised) in place; returns them in the order drawn.
 std::vector<EraseBox> random_erase(const RandomErasingConfig& cfg, float* img, int64_t height, int64_t width,
                                    CounterRng& rng);

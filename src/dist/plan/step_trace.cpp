@@ -104,9 +104,10 @@ void Walker::build() {
     m_.alloc(kCublasWorkspace, Use::workspace, "cuBLAS workspace");
     m_.alloc(kCudnnWorkspace, Use::workspace, "cuDNN workspace allowance");
   }
-  const int64_t image = s_.micro_batch * s_.image_size * s_.image_size * s_.model.in_chans * 4;
+  // Note [Normalising on the device]: the loader's batches hold 8-bit pixels.
+  const int64_t image = s_.micro_batch * s_.image_size * s_.image_size * s_.model.in_chans;
   for (int64_t b = 0; b < s_.prefetched_batches; ++b) {
-    m_.alloc(image, Use::input, "prefetched images");
+    m_.alloc(image, Use::input, "prefetched pixels");
     m_.alloc(s_.micro_batch * 8, Use::input, "prefetched labels");
     if (s_.soft_targets)
       m_.alloc(s_.micro_batch * s_.model.num_classes * 4, Use::input, "prefetched targets");
@@ -133,7 +134,7 @@ void Walker::step() {
   const size_t per_batch = s_.soft_targets ? 3 : 2;
   if (!s_.cuda)
     for (int64_t a = 0; a < s_.grad_accum; ++a) {
-      batches.push_back(buf(pixels * 4, Use::input, "images"));
+      batches.push_back(buf(pixels, Use::input, "pixels (8-bit)"));
       batches.push_back(buf(n_ * 8, Use::input, "labels"));
       if (s_.soft_targets) batches.push_back(buf(n_ * s_.model.num_classes * 4, Use::input, "targets"));
     }
@@ -165,27 +166,29 @@ void Walker::step() {
   for (const A& b : batches) m_.release(b.id);
 }
 
-// `cpu_images`, `cpu_labels`: the CPU backend's batch (step()); none on CUDA, where the micro-step copies its
+// `cpu_pixels`, `cpu_labels`: the CPU backend's batch (step()); none on CUDA, where the micro-step copies its
 // own.
-void Walker::micro_step(bool last, const A& cpu_images, const A& cpu_labels) {
+void Walker::micro_step(bool last, const A& /*cpu_pixels: read by model_input*/, const A& cpu_labels) {
   n_ = s_.micro_batch;
   const auto& cfg = s_.model;
   const int64_t img = s_.image_size, pixels = n_ * img * img * cfg.in_chans;
   scope_ = "batch";
   part_ = 0;
   at("to device");
-  A images = cpu_images, labels = cpu_labels;
+  // model_input(batch, device): the f32 images, and on CUDA the pixels copied to the device meanwhile (Note
+  // [Normalising on the device]); then .to(compute dtype).
+  A images = buf(pixels * 4, Use::input, "images");
+  if (s_.cuda) m_.release(buf(pixels, Use::input, "pixels (8-bit, on the device)").id);
+  if (s_.compute != DType::f32) {
+    const A half = buf(pixels * e_, Use::input, "images (16-bit)");
+    m_.release(images.id);
+    images = half;
+  }
+  A labels = cpu_labels;
   if (s_.cuda) {
-    images = buf(pixels * 4, Use::input, "images");
-    if (s_.compute != DType::f32) {  // images.to(device).to(compute dtype)
-      const A half = buf(pixels * e_, Use::input, "images (16-bit)");
-      m_.release(images.id);
-      images = half;
-    }
     labels = s_.soft_targets ? buf(n_ * s_.model.num_classes * 4, Use::input, "targets")
                              : buf(n_ * 8, Use::input, "labels");
-  } else {  // .to(device) and .to(f32) return the same tensors
-    m_.retain(images.id);
+  } else {  // .to(device) returns the same tensor
     m_.retain(labels.id);
   }
 

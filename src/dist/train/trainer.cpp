@@ -14,6 +14,7 @@
 #include <functional>
 
 #include "io/checkpoint.h"
+#include "io/model_input.h"
 #include "io/weights.h"
 #include "optim/adamw.h"
 #include "optim/sgd.h"
@@ -284,6 +285,9 @@ LoaderOptions run_loader_options(const TrainConfig& cfg_, Split split, int world
   lo.rank = rank;
   lo.threads = cfg_.loader_threads;
   if (train) lo.mix = cfg_.mix_config();  // Note [Mixing within a micro-batch]
+  // Note [Normalising on the device]: the step makes the model's input from the 8-bit pixels (model_input).
+  lo.pixels_only = true;
+  lo.pinned = parse_device(cfg_.device).is_cuda();
   return lo;
 }
 
@@ -387,7 +391,7 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
   const int64_t micro = cfg_.micro_batch;
   for (int64_t a = 0; a < cfg_.grad_accum; ++a) {
     const Batch& batch = micro_batches[size_t(a)];
-    Tensor images = batch.images.to(device_).to(compute_dtype_);
+    Tensor images = model_input(batch, device_).to(compute_dtype_);
     // The labels, or a mixed batch's soft targets with the smoothing folded in (Note [Mixing within a
     // micro-batch]).
     const bool soft = batch.targets.defined();
@@ -427,7 +431,7 @@ EvalResult Trainer::evaluate() {
   while (auto batch = loader.next()) {
     if (cfg_.eval_batches > 0 && batches++ >= cfg_.eval_batches) break;
     if (batch->labels.numel() == 0) continue;
-    Tensor logits = (*model_)(batch->images.to(device_).to(compute_dtype_)).to(DType::f32);
+    Tensor logits = (*model_)(model_input(*batch, device_).to(compute_dtype_)).to(DType::f32);
     Tensor labels = batch->labels.to(device_);
     const double bn = double(labels.numel());
     loss_sum += cross_entropy(logits, labels, 0.0).item() * bn;

@@ -13,6 +13,10 @@
 #include "tensor/dtype.h"
 #include "tensor/kernel_types.h"
 
+namespace cz::batch_input {
+struct BatchView;  // tensor/cuda/model_input_element.h
+}  // namespace cz::batch_input
+
 namespace cz::cuda::launch {
 
 struct Config {
@@ -150,5 +154,9 @@ cudaError_t depthwise_backward_filter(const Config& cfg, DType t, const void* gy
 // y[i] = x[i] * scale[i / inner] (drop_path.cu).
 cudaError_t sample_scale(const Config& cfg, DType t, const void* x, const void* scale, void* y, int64_t n,
                          int64_t inner);
+
+// out (n, b.height, b.width, 3) f32 = batch_input::element of every element (model_input.cu); b's pointers
+// are host memory the device addresses (pinned) or device memory.
+cudaError_t model_input(const Config& cfg, const batch_input::BatchView& b, int64_t n, float* out);
 
 }  // namespace cz::cuda::launch

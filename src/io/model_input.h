@@ -1,0 +1,45 @@
+// The model's input made from a batch of 8-bit pixels where the model runs.
+//
+// Note [Normalising on the device]: the loader hands over each image as it stands after the crop, resize,
+// flip and RandAugment, 8-bit HWC (Batch::pixels: 3 bytes a pixel where normalised floats take 12), with the
+// draws of what timm does after normalisation: random erasing's boxes and values (Note [Random erasing]) and
+// the micro-batch's Mixup/CutMix (Note [Mixing within a micro-batch]). model_input() makes the f32 (n, H, W,
+// 3) images on the model's device, every element by batch_input::element (model_input_element.h): the
+// normalisation's multiply and add, the erase box's value where one covers it, the mix with the partner's
+// erased pixels. On the CPU that loop fills the first op's input directly; on CUDA the 8-bit pixels are copied
+// to the device (from the loader's pinned batches: LoaderOptions::pinned) and one kernel
+// (src/tensor/cuda/model_input.cu) writes the device tensor, reading the draws from one pinned buffer in
+// place (unified addressing): what crosses PCIe is the pixels and the draws, about a quarter of the f32
+// batch (model_input_bytes). Both run the same arithmetic
+// (each product and sum rounded, no multiply-adds), so the values equal the loader's former f32 batch: the
+// 8-bit path's normalise_u8, random_erase and apply_mix, bit for bit (ModelInput.* tests).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tensor/cuda/model_input_element.h"
+#include "tensor/tensor.h"
+
+namespace cz {
+
+struct Batch;
+
+// The per-image parameters and the erase boxes and values of a batch, flat (model_input_element.h).
+struct ModelInputDraws {
+  std::vector<batch_input::ImageParams> images;
+  std::vector<batch_input::EraseRect> rects;
+  std::vector<float> values;
+};
+ModelInputDraws model_input_draws(const Batch& batch);
+
+// (n, H, W, 3) f32 on `device`: batch.pixels normalised, erased and mixed (Note [Normalising on the device]).
+Tensor model_input(const Batch& batch, const Device& device);
+
+// Bytes model_input moves from host to a device for `batch`: its pixels and draws.
+int64_t model_input_bytes(const Batch& batch);
+
+// ImageNet's normalisation as model_input applies it.
+batch_input::Normalisation imagenet_normalisation();
+
+}  // namespace cz
