@@ -48,9 +48,9 @@ uint8_t luma(const uint8_t* p) {
 
 // Note [Byte loops through raw pointers]: a store through `img.pixels[i]` is a uint8_t store, which may alias
 // anything, the vector's own data pointer included, so the compiler reloads that pointer after every byte and
-// vectorises nothing. The per-byte loops in this file (blend, the grey image, the SMOOTH filter, the tables) read and
-// write through __restrict pointers taken once: the same operations in the same order on each byte, so the
-// same bytes, 2-5x faster (bench/bench_randaugment.cpp; figures in docs/data.md).
+// vectorises nothing. The per-byte loops in this file (blend, the grey image, the SMOOTH filter, the tables)
+// read and write through __restrict pointers taken once: the same operations in the same order on each byte,
+// so the same bytes, 2-5x faster (bench/bench_randaugment.cpp; figures in docs/data.md).
 
 // Image.blend(degenerate, img, factor), written into img. PIL takes the factor as a C float and computes in
 // float; between 0 and 1 the result cannot leave [0, 255], outside it is clamped; both truncate.
@@ -72,8 +72,8 @@ void blend(Image& img, const std::vector<uint8_t>& degenerate, double factor) {
   }
 }
 
-// blend() against a degenerate image of one value `d` everywhere (Brightness: black; Contrast: the mean grey),
-// without building that image: the same float expression per byte, with `d` a constant (vectorised).
+// blend() against a degenerate image of one value `d` everywhere (Brightness: black; Contrast: the mean
+// grey), without building that image: the same float expression per byte, with `d` a constant (vectorised).
 void blend_constant(Image& img, uint8_t d, double factor) {
   const float alpha = float(factor);
   if (alpha == 1.0f) return;

@@ -47,7 +47,8 @@ TEST(RandAugmentBlend, BrightnessEqualsPilsBlendForEveryValue) {
       Image img = src;
       brightness(img, f);
       for (size_t i = 0; i < img.pixels.size(); ++i)
-        ASSERT_EQ(img.pixels[i], pil_blend(0, src.pixels[i], f)) << "factor " << f << " value " << int(src.pixels[i]);
+        ASSERT_EQ(img.pixels[i], pil_blend(0, src.pixels[i], f))
+            << "factor " << f << " value " << int(src.pixels[i]);
     }
   }
 }
