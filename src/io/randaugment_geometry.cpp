@@ -22,16 +22,24 @@ uint8_t truncate_clamped(double v) {
   return v <= 0.0 ? uint8_t(0) : v >= 255.0 ? uint8_t(255) : uint8_t(v);
 }
 
+// The source image as values the filters keep in registers: read through `img.pixels` and `img.width`, every
+// byte stored into the output could (as far as the compiler knows) have changed them, so they were reloaded
+// per pixel (Note [Byte loops through raw pointers], randaugment_colour.cpp). Same arithmetic, same bytes.
+struct Source {
+  const uint8_t* pixels;
+  int64_t height, width;
+};
+
 // PIL's bilinear_filter32RGB at source point (xin, yin), already known to be inside the image: rows and
 // columns clamped at the edges (a missing lower row repeats the upper one), the result truncated.
-void bilinear(const Image& img, double xin, double yin, uint8_t* out) {
+void bilinear(const Source img, double xin, double yin, uint8_t* __restrict out) {
   xin -= 0.5;
   yin -= 0.5;
   const int x = floor_int(xin), y = floor_int(yin);
   const double dx = xin - x, dy = yin - y;
-  const uint8_t* r0 = img.pixels.data() + int64_t(clip(y, img.height)) * img.width * 3;
+  const uint8_t* r0 = img.pixels + int64_t(clip(y, img.height)) * img.width * 3;
   const bool has_r1 = y + 1 >= 0 && y + 1 < img.height;
-  const uint8_t* r1 = img.pixels.data() + int64_t(has_r1 ? y + 1 : 0) * img.width * 3;
+  const uint8_t* r1 = img.pixels + int64_t(has_r1 ? y + 1 : 0) * img.width * 3;
   const int64_t x0 = int64_t(clip(x, img.width)) * 3, x1 = int64_t(clip(x + 1, img.width)) * 3;
   for (int c = 0; c < 3; ++c) {
     const double v1 = r0[x0 + c] + (r0[x1 + c] - r0[x0 + c]) * dx;
@@ -48,7 +56,7 @@ double cubic(double v1, double v2, double v3, double v4, double d) {
 
 // PIL's bicubic_filter32RGB: a 4x4 neighbourhood with columns clamped; the first row clamped, each missing
 // later row repeating the one before; clamped to [0, 255] and truncated.
-void bicubic(const Image& img, double xin, double yin, uint8_t* out) {
+void bicubic(const Source img, double xin, double yin, uint8_t* __restrict out) {
   xin -= 0.5;
   yin -= 0.5;
   const int x = floor_int(xin) - 1, y = floor_int(yin) - 1;
@@ -58,10 +66,10 @@ void bicubic(const Image& img, double xin, double yin, uint8_t* out) {
   // The four rows: the first clamped into the image; a later one outside it repeats the row before.
   const int64_t row = img.width * 3;
   const uint8_t* rows[4];
-  rows[0] = img.pixels.data() + int64_t(clip(y, img.height)) * row;
+  rows[0] = img.pixels + int64_t(clip(y, img.height)) * row;
   for (int k = 1; k < 4; ++k) {
     const int yy = y + k;
-    rows[k] = yy >= 0 && yy < img.height ? img.pixels.data() + int64_t(yy) * row : nullptr;
+    rows[k] = yy >= 0 && yy < img.height ? img.pixels + int64_t(yy) * row : nullptr;
   }
   for (int c = 0; c < 3; ++c) {
     double v[4];
@@ -103,18 +111,21 @@ void transpose_rotate(Image& img, int degrees) {
 void affine(Image& img, const std::array<double, 6>& m, Interpolation resample, Rgb fill) {
   const int64_t h = img.height, w = img.width;
   std::vector<uint8_t> out(img.pixels.size());
-  uint8_t* o = out.data();
+  uint8_t* __restrict o = out.data();
+  const Source src{img.pixels.data(), h, w};
+  const double m0 = m[0], m1 = m[1], m2 = m[2], m3 = m[3], m4 = m[4], m5 = m[5];
+  const uint8_t f0 = fill[0], f1 = fill[1], f2 = fill[2];
   for (int64_t y = 0; y < h; ++y) {
     for (int64_t x = 0; x < w; ++x, o += 3) {
       const double xo = double(x) + 0.5, yo = double(y) + 0.5;
-      const double xin = m[0] * xo + m[1] * yo + m[2];
-      const double yin = m[3] * xo + m[4] * yo + m[5];
+      const double xin = m0 * xo + m1 * yo + m2;
+      const double yin = m3 * xo + m4 * yo + m5;
       if (xin < 0.0 || xin >= double(w) || yin < 0.0 || yin >= double(h)) {
-        o[0] = fill[0], o[1] = fill[1], o[2] = fill[2];
+        o[0] = f0, o[1] = f1, o[2] = f2;
       } else if (resample == Interpolation::bicubic) {
-        bicubic(img, xin, yin, o);
+        bicubic(src, xin, yin, o);
       } else {
-        bilinear(img, xin, yin, o);
+        bilinear(src, xin, yin, o);
       }
     }
   }
