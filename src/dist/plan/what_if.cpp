@@ -70,6 +70,7 @@
 #include "dist/plan/planner.h"
 #include "dist/plan/zero_memory.h"
 #include "dist/train/flags.h"
+#include "dist/zero/engine.h"
 #include "dist/zero/gather_codec.h"
 #include "dist/zero/schedule.h"
 #include "tensor/check.h"
@@ -241,7 +242,7 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   const std::vector<nn::ParamInfo> params = nn::convnext_parameters(cfg.model_config());
   // --gather-dtype (Note [Quantized gathers]): what a parameter gather moves, and the layout's alignment.
   // The quantization block and the layout's rule are the engine's (ZeroConfig::quant_block, layout_rule).
-  const int64_t qb = train::zero_config(cfg, Device::cpu()).quant_block;
+  const int64_t qb = zero::ZeroConfig{}.quant_block;
   const zero::GatherCodec codec(run.ec, train::gather_wire_dtype(cfg), qb);
   const bool reduce_int8 = cfg.reduce_dtype == "int8";
   const zero::LayoutRule rule = zero::layout_rule(stage, reduce_int8, qb, codec, shards);
