@@ -10,6 +10,12 @@
 // mesh has several: dist::current_communicator labels them) has its own sequence of requests, compared by
 // size: one thread's order is fixed by its collectives' order, but the threads' requests interleave as timing
 // has it, with each other and with the training thread's.
+//
+// The same run also compares the engine's scheduling decisions (Note [One schedule] in
+// src/dist/zero/schedule.cpp): the events the real step's ReduceSchedule and UnitSchedule emit (launch and
+// finish each partition's reduction, gather, use and release each stage-3 unit) against those the replay's
+// emit, in order. Both run the same rules; what this checks is that the replay drives them from the same
+// points as the engine's hooks (every gradient, every unit's module hooks, prefetch, flush).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,6 +34,7 @@
 #include "dist/comm/topology_detect.h"
 #include "dist/plan/planner.h"
 #include "dist/train/trainer.h"
+#include "dist/zero/schedule.h"
 #include "plan_cases.h"
 #include "tensor/allocator.h"
 #include "tensor/profiler.h"
@@ -205,6 +212,26 @@ std::string first_difference(const Step& plan, const Step& real) {
   return msg;
 }
 
+std::string events_text(const std::vector<zero::ScheduleEvent>& e, size_t from, size_t to) {
+  std::string out;
+  for (size_t i = from; i < std::min(to, e.size()); ++i)
+    out += fmt::format(" {}{}", char(e[i].kind), e[i].index);
+  return out.empty() ? " (none)" : out;
+}
+
+// "" when the two sequences agree; else where they first part, with context.
+std::string first_schedule_difference(const std::vector<zero::ScheduleEvent>& plan,
+                                      const std::vector<zero::ScheduleEvent>& real) {
+  size_t k = 0;
+  while (k < plan.size() && k < real.size() && plan[k] == real[k]) ++k;
+  if (k == plan.size() && k == real.size()) return "";
+  const size_t from = k >= 6 ? k - 6 : 0;
+  return fmt::format(
+      "event #{} (of {} planned, {} made; L launch, F finish, G gather, U use, R release, then the "
+      "partition):\n  plan:{}\n  step:{}\n",
+      k, plan.size(), real.size(), events_text(plan, from, k + 6), events_text(real, from, k + 6));
+}
+
 class StepEvents : public ::testing::TestWithParam<Case> {};
 
 TEST_P(StepEvents, EveryAllocationAsPlanned) {
@@ -222,7 +249,10 @@ TEST_P(StepEvents, EveryAllocationAsPlanned) {
   req.rank = world.rank();
   // Auto decides each collective on the run's topology (collective: every rank runs every row).
   if (c.config.comm_impl == "auto" && world.size() > 1) req.topology = dist::detect_topology(world);
+  std::vector<zero::ScheduleEvent> planned_schedule, real_schedule;
+  zero::set_schedule_log(&planned_schedule);
   const StepTraceResult planned = plan_step_trace(req);
+  zero::set_schedule_log(nullptr);
   ASSERT_EQ(planned.step_begins.size(), 2u);
 
   Allocator& alloc = allocator_for(Device::cpu());
@@ -235,8 +265,11 @@ TEST_P(StepEvents, EveryAllocationAsPlanned) {
     for (int i = 0; i < 2; ++i) {
       {
         alloc.set_observer(&log);
-        const std::unique_ptr<Allocator, void (*)(Allocator*)> stop(
-            &alloc, [](Allocator* a) { a->set_observer(nullptr); });
+        zero::set_schedule_log(&real_schedule);
+        const std::unique_ptr<Allocator, void (*)(Allocator*)> stop(&alloc, [](Allocator* a) {
+          a->set_observer(nullptr);
+          zero::set_schedule_log(nullptr);
+        });
         t.step();
       }
       real.push_back(log.take());
@@ -255,6 +288,12 @@ TEST_P(StepEvents, EveryAllocationAsPlanned) {
            "the real step part at\n"
         << diff;
   }
+  EXPECT_FALSE(real_schedule.empty()) << "the real steps emitted no scheduling event";
+  const std::string diff = first_schedule_difference(planned_schedule, real_schedule);
+  EXPECT_TRUE(diff.empty()) << "rank " << world.rank()
+                            << ": the planner's replay (src/dist/plan/engine_trace.cpp) and the real steps "
+                               "schedule differently at\n"
+                            << diff;
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, StepEvents, ::testing::ValuesIn(my_cases()),

@@ -38,6 +38,14 @@ HostMap host_map(const World& world) {
   return HostMap::of(names);
 }
 
+void check_shard_group(const std::string& spec, std::string_view flag) {
+  if (spec == "world" || spec == "host") return;
+  int size = 0;
+  const auto [end, ec] = std::from_chars(spec.data(), spec.data() + spec.size(), size);
+  CZ_CHECK(ec == std::errc() && end == spec.data() + spec.size() && size >= 1,
+           "{} must be world, host or a number of ranks >= 1, got '{}'", flag, spec);
+}
+
 std::vector<std::vector<int>> shard_groups(const std::string& spec, const HostMap& hosts) {
   const int world = int(hosts.host_of.size());
   if (spec == "host") {
@@ -50,11 +58,10 @@ std::vector<std::vector<int>> shard_groups(const std::string& spec, const HostMa
              }());
     return hosts.ranks;
   }
+  check_shard_group(spec);
   int size = world;
   if (spec != "world") {
-    const auto [end, ec] = std::from_chars(spec.data(), spec.data() + spec.size(), size);
-    CZ_CHECK(ec == std::errc() && end == spec.data() + spec.size() && size >= 1,
-             "--shard-group must be world, host or a number of ranks >= 1, got '{}'", spec);
+    std::from_chars(spec.data(), spec.data() + spec.size(), size);
     CZ_CHECK(world % size == 0, "--shard-group {} does not divide the {} ranks into equal groups", spec,
              world);
   }

@@ -16,6 +16,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dist/comm/process_group.h"
@@ -50,6 +51,9 @@ HostMap host_map(const World& world);
 // The shard groups of a world of `world` ranks on `hosts` (Note [2-D mesh]): `spec` is "world", "host" or a
 // number of ranks. ValueError naming the flag value when it does not divide the world or the hosts differ.
 std::vector<std::vector<int>> shard_groups(const std::string& spec, const HostMap& hosts);
+// The shard group's spelling (world, host or a number of ranks >= 1), checked: the one place --shard-group's
+// range is written (the flag table calls it with the flag's name).
+void check_shard_group(const std::string& spec, std::string_view flag = "--shard-group");
 // The replication groups of `shards`: member i of every shard group.
 std::vector<std::vector<int>> replicate_groups(const std::vector<std::vector<int>>& shards);
 

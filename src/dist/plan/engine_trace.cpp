@@ -1,6 +1,8 @@
 // Note [What the engine allocates]
 // ZeroEngine's parts (src/dist/zero/: grad_reducer.cpp, engine_units.cpp, offload.cpp) allocate during a step
 // only what this file replays; its model state is allocated once (Note [ZeRO memory model]).
+// When each of these happens is zero::ReduceSchedule's and zero::UnitSchedule's to say (Note [One schedule]):
+// this file drives them from the same points as the engine and carries out their events on the trace.
 //  * Gradients (GradReducer::on_grad_ready, run by AccumulateGrad after the gradient became .grad and before
 //    AccumulateGrad lets go of it). Stages 0-1: the gradient was added into the full gradient buffer; only
 //    on the last micro-step does the hook count it. Stages 2-3: the partition's bucket (its padded size in
@@ -39,6 +41,7 @@
 #include "dist/plan/engine_trace.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "dist/comm/hier_communicator.h"
 #include "dist/comm/mesh.h"
@@ -52,19 +55,18 @@ namespace {
 constexpr MemoryTrace::Id kNone = -1;
 }  // namespace
 
-EngineTrace::EngineTrace(MemoryTrace& m, EngineSpec spec) : m_(m), s_(std::move(spec)) {
+EngineTrace::EngineTrace(MemoryTrace& m, EngineSpec spec)
+    : m_(m),
+      s_(std::move(spec)),
+      reduce_(s_.layout, s_.stage >= 2),
+      units_(s_.layout.partitions.size(), s_.prefetch) {
   const zero::ZeroLayout& L = s_.layout;
   for (size_t i = 0; i < L.flat.segments.size(); ++i) param_index_[L.flat.segments[i].name] = i;
-  for (size_t p = 0; p < L.partitions.size(); ++p)
-    for (size_t i = L.partitions[p].first_param; i < L.partitions[p].end_param; ++i)
-      param_partition_.push_back(p);
   const size_t np = L.partitions.size();
-  remaining_.assign(np, 0);
-  launched_.assign(np, false);
   bucket_.assign(np, kNone);
   gathered_.assign(np, kNone);
   wire_.assign(np, kNone);
-  position_.assign(np, 0);
+  in_flight_.resize(np);
 }
 
 size_t EngineTrace::param_index(const std::string& name) const {
@@ -81,76 +83,70 @@ int EngineTrace::unit_of_module(const std::string& module) const {
 }
 
 void EngineTrace::backward_begin(bool last_micro_step) {
-  last_micro_ = last_micro_step;
-  for (size_t p = 0; p < s_.layout.partitions.size(); ++p) {
-    remaining_[p] = int(s_.layout.partitions[p].end_param - s_.layout.partitions[p].first_param);
-    launched_[p] = false;
-  }
-  backward_ = true;
+  reduce_.begin_backward(last_micro_step);
+  if (s_.stage == 3) units_.begin_backward();
 }
 
 void EngineTrace::backward_end() {
-  backward_ = false;
-  recording_ = false;
-  if (s_.stage >= 2 || last_micro_)
-    for (size_t p = 0; p < s_.layout.partitions.size(); ++p)
-      if (!launched_[p]) launch(p);
-  while (!in_flight_.empty()) finish_oldest();
-  if (s_.stage == 3)
-    for (size_t p = 0; p < s_.layout.partitions.size(); ++p) release(p);
+  if (s_.stage == 3) units_.end_backward(true);
+  reduce_.flush(*this);
+  if (s_.stage == 3) units_.release_all(*this);
 }
 
 void EngineTrace::grad_ready(size_t param, Id grad) {
-  const size_t p = param_partition_.at(param);
-  const bool counts = s_.stage >= 2 || last_micro_;
+  const size_t p = reduce_.partition_of(param);
   if (s_.stage >= 2 && bucket_[p] == kNone)
     bucket_[p] = m_.alloc(s_.layout.partitions[p].numel * int64_t(dtype_size(s_.reduce)), Use::bucket,
                           "gradient bucket");
-  if (counts && --remaining_[p] == 0) launch(p);
+  reduce_.grad_ready(param, *this);
   m_.release(grad);
+}
+
+void EngineTrace::prepare(size_t p) {
+  const int64_t numel = s_.layout.partitions[p].numel, er = int64_t(dtype_size(s_.reduce));
+  if (s_.stage >= 2) {
+    if (bucket_[p] == kNone) bucket_[p] = m_.alloc(numel * er, Use::bucket, "gradient bucket");
+  } else if (s_.reduce != s_.compute) {
+    in_flight_[p].cast = m_.alloc(numel * er, Use::bucket, "gradients cast to the reduce dtype");
+  }
 }
 
 void EngineTrace::launch(size_t p) {
   const int64_t numel = s_.layout.partitions[p].numel, er = int64_t(dtype_size(s_.reduce));
-  launched_[p] = true;
-  Id cast = kNone;
-  if (s_.stage >= 2) {
-    if (bucket_[p] == kNone) bucket_[p] = m_.alloc(numel * er, Use::bucket, "gradient bucket");
-  } else if (s_.reduce != s_.compute) {
-    cast = m_.alloc(numel * er, Use::bucket, "gradients cast to the reduce dtype");
+  InFlight& f = in_flight_[p];
+  const int group = s_.stage == 0 ? s_.world : shards();
+  switch (zero::reduce_kind(s_.stage > 0, s_.reduce_int8 ? s_.quant_block : 0, group)) {
+    case zero::ReduceKind::quantized_all_reduce:
+      // QuantizedAllReduce: the reduce-scatter's records, then the second exchange's, both at launch.
+      f.records = m_.alloc(zero::quantized_reduce_buffer_bytes(group, numel / group, s_.quant_block),
+                           Use::bucket, "reduction records");
+      f.records2 = m_.alloc(zero::quantized_all_reduce_buffer_bytes(group, numel / group, s_.quant_block),
+                            Use::bucket, "all-reduce records");
+      break;
+    case zero::ReduceKind::quantized_reduce_scatter:
+      // An all-to-all of records (QuantizedReduceScatter): point to point, no ring scratch.
+      f.records = m_.alloc(zero::quantized_reduce_buffer_bytes(group, s_.layout.chunk(p), s_.quant_block),
+                           Use::bucket, "reduction records");
+      break;
+    case zero::ReduceKind::all_reduce:
+      collective(world_comm, dist::Collective::all_reduce, numel, er);
+      break;
+    case zero::ReduceKind::reduce_scatter:
+      collective(shard_comm, dist::Collective::reduce_scatter, numel, er);
+      collective(replicate_comm, dist::Collective::all_reduce, numel / shards(), er);
+      break;
   }
-  while (in_flight_.size() >= 2) finish_oldest();
-  Id records = kNone, records2 = kNone;
-  if (s_.reduce_int8 && s_.stage == 0 && s_.world > 1) {
-    // QuantizedAllReduce: the reduce-scatter's records, then the second exchange's, both at launch.
-    records = m_.alloc(zero::quantized_reduce_buffer_bytes(s_.world, numel / s_.world, s_.quant_block),
-                       Use::bucket, "reduction records");
-    records2 = m_.alloc(zero::quantized_all_reduce_buffer_bytes(s_.world, numel / s_.world, s_.quant_block),
-                        Use::bucket, "all-reduce records");
-  } else if (s_.reduce_int8 && s_.stage > 0 && shards() > 1) {
-    // An all-to-all of records (QuantizedReduceScatter): point to point, no ring scratch.
-    records = m_.alloc(zero::quantized_reduce_buffer_bytes(shards(), s_.layout.chunk(p), s_.quant_block),
-                       Use::bucket, "reduction records");
-  } else if (s_.stage == 0) {
-    collective(world_comm, dist::Collective::all_reduce, numel, er);
-  } else {
-    collective(shard_comm, dist::Collective::reduce_scatter, numel, er);
-    collective(replicate_comm, dist::Collective::all_reduce, numel / shards(), er);
-  }
-  in_flight_.push_back({p, cast, records, records2});
-  if (s_.stage == 3) release(p);
+  if (s_.stage == 3) units_.release(p, *this);
 }
 
-void EngineTrace::finish_oldest() {
-  const InFlight f = in_flight_.front();
-  in_flight_.pop_front();
-  if (f.records != kNone) m_.release(f.records);  // freed once summed, before the bucket
-  if (f.records2 != kNone) m_.release(f.records2);
+void EngineTrace::finish(size_t p) {
+  InFlight& f = in_flight_[p];
+  for (Id* id : {&f.records, &f.records2})  // freed once summed, before the bucket
+    if (*id != kNone) m_.release(std::exchange(*id, kNone));
   if (s_.stage >= 2) {
-    m_.release(bucket_[f.partition]);
-    bucket_[f.partition] = kNone;
+    m_.release(std::exchange(bucket_[p], kNone));
   } else if (f.cast != kNone) {
-    m_.release(f.cast);
+    m_.release(std::exchange(f.cast, kNone));
   }
 }
 
@@ -226,10 +222,9 @@ int64_t EngineTrace::wire_bytes(size_t p) const {
 }
 
 void EngineTrace::gather(size_t p) {
-  if (gathered_[p] != kNone) return;
   const int64_t numel = s_.layout.partitions[p].numel, ec = int64_t(dtype_size(s_.compute));
   gathered_[p] = m_.alloc(numel * ec, Use::gather, "gathered unit");
-  if (s_.hpz && backward_) return;  // from the host-local slices, in the compute dtype
+  if (s_.hpz && units_.backward()) return;  // from the host-local slices, in the compute dtype
   if (const int64_t w = wire_bytes(p)) {
     wire_[p] = m_.alloc(w, Use::gather, "gathered records");
     collective(shard_comm, dist::Collective::all_gather, w, 1);
@@ -239,49 +234,24 @@ void EngineTrace::gather(size_t p) {
 }
 
 void EngineTrace::use(size_t p) {
-  if (wire_[p] == kNone) return;
-  m_.release(wire_[p]);
-  wire_[p] = kNone;
+  if (wire_[p] != kNone) m_.release(std::exchange(wire_[p], kNone));
 }
 
 void EngineTrace::release(size_t p) {
-  if (gathered_[p] == kNone) return;
   use(p);
-  m_.release(gathered_[p]);
-  gathered_[p] = kNone;
-}
-
-void EngineTrace::prefetch_after(size_t p, bool backward) {
-  if (recording_ || s_.prefetch == 0) return;
-  const int64_t at = int64_t(position_[p]), n = int64_t(order_.size());
-  for (int64_t k = 1; k <= s_.prefetch; ++k) {
-    const int64_t j = backward ? at - k : at + k;
-    if (j < 0 || j >= n) break;
-    gather(order_[size_t(j)]);
-  }
+  m_.release(std::exchange(gathered_[p], kNone));
 }
 
 void EngineTrace::forward_pre(int u) {
-  if (u < 0) return;
-  const size_t p = size_t(u);
-  if (recording_ && std::find(order_.begin(), order_.end(), p) == order_.end()) {
-    position_[p] = order_.size();
-    order_.push_back(p);
-  }
-  gather(p);
-  use(p);
-  prefetch_after(p, backward_);
+  if (u >= 0) units_.forward_pre(size_t(u), *this);
 }
 
 void EngineTrace::forward_post(int u) {
-  if (u >= 0 && !backward_) release(size_t(u));
+  if (u >= 0) units_.forward_post(size_t(u), *this);
 }
 
 void EngineTrace::backward_pre(int u) {
-  if (u < 0) return;
-  gather(size_t(u));
-  use(size_t(u));
-  prefetch_after(size_t(u), true);
+  if (u >= 0) units_.backward_pre(size_t(u), *this);
 }
 
 void EngineTrace::all_reduce_scalar() {

@@ -13,6 +13,7 @@
 #include "dist/comm/types.h"
 #include "dist/plan/memory_trace.h"
 #include "dist/zero/partition.h"
+#include "dist/zero/schedule.h"
 #include "tensor/dtype.h"
 
 namespace cz::plan {
@@ -30,7 +31,7 @@ struct EngineSpec {
   DType compute = DType::f32, reduce = DType::f32;
   DType gather = DType::f32;  // ZeroConfig::gather_dtype: not the compute dtype, records travel (wire_)
   bool reduce_int8 = false;   // --reduce-dtype int8: each reduction's records buffer, no ring scratch
-  int64_t quant_block = 256;
+  int64_t quant_block = 256;  // ZeroConfig::quant_block (the planner sets it from there)
   int prefetch = 1;
   bool offload = false;  // --offload-optimizer: the model state differs, not what a step allocates
   bool hpz = false;      // stage 3 --hpz: backward gathers inside the host group (Note [hpZ])
@@ -43,7 +44,8 @@ struct EngineSpec {
   std::function<bool(dist::Collective kind, int64_t bytes)> two_level;
 };
 
-class EngineTrace {
+// It drives the engine's own schedules (Note [One schedule]) and carries their events out on the trace.
+class EngineTrace : private zero::ReduceSchedule::Sink, private zero::UnitSchedule::Sink {
  public:
   using Id = MemoryTrace::Id;
   EngineTrace(MemoryTrace& m, EngineSpec spec);
@@ -72,17 +74,18 @@ class EngineTrace {
 
  private:
   struct InFlight {
-    size_t partition;
-    Id cast;           // stages 0-1: the gradient cast to the reduce dtype, when it differs
-    Id records;        // --reduce-dtype int8: the records sent and received (Note [Quantized reduction])
+    Id cast = -1;      // stages 0-1: the gradient cast to the reduce dtype, when it differs
+    Id records = -1;   // --reduce-dtype int8: the records sent and received (Note [Quantized reduction])
     Id records2 = -1;  // stage 0: the second exchange's records (Note [Quantized all-reduce])
   };
-  void launch(size_t p);
-  void finish_oldest();
-  void gather(size_t p);
-  void use(size_t p);  // the gathered records decoded, their buffer freed
-  void release(size_t p);
-  void prefetch_after(size_t p, bool backward);
+  // ReduceSchedule::Sink
+  void prepare(size_t p) override;
+  void launch(size_t p) override;
+  void finish(size_t p) override;
+  // UnitSchedule::Sink
+  void gather(size_t p) override;
+  void use(size_t p) override;  // the gathered records decoded, their buffer freed
+  void release(size_t p) override;
   // The communicators whose threads grow a scratch: the mesh's, and a two-level world's host and cross
   // communicators and its own thread (the pack scratch; its flat ring is world_comm).
   enum Comm { world_comm, shard_comm, replicate_comm, host_level, cross_level, pack, kComms };
@@ -99,17 +102,12 @@ class EngineTrace {
   MemoryTrace& m_;
   EngineSpec s_;
   std::unordered_map<std::string, size_t> param_index_;
-  std::vector<size_t> param_partition_;
-  std::vector<int> remaining_;
-  std::vector<bool> launched_;
-  std::vector<Id> bucket_;    // stages 2-3
-  std::vector<Id> gathered_;  // stage 3: kNone while released
-  std::vector<Id> wire_;      // stage 3, quantized: the gathered records, from gather to use
-  std::deque<InFlight> in_flight_;
-  bool last_micro_ = true;
-  bool backward_ = false;
-  bool recording_ = true;  // stage 3: the first forward records the unit order
-  std::vector<size_t> order_, position_;
+  zero::ReduceSchedule reduce_;
+  zero::UnitSchedule units_;
+  std::vector<Id> bucket_;           // stages 2-3
+  std::vector<Id> gathered_;         // stage 3: kNone while released
+  std::vector<Id> wire_;             // stage 3, quantized: the gathered records, from gather to use
+  std::vector<InFlight> in_flight_;  // per partition, while its reduction is in flight
   Id scratch_[kComms] = {-1, -1, -1, -1, -1, -1};
   int64_t scratch_bytes_[kComms] = {};
 };

@@ -18,6 +18,7 @@
 #include "dist/plan/zero_memory.h"
 #include "dist/train/flags.h"
 #include "dist/train/trainer.h"
+#include "dist/zero/schedule.h"
 #include "tensor/check.h"
 #include "tensor/device.h"
 #include "tensor/parallel.h"
@@ -65,11 +66,8 @@ Engine engine_at(const Setup& s, int stage, bool offload) {
   z.gather = train::gather_wire_dtype(s.cfg);
   const zero::GatherCodec codec(s.compute, z.gather, z.quant_block);
   const bool reduce_int8 = s.cfg.reduce_dtype == "int8";
-  z.layout = zero_layout(s.params, stage, s.shard, s.cfg.bucket_mb, s.reduce,
-                         reduce_int8  ? z.quant_block
-                         : stage == 0 ? 16
-                                      : codec.align(),
-                         reduce_int8 && stage == 0 ? s.shard : 1);
+  const zero::LayoutRule rule = zero::layout_rule(stage, reduce_int8, z.quant_block, codec, s.shard);
+  z.layout = zero_layout(s.params, stage, s.shard, s.cfg.bucket_mb, s.reduce, rule.align, rule.pad_ranks);
   z.compute = s.compute;
   z.reduce = s.reduce;
   z.prefetch = s.cfg.prefetch;

@@ -58,7 +58,7 @@
 #include "dist/plan/what_if.h"
 
 #include <algorithm>
-#include <deque>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -70,7 +70,9 @@
 #include "dist/plan/planner.h"
 #include "dist/plan/zero_memory.h"
 #include "dist/train/flags.h"
+#include "dist/zero/engine.h"
 #include "dist/zero/gather_codec.h"
+#include "dist/zero/schedule.h"
 #include "tensor/check.h"
 #include "tensor/device.h"
 
@@ -202,6 +204,20 @@ Levels mesh_levels(const dist::Topology& t) {
   return lv;
 }
 
+// The schedules' events (Note [One schedule]) carried out on the simulated timelines.
+struct UnitCalls final : zero::UnitSchedule::Sink {
+  std::function<void(size_t)> on_gather, on_use, on_release;
+  void gather(size_t u) override { on_gather(u); }
+  void use(size_t u) override { on_use(u); }
+  void release(size_t u) override { on_release(u); }
+};
+struct ReduceCalls final : zero::ReduceSchedule::Sink {
+  std::function<void(size_t)> on_launch, on_finish;
+  void prepare(size_t) override {}
+  void launch(size_t p) override { on_launch(p); }
+  void finish(size_t p) override { on_finish(p); }
+};
+
 // Note [What-if step model] for one stage and rank count.
 WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Levels& lv, double host_link) {
   const train::TrainConfig& cfg = run.cfg;
@@ -225,19 +241,19 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   const int shards = hsdp ? R : n;  // the ranks the state is sharded over
   const std::vector<nn::ParamInfo> params = nn::convnext_parameters(cfg.model_config());
   // --gather-dtype (Note [Quantized gathers]): what a parameter gather moves, and the layout's alignment.
-  const zero::GatherCodec codec(run.ec, train::gather_wire_dtype(cfg), 256);
+  // The quantization block and the layout's rule are the engine's (ZeroConfig::quant_block, layout_rule).
+  const int64_t qb = zero::ZeroConfig{}.quant_block;
+  const zero::GatherCodec codec(run.ec, train::gather_wire_dtype(cfg), qb);
   const bool reduce_int8 = cfg.reduce_dtype == "int8";
-  const zero::ZeroLayout L = zero_layout(params, stage, shards, cfg.bucket_mb, run.er,
-                                         reduce_int8  ? 256
-                                         : stage == 0 ? 16
-                                                      : codec.align(),
-                                         reduce_int8 && stage == 0 ? shards : 1);
+  const zero::LayoutRule rule = zero::layout_rule(stage, reduce_int8, qb, codec, shards);
+  const zero::ZeroLayout L =
+      zero_layout(params, stage, shards, cfg.bucket_mb, run.er, rule.align, rule.pad_ranks);
   const size_t np = L.partitions.size();
-  std::map<std::string, size_t> partition_of;
+  std::map<std::string, size_t> param_of;
   std::map<std::string, std::set<size_t>> module_parts;  // the partitions holding a module's parameters
   for (size_t p = 0; p < np; ++p)
     for (size_t i = L.partitions[p].first_param; i < L.partitions[p].end_param; ++i) {
-      partition_of[params[i].name] = p;
+      param_of[params[i].name] = i;
       module_parts[params[i].unit].insert(p);
     }
   const double ec = double(dtype_size(run.ec)), er = double(dtype_size(run.er));
@@ -355,24 +371,22 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
     }
   run_op(zero_grad_work(int64_t(stage <= 1 ? double(L.flat.numel) * ec : double(L.shard_numel()) * 4)));
 
-  // Stage 3: when each unit's gather ends (0: resident since then; -1: released).
-  std::vector<double> resident(np, -1);
+  // Stage 3's units, gathered, waited for and released as the engine's UnitSchedule says (Note [One
+  // schedule]), in the steady state: the unit order recorded (ConvNeXt's units run in partition order).
+  std::vector<double> resident(np, -1);  // when each unit's gather ends
   std::vector<size_t> unit_of_module(run.work.size(), 0);
   for (size_t m = 0; m < run.work.size(); ++m)
     unit_of_module[m] = *module_parts.at(run.work[m].module).begin();
-  auto gather = [&](size_t u, bool backward) {
-    if (resident[u] < 0) resident[u] = comms ? param_gather_of(gather_bytes(u, backward), t, backward) : t;
+  zero::UnitSchedule units(np, cfg.prefetch);
+  std::vector<size_t> order(np);
+  for (size_t u = 0; u < np; ++u) order[u] = u;
+  units.assume_order(order);
+  UnitCalls unit_calls;
+  unit_calls.on_gather = [&](size_t u) {
+    resident[u] = comms ? param_gather_of(gather_bytes(u, units.backward()), t, units.backward()) : t;
   };
-  auto use = [&](size_t u, bool backward) {
-    gather(u, backward);
-    wait_for(resident[u]);
-    const size_t at = u;  // ConvNeXt's units run in partition order
-    for (int k = 1; k <= cfg.prefetch; ++k) {
-      const int64_t j = backward ? int64_t(at) - k : int64_t(at) + k;
-      if (j < 0 || j >= int64_t(np)) break;
-      gather(size_t(j), backward);
-    }
-  };
+  unit_calls.on_use = [&](size_t u) { wait_for(resident[u]); };
+  unit_calls.on_release = [&](size_t u) { resident[u] = -1; };
 
   // Host worker (offload): when it is free, and the copies and update of one partition's chunk.
   double worker_free = 0;
@@ -382,60 +396,54 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
     worker_free = std::max(worker_free, ready) + copy + update;
   };
 
-  struct Flight {
-    size_t p;
-    double end;
-  };
-  std::deque<Flight> in_flight;
-  std::vector<int> remaining(np);
-  std::vector<bool> launched(np);
-  auto finish_oldest = [&] {
-    wait_for(in_flight.front().end);
-    if (offload) host_job(in_flight.front().p, in_flight.front().end);
-    in_flight.pop_front();
-  };
-  auto launch = [&](size_t p) {
-    launched[p] = true;
-    while (in_flight.size() >= 2) finish_oldest();
+  // The gradients' reductions, launched and finished as the engine's ReduceSchedule says.
+  zero::ReduceSchedule reductions(L, stage >= 2);
+  std::vector<double> reduced(np, 0);  // when each partition's reduction ends
+  ReduceCalls reduce_calls;
+  reduce_calls.on_launch = [&](size_t p) {
     // --reduce-dtype int8 (Note [Quantized reduction]): an all-to-all of N records, timed as a ring
     // reduce-scatter of as many bytes (each rank sends N - 1 records either way); at stage 0 two of them
     // (Note [Quantized all-reduce]), timed as a ring all-reduce of N records.
-    const int64_t chunk = stage == 0 ? L.partitions[p].numel / shards : L.chunk(p);
-    const double bytes = reduce_int8 ? double(shards) * double(dist::quant_packed_bytes(chunk, 256))
-                                     : double(L.partitions[p].numel) * er;
-    const double end = comms ? reduce(bytes, t) : t;
-    in_flight.push_back({p, end});
-    if (stage == 3) resident[p] = -1;
+    double bytes = double(L.partitions[p].numel) * er;
+    switch (zero::reduce_kind(stage > 0, reduce_int8 ? qb : 0, shards)) {
+      case zero::ReduceKind::quantized_all_reduce:
+        bytes = double(shards) * double(dist::quant_packed_bytes(L.partitions[p].numel / shards, qb));
+        break;
+      case zero::ReduceKind::quantized_reduce_scatter:
+        bytes = double(shards) * double(dist::quant_packed_bytes(L.chunk(p), qb));
+        break;
+      case zero::ReduceKind::all_reduce:
+      case zero::ReduceKind::reduce_scatter:
+        break;
+    }
+    reduced[p] = comms ? reduce(bytes, t) : t;
+    if (stage == 3) units.release(p, unit_calls);
+  };
+  reduce_calls.on_finish = [&](size_t p) {
+    wait_for(reduced[p]);
+    if (offload) host_job(p, reduced[p]);
   };
 
   const int64_t micro_steps = cfg.grad_accum;
   for (int64_t a = 0; a < micro_steps; ++a) {
-    const bool last = a + 1 == micro_steps;
     for (size_t m = 0; m < run.work.size(); ++m) {
-      if (stage == 3) use(unit_of_module[m], false);
+      if (stage == 3) units.forward_pre(unit_of_module[m], unit_calls);
       if (a == 0 && (stage == 1 || stage == 2))
         for (size_t p : module_parts.at(run.work[m].module)) wait_for(param_gather[p]);
       for (const OpCost& op : run.work[m].forward) run_op(op);
-      if (stage == 3) resident[unit_of_module[m]] = -1;
+      if (stage == 3) units.forward_post(unit_of_module[m], unit_calls);
     }
-    for (size_t p = 0; p < np; ++p) {
-      remaining[p] = int(L.partitions[p].end_param - L.partitions[p].first_param);
-      launched[p] = false;
-    }
+    reductions.begin_backward(a + 1 == micro_steps);
+    units.begin_backward();
     for (size_t m = run.work.size(); m-- > 0;) {
-      if (stage == 3) use(unit_of_module[m], true);
+      if (stage == 3) units.backward_pre(unit_of_module[m], unit_calls);
       for (const OpCost& op : run.work[m].backward) {
         run_op(op);
-        for (const std::string& g : op.grads) {
-          const size_t p = partition_of.at(g);
-          if ((stage >= 2 || last) && --remaining[p] == 0) launch(p);
-        }
+        for (const std::string& g : op.grads) reductions.grad_ready(param_of.at(g), reduce_calls);
       }
     }
-    if (stage >= 2 || last)
-      for (size_t p = 0; p < np; ++p)
-        if (!launched[p]) launch(p);
-    while (!in_flight.empty()) finish_oldest();
+    units.end_backward(true);
+    reductions.flush(reduce_calls);
   }
 
   // The step: the mean loss, the global norm (stages 1-3), the optimizer over this rank's shard.

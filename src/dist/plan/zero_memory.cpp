@@ -75,13 +75,11 @@ zero::ZeroLayout zero_layout(const std::vector<nn::ParamInfo>& params, int stage
 }
 
 ZeroState zero_model_state(const ZeroSpec& s) {
-  CZ_CHECK(s.stage >= 0 && s.stage <= 3, "ZeRO memory model: stage must be 0-3, got {}", s.stage);
   CZ_CHECK(s.world >= 1, "ZeRO memory model: world must be >= 1, got {}", s.world);
   CZ_CHECK(!s.layout.partitions.empty(), "ZeRO memory model: no partitions");
   CZ_CHECK(s.layout.shards == (s.stage == 0 ? 1 : s.world),
            "ZeRO memory model: a layout of {} shards for stage {} on {} ranks", s.layout.shards, s.stage,
            s.world);
-  CZ_CHECK(s.prefetch >= 0, "ZeRO memory model: prefetch must be >= 0, got {}", s.prefetch);
   ZeroState z;
   z.psi = s.layout.flat.numel;
   z.shard = s.layout.shard_numel();

@@ -9,7 +9,9 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "dist/comm/mesh.h"
 #include "dist/train/recipe.h"
+#include "dist/zero/schedule.h"
 #include "tensor/check.h"
 
 namespace cz::train {
@@ -362,7 +364,8 @@ std::vector<Flag> make_flags() {
        .help = "ZeRO stage: 0 replicated, 1 shards optimizer state, 2 also gradients, 3 also parameters",
        .check =
            [](C c, F f) {
-             CZ_CHECK(c.stage >= 0 && c.stage <= 3, "{} must be 0, 1, 2 or 3, got {}", f.name, c.stage);
+             CZ_CHECK(c.stage >= 0 && c.stage <= zero::kMaxStage, "{} must be 0, 1, 2 or 3, got {}", f.name,
+                      c.stage);
            },
        .ranks_agree = true,
        .json_key = "stage"},
@@ -383,8 +386,8 @@ std::vector<Flag> make_flags() {
        .help = "stage 3: how many units ahead to all-gather",
        .check =
            [](C c, F f) {
-             CZ_CHECK(c.prefetch >= 0 && c.prefetch <= 64, "{} must be in [0, 64], got {}", f.name,
-                      c.prefetch);
+             CZ_CHECK(c.prefetch >= 0 && c.prefetch <= zero::kMaxPrefetch, "{} must be in [0, {}], got {}",
+                      f.name, zero::kMaxPrefetch, c.prefetch);
            },
        .ranks_agree = true},
       {.name = "--shard-group",
@@ -392,14 +395,7 @@ std::vector<Flag> make_flags() {
        .group = kZeroGroup,
        .help = "stages 1-3: the ranks the model state is sharded over, replicated across the rest (HSDP): "
                "world, host (each host's ranks) or N (blocks of N consecutive ranks)",
-       .check =
-           [](C c, F f) {
-             const std::string& v = c.shard_group;
-             const bool number = !v.empty() && v.size() <= 6 &&
-                                 v.find_first_not_of("0123456789") == std::string::npos && std::stoi(v) >= 1;
-             CZ_CHECK(v == "world" || v == "host" || number,
-                      "{} must be world, host or a number of ranks >= 1, got '{}'", f.name, v);
-           },
+       .check = [](C c, F f) { dist::check_shard_group(c.shard_group, f.name); },
        .ranks_agree = true,
        .json_key = "shard_group"},
       {.name = "--hpz",

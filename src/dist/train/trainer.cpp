@@ -401,18 +401,40 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
     Tensor logits = (*model_)(images).to(DType::f32);
     Tensor loss = soft ? soft_target_cross_entropy(logits, targets)
                        : cross_entropy(logits, targets, cfg_.label_smoothing);
-    engine_->backward(scale(loss, s.loss_scale / double(cfg_.grad_accum)), a + 1 == cfg_.grad_accum);
+    backward_and_reduce(scale(loss, s.loss_scale / double(cfg_.grad_accum)), a + 1 == cfg_.grad_accum);
     NoGradGuard no_grad;
     loss_sum = loss_sum.defined() ? add(loss_sum, loss.detach()) : loss.detach();
   }
-  s.loss = group_.all_reduce(loss_sum.item() / double(cfg_.grad_accum), dist::ReduceOp::avg);
-  engine_->step(scaler_, s);  // the update on this rank's shard; the gatherer brings the weights back
+  s.loss = mean_loss(loss_sum);
+  update_and_gather(s);
   if (device_.is_cuda()) current_stream(device_).synchronize();
   s.step_time_s = seconds_since(t0);
   s.img_per_s = double(cfg_.global_batch(world_.size())) / s.step_time_s;
   s.peak_mem_bytes = alloc.stats().peak_allocated_bytes;
   s.epoch = epoch_;
   return s;
+}
+
+// Note [Where a step communicates]: the collectives a step causes, in the order the loop causes them (the
+// rules of when are zero::ReduceSchedule's and zero::UnitSchedule's, Note [One schedule]):
+//  * forward: at stage 3 each unit is all-gathered at its module's hook, the next --prefetch ahead; at stages
+//    1-2 each module first waits for the previous step's all-gathers of its parameters;
+//  * backward_and_reduce: each bucket's reduction (stage 0 all-reduce, 1-3 reduce-scatter) starts from the
+//    hook of its last gradient while backward runs (stage 3 gathers each unit again first); the call returns
+//    once every reduction has ended (stages 0-1: on the last micro-step only);
+//  * mean_loss: an all-reduce of one scalar;
+//  * update_and_gather: the global norm's all-reduce (stages 1-3), the update of this rank's shard, then the
+//    all-gathers of the updated parameters (stages 1-2), left in flight for the next forward.
+void Trainer::backward_and_reduce(const Tensor& loss, bool last_micro_step) {
+  engine_->backward(loss, last_micro_step);
+}
+
+double Trainer::mean_loss(const Tensor& loss_sum) {
+  return group_.all_reduce(loss_sum.item() / double(cfg_.grad_accum), dist::ReduceOp::avg);
+}
+
+void Trainer::update_and_gather(StepStats& s) {
+  engine_->step(scaler_, s);
 }
 
 EvalResult Trainer::evaluate() {

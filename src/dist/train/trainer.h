@@ -143,6 +143,10 @@ class Trainer {
   ProgressMode progress_mode() const;
   using Clock = std::chrono::steady_clock;
   StepStats run_step(std::span<const Batch> micro_batches, Clock::time_point t0);
+  // The step's communication, named where the loop causes it (Note [Where a step communicates]).
+  void backward_and_reduce(const Tensor& loss, bool last_micro_step);
+  double mean_loss(const Tensor& loss_sum);
+  void update_and_gather(StepStats& s);
   LoaderOptions loader_options(Split split) const;
   Batch next_batch();
 

@@ -36,6 +36,7 @@
 #include "dist/zero/engine.h"
 
 #include "dist/zero/held_bytes.h"
+#include "dist/zero/schedule.h"
 #include "tensor/autograd/engine.h"
 #include "tensor/ops.h"
 
@@ -58,8 +59,10 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
     : cfg_(std::move(cfg)),
       groups_(std::move(groups)),
       codec_(cfg_.compute_dtype, cfg_.gather_dtype, cfg_.quant_block) {
-  CZ_CHECK(cfg_.stage >= 0 && cfg_.stage <= 3, "ZeRO: --stage must be 0-3, got {}", cfg_.stage);
-  CZ_CHECK(cfg_.prefetch >= 0, "ZeRO: --prefetch must be >= 0, got {}", cfg_.prefetch);
+  // The flag table checks --stage and --prefetch (train/flags.cpp); a caller that skipped it is a bug.
+  CZ_ASSERT(cfg_.stage >= 0 && cfg_.stage <= kMaxStage, "ZeRO: stage {} outside 0-{}", cfg_.stage, kMaxStage);
+  CZ_ASSERT(cfg_.prefetch >= 0 && cfg_.prefetch <= kMaxPrefetch, "ZeRO: prefetch {} outside 0-{}",
+            cfg_.prefetch, kMaxPrefetch);
   CZ_CHECK(cfg_.bucket_bytes > 0, "ZeRO: the bucket size must be positive, got {} bytes", cfg_.bucket_bytes);
   CZ_CHECK_DEVICE(cfg_.compute_dtype == DType::f32 || cfg_.device.is_cuda(),
                   "ZeRO: {} compute needs a CUDA device (the CPU backend computes in fp32)",
@@ -93,10 +96,11 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
       units_gathered ? assign_units(shapes, units) : std::vector<std::string>{};
   int64_t params = 0;
   for (const ParamShape& p : shapes) params += shape_numel(p.shape);
+  const LayoutRule rule =
+      layout_rule(cfg_.stage, cfg_.reduce_int8, cfg_.quant_block, codec_, groups_.world.size());
   layout_ = plan_layout(shapes, cfg_.stage, shard_group.size(),
                         bucket_elems(double(cfg_.bucket_bytes), dtype_size(cfg_.reduce_dtype), params),
-                        unit_of, cfg_.reduce_int8 ? cfg_.quant_block : codec_.align(),
-                        cfg_.reduce_int8 && !sharded ? groups_.world.size() : 1);
+                        unit_of, rule.align, rule.pad_ranks);
   const size_t np = layout_.partitions.size();
   const int me = shard_group.rank();
   std::vector<Tensor> param_list;

@@ -1,5 +1,5 @@
 // ZeRO-3's parameter gatherer (UnitGatherer, param_gatherer.h): gather before use, prefetch ahead, release
-// after.
+// after, as UnitSchedule decides (Note [One schedule] in schedule.cpp); this file carries it out.
 //
 // Note [Stage-3 units]: each unit's parameters view one buffer of the unit's full (padded) size whose
 // Storage is released between uses (Note [Releasable storage]): the parameters and what autograd saved of
@@ -44,14 +44,12 @@ UnitGatherer::UnitGatherer(const ZeroLayout& layout, nn::Module& model, const st
                            Tensor shard, int prefetch, dist::ProcessGroup group, CommMeter& meter,
                            const GatherCodec& codec, std::optional<dist::ProcessGroup> host)
     : ParamGatherer(layout, std::move(group), meter, codec),
+      schedule_(layout.partitions.size(), prefetch),
       shard_(std::move(shard)),
-      prefetch_(prefetch),
       host_(std::move(host)) {
   const size_t np = layout_.partitions.size();
   gathered_.resize(np);
-  state_.assign(np, State::released);
   work_.resize(np);
-  position_.assign(np, 0);
   for (size_t p = 0; p < np; ++p) {
     const Partition& part = layout_.partitions[p];
     gathered_[p] = empty({part.numel}, shard_.dtype(), shard_.device());
@@ -86,11 +84,13 @@ UnitGatherer::UnitGatherer(const ZeroLayout& layout, nn::Module& model, const st
   for (size_t p = 0; p < np; ++p) {
     nn::Module* m = model.find_module(layout_.partitions[p].name);
     CZ_CHECK(m != nullptr, "ZeRO-3: the model has no module '{}'", layout_.partitions[p].name);
+    hooks_.emplace_back(m, m->register_forward_pre_hook(
+                               [this, p](nn::Module&, const Tensor&) { schedule_.forward_pre(p, *this); }));
+    hooks_.emplace_back(m, m->register_forward_hook([this, p](nn::Module&, const Tensor&, const Tensor&) {
+      schedule_.forward_post(p, *this);
+    }));
     hooks_.emplace_back(
-        m, m->register_forward_pre_hook([this, p](nn::Module&, const Tensor&) { on_forward_pre(p); }));
-    hooks_.emplace_back(m, m->register_forward_hook(
-                               [this, p](nn::Module&, const Tensor&, const Tensor&) { on_forward_post(p); }));
-    hooks_.emplace_back(m, m->register_backward_pre_hook([this, p](nn::Module&) { on_backward_pre(p); }));
+        m, m->register_backward_pre_hook([this, p](nn::Module&) { schedule_.backward_pre(p, *this); }));
   }
   allocate_records();
 }
@@ -122,14 +122,12 @@ void UnitGatherer::after_update() {
 }
 
 void UnitGatherer::gather(size_t p) {
-  if (state_[p] != State::released) return;
   Storage& storage = *gathered_[p].storage();
   storage.restore(allocator_for(shard_.device()).allocate(storage.nbytes()));
   // hpZ: backward gathers inside the host from the slices its forward kept (Note [hpZ]).
-  from_host_[p] = host_ && phase_ == Phase::backward && slice_valid_[p];
+  from_host_[p] = host_ && schedule_.backward() && slice_valid_[p];
   const dist::ProcessGroup& group = from_host_[p] ? *host_ : group_;
   meter_.hold(int64_t(round_to_size_class(storage.nbytes())));
-  state_[p] = State::gathering;
   if (!from_host_[p] && !codec_.direct()) {  // the records, decoded at use (Note [Quantized gathers])
     Storage& w = *wire_[p].storage();
     w.restore(allocator_for(shard_.device()).allocate(w.nbytes()));
@@ -153,27 +151,22 @@ void UnitGatherer::drop_wire(size_t p) {
 }
 
 void UnitGatherer::use(size_t p) {
-  gather(p);
-  if (state_[p] == State::gathering) {
-    meter_.wait(work_[p]);
-    work_[p].reset();
-    state_[p] = State::resident;
-    if (wired_[p]) {
-      NoGradGuard no_grad;
-      codec_.decode(wire_[p], group_.size(), layout_.chunk(p), gathered_[p]);
-      drop_wire(p);
-    }
-    if (host_ && !from_host_[p]) {  // hpZ: keep the host-local slice for backward
-      NoGradGuard no_grad;
-      const int64_t n = layout_.partitions[p].numel / host_->size();
-      slice_[p].copy_(gathered_[p].narrow(0, host_->rank() * n, n));
-      slice_valid_[p] = true;
-    }
+  meter_.wait(work_[p]);
+  work_[p].reset();
+  if (wired_[p]) {
+    NoGradGuard no_grad;
+    codec_.decode(wire_[p], group_.size(), layout_.chunk(p), gathered_[p]);
+    drop_wire(p);
+  }
+  if (host_ && !from_host_[p]) {  // hpZ: keep the host-local slice for backward
+    NoGradGuard no_grad;
+    const int64_t n = layout_.partitions[p].numel / host_->size();
+    slice_[p].copy_(gathered_[p].narrow(0, host_->rank() * n, n));
+    slice_valid_[p] = true;
   }
 }
 
 void UnitGatherer::release(size_t p) {
-  if (state_[p] == State::released) return;
   if (work_[p]) {
     meter_.wait(work_[p]);
     work_[p].reset();
@@ -181,44 +174,6 @@ void UnitGatherer::release(size_t p) {
   drop_wire(p);
   meter_.hold(-held_bytes(gathered_[p]));
   gathered_[p].storage()->release();
-  state_[p] = State::released;
-}
-
-void UnitGatherer::end_backward(bool finished) {
-  phase_ = Phase::forward;
-  if (finished) recording_ = false;
-}
-
-void UnitGatherer::after_reduce() {
-  for (size_t p = 0; p < gathered_.size(); ++p) release(p);
-}
-
-void UnitGatherer::prefetch_after(size_t p, bool backward) {
-  if (recording_ || prefetch_ == 0) return;
-  const int64_t at = int64_t(position_[p]), n = int64_t(order_.size());
-  for (int64_t k = 1; k <= prefetch_; ++k) {
-    const int64_t j = backward ? at - k : at + k;
-    if (j < 0 || j >= n) break;
-    gather(order_[size_t(j)]);
-  }
-}
-
-void UnitGatherer::on_forward_pre(size_t p) {
-  if (recording_ && std::find(order_.begin(), order_.end(), p) == order_.end()) {
-    position_[p] = order_.size();
-    order_.push_back(p);
-  }
-  use(p);
-  prefetch_after(p, phase_ == Phase::backward);
-}
-
-void UnitGatherer::on_forward_post(size_t p) {
-  if (phase_ == Phase::forward) release(p);
-}
-
-void UnitGatherer::on_backward_pre(size_t p) {
-  use(p);
-  prefetch_after(p, true);
 }
 
 }  // namespace cz::zero

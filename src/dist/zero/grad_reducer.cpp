@@ -1,5 +1,5 @@
-// The gradient reducer's hooks, buckets and collectives. At most two collectives are in flight: a third waits
-// for the oldest, which bounds the bucket memory.
+// The gradient reducer's hooks, buckets and collectives, in the order ReduceSchedule decides (at most
+// kMaxInFlight collectives in flight; Note [One schedule] in schedule.cpp).
 //
 // Note [Cross all-reduce]: on a 2-D mesh a partition's reduction is two collectives: the reduce-scatter in
 // the shard group, then the all-reduce of this rank's chunk across the replication group. The second may only
@@ -27,14 +27,9 @@ GradReducer::GradReducer(const ZeroLayout& layout, std::vector<Tensor> params, T
       group_(std::move(group)),
       replicate_(std::move(replicate)),
       meter_(meter),
-      mode_(mode) {
-  const size_t np = layout_.partitions.size();
-  for (size_t p = 0; p < np; ++p)
-    for (size_t i = layout_.partitions[p].first_param; i < layout_.partitions[p].end_param; ++i)
-      param_partition_.push_back(p);
-  remaining_.assign(np, 0);
-  launched_.assign(np, false);
-  buckets_.resize(np);
+      mode_(mode),
+      schedule_(layout_, mode.buckets) {
+  buckets_.resize(layout_.partitions.size());
   for (size_t i = 0; i < params_.size(); ++i)
     hooks_.push_back(params_[i].register_grad_ready_hook([this, i](Tensor& t) { on_grad_ready(i, t); }));
 }
@@ -56,69 +51,72 @@ void GradReducer::begin_step() {
 }
 
 void GradReducer::begin_backward(bool last_micro_step) {
-  last_micro_ = last_micro_step;
-  for (size_t p = 0; p < layout_.partitions.size(); ++p) {
-    remaining_[p] = int(layout_.partitions[p].end_param - layout_.partitions[p].first_param);
-    launched_[p] = false;
+  schedule_.begin_backward(last_micro_step);
+}
+
+Tensor& GradReducer::bucket(size_t p) {
+  if (!buckets_[p].defined()) {  // at its first gradient (none arrived: the gradient is zero on this rank)
+    buckets_[p] = zeros({layout_.partitions[p].numel}, mode_.reduce_dtype, mode_.device);
+    meter_.hold(held_bytes(buckets_[p]));
   }
+  return buckets_[p];
 }
 
 void GradReducer::on_grad_ready(size_t i, Tensor& param) {
-  const size_t p = param_partition_[i];
   advance();
   if (mode_.buckets) {
     NoGradGuard no_grad;
-    const Partition& part = layout_.partitions[p];
-    if (!buckets_[p].defined()) {
-      buckets_[p] = zeros({part.numel}, mode_.reduce_dtype, mode_.device);
-      meter_.hold(held_bytes(buckets_[p]));
-    }
+    const Partition& part = layout_.partitions[schedule_.partition_of(i)];
     const FlatSegment& s = layout_.flat.segments[i];
+    Tensor& b = bucket(schedule_.partition_of(i));
     const Tensor g = param.grad();
-    if (g.defined()) buckets_[p].narrow(0, s.offset - part.begin, s.numel).view(s.shape).copy_(g);
+    if (g.defined()) b.narrow(0, s.offset - part.begin, s.numel).view(s.shape).copy_(g);
     param.set_grad(Tensor());
-  } else if (!last_micro_) {
-    return;  // the full buffer is reduced once, on the last micro-step
   }
-  if (--remaining_[p] == 0) launch(p);
+  schedule_.grad_ready(i, *this);
+}
+
+void GradReducer::prepare(size_t p) {
+  NoGradGuard no_grad;
+  const Partition& part = layout_.partitions[p];
+  if (mode_.buckets) {
+    prepared_ = bucket(p);
+  } else {
+    prepared_ = grads_.narrow(0, part.begin, part.numel);
+    if (prepared_.dtype() != mode_.reduce_dtype) {
+      prepared_ = prepared_.to(mode_.reduce_dtype);
+      meter_.hold(held_bytes(prepared_));
+    }
+  }
 }
 
 void GradReducer::launch(size_t p) {
   NoGradGuard no_grad;
   const Partition& part = layout_.partitions[p];
-  launched_[p] = true;
-  Tensor buf;
-  if (mode_.buckets) {
-    if (!buckets_[p].defined()) {  // no gradient arrived: the partition's gradient is zero on this rank
-      buckets_[p] = zeros({part.numel}, mode_.reduce_dtype, mode_.device);
-      meter_.hold(held_bytes(buckets_[p]));
-    }
-    buf = buckets_[p];
-  } else {
-    buf = grads_.narrow(0, part.begin, part.numel);
-    if (buf.dtype() != mode_.reduce_dtype) {
-      buf = buf.to(mode_.reduce_dtype);
-      meter_.hold(held_bytes(buf));
-    }
-  }
-  while (in_flight_.size() >= 2) finish_oldest();
+  Tensor buf = std::move(prepared_);
+  prepared_ = Tensor();
   dist::WorkHandle w;
   const int64_t bytes = part.numel * int64_t(dtype_size(mode_.reduce_dtype));
   std::unique_ptr<QuantizedReduceScatter> quantized;
   std::unique_ptr<QuantizedAllReduce> quantized_all;
-  if (mode_.quant_block > 0 && group_.size() > 1) {
-    if (mode_.scatter)
+  switch (reduce_kind(mode_.scatter, mode_.quant_block, group_.size())) {
+    case ReduceKind::quantized_reduce_scatter:
       quantized =
           std::make_unique<QuantizedReduceScatter>(group_, buf, layout_.chunk(p), mode_.quant_block, meter_);
-    else
+      break;
+    case ReduceKind::quantized_all_reduce:
       quantized_all = std::make_unique<QuantizedAllReduce>(group_, buf, mode_.quant_block, meter_);
-  } else if (mode_.scatter) {
-    Tensor mine = buf.narrow(0, own_offset(p), layout_.chunk(p));
-    w = group_.reduce_scatter(buf, mine, dist::ReduceOp::avg);
-    meter_.sent(group_, bytes, dist::Collective::reduce_scatter);
-  } else {
-    w = group_.all_reduce(buf, dist::ReduceOp::avg);
-    meter_.sent(group_, bytes, dist::Collective::all_reduce);
+      break;
+    case ReduceKind::reduce_scatter: {
+      Tensor mine = buf.narrow(0, own_offset(p), layout_.chunk(p));
+      w = group_.reduce_scatter(buf, mine, dist::ReduceOp::avg);
+      meter_.sent(group_, bytes, dist::Collective::reduce_scatter);
+      break;
+    }
+    case ReduceKind::all_reduce:
+      w = group_.all_reduce(buf, dist::ReduceOp::avg);
+      meter_.sent(group_, bytes, dist::Collective::all_reduce);
+      break;
   }
   // Flat (or stage 0): nothing to all-reduce across replicas.
   in_flight_.push_back({p, std::move(w), buf, nullptr, !mode_.scatter || replicate_.size() == 1,
@@ -129,7 +127,7 @@ void GradReducer::launch(size_t p) {
 
 void GradReducer::launch_cross(InFlight& f) {
   NoGradGuard no_grad;
-  meter_.wait(f.work);  // completed (advance), or the oldest, which finish_oldest waits for anyway
+  meter_.wait(f.work);  // completed (advance), or the oldest, which finish() waits for anyway
   f.work.reset();
   Tensor mine = f.buffer.narrow(0, own_offset(f.partition), layout_.chunk(f.partition));
   f.cross = replicate_.all_reduce(mine, dist::ReduceOp::avg);
@@ -145,7 +143,9 @@ void GradReducer::advance() {
   }
 }
 
-void GradReducer::finish_oldest() {
+void GradReducer::finish(size_t p) {
+  CZ_ASSERT(!in_flight_.empty() && in_flight_.front().partition == p,
+            "reducer: partition {} is not the oldest", p);
   advance();
   if (!in_flight_.front().crossed) launch_cross(in_flight_.front());  // the oldest: wait for it
   InFlight f = std::move(in_flight_.front());
@@ -155,11 +155,10 @@ void GradReducer::finish_oldest() {
   if (f.quantized) f.quantized->finish(1.0 / group_.size());  // the average, as ReduceOp::avg
   if (f.quantized_all) f.quantized_all->finish(1.0 / group_.size());
   NoGradGuard no_grad;
-  const size_t p = f.partition;
   const Tensor mine = f.buffer.narrow(0, own_offset(p), layout_.chunk(p));  // this rank's averaged chunk
   const bool converted = !mode_.buckets && f.buffer.dtype() != grads_.dtype();
   if (sink_)
-    sink_(p, mine, last_micro_);
+    sink_(p, mine, schedule_.last_micro_step());
   else if (converted)
     grad_chunk(p).copy_(mine);
   if (mode_.buckets) {
@@ -171,10 +170,7 @@ void GradReducer::finish_oldest() {
 }
 
 void GradReducer::flush() {
-  if (mode_.buckets || last_micro_)
-    for (size_t p = 0; p < layout_.partitions.size(); ++p)
-      if (!launched_[p]) launch(p);
-  while (!in_flight_.empty()) finish_oldest();
+  schedule_.flush(*this);
 }
 
 Tensor GradReducer::grad_chunk(size_t p) const {

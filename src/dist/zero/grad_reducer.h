@@ -11,6 +11,7 @@
 #include "dist/zero/comm_meter.h"
 #include "dist/zero/partition.h"
 #include "dist/zero/quant_reduce.h"
+#include "dist/zero/schedule.h"
 
 namespace cz::zero {
 
@@ -28,7 +29,8 @@ struct ReducerMode {
   int64_t quant_block = 0;
 };
 
-class GradReducer {
+// It carries out ReduceSchedule's events (Note [One schedule]) on real buffers and collectives.
+class GradReducer : private ReduceSchedule::Sink {
  public:
   // `params`: the model's parameters in layout order (hooks are installed on them). `grads`: the full
   // gradient buffer their .grad views (undefined with buckets). `group`: where buckets are reduced;
@@ -36,7 +38,7 @@ class GradReducer {
   // all-reduce]).
   GradReducer(const ZeroLayout& layout, std::vector<Tensor> params, Tensor grads, dist::ProcessGroup group,
               dist::ProcessGroup replicate, CommMeter& meter, ReducerMode mode);
-  ~GradReducer();  // removes its hooks, waits for what is in flight; never throws
+  ~GradReducer() override;  // removes its hooks, waits for what is in flight; never throws
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
@@ -71,8 +73,11 @@ class GradReducer {
   void launch_cross(InFlight& f);
   void advance();  // launches the cross all-reduces whose reduce-scatter has completed, in launch order
   void on_grad_ready(size_t param, Tensor& p);
-  void launch(size_t p);
-  void finish_oldest();
+  Tensor& bucket(size_t p);  // allocated at first use
+  // ReduceSchedule::Sink
+  void prepare(size_t p) override;
+  void launch(size_t p) override;
+  void finish(size_t p) override;
   int64_t own_offset(size_t p) const { return (mode_.scatter ? group_.rank() : 0) * layout_.chunk(p); }
 
   const ZeroLayout& layout_;
@@ -85,10 +90,8 @@ class GradReducer {
   ChunkSink sink_;
   std::function<void(size_t)> on_launch_;
 
-  std::vector<size_t> param_partition_;
-  bool last_micro_ = true;
-  std::vector<int> remaining_;   // per partition: gradients still to arrive in this backward
-  std::vector<bool> launched_;   // reduced in this backward
+  ReduceSchedule schedule_;
+  Tensor prepared_;              // the buffer of the partition being launched, from prepare() to launch()
   std::vector<Tensor> buckets_;  // with buckets: the partition's gradients, filled by the hooks
   std::deque<InFlight> in_flight_;
   std::vector<int> hooks_;  // per parameter

@@ -12,6 +12,7 @@
 #include "dist/zero/comm_meter.h"
 #include "dist/zero/gather_codec.h"
 #include "dist/zero/partition.h"
+#include "dist/zero/schedule.h"
 #include "nn/module.h"
 
 namespace cz::zero {
@@ -80,7 +81,8 @@ class ChunkGatherer final : public ParamGatherer {
   std::vector<dist::WorkHandle> work_;  // per partition
 };
 
-class UnitGatherer final : public ParamGatherer {
+// It carries out UnitSchedule's events (Note [One schedule]) on the units' buffers and all-gathers.
+class UnitGatherer final : public ParamGatherer, private UnitSchedule::Sink {
  public:
   // `shard`: this rank's chunks of the compute copy (compute dtype); `params`: the model's parameters in
   // layout order, repointed into each unit's releasable buffer. Every partition is a unit, a module of
@@ -92,37 +94,27 @@ class UnitGatherer final : public ParamGatherer {
                std::optional<dist::ProcessGroup> host = std::nullopt);
   void after_update() override;  // hpZ: the secondary copies are stale; the records encoded again
   ~UnitGatherer() override;
-  void begin_backward() override { phase_ = Phase::backward; }
-  void end_backward(bool finished) override;
-  void reduced(size_t p) override { release(p); }  // not needed again until the next forward
-  void after_reduce() override;
-  bool resident(size_t p) const override { return state_[p] != State::released; }
+  void begin_backward() override { schedule_.begin_backward(); }
+  void end_backward(bool finished) override { schedule_.end_backward(finished); }
+  void reduced(size_t p) override { schedule_.release(p, *this); }  // not needed again until the next forward
+  void after_reduce() override { schedule_.release_all(*this); }
+  bool resident(size_t p) const override { return schedule_.resident(p); }
   int64_t gathered_bytes() const override;
   int64_t state_bytes() const override;
 
  private:
-  enum class Phase { forward, backward };
-  enum class State { released, gathering, resident };
-  void gather(size_t p);
-  void use(size_t p);
-  void release(size_t p);
-  void prefetch_after(size_t p, bool backward);
-  void on_forward_pre(size_t p);
-  void on_forward_post(size_t p);
-  void on_backward_pre(size_t p);
+  // UnitSchedule::Sink
+  void gather(size_t p) override;
+  void use(size_t p) override;
+  void release(size_t p) override;
 
+  UnitSchedule schedule_;
   Tensor shard_;
-  int prefetch_ = 1;
   void drop_wire(size_t p);
   std::vector<Tensor> gathered_;  // per unit: the full unit, its storage released between uses
   std::vector<Tensor> wire_;      // per unit, not direct: the gathered records, held from gather to use
   std::vector<bool> wired_;
-  std::vector<State> state_;
-  std::vector<dist::WorkHandle> work_;
-  Phase phase_ = Phase::forward;
-  bool recording_ = true;      // the first forward records the unit order
-  std::vector<size_t> order_;  // units in forward order
-  std::vector<size_t> position_;
+  std::vector<dist::WorkHandle> work_;  // per unit: its all-gather, from gather to use
   // hpZ (Note [hpZ]): the host group, the secondary copies (this rank's host-local slice of every unit, back
   // to back, one allocation), each unit's slice of them, whether it holds the current weights, and whether
   // the unit's gather in flight is the host one.
