@@ -71,6 +71,8 @@ int64_t model_input_bytes(const Batch& batch) {
 }
 
 Tensor model_input(const Batch& batch, const Device& device) {
+  // A batch made without a loader (benches, tests) may carry its input ready-made.
+  if (!batch.pixels.defined() && batch.images.defined()) return batch.images.to(device);
   CZ_CHECK(batch.pixels.defined() && batch.pixels.dtype() == DType::u8 && batch.pixels.dim() == 4 &&
                batch.pixels.size(3) == 3 && batch.pixels.is_contiguous() && batch.pixels.is_cpu(),
            "model_input: the batch's pixels must be a contiguous CPU u8 (n, H, W, 3) tensor, got {}",

@@ -34,6 +34,7 @@ struct ModelInputDraws {
 ModelInputDraws model_input_draws(const Batch& batch);
 
 // (n, H, W, 3) f32 on `device`: batch.pixels normalised, erased and mixed (Note [Normalising on the device]).
+// A batch without pixels but with `images` (made without a loader: benches, tests) gives those, on `device`.
 Tensor model_input(const Batch& batch, const Device& device);
 
 // Bytes model_input moves from host to a device for `batch`: its pixels and draws.
