@@ -6,13 +6,7 @@
 
 #include <cstdint>
 
-#ifndef CZ_HD
-#if defined(__CUDACC__)
-#define CZ_HD __host__ __device__ __forceinline__
-#else
-#define CZ_HD inline
-#endif
-#endif
+#include "tensor/cuda/host_device.h"
 
 namespace cz::batch_input {
 
@@ -81,13 +75,15 @@ CZ_HD float unmixed(const BatchView& b, int64_t i, int64_t y, int64_t x, int c) 
 // Image i's element (y, x, c) as the model sees it: normalised, erased, mixed.
 CZ_HD float element(const BatchView& b, int64_t i, int64_t y, int64_t x, int c) {
   const ImageParams& q = b.images[i];
-  if (q.mix == kCutMix && y >= q.y0 && y < q.y1 && x >= q.x0 && x < q.x1) return unmixed(b, q.partner, y, x, c);
+  if (q.mix == kCutMix && y >= q.y0 && y < q.y1 && x >= q.x0 && x < q.x1)
+    return unmixed(b, q.partner, y, x, c);
   const float own = unmixed(b, i, y, x, c);
   if (q.mix != kBlend) return own;
   return add_rn(mul_rn(own, q.l), mul_rn(unmixed(b, q.partner, y, x, c), q.m));
 }
 
-// Element e of the (n, height, width, 3) output, in memory order: the CUDA kernel's thread e and the CPU loop.
+// Element e of the (n, height, width, 3) output, in memory order: the CUDA kernel's thread e and the CPU
+// loop.
 CZ_HD float element_at(const BatchView& b, int64_t e) {
   const int c = int(e % 3);
   const int64_t p = e / 3, x = p % b.width, row = p / b.width;

@@ -7,13 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-#ifndef CZ_HD
-#if defined(__CUDACC__)
-#define CZ_HD __host__ __device__ __forceinline__
-#else
-#define CZ_HD inline
-#endif
-#endif
+#include "tensor/cuda/host_device.h"
 
 namespace cz::cuda::stce {
 
