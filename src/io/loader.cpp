@@ -3,8 +3,8 @@
 #include "io/loader.h"
 
 #include <atomic>
-#include <cstring>
 #include <condition_variable>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -70,7 +70,8 @@ Batch Loader::Impl::make_batch(int64_t b) const {
   const BatchSlice s = rank_slice(data->size(), opt.batch_size, b, opt.world, opt.rank);
   const int64_t n = s.end - s.begin, size = opt.image_size;
   Batch batch;
-  batch.pixels = opt.pinned ? empty_pinned({n, size, size, 3}, DType::u8) : empty({n, size, size, 3}, DType::u8);
+  batch.pixels =
+      opt.pinned ? empty_pinned({n, size, size, 3}, DType::u8) : empty({n, size, size, 3}, DType::u8);
   batch.labels = empty({n}, DType::i64);
   batch.sources.resize(size_t(n));
   batch.epoch = epoch;
@@ -97,7 +98,8 @@ Batch Loader::Impl::make_batch(int64_t b) const {
     batch.mix = draw_mix(opt.mix, n, size, size, rng);
     batch.targets = mix_targets(batch.mix, batch.labels, opt.mix.num_classes, opt.mix.label_smoothing);
   }
-  if (!opt.pixels_only && !stopping.load(std::memory_order_relaxed)) batch.images = model_input(batch, Device::cpu());
+  if (!opt.pixels_only && !stopping.load(std::memory_order_relaxed))
+    batch.images = model_input(batch, Device::cpu());
   return batch;
 }
 

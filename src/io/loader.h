@@ -52,12 +52,12 @@ struct LoaderOptions {
 };
 
 struct Batch {
-  Tensor pixels;   // (n, image_size, image_size, 3) u8, CPU: each image after the crop, resize, flip and
-                   // RandAugment (Note [Normalising on the device], model_input.h)
-  Tensor images;   // (n, image_size, image_size, 3) f32, CPU: model_input(*this) (normalised with ImageNet
-                   // mean/std, erased, mixed); undefined with LoaderOptions::pixels_only
+  Tensor pixels;  // (n, image_size, image_size, 3) u8, CPU: each image after the crop, resize, flip and
+                  // RandAugment (Note [Normalising on the device], model_input.h)
+  Tensor images;  // (n, image_size, image_size, 3) f32, CPU: model_input(*this) (normalised with ImageNet
+                  // mean/std, erased, mixed); undefined with LoaderOptions::pixels_only
   std::vector<std::vector<ErasePatch>> erased;  // random erasing's draws per image (empty with erasing off)
-  Tensor labels;   // (n) i64, CPU: each image's own class
+  Tensor labels;                                // (n) i64, CPU: each image's own class
   Tensor targets;  // with mixing on: (n, num_classes) f32 soft targets, CPU; else undefined
   // Each image's index in the data set (host memory: not in the training allocator, whose peak the memory
   // planner predicts to the byte).

@@ -49,7 +49,8 @@ ModelInputDraws model_input_draws(const Batch& batch) {
     }
     if (!mixed) continue;
     const SampleMix& s = batch.mix.samples[size_t(i)];
-    CZ_CHECK(s.partner >= 0 && s.partner < n, "model_input: image {} is mixed with {} of {}", i, s.partner, n);
+    CZ_CHECK(s.partner >= 0 && s.partner < n, "model_input: image {} is mixed with {} of {}", i, s.partner,
+             n);
     q.partner = int32_t(s.partner);
     if (s.cutmix) {
       q.mix = batch_input::kCutMix;
@@ -65,9 +66,9 @@ ModelInputDraws model_input_draws(const Batch& batch) {
 int64_t model_input_bytes(const Batch& batch) {
   if (!batch.pixels.defined()) return 0;
   const ModelInputDraws d = model_input_draws(batch);
-  return batch.pixels.numel() + int64_t(d.images.size() * sizeof(batch_input::ImageParams) +
-                                        d.rects.size() * sizeof(batch_input::EraseRect) +
-                                        d.values.size() * sizeof(float));
+  return batch.pixels.numel() +
+         int64_t(d.images.size() * sizeof(batch_input::ImageParams) +
+                 d.rects.size() * sizeof(batch_input::EraseRect) + d.values.size() * sizeof(float));
 }
 
 Tensor model_input(const Batch& batch, const Device& device) {

@@ -6,8 +6,8 @@
 // the micro-batch's Mixup/CutMix (Note [Mixing within a micro-batch]). model_input() makes the f32 (n, H, W,
 // 3) images on the model's device, every element by batch_input::element (model_input_element.h): the
 // normalisation's multiply and add, the erase box's value where one covers it, the mix with the partner's
-// erased pixels. On the CPU that loop fills the first op's input directly; on CUDA the 8-bit pixels are copied
-// to the device (from the loader's pinned batches: LoaderOptions::pinned) and one kernel
+// erased pixels. On the CPU that loop fills the first op's input directly; on CUDA the 8-bit pixels are
+// copied to the device (from the loader's pinned batches: LoaderOptions::pinned) and one kernel
 // (src/tensor/cuda/model_input.cu) writes the device tensor, reading the draws from one pinned buffer in
 // place (unified addressing): what crosses PCIe is the pixels and the draws, about a quarter of the f32
 // batch (model_input_bytes). Both run the same arithmetic

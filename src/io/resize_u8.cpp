@@ -132,11 +132,12 @@ struct FlatTaps {
 };
 
 // (rows x cols) 3-byte pixels, `stride` bytes from row to row, into (cols x rows), packed: output row c is
-// input column c; with `mirror`, output row c is written right to left (input row r lands in column rows-1-r).
-// Pixels move as 4-byte words where the byte after the pixel may be read (not the input's last column) and
-// written (not the output row's last pixel), the extra byte landing on the next pixel of the same output row,
-// which the loops' order writes afterwards (rows ascending, or descending when mirrored).
-void transpose_pixels(const uint8_t* in, int64_t stride, int64_t rows, int64_t cols, bool mirror, uint8_t* out) {
+// input column c; with `mirror`, output row c is written right to left (input row r lands in column
+// rows-1-r). Pixels move as 4-byte words where the byte after the pixel may be read (not the input's last
+// column) and written (not the output row's last pixel), the extra byte landing on the next pixel of the same
+// output row, which the loops' order writes afterwards (rows ascending, or descending when mirrored).
+void transpose_pixels(const uint8_t* in, int64_t stride, int64_t rows, int64_t cols, bool mirror,
+                      uint8_t* out) {
   constexpr int64_t kBlock = 32;  // a block of rows and columns stays in the L1 cache both ways
   const int64_t blocks = (rows + kBlock - 1) / kBlock;
   for (int64_t bi = 0; bi < blocks; ++bi) {
@@ -283,10 +284,14 @@ void normalise_u8(const Image& img, float* out) {
 
 const char* resize_kernel_name(ResizeKernel kernel) {
   switch (kernel) {
-    case ResizeKernel::scalar: return "scalar";
-    case ResizeKernel::baseline: return "baseline";
-    case ResizeKernel::avx2: return "avx2";
-    case ResizeKernel::avx512: return "avx512";
+    case ResizeKernel::scalar:
+      return "scalar";
+    case ResizeKernel::baseline:
+      return "baseline";
+    case ResizeKernel::avx2:
+      return "avx2";
+    case ResizeKernel::avx512:
+      return "avx512";
   }
   return "?";
 }
@@ -294,32 +299,36 @@ const char* resize_kernel_name(ResizeKernel kernel) {
 bool resize_kernel_runs_here(ResizeKernel kernel) {
   switch (kernel) {
     case ResizeKernel::scalar:
-    case ResizeKernel::baseline: return true;
+    case ResizeKernel::baseline:
+      return true;
 #if defined(CZ_RESIZE_X86_KERNELS)
     case ResizeKernel::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("bmi2");
     case ResizeKernel::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512cd") && resize_kernel_runs_here(ResizeKernel::avx2);
 #else
-    default: return false;
+    default:
+      return false;
 #endif
   }
   return false;
 }
 
 ResizeKernel default_resize_kernel() {
-  const ResizeKernel all[] = {ResizeKernel::scalar, ResizeKernel::baseline, ResizeKernel::avx2, ResizeKernel::avx512};
+  const ResizeKernel all[] = {ResizeKernel::scalar, ResizeKernel::baseline, ResizeKernel::avx2,
+                              ResizeKernel::avx512};
   if (const char* env = std::getenv("CZ_RESIZE_KERNEL"); env != nullptr && *env != '\0') {
     for (ResizeKernel k : all)
       if (std::string(env) == resize_kernel_name(k)) {
         if (!resize_kernel_runs_here(k))
-          throw ValueError(fmt::format("CZ_RESIZE_KERNEL={}: this CPU (or build) cannot run that kernel", env));
+          throw ValueError(
+              fmt::format("CZ_RESIZE_KERNEL={}: this CPU (or build) cannot run that kernel", env));
         return k;
       }
-    throw ValueError(
-        fmt::format("CZ_RESIZE_KERNEL must be scalar, baseline, avx2 or avx512, got '{}'", env));
+    throw ValueError(fmt::format("CZ_RESIZE_KERNEL must be scalar, baseline, avx2 or avx512, got '{}'", env));
   }
   for (ResizeKernel k : {ResizeKernel::avx512, ResizeKernel::avx2})
     if (resize_kernel_runs_here(k)) return k;
@@ -328,13 +337,18 @@ ResizeKernel default_resize_kernel() {
 
 RowsPassFn rows_pass_for(ResizeKernel kernel) {
   switch (kernel) {
-    case ResizeKernel::scalar: return nullptr;
-    case ResizeKernel::baseline: return resize_kernels::rows_pass_baseline;
+    case ResizeKernel::scalar:
+      return nullptr;
+    case ResizeKernel::baseline:
+      return resize_kernels::rows_pass_baseline;
 #if defined(CZ_RESIZE_X86_KERNELS)
-    case ResizeKernel::avx2: return resize_kernels::rows_pass_avx2;
-    case ResizeKernel::avx512: return resize_kernels::rows_pass_avx512;
+    case ResizeKernel::avx2:
+      return resize_kernels::rows_pass_avx2;
+    case ResizeKernel::avx512:
+      return resize_kernels::rows_pass_avx512;
 #else
-    default: break;
+    default:
+      break;
 #endif
   }
   CZ_CHECK(false, "rows_pass_for: the {} kernel is not compiled in", resize_kernel_name(kernel));

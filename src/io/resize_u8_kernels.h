@@ -2,8 +2,8 @@
 // set and chosen when the program starts (Note [Resize kernels per instruction set]).
 //
 // Note [Resize kernels per instruction set]: resize_u8_kernel.inc is one plain C++ loop nest, compiled three
-// times: for the x86-64 baseline (SSE2), for x86-64-v3 (AVX2) and for x86-64-v4 (AVX-512 F/BW/DQ/VL), each in a
-// file of its own with its -march (src/io/CMakeLists.txt), so the compiler vectorises the same source 4, 8
+// times: for the x86-64 baseline (SSE2), for x86-64-v3 (AVX2) and for x86-64-v4 (AVX-512 F/BW/DQ/VL), each in
+// a file of its own with its -march (src/io/CMakeLists.txt), so the compiler vectorises the same source 4, 8
 // and 16 integers wide and no source line is written per instruction set. resize_u8_kernel_for() picks the
 // widest one the CPU has (`__builtin_cpu_supports`), or the one CZ_RESIZE_KERNEL names (scalar | baseline |
 // avx2 | avx512) for tests and measurements. The sums are integers, exact in any order, so every kernel
@@ -45,9 +45,11 @@ ResizeKernel default_resize_kernel();
 RowsPassFn rows_pass_for(ResizeKernel kernel);
 
 namespace resize_kernels {
-void rows_pass_baseline(const uint8_t*, int64_t, int64_t, const AxisTapsView&, uint8_t*, int64_t, bool, int32_t*);
+void rows_pass_baseline(const uint8_t*, int64_t, int64_t, const AxisTapsView&, uint8_t*, int64_t, bool,
+                        int32_t*);
 void rows_pass_avx2(const uint8_t*, int64_t, int64_t, const AxisTapsView&, uint8_t*, int64_t, bool, int32_t*);
-void rows_pass_avx512(const uint8_t*, int64_t, int64_t, const AxisTapsView&, uint8_t*, int64_t, bool, int32_t*);
+void rows_pass_avx512(const uint8_t*, int64_t, int64_t, const AxisTapsView&, uint8_t*, int64_t, bool,
+                      int32_t*);
 }  // namespace resize_kernels
 
 }  // namespace cz

@@ -9,8 +9,8 @@
 
 #include "io/image_transform.h"
 #include "io/loader.h"
-#include "io/model_input.h"
 #include "io/mixup.h"
+#include "io/model_input.h"
 #include "io/random_erasing.h"
 
 namespace cz {
@@ -107,7 +107,7 @@ TEST(ModelInput, ErasedBoxesOverlapInTheOrderDrawn) {
   b.erased = {{first, second}};
   const Tensor x = model_input(b, Device::cpu());
   const float* p = x.data<float>();
-  EXPECT_EQ(p[0], 1.f);                   // (0, 0): the first box only
+  EXPECT_EQ(p[0], 1.f);                    // (0, 0): the first box only
   EXPECT_EQ(p[(1 * 4 + 1) * 3 + 2], 9.f);  // (1, 1): both; the second's
   EXPECT_NE(p[(3 * 4 + 3) * 3], 1.f);      // (3, 3): neither, normalised
   Tensor f32 = empty({1, 4, 4, 3}, DType::f32);

@@ -44,9 +44,9 @@ TEST(ResizeKernels, EveryKernelEqualsTheScalarLoopsBitForBit) {
     // Shrinking (by a lot, so the taps are many), growing, equal on one axis (that pass skipped), 1 pixel,
     // crops taller than wide (the vertical pass first) and wider than tall.
     const std::vector<std::array<int64_t, 3>> cases = {
-        {375, 500, 224}, {500, 375, 224}, {1200, 90, 64}, {90, 1200, 64}, {17, 23, 64}, {224, 224, 224},
-        {224, 300, 224}, {300, 224, 224}, {1, 1, 5},      {1, 9, 1},      {9, 1, 3},    {33, 47, 31},
-        {64, 64, 1},     {2000, 1500, 96}};
+        {375, 500, 224}, {500, 375, 224}, {1200, 90, 64},  {90, 1200, 64},  {17, 23, 64},
+        {224, 224, 224}, {224, 300, 224}, {300, 224, 224}, {1, 1, 5},       {1, 9, 1},
+        {9, 1, 3},       {33, 47, 31},    {64, 64, 1},     {2000, 1500, 96}};
     for (const auto& [h, w, size] : cases)
       for (bool smooth : {false, true}) {
         const Image src = random_image(h, w, gen, smooth);
