@@ -5,13 +5,22 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "io/dataset.h"
+#include "tensor/tensor.h"
 
 namespace cz::testing {
+
+// Same shape, dtype and bytes (an undefined tensor equals only another undefined one).
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
+  return a.sizes() == b.sizes() && a.dtype() == b.dtype() &&
+         std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
+}
 
 // A fresh directory under the system temp dir, removed with everything in it on destruction.
 class TempDir {

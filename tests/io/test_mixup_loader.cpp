@@ -45,10 +45,7 @@ std::vector<Batch> epoch_batches(LoaderOptions o, int64_t epoch = 1) {
   return out;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.sizes() == b.sizes() && a.dtype() == b.dtype() &&
-         std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
-}
+using testing::same_bits;
 
 // Every pixel of every mixed batch is the unmixed batch's, combined as the batch's MixParams record: inside a
 // CutMix box the partner's pixel, else f32(own * f32(lam)) + f32(partner * f32(1 - lam)) (batch mode).

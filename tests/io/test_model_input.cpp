@@ -12,6 +12,7 @@
 #include "io/mixup.h"
 #include "io/model_input.h"
 #include "io/random_erasing.h"
+#include "io_testing.h"
 
 namespace cz {
 namespace {
@@ -44,10 +45,7 @@ std::vector<Batch> batches_of(LoaderOptions o) {
   return out;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.sizes() == b.sizes() && a.dtype() == b.dtype() &&
-         std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
-}
+using testing::same_bits;
 
 // The f32 batch as the loader made it before: each image normalised (normalise_u8) and erased in place
 // (write_erasing = random_erase's writes), then the batch mixed in place (apply_mix).
