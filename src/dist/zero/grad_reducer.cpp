@@ -106,8 +106,12 @@ void GradReducer::launch(size_t p) {
   const int64_t bytes = part.numel * int64_t(dtype_size(mode_.reduce_dtype));
   std::unique_ptr<QuantizedReduceScatter> quantized;
   std::unique_ptr<QuantizedAllReduce> quantized_all;
+  std::unique_ptr<TwoHopQuantizedReduceScatter> two_hop;
   if (mode_.quant_block > 0 && group_.size() > 1) {
-    if (mode_.scatter)
+    if (mode_.scatter && two_hop_)
+      two_hop = std::make_unique<TwoHopQuantizedReduceScatter>(group_, host_, cross_, hosts_, buf,
+                                                               layout_.chunk(p), mode_.quant_block, meter_);
+    else if (mode_.scatter)
       quantized =
           std::make_unique<QuantizedReduceScatter>(group_, buf, layout_.chunk(p), mode_.quant_block, meter_);
     else
@@ -122,7 +126,7 @@ void GradReducer::launch(size_t p) {
   }
   // Flat (or stage 0): nothing to all-reduce across replicas.
   in_flight_.push_back({p, std::move(w), buf, nullptr, !mode_.scatter || replicate_.size() == 1,
-                        std::move(quantized), std::move(quantized_all)});
+                        std::move(quantized), std::move(quantized_all), std::move(two_hop)});
   advance();
   if (on_launch_) on_launch_(p);
 }
@@ -154,6 +158,7 @@ void GradReducer::finish_oldest() {
   meter_.wait(f.cross);
   if (f.quantized) f.quantized->finish(1.0 / group_.size());  // the average, as ReduceOp::avg
   if (f.quantized_all) f.quantized_all->finish(1.0 / group_.size());
+  if (f.two_hop) f.two_hop->finish(1.0 / group_.size());
   NoGradGuard no_grad;
   const size_t p = f.partition;
   const Tensor mine = f.buffer.narrow(0, own_offset(p), layout_.chunk(p));  // this rank's averaged chunk
