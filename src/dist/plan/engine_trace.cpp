@@ -45,6 +45,7 @@
 #include "dist/comm/types.h"
 #include "dist/zero/gather_codec.h"
 #include "dist/zero/quant_reduce.h"
+#include "dist/zero/quant_reduce_hier.h"
 #include "tensor/check.h"
 
 namespace cz::plan {
@@ -127,6 +128,13 @@ void EngineTrace::launch(size_t p) {
                        Use::bucket, "reduction records");
     records2 = m_.alloc(zero::quantized_all_reduce_buffer_bytes(s_.world, numel / s_.world, s_.quant_block),
                         Use::bucket, "all-reduce records");
+  } else if (s_.reduce_int8 && s_.stage > 0 && shards() > 1 && s_.two_hop) {
+    // TwoHopQuantizedReduceScatter: its records and the host's fp32 partial sums, both at launch.
+    const int hosts = s_.world / s_.ranks_per_host;
+    records = m_.alloc(zero::two_hop_records_bytes(hosts, s_.ranks_per_host, s_.layout.chunk(p), s_.quant_block),
+                       Use::bucket, "reduction records");
+    records2 = m_.alloc(zero::two_hop_partial_bytes(hosts, s_.layout.chunk(p)), Use::bucket,
+                        "two-hop partial sums");
   } else if (s_.reduce_int8 && s_.stage > 0 && shards() > 1) {
     // An all-to-all of records (QuantizedReduceScatter): point to point, no ring scratch.
     records = m_.alloc(zero::quantized_reduce_buffer_bytes(shards(), s_.layout.chunk(p), s_.quant_block),

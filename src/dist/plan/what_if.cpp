@@ -213,6 +213,9 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
            "--what-if: HSDP, hpZ and two-level collectives need the same number of ranks on every host");
   const int R = lv.per_host > 0 ? lv.per_host : 1;
   const bool hsdp = mesh.shard_by_host && multi_host && stage > 0;
+  // Note [Two-hop choice] (trainer.cpp): int8 reductions at stages 1-3 in two hops on several equal hosts.
+  const bool two_hop = cfg.reduce_dtype == "int8" && stage > 0 && !mesh.shard_by_host && multi_host && R > 1 &&
+                       mesh.impl != MeshSpec::Impl::flat;
   const bool hpz = mesh.hpz && multi_host && stage == 3;
   // Two levels apply to the world's collectives across hosts of several ranks; auto takes them per call where
   // the communicator's own model says (Note [Two-level cost model]).
@@ -403,7 +406,16 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
     const int64_t chunk = stage == 0 ? L.partitions[p].numel / shards : L.chunk(p);
     const double bytes = reduce_int8 ? double(shards) * double(dist::quant_packed_bytes(chunk, 256))
                                      : double(L.partitions[p].numel) * er;
-    const double end = comms ? reduce(bytes, t) : t;
+    double end = t;
+    if (comms && two_hop) {
+      // Note [Two-hop quantized reduction]: (R - 1) messages of H records inside the host, then H - 1
+      // records across hosts: ring reduce-scatters of as many bytes per rank on the host and cross groups.
+      const double rec = double(dist::quant_packed_bytes(chunk, 256));
+      end = level_collective(Level::hosts, Collective::reduce_scatter, double(shards) * rec, t, kWorld);
+      end = level_collective(Level::cross, Collective::reduce_scatter, double(n / R) * rec, end, kWorld);
+    } else if (comms) {
+      end = reduce(bytes, t);
+    }
     in_flight.push_back({p, end});
     if (stage == 3) resident[p] = -1;
   };

@@ -43,9 +43,9 @@ bool two_hop_applies(const dist::ProcessGroup& group, const dist::HostMap& hosts
   return true;
 }
 
-int64_t two_hop_reduce_buffer_bytes(int hosts, int ranks_per_host, int64_t chunk, int64_t block) {
+int64_t two_hop_records_bytes(int hosts, int ranks_per_host, int64_t chunk, int64_t block) {
   const int64_t rec = dist::quant_packed_bytes(chunk, block);
-  return 2 * int64_t(ranks_per_host) * hosts * rec + 2 * int64_t(hosts) * rec + 4 * int64_t(hosts) * chunk;
+  return 2 * int64_t(ranks_per_host) * hosts * rec + 2 * int64_t(hosts) * rec;
 }
 
 int64_t TwoHopQuantizedReduceScatter::chunk_index(int h, int l) const {
@@ -79,9 +79,8 @@ TwoHopQuantizedReduceScatter::TwoHopQuantizedReduceScatter(const dist::ProcessGr
   CZ_ASSERT(bucket_.dtype() == DType::f32 && bucket_.numel() == int64_t(nh) * nr * chunk &&
                 bucket_.is_contiguous(),
             "two-hop quantized reduction: a bucket {} for {} chunks of {}", bucket_.str(), nh * nr, chunk);
-  const int64_t rec_bytes = 2 * int64_t(nr) * nh * record_bytes_ + 2 * int64_t(nh) * record_bytes_;
-  records_ = empty({rec_bytes}, DType::u8, bucket_.device());
-  partial_ = empty({int64_t(nh) * chunk}, DType::f32, bucket_.device());
+  records_ = empty({two_hop_records_bytes(nh, nr, chunk, block)}, DType::u8, bucket_.device());
+  partial_ = empty({two_hop_partial_bytes(nh, chunk) / 4}, DType::f32, bucket_.device());
   meter_.hold(held_bytes(records_) + held_bytes(partial_));
   NoGradGuard no_grad;
   const GatherCodec codec(DType::f32, DType::u8, block);

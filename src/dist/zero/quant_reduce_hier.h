@@ -54,9 +54,13 @@ class TwoHopQuantizedReduceScatter {
   std::vector<dist::WorkHandle> works_;
 };
 
-// Bytes of the buffers a two-hop reduce-scatter allocates on H hosts of R ranks: the records (hop 1's sent and
-// received, R H apiece, and hop 2's, H apiece) and the fp32 partial sums (H chunks).
-int64_t two_hop_reduce_buffer_bytes(int hosts, int ranks_per_host, int64_t chunk, int64_t block);
+// The two buffers a two-hop reduce-scatter allocates at its launch on H hosts of R ranks (freed at finish):
+// the records (hop 1's sent and received, R H apiece, and hop 2's, H apiece) and the fp32 partial sums (H
+// chunks). The planner's replay allocates the same (engine_trace.cpp).
+int64_t two_hop_records_bytes(int hosts, int ranks_per_host, int64_t chunk, int64_t block);
+inline int64_t two_hop_partial_bytes(int hosts, int64_t chunk) {
+  return 4 * int64_t(hosts) * chunk;
+}
 
 // Whether the two hops apply: several hosts of the same number (> 1) of ranks, and `group` the world.
 bool two_hop_applies(const dist::ProcessGroup& group, const dist::HostMap& hosts);
