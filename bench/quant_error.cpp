@@ -2,11 +2,14 @@
 // weight-like and gradient-like data: a ConvNeXt-atto's timm initialisation and its gradient after one
 // forward/backward on random images (both flat, in parameter order, as ZeRO's buffers hold them, so blocks
 // straddle tensors), plus normal and heavy-tailed (Student t, 3 degrees of freedom) samples. Prints the
-// markdown table of docs/zero.md.
-//   build/bench/quant_error [--image 64] [--batch 16]
+// markdown table of docs/zero.md. With --reduction: the error of the quantized gradient reductions
+// (Note [Quantized reduction], Note [Two-hop quantized reduction]) on N = H x R ranks' atto gradients (each
+// rank's own random batch), flat all-to-all against two hops, relative to the exact mean.
+//   build/bench/quant_error [--image 64] [--batch 16] [--reduction]
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -104,6 +107,79 @@ void model_data(int64_t image, int64_t batch, DataSet& weights, DataSet& grads) 
   }
 }
 
+// acc[0, n) += deq(Q(x[0, n))), as an owner adds a record (one fma per value).
+void add_record(const float* x, float* acc, int64_t n, int64_t block) {
+  std::vector<int8_t> q(static_cast<size_t>(n));
+  std::vector<float> s(static_cast<size_t>(quant_scale_count(n, block)));
+  cz::dist::quantize(cz::DType::f32, x, n, block, q.data(), s.data());
+  cz::dist::dequantize_add_quantize(q.data(), s.data(), acc, n, block, nullptr, nullptr, acc);
+}
+
+// The reduced mean of grads[0 .. H R) (rank h R + l is local rank l of host h) as the owner local rank 0 of
+// host 0 computes it: flat (its values plus every other rank's record) or in two hops (each host's partial,
+// its own values plus its host peers' records; the other hosts' partials as one record each).
+std::vector<float> reduce(const std::vector<std::vector<float>>& g, int hosts, int per_host, bool two_hop,
+                          int64_t block) {
+  const auto n = int64_t(g[0].size());
+  std::vector<float> out = g[0];
+  if (!two_hop) {
+    for (size_t r = 1; r < g.size(); ++r) add_record(g[r].data(), out.data(), n, block);
+  } else {
+    for (int h = 0; h < hosts; ++h) {
+      std::vector<float> p = g[size_t(h * per_host)];
+      for (int l = 1; l < per_host; ++l) add_record(g[size_t(h * per_host + l)].data(), p.data(), n, block);
+      if (h == 0)
+        out = p;
+      else
+        add_record(p.data(), out.data(), n, block);
+    }
+  }
+  for (float& v : out) v *= 1.f / float(g.size());
+  return out;
+}
+
+void reduction_errors(int64_t image, int64_t batch) {
+  constexpr int kRanks = 8;
+  std::vector<std::vector<float>> g;
+  for (int r = 0; r < kRanks; ++r) {
+    cz::nn::ConvNeXt model(cz::nn::convnext_variant("atto"));
+    model.init_weights(0);
+    cz::Generator gen(uint64_t(100 + r));
+    const cz::Tensor x = cz::randn({batch, image, image, 3}, gen);
+    const cz::Tensor labels = cz::randint(model.config().num_classes, {batch}, gen);
+    cz::cross_entropy(model.forward(x), labels, 0.1).backward();
+    std::vector<float> v;
+    for (const auto& [name, p] : model.named_parameters()) {
+      const cz::Tensor gp = p.grad().contiguous();
+      v.insert(v.end(), gp.data<float>(), gp.data<float>() + p.numel());
+    }
+    g.push_back(std::move(v));
+  }
+  std::printf("quant_error --reduction: atto gradients of %d ranks (%lld px, batch %lld each), B = 256; error "
+              "of the reduced mean against the exact one (f64)\n\n",
+              kRanks, (long long)image, (long long)batch);
+  std::printf("| hosts x ranks | flat all-to-all rel. L2 | two hops rel. L2 | two hops / flat |\n");
+  std::printf("| --- | --- | --- | --- |\n");
+  for (auto [hosts, per_host] : {std::pair{2, 2}, std::pair{2, 4}, std::pair{4, 2}}) {
+    const std::vector<std::vector<float>> mine(g.begin(), g.begin() + hosts * per_host);
+    const auto n = int64_t(mine[0].size());
+    std::vector<double> exact(static_cast<size_t>(n), 0.0);
+    for (const auto& v : mine)
+      for (int64_t i = 0; i < n; ++i) exact[size_t(i)] += v[size_t(i)] / double(mine.size());
+    double err[2] = {0, 0}, den = 0;
+    for (int two : {0, 1}) {
+      const std::vector<float> y = reduce(mine, hosts, per_host, two == 1, 256);
+      for (int64_t i = 0; i < n; ++i) {
+        const double e = y[size_t(i)] - exact[size_t(i)];
+        err[two] += e * e;
+        if (two == 0) den += exact[size_t(i)] * exact[size_t(i)];
+      }
+    }
+    std::printf("| %d x %d | %.3f%% | %.3f%% | %.2fx |\n", hosts, per_host, 100 * std::sqrt(err[0] / den),
+                100 * std::sqrt(err[1] / den), std::sqrt(err[1] / err[0]));
+  }
+}
+
 DataSet sample(const std::string& name, int64_t n, bool heavy) {
   std::mt19937 gen(7);
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -117,6 +193,15 @@ DataSet sample(const std::string& name, int64_t n, bool heavy) {
 
 int main(int argc, char** argv) {
   int64_t image = 64, batch = 16;
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--reduction") {
+      for (int j = 1; j + 1 < argc; ++j) {
+        if (std::string(argv[j]) == "--image") image = std::stoll(argv[j + 1]);
+        if (std::string(argv[j]) == "--batch") batch = std::stoll(argv[j + 1]);
+      }
+      reduction_errors(image, batch);
+      return 0;
+    }
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--image") image = std::stoll(argv[i + 1]);

@@ -18,6 +18,7 @@
 #include "dist/comm/quant.h"
 #include "dist/train/trainer.h"
 #include "dist/zero/quant_reduce.h"
+#include "dist/zero/quant_reduce_hier.h"
 #include "tensor/half.h"
 #include "tensor/ops.h"
 #include "zero_testing.h"
@@ -590,6 +591,174 @@ TEST(QuantGatherMesh, Int8GathersAndReductionsCrossHostsWithAQuarterOfTheBytes) 
                 (long long)both, (long long)fp32, double(both) / double(fp32));
   EXPECT_GT(both, 0);
   EXPECT_LE(double(both), 0.30 * double(fp32));
+}
+
+}  // namespace
+}  // namespace cz::train
+
+// ---- Note [Two-hop quantized reduction] on two simulated hosts of two ranks (ctest zero_quant_mesh_np4).
+namespace cz::train {
+namespace {
+
+// acc[0, n) += the record of x[0, n), as the owner adds it (dist::dequantize_add_quantize: one fma).
+void add_record(const float* x, float* acc, int64_t n) {
+  std::vector<int8_t> q(static_cast<size_t>(n));
+  std::vector<float> s(size_t(dist::quant_scale_count(n, kBlock)));
+  dist::quantize(DType::f32, x, n, kBlock, q.data(), s.data());
+  dist::dequantize_add_quantize(q.data(), s.data(), acc, n, kBlock, nullptr, nullptr, acc);
+}
+float block_peak(const float* x, int64_t i, int64_t n) {
+  float peak = 0;
+  const int64_t b0 = i / kBlock * kBlock;
+  for (int64_t k = b0; k < std::min(n, b0 + kBlock); ++k) peak = std::max(peak, std::abs(x[k]));
+  return peak;
+}
+
+// Every rank's chunk is, bit for bit, the reference computed here from every rank's inputs (hop 1's host
+// sums of the peers' round trips in local order, hop 2's round trips of the other hosts' partials in host
+// order); within the stated bound of the exact mean (the peers' half scales plus half a scale of each other
+// host's partial); and the bytes that cross hosts are 1/R of the flat all-to-all's.
+TEST(QuantReduceTwoHop, SumsInsideTheHostThenSendsOneRecordPerHost) {
+  const dist::HostMap h = dist::host_map(world());
+  if (!(world().size() == 4 && h.num_hosts() == 2 && h.ranks_per_host() == 2))
+    GTEST_SKIP() << "needs 2 hosts x 2 ranks ($CZ_SIMULATE_HOSTS=2 under mpirun -np 4)";
+  dist::CommOptions opt;
+  opt.algorithm = dist::Algorithm::ring;
+  opt.timeout_s = 120;
+  const dist::Mesh mesh(world(), opt, "world", /*host_levels=*/true);
+  const int n = world().size(), me = world().rank(), nh = h.num_hosts(), nr = h.ranks_per_host();
+  const int my_h = h.host_of[size_t(me)], my_l = h.local_index[size_t(me)];
+  const int64_t chunk = 3 * kBlock + 100;
+  auto bucket_of = [&](int r) { return inputs_of(r, n * chunk); };
+  auto run = [&](bool two_hop, int64_t& cross, int64_t& all) {
+    zero::CommMeter meter;
+    meter.set_hosts(h.host_of);
+    meter.begin_step();
+    Tensor bucket = from_vector(bucket_of(me), {n * chunk});
+    if (two_hop) {
+      zero::TwoHopQuantizedReduceScatter q(mesh.world(), mesh.host(), mesh.cross(), mesh.hosts(), bucket, chunk,
+                                           kBlock, meter);
+      q.finish(1.0 / n);
+    } else {
+      zero::QuantizedReduceScatter q(mesh.world(), bucket, chunk, kBlock, meter);
+      q.finish(1.0 / n);
+    }
+    StepStats s;
+    meter.finish_step(s);
+    cross = s.comm_cross_bytes;
+    all = s.comm_bytes;
+    return bucket.narrow(0, me * chunk, chunk).contiguous().to_vector<float>();
+  };
+  int64_t cross2 = 0, all2 = 0, cross1 = 0, all1 = 0;
+  const std::vector<float> got = run(true, cross2, all2);
+  const std::vector<float> flat = run(false, cross1, all1);
+  // The reference, as the ranks compute it.
+  std::vector<std::vector<float>> partial(static_cast<size_t>(nh));
+  std::vector<float> bound(static_cast<size_t>(chunk), 0.f);
+  for (int hh = 0; hh < nh; ++hh) {
+    const std::vector<float> own = bucket_of(h.ranks[size_t(hh)][size_t(my_l)]);
+    std::vector<float>& p = partial[size_t(hh)];
+    p.assign(own.begin() + me * chunk, own.begin() + (me + 1) * chunk);
+    for (int r = 0; r < nr; ++r) {
+      if (r == my_l) continue;
+      const std::vector<float> x = bucket_of(h.ranks[size_t(hh)][size_t(r)]);
+      add_record(x.data() + me * chunk, p.data(), chunk);
+      for (int64_t i = 0; i < chunk; ++i) {
+        bound[size_t(i)] += block_peak(x.data() + me * chunk, i, chunk) / 127 * float(0.5 + 1e-4);
+      }
+    }
+  }
+  std::vector<float> want = partial[size_t(my_h)];
+  for (int hh = 0; hh < nh; ++hh) {
+    if (hh == my_h) continue;
+    const std::vector<float>& p = partial[size_t(hh)];
+    add_record(p.data(), want.data(), chunk);
+    for (int64_t i = 0; i < chunk; ++i) {
+      bound[size_t(i)] += block_peak(p.data(), i, chunk) / 127 * float(0.5 + 1e-4);
+    }
+  }
+  Tensor mean = from_vector(want, {chunk});
+  mean.mul_(1.0 / n);  // as finish()'s scale
+  const std::vector<float> m = mean.to_vector<float>();
+  int64_t differ = 0;
+  double worst = 0, worst_flat = 0;
+  for (int64_t i = 0; i < chunk; ++i) {
+    if (std::memcmp(&got[size_t(i)], &m[size_t(i)], sizeof(float)) != 0) ++differ;
+    double exact = 0;
+    for (int r = 0; r < n; ++r) exact += bucket_of(r)[size_t(me * chunk + i)];
+    const double b = double(bound[size_t(i)]) / n + 1e-30;
+    worst = std::max(worst, std::abs(got[size_t(i)] - exact / n) / b);
+    worst_flat = std::max(worst_flat, std::abs(flat[size_t(i)] - exact / n) / b);
+  }
+  EXPECT_EQ(differ, 0);
+  EXPECT_LE(worst, 1.0 + 1e-3);
+  EXPECT_LE(worst_flat, 1.0 + 1e-3);  // the flat path is inside the (larger) two-hop bound too
+  const int64_t rec = dist::quant_packed_bytes(chunk, kBlock);
+  EXPECT_EQ(cross1, (nh - 1) * nr * rec);  // flat: every record to another host leaves it
+  EXPECT_EQ(cross2, (nh - 1) * rec);       // two hops: one record per other host
+  EXPECT_EQ(all2, (nr - 1) * nh * rec + (nh - 1) * rec);
+}
+
+// Through the trainer (Note [Two-hop choice]): --comm-impl hier and auto reduce in two hops at stages 2-3.
+// Against the fp32 two-level reduce-scatter on the same communicator (the gathers and layout alike), each partition's
+// cross-host bytes are one record per other host instead of the fp32 slot's (H - 1) chunks (the flat
+// all-to-all would send (H - 1) R records); the losses stay near fp32's; hier at stage 0 is refused.
+TEST(QuantReduceTwoHop, TrainerCrossesHostsWithOneRecordPerHostAndLearnsNearFp32) {
+  const dist::HostMap h = dist::host_map(world());
+  if (!(world().size() == 4 && h.num_hosts() == 2 && h.ranks_per_host() == 2))
+    GTEST_SKIP() << "needs 2 hosts x 2 ranks ($CZ_SIMULATE_HOSTS=2 under mpirun -np 4)";
+  const int nh = h.num_hosts();
+  for (int stage : {2, 3}) {
+    // int8 gathers: the same layout (partitions of whole blocks) with fp32 and int8 reductions.
+    TrainConfig c = quant_config(stage, "int8");
+    c.grad_accum = 1;
+    c.comm_impl = "hier";
+    int64_t saved = 0;  // per step: sum over partitions of (H - 1) (4 chunk - record)
+    auto run = [&](const TrainConfig& cfg, int64_t& cross) {
+      Trainer t(cfg, world());
+      const zero::ZeroLayout& lay = t.engine().layout();
+      saved = 0;
+      for (size_t p = 0; p < lay.partitions.size(); ++p)
+        saved += (nh - 1) * (4 * lay.chunk(p) - dist::quant_packed_bytes(lay.chunk(p), kBlock));
+      std::vector<double> losses;
+      for (int i = 0; i < 3; ++i) {
+        const StepStats s = t.step();
+        losses.push_back(s.loss);
+        cross = s.comm_cross_bytes;
+      }
+      return losses;
+    };
+    int64_t fp32_cross = 0, hier_cross = 0, auto_cross = 0, flat_cross = 0;
+    const std::vector<double> fp32 = run(c, fp32_cross);
+    c.reduce_dtype = "int8";
+    const std::vector<double> hier = run(c, hier_cross);
+    c.comm_impl = "auto";
+    const std::vector<double> automatic = run(c, auto_cross);
+    c.comm_impl = "flat";
+    const std::vector<double> flat = run(c, flat_cross);
+    SCOPED_TRACE(fmt::format("stage {}", stage));
+    EXPECT_EQ(fp32_cross - hier_cross, saved);
+    EXPECT_EQ(auto_cross, hier_cross);
+    EXPECT_EQ(automatic, hier);
+    for (size_t i = 0; i < fp32.size(); ++i) {
+      EXPECT_NEAR(hier[i], fp32[i], 0.02 * std::abs(fp32[i]) + 1e-3);
+      EXPECT_NEAR(flat[i], fp32[i], 0.02 * std::abs(fp32[i]) + 1e-3);
+    }
+    if (world().rank() == 0)
+      std::printf("stage %d, rank 0's cross-host bytes of a step (--comm-impl hier): int8 two hops %lld, fp32 "
+                  "%lld; int8 flat all-to-all (--comm-impl flat) %lld\n",
+                  stage, (long long)hier_cross, (long long)fp32_cross, (long long)flat_cross);
+  }
+  TrainConfig c = quant_config(0, "fp32");
+  c.reduce_dtype = "int8";
+  c.comm_impl = "hier";
+  try {
+    Trainer t(c, world());
+    ADD_FAILURE() << "stage 0 with --comm-impl hier and int8 reductions was not refused";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("two-hop quantized reduction takes stages 1-3"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

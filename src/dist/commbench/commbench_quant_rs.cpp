@@ -2,19 +2,24 @@
 // (--reduce-dtype int8; zero::QuantizedReduceScatter, Note [Quantized reduction]: an all-to-all of INT8
 // records, each chunk summed in fp32 by its owner) next to the f32 reduce-scatter of the same buffer on the
 // communicator (--impl). Reported: bytes each rank sends, the f32 and the quantized times, and the quantized
-// path's effective bandwidth (f32 bytes reduced per second, with nccl-tests' reduce-scatter factor).
+// path's effective bandwidth (f32 bytes reduced per second, with nccl-tests' reduce-scatter factor). With
+// --impl hier the quantized side is the two-hop reduction (zero::TwoHopQuantizedReduceScatter, Note [Two-hop
+// quantized reduction]) over the mesh's host and cross groups, and the f32 side the two-level reduce-scatter.
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <ostream>
 #include <thread>
 #include <vector>
 
 #include "dist/comm/bootstrap.h"
+#include "dist/comm/mesh.h"
 #include "dist/comm/process_group.h"
 #include "dist/comm/quant.h"
 #include "dist/commbench/commbench.h"
 #include "dist/zero/comm_meter.h"
 #include "dist/zero/quant_reduce.h"
+#include "dist/zero/quant_reduce_hier.h"
 #include "tensor/check.h"
 #include "tensor/tensor.h"
 
@@ -40,8 +45,9 @@ struct Result {
   int64_t wrong = 0;
 };
 
+// `mesh`: the two-hop reduction's groups (--impl hier), or null for the flat all-to-all.
 Result run_size(World& world, const CommBenchOptions& o, Communicator& comm, Communicator& ctl,
-                int64_t chunk) {
+                const Mesh* mesh, int64_t chunk) {
   const int n = world.size(), me = world.rank();
   const int64_t count = chunk * n;
   const ProcessGroup group(&comm, Device::cpu());
@@ -56,8 +62,14 @@ Result run_size(World& world, const CommBenchOptions& o, Communicator& comm, Com
         ->synchronize();
   };
   auto quant_once = [&] {
-    zero::QuantizedReduceScatter q(group, bucket, chunk, o.quant_block, meter);
-    q.finish(1.0);
+    if (mesh) {
+      zero::TwoHopQuantizedReduceScatter q(mesh->world(), mesh->host(), mesh->cross(), mesh->hosts(), bucket,
+                                           chunk, o.quant_block, meter);
+      q.finish(1.0);
+    } else {
+      zero::QuantizedReduceScatter q(group, bucket, chunk, o.quant_block, meter);
+      q.finish(1.0);
+    }
   };
   Result res;
   fill();
@@ -78,7 +90,10 @@ Result run_size(World& world, const CommBenchOptions& o, Communicator& comm, Com
   }
   res.total_s = quant_s / iters;
 
-  if (o.check) {  // within the N - 1 senders' half scales (and f32 summation) of the exact sum
+  // Within the N - 1 senders' half scales (and f32 summation) of the exact sum; two hops add half a scale of
+  // each other host's partial sum, whose block peak is at most the sum of its ranks' peaks: each rank off
+  // this host counts its half scale once more (a bound, not the value).
+  if (o.check) {
     fill();
     quant_once();
     const float* got = bucket.data<float>() + me * chunk;
@@ -91,8 +106,9 @@ Result run_size(World& world, const CommBenchOptions& o, Communicator& comm, Com
       if (r != me) quantize(DType::f32, x.data(), chunk, o.quant_block, q.data(), scales.data());
       for (int64_t i = 0; i < chunk; ++i) {
         exact[size_t(i)] += x[size_t(i)];
-        bound[size_t(i)] += std::fabs(x[size_t(i)]) * 1e-6 +
-                            (r == me ? 0.0 : double(scales[size_t(i / o.quant_block)]) * (0.5 + 0x1p-15));
+        const double half = double(scales[size_t(i / o.quant_block)]) * (0.5 + 0x1p-15);
+        const bool off_host = mesh && mesh->hosts().host_of[size_t(r)] != mesh->hosts().host_of[size_t(me)];
+        bound[size_t(i)] += std::fabs(x[size_t(i)]) * 1e-6 + (r == me ? 0.0 : half) + (off_host ? half : 0.0);
       }
     }
     for (int64_t i = 0; i < chunk; ++i)
@@ -117,6 +133,17 @@ int run_quant_reduce_scatter_bench(World& world, const CommBenchOptions& o, std:
   const int n = world.size();
   const bool root_prints = world.rank() == 0;
   const double factor = busbw_factor(Collective::reduce_scatter, n);
+  std::unique_ptr<Mesh> mesh;
+  if (o.impl == Algorithm::hier) {
+    CommOptions ring = co;
+    ring.algorithm = Algorithm::ring;
+    mesh = std::make_unique<Mesh>(world, ring, "world", /*host_levels=*/true);
+    CZ_CHECK(zero::two_hop_applies(mesh->world(), mesh->hosts()),
+             "commbench: -o quant_reduce_scatter --impl hier needs several hosts with the same number (> 1) of "
+             "ranks each; this launch has {} ranks on {} hosts",
+             n, mesh->hosts().num_hosts());
+  }
+  const int hosts = mesh ? mesh->hosts().num_hosts() : 1;
   if (root_prints) {
     out << fmt::format(
         "# commbench quant_reduce_scatter: f32 reduce-scatter impl {}, backend {}, device cpu, {} ranks ({} "
@@ -140,12 +167,14 @@ int run_quant_reduce_scatter_bench(World& world, const CommBenchOptions& o, std:
        b = o.step_factor > 1 ? b * o.step_factor : b + double(o.step_bytes)) {
     const int64_t chunk = int64_t(b) / 4 / n;
     if (chunk == 0) continue;
-    const Result r = run_size(world, o, *comm, *ctl, chunk);
+    const Result r = run_size(world, o, *comm, *ctl, mesh.get(), chunk);
     total_wrong += r.wrong;
     if (!root_prints) continue;
     const double bytes = double(chunk * n) * 4;
+    // Two hops: (R - 1) H records inside the host, H - 1 across hosts.
+    const double records = mesh ? double((n / hosts - 1) * hosts + hosts - 1) : double(n - 1);
     const double f32_sent = bytes * (n - 1) / n,
-                 int8_sent = double(n - 1) * double(quant_packed_bytes(chunk, o.quant_block));
+                 int8_sent = records * double(quant_packed_bytes(chunk, o.quant_block));
     const double f32_algbw = bytes / r.f32_s / 1e9, eff_algbw = bytes / r.total_s / 1e9;
     out << fmt::format(
         "{:>12}  {:>12}  {:>10}  {:>10}  {:>5.3f} | {:>9.1f}  {:>6.2f}  {:>6.2f} | {:>11.1f}  {:>9.2f} "

@@ -48,6 +48,7 @@
 #include "dist/comm/types.h"
 #include "dist/zero/gather_codec.h"
 #include "dist/zero/quant_reduce.h"
+#include "dist/zero/quant_reduce_hier.h"
 #include "tensor/check.h"
 
 namespace cz::plan {
@@ -115,7 +116,7 @@ void EngineTrace::launch(size_t p) {
   const int64_t numel = s_.layout.partitions[p].numel, er = int64_t(dtype_size(s_.reduce));
   InFlight& f = in_flight_[p];
   const int group = s_.stage == 0 ? s_.world : shards();
-  switch (zero::reduce_kind(s_.stage > 0, s_.reduce_int8 ? s_.quant_block : 0, group)) {
+  switch (zero::reduce_kind(s_.stage > 0, s_.reduce_int8 ? s_.quant_block : 0, group, s_.two_hop)) {
     case zero::ReduceKind::quantized_all_reduce:
       // QuantizedAllReduce: the reduce-scatter's records, then the second exchange's, both at launch.
       f.records = m_.alloc(zero::quantized_reduce_buffer_bytes(group, numel / group, s_.quant_block),
@@ -123,6 +124,15 @@ void EngineTrace::launch(size_t p) {
       f.records2 = m_.alloc(zero::quantized_all_reduce_buffer_bytes(group, numel / group, s_.quant_block),
                             Use::bucket, "all-reduce records");
       break;
+    case zero::ReduceKind::two_hop_reduce_scatter: {
+      // TwoHopQuantizedReduceScatter: its records and the host's fp32 partial sums, both at launch.
+      const int hosts = s_.world / s_.ranks_per_host;
+      f.records = m_.alloc(zero::two_hop_records_bytes(hosts, s_.ranks_per_host, s_.layout.chunk(p), s_.quant_block),
+                           Use::bucket, "reduction records");
+      f.records2 = m_.alloc(zero::two_hop_partial_bytes(hosts, s_.layout.chunk(p)), Use::bucket,
+                            "two-hop partial sums");
+      break;
+    }
     case zero::ReduceKind::quantized_reduce_scatter:
       // An all-to-all of records (QuantizedReduceScatter): point to point, no ring scratch.
       f.records = m_.alloc(zero::quantized_reduce_buffer_bytes(group, s_.layout.chunk(p), s_.quant_block),

@@ -31,6 +31,7 @@ struct EngineSpec {
   DType compute = DType::f32, reduce = DType::f32;
   DType gather = DType::f32;  // ZeroConfig::gather_dtype: not the compute dtype, records travel (wire_)
   bool reduce_int8 = false;   // --reduce-dtype int8: each reduction's records buffer, no ring scratch
+  bool two_hop = false;       // ... in two hops (Note [Two-hop choice]): records and partial sums
   int64_t quant_block = 256;  // ZeroConfig::quant_block (the planner sets it from there)
   int prefetch = 1;
   bool offload = false;  // --offload-optimizer: the model state differs, not what a step allocates

@@ -229,6 +229,9 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
            "--what-if: HSDP, hpZ and two-level collectives need the same number of ranks on every host");
   const int R = lv.per_host > 0 ? lv.per_host : 1;
   const bool hsdp = mesh.shard_by_host && multi_host && stage > 0;
+  // Note [Two-hop choice] (trainer.cpp): int8 reductions at stages 1-3 in two hops on several equal hosts.
+  const bool two_hop = cfg.reduce_dtype == "int8" && stage > 0 && !mesh.shard_by_host && multi_host && R > 1 &&
+                       mesh.impl != MeshSpec::Impl::flat;
   const bool hpz = mesh.hpz && multi_host && stage == 3;
   // Two levels apply to the world's collectives across hosts of several ranks; auto takes them per call where
   // the communicator's own model says (Note [Two-level cost model]).
@@ -405,18 +408,31 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
     // reduce-scatter of as many bytes (each rank sends N - 1 records either way); at stage 0 two of them
     // (Note [Quantized all-reduce]), timed as a ring all-reduce of N records.
     double bytes = double(L.partitions[p].numel) * er;
-    switch (zero::reduce_kind(stage > 0, reduce_int8 ? qb : 0, shards)) {
+    const zero::ReduceKind kind = zero::reduce_kind(stage > 0, reduce_int8 ? qb : 0, shards, two_hop);
+    switch (kind) {
       case zero::ReduceKind::quantized_all_reduce:
         bytes = double(shards) * double(dist::quant_packed_bytes(L.partitions[p].numel / shards, qb));
         break;
       case zero::ReduceKind::quantized_reduce_scatter:
+      case zero::ReduceKind::two_hop_reduce_scatter:
         bytes = double(shards) * double(dist::quant_packed_bytes(L.chunk(p), qb));
         break;
       case zero::ReduceKind::all_reduce:
       case zero::ReduceKind::reduce_scatter:
         break;
     }
-    reduced[p] = comms ? reduce(bytes, t) : t;
+    if (!comms) {
+      reduced[p] = t;
+    } else if (kind == zero::ReduceKind::two_hop_reduce_scatter) {
+      // Note [Two-hop quantized reduction]: (R - 1) messages of H records inside the host, then H - 1
+      // records across hosts: ring reduce-scatters of as many bytes per rank on the host and cross groups.
+      const double rec = double(dist::quant_packed_bytes(L.chunk(p), qb));
+      reduced[p] = level_collective(Level::cross, Collective::reduce_scatter, double(n / R) * rec,
+                                    level_collective(Level::hosts, Collective::reduce_scatter, bytes, t, kWorld),
+                                    kWorld);
+    } else {
+      reduced[p] = reduce(bytes, t);
+    }
     if (stage == 3) units.release(p, unit_calls);
   };
   reduce_calls.on_finish = [&](size_t p) {

@@ -132,6 +132,7 @@ class Trainer {
   void check_ranks_agree();
   dist::Backend choose_backend();  // collective over control_
   void check_comm_impl(dist::Backend backend) const;
+  bool choose_two_hop_reduce(const dist::HostMap& hosts) const;
   void check_outputs() const;
   // After an evaluation at step_: whether `r` beats `best`; with --keep-best, a checkpoint of now is kept in
   // DIR/<folder> (Note [Best checkpoints]).
@@ -159,6 +160,7 @@ class Trainer {
   // Note [Control communicator]: the flags' agreement and the step boundary's exchange, on their own.
   std::unique_ptr<dist::Communicator> control_comm_;
   std::string comm_note_;
+  bool two_hop_ = false;  // Note [Two-hop choice] in trainer.cpp
   std::string init_weights_note_;
   dist::ProcessGroup control_;
 

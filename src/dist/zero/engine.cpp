@@ -46,7 +46,10 @@ namespace cz::zero {
 // buffers), the full gradient buffer, the gradient shard, the optimizer state, the EMA.
 ZeroGroups ZeroGroups::flat(const dist::ProcessGroup& world) {
   const int me = world.ranks()[size_t(world.rank())];
-  return {world, world, dist::ProcessGroup(world.device(), me), dist::ProcessGroup(world.device(), me), {}};
+  ZeroGroups g;
+  g.world = g.shard = world;
+  g.replicate = g.host = g.cross = dist::ProcessGroup(world.device(), me);
+  return g;
 }
 
 ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
@@ -169,6 +172,8 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
   reducer_ = std::make_unique<GradReducer>(layout_, param_list, grads, sharded ? shard_group : groups_.world,
                                            sharded ? groups_.replicate : dist::ProcessGroup(cfg_.device),
                                            meter_, mode);
+  if (cfg_.two_hop_reduce && cfg_.reduce_int8 && sharded)
+    reducer_->set_two_hop(groups_.host, groups_.cross, groups_.hosts);
   std::vector<Tensor> weights, grad_chunks, from_compute;
   for (size_t p = 0; p < np; ++p) {
     const int64_t off = layout_.local_offset(p), c = layout_.chunk(p);

@@ -17,6 +17,7 @@
 #include "dist/zero/grad_reducer.h"
 #include "dist/zero/offload.h"
 #include "dist/zero/param_gatherer.h"
+#include "dist/comm/mesh.h"
 #include "dist/zero/partition.h"
 #include "dist/zero/sharded_state.h"
 #include "dist/zero/step_stats.h"
@@ -46,6 +47,9 @@ struct ZeroConfig {
   // records of quant_block values (--reduce-dtype int8, Note [Quantized reduction] in quant_reduce.h).
   bool reduce_int8 = false;
   int64_t quant_block = 256;
+  // With reduce_int8 at stages 1-3 on a flat world of several hosts: the two-hop reduction (Note [Two-hop
+  // quantized reduction] in quant_reduce_hier.h) over ZeroGroups::host and ::cross (--comm-impl hier/auto).
+  bool two_hop_reduce = false;
 };
 
 // The process groups the engine communicates in (Note [2-D mesh] in dist/comm/mesh.h, Note [ZeRO step]).
@@ -57,6 +61,8 @@ struct ZeroGroups {
       replicate;             // ... and replicated over it: each reduced gradient chunk is all-reduced here
   dist::ProcessGroup host;   // hpZ: this rank's host, where backward's gathers stay
   std::vector<int> host_of;  // the host of each world rank (StepStats::comm_cross_bytes); empty: one host
+  dist::ProcessGroup cross;  // two_hop_reduce: the ranks with this rank's local index on every host
+  dist::HostMap hosts;       // two_hop_reduce: the launch's hosts
   static ZeroGroups flat(const dist::ProcessGroup& world);
 };
 

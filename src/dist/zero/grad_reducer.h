@@ -11,6 +11,7 @@
 #include "dist/zero/comm_meter.h"
 #include "dist/zero/partition.h"
 #include "dist/zero/quant_reduce.h"
+#include "dist/zero/quant_reduce_hier.h"
 #include "dist/zero/schedule.h"
 
 namespace cz::zero {
@@ -48,6 +49,14 @@ class GradReducer : private ReduceSchedule::Sink {
   void set_sink(ChunkSink sink) { sink_ = std::move(sink); }
   // Called once a partition's gradients have been handed to their collective (stage 3 releases the unit).
   void set_on_launch(std::function<void(size_t partition)> f) { on_launch_ = std::move(f); }
+  // Quantized reduce-scatters in two hops (Note [Two-hop quantized reduction]) over these groups; `group` must
+  // be the world in rank order (ValueError otherwise, at the first launch).
+  void set_two_hop(dist::ProcessGroup host, dist::ProcessGroup cross, dist::HostMap hosts) {
+    two_hop_ = true;
+    host_ = std::move(host);
+    cross_ = std::move(cross);
+    hosts_ = std::move(hosts);
+  }
 
   void begin_step();  // the full buffer back to zero
   void begin_backward(bool last_micro_step);
@@ -69,6 +78,7 @@ class GradReducer : private ReduceSchedule::Sink {
     bool crossed = false;    // launched (or none needed)
     std::unique_ptr<QuantizedReduceScatter> quantized;  // instead of `work`
     std::unique_ptr<QuantizedAllReduce> quantized_all;  // instead of `work` (stage 0)
+    std::unique_ptr<TwoHopQuantizedReduceScatter> two_hop;  // instead of `work` (set_two_hop)
   };
   void launch_cross(InFlight& f);
   void advance();  // launches the cross all-reduces whose reduce-scatter has completed, in launch order
@@ -88,6 +98,9 @@ class GradReducer : private ReduceSchedule::Sink {
   CommMeter& meter_;
   ReducerMode mode_;
   ChunkSink sink_;
+  bool two_hop_ = false;
+  dist::ProcessGroup host_, cross_;
+  dist::HostMap hosts_;
   std::function<void(size_t)> on_launch_;
 
   ReduceSchedule schedule_;

@@ -31,10 +31,11 @@ enum class ReduceKind {
   reduce_scatter,            // stages 1-3 (then the chunk's all-reduce across a mesh's replication group)
   quantized_all_reduce,      // stage 0, --reduce-dtype int8 (Note [Quantized all-reduce])
   quantized_reduce_scatter,  // stages 1-3, --reduce-dtype int8 (Note [Quantized reduction])
+  two_hop_reduce_scatter,    // ... in two hops, host then cross (Note [Two-hop quantized reduction])
 };
 // `scatter`: stages 1-3; `quant_block` > 0: INT8 records; `group`: the ranks of the reduction (a group of one
-// has nothing to quantize).
-ReduceKind reduce_kind(bool scatter, int64_t quant_block, int group);
+// has nothing to quantize); `two_hop`: the quantized reduce-scatter goes in two hops (Note [Two-hop choice]).
+ReduceKind reduce_kind(bool scatter, int64_t quant_block, int group, bool two_hop = false);
 
 // The layout's alignment and stage-0 padding (Note [Flat buffers] in partition.h): INT8 reductions align to
 // the quantization block and at stage 0 pad each partition over the world (the all-reduce's records split it

@@ -1,0 +1,68 @@
+// The two-hop quantized reduce-scatter and all-reduce of a gradient bucket (--reduce-dtype int8 with
+// --comm-impl hier, issue 34; ZeRO++'s qgZ): records are exchanged and summed inside each host first, and
+// only the host's partial sums cross hosts.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "dist/comm/mesh.h"
+#include "dist/comm/process_group.h"
+#include "dist/zero/comm_meter.h"
+#include "tensor/tensor.h"
+
+namespace cz::zero {
+
+// Note [Two-hop quantized reduction]: the world is H hosts of R ranks (HostMap), the bucket N = H R chunks,
+// chunk c owned by the group's rank c (Note [Quantized reduction] in quant_reduce.h). Local rank l of host h
+// is cross rank h of cross group l.
+//   hop 1 (inside the host): local rank l receives from each other local rank of its host one message of H
+//     INT8 records: that rank's chunks owned by the ranks with local index l on hosts 0 .. H-1 (its own
+//     chunk's host column). It adds them, dequantized, in local order, into its own fp32 values of those H
+//     chunks: the host's partial sums P[h'] of the chunks its cross group owns.
+//   hop 2 (across hosts, in cross group l): it quantizes each P[h'] (h' != h) once more into one record and
+//     sends it to cross rank h' (their owner); the owner adds the H - 1 records it receives, in host order,
+//     dequantized, to its own host's partial P[h] (kept in fp32, never quantized), then scales by 1/N.
+// Bytes: (R - 1) H records inside the host and H - 1 records across hosts per rank, against the flat
+// all-to-all's N - 1 records of which (H - 1) R leave the host: what crosses hosts is 1/R of the flat path's.
+// Error (docs/zero.md, Note [Quantized reduction]'s analysis): a value carries the R - 1 host peers' round
+// trips on each host (half a scale of each sender's block), as in the flat path, plus, for each of the H - 1
+// other hosts, one round trip of that host's partial sum: half a scale of the partial's block peak, at most
+// the sum of R ranks' peaks / 254. The owner's own host's partial is exact in fp32.
+// Hop 2 is posted by finish() once hop 1 has arrived (it needs hop 1's sums); the hops run on the host and
+// cross communicators, so they never interleave with another bucket's other hop.
+class TwoHopQuantizedReduceScatter {
+ public:
+  // bucket: f32, N chunks of `chunk` values over `group` (the flat world); `host` and `cross` the mesh's
+  // host and cross groups (Note [2-D mesh]), `hosts` the launch's hosts. Posts hop 1.
+  TwoHopQuantizedReduceScatter(const dist::ProcessGroup& group, const dist::ProcessGroup& host,
+                               const dist::ProcessGroup& cross, const dist::HostMap& hosts,
+                               const Tensor& bucket, int64_t chunk, int64_t block, CommMeter& meter);
+  ~TwoHopQuantizedReduceScatter();  // waits for what is posted; never throws
+  TwoHopQuantizedReduceScatter(const TwoHopQuantizedReduceScatter&) = delete;
+  TwoHopQuantizedReduceScatter& operator=(const TwoHopQuantizedReduceScatter&) = delete;
+  // Waits for hop 1, sums, runs hop 2; then this rank's chunk of the bucket is the world's sum x scale.
+  void finish(double scale);
+
+ private:
+  int64_t chunk_index(int h, int l) const;  // the bucket chunk owned by local rank l of host h
+  dist::ProcessGroup group_, host_, cross_;
+  const dist::HostMap& hosts_;
+  Tensor bucket_, records_, partial_;  // partial_: the host's fp32 sums P[0 .. H-1]
+  int64_t chunk_, block_, record_bytes_;
+  CommMeter& meter_;
+  std::vector<dist::WorkHandle> works_;
+};
+
+// The two buffers a two-hop reduce-scatter allocates at its launch on H hosts of R ranks (freed at finish):
+// the records (hop 1's sent and received, R H apiece, and hop 2's, H apiece) and the fp32 partial sums (H
+// chunks). The planner's replay allocates the same (engine_trace.cpp).
+int64_t two_hop_records_bytes(int hosts, int ranks_per_host, int64_t chunk, int64_t block);
+inline int64_t two_hop_partial_bytes(int hosts, int64_t chunk) {
+  return 4 * int64_t(hosts) * chunk;
+}
+
+// Whether the two hops apply: several hosts of the same number (> 1) of ranks, and `group` the world.
+bool two_hop_applies(const dist::ProcessGroup& group, const dist::HostMap& hosts);
+
+}  // namespace cz::zero
