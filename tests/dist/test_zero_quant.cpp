@@ -17,6 +17,7 @@
 #include "dist/comm/mesh.h"
 #include "dist/comm/quant.h"
 #include "dist/train/trainer.h"
+#include "dist/zero/gather_codec.h"
 #include "dist/zero/quant_reduce.h"
 #include "dist/zero/quant_reduce_hier.h"
 #include "tensor/half.h"
@@ -699,10 +700,73 @@ TEST(QuantReduceTwoHop, SumsInsideTheHostThenSendsOneRecordPerHost) {
   EXPECT_EQ(all2, (nr - 1) * nh * rec + (nh - 1) * rec);
 }
 
+// Note [Two-hop quantized all-reduce]: every rank ends with the same bucket, bit for bit the owners' two-hop
+// reduce-scatter results each passed once through the codec (the reference built here from a
+// TwoHopQuantizedReduceScatter and an fp32 all-gather); H - 1 records per exchange cross hosts.
+TEST(QuantReduceTwoHop, AllReduceSpreadsTheOwnersRecordsInTwoHops) {
+  const dist::HostMap h = dist::host_map(world());
+  if (!(world().size() == 4 && h.num_hosts() == 2 && h.ranks_per_host() == 2))
+    GTEST_SKIP() << "needs 2 hosts x 2 ranks ($CZ_SIMULATE_HOSTS=2 under mpirun -np 4)";
+  dist::CommOptions opt;
+  opt.algorithm = dist::Algorithm::ring;
+  opt.timeout_s = 120;
+  const dist::Mesh mesh(world(), opt, "world", /*host_levels=*/true);
+  const int n = world().size(), me = world().rank(), nh = h.num_hosts(), nr = h.ranks_per_host();
+  const int64_t chunk = 2 * kBlock;
+  const Tensor input = from_vector(inputs_of(me, n * chunk), {n * chunk});
+  auto meter_for = [&]() {
+    auto m = std::make_unique<zero::CommMeter>();
+    m->set_hosts(h.host_of);
+    m->begin_step();
+    return m;
+  };
+  auto cross_of = [](zero::CommMeter& m) {
+    StepStats s;
+    m.finish_step(s);
+    return s.comm_cross_bytes;
+  };
+  // The reference: this rank's reduce-scatter chunk, everyone's gathered, each through the codec.
+  auto m1 = meter_for();
+  Tensor scattered = input.clone();
+  {
+    zero::TwoHopQuantizedReduceScatter q(mesh.world(), mesh.host(), mesh.cross(), mesh.hosts(), scattered, chunk,
+                                         kBlock, *m1);
+    q.finish(1.0 / n);
+  }
+  Tensor chunks = empty({n * chunk}, DType::f32);
+  mesh.world().all_gather(scattered.narrow(0, me * chunk, chunk).contiguous(), chunks)->wait();
+  const zero::GatherCodec codec(DType::f32, DType::u8, kBlock);
+  const int64_t rec = dist::quant_packed_bytes(chunk, kBlock);
+  Tensor records = empty({n * rec}, DType::u8);
+  for (int r = 0; r < n; ++r) codec.encode(chunks.narrow(0, r * chunk, chunk), records.narrow(0, r * rec, rec));
+  Tensor want = empty({n * chunk}, DType::f32);
+  codec.decode(records, n, chunk, want);
+
+  auto m2 = meter_for();
+  Tensor got = input.clone();
+  {
+    zero::TwoHopQuantizedAllReduce q(mesh.world(), mesh.host(), mesh.cross(), mesh.hosts(), got, kBlock, *m2);
+    q.finish(1.0 / n);
+  }
+  const std::vector<float> g = got.to_vector<float>(), w = want.to_vector<float>();
+  int64_t differ = 0;
+  for (size_t i = 0; i < g.size(); ++i) differ += std::memcmp(&g[i], &w[i], sizeof(float)) != 0;
+  EXPECT_EQ(differ, 0);
+  EXPECT_EQ(cross_of(*m2), 2 * (nh - 1) * rec);
+  // The flat all-reduce of the same bucket: (H - 1) R records leave the host in each exchange.
+  auto m3 = meter_for();
+  Tensor flat = input.clone();
+  {
+    zero::QuantizedAllReduce q(mesh.world(), flat, kBlock, *m3);
+    q.finish(1.0 / n);
+  }
+  EXPECT_EQ(cross_of(*m3), 2 * (nh - 1) * nr * rec);
+}
+
 // Through the trainer (Note [Two-hop choice]): --comm-impl hier and auto reduce in two hops at stages 2-3.
 // Against the fp32 two-level reduce-scatter on the same communicator (the gathers and layout alike), each partition's
 // cross-host bytes are one record per other host instead of the fp32 slot's (H - 1) chunks (the flat
-// all-to-all would send (H - 1) R records); the losses stay near fp32's; hier at stage 0 is refused.
+// all-to-all would send (H - 1) R records); the losses stay near fp32's. At stage 0 the two-hop all-reduce.
 TEST(QuantReduceTwoHop, TrainerCrossesHostsWithOneRecordPerHostAndLearnsNearFp32) {
   const dist::HostMap h = dist::host_map(world());
   if (!(world().size() == 4 && h.num_hosts() == 2 && h.ranks_per_host() == 2))
@@ -749,16 +813,42 @@ TEST(QuantReduceTwoHop, TrainerCrossesHostsWithOneRecordPerHostAndLearnsNearFp32
                   "%lld; int8 flat all-to-all (--comm-impl flat) %lld\n",
                   stage, (long long)hier_cross, (long long)fp32_cross, (long long)flat_cross);
   }
+  // Stage 0 (Note [Two-hop quantized all-reduce]): per partition, 2 (H - 1) records of its N-th cross hosts
+  // instead of the flat all-reduce's 2 (H - 1) R.
   TrainConfig c = quant_config(0, "fp32");
-  c.reduce_dtype = "int8";
+  c.grad_accum = 1;
   c.comm_impl = "hier";
-  try {
-    Trainer t(c, world());
-    ADD_FAILURE() << "stage 0 with --comm-impl hier and int8 reductions was not refused";
-  } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("two-hop quantized reduction takes stages 1-3"), std::string::npos)
-        << e.what();
-  }
+  c.reduce_dtype = "int8";
+  int64_t want_two_hop = 0, want_flat = 0;
+  auto run = [&](const TrainConfig& cfg, int64_t& cross) {
+    Trainer t(cfg, world());
+    const zero::ZeroLayout& lay = t.engine().layout();
+    want_two_hop = want_flat = 0;
+    for (const zero::Partition& part : lay.partitions) {
+      const int64_t rec = dist::quant_packed_bytes(part.numel / world().size(), kBlock);
+      want_two_hop += 2 * (nh - 1) * rec;
+      want_flat += 2 * (nh - 1) * h.ranks_per_host() * rec;
+    }
+    std::vector<double> losses;
+    for (int i = 0; i < 3; ++i) {
+      const StepStats s = t.step();
+      losses.push_back(s.loss);
+      cross = s.comm_cross_bytes;
+    }
+    return losses;
+  };
+  int64_t hier_cross = 0, flat_cross = 0, fp32_cross = 0;
+  const std::vector<double> hier = run(c, hier_cross);
+  EXPECT_EQ(hier_cross, want_two_hop);
+  c.comm_impl = "flat";
+  const std::vector<double> flat = run(c, flat_cross);
+  EXPECT_EQ(flat_cross, want_flat);
+  c.reduce_dtype = "fp32";
+  const std::vector<double> fp32 = run(c, fp32_cross);
+  for (size_t i = 0; i < fp32.size(); ++i) EXPECT_NEAR(hier[i], fp32[i], 0.02 * std::abs(fp32[i]) + 1e-3);
+  if (world().rank() == 0)
+    std::printf("stage 0, rank 0's cross-host bytes of a step: int8 two hops %lld, int8 flat %lld, fp32 flat %lld\n",
+                (long long)hier_cross, (long long)flat_cross, (long long)fp32_cross);
 }
 
 }  // namespace

@@ -264,6 +264,14 @@ inline const std::vector<Case>& cases() {
               c.comm_impl = "hier";
             }),
        4, 2},
+      // ... and stage 0's two-hop all-reduce (Note [Two-hop quantized all-reduce]): then the second exchange's
+      // records.
+      {"np4_mesh_s0_atto_int8_hier", with(atto(64, 8),
+                                          [](auto& c) {
+                                            c.reduce_dtype = "int8";
+                                            c.comm_impl = "hier";
+                                          }),
+       4, 2},
   };
   return k;
 }

@@ -124,13 +124,18 @@ void EngineTrace::launch(size_t p) {
       f.records2 = m_.alloc(zero::quantized_all_reduce_buffer_bytes(group, numel / group, s_.quant_block),
                             Use::bucket, "all-reduce records");
       break;
-    case zero::ReduceKind::two_hop_reduce_scatter: {
-      // TwoHopQuantizedReduceScatter: its records and the host's fp32 partial sums, both at launch.
+    case zero::ReduceKind::two_hop_reduce_scatter:
+    case zero::ReduceKind::two_hop_all_reduce: {
+      // TwoHopQuantizedReduceScatter: its records and the host's fp32 partial sums, both at launch; at stage 0
+      // (TwoHopQuantizedAllReduce) then the second exchange's records.
       const int hosts = s_.world / s_.ranks_per_host;
-      f.records = m_.alloc(zero::two_hop_records_bytes(hosts, s_.ranks_per_host, s_.layout.chunk(p), s_.quant_block),
+      const int64_t chunk = s_.stage == 0 ? numel / group : s_.layout.chunk(p);
+      f.records = m_.alloc(zero::two_hop_records_bytes(hosts, s_.ranks_per_host, chunk, s_.quant_block),
                            Use::bucket, "reduction records");
-      f.records2 = m_.alloc(zero::two_hop_partial_bytes(hosts, s_.layout.chunk(p)), Use::bucket,
-                            "two-hop partial sums");
+      f.records2 = m_.alloc(zero::two_hop_partial_bytes(hosts, chunk), Use::bucket, "two-hop partial sums");
+      if (s_.stage == 0)
+        f.records3 = m_.alloc(zero::quantized_all_reduce_buffer_bytes(group, chunk, s_.quant_block), Use::bucket,
+                              "all-reduce records");
       break;
     }
     case zero::ReduceKind::quantized_reduce_scatter:
@@ -151,7 +156,7 @@ void EngineTrace::launch(size_t p) {
 
 void EngineTrace::finish(size_t p) {
   InFlight& f = in_flight_[p];
-  for (Id* id : {&f.records, &f.records2})  // freed once summed, before the bucket
+  for (Id* id : {&f.records, &f.records2, &f.records3})  // freed once summed, before the bucket
     if (*id != kNone) m_.release(std::exchange(*id, kNone));
   if (s_.stage >= 2) {
     m_.release(std::exchange(bucket_[p], kNone));

@@ -77,7 +77,9 @@ class EngineTrace : private zero::ReduceSchedule::Sink, private zero::UnitSchedu
   struct InFlight {
     Id cast = -1;      // stages 0-1: the gradient cast to the reduce dtype, when it differs
     Id records = -1;   // --reduce-dtype int8: the records sent and received (Note [Quantized reduction])
-    Id records2 = -1;  // stage 0: the second exchange's records (Note [Quantized all-reduce])
+    Id records2 = -1;  // stage 0: the second exchange's records (Note [Quantized all-reduce]); two hops:
+                       // the host's partial sums
+    Id records3 = -1;  // stage 0 in two hops: the second exchange's records (Note [Two-hop quantized all-reduce])
   };
   // ReduceSchedule::Sink
   void prepare(size_t p) override;

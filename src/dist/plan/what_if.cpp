@@ -230,7 +230,7 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   const int R = lv.per_host > 0 ? lv.per_host : 1;
   const bool hsdp = mesh.shard_by_host && multi_host && stage > 0;
   // Note [Two-hop choice] (trainer.cpp): int8 reductions at stages 1-3 in two hops on several equal hosts.
-  const bool two_hop = cfg.reduce_dtype == "int8" && stage > 0 && !mesh.shard_by_host && multi_host && R > 1 &&
+  const bool two_hop = cfg.reduce_dtype == "int8" && (stage == 0 || !mesh.shard_by_host) && multi_host && R > 1 &&
                        mesh.impl != MeshSpec::Impl::flat;
   const bool hpz = mesh.hpz && multi_host && stage == 3;
   // Two levels apply to the world's collectives across hosts of several ranks; auto takes them per call where
@@ -411,6 +411,7 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
     const zero::ReduceKind kind = zero::reduce_kind(stage > 0, reduce_int8 ? qb : 0, shards, two_hop);
     switch (kind) {
       case zero::ReduceKind::quantized_all_reduce:
+      case zero::ReduceKind::two_hop_all_reduce:
         bytes = double(shards) * double(dist::quant_packed_bytes(L.partitions[p].numel / shards, qb));
         break;
       case zero::ReduceKind::quantized_reduce_scatter:
@@ -430,6 +431,14 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
       reduced[p] = level_collective(Level::cross, Collective::reduce_scatter, double(n / R) * rec,
                                     level_collective(Level::hosts, Collective::reduce_scatter, bytes, t, kWorld),
                                     kWorld);
+    } else if (kind == zero::ReduceKind::two_hop_all_reduce) {
+      // Note [Two-hop quantized all-reduce]: the two hops above, then the owners' records across hosts (H
+      // records in all) and inside the host (N records in all), as ring all-gathers.
+      const double rec = double(dist::quant_packed_bytes(L.partitions[p].numel / shards, qb));
+      double at = level_collective(Level::hosts, Collective::reduce_scatter, bytes, t, kWorld);
+      at = level_collective(Level::cross, Collective::reduce_scatter, double(n / R) * rec, at, kWorld);
+      at = level_collective(Level::cross, Collective::all_gather, double(n / R) * rec, at, kWorld);
+      reduced[p] = level_collective(Level::hosts, Collective::all_gather, bytes, at, kWorld);
     } else {
       reduced[p] = reduce(bytes, t);
     }

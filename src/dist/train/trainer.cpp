@@ -136,8 +136,9 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
                  mesh_.world().communicator()->explain(dist::Collective::all_reduce,
                                                        size_t(bucket_bytes(cfg_.bucket_mb))));
     if (world_.rank() == 0 && two_hop_)
-      fmt::print("{}: {} int8 reduce-scatters in two hops, inside each host then across hosts\n",
-                 flag_arg(cfg_, &TrainConfig::comm_impl), flag_name(&TrainConfig::reduce_dtype));
+      fmt::print("{}: {} int8 {} in two hops, inside each host then across hosts\n",
+                 flag_arg(cfg_, &TrainConfig::comm_impl), flag_name(&TrainConfig::reduce_dtype),
+                 cfg_.stage == 0 ? "all-reduces" : "reduce-scatters");
   } else {
     mesh_ = dist::Mesh(device_);
     control_ = dist::ProcessGroup(device_);
@@ -240,25 +241,25 @@ void Trainer::check_comm_impl(dist::Backend backend) const {
       flag_name(&TrainConfig::comm_backend));
 }
 
-// Note [Two-hop choice]: --reduce-dtype int8 at stages 1-3, sharded over the world (no --shard-group: with
-// one, the reduce-scatter already stays in its shard group), on several hosts of the same number (> 1) of CPU
-// ranks, reduces in two hops (Note [Two-hop quantized reduction]) with --comm-impl hier, and with auto: the
-// two hops send as many records in all as the flat all-to-all (R H - 1 = N - 1 per rank), but only H - 1 of
-// them cross hosts instead of (H - 1) R, and the cost model's links across hosts are never faster than
-// those inside a host (Note [Two-level cost model]), so by its bytes the two hops are never slower. flat
-// keeps the all-to-all. hier where two hops cannot apply on several hosts (stage 0, whose two-hop
-// all-reduce is not written yet; CUDA ranks, whose kernels have not run) is refused; one host or one rank
-// per host is the flat path, as for the fp32 collectives.
+// Note [Two-hop choice]: --reduce-dtype int8, sharded over the world at stages 1-3 (no --shard-group: with
+// one, the reduce-scatter already stays in its shard group) or stage 0's all-reduce, on several hosts of the
+// same number (> 1) of CPU ranks, reduces in two hops (Note [Two-hop quantized reduction], Note [Two-hop
+// quantized all-reduce]) with --comm-impl hier, and with auto: the two hops send as many records in all as
+// the flat all-to-all (R H - 1 = N - 1 per rank), but only H - 1 of them cross hosts instead of (H - 1) R,
+// and the cost model's links across hosts are never faster than those inside a host (Note [Two-level cost
+// model]), so by its bytes the two hops are never slower. flat keeps the all-to-all. hier where two hops
+// cannot apply on several hosts (CUDA ranks, whose kernels have not run) is refused; one host or one rank per
+// host is the flat path, as for the fp32 collectives.
 bool Trainer::choose_two_hop_reduce(const dist::HostMap& hosts) const {
   if (cfg_.reduce_dtype != "int8" || cfg_.comm_impl == "flat") return false;
-  if (hosts.num_hosts() < 2 || hosts.ranks_per_host() < 2 || cfg_.shard_group != "world") return false;
-  const bool can = cfg_.stage >= 1 && !device_.is_cuda();
+  if (hosts.num_hosts() < 2 || hosts.ranks_per_host() < 2) return false;
+  if (cfg_.stage >= 1 && cfg_.shard_group != "world") return false;
+  const bool can = !device_.is_cuda();
   CZ_CHECK(can || cfg_.comm_impl != "hier",
-           "{} with {} int8 on {} hosts: the two-hop quantized reduction takes stages 1-3 on CPU ranks (this "
-           "run: {} {}, {} {}); use {} auto or flat for the flat all-to-all",
+           "{} with {} int8 on {} hosts: the two-hop quantized reduction takes CPU ranks (this run: {} {}); use "
+           "{} auto or flat for the flat all-to-all",
            flag_arg(cfg_, &TrainConfig::comm_impl), flag_name(&TrainConfig::reduce_dtype), hosts.num_hosts(),
-           flag_name(&TrainConfig::stage), cfg_.stage, flag_name(&TrainConfig::device), cfg_.device,
-           flag_name(&TrainConfig::comm_impl));
+           flag_name(&TrainConfig::device), cfg_.device, flag_name(&TrainConfig::comm_impl));
   return can;
 }
 

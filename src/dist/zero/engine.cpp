@@ -172,7 +172,7 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
   reducer_ = std::make_unique<GradReducer>(layout_, param_list, grads, sharded ? shard_group : groups_.world,
                                            sharded ? groups_.replicate : dist::ProcessGroup(cfg_.device),
                                            meter_, mode);
-  if (cfg_.two_hop_reduce && cfg_.reduce_int8 && sharded)
+  if (cfg_.two_hop_reduce && cfg_.reduce_int8)
     reducer_->set_two_hop(groups_.host, groups_.cross, groups_.hosts);
   std::vector<Tensor> weights, grad_chunks, from_compute;
   for (size_t p = 0; p < np; ++p) {

@@ -100,10 +100,15 @@ void GradReducer::launch(size_t p) {
   std::unique_ptr<QuantizedReduceScatter> quantized;
   std::unique_ptr<QuantizedAllReduce> quantized_all;
   std::unique_ptr<TwoHopQuantizedReduceScatter> two_hop;
+  std::unique_ptr<TwoHopQuantizedAllReduce> two_hop_all;
   switch (reduce_kind(mode_.scatter, mode_.quant_block, group_.size(), two_hop_)) {
     case ReduceKind::two_hop_reduce_scatter:
       two_hop = std::make_unique<TwoHopQuantizedReduceScatter>(group_, host_, cross_, hosts_, buf,
                                                                layout_.chunk(p), mode_.quant_block, meter_);
+      break;
+    case ReduceKind::two_hop_all_reduce:
+      two_hop_all =
+          std::make_unique<TwoHopQuantizedAllReduce>(group_, host_, cross_, hosts_, buf, mode_.quant_block, meter_);
       break;
     case ReduceKind::quantized_reduce_scatter:
       quantized =
@@ -125,7 +130,8 @@ void GradReducer::launch(size_t p) {
   }
   // Flat (or stage 0): nothing to all-reduce across replicas.
   in_flight_.push_back({p, std::move(w), buf, nullptr, !mode_.scatter || replicate_.size() == 1,
-                        std::move(quantized), std::move(quantized_all), std::move(two_hop)});
+                        std::move(quantized), std::move(quantized_all), std::move(two_hop),
+                        std::move(two_hop_all)});
   advance();
   if (on_launch_) on_launch_(p);
 }
@@ -160,6 +166,7 @@ void GradReducer::finish(size_t p) {
   if (f.quantized) f.quantized->finish(1.0 / group_.size());  // the average, as ReduceOp::avg
   if (f.quantized_all) f.quantized_all->finish(1.0 / group_.size());
   if (f.two_hop) f.two_hop->finish(1.0 / group_.size());
+  if (f.two_hop_all) f.two_hop_all->finish(1.0 / group_.size());
   NoGradGuard no_grad;
   const Tensor mine = f.buffer.narrow(0, own_offset(p), layout_.chunk(p));  // this rank's averaged chunk
   const bool converted = !mode_.buckets && f.buffer.dtype() != grads_.dtype();

@@ -79,6 +79,7 @@ class GradReducer : private ReduceSchedule::Sink {
     std::unique_ptr<QuantizedReduceScatter> quantized;  // instead of `work`
     std::unique_ptr<QuantizedAllReduce> quantized_all;  // instead of `work` (stage 0)
     std::unique_ptr<TwoHopQuantizedReduceScatter> two_hop;  // instead of `work` (set_two_hop)
+    std::unique_ptr<TwoHopQuantizedAllReduce> two_hop_all;  // instead of `work` (set_two_hop, stage 0)
   };
   void launch_cross(InFlight& f);
   void advance();  // launches the cross all-reduces whose reduce-scatter has completed, in launch order

@@ -8,6 +8,7 @@
 #include "dist/comm/quant.h"
 #include "dist/zero/gather_codec.h"
 #include "dist/zero/held_bytes.h"
+#include "dist/zero/quant_reduce.h"
 #include "optim/clip.h"
 #include "tensor/autograd/engine.h"
 #include "tensor/check.h"
@@ -148,6 +149,69 @@ void TwoHopQuantizedReduceScatter::finish(double scale) {
   meter_.hold(-(held_bytes(records_) + held_bytes(partial_)));
   records_ = Tensor();
   partial_ = Tensor();
+}
+
+TwoHopQuantizedAllReduce::TwoHopQuantizedAllReduce(const dist::ProcessGroup& group, const dist::ProcessGroup& host,
+                                                   const dist::ProcessGroup& cross, const dist::HostMap& hosts,
+                                                   const Tensor& bucket, int64_t block, CommMeter& meter)
+    : group_(group),
+      host_(host),
+      cross_(cross),
+      hosts_(hosts),
+      bucket_(bucket),
+      chunk_(bucket.numel() / group.size()),
+      block_(block),
+      record_bytes_(dist::quant_packed_bytes(chunk_, block)),
+      meter_(meter) {
+  CZ_ASSERT(bucket_.numel() == group_.size() * chunk_ && chunk_ % block == 0,
+            "two-hop quantized all-reduce: a bucket of {} values is not {} chunks of whole blocks of {}",
+            bucket_.numel(), group_.size(), block);
+  scatter_ = std::make_unique<TwoHopQuantizedReduceScatter>(group_, host_, cross_, hosts_, bucket_, chunk_, block_,
+                                                            meter_);
+  records_ = empty({quantized_all_reduce_buffer_bytes(group_.size(), chunk_, block_)}, DType::u8, bucket_.device());
+  meter_.hold(held_bytes(records_));
+}
+
+TwoHopQuantizedAllReduce::~TwoHopQuantizedAllReduce() {
+  settle(works_);
+  if (records_.defined()) meter_.hold(-held_bytes(records_));
+}
+
+void TwoHopQuantizedAllReduce::finish(double scale) {
+  scatter_->finish(scale);
+  NoGradGuard no_grad;
+  const int nh = cross_.size(), nr = host_.size(), l = host_.rank(), me_h = cross_.rank();
+  auto record = [&](int h, int r) {  // the record of the chunk local rank r of host h owns
+    return records_.narrow(0, hosts_.ranks[size_t(h)][size_t(r)] * record_bytes_, record_bytes_);
+  };
+  const GatherCodec codec(DType::f32, DType::u8, block_);
+  codec.encode(bucket_.narrow(0, int64_t(group_.rank()) * chunk_, chunk_), record(me_h, l));
+  // Across hosts: this rank's record to the ranks with its local index; theirs back.
+  for (int k = 1; k < nh; ++k) {
+    const int to = (me_h + k) % nh, from = (me_h - k + nh) % nh;
+    works_.push_back(cross_.send(record(me_h, l), to));
+    Tensor in = record(from, l);
+    works_.push_back(cross_.recv(in, from));
+    meter_.sent_to(cross_, to, record_bytes_);
+  }
+  for (auto& w : works_) meter_.wait(w);
+  works_.clear();
+  // Inside the host: this rank's column (its cross group's H records) to each host peer, in host order.
+  for (int k = 1; k < nr; ++k) {
+    const int to = (l + k) % nr, from = (l - k + nr) % nr;
+    for (int h = 0; h < nh; ++h) {
+      works_.push_back(host_.send(record(h, l), to));
+      Tensor in = record(h, from);
+      works_.push_back(host_.recv(in, from));
+      meter_.sent_to(host_, to, record_bytes_);
+    }
+  }
+  for (auto& w : works_) meter_.wait(w);
+  works_.clear();
+  codec.decode(records_, group_.size(), chunk_, bucket_);
+  meter_.hold(-held_bytes(records_));
+  records_ = Tensor();
+  scatter_.reset();
 }
 
 }  // namespace cz::zero

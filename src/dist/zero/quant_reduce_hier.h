@@ -54,6 +54,35 @@ class TwoHopQuantizedReduceScatter {
   std::vector<dist::WorkHandle> works_;
 };
 
+// Note [Two-hop quantized all-reduce]: stage 0's quantized all-reduce (Note [Quantized all-reduce] in
+// quant_reduce.h) on H hosts of R ranks: the bucket's N = H R chunks reduced as above (each rank then owns
+// its chunk's sum), then the owners' records spread in two hops as well: across hosts in the cross group
+// (each owner's record to the H - 1 ranks with its local index), then inside the host (each rank's H records,
+// its cross group's chunks, to the R - 1 host peers). Every rank decodes the same N records, so all hold the
+// same values. Per rank: H - 1 records cross hosts in the second exchange instead of the flat exchange's
+// (H - 1) R. Error: that of the reduce-scatter plus the owner's final round trip, as in the flat all-reduce.
+class TwoHopQuantizedAllReduce {
+ public:
+  // bucket: f32, N x chunk values (whole blocks). Posts hop 1 and allocates the second exchange's N records.
+  TwoHopQuantizedAllReduce(const dist::ProcessGroup& group, const dist::ProcessGroup& host,
+                           const dist::ProcessGroup& cross, const dist::HostMap& hosts, const Tensor& bucket,
+                           int64_t block, CommMeter& meter);
+  ~TwoHopQuantizedAllReduce();  // waits for what is posted; never throws
+  TwoHopQuantizedAllReduce(const TwoHopQuantizedAllReduce&) = delete;
+  TwoHopQuantizedAllReduce& operator=(const TwoHopQuantizedAllReduce&) = delete;
+  // The bucket becomes, on every rank, the dequantized records of the owners' (sum x scale).
+  void finish(double scale);
+
+ private:
+  dist::ProcessGroup group_, host_, cross_;
+  const dist::HostMap& hosts_;
+  Tensor bucket_, records_;  // the second exchange's N records, in rank (= chunk) order
+  int64_t chunk_, block_, record_bytes_;
+  CommMeter& meter_;
+  std::unique_ptr<TwoHopQuantizedReduceScatter> scatter_;
+  std::vector<dist::WorkHandle> works_;
+};
+
 // The two buffers a two-hop reduce-scatter allocates at its launch on H hosts of R ranks (freed at finish):
 // the records (hop 1's sent and received, R H apiece, and hop 2's, H apiece) and the fp32 partial sums (H
 // chunks). The planner's replay allocates the same (engine_trace.cpp).

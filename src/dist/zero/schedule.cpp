@@ -30,7 +30,7 @@ void set_schedule_log(std::vector<ScheduleEvent>* log) {
 
 ReduceKind reduce_kind(bool scatter, int64_t quant_block, int group, bool two_hop) {
   if (quant_block > 0 && group > 1) {
-    if (!scatter) return ReduceKind::quantized_all_reduce;
+    if (!scatter) return two_hop ? ReduceKind::two_hop_all_reduce : ReduceKind::quantized_all_reduce;
     return two_hop ? ReduceKind::two_hop_reduce_scatter : ReduceKind::quantized_reduce_scatter;
   }
   return scatter ? ReduceKind::reduce_scatter : ReduceKind::all_reduce;

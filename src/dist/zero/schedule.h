@@ -32,6 +32,7 @@ enum class ReduceKind {
   quantized_all_reduce,      // stage 0, --reduce-dtype int8 (Note [Quantized all-reduce])
   quantized_reduce_scatter,  // stages 1-3, --reduce-dtype int8 (Note [Quantized reduction])
   two_hop_reduce_scatter,    // ... in two hops, host then cross (Note [Two-hop quantized reduction])
+  two_hop_all_reduce,        // stage 0 in two hops (Note [Two-hop quantized all-reduce])
 };
 // `scatter`: stages 1-3; `quant_block` > 0: INT8 records; `group`: the ranks of the reduction (a group of one
 // has nothing to quantize); `two_hop`: the quantized reduce-scatter goes in two hops (Note [Two-hop choice]).
