@@ -5,6 +5,7 @@ forward/backward/update phases and the ops inside them, each communication threa
 saves, other threads); the x axis is milliseconds from the step's start on rank 0 (the ranks' clocks are
 aligned when the trace starts: Note [Trace clocks])."""
 import json
+import os
 import sys
 
 COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "update": "#55A868", "data wait": "#C44E52",
@@ -66,7 +67,8 @@ def draw(path, out, step=None):
         y = len(rows) - 1 - index[(e["pid"], e["tid"])]
         x, w = (a - t0) / 1e3, (b - a) / 1e3
         if e.get("cat") == "op":  # thin, inside its phase's bar
-            ax.broken_barh([(x, w)], (y - 0.12, 0.24), facecolor="black", alpha=0.35, linewidth=0)
+            ax.broken_barh([(x, w)], (y - 0.12, 0.24), facecolor="black", alpha=0.35, linewidth=0,
+                           zorder=3)
         else:
             color = COLORS.get(e["name"], COLORS.get(e.get("cat"), "#999999"))
             ax.broken_barh([(x, w)], (y - 0.4, 0.8), facecolor=color, edgecolor="white", linewidth=0.3)
@@ -78,7 +80,10 @@ def draw(path, out, step=None):
     ax.set_xlim(0, (t1 - t0) / 1e3)
     ax.set_xlabel("ms from the step's start")
     ax.grid(axis="x", alpha=0.3)
-    ax.set_title(f"{path}: step {step} on {len(spans)} rank{'s' if len(spans) > 1 else ''}")
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color=c, label=n) for n, c in COLORS.items()] + [Patch(color="black", alpha=0.35,
+              label="ops (inside a phase)")], fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    ax.set_title(f"{os.path.basename(path)}: step {step} on {len(spans)} rank{'s' if len(spans) > 1 else ''}")
     try:
         fig.savefig(out, dpi=100)
     except OSError as e:
