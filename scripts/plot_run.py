@@ -2,10 +2,13 @@
 """Plots one or several convnext_zero runs from their --log files into one PNG.
 
   scripts/plot_run.py LOG.jsonl [LOG2.jsonl ...] [-o OUT.png]
+  scripts/plot_run.py --trace TRACE.json [--step N] [-o OUT.png]
 
 Six panels against the optimizer step: training loss, eval top-1, learning rate, img/s, data wait and peak memory
 per rank; one line per run, labelled by its log's name. A panel whose quantity no run logged says so instead of
 staying empty (data wait is logged only by builds that measure it). Default OUT: the first log's name with .png.
+With --trace, one step of a --trace file (its first traced step, or --step N) as lanes per rank: compute
+phases and ops, each collective, data wait, checkpoint saves (scripts/trace_lanes.py).
 Needs matplotlib (Debian: python3-matplotlib); run from a pyenv or venv python3 without it, the script re-runs
 itself under /usr/bin/python3 when that one has it (as tools/convert_weights.py does)."""
 import argparse
@@ -67,9 +70,19 @@ def read_log(path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("logs", nargs="+", metavar="LOG.jsonl", help="convnext_zero --log files")
+    parser.add_argument("logs", nargs="*", metavar="LOG.jsonl", help="convnext_zero --log files")
+    parser.add_argument("--trace", metavar="TRACE.json", help="draw one step of a convnext_zero --trace file")
+    parser.add_argument("--step", type=int, help="with --trace: the step to draw (default: the first traced)")
     parser.add_argument("-o", "--output", metavar="OUT.png", help="the picture (default: first log's name .png)")
     args = parser.parse_args()
+    if bool(args.trace) == bool(args.logs):
+        parser.error("give log files or --trace FILE, not both and not neither")
+    if args.trace:
+        ensure_matplotlib()
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import trace_lanes
+        trace_lanes.draw(args.trace, args.output or os.path.splitext(args.trace)[0] + ".png", args.step)
+        return
     out = args.output or os.path.splitext(args.logs[0])[0] + ".png"
     runs = [(os.path.basename(p), read_log(p)) for p in args.logs]
     ensure_matplotlib()

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tensor/device.h"
+#include "tensor/trace.h"
 
 namespace cz::profiler {
 
@@ -32,11 +33,13 @@ void set_enabled(bool on);
 
 class Scope {
  public:
-  Scope(std::string_view name, Device device) {
+  Scope(std::string_view name, Device device) : traced_(trace::active()) {
     if (enabled()) begin(name, device);
+    if (traced_) trace::op_begin(name);  // --trace's compute lane (Note [Trace lanes])
   }
   ~Scope() {
     if (slot_ != kOff) end();
+    if (traced_) trace::op_end();
   }
   Scope(const Scope&) = delete;
   Scope& operator=(const Scope&) = delete;
@@ -47,6 +50,7 @@ class Scope {
   static constexpr int64_t kOff = -1, kNested = -2;
   int64_t slot_ = kOff;      // index of this scope's record, or kOff (profiling was off), or kNested
   uint64_t generation_ = 0;  // take() calls before this scope began: a record taken early is not touched
+  bool traced_;              // recorded on the trace's timeline too
 };
 
 // The name of the outermost scope open on this thread, "" outside any (or while profiling is off): which op

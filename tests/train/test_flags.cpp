@@ -108,6 +108,7 @@ TEST(Flags, RanksAgreeOnTheFlagsTheTrainerChecked) {
                                            "--grad-accum",
                                            "--optimizer",
                                            "--activation-checkpointing",
+                                           "--trace-steps",
                                            "--drop-path",
                                            "--data",
                                            "--eval-split",

@@ -8,6 +8,7 @@
 #include "dist/comm/mpi_communicator.h"
 #include "dist/comm/mpi_util.h"
 #include "dist/comm/topology_detect.h"
+#include "tensor/trace.h"
 #include "tensor/check.h"
 #if CZ_WITH_CUDA
 #include "dist/comm/cuda/nccl_communicator.h"
@@ -28,6 +29,8 @@ std::string_view current_communicator() {
 
 void Communicator::name_this_thread() const {
   tls_communicator = label_;
+  // Note [Trace lanes]: one lane per communication thread, so its collectives' spans never overlap.
+  trace::set_thread_lane(fmt::format("comm {} ({})", label_, name(backend())));
 }
 
 Communicator::Call Communicator::make_call(Collective kind, const void* send, void* recv, int64_t count,

@@ -1,9 +1,12 @@
 // Work handles: completion flag and error on the host, a CUDA event for the device-side part.
 #include "dist/comm/work.h"
 
+#include <fmt/format.h>
+
 #include "tensor/check.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/stream.h"
+#include "tensor/trace.h"
 
 namespace cz::dist {
 
@@ -50,6 +53,12 @@ void Work::mark_done() {
     std::lock_guard<std::mutex> lock(mu_);
     finished_ = std::chrono::steady_clock::now();
     done_ = true;
+  }
+  // --trace: the collective as it ran on the communication thread (Note [Trace lanes]). what_ is set at
+  // construction; call_ is not read here, as the launching thread sets it after submit.
+  if (trace::active() && timed_) {
+    const std::string kind = what_.substr(0, what_.find(' '));
+    trace::complete(kind, "comm", started_, finished_, {}, fmt::format("{{\"what\": \"{}\"}}", what_));
   }
   cv_.notify_all();
 }

@@ -31,6 +31,7 @@
 #include "io/checkpoint.h"
 #include "io/output_paths.h"
 #include "tensor/ops.h"
+#include "tensor/trace.h"
 
 namespace cz::train {
 
@@ -87,6 +88,7 @@ ckpt::SaveRequest Trainer::checkpoint_request() {
 void Trainer::save_checkpoint() {
   CZ_CHECK(!cfg_.checkpoint_dir.empty(), "save_checkpoint needs {}", flag_name(&TrainConfig::checkpoint_dir));
   finish_pending_save();  // one save in flight at a time
+  trace::Span span("checkpoint save (begin)", "checkpoint", "checkpoint");
   ckpt::SaveRequest req = checkpoint_request();
   pending_save_ = std::make_unique<ckpt::PendingSave>(ckpt::begin_save(std::move(req), *ckpt_comm_));
   saved_step_ = step_;
@@ -95,6 +97,7 @@ void Trainer::save_checkpoint() {
 void Trainer::finish_pending_save() {
   if (!pending_save_) return;
   std::unique_ptr<ckpt::PendingSave> p = std::move(pending_save_);
+  trace::Span span("checkpoint save (finish)", "checkpoint", "checkpoint");
   const ckpt::SaveResult r = p->finish();
   latest_checkpoint_ = r.path;
   set_latest_checkpoint(r.path);

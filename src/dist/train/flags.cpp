@@ -11,6 +11,7 @@
 
 #include "dist/comm/mesh.h"
 #include "dist/train/recipe.h"
+#include "dist/train/step_trace.h"
 #include "dist/zero/schedule.h"
 #include "tensor/check.h"
 
@@ -590,6 +591,18 @@ std::vector<Flag> make_flags() {
        .group = kOutputGroup,
        .help = "at the end, print rank 0's collectives per kind and message size (count, time, algorithm and "
                "bus bandwidth in nccl-tests' units, exposed time) and write them into --log"},
+      {.name = "--trace",
+       .field = &T::trace,
+       .group = kOutputGroup,
+       .help = "write a timeline of the steps in --trace-steps to FILE (Chrome Trace Event JSON, one process "
+               "per rank: ops, collectives, data wait, optimizer, checkpoint saves); open it in "
+               "https://ui.perfetto.dev or chrome://tracing (docs/training.md)"},
+      {.name = "--trace-steps",
+       .field = &T::trace_steps,
+       .group = kOutputGroup,
+       .help = "A:B, the first and last step (1-based, inclusive) that --trace records",
+       .check = [](C c, F f) { parse_trace_steps(c.trace_steps, f.name); },
+       .ranks_agree = true},
       {.name = "--seed",
        .field = &T::seed,
        .group = kDataGroup,

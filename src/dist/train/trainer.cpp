@@ -25,6 +25,7 @@
 #endif
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
+#include "tensor/trace.h"
 
 namespace cz::train {
 namespace {
@@ -165,6 +166,9 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
   build_schedule();
   if (!cfg_.resume.empty()) resume(cfg_.resume);
   open_log();  // after the resume, which says from which step the log continues
+  if (!cfg_.trace.empty())
+    tracer_ = std::make_unique<StepTracer>(cfg_.trace, parse_trace_steps(cfg_.trace_steps, "--trace-steps"),
+                                           control_, world_.rank(), world_.size());
 }
 
 // Every rank must run the same model, stage, dtypes and batch settings (the flags marked ranks_agree in the
@@ -388,6 +392,7 @@ StepStats Trainer::step() {
   for (int64_t a = 0; a < cfg_.grad_accum; ++a) batches.push_back(next_batch());
   // Note [Data wait]: the time this rank's step waited for its batches, inside step_time_s.
   const double data_wait_s = seconds_since(t0);
+  trace::complete("data wait", "data", t0, Clock::now(), "data wait");
   StepStats s = run_step(batches, t0);
   s.data_wait_s = data_wait_s;
   // After the step's timer: the batches exactly as the model received them.
@@ -426,9 +431,11 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
     Tensor targets = (soft ? batch.targets : batch.labels).to(device_);
     // Note [Drop-path masks]: keyed by the sample's index in the step's global batch.
     model_->set_drop_path_context(cfg_.seed, uint64_t(s.step), (a * world_.size() + world_.rank()) * micro);
+    std::optional<trace::Span> phase(std::in_place, "forward", "phase");  // --trace's compute lane, to the loss
     Tensor logits = (*model_)(images).to(DType::f32);
     Tensor loss = soft ? soft_target_cross_entropy(logits, targets)
                        : cross_entropy(logits, targets, cfg_.label_smoothing);
+    phase.reset();
     backward_and_reduce(scale(loss, s.loss_scale / double(cfg_.grad_accum)), a + 1 == cfg_.grad_accum);
     NoGradGuard no_grad;
     loss_sum = loss_sum.defined() ? add(loss_sum, loss.detach()) : loss.detach();
@@ -436,7 +443,10 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
   s.loss = mean_loss(loss_sum);
   update_and_gather(s);
   if (device_.is_cuda()) current_stream(device_).synchronize();
-  s.step_time_s = seconds_since(t0);
+  const auto t1 = Clock::now();
+  s.step_time_s = std::chrono::duration<double>(t1 - t0).count();
+  // The traced step's span is the logged step_time_s's interval, data wait included.
+  if (trace::active()) trace::complete(fmt::format("step {}", s.step), "step", t0, t1, "step");
   s.img_per_s = double(cfg_.global_batch(world_.size())) / s.step_time_s;
   s.peak_mem_bytes = alloc.stats().peak_allocated_bytes;
   s.epoch = epoch_;
@@ -454,6 +464,7 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
 //  * update_and_gather: the global norm's all-reduce (stages 1-3), the update of this rank's shard, then the
 //    all-gathers of the updated parameters (stages 1-2), left in flight for the next forward.
 void Trainer::backward_and_reduce(const Tensor& loss, bool last_micro_step) {
+  trace::Span phase("backward", "phase");  // --trace's compute lane
   engine_->backward(loss, last_micro_step);
 }
 
@@ -462,6 +473,7 @@ double Trainer::mean_loss(const Tensor& loss_sum) {
 }
 
 void Trainer::update_and_gather(StepStats& s) {
+  trace::Span phase("update", "phase");
   engine_->step(scaler_, s);
 }
 
@@ -561,7 +573,9 @@ TrainSummary Trainer::run() {
   double wait_after_first = 0, time_after_first = 0;  // Note [Data wait]
   // From a resumed step onwards too; each boundary publishes a finished save and may stop the run.
   while (step_ < total_steps_ && (sum.stop_signal = step_boundary()) == 0) {
+    if (tracer_) tracer_->before_step(step_ + 1);
     const StepStats s = step();
+    if (tracer_) tracer_->after_step(s.step);
     ++steps_run;
     images += cfg_.global_batch(world_.size());
     time_in_steps += s.step_time_s;
@@ -590,6 +604,7 @@ TrainSummary Trainer::run() {
     }
   }
   bar.finish();
+  if (tracer_) tracer_->finish();  // a run that ended inside --trace-steps
   if (dump_) dump_->finish();
   if (!cfg_.checkpoint_dir.empty()) {
     if (saved_step_ != step_) save_checkpoint();

@@ -13,6 +13,7 @@
 #include "dist/comm/mesh.h"
 #include "dist/comm/process_group.h"
 #include "dist/train/config.h"
+#include "dist/train/step_trace.h"
 #include "dist/zero/engine.h"
 #include "io/batch_dump.h"
 #include "io/checkpoint.h"
@@ -171,6 +172,7 @@ class Trainer {
   std::vector<std::string> data_notes_;
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<BatchDump> dump_;  // --dump-batches
+  std::unique_ptr<StepTracer> tracer_;  // --trace
   int64_t epoch_ = 0;
   int64_t batches_in_epoch_ = 0;  // the loader's global batches of this epoch consumed so far
   std::unique_ptr<ckpt::Collective> ckpt_comm_;
