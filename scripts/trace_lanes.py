@@ -1,8 +1,8 @@
 """plot_run.py --trace: one traced step of a convnext_zero --trace file drawn as lanes per rank.
 
 Each rank is a band of rows, one per lane of its process in the trace (the step, data wait, compute with its
-forward/backward/update phases and the ops inside them, each communication thread's collectives, checkpoint
-saves, other threads); the x axis is milliseconds from the step's start on rank 0 (the ranks' clocks are
+forward/backward/update phases, the model's blocks inside them as a band of alternating shades and the ops
+as thin bars, each communication thread's collectives coloured by kind, checkpoint saves, other threads); the x axis is milliseconds from the step's start on rank 0 (the ranks' clocks are
 aligned when the trace starts: Note [Trace clocks])."""
 import json
 import os
@@ -58,7 +58,8 @@ def draw(path, out, step=None):
     fig, ax = plt.subplots(figsize=(15, 0.45 * len(rows) + 1.5), constrained_layout=True)
     index = {(pid, tid): i for i, (pid, tid, _) in enumerate(rows)}
     drawn = 0
-    for e in events:
+    blocks = {}  # lane -> the last block's shade
+    for e in sorted((e for e in events if e.get("ph") == "X"), key=lambda e: e["ts"]):
         if e.get("ph") != "X" or (e["pid"], e["tid"]) not in index:
             continue
         a, b = max(e["ts"], t0), min(e["ts"] + e["dur"], t1)
@@ -69,8 +70,13 @@ def draw(path, out, step=None):
         if e.get("cat") == "op":  # thin, inside its phase's bar
             ax.broken_barh([(x, w)], (y - 0.12, 0.24), facecolor="black", alpha=0.35, linewidth=0,
                            zorder=3)
+        elif e.get("cat") == "block":  # a band at the bar's foot, alternating shades per block
+            blocks[(e["pid"], e["tid"])] = shade = 1 - blocks.get((e["pid"], e["tid"]), 0)
+            ax.broken_barh([(x, w)], (y - 0.4, 0.16), facecolor="black", alpha=0.25 + 0.35 * shade,
+                           linewidth=0, zorder=2)
         else:
-            color = COLORS.get(e["name"], COLORS.get(e.get("cat"), "#999999"))
+            kind = e["name"].split()[0] if e.get("cat") == "comm" else e["name"]  # "all_gather unit 3"
+            color = COLORS.get(kind, COLORS.get(e.get("cat"), "#999999"))
             ax.broken_barh([(x, w)], (y - 0.4, 0.8), facecolor=color, edgecolor="white", linewidth=0.3)
             if w > 0.06 * (t1 - t0) / 1e3 and e.get("cat") != "step":
                 ax.text(x + w / 2, y, e["name"], ha="center", va="center", fontsize=7, color="white", clip_on=True)
@@ -82,7 +88,7 @@ def draw(path, out, step=None):
     ax.grid(axis="x", alpha=0.3)
     from matplotlib.patches import Patch
     ax.legend(handles=[Patch(color=c, label=n) for n, c in COLORS.items()] + [Patch(color="black", alpha=0.35,
-              label="ops (inside a phase)")], fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+              label="ops (inside a phase)"), Patch(color="black", alpha=0.45, label="blocks (forward, backward)")], fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     ax.set_title(f"{os.path.basename(path)}: step {step} on {len(spans)} rank{'s' if len(spans) > 1 else ''}")
     try:
         fig.savefig(out, dpi=100)

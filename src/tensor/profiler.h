@@ -35,7 +35,7 @@ class Scope {
  public:
   Scope(std::string_view name, Device device) : traced_(trace::active()) {
     if (enabled()) begin(name, device);
-    if (traced_) trace::op_begin(name);  // --trace's compute lane (Note [Trace lanes])
+    if (traced_) trace::op_begin(name, device);  // --trace's compute lane (Note [Trace lanes])
   }
   ~Scope() {
     if (slot_ != kOff) end();

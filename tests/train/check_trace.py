@@ -7,7 +7,11 @@ Usage: check_trace.py TRACE LOG FIRST LAST RANKS [--overlap]
   - on each (pid, tid), X spans nest (no partial overlap) and B/E pairs match;
   - exactly the steps FIRST..LAST are there, on every rank, and each step's span equals the log's
     step_time_s within 2%;
-  - --overlap: some reduce-scatter on a communication lane overlaps a backward span of the same rank.
+  - --overlap: some reduce-scatter on a communication lane overlaps a backward span of the same rank;
+  - every rank's compute lane has block spans (Note [Trace blocks]) holding ops, one per model unit and
+    direction at least; counter samples ("C") of memory with a numeric "allocated";
+  - each engine collective's span says what it was for ("bucket N", "unit N" or "partition N"), its bytes and
+    group; --stage 3: the blocks are numbered units and the all-gathers are for units.
 """
 import json
 import sys
@@ -22,6 +26,7 @@ def fail(msg):
 def main():
     path, log, first, last, ranks = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     overlap = "--overlap" in sys.argv[6:]
+    stage3 = "--stage3" in sys.argv[6:]
     with open(path) as f:
         doc = json.load(f)
     events = doc.get("traceEvents")
@@ -89,12 +94,39 @@ def main():
     kinds = defaultdict(int)
     for e in events:
         if e.get("cat") == "comm":
-            kinds[e["name"]] += 1
+            kinds[e["name"].split()[0]] += 1
+    for rank in range(ranks):
+        mine = [e for e in events if e["pid"] == rank]
+        blocks = [e for e in mine if e.get("cat") == "block"]
+        names = {e["name"] for e in blocks}
+        if not any(n.endswith("(forward)") for n in names) or not any(n.endswith("(backward)") for n in names):
+            fail(f"rank {rank}: no forward and backward block spans ({sorted(names)[:5]})")
+        if stage3 and not all(n.startswith("unit ") for n in names):
+            fail(f"rank {rank}: stage 3 blocks not named by unit: {sorted(names)[:5]}")
+        ops = [e for e in mine if e.get("cat") == "op"]
+        inside = sum(any(b["tid"] == o["tid"] and b["ts"] - 1 <= o["ts"] and o["ts"] + o["dur"] <= b["ts"] + b["dur"] + 1
+                         for b in blocks) for o in ops)
+        if inside < len(ops) // 2:
+            fail(f"rank {rank}: only {inside} of {len(ops)} ops inside a block span")
+        counters = [e for e in mine if e["ph"] == "C"]
+        if not counters or not all(isinstance(e.get("args", {}).get("allocated"), (int, float)) for e in counters):
+            fail(f"rank {rank}: no memory counter samples with a numeric 'allocated'")
+        engine = [e for e in mine if e.get("cat") == "comm" and "for" in e.get("args", {})]
+        if not engine:
+            fail(f"rank {rank}: no collective says what it was for")
+        for e in engine:
+            a = e["args"]
+            if not (a["for"].split()[0] in ("bucket", "unit", "partition") and isinstance(a.get("bytes"), int)
+                    and "group" in a):
+                fail(f"rank {rank}: collective {e['name']} without for/bytes/group: {a}")
+        if stage3 and not any(e["name"].startswith("all_gather unit ") for e in engine):
+            fail(f"rank {rank}: no all-gather for a unit")
     if overlap:
         found = 0
         for rank in range(ranks):
             back = [e for e in events if e["pid"] == rank and e.get("cat") == "phase" and e["name"] == "backward"]
-            rs = [e for e in events if e["pid"] == rank and e.get("cat") == "comm" and e["name"] == "reduce_scatter"]
+            rs = [e for e in events if e["pid"] == rank and e.get("cat") == "comm"
+                  and e["name"].startswith("reduce_scatter")]
             for r in rs:
                 if any(r["ts"] < b["ts"] + b["dur"] and b["ts"] < r["ts"] + r["dur"] for b in back):
                     found += 1

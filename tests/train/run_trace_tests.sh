@@ -5,6 +5,7 @@
 #               step_time_s within 2%, and reduce-scatters overlapping backward
 #   bad         --trace-steps 5:2, 0:1 and x, and an unwritable --trace FILE: a message naming the flag, exit 1
 #   plot        2 ranks at stage 3, then scripts/plot_run.py --trace draws the traced step's lanes into a PNG
+#   offload     2 ranks at stage 2 with --offload-optimizer: the offload worker's jobs on a lane of their own
 set -uo pipefail
 case_name=$1 app=$2 mpiexec=$3
 here=$(cd "$(dirname "$0")" && pwd)
@@ -43,7 +44,7 @@ bad)
 plot)
   "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --stage 3 --steps 3 --log "$work/run.jsonl" --trace "$work/t.json" \
     --trace-steps 2:2 > "$work/out" 2>&1 || { cat "$work/out"; fail "2-rank stage-3 run failed"; }
-  python3 "$here/check_trace.py" "$work/t.json" "$work/run.jsonl" 2 2 2 || fail "trace"
+  python3 "$here/check_trace.py" "$work/t.json" "$work/run.jsonl" 2 2 2 --stage3 || fail "trace"
   "$here/../../scripts/plot_run.py" --trace "$work/t.json" -o "$work/t.png" > "$work/plot.out" 2>&1 ||
     { cat "$work/plot.out"; fail "plot_run.py --trace"; }
   cat "$work/plot.out"
@@ -58,6 +59,22 @@ assert a[..., :3].std() > 0.05, 'blank picture'
     fail "a log was accepted as a trace"
   grep -q "run.jsonl: not a trace" "$work/plot.out" || { cat "$work/plot.out"; fail "message"; }
   echo "plot: OK"
+  ;;
+offload)
+  "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --stage 2 --offload-optimizer --steps 3 --log "$work/run.jsonl" \
+    --trace "$work/t.json" --trace-steps 2:3 > "$work/out" 2>&1 || { cat "$work/out"; fail "offload run failed"; }
+  python3 "$here/check_trace.py" "$work/t.json" "$work/run.jsonl" 2 3 2 || fail "trace"
+  python3 - "$work/t.json" <<'PY' || fail "offload lane"
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+lanes = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+for rank in (0, 1):
+    jobs = [e for e in ev if e["pid"] == rank and e["name"] == "offload job"]
+    assert jobs, f"rank {rank}: no offload job on the timeline"
+    assert all(lanes[(rank, e["tid"])] == "offload worker" for e in jobs), "offload jobs off their lane"
+print("offload: jobs per rank", [sum(e["pid"] == r and e["name"] == "offload job" for e in ev) for r in (0, 1)])
+PY
+  echo "offload: OK"
   ;;
 *)
   fail "unknown case $case_name"

@@ -1,7 +1,12 @@
 // Work handles: completion flag and error on the host, a CUDA event for the device-side part.
 #include "dist/comm/work.h"
 
+#include <cstdlib>
+
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "dist/comm/communicator.h"
 
 #include "tensor/check.h"
 #include "tensor/cuda/runtime.h"
@@ -9,6 +14,37 @@
 #include "tensor/trace.h"
 
 namespace cz::dist {
+
+Work::Work(std::string what, Device device)
+    : what_(std::move(what)), label_(trace::active() ? trace::comm_label() : std::string()), device_(device) {}
+
+// "all_reduce of 4096 bytes on ranks [0, 1]" (describe_call) -> "all_reduce bucket 3", with the bytes, the
+// group and the label as the span's arguments.
+void Work::trace_span(std::chrono::steady_clock::time_point t0, std::chrono::steady_clock::time_point t1,
+                      const std::string& lane) const {
+  const std::string kind = what_.substr(0, what_.find(' '));
+  nlohmann::json args = {{"what", what_}};
+  if (const size_t of = what_.find(" of "); of != std::string::npos)
+    args["bytes"] = std::strtoll(what_.c_str() + of + 4, nullptr, 10);
+  if (const size_t on = what_.find(" on ranks "); on != std::string::npos) args["group"] = what_.substr(on + 4);
+  if (!label_.empty()) args["for"] = label_;
+  if (const std::string_view comm = current_communicator(); !comm.empty()) args["communicator"] = comm;
+  trace::complete(label_.empty() ? kind : kind + " " + label_, "comm", t0, t1, lane, args.dump());
+}
+
+void Work::trace_device() const {
+  if (!trace::active()) return;
+  void *start = nullptr, *end = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_ || !error_.empty()) return;
+    start = start_event_;
+    end = event_;
+  }
+  if (!start || !end) return;
+  const auto t0 = trace::device_time(start), t1 = trace::device_time(end);
+  if (t0 && t1) trace_span(*t0, *t1, trace_lane_.empty() ? std::string("comm (device)") : trace_lane_);
+}
 
 Work::~Work() {
   if (event_) cuda_runtime::event_destroy(event_);
@@ -56,10 +92,7 @@ void Work::mark_done() {
   }
   // --trace: the collective as it ran on the communication thread (Note [Trace lanes]). what_ is set at
   // construction; call_ is not read here, as the launching thread sets it after submit.
-  if (trace::active() && timed_) {
-    const std::string kind = what_.substr(0, what_.find(' '));
-    trace::complete(kind, "comm", started_, finished_, {}, fmt::format("{{\"what\": \"{}\"}}", what_));
-  }
+  if (trace::active() && timed_) trace_span(started_, finished_, {});
   cv_.notify_all();
 }
 

@@ -18,7 +18,8 @@ namespace cz::dist {
 
 class Work {
  public:
-  Work(std::string what, Device device) : what_(std::move(what)), device_(device) {}
+  // Takes the launching thread's trace label (Note [Trace blocks] in tensor/trace.h) while tracing.
+  Work(std::string what, Device device);
   ~Work();
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
@@ -59,11 +60,19 @@ class Work {
   void mark_done();
   void mark_failed(const std::string& error);
   bool failed() const;
+  // --trace (Note [Trace device times]): NCCL's collectives go on `lane` of the timeline once synchronized
+  // (trace_device, from CommMeter::finish_step); the host-timed ones at mark_done, on their thread's lane.
+  void set_trace_lane(std::string lane) { trace_lane_ = std::move(lane); }
+  void trace_device() const;
 
  private:
   void wait_host();
+  void trace_span(std::chrono::steady_clock::time_point t0, std::chrono::steady_clock::time_point t1,
+                  const std::string& lane) const;
 
   std::string what_;
+  std::string label_;       // the trace label when it was launched ("bucket 3"), or ""
+  std::string trace_lane_;  // NCCL: the communicator's lane
   Device device_;
   Call call_;
   mutable std::mutex mu_;

@@ -37,8 +37,8 @@ TraceSteps parse_trace_steps(const std::string& value, const std::string& flag) 
 // other (microseconds on one host, tens across hosts), which bounds the misalignment; the clocks' drift over
 // a run of minutes is far below that. A step's span on rank 0 and rank 1 can therefore be compared directly.
 StepTracer::StepTracer(std::string file, TraceSteps steps, const dist::ProcessGroup& control, int rank,
-                       int world)
-    : file_(std::move(file)), steps_(steps), control_(control), rank_(rank), world_(world) {
+                       int world, Device device)
+    : file_(std::move(file)), steps_(steps), control_(control), rank_(rank), world_(world), device_(device) {
   // Each rank's part goes next to FILE (a shared directory across hosts, as checkpoints need); rank 0 also
   // writes FILE. Every rank learns every rank's answer, so all stop with the same message.
   std::string why;
@@ -62,12 +62,41 @@ StepTracer::StepTracer(std::string file, TraceSteps steps, const dist::ProcessGr
   trace::set_zero(trace::Clock::now());
 }
 
+StepTracer::~StepTracer() {
+  for (auto& [m, id] : hooks_) m->remove_hook(id);
+}
+
+void StepTracer::watch_blocks(nn::Module& model, const std::vector<std::string>& units, bool numbered) {
+  for (size_t u = 0; u < units.size(); ++u) {
+    nn::Module* m = model.find_module(units[u]);
+    CZ_CHECK(m != nullptr, "--trace: the model has no module '{}'", units[u]);
+    const std::string name = numbered ? fmt::format("unit {}: {}", u, units[u]) : units[u];
+    hooks_.emplace_back(m, m->register_forward_pre_hook([name](nn::Module&, const Tensor&) {
+      if (trace::active()) trace::set_block(name + " (forward)");
+    }));
+    hooks_.emplace_back(m, m->register_forward_hook([](nn::Module&, const Tensor&, const Tensor&) {
+      if (trace::active()) trace::set_block({});
+    }));
+    hooks_.emplace_back(m, m->register_backward_pre_hook([name](nn::Module&) {
+      if (trace::active()) trace::set_block(name + " (backward)");
+    }));
+  }
+}
+
+void StepTracer::memory_sample(int64_t allocated_bytes) const {
+  if (trace::active())
+    trace::counter(fmt::format("memory ({})", device_.str()), fmt::format("{{\"allocated\": {}}}", allocated_bytes));
+}
+
 std::string StepTracer::part_path(int rank) const {
   return fmt::format("{}.rank{}", file_, rank);
 }
 
 void StepTracer::before_step(int64_t step) {
-  if (!written_ && step >= steps_.first && step <= steps_.last) trace::set_active(true);
+  if (written_ || step < steps_.first || step > steps_.last) return;
+  if (!started_) trace::set_device_zero(device_);  // Note [Trace device times]
+  started_ = true;
+  trace::set_active(true);
 }
 
 void StepTracer::after_step(int64_t step) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "dist/comm/process_group.h"
+#include "nn/module.h"
 
 namespace cz::train {
 
@@ -22,7 +23,17 @@ class StepTracer {
   // Collective over `control` (every rank constructs it, on the training thread): checks that every rank
   // can write its part next to `file` (an error naming --trace and the rank otherwise) and aligns the ranks'
   // clocks (Note [Trace clocks]).
-  StepTracer(std::string file, TraceSteps steps, const dist::ProcessGroup& control, int rank, int world);
+  StepTracer(std::string file, TraceSteps steps, const dist::ProcessGroup& control, int rank, int world,
+             Device device);
+  ~StepTracer();
+  StepTracer(const StepTracer&) = delete;
+  StepTracer& operator=(const StepTracer&) = delete;
+  // Names the block of the ops that run inside each of `units` (the model's units, Note [ConvNeXt structure]),
+  // forward and backward, through the modules' hooks (Note [Trace blocks]); `numbered`: say "unit u" too
+  // (stage 3, where the units are the engine's).
+  void watch_blocks(nn::Module& model, const std::vector<std::string>& units, bool numbered);
+  // The device's allocated bytes as a counter sample (while tracing).
+  void memory_sample(int64_t allocated_bytes) const;
   // Before step `step` runs: recording starts at steps.first.
   void before_step(int64_t step);
   // After step `step` has finished: at steps.last recording stops and the file is written (collective).
@@ -38,7 +49,10 @@ class StepTracer {
   TraceSteps steps_;
   const dist::ProcessGroup& control_;
   int rank_, world_;
+  Device device_;
   bool written_ = false;
+  bool started_ = false;
+  std::vector<std::pair<nn::Module*, int>> hooks_;
 };
 
 }  // namespace cz::train

@@ -166,9 +166,11 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
   build_schedule();
   if (!cfg_.resume.empty()) resume(cfg_.resume);
   open_log();  // after the resume, which says from which step the log continues
-  if (!cfg_.trace.empty())
+  if (!cfg_.trace.empty()) {
     tracer_ = std::make_unique<StepTracer>(cfg_.trace, parse_trace_steps(cfg_.trace_steps, "--trace-steps"),
-                                           control_, world_.rank(), world_.size());
+                                           control_, world_.rank(), world_.size(), device_);
+    tracer_->watch_blocks(*model_, model_->units(), cfg_.stage == 3);
+  }
 }
 
 // Every rank must run the same model, stage, dtypes and batch settings (the flags marked ranks_agree in the
@@ -436,12 +438,15 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
     Tensor loss = soft ? soft_target_cross_entropy(logits, targets)
                        : cross_entropy(logits, targets, cfg_.label_smoothing);
     phase.reset();
+    if (tracer_) tracer_->memory_sample(alloc.stats().allocated_bytes);  // the activations' peak
     backward_and_reduce(scale(loss, s.loss_scale / double(cfg_.grad_accum)), a + 1 == cfg_.grad_accum);
+    if (tracer_) tracer_->memory_sample(alloc.stats().allocated_bytes);
     NoGradGuard no_grad;
     loss_sum = loss_sum.defined() ? add(loss_sum, loss.detach()) : loss.detach();
   }
   s.loss = mean_loss(loss_sum);
   update_and_gather(s);
+  if (tracer_) tracer_->memory_sample(alloc.stats().allocated_bytes);
   if (device_.is_cuda()) current_stream(device_).synchronize();
   const auto t1 = Clock::now();
   s.step_time_s = std::chrono::duration<double>(t1 - t0).count();
@@ -466,6 +471,7 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
 void Trainer::backward_and_reduce(const Tensor& loss, bool last_micro_step) {
   trace::Span phase("backward", "phase");  // --trace's compute lane
   engine_->backward(loss, last_micro_step);
+  trace::set_block({});  // Note [Trace blocks]: the last block's run ends with backward
 }
 
 double Trainer::mean_loss(const Tensor& loss_sum) {

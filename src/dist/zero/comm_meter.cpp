@@ -99,6 +99,7 @@ void CommMeter::finish_step(StepStats& s) {
   s.comm_s = 0;
   for (const auto& w : works_) {
     w->synchronize();
+    w->trace_device();  // --trace: NCCL's collectives on the timeline (Note [Trace device times])
     s.comm_s += w->run_seconds();
     const auto r = w->host_run_interval();
     if (r) runs.push_back(*r);

@@ -31,6 +31,7 @@
 #include "dist/zero/held_bytes.h"
 #include "dist/zero/param_gatherer.h"
 #include "tensor/autograd/engine.h"
+#include "tensor/trace.h"
 
 namespace cz::zero {
 
@@ -122,6 +123,7 @@ void UnitGatherer::after_update() {
 }
 
 void UnitGatherer::gather(size_t p) {
+  const trace::Label label("unit", p);  // --trace (Note [Trace blocks])
   Storage& storage = *gathered_[p].storage();
   storage.restore(allocator_for(shard_.device()).allocate(storage.nbytes()));
   // hpZ: backward gathers inside the host from the slices its forward kept (Note [hpZ]).

@@ -16,6 +16,7 @@
 
 #include "dist/zero/held_bytes.h"
 #include "tensor/autograd/engine.h"
+#include "tensor/trace.h"
 
 namespace cz::zero {
 GradReducer::GradReducer(const ZeroLayout& layout, std::vector<Tensor> params, Tensor grads,
@@ -91,6 +92,7 @@ void GradReducer::prepare(size_t p) {
 }
 
 void GradReducer::launch(size_t p) {
+  const trace::Label label("bucket", p);  // --trace: the collectives it launches (Note [Trace blocks])
   NoGradGuard no_grad;
   const Partition& part = layout_.partitions[p];
   Tensor buf = std::move(prepared_);
@@ -137,6 +139,7 @@ void GradReducer::launch(size_t p) {
 }
 
 void GradReducer::launch_cross(InFlight& f) {
+  const trace::Label label("bucket", f.partition);
   NoGradGuard no_grad;
   meter_.wait(f.work);  // completed (advance), or the oldest, which finish() waits for anyway
   f.work.reset();
@@ -161,6 +164,7 @@ void GradReducer::finish(size_t p) {
   if (!in_flight_.front().crossed) launch_cross(in_flight_.front());  // the oldest: wait for it
   InFlight f = std::move(in_flight_.front());
   in_flight_.pop_front();
+  const trace::Label label("bucket", p);  // the quantized paths' second exchanges
   meter_.wait(f.work);
   meter_.wait(f.cross);
   if (f.quantized) f.quantized->finish(1.0 / group_.size());  // the average, as ReduceOp::avg

@@ -5,6 +5,7 @@
 
 #include "tensor/cuda/runtime.h"
 #include "tensor/parallel.h"
+#include "tensor/trace.h"
 
 namespace cz::zero {
 
@@ -48,6 +49,7 @@ void HostWorker::loop() {
   // threads per rank]), not the machine's, or its parallel regions oversubscribe the cores the ranks' compute
   // runs on.
   omp_set_num_threads(cpu_threads());
+  trace::set_thread_lane("offload worker");  // --trace: its jobs and their ops (Note [Trace lanes])
   if (stream_.device.is_cuda()) {
     cuda_runtime::set_device(stream_.device.index);
     set_current_stream(stream_);
@@ -64,6 +66,7 @@ void HostWorker::loop() {
     }
     std::exception_ptr failed;
     try {
+      const trace::Span span("offload job", "optimizer");
       job();
     } catch (...) {
       failed = std::current_exception();

@@ -180,6 +180,7 @@ class NcclCommunicator final : public Communicator {
 
   WorkHandle submit(Call c) override {
     auto work = std::make_shared<Work>(c.what, c.device);
+    work->set_trace_lane(fmt::format("comm {} (nccl)", label()));  // --trace: one lane per stream
     std::lock_guard<std::mutex> enqueue_lock(enqueue_mu_);  // NCCL calls on one communicator are serialised
     {
       std::unique_lock<std::mutex> lock(mu_);
