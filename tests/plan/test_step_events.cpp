@@ -273,7 +273,14 @@ TEST_P(StepEvents, EveryAllocationAsPlanned) {
         t.step();
       }
       real.push_back(log.take());
-      if (saves && i == 0) t.save_checkpoint();  // its host copy lives through the second step
+      if (saves && i == 0) {
+        // Its host copy lives through the second step. The save waits for the stage 1-2 gathers the update
+        // launched (ChunkSchedule::use_all), which the replay's steady state makes at the second step's unit
+        // forwards: the same uses in the same order, logged here.
+        zero::set_schedule_log(&real_schedule);
+        t.save_checkpoint();
+        zero::set_schedule_log(nullptr);
+      }
     }
     profiler::set_enabled(profiling);
     profiler::take();

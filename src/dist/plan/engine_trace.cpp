@@ -47,6 +47,7 @@
 #include "dist/comm/mesh.h"
 #include "dist/comm/types.h"
 #include "dist/zero/gather_codec.h"
+#include "dist/zero/param_gatherer.h"
 #include "dist/zero/quant_reduce.h"
 #include "dist/zero/quant_reduce_hier.h"
 #include "tensor/check.h"
@@ -60,7 +61,8 @@ EngineTrace::EngineTrace(MemoryTrace& m, EngineSpec spec)
     : m_(m),
       s_(std::move(spec)),
       reduce_(s_.layout, s_.stage >= 2),
-      units_(s_.layout.partitions.size(), s_.prefetch) {
+      units_(s_.layout.partitions.size(), s_.prefetch),
+      chunks_(s_.layout.partitions.size(), !zero::GatherCodec(s_.compute, s_.gather, s_.quant_block).direct()) {
   const zero::ZeroLayout& L = s_.layout;
   for (size_t i = 0; i < L.flat.segments.size(); ++i) param_index_[L.flat.segments[i].name] = i;
   const size_t np = L.partitions.size();
@@ -68,6 +70,10 @@ EngineTrace::EngineTrace(MemoryTrace& m, EngineSpec spec)
   gathered_.assign(np, kNone);
   wire_.assign(np, kNone);
   in_flight_.resize(np);
+  if (s_.stage == 1 || s_.stage == 2) {
+    unit_parts_ = zero::unit_partitions(L, s_.units);
+    for (size_t u = 0; u < s_.units.size(); ++u) unit_index_[s_.units[u]] = u;
+  }
 }
 
 size_t EngineTrace::param_index(const std::string& name) const {
@@ -261,6 +267,26 @@ void EngineTrace::forward_pre(int u) {
   if (u >= 0) units_.forward_pre(size_t(u), *this);
 }
 
+void EngineTrace::chunk_forward_pre(const std::string& module) {
+  if (s_.stage != 1 && s_.stage != 2) return;
+  const auto it = unit_index_.find(module);
+  if (it != unit_index_.end()) chunks_.forward_pre(unit_parts_[it->second], *this);
+}
+
+void EngineTrace::gather_partition(size_t p) {
+  if (const int64_t w = wire_bytes(p)) {
+    wire_[p] = m_.alloc(w, Use::gather, "gathered records");
+    collective(shard_comm, dist::Collective::all_gather, w, 1);
+  } else {
+    collective(shard_comm, dist::Collective::all_gather, s_.layout.partitions[p].numel,
+               int64_t(dtype_size(s_.compute)));
+  }
+}
+
+void EngineTrace::use_partition(size_t p) {
+  if (wire_[p] != kNone) m_.release(std::exchange(wire_[p], kNone));
+}
+
 void EngineTrace::forward_post(int u) {
   if (u >= 0) units_.forward_post(size_t(u), *this);
 }
@@ -293,21 +319,10 @@ void EngineTrace::optimizer_step() {
   }
   if (s_.stage > 0) all_reduce_scalar_in(shard_comm);
   m_.release(sum);
-  // Stages 1-2: the updated chunks are all-gathered into the compute copy (ChunkGatherer::after_update);
-  // quantized, the records of every partition are gathered into buffers of their own, then decoded and freed
-  // in order (ChunkGatherer::gather_records).
-  if (s_.stage != 1 && s_.stage != 2) return;
-  std::vector<Id> wires;
-  for (size_t p = 0; p < s_.layout.partitions.size(); ++p) {
-    if (const int64_t w = wire_bytes(p)) {
-      wires.push_back(m_.alloc(w, Use::gather, "gathered records"));
-      collective(shard_comm, dist::Collective::all_gather, w, 1);
-    } else {
-      collective(shard_comm, dist::Collective::all_gather, s_.layout.partitions[p].numel,
-                 int64_t(dtype_size(s_.compute)));
-    }
-  }
-  for (Id w : wires) m_.release(w);
+  // Stages 1-2: the updated chunks are all-gathered into the compute copy as the engine's ChunkSchedule says
+  // (ChunkGatherer::after_update); quantized, each partition's records into a buffer of its own, decoded and
+  // freed in order at once.
+  if (s_.stage == 1 || s_.stage == 2) chunks_.after_update(*this);
 }
 
 }  // namespace cz::plan

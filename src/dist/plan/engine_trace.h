@@ -20,6 +20,7 @@ namespace cz::plan {
 
 struct EngineSpec {
   int stage = 0;
+  std::vector<std::string> units;  // the model's units (ConvNeXt::units()): stages 1-2 wait at their forwards
   int world = 1;
   // A 2-D mesh (--shard-group): the shard group's size (0: the world). Each group of more than one rank that
   // does not span the world has a communicator, and so a ring scratch, of its own: the world's carries the
@@ -46,7 +47,9 @@ struct EngineSpec {
 };
 
 // It drives the engine's own schedules (Note [One schedule]) and carries their events out on the trace.
-class EngineTrace : private zero::ReduceSchedule::Sink, private zero::UnitSchedule::Sink {
+class EngineTrace : private zero::ReduceSchedule::Sink,
+                    private zero::UnitSchedule::Sink,
+                    private zero::ChunkSchedule::Sink {
  public:
   using Id = MemoryTrace::Id;
   EngineTrace(MemoryTrace& m, EngineSpec spec);
@@ -61,6 +64,8 @@ class EngineTrace : private zero::ReduceSchedule::Sink, private zero::UnitSchedu
   void backward_end();
   // Stage-3 module hooks of unit `u` (Note [Stage-3 units]); no-ops for u < 0.
   void forward_pre(int u);
+  // Stages 1-2: the forward of unit `module` waits for its partitions' gathers (ChunkGatherer's hook).
+  void chunk_forward_pre(const std::string& module);
   void forward_post(int u);
   void backward_pre(int u);
   // AccumulateGrad of parameter `param` got `grad`: the engine's grad-ready hook runs, then the gradient is
@@ -89,6 +94,9 @@ class EngineTrace : private zero::ReduceSchedule::Sink, private zero::UnitSchedu
   void gather(size_t p) override;
   void use(size_t p) override;  // the gathered records decoded, their buffer freed
   void release(size_t p) override;
+  // ChunkSchedule::Sink
+  void gather_partition(size_t p) override;
+  void use_partition(size_t p) override;
   // The communicators whose threads grow a scratch: the mesh's, and a two-level world's host and cross
   // communicators and its own thread (the pack scratch; its flat ring is world_comm).
   enum Comm { world_comm, shard_comm, replicate_comm, host_level, cross_level, pack, kComms };
@@ -107,9 +115,12 @@ class EngineTrace : private zero::ReduceSchedule::Sink, private zero::UnitSchedu
   std::unordered_map<std::string, size_t> param_index_;
   zero::ReduceSchedule reduce_;
   zero::UnitSchedule units_;
+  zero::ChunkSchedule chunks_;                 // stages 1-2
+  std::vector<std::vector<size_t>> unit_parts_;  // stages 1-2: per unit, its partitions
+  std::unordered_map<std::string, size_t> unit_index_;
   std::vector<Id> bucket_;           // stages 2-3
   std::vector<Id> gathered_;         // stage 3: kNone while released
-  std::vector<Id> wire_;             // stage 3, quantized: the gathered records, from gather to use
+  std::vector<Id> wire_;             // quantized: the gathered records, from gather to use (decode)
   std::vector<InFlight> in_flight_;  // per partition, while its reduction is in flight
   Id scratch_[kComms] = {-1, -1, -1, -1, -1, -1};
   int64_t scratch_bytes_[kComms] = {};

@@ -117,6 +117,7 @@ StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bo
   // On CUDA the copy is pinned host memory (Plan::host_rows), outside the device's allocator.
   if (!s.cuda) sp.checkpoint_copy_bytes = std::max<int64_t>(0, checkpoint_copy_bytes(s, engine));
   sp.engine.stage = engine.spec.stage;
+  sp.engine.units = nn::convnext_units(s.model);
   sp.engine.world = s.world;
   sp.engine.shard = s.shard;
   sp.engine.layout = engine.spec.layout;

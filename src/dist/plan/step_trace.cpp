@@ -408,6 +408,7 @@ int Walker::module_begin(const std::string& module) {
     at(module, "gather");
     engine_.forward_pre(unit);
   }
+  engine_.chunk_forward_pre(module);  // stages 1-2
   return unit;
 }
 

@@ -211,6 +211,11 @@ struct UnitCalls final : zero::UnitSchedule::Sink {
   void use(size_t u) override { on_use(u); }
   void release(size_t u) override { on_release(u); }
 };
+struct ChunkCalls final : zero::ChunkSchedule::Sink {
+  std::function<void(size_t)> on_gather, on_use;
+  void gather_partition(size_t p) override { on_gather(p); }
+  void use_partition(size_t p) override { on_use(p); }
+};
 struct ReduceCalls final : zero::ReduceSchedule::Sink {
   std::function<void(size_t)> on_launch, on_finish;
   void prepare(size_t) override {}
@@ -364,14 +369,17 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
     if (codec.direct() || (hpz && backward)) return double(L.partitions[p].numel) * ec;
     return double(shards) * double(codec.record_bytes(L.chunk(p)));
   };
-  // Stages 1-2: the previous step's parameter all-gathers, queued as the step begins; quantized, the step
-  // waited for them all (ChunkGatherer::gather_records decodes on the training thread).
+  // Stages 1-2: the previous step's parameter all-gathers as the engine's ChunkSchedule launches them after
+  // the update, queued as the step begins; quantized, decoded at once (on the training thread), else waited
+  // for at each unit's forward.
   std::vector<double> param_gather(np, 0);
-  if (comms && (stage == 1 || stage == 2))
-    for (size_t p = 0; p < np; ++p) {
-      param_gather[p] = param_gather_of(gather_bytes(p, false), 0, false);
-      if (!codec.direct()) wait_for(param_gather[p]);
-    }
+  zero::ChunkSchedule chunks(np, !codec.direct());
+  ChunkCalls chunk_calls;
+  chunk_calls.on_gather = [&](size_t p) {
+    param_gather[p] = comms ? param_gather_of(gather_bytes(p, false), 0, false) : 0;
+  };
+  chunk_calls.on_use = [&](size_t p) { wait_for(param_gather[p]); };
+  if (stage == 1 || stage == 2) chunks.after_update(chunk_calls);
   run_op(zero_grad_work(int64_t(stage <= 1 ? double(L.flat.numel) * ec : double(L.shard_numel()) * 4)));
 
   // Stage 3's units, gathered, waited for and released as the engine's UnitSchedule says (Note [One
@@ -453,8 +461,10 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   for (int64_t a = 0; a < micro_steps; ++a) {
     for (size_t m = 0; m < run.work.size(); ++m) {
       if (stage == 3) units.forward_pre(unit_of_module[m], unit_calls);
-      if (a == 0 && (stage == 1 || stage == 2))
-        for (size_t p : module_parts.at(run.work[m].module)) wait_for(param_gather[p]);
+      if (stage == 1 || stage == 2) {
+        const std::set<size_t>& parts = module_parts.at(run.work[m].module);
+        chunks.forward_pre(std::vector<size_t>(parts.begin(), parts.end()), chunk_calls);
+      }
       for (const OpCost& op : run.work[m].forward) run_op(op);
       if (stage == 3) units.forward_post(unit_of_module[m], unit_calls);
     }

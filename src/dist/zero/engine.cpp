@@ -193,8 +193,8 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
     reducer_->set_sink([this](size_t p, const Tensor& chunk, bool) { state_->receive(p, chunk); });
   }
   if (sharded && !units_gathered)
-    gatherer_ = std::make_unique<ChunkGatherer>(layout_, model, params_, compute_chunks_, shard_group, meter_,
-                                                codec_);
+    gatherer_ = std::make_unique<ChunkGatherer>(layout_, model, units, params_, compute_chunks_, shard_group,
+                                                meter_, codec_);
   if (gatherer_) {
     reducer_->set_on_launch([this](size_t p) { gatherer_->reduced(p); });
     // What a gather encodes: the fp32 master chunks where they are on the device, else (offload: on the

@@ -7,6 +7,7 @@
 #include "dist/zero/held_bytes.h"
 #include "tensor/autograd/engine.h"
 #include "tensor/ops.h"
+#include "tensor/trace.h"
 
 namespace cz::zero {
 
@@ -40,26 +41,42 @@ void ParamGatherer::encode_all() {
   for (size_t p = 0; p < sources_.size(); ++p) codec_.encode(sources_[p], record(p));
 }
 
-ChunkGatherer::ChunkGatherer(const ZeroLayout& layout, nn::Module& model, Tensor full,
-                             std::vector<Tensor> chunks, dist::ProcessGroup group, CommMeter& meter,
+std::vector<std::vector<size_t>> unit_partitions(const ZeroLayout& layout, const std::vector<std::string>& units) {
+  std::vector<std::vector<size_t>> out(units.size());
+  std::vector<bool> covered(layout.partitions.size(), false);
+  for (size_t u = 0; u < units.size(); ++u) {
+    const std::string& name = units[u];
+    for (size_t p = 0; p < layout.partitions.size(); ++p)
+      for (size_t i = layout.partitions[p].first_param; i < layout.partitions[p].end_param; ++i) {
+        const std::string& param = layout.flat.segments[i].name;
+        if (param.size() > name.size() && param.compare(0, name.size(), name) == 0 && param[name.size()] == '.') {
+          out[u].push_back(p);
+          covered[p] = true;
+          break;
+        }
+      }
+  }
+  for (size_t p = 0; p < covered.size(); ++p)
+    CZ_CHECK(covered[p], "ZeRO: partition {} ('{}') holds no parameter of any unit", p, layout.partitions[p].name);
+  return out;
+}
+
+ChunkGatherer::ChunkGatherer(const ZeroLayout& layout, nn::Module& model, const std::vector<std::string>& units,
+                             Tensor full, std::vector<Tensor> chunks, dist::ProcessGroup group, CommMeter& meter,
                              const GatherCodec& codec)
     : ParamGatherer(layout, std::move(group), meter, codec),
       full_(std::move(full)),
       chunks_(std::move(chunks)),
-      work_(layout.partitions.size()) {
-  std::map<std::string, size_t> partition_of;  // parameter name -> partition
-  for (size_t p = 0; p < layout_.partitions.size(); ++p)
-    for (size_t i = layout_.partitions[p].first_param; i < layout_.partitions[p].end_param; ++i)
-      partition_of[layout_.flat.segments[i].name] = p;
-  for (auto& [prefix, m] : model.named_modules()) {
-    std::vector<size_t> parts;
-    for (const auto& [local, t] : m->local_parameters()) {
-      const size_t p = partition_of.at(prefix.empty() ? local : prefix + "." + local);
-      if (std::find(parts.begin(), parts.end(), p) == parts.end()) parts.push_back(p);
-    }
-    if (parts.empty()) continue;
-    hooks_.emplace_back(
-        m, m->register_forward_pre_hook([this, parts](nn::Module&, const Tensor&) { wait(parts); }));
+      schedule_(layout.partitions.size(), !codec.direct()),
+      work_(layout.partitions.size()),
+      wire_(layout.partitions.size()) {
+  const std::vector<std::vector<size_t>> parts = unit_partitions(layout_, units);
+  for (size_t u = 0; u < units.size(); ++u) {
+    nn::Module* m = model.find_module(units[u]);
+    CZ_CHECK(m != nullptr, "ZeRO: the model has no module '{}'", units[u]);
+    hooks_.emplace_back(m, m->register_forward_pre_hook([this, p = parts[u]](nn::Module&, const Tensor&) {
+      schedule_.forward_pre(p, *this);
+    }));
   }
   allocate_records();
 }
@@ -72,54 +89,37 @@ ChunkGatherer::~ChunkGatherer() {
       }
 }
 
+// Not direct: every partition's records launched, then (the schedule's decode_at_once) each decoded as soon
+// as it has arrived, while the later ones travel, its wire buffer freed.
 void ChunkGatherer::after_update() {
-  if (!codec_.direct()) return gather_records();
-  for (size_t p = 0; p < layout_.partitions.size(); ++p) {
+  encode_all();
+  schedule_.after_update(*this);
+}
+
+void ChunkGatherer::gather_partition(size_t p) {
+  const trace::Label label("partition", p);  // --trace (Note [Trace blocks])
+  if (codec_.direct()) {
     const Partition& part = layout_.partitions[p];
     Tensor full = full_.narrow(0, part.begin, part.numel);
     work_[p] = group_.all_gather(chunks_[p], full);
     meter_.sent(group_, part.numel * int64_t(dtype_size(full_.dtype())), dist::Collective::all_gather);
+    return;
   }
+  wire_[p] = empty({group_.size() * codec_.record_numel(layout_.chunk(p))}, codec_.wire_dtype(), group_.device());
+  work_[p] = group_.all_gather(record(p), wire_[p]);
+  meter_.sent(group_, wire_[p].nbytes(), dist::Collective::all_gather);
+  meter_.hold(int64_t(round_to_size_class(wire_[p].storage()->nbytes())));
 }
 
-// Every partition's records launched, then each decoded as soon as it has arrived (while the later ones
-// travel), its wire buffer freed.
-void ChunkGatherer::gather_records() {
-  encode_all();
-  const size_t np = layout_.partitions.size();
-  const int64_t n = group_.size();
-  std::vector<Tensor> wire(np);
-  for (size_t p = 0; p < np; ++p) {
-    wire[p] = empty({n * codec_.record_numel(layout_.chunk(p))}, codec_.wire_dtype(), group_.device());
-    work_[p] = group_.all_gather(record(p), wire[p]);
-    meter_.sent(group_, wire[p].nbytes(), dist::Collective::all_gather);
-    meter_.hold(int64_t(round_to_size_class(wire[p].storage()->nbytes())));
-  }
+void ChunkGatherer::use_partition(size_t p) {
+  meter_.wait(work_[p]);
+  work_[p].reset();
+  if (!wire_[p].defined()) return;
   NoGradGuard no_grad;
-  for (size_t p = 0; p < np; ++p) {
-    meter_.wait(work_[p]);
-    work_[p].reset();
-    const Partition& part = layout_.partitions[p];
-    codec_.decode(wire[p], n, layout_.chunk(p), full_.narrow(0, part.begin, part.numel));
-    meter_.hold(-int64_t(round_to_size_class(wire[p].storage()->nbytes())));
-    wire[p] = Tensor();
-  }
-}
-
-void ChunkGatherer::wait(const std::vector<size_t>& partitions) {
-  for (size_t p : partitions)
-    if (work_[p]) {
-      meter_.wait(work_[p]);
-      work_[p].reset();
-    }
-}
-
-void ChunkGatherer::wait_all() {
-  for (auto& w : work_)
-    if (w) {
-      meter_.wait(w);
-      w.reset();
-    }
+  const Partition& part = layout_.partitions[p];
+  codec_.decode(wire_[p], group_.size(), layout_.chunk(p), full_.narrow(0, part.begin, part.numel));
+  meter_.hold(-int64_t(round_to_size_class(wire_[p].storage()->nbytes())));
+  wire_[p] = Tensor();
 }
 
 }  // namespace cz::zero

@@ -61,25 +61,34 @@ class ParamGatherer {
   std::vector<std::pair<nn::Module*, int>> hooks_;  // (module, hook id)
 };
 
-class ChunkGatherer final : public ParamGatherer {
+// It carries out ChunkSchedule's events (Note [One schedule]) on the compute copy and all-gathers.
+class ChunkGatherer final : public ParamGatherer, private ChunkSchedule::Sink {
  public:
-  // `full`: the full compute copy; `chunks`: this rank's chunk of each partition in it.
+  // `full`: the full compute copy; `chunks`: this rank's chunk of each partition in it; `units`: module names
+  // of `model` holding every parameter (ConvNeXt::units()), whose forwards wait for their partitions.
   // Not direct (Note [Quantized gathers]): each update encodes the sources into the records, all-gathers
   // them and decodes every partition into `full` at once, on the training thread; so these gathers are not
   // overlapped with the next forward.
-  ChunkGatherer(const ZeroLayout& layout, nn::Module& model, Tensor full, std::vector<Tensor> chunks,
-                dist::ProcessGroup group, CommMeter& meter, const GatherCodec& codec);
+  ChunkGatherer(const ZeroLayout& layout, nn::Module& model, const std::vector<std::string>& units, Tensor full,
+                std::vector<Tensor> chunks, dist::ProcessGroup group, CommMeter& meter, const GatherCodec& codec);
   ~ChunkGatherer() override;
   void after_update() override;
-  void wait_all() override;
+  void wait_all() override { schedule_.use_all(*this); }
 
  private:
-  void wait(const std::vector<size_t>& partitions);
-  void gather_records();
+  // ChunkSchedule::Sink
+  void gather_partition(size_t p) override;
+  void use_partition(size_t p) override;
   Tensor full_;
   std::vector<Tensor> chunks_;
+  ChunkSchedule schedule_;
   std::vector<dist::WorkHandle> work_;  // per partition
+  std::vector<Tensor> wire_;            // not direct: per partition, its gathered records until decoded
 };
+
+// The partitions holding each unit's parameters (a unit: a module name; its parameters: that name and all
+// below it), ascending; every partition in some unit. The planner's replay asks the same (engine_trace.cpp).
+std::vector<std::vector<size_t>> unit_partitions(const ZeroLayout& layout, const std::vector<std::string>& units);
 
 // It carries out UnitSchedule's events (Note [One schedule]) on the units' buffers and all-gathers.
 class UnitGatherer final : public ParamGatherer, private UnitSchedule::Sink {

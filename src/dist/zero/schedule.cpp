@@ -155,4 +155,35 @@ void UnitSchedule::backward_pre(size_t u, Sink& sink) {
   prefetch_after(u, true, sink);
 }
 
+ChunkSchedule::ChunkSchedule(size_t partitions, bool decode_at_once)
+    : at_once_(decode_at_once), pending_(partitions, false) {}
+
+void ChunkSchedule::after_update(Sink& sink) {
+  for (size_t p = 0; p < pending_.size(); ++p) {
+    CZ_ASSERT(!pending_[p], "chunk schedule: partition {} gathered again before use", p);
+    note(ScheduleEvent::gather, p);
+    pending_[p] = true;
+    sink.gather_partition(p);
+  }
+  if (at_once_) use_all(sink);
+}
+
+void ChunkSchedule::forward_pre(const std::vector<size_t>& parts, Sink& sink) {
+  for (size_t p : parts)
+    if (pending_[p]) {
+      note(ScheduleEvent::use, p);
+      pending_[p] = false;
+      sink.use_partition(p);
+    }
+}
+
+void ChunkSchedule::use_all(Sink& sink) {
+  for (size_t p = 0; p < pending_.size(); ++p)
+    if (pending_[p]) {
+      note(ScheduleEvent::use, p);
+      pending_[p] = false;
+      sink.use_partition(p);
+    }
+}
+
 }  // namespace cz::zero

@@ -128,4 +128,26 @@ class UnitSchedule {
   std::vector<size_t> order_, position_;
 };
 
+// Stages 1-2's gathers after the update (Note [Overlapped parameter all-gather] in engine.cpp): every
+// partition's all-gather launched in partition order once the update is done; with records (quantized
+// gathers) each then waited for and decoded at once, in order; else each waited for at the first forward of
+// a unit (Note [ConvNeXt structure]) holding one of its parameters, in partition order.
+class ChunkSchedule {
+ public:
+  struct Sink {
+    virtual ~Sink() = default;
+    virtual void gather_partition(size_t p) = 0;  // launch its all-gather
+    virtual void use_partition(size_t p) = 0;     // wait for it (and decode it)
+  };
+  ChunkSchedule(size_t partitions, bool decode_at_once);
+  void after_update(Sink& sink);
+  // A unit's forward is about to run: `parts` its partitions, ascending.
+  void forward_pre(const std::vector<size_t>& parts, Sink& sink);
+  void use_all(Sink& sink);  // everything in flight waited for (evaluation, a checkpoint, the destructor)
+
+ private:
+  bool at_once_;
+  std::vector<bool> pending_;  // gathered, not yet used
+};
+
 }  // namespace cz::zero
