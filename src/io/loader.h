@@ -20,6 +20,7 @@
 #include "io/mixup.h"
 #include "io/randaugment.h"
 #include "io/random_erasing.h"
+#include "tensor/stream.h"
 #include "tensor/tensor.h"
 
 namespace cz {
@@ -63,6 +64,10 @@ struct Batch {
   // planner predicts to the byte).
   std::vector<int64_t> sources;
   MixParams mix;  // with mixing on: how each image was mixed (partner, lam, box)
+  // CUDA, copied ahead (copy_ahead in model_input.h, Note [Copying the next batch ahead]): `pixels` on the
+  // device, and the event their copy's stream recorded after it.
+  Tensor device_pixels;
+  std::shared_ptr<Event> pixels_ready;
   int64_t epoch = 0;
   int64_t index = 0;         // global batch number within the epoch
   int64_t first_sample = 0;  // position in the epoch of this rank's first sample

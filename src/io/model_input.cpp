@@ -3,6 +3,8 @@
 #include "io/model_input.h"
 
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 #include <tuple>
 
@@ -13,6 +15,7 @@
 #if CZ_WITH_CUDA
 #include "tensor/cuda/allocator.h"
 #include "tensor/cuda/kernels.h"
+#include "tensor/cuda/runtime.h"
 #endif
 
 namespace cz {
@@ -71,6 +74,35 @@ int64_t model_input_bytes(const Batch& batch) {
                  d.rects.size() * sizeof(batch_input::EraseRect) + d.values.size() * sizeof(float));
 }
 
+void copy_ahead(Batch& batch, const Device& device) {
+  if (!device.is_cuda() || !batch.pixels.defined()) return;
+#if CZ_WITH_CUDA
+  static std::mutex mu;
+  static std::map<int, Stream> streams;  // per device, for the process
+  Stream copy_stream;
+  {
+    const std::lock_guard lock(mu);
+    auto [it, added] = streams.try_emplace(device.index, Stream{device, nullptr});
+    if (added) it->second.handle = cuda_runtime::stream_create(device.index);
+    copy_stream = it->second;
+  }
+  const StreamGuard on_copy_stream(copy_stream);  // the device block is the copy stream's, and the copy on it
+  if (batch.pixels.storage() && batch.pixels.storage()->allocator() == &pinned_host_allocator()) {
+    // The loader's pinned batch, read in place; not handed out again before the copy has read it.
+    batch.device_pixels = empty(batch.pixels.sizes(), DType::u8, device);
+    cuda_runtime::memcpy_async(batch.device_pixels.raw_data(), batch.pixels.raw_data(), size_t(batch.pixels.nbytes()),
+                               cuda_runtime::CopyKind::host_to_device, copy_stream);
+    cuda::record_stream(batch.pixels, copy_stream);
+  } else {
+    batch.device_pixels = batch.pixels.to(device);  // staged through pinned memory by Tensor::to
+  }
+  batch.pixels_ready = std::make_shared<Event>(device);
+  batch.pixels_ready->record(copy_stream);
+#else
+  throw DeviceError(fmt::format("copy_ahead: {} needs a CUDA build", device.str()));
+#endif
+}
+
 Tensor model_input(const Batch& batch, const Device& device) {
   // A batch made without a loader (benches, tests) may carry its input ready-made.
   if (!batch.pixels.defined() && batch.images.defined()) return batch.images.to(device);
@@ -93,10 +125,18 @@ Tensor model_input(const Batch& batch, const Device& device) {
     return out;
   }
 #if CZ_WITH_CUDA
-  // The pixels are copied to the device (asynchronously from the loader's pinned batches); the draws, a
-  // few hundred bytes besides the erased boxes' values, travel in one pinned buffer the kernel reads where
-  // it is (unified addressing).
-  const Tensor pixels = batch.pixels.to(device);
+  // The pixels are copied to the device (asynchronously from the loader's pinned batches), or were copied
+  // ahead (Note [Copying the next batch ahead]); the draws, a few hundred bytes besides the erased boxes'
+  // values, travel in one pinned buffer the kernel reads where it is (unified addressing).
+  const Stream stream = current_stream(device);
+  Tensor pixels;
+  if (batch.device_pixels.defined()) {
+    batch.pixels_ready->wait(stream);
+    pixels = batch.device_pixels;
+    cuda::record_stream(pixels, stream);
+  } else {
+    pixels = batch.pixels.to(device);
+  }
   const size_t b_images = d.images.size() * sizeof(batch_input::ImageParams);
   const size_t b_rects = d.rects.size() * sizeof(batch_input::EraseRect);
   const size_t b_values = d.values.size() * sizeof(float);
@@ -109,7 +149,6 @@ Tensor model_input(const Batch& batch, const Device& device) {
   view.images = reinterpret_cast<const batch_input::ImageParams*>(base);
   view.rects = reinterpret_cast<const batch_input::EraseRect*>(base + b_images);
   view.values = reinterpret_cast<const float*>(base + b_images + b_rects);
-  const Stream stream = current_stream(device);
   cuda::model_input(view, out, stream);
   // The pinned block goes back to the pool only once the stream has run the kernel.
   cuda::record_stream(draws, stream);

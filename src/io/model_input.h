@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tensor/cuda/model_input_element.h"
+#include "tensor/stream.h"
 #include "tensor/tensor.h"
 
 namespace cz {
@@ -36,6 +37,17 @@ ModelInputDraws model_input_draws(const Batch& batch);
 // (n, H, W, 3) f32 on `device`: batch.pixels normalised, erased and mixed (Note [Normalising on the device]).
 // A batch without pixels but with `images` (made without a loader: benches, tests) gives those, on `device`.
 Tensor model_input(const Batch& batch, const Device& device);
+
+// Note [Copying the next batch ahead]: on CUDA the trainer takes the next step's first batch from the loader
+// once the current step's backward is queued, and copies its pixels to the device on a stream of its own
+// (`copy_stream`), so that the copy runs while the GPU still works on the current step; the next step's
+// model_input makes the compute stream wait for the copy's event instead of copying. The copy stream is one
+// per device for the process (created at first use, kept to the end: the caching allocator's blocks belong
+// to it). Only batches of the current epoch are taken ahead (the loader's epoch end is kept for the next
+// step), and the checkpoint's position counts the batches used, not those taken ahead. The pinned pixels and
+// the device copy are marked used on the streams that read them (record_stream), so neither is reused before
+// the copy and the kernel have run. On the CPU it does nothing.
+void copy_ahead(Batch& batch, const Device& device);
 
 // Bytes model_input moves from host to a device for `batch`: its pixels and draws.
 int64_t model_input_bytes(const Batch& batch);

@@ -13,6 +13,8 @@
 #include "io/model_input.h"
 #include "io/random_erasing.h"
 #include "io_testing.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/stream.h"
 
 namespace cz {
 namespace {
@@ -124,6 +126,28 @@ TEST(ModelInput, TheDeviceGetsAQuarterOfTheF32Bytes) {
     // The pixels (a quarter) plus 40 bytes of mixing parameters per image.
     EXPECT_EQ(sent, f32 / 4 + b.pixels.size(0) * int64_t(sizeof(batch_input::ImageParams)));
     EXPECT_LT(double(sent) / double(f32), 0.26);
+  }
+}
+
+// Note [Copying the next batch ahead] (CUDA only: skipped without a GPU; not yet run on one): a batch copied
+// ahead on the copy stream gives the same input as one copied at use, and on the CPU copy_ahead does nothing.
+TEST(ModelInput, CopiedAheadEqualsCopiedAtUse) {
+  LoaderOptions o = recipe(EraseMode::pixel, 1, MixMode::pair);
+  o.pixels_only = true;
+  std::vector<Batch> batches = batches_of(o);
+  copy_ahead(batches[0], Device::cpu());
+  EXPECT_FALSE(batches[0].device_pixels.defined());
+  if (cuda_runtime::device_count() == 0) GTEST_SKIP() << "no GPU: the copy ahead is CUDA's";
+  const Device gpu = Device::cuda(0);
+  o.pinned = true;
+  std::vector<Batch> pinned = batches_of(o);
+  for (Batch& b : pinned) {
+    const Tensor at_use = model_input(b, gpu).cpu();
+    copy_ahead(b, gpu);
+    ASSERT_TRUE(b.device_pixels.defined());
+    const Tensor ahead = model_input(b, gpu).cpu();
+    EXPECT_TRUE(same_bits(ahead, at_use));
+    EXPECT_TRUE(same_bits(ahead, model_input(b, Device::cpu())));
   }
 }
 

@@ -141,14 +141,23 @@ void Walker::step() {
   // The micro-steps' losses are summed on the device: the first one's loss is kept, later ones add into a
   // new scalar each.
   const int64_t micro_steps = std::min<int64_t>(s_.grad_accum, 2);
+  // Note [Copying the next batch ahead]: on CUDA this step's first batch was copied to the device during the
+  // previous step (none before the first), and lives as long as the step's batches.
+  const Id ahead = std::exchange(ahead_, kNone);
   for (int64_t a = 0; a < micro_steps; ++a) {
     if (s_.cuda) {
+      copied_ahead_ = a == 0 && ahead != kNone;
       micro_step(a + 1 == micro_steps, A{}, A{});
     } else {
       // The loss reads the labels, or the soft targets.
       micro_step(a + 1 == micro_steps, batches[per_batch * size_t(a)],
                  batches[per_batch * size_t(a + 1) - 1]);
     }
+  }
+  if (s_.cuda) {
+    scope_ = "batch";
+    at("next batch ahead");
+    ahead_ = m_.alloc(pixels, Use::input, "pixels (8-bit, the next step's, copied ahead)");
   }
   scope_ = "optimizer";
   at("mean loss");
@@ -164,6 +173,7 @@ void Walker::step() {
   m_.release(loss_sum_);  // a local of Trainer::step
   loss_sum_ = kNone;
   for (const A& b : batches) m_.release(b.id);
+  if (ahead != kNone) m_.release(ahead);
 }
 
 // `cpu_pixels`, `cpu_labels`: the CPU backend's batch (step()); none on CUDA, where the micro-step copies its
@@ -178,7 +188,7 @@ void Walker::micro_step(bool last, const A& /*cpu_pixels: read by model_input*/,
   // model_input(batch, device): the f32 images, and on CUDA the pixels copied to the device meanwhile (Note
   // [Normalising on the device]); then .to(compute dtype).
   A images = buf(pixels * 4, Use::input, "images");
-  if (s_.cuda) m_.release(buf(pixels, Use::input, "pixels (8-bit, on the device)").id);
+  if (s_.cuda && !copied_ahead_) m_.release(buf(pixels, Use::input, "pixels (8-bit, on the device)").id);
   if (s_.compute != DType::f32) {
     const A half = buf(pixels * e_, Use::input, "images (16-bit)");
     m_.release(images.id);

@@ -377,7 +377,13 @@ int64_t Trainer::batches_per_epoch() const {
 }
 
 Batch Trainer::next_batch() {
-  std::optional<Batch> b = loader_->next();
+  std::optional<Batch> b;
+  if (ahead_) {
+    b = std::move(*ahead_);
+    ahead_.reset();
+  } else {
+    b = loader_->next();
+  }
   if (!b) {
     loader_->start_epoch(++epoch_);
     batches_in_epoch_ = 0;
@@ -388,15 +394,28 @@ Batch Trainer::next_batch() {
   return std::move(*b);
 }
 
+void Trainer::take_next_batch_ahead() {
+  if (!take_ahead_ || ahead_ || !device_.is_cuda()) return;
+  const auto t0 = Clock::now();
+  ahead_ = loader_->next();  // nullopt: the epoch's end, for next_batch to see
+  ahead_wait_s_ = seconds_since(t0);
+  trace::complete("data wait (next step's batch)", "data", t0, Clock::now(), "data wait");
+  if (*ahead_) copy_ahead(**ahead_, device_);
+}
+
 StepStats Trainer::step() {
   const auto t0 = Clock::now();  // waiting for the loader counts
   std::vector<Batch> batches;
   for (int64_t a = 0; a < cfg_.grad_accum; ++a) batches.push_back(next_batch());
-  // Note [Data wait]: the time this rank's step waited for its batches, inside step_time_s.
+  // Note [Data wait]: the time this rank's step waited for its batches, inside step_time_s (and on CUDA
+  // the wait for the next step's first batch, taken ahead inside this step).
   const double data_wait_s = seconds_since(t0);
   trace::complete("data wait", "data", t0, Clock::now(), "data wait");
+  take_ahead_ = true;
+  ahead_wait_s_ = 0;
   StepStats s = run_step(batches, t0);
-  s.data_wait_s = data_wait_s;
+  take_ahead_ = false;
+  s.data_wait_s = data_wait_s + ahead_wait_s_;
   // After the step's timer: the batches exactly as the model received them.
   for (int64_t a = 0; dump_ && a < cfg_.grad_accum; ++a) dump_->write(batches[size_t(a)], s.step, a);
   return s;
@@ -444,6 +463,7 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
     NoGradGuard no_grad;
     loss_sum = loss_sum.defined() ? add(loss_sum, loss.detach()) : loss.detach();
   }
+  take_next_batch_ahead();  // CUDA: its copy runs beside this step's queued backward
   s.loss = mean_loss(loss_sum);
   update_and_gather(s);
   if (tracer_) tracer_->memory_sample(alloc.stats().allocated_bytes);

@@ -151,6 +151,9 @@ class Trainer {
   void update_and_gather(StepStats& s);
   LoaderOptions loader_options(Split split) const;
   Batch next_batch();
+  // CUDA, from step(): the next step's first batch taken from the loader and copied to the device while this
+  // step's backward runs (Note [Copying the next batch ahead] in io/model_input.h).
+  void take_next_batch_ahead();
 
   TrainConfig cfg_;
   dist::World& world_;
@@ -175,6 +178,9 @@ class Trainer {
   std::unique_ptr<StepTracer> tracer_;  // --trace
   int64_t epoch_ = 0;
   int64_t batches_in_epoch_ = 0;  // the loader's global batches of this epoch consumed so far
+  std::optional<std::optional<Batch>> ahead_;  // taken ahead: a batch, or the epoch's end
+  bool take_ahead_ = false;                    // in step(): run_step takes the next batch ahead
+  double ahead_wait_s_ = 0;                    // this step's wait for the loader while taking it
   std::unique_ptr<ckpt::Collective> ckpt_comm_;
   std::unique_ptr<ckpt::PendingSave> pending_save_;
   int64_t saved_step_ = -1;        // the step of the newest save begun (or resumed from)
