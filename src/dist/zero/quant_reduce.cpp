@@ -58,6 +58,20 @@ void settle(std::vector<dist::WorkHandle>& works) noexcept {
 
 }  // namespace
 
+void exchange_records(const dist::ProcessGroup& group, const std::function<Tensor(int)>& send_of,
+                      const std::function<Tensor(int)>& recv_of, std::vector<dist::WorkHandle>& works,
+                      CommMeter& meter) {
+  const int n = group.size(), me = group.rank();
+  for (int k = 1; k < n; ++k) {
+    const int to = (me + k) % n, from = (me - k + n) % n;
+    const Tensor out = send_of(to);
+    works.push_back(group.send(out, to));
+    Tensor in = recv_of(from);
+    works.push_back(group.recv(in, from));
+    meter.sent_to(group, to, out.nbytes());
+  }
+}
+
 int64_t quantized_reduce_buffer_bytes(int n, int64_t chunk, int64_t block) {
   return 2 * int64_t(n) * dist::quant_packed_bytes(chunk, block);
 }
@@ -80,13 +94,9 @@ QuantizedReduceScatter::QuantizedReduceScatter(const dist::ProcessGroup& group, 
     const int to = (me + k) % n;
     codec.encode(bucket_.narrow(0, to * chunk, chunk), records_.narrow(0, to * record_bytes_, record_bytes_));
   }
-  for (int k = 1; k < n; ++k) {
-    const int to = (me + k) % n, from = (me - k + n) % n;
-    works_.push_back(group_.send(records_.narrow(0, to * record_bytes_, record_bytes_), to));
-    Tensor in = records_.narrow(0, (n + from) * record_bytes_, record_bytes_);
-    works_.push_back(group_.recv(in, from));
-    meter_.sent_to(group_, to, record_bytes_);
-  }
+  exchange_records(
+      group_, [&](int to) { return records_.narrow(0, to * record_bytes_, record_bytes_); },
+      [&](int from) { return records_.narrow(0, (n + from) * record_bytes_, record_bytes_); }, works_, meter_);
 }
 
 QuantizedReduceScatter::~QuantizedReduceScatter() {
@@ -139,13 +149,9 @@ void QuantizedAllReduce::finish(double scale) {
   const GatherCodec codec(DType::f32, DType::u8, block_);
   codec.encode(bucket_.narrow(0, me * chunk_, chunk_), records_.narrow(0, me * record_bytes_, record_bytes_));
   const Tensor mine = records_.narrow(0, me * record_bytes_, record_bytes_);
-  for (int k = 1; k < n; ++k) {
-    const int to = (me + k) % n, from = (me - k + n) % n;
-    works_.push_back(group_.send(mine, to));
-    Tensor in = records_.narrow(0, from * record_bytes_, record_bytes_);
-    works_.push_back(group_.recv(in, from));
-    meter_.sent_to(group_, to, record_bytes_);
-  }
+  exchange_records(
+      group_, [&](int) { return mine; },
+      [&](int from) { return records_.narrow(0, from * record_bytes_, record_bytes_); }, works_, meter_);
   for (auto& w : works_) meter_.wait(w);
   works_.clear();
   codec.decode(records_, n, chunk_, bucket_);

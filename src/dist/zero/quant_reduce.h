@@ -3,6 +3,7 @@
 // for its own chunk into its fp32 values.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -47,6 +48,13 @@ class QuantizedReduceScatter {
 
 // Bytes of the records buffer a quantized reduce-scatter of N chunks of `chunk` values allocates.
 int64_t quantized_reduce_buffer_bytes(int n, int64_t chunk, int64_t block);
+
+// The exchange every quantized reduction is made of: for k = 1 .. N - 1 in `group` (N ranks, this one r), a
+// send of send_of(r + k) to rank r + k and a receive into recv_of(r - k) from rank r - k (mod N), appended
+// to `works`, each send's bytes counted by `meter`. Transfers between two ranks match in posting order.
+void exchange_records(const dist::ProcessGroup& group, const std::function<Tensor(int)>& send_of,
+                      const std::function<Tensor(int)>& recv_of, std::vector<dist::WorkHandle>& works,
+                      CommMeter& meter);
 
 // Note [Quantized all-reduce]: stage 0's bucket all-reduce with --reduce-dtype int8, in two all-to-alls: the
 // quantized reduce-scatter above (each rank owns chunk r of the bucket, summed in fp32 and averaged), then

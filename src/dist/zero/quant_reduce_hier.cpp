@@ -92,13 +92,9 @@ TwoHopQuantizedReduceScatter::TwoHopQuantizedReduceScatter(const dist::ProcessGr
       codec.encode(bucket_.narrow(0, chunk_index(h, to) * chunk, chunk),
                    records_.narrow(0, to * slot + h * record_bytes_, record_bytes_));
   }
-  for (int k = 1; k < nr; ++k) {
-    const int to = (l + k) % nr, from = (l - k + nr) % nr;
-    works_.push_back(host_.send(records_.narrow(0, to * slot, slot), to));
-    Tensor in = records_.narrow(0, (nr + from) * slot, slot);
-    works_.push_back(host_.recv(in, from));
-    meter_.sent_to(host_, to, slot);
-  }
+  exchange_records(
+      host_, [&](int to) { return records_.narrow(0, to * slot, slot); },
+      [&](int from) { return records_.narrow(0, (nr + from) * slot, slot); }, works_, meter_);
 }
 
 TwoHopQuantizedReduceScatter::~TwoHopQuantizedReduceScatter() {
@@ -106,7 +102,15 @@ TwoHopQuantizedReduceScatter::~TwoHopQuantizedReduceScatter() {
   if (records_.defined()) meter_.hold(-(held_bytes(records_) + held_bytes(partial_)));
 }
 
-void TwoHopQuantizedReduceScatter::finish(double scale) {
+bool TwoHopQuantizedReduceScatter::post_hop2_if_ready() {
+  if (hop2_posted_) return true;
+  for (const auto& w : works_)
+    if (w && !w->is_completed()) return false;
+  post_hop2();
+  return true;
+}
+
+void TwoHopQuantizedReduceScatter::post_hop2() {
   for (auto& w : works_) meter_.wait(w);
   works_.clear();
   NoGradGuard no_grad;
@@ -125,21 +129,27 @@ void TwoHopQuantizedReduceScatter::finish(double scale) {
   }
   // Hop 2: each other host's partial, quantized once more, to its owner; ours stays fp32.
   uint8_t* out2 = base + 2 * int64_t(nr) * slot;
-  uint8_t* in2 = out2 + slot;
   for (int h = 0; h < nh; ++h)
     if (h != me_h)
       dist::quantize(DType::f32, p + h * chunk_, chunk_, block_, reinterpret_cast<int8_t*>(out2 + h * record_bytes_),
                      reinterpret_cast<float*>(out2 + h * record_bytes_ + dist::quant_scales_offset(chunk_)));
   const int64_t off2 = 2 * int64_t(nr) * slot;
-  for (int k = 1; k < nh; ++k) {
-    const int to = (me_h + k) % nh, from = (me_h - k + nh) % nh;
-    works_.push_back(cross_.send(records_.narrow(0, off2 + to * record_bytes_, record_bytes_), to));
-    Tensor in = records_.narrow(0, off2 + slot + from * record_bytes_, record_bytes_);
-    works_.push_back(cross_.recv(in, from));
-    meter_.sent_to(cross_, to, record_bytes_);
-  }
+  exchange_records(
+      cross_, [&](int to) { return records_.narrow(0, off2 + to * record_bytes_, record_bytes_); },
+      [&](int from) { return records_.narrow(0, off2 + slot + from * record_bytes_, record_bytes_); }, works_,
+      meter_);
+  hop2_posted_ = true;
+}
+
+void TwoHopQuantizedReduceScatter::finish(double scale) {
+  if (!hop2_posted_) post_hop2();
   for (auto& w : works_) meter_.wait(w);
   works_.clear();
+  NoGradGuard no_grad;
+  const int nh = cross_.size(), me_h = cross_.rank();
+  const int64_t slot = int64_t(nh) * record_bytes_;
+  auto* p = static_cast<float*>(partial_.raw_data());
+  const uint8_t* in2 = static_cast<uint8_t*>(records_.raw_data()) + 2 * int64_t(host_.size()) * slot + slot;
   float* mine = p + me_h * chunk_;
   for (int h = 0; h < nh; ++h)
     if (h != me_h) dequantize_add(in2 + h * record_bytes_, chunk_, block_, mine);
@@ -180,32 +190,21 @@ TwoHopQuantizedAllReduce::~TwoHopQuantizedAllReduce() {
 void TwoHopQuantizedAllReduce::finish(double scale) {
   scatter_->finish(scale);
   NoGradGuard no_grad;
-  const int nh = cross_.size(), nr = host_.size(), l = host_.rank(), me_h = cross_.rank();
+  const int nh = cross_.size(), l = host_.rank(), me_h = cross_.rank();
   auto record = [&](int h, int r) {  // the record of the chunk local rank r of host h owns
     return records_.narrow(0, hosts_.ranks[size_t(h)][size_t(r)] * record_bytes_, record_bytes_);
   };
   const GatherCodec codec(DType::f32, DType::u8, block_);
   codec.encode(bucket_.narrow(0, int64_t(group_.rank()) * chunk_, chunk_), record(me_h, l));
   // Across hosts: this rank's record to the ranks with its local index; theirs back.
-  for (int k = 1; k < nh; ++k) {
-    const int to = (me_h + k) % nh, from = (me_h - k + nh) % nh;
-    works_.push_back(cross_.send(record(me_h, l), to));
-    Tensor in = record(from, l);
-    works_.push_back(cross_.recv(in, from));
-    meter_.sent_to(cross_, to, record_bytes_);
-  }
+  exchange_records(cross_, [&](int) { return record(me_h, l); }, [&](int from) { return record(from, l); }, works_,
+                   meter_);
   for (auto& w : works_) meter_.wait(w);
   works_.clear();
   // Inside the host: this rank's column (its cross group's H records) to each host peer, in host order.
-  for (int k = 1; k < nr; ++k) {
-    const int to = (l + k) % nr, from = (l - k + nr) % nr;
-    for (int h = 0; h < nh; ++h) {
-      works_.push_back(host_.send(record(h, l), to));
-      Tensor in = record(h, from);
-      works_.push_back(host_.recv(in, from));
-      meter_.sent_to(host_, to, record_bytes_);
-    }
-  }
+  for (int h = 0; h < nh; ++h)
+    exchange_records(host_, [&](int) { return record(h, l); }, [&](int from) { return record(h, from); }, works_,
+                     meter_);
   for (auto& w : works_) meter_.wait(w);
   works_.clear();
   codec.decode(records_, group_.size(), chunk_, bucket_);

@@ -29,8 +29,10 @@ namespace cz::zero {
 // trips on each host (half a scale of each sender's block), as in the flat path, plus, for each of the H - 1
 // other hosts, one round trip of that host's partial sum: half a scale of the partial's block peak, at most
 // the sum of R ranks' peaks / 254. The owner's own host's partial is exact in fp32.
-// Hop 2 is posted by finish() once hop 1 has arrived (it needs hop 1's sums); the hops run on the host and
-// cross communicators, so they never interleave with another bucket's other hop.
+// Hop 2 needs hop 1's sums: the reducer posts it as soon as hop 1 has arrived (post_hop2_if_ready, from its
+// hooks while backward runs, buckets in launch order), else finish() does. Only this reduction uses the cross
+// communicator at stages 1-3, so the moment timing chooses cannot change how transfers match there; the hops
+// run on the host and cross communicators, so they never interleave with another bucket's other hop.
 class TwoHopQuantizedReduceScatter {
  public:
   // bucket: f32, N chunks of `chunk` values over `group` (the flat world); `host` and `cross` the mesh's
@@ -41,11 +43,15 @@ class TwoHopQuantizedReduceScatter {
   ~TwoHopQuantizedReduceScatter();  // waits for what is posted; never throws
   TwoHopQuantizedReduceScatter(const TwoHopQuantizedReduceScatter&) = delete;
   TwoHopQuantizedReduceScatter& operator=(const TwoHopQuantizedReduceScatter&) = delete;
-  // Waits for hop 1, sums, runs hop 2; then this rank's chunk of the bucket is the world's sum x scale.
+  // Hop 2 posted if hop 1 has arrived (or it was posted before): whether it is posted. Never blocks.
+  bool post_hop2_if_ready();
+  // Waits for hop 1, sums, runs hop 2 (unless posted); then this rank's chunk is the world's sum x scale.
   void finish(double scale);
 
  private:
   int64_t chunk_index(int h, int l) const;  // the bucket chunk owned by local rank l of host h
+  void post_hop2();                          // hop 1 waited for and summed, hop 2 posted
+  bool hop2_posted_ = false;
   dist::ProcessGroup group_, host_, cross_;
   const dist::HostMap& hosts_;
   Tensor bucket_, records_, partial_;  // partial_: the host's fp32 sums P[0 .. H-1]
