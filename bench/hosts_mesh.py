@@ -54,6 +54,11 @@ SETTINGS = {
     "q8_s3": ["--stage", "3", "--gather-dtype", "int8", "--reduce-dtype", "int8", "--comm-impl", "flat"],
     # Issue 34: the same with the two-hop quantized reduction (and two-level gathers of the records).
     "q8h_s3": ["--stage", "3", "--gather-dtype", "int8", "--reduce-dtype", "int8", "--comm-impl", "hier"],
+    # ... with auto (the default): the two hops for the reductions, the cost model's choice for the gathers.
+    "q8a_s3": ["--stage", "3", "--gather-dtype", "int8", "--reduce-dtype", "int8"],
+    # Stage 0's quantized all-reduce, flat and in two hops (Note [Two-hop quantized all-reduce]).
+    "q8_s0": ["--stage", "0", "--reduce-dtype", "int8", "--comm-impl", "flat"],
+    "q8h_s0": ["--stage", "0", "--reduce-dtype", "int8", "--comm-impl", "hier"],
 }
 RATE_GBPS = {"10gbit": 10.0, "1gbit": 1.0, "200mbit": 0.2}
 
@@ -280,7 +285,8 @@ def inner(args):
 LABELS = {"flat_s0": "flat s0", "flat_s1": "flat s1", "flat_s2": "flat s2", "flat_s3": "flat s3",
           "hier_s0": "hier s0", "hier_s2": "hier s2", "hier_s3": "hier s3", "hsdp_s2": "HSDP s2",
           "hsdp_s3": "HSDP s3", "hpz_s3": "hpZ s3", "auto_s3": "auto s3", "q8g_s3": "int8 gathers s3",
-          "q8_s3": "int8 both s3", "q8h_s3": "int8 both s3, two hops"}
+          "q8_s3": "int8 both s3", "q8h_s3": "int8 both s3, two hops",
+          "q8a_s3": "int8 both s3, auto", "q8_s0": "int8 s0", "q8h_s0": "int8 s0, two hops"}
 RATE_LABELS = {"10gbit": "10 Gbit/s", "1gbit": "1 Gbit/s", "200mbit": "200 Mbit/s"}
 
 

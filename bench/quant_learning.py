@@ -11,6 +11,8 @@ matplotlib, quant_learning.png (mean training-loss curves). Not part of the test
   python3 bench/quant_learning.py [--build build] [--steps 200] [--seeds 5] [--ranks 2,4] [--quick]
   python3 bench/quant_learning.py --stage 0 --configs "fp32,int8 reductions" --tag quant_learning_s0
                                                # stage 0: the quantized all-reduce (two exchanges)
+  python3 bench/quant_learning.py --hosts 2 --ranks 4 --configs "fp32,int8 both,int8 both two-hop" \
+      --tag quant_learning_two_hop         # issue 34: 2 simulated hosts x 2 ranks, the two-hop reduction
 """
 import argparse
 import csv
@@ -23,11 +25,14 @@ import subprocess
 import sys
 import tempfile
 
-CONFIGS = {  # name: (gather, reduce)
-    "fp32": ("fp32", "fp32"),
-    "int8 gathers": ("int8", "fp32"),
-    "int8 reductions": ("fp32", "int8"),
-    "int8 both": ("int8", "int8"),
+CONFIGS = {  # name: (gather, reduce, --comm-impl)
+    "fp32": ("fp32", "fp32", "flat"),
+    "int8 gathers": ("int8", "fp32", "flat"),
+    "int8 reductions": ("fp32", "int8", "flat"),
+    "int8 both": ("int8", "int8", "flat"),
+    # Note [Two-hop quantized reduction]: needs --hosts (several simulated hosts of several ranks).
+    "int8 reductions two-hop": ("fp32", "int8", "hier"),
+    "int8 both two-hop": ("int8", "int8", "hier"),
 }
 TASKS = {
     "synthetic 10 classes": "synthetic:n=4096,eval_n=512,classes=10",
@@ -35,16 +40,16 @@ TASKS = {
 }
 
 
-def run(args, task, ranks, gather, reduce, seed, log):
+def run(args, task, ranks, gather, reduce, impl, seed, log):
     cmd = [args.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(ranks),
-           "-x", "OMP_NUM_THREADS=1",
+           "-x", "OMP_NUM_THREADS=1", "-x", f"CZ_SIMULATE_HOSTS={ranks // args.hosts if args.hosts > 1 else ''}",
            os.path.join(args.build, "apps", "convnext_zero"),
            "--depths", "1,1,1,1", "--dims", "16,32,64,128", "--image-size", "32",
            "--num-classes", TASKS[task].split("classes=")[1], "--data", TASKS[task],
            "--micro-batch", str(args.batch // ranks), "--steps", str(args.steps), "--warmup-steps", "20",
            "--lr", "3e-3", "--stage", str(args.stage), "--gather-dtype", gather, "--reduce-dtype", reduce,
            "--seed", str(seed), "--eval-every", "0", "--loader-threads", "1", "--no-progress",
-           "--comm-impl", "flat", "--log", log]
+           "--comm-impl", impl, "--log", log]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
@@ -82,6 +87,8 @@ def main():
     ap.add_argument("--tasks", default=",".join(TASKS), help="comma-separated task names")
     ap.add_argument("--stage", type=int, default=3, help="ZeRO stage (0: no gathers, so no int8 gathers)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated configurations")
+    ap.add_argument("--hosts", type=int, default=1,
+                    help="simulated hosts (CZ_SIMULATE_HOSTS = ranks / hosts), for the two-hop configurations")
     ap.add_argument("--quick", action="store_true", help="40 steps, 2 seeds, 2 ranks, the 10-class task")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--tag", default="quant_learning", help="the CSV's and the plot's file name")
@@ -105,10 +112,12 @@ def main():
     for task in args.tasks.split(","):
         for ranks in [int(r) for r in args.ranks.split(",")]:
             for name in args.configs.split(","):
-                gather, reduce = CONFIGS[name]
+                gather, reduce, impl = CONFIGS[name]
+                if impl == "hier" and not (args.hosts > 1 and ranks % args.hosts == 0 and ranks > args.hosts):
+                    sys.exit(f"{name}: needs --hosts H > 1 dividing the ranks ({ranks}) with several ranks per host")
                 for seed in range(args.seeds):
                     log = os.path.join(work, "run.jsonl")
-                    losses, top1, eval_loss = run(args, task, ranks, gather, reduce, seed, log)
+                    losses, top1, eval_loss = run(args, task, ranks, gather, reduce, impl, seed, log)
                     rows.append({"task": task, "ranks": ranks, "config": name, "seed": seed, "top1": top1,
                                  "eval_loss": eval_loss, "train_loss_last20": statistics.mean(losses[-20:]),
                                  "losses": " ".join(f"{x:.5f}" for x in losses)})
