@@ -1,6 +1,6 @@
 // The parameter gatherers: what brings the full parameters to every rank of the process group they are given.
 // Stages 1-2 (ChunkGatherer): after each update, this rank's updated chunks are all-gathered into the full
-// compute copy, and each module's forward waits for the partitions it reads (Note [Overlapped parameter
+// compute copy, and each unit's forward waits for the partitions it reads (Note [Overlapped parameter
 // all-gather] in engine.cpp). Stage 3 (UnitGatherer, engine_units.cpp): each unit is gathered before its
 // use, prefetched ahead, and released after (Note [Stage-3 units]). Stage 0 needs none.
 #pragma once
