@@ -92,23 +92,27 @@ void op_end();
 
 // This thread's block ("" = none) for the ops it runs from now on (Note [Trace blocks]).
 void set_block(std::string_view block);
-// The label of the collectives this thread launches from now on ("" = none); Label sets it for a scope.
+// The label of the collectives this thread launches from now on ("" = none); Label sets it for a scope and
+// then puts back the one before (scopes nest: a bucket's launch may post an older bucket's second hop).
 void set_comm_label(std::string_view label);
 const std::string& comm_label();
 class Label {
  public:
   // "bucket 3": formatted only while tracing.
   Label(std::string_view what, size_t index) : on_(active()) {
-    if (on_) set_comm_label(std::string(what) + " " + std::to_string(index));
+    if (!on_) return;
+    previous_ = comm_label();
+    set_comm_label(std::string(what) + " " + std::to_string(index));
   }
   ~Label() {
-    if (on_) set_comm_label({});
+    if (on_) set_comm_label(previous_);
   }
   Label(const Label&) = delete;
   Label& operator=(const Label&) = delete;
 
  private:
   bool on_;
+  std::string previous_;
 };
 
 // Note [Trace device times]: records the zero event on `device`'s current stream and waits for it. A CPU

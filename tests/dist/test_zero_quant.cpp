@@ -531,10 +531,21 @@ TEST(QuantReduce, StageZeroKeepsTheReplicasIdenticalNearFp32) {
 namespace cz::train {
 namespace {
 
+// The mesh tests' world: 2 simulated hosts x 2 ranks; and its mesh with host and cross groups.
+constexpr const char* kTwoHostsOfTwo = "needs 2 hosts x 2 ranks ($CZ_SIMULATE_HOSTS=2 under mpirun -np 4)";
+bool two_hosts_of_two(const dist::HostMap& h) {
+  return world().size() == 4 && h.num_hosts() == 2 && h.ranks_per_host() == 2;
+}
+dist::Mesh host_level_mesh() {
+  dist::CommOptions opt;
+  opt.algorithm = dist::Algorithm::ring;
+  opt.timeout_s = 120;
+  return dist::Mesh(world(), opt, "world", /*host_levels=*/true);
+}
+
 TEST(QuantGatherMesh, HpzKeepsTheGatheredValuesInFullPrecision) {
   const dist::HostMap h = dist::host_map(world());
-  if (!(world().size() == 4 && h.num_hosts() == 2 && h.ranks_per_host() == 2))
-    GTEST_SKIP() << "needs 2 hosts x 2 ranks ($CZ_SIMULATE_HOSTS=2 under mpirun -np 4)";
+  if (!two_hosts_of_two(h)) GTEST_SKIP() << kTwoHostsOfTwo;
   TrainConfig c = quant_config(3, "int8");
   c.activation_checkpointing = true;
   c.comm_impl = "flat";
@@ -572,8 +583,7 @@ TEST(QuantGatherMesh, HpzKeepsTheGatheredValuesInFullPrecision) {
 // much (atto: 0.255, docs/zero.md); the bed's veth counters are not checked here.
 TEST(QuantGatherMesh, Int8GathersAndReductionsCrossHostsWithAQuarterOfTheBytes) {
   const dist::HostMap h = dist::host_map(world());
-  if (!(world().size() == 4 && h.num_hosts() == 2 && h.ranks_per_host() == 2))
-    GTEST_SKIP() << "needs 2 hosts x 2 ranks ($CZ_SIMULATE_HOSTS=2 under mpirun -np 4)";
+  if (!two_hosts_of_two(h)) GTEST_SKIP() << kTwoHostsOfTwo;
   TrainConfig c = quant_config(3, "fp32");
   c.comm_impl = "flat";
   c.grad_accum = 1;
@@ -621,12 +631,8 @@ float block_peak(const float* x, int64_t i, int64_t n) {
 // host's partial); and the bytes that cross hosts are 1/R of the flat all-to-all's.
 TEST(QuantReduceTwoHop, SumsInsideTheHostThenSendsOneRecordPerHost) {
   const dist::HostMap h = dist::host_map(world());
-  if (!(world().size() == 4 && h.num_hosts() == 2 && h.ranks_per_host() == 2))
-    GTEST_SKIP() << "needs 2 hosts x 2 ranks ($CZ_SIMULATE_HOSTS=2 under mpirun -np 4)";
-  dist::CommOptions opt;
-  opt.algorithm = dist::Algorithm::ring;
-  opt.timeout_s = 120;
-  const dist::Mesh mesh(world(), opt, "world", /*host_levels=*/true);
+  if (!two_hosts_of_two(h)) GTEST_SKIP() << kTwoHostsOfTwo;
+  const dist::Mesh mesh = host_level_mesh();
   const int n = world().size(), me = world().rank(), nh = h.num_hosts(), nr = h.ranks_per_host();
   const int my_h = h.host_of[size_t(me)], my_l = h.local_index[size_t(me)];
   const int64_t chunk = 3 * kBlock + 100;
@@ -705,12 +711,8 @@ TEST(QuantReduceTwoHop, SumsInsideTheHostThenSendsOneRecordPerHost) {
 // TwoHopQuantizedReduceScatter and an fp32 all-gather); H - 1 records per exchange cross hosts.
 TEST(QuantReduceTwoHop, AllReduceSpreadsTheOwnersRecordsInTwoHops) {
   const dist::HostMap h = dist::host_map(world());
-  if (!(world().size() == 4 && h.num_hosts() == 2 && h.ranks_per_host() == 2))
-    GTEST_SKIP() << "needs 2 hosts x 2 ranks ($CZ_SIMULATE_HOSTS=2 under mpirun -np 4)";
-  dist::CommOptions opt;
-  opt.algorithm = dist::Algorithm::ring;
-  opt.timeout_s = 120;
-  const dist::Mesh mesh(world(), opt, "world", /*host_levels=*/true);
+  if (!two_hosts_of_two(h)) GTEST_SKIP() << kTwoHostsOfTwo;
+  const dist::Mesh mesh = host_level_mesh();
   const int n = world().size(), me = world().rank(), nh = h.num_hosts(), nr = h.ranks_per_host();
   const int64_t chunk = 2 * kBlock;
   const Tensor input = from_vector(inputs_of(me, n * chunk), {n * chunk});
@@ -767,51 +769,56 @@ TEST(QuantReduceTwoHop, AllReduceSpreadsTheOwnersRecordsInTwoHops) {
 // Against the fp32 two-level reduce-scatter on the same communicator (the gathers and layout alike), each partition's
 // cross-host bytes are one record per other host instead of the fp32 slot's (H - 1) chunks (the flat
 // all-to-all would send (H - 1) R records); the losses stay near fp32's. At stage 0 the two-hop all-reduce.
+// Three steps of `cfg`: their losses, the last step's cross-host bytes, the engine's layout.
+struct ThreeSteps {
+  std::vector<double> losses;
+  int64_t cross = 0;
+  zero::ZeroLayout layout;
+};
+ThreeSteps three_steps(const TrainConfig& cfg) {
+  Trainer t(cfg, world());
+  ThreeSteps r;
+  r.layout = t.engine().layout();
+  for (int i = 0; i < 3; ++i) {
+    const StepStats s = t.step();
+    r.losses.push_back(s.loss);
+    r.cross = s.comm_cross_bytes;
+  }
+  return r;
+}
+
 TEST(QuantReduceTwoHop, TrainerCrossesHostsWithOneRecordPerHostAndLearnsNearFp32) {
   const dist::HostMap h = dist::host_map(world());
-  if (!(world().size() == 4 && h.num_hosts() == 2 && h.ranks_per_host() == 2))
-    GTEST_SKIP() << "needs 2 hosts x 2 ranks ($CZ_SIMULATE_HOSTS=2 under mpirun -np 4)";
+  if (!two_hosts_of_two(h)) GTEST_SKIP() << kTwoHostsOfTwo;
   const int nh = h.num_hosts();
+  auto near_fp32 = [](const std::vector<double>& got, const std::vector<double>& fp32) {
+    for (size_t i = 0; i < fp32.size(); ++i) EXPECT_NEAR(got[i], fp32[i], 0.02 * std::abs(fp32[i]) + 1e-3);
+  };
   for (int stage : {2, 3}) {
     // int8 gathers: the same layout (partitions of whole blocks) with fp32 and int8 reductions.
     TrainConfig c = quant_config(stage, "int8");
     c.grad_accum = 1;
     c.comm_impl = "hier";
-    int64_t saved = 0;  // per step: sum over partitions of (H - 1) (4 chunk - record)
-    auto run = [&](const TrainConfig& cfg, int64_t& cross) {
-      Trainer t(cfg, world());
-      const zero::ZeroLayout& lay = t.engine().layout();
-      saved = 0;
-      for (size_t p = 0; p < lay.partitions.size(); ++p)
-        saved += (nh - 1) * (4 * lay.chunk(p) - dist::quant_packed_bytes(lay.chunk(p), kBlock));
-      std::vector<double> losses;
-      for (int i = 0; i < 3; ++i) {
-        const StepStats s = t.step();
-        losses.push_back(s.loss);
-        cross = s.comm_cross_bytes;
-      }
-      return losses;
-    };
-    int64_t fp32_cross = 0, hier_cross = 0, auto_cross = 0, flat_cross = 0;
-    const std::vector<double> fp32 = run(c, fp32_cross);
+    const ThreeSteps fp32 = three_steps(c);
     c.reduce_dtype = "int8";
-    const std::vector<double> hier = run(c, hier_cross);
+    const ThreeSteps hier = three_steps(c);
     c.comm_impl = "auto";
-    const std::vector<double> automatic = run(c, auto_cross);
+    const ThreeSteps automatic = three_steps(c);
     c.comm_impl = "flat";
-    const std::vector<double> flat = run(c, flat_cross);
+    const ThreeSteps flat = three_steps(c);
+    int64_t saved = 0;  // per step: sum over partitions of (H - 1) (4 chunk - record)
+    for (size_t p = 0; p < hier.layout.partitions.size(); ++p)
+      saved += (nh - 1) * (4 * hier.layout.chunk(p) - dist::quant_packed_bytes(hier.layout.chunk(p), kBlock));
     SCOPED_TRACE(fmt::format("stage {}", stage));
-    EXPECT_EQ(fp32_cross - hier_cross, saved);
-    EXPECT_EQ(auto_cross, hier_cross);
-    EXPECT_EQ(automatic, hier);
-    for (size_t i = 0; i < fp32.size(); ++i) {
-      EXPECT_NEAR(hier[i], fp32[i], 0.02 * std::abs(fp32[i]) + 1e-3);
-      EXPECT_NEAR(flat[i], fp32[i], 0.02 * std::abs(fp32[i]) + 1e-3);
-    }
+    EXPECT_EQ(fp32.cross - hier.cross, saved);
+    EXPECT_EQ(automatic.cross, hier.cross);
+    EXPECT_EQ(automatic.losses, hier.losses);
+    near_fp32(hier.losses, fp32.losses);
+    near_fp32(flat.losses, fp32.losses);
     if (world().rank() == 0)
       std::printf("stage %d, rank 0's cross-host bytes of a step (--comm-impl hier): int8 two hops %lld, fp32 "
                   "%lld; int8 flat all-to-all (--comm-impl flat) %lld\n",
-                  stage, (long long)hier_cross, (long long)fp32_cross, (long long)flat_cross);
+                  stage, (long long)hier.cross, (long long)fp32.cross, (long long)flat.cross);
   }
   // Stage 0 (Note [Two-hop quantized all-reduce]): per partition, 2 (H - 1) records of its N-th cross hosts
   // instead of the flat all-reduce's 2 (H - 1) R.
@@ -819,36 +826,23 @@ TEST(QuantReduceTwoHop, TrainerCrossesHostsWithOneRecordPerHostAndLearnsNearFp32
   c.grad_accum = 1;
   c.comm_impl = "hier";
   c.reduce_dtype = "int8";
-  int64_t want_two_hop = 0, want_flat = 0;
-  auto run = [&](const TrainConfig& cfg, int64_t& cross) {
-    Trainer t(cfg, world());
-    const zero::ZeroLayout& lay = t.engine().layout();
-    want_two_hop = want_flat = 0;
-    for (const zero::Partition& part : lay.partitions) {
-      const int64_t rec = dist::quant_packed_bytes(part.numel / world().size(), kBlock);
-      want_two_hop += 2 * (nh - 1) * rec;
-      want_flat += 2 * (nh - 1) * h.ranks_per_host() * rec;
-    }
-    std::vector<double> losses;
-    for (int i = 0; i < 3; ++i) {
-      const StepStats s = t.step();
-      losses.push_back(s.loss);
-      cross = s.comm_cross_bytes;
-    }
-    return losses;
-  };
-  int64_t hier_cross = 0, flat_cross = 0, fp32_cross = 0;
-  const std::vector<double> hier = run(c, hier_cross);
-  EXPECT_EQ(hier_cross, want_two_hop);
+  const ThreeSteps hier = three_steps(c);
   c.comm_impl = "flat";
-  const std::vector<double> flat = run(c, flat_cross);
-  EXPECT_EQ(flat_cross, want_flat);
+  const ThreeSteps flat = three_steps(c);
   c.reduce_dtype = "fp32";
-  const std::vector<double> fp32 = run(c, fp32_cross);
-  for (size_t i = 0; i < fp32.size(); ++i) EXPECT_NEAR(hier[i], fp32[i], 0.02 * std::abs(fp32[i]) + 1e-3);
+  const ThreeSteps fp32 = three_steps(c);
+  int64_t want_two_hop = 0, want_flat = 0;
+  for (const zero::Partition& part : hier.layout.partitions) {
+    const int64_t rec = dist::quant_packed_bytes(part.numel / world().size(), kBlock);
+    want_two_hop += 2 * (nh - 1) * rec;
+    want_flat += 2 * (nh - 1) * h.ranks_per_host() * rec;
+  }
+  EXPECT_EQ(hier.cross, want_two_hop);
+  EXPECT_EQ(flat.cross, want_flat);
+  near_fp32(hier.losses, fp32.losses);
   if (world().rank() == 0)
     std::printf("stage 0, rank 0's cross-host bytes of a step: int8 two hops %lld, int8 flat %lld, fp32 flat %lld\n",
-                (long long)hier_cross, (long long)flat_cross, (long long)fp32_cross);
+                (long long)hier.cross, (long long)flat.cross, (long long)fp32.cross);
 }
 
 }  // namespace

@@ -153,7 +153,10 @@ void GradReducer::advance() {
   for (InFlight& f : in_flight_) {
     // Two hops: the second as soon as the first has arrived, in launch order (Note [Two-hop quantized
     // reduction]).
-    if (f.two_hop && !f.two_hop->post_hop2_if_ready()) break;
+    if (f.two_hop) {
+      const trace::Label label("bucket", f.partition);  // not the launching bucket's
+      if (!f.two_hop->post_hop2_if_ready()) break;
+    }
     if (f.crossed) continue;
     if (f.work && !f.work->is_completed()) break;
     launch_cross(f);
