@@ -9,8 +9,8 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -163,11 +163,13 @@ void reduction_errors(int64_t image, int64_t batch) {
     }
     g.push_back(std::move(v));
   }
-  std::printf("quant_error --reduction: atto gradients of %d ranks (%lld px, batch %lld each), B = 256; error "
-              "of the reduced mean against the exact one (f64)\n\n",
-              kRanks, (long long)image, (long long)batch);
-  std::printf("| hosts x ranks | reduce-scatter: flat all-to-all rel. L2 | two hops rel. L2 | two hops / flat | "
-              "stage-0 all-reduce: flat | two hops | two hops / flat |\n");
+  std::printf(
+      "quant_error --reduction: atto gradients of %d ranks (%lld px, batch %lld each), B = 256; error "
+      "of the reduced mean against the exact one (f64)\n\n",
+      kRanks, (long long)image, (long long)batch);
+  std::printf(
+      "| hosts x ranks | reduce-scatter: flat all-to-all rel. L2 | two hops rel. L2 | two hops / flat | "
+      "stage-0 all-reduce: flat | two hops | two hops / flat |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- |\n");
   for (auto [hosts, per_host] : {std::pair{2, 2}, std::pair{2, 4}, std::pair{4, 2}}) {
     const std::vector<std::vector<float>> mine(g.begin(), g.begin() + hosts * per_host);

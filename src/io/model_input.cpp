@@ -90,8 +90,9 @@ void copy_ahead(Batch& batch, const Device& device) {
   if (batch.pixels.storage() && batch.pixels.storage()->allocator() == &pinned_host_allocator()) {
     // The loader's pinned batch, read in place; not handed out again before the copy has read it.
     batch.device_pixels = empty(batch.pixels.sizes(), DType::u8, device);
-    cuda_runtime::memcpy_async(batch.device_pixels.raw_data(), batch.pixels.raw_data(), size_t(batch.pixels.nbytes()),
-                               cuda_runtime::CopyKind::host_to_device, copy_stream);
+    cuda_runtime::memcpy_async(batch.device_pixels.raw_data(), batch.pixels.raw_data(),
+                               size_t(batch.pixels.nbytes()), cuda_runtime::CopyKind::host_to_device,
+                               copy_stream);
     cuda::record_stream(batch.pixels, copy_stream);
   } else {
     batch.device_pixels = batch.pixels.to(device);  // staged through pinned memory by Tensor::to

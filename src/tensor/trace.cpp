@@ -207,7 +207,8 @@ namespace {
 std::optional<Clock::time_point> device_time_locked(const State& s, void* cuda_event) {
   if (!s.device_zero || !cuda_event) return std::nullopt;
   const double ms = double(cuda_runtime::event_elapsed_ms(s.device_zero->handle(), cuda_event));
-  return s.device_zero_host + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+  return s.device_zero_host +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(ms));
 }
 
 // Note [Trace blocks]: one "block" span around each run of consecutive ops of a lane with the same block.
@@ -220,7 +221,8 @@ void add_block_spans(std::vector<Event>& events) {
   std::vector<Event> spans;
   auto close = [&](const std::string& lane, Run& r) {
     if (!r.block.empty())
-      spans.push_back(Event{.name = r.block, .cat = "block", .lane = lane, .ts_us = r.t0, .dur_us = r.t1 - r.t0});
+      spans.push_back(
+          Event{.name = r.block, .cat = "block", .lane = lane, .ts_us = r.t0, .dur_us = r.t1 - r.t0});
     r = Run{};
   };
   for (const Event& e : events) {

@@ -9,8 +9,8 @@
 // may overlap the training thread's (data wait, checkpoint saves) names its own lane. Only the outermost op
 // scope of a thread is recorded, as the op profiler times it (Note [Op profiling]).
 //
-// Note [Trace blocks]: ops are grouped by the model's block (and ZeRO-3 unit) they ran in. The training thread
-// names its block (set_block, from the units' forward and backward hooks, step_trace.cpp) and each op
+// Note [Trace blocks]: ops are grouped by the model's block (and ZeRO-3 unit) they ran in. The training
+// thread names its block (set_block, from the units' forward and backward hooks, step_trace.cpp) and each op
 // records the name current when it began; take() wraps every run of consecutive ops of one lane with the
 // same block in one span of category "block" around them. Runs never cross: the name says forward or
 // backward, and is cleared where a phase ends, so the block spans nest between the phase's and the ops'.
@@ -26,8 +26,8 @@
 #pragma once
 
 #include <atomic>
-#include <optional>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,10 +56,10 @@ std::string thread_lane(std::string_view prefix);
 
 struct Event {
   std::string name, cat, lane;
-  std::string block;         // ops: the block they ran in (Note [Trace blocks])
-  char ph = 'X';             // X complete, i instant, C counter
+  std::string block;  // ops: the block they ran in (Note [Trace blocks])
+  char ph = 'X';      // X complete, i instant, C counter
   double ts_us = 0, dur_us = 0;
-  std::string args_json;     // a JSON object's text, or empty
+  std::string args_json;  // a JSON object's text, or empty
 };
 
 // A complete span [t0, t1] on `lane` ("" = this thread's lane). Dropped while tracing is off.

@@ -643,8 +643,8 @@ TEST(QuantReduceTwoHop, SumsInsideTheHostThenSendsOneRecordPerHost) {
     meter.begin_step();
     Tensor bucket = from_vector(bucket_of(me), {n * chunk});
     if (two_hop) {
-      zero::TwoHopQuantizedReduceScatter q(mesh.world(), mesh.host(), mesh.cross(), mesh.hosts(), bucket, chunk,
-                                           kBlock, meter);
+      zero::TwoHopQuantizedReduceScatter q(mesh.world(), mesh.host(), mesh.cross(), mesh.hosts(), bucket,
+                                           chunk, kBlock, meter);
       q.finish(1.0 / n);
     } else {
       zero::QuantizedReduceScatter q(mesh.world(), bucket, chunk, kBlock, meter);
@@ -731,8 +731,8 @@ TEST(QuantReduceTwoHop, AllReduceSpreadsTheOwnersRecordsInTwoHops) {
   auto m1 = meter_for();
   Tensor scattered = input.clone();
   {
-    zero::TwoHopQuantizedReduceScatter q(mesh.world(), mesh.host(), mesh.cross(), mesh.hosts(), scattered, chunk,
-                                         kBlock, *m1);
+    zero::TwoHopQuantizedReduceScatter q(mesh.world(), mesh.host(), mesh.cross(), mesh.hosts(), scattered,
+                                         chunk, kBlock, *m1);
     q.finish(1.0 / n);
   }
   Tensor chunks = empty({n * chunk}, DType::f32);
@@ -740,7 +740,8 @@ TEST(QuantReduceTwoHop, AllReduceSpreadsTheOwnersRecordsInTwoHops) {
   const zero::GatherCodec codec(DType::f32, DType::u8, kBlock);
   const int64_t rec = dist::quant_packed_bytes(chunk, kBlock);
   Tensor records = empty({n * rec}, DType::u8);
-  for (int r = 0; r < n; ++r) codec.encode(chunks.narrow(0, r * chunk, chunk), records.narrow(0, r * rec, rec));
+  for (int r = 0; r < n; ++r)
+    codec.encode(chunks.narrow(0, r * chunk, chunk), records.narrow(0, r * rec, rec));
   Tensor want = empty({n * chunk}, DType::f32);
   codec.decode(records, n, chunk, want);
 
@@ -766,10 +767,10 @@ TEST(QuantReduceTwoHop, AllReduceSpreadsTheOwnersRecordsInTwoHops) {
 }
 
 // Through the trainer (Note [Two-hop choice]): --comm-impl hier and auto reduce in two hops at stages 2-3.
-// Against the fp32 two-level reduce-scatter on the same communicator (the gathers and layout alike), each partition's
-// cross-host bytes are one record per other host instead of the fp32 slot's (H - 1) chunks (the flat
-// all-to-all would send (H - 1) R records); the losses stay near fp32's. At stage 0 the two-hop all-reduce.
-// Three steps of `cfg`: their losses, the last step's cross-host bytes, the engine's layout.
+// Against the fp32 two-level reduce-scatter on the same communicator (the gathers and layout alike), each
+// partition's cross-host bytes are one record per other host instead of the fp32 slot's (H - 1) chunks (the
+// flat all-to-all would send (H - 1) R records); the losses stay near fp32's. At stage 0 the two-hop
+// all-reduce. Three steps of `cfg`: their losses, the last step's cross-host bytes, the engine's layout.
 struct ThreeSteps {
   std::vector<double> losses;
   int64_t cross = 0;
@@ -816,9 +817,10 @@ TEST(QuantReduceTwoHop, TrainerCrossesHostsWithOneRecordPerHostAndLearnsNearFp32
     near_fp32(hier.losses, fp32.losses);
     near_fp32(flat.losses, fp32.losses);
     if (world().rank() == 0)
-      std::printf("stage %d, rank 0's cross-host bytes of a step (--comm-impl hier): int8 two hops %lld, fp32 "
-                  "%lld; int8 flat all-to-all (--comm-impl flat) %lld\n",
-                  stage, (long long)hier.cross, (long long)fp32.cross, (long long)flat.cross);
+      std::printf(
+          "stage %d, rank 0's cross-host bytes of a step (--comm-impl hier): int8 two hops %lld, fp32 "
+          "%lld; int8 flat all-to-all (--comm-impl flat) %lld\n",
+          stage, (long long)hier.cross, (long long)fp32.cross, (long long)flat.cross);
   }
   // Stage 0 (Note [Two-hop quantized all-reduce]): per partition, 2 (H - 1) records of its N-th cross hosts
   // instead of the flat all-reduce's 2 (H - 1) R.
@@ -841,8 +843,9 @@ TEST(QuantReduceTwoHop, TrainerCrossesHostsWithOneRecordPerHostAndLearnsNearFp32
   EXPECT_EQ(flat.cross, want_flat);
   near_fp32(hier.losses, fp32.losses);
   if (world().rank() == 0)
-    std::printf("stage 0, rank 0's cross-host bytes of a step: int8 two hops %lld, int8 flat %lld, fp32 flat %lld\n",
-                (long long)hier.cross, (long long)flat.cross, (long long)fp32.cross);
+    std::printf(
+        "stage 0, rank 0's cross-host bytes of a step: int8 two hops %lld, int8 flat %lld, fp32 flat %lld\n",
+        (long long)hier.cross, (long long)flat.cross, (long long)fp32.cross);
 }
 
 }  // namespace

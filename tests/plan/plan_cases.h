@@ -254,7 +254,8 @@ inline const std::vector<Case>& cases() {
        4, 2},
       {"np4_mesh_s3_small_hier", with(small(3), [](auto& c) { c.comm_impl = "hier"; }), 4, 2},
       {"np4_mesh_s0_atto_auto", with(atto(64, 8), [](auto& c) { c.comm_impl = "auto"; }), 4, 2},
-      // Two-hop int8 reductions (Note [Two-hop quantized reduction]): each bucket's records and the host's fp32
+      // Two-hop int8 reductions (Note [Two-hop quantized reduction]): each bucket's records and the host's
+      // fp32
       // partial sums, allocated at the launch, freed at the finish.
       {"np4_mesh_s3_small_int8_both_hier",
        with(small(3),
@@ -264,13 +265,15 @@ inline const std::vector<Case>& cases() {
               c.comm_impl = "hier";
             }),
        4, 2},
-      // ... and stage 0's two-hop all-reduce (Note [Two-hop quantized all-reduce]): then the second exchange's
+      // ... and stage 0's two-hop all-reduce (Note [Two-hop quantized all-reduce]): then the second
+      // exchange's
       // records.
-      {"np4_mesh_s0_atto_int8_hier", with(atto(64, 8),
-                                          [](auto& c) {
-                                            c.reduce_dtype = "int8";
-                                            c.comm_impl = "hier";
-                                          }),
+      {"np4_mesh_s0_atto_int8_hier",
+       with(atto(64, 8),
+            [](auto& c) {
+              c.reduce_dtype = "int8";
+              c.comm_impl = "hier";
+            }),
        4, 2},
   };
   return k;

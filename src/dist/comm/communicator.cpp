@@ -8,8 +8,8 @@
 #include "dist/comm/mpi_communicator.h"
 #include "dist/comm/mpi_util.h"
 #include "dist/comm/topology_detect.h"
-#include "tensor/trace.h"
 #include "tensor/check.h"
+#include "tensor/trace.h"
 #if CZ_WITH_CUDA
 #include "dist/comm/cuda/nccl_communicator.h"
 #endif

@@ -16,7 +16,9 @@
 namespace cz::dist {
 
 Work::Work(std::string what, Device device)
-    : what_(std::move(what)), label_(trace::active() ? trace::comm_label() : std::string()), device_(device) {}
+    : what_(std::move(what)),
+      label_(trace::active() ? trace::comm_label() : std::string()),
+      device_(device) {}
 
 // "all_reduce of 4096 bytes on ranks [0, 1]" (describe_call) -> "all_reduce bucket 3", with the bytes, the
 // group and the label as the span's arguments.
@@ -26,7 +28,8 @@ void Work::trace_span(std::chrono::steady_clock::time_point t0, std::chrono::ste
   nlohmann::json args = {{"what", what_}};
   if (const size_t of = what_.find(" of "); of != std::string::npos)
     args["bytes"] = std::strtoll(what_.c_str() + of + 4, nullptr, 10);
-  if (const size_t on = what_.find(" on ranks "); on != std::string::npos) args["group"] = what_.substr(on + 4);
+  if (const size_t on = what_.find(" on ranks "); on != std::string::npos)
+    args["group"] = what_.substr(on + 4);
   if (!label_.empty()) args["for"] = label_;
   if (const std::string_view comm = current_communicator(); !comm.empty()) args["communicator"] = comm;
   trace::complete(label_.empty() ? kind : kind + " " + label_, "comm", t0, t1, lane, args.dump());

@@ -62,7 +62,8 @@ EngineTrace::EngineTrace(MemoryTrace& m, EngineSpec spec)
       s_(std::move(spec)),
       reduce_(s_.layout, s_.stage >= 2),
       units_(s_.layout.partitions.size(), s_.prefetch),
-      chunks_(s_.layout.partitions.size(), !zero::GatherCodec(s_.compute, s_.gather, s_.quant_block).direct()) {
+      chunks_(s_.layout.partitions.size(),
+              !zero::GatherCodec(s_.compute, s_.gather, s_.quant_block).direct()) {
   const zero::ZeroLayout& L = s_.layout;
   for (size_t i = 0; i < L.flat.segments.size(); ++i) param_index_[L.flat.segments[i].name] = i;
   const size_t np = L.partitions.size();
@@ -132,16 +133,16 @@ void EngineTrace::launch(size_t p) {
       break;
     case zero::ReduceKind::two_hop_reduce_scatter:
     case zero::ReduceKind::two_hop_all_reduce: {
-      // TwoHopQuantizedReduceScatter: its records and the host's fp32 partial sums, both at launch; at stage 0
-      // (TwoHopQuantizedAllReduce) then the second exchange's records.
+      // TwoHopQuantizedReduceScatter: its records and the host's fp32 partial sums, both at launch; at stage
+      // 0 (TwoHopQuantizedAllReduce) then the second exchange's records.
       const int hosts = s_.world / s_.ranks_per_host;
       const int64_t chunk = s_.stage == 0 ? numel / group : s_.layout.chunk(p);
       f.records = m_.alloc(zero::two_hop_records_bytes(hosts, s_.ranks_per_host, chunk, s_.quant_block),
                            Use::bucket, "reduction records");
       f.records2 = m_.alloc(zero::two_hop_partial_bytes(hosts, chunk), Use::bucket, "two-hop partial sums");
       if (s_.stage == 0)
-        f.records3 = m_.alloc(zero::quantized_all_reduce_buffer_bytes(group, chunk, s_.quant_block), Use::bucket,
-                              "all-reduce records");
+        f.records3 = m_.alloc(zero::quantized_all_reduce_buffer_bytes(group, chunk, s_.quant_block),
+                              Use::bucket, "all-reduce records");
       break;
     }
     case zero::ReduceKind::quantized_reduce_scatter:

@@ -84,7 +84,8 @@ class EngineTrace : private zero::ReduceSchedule::Sink,
     Id records = -1;   // --reduce-dtype int8: the records sent and received (Note [Quantized reduction])
     Id records2 = -1;  // stage 0: the second exchange's records (Note [Quantized all-reduce]); two hops:
                        // the host's partial sums
-    Id records3 = -1;  // stage 0 in two hops: the second exchange's records (Note [Two-hop quantized all-reduce])
+    Id records3 =
+        -1;  // stage 0 in two hops: the second exchange's records (Note [Two-hop quantized all-reduce])
   };
   // ReduceSchedule::Sink
   void prepare(size_t p) override;
@@ -115,7 +116,7 @@ class EngineTrace : private zero::ReduceSchedule::Sink,
   std::unordered_map<std::string, size_t> param_index_;
   zero::ReduceSchedule reduce_;
   zero::UnitSchedule units_;
-  zero::ChunkSchedule chunks_;                 // stages 1-2
+  zero::ChunkSchedule chunks_;                   // stages 1-2
   std::vector<std::vector<size_t>> unit_parts_;  // stages 1-2: per unit, its partitions
   std::unordered_map<std::string, size_t> unit_index_;
   std::vector<Id> bucket_;           // stages 2-3

@@ -133,8 +133,8 @@ StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bo
   sp.engine.rank = s.rank;
   sp.engine.two_level = s.two_level;
   // Note [Two-hop choice] (trainer.cpp): int8 reductions in two hops on a flat world of several CPU hosts.
-  sp.engine.two_hop = sp.engine.reduce_int8 && (engine.spec.stage == 0 || s.shard == s.world) && s.per_host > 1 &&
-                      !s.cuda;
+  sp.engine.two_hop =
+      sp.engine.reduce_int8 && (engine.spec.stage == 0 || s.shard == s.world) && s.per_host > 1 && !s.cuda;
   sp.engine.cuda = s.cuda;
   // The second step meets the cache the first one left (the steady state), and stage 3 prefetches from the
   // second pass on.

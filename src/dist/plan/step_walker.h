@@ -140,7 +140,7 @@ class Walker {
   std::vector<std::pair<size_t, Id>>* captured_grads_ = nullptr;  // (parameter, gradient)
   Id shared_grad_ = kNone;
   Id loss_sum_ = kNone;
-  Id ahead_ = kNone;           // CUDA: the next step's first batch on the device (Note [Copying the next batch ahead])
+  Id ahead_ = kNone;  // CUDA: the next step's first batch on the device (Note [Copying the next batch ahead])
   bool copied_ahead_ = false;  // this micro-step's pixels are that batch
   bool recording_ = true;
   Use saved_use_ = Use::saved;

@@ -235,8 +235,8 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   const int R = lv.per_host > 0 ? lv.per_host : 1;
   const bool hsdp = mesh.shard_by_host && multi_host && stage > 0;
   // Note [Two-hop choice] (trainer.cpp): int8 reductions at stages 1-3 in two hops on several equal hosts.
-  const bool two_hop = cfg.reduce_dtype == "int8" && (stage == 0 || !mesh.shard_by_host) && multi_host && R > 1 &&
-                       mesh.impl != MeshSpec::Impl::flat;
+  const bool two_hop = cfg.reduce_dtype == "int8" && (stage == 0 || !mesh.shard_by_host) && multi_host &&
+                       R > 1 && mesh.impl != MeshSpec::Impl::flat;
   const bool hpz = mesh.hpz && multi_host && stage == 3;
   // Two levels apply to the world's collectives across hosts of several ranks; auto takes them per call where
   // the communicator's own model says (Note [Two-level cost model]).
@@ -436,9 +436,9 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
       // Note [Two-hop quantized reduction]: (R - 1) messages of H records inside the host, then H - 1
       // records across hosts: ring reduce-scatters of as many bytes per rank on the host and cross groups.
       const double rec = double(dist::quant_packed_bytes(L.chunk(p), qb));
-      reduced[p] = level_collective(Level::cross, Collective::reduce_scatter, double(n / R) * rec,
-                                    level_collective(Level::hosts, Collective::reduce_scatter, bytes, t, kWorld),
-                                    kWorld);
+      reduced[p] = level_collective(
+          Level::cross, Collective::reduce_scatter, double(n / R) * rec,
+          level_collective(Level::hosts, Collective::reduce_scatter, bytes, t, kWorld), kWorld);
     } else if (kind == zero::ReduceKind::two_hop_all_reduce) {
       // Note [Two-hop quantized all-reduce]: the two hops above, then the owners' records across hosts (H
       // records in all) and inside the host (N records in all), as ring all-gathers.

@@ -85,7 +85,8 @@ void StepTracer::watch_blocks(nn::Module& model, const std::vector<std::string>&
 
 void StepTracer::memory_sample(int64_t allocated_bytes) const {
   if (trace::active())
-    trace::counter(fmt::format("memory ({})", device_.str()), fmt::format("{{\"allocated\": {}}}", allocated_bytes));
+    trace::counter(fmt::format("memory ({})", device_.str()),
+                   fmt::format("{{\"allocated\": {}}}", allocated_bytes));
 }
 
 std::string StepTracer::part_path(int rank) const {
@@ -114,16 +115,25 @@ void StepTracer::write() {
   using nlohmann::json;
   json events = json::array();
   std::map<std::string, int> tids;  // lane -> tid, in order of first use
-  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", 0},
+  events.push_back({{"name", "process_name"},
+                    {"ph", "M"},
+                    {"pid", rank_},
+                    {"tid", 0},
                     {"args", {{"name", fmt::format("rank {}", rank_)}}}});
-  events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", rank_}, {"tid", 0},
+  events.push_back({{"name", "process_sort_index"},
+                    {"ph", "M"},
+                    {"pid", rank_},
+                    {"tid", 0},
                     {"args", {{"sort_index", rank_}}}});
   for (trace::Event& e : trace::take()) {
     auto [it, added] = tids.try_emplace(e.lane, int(tids.size()) + 1);
     if (added)
-      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank_}, {"tid", it->second},
+      events.push_back({{"name", "thread_name"},
+                        {"ph", "M"},
+                        {"pid", rank_},
+                        {"tid", it->second},
                         {"args", {{"name", e.lane}}}});
-    json j = {{"name", e.name}, {"cat", e.cat},     {"ph", std::string(1, e.ph)},
+    json j = {{"name", e.name}, {"cat", e.cat},      {"ph", std::string(1, e.ph)},
               {"pid", rank_},   {"tid", it->second}, {"ts", e.ts_us}};
     if (e.ph == 'X') j["dur"] = e.dur_us;
     if (e.ph == 'i') j["s"] = "t";
@@ -148,7 +158,8 @@ void StepTracer::write() {
     std::ofstream out(file_);
     out << json{{"traceEvents", std::move(all)},
                 {"displayTimeUnit", "ms"},
-                {"otherData", {{"steps", fmt::format("{}:{}", steps_.first, steps_.last)}, {"ranks", world_}}}}
+                {"otherData",
+                 {{"steps", fmt::format("{}:{}", steps_.first, steps_.last)}, {"ranks", world_}}}}
                .dump();
     CZ_CHECK(out.good(), "--trace: could not write {}", file_);
   }

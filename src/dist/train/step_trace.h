@@ -28,9 +28,9 @@ class StepTracer {
   ~StepTracer();
   StepTracer(const StepTracer&) = delete;
   StepTracer& operator=(const StepTracer&) = delete;
-  // Names the block of the ops that run inside each of `units` (the model's units, Note [ConvNeXt structure]),
-  // forward and backward, through the modules' hooks (Note [Trace blocks]); `numbered`: say "unit u" too
-  // (stage 3, where the units are the engine's).
+  // Names the block of the ops that run inside each of `units` (the model's units, Note [ConvNeXt
+  // structure]), forward and backward, through the modules' hooks (Note [Trace blocks]); `numbered`: say
+  // "unit u" too (stage 3, where the units are the engine's).
   void watch_blocks(nn::Module& model, const std::vector<std::string>& units, bool numbered);
   // The device's allocated bytes as a counter sample (while tracing).
   void memory_sample(int64_t allocated_bytes) const;

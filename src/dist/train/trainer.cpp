@@ -261,11 +261,12 @@ bool Trainer::choose_two_hop_reduce(const dist::HostMap& hosts) const {
   if (hosts.num_hosts() < 2 || hosts.ranks_per_host() < 2) return false;
   if (cfg_.stage >= 1 && cfg_.shard_group != "world") return false;
   const bool can = !device_.is_cuda();
-  CZ_CHECK(can || cfg_.comm_impl != "hier",
-           "{} with {} int8 on {} hosts: the two-hop quantized reduction takes CPU ranks (this run: {} {}); use "
-           "{} auto or flat for the flat all-to-all",
-           flag_arg(cfg_, &TrainConfig::comm_impl), flag_name(&TrainConfig::reduce_dtype), hosts.num_hosts(),
-           flag_name(&TrainConfig::device), cfg_.device, flag_name(&TrainConfig::comm_impl));
+  CZ_CHECK(
+      can || cfg_.comm_impl != "hier",
+      "{} with {} int8 on {} hosts: the two-hop quantized reduction takes CPU ranks (this run: {} {}); use "
+      "{} auto or flat for the flat all-to-all",
+      flag_arg(cfg_, &TrainConfig::comm_impl), flag_name(&TrainConfig::reduce_dtype), hosts.num_hosts(),
+      flag_name(&TrainConfig::device), cfg_.device, flag_name(&TrainConfig::comm_impl));
   return can;
 }
 
@@ -287,7 +288,7 @@ void Trainer::build_model() {
     init_weights_note_ = describe_import(cfg_, r);
   }
   model_->set_activation_checkpointing(cfg_.activation_checkpointing);
-  zero::ZeroGroups groups{mesh_.world(), mesh_.shard(), mesh_.replicate(), mesh_.host(),
+  zero::ZeroGroups groups{mesh_.world(),         mesh_.shard(), mesh_.replicate(), mesh_.host(),
                           mesh_.hosts().host_of, mesh_.cross(), mesh_.hosts()};
   zero::ZeroConfig zc = zero_config(cfg_, device_);
   zc.two_hop_reduce = two_hop_;  // Note [Two-hop choice]
@@ -452,7 +453,8 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
     Tensor targets = (soft ? batch.targets : batch.labels).to(device_);
     // Note [Drop-path masks]: keyed by the sample's index in the step's global batch.
     model_->set_drop_path_context(cfg_.seed, uint64_t(s.step), (a * world_.size() + world_.rank()) * micro);
-    std::optional<trace::Span> phase(std::in_place, "forward", "phase");  // --trace's compute lane, to the loss
+    std::optional<trace::Span> phase(std::in_place, "forward",
+                                     "phase");  // --trace's compute lane, to the loss
     Tensor logits = (*model_)(images).to(DType::f32);
     Tensor loss = soft ? soft_target_cross_entropy(logits, targets)
                        : cross_entropy(logits, targets, cfg_.label_smoothing);

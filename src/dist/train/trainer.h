@@ -174,10 +174,10 @@ class Trainer {
   std::shared_ptr<const Dataset> train_set_, eval_set_;
   std::vector<std::string> data_notes_;
   std::unique_ptr<Loader> loader_;
-  std::unique_ptr<BatchDump> dump_;  // --dump-batches
+  std::unique_ptr<BatchDump> dump_;     // --dump-batches
   std::unique_ptr<StepTracer> tracer_;  // --trace
   int64_t epoch_ = 0;
-  int64_t batches_in_epoch_ = 0;  // the loader's global batches of this epoch consumed so far
+  int64_t batches_in_epoch_ = 0;               // the loader's global batches of this epoch consumed so far
   std::optional<std::optional<Batch>> ahead_;  // taken ahead: a batch, or the epoch's end
   bool take_ahead_ = false;                    // in step(): run_step takes the next batch ahead
   double ahead_wait_s_ = 0;                    // this step's wait for the loader while taking it

@@ -29,11 +29,11 @@
 // Note [Overlapped parameter all-gather]: at stages 1-2 the updated chunks are all-gathered after the step,
 // when nothing is left to overlap them with, so they are only launched there; each unit's forward-pre hook
 // (ConvNeXt::units(): stem, downsamples, blocks, head) waits for the partitions holding its parameters
-// (ChunkSchedule in schedule.h, which the planner's replay runs too). Partitions follow registration order, which is ConvNeXt's
-// forward order, so the all-gathers run on the communication thread while the next forward computes.
-// Anything else that reads or writes the parameters (the next step, EMA swaps, export) waits for all first.
-// Under mixed precision the fp32 master weights are this rank's chunks (master_), the model runs on a 16-bit
-// copy that is refreshed (cast, then all-gathered at stages 1-2) after each update.
+// (ChunkSchedule in schedule.h, which the planner's replay runs too). Partitions follow registration order,
+// which is ConvNeXt's forward order, so the all-gathers run on the communication thread while the next
+// forward computes. Anything else that reads or writes the parameters (the next step, EMA swaps, export)
+// waits for all first. Under mixed precision the fp32 master weights are this rank's chunks (master_), the
+// model runs on a 16-bit copy that is refreshed (cast, then all-gathered at stages 1-2) after each update.
 #include "dist/zero/engine.h"
 
 #include "dist/zero/held_bytes.h"

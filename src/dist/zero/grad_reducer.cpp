@@ -109,8 +109,8 @@ void GradReducer::launch(size_t p) {
                                                                layout_.chunk(p), mode_.quant_block, meter_);
       break;
     case ReduceKind::two_hop_all_reduce:
-      two_hop_all =
-          std::make_unique<TwoHopQuantizedAllReduce>(group_, host_, cross_, hosts_, buf, mode_.quant_block, meter_);
+      two_hop_all = std::make_unique<TwoHopQuantizedAllReduce>(group_, host_, cross_, hosts_, buf,
+                                                               mode_.quant_block, meter_);
       break;
     case ReduceKind::quantized_reduce_scatter:
       quantized =

@@ -49,8 +49,8 @@ class GradReducer : private ReduceSchedule::Sink {
   void set_sink(ChunkSink sink) { sink_ = std::move(sink); }
   // Called once a partition's gradients have been handed to their collective (stage 3 releases the unit).
   void set_on_launch(std::function<void(size_t partition)> f) { on_launch_ = std::move(f); }
-  // Quantized reduce-scatters in two hops (Note [Two-hop quantized reduction]) over these groups; `group` must
-  // be the world in rank order (ValueError otherwise, at the first launch).
+  // Quantized reduce-scatters in two hops (Note [Two-hop quantized reduction]) over these groups; `group`
+  // must be the world in rank order (ValueError otherwise, at the first launch).
   void set_two_hop(dist::ProcessGroup host, dist::ProcessGroup cross, dist::HostMap hosts) {
     two_hop_ = true;
     host_ = std::move(host);
@@ -76,8 +76,8 @@ class GradReducer : private ReduceSchedule::Sink {
     Tensor buffer;           // what the collective reduces (a bucket, or a range of the full gradient buffer)
     dist::WorkHandle cross;  // the chunk's all-reduce across the replication group, once launched
     bool crossed = false;    // launched (or none needed)
-    std::unique_ptr<QuantizedReduceScatter> quantized;  // instead of `work`
-    std::unique_ptr<QuantizedAllReduce> quantized_all;  // instead of `work` (stage 0)
+    std::unique_ptr<QuantizedReduceScatter> quantized;      // instead of `work`
+    std::unique_ptr<QuantizedAllReduce> quantized_all;      // instead of `work` (stage 0)
     std::unique_ptr<TwoHopQuantizedReduceScatter> two_hop;  // instead of `work` (set_two_hop)
     std::unique_ptr<TwoHopQuantizedAllReduce> two_hop_all;  // instead of `work` (set_two_hop, stage 0)
   };

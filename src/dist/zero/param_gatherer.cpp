@@ -41,7 +41,8 @@ void ParamGatherer::encode_all() {
   for (size_t p = 0; p < sources_.size(); ++p) codec_.encode(sources_[p], record(p));
 }
 
-std::vector<std::vector<size_t>> unit_partitions(const ZeroLayout& layout, const std::vector<std::string>& units) {
+std::vector<std::vector<size_t>> unit_partitions(const ZeroLayout& layout,
+                                                 const std::vector<std::string>& units) {
   std::vector<std::vector<size_t>> out(units.size());
   std::vector<bool> covered(layout.partitions.size(), false);
   for (size_t u = 0; u < units.size(); ++u) {
@@ -49,7 +50,8 @@ std::vector<std::vector<size_t>> unit_partitions(const ZeroLayout& layout, const
     for (size_t p = 0; p < layout.partitions.size(); ++p)
       for (size_t i = layout.partitions[p].first_param; i < layout.partitions[p].end_param; ++i) {
         const std::string& param = layout.flat.segments[i].name;
-        if (param.size() > name.size() && param.compare(0, name.size(), name) == 0 && param[name.size()] == '.') {
+        if (param.size() > name.size() && param.compare(0, name.size(), name) == 0 &&
+            param[name.size()] == '.') {
           out[u].push_back(p);
           covered[p] = true;
           break;
@@ -57,13 +59,14 @@ std::vector<std::vector<size_t>> unit_partitions(const ZeroLayout& layout, const
       }
   }
   for (size_t p = 0; p < covered.size(); ++p)
-    CZ_CHECK(covered[p], "ZeRO: partition {} ('{}') holds no parameter of any unit", p, layout.partitions[p].name);
+    CZ_CHECK(covered[p], "ZeRO: partition {} ('{}') holds no parameter of any unit", p,
+             layout.partitions[p].name);
   return out;
 }
 
-ChunkGatherer::ChunkGatherer(const ZeroLayout& layout, nn::Module& model, const std::vector<std::string>& units,
-                             Tensor full, std::vector<Tensor> chunks, dist::ProcessGroup group, CommMeter& meter,
-                             const GatherCodec& codec)
+ChunkGatherer::ChunkGatherer(const ZeroLayout& layout, nn::Module& model,
+                             const std::vector<std::string>& units, Tensor full, std::vector<Tensor> chunks,
+                             dist::ProcessGroup group, CommMeter& meter, const GatherCodec& codec)
     : ParamGatherer(layout, std::move(group), meter, codec),
       full_(std::move(full)),
       chunks_(std::move(chunks)),
@@ -105,7 +108,8 @@ void ChunkGatherer::gather_partition(size_t p) {
     meter_.sent(group_, part.numel * int64_t(dtype_size(full_.dtype())), dist::Collective::all_gather);
     return;
   }
-  wire_[p] = empty({group_.size() * codec_.record_numel(layout_.chunk(p))}, codec_.wire_dtype(), group_.device());
+  wire_[p] =
+      empty({group_.size() * codec_.record_numel(layout_.chunk(p))}, codec_.wire_dtype(), group_.device());
   work_[p] = group_.all_gather(record(p), wire_[p]);
   meter_.sent(group_, wire_[p].nbytes(), dist::Collective::all_gather);
   meter_.hold(int64_t(round_to_size_class(wire_[p].storage()->nbytes())));

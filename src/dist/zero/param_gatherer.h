@@ -69,8 +69,9 @@ class ChunkGatherer final : public ParamGatherer, private ChunkSchedule::Sink {
   // Not direct (Note [Quantized gathers]): each update encodes the sources into the records, all-gathers
   // them and decodes every partition into `full` at once, on the training thread; so these gathers are not
   // overlapped with the next forward.
-  ChunkGatherer(const ZeroLayout& layout, nn::Module& model, const std::vector<std::string>& units, Tensor full,
-                std::vector<Tensor> chunks, dist::ProcessGroup group, CommMeter& meter, const GatherCodec& codec);
+  ChunkGatherer(const ZeroLayout& layout, nn::Module& model, const std::vector<std::string>& units,
+                Tensor full, std::vector<Tensor> chunks, dist::ProcessGroup group, CommMeter& meter,
+                const GatherCodec& codec);
   ~ChunkGatherer() override;
   void after_update() override;
   void wait_all() override { schedule_.use_all(*this); }
@@ -88,7 +89,8 @@ class ChunkGatherer final : public ParamGatherer, private ChunkSchedule::Sink {
 
 // The partitions holding each unit's parameters (a unit: a module name; its parameters: that name and all
 // below it), ascending; every partition in some unit. The planner's replay asks the same (engine_trace.cpp).
-std::vector<std::vector<size_t>> unit_partitions(const ZeroLayout& layout, const std::vector<std::string>& units);
+std::vector<std::vector<size_t>> unit_partitions(const ZeroLayout& layout,
+                                                 const std::vector<std::string>& units);
 
 // It carries out UnitSchedule's events (Note [One schedule]) on the units' buffers and all-gathers.
 class UnitGatherer final : public ParamGatherer, private UnitSchedule::Sink {

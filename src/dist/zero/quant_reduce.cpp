@@ -96,7 +96,8 @@ QuantizedReduceScatter::QuantizedReduceScatter(const dist::ProcessGroup& group, 
   }
   exchange_records(
       group_, [&](int to) { return records_.narrow(0, to * record_bytes_, record_bytes_); },
-      [&](int from) { return records_.narrow(0, (n + from) * record_bytes_, record_bytes_); }, works_, meter_);
+      [&](int from) { return records_.narrow(0, (n + from) * record_bytes_, record_bytes_); }, works_,
+      meter_);
 }
 
 QuantizedReduceScatter::~QuantizedReduceScatter() {

@@ -77,9 +77,9 @@ TwoHopQuantizedReduceScatter::TwoHopQuantizedReduceScatter(const dist::ProcessGr
            nh, hosts_.num_hosts(), hosts_.ranks_per_host());
   CZ_CHECK_DEVICE(!bucket_.device().is_cuda(), "two-hop quantized reduction: CPU buckets only, not {}",
                   bucket_.device().str());
-  CZ_ASSERT(bucket_.dtype() == DType::f32 && bucket_.numel() == int64_t(nh) * nr * chunk &&
-                bucket_.is_contiguous(),
-            "two-hop quantized reduction: a bucket {} for {} chunks of {}", bucket_.str(), nh * nr, chunk);
+  CZ_ASSERT(
+      bucket_.dtype() == DType::f32 && bucket_.numel() == int64_t(nh) * nr * chunk && bucket_.is_contiguous(),
+      "two-hop quantized reduction: a bucket {} for {} chunks of {}", bucket_.str(), nh * nr, chunk);
   records_ = empty({two_hop_records_bytes(nh, nr, chunk, block)}, DType::u8, bucket_.device());
   partial_ = empty({two_hop_partial_bytes(nh, chunk) / 4}, DType::f32, bucket_.device());
   meter_.hold(held_bytes(records_) + held_bytes(partial_));
@@ -131,7 +131,8 @@ void TwoHopQuantizedReduceScatter::post_hop2() {
   uint8_t* out2 = base + 2 * int64_t(nr) * slot;
   for (int h = 0; h < nh; ++h)
     if (h != me_h)
-      dist::quantize(DType::f32, p + h * chunk_, chunk_, block_, reinterpret_cast<int8_t*>(out2 + h * record_bytes_),
+      dist::quantize(DType::f32, p + h * chunk_, chunk_, block_,
+                     reinterpret_cast<int8_t*>(out2 + h * record_bytes_),
                      reinterpret_cast<float*>(out2 + h * record_bytes_ + dist::quant_scales_offset(chunk_)));
   const int64_t off2 = 2 * int64_t(nr) * slot;
   exchange_records(
@@ -161,9 +162,11 @@ void TwoHopQuantizedReduceScatter::finish(double scale) {
   partial_ = Tensor();
 }
 
-TwoHopQuantizedAllReduce::TwoHopQuantizedAllReduce(const dist::ProcessGroup& group, const dist::ProcessGroup& host,
-                                                   const dist::ProcessGroup& cross, const dist::HostMap& hosts,
-                                                   const Tensor& bucket, int64_t block, CommMeter& meter)
+TwoHopQuantizedAllReduce::TwoHopQuantizedAllReduce(const dist::ProcessGroup& group,
+                                                   const dist::ProcessGroup& host,
+                                                   const dist::ProcessGroup& cross,
+                                                   const dist::HostMap& hosts, const Tensor& bucket,
+                                                   int64_t block, CommMeter& meter)
     : group_(group),
       host_(host),
       cross_(cross),
@@ -176,9 +179,10 @@ TwoHopQuantizedAllReduce::TwoHopQuantizedAllReduce(const dist::ProcessGroup& gro
   CZ_ASSERT(bucket_.numel() == group_.size() * chunk_ && chunk_ % block == 0,
             "two-hop quantized all-reduce: a bucket of {} values is not {} chunks of whole blocks of {}",
             bucket_.numel(), group_.size(), block);
-  scatter_ = std::make_unique<TwoHopQuantizedReduceScatter>(group_, host_, cross_, hosts_, bucket_, chunk_, block_,
-                                                            meter_);
-  records_ = empty({quantized_all_reduce_buffer_bytes(group_.size(), chunk_, block_)}, DType::u8, bucket_.device());
+  scatter_ = std::make_unique<TwoHopQuantizedReduceScatter>(group_, host_, cross_, hosts_, bucket_, chunk_,
+                                                            block_, meter_);
+  records_ =
+      empty({quantized_all_reduce_buffer_bytes(group_.size(), chunk_, block_)}, DType::u8, bucket_.device());
   meter_.hold(held_bytes(records_));
 }
 
@@ -197,14 +201,15 @@ void TwoHopQuantizedAllReduce::finish(double scale) {
   const GatherCodec codec(DType::f32, DType::u8, block_);
   codec.encode(bucket_.narrow(0, int64_t(group_.rank()) * chunk_, chunk_), record(me_h, l));
   // Across hosts: this rank's record to the ranks with its local index; theirs back.
-  exchange_records(cross_, [&](int) { return record(me_h, l); }, [&](int from) { return record(from, l); }, works_,
-                   meter_);
+  exchange_records(
+      cross_, [&](int) { return record(me_h, l); }, [&](int from) { return record(from, l); }, works_,
+      meter_);
   for (auto& w : works_) meter_.wait(w);
   works_.clear();
   // Inside the host: this rank's column (its cross group's H records) to each host peer, in host order.
   for (int h = 0; h < nh; ++h)
-    exchange_records(host_, [&](int) { return record(h, l); }, [&](int from) { return record(h, from); }, works_,
-                     meter_);
+    exchange_records(
+        host_, [&](int) { return record(h, l); }, [&](int from) { return record(h, from); }, works_, meter_);
   for (auto& w : works_) meter_.wait(w);
   works_.clear();
   codec.decode(records_, group_.size(), chunk_, bucket_);

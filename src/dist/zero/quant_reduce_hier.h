@@ -50,7 +50,7 @@ class TwoHopQuantizedReduceScatter {
 
  private:
   int64_t chunk_index(int h, int l) const;  // the bucket chunk owned by local rank l of host h
-  void post_hop2();                          // hop 1 waited for and summed, hop 2 posted
+  void post_hop2();                         // hop 1 waited for and summed, hop 2 posted
   bool hop2_posted_ = false;
   dist::ProcessGroup group_, host_, cross_;
   const dist::HostMap& hosts_;
