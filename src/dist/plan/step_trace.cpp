@@ -75,27 +75,28 @@ void Walker::build() {
       if (p.shape.size() >= 2) m_.release(m_.alloc(p.numel * 8, Use::transient, "f64 initial draws"));
   // The ZeroEngine constructor: the model state; at stages 2-3 the flat buffers flatten_parameters made are
   // dropped once the shards exist, and stage 3's unit buffers are allocated and released once.
+  const zero::StepPlan& plan = s_.engine.plan;
   const int64_t flat = s_.engine.layout.flat.numel * 4;
   std::vector<Id> dropped;
-  if (s_.engine.stage >= 2) dropped.push_back(m_.alloc(flat, Use::transient, "flat gradients (build)"));
-  if (s_.engine.stage == 3) dropped.push_back(m_.alloc(flat, Use::transient, "flat parameters (build)"));
+  if (plan.buckets()) dropped.push_back(m_.alloc(flat, Use::transient, "flat gradients (build)"));
+  if (plan.unit_gathers()) dropped.push_back(m_.alloc(flat, Use::transient, "flat parameters (build)"));
   // Offload copies this rank's chunks to the host through a device buffer (kept as stage 3's fp32 shard).
-  if (s_.engine.offload && (s_.engine.stage <= 2 || s_.compute != DType::f32))
+  if (s_.engine.offload && (!plan.unit_gathers() || s_.compute != DType::f32))
     dropped.push_back(m_.alloc(s_.engine.layout.shard_numel() * 4, Use::transient, "own chunks (build)"));
   for (const StateBuffer& b : s_.state)
     if (!b.host) m_.alloc(b.bytes, Use::state, b.name.c_str());
   const size_t np = s_.engine.layout.partitions.size();
-  if (s_.engine.stage == 3) {
+  const auto records = [&](size_t p) { return plan.gather_records_bytes(s_.engine.layout, p, false); };
+  if (plan.unit_gathers()) {
     for (const zero::Partition& p : s_.engine.layout.partitions)
       m_.release(m_.alloc(p.numel * e_, Use::transient, "unit buffer (build)"));
     for (size_t p = 0; p < np; ++p)  // quantized: each unit's records buffer, released as the unit's
-      if (const int64_t w = engine_.wire_bytes(p)) m_.release(m_.alloc(w, Use::transient, "records (build)"));
-  } else if (s_.engine.stage > 0) {
+      if (const int64_t w = records(p)) m_.release(m_.alloc(w, Use::transient, "records (build)"));
+  } else if (plan.chunk_gathers()) {
     // Quantized at stages 1-2: the constructor's first gather of the records (ChunkGatherer::gather_records).
     std::vector<Id> wires;
     for (size_t p = 0; p < np; ++p)
-      if (const int64_t w = engine_.wire_bytes(p))
-        wires.push_back(m_.alloc(w, Use::transient, "records (build)"));
+      if (const int64_t w = records(p)) wires.push_back(m_.alloc(w, Use::transient, "records (build)"));
     for (Id w : wires) m_.release(w);
   }
   for (Id p : params) m_.release(p);

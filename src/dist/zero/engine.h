@@ -11,15 +11,16 @@
 #include <string>
 #include <vector>
 
+#include "dist/comm/mesh.h"
 #include "dist/comm/process_group.h"
 #include "dist/zero/comm_meter.h"
 #include "dist/zero/gather_codec.h"
 #include "dist/zero/grad_reducer.h"
 #include "dist/zero/offload.h"
 #include "dist/zero/param_gatherer.h"
-#include "dist/comm/mesh.h"
 #include "dist/zero/partition.h"
 #include "dist/zero/sharded_state.h"
+#include "dist/zero/step_plan.h"
 #include "dist/zero/step_stats.h"
 #include "nn/module.h"
 
@@ -136,10 +137,11 @@ class ZeroEngine {
 
   ZeroConfig cfg_;
   ZeroGroups groups_;
-  GatherCodec codec_;
+  StepPlan plan_;  // Note [Step plan]: what this stage runs
   ZeroLayout layout_;
-  Tensor params_;                       // stages 0-2: the full compute copy the model runs on
-  std::vector<Tensor> compute_chunks_;  // this rank's chunk of each partition of the compute copy
+  std::unique_ptr<StepSchedule> schedule_;  // its schedules, driven by the reducer's and gatherer's hooks
+  Tensor params_;                           // stages 0-2: the full compute copy the model runs on
+  std::vector<Tensor> compute_chunks_;      // this rank's chunk of each partition of the compute copy
   CommMeter meter_;
   std::unique_ptr<ShardedState> state_;
   std::unique_ptr<GradReducer> reducer_;

@@ -66,19 +66,19 @@ std::vector<std::vector<size_t>> unit_partitions(const ZeroLayout& layout,
 
 ChunkGatherer::ChunkGatherer(const ZeroLayout& layout, nn::Module& model,
                              const std::vector<std::string>& units, Tensor full, std::vector<Tensor> chunks,
-                             dist::ProcessGroup group, CommMeter& meter, const GatherCodec& codec)
+                             dist::ProcessGroup group, CommMeter& meter, const GatherCodec& codec,
+                             StepSchedule& schedule)
     : ParamGatherer(layout, std::move(group), meter, codec),
       full_(std::move(full)),
       chunks_(std::move(chunks)),
-      schedule_(layout.partitions.size(), !codec.direct()),
+      schedule_(schedule),
       work_(layout.partitions.size()),
       wire_(layout.partitions.size()) {
-  const std::vector<std::vector<size_t>> parts = unit_partitions(layout_, units);
   for (size_t u = 0; u < units.size(); ++u) {
     nn::Module* m = model.find_module(units[u]);
     CZ_CHECK(m != nullptr, "ZeRO: the model has no module '{}'", units[u]);
-    hooks_.emplace_back(m, m->register_forward_pre_hook([this, p = parts[u]](nn::Module&, const Tensor&) {
-      schedule_.forward_pre(p, *this);
+    hooks_.emplace_back(m, m->register_forward_pre_hook([this, u](nn::Module&, const Tensor&) {
+      schedule_.unit_forward_pre_chunks(u);
     }));
   }
   allocate_records();
@@ -96,7 +96,7 @@ ChunkGatherer::~ChunkGatherer() {
 // as it has arrived, while the later ones travel, its wire buffer freed.
 void ChunkGatherer::after_update() {
   encode_all();
-  schedule_.after_update(*this);
+  schedule_.after_update();
 }
 
 void ChunkGatherer::gather_partition(size_t p) {

@@ -12,7 +12,7 @@
 #include "dist/zero/comm_meter.h"
 #include "dist/zero/gather_codec.h"
 #include "dist/zero/partition.h"
-#include "dist/zero/schedule.h"
+#include "dist/zero/step_plan.h"
 #include "nn/module.h"
 
 namespace cz::zero {
@@ -24,13 +24,6 @@ class ParamGatherer {
   virtual void after_update() {}
   // Everything launched by after_update() waited for (before anything else reads or writes parameters).
   virtual void wait_all() {}
-  virtual void begin_backward() {}
-  // `finished`: backward ran to its end (not an exception).
-  virtual void end_backward(bool finished) { (void)finished; }
-  // The reducer has handed partition p's gradients to their collective.
-  virtual void reduced(size_t p) { (void)p; }
-  // After the reducer's flush.
-  virtual void after_reduce() {}
   virtual bool resident(size_t p) const {
     (void)p;
     return false;
@@ -61,7 +54,8 @@ class ParamGatherer {
   std::vector<std::pair<nn::Module*, int>> hooks_;  // (module, hook id)
 };
 
-// It carries out ChunkSchedule's events (Note [One schedule]) on the compute copy and all-gathers.
+// It carries out ChunkSchedule's events (Note [One schedule]) on the compute copy and all-gathers; its hooks
+// drive the step's schedule (Note [Step plan]).
 class ChunkGatherer final : public ParamGatherer, private ChunkSchedule::Sink {
  public:
   // `full`: the full compute copy; `chunks`: this rank's chunk of each partition in it; `units`: module names
@@ -71,10 +65,11 @@ class ChunkGatherer final : public ParamGatherer, private ChunkSchedule::Sink {
   // overlapped with the next forward.
   ChunkGatherer(const ZeroLayout& layout, nn::Module& model, const std::vector<std::string>& units,
                 Tensor full, std::vector<Tensor> chunks, dist::ProcessGroup group, CommMeter& meter,
-                const GatherCodec& codec);
+                const GatherCodec& codec, StepSchedule& schedule);
   ~ChunkGatherer() override;
   void after_update() override;
-  void wait_all() override { schedule_.use_all(*this); }
+  void wait_all() override { schedule_.use_all(); }
+  ChunkSchedule::Sink& sink() { return *this; }
 
  private:
   // ChunkSchedule::Sink
@@ -82,7 +77,7 @@ class ChunkGatherer final : public ParamGatherer, private ChunkSchedule::Sink {
   void use_partition(size_t p) override;
   Tensor full_;
   std::vector<Tensor> chunks_;
-  ChunkSchedule schedule_;
+  StepSchedule& schedule_;
   std::vector<dist::WorkHandle> work_;  // per partition
   std::vector<Tensor> wire_;            // not direct: per partition, its gathered records until decoded
 };
@@ -92,7 +87,9 @@ class ChunkGatherer final : public ParamGatherer, private ChunkSchedule::Sink {
 std::vector<std::vector<size_t>> unit_partitions(const ZeroLayout& layout,
                                                  const std::vector<std::string>& units);
 
-// It carries out UnitSchedule's events (Note [One schedule]) on the units' buffers and all-gathers.
+// It carries out UnitSchedule's events (Note [One schedule]) on the units' buffers and all-gathers; its
+// module hooks drive the step's schedule (Note [Step plan]), which also releases a unit once its gradients'
+// reduction is launched and all of them at the end of backward.
 class UnitGatherer final : public ParamGatherer, private UnitSchedule::Sink {
  public:
   // `shard`: this rank's chunks of the compute copy (compute dtype); `params`: the model's parameters in
@@ -101,15 +98,12 @@ class UnitGatherer final : public ParamGatherer, private UnitSchedule::Sink {
   // Not direct: the records are gathered into a releasable wire buffer per unit, decoded into the unit when
   // it is first used (hpZ's host gathers stay in the compute dtype).
   UnitGatherer(const ZeroLayout& layout, nn::Module& model, const std::vector<Tensor>& params, Tensor shard,
-               int prefetch, dist::ProcessGroup group, CommMeter& meter, const GatherCodec& codec,
+               StepSchedule& schedule, dist::ProcessGroup group, CommMeter& meter, const GatherCodec& codec,
                std::optional<dist::ProcessGroup> host = std::nullopt);
   void after_update() override;  // hpZ: the secondary copies are stale; the records encoded again
   ~UnitGatherer() override;
-  void begin_backward() override { schedule_.begin_backward(); }
-  void end_backward(bool finished) override { schedule_.end_backward(finished); }
-  void reduced(size_t p) override { schedule_.release(p, *this); }  // not needed again until the next forward
-  void after_reduce() override { schedule_.release_all(*this); }
   bool resident(size_t p) const override { return schedule_.resident(p); }
+  UnitSchedule::Sink& sink() { return *this; }
   int64_t gathered_bytes() const override;
   int64_t state_bytes() const override;
 
@@ -119,7 +113,7 @@ class UnitGatherer final : public ParamGatherer, private UnitSchedule::Sink {
   void use(size_t p) override;
   void release(size_t p) override;
 
-  UnitSchedule schedule_;
+  StepSchedule& schedule_;
   Tensor shard_;
   void drop_wire(size_t p);
   std::vector<Tensor> gathered_;  // per unit: the full unit, its storage released between uses
