@@ -1,4 +1,4 @@
-// One step, two descriptions (Note [One step, two descriptions] in src/dist/plan/step_trace.cpp): the
+// One step, two descriptions (Note [One step, two descriptions] in src/dist/plan/step_replay.cpp): the
 // planner's replay of a training step against the CPU allocator's own log of the real step (Note [Allocator
 // event log]), allocation by allocation, for the configurations of plan_cases.h. A change to what an op or
 // the engine allocates that the replay does not follow fails here, naming the op where the two part.
@@ -131,7 +131,7 @@ class StepLog final : public AllocatorObserver {
 };
 
 // The replay's events [begin, end) in the same form; a ring scratch is its communicator's thread's.
-Step planned_step(const StepTraceResult& r, size_t begin, size_t end) {
+Step planned_step(const StepReplay& r, size_t begin, size_t end) {
   Step s;
   std::unordered_map<int32_t, int64_t> index;  // MemoryTrace id -> allocation index in this step
   std::vector<Freed> freed;
@@ -298,7 +298,7 @@ TEST_P(StepEvents, EveryAllocationAsPlanned) {
   if (c.config.comm_impl == "auto" && world.size() > 1) req.topology = dist::detect_topology(world);
   std::vector<zero::ScheduleEvent> planned_schedule, real_schedule;
   zero::set_schedule_log(&planned_schedule);
-  const StepTraceResult planned = plan_step_trace(req);
+  const StepReplay planned = plan_step_replay(req);
   zero::set_schedule_log(nullptr);
   ASSERT_EQ(planned.step_begins.size(), 2u);
 
@@ -340,7 +340,7 @@ TEST_P(StepEvents, EveryAllocationAsPlanned) {
     const std::string diff = first_difference(plan, real[i]);
     EXPECT_TRUE(diff.empty())
         << "rank " << world.rank() << ", step " << i + 1
-        << ": the planner's replay (src/dist/plan/step_trace.cpp, engine_trace.cpp) and "
+        << ": the planner's replay (src/dist/plan/step_replay.cpp, engine_trace.cpp) and "
            "the real step part at\n"
         << diff;
   }

@@ -1,5 +1,5 @@
 // Note [What the engine allocates]
-// ZeroEngine's parts (src/dist/zero/: grad_reducer.cpp, engine_units.cpp, offload.cpp) allocate during a step
+// ZeroEngine's parts (src/dist/zero/: grad_reducer.cpp, unit_gatherer.cpp, offload.cpp) allocate during a step
 // only what this file replays; its model state is allocated once (Note [ZeRO memory model]).
 // When each of these happens is the step schedule's to say (Note [Step plan], Note [One schedule]): this file
 // drives it from the same points as the engine and carries out its events on the trace.
@@ -47,7 +47,6 @@
 #include "dist/comm/mesh.h"
 #include "dist/comm/types.h"
 #include "dist/zero/gather_codec.h"
-#include "dist/zero/param_gatherer.h"
 #include "dist/zero/quant_reduce.h"
 #include "dist/zero/quant_reduce_hier.h"
 #include "tensor/check.h"

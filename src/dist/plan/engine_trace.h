@@ -1,5 +1,5 @@
 // The ZeRO engine's allocations during a training step, replayed through a MemoryTrace: the step replay
-// (step_trace.cpp) calls it where ZeroEngine's hooks fire, and it allocates and frees what the engine does
+// (step_replay.cpp) calls it where ZeroEngine's hooks fire, and it allocates and frees what the engine does
 // there (Note [What the engine allocates] in engine_trace.cpp).
 #pragma once
 

@@ -1,4 +1,4 @@
-// The memory planner: flags -> ZeRO model state (zero_memory.h) + one step's allocations (step_trace.h) ->
+// The memory planner: flags -> ZeRO model state (zero_memory.h) + one step's allocations (step_replay.h) ->
 // the rows of the plan, whether it fits, and the largest micro-batch that does.
 #include "dist/plan/planner.h"
 
@@ -14,7 +14,7 @@
 
 #include "dist/comm/hier_communicator.h"
 #include "dist/comm/topology_detect.h"
-#include "dist/plan/step_trace.h"
+#include "dist/plan/step_replay.h"
 #include "dist/plan/zero_memory.h"
 #include "dist/train/flags.h"
 #include "dist/train/trainer.h"
@@ -144,7 +144,7 @@ int64_t device_overhead(const Setup& s) {
   return s.cuda ? kCudaContext + (s.world > 1 ? kNcclBuffers : 0) : 0;
 }
 
-int64_t required(const StepTraceResult& r, int64_t overhead) {
+int64_t required(const StepReplay& r, int64_t overhead) {
   return r.peak.total + r.peak.page_rounding + overhead;
 }
 
@@ -156,7 +156,7 @@ int64_t largest_fitting(const Setup& s, const Engine& engine, bool checkpointing
   auto need = [&](int64_t b) {
     StepSpec sp = step_spec(s, engine, b, checkpointing);
     sp.steps = engine.plan.unit_gathers() ? 2 : 1;  // stages 0-2 repeat their first step's peak
-    return required(trace_step(sp), overhead);
+    return required(replay_step(sp), overhead);
   };
   const int64_t one = need(1);
   if (one > mem) return 0;
@@ -359,10 +359,10 @@ PlanDevice plan_device(const std::optional<std::string>& device_flag, bool gpu_m
   return {"cpu", fmt::format("the default {} ({} cuda, or --gpu-mem, plans a GPU)", flag, flag)};
 }
 
-StepTraceResult plan_step_trace(const PlanRequest& req) {
+StepReplay plan_step_replay(const PlanRequest& req) {
   const Setup s = setup_of(req);
   const Engine engine = engine_at(s, s.cfg.stage, s.cfg.offload_optimizer);
-  return trace_step(step_spec(s, engine, s.cfg.micro_batch, s.cfg.activation_checkpointing), -1, true);
+  return replay_step(step_spec(s, engine, s.cfg.micro_batch, s.cfg.activation_checkpointing), -1, true);
 }
 
 Plan make_plan(const PlanRequest& req) {
@@ -384,8 +384,8 @@ Plan make_plan(const PlanRequest& req) {
   p.psi = state.psi;
   p.offload = s.cfg.offload_optimizer;
   const StepSpec spec = step_spec(s, engine, s.cfg.micro_batch, s.cfg.activation_checkpointing);
-  const StepTraceResult first = trace_step(spec);
-  const StepTraceResult r = trace_step(spec, first.peak.event);
+  const StepReplay first = replay_step(spec);
+  const StepReplay r = replay_step(spec, first.peak.event);
   const TraceSnapshot& pk = r.peak;
 
   static const std::map<StateRow, const char*> kLabels = {{StateRow::parameters, "parameters (compute copy)"},
@@ -420,7 +420,7 @@ Plan make_plan(const PlanRequest& req) {
   StepSpec other = spec;
   other.checkpointing = !spec.checkpointing;
   other.steps = 1;
-  const StepTraceResult o = trace_step(other);
+  const StepReplay o = replay_step(other);
   for (size_t i = 0; i < parts.size(); ++i)
     for (bool ckpt : {false, true})
       p.saved_end_of_forward[ckpt].push_back(

@@ -11,7 +11,7 @@
 
 #include "dist/comm/mesh.h"
 #include "dist/train/recipe.h"
-#include "dist/train/step_trace.h"
+#include "dist/train/trace_writer.h"
 #include "dist/zero/schedule.h"
 #include "tensor/check.h"
 

@@ -42,7 +42,7 @@
 #include "tensor/ops.h"
 
 namespace cz::zero {
-// The buffers are allocated in one order, which the memory planner replays (plan/step_trace.cpp): the flat
+// The buffers are allocated in one order, which the memory planner replays (plan/step_replay.cpp): the flat
 // copy, this rank's chunks, the master chunks, the compute copy (stage 3: its shard and the units'
 // buffers), the full gradient buffer, the gradient shard, the optimizer state, the EMA.
 ZeroGroups ZeroGroups::flat(const dist::ProcessGroup& world) {

@@ -43,7 +43,7 @@
 // tests/plan/test_step_events.cpp runs the real step on the CPU backend, for every row of
 // tests/plan/plan_cases.h (stages 0-3, 1, 2 and 4 ranks, checkpointing, accumulation, offload, EMA, a
 // background checkpoint's copy), with the allocator's event log on (Note [Allocator event log]), and holds
-// it to this walk's log (trace_step with log_events) request by request: the bytes of each request, and
+// it to this walk's log (replay_step with log_events) request by request: the bytes of each request, and
 // which blocks were returned before it. The first difference fails the test with the op as the walk names it
 // ("stages.1.blocks.0 fc1 backward: linear input gradient") and as the profiler names it (LinearBackward),
 // both sizes and a few requests either side. What it cannot hold: the CUDA backend (its allocator keeps no
@@ -54,7 +54,7 @@
 // thread goes by (dist::current_communicator): the threads' requests interleave as timing has it. A change
 // to an op's temporaries is made in the op and in step_walker_ops.cpp, and the test says where the second one
 // is missing.
-#include "dist/plan/step_trace.h"
+#include "dist/plan/step_replay.h"
 
 #include <algorithm>
 
@@ -443,7 +443,7 @@ std::vector<std::string> network_parts(const nn::ConvNeXtConfig& cfg) {
   return parts;
 }
 
-StepTraceResult trace_step(const StepSpec& spec, int64_t capture_event, bool log_events) {
+StepReplay replay_step(const StepSpec& spec, int64_t capture_event, bool log_events) {
   spec.model.validate();
   CZ_CHECK(spec.micro_batch > 0, "planner: micro-batch must be positive, got {}", spec.micro_batch);
   int64_t reduction = 4;
@@ -453,7 +453,7 @@ StepTraceResult trace_step(const StepSpec& spec, int64_t capture_event, bool log
   const std::vector<std::string> parts = network_parts(spec.model);
   MemoryTrace m(int(parts.size()), spec.cuda ? walk::kCudaPage : 0);
   if (capture_event >= 0) m.capture_at(capture_event);
-  StepTraceResult r;
+  StepReplay r;
   walk::Walker w(spec, m, r.labels);
   w.build();
   m.reset_peak();  // Trainer::step resets the peak; what the build left live is counted from there

@@ -1,4 +1,4 @@
-// ZeRO-3's parameter gatherer (UnitGatherer, param_gatherer.h): gather before use, prefetch ahead, release
+// ZeRO-3's parameter gatherer (UnitGatherer, unit_gatherer.h): gather before use, prefetch ahead, release
 // after, as UnitSchedule decides (Note [One schedule] in schedule.cpp); this file carries it out.
 //
 // Note [Stage-3 units]: each unit's parameters view one buffer of the unit's full (padded) size whose
@@ -25,11 +25,12 @@
 // model), against the primary shard's Psi/W, kept for the run (the planner counts them as parameters:
 // Note [ZeRO memory model]). Cross-host bytes per step fall from 3 to 2 all-gathers' worth (forward's
 // gather and the gradients' reduce-scatter; backward's gather stays on the host).
+#include "dist/zero/unit_gatherer.h"
+
 #include <algorithm>
 
 #include "dist/zero/engine.h"
 #include "dist/zero/held_bytes.h"
-#include "dist/zero/param_gatherer.h"
 #include "tensor/autograd/engine.h"
 #include "tensor/trace.h"
 
