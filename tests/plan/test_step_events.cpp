@@ -1,4 +1,4 @@
-// One step, two descriptions (Note [One step, two descriptions] in src/dist/plan/step_trace.cpp): the
+// One step, two descriptions (Note [One step, two descriptions] in src/dist/plan/step_replay.cpp): the
 // planner's replay of a training step against the CPU allocator's own log of the real step (Note [Allocator
 // event log]), allocation by allocation, for the configurations of plan_cases.h. A change to what an op or
 // the engine allocates that the replay does not follow fails here, naming the op where the two part.
@@ -15,7 +15,9 @@
 // src/dist/zero/schedule.cpp): the events the real step's ReduceSchedule and UnitSchedule emit (launch and
 // finish each partition's reduction, gather, use and release each stage-3 unit) against those the replay's
 // emit, in order. Both run the same rules; what this checks is that the replay drives them from the same
-// points as the engine's hooks (every gradient, every unit's module hooks, prefetch, flush).
+// points as the engine's hooks (every gradient, every unit's module hooks, prefetch, flush). The what-if
+// (src/dist/plan/what_if.cpp) drives the same step schedule (Note [Step plan]) for its timelines: its one
+// steady-state step is compared with the real second step, event by event.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,6 +35,7 @@
 #include "dist/comm/communicator.h"
 #include "dist/comm/topology_detect.h"
 #include "dist/plan/planner.h"
+#include "dist/plan/what_if.h"
 #include "dist/train/trainer.h"
 #include "dist/zero/schedule.h"
 #include "plan_cases.h"
@@ -128,7 +131,7 @@ class StepLog final : public AllocatorObserver {
 };
 
 // The replay's events [begin, end) in the same form; a ring scratch is its communicator's thread's.
-Step planned_step(const StepTraceResult& r, size_t begin, size_t end) {
+Step planned_step(const StepReplay& r, size_t begin, size_t end) {
   Step s;
   std::unordered_map<int32_t, int64_t> index;  // MemoryTrace id -> allocation index in this step
   std::vector<Freed> freed;
@@ -232,6 +235,50 @@ std::string first_schedule_difference(const std::vector<zero::ScheduleEvent>& pl
       k, plan.size(), real.size(), events_text(plan, from, k + 6), events_text(real, from, k + 6));
 }
 
+// The events of step `i` (1-based) of a real run whose steps ended at `ends`, as the what-if's steady state
+// sees a step: the gathers the previous update launched (stages 1-2: what follows that step's last reduction
+// event) first, then this step's events up to its own last reduction event.
+std::vector<zero::ScheduleEvent> steady_step(const std::vector<zero::ScheduleEvent>& e,
+                                             const std::vector<size_t>& ends, size_t i) {
+  auto after_reductions = [&](size_t begin, size_t end) {
+    size_t k = end;
+    while (k > begin && e[k - 1].kind != zero::ScheduleEvent::launch &&
+           e[k - 1].kind != zero::ScheduleEvent::finish && e[k - 1].kind != zero::ScheduleEvent::release)
+      --k;
+    return k;
+  };
+  const size_t before = i >= 3 ? ends[i - 3] : 0, begin = ends[i - 2], end = ends[i - 1];
+  std::vector<zero::ScheduleEvent> out(e.begin() + long(after_reductions(before, begin)),
+                                       e.begin() + long(begin));
+  out.insert(out.end(), e.begin() + long(begin), e.begin() + long(after_reductions(begin, end)));
+  return out;
+}
+
+// The what-if's events for the case's configuration on as many CPU ranks (hosts of ranks_per_host).
+std::vector<zero::ScheduleEvent> what_if_events(const Case& c) {
+  WhatIfRequest req;
+  req.config = c.config;
+  std::vector<dist::RankPlace> places;
+  const int per_host = c.ranks_per_host > 0 ? c.ranks_per_host : c.ranks;
+  for (int r = 0; r < c.ranks; ++r) {
+    dist::RankPlace p;
+    p.rank = r;
+    p.host = fmt::format("host{}", r / per_host);
+    places.push_back(std::move(p));
+  }
+  req.topology = dist::build_topology(places, dist::DetectOptions{});
+  req.compute = default_compute_table(DType::f32);
+  req.ranks = {c.ranks};
+  req.stages = {c.config.stage};
+  req.memory = false;
+  std::vector<zero::ScheduleEvent> events;
+  zero::set_schedule_log(&events);
+  const std::unique_ptr<std::vector<zero::ScheduleEvent>, void (*)(std::vector<zero::ScheduleEvent>*)> stop(
+      &events, [](std::vector<zero::ScheduleEvent>*) { zero::set_schedule_log(nullptr); });
+  (void)what_if(req);
+  return events;
+}
+
 class StepEvents : public ::testing::TestWithParam<Case> {};
 
 TEST_P(StepEvents, EveryAllocationAsPlanned) {
@@ -251,12 +298,13 @@ TEST_P(StepEvents, EveryAllocationAsPlanned) {
   if (c.config.comm_impl == "auto" && world.size() > 1) req.topology = dist::detect_topology(world);
   std::vector<zero::ScheduleEvent> planned_schedule, real_schedule;
   zero::set_schedule_log(&planned_schedule);
-  const StepTraceResult planned = plan_step_trace(req);
+  const StepReplay planned = plan_step_replay(req);
   zero::set_schedule_log(nullptr);
   ASSERT_EQ(planned.step_begins.size(), 2u);
 
   Allocator& alloc = allocator_for(Device::cpu());
   std::vector<Step> real;
+  std::vector<size_t> step_ends;  // real_schedule's size after each step
   {
     train::Trainer t(c.config, world);
     StepLog log;
@@ -272,6 +320,7 @@ TEST_P(StepEvents, EveryAllocationAsPlanned) {
         });
         t.step();
       }
+      step_ends.push_back(real_schedule.size());
       real.push_back(log.take());
       if (saves && i == 0) {
         // Its host copy lives through the second step. The save waits for the stage 1-2 gathers the update
@@ -291,7 +340,7 @@ TEST_P(StepEvents, EveryAllocationAsPlanned) {
     const std::string diff = first_difference(plan, real[i]);
     EXPECT_TRUE(diff.empty())
         << "rank " << world.rank() << ", step " << i + 1
-        << ": the planner's replay (src/dist/plan/step_trace.cpp, engine_trace.cpp) and "
+        << ": the planner's replay (src/dist/plan/step_replay.cpp, engine_trace.cpp) and "
            "the real step part at\n"
         << diff;
   }
@@ -301,6 +350,18 @@ TEST_P(StepEvents, EveryAllocationAsPlanned) {
                             << ": the planner's replay (src/dist/plan/engine_trace.cpp) and the real steps "
                                "schedule differently at\n"
                             << diff;
+  // The what-if models neither a checkpoint's save between steps (it waits for the gathers, which the
+  // second step's forward then finds done), nor activation checkpointing's recompute (its forward hooks run
+  // again inside backward), nor offload's worker; its meshes are --shard-group world or host.
+  if (saves || c.config.activation_checkpointing || c.config.offload_optimizer) return;
+  if (c.config.shard_group != "world" && c.config.shard_group != "host") return;
+  const std::vector<zero::ScheduleEvent> modelled = what_if_events(c);
+  const std::string what_if_diff =
+      first_schedule_difference(modelled, steady_step(real_schedule, step_ends, 2));
+  EXPECT_TRUE(what_if_diff.empty()) << "rank " << world.rank()
+                                    << ": the what-if (src/dist/plan/what_if.cpp, steady state) and the real "
+                                       "second step schedule differently at\n"
+                                    << what_if_diff;
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, StepEvents, ::testing::ValuesIn(my_cases()),

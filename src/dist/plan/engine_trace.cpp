@@ -1,8 +1,8 @@
 // Note [What the engine allocates]
-// ZeroEngine's parts (src/dist/zero/: grad_reducer.cpp, engine_units.cpp, offload.cpp) allocate during a step
+// ZeroEngine's parts (src/dist/zero/: grad_reducer.cpp, unit_gatherer.cpp, offload.cpp) allocate during a step
 // only what this file replays; its model state is allocated once (Note [ZeRO memory model]).
-// When each of these happens is zero::ReduceSchedule's and zero::UnitSchedule's to say (Note [One schedule]):
-// this file drives them from the same points as the engine and carries out their events on the trace.
+// When each of these happens is the step schedule's to say (Note [Step plan], Note [One schedule]): this file
+// drives it from the same points as the engine and carries out its events on the trace.
 //  * Gradients (GradReducer::on_grad_ready, run by AccumulateGrad after the gradient became .grad and before
 //    AccumulateGrad lets go of it). Stages 0-1: the gradient was added into the full gradient buffer; only
 //    on the last micro-step does the hook count it. Stages 2-3: the partition's bucket (its padded size in
@@ -47,7 +47,6 @@
 #include "dist/comm/mesh.h"
 #include "dist/comm/types.h"
 #include "dist/zero/gather_codec.h"
-#include "dist/zero/param_gatherer.h"
 #include "dist/zero/quant_reduce.h"
 #include "dist/zero/quant_reduce_hier.h"
 #include "tensor/check.h"
@@ -60,10 +59,10 @@ constexpr MemoryTrace::Id kNone = -1;
 EngineTrace::EngineTrace(MemoryTrace& m, EngineSpec spec)
     : m_(m),
       s_(std::move(spec)),
-      reduce_(s_.layout, s_.stage >= 2),
-      units_(s_.layout.partitions.size(), s_.prefetch),
-      chunks_(s_.layout.partitions.size(),
-              !zero::GatherCodec(s_.compute, s_.gather, s_.quant_block).direct()) {
+      schedule_(s_.plan, s_.layout, s_.prefetch,
+                s_.plan.chunk_gathers() ? zero::unit_partitions(s_.layout, s_.units)
+                                        : std::vector<std::vector<size_t>>{}) {
+  schedule_.bind(this, this, this);
   const zero::ZeroLayout& L = s_.layout;
   for (size_t i = 0; i < L.flat.segments.size(); ++i) param_index_[L.flat.segments[i].name] = i;
   const size_t np = L.partitions.size();
@@ -71,10 +70,8 @@ EngineTrace::EngineTrace(MemoryTrace& m, EngineSpec spec)
   gathered_.assign(np, kNone);
   wire_.assign(np, kNone);
   in_flight_.resize(np);
-  if (s_.stage == 1 || s_.stage == 2) {
-    unit_parts_ = zero::unit_partitions(L, s_.units);
+  if (s_.plan.chunk_gathers())
     for (size_t u = 0; u < s_.units.size(); ++u) unit_index_[s_.units[u]] = u;
-  }
 }
 
 size_t EngineTrace::param_index(const std::string& name) const {
@@ -84,88 +81,86 @@ size_t EngineTrace::param_index(const std::string& name) const {
 }
 
 int EngineTrace::unit_of_module(const std::string& module) const {
-  if (s_.stage != 3) return -1;
+  if (!s_.plan.unit_gathers()) return -1;
   for (size_t p = 0; p < s_.layout.partitions.size(); ++p)
     if (s_.layout.partitions[p].name == module) return int(p);
   return -1;
 }
 
 void EngineTrace::backward_begin(bool last_micro_step) {
-  reduce_.begin_backward(last_micro_step);
-  if (s_.stage == 3) units_.begin_backward();
+  schedule_.begin_backward(last_micro_step);
 }
 
 void EngineTrace::backward_end() {
-  if (s_.stage == 3) units_.end_backward(true);
-  reduce_.flush(*this);
-  if (s_.stage == 3) units_.release_all(*this);
+  schedule_.end_backward(true);
 }
 
 void EngineTrace::grad_ready(size_t param, Id grad) {
-  const size_t p = reduce_.partition_of(param);
-  if (s_.stage >= 2 && bucket_[p] == kNone)
-    bucket_[p] = m_.alloc(s_.layout.partitions[p].numel * int64_t(dtype_size(s_.reduce)), Use::bucket,
-                          "gradient bucket");
-  reduce_.grad_ready(param, *this);
+  const size_t p = schedule_.partition_of(param);
+  if (s_.plan.buckets() && bucket_[p] == kNone)
+    bucket_[p] = m_.alloc(s_.layout.partitions[p].numel * int64_t(dtype_size(s_.plan.bucket_dtype())),
+                          Use::bucket, "gradient bucket");
+  schedule_.grad_ready(param);
   m_.release(grad);
 }
 
 void EngineTrace::prepare(size_t p) {
-  const int64_t numel = s_.layout.partitions[p].numel, er = int64_t(dtype_size(s_.reduce));
-  if (s_.stage >= 2) {
+  const int64_t numel = s_.layout.partitions[p].numel, er = int64_t(dtype_size(s_.plan.bucket_dtype()));
+  if (s_.plan.buckets()) {
     if (bucket_[p] == kNone) bucket_[p] = m_.alloc(numel * er, Use::bucket, "gradient bucket");
-  } else if (s_.reduce != s_.compute) {
+  } else if (s_.plan.bucket_dtype() != s_.plan.compute()) {
     in_flight_[p].cast = m_.alloc(numel * er, Use::bucket, "gradients cast to the reduce dtype");
   }
 }
 
 void EngineTrace::launch(size_t p) {
-  const int64_t numel = s_.layout.partitions[p].numel, er = int64_t(dtype_size(s_.reduce));
+  const zero::StepPlan& plan = s_.plan;
+  const int64_t numel = s_.layout.partitions[p].numel, er = int64_t(dtype_size(plan.bucket_dtype()));
+  const int64_t qb = plan.quant_block();
   InFlight& f = in_flight_[p];
-  const int group = s_.stage == 0 ? s_.world : shards();
-  switch (zero::reduce_kind(s_.stage > 0, s_.reduce_int8 ? s_.quant_block : 0, group, s_.two_hop)) {
+  const int group = plan.reduce_group();
+  switch (plan.reduce_kind()) {
     case zero::ReduceKind::quantized_all_reduce:
       // QuantizedAllReduce: the reduce-scatter's records, then the second exchange's, both at launch.
-      f.records = m_.alloc(zero::quantized_reduce_buffer_bytes(group, numel / group, s_.quant_block),
-                           Use::bucket, "reduction records");
-      f.records2 = m_.alloc(zero::quantized_all_reduce_buffer_bytes(group, numel / group, s_.quant_block),
-                            Use::bucket, "all-reduce records");
+      f.records = m_.alloc(zero::quantized_reduce_buffer_bytes(group, numel / group, qb), Use::bucket,
+                           "reduction records");
+      f.records2 = m_.alloc(zero::quantized_all_reduce_buffer_bytes(group, numel / group, qb), Use::bucket,
+                            "all-reduce records");
       break;
     case zero::ReduceKind::two_hop_reduce_scatter:
     case zero::ReduceKind::two_hop_all_reduce: {
       // TwoHopQuantizedReduceScatter: its records and the host's fp32 partial sums, both at launch; at stage
       // 0 (TwoHopQuantizedAllReduce) then the second exchange's records.
-      const int hosts = s_.world / s_.ranks_per_host;
-      const int64_t chunk = s_.stage == 0 ? numel / group : s_.layout.chunk(p);
-      f.records = m_.alloc(zero::two_hop_records_bytes(hosts, s_.ranks_per_host, chunk, s_.quant_block),
-                           Use::bucket, "reduction records");
+      const int hosts = plan.world() / s_.ranks_per_host;
+      const int64_t chunk = plan.sharded() ? s_.layout.chunk(p) : numel / group;
+      f.records = m_.alloc(zero::two_hop_records_bytes(hosts, s_.ranks_per_host, chunk, qb), Use::bucket,
+                           "reduction records");
       f.records2 = m_.alloc(zero::two_hop_partial_bytes(hosts, chunk), Use::bucket, "two-hop partial sums");
-      if (s_.stage == 0)
-        f.records3 = m_.alloc(zero::quantized_all_reduce_buffer_bytes(group, chunk, s_.quant_block),
-                              Use::bucket, "all-reduce records");
+      if (plan.reduce_kind() == zero::ReduceKind::two_hop_all_reduce)
+        f.records3 = m_.alloc(zero::quantized_all_reduce_buffer_bytes(group, chunk, qb), Use::bucket,
+                              "all-reduce records");
       break;
     }
     case zero::ReduceKind::quantized_reduce_scatter:
       // An all-to-all of records (QuantizedReduceScatter): point to point, no ring scratch.
-      f.records = m_.alloc(zero::quantized_reduce_buffer_bytes(group, s_.layout.chunk(p), s_.quant_block),
-                           Use::bucket, "reduction records");
+      f.records = m_.alloc(zero::quantized_reduce_buffer_bytes(group, s_.layout.chunk(p), qb), Use::bucket,
+                           "reduction records");
       break;
     case zero::ReduceKind::all_reduce:
       collective(world_comm, dist::Collective::all_reduce, numel, er);
       break;
     case zero::ReduceKind::reduce_scatter:
       collective(shard_comm, dist::Collective::reduce_scatter, numel, er);
-      collective(replicate_comm, dist::Collective::all_reduce, numel / shards(), er);
+      collective(replicate_comm, dist::Collective::all_reduce, numel / plan.shards(), er);
       break;
   }
-  if (s_.stage == 3) units_.release(p, *this);
 }
 
 void EngineTrace::finish(size_t p) {
   InFlight& f = in_flight_[p];
   for (Id* id : {&f.records, &f.records2, &f.records3})  // freed once summed, before the bucket
     if (*id != kNone) m_.release(std::exchange(*id, kNone));
-  if (s_.stage >= 2) {
+  if (s_.plan.buckets()) {
     m_.release(std::exchange(bucket_[p], kNone));
   } else if (f.cast != kNone) {
     m_.release(std::exchange(f.cast, kNone));
@@ -173,11 +168,12 @@ void EngineTrace::finish(size_t p) {
 }
 
 void EngineTrace::collective(Comm c, dist::Collective kind, int64_t count, int64_t elem_bytes) {
-  const int size = c == world_comm ? s_.world : c == shard_comm ? shards() : s_.world / shards();
+  const int world = s_.plan.world(), shards = s_.plan.shards();
+  const int size = c == world_comm ? world : c == shard_comm ? shards : world / shards;
   if (size < 2) return;
   // A group spanning the world shares the world's communicator (Mesh): the shard group of a flat run, the
   // replication group of shard groups of one.
-  if (size == s_.world) c = world_comm;
+  if (size == world) c = world_comm;
   if (c == world_comm && hier() && s_.two_level(kind, count * elem_bytes))
     return two_level(kind, count, elem_bytes);
   if (kind != dist::Collective::all_gather) ring_scratch(c, size, count, elem_bytes);
@@ -196,7 +192,7 @@ void EngineTrace::ring_scratch(Comm c, int size, int64_t count, int64_t elem_byt
 // threads do.
 void EngineTrace::two_level(dist::Collective kind, int64_t count, int64_t elem_bytes) {
   if (count == 0) return;
-  const int R = s_.ranks_per_host, H = s_.world / R, n = s_.world, l = s_.rank % R;
+  const int R = s_.ranks_per_host, H = s_.plan.world() / R, n = s_.plan.world(), l = s_.rank % R;
   const int pieces = dist::two_level_pieces(kind, count, size_t(count * elem_bytes), n);
   if (kind == dist::Collective::all_reduce) {
     for (int k = 0; k < pieces; ++k)
@@ -238,20 +234,22 @@ void EngineTrace::grow(Comm c, int64_t need) {
   scratch = grown;
 }
 
-int64_t EngineTrace::wire_bytes(size_t p) const {
-  const zero::GatherCodec codec(s_.compute, s_.gather, s_.quant_block);
-  return codec.direct() ? 0 : shards() * codec.record_bytes(s_.layout.chunk(p));
+void EngineTrace::gather(size_t p) {
+  const int64_t numel = s_.layout.partitions[p].numel, ec = int64_t(dtype_size(s_.plan.compute()));
+  gathered_[p] = m_.alloc(numel * ec, Use::gather, "gathered unit");
+  const bool backward = schedule_.in_backward();
+  // hpZ: from the host-local slices, in the compute dtype; an all-gather grows no ring scratch.
+  if (s_.plan.host_local_gather(backward)) return;
+  gather_collective(p, backward);
 }
 
-void EngineTrace::gather(size_t p) {
-  const int64_t numel = s_.layout.partitions[p].numel, ec = int64_t(dtype_size(s_.compute));
-  gathered_[p] = m_.alloc(numel * ec, Use::gather, "gathered unit");
-  if (s_.hpz && units_.backward()) return;  // from the host-local slices, in the compute dtype
-  if (const int64_t w = wire_bytes(p)) {
+void EngineTrace::gather_collective(size_t p, bool backward) {
+  if (const int64_t w = s_.plan.gather_records_bytes(s_.layout, p, backward)) {
     wire_[p] = m_.alloc(w, Use::gather, "gathered records");
     collective(shard_comm, dist::Collective::all_gather, w, 1);
   } else {
-    collective(shard_comm, dist::Collective::all_gather, numel, ec);
+    collective(shard_comm, dist::Collective::all_gather, s_.layout.partitions[p].numel,
+               int64_t(dtype_size(s_.plan.compute())));
   }
 }
 
@@ -265,23 +263,16 @@ void EngineTrace::release(size_t p) {
 }
 
 void EngineTrace::forward_pre(int u) {
-  if (u >= 0) units_.forward_pre(size_t(u), *this);
+  if (u >= 0) schedule_.unit_forward_pre(size_t(u));
 }
 
 void EngineTrace::chunk_forward_pre(const std::string& module) {
-  if (s_.stage != 1 && s_.stage != 2) return;
-  const auto it = unit_index_.find(module);
-  if (it != unit_index_.end()) chunks_.forward_pre(unit_parts_[it->second], *this);
+  const auto it = unit_index_.find(module);  // stages 1-2 only: empty otherwise
+  if (it != unit_index_.end()) schedule_.unit_forward_pre_chunks(it->second);
 }
 
 void EngineTrace::gather_partition(size_t p) {
-  if (const int64_t w = wire_bytes(p)) {
-    wire_[p] = m_.alloc(w, Use::gather, "gathered records");
-    collective(shard_comm, dist::Collective::all_gather, w, 1);
-  } else {
-    collective(shard_comm, dist::Collective::all_gather, s_.layout.partitions[p].numel,
-               int64_t(dtype_size(s_.compute)));
-  }
+  gather_collective(p, false);
 }
 
 void EngineTrace::use_partition(size_t p) {
@@ -289,11 +280,11 @@ void EngineTrace::use_partition(size_t p) {
 }
 
 void EngineTrace::forward_post(int u) {
-  if (u >= 0) units_.forward_post(size_t(u), *this);
+  if (u >= 0) schedule_.unit_forward_post(size_t(u));
 }
 
 void EngineTrace::backward_pre(int u) {
-  if (u >= 0) units_.backward_pre(size_t(u), *this);
+  if (u >= 0) schedule_.unit_backward_pre(size_t(u));
 }
 
 void EngineTrace::all_reduce_scalar() {
@@ -301,7 +292,7 @@ void EngineTrace::all_reduce_scalar() {
 }
 
 void EngineTrace::all_reduce_scalar_in(Comm c) {
-  const int size = c == world_comm ? s_.world : shards();
+  const int size = c == world_comm ? s_.plan.world() : s_.plan.shards();
   if (size < 2) return;  // a group of one returns the value
   const Id t = m_.alloc(8, Use::transient, "all-reduced scalar");
   collective(c, dist::Collective::all_reduce, 1, 8);
@@ -318,12 +309,12 @@ void EngineTrace::optimizer_step() {
     m_.release(sum);
     sum = next;
   }
-  if (s_.stage > 0) all_reduce_scalar_in(shard_comm);
+  if (s_.plan.sharded()) all_reduce_scalar_in(shard_comm);
   m_.release(sum);
   // Stages 1-2: the updated chunks are all-gathered into the compute copy as the engine's ChunkSchedule says
   // (ChunkGatherer::after_update); quantized, each partition's records into a buffer of its own, decoded and
   // freed in order at once.
-  if (s_.stage == 1 || s_.stage == 2) chunks_.after_update(*this);
+  schedule_.after_update();
 }
 
 }  // namespace cz::plan

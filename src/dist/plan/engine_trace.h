@@ -1,5 +1,5 @@
 // The ZeRO engine's allocations during a training step, replayed through a MemoryTrace: the step replay
-// (step_trace.cpp) calls it where ZeroEngine's hooks fire, and it allocates and frees what the engine does
+// (step_replay.cpp) calls it where ZeroEngine's hooks fire, and it allocates and frees what the engine does
 // there (Note [What the engine allocates] in engine_trace.cpp).
 #pragma once
 
@@ -13,30 +13,23 @@
 #include "dist/comm/types.h"
 #include "dist/plan/memory_trace.h"
 #include "dist/zero/partition.h"
-#include "dist/zero/schedule.h"
+#include "dist/zero/step_plan.h"
 #include "tensor/dtype.h"
 
 namespace cz::plan {
 
 struct EngineSpec {
-  int stage = 0;
+  // Note [Step plan]: the stage's schedules, the reductions' kind, dtypes, quantization, hpZ, two hops; the
+  // world and the shard group (a 2-D mesh, --shard-group: each group of more than one rank that does not
+  // span the world has a communicator, and so a ring scratch, of its own: the world's carries the loss, the
+  // shard group's the reduce-scatters and the norm, the replication group's the gradient chunks'
+  // all-reduces; hpZ allocates nothing during a step: its secondary copies are model state, and all-gathers
+  // need no ring scratch).
+  zero::StepPlan plan;
   std::vector<std::string> units;  // the model's units (ConvNeXt::units()): stages 1-2 wait at their forwards
-  int world = 1;
-  // A 2-D mesh (--shard-group): the shard group's size (0: the world). Each group of more than one rank that
-  // does not span the world has a communicator, and so a ring scratch, of its own: the world's carries the
-  // loss, the shard group's the reduce-scatters and the norm, the replication group's the gradient chunks'
-  // all-reduces. (hpZ allocates nothing during a step: its secondary copies are model state, and
-  // all-gathers need no ring scratch.)
-  int shard = 0;
-  zero::ZeroLayout layout;  // the engine's partitions (zero_layout)
-  DType compute = DType::f32, reduce = DType::f32;
-  DType gather = DType::f32;  // ZeroConfig::gather_dtype: not the compute dtype, records travel (wire_)
-  bool reduce_int8 = false;   // --reduce-dtype int8: each reduction's records buffer, no ring scratch
-  bool two_hop = false;       // ... in two hops (Note [Two-hop choice]): records and partial sums
-  int64_t quant_block = 256;  // ZeroConfig::quant_block (the planner sets it from there)
+  zero::ZeroLayout layout;         // the engine's partitions (zero_layout)
   int prefetch = 1;
   bool offload = false;  // --offload-optimizer: the model state differs, not what a step allocates
-  bool hpz = false;      // stage 3 --hpz: backward gathers inside the host group (Note [hpZ])
   bool cuda = false;     // the ring's scratch comes from the device allocator with a 256-byte minimum on CUDA
   // The world's communicator in two levels (--comm-impl hier or auto on hosts of several ranks, Note
   // [Two-level collectives]): the ranks of a host (consecutive world ranks), this rank, and which calls take
@@ -46,7 +39,7 @@ struct EngineSpec {
   std::function<bool(dist::Collective kind, int64_t bytes)> two_level;
 };
 
-// It drives the engine's own schedules (Note [One schedule]) and carries their events out on the trace.
+// It drives the engine's own step schedule (Note [Step plan]) and carries its events out on the trace.
 class EngineTrace : private zero::ReduceSchedule::Sink,
                     private zero::UnitSchedule::Sink,
                     private zero::ChunkSchedule::Sink {
@@ -74,9 +67,7 @@ class EngineTrace : private zero::ReduceSchedule::Sink,
   // ProcessGroup::all_reduce of a scalar (a one-element f64 tensor and its all-reduce) and ZeroEngine::step.
   void all_reduce_scalar();
   void optimizer_step();
-  // Bytes of the records of partition p's N chunks (Note [Quantized gathers]); 0 when the compute copy
-  // itself travels.
-  int64_t wire_bytes(size_t p) const;
+  const zero::StepPlan& plan() const { return s_.plan; }
 
  private:
   struct InFlight {
@@ -98,6 +89,8 @@ class EngineTrace : private zero::ReduceSchedule::Sink,
   // ChunkSchedule::Sink
   void gather_partition(size_t p) override;
   void use_partition(size_t p) override;
+  // A parameter gather of partition p launched: its records' buffer, if records travel, and the collective.
+  void gather_collective(size_t p, bool backward);
   // The communicators whose threads grow a scratch: the mesh's, and a two-level world's host and cross
   // communicators and its own thread (the pack scratch; its flat ring is world_comm).
   enum Comm { world_comm, shard_comm, replicate_comm, host_level, cross_level, pack, kComms };
@@ -107,20 +100,18 @@ class EngineTrace : private zero::ReduceSchedule::Sink,
   // A ring reduce-scatter or all-reduce of `count` elements over `size` ranks on `c`.
   void ring_scratch(Comm c, int size, int64_t count, int64_t elem_bytes);
   void grow(Comm c, int64_t need);
-  bool hier() const { return s_.ranks_per_host > 1 && s_.ranks_per_host < s_.world && bool(s_.two_level); }
-  int shards() const { return s_.shard > 0 ? s_.shard : s_.world; }
+  bool hier() const {
+    return s_.ranks_per_host > 1 && s_.ranks_per_host < s_.plan.world() && bool(s_.two_level);
+  }
   void all_reduce_scalar_in(Comm c);
 
   MemoryTrace& m_;
   EngineSpec s_;
   std::unordered_map<std::string, size_t> param_index_;
-  zero::ReduceSchedule reduce_;
-  zero::UnitSchedule units_;
-  zero::ChunkSchedule chunks_;                   // stages 1-2
-  std::vector<std::vector<size_t>> unit_parts_;  // stages 1-2: per unit, its partitions
-  std::unordered_map<std::string, size_t> unit_index_;
-  std::vector<Id> bucket_;           // stages 2-3
-  std::vector<Id> gathered_;         // stage 3: kNone while released
+  zero::StepSchedule schedule_;
+  std::unordered_map<std::string, size_t> unit_index_;  // stages 1-2: the units whose forwards wait
+  std::vector<Id> bucket_;                              // stages 2-3
+  std::vector<Id> gathered_;                            // stage 3: kNone while released
   std::vector<Id> wire_;             // quantized: the gathered records, from gather to use (decode)
   std::vector<InFlight> in_flight_;  // per partition, while its reduction is in flight
   Id scratch_[kComms] = {-1, -1, -1, -1, -1, -1};

@@ -1,7 +1,7 @@
 // A replay of allocations through a caching allocator of the kind in src/tensor/allocator.*: every request
 // is rounded to its size class (round_to_size_class), freed blocks are cached by exact class and handed out
 // again, and the peak of bytes held by live blocks is recorded with what was live at that moment. The
-// planner drives it with the allocations one training step makes (step_trace.h).
+// planner drives it with the allocations one training step makes (step_replay.h).
 #pragma once
 
 #include <array>
@@ -35,7 +35,7 @@ struct TraceSnapshot {
 };
 
 // One request or return of a block, for the op-by-op comparison with the allocator's own log (Note [Allocator
-// event log]; Note [One step, two descriptions] in step_trace.cpp).
+// event log]; Note [One step, two descriptions] in step_replay.cpp).
 struct TraceEvent {
   bool alloc;     // false: the block's last reference went
   int32_t block;  // MemoryTrace::Id: which alloc a release returns

@@ -1,4 +1,4 @@
-// The memory planner: flags -> ZeRO model state (zero_memory.h) + one step's allocations (step_trace.h) ->
+// The memory planner: flags -> ZeRO model state (zero_memory.h) + one step's allocations (step_replay.h) ->
 // the rows of the plan, whether it fits, and the largest micro-batch that does.
 #include "dist/plan/planner.h"
 
@@ -14,11 +14,11 @@
 
 #include "dist/comm/hier_communicator.h"
 #include "dist/comm/topology_detect.h"
-#include "dist/plan/step_trace.h"
+#include "dist/plan/step_replay.h"
 #include "dist/plan/zero_memory.h"
 #include "dist/train/flags.h"
 #include "dist/train/trainer.h"
-#include "dist/zero/schedule.h"
+#include "dist/zero/step_plan.h"
 #include "tensor/check.h"
 #include "tensor/device.h"
 #include "tensor/parallel.h"
@@ -41,9 +41,11 @@ struct Setup {
   bool cuda = false;
   int world = 1;
   int rank = 0;
-  int shard = 1;      // the shard group's ranks (--shard-group; the world when flat)
-  int hpz_ranks = 0;  // --hpz: ranks per host
-  int per_host = 0;   // ranks per host when the world's collectives may take two levels; else 0
+  int shard = 1;               // the shard group's ranks (--shard-group; the world when flat)
+  int hpz_ranks = 0;           // --hpz: ranks per host
+  int per_host = 0;            // ranks per host when the world's collectives may take two levels; else 0
+  zero::ZeroConfig zero;       // train::zero_config of the run (its stage and offload set per plan row)
+  zero::TwoHopInputs two_hop;  // Note [Two-hop choice]: all but the stage
   std::function<bool(dist::Collective, int64_t)> two_level;  // which of them do (EngineSpec::two_level)
   // Note [What a run holds that a step does not decide]: the loader's batches beyond the step's own at its
   // peak, and whether a background save's host copy is alive during a step.
@@ -53,20 +55,27 @@ struct Setup {
 
 // The engine's layout and model state at `stage`, with or without offload.
 struct Engine {
+  zero::StepPlan plan;
   ZeroSpec spec;
   ZeroState state;
 };
 
 Engine engine_at(const Setup& s, int stage, bool offload) {
   Engine e;
+  zero::ZeroConfig zc = s.zero;
+  zc.stage = stage;
+  zc.offload = offload;
+  zero::TwoHopInputs two_hop = s.two_hop;
+  two_hop.stage = stage;
+  zc.two_hop_reduce = zero::two_hop_choice(two_hop) == zero::TwoHop::yes;
+  e.plan = zero::StepPlan(zc, s.world, s.shard);
   ZeroSpec& z = e.spec;
   z.stage = stage;
   z.world = s.shard;
-  z.hpz_ranks_per_host = stage == 3 ? s.hpz_ranks : 0;
-  z.gather = train::gather_wire_dtype(s.cfg);
-  const zero::GatherCodec codec(s.compute, z.gather, z.quant_block);
-  const bool reduce_int8 = s.cfg.reduce_dtype == "int8";
-  const zero::LayoutRule rule = zero::layout_rule(stage, reduce_int8, z.quant_block, codec, s.shard);
+  z.hpz_ranks_per_host = e.plan.hpz() ? s.hpz_ranks : 0;
+  z.gather = zc.gather_dtype;
+  z.quant_block = zc.quant_block;
+  const zero::LayoutRule rule = e.plan.layout_rule();
   z.layout = zero_layout(s.params, stage, s.shard, s.cfg.bucket_mb, s.reduce, rule.align, rule.pad_ranks);
   z.compute = s.compute;
   z.reduce = s.reduce;
@@ -116,25 +125,14 @@ StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bo
   sp.state = engine.state.buffers;
   // On CUDA the copy is pinned host memory (Plan::host_rows), outside the device's allocator.
   if (!s.cuda) sp.checkpoint_copy_bytes = std::max<int64_t>(0, checkpoint_copy_bytes(s, engine));
-  sp.engine.stage = engine.spec.stage;
+  sp.engine.plan = engine.plan;
   sp.engine.units = nn::convnext_units(s.model);
-  sp.engine.world = s.world;
-  sp.engine.shard = s.shard;
   sp.engine.layout = engine.spec.layout;
-  sp.engine.compute = s.compute;
-  sp.engine.reduce = s.reduce;
-  sp.engine.gather = engine.spec.gather;
-  sp.engine.reduce_int8 = s.cfg.reduce_dtype == "int8";
-  sp.engine.quant_block = engine.spec.quant_block;
   sp.engine.prefetch = s.cfg.prefetch;
   sp.engine.offload = engine.spec.offload;
-  sp.engine.hpz = engine.spec.hpz_ranks_per_host > 0;
   sp.engine.ranks_per_host = s.per_host;
   sp.engine.rank = s.rank;
   sp.engine.two_level = s.two_level;
-  // Note [Two-hop choice] (trainer.cpp): int8 reductions in two hops on a flat world of several CPU hosts.
-  sp.engine.two_hop =
-      sp.engine.reduce_int8 && (engine.spec.stage == 0 || s.shard == s.world) && s.per_host > 1 && !s.cuda;
   sp.engine.cuda = s.cuda;
   // The second step meets the cache the first one left (the steady state), and stage 3 prefetches from the
   // second pass on.
@@ -146,7 +144,7 @@ int64_t device_overhead(const Setup& s) {
   return s.cuda ? kCudaContext + (s.world > 1 ? kNcclBuffers : 0) : 0;
 }
 
-int64_t required(const StepTraceResult& r, int64_t overhead) {
+int64_t required(const StepReplay& r, int64_t overhead) {
   return r.peak.total + r.peak.page_rounding + overhead;
 }
 
@@ -157,8 +155,8 @@ int64_t largest_fitting(const Setup& s, const Engine& engine, bool checkpointing
   const int64_t overhead = device_overhead(s);
   auto need = [&](int64_t b) {
     StepSpec sp = step_spec(s, engine, b, checkpointing);
-    sp.steps = engine.spec.stage == 3 ? 2 : 1;  // stages 0-2 repeat their first step's peak
-    return required(trace_step(sp), overhead);
+    sp.steps = engine.plan.unit_gathers() ? 2 : 1;  // stages 0-2 repeat their first step's peak
+    return required(replay_step(sp), overhead);
   };
   const int64_t one = need(1);
   if (one > mem) return 0;
@@ -258,6 +256,13 @@ Setup setup_of(const PlanRequest& req) {
   CZ_CHECK(!s.cfg.hpz || per_host < s.world, "{} needs more than one host; the plan has all {} ranks on one",
            train::flag_name(&train::TrainConfig::hpz), s.world);
   s.hpz_ranks = s.cfg.hpz ? per_host : 0;
+  s.zero = train::zero_config(s.cfg, s.cuda ? Device::cuda(0) : Device::cpu());
+  s.two_hop.reduce_int8 = s.zero.reduce_int8;
+  s.two_hop.flat_mesh = s.shard == s.world;
+  s.two_hop.hosts = s.world / per_host;
+  s.two_hop.ranks_per_host = per_host;
+  s.two_hop.flat_impl = train::world_algorithm(s.cfg) == dist::Algorithm::ring;
+  s.two_hop.cuda = s.cuda;
   // --comm-impl hier or auto makes the world's communicator two-level on hosts of several ranks
   // (make_two_level_communicator; the mesh's other groups run the ring).
   const dist::Algorithm algorithm = train::world_algorithm(s.cfg);
@@ -354,10 +359,10 @@ PlanDevice plan_device(const std::optional<std::string>& device_flag, bool gpu_m
   return {"cpu", fmt::format("the default {} ({} cuda, or --gpu-mem, plans a GPU)", flag, flag)};
 }
 
-StepTraceResult plan_step_trace(const PlanRequest& req) {
+StepReplay plan_step_replay(const PlanRequest& req) {
   const Setup s = setup_of(req);
   const Engine engine = engine_at(s, s.cfg.stage, s.cfg.offload_optimizer);
-  return trace_step(step_spec(s, engine, s.cfg.micro_batch, s.cfg.activation_checkpointing), -1, true);
+  return replay_step(step_spec(s, engine, s.cfg.micro_batch, s.cfg.activation_checkpointing), -1, true);
 }
 
 Plan make_plan(const PlanRequest& req) {
@@ -379,8 +384,8 @@ Plan make_plan(const PlanRequest& req) {
   p.psi = state.psi;
   p.offload = s.cfg.offload_optimizer;
   const StepSpec spec = step_spec(s, engine, s.cfg.micro_batch, s.cfg.activation_checkpointing);
-  const StepTraceResult first = trace_step(spec);
-  const StepTraceResult r = trace_step(spec, first.peak.event);
+  const StepReplay first = replay_step(spec);
+  const StepReplay r = replay_step(spec, first.peak.event);
   const TraceSnapshot& pk = r.peak;
 
   static const std::map<StateRow, const char*> kLabels = {{StateRow::parameters, "parameters (compute copy)"},
@@ -415,7 +420,7 @@ Plan make_plan(const PlanRequest& req) {
   StepSpec other = spec;
   other.checkpointing = !spec.checkpointing;
   other.steps = 1;
-  const StepTraceResult o = trace_step(other);
+  const StepReplay o = replay_step(other);
   for (size_t i = 0; i < parts.size(); ++i)
     for (bool ckpt : {false, true})
       p.saved_end_of_forward[ckpt].push_back(
@@ -445,7 +450,7 @@ Plan make_plan(const PlanRequest& req) {
   if (req.gpu_mem) {
     p.fits = p.required_bytes <= *req.gpu_mem;
     if (req.max_micro_batch)
-      for (int stage = 0; stage <= 3; ++stage)
+      for (int stage = 0; stage <= zero::kMaxStage; ++stage)
         for (bool offload : {false, true}) {
           const Engine e = engine_at(s, stage, offload);
           for (bool ckpt : {false, true})
@@ -517,12 +522,11 @@ std::string format_plan(const Plan& p) {
                        p.world, p.world == 1 ? "" : "s");
     out += fmt::format("  {:<11} {:>17} {:>15} {:>12} {:>26}\n", "ZeRO stage", "no checkpointing",
                        "checkpointing", "offload", "offload + checkpointing");
-    for (int stage = 0; stage <= 3; ++stage) {
-      int64_t v[2][2] = {};  // [offload][checkpointing]
-      for (const MaxMicroBatch& m : p.max_micro_batch)
-        if (m.stage == stage) v[m.offload][m.checkpointing] = m.micro_batch;
-      out += fmt::format("  {:<11} {:>17} {:>15} {:>12} {:>26}\n", stage, v[0][0], v[0][1], v[1][0], v[1][1]);
-    }
+    int64_t v[zero::kMaxStage + 1][2][2] = {};  // [stage][offload][checkpointing]
+    for (const MaxMicroBatch& m : p.max_micro_batch) v[m.stage][m.offload][m.checkpointing] = m.micro_batch;
+    for (int stage = 0; stage <= zero::kMaxStage; ++stage)
+      out += fmt::format("  {:<11} {:>17} {:>15} {:>12} {:>26}\n", stage, v[stage][0][0], v[stage][0][1],
+                         v[stage][1][0], v[stage][1][1]);
   }
   return out;
 }

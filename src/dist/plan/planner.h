@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dist/comm/topology.h"
-#include "dist/plan/step_trace.h"
+#include "dist/plan/step_replay.h"
 #include "dist/train/config.h"
 
 namespace cz::train {
@@ -133,9 +133,9 @@ Plan make_plan(const PlanRequest& request);
 // The request whose plan a run's closing summary prints beside the measured peak: the trainer's flags, world,
 // hosts and epoch length, and the steps the run took (summary.last_step - summary.steps + 1 to last_step).
 PlanRequest plan_request_for_run(const train::Trainer& trainer, const train::TrainSummary& summary, int rank);
-// The step replay make_plan's figures come from, with its event log (StepTraceResult::events): what
+// The step replay make_plan's figures come from, with its event log (StepReplay::events): what
 // tests/plan/test_step_events.cpp holds the real step's allocator log to, op by op.
-StepTraceResult plan_step_trace(const PlanRequest& request);
+StepReplay plan_step_replay(const PlanRequest& request);
 std::string format_plan(const Plan& plan);
 // Why a run's measured peak differs from its plan, for the closing summary: "" when they are equal; on
 // several ranks, planned high by no more than the ring scratch, the communicators' threads growing it at

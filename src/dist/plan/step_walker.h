@@ -1,5 +1,5 @@
-// The walk of one training step's allocations (Note [What a step allocates] in step_trace.cpp): the
-// walker's state and the ops it replays; step_trace.cpp walks the step, step_walker_ops.cpp the ops.
+// The walk of one training step's allocations (Note [What a step allocates] in step_replay.cpp): the
+// walker's state and the ops it replays; step_replay.cpp walks the step, step_walker_ops.cpp the ops.
 // Internal to src/dist/plan.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/plan/step_trace.h"
+#include "dist/plan/step_replay.h"
 #include "tensor/check.h"
 
 namespace cz::plan::walk {

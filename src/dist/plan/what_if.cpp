@@ -72,7 +72,7 @@
 #include "dist/train/flags.h"
 #include "dist/zero/engine.h"
 #include "dist/zero/gather_codec.h"
-#include "dist/zero/schedule.h"
+#include "dist/zero/step_plan.h"
 #include "tensor/check.h"
 #include "tensor/device.h"
 
@@ -233,11 +233,22 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
                lv.per_host > 0,
            "--what-if: HSDP, hpZ and two-level collectives need the same number of ranks on every host");
   const int R = lv.per_host > 0 ? lv.per_host : 1;
-  const bool hsdp = mesh.shard_by_host && multi_host && stage > 0;
-  // Note [Two-hop choice] (trainer.cpp): int8 reductions at stages 1-3 in two hops on several equal hosts.
-  const bool two_hop = cfg.reduce_dtype == "int8" && (stage == 0 || !mesh.shard_by_host) && multi_host &&
-                       R > 1 && mesh.impl != MeshSpec::Impl::flat;
-  const bool hpz = mesh.hpz && multi_host && stage == 3;
+  const bool hsdp = mesh.shard_by_host && multi_host && zero::stage_rules(stage).sharded;
+  const int shards = hsdp ? R : n;  // the ranks the state is sharded over
+  // Note [Step plan]: the engine's plan for this stage on this mesh (hpZ needs several hosts; Note [Two-hop
+  // choice] as the trainer makes it).
+  zero::ZeroConfig zc = train::zero_config(cfg, parse_device(cfg.device));
+  zc.stage = stage;
+  zc.hpz = mesh.hpz && multi_host;
+  zc.two_hop_reduce = zero::two_hop_choice({.reduce_int8 = zc.reduce_int8,
+                                            .stage = stage,
+                                            .flat_mesh = !hsdp,
+                                            .hosts = int(lv.hosts.size()),
+                                            .ranks_per_host = lv.per_host,
+                                            .flat_impl = mesh.impl == MeshSpec::Impl::flat,
+                                            .cuda = parse_device(cfg.device).is_cuda()}) == zero::TwoHop::yes;
+  const zero::StepPlan plan(zc, n, shards);
+  const bool hpz = plan.hpz();
   // Two levels apply to the world's collectives across hosts of several ranks; auto takes them per call where
   // the communicator's own model says (Note [Two-level cost model]).
   const bool two_levels = mesh.impl != MeshSpec::Impl::flat && multi_host && R > 1;
@@ -246,14 +257,10 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
     if (mesh.impl == MeshSpec::Impl::hier) return true;
     return lv.topology->predict_two_level(comm.order(), lv.hosts, bytes, kind).hier_faster();
   };
-  const int shards = hsdp ? R : n;  // the ranks the state is sharded over
   const std::vector<nn::ParamInfo> params = nn::convnext_parameters(cfg.model_config());
   // --gather-dtype (Note [Quantized gathers]): what a parameter gather moves, and the layout's alignment.
-  // The quantization block and the layout's rule are the engine's (ZeroConfig::quant_block, layout_rule).
-  const int64_t qb = zero::ZeroConfig{}.quant_block;
-  const zero::GatherCodec codec(run.ec, train::gather_wire_dtype(cfg), qb);
-  const bool reduce_int8 = cfg.reduce_dtype == "int8";
-  const zero::LayoutRule rule = zero::layout_rule(stage, reduce_int8, qb, codec, shards);
+  const int64_t qb = plan.quant_block();
+  const zero::LayoutRule rule = plan.layout_rule();
   const zero::ZeroLayout L =
       zero_layout(params, stage, shards, cfg.bucket_mb, run.er, rule.align, rule.pad_ranks);
   const size_t np = L.partitions.size();
@@ -338,7 +345,7 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   // The engine's collectives: a gradient bucket's reduction, a parameter gather (backward: stage 3's second
   // gather of a unit), a scalar.
   auto reduce = [&](double bytes, double at) {
-    if (stage == 0) return world_collective(Collective::all_reduce, bytes, at);
+    if (!plan.sharded()) return world_collective(Collective::all_reduce, bytes, at);
     if (!hsdp) return world_collective(Collective::reduce_scatter, bytes, at);
     at = level_collective(Level::hosts, Collective::reduce_scatter, bytes, at, kShard);
     return level_collective(Level::cross, Collective::all_reduce, bytes / R, at, kReplicate);
@@ -363,38 +370,39 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
     cpu_debt = 0;
   };
 
-  // A parameter gather's bytes: the partition in the compute dtype, or its N chunks' records (the encode and
-  // decode passes, at memory speed, are not charged); hpZ's backward gathers stay in the compute dtype.
-  auto gather_bytes = [&](size_t p, bool backward) {
-    if (codec.direct() || (hpz && backward)) return double(L.partitions[p].numel) * ec;
-    return double(shards) * double(codec.record_bytes(L.chunk(p)));
-  };
-  // Stages 1-2: the previous step's parameter all-gathers as the engine's ChunkSchedule launches them after
-  // the update, queued as the step begins; quantized, decoded at once (on the training thread), else waited
-  // for at each unit's forward.
+  // A parameter gather's bytes (StepPlan::gather_bytes): the partition in the compute dtype, or its N
+  // chunks' records (the encode and decode passes, at memory speed, are not charged); hpZ's backward gathers
+  // stay in the compute dtype.
+  auto gather_bytes = [&](size_t p, bool backward) { return double(plan.gather_bytes(L, p, backward)); };
+  // The step's schedules (Note [Step plan]), driven from the same points as the engine's hooks. Stage 3's
+  // units in the steady state: the unit order recorded (ConvNeXt's units run in partition order). Stages
+  // 1-2: each work module (a unit) waits for the partitions holding its parameters.
+  const std::vector<std::string> unit_names = nn::convnext_units(cfg.model_config());
+  std::map<std::string, size_t> unit_index;
+  for (size_t u = 0; u < unit_names.size(); ++u) unit_index[unit_names[u]] = u;
+  zero::StepSchedule schedule(
+      plan, L, cfg.prefetch,
+      plan.chunk_gathers() ? zero::unit_partitions(L, unit_names) : std::vector<std::vector<size_t>>{});
+  std::vector<size_t> order(np);
+  for (size_t u = 0; u < np; ++u) order[u] = u;
+  schedule.assume_unit_order(order);
+  // Stages 1-2: the previous step's parameter all-gathers as the schedule launches them after the update,
+  // queued as the step begins; quantized, decoded at once (on the training thread), else waited for at each
+  // unit's forward.
   std::vector<double> param_gather(np, 0);
-  zero::ChunkSchedule chunks(np, !codec.direct());
   ChunkCalls chunk_calls;
   chunk_calls.on_gather = [&](size_t p) {
     param_gather[p] = comms ? param_gather_of(gather_bytes(p, false), 0, false) : 0;
   };
   chunk_calls.on_use = [&](size_t p) { wait_for(param_gather[p]); };
-  if (stage == 1 || stage == 2) chunks.after_update(chunk_calls);
-  run_op(zero_grad_work(int64_t(stage <= 1 ? double(L.flat.numel) * ec : double(L.shard_numel()) * 4)));
-
-  // Stage 3's units, gathered, waited for and released as the engine's UnitSchedule says (Note [One
-  // schedule]), in the steady state: the unit order recorded (ConvNeXt's units run in partition order).
-  std::vector<double> resident(np, -1);  // when each unit's gather ends
+  std::vector<double> resident(np, -1);  // stage 3: when each unit's gather ends
   std::vector<size_t> unit_of_module(run.work.size(), 0);
   for (size_t m = 0; m < run.work.size(); ++m)
     unit_of_module[m] = *module_parts.at(run.work[m].module).begin();
-  zero::UnitSchedule units(np, cfg.prefetch);
-  std::vector<size_t> order(np);
-  for (size_t u = 0; u < np; ++u) order[u] = u;
-  units.assume_order(order);
   UnitCalls unit_calls;
   unit_calls.on_gather = [&](size_t u) {
-    resident[u] = comms ? param_gather_of(gather_bytes(u, units.backward()), t, units.backward()) : t;
+    const bool backward = schedule.in_backward();
+    resident[u] = comms ? param_gather_of(gather_bytes(u, backward), t, backward) : t;
   };
   unit_calls.on_use = [&](size_t u) { wait_for(resident[u]); };
   unit_calls.on_release = [&](size_t u) { resident[u] = -1; };
@@ -407,8 +415,7 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
     worker_free = std::max(worker_free, ready) + copy + update;
   };
 
-  // The gradients' reductions, launched and finished as the engine's ReduceSchedule says.
-  zero::ReduceSchedule reductions(L, stage >= 2);
+  // The gradients' reductions, launched and finished as the schedule says.
   std::vector<double> reduced(np, 0);  // when each partition's reduction ends
   ReduceCalls reduce_calls;
   reduce_calls.on_launch = [&](size_t p) {
@@ -416,7 +423,7 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
     // reduce-scatter of as many bytes (each rank sends N - 1 records either way); at stage 0 two of them
     // (Note [Quantized all-reduce]), timed as a ring all-reduce of N records.
     double bytes = double(L.partitions[p].numel) * er;
-    const zero::ReduceKind kind = zero::reduce_kind(stage > 0, reduce_int8 ? qb : 0, shards, two_hop);
+    const zero::ReduceKind kind = plan.reduce_kind();
     switch (kind) {
       case zero::ReduceKind::quantized_all_reduce:
       case zero::ReduceKind::two_hop_all_reduce:
@@ -450,40 +457,39 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
     } else {
       reduced[p] = reduce(bytes, t);
     }
-    if (stage == 3) units.release(p, unit_calls);
   };
   reduce_calls.on_finish = [&](size_t p) {
     wait_for(reduced[p]);
     if (offload) host_job(p, reduced[p]);
   };
 
+  schedule.bind(&reduce_calls, &unit_calls, &chunk_calls);
+  schedule.after_update();  // the previous step's
+  run_op(
+      zero_grad_work(int64_t(plan.full_grads() ? double(L.flat.numel) * ec : double(L.shard_numel()) * 4)));
+
   const int64_t micro_steps = cfg.grad_accum;
   for (int64_t a = 0; a < micro_steps; ++a) {
     for (size_t m = 0; m < run.work.size(); ++m) {
-      if (stage == 3) units.forward_pre(unit_of_module[m], unit_calls);
-      if (stage == 1 || stage == 2) {
-        const std::set<size_t>& parts = module_parts.at(run.work[m].module);
-        chunks.forward_pre(std::vector<size_t>(parts.begin(), parts.end()), chunk_calls);
-      }
+      schedule.unit_forward_pre(unit_of_module[m]);
+      schedule.unit_forward_pre_chunks(unit_index.at(run.work[m].module));
       for (const OpCost& op : run.work[m].forward) run_op(op);
-      if (stage == 3) units.forward_post(unit_of_module[m], unit_calls);
+      schedule.unit_forward_post(unit_of_module[m]);
     }
-    reductions.begin_backward(a + 1 == micro_steps);
-    units.begin_backward();
+    schedule.begin_backward(a + 1 == micro_steps);
     for (size_t m = run.work.size(); m-- > 0;) {
-      if (stage == 3) units.backward_pre(unit_of_module[m], unit_calls);
+      schedule.unit_backward_pre(unit_of_module[m]);
       for (const OpCost& op : run.work[m].backward) {
         run_op(op);
-        for (const std::string& g : op.grads) reductions.grad_ready(param_of.at(g), reduce_calls);
+        for (const std::string& g : op.grads) schedule.grad_ready(param_of.at(g));
       }
     }
-    units.end_backward(true);
-    reductions.flush(reduce_calls);
+    schedule.end_backward(true);
   }
 
   // The step: the mean loss, the global norm (stages 1-3), the optimizer over this rank's shard.
   if (comms) wait_for(world_collective(Collective::all_reduce, 8, t));
-  if (comms && stage > 0)
+  if (comms && plan.sharded())
     wait_for(hsdp ? level_collective(Level::hosts, Collective::all_reduce, 8, t, kShard)
                   : world_collective(Collective::all_reduce, 8, t));
   if (offload) {
@@ -560,14 +566,18 @@ WhatIf what_if(const WhatIfRequest& req) {
       WhatIfRow row = simulate(run, stage, comm, levels, r.host_link_gbps);
       if (k == 1) one_rank[stage] = row.img_per_s;
       if (one_rank.count(stage)) row.scaling = row.img_per_s / (double(k) * one_rank.at(stage));
+      if (!req.memory) {
+        w.rows.push_back(row);
+        continue;
+      }
       PlanRequest pr;
       pr.config = cfg;
       pr.config.stage = stage;
       // hpZ is stage 3's across hosts: its other rows are plain stages.
-      if (stage != 3 || levels.hosts.size() < 2) pr.config.hpz = false;
+      if (!zero::stage_rules(stage).unit_gathers || levels.hosts.size() < 2) pr.config.hpz = false;
       // Quantized communication is stages 1-3's (stage 0 gathers nothing, and all-reduces): its stage-0 row
       // is the unquantized run, as simulate() times it.
-      if (stage == 0) pr.config.gather_dtype = pr.config.reduce_dtype = "fp32";
+      if (!zero::stage_rules(stage).sharded) pr.config.gather_dtype = pr.config.reduce_dtype = "fp32";
       pr.world = k;
       pr.ranks_per_host = levels.hosts.size() > 1 ? levels.per_host : 0;
       pr.gpu_mem = req.gpu_mem;

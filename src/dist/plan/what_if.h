@@ -50,6 +50,7 @@ struct WhatIfRequest {
   std::optional<int64_t> gpu_mem;
   std::vector<int> ranks;  // empty: 1, 2, 4, ... below the topology's rank count, and that count
   std::vector<int> stages = {0, 1, 2, 3};
+  bool memory = true;  // false: no memory plan per row (memory_bytes 0, fits unset): the timelines alone
 };
 
 struct WhatIfRow {

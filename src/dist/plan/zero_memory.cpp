@@ -7,6 +7,7 @@
 
 #include "dist/train/flags.h"
 #include "dist/zero/gather_codec.h"
+#include "dist/zero/step_plan.h"
 #include "tensor/check.h"
 
 namespace cz::plan {
@@ -67,7 +68,7 @@ zero::ZeroLayout zero_layout(const std::vector<nn::ParamInfo>& params, int stage
   for (const nn::ParamInfo& p : params) {
     shapes.push_back({p.name, p.shape});
     numel += shape_numel(p.shape);
-    if (stage == 3) unit_of.push_back(p.unit);
+    if (zero::stage_rules(stage).unit_gathers) unit_of.push_back(p.unit);
   }
   return zero::plan_layout(shapes, stage, world,
                            zero::bucket_elems(double(bucket_bytes), dtype_size(reduce), numel), unit_of,
@@ -77,7 +78,8 @@ zero::ZeroLayout zero_layout(const std::vector<nn::ParamInfo>& params, int stage
 ZeroState zero_model_state(const ZeroSpec& s) {
   CZ_CHECK(s.world >= 1, "ZeRO memory model: world must be >= 1, got {}", s.world);
   CZ_CHECK(!s.layout.partitions.empty(), "ZeRO memory model: no partitions");
-  CZ_CHECK(s.layout.shards == (s.stage == 0 ? 1 : s.world),
+  const zero::StageRules rules = zero::stage_rules(s.stage);
+  CZ_CHECK(s.layout.shards == (rules.sharded ? s.world : 1),
            "ZeRO memory model: a layout of {} shards for stage {} on {} ranks", s.layout.shards, s.stage,
            s.world);
   ZeroState z;
@@ -91,15 +93,15 @@ ZeroState zero_model_state(const ZeroSpec& s) {
     if (bytes > 0) z.buffers.push_back({row, std::move(name), bytes, host});
   };
   const bool off = s.offload;
-  const char* shard_name = s.stage == 0 ? "" : " shard";
+  const char* shard_name = rules.sharded ? " shard" : "";
 
   // The ZeroEngine constructor: the compute copy (full at stages 0-2, this rank's chunks at stage 3).
-  if (s.stage <= 2)
+  if (!rules.unit_gathers)
     add(StateRow::parameters, mixed ? "16-bit compute copy" : "flat parameters", psi * ec, false);
   else
     add(StateRow::parameters, mixed ? "16-bit parameter shard" : "parameter shard", shard * ec, false);
   // hpZ: the secondary copies, the host-local slice of every unit (UnitGatherer, after the shard).
-  if (s.stage == 3 && s.hpz_ranks_per_host > 0) {
+  if (rules.unit_gathers && s.hpz_ranks_per_host > 0) {
     int64_t n = 0;
     for (const zero::Partition& p : s.layout.partitions) n += p.numel / s.hpz_ranks_per_host;
     add(StateRow::parameters, "hpZ secondary copies", n * ec, false);
@@ -108,18 +110,19 @@ ZeroState zero_model_state(const ZeroSpec& s) {
   // the gatherer (stage 3: after hpZ's copies; stages 1-2: after the optimizer state, in the order below).
   const zero::GatherCodec codec(s.compute, s.gather, s.quant_block);
   int64_t records = 0;
-  if (!codec.direct() && s.stage > 0)
+  if (!codec.direct() && rules.sharded)
     for (size_t p = 0; p < s.layout.partitions.size(); ++p) records += codec.record_bytes(s.layout.chunk(p));
-  if (s.stage == 3) add(StateRow::parameters, "gather records", records, false);
+  if (rules.unit_gathers) add(StateRow::parameters, "gather records", records, false);
   // fp32 master chunks: separate from the compute copy under mixed precision or offload, and at stages 1-2
   // when the gathered values land in every chunk of the compute copy.
-  if (mixed || off || (records > 0 && s.stage < 3))
+  if (mixed || off || (records > 0 && !rules.unit_gathers))
     add(StateRow::master_weights, fmt::format("fp32 master{}", shard_name), shard * 4, off);
   // Stages 0-1: the full gradient buffer the .grads view (compute dtype).
-  if (s.stage <= 1) add(StateRow::gradients, mixed ? "16-bit gradients" : "flat gradients", psi * ec, false);
+  if (!rules.buckets)
+    add(StateRow::gradients, mixed ? "16-bit gradients" : "flat gradients", psi * ec, false);
   // fp32 gradient chunks: stages 2-3, mixed precision, offload.
-  if (s.stage >= 2 || mixed || off)
-    add(StateRow::gradients, fmt::format("fp32 gradient{}", s.stage == 0 ? "s" : " shard"), shard * 4, off);
+  if (rules.buckets || mixed || off)
+    add(StateRow::gradients, fmt::format("fp32 gradient{}", rules.sharded ? " shard" : "s"), shard * 4, off);
   static const char* const kAdamW[] = {"exp_avg", "exp_avg_sq"};
   for (int i = 0; i < s.optimizer_state_tensors; ++i)
     add(StateRow::optimizer_state, s.optimizer_state_tensors == 2 ? kAdamW[i] : "momentum_buffer", shard * 4,
@@ -127,7 +130,7 @@ ZeroState zero_model_state(const ZeroSpec& s) {
   // WeightEma over the master chunks: on their device, which under offload is the host (not pinned: on the
   // CPU backend that is the training device's allocator).
   if (s.ema) add(StateRow::ema, "EMA weights", shard * 4, off && !s.cpu_device);
-  if (s.stage < 3) add(StateRow::parameters, "gather records", records, false);
+  if (!rules.unit_gathers) add(StateRow::parameters, "gather records", records, false);
   return z;
 }
 

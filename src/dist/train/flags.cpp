@@ -11,7 +11,7 @@
 
 #include "dist/comm/mesh.h"
 #include "dist/train/recipe.h"
-#include "dist/train/step_trace.h"
+#include "dist/train/trace_writer.h"
 #include "dist/zero/schedule.h"
 #include "tensor/check.h"
 
@@ -424,9 +424,9 @@ std::vector<Flag> make_flags() {
            "chunk the same way)",
        .check =
            [](C c, F f) {
-             CZ_CHECK(is_dtype_flag(c.reduce_dtype) || c.reduce_dtype == "int8",
+             CZ_CHECK(is_dtype_flag(c.reduce_dtype) || reduces_int8(c),
                       "{} must be fp32, bf16, fp16 or int8, got '{}'", f.name, c.reduce_dtype);
-             CZ_CHECK(c.reduce_dtype != "int8" || c.shard_group == "world", "{} int8 is for {} world", f.name,
+             CZ_CHECK(!reduces_int8(c) || c.shard_group == "world", "{} int8 is for {} world", f.name,
                       flag_name(&T::shard_group));
            },
        .ranks_agree = true,
@@ -781,8 +781,12 @@ DType compute_dtype(const TrainConfig& c, bool cuda) {
   return d;
 }
 
+bool reduces_int8(const TrainConfig& c) {
+  return c.reduce_dtype == "int8";
+}
+
 DType reduce_bucket_dtype(const TrainConfig& c) {
-  return c.reduce_dtype == "int8" ? DType::f32 : dtype_of_flag(c.reduce_dtype);
+  return reduces_int8(c) ? DType::f32 : dtype_of_flag(c.reduce_dtype);
 }
 
 DType gather_wire_dtype(const TrainConfig& c) {
@@ -801,7 +805,7 @@ zero::ZeroConfig zero_config(const TrainConfig& c, Device device) {
   z.prefetch = c.prefetch;
   z.compute_dtype = compute_dtype(c, device.is_cuda());
   z.reduce_dtype = reduce_bucket_dtype(c);
-  z.reduce_int8 = c.reduce_dtype == "int8";
+  z.reduce_int8 = reduces_int8(c);
   z.gather_dtype = gather_wire_dtype(c);
   z.device = device;
   z.offload = c.offload_optimizer;

@@ -90,6 +90,9 @@ nlohmann::json flags_json(const TrainConfig& c);
 int64_t bucket_bytes(double bucket_mb);
 // The dtype the model computes in: --precision, whose 16-bit values need a CUDA device.
 DType compute_dtype(const TrainConfig& c, bool cuda);
+// --reduce-dtype int8: gradients reduced as INT8 records (Note [Quantized reduction]). The one place that
+// reads the flag's int8 value.
+bool reduces_int8(const TrainConfig& c);
 // --reduce-dtype as the gradient buckets' dtype (f32 for int8, whose records are made from f32 buckets).
 DType reduce_bucket_dtype(const TrainConfig& c);
 // --gather-dtype as ZeroConfig::gather_dtype: f32, bf16, f16, or u8 for INT8 blocks.

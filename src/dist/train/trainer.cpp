@@ -257,17 +257,20 @@ void Trainer::check_comm_impl(dist::Backend backend) const {
 // cannot apply on several hosts (CUDA ranks, whose kernels have not run) is refused; one host or one rank per
 // host is the flat path, as for the fp32 collectives.
 bool Trainer::choose_two_hop_reduce(const dist::HostMap& hosts) const {
-  if (cfg_.reduce_dtype != "int8" || cfg_.comm_impl == "flat") return false;
-  if (hosts.num_hosts() < 2 || hosts.ranks_per_host() < 2) return false;
-  if (cfg_.stage >= 1 && cfg_.shard_group != "world") return false;
-  const bool can = !device_.is_cuda();
+  const zero::TwoHop choice = zero::two_hop_choice({.reduce_int8 = reduces_int8(cfg_),
+                                                    .stage = cfg_.stage,
+                                                    .flat_mesh = cfg_.shard_group == "world",
+                                                    .hosts = hosts.num_hosts(),
+                                                    .ranks_per_host = hosts.ranks_per_host(),
+                                                    .flat_impl = cfg_.comm_impl == "flat",
+                                                    .cuda = device_.is_cuda()});
   CZ_CHECK(
-      can || cfg_.comm_impl != "hier",
+      choice != zero::TwoHop::cpu_only || cfg_.comm_impl != "hier",
       "{} with {} int8 on {} hosts: the two-hop quantized reduction takes CPU ranks (this run: {} {}); use "
       "{} auto or flat for the flat all-to-all",
       flag_arg(cfg_, &TrainConfig::comm_impl), flag_name(&TrainConfig::reduce_dtype), hosts.num_hosts(),
       flag_name(&TrainConfig::device), cfg_.device, flag_name(&TrainConfig::comm_impl));
-  return can;
+  return choice == zero::TwoHop::yes;
 }
 
 Trainer::~Trainer() = default;

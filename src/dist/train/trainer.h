@@ -13,7 +13,7 @@
 #include "dist/comm/mesh.h"
 #include "dist/comm/process_group.h"
 #include "dist/train/config.h"
-#include "dist/train/step_trace.h"
+#include "dist/train/trace_writer.h"
 #include "dist/zero/engine.h"
 #include "io/batch_dump.h"
 #include "io/checkpoint.h"

@@ -42,7 +42,7 @@
 #include "tensor/ops.h"
 
 namespace cz::zero {
-// The buffers are allocated in one order, which the memory planner replays (plan/step_trace.cpp): the flat
+// The buffers are allocated in one order, which the memory planner replays (plan/step_replay.cpp): the flat
 // copy, this rank's chunks, the master chunks, the compute copy (stage 3: its shard and the units'
 // buffers), the full gradient buffer, the gradient shard, the optimizer state, the EMA.
 ZeroGroups ZeroGroups::flat(const dist::ProcessGroup& world) {
@@ -62,7 +62,8 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
                        ZeroConfig cfg, const MakeOptimizer& make_optimizer, const MakeEma& make_ema)
     : cfg_(std::move(cfg)),
       groups_(std::move(groups)),
-      codec_(cfg_.compute_dtype, cfg_.gather_dtype, cfg_.quant_block) {
+      plan_(cfg_, groups_.world.size(), groups_.shard.size()) {
+  const GatherCodec& codec = plan_.codec();
   // The flag table checks --stage and --prefetch (train/flags.cpp); a caller that skipped it is a bug.
   CZ_ASSERT(cfg_.stage >= 0 && cfg_.stage <= kMaxStage, "ZeRO: stage {} outside 0-{}", cfg_.stage, kMaxStage);
   CZ_ASSERT(cfg_.prefetch >= 0 && cfg_.prefetch <= kMaxPrefetch, "ZeRO: prefetch {} outside 0-{}",
@@ -77,19 +78,19 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
   CZ_CHECK(groups_.shard.size() * groups_.replicate.size() == groups_.world.size(),
            "ZeRO: a mesh of shard groups of {} and replication groups of {} on {} ranks",
            groups_.shard.size(), groups_.replicate.size(), groups_.world.size());
-  CZ_CHECK(!cfg_.hpz || cfg_.stage == 3, "ZeRO: --hpz is for --stage 3, got --stage {}", cfg_.stage);
+  CZ_CHECK(!cfg_.hpz || plan_.unit_gathers(), "ZeRO: --hpz is for --stage 3, got --stage {}", cfg_.stage);
   CZ_CHECK(!cfg_.hpz || groups_.replicate.size() == 1,
            "ZeRO: --hpz shards over the world; with --shard-group the shard already stays on the host");
-  CZ_CHECK(codec_.direct() || cfg_.stage > 0,
+  CZ_CHECK(codec.direct() || plan_.sharded(),
            "ZeRO: gathering parameters in {} is for stages 1-3 (stage 0 gathers nothing)",
            cfg_.gather_dtype == DType::u8 ? "int8" : dtype_name(cfg_.gather_dtype));
-  CZ_CHECK_DEVICE(codec_.kind() != GatherCodec::Kind::cast || !cfg_.device.is_cuda(),
+  CZ_CHECK_DEVICE(codec.kind() != GatherCodec::Kind::cast || !cfg_.device.is_cuda(),
                   "ZeRO: gathering {} parameters in {} runs on the CPU only", dtype_name(cfg_.compute_dtype),
                   dtype_name(cfg_.gather_dtype));
   CZ_CHECK(!cfg_.reduce_int8 || (groups_.replicate.size() == 1 && cfg_.reduce_dtype == DType::f32),
            "ZeRO: int8 gradient reductions are for runs without --shard-group, in f32 buckets");
   meter_.set_hosts(groups_.host_of);
-  const bool sharded = cfg_.stage > 0, units_gathered = cfg_.stage == 3, buckets = cfg_.stage >= 2;
+  const bool sharded = plan_.sharded(), units_gathered = plan_.unit_gathers(), buckets = plan_.buckets();
   // What the state is sharded over: the shard group (the world when flat), or at stage 0 a group of one
   // (every rank holds all of it).
   const dist::ProcessGroup shard_group = sharded ? groups_.shard : dist::ProcessGroup(cfg_.device);
@@ -100,13 +101,15 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
       units_gathered ? assign_units(shapes, units) : std::vector<std::string>{};
   int64_t params = 0;
   for (const ParamShape& p : shapes) params += shape_numel(p.shape);
-  const LayoutRule rule =
-      layout_rule(cfg_.stage, cfg_.reduce_int8, cfg_.quant_block, codec_, groups_.world.size());
+  const LayoutRule rule = plan_.layout_rule();
   layout_ = plan_layout(shapes, cfg_.stage, shard_group.size(),
                         bucket_elems(double(cfg_.bucket_bytes), dtype_size(cfg_.reduce_dtype), params),
                         unit_of, rule.align, rule.pad_ranks);
   const size_t np = layout_.partitions.size();
   const int me = shard_group.rank();
+  schedule_ = std::make_unique<StepSchedule>(
+      plan_, layout_, cfg_.prefetch,
+      plan_.chunk_gathers() ? unit_partitions(layout_, units) : std::vector<std::vector<size_t>>{});
   std::vector<Tensor> param_list;
   for (const auto& [name, p] : named) param_list.push_back(p);
 
@@ -115,7 +118,7 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
   // Stages 1-2 gathering other than the compute copy itself: the gathered (rounded) values land in every
   // chunk of the compute copy, this rank's too, so the fp32 master is a shard of its own, as under mixed
   // precision (Note [Quantized gathers]).
-  const bool own_master = mixed || (!codec_.direct() && !units_gathered);
+  const bool own_master = mixed || (!codec.direct() && !units_gathered);
   FlatParams flat = flatten_parameters(named, layout_.flat);
   // Every rank starts from rank 0's weights.
   if (dist::WorkHandle w = groups_.world.broadcast(flat.params, 0)) w->wait();
@@ -128,6 +131,8 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
     }
     return out;
   };
+  UnitSchedule::Sink* unit_sink = nullptr;    // stage 3: the unit gatherer
+  ChunkSchedule::Sink* chunk_sink = nullptr;  // stages 1-2: the chunk gatherer
   const Tensor chunks = units_gathered || own_master || offload ? my_chunks(flat.params) : Tensor();
   Tensor master;
   if (offload) {
@@ -140,9 +145,11 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
     Tensor shard = mixed ? chunks.to(cfg_.compute_dtype) : chunks;
     for (size_t p = 0; p < np; ++p)
       compute_chunks_.push_back(shard.narrow(0, layout_.local_offset(p), layout_.chunk(p)));
-    gatherer_ =
-        std::make_unique<UnitGatherer>(layout_, model, param_list, shard, cfg_.prefetch, shard_group, meter_,
-                                       codec_, cfg_.hpz ? std::optional(groups_.host) : std::nullopt);
+    auto units_gatherer =
+        std::make_unique<UnitGatherer>(layout_, model, param_list, shard, *schedule_, shard_group, meter_,
+                                       codec, plan_.hpz() ? std::optional(groups_.host) : std::nullopt);
+    unit_sink = &units_gatherer->sink();
+    gatherer_ = std::move(units_gatherer);
   } else {
     params_ = mixed ? flat.params.to(cfg_.compute_dtype) : flat.params;
     if (mixed) bind_parameters(named, layout_.flat, params_);
@@ -167,14 +174,12 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
     grad_shard = zeros({layout_.shard_numel()}, DType::f32, dev);
   }
 
-  ReducerMode mode{sharded, buckets, cfg_.reduce_dtype, dev, cfg_.reduce_int8 ? cfg_.quant_block : 0};
   // Stage 0 all-reduces over the world; stages 1-3 reduce-scatter in the shard group, then all-reduce the
   // chunk across the replication group.
   reducer_ = std::make_unique<GradReducer>(layout_, param_list, grads, sharded ? shard_group : groups_.world,
                                            sharded ? groups_.replicate : dist::ProcessGroup(cfg_.device),
-                                           meter_, mode);
-  if (cfg_.two_hop_reduce && cfg_.reduce_int8)
-    reducer_->set_two_hop(groups_.host, groups_.cross, groups_.hosts);
+                                           meter_, *schedule_);
+  if (plan_.two_hop()) reducer_->set_two_hop(groups_.host, groups_.cross, groups_.hosts);
   std::vector<Tensor> weights, grad_chunks, from_compute;
   for (size_t p = 0; p < np; ++p) {
     const int64_t off = layout_.local_offset(p), c = layout_.chunk(p);
@@ -193,17 +198,20 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
   } else if (buckets) {
     reducer_->set_sink([this](size_t p, const Tensor& chunk, bool) { state_->receive(p, chunk); });
   }
-  if (sharded && !units_gathered)
-    gatherer_ = std::make_unique<ChunkGatherer>(layout_, model, units, params_, compute_chunks_, shard_group,
-                                                meter_, codec_);
+  if (plan_.chunk_gathers()) {
+    auto chunks_gatherer = std::make_unique<ChunkGatherer>(layout_, model, units, params_, compute_chunks_,
+                                                           shard_group, meter_, codec, *schedule_);
+    chunk_sink = &chunks_gatherer->sink();
+    gatherer_ = std::move(chunks_gatherer);
+  }
+  schedule_->bind(&reducer_->sink(), unit_sink, chunk_sink);
   if (gatherer_) {
-    reducer_->set_on_launch([this](size_t p) { gatherer_->reduced(p); });
     // What a gather encodes: the fp32 master chunks where they are on the device, else (offload: on the
     // host) the compute chunks, written from them just before.
     gatherer_->set_sources(offload ? compute_chunks_ : state_->weights());
   }
   // The first forward sees gathered values too, as every later one does.
-  if (!codec_.direct()) refresh_compute();
+  if (!codec.direct()) refresh_compute();
 }
 
 ZeroEngine::~ZeroEngine() {
@@ -217,23 +225,20 @@ ZeroEngine::~ZeroEngine() {
 
 void ZeroEngine::begin_step(double lr, double clip_grad, const LossScaler& scaler) {
   reducer_->begin_step();
-  state_->begin_step(StepPlan{lr, clip_grad});
+  state_->begin_step(UpdateArgs{lr, clip_grad});
   if (offload_) offload_->begin_step(clip_grad > 0 || scaler.enabled());
   meter_.begin_step();
 }
 
 void ZeroEngine::backward(const Tensor& loss, bool last_micro_step) {
-  reducer_->begin_backward(last_micro_step);
-  if (gatherer_) gatherer_->begin_backward();
+  schedule_->begin_backward(last_micro_step);
   try {
     loss.backward();  // the reducer's hooks launch the reductions, the gatherer's the stage-3 gathers
   } catch (...) {
-    if (gatherer_) gatherer_->end_backward(false);
+    schedule_->end_backward(false);
     throw;
   }
-  if (gatherer_) gatherer_->end_backward(true);
-  reducer_->flush();
-  if (gatherer_) gatherer_->after_reduce();
+  schedule_->end_backward(true);  // what is left reduced, the units released (Note [Step plan])
 }
 
 void ZeroEngine::step(LossScaler& scaler, StepStats& s) {

@@ -11,16 +11,18 @@
 #include <string>
 #include <vector>
 
+#include "dist/comm/mesh.h"
 #include "dist/comm/process_group.h"
+#include "dist/zero/chunk_gatherer.h"
 #include "dist/zero/comm_meter.h"
 #include "dist/zero/gather_codec.h"
 #include "dist/zero/grad_reducer.h"
 #include "dist/zero/offload.h"
-#include "dist/zero/param_gatherer.h"
-#include "dist/comm/mesh.h"
 #include "dist/zero/partition.h"
 #include "dist/zero/sharded_state.h"
+#include "dist/zero/step_plan.h"
 #include "dist/zero/step_stats.h"
+#include "dist/zero/unit_gatherer.h"
 #include "nn/module.h"
 
 namespace cz::zero {
@@ -36,7 +38,7 @@ struct ZeroConfig {
   // memory, updated by the CPU; with overlap_step the update of step t runs during step t+1 (one step stale).
   bool offload = false;
   bool offload_overlap_step = false;
-  // Stage 3 (Note [hpZ] in engine_units.cpp): keep each unit's host-local slice after its forward gather and
+  // Stage 3 (Note [hpZ] in unit_gatherer.cpp): keep each unit's host-local slice after its forward gather and
   // gather backward's copy of the unit inside the host from those slices. Needs ZeroGroups::host.
   bool hpz = false;
   // What parameters travel in when all-gathered (stages 1-3; --gather-dtype): f32, bf16 or f16 (never wider
@@ -136,10 +138,11 @@ class ZeroEngine {
 
   ZeroConfig cfg_;
   ZeroGroups groups_;
-  GatherCodec codec_;
+  StepPlan plan_;  // Note [Step plan]: what this stage runs
   ZeroLayout layout_;
-  Tensor params_;                       // stages 0-2: the full compute copy the model runs on
-  std::vector<Tensor> compute_chunks_;  // this rank's chunk of each partition of the compute copy
+  std::unique_ptr<StepSchedule> schedule_;  // its schedules, driven by the reducer's and gatherer's hooks
+  Tensor params_;                           // stages 0-2: the full compute copy the model runs on
+  std::vector<Tensor> compute_chunks_;      // this rank's chunk of each partition of the compute copy
   CommMeter meter_;
   std::unique_ptr<ShardedState> state_;
   std::unique_ptr<GradReducer> reducer_;

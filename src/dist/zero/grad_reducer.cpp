@@ -21,15 +21,16 @@
 namespace cz::zero {
 GradReducer::GradReducer(const ZeroLayout& layout, std::vector<Tensor> params, Tensor grads,
                          dist::ProcessGroup group, dist::ProcessGroup replicate, CommMeter& meter,
-                         ReducerMode mode)
+                         StepSchedule& schedule)
     : layout_(layout),
       params_(std::move(params)),
       grads_(std::move(grads)),
       group_(std::move(group)),
       replicate_(std::move(replicate)),
       meter_(meter),
-      mode_(mode),
-      schedule_(layout_, mode.buckets) {
+      schedule_(schedule) {
+  CZ_ASSERT(group_.size() == plan().reduce_group(),
+            "reducer: a group of {} for the plan's reductions over {}", group_.size(), plan().reduce_group());
   buckets_.resize(layout_.partitions.size());
   for (size_t i = 0; i < params_.size(); ++i)
     hooks_.push_back(params_[i].register_grad_ready_hook([this, i](Tensor& t) { on_grad_ready(i, t); }));
@@ -51,13 +52,9 @@ void GradReducer::begin_step() {
   if (grads_.defined()) grads_.zero_();
 }
 
-void GradReducer::begin_backward(bool last_micro_step) {
-  schedule_.begin_backward(last_micro_step);
-}
-
 Tensor& GradReducer::bucket(size_t p) {
   if (!buckets_[p].defined()) {  // at its first gradient (none arrived: the gradient is zero on this rank)
-    buckets_[p] = zeros({layout_.partitions[p].numel}, mode_.reduce_dtype, mode_.device);
+    buckets_[p] = zeros({layout_.partitions[p].numel}, plan().bucket_dtype(), group_.device());
     meter_.hold(held_bytes(buckets_[p]));
   }
   return buckets_[p];
@@ -65,7 +62,7 @@ Tensor& GradReducer::bucket(size_t p) {
 
 void GradReducer::on_grad_ready(size_t i, Tensor& param) {
   advance();
-  if (mode_.buckets) {
+  if (plan().buckets()) {
     NoGradGuard no_grad;
     const Partition& part = layout_.partitions[schedule_.partition_of(i)];
     const FlatSegment& s = layout_.flat.segments[i];
@@ -74,18 +71,18 @@ void GradReducer::on_grad_ready(size_t i, Tensor& param) {
     if (g.defined()) b.narrow(0, s.offset - part.begin, s.numel).view(s.shape).copy_(g);
     param.set_grad(Tensor());
   }
-  schedule_.grad_ready(i, *this);
+  schedule_.grad_ready(i);
 }
 
 void GradReducer::prepare(size_t p) {
   NoGradGuard no_grad;
   const Partition& part = layout_.partitions[p];
-  if (mode_.buckets) {
+  if (plan().buckets()) {
     prepared_ = bucket(p);
   } else {
     prepared_ = grads_.narrow(0, part.begin, part.numel);
-    if (prepared_.dtype() != mode_.reduce_dtype) {
-      prepared_ = prepared_.to(mode_.reduce_dtype);
+    if (prepared_.dtype() != plan().bucket_dtype()) {
+      prepared_ = prepared_.to(plan().bucket_dtype());
       meter_.hold(held_bytes(prepared_));
     }
   }
@@ -98,26 +95,26 @@ void GradReducer::launch(size_t p) {
   Tensor buf = std::move(prepared_);
   prepared_ = Tensor();
   dist::WorkHandle w;
-  const int64_t bytes = part.numel * int64_t(dtype_size(mode_.reduce_dtype));
+  const int64_t bytes = part.numel * int64_t(dtype_size(plan().bucket_dtype()));
+  const int64_t qb = plan().quant_block();
   std::unique_ptr<QuantizedReduceScatter> quantized;
   std::unique_ptr<QuantizedAllReduce> quantized_all;
   std::unique_ptr<TwoHopQuantizedReduceScatter> two_hop;
   std::unique_ptr<TwoHopQuantizedAllReduce> two_hop_all;
-  switch (reduce_kind(mode_.scatter, mode_.quant_block, group_.size(), two_hop_)) {
+  switch (plan().reduce_kind()) {
     case ReduceKind::two_hop_reduce_scatter:
       two_hop = std::make_unique<TwoHopQuantizedReduceScatter>(group_, host_, cross_, hosts_, buf,
-                                                               layout_.chunk(p), mode_.quant_block, meter_);
+                                                               layout_.chunk(p), qb, meter_);
       break;
     case ReduceKind::two_hop_all_reduce:
-      two_hop_all = std::make_unique<TwoHopQuantizedAllReduce>(group_, host_, cross_, hosts_, buf,
-                                                               mode_.quant_block, meter_);
+      two_hop_all =
+          std::make_unique<TwoHopQuantizedAllReduce>(group_, host_, cross_, hosts_, buf, qb, meter_);
       break;
     case ReduceKind::quantized_reduce_scatter:
-      quantized =
-          std::make_unique<QuantizedReduceScatter>(group_, buf, layout_.chunk(p), mode_.quant_block, meter_);
+      quantized = std::make_unique<QuantizedReduceScatter>(group_, buf, layout_.chunk(p), qb, meter_);
       break;
     case ReduceKind::quantized_all_reduce:
-      quantized_all = std::make_unique<QuantizedAllReduce>(group_, buf, mode_.quant_block, meter_);
+      quantized_all = std::make_unique<QuantizedAllReduce>(group_, buf, qb, meter_);
       break;
     case ReduceKind::reduce_scatter: {
       Tensor mine = buf.narrow(0, own_offset(p), layout_.chunk(p));
@@ -131,11 +128,10 @@ void GradReducer::launch(size_t p) {
       break;
   }
   // Flat (or stage 0): nothing to all-reduce across replicas.
-  in_flight_.push_back({p, std::move(w), buf, nullptr, !mode_.scatter || replicate_.size() == 1,
+  in_flight_.push_back({p, std::move(w), buf, nullptr, !plan().sharded() || replicate_.size() == 1,
                         std::move(quantized), std::move(quantized_all), std::move(two_hop),
                         std::move(two_hop_all)});
   advance();
-  if (on_launch_) on_launch_(p);
 }
 
 void GradReducer::launch_cross(InFlight& f) {
@@ -179,21 +175,17 @@ void GradReducer::finish(size_t p) {
   if (f.two_hop_all) f.two_hop_all->finish(1.0 / group_.size());
   NoGradGuard no_grad;
   const Tensor mine = f.buffer.narrow(0, own_offset(p), layout_.chunk(p));  // this rank's averaged chunk
-  const bool converted = !mode_.buckets && f.buffer.dtype() != grads_.dtype();
+  const bool converted = !plan().buckets() && f.buffer.dtype() != grads_.dtype();
   if (sink_)
     sink_(p, mine, schedule_.last_micro_step());
   else if (converted)
     grad_chunk(p).copy_(mine);
-  if (mode_.buckets) {
+  if (plan().buckets()) {
     meter_.hold(-held_bytes(buckets_[p]));
     buckets_[p] = Tensor();
   } else if (converted) {
     meter_.hold(-held_bytes(f.buffer));
   }
-}
-
-void GradReducer::flush() {
-  schedule_.flush(*this);
 }
 
 Tensor GradReducer::grad_chunk(size_t p) const {

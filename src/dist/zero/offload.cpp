@@ -53,7 +53,7 @@ void OffloadWorker::receive(size_t p, const Tensor& chunk, bool final) {
   const bool accumulate = !fresh_[p];  // a later micro-step's chunk of the same step
   fresh_[p] = false;
   const bool update = eager_ && final;
-  const double lr = state_.plan().lr;
+  const double lr = state_.update_args().lr;
   Tensor grads = state_.grad_shard().narrow(0, off, c), master = state_.master().narrow(0, off, c);
   auto copy_in = [this, chunk, accumulate, grads] {
     NoGradGuard no_grad;
@@ -108,7 +108,7 @@ void OffloadWorker::step(LossScaler& scaler, StepStats& s, const std::function<v
     s.grad_norm = state_.global_grad_norm();
     refresh();
   } else if (state_.prepare_gradients(scaler, s)) {
-    auto update = [this, lr = state_.plan().lr] {
+    auto update = [this, lr = state_.update_args().lr] {
       NoGradGuard no_grad;
       const auto t1 = Clock::now();
       state_.optimizer().step(std::span<const Tensor>(state_.weights()),

@@ -1,4 +1,5 @@
-// Stages 1-2's parameter gatherer: the updated chunks all-gathered into the full compute copy.
+// The parameter gatherers' common part: hooks, and the records of this rank's chunks (Note [Quantized
+// gathers]).
 #include "dist/zero/param_gatherer.h"
 
 #include <algorithm>
@@ -39,91 +40,6 @@ void ParamGatherer::encode_all() {
             sources_.size(), layout_.partitions.size());
   NoGradGuard no_grad;
   for (size_t p = 0; p < sources_.size(); ++p) codec_.encode(sources_[p], record(p));
-}
-
-std::vector<std::vector<size_t>> unit_partitions(const ZeroLayout& layout,
-                                                 const std::vector<std::string>& units) {
-  std::vector<std::vector<size_t>> out(units.size());
-  std::vector<bool> covered(layout.partitions.size(), false);
-  for (size_t u = 0; u < units.size(); ++u) {
-    const std::string& name = units[u];
-    for (size_t p = 0; p < layout.partitions.size(); ++p)
-      for (size_t i = layout.partitions[p].first_param; i < layout.partitions[p].end_param; ++i) {
-        const std::string& param = layout.flat.segments[i].name;
-        if (param.size() > name.size() && param.compare(0, name.size(), name) == 0 &&
-            param[name.size()] == '.') {
-          out[u].push_back(p);
-          covered[p] = true;
-          break;
-        }
-      }
-  }
-  for (size_t p = 0; p < covered.size(); ++p)
-    CZ_CHECK(covered[p], "ZeRO: partition {} ('{}') holds no parameter of any unit", p,
-             layout.partitions[p].name);
-  return out;
-}
-
-ChunkGatherer::ChunkGatherer(const ZeroLayout& layout, nn::Module& model,
-                             const std::vector<std::string>& units, Tensor full, std::vector<Tensor> chunks,
-                             dist::ProcessGroup group, CommMeter& meter, const GatherCodec& codec)
-    : ParamGatherer(layout, std::move(group), meter, codec),
-      full_(std::move(full)),
-      chunks_(std::move(chunks)),
-      schedule_(layout.partitions.size(), !codec.direct()),
-      work_(layout.partitions.size()),
-      wire_(layout.partitions.size()) {
-  const std::vector<std::vector<size_t>> parts = unit_partitions(layout_, units);
-  for (size_t u = 0; u < units.size(); ++u) {
-    nn::Module* m = model.find_module(units[u]);
-    CZ_CHECK(m != nullptr, "ZeRO: the model has no module '{}'", units[u]);
-    hooks_.emplace_back(m, m->register_forward_pre_hook([this, p = parts[u]](nn::Module&, const Tensor&) {
-      schedule_.forward_pre(p, *this);
-    }));
-  }
-  allocate_records();
-}
-
-ChunkGatherer::~ChunkGatherer() {
-  for (auto& w : work_)
-    if (w) try {
-        w->wait();
-      } catch (...) {
-      }
-}
-
-// Not direct: every partition's records launched, then (the schedule's decode_at_once) each decoded as soon
-// as it has arrived, while the later ones travel, its wire buffer freed.
-void ChunkGatherer::after_update() {
-  encode_all();
-  schedule_.after_update(*this);
-}
-
-void ChunkGatherer::gather_partition(size_t p) {
-  const trace::Label label("partition", p);  // --trace (Note [Trace blocks])
-  if (codec_.direct()) {
-    const Partition& part = layout_.partitions[p];
-    Tensor full = full_.narrow(0, part.begin, part.numel);
-    work_[p] = group_.all_gather(chunks_[p], full);
-    meter_.sent(group_, part.numel * int64_t(dtype_size(full_.dtype())), dist::Collective::all_gather);
-    return;
-  }
-  wire_[p] =
-      empty({group_.size() * codec_.record_numel(layout_.chunk(p))}, codec_.wire_dtype(), group_.device());
-  work_[p] = group_.all_gather(record(p), wire_[p]);
-  meter_.sent(group_, wire_[p].nbytes(), dist::Collective::all_gather);
-  meter_.hold(int64_t(round_to_size_class(wire_[p].storage()->nbytes())));
-}
-
-void ChunkGatherer::use_partition(size_t p) {
-  meter_.wait(work_[p]);
-  work_[p].reset();
-  if (!wire_[p].defined()) return;
-  NoGradGuard no_grad;
-  const Partition& part = layout_.partitions[p];
-  codec_.decode(wire_[p], group_.size(), layout_.chunk(p), full_.narrow(0, part.begin, part.numel));
-  meter_.hold(-int64_t(round_to_size_class(wire_[p].storage()->nbytes())));
-  wire_[p] = Tensor();
 }
 
 }  // namespace cz::zero

@@ -1,8 +1,6 @@
-// The parameter gatherers: what brings the full parameters to every rank of the process group they are given.
-// Stages 1-2 (ChunkGatherer): after each update, this rank's updated chunks are all-gathered into the full
-// compute copy, and each unit's forward waits for the partitions it reads (Note [Overlapped parameter
-// all-gather] in engine.cpp). Stage 3 (UnitGatherer, engine_units.cpp): each unit is gathered before its
-// use, prefetched ahead, and released after (Note [Stage-3 units]). Stage 0 needs none.
+// The parameter gatherers' common part: what brings the full parameters to every rank of the process group
+// they are given. Stages 1-2: ChunkGatherer (chunk_gatherer.h); stage 3: UnitGatherer (unit_gatherer.h).
+// Stage 0 needs none.
 #pragma once
 
 #include <optional>
@@ -12,7 +10,6 @@
 #include "dist/zero/comm_meter.h"
 #include "dist/zero/gather_codec.h"
 #include "dist/zero/partition.h"
-#include "dist/zero/schedule.h"
 #include "nn/module.h"
 
 namespace cz::zero {
@@ -24,13 +21,6 @@ class ParamGatherer {
   virtual void after_update() {}
   // Everything launched by after_update() waited for (before anything else reads or writes parameters).
   virtual void wait_all() {}
-  virtual void begin_backward() {}
-  // `finished`: backward ran to its end (not an exception).
-  virtual void end_backward(bool finished) { (void)finished; }
-  // The reducer has handed partition p's gradients to their collective.
-  virtual void reduced(size_t p) { (void)p; }
-  // After the reducer's flush.
-  virtual void after_reduce() {}
   virtual bool resident(size_t p) const {
     (void)p;
     return false;
@@ -60,82 +50,5 @@ class ParamGatherer {
   std::vector<int64_t> record_offset_;
   std::vector<std::pair<nn::Module*, int>> hooks_;  // (module, hook id)
 };
-
-// It carries out ChunkSchedule's events (Note [One schedule]) on the compute copy and all-gathers.
-class ChunkGatherer final : public ParamGatherer, private ChunkSchedule::Sink {
- public:
-  // `full`: the full compute copy; `chunks`: this rank's chunk of each partition in it; `units`: module names
-  // of `model` holding every parameter (ConvNeXt::units()), whose forwards wait for their partitions.
-  // Not direct (Note [Quantized gathers]): each update encodes the sources into the records, all-gathers
-  // them and decodes every partition into `full` at once, on the training thread; so these gathers are not
-  // overlapped with the next forward.
-  ChunkGatherer(const ZeroLayout& layout, nn::Module& model, const std::vector<std::string>& units,
-                Tensor full, std::vector<Tensor> chunks, dist::ProcessGroup group, CommMeter& meter,
-                const GatherCodec& codec);
-  ~ChunkGatherer() override;
-  void after_update() override;
-  void wait_all() override { schedule_.use_all(*this); }
-
- private:
-  // ChunkSchedule::Sink
-  void gather_partition(size_t p) override;
-  void use_partition(size_t p) override;
-  Tensor full_;
-  std::vector<Tensor> chunks_;
-  ChunkSchedule schedule_;
-  std::vector<dist::WorkHandle> work_;  // per partition
-  std::vector<Tensor> wire_;            // not direct: per partition, its gathered records until decoded
-};
-
-// The partitions holding each unit's parameters (a unit: a module name; its parameters: that name and all
-// below it), ascending; every partition in some unit. The planner's replay asks the same (engine_trace.cpp).
-std::vector<std::vector<size_t>> unit_partitions(const ZeroLayout& layout,
-                                                 const std::vector<std::string>& units);
-
-// It carries out UnitSchedule's events (Note [One schedule]) on the units' buffers and all-gathers.
-class UnitGatherer final : public ParamGatherer, private UnitSchedule::Sink {
- public:
-  // `shard`: this rank's chunks of the compute copy (compute dtype); `params`: the model's parameters in
-  // layout order, repointed into each unit's releasable buffer. Every partition is a unit, a module of
-  // `model`. `host`: hpZ's host group (Note [hpZ]); none: every gather is over `group`.
-  // Not direct: the records are gathered into a releasable wire buffer per unit, decoded into the unit when
-  // it is first used (hpZ's host gathers stay in the compute dtype).
-  UnitGatherer(const ZeroLayout& layout, nn::Module& model, const std::vector<Tensor>& params, Tensor shard,
-               int prefetch, dist::ProcessGroup group, CommMeter& meter, const GatherCodec& codec,
-               std::optional<dist::ProcessGroup> host = std::nullopt);
-  void after_update() override;  // hpZ: the secondary copies are stale; the records encoded again
-  ~UnitGatherer() override;
-  void begin_backward() override { schedule_.begin_backward(); }
-  void end_backward(bool finished) override { schedule_.end_backward(finished); }
-  void reduced(size_t p) override { schedule_.release(p, *this); }  // not needed again until the next forward
-  void after_reduce() override { schedule_.release_all(*this); }
-  bool resident(size_t p) const override { return schedule_.resident(p); }
-  int64_t gathered_bytes() const override;
-  int64_t state_bytes() const override;
-
- private:
-  // UnitSchedule::Sink
-  void gather(size_t p) override;
-  void use(size_t p) override;
-  void release(size_t p) override;
-
-  UnitSchedule schedule_;
-  Tensor shard_;
-  void drop_wire(size_t p);
-  std::vector<Tensor> gathered_;  // per unit: the full unit, its storage released between uses
-  std::vector<Tensor> wire_;      // per unit, not direct: the gathered records, held from gather to use
-  std::vector<bool> wired_;
-  std::vector<dist::WorkHandle> work_;  // per unit: its all-gather, from gather to use
-  // hpZ (Note [hpZ]): the host group, the secondary copies (this rank's host-local slice of every unit, back
-  // to back, one allocation), each unit's slice of them, whether it holds the current weights, and whether
-  // the unit's gather in flight is the host one.
-  std::optional<dist::ProcessGroup> host_;
-  Tensor secondary_;
-  std::vector<Tensor> slice_;
-  std::vector<bool> slice_valid_, from_host_;
-};
-
-// hpZ's secondary copies: the elements of partition numel / ranks per host for every unit (Note [hpZ]).
-int64_t hpz_secondary_numel(const ZeroLayout& layout, int ranks_per_host);
 
 }  // namespace cz::zero

@@ -108,4 +108,27 @@ ZeroLayout plan_layout(const std::vector<ParamShape>& params, int stage, int wor
   return z;
 }
 
+std::vector<std::vector<size_t>> unit_partitions(const ZeroLayout& layout,
+                                                 const std::vector<std::string>& units) {
+  std::vector<std::vector<size_t>> out(units.size());
+  std::vector<bool> covered(layout.partitions.size(), false);
+  for (size_t u = 0; u < units.size(); ++u) {
+    const std::string& name = units[u];
+    for (size_t p = 0; p < layout.partitions.size(); ++p)
+      for (size_t i = layout.partitions[p].first_param; i < layout.partitions[p].end_param; ++i) {
+        const std::string& param = layout.flat.segments[i].name;
+        if (param.size() > name.size() && param.compare(0, name.size(), name) == 0 &&
+            param[name.size()] == '.') {
+          out[u].push_back(p);
+          covered[p] = true;
+          break;
+        }
+      }
+  }
+  for (size_t p = 0; p < covered.size(); ++p)
+    CZ_CHECK(covered[p], "ZeRO: partition {} ('{}') holds no parameter of any unit", p,
+             layout.partitions[p].name);
+  return out;
+}
+
 }  // namespace cz::zero

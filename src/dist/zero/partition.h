@@ -79,4 +79,10 @@ ZeroLayout plan_layout(const std::vector<ParamShape>& params, int stage, int wor
 std::vector<std::string> assign_units(const std::vector<ParamShape>& params,
                                       const std::vector<std::string>& units);
 
+// The partitions holding each unit's parameters (a unit: a module name; its parameters: that name and all
+// below it), ascending; every partition in some unit. The engine, the planner's replay and the what-if ask
+// the same (StepSchedule).
+std::vector<std::vector<size_t>> unit_partitions(const ZeroLayout& layout,
+                                                 const std::vector<std::string>& units);
+
 }  // namespace cz::zero

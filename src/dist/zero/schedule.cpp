@@ -1,7 +1,7 @@
 // Note [One schedule]
 // The engine's scheduling rules (which gradient launches which reduction, the in-flight limit, stage 3's
 // gathers, prefetches and releases, the layout's alignment) decide both what a step allocates and when its
-// collectives run. Three programs need them: the engine (zero/grad_reducer.cpp, engine_units.cpp), the
+// collectives run. Three programs need them: the engine (zero/grad_reducer.cpp, unit_gatherer.cpp), the
 // planner's replay of a step (plan/engine_trace.cpp) and the what-if's timelines (plan/what_if.cpp). They
 // live here once, in types that hold no tensors: each program drives them from the same points (the
 // parameters' grad-ready hooks, the units' module hooks, flush) and carries out the events they emit on what

@@ -92,7 +92,7 @@ class ReduceSchedule {
   std::deque<size_t> in_flight_;
 };
 
-// Stage 3's gather rules (Note [Stage-3 units] in engine_units.cpp): gather before use, prefetch the next
+// Stage 3's gather rules (Note [Stage-3 units] in unit_gatherer.cpp): gather before use, prefetch the next
 // `prefetch` units of the recorded order ahead (the previous ones in backward), release after forward and
 // once the unit's gradients are launched.
 class UnitSchedule {

@@ -27,9 +27,9 @@ ShardedState::ShardedState(const ZeroLayout& layout, dist::ProcessGroup group, T
   if (make_ema) ema_ = make_ema(std::span<const Tensor>(weights_));
 }
 
-void ShardedState::begin_step(const StepPlan& plan) {
+void ShardedState::begin_step(const UpdateArgs& args) {
   NoGradGuard no_grad;
-  plan_ = plan;
+  args_ = args;
   // Offload overwrites each host gradient chunk on its first arrival instead (the worker may still be
   // reading them for the previous step's delayed update).
   if (grad_shard_.defined() && !host_) grad_shard_.zero_();
@@ -44,7 +44,7 @@ bool ShardedState::step(LossScaler& scaler, StepStats& s) {
   NoGradGuard no_grad;
   for (size_t p = 0; p < from_compute_.size(); ++p) Tensor(grads_[p]).copy_(from_compute_[p]);
   if (!prepare_gradients(scaler, s)) return false;
-  optimizer_->step(std::span<const Tensor>(weights_), std::span<const Tensor>(grads_), plan_.lr);
+  optimizer_->step(std::span<const Tensor>(weights_), std::span<const Tensor>(grads_), args_.lr);
   update_ema();
   return true;
 }
@@ -60,8 +60,8 @@ bool ShardedState::prepare_gradients(LossScaler& scaler, StepStats& s) {
   }
   s.skipped = !take;
   s.grad_norm = global_grad_norm();
-  if (take && plan_.clip_grad > 0) {
-    const double coef = clip_coefficient(s.grad_norm, plan_.clip_grad);
+  if (take && args_.clip_grad > 0) {
+    const double coef = clip_coefficient(s.grad_norm, args_.clip_grad);
     for (const Tensor& t : grads_) scale_(t, coef);
   }
   return take;

@@ -33,7 +33,7 @@ using MakeEma = std::function<std::unique_ptr<WeightEma>(std::span<const Tensor>
 
 // The step's learning rate and clipping, given when it begins: offload updates each range from the
 // reducer's hand-off as soon as its gradient arrives.
-struct StepPlan {
+struct UpdateArgs {
   double lr = 0;
   double clip_grad = 0;  // 0: no clipping
 };
@@ -49,8 +49,8 @@ class ShardedState {
                std::vector<Tensor> from_compute, const MakeOptimizer& make_optimizer,
                const MakeEma& make_ema);
 
-  void begin_step(const StepPlan& plan);  // gradient chunks to zero (except under offload)
-  const StepPlan& plan() const { return plan_; }
+  void begin_step(const UpdateArgs& plan);  // gradient chunks to zero (except under offload)
+  const UpdateArgs& update_args() const { return args_; }
   // A partition's reduced chunk, added into its fp32 gradient chunk.
   void receive(size_t p, const Tensor& chunk);
   // The update on every chunk, after the last backward: whether it was taken (not an fp16 overflow).
@@ -84,7 +84,7 @@ class ShardedState {
   std::vector<Tensor> weights_, grads_, from_compute_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<WeightEma> ema_;
-  StepPlan plan_;
+  UpdateArgs args_;
 };
 
 }  // namespace cz::zero

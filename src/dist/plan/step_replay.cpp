@@ -43,7 +43,7 @@
 // tests/plan/test_step_events.cpp runs the real step on the CPU backend, for every row of
 // tests/plan/plan_cases.h (stages 0-3, 1, 2 and 4 ranks, checkpointing, accumulation, offload, EMA, a
 // background checkpoint's copy), with the allocator's event log on (Note [Allocator event log]), and holds
-// it to this walk's log (trace_step with log_events) request by request: the bytes of each request, and
+// it to this walk's log (replay_step with log_events) request by request: the bytes of each request, and
 // which blocks were returned before it. The first difference fails the test with the op as the walk names it
 // ("stages.1.blocks.0 fc1 backward: linear input gradient") and as the profiler names it (LinearBackward),
 // both sizes and a few requests either side. What it cannot hold: the CUDA backend (its allocator keeps no
@@ -54,7 +54,7 @@
 // thread goes by (dist::current_communicator): the threads' requests interleave as timing has it. A change
 // to an op's temporaries is made in the op and in step_walker_ops.cpp, and the test says where the second one
 // is missing.
-#include "dist/plan/step_trace.h"
+#include "dist/plan/step_replay.h"
 
 #include <algorithm>
 
@@ -75,27 +75,28 @@ void Walker::build() {
       if (p.shape.size() >= 2) m_.release(m_.alloc(p.numel * 8, Use::transient, "f64 initial draws"));
   // The ZeroEngine constructor: the model state; at stages 2-3 the flat buffers flatten_parameters made are
   // dropped once the shards exist, and stage 3's unit buffers are allocated and released once.
+  const zero::StepPlan& plan = s_.engine.plan;
   const int64_t flat = s_.engine.layout.flat.numel * 4;
   std::vector<Id> dropped;
-  if (s_.engine.stage >= 2) dropped.push_back(m_.alloc(flat, Use::transient, "flat gradients (build)"));
-  if (s_.engine.stage == 3) dropped.push_back(m_.alloc(flat, Use::transient, "flat parameters (build)"));
+  if (plan.buckets()) dropped.push_back(m_.alloc(flat, Use::transient, "flat gradients (build)"));
+  if (plan.unit_gathers()) dropped.push_back(m_.alloc(flat, Use::transient, "flat parameters (build)"));
   // Offload copies this rank's chunks to the host through a device buffer (kept as stage 3's fp32 shard).
-  if (s_.engine.offload && (s_.engine.stage <= 2 || s_.compute != DType::f32))
+  if (s_.engine.offload && (!plan.unit_gathers() || s_.compute != DType::f32))
     dropped.push_back(m_.alloc(s_.engine.layout.shard_numel() * 4, Use::transient, "own chunks (build)"));
   for (const StateBuffer& b : s_.state)
     if (!b.host) m_.alloc(b.bytes, Use::state, b.name.c_str());
   const size_t np = s_.engine.layout.partitions.size();
-  if (s_.engine.stage == 3) {
+  const auto records = [&](size_t p) { return plan.gather_records_bytes(s_.engine.layout, p, false); };
+  if (plan.unit_gathers()) {
     for (const zero::Partition& p : s_.engine.layout.partitions)
       m_.release(m_.alloc(p.numel * e_, Use::transient, "unit buffer (build)"));
     for (size_t p = 0; p < np; ++p)  // quantized: each unit's records buffer, released as the unit's
-      if (const int64_t w = engine_.wire_bytes(p)) m_.release(m_.alloc(w, Use::transient, "records (build)"));
-  } else if (s_.engine.stage > 0) {
+      if (const int64_t w = records(p)) m_.release(m_.alloc(w, Use::transient, "records (build)"));
+  } else if (plan.chunk_gathers()) {
     // Quantized at stages 1-2: the constructor's first gather of the records (ChunkGatherer::gather_records).
     std::vector<Id> wires;
     for (size_t p = 0; p < np; ++p)
-      if (const int64_t w = engine_.wire_bytes(p))
-        wires.push_back(m_.alloc(w, Use::transient, "records (build)"));
+      if (const int64_t w = records(p)) wires.push_back(m_.alloc(w, Use::transient, "records (build)"));
     for (Id w : wires) m_.release(w);
   }
   for (Id p : params) m_.release(p);
@@ -442,7 +443,7 @@ std::vector<std::string> network_parts(const nn::ConvNeXtConfig& cfg) {
   return parts;
 }
 
-StepTraceResult trace_step(const StepSpec& spec, int64_t capture_event, bool log_events) {
+StepReplay replay_step(const StepSpec& spec, int64_t capture_event, bool log_events) {
   spec.model.validate();
   CZ_CHECK(spec.micro_batch > 0, "planner: micro-batch must be positive, got {}", spec.micro_batch);
   int64_t reduction = 4;
@@ -452,7 +453,7 @@ StepTraceResult trace_step(const StepSpec& spec, int64_t capture_event, bool log
   const std::vector<std::string> parts = network_parts(spec.model);
   MemoryTrace m(int(parts.size()), spec.cuda ? walk::kCudaPage : 0);
   if (capture_event >= 0) m.capture_at(capture_event);
-  StepTraceResult r;
+  StepReplay r;
   walk::Walker w(spec, m, r.labels);
   w.build();
   m.reset_peak();  // Trainer::step resets the peak; what the build left live is counted from there

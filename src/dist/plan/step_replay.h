@@ -2,7 +2,7 @@
 // allocator's cache), the model-state buffers, then steps of batch -> forward -> loss -> backward ->
 // optimizer, each op allocating and freeing exactly what its code in src/tensor/ops and src/nn does, and
 // each tensor saved for backward living until its node has run (Note [What a step allocates] in
-// step_trace.cpp).
+// step_replay.cpp).
 #pragma once
 
 #include <string>
@@ -38,14 +38,14 @@ struct StepSpec {
   int steps = 1;      // >1 to let the allocator's cache reach its steady state
 };
 
-struct StepTraceResult {
+struct StepReplay {
   TraceSnapshot peak;  // over the steps (the build is not counted, as Trainer::step resets the peak)
   std::vector<int64_t> saved_end_of_forward;  // requested bytes saved for backward, by network part
   int64_t reserved_peak = 0;                  // bytes the cache took from the system, build included
   std::vector<std::string> labels;            // TraceSnapshot::where indexes this
   std::vector<LiveBuffer> at_peak;            // with capture_event: the live buffers then
   // With log_events: every alloc and release of the traced steps (the build's are not logged), and the index
-  // of each step's first event (Note [One step, two descriptions] in step_trace.cpp).
+  // of each step's first event (Note [One step, two descriptions] in step_replay.cpp).
   std::vector<TraceEvent> events;
   std::vector<size_t> step_begins;
 };
@@ -54,6 +54,6 @@ struct StepTraceResult {
 std::vector<std::string> network_parts(const nn::ConvNeXtConfig& cfg);
 
 // `capture_event`: a TraceSnapshot::event of an earlier run with the same spec, whose live buffers to list.
-StepTraceResult trace_step(const StepSpec& spec, int64_t capture_event = -1, bool log_events = false);
+StepReplay replay_step(const StepSpec& spec, int64_t capture_event = -1, bool log_events = false);
 
 }  // namespace cz::plan

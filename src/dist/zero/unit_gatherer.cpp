@@ -1,4 +1,4 @@
-// ZeRO-3's parameter gatherer (UnitGatherer, param_gatherer.h): gather before use, prefetch ahead, release
+// ZeRO-3's parameter gatherer (UnitGatherer, unit_gatherer.h): gather before use, prefetch ahead, release
 // after, as UnitSchedule decides (Note [One schedule] in schedule.cpp); this file carries it out.
 //
 // Note [Stage-3 units]: each unit's parameters view one buffer of the unit's full (padded) size whose
@@ -25,11 +25,12 @@
 // model), against the primary shard's Psi/W, kept for the run (the planner counts them as parameters:
 // Note [ZeRO memory model]). Cross-host bytes per step fall from 3 to 2 all-gathers' worth (forward's
 // gather and the gradients' reduce-scatter; backward's gather stays on the host).
+#include "dist/zero/unit_gatherer.h"
+
 #include <algorithm>
 
 #include "dist/zero/engine.h"
 #include "dist/zero/held_bytes.h"
-#include "dist/zero/param_gatherer.h"
 #include "tensor/autograd/engine.h"
 #include "tensor/trace.h"
 
@@ -42,10 +43,10 @@ int64_t hpz_secondary_numel(const ZeroLayout& layout, int ranks_per_host) {
 }
 
 UnitGatherer::UnitGatherer(const ZeroLayout& layout, nn::Module& model, const std::vector<Tensor>& params,
-                           Tensor shard, int prefetch, dist::ProcessGroup group, CommMeter& meter,
+                           Tensor shard, StepSchedule& schedule, dist::ProcessGroup group, CommMeter& meter,
                            const GatherCodec& codec, std::optional<dist::ProcessGroup> host)
     : ParamGatherer(layout, std::move(group), meter, codec),
-      schedule_(layout.partitions.size(), prefetch),
+      schedule_(schedule),
       shard_(std::move(shard)),
       host_(std::move(host)) {
   const size_t np = layout_.partitions.size();
@@ -86,12 +87,12 @@ UnitGatherer::UnitGatherer(const ZeroLayout& layout, nn::Module& model, const st
     nn::Module* m = model.find_module(layout_.partitions[p].name);
     CZ_CHECK(m != nullptr, "ZeRO-3: the model has no module '{}'", layout_.partitions[p].name);
     hooks_.emplace_back(m, m->register_forward_pre_hook(
-                               [this, p](nn::Module&, const Tensor&) { schedule_.forward_pre(p, *this); }));
+                               [this, p](nn::Module&, const Tensor&) { schedule_.unit_forward_pre(p); }));
     hooks_.emplace_back(m, m->register_forward_hook([this, p](nn::Module&, const Tensor&, const Tensor&) {
-      schedule_.forward_post(p, *this);
+      schedule_.unit_forward_post(p);
     }));
     hooks_.emplace_back(
-        m, m->register_backward_pre_hook([this, p](nn::Module&) { schedule_.backward_pre(p, *this); }));
+        m, m->register_backward_pre_hook([this, p](nn::Module&) { schedule_.unit_backward_pre(p); }));
   }
   allocate_records();
 }
@@ -127,7 +128,7 @@ void UnitGatherer::gather(size_t p) {
   Storage& storage = *gathered_[p].storage();
   storage.restore(allocator_for(shard_.device()).allocate(storage.nbytes()));
   // hpZ: backward gathers inside the host from the slices its forward kept (Note [hpZ]).
-  from_host_[p] = host_ && schedule_.backward() && slice_valid_[p];
+  from_host_[p] = host_ && schedule_.plan().host_local_gather(schedule_.in_backward()) && slice_valid_[p];
   const dist::ProcessGroup& group = from_host_[p] ? *host_ : group_;
   meter_.hold(int64_t(round_to_size_class(storage.nbytes())));
   if (!from_host_[p] && !codec_.direct()) {  // the records, decoded at use (Note [Quantized gathers])

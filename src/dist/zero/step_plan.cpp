@@ -1,0 +1,138 @@
+// Note [Step plan]
+// Which schedules a stage runs and how they are linked used to be written in each of the three programs that
+// run them (the engine, the planner's replay, the what-if: Note [One schedule]), each with its own `stage >=
+// 2` tests, its own end-of-backward sequence and its own two-hop formula; they drifted (the what-if released
+// no unit at the end of backward, and chose two hops on CUDA ranks). StepPlan makes those decisions once
+// from the engine's config and the mesh; StepSchedule owns the three schedules and their links:
+//  * the reductions (ReduceSchedule): bucketed every micro-step at stages 2-3, else on the last micro-step;
+//    every partition's reduction of one kind (reduce_kind);
+//  * stage 3's units (UnitSchedule): a unit's gradients launched means the unit is not needed again this
+//    step, so the launch releases it; backward ends by ending the units' backward, flushing what is left of
+//    the reductions, then releasing every unit;
+//  * stages 1-2's gathers (ChunkSchedule): after the update, waited for at each unit's forward;
+//  * hpZ: backward's gathers inside the host, in the compute dtype, whatever --gather-dtype says.
+// A carrier binds its sinks and calls StepSchedule at its hook points; the order of the events the schedules
+// emit is then the same in all three, which StepEvents (tests/plan/test_step_events.cpp) checks.
+#include "dist/zero/step_plan.h"
+
+#include "dist/zero/engine.h"
+#include "tensor/check.h"
+
+namespace cz::zero {
+
+TwoHop two_hop_choice(const TwoHopInputs& in) {
+  if (!in.reduce_int8 || in.flat_impl) return TwoHop::no;
+  if (in.hosts < 2 || in.ranks_per_host < 2) return TwoHop::no;  // one host, or a rank a host: flat
+  if (in.stage >= 1 && !in.flat_mesh) return TwoHop::no;  // a shard group keeps the reduce-scatter inside
+  return in.cuda ? TwoHop::cpu_only : TwoHop::yes;
+}
+
+StepPlan::StepPlan(const ZeroConfig& cfg, int world, int shards)
+    : stage_(cfg.stage),
+      rules_(stage_rules(cfg.stage)),
+      world_(world),
+      shards_(shards),
+      reduce_int8_(cfg.reduce_int8),
+      two_hop_(cfg.reduce_int8 && cfg.two_hop_reduce),
+      hpz_(cfg.hpz && cfg.stage == 3),
+      quant_block_(cfg.quant_block),
+      compute_(cfg.compute_dtype),
+      bucket_(cfg.reduce_dtype),
+      codec_(cfg.compute_dtype, cfg.gather_dtype, cfg.quant_block) {
+  CZ_ASSERT(stage_ >= 0 && stage_ <= kMaxStage, "step plan: stage {} outside 0-{}", stage_, kMaxStage);
+  CZ_ASSERT(world_ >= 1 && shards_ >= 1 && world_ % shards_ == 0, "step plan: shard groups of {} in {} ranks",
+            shards_, world_);
+}
+
+StepPlan::StepPlan() : StepPlan(ZeroConfig{}, 1, 1) {}
+
+ReduceKind StepPlan::reduce_kind() const {
+  return zero::reduce_kind(sharded(), reduce_int8_ ? quant_block_ : 0, reduce_group(), two_hop_);
+}
+
+LayoutRule StepPlan::layout_rule() const {
+  return zero::layout_rule(stage_, reduce_int8_, quant_block_, codec_, world_);
+}
+
+int64_t StepPlan::gather_records_bytes(const ZeroLayout& layout, size_t p, bool backward) const {
+  if (codec_.direct() || host_local_gather(backward)) return 0;
+  return int64_t(shards_) * codec_.record_bytes(layout.chunk(p));
+}
+
+int64_t StepPlan::gather_bytes(const ZeroLayout& layout, size_t p, bool backward) const {
+  if (const int64_t records = gather_records_bytes(layout, p, backward)) return records;
+  return layout.partitions[p].numel * int64_t(dtype_size(compute_));
+}
+
+StepSchedule::StepSchedule(const StepPlan& plan, const ZeroLayout& layout, int prefetch,
+                           std::vector<std::vector<size_t>> unit_parts)
+    : plan_(plan),
+      reduce_(layout, plan.buckets()),
+      units_(layout.partitions.size(), prefetch),
+      chunks_(layout.partitions.size(), !plan.codec().direct()),
+      unit_parts_(std::move(unit_parts)) {}
+
+void StepSchedule::bind(ReduceSchedule::Sink* reduce, UnitSchedule::Sink* units,
+                        ChunkSchedule::Sink* chunks) {
+  CZ_ASSERT(reduce != nullptr, "step schedule: no reduction sink");
+  CZ_ASSERT(units != nullptr || !plan_.unit_gathers(), "step schedule: stage 3 without a unit sink");
+  CZ_ASSERT(chunks != nullptr || !plan_.chunk_gathers(), "step schedule: stages 1-2 without a chunk sink");
+  reduce_sink_ = reduce;
+  unit_sink_ = units;
+  chunk_sink_ = chunks;
+}
+
+void StepSchedule::begin_backward(bool last_micro_step) {
+  reduce_.begin_backward(last_micro_step);
+  if (plan_.unit_gathers()) units_.begin_backward();
+}
+
+void StepSchedule::grad_ready(size_t param) {
+  reduce_.grad_ready(param, *this);
+}
+
+void StepSchedule::end_backward(bool finished) {
+  if (plan_.unit_gathers()) units_.end_backward(finished);
+  if (!finished) return;
+  reduce_.flush(*this);
+  if (plan_.unit_gathers()) units_.release_all(*unit_sink_);
+}
+
+void StepSchedule::prepare(size_t p) {
+  reduce_sink_->prepare(p);
+}
+
+void StepSchedule::launch(size_t p) {
+  reduce_sink_->launch(p);
+  if (plan_.unit_gathers()) units_.release(p, *unit_sink_);  // its gradients are on their way
+}
+
+void StepSchedule::finish(size_t p) {
+  reduce_sink_->finish(p);
+}
+
+void StepSchedule::unit_forward_pre(size_t u) {
+  if (plan_.unit_gathers()) units_.forward_pre(u, *unit_sink_);
+}
+
+void StepSchedule::unit_forward_post(size_t u) {
+  if (plan_.unit_gathers()) units_.forward_post(u, *unit_sink_);
+}
+
+void StepSchedule::unit_backward_pre(size_t u) {
+  if (plan_.unit_gathers()) units_.backward_pre(u, *unit_sink_);
+}
+
+void StepSchedule::unit_forward_pre_chunks(size_t u) {
+  if (plan_.chunk_gathers()) chunks_.forward_pre(unit_parts_.at(u), *chunk_sink_);
+}
+
+void StepSchedule::after_update() {
+  if (plan_.chunk_gathers()) chunks_.after_update(*chunk_sink_);
+}
+
+void StepSchedule::use_all() {
+  if (plan_.chunk_gathers()) chunks_.use_all(*chunk_sink_);
+}
+
+}  // namespace cz::zero

@@ -1,0 +1,152 @@
+// The step plan (Note [Step plan]): what a ZeRO stage runs and how its schedules are linked, decided once
+// from the engine's config and the mesh. The engine, the planner's replay and the what-if build one and only
+// carry out its events.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "dist/zero/gather_codec.h"
+#include "dist/zero/partition.h"
+#include "dist/zero/schedule.h"
+
+namespace cz::zero {
+
+struct ZeroConfig;
+
+// Note [ZeRO step] as predicates of the stage, written once: what a stage keeps and runs. Every other file
+// asks these (or StepPlan, which holds them), never the stage number.
+struct StageRules {
+  bool sharded;        // stages 1-3: optimizer state (and more) in chunks over the shard group
+  bool buckets;        // stages 2-3: gradients copied into buckets every micro-step, no full gradient buffer
+  bool unit_gathers;   // stage 3: parameters sharded too, units gathered around their use (UnitSchedule)
+  bool chunk_gathers;  // stages 1-2: the updated chunks all-gathered after the update (ChunkSchedule)
+};
+constexpr StageRules stage_rules(int stage) {
+  return {stage > 0, stage >= 2, stage == 3, stage == 1 || stage == 2};
+}
+
+// Note [Two-hop choice]: whether --reduce-dtype int8 reduces in two hops, host then cross (Note [Two-hop
+// quantized reduction], Note [Two-hop quantized all-reduce]). `cpu_only`: two hops would apply but the ranks
+// are CUDA ranks, whose two-hop kernels have not run: the flat path is taken (and --comm-impl hier refused by
+// the trainer, which says why).
+enum class TwoHop { no, yes, cpu_only };
+struct TwoHopInputs {
+  bool reduce_int8 = false;
+  int stage = 0;
+  bool flat_mesh = true;   // no --shard-group (the state is sharded over the whole world)
+  int hosts = 1;           // hosts of the world
+  int ranks_per_host = 0;  // ranks on every host when they are equal, else 0
+  bool flat_impl = false;  // --comm-impl flat
+  bool cuda = false;
+};
+TwoHop two_hop_choice(const TwoHopInputs& in);
+
+class StepPlan {
+ public:
+  // `world`: the ranks trained across; `shards`: the ranks the state is sharded over at stages 1-3 (the
+  // shard group: the world when flat). Reads the config's stage, dtypes, quantization, hpZ and two-hop
+  // choice.
+  StepPlan(const ZeroConfig& cfg, int world, int shards);
+
+  StepPlan();  // stage 0 on one rank
+  int stage() const { return stage_; }
+  bool sharded() const { return rules_.sharded; }
+  bool buckets() const { return rules_.buckets; }
+  bool full_grads() const { return !rules_.buckets; }  // stages 0-1: the full gradient buffer
+  bool unit_gathers() const { return rules_.unit_gathers; }
+  bool chunk_gathers() const { return rules_.chunk_gathers; }
+
+  int world() const { return world_; }
+  int shards() const { return shards_; }
+  // The ranks a partition's reduction runs over: the world at stage 0, else the shard group.
+  int reduce_group() const { return sharded() ? shards_ : world_; }
+  // The ranks the state is sharded over: one at stage 0.
+  int state_shards() const { return sharded() ? shards_ : 1; }
+  DType compute() const { return compute_; }
+  DType bucket_dtype() const { return bucket_; }  // what gradient buckets hold (f32 for INT8 reductions)
+  bool reduce_int8() const { return reduce_int8_; }
+  int64_t quant_block() const { return quant_block_; }
+  bool two_hop() const { return two_hop_; }
+  ReduceKind reduce_kind() const;
+  // Note [Flat buffers]: the layout's alignment and padding.
+  LayoutRule layout_rule() const;
+
+  const GatherCodec& codec() const { return codec_; }
+  bool hpz() const { return hpz_; }
+  // Note [hpZ]: backward's gathers stay inside the host, from the slices forward kept, in the compute dtype.
+  bool host_local_gather(bool backward) const { return hpz_ && backward; }
+  // What a gather of partition p moves, per rank: the records of its chunks when the codec is not direct
+  // (Note [Quantized gathers]), else the partition in the compute dtype; hpZ's backward gathers always the
+  // latter. `records_bytes` is 0 where the compute copy itself travels.
+  int64_t gather_records_bytes(const ZeroLayout& layout, size_t p, bool backward) const;
+  int64_t gather_bytes(const ZeroLayout& layout, size_t p, bool backward) const;
+
+ private:
+  int stage_;
+  StageRules rules_;
+  int world_, shards_;
+  bool reduce_int8_, two_hop_, hpz_;
+  int64_t quant_block_;
+  DType compute_, bucket_;
+  GatherCodec codec_;
+};
+
+// The schedules of a step, linked as Note [Step plan] says: a stage-3 unit is released when its gradients'
+// reduction is launched; backward ends by ending the units' backward, flushing the reductions and releasing
+// every unit; stages 1-2's gathers follow the update. Each carrier binds its sinks (the engine: its reducer
+// and gatherer; the replay and the what-if: their own) and drives it from the same points: the gradients'
+// ready hooks, the units' module hooks, the update.
+class StepSchedule final : private ReduceSchedule::Sink {
+ public:
+  // `unit_parts`: stages 1-2, per unit (ConvNeXt::units()), the partitions holding its parameters
+  // (unit_partitions); ignored at other stages.
+  StepSchedule(const StepPlan& plan, const ZeroLayout& layout, int prefetch,
+               std::vector<std::vector<size_t>> unit_parts = {});
+  StepSchedule(const StepSchedule&) = delete;
+  StepSchedule& operator=(const StepSchedule&) = delete;
+  // The sinks that carry out the events; a stage's unused ones may be null.
+  void bind(ReduceSchedule::Sink* reduce, UnitSchedule::Sink* units, ChunkSchedule::Sink* chunks);
+  const StepPlan& plan() const { return plan_; }
+
+  // Backward of one micro-step.
+  void begin_backward(bool last_micro_step);
+  void grad_ready(size_t param);
+  // `finished`: backward ran to its end (not an exception): the reductions are flushed and every unit
+  // released.
+  void end_backward(bool finished);
+  bool last_micro_step() const { return reduce_.last_micro_step(); }
+  size_t partition_of(size_t param) const { return reduce_.partition_of(param); }
+
+  // Stage 3, a unit's module hooks (no-ops at other stages); the what-if's steady state.
+  void unit_forward_pre(size_t u);
+  void unit_forward_post(size_t u);
+  void unit_backward_pre(size_t u);
+  bool in_backward() const { return units_.backward(); }
+  bool resident(size_t u) const { return plan_.unit_gathers() && units_.resident(u); }
+  void assume_unit_order(std::vector<size_t> order) { units_.assume_order(std::move(order)); }
+
+  // Stages 1-2 (no-ops at other stages): unit `u`'s forward is about to run; after an update; everything in
+  // flight waited for.
+  void unit_forward_pre_chunks(size_t u);
+  void after_update();
+  void use_all();
+
+ private:
+  // ReduceSchedule::Sink: the carrier's, plus the link to the units.
+  void prepare(size_t p) override;
+  void launch(size_t p) override;
+  void finish(size_t p) override;
+
+  StepPlan plan_;
+  ReduceSchedule reduce_;
+  UnitSchedule units_;
+  ChunkSchedule chunks_;
+  std::vector<std::vector<size_t>> unit_parts_;
+  ReduceSchedule::Sink* reduce_sink_ = nullptr;
+  UnitSchedule::Sink* unit_sink_ = nullptr;
+  ChunkSchedule::Sink* chunk_sink_ = nullptr;
+};
+
+}  // namespace cz::zero
