@@ -18,6 +18,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
 fail() { echo "FAIL: $*"; exit 1; }
+py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
 # The issue's run, on a smaller model: 3 classes of 32 px images, 30 steps of 16. (Each flag once: a command
 # line may not repeat one.)
 base=(--depths 1,1,2,1 --dims 16,32,48,64 --image-size 32 --lr 3e-3 --loader-threads 1 --no-progress --seed 1)
@@ -89,8 +90,8 @@ class_names)
   make "$work/pets" 8 4 cat=0 dog=60
   "$cz_weights" "$work/ck" "$work/from_ck.h5" > "$work/out" 2>&1 || { cat "$work/out"; fail "cz_weights export"; }
   "$cz_weights" "$work/w.h5" "$work/converted.h5" > "$work/out" 2>&1 || { cat "$work/out"; fail "cz_weights convert"; }
-  if /usr/bin/python3 -c "import h5py" 2> /dev/null; then  # the attribute as h5py users read it
-    /usr/bin/python3 - "$work"/{w,from_ck,converted}.h5 <<'PY' || fail "class_names attribute"
+  if "$py" -c "import h5py" 2> /dev/null; then  # the attribute as h5py users read it
+    "$py" - "$work"/{w,from_ck,converted}.h5 <<'PY' || fail "class_names attribute"
 import json, sys, h5py
 for path in sys.argv[1:]:
     names = json.loads(h5py.File(path, "r").attrs["class_names"])
