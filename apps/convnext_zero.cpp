@@ -333,6 +333,7 @@ int main(int argc, char** argv) {
   using cz::train::kExitFailed, cz::train::kExitStopped, cz::train::kExitUsage;
   const std::vector<std::string> args(argv, argv + argc);
   cz::train::TrainConfig cfg;
+  cfg.num_classes = cz::train::kClassesOfTheData;  // without --num-classes: the training data's classes
   CLI::App app{
       "convnext_zero: train ConvNeXt image classifiers on CPUs or GPUs, on one process or many (mpirun)"};
   app.allow_extras();  // an unknown flag gets our message, with a suggestion
@@ -388,6 +389,7 @@ int main(int argc, char** argv) {
     check_plan_flags(plan_flags);
     CZ_CHECK(!loader_only || !(plan_flags.plan || plan_flags.param_groups),
              "--loader-only and {} go separately", plan_flags.plan ? "--plan" : "--print-param-groups");
+    if (plan_flags.param_groups || plan_flags.plan) cz::train::resolve_num_classes(cfg);
     if (plan_flags.param_groups) {
       cfg.validate();
       const auto groups = cz::train::param_groups(cfg);
@@ -436,9 +438,10 @@ int main(int argc, char** argv) {
     if (lead) {
       const auto& mc = trainer.model().config();
       fmt::print(
-          "convnext_zero: {} ({:.2f}M params) on {} x{}, {}, ZeRO stage {}{}, data {}, {}x{} images, global "
-          "batch {}, {} steps\n",
-          mc.name, double(trainer.model().num_parameters()) / 1e6, cfg.device, world->size(), cfg.precision,
+          "convnext_zero: {} ({:.2f}M params, {} classes{}) on {} x{}, {}, ZeRO stage {}{}, data {}, {}x{} "
+          "images, global batch {}, {} steps\n",
+          mc.name, double(trainer.model().num_parameters()) / 1e6, mc.num_classes,
+          trainer.classes_from_data() ? ": the data's" : "", cfg.device, world->size(), cfg.precision,
           cfg.stage, cfg.offload_optimizer ? " + CPU offload" : "", cfg.data, cfg.image_size, cfg.image_size,
           cfg.global_batch(world->size()), trainer.total_steps());
       fmt::print("{}", cz::train::format_recipe(recipe));
