@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <thread>
@@ -26,6 +27,7 @@
 #include "dist/train/recipe.h"
 #include "dist/train/stop.h"
 #include "dist/train/trainer.h"
+#include "io/helper_programs.h"
 #include "io/train_log.h"
 #include "nn/convnext.h"
 #include "tensor/cuda/runtime.h"
@@ -296,6 +298,16 @@ int run_loader_only(const cz::train::TrainConfig& cfg, int* argc, char*** argv) 
   return 0;
 }
 
+// The plot script to name in the closing line: the installed one (PREFIX/share/convnext_zero beside
+// PREFIX/bin), else this source tree's while it is there; empty when neither is.
+std::string plot_script() {
+  std::error_code ec;
+  const std::string installed = cz::self_dir() + "/../" CZ_INSTALL_DATADIR "/convnext_zero/plot_run.py";
+  if (std::filesystem::is_regular_file(installed, ec))
+    return std::filesystem::weakly_canonical(installed, ec).string();
+  return std::filesystem::is_regular_file(CZ_PLOT_SCRIPT, ec) ? CZ_PLOT_SCRIPT : "";
+}
+
 // The summary of a run that took no step (--steps 0 to export or checkpoint the initial weights, or a
 // resume at its last step): what it did, not a loss and a peak memory of zero.
 void print_no_steps(const cz::train::TrainSummary& s, const cz::train::TrainConfig& cfg,
@@ -321,6 +333,7 @@ int main(int argc, char** argv) {
   using cz::train::kExitFailed, cz::train::kExitStopped, cz::train::kExitUsage;
   const std::vector<std::string> args(argv, argv + argc);
   cz::train::TrainConfig cfg;
+  cfg.num_classes = cz::train::kClassesOfTheData;  // without --num-classes: the training data's classes
   CLI::App app{
       "convnext_zero: train ConvNeXt image classifiers on CPUs or GPUs, on one process or many (mpirun)"};
   app.allow_extras();  // an unknown flag gets our message, with a suggestion
@@ -376,6 +389,7 @@ int main(int argc, char** argv) {
     check_plan_flags(plan_flags);
     CZ_CHECK(!loader_only || !(plan_flags.plan || plan_flags.param_groups),
              "--loader-only and {} go separately", plan_flags.plan ? "--plan" : "--print-param-groups");
+    if (plan_flags.param_groups || plan_flags.plan) cz::train::resolve_num_classes(cfg);
     if (plan_flags.param_groups) {
       cfg.validate();
       const auto groups = cz::train::param_groups(cfg);
@@ -424,9 +438,10 @@ int main(int argc, char** argv) {
     if (lead) {
       const auto& mc = trainer.model().config();
       fmt::print(
-          "convnext_zero: {} ({:.2f}M params) on {} x{}, {}, ZeRO stage {}{}, data {}, {}x{} images, global "
-          "batch {}, {} steps\n",
-          mc.name, double(trainer.model().num_parameters()) / 1e6, cfg.device, world->size(), cfg.precision,
+          "convnext_zero: {} ({:.2f}M params, {} classes{}) on {} x{}, {}, ZeRO stage {}{}, data {}, {}x{} "
+          "images, global batch {}, {} steps\n",
+          mc.name, double(trainer.model().num_parameters()) / 1e6, mc.num_classes,
+          trainer.classes_from_data() ? ": the data's" : "", cfg.device, world->size(), cfg.precision,
           cfg.stage, cfg.offload_optimizer ? " + CPU offload" : "", cfg.data, cfg.image_size, cfg.image_size,
           cfg.global_batch(world->size()), trainer.total_steps());
       fmt::print("{}", cz::train::format_recipe(recipe));
@@ -468,7 +483,8 @@ int main(int argc, char** argv) {
                    100 * std::max(0.0, 1 - s.comm_exposed_s / s.comm_s), s.comm_s);
       fmt::print(")");
       print_data_wait(s, trainer.config());  // its --loader-threads resolved
-      if (!cfg.log.empty()) fmt::print("; plot: {}", cz::elastic::shell_words({CZ_PLOT_SCRIPT, cfg.log}));
+      if (const std::string plot = plot_script(); !cfg.log.empty() && !plot.empty())
+        fmt::print("; plot: {}", cz::elastic::shell_words({plot, cfg.log}));
       fmt::print("\n");
     }
   } catch (const std::exception& e) {

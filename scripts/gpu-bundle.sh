@@ -51,9 +51,12 @@ print("\n".join(sorted(seen)))')
 for t in bench/bench_train_step bench/bench_gemm_cuda bench/bench_depthwise_cuda; do
   exes+=("$build/$t")
 done
-# Every program under apps/ and src/: the helpers the programs start themselves (src/io/cz_h5_probe, which
-# checks a checkpoint before it is read: the first GPU run's checkpoint tests failed without it).
+# Every program under apps/ and src/: the helpers the programs start themselves (apps/cz_h5_probe, which
+# checks a checkpoint before it is read: the first GPU run's checkpoint tests failed without it), and the
+# links to it beside the other executables (Note [Helpers beside the program]: relative, so they still
+# point at it where the bundle lands).
 mapfile -t -O "${#exes[@]}" exes < <(find "$build/apps" "$build/src" -type f -perm -u+x ! -path '*/CMakeFiles/*')
+mapfile -t -O "${#exes[@]}" exes < <(find "$build" -name cz_h5_probe -type l ! -path '*/CMakeFiles/*')
 mapfile -t exes < <(printf '%s\n' "${exes[@]}" | sort -u)
 ncuda=$(ctest --test-dir "$build" -N -L cuda | sed -n 's/^Total Tests: //p')
 echo "gpu-bundle: $ncuda cuda tests in ${#exes[@]} executables"

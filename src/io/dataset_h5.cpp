@@ -1,4 +1,5 @@
-// h5:FILE — `images` uint8 (N, H, W, 3) and `labels` integer (N), read through the HDF5 C API after the
+// h5:FILE — `images` uint8 (N, H, W, 3) and `labels` integer (N), and optionally an integer attribute
+// `num_classes` on the file (when the last classes have no example), read through the HDF5 C API after the
 // file has been probed in a separate process (h5_probe.h). Debian's build is thread-safe, so worker threads
 // may call it concurrently; with a build that is not, reads take a lock.
 #include <hdf5.h>
@@ -166,6 +167,24 @@ class H5Dataset final : public Dataset {
                   i, l, kMaxLabel);
       classes_ = std::max(classes_, l + 1);
     }
+    read_num_classes_attribute();
+  }
+
+  // The file's own class count, where it has one: at least the largest label + 1.
+  void read_num_classes_attribute() {
+    if (H5Aexists(file_.get(), "num_classes") <= 0) return;
+    H5Id attr(H5Aopen(file_.get(), "num_classes", H5P_DEFAULT), H5Aclose);
+    H5Id type(attr.ok() ? H5Aget_type(attr.get()) : -1, H5Tclose);
+    H5Id space(attr.ok() ? H5Aget_space(attr.get()) : -1, H5Sclose);
+    int64_t value = 0;
+    CZ_CHECK_IO(type.ok() && space.ok() && H5Tget_class(type.get()) == H5T_INTEGER &&
+                    H5Sget_simple_extent_npoints(space.get()) == 1 &&
+                    H5Aread(attr.get(), H5T_NATIVE_INT64, &value) >= 0,
+                "h5:{}: attribute 'num_classes' must be one integer", path_);
+    CZ_CHECK_IO(value >= classes_ && value <= kMaxLabel + 1,
+                "h5:{}: attribute num_classes = {}, but dataset 'labels' holds label {}", path_, value,
+                classes_ - 1);
+    classes_ = value;
   }
 
   std::string path_;

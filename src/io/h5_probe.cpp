@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "io/h5_probe_protocol.h"
+#include "io/helper_programs.h"
 #include "tensor/check.h"
 
 extern char** environ;
@@ -45,19 +46,6 @@ class Fd {
  private:
   int fd_;
 };
-
-// The helper built with this library (CMake passes its path), or, for a program copied elsewhere, a
-// cz_h5_probe beside the running executable.
-std::string default_helper() {
-  std::error_code ec;
-  if (std::filesystem::is_regular_file(CZ_H5_PROBE_HELPER, ec)) return CZ_H5_PROBE_HELPER;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    const std::filesystem::path beside = self.parent_path() / "cz_h5_probe";
-    if (std::filesystem::is_regular_file(beside, ec)) return beside.string();
-  }
-  return CZ_H5_PROBE_HELPER;
-}
 
 std::string signal_name(int sig) {
   const char* abbrev = ::sigabbrev_np(sig);
@@ -195,7 +183,16 @@ std::string mib(int64_t bytes) {
 
 // One file, without following its external links.
 ProbeReport probe_one(const std::string& path, const std::string& name, const ProbeLimits& limits) {
-  const std::string helper = limits.helper.empty() ? default_helper() : limits.helper;
+  // Note [Helpers beside the program]: the probe is looked for at each file, which costs a few stat calls
+  // next to the ~8 ms of starting it.
+  std::string helper = limits.helper;
+  if (helper.empty()) {
+    try {
+      helper = find_helper("cz_h5_probe", "the HDF5 probe");
+    } catch (const IoError& e) {
+      throw IoError(fmt::format("{}: cannot check the file: {}", name, e.what()));
+    }
+  }
   int fds[2];
   CZ_CHECK_IO(::pipe2(fds, O_CLOEXEC) == 0, "{}: cannot check the file: pipe: {}", name,
               std::strerror(errno));

@@ -51,7 +51,7 @@ struct ProbeLimits {
   int64_t memory_bytes = int64_t{1} << 30;
   int64_t sample_bytes = int64_t{16} << 20;
   double seconds = 60;
-  std::string helper{};  // the probe executable; empty: the cz_h5_probe built with this library
+  std::string helper{};  // the probe executable; empty: cz_h5_probe found as io/helper_programs.h says
 };
 
 // What the helper walked, for tests and measurements.

@@ -29,6 +29,7 @@
 set -uo pipefail
 case_name=$1 hosts_sh=$2 czrun=$3 app=$4 mpiexec=$5
 fail() { echo "FAIL: $*"; exit 1; }
+py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
 
 if [[ ${CZ_ELASTIC_INNER:-} != 1 ]]; then
   work=$(mktemp -d)
@@ -170,7 +171,7 @@ check_log() {
     fail "the log's steps are not 1..40 once each: $(steps_of "$log" | awk '{ print $1 }' | tr '\n' ' ')"
   restarts=$((restarts + stalls))
   [[ $(restarts_of "$log" | wc -l) -eq $restarts ]] || fail "expected $restarts restart event(s) in the log"
-  restarts_of "$log" | python3 -c '
+  restarts_of "$log" | "$py" -c '
 import json, sys
 for line in sys.stdin:
     e = json.loads(line)
@@ -191,7 +192,7 @@ check_exact() {
   local n=$(($1 + stalls)) ev
   ev=$(restarts_of "$log" | sed -n "${n}p")
   local world mb ga from
-  read -r world mb ga from <<< "$(python3 -c 'import json,sys; e=json.loads(sys.argv[1]); print(e["new_world"], e["micro_batch"], e["grad_accum"], e["checkpoint"])' "$ev")"
+  read -r world mb ga from <<< "$("$py" -c 'import json,sys; e=json.loads(sys.argv[1]); print(e["new_world"], e["micro_batch"], e["grad_accum"], e["checkpoint"])' "$ev")"
   local resume=()
   [[ -n $from ]] && resume=(--resume "$from")  # a failure before the first checkpoint starts again from step 0
   rm -f "$work/by_hand.jsonl"  # a resumed run would continue the last check's log (Note [One log across resumes])

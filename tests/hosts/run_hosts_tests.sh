@@ -26,6 +26,7 @@ work=$(mktemp -d)
 export CZ_HOSTS_BED=t$$
 trap '"$hosts_sh" down > /dev/null 2>&1; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
 
 # Skip where namespaces cannot be made: hosts.sh up exits 77 with the reason.
@@ -225,8 +226,6 @@ shaped_link)
   echo "shaped_link: OK (ratio $(awk -v u="$unshaped" -v s="$shaped" 'BEGIN { printf "%.3f", s / u }'))"
   ;;
 scaling_study)
-  py=python3
-  [[ -x /usr/bin/python3 ]] && py=/usr/bin/python3
   root=$(cd "$(dirname "$hosts_sh")/.." && pwd)
   build=$(dirname "$(dirname "$app")")
   "$py" "$root/scripts/scaling_study.py" --quick --hosts 1,2 --ranks 2 --link-rate 1gbit --build "$build" \

@@ -15,6 +15,7 @@
 #include "io/dataset.h"
 #include "io/h5_file.h"
 #include "io/h5_probe.h"
+#include "io/helper_programs.h"
 #include "io_testing.h"
 #include "tensor/check.h"
 
@@ -148,6 +149,32 @@ TEST(H5Probe, HelperDeathLimitsAndClock) {
   EXPECT_HAS(with(script(dir, "hang", "echo 'at opening the file'; exec sleep 30"), 0.5),
              "h5:f: libhdf5 did not finish reading the file within 0.5 s (it was opening the file)");
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+// Note [Helpers beside the program]: beside the program first, then PATH's folders in order, skipping what
+// is not an executable file; nothing compiled in.
+TEST(HelperPrograms, BesideTheProgramThenPath) {
+  TempDir dir;
+  for (const char* d : {"self", "p1", "p2", "p3"}) fs::create_directory(dir.str(d));
+  const std::string self = dir.str("self"), path = dir.str("p1") + ":" + dir.str("p2") + ":" + dir.str("p3");
+  EXPECT_EQ(find_helper_in("tool", self, path), std::nullopt);
+  std::ofstream(dir.str("p1/tool")) << "not executable\n";  // skipped: no run bit
+  fs::create_directory(dir.str("p2/tool"));                 // skipped: a folder
+  script(dir, "p3/tool", "exit 0");
+  EXPECT_EQ(find_helper_in("tool", self, path), dir.str("p3/tool"));
+  script(dir, "self/tool", "exit 0");
+  EXPECT_EQ(find_helper_in("tool", self, path), dir.str("self/tool"));
+  EXPECT_EQ(find_helper_in("tool", "", path), dir.str("p3/tool"));  // /proc/self/exe unreadable
+  EXPECT_EQ(find_helper_in("tool", dir.str("p1"), ""), std::nullopt);
+}
+
+// This test program finds the probe as the installed programs do: the build links it beside every
+// executable (cmake/Helpers.cmake); a missing helper is an error naming where it was looked for.
+TEST(HelperPrograms, TheBuildPutsTheProbeBesideItsPrograms) {
+  EXPECT_EQ(find_helper("cz_h5_probe", "the HDF5 probe"), self_dir() + "/cz_h5_probe");
+  EXPECT_HAS(
+      error_of<IoError>([] { find_helper("cz_no_such_helper", "a helper"); }),
+      "cannot find a helper (cz_no_such_helper): not beside this program (" + self_dir() + ") nor on PATH");
 }
 
 // Probes from several threads at once, as loader threads and a checkpoint reader might: each gets its own

@@ -1,14 +1,17 @@
 // Each data source reads back what a test wrote: h5, CIFAR-10 binaries, folders of JPEG and PNG files, and
 // the synthetic set's determinism and learnability.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 
 #include <fmt/format.h>
 
 #include <cmath>
 
+#include "common/error_of.h"
 #include "io/dataset.h"
 #include "io/image_codec.h"
 #include "io_testing.h"
+#include "tensor/check.h"
 
 namespace cz {
 namespace {
@@ -39,6 +42,37 @@ TEST(H5Source, ReadsImagesAndLabels) {
     EXPECT_EQ(img.pixels, images[size_t(i)].pixels) << "image " << i;
   }
   EXPECT_NE(data->describe().find("5 images"), std::string::npos) << data->describe();
+}
+
+// The class count --num-classes defaults to (issue 41 item 7): the largest label + 1, or the file's own
+// num_classes attribute when it has one (classes without an example); an attribute below the labels, or not
+// one integer, is an error naming it.
+TEST(H5Source, NumClassesAttribute) {
+  TempDir dir;
+  const auto images = smooth_images(3, 4, 4);
+  const std::string path = dir.str("d.h5");
+  auto with_attribute = [&](hid_t type, const void* value, hsize_t n) {
+    testing::write_h5_images(path, images, {0, 2, 1});
+    const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    const hid_t space = H5Screate_simple(1, &n, nullptr);
+    const hid_t a = H5Acreate2(f, "num_classes", type, space, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(H5Awrite(a, type, value), 0);
+    H5Aclose(a);
+    H5Sclose(space);
+    H5Fclose(f);
+  };
+  testing::write_h5_images(path, images, {0, 2, 1});
+  EXPECT_EQ(open_dataset("h5:" + path, Split::train, {})->num_classes(), 3);
+  const int64_t six = 6, two = 2;
+  with_attribute(H5T_NATIVE_INT64, &six, 1);
+  EXPECT_EQ(open_dataset("h5:" + path, Split::train, {})->num_classes(), 6);
+  with_attribute(H5T_NATIVE_INT64, &two, 1);
+  EXPECT_HAS(error_of<IoError>([&] { open_dataset("h5:" + path, Split::train, {}); }),
+             "h5:" + path + ": attribute num_classes = 2, but dataset 'labels' holds label 2");
+  const double half = 0.5;
+  with_attribute(H5T_NATIVE_DOUBLE, &half, 1);
+  EXPECT_HAS(error_of<IoError>([&] { open_dataset("h5:" + path, Split::train, {}); }),
+             "attribute 'num_classes' must be one integer");
 }
 
 TEST(Cifar10Source, ReadsTrainBatchesAndTestBatch) {

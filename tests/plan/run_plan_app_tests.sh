@@ -7,6 +7,7 @@ topo=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
 
 start=$(date +%s%N)
@@ -20,7 +21,7 @@ grep -q "Largest micro-batch that fits" "$work/table" || fail "no largest micro-
 
 OMPI_COMM_WORLD_SIZE=4 "$app" --plan --json --model atto --stage 3 --gpu-mem 2GiB > "$work/json" 2>&1 ||
   { cat "$work/json"; fail "--plan --json exited with $?"; }
-python3 - "$work/json" <<'PY' || fail "--plan --json"
+"$py" - "$work/json" <<'PY' || fail "--plan --json"
 import json, sys
 j = json.load(open(sys.argv[1]))
 assert j["world"] == 4, j["world"]  # from the launcher's environment
@@ -42,7 +43,7 @@ grep -q "8 ranks: ring 0 2 4 6 1 3 5 7; 64 MiB reduce-scatter 19\.76 GB/s bus" "
   fail "--what-if's 8-rank ring is not commbench --show-ring's"
 "$app" --plan --what-if "$topo" --json --model atto --stage 3 > "$work/whatif.json" 2>&1 ||
   { cat "$work/whatif.json"; fail "--what-if --json exited with $?"; }
-python3 - "$work/whatif.json" <<'PY' || fail "--what-if --json"
+"$py" - "$work/whatif.json" <<'PY' || fail "--what-if --json"
 import json, sys
 j = json.load(open(sys.argv[1]))
 rows = j["rows"]
@@ -63,7 +64,7 @@ for json in "" --json; do
   [[ $rc -eq 3 ]] || { cat "$work/nofit" "$work/why"; fail "a plan that does not fit exited with $rc, not 3"; }
   grep -q "does not fit: .* B required per rank .* but --gpu-mem is 8388608 B, .* MiB short; exit code 3" \
     "$work/why" || { cat "$work/why"; fail "no reason on stderr"; }
-  [[ -z $json ]] || python3 -c "import json, sys; assert json.load(open(sys.argv[1]))['fits'] is False" \
+  [[ -z $json ]] || "$py" -c "import json, sys; assert json.load(open(sys.argv[1]))['fits'] is False" \
     "$work/nofit" || fail "--json: not one JSON object with fits false on stdout"
 done
 "$app" --plan --model atto --image-size 64 --micro-batch 8 > /dev/null 2>&1 || fail "no --gpu-mem: exit $?"
@@ -94,7 +95,7 @@ plan_json "$work/gpu.json" --gpu-mem 24GB
 plan_json "$work/cuda.json" --gpu-mem 24GB --device cuda
 plan_json "$work/cpu.json" --gpu-mem 24GB --device cpu
 plan_json "$work/default.json"
-python3 - "$work" <<'PY' || fail "the device of --plan --json"
+"$py" - "$work" <<'PY' || fail "the device of --plan --json"
 import json, sys
 j = {k: json.load(open(f"{sys.argv[1]}/{k}.json")) for k in ("gpu", "cuda", "cpu", "default")}
 assert j["gpu"]["device"] == "cuda" and "--gpu-mem asks about GPU memory" in j["gpu"]["device_reason"], j["gpu"]
@@ -117,7 +118,7 @@ for d in "" "--device cpu" "--device cuda"; do
       > "$work/w$(basename "$t")${d// /}.json" 2>&1 || { cat "$work/w$(basename "$t")${d// /}.json"; fail "--what-if $d exited $?"; }
   done
 done
-python3 - "$work" "$(basename "$topo")" "$(basename "$cpu_topo")" "$work/gpu.json" "$work/cpu.json" <<'PY' ||
+"$py" - "$work" "$(basename "$topo")" "$(basename "$cpu_topo")" "$work/gpu.json" "$work/cpu.json" <<'PY' ||
 import json, sys
 w, gpus, cpus = sys.argv[1:4]
 plan_cuda, plan_cpu = (json.load(open(f)) for f in sys.argv[4:6])

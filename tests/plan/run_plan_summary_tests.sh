@@ -8,6 +8,7 @@ app=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
 
 summary() {  # summary NAME ARGS...: runs the app, checks "peak memory X per rank (planned X;" and no reason
   local name=$1; shift
@@ -26,7 +27,7 @@ summary "--checkpoint-dir, --checkpoint-every 2 of 3 steps" --model atto --image
 
 # A folder of 2 classes of 6 PNG files: 12 images, one micro-batch of 8 an epoch, so the loader's 2 threads
 # have no batch to prefetch beyond it.
-python3 - "$work/folder" <<'PY' || fail "writing the folder"
+"$py" - "$work/folder" <<'PY' || fail "writing the folder"
 import os, struct, sys, zlib
 def png(path, w, h, seed):
     rows = b"".join(b"\0" + bytes((x * 7 + y * 3 + seed * 40 + c * 80) % 256 for x in range(w) for c in range(3))

@@ -19,6 +19,7 @@ mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
 model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --loader-threads 1 --no-progress)
 tiny=("${model[@]}" --data synthetic:n=256,eval_n=64,classes=4)
 fail() { echo "FAIL: $*"; exit 1; }
+py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
 
 
@@ -245,8 +246,6 @@ comm_backend)
 scaling_study_quick)
   # The study's smallest grid end to end: one CSV row per configuration, each with a non-zero throughput and,
   # at 2 ranks, a hidden fraction in [0, 1] (Note [Exposed communication]; it was -1056% and -25%).
-  py=python3
-  [[ -x /usr/bin/python3 ]] && py=/usr/bin/python3  # Debian's, which has python3-matplotlib
   build=$(dirname "$(dirname "$app")")
   root=$(cd "$(dirname "$0")/../.." && pwd)
   # With python3-matplotlib installed, start the study under an interpreter that cannot see it (-S: no
@@ -327,7 +326,7 @@ cli)
   [[ $(steps_of "$work/run.jsonl" | wc -l) -eq 3 ]] || fail "--steps 5 ... --steps 3 did not run 3 steps"
   # The log: a start record with every flag's value, the world, device, build and time; "t" on every record;
   # "split" on every step and evaluation record.
-  python3 - "$work/run.jsonl" "$work/help" 1 <<'PY' || fail "the log's records"
+  "$py" - "$work/run.jsonl" "$work/help" 1 <<'PY' || fail "the log's records"
 import json, re, sys
 records = [json.loads(l) for l in open(sys.argv[1])]
 start = records[0]
@@ -354,7 +353,7 @@ print(f"log: a start record with {len(start['flags'])} flags, {start['version']}
 PY
   "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --steps 3 --micro-batch 8 --eval-every 2 --log "$work/run2.jsonl" > "$work/out" 2>&1 ||
     { cat "$work/out"; fail "2 ranks failed"; }
-  python3 - "$work/run2.jsonl" "$work/help" 2 <<'PY' || fail "the log's records at 2 ranks"
+  "$py" - "$work/run2.jsonl" "$work/help" 2 <<'PY' || fail "the log's records at 2 ranks"
 import json, sys
 records = [json.loads(l) for l in open(sys.argv[1])]
 assert records[0]["event"] == "start" and records[0]["world_size"] == 2, records[0]

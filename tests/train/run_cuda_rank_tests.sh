@@ -28,6 +28,7 @@ model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --load
 common=("${model[@]}" --data synthetic:n=256,eval_n=64,classes=4 --drop-path 0.2 --eval-batches 1 --seed 3
         --grad-accum 2 --clip-grad 1 --bucket-mb 0.01)
 fail() { echo "FAIL: $*"; exit 1; }
+py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
 
 # $CZ_REHEARSE=1 checks this script without a GPU: the "GPU" runs go to the CPU in fp32 (bf16 becomes fp32,
@@ -180,8 +181,8 @@ bf16_repeat)
     evals() { grep '"split":"eval"' "$1" | grep -oE '"(loss|top1)":[^,}]+'; }
     [[ -n "$(evals "$work/a.jsonl")" ]] || fail "bf16 $variant: no eval record"
     diff <(evals "$work/a.jsonl") <(evals "$work/b.jsonl") || fail "bf16 $variant: the evaluations differ"
-    if python3 -c "import h5py, numpy" 2>/dev/null; then
-      python3 - "$work/a.h5" "$work/b.h5" <<'PY' || fail "bf16 $variant: the exported weights differ"
+    if "$py" -c "import h5py, numpy" 2>/dev/null; then
+      "$py" - "$work/a.h5" "$work/b.h5" <<'PY' || fail "bf16 $variant: the exported weights differ"
 import sys, h5py, numpy as np
 a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
 names = []

@@ -11,6 +11,10 @@
 #                   its start line says what it skipped; --num-classes above the folder's classes is a warning
 #   eval_split      --eval-every without an eval set is an error naming --eval-data; --eval-split F holds out F
 #                   of each class, the same on 1 and 2 ranks
+#   num_classes     without --num-classes, the training data's classes (a folder's, synthetic's classes=,
+#                   cifar10's 10, an h5 file's largest label + 1 or num_classes attribute), said in the start line
+#                   and the log, kept by a resume, used by --plan, --print-param-groups, --loader-only with Mixup
+#                   and --init-weights --reset-head; a given value still wins, with a warning when it differs
 set -uo pipefail
 case_name=$1 app=$2 mpiexec=$3 make_folder=$4 cz_weights=$5
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -18,6 +22,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
 fail() { echo "FAIL: $*"; exit 1; }
+py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
 # The issue's run, on a smaller model: 3 classes of 32 px images, 30 steps of 16. (Each flag once: a command
 # line may not repeat one.)
 base=(--depths 1,1,2,1 --dims 16,32,48,64 --image-size 32 --lr 3e-3 --loader-threads 1 --no-progress --seed 1)
@@ -89,8 +94,8 @@ class_names)
   make "$work/pets" 8 4 cat=0 dog=60
   "$cz_weights" "$work/ck" "$work/from_ck.h5" > "$work/out" 2>&1 || { cat "$work/out"; fail "cz_weights export"; }
   "$cz_weights" "$work/w.h5" "$work/converted.h5" > "$work/out" 2>&1 || { cat "$work/out"; fail "cz_weights convert"; }
-  if /usr/bin/python3 -c "import h5py" 2> /dev/null; then  # the attribute as h5py users read it
-    /usr/bin/python3 - "$work"/{w,from_ck,converted}.h5 <<'PY' || fail "class_names attribute"
+  if "$py" -c "import h5py" 2> /dev/null; then  # the attribute as h5py users read it
+    "$py" - "$work"/{w,from_ck,converted}.h5 <<'PY' || fail "class_names attribute"
 import json, sys, h5py
 for path in sys.argv[1:]:
     names = json.loads(h5py.File(path, "r").attrs["class_names"])
@@ -166,6 +171,93 @@ eval_split)
   refused "the checkpoint was saved with --eval-split 0.2 but this run has --eval-split 0.1" \
     "${common[@]}" --steps 8 --micro-batch 16 --eval-split 0.1 --resume "$work/ck"
   echo "eval_split: OK"
+  ;;
+num_classes)
+  start_line() { grep -E "^convnext_zero: custom \(" "$work/out" || { cat "$work/out"; fail "no start line"; }; }
+  # expect_classes N FROM ARGS...: a run whose start line says N classes, FROM "data" (": the data's") or
+  # "flag" (given), and whose log's start record has num-classes N.
+  expect_classes() {
+    local n=$1 from=$2; shift 2
+    rm -f "$work/n.jsonl"
+    ok "$work/n.jsonl" "${short[@]}" "$@"
+    local line
+    line=$(start_line)
+    if [[ $from == data ]]; then
+      [[ $line == *"params, $n classes: the data's) on "* ]] || fail "'$*': not '$n classes: the data's': $line"
+    else
+      [[ $line == *"params, $n classes) on "* ]] || fail "'$*': not '$n classes': $line"
+    fi
+    "$py" -c 'import json, sys; f = json.loads(open(sys.argv[1]).readline())["flags"]; sys.exit(int(f["num-classes"]) != int(sys.argv[2]))' \
+      "$work/n.jsonl" "$n" || fail "'$*': the log's start record does not say num-classes $n"
+    echo "ok: $line"
+  }
+  short=("${base[@]}" --steps 2 --micro-batch 8)
+  make "$work/five" 8 1 a=0 b=70 c=140 d=210 e=280
+  expect_classes 5 data --data "folder:$work/five" --checkpoint-dir "$work/ck"
+  grep -q "warning: --num-classes" "$work/out" && { cat "$work/out"; fail "a warning without --num-classes"; }
+  # The resume checks the class count the checkpoint was saved with: the data's again.
+  expect_classes 5 data --data "folder:$work/five" --checkpoint-dir "$work/ck" --resume "$work/ck" --steps 3
+  expect_classes 7 flag --data "folder:$work/five" --num-classes 7
+  grep -qF "warning: --num-classes 7 but --data folder:$work/five has 5 classes" "$work/out" ||
+    { cat "$work/out"; fail "no warning for --num-classes 7 on 5 classes"; }
+  refused "--num-classes 3 is smaller than the 5 classes of --data folder:$work/five" \
+    "${short[@]}" --data "folder:$work/five" --num-classes 3
+  expect_classes 7 data --data synthetic:n=64,eval_n=16,classes=7
+  # cifar10: always its 10 classes, whatever labels the files hold (here 0-2).
+  mkdir "$work/cifar"
+  "$py" - "$work/cifar" <<'PY' || fail "writing the cifar10 files"
+import os, sys
+for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
+    with open(os.path.join(sys.argv[1], name), "wb") as f:
+        for r in range(8):
+            f.write(bytes([r % 3]) + bytes((r * 37 + k) % 256 for k in range(3072)))
+PY
+  expect_classes 10 data --data "cifar10:$work/cifar"
+  # h5: the largest label + 1 (labels 0-3: 4), or the file's num_classes attribute (6).
+  if "$py" -c "import h5py, numpy" 2> /dev/null; then
+    "$py" - "$work" <<'PY' || fail "writing the h5 files"
+import sys, h5py, numpy as np
+rng = np.random.default_rng(0)
+for name, attr in (("plain.h5", None), ("attr.h5", 6)):
+    with h5py.File(f"{sys.argv[1]}/{name}", "w") as f:
+        f["images"] = rng.integers(0, 256, (32, 16, 16, 3), dtype=np.uint8)
+        f["labels"] = np.arange(32, dtype=np.int64) % 4
+        if attr is not None:
+            f.attrs["num_classes"] = attr
+PY
+    expect_classes 4 data --data "h5:$work/plain.h5"
+    expect_classes 6 data --data "h5:$work/attr.h5"
+  else
+    [[ ${CI:-} == true ]] && fail "$py cannot import h5py and numpy (apt-get install python3-h5py)"
+    echo "note: $py has no h5py: the h5 sources are covered by test_io's H5Source tests only"
+  fi
+  # The paths that train nothing read the data's classes too: --plan (the head's size is in the plan) and
+  # --print-param-groups give what --num-classes 5 gives, not what 10 gives; --loader-only mixes 5-wide targets.
+  for what in "--plan --json" "--print-param-groups --json"; do
+    # shellcheck disable=SC2086
+    "$app" ${what} "${base[@]}" --data "folder:$work/five" > "$work/default.out" 2>&1 ||
+      { cat "$work/default.out"; fail "$what without --num-classes"; }
+    # shellcheck disable=SC2086
+    "$app" ${what} "${base[@]}" --data "folder:$work/five" --num-classes 5 > "$work/five.out" 2>&1 ||
+      fail "$what --num-classes 5"
+    # shellcheck disable=SC2086
+    "$app" ${what} "${base[@]}" --data "folder:$work/five" --num-classes 10 > "$work/ten.out" 2>&1 ||
+      fail "$what --num-classes 10"
+    cmp -s "$work/default.out" "$work/five.out" || { diff "$work/default.out" "$work/five.out"; fail "$what: not the data's 5 classes"; }
+    cmp -s "$work/default.out" "$work/ten.out" && fail "$what: the class count does not show, so this check says nothing"
+    echo "ok: $what without --num-classes is $what --num-classes 5"
+  done
+  "$app" --loader-only "${base[@]}" --data "folder:$work/five" --micro-batch 8 --steps 2 --mixup 0.8 \
+    > "$work/out" 2>&1 || { cat "$work/out"; fail "--loader-only with --mixup and no --num-classes"; }
+  # A fine-tune on other classes: the file's 5-way head does not fit the data's 3 classes unless --reset-head
+  # makes a new one of the data's size.
+  ok "$work/w.jsonl" "${short[@]}" --data synthetic:n=64,eval_n=16,classes=5 --export-weights "$work/w5.h5"
+  "$app" "${short[@]}" --data synthetic:n=64,eval_n=16,classes=3 --init-weights "$work/w5.h5" > "$work/out" 2>&1 &&
+    fail "a 5-class head was loaded for 3 classes"
+  grep -q "head.fc.weight" "$work/out" || { cat "$work/out"; fail "the refusal does not name the head"; }
+  expect_classes 3 data --data synthetic:n=64,eval_n=16,classes=3 --init-weights "$work/w5.h5" --reset-head
+  grep -qF "(--reset-head): a new one for 3 classes" "$work/out" || { cat "$work/out"; fail "--reset-head's note"; }
+  echo "num_classes: OK"
   ;;
 *) fail "unknown case $case_name" ;;
 esac

@@ -15,6 +15,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
 fail() { echo "FAIL: $*"; exit 1; }
+py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
 model=(--depths 1,1,1,1 --dims 8,16,24,32 --image-size 32 --micro-batch 8 --seed 1)
 # For the data wait: a model that takes several times longer than the synthetic loader's 8 images (200 img/s
 # on this project's 2 cores, 3% waiting; the one above runs at 2200 img/s and waits for synthetic data half
@@ -39,7 +40,7 @@ refused() {
 # wait_fraction LOG: of the train steps after the first, the summed data_wait_s over the summed step_time_s;
 # fails unless every train record has a data_wait_s within [0, step_time_s].
 wait_fraction() {
-  python3 - "$1" <<'PY'
+  "$py" - "$1" <<'PY'
 import json, sys
 steps = [r for r in map(json.loads, open(sys.argv[1])) if r.get("split") == "train"]
 assert steps, "no train records"
@@ -80,7 +81,7 @@ data_wait)
 loader_threads)
   # The loader_threads the start record shows ("flags" holds every flag's value).
   threads_of() {
-    python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); f=r["flags"]; print(f["loader-threads"])' "$1"
+    "$py" -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); f=r["flags"]; print(f["loader-threads"])' "$1"
   }
   cores=$(nproc)
   ok "$work/one.out" "$app" "${model[@]}" --steps 1 --no-progress --log "$work/one.jsonl"

@@ -19,14 +19,13 @@ mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
 model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --loader-threads 1 --no-progress)
 tiny=("${model[@]}" --data synthetic:n=512,eval_n=64,classes=4 --eval-batches 1)
 fail() { echo "FAIL: $*"; exit 1; }
+py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
 
-py=python3
-/usr/bin/python3 -c "import h5py, numpy" 2>/dev/null && py=/usr/bin/python3  # Debian's python3-h5py
 check_dump() { "$py" "$here/check_mix_dump.py" "$@" || fail "check_mix_dump.py $*"; }
 need_h5py() {
   "$py" -c "import h5py, numpy" 2>/dev/null && return
-  [[ ${CI:-} == true ]] && fail "python3 cannot import h5py and numpy (apt-get install python3-h5py)"
+  [[ ${CI:-} == true ]] && fail "$py cannot import h5py and numpy (apt-get install python3-h5py)"
   echo "h5py is not installed: skipped"
   exit 77
 }

@@ -18,12 +18,8 @@ mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
 model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 5 --image-size 32 --loader-threads 1 --no-progress)
 tiny=("${model[@]}" --data synthetic:n=256,eval_n=64,classes=5 --micro-batch 8 --bucket-mb 0.01)
 fail() { echo "FAIL: $*"; exit 1; }
-
-# A Python that has the tensorboard package (pip), else any: check_tensorboard.py then reads with its own decoder.
-py=python3
-for p in python3 /usr/bin/python3; do
-  "$p" -c "import tensorboard" 2>/dev/null && { py=$p; break; }
-done
+py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
+# check_tensorboard.py reads with TensorBoard's reader where $py has the tensorboard package, else with its own.
 
 case $case_name in
 tensorboard)
@@ -102,20 +98,20 @@ plot)
   [[ -s $work/a.png ]] || fail "no $work/a.png"
   "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --stage 3 --steps 6 --eval-every 3 --log "$work/b.jsonl" > "$work/out" 2>&1 ||
     { cat "$work/out"; fail "run b"; }
-  "$plot" "$work/a.jsonl" "$work/b.jsonl" -o "$work/ab.png" > "$work/plot.out" 2>&1 || { cat "$work/plot.out"; fail "two runs"; }
+  "$py" "$plot" "$work/a.jsonl" "$work/b.jsonl" -o "$work/ab.png" > "$work/plot.out" 2>&1 || { cat "$work/plot.out"; fail "two runs"; }
   cat "$work/plot.out"
   # 2 runs x the 6 panels (loss, eval top-1, lr, img/s, data wait, memory): 12 lines.
   grep -q "ab.png: 12 lines of 2 runs" "$work/plot.out" || fail "expected 12 lines of 2 runs"
-  /usr/bin/python3 -c "
+  "$py" -c "
 import matplotlib.image as m, sys
 a = m.imread(sys.argv[1])
 assert a.shape[0] == 800 and a.shape[1] == 1500, a.shape
 assert a[..., :3].std() > 0.05, 'blank picture'
 " "$work/ab.png" || fail "ab.png is not a 1500x800 picture with something drawn"
-  "$plot" "$work/nothere.jsonl" > "$work/plot.out" 2>&1 && fail "a missing log was accepted"
+  "$py" "$plot" "$work/nothere.jsonl" > "$work/plot.out" 2>&1 && fail "a missing log was accepted"
   grep -q "nothere.jsonl" "$work/plot.out" || { cat "$work/plot.out"; fail "the message does not name the file"; }
   echo '{"event": "start"}' > "$work/start_only.jsonl"
-  "$plot" "$work/start_only.jsonl" > "$work/plot.out" 2>&1 && fail "a log without steps was accepted"
+  "$py" "$plot" "$work/start_only.jsonl" > "$work/plot.out" 2>&1 && fail "a log without steps was accepted"
   grep -q "start_only.jsonl: no training step records" "$work/plot.out" || { cat "$work/plot.out"; fail "message"; }
   echo "plot: OK"
   ;;

@@ -7,6 +7,7 @@
 set -u
 app=$1 mpirun=$2
 fail() { echo "FAIL: $*"; exit 1; }
+py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
 cores=$(nproc)
 loops=()
 stop_loops() { for p in "${loops[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; loops=(); }
@@ -31,11 +32,11 @@ if ((cores >= 2)); then
   [[ -n $idle ]] || fail "alone on $cores cores: no idle figure in: $line"
   # The figure is printed to 0.1 of a core: the rule (idle + 0.3 >= threads) is checked within that rounding.
   if [[ $line == "convnext_zero: OpenMP waits active: "* ]]; then
-    python3 -c "import sys; sys.exit(0 if $idle + 0.3 >= $cores - 0.05 else 1)" ||
+    "$py" -c "import sys; sys.exit(0 if $idle + 0.3 >= $cores - 0.05 else 1)" ||
       fail "active on $idle idle cores of $cores: $line"
     expect active "$cores threads per rank x 1 rank on this host fit the $idle idle cores of the $cores cores" "$line"
   else
-    python3 -c "import sys; sys.exit(0 if $idle + 0.3 < $cores + 0.05 else 1)" ||
+    "$py" -c "import sys; sys.exit(0 if $idle + 0.3 < $cores + 0.05 else 1)" ||
       fail "passive on $idle idle cores of $cores: $line"
     expect passive "were idle at start" "$line"
     echo "note: the machine was busy ($idle of $cores cores idle): the active case was not seen"

@@ -20,6 +20,7 @@ mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
 model=(--depths 1,1,4,1 --dims 8,16,24,32 --image-size 32 --loader-threads 1 --no-progress)
 tiny=("${model[@]}" --num-classes 4 --data synthetic:n=256,eval_n=64,classes=4)
 fail() { echo "FAIL: $*"; exit 1; }
+py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
 
 # run RANKS LOG ARGS...: 16 images per micro-step in total. With one_rank_accum=N one rank takes them as N
@@ -74,7 +75,7 @@ param_groups)
     for d in 0.7 0.8; do
       "$app" --model $m --num-classes 1000 --layer-decay $d --weight-decay 0.05 --print-param-groups --json \
         > "$work/$m.json" 2> "$work/err" || { cat "$work/err"; fail "--print-param-groups --model $m"; }
-      python3 - "$work/$m.json" "$fixture" $m $d <<'PY' || fail "--model $m --layer-decay $d: groups differ"
+      "$py" - "$work/$m.json" "$fixture" $m $d <<'PY' || fail "--model $m --layer-decay $d: groups differ"
 import json, sys
 got, fixture, model, decay = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3], sys.argv[4]
 scales = fixture["lr_scales"][decay]
@@ -110,7 +111,7 @@ eval_top5)
   cat "$work/out"
   grep '"split":"eval"' "$work/log.jsonl" > "$work/evals"
   [[ $(wc -l < "$work/evals") -eq 2 ]] || fail "expected 2 eval records"
-  python3 - "$work/evals" <<'PY' || fail "bad eval records"
+  "$py" - "$work/evals" <<'PY' || fail "bad eval records"
 import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
@@ -135,7 +136,7 @@ keep_best)
           --keep-best)
   "$app" "${common[@]}" --steps 12 --log "$work/log.jsonl" > "$work/out" 2>&1 || { cat "$work/out"; fail "run"; }
   # The first step with the highest top-1 (a tie keeps the earlier), of the weights and of the EMA.
-  best_of() { grep '"split":"eval"' "$1" | python3 -c "
+  best_of() { grep '"split":"eval"' "$1" | "$py" -c "
 import json, sys
 best = (-1, 0)
 for line in sys.stdin:
@@ -152,7 +153,7 @@ print(best[1], repr(best[0]))"; }
   [[ $(cat "$work/ck/best_ema/latest") == "step_$estep" && $(ls -d "$work/ck/best_ema"/step_* | wc -l) -eq 1 ]] ||
     fail "DIR/best_ema is not step_$estep alone"
   attr() { h5dump -a "/$2" "$1/checkpoint.h5" | sed -nE 's/^ *\(0\): (.*)$/\1/p'; }
-  python3 -c "import sys; assert abs(float('$(attr "$work/ck/best/step_$wstep" eval_top1)') - $wtop1) < 1e-12" ||
+  "$py" -c "import sys; assert abs(float('$(attr "$work/ck/best/step_$wstep" eval_top1)') - $wtop1) < 1e-12" ||
     fail "DIR/best's eval_top1 is not the log's"
   [[ $(attr "$work/ck/best_ema/step_$estep" best_of) == '"ema"' ]] || fail "DIR/best_ema does not say ema"
   grep -qE "best top1 [0-9.]+% at step $wstep \(EMA [0-9.]+% at step $estep\)" "$work/out" ||

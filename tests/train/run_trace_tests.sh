@@ -15,13 +15,14 @@ mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
 model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 5 --image-size 32 --loader-threads 1 --no-progress)
 tiny=("${model[@]}" --data synthetic:n=256,eval_n=64,classes=5 --micro-batch 8 --bucket-mb 0.01)
 fail() { echo "FAIL: $*"; exit 1; }
+py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
 
 case $case_name in
 stage2)
   "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --stage 2 --steps 5 --log "$work/run.jsonl" --trace "$work/t.json" \
     --trace-steps 2:3 --checkpoint-dir "$work/ck" --checkpoint-every 2 > "$work/out" 2>&1 ||
     { cat "$work/out"; fail "2-rank run failed"; }
-  python3 "$here/check_trace.py" "$work/t.json" "$work/run.jsonl" 2 3 2 --overlap || fail "trace"
+  "$py" "$here/check_trace.py" "$work/t.json" "$work/run.jsonl" 2 3 2 --overlap || fail "trace"
   grep -q '"checkpoint save' "$work/t.json" || fail "the save at step 2 is not on the timeline"
   ls "$work" | grep -q 'rank' && fail "the ranks' parts were left behind: $(ls "$work")"
   echo "stage2: OK"
@@ -44,18 +45,18 @@ bad)
 plot)
   "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --stage 3 --steps 3 --log "$work/run.jsonl" --trace "$work/t.json" \
     --trace-steps 2:2 > "$work/out" 2>&1 || { cat "$work/out"; fail "2-rank stage-3 run failed"; }
-  python3 "$here/check_trace.py" "$work/t.json" "$work/run.jsonl" 2 2 2 --stage3 || fail "trace"
-  "$here/../../scripts/plot_run.py" --trace "$work/t.json" -o "$work/t.png" > "$work/plot.out" 2>&1 ||
+  "$py" "$here/check_trace.py" "$work/t.json" "$work/run.jsonl" 2 2 2 --stage3 || fail "trace"
+  "$py" "$here/../../scripts/plot_run.py" --trace "$work/t.json" -o "$work/t.png" > "$work/plot.out" 2>&1 ||
     { cat "$work/plot.out"; fail "plot_run.py --trace"; }
   cat "$work/plot.out"
   grep -q "t.png: step 2, 2 ranks" "$work/plot.out" || fail "the closing line does not say step 2, 2 ranks"
-  /usr/bin/python3 -c "
+  "$py" -c "
 import matplotlib.image as m, sys
 a = m.imread(sys.argv[1])
 assert a.shape[1] == 1500, a.shape
 assert a[..., :3].std() > 0.05, 'blank picture'
 " "$work/t.png" || fail "t.png is not a 1500-pixel-wide picture with something drawn"
-  "$here/../../scripts/plot_run.py" --trace "$work/run.jsonl" -o "$work/x.png" > "$work/plot.out" 2>&1 &&
+  "$py" "$here/../../scripts/plot_run.py" --trace "$work/run.jsonl" -o "$work/x.png" > "$work/plot.out" 2>&1 &&
     fail "a log was accepted as a trace"
   grep -q "run.jsonl: not a trace" "$work/plot.out" || { cat "$work/plot.out"; fail "message"; }
   echo "plot: OK"
@@ -63,8 +64,8 @@ assert a[..., :3].std() > 0.05, 'blank picture'
 offload)
   "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --stage 2 --offload-optimizer --steps 3 --log "$work/run.jsonl" \
     --trace "$work/t.json" --trace-steps 2:3 > "$work/out" 2>&1 || { cat "$work/out"; fail "offload run failed"; }
-  python3 "$here/check_trace.py" "$work/t.json" "$work/run.jsonl" 2 3 2 || fail "trace"
-  python3 - "$work/t.json" <<'PY' || fail "offload lane"
+  "$py" "$here/check_trace.py" "$work/t.json" "$work/run.jsonl" 2 3 2 || fail "trace"
+  "$py" - "$work/t.json" <<'PY' || fail "offload lane"
 import json, sys
 ev = json.load(open(sys.argv[1]))["traceEvents"]
 lanes = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}

@@ -160,6 +160,40 @@ std::string error_of(const TrainConfig& c) {
   return "(no error)";
 }
 
+// --num-classes left at kClassesOfTheData (the app's default) takes the training data's count, for the model,
+// the config a checkpoint records and resume_identity; a given count is kept. resolve_num_classes (--plan,
+// --print-param-groups) gives the same; a data set it cannot open names --num-classes as the way round.
+TEST(Trainer, NumClassesDefaultsToTheData) {
+  TrainConfig c = tiny_config();
+  c.data = "synthetic:n=64,eval_n=16,classes=6";
+  c.num_classes = kClassesOfTheData;
+  {
+    Trainer t(c, dist::World::get());
+    EXPECT_TRUE(t.classes_from_data());
+    EXPECT_EQ(t.config().num_classes, 6);
+    EXPECT_EQ(t.model().config().num_classes, 6);
+  }
+  TrainConfig r = c;
+  resolve_num_classes(r);
+  EXPECT_EQ(r.num_classes, 6);
+  c.num_classes = 9;
+  {
+    Trainer t(c, dist::World::get());
+    EXPECT_FALSE(t.classes_from_data());
+    EXPECT_EQ(t.model().config().num_classes, 9);
+  }
+  TrainConfig missing = tiny_config();
+  missing.num_classes = kClassesOfTheData;
+  missing.data = "h5:/no/such/file.h5";
+  try {
+    resolve_num_classes(missing);
+    ADD_FAILURE() << "no error for an unreadable --data";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("--num-classes is not given, so it is the classes of --data "
+                                               "h5:/no/such/file.h5, which cannot be read"));
+  }
+}
+
 TEST(Trainer, BadConfigurationsNameTheFlag) {
   TrainConfig c = tiny_config();
   c.model = "gigantic";

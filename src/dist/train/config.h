@@ -12,12 +12,18 @@
 
 namespace cz::train {
 
+// --num-classes' value for "the classes of --data": a folder's class folders, cifar10's 10, an h5 file's
+// (its num_classes attribute, else the largest label + 1), synthetic's classes=.
+inline constexpr int64_t kClassesOfTheData = 0;
+
 struct TrainConfig {
   std::string recipe;  // a named recipe's values for the flags not given (dist/train/recipe.h)
 
   // Model.
   std::string model = "atto";
   std::vector<int64_t> depths, dims;  // custom architecture; both or neither, overriding --model's
+  // kClassesOfTheData (the app's default): the training data's classes, resolved when the data is opened
+  // (Trainer::build_data, resolve_num_classes). 10 for a config built in code.
   int64_t num_classes = 10;
   int64_t image_size = 64;
   double drop_path = 0.0;

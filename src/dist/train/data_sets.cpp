@@ -31,6 +31,30 @@ std::string class_difference(const std::vector<std::string>& before, const std::
 
 }  // namespace
 
+bool take_data_classes(TrainConfig& c, const Dataset& data) {
+  if (c.num_classes != kClassesOfTheData) return false;
+  c.num_classes = data.num_classes();
+  CZ_CHECK(c.num_classes > 0, "{} has no classes: give {}", flag_arg(c, &TrainConfig::data),
+           flag_name(&TrainConfig::num_classes));
+  return true;
+}
+
+void resolve_num_classes(TrainConfig& c) {
+  if (c.num_classes != kClassesOfTheData) return;
+  DatasetOptions dopt;
+  dopt.image_size = c.image_size;
+  std::shared_ptr<const Dataset> data;
+  try {
+    data = open_dataset(c.data, Split::train, dopt);
+  } catch (const Error& e) {
+    throw IoError(
+        fmt::format("{} is not given, so it is the classes of {}, which cannot be read: {} (give {} N)",
+                    flag_name(&TrainConfig::num_classes), flag_arg(c, &TrainConfig::data), e.what(),
+                    flag_name(&TrainConfig::num_classes)));
+  }
+  take_data_classes(c, *data);
+}
+
 void Trainer::open_eval_set(const DatasetOptions& options) {
   const std::string data = flag_arg(cfg_, &TrainConfig::data);
   if (cfg_.eval_split > 0) {

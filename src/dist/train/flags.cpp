@@ -79,10 +79,12 @@ std::vector<Flag> make_flags() {
       {.name = "--num-classes",
        .field = &T::num_classes,
        .group = kModelGroup,
-       .help = "classifier outputs",
+       .help = "classifier outputs; 0: the training data's classes (a folder's class folders, cifar10's 10, "
+               "an h5 file's num_classes attribute or largest label + 1, synthetic's classes=)",
        .check =
            [](C c, F f) {
-             CZ_CHECK(c.num_classes > 0, "{} must be positive, got {}", f.name, c.num_classes);
+             CZ_CHECK(c.num_classes > 0 || c.num_classes == kClassesOfTheData,
+                      "{} must be positive (or 0: the data's classes), got {}", f.name, c.num_classes);
            },
        .ranks_agree = true,
        .resume_identity = true,
@@ -515,7 +517,8 @@ std::vector<Flag> make_flags() {
       {.name = "--reset-head",
        .field = &T::reset_head,
        .group = kModelGroup,
-       .help = "with --init-weights: new classifier for --num-classes",
+       .help =
+           "with --init-weights: a new classifier of --num-classes outputs (the data's classes by default)",
        .check =
            [](C c, F f) {
              CZ_CHECK(!c.reset_head || !c.init_weights.empty(), "{} needs {}", f.name,

@@ -22,6 +22,7 @@ LoaderOnlyReport run_loader_only(TrainConfig cfg, dist::World& world) {
   DatasetOptions dopt;
   dopt.image_size = cfg.image_size;
   const auto data = open_dataset(cfg.data, Split::train, dopt);
+  take_data_classes(cfg, *data);  // Mixup's targets are num_classes wide
   const LoaderOptions lo = run_loader_options(cfg, Split::train, world.size(), world.rank());
   const auto t0 = std::chrono::steady_clock::now();
   Loader loader(data, lo);

@@ -333,6 +333,7 @@ void Trainer::build_data() {
   DatasetOptions dopt;
   dopt.image_size = cfg_.image_size;
   train_set_ = open_dataset(cfg_.data, Split::train, dopt);
+  classes_from_data_ = take_data_classes(cfg_, *train_set_);
   const std::string data = flag_arg(cfg_, &TrainConfig::data);
   CZ_CHECK(train_set_->num_classes() <= cfg_.num_classes, "{} is smaller than the {} classes of {}",
            flag_arg(cfg_, &TrainConfig::num_classes), train_set_->num_classes(), data);

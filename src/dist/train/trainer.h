@@ -71,6 +71,12 @@ struct TrainSummary {
 // trainer's and --loader-only's (loader_only.h).
 LoaderOptions run_loader_options(const TrainConfig& cfg, Split split, int world, int rank);
 
+// --num-classes left at kClassesOfTheData becomes `data`'s class count; true when it did. For the programs'
+// paths that open no Trainer (--plan, --print-param-groups, --loader-only), resolve_num_classes opens
+// --data for it (an error naming --num-classes as the way round when the data cannot be opened).
+bool take_data_classes(TrainConfig& c, const Dataset& data);
+void resolve_num_classes(TrainConfig& c);
+
 class Trainer {
  public:
   Trainer(TrainConfig cfg, dist::World& world);
@@ -101,6 +107,8 @@ class Trainer {
   // Lines for the start of the run: what the training and eval sets hold (a folder's images, classes and
   // skipped files) and warnings about them ("warning: ...").
   const std::vector<std::string>& data_notes() const { return data_notes_; }
+  // Whether --num-classes came from the training data (not given): config().num_classes is its count.
+  bool classes_from_data() const { return classes_from_data_; }
   // The training set's class names as checkpoints and weight files record them; empty for numbered classes.
   std::vector<std::string> class_names() const;
   // What --init-weights loaded ("--init-weights w.h5: 180 tensors (27.82M values) with timm keys; ..."); ""
@@ -173,6 +181,7 @@ class Trainer {
 
   std::shared_ptr<const Dataset> train_set_, eval_set_;
   std::vector<std::string> data_notes_;
+  bool classes_from_data_ = false;
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<BatchDump> dump_;     // --dump-batches
   std::unique_ptr<StepTracer> tracer_;  // --trace
