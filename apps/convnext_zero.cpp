@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <thread>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "dist/comm/bootstrap.h"
+#include "dist/comm/slurm.h"
 #include "dist/elastic/command.h"
 #include "dist/plan/planner.h"
 #include "dist/plan/what_if.h"
@@ -402,6 +404,25 @@ int main(int argc, char** argv) {
     return refuse(kExitFailed);
   }
 
+  // In a Slurm job (docs/slurm.md): a launch MPI cannot start from is refused by every process before MPI
+  // starts; the lead reads the allocation, which the ranks check the run against once MPI is up.
+  const cz::dist::SlurmProcess slurm = cz::dist::read_slurm_process();
+  std::optional<cz::dist::SlurmAllocation> allocation;
+  if (slurm.launch != cz::dist::SlurmLaunch::none) {
+    if (const std::string bad = cz::dist::check_srun_launch(slurm); !bad.empty()) {
+      if (lead_process) fmt::print(stderr, "convnext_zero: error: {}\n", bad);
+      return refuse(kExitFailed);
+    }
+    if (lead_process) {
+      try {
+        allocation = cz::dist::query_slurm_allocation(slurm.job_id);
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "convnext_zero: note: the run is not checked against Slurm job {}: {}\n",
+                   slurm.job_id, e.what());
+      }
+    }
+  }
+
   if (loader_only) return run_loader_only(cfg, &argc, &argv);
   // Before MPI and any OpenMP use: may re-execute the program (Note [Choosing the OpenMP wait policy]).
   cz::choose_omp_wait_policy(argv);
@@ -418,6 +439,27 @@ int main(int argc, char** argv) {
           "real data give --data h5:FILE|cifar10:DIR|folder:DIR and --epochs N or --steps N (--help lists "
           "every flag)\n",
           cfg.steps);
+    if (slurm.launch != cz::dist::SlurmLaunch::none) {
+      cz::dist::SlurmRunFacts facts;
+      facts.gpus = cfg.device.rfind("cuda", 0) == 0;
+      const char* supervisor = std::getenv("CZ_SUPERVISOR");
+      facts.supervised = supervisor && *supervisor;
+      facts.checkpoint_dir = cfg.checkpoint_dir;
+      facts.resume = !cfg.resume.empty();
+      facts.checkpoint_on_disk =
+          !cfg.checkpoint_dir.empty() && std::filesystem::exists(cfg.checkpoint_dir + "/latest");
+      // Every rank comes to rank 0's verdict: one line, and a clean exit of all.
+      if (const std::string bad = cz::dist::check_slurm_job(*world, facts, allocation); !bad.empty()) {
+        if (lead) fmt::print(stderr, "convnext_zero: error: {}\n", bad);
+        cz::dist::World::finalize();
+        return kExitFailed;
+      }
+    }
+    if (lead && cfg.end_margin > 0 && !cz::dist::slurm_job_end_time(slurm, allocation))
+      fmt::print(stderr, "convnext_zero: note: {} {} does nothing here: {}\n",
+                 flag_name(&TrainConfig::end_margin), cfg.end_margin,
+                 slurm.launch == cz::dist::SlurmLaunch::none ? "not in a Slurm job"
+                                                             : "the job's end time is unknown");
     warn_short_grace(cfg, lead);
     cz::train::apply_recipe_lr(cfg, world->size(), given(flag_name(&TrainConfig::lr)), recipe);
     cz::train::Trainer trainer(cfg, *world);
@@ -441,6 +483,7 @@ int main(int argc, char** argv) {
         fmt::print("convnext_zero: {}\n", trainer.init_weights_note());
       std::fflush(stdout);
     }
+    if (lead && cfg.end_margin > 0) trainer.set_job_end_time(cz::dist::slurm_job_end_time(slurm, allocation));
     const cz::train::TrainSummary s = trainer.run();
     if (s.stop_signal != 0) {
       if (lead) print_stopped(s, cfg, args, world->size(), trainer.total_steps());
