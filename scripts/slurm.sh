@@ -10,19 +10,22 @@
 #   slurm.sh down DIR
 #                    cancel every job, stop every daemon and step, remove nothing else; idempotent
 #   slurm.sh env DIR print "export SLURM_CONF=..." for eval
+#   slurm.sh node DIR NODE kill|start
+#                    kill: SIGKILL to node NODE's slurmd and to the job tasks on it (a node lost at once, as a
+#                    crash or a cut cable looks to Slurm); start: its slurmd again (it returns to service)
 #   slurm.sh with DIR [up options] -- CMD...
 #                    up, CMD with SLURM_CONF set, down on any exit; exits with CMD's status
 #
 # Needs: root, Debian's slurm-wlm (22.05) and munge. Exit status 77 from up/with means "cannot start Slurm
 # here" (not root, a package missing, a daemon that would not start: the reason is printed), for tests to skip.
 #
-# Note [One-host cluster]: Debian's slurmd is built without --enable-multiple-slurmd, yet several slurmd run
-# on one host when each is started as `slurmd -N nI` and each node has its own Port: slurmctld reaches node
-# nI at NodeAddr:Port, and the spool, pid and log paths of the nodes differ through %n. What the missing
-# build option does forbid is two nodes whose NodeHostname is this host's name, so the nodes are named
-# n1..nN with NodeHostname=localhost (slurmd -N names itself, and does not look its host name up).
-# Every process started here carries CZ_SLURM_DIR=DIR in its environment, and so do the job steps (slurmd
-# passes its environment to slurmstepd): `down` finds whatever is left by that mark and its pid, not by name.
+# Note [One-host cluster]: Debian's slurmd 22.05 runs several times on one host, although built without
+# --enable-multiple-slurmd, when each is started as `slurmd -N nI` and each node has a Port of its own:
+# slurmctld reaches node nI at NodeAddr:Port, and the spool, pid, log and TmpFS paths of the nodes differ
+# through %n. The nodes share the host's name (their tasks' `hostname`), /tmp and /dev/shm, so Open MPI's
+# shared-memory transport must be off across them (OMPI_MCA_btl=self,tcp: docs/slurm.md).
+# Every daemon started here carries CZ_SLURM_DIR=DIR in its environment, and so does slurmstepd (slurmd passes
+# its environment on): `down` finds them, and their descendants (the job tasks), by that mark and their pids.
 set -euo pipefail
 
 die() { echo "slurm.sh: $*" >&2; exit 1; }
@@ -212,6 +215,33 @@ cmd_env() {
   echo "export SLURM_CONF=$dir/slurm.conf"
 }
 
+cmd_node() {
+  (($# == 3)) || die "usage: slurm.sh node DIR NODE kill|start"
+  local dir node=$2 pids p
+  dir=$(readlink -f "$1")
+  [[ -f $dir/slurm.conf ]] || die "no cluster in $dir"
+  grep -q "^NodeName=$node " "$dir/slurm.conf" || die "no node '$node' in $dir/slurm.conf"
+  case $3 in
+    kill)
+      # The tasks (Open MPI's daemon and ranks included) carry their node's name and the cluster's slurm.conf.
+      pids=$(cat "$dir/run/slurmd-$node.pid" 2> /dev/null || true)
+      for p in $(grep -lzxF "SLURMD_NODENAME=$node" /proc/[0-9]*/environ 2> /dev/null | cut -d/ -f3); do
+        grep -qzxF "SLURM_CONF=$dir/slurm.conf" "/proc/$p/environ" 2> /dev/null && pids+=" $p"
+      done
+      # shellcheck disable=SC2086
+      [[ -n ${pids// /} ]] && kill -KILL $pids 2> /dev/null
+      echo "slurm.sh: node $node killed (pids$(printf ' %s' $pids))" >&2
+      ;;
+    start)
+      export CZ_SLURM_DIR=$dir SLURM_CONF=$dir/slurm.conf
+      slurmd -N "$node" -f "$dir/slurm.conf" || die "slurmd $node would not start"
+      node_up() { [[ $(sinfo -h -n "$node" -o '%t') =~ ^(idle|mix|alloc)$ ]]; }
+      wait_for 40 "node $node to return to service" node_up || die "node $node did not come back"
+      ;;
+    *) die "node: kill or start, got '$3'" ;;
+  esac
+}
+
 cmd_with() {
   (($# >= 1)) || die "usage: slurm.sh with DIR [up options] -- CMD..."
   local dir=$1 up_args=()
@@ -240,6 +270,7 @@ case $sub in
   up) cmd_up "$@" ;;
   down) cmd_down "$@" ;;
   env) cmd_env "$@" ;;
+  node) cmd_node "$@" ;;
   with) cmd_with "$@" ;;
-  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

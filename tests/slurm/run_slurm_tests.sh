@@ -13,6 +13,9 @@
 #                      holds steps 1..N once each and the final weights equal an unpreempted run's to the bit
 #   end_margin         a job of 1 minute with --end-margin 45 stops by itself before its end with a checkpoint,
 #                      exit 75, and requeues
+#   czrun_node_lost    czrun in a job of 3 nodes (--no-kill) reads its nodes from Slurm; node n3 killed (its
+#                      slurmd and the step's tasks on it): czrun drops it, relaunches on n1 and n2 from the newest
+#                      checkpoint, and the run finishes with each step logged once; node n3 started again
 #   errors             one clear line each: mpirun -np disagreeing with the job's tasks, srun without --mpi, more
 #                      ranks on a node than GPUs, a requeued job without --checkpoint-dir, the program started
 #                      by the job script itself in a job of several tasks
@@ -292,6 +295,35 @@ errors)
   id=$(submit -N2 --ntasks-per-node=1 -o "$work/direct.out" "$work/direct.sh")
   wait_state "$id" "" 60 || fail "job $id did not finish"
   expect_line "$work/direct.out" "the job has 2 tasks but convnext_zero was started once"
+  ;;
+
+czrun_node_lost)
+  use_cluster
+  steps=400
+  # czrun in a job of 3 nodes x 1 task, with no hostfile: it reads the nodes from Slurm. --no-kill: the job
+  # outlives a failed node (without it Slurm cancels the whole job when it notices the node is gone).
+  printf '#!/bin/bash\n%s --min-ranks 2 --max-restarts 2 --probe-timeout 10 --start-timeout 60 --mpirun-args "--bind-to none" -- %s %s --micro-batch 4 --steps %s --checkpoint-dir %s --checkpoint-every 20 --checkpoint-sync --comm-timeout 20 --log %s\necho "czrun exit $?"\n' \
+    "$czrun" "$app" "${model[*]}" $steps "$work/ck" "$work/run.jsonl" > "$work/czrun.sh"
+  id=$(submit --no-kill -N3 --ntasks-per-node=1 -o "$work/job.out" "$work/czrun.sh")
+  wait_for_step "$work/ck/czrun/attempt-0.jsonl" 60 60 || { cat "$work/job.out"; fail "the first launch did not reach step 60"; }
+  killed=$(date +%s.%N)
+  at=$(last_step "$work/ck/czrun/attempt-0.jsonl")
+  "$slurm_sh" node "$cluster" n3 kill
+  wait_for_step "$work/ck/czrun/attempt-1.jsonl" 1 90 || { cat "$work/job.out"; "$slurm_sh" node "$cluster" n3 start; fail "czrun did not relaunch"; }
+  relaunched=$(date +%s.%N)
+  wait_state "$id" "" 120 || { cat "$work/job.out"; "$slurm_sh" node "$cluster" n3 start; fail "the job did not finish"; }
+  "$slurm_sh" node "$cluster" n3 start || fail "node n3 did not come back"
+  grep -v '^step \|^checkpoint ' "$work/job.out"
+  grep -q "^czrun: Slurm job $id: n1 (1 slot) n2 (1 slot) n3 (1 slot)" "$work/job.out" || fail "czrun did not read the job's nodes"
+  grep -q "lost host n3 (ranks \[2\] of 3) did not answer" "$work/job.out" || fail "czrun did not drop n3"
+  grep -q "restart 1 of 2 at 2 ranks" "$work/job.out" || fail "czrun did not relaunch on 2 ranks"
+  grep -q "czrun exit 0" "$work/job.out" || fail "czrun did not finish the run"
+  check_each_step_once "$work/run.jsonl" $steps
+  summary=$(grep '"event":"summary"' "$work/ck/czrun/events.jsonl")
+  restarts=$(sed -E 's/.*"restarts":([0-9]+).*/\1/' <<< "$summary")
+  lost=$(sed -E 's/.*"steps_lost":([0-9]+).*/\1/' <<< "$summary")
+  [[ $restarts == 1 ]] || fail "czrun's summary: $summary"
+  echo "node n3 killed at step $at; czrun relaunched on n1, n2: first step of the relaunch $(awk -v a="$killed" -v b="$relaunched" 'BEGIN { printf "%.1f", b - a }') s after the kill; restarts $restarts, steps lost $lost"
   ;;
 
 *) fail "unknown case $case_name" ;;

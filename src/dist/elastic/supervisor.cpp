@@ -192,7 +192,8 @@ bool is_failure_line(const std::string& line) {
 }
 
 int supervise(const SupervisorOptions& o) {
-  const std::vector<Host> all_hosts = read_hostfile(o.hostfile);
+  const std::vector<Host> all_hosts = o.hostfile.empty() ? o.hosts : read_hostfile(o.hostfile);
+  CZ_CHECK(!all_hosts.empty(), "no hosts to run on");
   CZ_CHECK(!o.command.empty(), "no training command (give it after --)");
   const std::vector<std::string>& cmd = o.command;
   const char *ck_flag = flag_name(&TrainConfig::checkpoint_dir),

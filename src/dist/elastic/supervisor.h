@@ -32,10 +32,13 @@
 #include <string>
 #include <vector>
 
+#include "dist/elastic/hostfile.h"
+
 namespace cz::elastic {
 
 struct SupervisorOptions {
   std::string hostfile;
+  std::vector<Host> hosts;  // used when `hostfile` is empty: the nodes of a Slurm allocation (czrun)
   std::vector<std::string> mpirun = {"mpirun"};  // the launcher and its options (no -np, no hostfile)
   std::vector<std::string> command;              // the training command (convnext_zero and its flags)
   int min_ranks = 1;
