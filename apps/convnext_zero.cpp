@@ -217,6 +217,14 @@ std::string resume_command(const std::vector<std::string>& args, const std::stri
     return cz::elastic::resume_command({args[0]}, args, resume, dir);
   if (auto head = cz::elastic::launcher_head(cz::elastic::launcher_command_line(), args))
     return cz::elastic::resume_command(*head, args, resume, dir);
+  if (cz::dist::read_slurm_process().launch == cz::dist::SlurmLaunch::srun) {
+    note =
+        "(srun's own options could not be read from here: add those the step was started with, e.g. -N, "
+        "--ntasks-per-node; in a job script that requeues itself, as examples/slurm/train.sbatch, the next "
+        "start resumes by itself)";
+    return cz::elastic::resume_command({"srun", "--mpi=pmix", "-n", std::to_string(world), args[0]}, args,
+                                       resume, dir);
+  }
   std::vector<std::string> head = {"mpirun"};
   if (::geteuid() == 0) head.push_back("--allow-run-as-root");
   for (const std::string& w : {std::string("-np"), std::to_string(world), args[0]}) head.push_back(w);
@@ -426,6 +434,11 @@ int main(int argc, char** argv) {
   if (loader_only) return run_loader_only(cfg, &argc, &argv);
   // Before MPI and any OpenMP use: may re-execute the program (Note [Choosing the OpenMP wait policy]).
   cz::choose_omp_wait_policy(argv);
+  // A stop request during the start (MPI, the model, a resume's reading) is kept for the first step
+  // boundary rather than ending the process at the signal's default action: a preemption's SIGUSR1 to a
+  // requeued Slurm job that had just started killed its ranks (docs/slurm.md). World::init installs its own
+  // SIGTERM handler for a moment; the line after it puts the stop handlers back, rank 0 announcing.
+  cz::train::install_stop_handlers(false);
   cz::dist::World* world = nullptr;
   int exit_code = 0;
   try {
