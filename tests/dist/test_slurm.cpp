@@ -36,6 +36,7 @@ const std::string kJobLine =
 
 TEST(Slurm, LaunchFromEnvironment) {
   EXPECT_EQ(process({}).launch, SlurmLaunch::none);
+  EXPECT_EQ(process({{"SLURM_JOB_ID", "7"}, {"CZ_IGNORE_SLURM", "1"}}).launch, SlurmLaunch::none);
   // The batch script: no step id.
   const SlurmProcess batch = process({{"SLURM_JOB_ID", "7"}, {"SLURM_NTASKS", "4"}, {"SLURM_PROCID", "0"}});
   EXPECT_EQ(batch.launch, SlurmLaunch::direct);
@@ -129,6 +130,11 @@ TEST(Slurm, AllocationChecks) {
   EXPECT_EQ(check_slurm_allocation(mpirun, a, run), "");
   run.supervised = false;
   run.world = 4;
+
+  run.max_ranks_per_node = 3;  // 4 ranks mapped 3 + 1 onto nodes of 2 tasks each
+  line = check_slurm_allocation(mpirun, a, run);
+  EXPECT_NE(line.find("3 ranks run on one node but job 6 has --ntasks-per-node 2"), std::string::npos)
+      << line;
 
   run.gpus = true;
   run.max_ranks_per_node = 2;  // 2 ranks on a node with 1 GPU

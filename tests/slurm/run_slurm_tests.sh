@@ -22,6 +22,9 @@
 # Exits 77 (ctest: skipped) with the reason where no cluster runs (scripts/slurm.sh up skipped: not root, Slurm
 # or munge not installed, a daemon that would not start).
 set -uo pipefail
+# Run inside a Slurm job (a CI on a cluster), that job's variables would reach the test cluster's jobs (sbatch
+# passes the environment on) and the runs outside Slurm: none of them.
+unset "${!SLURM_@}" CZ_IGNORE_SLURM
 case_name=$1 slurm_sh=$2 cluster=$3 app=$4 czrun=$5 examples=$6
 work=$(mktemp -d /tmp/czs-test.XXXXXX)
 jobs_started=()
@@ -311,8 +314,11 @@ czrun_node_lost)
   "$slurm_sh" node "$cluster" n3 kill
   wait_for_step "$work/ck/czrun/attempt-1.jsonl" 1 90 || { cat "$work/job.out"; "$slurm_sh" node "$cluster" n3 start; fail "czrun did not relaunch"; }
   relaunched=$(date +%s.%N)
-  wait_state "$id" "" 120 || { cat "$work/job.out"; "$slurm_sh" node "$cluster" n3 start; fail "the job did not finish"; }
+  # Back now, not after the job: a job with a silent node stays COMPLETING until slurmctld gives the node up.
+  t0=$(date +%s.%N)
   "$slurm_sh" node "$cluster" n3 start || fail "node n3 did not come back"
+  echo "node n3 back in service $(elapsed "$t0") s after its slurmd was started again"
+  wait_state "$id" "" 120 || { cat "$work/job.out"; fail "the job did not finish"; }
   grep -v '^step \|^checkpoint ' "$work/job.out"
   grep -q "^czrun: Slurm job $id: n1 (1 slot) n2 (1 slot) n3 (1 slot)" "$work/job.out" || fail "czrun did not read the job's nodes"
   grep -q "lost host n3 (ranks \[2\] of 3) did not answer" "$work/job.out" || fail "czrun did not drop n3"

@@ -70,6 +70,7 @@ int to_int(const std::string& s, int fallback) {
 
 SlurmProcess read_slurm_process(const EnvLookup& env) {
   SlurmProcess p;
+  if (get(env, "CZ_IGNORE_SLURM") == "1") return p;  // the checks off, e.g. for a test suite run in a job
   p.job_id = get(env, "SLURM_JOB_ID");
   if (p.job_id.empty()) p.job_id = get(env, "SLURM_JOBID");
   if (p.job_id.empty()) return p;
@@ -174,6 +175,12 @@ std::string check_slurm_allocation(const SlurmProcess& p, const SlurmAllocation&
         a.tasks_per_node > 0 ? fmt::format("{} --ntasks-per-node", a.tasks_per_node)
                              : fmt::format("{} tasks", a.tasks),
         a.tasks, run.world, run.world == 1 ? "" : "s");
+  if (a.tasks_per_node > 0 && run.max_ranks_per_node > a.tasks_per_node)
+    return fmt::format(
+        "{} ranks run on one node but job {} has --ntasks-per-node {}: launch one rank per task (mpirun "
+        "without "
+        "--map-by or --oversubscribe, or srun), or ask for --ntasks-per-node {}",
+        run.max_ranks_per_node, a.job_id, a.tasks_per_node, run.max_ranks_per_node);
   if (run.gpus && a.gpus_per_node >= 0 && run.max_ranks_per_node > a.gpus_per_node)
     return fmt::format(
         "{} ranks run on one node but job {} has {} GPU{} per node (--gpus-per-node {}): each rank drives "

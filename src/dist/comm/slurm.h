@@ -35,6 +35,7 @@ struct SlurmProcess {
 };
 
 using EnvLookup = std::function<const char*(const char*)>;
+// CZ_IGNORE_SLURM=1: launch `none` whatever Slurm's variables say (no checks, no --end-margin).
 SlurmProcess read_slurm_process(const EnvLookup& env);
 SlurmProcess read_slurm_process();  // from this process's environment
 
