@@ -24,8 +24,9 @@
 # slurmctld reaches node nI at NodeAddr:Port, and the spool, pid, log and TmpFS paths of the nodes differ
 # through %n. The nodes share the host's name (their tasks' `hostname`), /tmp and /dev/shm, so Open MPI's
 # shared-memory transport must be off across them (OMPI_MCA_btl=self,tcp: docs/slurm.md).
-# Every daemon started here carries CZ_SLURM_DIR=DIR in its environment, and so does slurmstepd (slurmd passes
-# its environment on): `down` finds them, and their descendants (the job tasks), by that mark and their pids.
+# Every daemon started here carries CZ_SLURM_DIR=DIR in its environment; slurmstepd, which empties its
+# environment, works in DIR/log: `down` finds them by these and kills them, and their descendants (the job
+# tasks), by pid. (Checking the environment alone left a job step's slurmstepd running after `down`.)
 set -euo pipefail
 
 die() { echo "slurm.sh: $*" >&2; exit 1; }
@@ -38,13 +39,15 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
   return 1
 }
 
-# Pids of the processes that carry CZ_SLURM_DIR=DIR (daemons, slurmstepd) and their descendants (job tasks,
-# whose environment is the submitter's), this shell excluded.
+# Pids of the cluster's processes: those that carry CZ_SLURM_DIR=DIR (the daemons), those whose working folder
+# is in DIR (slurmstepd, which empties its environment and works in DIR/log), and their descendants (job tasks,
+# whose environment is the submitter's); this shell excluded.
 marked_pids() {
   local dir=$1 p
   local -a marked=()
-  # One grep over every environment (a process per pid took seconds): NUL-separated, whole entries.
-  for p in $(grep -lzxF "CZ_SLURM_DIR=$dir" /proc/[0-9]*/environ 2> /dev/null | cut -d/ -f3); do
+  # One grep over every environment and one find over every working folder (a process per pid took seconds).
+  for p in $( (grep -lzxF "CZ_SLURM_DIR=$dir" /proc/[0-9]*/environ
+    find /proc/[0-9]*/cwd -maxdepth 0 -lname "$dir/*") 2> /dev/null | cut -d/ -f3 | sort -u); do
     [[ $p == "$$" || $p == "$BASHPID" ]] || marked+=("$p")
   done
   ((${#marked[@]})) || return 0
@@ -114,7 +117,7 @@ cmd_up() {
   up_done=0  # global: the EXIT trap runs after this function has returned
   trap '((up_done)) || cmd_down "$dir" > /dev/null 2>&1 || true' EXIT
   # A fresh cluster each time: no jobs or node states (a drain reason) carried over from an earlier one.
-  rm -rf "$dir"/{state,spool,log,run,dev,tmp}
+  rm -rf "${dir:?}"/{state,spool,log,run,dev,tmp}
   mkdir -p "$dir"/{munge,state,spool,log,run}
   chmod 700 "$dir" "$dir/munge"
   export CZ_SLURM_DIR=$dir
@@ -202,6 +205,7 @@ cmd_up() {
   nodes_idle() { [[ $(sinfo -h -N -o '%t' | grep -c '^idle') -eq $nodes ]]; }
   wait_for 20 "$nodes nodes to be idle" nodes_idle ||
     skip "the nodes did not come up: $(sinfo -h -N -o '%N %t %E' | tr '\n' ';') $(tail -n 2 "$dir/log/slurmd-n1.log" | tr '\n' ' ')"
+  # shellcheck disable=SC2034  # read by the EXIT trap above
   up_done=1
   echo "slurm.sh: cluster up in $dir: $nodes nodes x $cpus CPUs$( ((gpus)) && echo " x $gpus GPUs"), slurmctld port $ctl_port" >&2
   echo "export SLURM_CONF=$dir/slurm.conf"

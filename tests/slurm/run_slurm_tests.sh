@@ -27,10 +27,9 @@ set -uo pipefail
 unset "${!SLURM_@}" CZ_IGNORE_SLURM
 case_name=$1 slurm_sh=$2 cluster=$3 app=$4 czrun=$5 examples=$6
 work=$(mktemp -d /tmp/czs-test.XXXXXX)
-jobs_started=()
 cleanup() {
-  if [[ -n ${SLURM_CONF:-} ]]; then
-    for j in "${jobs_started[@]}"; do scancel "$j" 2> /dev/null; done
+  if [[ -n ${SLURM_CONF:-} && -f $work/jobs ]]; then
+    while read -r j; do scancel "$j" 2> /dev/null; done < "$work/jobs"
   fi
   rm -rf "$work"
 }
@@ -41,6 +40,7 @@ t_start=$(date +%s.%N)
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
 
 # The tiny model of the stop tests: steps of ~10-20 ms on 2 cores.
+# shellcheck disable=SC2054  # the commas are the flags' own
 model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --loader-threads 1
        --data synthetic:n=512,eval_n=64,classes=4 --eval-batches 1 --eval-every 0 --drop-path 0.1 --augment
        --seed 5 --micro-batch 8 --stage 2)
@@ -63,12 +63,20 @@ use_cluster() {
   export SLURM_CONF=$cluster/slurm.conf
 }
 
-# submit ARGS...: sbatch --parsable; records the job for cleanup; prints its id.
+# submit ARGS...: sbatch --parsable; records the job for cleanup (in a file: submit runs in $(...)); prints
+# its id.
 submit() {
   local id
   id=$(sbatch --parsable "$@") || fail "sbatch $* failed"
-  jobs_started+=("$id")
+  echo "$id" >> "$work/jobs"
   echo "$id"
+}
+# release JOB: a requeued job may start now instead of after Slurm's 2-minute hold. Not within the second of
+# the requeue: slurmd rejects a job credential issued in the same second as the revocation the requeue made
+# ("Killing non-startable batch JobId=7: Job credential revoked"), which Slurm's own hold never meets.
+release() {
+  sleep 2
+  scontrol update JobId="$1" StartTime=now || fail "could not release job $1"
 }
 job_state() { squeue -h -j "$1" -o %T 2> /dev/null; }
 # wait_state JOB STATE SECONDS: until squeue shows the state ("" for gone); 1 on timeout.
@@ -132,11 +140,11 @@ updown)
   t0=$(date +%s.%N)
   "$slurm_sh" down "$cluster" || fail "slurm.sh down failed"
   echo "down in $(elapsed "$t0") s"
-  left=""
-  for p in /proc/[0-9]*; do
-    { tr '\0' '\n' < "$p/environ"; } 2> /dev/null | grep -qxF "CZ_SLURM_DIR=$cluster" && left+=" ${p#/proc/}"
-  done
-  [[ -z $left ]] || { ps -o pid,cmd -p ${left// /,}; fail "processes of the cluster left after down:$left"; }
+  # The daemons (marked in their environment) and the steps' slurmstepd (working in the cluster's log folder).
+  left=$( (grep -lzxF "CZ_SLURM_DIR=$cluster" /proc/[0-9]*/environ
+    find /proc/[0-9]*/cwd -maxdepth 0 -lname "$cluster/*") 2> /dev/null | cut -d/ -f3 | sort -u | tr '\n' ' ')
+  left=${left% }
+  [[ -z $left ]] || { ps -o pid,cmd -p ${left// /,}; fail "processes of the cluster left after down: $left"; }
   wait  # the srun client ends with its job
   for p in /proc/[0-9]*; do
     { tr '\0' '\n' < "$p/environ"; } 2> /dev/null > "$work/env" || continue
@@ -220,8 +228,8 @@ preempt_requeue)
     [[ $ck == "step_$stopped" ]] || fail "round $round: latest is $ck but the run stopped after step $stopped"
     restarts=$(scontrol show job "$id" | grep -o 'Restarts=[0-9]*')
     [[ $restarts == "Restarts=$round" ]] || fail "round $round: scontrol shows $restarts"
+    release "$id"
     released=$(date +%s.%N)
-    scontrol update JobId="$id" StartTime=now || fail "could not release the requeued job"
     wait_for_step "$work/run.jsonl" $((stopped + 1)) 60 || { cat "$work/job.out"; fail "round $round: the job did not resume"; }
     first=$(date +%s.%N)
     echo "preemption $round: SIGUSR1 at step $at; stopped after step $stopped; checkpoint $ck published $(awk -v a="$sent" -v b="$published" 'BEGIN { printf "%.2f", b - a }') s after the signal; requeued; first step after the release $(awk -v a="$released" -v b="$first" 'BEGIN { printf "%.2f", b - a }') s later"
@@ -240,10 +248,11 @@ preempt_requeue)
 
 end_margin)
   use_cluster
-  # A 1-minute job with a 45 s margin stops by itself about 15 s in.
+  # A 1-minute job with a 45 s margin stops by itself about 15 s in. The script's --signal=B:USR1@120 would
+  # come first (slurmctld sends it at its next pass: seen 1-15 s into the job): 5 s before the end instead.
   id=$(CZ_APP=$app CZ_CHECKPOINT_DIR=$work/ck CZ_LOG=$work/run.jsonl CZ_LAUNCH=mpirun \
     CZ_TRAIN_ARGS="${model[*]} --steps 100000 --schedule constant" CZ_END_MARGIN=45 \
-    submit -N1 --ntasks-per-node=2 --time=1 -o "$work/job.out" "$examples/train.sbatch")
+    submit -N1 --ntasks-per-node=2 --time=1 --signal=B:USR1@5 -o "$work/job.out" "$examples/train.sbatch")
   wait_state "$id" RUNNING 30 || fail "the job did not start"
   end=$(date -d "$(squeue -h -j "$id" -o %e)" +%s)
   wait_requeued "$id" 1 60 || { cat "$work/job.out"; fail "the job did not stop and requeue itself before its end"; }
@@ -290,7 +299,7 @@ errors)
   printf '#!/bin/bash\nif [[ ${SLURM_RESTART_COUNT:-0} == 0 ]]; then scontrol requeue $SLURM_JOB_ID; sleep 30; fi\nsrun --mpi=pmix %s\necho "exit $?"\n' "${quick[*]}" > "$work/rq.sh"
   id=$(submit -N1 -n1 -o "$work/rq.out" --open-mode=append "$work/rq.sh")
   wait_requeued "$id" 1 30 || fail "job $id did not requeue"
-  scontrol update JobId="$id" StartTime=now
+  release "$id"
   wait_state "$id" "" 60 || fail "job $id did not finish"
   expect_line "$work/rq.out" "job $id has been requeued (1 time) but the run has no --checkpoint-dir"
   # The program started by the job script itself in a job of 2 tasks.
