@@ -19,10 +19,10 @@
 # Needs: root, Debian's slurm-wlm (22.05) and munge. Exit status 77 from up/with means "cannot start Slurm
 # here" (not root, a package missing, a daemon that would not start: the reason is printed), for tests to skip.
 #
-# Note [One-host cluster]: Debian's slurmd 22.05 runs several times on one host, although built without
-# --enable-multiple-slurmd, when each is started as `slurmd -N nI` and each node has a Port of its own:
-# slurmctld reaches node nI at NodeAddr:Port, and the spool, pid, log and TmpFS paths of the nodes differ
-# through %n. The nodes share the host's name (their tasks' `hostname`), /tmp and /dev/shm, so Open MPI's
+# Note [One-host cluster]: Debian 12's slurmd 22.05 runs several times on one host (whether its build has
+# --enable-multiple-slurmd is not recorded with it) when each is started as `slurmd -N nI` and each node has a
+# Port of its own: slurmctld reaches node nI at NodeAddr:Port, and the spool, pid, log and TmpFS paths of the
+# nodes differ through %n. The nodes share the host's name (their tasks' `hostname`), /tmp and /dev/shm, so Open MPI's
 # shared-memory transport must be off across them (OMPI_MCA_btl=self,tcp: docs/slurm.md).
 # Every daemon started here carries CZ_SLURM_DIR=DIR in its environment; slurmstepd, which empties its
 # environment, works in DIR/log: `down` finds them by these and kills them, and their descendants (the job
