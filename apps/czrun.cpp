@@ -24,8 +24,13 @@ int main(int argc, char** argv) {
                  "Open MPI hostfile: 'HOST slots=N' a line; ranks fill it in order (default inside a Slurm "
                  "job: the job's nodes, SLURM_JOB_NODELIST, with SLURM_TASKS_PER_NODE slots each)");
   app.add_option("--mpirun", mpirun, "the launcher")->capture_default_str();
-  app.add_option("--mpirun-args", mpirun_args,
-                 "options for every mpirun, split at spaces (e.g. \"--mca plm_rsh_agent ./agent\")");
+  app.add_option(
+      "--mpirun-args", mpirun_args,
+      "options for every mpirun (or srun), split at spaces (e.g. \"--mca plm_rsh_agent ./agent\")");
+  bool srun = false;
+  app.add_flag("--srun", srun,
+               "inside a Slurm job without --hostfile: launch each attempt with `srun --mpi=pmix` over the "
+               "job's nodes instead of mpirun");
   app.add_option("--min-ranks", o.min_ranks, "never relaunch on fewer ranks")->capture_default_str();
   app.add_option("--max-restarts", o.max_restarts, "give up after this many restarts")->capture_default_str();
   app.add_flag("--readmit", o.readmit,
@@ -58,10 +63,16 @@ int main(int argc, char** argv) {
   }
   // czrun's words before the command (CLI11 took the command from the end of argv, after any "--").
   o.self.assign(argv, argv + (size_t(argc) - std::min(size_t(argc), o.command.size())));
-  o.mpirun = {mpirun};
+  o.mpirun = {srun ? std::string("srun") : mpirun};
+  o.srun = srun;
   std::istringstream words(mpirun_args);
   for (std::string w; words >> w;) o.mpirun.push_back(w);
   try {
+    if (srun && !o.hostfile.empty()) {
+      std::fprintf(stderr,
+                   "czrun: error: --srun launches over the Slurm job's nodes: leave --hostfile out\n");
+      return 2;
+    }
     if (o.hostfile.empty()) {
       // Inside a Slurm allocation (docs/slurm.md): its nodes, launched by mpirun, which reads the allocation.
       const char* nodes = std::getenv("SLURM_JOB_NODELIST");

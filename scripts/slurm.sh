@@ -48,7 +48,9 @@ marked_pids() {
   # One grep over every environment and one find over every working folder (a process per pid took seconds).
   for p in $( (grep -lzxF "CZ_SLURM_DIR=$dir" /proc/[0-9]*/environ
     find /proc/[0-9]*/cwd -maxdepth 0 -lname "$dir/*") 2> /dev/null | cut -d/ -f3 | sort -u); do
-    [[ $p == "$$" || $p == "$BASHPID" ]] || marked+=("$p")
+    [[ $p == "$$" || $p == "$BASHPID" ]] && continue
+    # Not a zombie: one whose parent does not reap it (init, in some sandboxes) holds nothing.
+    [[ $(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$p/stat" 2> /dev/null) == [RSDTt] ]] && marked+=("$p")
   done
   ((${#marked[@]})) || return 0
   ps -e -o pid= -o ppid= | awk -v roots="${marked[*]}" '
@@ -85,7 +87,8 @@ cmd_down() {
     done
     # shellcheck disable=SC2086
     [[ -n $left ]] && { kill -KILL $left 2> /dev/null || true; }
-    wait_for 5 "the cluster's processes to exit" test -z "$(marked_pids "$dir")" || die "processes left: $(marked_pids "$dir" | tr '\n' ' ')"
+    wait_for 15 "the cluster's processes to exit" test -z "$(marked_pids "$dir")" ||
+      die "processes left: $(marked_pids "$dir" | tr '\n' ' ')"
   fi
   rm -f "$dir"/*.pid "$dir"/run/*.pid 2> /dev/null || true
   return 0

@@ -16,6 +16,7 @@
 #   czrun_node_lost    czrun in a job of 3 nodes (--no-kill) reads its nodes from Slurm; node n3 killed (its
 #                      slurmd and the step's tasks on it): czrun drops it, relaunches on n1 and n2 from the newest
 #                      checkpoint, and the run finishes with each step logged once; node n3 started again
+#   czrun_node_lost_srun  the same with czrun --srun (each attempt an srun --mpi=pmix step)
 #   errors             one clear line each: mpirun -np disagreeing with the job's tasks, srun without --mpi, more
 #                      ranks on a node than GPUs, a requeued job without --checkpoint-dir, the program started
 #                      by the job script itself in a job of several tasks
@@ -309,12 +310,14 @@ errors)
   expect_line "$work/direct.out" "the job has 2 tasks but convnext_zero was started once"
   ;;
 
-czrun_node_lost)
+czrun_node_lost | czrun_node_lost_srun)
   use_cluster
   steps=400
+  launcher='--mpirun-args "--bind-to none"'
+  [[ $case_name == czrun_node_lost_srun ]] && launcher=--srun
   # czrun in a job of 3 nodes x 1 task, with no hostfile: it reads the nodes from Slurm. --no-kill: the job
   # outlives a failed node (without it Slurm cancels the whole job when it notices the node is gone).
-  printf '#!/bin/bash\n%s --min-ranks 2 --max-restarts 2 --probe-timeout 10 --start-timeout 60 --mpirun-args "--bind-to none" -- %s %s --micro-batch 4 --steps %s --checkpoint-dir %s --checkpoint-every 20 --checkpoint-sync --comm-timeout 20 --log %s\necho "czrun exit $?"\n' \
+  printf '#!/bin/bash\n%s '"$launcher"' --min-ranks 2 --max-restarts 2 --probe-timeout 10 --start-timeout 60 -- %s %s --micro-batch 4 --steps %s --checkpoint-dir %s --checkpoint-every 20 --checkpoint-sync --comm-timeout 20 --log %s\necho "czrun exit $?"\n' \
     "$czrun" "$app" "${model[*]}" $steps "$work/ck" "$work/run.jsonl" > "$work/czrun.sh"
   id=$(submit --no-kill -N3 --ntasks-per-node=1 -o "$work/job.out" "$work/czrun.sh")
   wait_for_step "$work/ck/czrun/attempt-0.jsonl" 60 60 || { cat "$work/job.out"; fail "the first launch did not reach step 60"; }
