@@ -21,7 +21,11 @@ packages=(build-essential cmake ninja-build pkg-config ccache
   libgtest-dev libgmock-dev libbenchmark-dev libfmt-dev nlohmann-json3-dev libcli11-dev
   libturbojpeg0-dev libpng-dev libprotobuf-dev protobuf-compiler python3-matplotlib python3-h5py hdf5-tools
   iproute2  # ip, tc, bridge: the test bed of hosts (scripts/hosts.sh; util-linux is essential)
-  gdb)  # the elastic tests print a stalled launch's stacks (tests/hosts/run_elastic_tests.sh)
+  gdb  # the elastic tests print a stalled launch's stacks (tests/hosts/run_elastic_tests.sh)
+  # A real Slurm for the tests labelled slurm (scripts/slurm.sh runs its own munged, slurmctld and slurmd, with
+  # their own key, socket and slurm.conf). Installing starts no Slurm daemon (their init scripts stop without
+  # /etc/slurm/slurm.conf); munge's may start the system's munged, on its own socket, which the tests never use.
+  slurm-wlm munge)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

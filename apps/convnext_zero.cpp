@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "dist/comm/bootstrap.h"
+#include "dist/comm/slurm.h"
 #include "dist/elastic/command.h"
 #include "dist/plan/planner.h"
 #include "dist/plan/what_if.h"
@@ -217,6 +218,14 @@ std::string resume_command(const std::vector<std::string>& args, const std::stri
     return cz::elastic::resume_command({args[0]}, args, resume, dir);
   if (auto head = cz::elastic::launcher_head(cz::elastic::launcher_command_line(), args))
     return cz::elastic::resume_command(*head, args, resume, dir);
+  if (cz::dist::read_slurm_process().launch == cz::dist::SlurmLaunch::srun) {
+    note =
+        "(srun's own options could not be read from here: add those the step was started with, e.g. -N, "
+        "--ntasks-per-node; in a job script that requeues itself, as examples/slurm/train.sbatch, the next "
+        "start resumes by itself)";
+    return cz::elastic::resume_command({"srun", "--mpi=pmix", "-n", std::to_string(world), args[0]}, args,
+                                       resume, dir);
+  }
   std::vector<std::string> head = {"mpirun"};
   if (::geteuid() == 0) head.push_back("--allow-run-as-root");
   for (const std::string& w : {std::string("-np"), std::to_string(world), args[0]}) head.push_back(w);
@@ -416,9 +425,33 @@ int main(int argc, char** argv) {
     return refuse(kExitFailed);
   }
 
+  // In a Slurm job (docs/slurm.md): a launch MPI cannot start from is refused by every process before MPI
+  // starts; the lead reads the allocation, which the ranks check the run against once MPI is up.
+  const cz::dist::SlurmProcess slurm = cz::dist::read_slurm_process();
+  std::optional<cz::dist::SlurmAllocation> allocation;
+  if (slurm.launch != cz::dist::SlurmLaunch::none) {
+    if (const std::string bad = cz::dist::check_srun_launch(slurm); !bad.empty()) {
+      if (lead_process) fmt::print(stderr, "convnext_zero: error: {}\n", bad);
+      return refuse(kExitFailed);
+    }
+    if (lead_process) {
+      try {
+        allocation = cz::dist::query_slurm_allocation(slurm.job_id);
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "convnext_zero: note: the run is not checked against Slurm job {}: {}\n",
+                   slurm.job_id, e.what());
+      }
+    }
+  }
+
   if (loader_only) return run_loader_only(cfg, &argc, &argv);
   // Before MPI and any OpenMP use: may re-execute the program (Note [Choosing the OpenMP wait policy]).
   cz::choose_omp_wait_policy(argv);
+  // A stop request during the start (MPI, the model, a resume's reading) is kept for the first step
+  // boundary rather than ending the process at the signal's default action: a preemption's SIGUSR1 to a
+  // requeued Slurm job that had just started killed its ranks (docs/slurm.md). World::init installs its own
+  // SIGTERM handler for a moment; the line after it puts the stop handlers back, rank 0 announcing.
+  cz::train::install_stop_handlers(false);
   cz::dist::World* world = nullptr;
   int exit_code = 0;
   try {
@@ -432,6 +465,27 @@ int main(int argc, char** argv) {
           "real data give --data h5:FILE|cifar10:DIR|folder:DIR and --epochs N or --steps N (--help lists "
           "every flag)\n",
           cfg.steps);
+    if (slurm.launch != cz::dist::SlurmLaunch::none) {
+      cz::dist::SlurmRunFacts facts;
+      facts.gpus = cfg.device.rfind("cuda", 0) == 0;
+      const char* supervisor = std::getenv("CZ_SUPERVISOR");
+      facts.supervised = supervisor && *supervisor;
+      facts.checkpoint_dir = cfg.checkpoint_dir;
+      facts.resume = !cfg.resume.empty();
+      facts.checkpoint_on_disk =
+          !cfg.checkpoint_dir.empty() && std::filesystem::exists(cfg.checkpoint_dir + "/latest");
+      // Every rank comes to rank 0's verdict: one line, and a clean exit of all.
+      if (const std::string bad = cz::dist::check_slurm_job(*world, facts, allocation); !bad.empty()) {
+        if (lead) fmt::print(stderr, "convnext_zero: error: {}\n", bad);
+        cz::dist::World::finalize();
+        return kExitFailed;
+      }
+    }
+    if (lead && cfg.end_margin > 0 && !cz::dist::slurm_job_end_time(slurm, allocation))
+      fmt::print(stderr, "convnext_zero: note: {} {} does nothing here: {}\n",
+                 flag_name(&TrainConfig::end_margin), cfg.end_margin,
+                 slurm.launch == cz::dist::SlurmLaunch::none ? "not in a Slurm job"
+                                                             : "the job's end time is unknown");
     warn_short_grace(cfg, lead);
     cz::train::apply_recipe_lr(cfg, world->size(), given(flag_name(&TrainConfig::lr)), recipe);
     cz::train::Trainer trainer(cfg, *world);
@@ -456,6 +510,7 @@ int main(int argc, char** argv) {
         fmt::print("convnext_zero: {}\n", trainer.init_weights_note());
       std::fflush(stdout);
     }
+    if (lead && cfg.end_margin > 0) trainer.set_job_end_time(cz::dist::slurm_job_end_time(slurm, allocation));
     const cz::train::TrainSummary s = trainer.run();
     if (s.stop_signal != 0) {
       if (lead) print_stopped(s, cfg, args, world->size(), trainer.total_steps());

@@ -1,10 +1,14 @@
-// czrun: run a training command under mpirun over a hostfile and keep it going when a host is lost: probe the
-// hosts, drop the ones that do not answer, relaunch on the rest from the newest published checkpoint at the
-// same global batch (src/dist/elastic/supervisor.h, docs/training.md "When a host dies").
+// czrun: run a training command under mpirun over a hostfile, or over the nodes of the Slurm job it runs in,
+// and keep it going when a host is lost: probe the hosts, drop the ones that do not answer, relaunch on the
+// rest from the newest published checkpoint at the same global batch (src/dist/elastic/supervisor.h,
+// docs/training.md "When a host dies", docs/slurm.md).
 #include <CLI/CLI.hpp>
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "dist/elastic/supervisor.h"
@@ -16,11 +20,17 @@ int main(int argc, char** argv) {
       "answer from the newest checkpoint at the same global batch.\n"
       "  czrun --hostfile HOSTS [OPTIONS] -- convnext_zero --checkpoint-dir DIR --checkpoint-every N ..."};
   std::string mpirun = "mpirun", mpirun_args;
-  app.add_option("--hostfile", o.hostfile, "Open MPI hostfile: 'HOST slots=N' a line; ranks fill it in order")
-      ->required();
+  app.add_option("--hostfile", o.hostfile,
+                 "Open MPI hostfile: 'HOST slots=N' a line; ranks fill it in order (default inside a Slurm "
+                 "job: the job's nodes, SLURM_JOB_NODELIST, with SLURM_TASKS_PER_NODE slots each)");
   app.add_option("--mpirun", mpirun, "the launcher")->capture_default_str();
-  app.add_option("--mpirun-args", mpirun_args,
-                 "options for every mpirun, split at spaces (e.g. \"--mca plm_rsh_agent ./agent\")");
+  app.add_option(
+      "--mpirun-args", mpirun_args,
+      "options for every mpirun (or srun), split at spaces (e.g. \"--mca plm_rsh_agent ./agent\")");
+  bool srun = false;
+  app.add_flag("--srun", srun,
+               "inside a Slurm job without --hostfile: launch each attempt with `srun --mpi=pmix` over the "
+               "job's nodes instead of mpirun");
   app.add_option("--min-ranks", o.min_ranks, "never relaunch on fewer ranks")->capture_default_str();
   app.add_option("--max-restarts", o.max_restarts, "give up after this many restarts")->capture_default_str();
   app.add_flag("--readmit", o.readmit,
@@ -53,10 +63,37 @@ int main(int argc, char** argv) {
   }
   // czrun's words before the command (CLI11 took the command from the end of argv, after any "--").
   o.self.assign(argv, argv + (size_t(argc) - std::min(size_t(argc), o.command.size())));
-  o.mpirun = {mpirun};
+  o.mpirun = {srun ? std::string("srun") : mpirun};
+  o.srun = srun;
   std::istringstream words(mpirun_args);
   for (std::string w; words >> w;) o.mpirun.push_back(w);
   try {
+    if (srun && !o.hostfile.empty()) {
+      std::fprintf(stderr,
+                   "czrun: error: --srun launches over the Slurm job's nodes: leave --hostfile out\n");
+      return 2;
+    }
+    if (o.hostfile.empty()) {
+      // Inside a Slurm allocation (docs/slurm.md): its nodes, launched by mpirun, which reads the allocation.
+      const char* nodes = std::getenv("SLURM_JOB_NODELIST");
+      if (!nodes || !*nodes) nodes = std::getenv("SLURM_NODELIST");
+      if (!nodes || !*nodes) {
+        std::fprintf(stderr,
+                     "czrun: error: give --hostfile HOSTS, or run czrun inside a Slurm job (sbatch or "
+                     "salloc), whose nodes it then uses\n");
+        return 2;
+      }
+      const char* per_node = std::getenv("SLURM_TASKS_PER_NODE");
+      o.hosts =
+          cz::elastic::hosts_of_allocation(cz::elastic::slurm_hostnames(nodes), per_node ? per_node : "");
+      std::string listed;
+      for (const auto& h : o.hosts)
+        listed += fmt::format(" {} ({} slot{})", h.name, h.slots, h.slots == 1 ? "" : "s");
+      std::fprintf(stderr,
+                   "czrun: Slurm job %s:%s; a lost node is dropped only in a job that outlives it (sbatch "
+                   "--no-kill)\n",
+                   std::getenv("SLURM_JOB_ID") ? std::getenv("SLURM_JOB_ID") : "?", listed.c_str());
+    }
     return cz::elastic::supervise(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "czrun: error: %s\n", e.what());

@@ -157,11 +157,13 @@ Child spawn(const std::string& helper, const std::vector<std::string>& args, int
   ::posix_spawn_file_actions_adddup2(&actions, out_fd, 2);
   // Not the caller's HDF5 files, sockets or pipes: a helper outliving a dying caller must not hold them.
   ::posix_spawn_file_actions_addclosefrom_np(&actions, 3);
-  // Default handlers and no blocked signals, whatever the calling thread has: a crash must end the helper.
-  sigset_t none, all;
-  sigemptyset(&none);
+  // Default handlers, whatever the calling thread has: a crash must end the helper. The stop signals are
+  // blocked until the helper ignores them (Note [Stop signals and the probe] in h5_probe_child.cpp).
+  sigset_t stops, all;
+  sigemptyset(&stops);
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1}) sigaddset(&stops, sig);
   sigfillset(&all);
-  ::posix_spawnattr_setsigmask(&attr, &none);
+  ::posix_spawnattr_setsigmask(&attr, &stops);
   ::posix_spawnattr_setsigdefault(&attr, &all);
   ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   std::vector<char*> argv;

@@ -3,10 +3,12 @@
 // than in the program that wants to read the file (Note [Probing HDF5 files] in h5_probe.h). A standalone
 // executable: libhdf5 and the C++ runtime only, none of convnext_zero's libraries.
 #include <hdf5.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -316,6 +318,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: cz_h5_probe FILE MEMORY_BYTES SAMPLE_BYTES SECONDS\n");
     return protocol::kExitUsage;
   }
+  // Note [Stop signals and the probe]: a stop request (SIGINT, SIGTERM, SIGUSR1: Note [Stopping on request])
+  // often goes to every process of a rank's tree, not to the rank alone: slurmstepd signals all of a task's
+  // processes, a terminal and Open MPI's daemon its process group. Taken by this helper at its default
+  // action, it ended the probe and failed the resume of a requeued Slurm job with "the process reading it
+  // with libhdf5 was killed (SIGUSR1) ...: the file is corrupt". The caller handles the stop after the probe,
+  // and bounds the probe by its clock, so the helper ignores them; they come blocked from the caller
+  // (spawn() in h5_probe.cpp), so that none lands before this line.
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1}) std::signal(sig, SIG_IGN);
+  sigset_t stops;
+  sigemptyset(&stops);
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1}) sigaddset(&stops, sig);
+  ::sigprocmask(SIG_UNBLOCK, &stops, nullptr);
   // No core files from a crash we expect; the caller's clock is the real limit, this alarm only ends a
   // probe whose caller died.
   const rlimit no_core{0, 0};

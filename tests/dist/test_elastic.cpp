@@ -47,6 +47,20 @@ TEST(Hostfile, RefusesWhatItCannotPlace) {
              "/nonexistent/hosts: cannot read");
 }
 
+// czrun inside a Slurm job: the allocation's nodes with SLURM_TASKS_PER_NODE's slots (tests/slurm runs it).
+TEST(Hostfile, HostsOfASlurmAllocation) {
+  const std::vector<std::string> nodes = {"n1", "n2", "n3", "n4"};
+  EXPECT_EQ(hosts_of_allocation(nodes, "2(x3),1"),
+            (std::vector<Host>{{"n1", 2}, {"n2", 2}, {"n3", 2}, {"n4", 1}}));
+  EXPECT_EQ(hosts_of_allocation(nodes, "1,4(x2),3"),
+            (std::vector<Host>{{"n1", 1}, {"n2", 4}, {"n3", 4}, {"n4", 3}}));
+  EXPECT_EQ(hosts_of_allocation({"a", "b"}, ""), (std::vector<Host>{{"a", 1}, {"b", 1}}));
+  EXPECT_THROW(hosts_of_allocation(nodes, "2(x2)"), ValueError);  // 2 counts for 4 nodes
+  EXPECT_THROW(hosts_of_allocation(nodes, "2(x4"), ValueError);
+  EXPECT_THROW(hosts_of_allocation(nodes, "0(x4)"), ValueError);
+  EXPECT_THROW(slurm_hostnames("n[1-2]; rm -rf x"), ValueError);
+}
+
 TEST(Resize, KeepsTheGlobalBatch) {
   const BatchShape first{3, 4, 1};  // global batch 12
   // 2 ranks: 6 images each, at most 4 at a time: 3 x 2.

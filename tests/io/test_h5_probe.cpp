@@ -139,6 +139,11 @@ TEST(H5Probe, HelperDeathLimitsAndClock) {
              "h5:f: libhdf5 crashed (SIGABRT: malloc(): corrupted top size) while starting");
   EXPECT_HAS(with(script(dir, "killed", "kill -KILL $$")),
              "h5:f: the process reading it with libhdf5 was killed (SIGKILL)");
+  // A stop request sent to every process of the caller's tree (a preempted Slurm step) does not end the
+  // probe: it comes blocked (Note [Stop signals and the probe]), and this helper exits by itself after it.
+  EXPECT_HAS(
+      with(script(dir, "stopped", "kill -USR1 $$; kill -TERM $$; kill -INT $$; exit 0")),
+      "h5:f: cannot check the file: the HDF5 probe " + dir.str("stopped") + " ended with exit status 0");
   EXPECT_HAS(with(script(dir, "memory", "echo 'memory opening the file'; exit 4")),
              "h5:f: libhdf5 needed more than 1 GiB of memory while opening the file");
   EXPECT_HAS(with(script(dir, "silent", "exit 0")), "h5:f: cannot check the file: the HDF5 probe " +

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -55,6 +56,46 @@ void write_hostfile(const std::string& path, const std::vector<Host>& hosts) {
   for (const Host& h : hosts) f << h.name << " slots=" << h.slots << "\n";
   f.flush();
   CZ_CHECK_IO(f.good(), "{}: cannot write the hostfile", path);
+}
+
+std::vector<Host> hosts_of_allocation(const std::vector<std::string>& names,
+                                      const std::string& tasks_per_node) {
+  std::vector<int> slots;
+  std::istringstream in(tasks_per_node);
+  for (std::string item; std::getline(in, item, ',');) {
+    // "N" or "N(xK)".
+    int n = 0, k = 1;
+    char tail = 0;
+    const int got = std::sscanf(item.c_str(), "%d(x%d%c", &n, &k, &tail);
+    CZ_CHECK((got == 1 || (got == 3 && tail == ')')) && n >= 1 && k >= 1,
+             "SLURM_TASKS_PER_NODE '{}': expected counts like 2(x3),1, found '{}'", tasks_per_node, item);
+    slots.insert(slots.end(), size_t(k), n);
+  }
+  CZ_CHECK(tasks_per_node.empty() || slots.size() == names.size(),
+           "SLURM_TASKS_PER_NODE '{}' gives {} nodes but the allocation has {}", tasks_per_node, slots.size(),
+           names.size());
+  std::vector<Host> hosts;
+  for (size_t i = 0; i < names.size(); ++i) hosts.push_back({names[i], slots.empty() ? 1 : slots[i]});
+  return hosts;
+}
+
+std::vector<std::string> slurm_hostnames(const std::string& node_list) {
+  CZ_CHECK(!node_list.empty() && node_list.find_first_of("'\"$`\\;&|<> ") == std::string::npos,
+           "'{}' is not a Slurm node list", node_list);
+  const std::string cmd = fmt::format("scontrol show hostnames '{}' 2>&1", node_list);
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  CZ_CHECK_T(CommError, pipe != nullptr, "could not run scontrol");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
+  const int status = ::pclose(pipe);
+  CZ_CHECK_T(CommError, status == 0, "`scontrol show hostnames {}` failed: {}", node_list, out);
+  std::vector<std::string> names;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) names.push_back(line);
+  CZ_CHECK_T(CommError, !names.empty(), "`scontrol show hostnames {}` listed no node", node_list);
+  return names;
 }
 
 int total_slots(const std::vector<Host>& hosts) {

@@ -20,6 +20,14 @@ std::vector<Host> parse_hostfile_text(const std::string& text, const std::string
 std::vector<Host> read_hostfile(const std::string& path);
 void write_hostfile(const std::string& path, const std::vector<Host>& hosts);
 
+// The hosts of a Slurm allocation (czrun in a job, without --hostfile): `names` as `scontrol show hostnames`
+// lists them, each with the slots SLURM_TASKS_PER_NODE gives it ("2(x3),1": 2 on each of the first three
+// nodes, 1 on the fourth; empty: 1 each). ValueError when the counts do not cover the nodes.
+std::vector<Host> hosts_of_allocation(const std::vector<std::string>& names,
+                                      const std::string& tasks_per_node);
+// The node names of a Slurm node list (n[1-3],gpu7), from `scontrol show hostnames`; CommError when it fails.
+std::vector<std::string> slurm_hostnames(const std::string& node_list);
+
 int total_slots(const std::vector<Host>& hosts);
 // The ranks [first, first + slots) of each host when ranks fill the slots in order (mpirun's --map-by slot).
 struct Placement {

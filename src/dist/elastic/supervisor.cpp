@@ -192,7 +192,8 @@ bool is_failure_line(const std::string& line) {
 }
 
 int supervise(const SupervisorOptions& o) {
-  const std::vector<Host> all_hosts = read_hostfile(o.hostfile);
+  const std::vector<Host> all_hosts = o.hostfile.empty() ? o.hosts : read_hostfile(o.hostfile);
+  CZ_CHECK(!all_hosts.empty(), "no hosts to run on");
   CZ_CHECK(!o.command.empty(), "no training command (give it after --)");
   const std::vector<std::string>& cmd = o.command;
   const char *ck_flag = flag_name(&TrainConfig::checkpoint_dir),
@@ -226,6 +227,8 @@ int supervise(const SupervisorOptions& o) {
     events.append(e);
   };
   install_handlers();
+  // srun passes its environment on: the ranks learn that a supervisor stops them (as mpirun's -x tells them).
+  if (o.srun) ::setenv("CZ_SUPERVISOR", "czrun", 1);
 
   std::vector<Host> active = all_hosts;
   std::optional<std::string> resume = flag_value(cmd, resume_flag);
@@ -279,13 +282,27 @@ int supervise(const SupervisorOptions& o) {
       if (resume) run = with_flag(run, resume_flag, *resume);
     }
     std::vector<std::string> argv = o.mpirun;
-    for (const std::string& w : keepalive_options(o.daemon_timeout_s)) argv.push_back(w);
-    // The ranks learn that a supervisor stops them (by SIGUSR1, Note [Elastic restarts]), so that they do not
-    // advise a user to signal mpirun (convnext_zero's note on Open MPI's kill deadline).
-    for (const char* w : {"-x", "CZ_SUPERVISOR=czrun"}) argv.emplace_back(w);
-    for (const std::string& w :
-         {std::string("--hostfile"), hostfile, std::string("-np"), std::to_string(shape->world)})
-      argv.push_back(w);
+    if (o.srun) {
+      // Note [czrun with srun]: inside a Slurm job an attempt may be an srun step over the nodes in use, in
+      // order, block-distributed (each node's tasks before the next node's, as mpirun fills a hostfile's
+      // slots), PMIx for MPI; --kill-on-bad-exit ends the step at a rank's abort, as mpirun ends its job. A
+      // node is probed with a one-task step: srun fails at once on a node whose slurmd is gone. The ranks
+      // learn of the supervisor from the environment, which srun passes on (mpirun needs -x).
+      for (const std::string& w :
+           {std::string("--mpi=pmix"), std::string("--kill-on-bad-exit=1"),
+            std::string("--distribution=block"), fmt::format("--nodes={}", used.size()),
+            fmt::format("--ntasks={}", shape->world),
+            fmt::format("--nodelist={}", fmt::join(names_of(used), ","))})
+        argv.push_back(w);
+    } else {
+      for (const std::string& w : keepalive_options(o.daemon_timeout_s)) argv.push_back(w);
+      // The ranks learn that a supervisor stops them (by SIGUSR1, Note [Elastic restarts]), so that they do
+      // not advise a user to signal mpirun (convnext_zero's note on Open MPI's kill deadline).
+      for (const char* w : {"-x", "CZ_SUPERVISOR=czrun"}) argv.emplace_back(w);
+      for (const std::string& w :
+           {std::string("--hostfile"), hostfile, std::string("-np"), std::to_string(shape->world)})
+        argv.push_back(w);
+    }
     argv.insert(argv.end(), run.begin(), run.end());
     if (attempt > 0) say(fmt::format("relaunching: {}", shell_words(argv)));
     event({{"event", "launch"},
@@ -339,10 +356,16 @@ int supervise(const SupervisorOptions& o) {
     std::vector<std::vector<std::string>> probes;
     for (const Host& h : candidates) {
       std::vector<std::string> p = o.mpirun;
-      for (const std::string& w : keepalive_options(o.daemon_timeout_s)) p.push_back(w);
-      for (const std::string& w :
-           {std::string("--host"), h.name, std::string("-np"), std::string("1"), std::string("true")})
-        p.push_back(w);
+      if (o.srun) {
+        for (const std::string& w : {std::string("--nodes=1"), std::string("--ntasks=1"),
+                                     "--nodelist=" + h.name, std::string("true")})
+          p.push_back(w);
+      } else {
+        for (const std::string& w : keepalive_options(o.daemon_timeout_s)) p.push_back(w);
+        for (const std::string& w :
+             {std::string("--host"), h.name, std::string("-np"), std::string("1"), std::string("true")})
+          p.push_back(w);
+      }
       probes.push_back(std::move(p));
     }
     const std::vector<bool> answers = run_all(probes, o.probe_timeout_s);

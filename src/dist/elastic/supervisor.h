@@ -32,12 +32,18 @@
 #include <string>
 #include <vector>
 
+#include "dist/elastic/hostfile.h"
+
 namespace cz::elastic {
 
 struct SupervisorOptions {
   std::string hostfile;
+  std::vector<Host> hosts;  // used when `hostfile` is empty: the nodes of a Slurm allocation (czrun)
   std::vector<std::string> mpirun = {"mpirun"};  // the launcher and its options (no -np, no hostfile)
-  std::vector<std::string> command;              // the training command (convnext_zero and its flags)
+  // Inside a Slurm job: launch with srun (`mpirun` then holds srun and its options) over `hosts`, one step
+  // per attempt, and probe a node with a one-task step (Note [czrun with srun] in supervisor.cpp).
+  bool srun = false;
+  std::vector<std::string> command;  // the training command (convnext_zero and its flags)
   int min_ranks = 1;
   int max_restarts = 3;
   bool readmit = false;          // probe dropped hosts again at each restart, and take back those that answer

@@ -136,9 +136,30 @@ void Trainer::track_best(BestEval& best, const EvalResult& r, const char* folder
 // Note [Stopping on request] (stop.cpp): every rank contributes its stop signal and whether its part of the
 // save in flight is written; all see all, so all take the same decisions. A save is published at the first
 // boundary after its last rank file (and rank 0's index) is durable, not at the next save.
+//
+// Note [Stopping before the job's end]: with --end-margin M in a Slurm job, rank 0 compares the clock with
+// the job's end time T at each boundary: when the next step, as long as the slowest so far, would end after
+// T - M, the run stops here as on SIGUSR1 (final checkpoint, exit 75), leaving M seconds for the final save
+// and the job script's requeue. Rank 0 alone decides, so the ranks' clocks need not agree; the exchange below
+// tells the others.
 int Trainer::step_boundary() {
   const bool unwritten = pending_save_ && !pending_save_->written();
-  std::vector<double> all = {double(stop_signal()), unwritten ? 1.0 : 0.0};
+  int mine = stop_signal();
+  if (mine == 0 && job_end_time_ && cfg_.end_margin > 0) {
+    const double now = double(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count()) /
+                       1000;
+    const double left = double(*job_end_time_) - now;
+    if (left - longest_step_s_ < cfg_.end_margin) {
+      mine = kStopJobEnd;
+      console_print(stderr,
+                    fmt::format("convnext_zero: the job ends in {:.0f} s: stopping after step {} with "
+                                "a final checkpoint ({} {})\n",
+                                left, step_, flag_name(&TrainConfig::end_margin), cfg_.end_margin));
+    }
+  }
+  std::vector<double> all = {double(mine), unwritten ? 1.0 : 0.0};
   all = control_.all_gather(all);  // Note [Control communicator]
   int sig = 0;
   bool written = true;

@@ -43,6 +43,7 @@ struct TrainConfig {
       false;               // publish each periodic checkpoint before the next step, not in the background
   bool keep_best = false;  // also keep the checkpoints of the best eval top-1 (weights' and EMA's): DIR/best*
   std::string resume;      // a checkpoint folder (its latest) or one DIR/step_N to continue from
+  double end_margin = 0;   // Slurm: stop with a checkpoint this many seconds before the job's end (0: off)
 
   // Data.
   std::string data = "synthetic";

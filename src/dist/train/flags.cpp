@@ -551,6 +551,19 @@ std::vector<Flag> make_flags() {
            [](C c, F f) {
              CZ_CHECK(c.keep_checkpoints >= 0, "{} must be >= 0, got {}", f.name, c.keep_checkpoints);
            }},
+      {.name = "--end-margin",
+       .field = &T::end_margin,
+       .group = kOutputGroup,
+       .help = "in a Slurm job: stop after the step that ends less than SECONDS before the job's end time "
+               "(SLURM_JOB_END_TIME, else slurmctld's), save a final checkpoint and exit 75, as on SIGUSR1, "
+               "so that a job script can requeue it (docs/slurm.md); 0: off",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.end_margin >= 0, "{} must be >= 0 seconds (0: off), got {}", f.name, c.end_margin);
+             CZ_CHECK(c.end_margin == 0 || !c.checkpoint_dir.empty(),
+                      "{} needs {}: the stop before the job's end saves a checkpoint to resume from", f.name,
+                      flag_name(&T::checkpoint_dir));
+           }},
       {.name = "--keep-best",
        .field = &T::keep_best,
        .group = kOutputGroup,

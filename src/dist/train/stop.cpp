@@ -110,6 +110,7 @@ void set_latest_checkpoint(const std::string& path) {
 }
 
 std::string signal_name(int sig) {
+  if (sig == kStopJobEnd) return "the job's end time (--end-margin)";
   return sig == SIGINT || sig == SIGTERM || sig == SIGUSR1 ? short_name(sig) : fmt::format("signal {}", sig);
 }
 

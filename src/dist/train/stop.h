@@ -13,6 +13,10 @@ inline constexpr int kExitUsage = 2;     // a bad command line (unknown flag, ba
 inline constexpr int kExitStopped = 75;  // stopped on request after saving what was asked for (EX_TEMPFAIL:
                                          // the run can be resumed)
 
+// The stop "signal" of a run stopped before its Slurm job's end (--end-margin): not a signal number, so that
+// signal_name() and the exit code treat it as a stop on request.
+inline constexpr int kStopJobEnd = -1;
+
 // Installs the handlers (replacing World's launcher-SIGTERM message). `announce`: this process prints the one
 // "stopping after this step" line of the job (rank 0). Idempotent.
 void install_stop_handlers(bool announce);
@@ -20,7 +24,7 @@ void install_stop_handlers(bool announce);
 int stop_signal();
 // The checkpoint a second signal's message names as the newest on disk ("" before the first is published).
 void set_latest_checkpoint(const std::string& path);
-// "SIGTERM", "SIGINT", "SIGUSR1", or "signal N".
+// "SIGTERM", "SIGINT", "SIGUSR1", "the job's end time" (kStopJobEnd), or "signal N".
 std::string signal_name(int sig);
 
 }  // namespace cz::train

@@ -609,6 +609,7 @@ TrainSummary Trainer::run() {
     const StepStats s = step();
     if (tracer_) tracer_->after_step(s.step);
     ++steps_run;
+    longest_step_s_ = std::max(longest_step_s_, s.step_time_s);
     images += cfg_.global_batch(world_.size());
     time_in_steps += s.step_time_s;
     if (steps_run > 1) {

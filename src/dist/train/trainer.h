@@ -122,6 +122,9 @@ class Trainer {
   // Collective, at a step boundary: whether the run is to stop on request, and the save in flight published
   // if every rank has written its file (Note [Stopping on request]). Returns the stop signal, 0 to go on.
   int step_boundary();
+  // --end-margin: the job's end time (Unix seconds), on rank 0; the step boundary stops the run once the
+  // next step would end within the margin of it (Note [Stopping before the job's end]).
+  void set_job_end_time(std::optional<int64_t> end_time) { job_end_time_ = end_time; }
   // Continues from a checkpoint (Note [Resuming]); the constructor calls it for --resume.
   void resume(const std::string& path);
 
@@ -201,6 +204,8 @@ class Trainer {
   BestEval best_, best_ema_;
   int64_t total_steps_ = 0;
   int64_t step_ = 0;
+  std::optional<int64_t> job_end_time_;  // --end-margin, rank 0
+  double longest_step_s_ = 0;            // this run's slowest step so far, for --end-margin
   JsonLog log_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0, --tensorboard
 };

@@ -1,0 +1,349 @@
+#!/usr/bin/env bash
+# convnext_zero under a real Slurm (scripts/slurm.sh; docs/slurm.md). Usage:
+#   run_slurm_tests.sh CASE SLURM_SH CLUSTER_DIR APP CZRUN EXAMPLES
+#   updown             a cluster of its own: up in seconds, `srun -n2 hostname` runs, down leaves no process of
+#                      it, and a second down is fine
+#   cluster            the shared cluster (fixture slurm_cluster): srun over 3 nodes, `srun --mpi=list` names
+#                      pmix (printed), sbatch runs a job script to completion
+#   srun_mpirun_train  examples/slurm/train.sbatch launched both ways on 2 nodes x 1 task: `srun --mpi=pmix` and
+#                      `mpirun` (reading the allocation, no hostfile) log the losses of `mpirun -np 2` outside
+#                      Slurm to the bit; start-up of srun and mpirun steps inside one allocation at 2 and 4 ranks
+#   preempt_requeue    train.sbatch preempted twice (SIGUSR1 to the batch shell, as --signal=B:USR1 does): each
+#                      time the run publishes a checkpoint, exits 75, the job requeues itself and resumes; the log
+#                      holds steps 1..N once each and the final weights equal an unpreempted run's to the bit
+#   end_margin         a job of 1 minute with --end-margin 45 stops by itself before its end with a checkpoint,
+#                      exit 75, and requeues
+#   czrun_node_lost    czrun in a job of 3 nodes (--no-kill) reads its nodes from Slurm; node n3 killed (its
+#                      slurmd and the step's tasks on it): czrun drops it, relaunches on n1 and n2 from the newest
+#                      checkpoint, and the run finishes with each step logged once; node n3 started again
+#   czrun_node_lost_srun  the same with czrun --srun (each attempt an srun --mpi=pmix step)
+#   errors             one clear line each: mpirun -np disagreeing with the job's tasks, srun without --mpi, more
+#                      ranks on a node than GPUs, a requeued job without --checkpoint-dir, the program started
+#                      by the job script itself in a job of several tasks
+# Exits 77 (ctest: skipped) with the reason where no cluster runs (scripts/slurm.sh up skipped: not root, Slurm
+# or munge not installed, a daemon that would not start).
+set -uo pipefail
+# Run inside a Slurm job (a CI on a cluster), that job's variables would reach the test cluster's jobs (sbatch
+# passes the environment on) and the runs outside Slurm: none of them.
+unset "${!SLURM_@}" CZ_IGNORE_SLURM
+case_name=$1 slurm_sh=$2 cluster=$3 app=$4 czrun=$5 examples=$6
+work=$(mktemp -d /tmp/czs-test.XXXXXX)
+cleanup() {
+  if [[ -n ${SLURM_CONF:-} && -f $work/jobs ]]; then
+    while read -r j; do scancel "$j" 2> /dev/null; done < "$work/jobs"
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
+t_start=$(date +%s.%N)
+elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
+
+# The tiny model of the stop tests: steps of ~10-20 ms on 2 cores.
+# shellcheck disable=SC2054  # the commas are the flags' own
+model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --loader-threads 1
+       --data synthetic:n=512,eval_n=64,classes=4 --eval-batches 1 --eval-every 0 --drop-path 0.1 --augment
+       --seed 5 --micro-batch 8 --stage 2)
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+# The cluster's nodes are one host: they share /dev/shm, where Open MPI's shared-memory transport (vader) of two
+# nodes' ranks collided (a segfault in MPI_Comm_split_type at 2 nodes x 2 ranks). TCP between all ranks; a real
+# cluster needs no such setting. sbatch and srun pass it on to the jobs.
+export OMPI_MCA_btl=self,tcp
+# Open MPI's session folders of our own: mpiruns of other tests creating /tmp/ompi.HOST.0 at the same moment
+# made ours fail ("mkdir /tmp/ompi.vm.0: File exists").
+mkdir -p "$work/ompi"
+export OMPI_MCA_orte_tmpdir_base=$work/ompi
+
+use_cluster() {
+  if [[ ! -f $cluster/slurm.conf ]] || ! SLURM_CONF=$cluster/slurm.conf timeout 5 scontrol ping > /dev/null 2>&1; then
+    echo "SKIP: no Slurm cluster in $cluster (the fixture test slurm_up skipped or failed: see its output)"
+    exit 77
+  fi
+  export SLURM_CONF=$cluster/slurm.conf
+}
+
+# submit ARGS...: sbatch --parsable; records the job for cleanup (in a file: submit runs in $(...)); prints
+# its id.
+submit() {
+  local id
+  id=$(sbatch --parsable "$@") || fail "sbatch $* failed"
+  echo "$id" >> "$work/jobs"
+  echo "$id"
+}
+# release JOB: a requeued job may start now instead of after Slurm's 2-minute hold. Not within the second of
+# the requeue: slurmd rejects a job credential issued in the same second as the revocation the requeue made
+# ("Killing non-startable batch JobId=7: Job credential revoked"), which Slurm's own hold never meets.
+release() {
+  sleep 2
+  scontrol update JobId="$1" StartTime=now || fail "could not release job $1"
+}
+job_state() { squeue -h -j "$1" -o %T 2> /dev/null; }
+# wait_state JOB STATE SECONDS: until squeue shows the state ("" for gone); 1 on timeout.
+wait_state() {
+  local i
+  for ((i = 0; i < $3 * 10; ++i)); do [[ $(job_state "$1") == "$2" ]] && return 0; sleep 0.1; done
+  return 1
+}
+# wait_requeued JOB N SECONDS: until the job has been requeued N times and waits to start again.
+wait_requeued() {
+  local i
+  for ((i = 0; i < $3 * 10; ++i)); do
+    [[ $(job_state "$1") == PENDING ]] && scontrol show job "$1" | grep -q "Restarts=$2 " && return 0
+    sleep 0.1
+  done
+  return 1
+}
+last_step() { steps_of "$1" | tail -n 1 | cut -d' ' -f1; }
+wait_for_step() {  # LOG N SECONDS
+  local i
+  for ((i = 0; i < $3 * 10; ++i)); do
+    [[ -s $1 ]] && (($(last_step "$1" || echo 0) >= $2)) && return 0
+    sleep 0.1
+  done
+  return 1
+}
+check_each_step_once() {
+  local got
+  got=$(steps_of "$1" | cut -d' ' -f1 | tr '\n' ' ')
+  [[ $got == "$(seq -s ' ' 1 "$2") " ]] || fail "$1 does not hold steps 1..$2 once each: $got"
+  echo "$1 holds steps 1..$2, each once"
+}
+# same_steps A B N WHAT: both logs hold steps 1..N with the same losses and gradient norms, to the bit (the
+# decimal text as written).
+same_steps() {
+  [[ $(steps_of "$1" | wc -l) -eq $3 ]] || fail "$4: $1 has $(steps_of "$1" | wc -l) step records, not $3"
+  diff <(steps_of "$1") <(steps_of "$2") > "$work/diff" || { head -n 6 "$work/diff"; fail "$4: the runs differ"; }
+}
+# The straight run: the same flags under mpirun -np 2 outside Slurm.
+straight_run() {  # LOG STEPS [EXTRA...]
+  local log=$1 steps=$2
+  shift 2
+  env -u SLURM_CONF mpirun -np 2 --bind-to none "$app" "${model[@]}" --steps "$steps" --log "$log" "$@" \
+    > "$work/straight.out" 2>&1 || { cat "$work/straight.out"; fail "the run outside Slurm failed"; }
+}
+
+case $case_name in
+updown)
+  t0=$(date +%s.%N)
+  "$slurm_sh" up "$cluster" --nodes 2 > "$work/up.out" 2>&1
+  rc=$?
+  ((rc == 77)) && { cat "$work/up.out"; exit 77; }
+  ((rc == 0)) || { cat "$work/up.out"; fail "slurm.sh up exited with $rc"; }
+  echo "up in $(elapsed "$t0") s"
+  export SLURM_CONF=$cluster/slurm.conf
+  out=$(timeout 30 srun -N2 -n2 hostname) || fail "srun -n2 hostname failed"
+  [[ $(wc -l <<< "$out") -eq 2 ]] || fail "srun -n2 hostname printed: $out"
+  # A job still running when the cluster goes down.
+  timeout 30 srun -N1 -n1 sleep 300 > /dev/null 2>&1 &
+  for ((i = 0; i < 50; ++i)); do [[ -n $(squeue -h -t R) ]] && break; sleep 0.1; done
+  t0=$(date +%s.%N)
+  "$slurm_sh" down "$cluster" || fail "slurm.sh down failed"
+  echo "down in $(elapsed "$t0") s"
+  # The daemons (marked in their environment) and the steps' slurmstepd (working in the cluster's log folder).
+  left=$( (grep -lzxF "CZ_SLURM_DIR=$cluster" /proc/[0-9]*/environ
+    find /proc/[0-9]*/cwd -maxdepth 0 -lname "$cluster/*") 2> /dev/null | cut -d/ -f3 | sort -u | tr '\n' ' ')
+  left=${left% }
+  [[ -z $left ]] || { ps -o pid,cmd -p ${left// /,}; fail "processes of the cluster left after down: $left"; }
+  wait  # the srun client ends with its job
+  for p in /proc/[0-9]*; do
+    { tr '\0' '\n' < "$p/environ"; } 2> /dev/null > "$work/env" || continue
+    grep -qxF "SLURM_CONF=$cluster/slurm.conf" "$work/env" && grep -q "^SLURM_JOB_ID=" "$work/env" && left+=" ${p#/proc/}"
+  done
+  [[ -z $left ]] || { ps -o pid,cmd -p ${left// /,}; fail "a job's process was left after down:$left"; }
+  "$slurm_sh" down "$cluster" || fail "a second slurm.sh down failed"
+  echo "nothing left running; down twice is fine"
+  ;;
+
+cluster)
+  use_cluster
+  out=$(timeout 30 srun -N3 -n3 -l printenv SLURMD_NODENAME | sort) || fail "srun over 3 nodes failed"
+  [[ $(echo $out) == "0: n1 1: n2 2: n3" ]] || fail "srun -N3 -n3 ran on: $out"
+  echo "srun -N3 -n3: $(echo $out)"
+  mpi=$(srun --mpi=list 2>&1)
+  echo "srun --mpi=list: $(echo $mpi)"
+  grep -qw pmix <<< "$mpi" || echo "note: this Slurm offers no pmix: srun launches of Open MPI programs are refused"
+  printf '#!/bin/bash\nsrun -l hostname\necho "tasks $SLURM_NTASKS nodes $SLURM_JOB_NODELIST"\n' > "$work/job.sh"
+  id=$(submit -N2 --ntasks-per-node=2 -o "$work/job.out" "$work/job.sh")
+  wait_state "$id" "" 30 || fail "job $id did not finish"
+  cat "$work/job.out"
+  grep -q "tasks 4 nodes n\[1-2\]" "$work/job.out" || fail "the job script's output is not as expected"
+  [[ $(grep -c '^[0-3]: ' "$work/job.out") -eq 4 ]] || fail "srun in the batch script did not run 4 tasks"
+  ;;
+
+srun_mpirun_train)
+  use_cluster
+  pmix=1
+  srun --mpi=list 2>&1 | grep -qw pmix || pmix=0
+  straight_run "$work/straight.jsonl" 30
+  ways=(mpirun)
+  ((pmix)) && ways=(srun mpirun)
+  for launch in "${ways[@]}"; do
+    t0=$(date +%s.%N)
+    id=$(CZ_APP=$app CZ_CHECKPOINT_DIR=$work/ck_$launch CZ_LOG=$work/$launch.jsonl CZ_LAUNCH=$launch \
+      CZ_TRAIN_ARGS="${model[*]} --steps 30" CZ_END_MARGIN=0 \
+      submit -N2 --ntasks-per-node=1 -o "$work/$launch.out" "$examples/train.sbatch")
+    wait_state "$id" "" 90 || { cat "$work/$launch.out"; fail "the $launch job $id did not finish"; }
+    grep -q "finished with exit 0" "$work/$launch.out" || { cat "$work/$launch.out"; fail "the $launch job failed"; }
+    grep -q "x2, fp32, ZeRO stage 2" "$work/$launch.out" || { cat "$work/$launch.out"; fail "the $launch job did not run 2 ranks"; }
+    same_steps "$work/straight.jsonl" "$work/$launch.jsonl" 30 "$launch in train.sbatch vs mpirun -np 2 outside Slurm"
+    echo "$launch in train.sbatch: 30 steps, losses and gradient norms equal to mpirun -np 2 outside Slurm to the bit (job $(elapsed "$t0") s)"
+  done
+  # Start-up cost inside an allocation of N tasks (N = 2, 4): convnext_zero --steps 0 (start, model, data, no
+  # step) launched by srun and by mpirun in turn, 3 times each.
+  printf '#!/bin/bash\nfor rep in 1 2 3; do for launch in %s; do\n t0=$(date +%%s.%%N)\n if [[ $launch == srun ]]; then srun --mpi=pmix %s --steps 0 %s > /dev/null 2>&1; else mpirun --bind-to none %s --steps 0 %s > /dev/null 2>&1; fi\n echo "startup $launch $SLURM_NTASKS $? $(awk -v a=$t0 -v b=$(date +%%s.%%N) "BEGIN { print b - a }")"\ndone; done\n' \
+    "${ways[*]}" "$app" "${model[*]}" "$app" "${model[*]}" > "$work/startup.sh"
+  for n in 1 2; do
+    id=$(submit -N2 --ntasks-per-node=$n -o "$work/startup$n.out" "$work/startup.sh")
+    wait_state "$id" "" 120 || fail "the start-up job did not finish"
+  done
+  cat "$work"/startup[12].out > "$work/startup.out"
+  grep -q "startup" "$work/startup.out" || { cat "$work/startup.out"; fail "no start-up times"; }
+  awk '$1 == "startup" && $4 != 0 { bad = 1; print "failed: " $0 } END { exit bad }' "$work/startup.out" || fail "a start-up run failed"
+  for key in $(awk '$1 == "startup" { print $2 "_" $3 }' "$work/startup.out" | sort -u); do
+    times=$(awk -v l="${key%_*}" -v n="${key#*_}" '$1 == "startup" && $2 == l && $3 == n { print $5 }' "$work/startup.out" | sort -g)
+    echo "start-up inside the allocation, ${key%_*} at ${key#*_} ranks: median $(sed -n "$(( ($(wc -l <<< "$times") + 1) / 2 ))p" <<< "$times") s of $(echo $times) s"
+  done
+  ;;
+
+preempt_requeue)
+  use_cluster
+  steps=400
+  straight_run "$work/straight.jsonl" $steps --export-weights "$work/straight.h5"
+  # Job script as in examples/slurm: mpirun in the batch step, SIGUSR1 to the batch shell.
+  id=$(CZ_APP=$app CZ_CHECKPOINT_DIR=$work/ck CZ_LOG=$work/run.jsonl CZ_LAUNCH=mpirun \
+    CZ_TRAIN_ARGS="${model[*]} --steps $steps --checkpoint-every 100 --export-weights $work/run.h5" CZ_END_MARGIN=0 \
+    submit -N2 --ntasks-per-node=1 -o "$work/job.out" "$examples/train.sbatch")
+  prev=0
+  for round in 1 2; do
+    wait_for_step "$work/run.jsonl" $((prev + 60)) 60 || { cat "$work/job.out"; fail "round $round: the run did not reach step $((prev + 60))"; }
+    sent=$(date +%s.%N)
+    at=$(last_step "$work/run.jsonl")
+    scancel --batch --signal=USR1 "$id" || fail "scancel --batch --signal=USR1 failed"
+    # The job requeues itself: PENDING (Slurm holds a requeued job for 2 minutes: released at once here).
+    wait_requeued "$id" $round 60 || { cat "$work/job.out"; fail "round $round: the job did not requeue itself"; }
+    published=$(date -r "$work/ck/latest" +%s.%N)
+    stopped=$(last_step "$work/run.jsonl")
+    ck=$(cat "$work/ck/latest")
+    [[ $ck == "step_$stopped" ]] || fail "round $round: latest is $ck but the run stopped after step $stopped"
+    restarts=$(scontrol show job "$id" | grep -o 'Restarts=[0-9]*')
+    [[ $restarts == "Restarts=$round" ]] || fail "round $round: scontrol shows $restarts"
+    release "$id"
+    released=$(date +%s.%N)
+    wait_for_step "$work/run.jsonl" $((stopped + 1)) 60 || { cat "$work/job.out"; fail "round $round: the job did not resume"; }
+    first=$(date +%s.%N)
+    echo "preemption $round: SIGUSR1 at step $at; stopped after step $stopped; checkpoint $ck published $(awk -v a="$sent" -v b="$published" 'BEGIN { printf "%.2f", b - a }') s after the signal; requeued; first step after the release $(awk -v a="$released" -v b="$first" 'BEGIN { printf "%.2f", b - a }') s later"
+    prev=$stopped
+  done
+  wait_state "$id" "" 90 || { cat "$work/job.out"; fail "the job did not finish"; }
+  cat "$work/job.out"
+  grep -q "finished with exit 0" "$work/job.out" || fail "the last start did not finish the run"
+  [[ $(grep -c "requeueing" "$work/job.out") -eq 2 ]] || fail "the job was not requeued twice"
+  [[ $(grep -c "resumed from" "$work/job.out") -eq 2 ]] || fail "the job did not resume twice"
+  check_each_step_once "$work/run.jsonl" $steps
+  same_steps "$work/straight.jsonl" "$work/run.jsonl" $steps "preempted twice vs unpreempted"
+  h5diff "$work/straight.h5" "$work/run.h5" > "$work/h5diff.out" 2>&1 || { head "$work/h5diff.out"; fail "the final weights differ"; }
+  echo "steps 1..$steps each logged once, losses equal to the unpreempted run's, final weights equal (h5diff: no difference); steps lost: 0"
+  ;;
+
+end_margin)
+  use_cluster
+  # A 1-minute job with a 45 s margin stops by itself about 15 s in. The script's --signal=B:USR1@120 would
+  # come first (slurmctld sends it at its next pass: seen 1-15 s into the job): 5 s before the end instead.
+  id=$(CZ_APP=$app CZ_CHECKPOINT_DIR=$work/ck CZ_LOG=$work/run.jsonl CZ_LAUNCH=mpirun \
+    CZ_TRAIN_ARGS="${model[*]} --steps 100000 --schedule constant" CZ_END_MARGIN=45 \
+    submit -N1 --ntasks-per-node=2 --time=1 --signal=B:USR1@5 -o "$work/job.out" "$examples/train.sbatch")
+  wait_state "$id" RUNNING 30 || fail "the job did not start"
+  end=$(date -d "$(squeue -h -j "$id" -o %e)" +%s)
+  wait_requeued "$id" 1 60 || { cat "$work/job.out"; fail "the job did not stop and requeue itself before its end"; }
+  scancel "$id"
+  cat "$work/job.out"
+  grep -q "stopped by the job's end time (--end-margin) after step" "$work/job.out" || fail "no stop before the job's end"
+  grep -q "stopped with a checkpoint (exit 75): requeueing" "$work/job.out" || fail "the job script did not requeue"
+  published=$(date -r "$work/ck/latest" +%s)
+  [[ $(cat "$work/ck/latest") == "step_$(last_step "$work/run.jsonl")" ]] || fail "latest is not the last step"
+  echo "checkpoint $(cat "$work/ck/latest") published $((end - published)) s before the job's end (margin 45 s)"
+  ((end - published >= 30)) || fail "published only $((end - published)) s before the end"
+  ;;
+
+errors)
+  use_cluster
+  # expect_line OUT WANT: the output holds WANT on its only error line.
+  expect_line() {
+    grep -qF -- "$2" "$1" || { cat "$1"; fail "the output lacks '$2'"; }
+    local n
+    n=$(grep -c "convnext_zero: error:" "$1")
+    [[ $n -eq 1 ]] || { cat "$1"; fail "$n error lines, not one"; }
+    ! grep -qiE 'terminate called|segmentation|core dumped|MPI_ABORT|PMI' <(grep -v "convnext_zero: error" "$1") ||
+      { cat "$1"; fail "more than one clear line"; }
+    echo "ok: $(grep "convnext_zero: error:" "$1")"
+  }
+  quick=("$app" "${model[@]}" --steps 2)
+  # mpirun -np 1 in a job of 2 tasks.
+  printf '#!/bin/bash\nmpirun -np 1 %s\necho "exit $?"\n' "${quick[*]}" > "$work/np.sh"
+  id=$(submit -N2 --ntasks-per-node=1 -o "$work/np.out" "$work/np.sh")
+  wait_state "$id" "" 60 || fail "job $id did not finish"
+  expect_line "$work/np.out" "mpirun started 1 rank but job $id has 2 tasks (2 nodes x 1 --ntasks-per-node): leave -np out"
+  grep -q "exit [1-9]" "$work/np.out" || fail "mpirun -np 1 did not fail"
+  # srun without --mpi.
+  timeout 60 srun -N2 -n2 "${quick[@]}" > "$work/srun.out" 2>&1 && fail "srun without --mpi succeeded"
+  expect_line "$work/srun.out" "srun started 2 tasks without a PMI plugin"
+  # 2 ranks on a node with 1 GPU, --device cuda (checked before any GPU is touched).
+  if srun --mpi=list 2>&1 | grep -qw pmix; then
+    timeout 60 srun --mpi=pmix -N1 --ntasks-per-node=2 --gpus-per-node=1 "${quick[@]}" --device cuda \
+      > "$work/gpu.out" 2>&1 && fail "2 ranks on 1 GPU succeeded"
+    expect_line "$work/gpu.out" "2 ranks run on one node but job"
+    grep -qF "has 1 GPU per node (--gpus-per-node 1)" "$work/gpu.out" || fail "the GPU line lacks the count"
+  fi
+  # A requeued job without --checkpoint-dir: the job requeues itself once, then runs.
+  printf '#!/bin/bash\nif [[ ${SLURM_RESTART_COUNT:-0} == 0 ]]; then scontrol requeue $SLURM_JOB_ID; sleep 30; fi\nsrun --mpi=pmix %s\necho "exit $?"\n' "${quick[*]}" > "$work/rq.sh"
+  id=$(submit -N1 -n1 -o "$work/rq.out" --open-mode=append "$work/rq.sh")
+  wait_requeued "$id" 1 30 || fail "job $id did not requeue"
+  release "$id"
+  wait_state "$id" "" 60 || fail "job $id did not finish"
+  expect_line "$work/rq.out" "job $id has been requeued (1 time) but the run has no --checkpoint-dir"
+  # The program started by the job script itself in a job of 2 tasks.
+  printf '#!/bin/bash\n%s\necho "exit $?"\n' "${quick[*]}" > "$work/direct.sh"
+  id=$(submit -N2 --ntasks-per-node=1 -o "$work/direct.out" "$work/direct.sh")
+  wait_state "$id" "" 60 || fail "job $id did not finish"
+  expect_line "$work/direct.out" "the job has 2 tasks but convnext_zero was started once"
+  ;;
+
+czrun_node_lost | czrun_node_lost_srun)
+  use_cluster
+  steps=400
+  launcher='--mpirun-args "--bind-to none"'
+  [[ $case_name == czrun_node_lost_srun ]] && launcher=--srun
+  # czrun in a job of 3 nodes x 1 task, with no hostfile: it reads the nodes from Slurm. --no-kill: the job
+  # outlives a failed node (without it Slurm cancels the whole job when it notices the node is gone).
+  printf '#!/bin/bash\n%s '"$launcher"' --min-ranks 2 --max-restarts 2 --probe-timeout 10 --start-timeout 60 -- %s %s --micro-batch 4 --steps %s --checkpoint-dir %s --checkpoint-every 20 --checkpoint-sync --comm-timeout 20 --log %s\necho "czrun exit $?"\n' \
+    "$czrun" "$app" "${model[*]}" $steps "$work/ck" "$work/run.jsonl" > "$work/czrun.sh"
+  id=$(submit --no-kill -N3 --ntasks-per-node=1 -o "$work/job.out" "$work/czrun.sh")
+  wait_for_step "$work/ck/czrun/attempt-0.jsonl" 60 60 || { cat "$work/job.out"; fail "the first launch did not reach step 60"; }
+  killed=$(date +%s.%N)
+  at=$(last_step "$work/ck/czrun/attempt-0.jsonl")
+  "$slurm_sh" node "$cluster" n3 kill
+  wait_for_step "$work/ck/czrun/attempt-1.jsonl" 1 90 || { cat "$work/job.out"; "$slurm_sh" node "$cluster" n3 start; fail "czrun did not relaunch"; }
+  relaunched=$(date +%s.%N)
+  # Back now, not after the job: a job with a silent node stays COMPLETING until slurmctld gives the node up.
+  t0=$(date +%s.%N)
+  "$slurm_sh" node "$cluster" n3 start || fail "node n3 did not come back"
+  echo "node n3 back in service $(elapsed "$t0") s after its slurmd was started again"
+  wait_state "$id" "" 120 || { cat "$work/job.out"; fail "the job did not finish"; }
+  grep -v '^step \|^checkpoint ' "$work/job.out"
+  grep -q "^czrun: Slurm job $id: n1 (1 slot) n2 (1 slot) n3 (1 slot)" "$work/job.out" || fail "czrun did not read the job's nodes"
+  grep -q "lost host n3 (ranks \[2\] of 3) did not answer" "$work/job.out" || fail "czrun did not drop n3"
+  grep -q "restart 1 of 2 at 2 ranks" "$work/job.out" || fail "czrun did not relaunch on 2 ranks"
+  grep -q "czrun exit 0" "$work/job.out" || fail "czrun did not finish the run"
+  check_each_step_once "$work/run.jsonl" $steps
+  summary=$(grep '"event":"summary"' "$work/ck/czrun/events.jsonl")
+  restarts=$(sed -E 's/.*"restarts":([0-9]+).*/\1/' <<< "$summary")
+  lost=$(sed -E 's/.*"steps_lost":([0-9]+).*/\1/' <<< "$summary")
+  [[ $restarts == 1 ]] || fail "czrun's summary: $summary"
+  echo "node n3 killed at step $at; czrun relaunched on n1, n2: first step of the relaunch $(awk -v a="$killed" -v b="$relaunched" 'BEGIN { printf "%.1f", b - a }') s after the kill; restarts $restarts, steps lost $lost"
+  ;;
+
+*) fail "unknown case $case_name" ;;
+esac
+echo "PASS $case_name in $(elapsed "$t_start") s"
