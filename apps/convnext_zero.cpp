@@ -436,6 +436,9 @@ int main(int argc, char** argv) {
             cz::omp_wait_policy_note());
       if (!trainer.comm_backend_note().empty())
         fmt::print("convnext_zero: collectives over {}\n", trainer.comm_backend_note());
+      // Note [CUDA graphs for the step]: on a CPU run there is nothing to say (and `on` was refused).
+      if (cfg.device != "cpu")
+        fmt::print("convnext_zero: CUDA graphs {}\n", trainer.cuda_graph_plan().note());
       for (const std::string& line : trainer.data_notes()) fmt::print("convnext_zero: {}\n", line);
       if (!trainer.init_weights_note().empty())
         fmt::print("convnext_zero: {}\n", trainer.init_weights_note());
