@@ -72,6 +72,19 @@ TEST(GraphPlan, AccumulationCapturesTheLastMicroStepApart) {
   EXPECT_THAT(p.note(), HasSubstr("2 graphs"));
 }
 
+// fp16: the loss scale is written into device memory before the step; the skip is the update's.
+TEST(GraphPlan, Fp16IsCapturedWithItsLossScaleInDeviceMemory) {
+  GraphPlanInput in = cuda_run(GraphMode::on);
+  in.loss_scaling = true;
+  const GraphPlan p = plan_cuda_graphs(in);
+  ASSERT_TRUE(p.capture);
+  ASSERT_EQ(p.segments.size(), 5u);
+  EXPECT_EQ(p.segments[0].name, "loss scale");
+  EXPECT_FALSE(p.segments[0].captured);
+  EXPECT_THAT(p.segments[0].why, HasSubstr("device memory"));
+  EXPECT_THAT(p.note(), HasSubstr("eager: loss scale, input, loss read, update"));
+}
+
 TEST(GraphPlan, APartialLastBatchRunsEagerlyWithoutTurningGraphsOff) {
   GraphPlanInput in = cuda_run();
   in.last_micro_batch = 17;
@@ -103,7 +116,6 @@ TEST(GraphPlan, AutoSaysWhyNotAndOnIsRefusedForTheSameReason) {
       {"nccl of one", [](GraphPlanInput& in) { in.comm = "nccl"; }, "event queries"},
       {"stage 3", [](GraphPlanInput& in) { in.stage = 3; }, "--stage 3"},
       {"offload", [](GraphPlanInput& in) { in.offload = true; }, "--offload-optimizer"},
-      {"fp16", [](GraphPlanInput& in) { in.loss_scaling = true; }, "loss scale"},
       {"drop-path", [](GraphPlanInput& in) { in.drop_path = 0.1; }, "--drop-path 0.1"},
       {"short run", [](GraphPlanInput& in) { in.steps = kGraphWarmupSteps; }, "warm-up"},
   };

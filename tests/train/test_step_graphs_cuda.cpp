@@ -1,13 +1,16 @@
 // --cuda-graphs on a GPU (Note [CUDA graphs for the step]): a run whose micro-steps are replayed from CUDA
 // graphs gives the same losses, gradient norms and weights, to the bit, as the same run without graphs:
-// fp32 and bf16 at one rank, with gradient accumulation, with evaluations and the EMA between replays, and
-// with a micro-batch of another shape falling back to an eager micro-step. fp16 and the ZeRO stages are not
-// captured: auto runs them eagerly, on is refused. Skips without a GPU.
+// fp32 and bf16 at one rank, with gradient accumulation, fp16 with overflowing steps skipped and the scale
+// halved between replays, with evaluations and the EMA between replays, and with a micro-batch of another
+// shape falling back to an eager micro-step. The ZeRO stages 1-3 are not captured: auto runs them eagerly, on
+// is refused. Skips without a GPU.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dist/train/trainer.h"
@@ -74,6 +77,36 @@ TEST(StepGraphs, ReplaysMatchTheEagerStepBitForBit) {
     }
 }
 
+// fp16 from a loss scale far too large: the first steps overflow and are skipped, also after the capture, and
+// each replay scales by its step's value (read from device memory).
+TEST(StepGraphs, Fp16LossScaleChangesBetweenReplays) {
+  CZ_REQUIRE_GPU();
+  auto run = [](const char* graphs) {
+    TrainConfig c = gpu_config("fp16", graphs);
+    c.initial_loss_scale = std::ldexp(1.0, 36);  // over fp16's range for a few steps, then in it
+    c.steps = 24;
+    Trainer t(c, dist::World::get());
+    std::vector<double> v;
+    int skipped_after_capture = 0;
+    for (int64_t s = 0; s < c.steps; ++s) {
+      const StepStats st = t.step();
+      v.push_back(st.loss);
+      v.push_back(st.grad_norm);
+      v.push_back(st.loss_scale);
+      skipped_after_capture += st.skipped && s >= kGraphWarmupSteps;
+    }
+    for (float w : master_values(t)) v.push_back(w);
+    return std::tuple(v, t.graph_replays(), skipped_after_capture);
+  };
+  const auto [a, a_replays, a_skipped] = run("off");
+  const auto [b, b_replays, b_skipped] = run("on");
+  EXPECT_EQ(b_replays, 24 - kGraphWarmupSteps);
+  EXPECT_GE(b_skipped, 1) << "no overflow after the capture: the test does not test the scale's update";
+  EXPECT_LT(b_skipped, 24 - kGraphWarmupSteps) << "every step overflowed";
+  EXPECT_EQ(a_skipped, b_skipped);
+  EXPECT_EQ(bits_differing(a, b), 0u);
+}
+
 // Evaluations and the EMA's swaps between replays change no address the graph uses.
 TEST(StepGraphs, EvaluationAndEmaBetweenReplays) {
   CZ_REQUIRE_GPU();
@@ -127,29 +160,30 @@ TEST(StepGraphs, AnotherShapeRunsEagerly) {
 }
 
 // Not captured: auto runs eagerly and says why; on is refused with the same reason.
-TEST(StepGraphs, Fp16AndShardedStagesAreNotCaptured) {
+TEST(StepGraphs, ShardedStagesAndTracingAreNotCaptured) {
   CZ_REQUIRE_GPU();
-  TrainConfig fp16 = gpu_config("fp16", "auto");
-  {
-    Trainer t(fp16, dist::World::get());
-    EXPECT_FALSE(t.cuda_graph_plan().capture);
-    EXPECT_THAT(t.cuda_graph_plan().note(), HasSubstr("loss scale"));
-    for (int s = 0; s < 3; ++s) t.step();
-    EXPECT_EQ(t.graph_replays(), 0);
-  }
-  fp16.cuda_graphs = "on";
-  try {
-    Trainer t(fp16, dist::World::get());
-    ADD_FAILURE() << "--cuda-graphs on with fp16 was accepted";
-  } catch (const ValueError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("--cuda-graphs on"));
-    EXPECT_THAT(e.what(), HasSubstr("loss scale"));
-  }
   for (int stage = 1; stage <= 3; ++stage) {
-    TrainConfig c = gpu_config("bf16", "on");
+    TrainConfig c = gpu_config("bf16", "auto");
     c.stage = stage;
-    EXPECT_THROW(Trainer(c, dist::World::get()), ValueError) << "stage " << stage;
+    {
+      Trainer t(c, dist::World::get());
+      EXPECT_FALSE(t.cuda_graph_plan().capture);
+      EXPECT_THAT(t.cuda_graph_plan().note(), HasSubstr(fmt::format("--stage {}", stage)));
+      for (int s = 0; s < 4; ++s) t.step();
+      EXPECT_EQ(t.graph_replays(), 0);
+    }
+    c.cuda_graphs = "on";
+    try {
+      Trainer t(c, dist::World::get());
+      ADD_FAILURE() << "--cuda-graphs on at stage " << stage << " was accepted";
+    } catch (const ValueError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("--cuda-graphs on"));
+      EXPECT_THAT(e.what(), HasSubstr(fmt::format("--stage {}", stage)));
+    }
   }
+  TrainConfig c = gpu_config("bf16", "on");
+  c.trace = (temp_dir() / "graphs_trace.json").string();
+  EXPECT_THROW(Trainer(c, dist::World::get()), ValueError);
 }
 
 }  // namespace

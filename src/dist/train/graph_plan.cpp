@@ -38,9 +38,6 @@ std::string unsafe_reason(const GraphPlanInput& in) {
   if (in.offload)
     return fmt::format("{}: gradients go to host memory during backward, for a host thread to update",
                        flag_name(&TrainConfig::offload_optimizer));
-  if (in.loss_scaling)
-    return "fp16's dynamic loss scale is a kernel argument of the loss's scaling (a replay would keep the "
-           "captured scale), and an overflow skips the step on the host";
   if (in.drop_path > 0)
     return fmt::format(
         "{} {}: the masks are drawn from the step number, a kernel argument (a replay would repeat the "
@@ -77,6 +74,10 @@ GraphPlan plan_cuda_graphs(const GraphPlanInput& in) {
   plan.capture = true;
   plan.warmup_steps = kGraphWarmupSteps;
   plan.reason = "one rank without collectives, fixed shapes, no host reads in forward and backward";
+  if (in.loss_scaling)
+    plan.segments.push_back({"loss scale", false,
+                             "fp16: the step's loss scale is written into device memory that the graph's "
+                             "scaling of the loss reads (an overflow's skip is decided in the update)"});
   plan.segments.push_back(
       {"input", false,
        "model_input reads each batch's draws from pinned host memory, so it runs eagerly; the images and "

@@ -173,6 +173,9 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
                                            control_, world_.rank(), world_.size(), device_);
     tracer_->watch_blocks(*model_, model_->units(), cfg_.stage == 3);
   }
+  // fp16's loss scale multiplies the loss from device memory, written before each step, so that a replayed
+  // micro-step scales by this step's value (Note [CUDA graphs for the step]).
+  if (scaler_.enabled()) loss_scale_ = full({}, scaler_.scale(), DType::f32, device_);
   graph_plan_ = plan_cuda_graphs(graph_plan_input(cfg_, world_.size(), comm_kind, total_steps_));
   if (graph_plan_.capture) graphs_ = std::make_unique<StepGraphs>(device_, graph_plan_.warmup_steps);
 }
@@ -443,6 +446,7 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
   s.lr = schedule_->lr_at(s.step);
   s.loss_scale = scaler_.scale();
   engine_->begin_step(s.lr, cfg_.clip_grad, scaler_);
+  if (loss_scale_.defined()) loss_scale_.fill_(s.loss_scale);
   model_->train();
   // The micro-steps' losses are summed on the device and read once, after the last backward: a read per
   // micro-step would make the host wait for each backward before queuing the next micro-step.
@@ -467,7 +471,11 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
           soft ? soft_target_cross_entropy(logits, y) : cross_entropy(logits, y, cfg_.label_smoothing);
       phase.reset();
       if (tracer_) tracer_->memory_sample(alloc.stats().allocated_bytes);  // the activations' peak
-      backward_and_reduce(scale(loss, s.loss_scale / double(cfg_.grad_accum)), last);
+      // The mean over the micro-steps, then fp16's loss scale (a power of two: the product is the same as
+      // one multiply by their quotient).
+      Tensor scaled = scale(loss, 1.0 / double(cfg_.grad_accum));
+      if (loss_scale_.defined()) scaled = mul(scaled, loss_scale_);
+      backward_and_reduce(scaled, last);
       if (tracer_) tracer_->memory_sample(alloc.stats().allocated_bytes);
       return loss.detach();
     };

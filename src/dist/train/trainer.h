@@ -199,6 +199,7 @@ class Trainer {
 
   std::unique_ptr<LrSchedule> schedule_;
   LossScaler scaler_ = LossScaler::disabled();
+  Tensor loss_scale_;  // fp16: the loss scale on the device, () f32, written at each step's start
 
   BestEval best_, best_ema_;
   int64_t total_steps_ = 0;
