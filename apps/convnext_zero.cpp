@@ -471,6 +471,9 @@ int main(int argc, char** argv) {
                    100 * std::max(0.0, 1 - s.comm_exposed_s / s.comm_s), s.comm_s);
       fmt::print(")");
       print_data_wait(s, trainer.config());  // its --loader-threads resolved
+      if (trainer.cuda_graph_plan().capture)
+        fmt::print("; {} micro-steps replayed from CUDA graphs, {} of another shape run eagerly",
+                   trainer.graph_replays(), trainer.graph_uncaptured());
       if (!cfg.log.empty()) fmt::print("; plot: {}", cz::elastic::shell_words({CZ_PLOT_SCRIPT, cfg.log}));
       fmt::print("\n");
     }
