@@ -463,10 +463,13 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
     model_->set_drop_path_context(cfg_.seed, uint64_t(s.step), (a * world_.size() + world_.rank()) * micro);
     const bool last = a + 1 == cfg_.grad_accum;
     // Forward, loss and backward: what --cuda-graphs captures and replays (Note [CUDA graphs for the step]).
+    // The logits outlive the loss's sum below, as the memory planner's walk of a step has them
+    // (plan/step_trace).
+    Tensor logits;
     auto micro_step = [&](const Tensor& x, const Tensor& y) {
       std::optional<trace::Span> phase(std::in_place, "forward",
                                        "phase");  // --trace's compute lane, to the loss
-      Tensor logits = (*model_)(x).to(DType::f32);
+      logits = (*model_)(x).to(DType::f32);
       Tensor loss =
           soft ? soft_target_cross_entropy(logits, y) : cross_entropy(logits, y, cfg_.label_smoothing);
       phase.reset();
