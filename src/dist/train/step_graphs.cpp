@@ -2,22 +2,44 @@
 #include "dist/train/step_graphs.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
+#include <mutex>
 
 #include "tensor/allocator.h"
 #include "tensor/check.h"
 #include "tensor/cuda/runtime.h"
 
 namespace cz::train {
+namespace {
+
+constexpr int kMaxDevices = 16;
+std::mutex graphs_mu;
+std::array<void*, kMaxDevices> graph_streams{};  // guarded by graphs_mu
+std::array<int, kMaxDevices> live_graphs{};      // StepGraphs per device; guarded by graphs_mu
+
+// One graph stream per device for the process, never destroyed (as the copy stream: Note [Copying the next
+// batch ahead]): its blocks, and the cuBLAS(Lt) and cuDNN workspaces the context keeps for it, serve every
+// trainer in turn instead of piling up. Graphs of several trainers on it replay one after another, so their
+// temporaries may share blocks as any graph's do.
+Stream graph_stream(Device device) {
+  CZ_CHECK_DEVICE(device.is_cuda() && device.index >= 0 && device.index < kMaxDevices,
+                  "CUDA graphs on {}: they need a CUDA device", device.str());
+  std::lock_guard<std::mutex> lock(graphs_mu);
+  void*& s = graph_streams[size_t(device.index)];
+  if (!s) s = cuda_runtime::stream_create(device.index);
+  ++live_graphs[size_t(device.index)];
+  return Stream{device, s};
+}
+
+}  // namespace
 
 StepGraphs::StepGraphs(Device device, int warmup_steps)
     : device_(device),
       warmup_steps_(warmup_steps),
-      stream_{device, cuda_runtime::stream_create(device.index)},
+      stream_(graph_stream(device)),
       ready_(device),
-      done_(device) {
-  CZ_CHECK_DEVICE(device.is_cuda(), "CUDA graphs on {}: they need a CUDA device", device.str());
-}
+      done_(device) {}
 
 StepGraphs::~StepGraphs() {
   try {
@@ -26,11 +48,12 @@ StepGraphs::~StepGraphs() {
       cuda_runtime::graph_destroy(g.exec);
       g = Graph();
     }
-    cuda_runtime::graph_release_blocks(device_.index);
+    std::lock_guard<std::mutex> lock(graphs_mu);
+    // The blocks kept for graphs are reusable once no graph of the device can run again.
+    if (--live_graphs[size_t(device_.index)] == 0) cuda_runtime::graph_release_blocks(device_.index);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%sCUDA graphs: teardown failed: %s\n", log_prefix().c_str(), e.what());
   }
-  cuda_runtime::stream_destroy(stream_.handle);
 }
 
 std::vector<int64_t> StepGraphs::key_of(const Tensor& images, const Tensor& targets) {

@@ -1,6 +1,6 @@
 // The trainer's CUDA graphs: a GraphPlan (graph_plan.h) carried out. Each kind of micro-step (the last of a
-// step, the others) is run eagerly on a stream of its own for the warm-up steps, then captured once into a
-// graph with static input buffers, then replayed with one launch per micro-step.
+// step, the others) is run eagerly on the device's graph stream for the warm-up steps, then captured once
+// into a graph with static input buffers, then replayed with one launch per micro-step.
 #pragma once
 
 #include <array>
@@ -51,8 +51,9 @@ class StepGraphs {
   Device device_;
   int warmup_steps_;
   int64_t steps_ = 0;
-  Stream
-      stream_;  // the graph stream: warm-ups, captures and replays only (Note [Allocations during capture])
+  // The device's graph stream (one for the process): warm-ups, captures and replays only (Note [Allocations
+  // during capture]).
+  Stream stream_;
   Event ready_, done_;  // caller's stream -> graph stream before a micro-step, back after it
   std::array<Graph, 2> graphs_;
   int64_t replays_ = 0, uncaptured_ = 0;
