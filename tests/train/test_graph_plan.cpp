@@ -9,6 +9,7 @@
 
 #include "dist/train/config.h"
 #include "dist/train/graph_plan.h"
+#include "dist/train/step_graphs.h"
 #include "tensor/check.h"
 
 namespace cz::train {
@@ -150,6 +151,21 @@ TEST(GraphPlan, TheCpuHasNoGraphsAndRefusesOn) {
   EXPECT_EQ(p.reason, "the run is on the CPU");
   in.mode = GraphMode::on;
   EXPECT_THAT(message_of(in), HasSubstr("--cuda-graphs on needs --device cuda"));
+}
+
+// StepGraphs' choice per micro-step over a run: warm-up steps, the capture, replays, and a micro-batch of
+// another shape run eagerly (before the capture it is a warm-up like any other).
+TEST(GraphPlan, EachMicroStepsAction) {
+  using A = GraphAction;
+  constexpr int w = kGraphWarmupSteps;
+  EXPECT_EQ(graph_action(false, false, 0, w), A::warmup);
+  EXPECT_EQ(graph_action(false, false, w - 1, w), A::warmup);
+  EXPECT_EQ(graph_action(false, false, w, w), A::capture);
+  EXPECT_EQ(graph_action(false, false, w + 5, w), A::capture);  // a kind first met late (accumulation)
+  EXPECT_EQ(graph_action(true, true, w, w), A::replay);
+  EXPECT_EQ(graph_action(true, true, 1000, w), A::replay);
+  EXPECT_EQ(graph_action(true, false, w + 1, w), A::eager);
+  EXPECT_EQ(graph_action(false, false, 0, 0), A::capture);  // no warm-up asked: capture at once
 }
 
 TEST(GraphPlan, InputFromTheFlags) {

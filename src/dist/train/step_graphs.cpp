@@ -66,15 +66,22 @@ std::vector<int64_t> StepGraphs::key_of(const Tensor& images, const Tensor& targ
   return k;
 }
 
+GraphAction graph_action(bool captured, bool same_shape, int64_t steps_done, int warmup_steps) {
+  if (captured) return same_shape ? GraphAction::replay : GraphAction::eager;
+  return steps_done < warmup_steps ? GraphAction::warmup : GraphAction::capture;
+}
+
 Tensor StepGraphs::micro_step(bool last, const Tensor& images, const Tensor& targets, const MicroStep& body) {
   Graph& g = graphs_[last];
   const Stream caller = current_stream(device_);
-  if (g.exec && key_of(images, targets) != g.key) {  // another shape: as without graphs
+  const GraphAction action =
+      graph_action(g.exec != nullptr, g.exec && key_of(images, targets) == g.key, steps_, warmup_steps_);
+  if (action == GraphAction::eager) {
     ++uncaptured_;
     return body(images, targets);
   }
   Tensor loss;
-  const bool warmup = !g.exec && steps_ < warmup_steps_;
+  const bool warmup = action == GraphAction::warmup;
   if (warmup) {
     // Warm-up on the graph stream: its pool, workspaces and algorithm choices are what the capture finds.
     // The caller frees `images` and `targets` only after done_ is queued on its stream, so their blocks are
@@ -86,7 +93,7 @@ Tensor StepGraphs::micro_step(bool last, const Tensor& images, const Tensor& tar
       loss = body(images, targets);
     }
   } else {
-    if (!g.exec) {
+    if (action == GraphAction::capture) {
       capture(g, images, targets, body);
     } else {
       g.images.copy_(images);  // on the caller's stream, before ready_

@@ -13,6 +13,16 @@
 
 namespace cz::train {
 
+// What a micro-step does (StepGraphs::micro_step), by whether its kind's graph was captured, whether its
+// input has the captured shapes, and how many steps ran before: a pure function, tested on the CPU.
+enum class GraphAction {
+  warmup,   // eagerly on the graph stream (before the capture)
+  capture,  // captured, then replayed
+  replay,   // the batch copied into the static buffers, the graph replayed
+  eager,    // another shape than the captured one: eagerly on the caller's stream, as without graphs
+};
+GraphAction graph_action(bool captured, bool same_shape, int64_t steps_done, int warmup_steps);
+
 class StepGraphs {
  public:
   // One micro-step: forward, loss and backward on (images, targets); returns the unscaled loss, detached.
