@@ -49,7 +49,9 @@ struct Setup {
   // peak, and whether a background save's host copy is alive during a step.
   int64_t prefetched = 0;
   bool copy_in_flight = false;
-  int64_t run_steps = 0;  // the run's steps where known (--steps, or the run as it went), else 0
+  // The steps the run ran where it is known (plan_request_for_run), else 0: a plan (--plan, --what-if, whose
+  // requests carry a stand-in --steps) asks --cuda-graphs as for a run long enough to capture.
+  int64_t run_steps = 0;
 };
 
 // The engine's layout and model state at `stage`, with or without offload.
@@ -245,7 +247,7 @@ Setup setup_of(const PlanRequest& req) {
   Setup s;
   s.cfg = req.config;
   plan_the_run(req, s);
-  s.run_steps = req.last_step > 0 ? req.last_step : s.cfg.steps;
+  s.run_steps = req.last_step > 0 ? req.last_step - req.first_step + 1 : 0;
   if (s.cfg.steps == 0 && s.cfg.epochs == 0) s.cfg.steps = 1;  // validate() wants a length
   s.cfg.validate();
   CZ_CHECK(req.world >= 1, "--ranks must be at least 1, got {}", req.world);

@@ -44,7 +44,7 @@ struct GraphPlanInput {
   int64_t grad_accum = 1;        // micro-steps per step
   int64_t micro_batch = 1;       // --micro-batch
   int64_t last_micro_batch = 0;  // the size of an epoch's last micro-batch where it is partial; 0: none
-  int64_t steps = 0;             // the run's steps (0: unknown, as for bench_train_step)
+  int64_t steps = 0;             // the steps this process runs (0: unknown)
 };
 
 // One part of a step, in the order the step runs them.

@@ -176,7 +176,8 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
   // fp16's loss scale multiplies the loss from device memory, written before each step, so that a replayed
   // micro-step scales by this step's value (Note [CUDA graphs for the step]).
   if (scaler_.enabled()) loss_scale_ = full({}, scaler_.scale(), DType::f32, device_);
-  graph_plan_ = plan_cuda_graphs(graph_plan_input(cfg_, world_.size(), comm_kind, total_steps_));
+  // The steps this process runs (after a resume, those left): the warm-up counts them.
+  graph_plan_ = plan_cuda_graphs(graph_plan_input(cfg_, world_.size(), comm_kind, total_steps_ - step_));
   if (graph_plan_.capture) graphs_ = std::make_unique<StepGraphs>(device_, graph_plan_.warmup_steps);
 }
 
