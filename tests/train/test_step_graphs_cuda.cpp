@@ -83,7 +83,7 @@ TEST(StepGraphs, Fp16LossScaleChangesBetweenReplays) {
   CZ_REQUIRE_GPU();
   auto run = [](const char* graphs) {
     TrainConfig c = gpu_config("fp16", graphs);
-    c.initial_loss_scale = std::ldexp(1.0, 36);  // over fp16's range for a few steps, then in it
+    c.initial_loss_scale = std::ldexp(1.0, 30);  // over fp16's range for several steps, then in it
     c.steps = 24;
     Trainer t(c, dist::World::get());
     std::vector<double> v;
