@@ -169,7 +169,8 @@ TEST(Planner, MixedPrecisionOnCudaKeepsMasterWeightsApart) {
 }
 
 // Note [CUDA graphs for the step]: with graphs captured (auto, one rank, stage 0) the input row holds each
-// graph's static copy of a micro-batch's images (compute dtype) and labels and its loss, beside the eager step.
+// graph's static copy of a micro-batch's images (compute dtype) and labels and its loss, beside the eager
+// step.
 TEST(Planner, CudaGraphsHoldStaticCopiesOfTheInput) {
   PlanRequest r = atto_request();
   r.config.device = "cuda";
