@@ -505,6 +505,9 @@ int main(int argc, char** argv) {
             cz::omp_wait_policy_note());
       if (!trainer.comm_backend_note().empty())
         fmt::print("convnext_zero: collectives over {}\n", trainer.comm_backend_note());
+      // Note [CUDA graphs for the step]: on a CPU run there is nothing to say (and `on` was refused).
+      if (cfg.device != "cpu")
+        fmt::print("convnext_zero: CUDA graphs {}\n", trainer.cuda_graph_plan().note());
       for (const std::string& line : trainer.data_notes()) fmt::print("convnext_zero: {}\n", line);
       if (!trainer.init_weights_note().empty())
         fmt::print("convnext_zero: {}\n", trainer.init_weights_note());
@@ -538,6 +541,9 @@ int main(int argc, char** argv) {
                    100 * std::max(0.0, 1 - s.comm_exposed_s / s.comm_s), s.comm_s);
       fmt::print(")");
       print_data_wait(s, trainer.config());  // its --loader-threads resolved
+      if (trainer.cuda_graph_plan().capture)
+        fmt::print("; {} micro-steps replayed from CUDA graphs, {} of another shape run eagerly",
+                   trainer.graph_replays(), trainer.graph_uncaptured());
       if (const std::string plot = plot_script(); !cfg.log.empty() && !plot.empty())
         fmt::print("; plot: {}", cz::elastic::shell_words({plot, cfg.log}));
       fmt::print("\n");

@@ -53,6 +53,8 @@ struct Flags {
   int stage = 0;                 // ZeRO stage (a world of one: the engine's buffers and copies, no traffic)
   bool offload = false;          // --offload-optimizer
   bool offload_overlap = false;  // --offload-overlap-step
+  // The app's --cuda-graphs; off by default, so the figure stays the eager step's, as recorded before graphs.
+  std::string cuda_graphs = "off";
 };
 
 [[noreturn]] void usage(const char* msg) {
@@ -64,7 +66,8 @@ struct Flags {
       "                        [--no-conv-benchmark] [--not-reproducible] [--tf32] [--depthwise-cudnn]\n"
       "                        [--depthwise-direct] [--no-gemm-epilogues] [--patchify-gemm] [--json FILE]\n"
       "                        [--peak-tflops T] [--profile N] [--stage 0-3] [--offload] "
-      "[--offload-overlap-step]\n",
+      "[--offload-overlap-step]\n"
+      "                        [--cuda-graphs auto|on|off (default off)]\n",
       msg);
   std::exit(2);
 }
@@ -95,6 +98,8 @@ Flags parse(int argc, char** argv) {
       f.conv_benchmark = false;
     else if (a == "--tf32")
       f.tf32 = true;
+    else if (a == "--cuda-graphs")
+      f.cuda_graphs = value();
     else if (a == "--not-reproducible")
       f.reproducible = false;
     else if (a == "--depthwise-cudnn")
@@ -173,6 +178,7 @@ int run(const Flags& f) {
   c.offload_optimizer = f.offload;
   c.offload_overlap_step = f.offload_overlap;
   c.progress = false;
+  c.cuda_graphs = f.cuda_graphs;
   train::Trainer trainer(c, world);
 #if CZ_WITH_CUDA
   std::optional<StreamGuard> stream_guard;
@@ -230,6 +236,9 @@ int run(const Flags& f) {
       "GiB, loss %.4f (%d timed steps after %d warm-up)\n",
       mc.name.c_str(), dw, f.device.c_str(), f.dtype.c_str(), (long long)f.batch, (long long)f.image,
       1e3 * seconds / f.steps, img_s, tflops, peak_gib, last_loss, f.steps, f.warmup);
+  if (f.cuda_graphs != "off")
+    std::printf("bench_train_step: CUDA graphs %s; %lld micro-steps replayed\n",
+                trainer.cuda_graph_plan().note().c_str(), (long long)trainer.graph_replays());
   if (f.peak_tflops > 0)
     std::printf("bench_train_step: MFU %.1f%% (%.1f of %.1f TFLOP/s; %.2f GFLOP per image)\n", 100 * mfu,
                 tflops, f.peak_tflops, flop_per_img / 1e9);
@@ -274,11 +283,13 @@ int run(const Flags& f) {
                     "\"ms_per_step\": {:.4f}, \"img_per_s\": {:.3f}, \"train_flop_per_img\": {:.6g}, "
                     "\"tflops\": {:.3f}, \"mfu\": {}, \"peak_gib\": {:.4f}, \"loss\": {}, "
                     "\"variant\": \"{}\", \"depthwise\": \"{}\", \"gemm_epilogues\": {}, "
-                    "\"patchify_gemm\": {}, \"profiled_ms_per_step\": {:.4f}, \"ops\": [{}]}}",
+                    "\"patchify_gemm\": {}, \"cuda_graphs\": \"{}\", \"graph_replays\": {}, "
+                    "\"profiled_ms_per_step\": {:.4f}, \"ops\": [{}]}}",
                     mc.name, f.device, f.dtype, f.batch, f.image, f.steps, 1e3 * seconds / f.steps, img_s,
                     flop_per_img, tflops, std::isfinite(mfu) ? fmt::format("{:.4f}", mfu) : "null", peak_gib,
                     std::isfinite(last_loss) ? fmt::format("{:.6f}", last_loss) : "null", variant,
-                    f.depthwise, f.gemm_epilogues, f.patchify_gemm, profiled_ms, ops_json)
+                    f.depthwise, f.gemm_epilogues, f.patchify_gemm, f.cuda_graphs, trainer.graph_replays(),
+                    profiled_ms, ops_json)
             .c_str());
     std::fclose(out);
   }

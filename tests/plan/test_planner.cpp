@@ -168,6 +168,43 @@ TEST(Planner, MixedPrecisionOnCudaKeepsMasterWeightsApart) {
   EXPECT_THROW(make_plan(r), ValueError);
 }
 
+// Note [CUDA graphs for the step]: with graphs captured (auto, one rank, stage 0) the input row holds each
+// graph's static copy of a micro-batch's images (compute dtype) and labels and its loss, beside the eager
+// step.
+TEST(Planner, CudaGraphsHoldStaticCopiesOfTheInput) {
+  PlanRequest r = atto_request();
+  r.config.device = "cuda";
+  r.config.precision = "bf16";
+  r.config.stage = 0;
+  r.config.cuda_graphs = "off";
+  auto input_row = [](const Plan& p) {
+    for (const PlanRow& x : p.rows)
+      if (x.key == "input_batch") return x.bytes;
+    ADD_FAILURE() << "no input_batch row";
+    return int64_t(0);
+  };
+  const Plan off = make_plan(r);
+  const int64_t n = r.config.micro_batch, hw = r.config.image_size * r.config.image_size;
+  const int64_t copies = n * hw * 3 * 2 + n * 8 + 4;  // bf16 images, i64 labels, the f32 loss
+  for (const char* mode : {"auto", "on"}) {
+    r.config.cuda_graphs = mode;
+    const Plan on = make_plan(r);
+    EXPECT_EQ(input_row(on) - input_row(off), copies) << mode;
+    EXPECT_GE(on.total_bytes - off.total_bytes, copies) << mode;
+    EXPECT_LE(on.total_bytes - off.total_bytes, copies + copies / 8 + 3 * 512) << mode;  // size classes
+  }
+  r.config.grad_accum = 2;  // two graphs
+  const Plan two = make_plan(r);
+  r.config.cuda_graphs = "off";
+  EXPECT_EQ(input_row(two) - input_row(make_plan(r)), 2 * copies);
+  r.config.grad_accum = 1;
+  r.config.stage = 2;  // not captured: nothing held
+  r.config.cuda_graphs = "auto";
+  const Plan staged = make_plan(r);
+  r.config.cuda_graphs = "off";
+  EXPECT_EQ(staged.total_bytes, make_plan(r).total_bytes);
+}
+
 TEST(Planner, AnswersForTheLargestModelInWellUnderASecond) {
   PlanRequest r;
   r.config.model = "xlarge";

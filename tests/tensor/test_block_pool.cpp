@@ -46,6 +46,7 @@ class FakeGpu {
   }
   bool completed(void* stream, int64_t seq) {
     std::lock_guard<std::mutex> lock(mu_);
+    ++queries;
     return done_[stream] >= seq;
   }
   void wait(void* stream, int64_t seq) {
@@ -78,6 +79,7 @@ class FakeGpu {
   bool fail_record = false;
   int events_out = 0;  // recorded and not yet recycled
   int events_recorded = 0;
+  int queries = 0;
   int syncs = 0;
   int system_frees = 0;
   int warnings = 0;
@@ -341,6 +343,71 @@ TEST(BlockPool, FailedEventRecordDropsTheBlockButKeepsItCounted) {
   EXPECT_EQ(s.reserved_bytes, kCls);  // the bytes are still held
   EXPECT_EQ(s.num_frees, 1);
   EXPECT_NE(pool.allocate(kSize, kA), p);
+}
+
+// Note [Allocations during capture]: what a CUDA graph captured on kSide may hold an address of is never
+// handed to other work, and the capture sees no event query, no event record and no system free.
+TEST(BlockPool, CaptureKeepsTheGraphsBlocksOutOfReuse) {
+  FakeGpu gpu;
+  Pool pool(FakeBackend{&gpu}, true, "fake");
+  // Before the capture: a block used on another stream is pending on its event.
+  void* before = pool.allocate(kSize, kA);
+  pool.record_stream(before, kB);
+  gpu.launch(kB);
+  pool.release(before);
+  ASSERT_EQ(pool.num_pending(), 1u);
+  void* weights = pool.allocate(kSize, kLegacy);  // made eagerly, read by the graph, freed during capture
+  void* warm = pool.allocate(kSize, kSide);       // a warm-up's temporary on the capture stream
+  pool.release(warm);
+
+  const int queries = gpu.queries, recorded = gpu.events_recorded;
+  pool.begin_capture(kSide);
+  void* tmp = pool.allocate(kSize, kSide);
+  EXPECT_EQ(tmp, warm);  // the capture stream's own pool, filled by the warm-up
+  pool.release(tmp);
+  EXPECT_EQ(pool.allocate(kSize, kSide), warm);  // reused within the capture: the graph orders it
+  void* side_used = pool.allocate(2 * kSize, kSide);
+  pool.record_stream(side_used, kB);
+  pool.release(side_used);  // used on another stream too: no event during a capture, held instead
+  pool.release(weights);    // of another pool: the graph may read it at every replay
+  void* other = pool.allocate(kSize, kA);   // another pool's block made during the capture
+  void* out = pool.allocate(kSize, kSide);  // the graph's output, alive after the capture
+  EXPECT_EQ(gpu.queries, queries);
+  EXPECT_EQ(gpu.events_recorded, recorded);
+  EXPECT_EQ(pool.num_graph_held(), 2u);
+  EXPECT_THROW(pool.empty_cache(), ValueError);
+  EXPECT_THROW(pool.begin_capture(kSide), ValueError);
+  pool.end_capture();
+
+  pool.release(other);  // allocated during the capture for another pool: held even after it
+  EXPECT_EQ(pool.num_graph_held(), 3u);
+  EXPECT_NE(pool.allocate(kSize, kLegacy), weights);
+  EXPECT_NE(pool.allocate(kSize, kA), other);
+  pool.release(out);  // the capture stream's own: back to its pool, which only graph work uses
+  EXPECT_EQ(pool.allocate(kSize, kSide), out);
+  EXPECT_GT(gpu.queries, queries);  // outside the capture the pending block is polled again
+  EXPECT_EQ(gpu.system_frees, 0);
+
+  // The graph is gone: its held blocks return to their home pools.
+  pool.release_graph_blocks();
+  EXPECT_EQ(pool.num_graph_held(), 0u);
+  EXPECT_EQ(pool.allocate(kSize, kLegacy), weights);
+  EXPECT_EQ(pool.allocate(kSize, kA), other);
+  EXPECT_EQ(pool.allocate(2 * kSize, kSide), side_used);
+}
+
+TEST(BlockPool, OutOfMemoryDuringCaptureFreesNothing) {
+  FakeGpu gpu(2 * size_t(kCls));
+  Pool pool(FakeBackend{&gpu}, true, "fake");
+  pool.release(pool.allocate(kSize, kA));  // cached: outside a capture it would be returned and retried
+  void* live = pool.allocate(kSize, kSide);
+  pool.begin_capture(kSide);
+  EXPECT_THROW(pool.allocate(kSize, kSide), FakeOom);
+  EXPECT_EQ(gpu.system_frees, 0);
+  pool.end_capture();
+  EXPECT_NE(pool.allocate(kSize, kSide), nullptr);  // now the cache goes back to the system first
+  EXPECT_EQ(gpu.system_frees, 1);
+  pool.release(live);
 }
 
 TEST(BlockPool, StatisticsStayConsistentUnderConcurrentUse) {

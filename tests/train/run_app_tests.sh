@@ -79,6 +79,8 @@ bad_input)
   check "nosuchkind" "${model[@]}" --steps 1 --data nosuchkind:x
   check "--device" "${tiny[@]}" --steps 1 --device tpu
   check "--stage" "${tiny[@]}" --steps 1 --stage 4
+  check "--cuda-graphs on needs --device cuda" "${tiny[@]}" --steps 1 --cuda-graphs on
+  check "--cuda-graphs must be auto, on or off, got 'maybe'" "${tiny[@]}" --steps 1 --cuda-graphs maybe
   check "--checkpoint-every" "${tiny[@]}" --steps 1 --checkpoint-every 5
   check "$work/no_checkpoints" "${tiny[@]}" --steps 1 --resume "$work/no_checkpoints"
   "$app" "${tiny[@]}" --steps 2 --checkpoint-dir "$work/ck_small" > /dev/null 2>&1 || fail "saving failed"

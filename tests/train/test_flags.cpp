@@ -108,6 +108,7 @@ TEST(Flags, RanksAgreeOnTheFlagsTheTrainerChecked) {
                                            "--grad-accum",
                                            "--optimizer",
                                            "--activation-checkpointing",
+                                           "--cuda-graphs",
                                            "--trace-steps",
                                            "--drop-path",
                                            "--data",

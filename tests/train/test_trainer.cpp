@@ -223,6 +223,26 @@ TEST(Trainer, BadConfigurationsNameTheFlag) {
   EXPECT_THAT(error_of(c), ::testing::HasSubstr("/no/such/weights.h5"));
 }
 
+// --cuda-graphs on a CPU run (in a build with or without CUDA, with or without a GPU): auto and off train as
+// before and say nothing is captured; on is refused naming --device.
+TEST(Trainer, CudaGraphsOnTheCpu) {
+  for (const char* graphs : {"auto", "off"}) {
+    TrainConfig c = tiny_config();
+    c.cuda_graphs = graphs;
+    Trainer t(c, dist::World::get());
+    EXPECT_FALSE(t.cuda_graph_plan().capture) << graphs;
+    EXPECT_TRUE(t.cuda_graph_plan().segments.empty()) << graphs;
+    EXPECT_TRUE(std::isfinite(t.step().loss)) << graphs;
+    EXPECT_EQ(t.graph_replays(), 0) << graphs;
+  }
+  EXPECT_EQ(Trainer(tiny_config(), dist::World::get()).cuda_graph_plan().reason, "the run is on the CPU");
+  TrainConfig c = tiny_config();
+  c.cuda_graphs = "on";
+  EXPECT_THAT(error_of(c), ::testing::HasSubstr("--cuda-graphs on needs --device cuda"));
+  c.cuda_graphs = "yes";
+  EXPECT_THAT(error_of(c), ::testing::HasSubstr("--cuda-graphs must be auto, on or off, got 'yes'"));
+}
+
 }  // namespace
 }  // namespace cz::train
 

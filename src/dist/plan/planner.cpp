@@ -51,6 +51,9 @@ struct Setup {
   // peak, and whether a background save's host copy is alive during a step.
   int64_t prefetched = 0;
   bool copy_in_flight = false;
+  // The steps the run ran where it is known (plan_request_for_run), else 0: a plan (--plan, --what-if, whose
+  // requests carry a stand-in --steps) asks --cuda-graphs as for a run long enough to capture.
+  int64_t run_steps = 0;
 };
 
 // The engine's layout and model state at `stage`, with or without offload.
@@ -122,6 +125,16 @@ StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bo
   // the training device's allocator.
   sp.prefetched_batches = s.cuda ? 0 : s.prefetched;
   sp.soft_targets = s.cfg.mix_config().active();
+  if (s.cuda) {
+    // Note [CUDA graphs for the step]: the plan asks as auto would (a run with --cuda-graphs on where a
+    // capture is unsafe is refused before it starts).
+    const std::string comm =
+        s.world > 1 || s.cfg.comm_backend != "auto" ? (s.cfg.comm_backend == "mpi" ? "mpi" : "nccl") : "";
+    train::GraphPlanInput g = train::graph_plan_input(s.cfg, s.world, comm, s.run_steps);
+    g.cuda = true;
+    if (g.mode == train::GraphMode::on) g.mode = train::GraphMode::automatic;
+    sp.graphs = train::plan_cuda_graphs(g).graphs;
+  }
   sp.state = engine.state.buffers;
   // On CUDA the copy is pinned host memory (Plan::host_rows), outside the device's allocator.
   if (!s.cuda) sp.checkpoint_copy_bytes = std::max<int64_t>(0, checkpoint_copy_bytes(s, engine));
@@ -232,6 +245,7 @@ Setup setup_of(const PlanRequest& req) {
   Setup s;
   s.cfg = req.config;
   plan_the_run(req, s);
+  s.run_steps = req.last_step > 0 ? req.last_step - req.first_step + 1 : 0;
   if (s.cfg.steps == 0 && s.cfg.epochs == 0) s.cfg.steps = 1;  // validate() wants a length
   s.cfg.validate();
   CZ_CHECK(req.world >= 1, "--ranks must be at least 1, got {}", req.world);

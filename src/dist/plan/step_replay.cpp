@@ -104,6 +104,15 @@ void Walker::build() {
   if (s_.cuda) {
     m_.alloc(kCublasWorkspace, Use::workspace, "cuBLAS workspace");
     m_.alloc(kCudnnWorkspace, Use::workspace, "cuDNN workspace allowance");
+    if (s_.compute == DType::f16) m_.alloc(4, Use::input, "fp16 loss scale (device scalar)");
+  }
+  for (int g = 0; g < s_.graphs; ++g) {  // in the input row: copies of a micro-batch's input
+    m_.alloc(
+        s_.micro_batch * s_.image_size * s_.image_size * s_.model.in_chans * int64_t(dtype_size(s_.compute)),
+        Use::input, "CUDA graph's static images");
+    m_.alloc(s_.micro_batch * (s_.soft_targets ? s_.model.num_classes * 4 : 8), Use::input,
+             "CUDA graph's static targets");
+    m_.alloc(4, Use::input, "CUDA graph's loss");
   }
   // Note [Normalising on the device]: the loader's batches hold 8-bit pixels.
   const int64_t image = s_.micro_batch * s_.image_size * s_.image_size * s_.model.in_chans;

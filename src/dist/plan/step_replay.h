@@ -34,6 +34,10 @@ struct StepSpec {
   // Mixup/CutMix on: each batch also carries (n, num_classes) f32 soft targets, which the loss reads instead
   // of the labels (soft_target_cross_entropy: it keeps them and an f32 row sum besides the log-sum-exp).
   bool soft_targets = false;
+  // --cuda-graphs (Note [CUDA graphs for the step]): graphs captured, each holding a static copy of one
+  // micro-batch's images (compute dtype) and targets, and its loss, from the capture on. fp16 on CUDA also
+  // keeps its loss scale in a device scalar.
+  int graphs = 0;
   EngineSpec engine;  // the ZeRO engine: stage, ranks, partitions (engine_trace.h)
   int steps = 1;      // >1 to let the allocator's cache reach its steady state
 };

@@ -509,6 +509,21 @@ std::vector<Flag> make_flags() {
        .field = &T::tf32,
        .group = kDeviceGroup,
        .help = "CUDA: allow TF32 tensor cores for fp32 matmuls"},
+      {.name = "--cuda-graphs",
+       .field = &T::cuda_graphs,
+       .group = kDeviceGroup,
+       .help = "auto | on | off: replay each micro-step's forward, loss and backward from a CUDA graph "
+               "(auto: where the run allows it, else off with the reason in the header; on: refused, naming "
+               "the reason, where it does not; docs/cuda.md)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.cuda_graphs == "auto" || c.cuda_graphs == "on" || c.cuda_graphs == "off",
+                      "{} must be auto, on or off, got '{}'", f.name, c.cuda_graphs);
+             CZ_CHECK(c.cuda_graphs != "on" || c.device.rfind("cuda", 0) == 0,
+                      "{} on needs {} cuda (CUDA graphs record GPU kernels); {} is {}", f.name,
+                      flag_name(&T::device), flag_name(&T::device), c.device);
+           },
+       .ranks_agree = true},
       {.name = "--init-weights",
        .field = &T::init_weights,
        .group = kModelGroup,

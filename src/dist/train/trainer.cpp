@@ -105,6 +105,7 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
   // At one rank, a --comm-backend named on the command line still gets a communicator of one, so that the
   // collectives' code paths run (the NCCL path of a one-GPU box among them); auto keeps none.
   const bool comm_of_one = world_.size() == 1 && cfg_.comm_backend != "auto";
+  std::string comm_kind;  // for --cuda-graphs: "" without a communicator
   if (world_.size() > 1 || comm_of_one) {
     dist::CommOptions opt;
     opt.device = device_;
@@ -127,6 +128,7 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     control_ = dist::ProcessGroup(control_comm_.get(), Device::cpu());
     check_ranks_agree();
     opt.backend = choose_backend();
+    comm_kind = opt.backend == dist::Backend::nccl ? "nccl" : "mpi";
     check_comm_impl(opt.backend);
     two_hop_ = choose_two_hop_reduce(dist::host_map(world_));
     mesh_ = dist::Mesh(world_, opt, cfg_.shard_group, cfg_.hpz || two_hop_, comm_of_one);
@@ -171,6 +173,12 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
                                            control_, world_.rank(), world_.size(), device_);
     tracer_->watch_blocks(*model_, model_->units(), cfg_.stage == 3);
   }
+  // fp16's loss scale multiplies the loss from device memory, written before each step, so that a replayed
+  // micro-step scales by this step's value (Note [CUDA graphs for the step]).
+  if (scaler_.enabled()) loss_scale_ = full({}, scaler_.scale(), DType::f32, device_);
+  // The steps this process runs (after a resume, those left): the warm-up counts them.
+  graph_plan_ = plan_cuda_graphs(graph_plan_input(cfg_, world_.size(), comm_kind, total_steps_ - step_));
+  if (graph_plan_.capture) graphs_ = std::make_unique<StepGraphs>(device_, graph_plan_.warmup_steps);
 }
 
 // Every rank must run the same model, stage, dtypes and batch settings (the flags marked ranks_agree in the
@@ -443,6 +451,7 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
   s.lr = schedule_->lr_at(s.step);
   s.loss_scale = scaler_.scale();
   engine_->begin_step(s.lr, cfg_.clip_grad, scaler_);
+  if (loss_scale_.defined()) loss_scale_.fill_(s.loss_scale);
   model_->train();
   // The micro-steps' losses are summed on the device and read once, after the last backward: a read per
   // micro-step would make the host wait for each backward before queuing the next micro-step.
@@ -457,18 +466,33 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
     Tensor targets = (soft ? batch.targets : batch.labels).to(device_);
     // Note [Drop-path masks]: keyed by the sample's index in the step's global batch.
     model_->set_drop_path_context(cfg_.seed, uint64_t(s.step), (a * world_.size() + world_.rank()) * micro);
-    std::optional<trace::Span> phase(std::in_place, "forward",
-                                     "phase");  // --trace's compute lane, to the loss
-    Tensor logits = (*model_)(images).to(DType::f32);
-    Tensor loss = soft ? soft_target_cross_entropy(logits, targets)
-                       : cross_entropy(logits, targets, cfg_.label_smoothing);
-    phase.reset();
-    if (tracer_) tracer_->memory_sample(alloc.stats().allocated_bytes);  // the activations' peak
-    backward_and_reduce(scale(loss, s.loss_scale / double(cfg_.grad_accum)), a + 1 == cfg_.grad_accum);
-    if (tracer_) tracer_->memory_sample(alloc.stats().allocated_bytes);
+    const bool last = a + 1 == cfg_.grad_accum;
+    // Forward, loss and backward: what --cuda-graphs captures and replays (Note [CUDA graphs for the step]).
+    // The logits outlive the loss's sum below, as the memory planner's walk of a step has them
+    // (plan/step_replay).
+    Tensor logits;
+    auto micro_step = [&](const Tensor& x, const Tensor& y) {
+      std::optional<trace::Span> phase(std::in_place, "forward",
+                                       "phase");  // --trace's compute lane, to the loss
+      logits = (*model_)(x).to(DType::f32);
+      Tensor loss =
+          soft ? soft_target_cross_entropy(logits, y) : cross_entropy(logits, y, cfg_.label_smoothing);
+      phase.reset();
+      if (tracer_) tracer_->memory_sample(alloc.stats().allocated_bytes);  // the activations' peak
+      // The mean over the micro-steps, then fp16's loss scale (a power of two: the product is the same as
+      // one multiply by their quotient).
+      Tensor scaled = scale(loss, 1.0 / double(cfg_.grad_accum));
+      if (loss_scale_.defined()) scaled = mul(scaled, loss_scale_);
+      backward_and_reduce(scaled, last);
+      if (tracer_) tracer_->memory_sample(alloc.stats().allocated_bytes);
+      return loss.detach();
+    };
+    Tensor loss =
+        graphs_ ? graphs_->micro_step(last, images, targets, micro_step) : micro_step(images, targets);
     NoGradGuard no_grad;
-    loss_sum = loss_sum.defined() ? add(loss_sum, loss.detach()) : loss.detach();
+    loss_sum = loss_sum.defined() ? add(loss_sum, loss) : loss;
   }
+  if (graphs_) graphs_->end_step();
   take_next_batch_ahead();  // CUDA: its copy runs beside this step's queued backward
   s.loss = mean_loss(loss_sum);
   update_and_gather(s);
@@ -480,6 +504,7 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
   if (trace::active()) trace::complete(fmt::format("step {}", s.step), "step", t0, t1, "step");
   s.img_per_s = double(cfg_.global_batch(world_.size())) / s.step_time_s;
   s.peak_mem_bytes = alloc.stats().peak_allocated_bytes;
+  if (graphs_) s.peak_mem_bytes = std::max(s.peak_mem_bytes, graphs_->capture_peak());
   s.epoch = epoch_;
   return s;
 }

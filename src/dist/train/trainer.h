@@ -13,6 +13,8 @@
 #include "dist/comm/mesh.h"
 #include "dist/comm/process_group.h"
 #include "dist/train/config.h"
+#include "dist/train/graph_plan.h"
+#include "dist/train/step_graphs.h"
 #include "dist/train/trace_writer.h"
 #include "dist/zero/engine.h"
 #include "io/batch_dump.h"
@@ -114,6 +116,11 @@ class Trainer {
   // What --init-weights loaded ("--init-weights w.h5: 180 tensors (27.82M values) with timm keys; ..."); ""
   // without.
   const std::string& init_weights_note() const { return init_weights_note_; }
+  // --cuda-graphs: what the run captures and replays, or why it does not (Note [CUDA graphs for the step]).
+  const GraphPlan& cuda_graph_plan() const { return graph_plan_; }
+  // Micro-steps replayed from a CUDA graph so far, and those run eagerly beside them (another shape).
+  int64_t graph_replays() const { return graphs_ ? graphs_->replays() : 0; }
+  int64_t graph_uncaptured() const { return graphs_ ? graphs_->uncaptured() : 0; }
   // Collective: starts writing a checkpoint of the current state into --checkpoint-dir (this rank's shard is
   // copied to host memory and written on a background thread); the previous save is finished first.
   void save_checkpoint();
@@ -198,8 +205,13 @@ class Trainer {
   int64_t saved_step_ = -1;        // the step of the newest save begun (or resumed from)
   std::string latest_checkpoint_;  // the newest checkpoint published (or resumed from)
 
+  GraphPlan graph_plan_;
+  // Declared after the engine and the model: destroyed first, while the buffers its graphs use still exist.
+  std::unique_ptr<StepGraphs> graphs_;
+
   std::unique_ptr<LrSchedule> schedule_;
   LossScaler scaler_ = LossScaler::disabled();
+  Tensor loss_scale_;  // fp16: the loss scale on the device, () f32, written at each step's start
 
   BestEval best_, best_ema_;
   int64_t total_steps_ = 0;

@@ -185,6 +185,10 @@ class CachingAllocator final : public Allocator {
     pool_.empty_cache();
   }
 
+  void begin_capture(Stream stream) { pool_.begin_capture(stream); }
+  void end_capture() { pool_.end_capture(); }
+  void release_graph_blocks() { pool_.release_graph_blocks(); }
+
   void record_stream(void* ptr, Stream stream) override {
     if (!ptr) return;
     CZ_CHECK_DEVICE(stream.device.is_cuda(), "record_stream: {} is not a CUDA stream", stream.device.str());
@@ -246,6 +250,16 @@ Allocator& pinned_allocator() {
 DataPtr allocate(size_t nbytes, Stream stream) {
   CZ_CHECK_DEVICE(stream.device.is_cuda(), "cuda::allocate: {} is not a CUDA stream", stream.device.str());
   return device_caching_allocator(stream.device.index).allocate_for(nbytes, stream);
+}
+
+void begin_capture(Stream stream) {
+  device_caching_allocator(stream.device.index).begin_capture(stream);
+}
+void end_capture(Stream stream) {
+  device_caching_allocator(stream.device.index).end_capture();
+}
+void release_graph_blocks(int device) {
+  device_caching_allocator(device).release_graph_blocks();
 }
 
 void record_stream(const Tensor& t, Stream stream) {

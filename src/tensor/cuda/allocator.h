@@ -35,4 +35,9 @@ DataPtr allocate(size_t nbytes, Stream stream);
 // tensors in pinned memory (async copies); a no-op for other CPU tensors.
 void record_stream(const Tensor& t, Stream stream);
 
+// Note [Allocations during capture] (block_pool.h), for the device allocator of `stream`'s device.
+void begin_capture(Stream stream);
+void end_capture(Stream stream);
+void release_graph_blocks(int device);
+
 }  // namespace cz::cuda

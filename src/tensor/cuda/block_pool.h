@@ -44,7 +44,7 @@ class BlockPool {
     const size_t cls = round_to_size_class(nbytes);
     void* home = home_of(stream);
     std::lock_guard<std::mutex> lock(mu_);
-    process_pending(/*wait=*/false);
+    if (!capture_) process_pending(/*wait=*/false);  // Note [Allocations during capture]: no event queries
     void* p = take_cached(home, cls);
     if (!p) {
       p = system_alloc(cls, nbytes);
@@ -52,7 +52,8 @@ class BlockPool {
       stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
       ++stats_.num_system_allocs;
     }
-    live_.emplace(p, Block{cls, home, {}});
+    // Note [Allocations during capture]: a block the graph may use that is not of the capture stream's pool.
+    live_.emplace(p, Block{cls, home, {}, capture_ && home != capture_home_});
     stats_.allocated_bytes += int64_t(cls);
     stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
     ++stats_.num_allocs;
@@ -81,6 +82,11 @@ class BlockPool {
       live_.erase(it);
       stats_.allocated_bytes -= int64_t(b.cls);
       ++stats_.num_frees;
+      // Note [Allocations during capture]: kept for the graph, neither reused nor waited for with events.
+      if (b.graph || (capture_ && (b.home != capture_home_ || !b.streams.empty()))) {
+        graph_held_.push_back({ptr, b.cls, b.home, {}});
+        return;
+      }
       if (b.streams.empty()) {
         free_[{b.home, b.cls}].push_back(ptr);
         return;
@@ -104,7 +110,38 @@ class BlockPool {
   // Waits for pending blocks, then returns every cached block to the system.
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mu_);
+    CZ_CHECK(!capture_, "{} allocator: empty_cache during a CUDA graph capture", name_);
     release_cache();
+  }
+
+  // Note [Allocations during capture]: from begin_capture to end_capture a CUDA graph records the work queued
+  // on `stream`. Meanwhile the pool queries and records no events (a capture forbids both where they touch
+  // captured work), never returns memory to the system (cudaFree would end the capture), and every block the
+  // graph may hold an address of stays out of reuse: the capture stream's own blocks go back to its pool,
+  // which only graph work uses (the caller's promise: nothing but warm-ups, captures and replays runs on that
+  // stream); a block of another pool freed during the capture, or allocated during it and freed at any time
+  // later, and a block used on other streams freed during the capture, are held for the graph until
+  // release_graph_blocks().
+  void begin_capture(const Stream& stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    CZ_CHECK(home_streams_, "{} allocator: a CUDA graph captures device memory only", name_);
+    CZ_CHECK(!capture_, "{} allocator: a CUDA graph capture is already under way", name_);
+    capture_ = true;
+    capture_home_ = stream.handle;
+  }
+  void end_capture() {
+    std::lock_guard<std::mutex> lock(mu_);
+    capture_ = false;
+    capture_home_ = nullptr;
+  }
+  // Once no graph that was captured can run again (destroyed, and the device synchronised): the held blocks
+  // go back to their home pools, and blocks still live from a capture become ordinary ones.
+  void release_graph_blocks() {
+    std::lock_guard<std::mutex> lock(mu_);
+    CZ_CHECK(!capture_, "{} allocator: release_graph_blocks during a capture", name_);
+    for (const Pending& h : graph_held_) free_[{h.home, h.cls}].push_back(h.ptr);
+    graph_held_.clear();
+    for (auto& [ptr, b] : live_) b.graph = false;
   }
 
   MemoryStats stats() const {
@@ -129,12 +166,17 @@ class BlockPool {
     for (const auto& [key, blocks] : free_) n += blocks.size();
     return n;
   }
+  size_t num_graph_held() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return graph_held_.size();
+  }
 
  private:
   struct Block {
     size_t cls;
     void* home;                   // home stream handle; nullptr without home streams
     std::vector<Stream> streams;  // other streams recorded with record_stream
+    bool graph = false;           // allocated during a capture for another pool than the capture stream's
   };
   struct Pending {
     void* ptr;
@@ -203,6 +245,7 @@ class BlockPool {
   // On failure, waits for pending frees, returns the whole cache to the system and tries once more.
   void* system_alloc(size_t cls, size_t requested) {
     if (void* p = backend_.system_alloc(cls)) return p;
+    if (capture_) backend_.out_of_memory(cls, requested, stats_);  // freeing the cache would end the capture
     release_cache();
     if (void* p = backend_.system_alloc(cls)) return p;
     backend_.out_of_memory(cls, requested, stats_);
@@ -215,6 +258,9 @@ class BlockPool {
   std::unordered_map<void*, Block> live_;
   std::unordered_map<PoolKey, std::vector<void*>, PoolKeyHash> free_;
   std::vector<Pending> pending_;
+  std::vector<Pending> graph_held_;  // Note [Allocations during capture] (no events)
+  bool capture_ = false;
+  void* capture_home_ = nullptr;
   MemoryStats stats_;
 };
 

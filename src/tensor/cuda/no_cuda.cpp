@@ -53,6 +53,19 @@ void event_synchronize(void*) {
 float event_elapsed_ms(void*, void*) {
   no_cuda("event_elapsed_ms");
 }
+void graph_begin_capture(Stream) {
+  no_cuda("CUDA graph capture");
+}
+void* graph_end_capture(Stream) {
+  no_cuda("CUDA graph capture");
+}
+void graph_launch(void*, Stream) {
+  no_cuda("CUDA graph launch");
+}
+void graph_destroy(void*) {}
+void graph_release_blocks(int) {
+  no_cuda("CUDA graph");
+}
 void memcpy_async(void*, const void*, size_t, CopyKind, Stream) {
   no_cuda("memcpy");
 }

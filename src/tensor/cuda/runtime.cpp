@@ -107,6 +107,43 @@ float event_elapsed_ms(void* start, void* end) {
   return ms;
 }
 
+void graph_begin_capture(Stream stream) {
+  CZ_CHECK_DEVICE(stream.device.is_cuda() && stream.handle,
+                  "CUDA graph capture needs a stream of its own, not the legacy default stream");
+  cuda::DeviceGuard guard(stream.device.index);
+  cuda::begin_capture(stream);
+  // Relaxed: the caching allocator may still cudaMalloc a block the warm-up did not leave in the pool.
+  const cudaError_t st = cudaStreamBeginCapture(cuda::native(stream), cudaStreamCaptureModeRelaxed);
+  if (st != cudaSuccess) cuda::end_capture(stream);
+  CZ_CHECK_STATUS(st);
+}
+
+void* graph_end_capture(Stream stream) {
+  cuda::DeviceGuard guard(stream.device.index);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t st = cudaStreamEndCapture(cuda::native(stream), &graph);
+  cuda::end_capture(stream);
+  CZ_CHECK_STATUS(st);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);  // the executable graph keeps what it needs
+  CZ_CHECK_STATUS(inst);
+  return exec;
+}
+
+void graph_launch(void* graph, Stream stream) {
+  cuda::DeviceGuard guard(stream.device.index);
+  CZ_CHECK_STATUS(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), cuda::native(stream)));
+}
+
+void graph_destroy(void* graph) {
+  if (graph) (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+}
+
+void graph_release_blocks(int device) {
+  cuda::release_graph_blocks(device);
+}
+
 void memcpy_async(void* dst, const void* src, size_t nbytes, CopyKind kind, Stream stream) {
   if (nbytes == 0) return;
   CZ_CHECK_DEVICE(stream.device.is_cuda(), "memcpy_async: {} is not a CUDA stream", stream.device.str());

@@ -27,6 +27,18 @@ bool event_query(void* event);
 void event_synchronize(void* event);
 float event_elapsed_ms(void* start, void* end);
 
+// CUDA graphs (Note [CUDA graphs for the step] in dist/train/graph_plan.h). begin_capture starts recording
+// the work this thread queues on `stream` (a stream of stream_create, never the legacy default one) and puts
+// the device's caching allocator in capture mode (Note [Allocations during capture]); end_capture stops both
+// and returns the instantiated graph, which graph_launch replays on a stream. graph_release_blocks: once
+// every graph captured on `device` is destroyed and the device synchronised, the blocks kept for them are
+// reusable.
+void graph_begin_capture(Stream stream);
+void* graph_end_capture(Stream stream);
+void graph_launch(void* graph, Stream stream);
+void graph_destroy(void* graph);  // never throws
+void graph_release_blocks(int device);
+
 enum class CopyKind { host_to_device, device_to_host, device_to_device };
 // Asynchronous on `stream`; when host memory is pageable the runtime makes it synchronous w.r.t. the host.
 void memcpy_async(void* dst, const void* src, size_t nbytes, CopyKind kind, Stream stream);
