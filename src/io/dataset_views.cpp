@@ -9,7 +9,7 @@
 // set lacks is an error naming it. The training set's names also go into checkpoints (scalar `class_names`)
 // and exported weights (attribute `class_names`), so that a resumed run and a fine-tune (--init-weights
 // without
-// --reset-head) can refuse a training folder whose classes differ (dist/train/checkpointing.cpp,
+// --reset-head) can refuse a training folder whose classes differ (dist/train/trainer_checkpoints.cpp,
 // trainer.cpp).
 #include <algorithm>
 #include <cmath>

@@ -4,6 +4,7 @@
 # collective, its size and the ranks, and that it all ended soon after the comm timeout.
 set -u
 mpirun=$1 exe=$2 mode=$3
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 comm_timeout=3
 start=$(date +%s)
 out=$(timeout 90 "$mpirun" --allow-run-as-root --oversubscribe -np 3 "$exe" "$mode" "$comm_timeout" 2>&1)
@@ -11,7 +12,6 @@ rc=$?
 elapsed=$(($(date +%s) - start))
 echo "$out"
 echo "== exit code $rc after ${elapsed}s"
-fail() { echo "FAIL: $*"; exit 1; }
 [[ $rc -ne 0 ]] || fail "the job exited 0"
 [[ $rc -ne 124 ]] || fail "the job hung until the guard timeout"
 what='all_reduce of 67108864 bytes on ranks \[0, 1, 2\]'

@@ -29,6 +29,7 @@ fi
 
 mode=$1 mpirun=$2 np=$3
 shift 3
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 dir=$(mktemp -d "${TMPDIR:-/tmp}/cz_limits_test.XXXXXX")
 mpid=
@@ -68,13 +69,12 @@ cleanup() {
   rm -rf "$dir"
   log "cleaned up"
 }
-trap cleanup EXIT
+on_exit cleanup
 
-fail() {
+on_fail() {  # before the preamble's FAIL line: what the job printed
   echo "--- output"
   cat "$dir/out"
-  log "FAIL: $*"
-  exit 1
+  log "failing"
 }
 
 # Starts CMD on np ranks and waits (up to 90 s: start-up is slow on a loaded machine) until every rank runs.

@@ -7,14 +7,10 @@
 #     and unquantized at stage 2 near the quantized run; it holds no 8-bit integers (h5dump, where installed).
 set -uo pipefail
 app=$1 mpiexec=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 common=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --loader-threads 1 --no-progress
         --data synthetic:n=256,eval_n=64,classes=4 --drop-path 0.2 --eval-batches 1 --seed 3 --grad-accum 2
         --clip-grad 1 --bucket-mb 0.01)
-fail() { echo "FAIL: $*"; exit 1; }
-source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
 run() {  # run RANKS LOG ARGS...: 16 images per micro-step in total
   local np=$1 log=$2; shift 2
   if ((np == 1)); then "$app" "${common[@]}" --micro-batch 16 --log "$log" "$@" > "$work/out" 2>&1; else

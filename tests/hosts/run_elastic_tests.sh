@@ -28,8 +28,7 @@
 # namespaces cannot be made.
 set -uo pipefail
 case_name=$1 hosts_sh=$2 czrun=$3 app=$4 mpiexec=$5
-fail() { echo "FAIL: $*"; exit 1; }
-py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 
 if [[ ${CZ_ELASTIC_INNER:-} != 1 ]]; then
   work=$(mktemp -d)

@@ -21,13 +21,10 @@
 # Exits 77 (ctest: skipped) with a SKIP line where namespaces cannot be made (not root).
 set -uo pipefail
 case_name=$1 hosts_sh=$2 probe=$3 app=$4 commbench=$5 mpiexec=$6
-work=$(mktemp -d)
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 # A bed of its own (CZ_HOSTS_BED), so that a bed someone is using by hand is never touched.
 export CZ_HOSTS_BED=t$$
-trap '"$hosts_sh" down > /dev/null 2>&1; rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
-source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
+on_exit '"$hosts_sh" down > /dev/null 2>&1'
 
 # Skip where namespaces cannot be made: hosts.sh up exits 77 with the reason.
 "$hosts_sh" up 1 1 > "$work/probe.out" 2>&1

@@ -10,9 +10,7 @@
 # Usage: run_install_test.sh CMAKE BUILD_DIR SOURCE_DIR
 set -uo pipefail
 cmake=$1 build=$(cd "$2" && pwd) src=$(cd "$3" && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 
 "$cmake" --install "$build" --prefix "$work/prefix" > "$work/install.log" 2>&1 ||
   { cat "$work/install.log"; fail "cmake --install $build --prefix $work/prefix"; }

@@ -12,10 +12,7 @@
 set -u
 case=$1 mpirun=$2 driver=$3 cz_weights=${4:-}
 here=$(cd "$(dirname "$0")" && pwd)
-work=$(mktemp -d "${TMPDIR:-/tmp}/cz_ckpt_test.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 run() {  # run NP ARGS...: the driver at NP ranks; output shown, exit code returned
   local np=$1
   shift

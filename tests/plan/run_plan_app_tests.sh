@@ -4,11 +4,7 @@
 set -uo pipefail
 app=$1
 topo=$2
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
-source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 
 start=$(date +%s%N)
 "$app" --plan --model large --image-size 224 --micro-batch 16 --device cuda --precision bf16 --stage 2 \

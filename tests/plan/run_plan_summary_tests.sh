@@ -5,10 +5,7 @@
 # difference. Usage: run_plan_summary_tests.sh APP
 set -uo pipefail
 app=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 
 summary() {  # summary NAME ARGS...: runs the app, checks "peak memory X per rank (planned X;" and no reason
   local name=$1; shift

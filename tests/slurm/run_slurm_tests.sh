@@ -27,16 +27,15 @@ set -uo pipefail
 # passes the environment on) and the runs outside Slurm: none of them.
 unset "${!SLURM_@}" CZ_IGNORE_SLURM
 case_name=$1 slurm_sh=$2 cluster=$3 app=$4 czrun=$5 examples=$6
-work=$(mktemp -d /tmp/czs-test.XXXXXX)
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
+work=$(mktemp -d /tmp/czs-test.XXXXXX)  # the nodes' jobs read it: a path every node shares
 cleanup() {
   if [[ -n ${SLURM_CONF:-} && -f $work/jobs ]]; then
     while read -r j; do scancel "$j" 2> /dev/null; done < "$work/jobs"
   fi
   rm -rf "$work"
 }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
+on_exit cleanup
 t_start=$(date +%s.%N)
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
 

@@ -6,9 +6,7 @@
 #   run_convert_weights_tests.sh PYTHON SCRIPT FIXTURE.h5
 set -u
 python=$1 script=$2 fixture=$3
-work=$(mktemp -d "${TMPDIR:-/tmp}/cz_convert_test.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 bare() { "$python" -S "$script" "$@"; }  # the script under an interpreter that sees no site-packages
 
 for cmd in "" to-h5 to-torch show; do

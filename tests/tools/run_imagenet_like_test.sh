@@ -6,9 +6,7 @@
 # Usage: run_imagenet_like_test.sh PYTHON TOOL APP
 set -uo pipefail
 python=$1 tool=$2 app=$3
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 "$python" "$tool" "$work/a" --classes 3 --per-class 40 --seed 4 > "$work/out" 2>&1
 rc=$?
 if [[ $rc -ne 0 ]]; then

@@ -13,14 +13,9 @@
 #                            the log's start record (every flag, world, device, build, time), "t" and "split"
 set -uo pipefail
 case_name=$1 app=$2 mpiexec=$3
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --loader-threads 1 --no-progress)
 tiny=("${model[@]}" --data synthetic:n=256,eval_n=64,classes=4)
-fail() { echo "FAIL: $*"; exit 1; }
-py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
-source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
 
 
 case $case_name in

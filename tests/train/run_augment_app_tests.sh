@@ -8,11 +8,7 @@
 #                      one process and from mpirun
 set -uo pipefail
 case_name=$1 app=$2 mpiexec=$3 make_folder=$4
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
-fail() { echo "FAIL: $*"; exit 1; }
-source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 
 "$make_folder" "$work/d" 40 24 7 cat=20 coffee=140 rocket=260 > /dev/null || fail "make_image_folder failed"
 model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 3 --image-size 32 --loader-threads 2 --no-progress

@@ -18,11 +18,7 @@
 set -uo pipefail
 case_name=$1 app=$2 mpiexec=$3 make_folder=$4 cz_weights=$5
 root=$(cd "$(dirname "$0")/../.." && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
-fail() { echo "FAIL: $*"; exit 1; }
-py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 # The issue's run, on a smaller model: 3 classes of 32 px images, 30 steps of 16. (Each flag once: a command
 # line may not repeat one.)
 base=(--depths 1,1,2,1 --dims 16,32,48,64 --image-size 32 --lr 3e-3 --loader-threads 1 --no-progress --seed 1)

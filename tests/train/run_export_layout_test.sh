@@ -6,9 +6,7 @@
 #   run_export_layout_test.sh CONVNEXT_ZERO CZ_WEIGHTS
 set -u
 app=$1 cz_weights=$2
-work=$(mktemp -d "${TMPDIR:-/tmp}/cz_export_layout.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 command -v h5diff >/dev/null && command -v h5ls >/dev/null || { echo "SKIP: h5diff/h5ls (hdf5-tools) missing"; exit 77; }
 shape() { h5ls "$1/$2" | sed -n 's/.*Dataset {\(.*\)}.*/\1/p'; }  # shape FILE DATASET: "160, 40, 1, 1"
 

@@ -11,11 +11,7 @@
 #                    reports img/s in all and per thread; bad input is refused by name
 set -uo pipefail
 case_name=$1 app=$2 mpiexec=$3 make_folder=$4
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
-fail() { echo "FAIL: $*"; exit 1; }
-py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 model=(--depths 1,1,1,1 --dims 8,16,24,32 --image-size 32 --micro-batch 8 --seed 1)
 # For the data wait: a model that takes several times longer than the synthetic loader's 8 images (200 img/s
 # on this project's 2 cores, 3% waiting; the one above runs at 2200 img/s and waits for synthetic data half

@@ -12,13 +12,9 @@
 set -uo pipefail
 case_name=$1 app=$2 mpiexec=$3
 here=$(cd "$(dirname "$0")" && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 5 --image-size 32 --loader-threads 1 --no-progress)
 tiny=("${model[@]}" --data synthetic:n=256,eval_n=64,classes=5 --micro-batch 8 --bucket-mb 0.01)
-fail() { echo "FAIL: $*"; exit 1; }
-py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
 # check_tensorboard.py reads with TensorBoard's reader where $py has the tensorboard package, else with its own.
 
 case $case_name in

@@ -6,12 +6,11 @@
 #   run_omp_policy_test.sh CONVNEXT_ZERO MPIRUN
 set -u
 app=$1 mpirun=$2
-fail() { echo "FAIL: $*"; exit 1; }
-py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 cores=$(nproc)
 loops=()
 stop_loops() { for p in "${loops[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; loops=(); }
-trap stop_loops EXIT
+on_exit stop_loops
 run() {  # run [ENV=V...] [-- LAUNCHER...]: a short run's "OpenMP waits" line
   out=$(env -u OMP_WAIT_POLICY -u OMP_NUM_THREADS "$@" --depths 1,1,1,1 --dims 8,16,24,32 --image-size 32 \
     --micro-batch 2 --steps 1 --eval-batches 1 --no-progress 2>&1) || fail "'$*' exited $?: $out"

@@ -13,15 +13,10 @@
 #                       explicit flags win, a warmup longer than the run and a fine-tune without weights refused
 set -uo pipefail
 case_name=$1 app=$2 mpiexec=$3 fixture=${4:-}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 # Stage 2 holds 4 blocks, so the layers 0-4, 12 and 13 all have parameters.
 model=(--depths 1,1,4,1 --dims 8,16,24,32 --image-size 32 --loader-threads 1 --no-progress)
 tiny=("${model[@]}" --num-classes 4 --data synthetic:n=256,eval_n=64,classes=4)
-fail() { echo "FAIL: $*"; exit 1; }
-py=${CZ_PYTHON:-python3}  # the suite's one Python, chosen by CMake (cmake/Python.cmake)
-source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
 
 # run RANKS LOG ARGS...: 16 images per micro-step in total. With one_rank_accum=N one rank takes them as N
 # micro-batches of 16/N (Mixup pairs images within a rank's micro-batch: docs/data.md).

@@ -24,19 +24,15 @@
 #                     never land on the progress bar's line
 set -uo pipefail
 case_name=$1 app=$2 mpiexec=$3 cz_weights=$4
-work=$(mktemp -d)
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  rm -rf "$work"
 }
-trap cleanup EXIT
-mpirun=("$mpiexec" --allow-run-as-root --oversubscribe)
+on_exit cleanup
 # Steps of ~10-20 ms on 2 cores: enough of them that a signal lands mid-run.
 model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --loader-threads 1
        --data synthetic:n=512,eval_n=64,classes=4 --eval-batches 1 --drop-path 0.1 --augment --seed 5)
-fail() { echo "FAIL: $*"; exit 1; }
-source "$(dirname "${BASH_SOURCE[0]}")/../lib/run_checks.sh"
 
 # "<step> <loss> <grad_norm>" per step record of a JSON-lines log, the numbers exactly as written.
 last_step() { steps_of "$1" | tail -n 1 | cut -d' ' -f1; }

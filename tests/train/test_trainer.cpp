@@ -91,7 +91,7 @@ TEST(Trainer, LogHasOneRecordPerStepAndPerEvaluation) {
   std::vector<nlohmann::json> steps, evals;
   while (std::getline(in, line)) {
     nlohmann::json j = nlohmann::json::parse(line);
-    if (j.value("event", "") == "start") continue;  // the run's start record (log_record.cpp)
+    if (j.value("event", "") == "start") continue;  // the run's start record (trainer_log.cpp)
     (j.at("split") == "eval" ? evals : steps).push_back(j);
   }
   ASSERT_EQ(steps.size(), 4u);

@@ -184,6 +184,52 @@ void say_resume_command(const SupervisorOptions& o, const std::string& ck_dir, b
   say("resume with: " + resume_command(head, o.command, flag_name(&TrainConfig::resume), ck_dir));
 }
 
+// An attempt's launch: the launcher (o.mpirun: mpirun, or srun inside a Slurm job) over the hosts in use,
+// `world` ranks, then the training command `run`.
+std::vector<std::string> launch_command(const SupervisorOptions& o, const std::vector<Host>& used,
+                                        const std::string& hostfile, int world,
+                                        const std::vector<std::string>& run) {
+  std::vector<std::string> argv = o.mpirun;
+  if (o.srun) {
+    // Note [czrun with srun]: inside a Slurm job an attempt may be an srun step over the nodes in use, in
+    // order, block-distributed (each node's tasks before the next node's, as mpirun fills a hostfile's
+    // slots), PMIx for MPI; --kill-on-bad-exit ends the step at a rank's abort, as mpirun ends its job. A
+    // node is probed with a one-task step: srun fails at once on a node whose slurmd is gone. The ranks
+    // learn of the supervisor from the environment, which srun passes on (mpirun needs -x).
+    for (const std::string& w :
+         {std::string("--mpi=pmix"), std::string("--kill-on-bad-exit=1"), std::string("--distribution=block"),
+          fmt::format("--nodes={}", used.size()), fmt::format("--ntasks={}", world),
+          fmt::format("--nodelist={}", fmt::join(names_of(used), ","))})
+      argv.push_back(w);
+  } else {
+    for (const std::string& w : keepalive_options(o.daemon_timeout_s)) argv.push_back(w);
+    // The ranks learn that a supervisor stops them (by SIGUSR1, Note [Elastic restarts]), so that they do
+    // not advise a user to signal mpirun (convnext_zero's note on Open MPI's kill deadline).
+    for (const char* w : {"-x", "CZ_SUPERVISOR=czrun"}) argv.emplace_back(w);
+    for (const std::string& w :
+         {std::string("--hostfile"), hostfile, std::string("-np"), std::to_string(world)})
+      argv.push_back(w);
+  }
+  argv.insert(argv.end(), run.begin(), run.end());
+  return argv;
+}
+
+// Whether host `h` still answers: one task of `true` on it, by the same launcher.
+std::vector<std::string> probe_command(const SupervisorOptions& o, const Host& h) {
+  std::vector<std::string> p = o.mpirun;
+  if (o.srun) {
+    for (const std::string& w :
+         {std::string("--nodes=1"), std::string("--ntasks=1"), "--nodelist=" + h.name, std::string("true")})
+      p.push_back(w);
+  } else {
+    for (const std::string& w : keepalive_options(o.daemon_timeout_s)) p.push_back(w);
+    for (const std::string& w :
+         {std::string("--host"), h.name, std::string("-np"), std::string("1"), std::string("true")})
+      p.push_back(w);
+  }
+  return p;
+}
+
 }  // namespace
 
 bool is_failure_line(const std::string& line) {
@@ -281,29 +327,7 @@ int supervise(const SupervisorOptions& o) {
       run = with_flag(run, ga_flag, std::to_string(shape->grad_accum));
       if (resume) run = with_flag(run, resume_flag, *resume);
     }
-    std::vector<std::string> argv = o.mpirun;
-    if (o.srun) {
-      // Note [czrun with srun]: inside a Slurm job an attempt may be an srun step over the nodes in use, in
-      // order, block-distributed (each node's tasks before the next node's, as mpirun fills a hostfile's
-      // slots), PMIx for MPI; --kill-on-bad-exit ends the step at a rank's abort, as mpirun ends its job. A
-      // node is probed with a one-task step: srun fails at once on a node whose slurmd is gone. The ranks
-      // learn of the supervisor from the environment, which srun passes on (mpirun needs -x).
-      for (const std::string& w :
-           {std::string("--mpi=pmix"), std::string("--kill-on-bad-exit=1"),
-            std::string("--distribution=block"), fmt::format("--nodes={}", used.size()),
-            fmt::format("--ntasks={}", shape->world),
-            fmt::format("--nodelist={}", fmt::join(names_of(used), ","))})
-        argv.push_back(w);
-    } else {
-      for (const std::string& w : keepalive_options(o.daemon_timeout_s)) argv.push_back(w);
-      // The ranks learn that a supervisor stops them (by SIGUSR1, Note [Elastic restarts]), so that they do
-      // not advise a user to signal mpirun (convnext_zero's note on Open MPI's kill deadline).
-      for (const char* w : {"-x", "CZ_SUPERVISOR=czrun"}) argv.emplace_back(w);
-      for (const std::string& w :
-           {std::string("--hostfile"), hostfile, std::string("-np"), std::to_string(shape->world)})
-        argv.push_back(w);
-    }
-    argv.insert(argv.end(), run.begin(), run.end());
+    const std::vector<std::string> argv = launch_command(o, used, hostfile, shape->world, run);
     if (attempt > 0) say(fmt::format("relaunching: {}", shell_words(argv)));
     event({{"event", "launch"},
            {"attempt", attempt},
@@ -354,20 +378,7 @@ int supervise(const SupervisorOptions& o) {
     const double t_probe = unix_time();
     std::vector<Host> candidates = o.readmit ? all_hosts : active;
     std::vector<std::vector<std::string>> probes;
-    for (const Host& h : candidates) {
-      std::vector<std::string> p = o.mpirun;
-      if (o.srun) {
-        for (const std::string& w : {std::string("--nodes=1"), std::string("--ntasks=1"),
-                                     "--nodelist=" + h.name, std::string("true")})
-          p.push_back(w);
-      } else {
-        for (const std::string& w : keepalive_options(o.daemon_timeout_s)) p.push_back(w);
-        for (const std::string& w :
-             {std::string("--host"), h.name, std::string("-np"), std::string("1"), std::string("true")})
-          p.push_back(w);
-      }
-      probes.push_back(std::move(p));
-    }
+    for (const Host& h : candidates) probes.push_back(probe_command(o, h));
     const std::vector<bool> answers = run_all(probes, o.probe_timeout_s);
     const double t_probed = unix_time();
     std::set<std::string> lost, back;

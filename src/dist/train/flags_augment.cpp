@@ -1,9 +1,10 @@
 // The augmentation entries of the flag table (flags.h), placed in --help's order after --augment:
 // Mixup/CutMix and --dump-batches, then the loader's per-image augmentations (--interpolation, RandAugment's
 // --aa, random erasing's --reprob/--remode/--recount); timm's train.py flags with its meanings.
+#include <algorithm>
 #include <cmath>
 
-#include "dist/train/flags.h"
+#include "dist/train/flags_table.h"
 #include "io/batch_dump.h"
 #include "io/image_transform.h"
 #include "io/randaugment.h"
@@ -148,6 +149,57 @@ std::vector<Flag> augment_flags() {
        .ranks_agree = true,
        .json_key = "recount"},
   };
+}
+
+// The whole section: label smoothing, drop path, EMA and --augment, then augment_flags() after --augment.
+std::vector<Flag> augment_group_flags() {
+  std::vector<Flag> t = {
+      {.name = "--label-smoothing",
+       .field = &T::label_smoothing,
+       .group = kAugmentGroup,
+       .help = "cross-entropy label smoothing",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.label_smoothing >= 0 && c.label_smoothing < 1, "{} must be in [0, 1), got {}", f.name,
+                      c.label_smoothing);
+           },
+       .json_key = "label_smoothing"},
+      {.name = "--drop-path",
+       .field = &T::drop_path,
+       .group = kAugmentGroup,
+       .help = "stochastic depth rate of the last block",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.drop_path >= 0 && c.drop_path < 1, "{} must be in [0, 1), got {}", f.name,
+                      c.drop_path);
+           },
+       .ranks_agree = true,
+       .json_key = "drop_path"},
+      {.name = "--ema-decay",
+       .field = &T::ema_decay,
+       .group = kAugmentGroup,
+       .help = "EMA of weights, evaluated alongside (0: off)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.ema_decay >= 0 && c.ema_decay < 1, "{} must be in [0, 1) (0 disables EMA), got {}",
+                      f.name, c.ema_decay);
+           },
+       .ranks_agree = true,
+       .resume_identity = true,
+       // Whether there is EMA state to load, not its decay: a resumed run may change the decay.
+       .resume_spelling = [](C c) { return std::string(c.ema_decay > 0 ? "on" : "off"); },
+       .json_key = "ema_decay"},
+      {.name = "--augment",
+       .field = &T::augment,
+       .group = kAugmentGroup,
+       .help = "random-resized-crop and horizontal flip",
+       .json_key = "augment"},
+  };
+  const auto augment =
+      std::find_if(t.begin(), t.end(), [](const Flag& f) { return f.field == FlagField(&T::augment); });
+  std::vector<Flag> more = augment_flags();
+  t.insert(augment + 1, more.begin(), more.end());
+  return t;
 }
 
 }  // namespace cz::train

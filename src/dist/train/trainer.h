@@ -1,5 +1,8 @@
 // The training loop behind `convnext_zero`: model, data, schedule, loss scaling, evaluation, logs. The ZeRO
 // engine (dist/zero) owns parameters, gradients, optimizer state and their collectives at every stage.
+// Trainer's methods live in trainer.cpp (construction, the step, the run) and, by what they do, in
+// trainer_data.cpp (the eval set, the data's classes), trainer_checkpoints.cpp (saving, resuming, the best
+// checkpoints) and trainer_log.cpp (--log, --tensorboard, --comms-table).
 #pragma once
 
 #include <chrono>
@@ -143,7 +146,7 @@ class Trainer {
   void build_model();
   void build_data();
   void build_schedule();
-  void open_eval_set(const DatasetOptions& options);  // data_sets.cpp
+  void open_eval_set(const DatasetOptions& options);  // trainer_data.cpp
   // ValueError when `recorded` (what `what` was trained on) and this run's class names differ, naming the
   // difference and `remedy`; nothing when either side has no names.
   void check_classes(const std::vector<std::string>& recorded, const std::string& what,
@@ -158,8 +161,8 @@ class Trainer {
   void track_best(BestEval& best, const EvalResult& r, const char* folder);
   ckpt::SaveRequest checkpoint_request();  // this rank's state and the run's scalars, for DIR/step_<step_>
   void open_log();  // rank 0: --log, continued after a resumed step (Note [One log across resumes])
-  void write_record(nlohmann::json record);  // to --log, and its scalars to --tensorboard (log_record.cpp)
-  void report_comms(int64_t steps);          // --comms-table, at the end of run() (log_record.cpp)
+  void write_record(nlohmann::json record);  // to --log, and its scalars to --tensorboard (trainer_log.cpp)
+  void report_comms(int64_t steps);          // --comms-table, at the end of run() (trainer_log.cpp)
   ProgressMode progress_mode() const;
   using Clock = std::chrono::steady_clock;
   StepStats run_step(std::span<const Batch> micro_batches, Clock::time_point t0);

@@ -58,13 +58,51 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
                        const MakeEma& make_ema)
     : ZeroEngine(model, units, ZeroGroups::flat(group), std::move(cfg), make_optimizer, make_ema) {}
 
+// What the constructor's steps hand each other.
+struct ZeroEngine::Build {
+  // What the state is sharded over: the shard group (the world when flat), or at stage 0 a group of one
+  // (every rank holds all of it).
+  dist::ProcessGroup shard_group;
+  std::vector<std::pair<std::string, Tensor>> named;  // the model's parameters, in layout order
+  std::vector<Tensor> params;
+  FlatParams flat;    // flatten_parameters: the full fp32 copy and its gradients
+  Tensor master;      // this rank's fp32 master chunks, where separate from the compute copy
+  Tensor grads;       // stages 0-1: the full gradient buffer (compute dtype) the .grads view
+  Tensor grad_shard;  // fp32 gradient chunks (stages 2-3, and under mixed precision or offload)
+  UnitSchedule::Sink* unit_sink = nullptr;    // stage 3: the unit gatherer
+  ChunkSchedule::Sink* chunk_sink = nullptr;  // stages 1-2: the chunk gatherer
+};
+
 ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units, ZeroGroups groups,
                        ZeroConfig cfg, const MakeOptimizer& make_optimizer, const MakeEma& make_ema)
     : cfg_(std::move(cfg)),
       groups_(std::move(groups)),
       plan_(cfg_, groups_.world.size(), groups_.shard.size()) {
+  check_config();
+  meter_.set_hosts(groups_.host_of);
+  Build b;
+  b.shard_group = plan_.sharded() ? groups_.shard : dist::ProcessGroup(cfg_.device);
+  b.named = model.named_parameters();
+  for (const auto& [name, p] : b.named) b.params.push_back(p);
+  lay_out(b, units);
+  NoGradGuard no_grad;
+  build_parameters(b, model);
+  build_gradients(b);
+  build_state(b, make_optimizer, make_ema);
+  build_chunk_gatherer(b, model, units);
+  schedule_->bind(&reducer_->sink(), b.unit_sink, b.chunk_sink);
+  if (gatherer_) {
+    // What a gather encodes: the fp32 master chunks where they are on the device, else (offload: on the
+    // host) the compute chunks, written from them just before.
+    gatherer_->set_sources(cfg_.offload ? compute_chunks_ : state_->weights());
+  }
+  // The first forward sees gathered values too, as every later one does.
+  if (!plan_.codec().direct()) refresh_compute();
+}
+
+void ZeroEngine::check_config() const {
   const GatherCodec& codec = plan_.codec();
-  // The flag table checks --stage and --prefetch (train/flags.cpp); a caller that skipped it is a bug.
+  // The flag table checks --stage and --prefetch (train/flags_zero.cpp); a caller that skipped it is a bug.
   CZ_ASSERT(cfg_.stage >= 0 && cfg_.stage <= kMaxStage, "ZeRO: stage {} outside 0-{}", cfg_.stage, kMaxStage);
   CZ_ASSERT(cfg_.prefetch >= 0 && cfg_.prefetch <= kMaxPrefetch, "ZeRO: prefetch {} outside 0-{}",
             cfg_.prefetch, kMaxPrefetch);
@@ -89,40 +127,39 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
                   dtype_name(cfg_.gather_dtype));
   CZ_CHECK(!cfg_.reduce_int8 || (groups_.replicate.size() == 1 && cfg_.reduce_dtype == DType::f32),
            "ZeRO: int8 gradient reductions are for runs without --shard-group, in f32 buckets");
-  meter_.set_hosts(groups_.host_of);
-  const bool sharded = plan_.sharded(), units_gathered = plan_.unit_gathers(), buckets = plan_.buckets();
-  // What the state is sharded over: the shard group (the world when flat), or at stage 0 a group of one
-  // (every rank holds all of it).
-  const dist::ProcessGroup shard_group = sharded ? groups_.shard : dist::ProcessGroup(cfg_.device);
-  const auto named = model.named_parameters();
+}
+
+// The partitions (buckets at stages 0-2, units at stage 3) and the step's schedule over them.
+void ZeroEngine::lay_out(const Build& b, const std::vector<std::string>& units) {
   std::vector<ParamShape> shapes;
-  for (const auto& [name, p] : named) shapes.push_back({name, p.sizes()});
+  for (const auto& [name, p] : b.named) shapes.push_back({name, p.sizes()});
   const std::vector<std::string> unit_of =
-      units_gathered ? assign_units(shapes, units) : std::vector<std::string>{};
+      plan_.unit_gathers() ? assign_units(shapes, units) : std::vector<std::string>{};
   int64_t params = 0;
   for (const ParamShape& p : shapes) params += shape_numel(p.shape);
   const LayoutRule rule = plan_.layout_rule();
-  layout_ = plan_layout(shapes, cfg_.stage, shard_group.size(),
+  layout_ = plan_layout(shapes, cfg_.stage, b.shard_group.size(),
                         bucket_elems(double(cfg_.bucket_bytes), dtype_size(cfg_.reduce_dtype), params),
                         unit_of, rule.align, rule.pad_ranks);
-  const size_t np = layout_.partitions.size();
-  const int me = shard_group.rank();
   schedule_ = std::make_unique<StepSchedule>(
       plan_, layout_, cfg_.prefetch,
       plan_.chunk_gathers() ? unit_partitions(layout_, units) : std::vector<std::vector<size_t>>{});
-  std::vector<Tensor> param_list;
-  for (const auto& [name, p] : named) param_list.push_back(p);
+}
 
+// The flat copy (rank 0's weights on every rank), this rank's chunks, the master chunks, the compute copy
+// (stage 3: its shard and the unit gatherer).
+void ZeroEngine::build_parameters(Build& b, nn::Module& model) {
+  const size_t np = layout_.partitions.size();
+  const int me = b.shard_group.rank();
   const Device dev = cfg_.device;
   const bool mixed = cfg_.compute_dtype != DType::f32, offload = cfg_.offload;
   // Stages 1-2 gathering other than the compute copy itself: the gathered (rounded) values land in every
   // chunk of the compute copy, this rank's too, so the fp32 master is a shard of its own, as under mixed
   // precision (Note [Quantized gathers]).
-  const bool own_master = mixed || (!codec.direct() && !units_gathered);
-  FlatParams flat = flatten_parameters(named, layout_.flat);
+  const bool own_master = mixed || (!plan_.codec().direct() && !plan_.unit_gathers());
+  b.flat = flatten_parameters(b.named, layout_.flat);
   // Every rank starts from rank 0's weights.
-  if (dist::WorkHandle w = groups_.world.broadcast(flat.params, 0)) w->wait();
-  NoGradGuard no_grad;
+  if (dist::WorkHandle w = groups_.world.broadcast(b.flat.params, 0)) w->wait();
   auto my_chunks = [&](const Tensor& full) {
     Tensor out = empty({layout_.shard_numel()}, full.dtype(), dev);
     for (size_t p = 0; p < np; ++p) {
@@ -131,87 +168,88 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
     }
     return out;
   };
-  UnitSchedule::Sink* unit_sink = nullptr;    // stage 3: the unit gatherer
-  ChunkSchedule::Sink* chunk_sink = nullptr;  // stages 1-2: the chunk gatherer
-  const Tensor chunks = units_gathered || own_master || offload ? my_chunks(flat.params) : Tensor();
-  Tensor master;
+  const Tensor chunks = plan_.unit_gathers() || own_master || offload ? my_chunks(b.flat.params) : Tensor();
   if (offload) {
-    master = empty_pinned({layout_.shard_numel()}, DType::f32);
-    master.copy_(chunks);
+    b.master = empty_pinned({layout_.shard_numel()}, DType::f32);
+    b.master.copy_(chunks);
   } else if (own_master) {
-    master = chunks;
+    b.master = chunks;
   }
-  if (units_gathered) {
+  if (plan_.unit_gathers()) {
     Tensor shard = mixed ? chunks.to(cfg_.compute_dtype) : chunks;
     for (size_t p = 0; p < np; ++p)
       compute_chunks_.push_back(shard.narrow(0, layout_.local_offset(p), layout_.chunk(p)));
-    auto units_gatherer =
-        std::make_unique<UnitGatherer>(layout_, model, param_list, shard, *schedule_, shard_group, meter_,
-                                       codec, plan_.hpz() ? std::optional(groups_.host) : std::nullopt);
-    unit_sink = &units_gatherer->sink();
+    auto units_gatherer = std::make_unique<UnitGatherer>(
+        layout_, model, b.params, shard, *schedule_, b.shard_group, meter_, plan_.codec(),
+        plan_.hpz() ? std::optional(groups_.host) : std::nullopt);
+    b.unit_sink = &units_gatherer->sink();
     gatherer_ = std::move(units_gatherer);
   } else {
-    params_ = mixed ? flat.params.to(cfg_.compute_dtype) : flat.params;
-    if (mixed) bind_parameters(named, layout_.flat, params_);
+    params_ = mixed ? b.flat.params.to(cfg_.compute_dtype) : b.flat.params;
+    if (mixed) bind_parameters(b.named, layout_.flat, params_);
     for (size_t p = 0; p < np; ++p)
       compute_chunks_.push_back(params_.narrow(0, layout_.chunk_range(p, me).begin, layout_.chunk(p)));
   }
-  Tensor grads;  // stages 0-1: the full gradient buffer (compute dtype) the .grads view
-  if (!buckets) {
-    grads = mixed ? zeros({layout_.flat.numel}, cfg_.compute_dtype, dev) : flat.grads;
-    for (size_t i = 0; i < named.size(); ++i) {
+}
+
+// The full gradient buffer the .grads view (stages 0-1) or none (buckets), the fp32 gradient chunks, and
+// the reducer. Stage 0 all-reduces over the world; stages 1-3 reduce-scatter in the shard group, then
+// all-reduce the chunk across the replication group.
+void ZeroEngine::build_gradients(Build& b) {
+  const bool mixed = cfg_.compute_dtype != DType::f32;
+  if (plan_.full_grads()) {
+    b.grads = mixed ? zeros({layout_.flat.numel}, cfg_.compute_dtype, cfg_.device) : b.flat.grads;
+    for (size_t i = 0; i < b.named.size(); ++i) {
       const FlatSegment& s = layout_.flat.segments[i];
-      param_list[i].set_grad(view_of_storage(grads, s.shape, grads.offset() + s.offset));
+      b.params[i].set_grad(view_of_storage(b.grads, s.shape, b.grads.offset() + s.offset));
     }
   } else {
-    for (Tensor& p : param_list) p.set_grad(Tensor());
+    for (Tensor& p : b.params) p.set_grad(Tensor());
   }
-  Tensor grad_shard;  // fp32 gradient chunks (stages 2-3, and under mixed precision or offload)
-  if (offload) {
-    grad_shard = empty_pinned({layout_.shard_numel()}, DType::f32);
-    grad_shard.zero_();
-  } else if (buckets || mixed) {
-    grad_shard = zeros({layout_.shard_numel()}, DType::f32, dev);
+  if (cfg_.offload) {
+    b.grad_shard = empty_pinned({layout_.shard_numel()}, DType::f32);
+    b.grad_shard.zero_();
+  } else if (plan_.buckets() || mixed) {
+    b.grad_shard = zeros({layout_.shard_numel()}, DType::f32, cfg_.device);
   }
-
-  // Stage 0 all-reduces over the world; stages 1-3 reduce-scatter in the shard group, then all-reduce the
-  // chunk across the replication group.
-  reducer_ = std::make_unique<GradReducer>(layout_, param_list, grads, sharded ? shard_group : groups_.world,
-                                           sharded ? groups_.replicate : dist::ProcessGroup(cfg_.device),
-                                           meter_, *schedule_);
+  const bool sharded = plan_.sharded();
+  reducer_ = std::make_unique<GradReducer>(
+      layout_, b.params, b.grads, sharded ? b.shard_group : groups_.world,
+      sharded ? groups_.replicate : dist::ProcessGroup(cfg_.device), meter_, *schedule_);
   if (plan_.two_hop()) reducer_->set_two_hop(groups_.host, groups_.cross, groups_.hosts);
+}
+
+// The sharded state (master and gradient chunks, the optimizer, the EMA), the offload worker, and where the
+// reducer hands each reduced chunk.
+void ZeroEngine::build_state(Build& b, const MakeOptimizer& make_optimizer, const MakeEma& make_ema) {
   std::vector<Tensor> weights, grad_chunks, from_compute;
-  for (size_t p = 0; p < np; ++p) {
+  for (size_t p = 0; p < layout_.partitions.size(); ++p) {
     const int64_t off = layout_.local_offset(p), c = layout_.chunk(p);
-    weights.push_back(master.defined() ? master.narrow(0, off, c) : compute_chunks_[p]);
-    grad_chunks.push_back(grad_shard.defined() ? grad_shard.narrow(0, off, c) : reducer_->grad_chunk(p));
+    weights.push_back(b.master.defined() ? b.master.narrow(0, off, c) : compute_chunks_[p]);
+    grad_chunks.push_back(b.grad_shard.defined() ? b.grad_shard.narrow(0, off, c) : reducer_->grad_chunk(p));
     // Mixed precision at stages 0-1: the fp32 master gradients are copied from the 16-bit ones.
-    if (!buckets && grad_shard.defined() && !offload) from_compute.push_back(reducer_->grad_chunk(p));
+    if (plan_.full_grads() && b.grad_shard.defined() && !cfg_.offload)
+      from_compute.push_back(reducer_->grad_chunk(p));
   }
-  state_ = std::make_unique<ShardedState>(layout_, shard_group, master, grad_shard, offload,
+  state_ = std::make_unique<ShardedState>(layout_, b.shard_group, b.master, b.grad_shard, cfg_.offload,
                                           std::move(weights), std::move(grad_chunks), std::move(from_compute),
                                           make_optimizer, make_ema);
-  if (offload) {
-    offload_ = std::make_unique<OffloadWorker>(*state_, layout_, dev, cfg_.offload_overlap_step);
+  if (cfg_.offload) {
+    offload_ = std::make_unique<OffloadWorker>(*state_, layout_, cfg_.device, cfg_.offload_overlap_step);
     reducer_->set_sink(
         [this](size_t p, const Tensor& chunk, bool final) { offload_->receive(p, chunk, final); });
-  } else if (buckets) {
+  } else if (plan_.buckets()) {
     reducer_->set_sink([this](size_t p, const Tensor& chunk, bool) { state_->receive(p, chunk); });
   }
-  if (plan_.chunk_gathers()) {
-    auto chunks_gatherer = std::make_unique<ChunkGatherer>(layout_, model, units, params_, compute_chunks_,
-                                                           shard_group, meter_, codec, *schedule_);
-    chunk_sink = &chunks_gatherer->sink();
-    gatherer_ = std::move(chunks_gatherer);
-  }
-  schedule_->bind(&reducer_->sink(), unit_sink, chunk_sink);
-  if (gatherer_) {
-    // What a gather encodes: the fp32 master chunks where they are on the device, else (offload: on the
-    // host) the compute chunks, written from them just before.
-    gatherer_->set_sources(offload ? compute_chunks_ : state_->weights());
-  }
-  // The first forward sees gathered values too, as every later one does.
-  if (!codec.direct()) refresh_compute();
+}
+
+// Stages 1-2: the gatherer of the updated chunks (stage 3's was built with the parameters).
+void ZeroEngine::build_chunk_gatherer(Build& b, nn::Module& model, const std::vector<std::string>& units) {
+  if (!plan_.chunk_gathers()) return;
+  auto chunks_gatherer = std::make_unique<ChunkGatherer>(layout_, model, units, params_, compute_chunks_,
+                                                         b.shard_group, meter_, plan_.codec(), *schedule_);
+  b.chunk_sink = &chunks_gatherer->sink();
+  gatherer_ = std::move(chunks_gatherer);
 }
 
 ZeroEngine::~ZeroEngine() {

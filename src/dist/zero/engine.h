@@ -134,6 +134,15 @@ class ZeroEngine {
   int64_t gathered_bytes() const { return gatherer_ ? gatherer_->gathered_bytes() : 0; }
 
  private:
+  // The constructor's steps, in the order the buffers are allocated (the planner replays it: Note [What the
+  // engine allocates]); `Build` carries what one step hands the next.
+  struct Build;
+  void check_config() const;
+  void lay_out(const Build& b, const std::vector<std::string>& units);
+  void build_parameters(Build& b, nn::Module& model);
+  void build_gradients(Build& b);
+  void build_state(Build& b, const MakeOptimizer& make_optimizer, const MakeEma& make_ema);
+  void build_chunk_gatherer(Build& b, nn::Module& model, const std::vector<std::string>& units);
   void refresh_compute();
 
   ZeroConfig cfg_;

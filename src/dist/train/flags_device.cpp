@@ -1,0 +1,80 @@
+// The device and precision entries of the flag table (flags.h).
+#include "dist/train/flags_table.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "dist/comm/mesh.h"
+#include "dist/train/recipe.h"
+#include "dist/train/trace_writer.h"
+#include "dist/zero/schedule.h"
+#include "tensor/check.h"
+
+namespace cz::train {
+
+std::vector<Flag> device_flags() {
+  using C = const TrainConfig&;
+  using F = const Flag&;
+  using T = TrainConfig;
+  return {
+      {.name = "--precision",
+       .field = &T::precision,
+       .group = kDeviceGroup,
+       .help = "fp32 | fp16 | bf16 (16-bit needs --device cuda)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(is_dtype_flag(c.precision), "{} must be fp32, fp16 or bf16, got '{}'", f.name,
+                      c.precision);
+           },
+       .ranks_agree = true,
+       .json_key = "precision"},
+      {.name = "--initial-loss-scale",
+       .field = &T::initial_loss_scale,
+       .group = kDeviceGroup,
+       .help =
+           "fp16: the dynamic loss scale to start from (halved on overflow, doubled after 2000 clean steps)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(std::isfinite(c.initial_loss_scale) && c.initial_loss_scale >= 1,
+                      "{} must be a finite number >= 1, got {}", f.name, c.initial_loss_scale);
+           }},
+      {.name = "--activation-checkpointing",
+       .field = &T::activation_checkpointing,
+       .group = kDeviceGroup,
+       .help = "recompute block activations in backward",
+       .ranks_agree = true},
+      {.name = "--device",
+       .field = &T::device,
+       .group = kDeviceGroup,
+       .help = "cpu | cuda[:N] (N: the GPU of a single process; under mpirun each rank takes GPU local_rank "
+               "mod the GPU count)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.device == "cpu" || c.device.rfind("cuda", 0) == 0,
+                      "{} must be cpu or cuda[:N], got '{}'", f.name, c.device);
+           }},
+      {.name = "--tf32",
+       .field = &T::tf32,
+       .group = kDeviceGroup,
+       .help = "CUDA: allow TF32 tensor cores for fp32 matmuls"},
+      {.name = "--cuda-graphs",
+       .field = &T::cuda_graphs,
+       .group = kDeviceGroup,
+       .help = "auto | on | off: replay each micro-step's forward, loss and backward from a CUDA graph "
+               "(auto: where the run allows it, else off with the reason in the header; on: refused, naming "
+               "the reason, where it does not; docs/cuda.md)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.cuda_graphs == "auto" || c.cuda_graphs == "on" || c.cuda_graphs == "off",
+                      "{} must be auto, on or off, got '{}'", f.name, c.cuda_graphs);
+             CZ_CHECK(c.cuda_graphs != "on" || c.device.rfind("cuda", 0) == 0,
+                      "{} on needs {} cuda (CUDA graphs record GPU kernels); {} is {}", f.name,
+                      flag_name(&T::device), flag_name(&T::device), c.device);
+           },
+       .ranks_agree = true},
+  };
+}
+
+}  // namespace cz::train
