@@ -101,6 +101,8 @@ class Trainer {
   // Lines for the start of the run: what the training and eval sets hold (a folder's images, classes and
   // skipped files) and warnings about them ("warning: ...").
   const std::vector<std::string>& data_notes() const { return data_notes_; }
+  // "CPU threads per rank ...": what OpenMP and the loader got (Note [CPU threads on a CUDA rank]).
+  const std::string& cpu_threads_note() const { return cpu_threads_note_; }
   // The training set's class names as checkpoints and weight files record them; empty for numbered classes.
   std::vector<std::string> class_names() const;
   // What --init-weights loaded ("--init-weights w.h5: 180 tensors (27.82M values) with timm keys; ..."); ""
@@ -173,6 +175,8 @@ class Trainer {
 
   std::shared_ptr<const Dataset> train_set_, eval_set_;
   std::vector<std::string> data_notes_;
+  std::string cpu_threads_note_;
+  std::vector<int> loader_cpus_;  // CUDA: the loader threads' CPUs (LoaderOptions::cpus)
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<BatchDump> dump_;     // --dump-batches
   std::unique_ptr<StepTracer> tracer_;  // --trace
