@@ -119,10 +119,11 @@ CpuThreads decide_cpu_threads(const CpuThreadsRequest& r) {
   t.omp_threads = r.omp_threads_env > 0 ? r.omp_threads_env : r.offload ? spare : 1;
   t.loader_threads = r.loader_threads_flag >= 0 ? r.loader_threads_flag : spare;
   if (!r.wait_policy_env.empty()) {
-    t.wait = {r.wait_policy_env,
-              r.wait_policy_env == "active"
-                  ? env_reason + " (on a CUDA rank spinning threads can starve the thread that launches kernels)"
-                  : env_reason};
+    t.wait = {
+        r.wait_policy_env,
+        r.wait_policy_env == "active"
+            ? env_reason + " (on a CUDA rank spinning threads can starve the thread that launches kernels)"
+            : env_reason};
   } else {
     t.wait = {"passive",
               fmt::format("a CUDA rank: {} per rank x {} on this host wait passively, since spinning ones "
@@ -161,9 +162,9 @@ std::string cpu_ranges(const std::vector<int>& cpus) {
 }  // namespace
 
 std::string describe_cpu_threads(const CpuThreadsRequest& r, const CpuThreads& t, const LoaderCpus& cpus) {
-  std::string out = fmt::format("CPU threads per rank ({}{}: {} in the mask / {} on this host): ",
-                                r.cuda ? "a CUDA rank, " : "", plural(t.cores, "core"), r.mask_cores,
-                                plural(std::max(1, r.local_ranks), "rank"));
+  std::string out = fmt::format(
+      "CPU threads per rank ({}{}: {} in the mask / {} on this host): ", r.cuda ? "a CUDA rank, " : "",
+      plural(t.cores, "core"), r.mask_cores, plural(std::max(1, r.local_ranks), "rank"));
   out += plural(t.loader_threads, "loader thread");
   if (r.loader_threads_flag >= 0) out += fmt::format(" (--loader-threads {})", r.loader_threads_flag);
   if (r.cuda) {
@@ -175,12 +176,12 @@ std::string describe_cpu_threads(const CpuThreadsRequest& r, const CpuThreads& t
     else
       out += ", sharing the rank's one core with the thread that launches kernels";
   }
-  out += fmt::format("; OpenMP {}{} waiting {}", plural(t.omp_threads, "thread"),
-                     r.omp_threads_env > 0 ? fmt::format(" (OMP_NUM_THREADS={})", r.omp_threads_env)
-                     : r.cuda             ? (r.offload ? " (the host runs the offloaded optimizer)"
-                                                       : " (the step's math is on the GPU)")
-                                          : "",
-                     t.wait.policy == "active" ? "actively" : "passively");
+  out += fmt::format(
+      "; OpenMP {}{} waiting {}", plural(t.omp_threads, "thread"),
+      r.omp_threads_env > 0 ? fmt::format(" (OMP_NUM_THREADS={})", r.omp_threads_env)
+      : r.cuda ? (r.offload ? " (the host runs the offloaded optimizer)" : " (the step's math is on the GPU)")
+               : "",
+      t.wait.policy == "active" ? "actively" : "passively");
   if (!r.wait_policy_env.empty()) out += fmt::format(" (OMP_WAIT_POLICY={})", r.wait_policy_env);
   return out;
 }
@@ -192,7 +193,8 @@ CpuThreadsRequest cpu_threads_request(bool cuda, bool offload, int loader_thread
   r.mask_cores = available_cores();
   r.local_ranks = local_ranks;
   r.loader_threads_flag = loader_threads_flag;
-  if (const char* env = std::getenv("OMP_NUM_THREADS"); env && std::atoi(env) > 0) r.omp_threads_env = std::atoi(env);
+  if (const char* env = std::getenv("OMP_NUM_THREADS"); env && std::atoi(env) > 0)
+    r.omp_threads_env = std::atoi(env);
   // OMP_WAIT_POLICY as the user set it: the value our own re-exec set (kChoiceVar says so) is not theirs.
   if (const char* set = std::getenv("OMP_WAIT_POLICY")) {
     const char* ours = std::getenv(kChoiceVar);

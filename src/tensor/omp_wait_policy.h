@@ -1,5 +1,6 @@
 // libgomp's wait policy, chosen per rank at start from whether its threads fit the idle cores it may use
-// (Note [Choosing the OpenMP wait policy]), and a CUDA rank's CPU threads (Note [CPU threads on a CUDA rank]).
+// (Note [Choosing the OpenMP wait policy]), and a CUDA rank's CPU threads (Note [CPU threads on a CUDA
+// rank]).
 #pragma once
 
 #include <string>
@@ -62,13 +63,13 @@ int launcher_local_ranks();
 // above: OpenMP threads and loader threads both take the rank's cores.
 struct CpuThreadsRequest {
   bool cuda = false;
-  bool offload = false;         // --offload-optimizer (the host runs the optimizer)
-  int mask_cores = 1;           // CPUs of this process's affinity mask
-  int local_ranks = 1;          // ranks on this host
-  int omp_threads_env = 0;      // OMP_NUM_THREADS (0: unset)
-  std::string wait_policy_env;  // OMP_WAIT_POLICY ("": unset)
-  int loader_threads_flag = -1; // --loader-threads (-1: not given)
-  double idle_cores = -1;       // CPU ranks: the idle cores measured at start (idle_cores_in_mask)
+  bool offload = false;          // --offload-optimizer (the host runs the optimizer)
+  int mask_cores = 1;            // CPUs of this process's affinity mask
+  int local_ranks = 1;           // ranks on this host
+  int omp_threads_env = 0;       // OMP_NUM_THREADS (0: unset)
+  std::string wait_policy_env;   // OMP_WAIT_POLICY ("": unset)
+  int loader_threads_flag = -1;  // --loader-threads (-1: not given)
+  double idle_cores = -1;        // CPU ranks: the idle cores measured at start (idle_cores_in_mask)
 };
 struct CpuThreads {
   int cores = 1;        // this rank's share of the mask
@@ -91,7 +92,8 @@ LoaderCpus loader_cpus(const std::vector<int>& mask, int local_ranks, int local_
 
 // The header's line: "CPU threads per rank ...: ..." (what each pool got, why, and what the user's settings
 // overrode); `cpus`: loader_cpus' answer on a CUDA rank.
-std::string describe_cpu_threads(const CpuThreadsRequest& r, const CpuThreads& t, const LoaderCpus& cpus = {});
+std::string describe_cpu_threads(const CpuThreadsRequest& r, const CpuThreads& t,
+                                 const LoaderCpus& cpus = {});
 
 // The request as this process sees it before MPI starts (mask, launcher's local ranks, environment).
 CpuThreadsRequest cpu_threads_request(bool cuda, bool offload, int loader_threads_flag, int local_ranks);

@@ -26,7 +26,7 @@ namespace cz {
 // exec failed: then the default policy stays).
 void use_passive_omp_waits(char** argv);
 
-int available_cores();            // CPUs in this process's affinity mask
+int available_cores();             // CPUs in this process's affinity mask
 std::vector<int> affinity_cpus();  // those CPUs' numbers, ascending
 // Pins the calling thread to `cpus` (sched_setaffinity); false when the kernel refuses (a CPU outside the
 // mask), and the thread keeps the mask it had.

@@ -212,7 +212,8 @@ TEST(Planner, PlanDifferenceSaysWhy) {
   const std::vector<CheckedCudaRow> checked = {{"convnext_tiny", 224, 64, 1, 0, "bf16", "H100, test"}};
   EXPECT_EQ(plan_difference(p, 80'192'256, checked), "86.5 KiB high: not expected, see docs/planning.md");
   p.micro_batch = 128;
-  EXPECT_EQ(plan_difference(p, 80'192'256, checked), "86.5 KiB high: the plan is not yet checked against a GPU");
+  EXPECT_EQ(plan_difference(p, 80'192'256, checked),
+            "86.5 KiB high: the plan is not yet checked against a GPU");
 }
 
 // Note [The device a plan is for]: --device wins; else a topology of GPUs, or --gpu-mem, plans CUDA.

@@ -143,10 +143,11 @@ TEST(CpuThreads, TheHeaderSaysWhatEachPoolGotAndWhatWasOverridden) {
   const CpuThreadsRequest r = cuda_rank(16, 1);
   std::vector<int> mask;
   for (int c = 0; c < 16; ++c) mask.push_back(c);
-  EXPECT_EQ(describe_cpu_threads(r, decide_cpu_threads(r), loader_cpus(mask, 1, 0)),
-            "CPU threads per rank (a CUDA rank, 16 cores: 16 in the mask / 1 rank on this host): 15 loader "
-            "threads on CPUs 1-15, CPU 0 left to the thread that launches kernels; OpenMP 1 thread (the step's "
-            "math is on the GPU) waiting passively");
+  EXPECT_EQ(
+      describe_cpu_threads(r, decide_cpu_threads(r), loader_cpus(mask, 1, 0)),
+      "CPU threads per rank (a CUDA rank, 16 cores: 16 in the mask / 1 rank on this host): 15 loader "
+      "threads on CPUs 1-15, CPU 0 left to the thread that launches kernels; OpenMP 1 thread (the step's "
+      "math is on the GPU) waiting passively");
   CpuThreadsRequest o = cuda_rank(16, 4);
   o.loader_threads_flag = 2;
   o.omp_threads_env = 3;

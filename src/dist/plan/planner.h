@@ -156,7 +156,8 @@ const std::vector<CheckedCudaRow>& checked_cuda_rows();
 // `checked`, that the plan is not yet checked against a GPU; otherwise by how much and that it is not
 // expected.
 std::string plan_difference(const Plan& plan, int64_t measured_bytes);
-std::string plan_difference(const Plan& plan, int64_t measured_bytes, const std::vector<CheckedCudaRow>& checked);
+std::string plan_difference(const Plan& plan, int64_t measured_bytes,
+                            const std::vector<CheckedCudaRow>& checked);
 nlohmann::json plan_to_json(const Plan& plan);
 
 // "24GB" (10^9), "24GiB" (2^30), "512MB", "512MiB", "1.5TB", "4096" (bytes); units are case-insensitive.
