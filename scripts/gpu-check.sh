@@ -720,6 +720,8 @@ run_ctest() {
   skipped=$(grep -c "\*\*\*Skipped" "$logs/ctest-$st.log" || true)
   ((skipped == 0)) || say "$skipped of them skipped (a test skips when it sees no GPU): see ctest-$st.log"
   grep -h "^maxdiff " "$logs/ctest-$st-full.log" 2>/dev/null | sort -u | show || true
+  # The CUDA plan's rows, planned against measured (tests/plan/run_cuda_plan_rows.sh; docs/planning.md).
+  grep -h "^plan row " "$logs/ctest-$st-full.log" 2>/dev/null | sort -u | show || true
   if ((rc != 0 && rc != 124)); then
     grep -E "\(Failed\)|\(SEGFAULT\)|\(Timeout\)|Not Run|Subprocess aborted" "$logs/ctest-$st.log" | show || true
     say "the failed tests again, one at a time"
