@@ -611,12 +611,17 @@ if ((dry)); then
   "${python_env[@]}" python3 -m py_compile bench/train_step_torch.py scripts/gpu_check_summary.py \
     scripts/gpu_job_summary.py
   # The tests each ctest stage would run, as the bundle's ctest files list them: a stage with none fails.
+  # (With --tests, a stage may select none, so long as the other selects some.)
+  selected=0
   for st in test ranks; do
+    want "$st" || continue
     if [[ $st == test ]]; then args=("${test_args[@]}"); else args=("${ranks_args[@]}"); fi
     count=$(ctest --test-dir "$bdir" -N "${args[@]}" | sed -n 's/^Total Tests: //p')
     say "$st stage: ctest ${args[*]} selects ${count:-0} tests"
-    ((${count:-0} > 0)) || { say "$st stage would run no test (a real run fails it)"; exit 1; }
+    selected=$((selected + ${count:-0}))
+    [[ -n "$tests_re" ]] || ((${count:-0} > 0)) || { say "$st stage would run no test (a real run fails it)"; exit 1; }
   done
+  [[ -z "$tests_re" ]] || ((selected > 0)) || { say "--tests '$tests_re' selects no test (a real run fails)"; exit 1; }
   ((no_bundle)) || [[ -d "$bdir/photos" ]] ||
     say "the bundle has no photos/: the job stage's JPEG folder needs the packages that ship them"
   if want job; then
@@ -667,6 +672,7 @@ fi
 } >"$logs/env.txt" 2>&1
 say "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
 status=0
+tests_matched=0
 begin build
 build_how=""
 if unpack_bundle "$build" && check_executables "$build"; then
@@ -702,8 +708,18 @@ fi
 # run_ctest STAGE ARGS...: ctest over the build, JOBS at a time (from $ctest_jobs), failures rerun alone (a
 # failure caused by the sharing of the GPU is told apart from a real one).
 run_ctest() {
-  local st=$1 rc=0
+  local st=$1 rc=0 listed
   shift
+  # --tests picks tests of either stage: a stage it selects none of is not run (4); --tests that selects none
+  # of either fails the call (after the ranks stage).
+  if [[ -n "$tests_re" ]]; then
+    listed=$(ctest --test-dir "$build" -N "$@" | sed -n 's/^Total Tests: //p')
+    if ((${listed:-0} == 0)); then
+      say "$st: no test of this stage matches --tests '$tests_re'"
+      return 4
+    fi
+    tests_matched=1
+  fi
   capped "${cap[$st]}" ctest --test-dir "$build" "$@" --output-on-failure --timeout 150 -j "$ctest_jobs" \
     >"$logs/ctest-$st.log" 2>&1 || rc=$?
   # ctest's own log holds every test's output, passed ones too: the rank tests' largest differences
@@ -737,7 +753,10 @@ if begin test; then
   ctest_jobs=6
   rc=0
   run_ctest test "${test_args[@]}" || rc=$?
-  case $rc in 0) end test passed ;; 3) end test "failed: no test ran" ;; *) end test "failures (see above)" ;; esac
+  case $rc in
+    0) end test passed ;; 3) end test "failed: no test ran" ;; 4) end test "none matches --tests" ;;
+    *) end test "failures (see above)" ;;
+  esac
 fi
 
 # ---- ranks: several ranks on one GPU over the MPI backend; NCCL at one rank ----
@@ -745,7 +764,7 @@ if begin ranks; then
   ctest_jobs=7  # the cases side by side: the GPU has room for their ~30 processes, the 16 cores for their ranks
   result=passed rc=0
   run_ctest ranks "${ranks_args[@]}" || rc=$?
-  case $rc in 0) ;; 3) result="failed: no test ran" ;; *) result="failures (see above)" ;; esac
+  case $rc in 0) ;; 3) result="failed: no test ran" ;; 4) result="none matches --tests" ;; *) result="failures (see above)" ;; esac
   # What the MPI backend's staging costs (Note [Choosing the comm backend]): the same all-reduce between 2 ranks
   # on CUDA buffers (staged through pinned host memory) and on host buffers.
   for dev in cuda cpu; do
@@ -756,6 +775,11 @@ if begin ranks; then
     grep -E "^ *[0-9]+ " "$logs/commbench-mpi-$dev.txt" | tail -4 | show || true
   done
   end ranks "$result"
+fi
+
+if [[ -n "$tests_re" ]] && { want test || want ranks; } && ((!tests_matched)); then
+  say "--tests '$tests_re' matches no test of the test or ranks stage"
+  status=1
 fi
 
 # ---- job: the app beside its step (Note [The job stage]) ----
