@@ -108,9 +108,10 @@ CpuThreads decide_cpu_threads(const CpuThreadsRequest& r) {
   if (!r.cuda) {
     t.omp_threads = r.omp_threads_env > 0 ? r.omp_threads_env : t.cores;
     t.loader_threads = r.loader_threads_flag >= 0 ? r.loader_threads_flag : t.cores;
-    t.wait = r.wait_policy_env.empty()
-                 ? decide_omp_wait_policy(t.omp_threads, local, r.mask_cores, r.idle_cores)
-                 : OmpWaitChoice{r.wait_policy_env, env_reason};
+    t.wait = !r.wait_policy_env.empty() ? OmpWaitChoice{r.wait_policy_env, env_reason}
+             : !r.wait_chosen.policy.empty()
+                 ? r.wait_chosen
+                 : decide_omp_wait_policy(t.omp_threads, local, r.mask_cores, r.idle_cores);
     return t;
   }
   // Note [CPU threads on a CUDA rank].
@@ -199,7 +200,11 @@ CpuThreadsRequest cpu_threads_request(bool cuda, bool offload, int loader_thread
   if (const char* set = std::getenv("OMP_WAIT_POLICY")) {
     const char* ours = std::getenv(kChoiceVar);
     const std::string choice = ours ? ours : "";
-    if (choice.substr(0, choice.find('|')) != set) r.wait_policy_env = set;
+    const size_t bar = choice.find('|');
+    if (bar == std::string::npos || choice.substr(0, bar) != set)
+      r.wait_policy_env = set;
+    else
+      r.wait_chosen = {choice.substr(0, bar), choice.substr(bar + 1)};
   }
   return r;
 }

@@ -63,11 +63,14 @@ int launcher_local_ranks();
 // above: OpenMP threads and loader threads both take the rank's cores.
 struct CpuThreadsRequest {
   bool cuda = false;
-  bool offload = false;          // --offload-optimizer (the host runs the optimizer)
-  int mask_cores = 1;            // CPUs of this process's affinity mask
-  int local_ranks = 1;           // ranks on this host
-  int omp_threads_env = 0;       // OMP_NUM_THREADS (0: unset)
-  std::string wait_policy_env;   // OMP_WAIT_POLICY ("": unset)
+  bool offload = false;         // --offload-optimizer (the host runs the optimizer)
+  int mask_cores = 1;           // CPUs of this process's affinity mask
+  int local_ranks = 1;          // ranks on this host
+  int omp_threads_env = 0;      // OMP_NUM_THREADS (0: unset)
+  std::string wait_policy_env;  // OMP_WAIT_POLICY ("": unset)
+  // The policy this process already runs with by its own choice (choose_omp_wait_policy's re-exec; "": none
+  // yet): a CPU rank's choice rests on an idle-core measurement that is not repeated.
+  OmpWaitChoice wait_chosen;
   int loader_threads_flag = -1;  // --loader-threads (-1: not given)
   double idle_cores = -1;        // CPU ranks: the idle cores measured at start (idle_cores_in_mask)
 };

@@ -115,6 +115,11 @@ TEST(CpuThreads, CpuRankKeepsTheCpuRule) {
   EXPECT_EQ(t.wait.policy, decide_omp_wait_policy(4, 2, 8, 8).policy);
   r.idle_cores = 2;
   EXPECT_EQ(decide_cpu_threads(r).wait.policy, "passive");
+  // After the re-exec the measurement is not repeated: the choice made before it stands.
+  r.idle_cores = -1;
+  r.wait_chosen = {"active", "4 threads per rank x 2 ranks on this host fit the 8.0 idle cores"};
+  EXPECT_EQ(decide_cpu_threads(r).wait.policy, "active");
+  EXPECT_HAS(describe_cpu_threads(r, decide_cpu_threads(r)), "OpenMP 4 threads waiting actively");
 }
 
 TEST(CpuThreads, LoaderCpusAreTheRanksShareLessTheLaunchersCore) {
