@@ -32,7 +32,9 @@
 #include "io/train_log.h"
 #include "nn/convnext.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/device.h"
 #include "tensor/omp_wait_policy.h"
+#include "tensor/parallel.h"
 
 namespace {
 
@@ -141,6 +143,16 @@ int run_plan(const cz::train::TrainConfig& cfg, bool device_given, const PlanFla
     fmt::print("{}\n", cz::plan::plan_to_json(p).dump(2));
   else
     fmt::print("{}", cz::plan::format_plan(p));
+  if (!f.json) {
+    // The threads a run with these flags would get on this host (Note [CPU threads on a CUDA rank]).
+    const cz::CpuThreadsRequest threads =
+        cz::cpu_threads_request(p.device == "cuda", cfg.offload_optimizer, cfg.loader_threads,
+                                req.ranks_per_host > 0 ? req.ranks_per_host : req.world);
+    const cz::LoaderCpus cpus =
+        threads.cuda ? cz::loader_cpus(cz::affinity_cpus(), threads.local_ranks, 0) : cz::LoaderCpus{};
+    fmt::print("\nOn this host, a run would take {}\n",
+               cz::describe_cpu_threads(threads, cz::decide_cpu_threads(threads), cpus));
+  }
   if (rc != 0)
     fmt::print(stderr,
                "convnext_zero {}: does not fit: {} B required per rank (the allocator's peak {} B{}) but "
@@ -446,7 +458,7 @@ int main(int argc, char** argv) {
 
   if (loader_only) return run_loader_only(cfg, &argc, &argv);
   // Before MPI and any OpenMP use: may re-execute the program (Note [Choosing the OpenMP wait policy]).
-  cz::choose_omp_wait_policy(argv);
+  cz::choose_omp_wait_policy(argv, cz::parse_device(cfg.device).is_cuda(), cfg.offload_optimizer);
   // A stop request during the start (MPI, the model, a resume's reading) is kept for the first step
   // boundary rather than ending the process at the signal's default action: a preemption's SIGUSR1 to a
   // requeued Slurm job that had just started killed its ranks (docs/slurm.md). World::init installs its own
@@ -503,6 +515,7 @@ int main(int argc, char** argv) {
         fmt::print(
             "convnext_zero: OpenMP waits {} (rank 0's choice; OMP_WAIT_POLICY=active|passive overrides)\n",
             cz::omp_wait_policy_note());
+      fmt::print("convnext_zero: {}\n", trainer.cpu_threads_note());
       if (!trainer.comm_backend_note().empty())
         fmt::print("convnext_zero: collectives over {}\n", trainer.comm_backend_note());
       // Note [CUDA graphs for the step]: on a CPU run there is nothing to say (and `on` was refused).

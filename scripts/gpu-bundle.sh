@@ -6,7 +6,7 @@
 #   scripts/gpu-bundle.sh [--build DIR] [--arch SM] [OUT]     OUT defaults to .gpu-bundle/bundle.tar.xz
 #
 # The bundle holds: every executable a `cuda`-labelled test runs, every program of apps/ and src/ (the apps and
-# the helpers they start), and the GPU benchmarks; every CTestTestfile.cmake and GoogleTest discovery file of the build (ctest's view of the
+# the helpers they start), and the GPU benchmarks; the photographs of the job stage's JPEG folder (photos/); every CTestTestfile.cmake and GoogleTest discovery file of the build (ctest's view of the
 # suite); and manifest.txt (the build folder and source folder it was made in, which gpu-check.sh rewrites
 # to where it lands; the commit and a hash of the sources, which gpu-check.sh checks against the working
 # tree it travels with; the CUDA architectures; the libraries the executables need). The Debian packages
@@ -75,12 +75,19 @@ trap 'rm -rf "$stage"' EXIT
   # What the executables load, by SONAME: gpu-check.sh checks each resolves on the GPU machine.
   echo "needs $(for e in "${exes[@]}"; do readelf -d "$e" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; done | sort -u | paste -sd' ')"
 } >"$stage/manifest.txt"
+# The photographs tools/make_imagenet_like.py cuts its JPEG folder from (gpu-check.sh's job stage): the GPU
+# machine lacks the Debian packages that ship them.
+rm -rf "$build/photos"
+/usr/bin/python3 tools/make_imagenet_like.py --save-photos "$build/photos" >/dev/null ||
+  { echo "gpu-bundle: tools/make_imagenet_like.py --save-photos failed (python3-matplotlib or python3-scipy?)" >&2; exit 1; }
 (cd "$build" && find . \( -name CTestTestfile.cmake -o -name '*_tests.cmake' -o -name '*_include.cmake' \) -print) \
   >"$stage/files.txt"
 for e in "${exes[@]}"; do echo ".${e#"$build"}"; done >>"$stage/files.txt"
+(cd "$build" && find ./photos -type f) >>"$stage/files.txt"
 tar -C "$build" -cf "$stage/build.tar" -T "$stage/files.txt"
 tar -C "$stage" -rf "$stage/build.tar" manifest.txt
-xz -T0 -6 -c "$stage/build.tar" >"$out.tmp"
+# -9e: 8 MB against -6's 22 MB (the executables share most of their code; a 64 MiB window sees it).
+xz -T0 -9e -c "$stage/build.tar" >"$out.tmp"
 mv "$out.tmp" "$out"
 raw=$(du -b "$stage/build.tar" | cut -f1)
 echo "gpu-bundle: $out: $(du -b "$out" | cut -f1) bytes ($raw uncompressed), ${#exes[@]} executables"

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """plot_run.py --trace: one traced step of a convnext_zero --trace file drawn as lanes per rank.
 
 Each rank is a band of rows, one per lane of its process in the trace (the step, data wait, compute with its

@@ -20,7 +20,11 @@ and colour change, resampled to its drawn size (Lanczos). Everything is drawn fr
 the same package versions give the same files.
 
 Usage: python3 tools/make_imagenet_like.py OUT_DIR [--classes 10] [--per-class 300] [--seed 0]
-       [--max-side 2000]
+       [--max-side 2000] [--photos DIR]
+       python3 tools/make_imagenet_like.py --save-photos DIR
+--photos DIR takes the photographs from DIR's *.jpg and *.png files (sorted by name) instead of the packages:
+a machine without those packages (the GPU machine of scripts/gpu-check.sh) gets them from one that has them,
+where --save-photos DIR writes them (JPEG, quality 95).
 Writes OUT_DIR/c000/img_00000.JPEG ... and prints the count, the median and largest sizes, the quality range
 and the bytes written. Needs NumPy and Pillow (python3-numpy, python3-pil); with a Python that lacks them
 (pyenv, a venv), or without any of the packages that ship the photographs, it re-runs itself under
@@ -46,6 +50,18 @@ try:
     from PIL import Image
 except ImportError as e:
     reexec_under_system_python(e.name)
+
+
+def photographs_in(folder):
+    """(name, HxWx3 uint8 array) of each *.jpg / *.png file of `folder`, by name; at least one or an error."""
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.lower().endswith((".jpg", ".jpeg", ".png")))
+    except OSError as e:
+        sys.exit(f"make_imagenet_like.py: --photos {folder}: {e.strerror}")
+    if not names:
+        sys.exit(f"make_imagenet_like.py: --photos {folder}: no .jpg or .png files")
+    return [(os.path.splitext(n)[0], np.asarray(Image.open(os.path.join(folder, n)).convert("RGB")))
+            for n in names]
 
 
 def photographs():
@@ -108,18 +124,25 @@ def cut(rng, photo, centre, scale, width, height):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    if len(sys.argv) == 3 and sys.argv[1] == "--save-photos":
+        os.makedirs(sys.argv[2], exist_ok=True)
+        for name, photo in photographs():
+            Image.fromarray(photo).save(os.path.join(sys.argv[2], f"{name}.jpg"), "JPEG", quality=95)
+        print(f"photographs saved in {sys.argv[2]}: {', '.join(sorted(os.listdir(sys.argv[2])))}")
+        return
     p.add_argument("out_dir")
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--per-class", type=int, default=300)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-side", type=int, default=2000)
+    p.add_argument("--photos", help="take the photographs from this folder's .jpg/.png files")
     a = p.parse_args()
     if a.classes < 1 or a.per_class < 1:
         sys.exit(f"make_imagenet_like.py: --classes and --per-class must be >= 1, got {a.classes} and "
                  f"{a.per_class}")
     if a.max_side < 64:
         sys.exit(f"make_imagenet_like.py: --max-side must be >= 64, got {a.max_side}")
-    photos = photographs()
+    photos = photographs_in(a.photos) if a.photos else photographs()
     rng = np.random.default_rng(a.seed)
     sizes, qualities, total = [], [], 0
     for k in range(a.classes):

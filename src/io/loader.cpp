@@ -13,6 +13,7 @@
 #include "io/image_transform.h"
 #include "io/model_input.h"
 #include "io/sampler.h"
+#include "tensor/parallel.h"
 
 namespace cz {
 
@@ -187,7 +188,11 @@ void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
   m.order = epoch_order(epoch);
   m.next_claim = m.next_out = first_batch;
   m.failed = nullptr;
-  for (int t = 0; t < m.opt.threads; ++t) m.workers.emplace_back([&m] { m.work(); });
+  for (int t = 0; t < m.opt.threads; ++t)
+    m.workers.emplace_back([&m] {
+      if (!m.opt.cpus.empty()) pin_current_thread(m.opt.cpus);  // refused: the mask stays, as without
+      m.work();
+    });
 }
 
 std::optional<Batch> Loader::next() {

@@ -50,6 +50,9 @@ struct LoaderOptions {
   // page-locked memory (CUDA runs), so their copy to the device is asynchronous.
   bool pixels_only = false;
   bool pinned = false;
+  // CPUs the worker threads are pinned to (empty: the process's mask). A CUDA rank keeps them off the core
+  // its kernel-launching thread runs on (Note [CPU threads on a CUDA rank] in tensor/omp_wait_policy.h).
+  std::vector<int> cpus;
 };
 
 struct Batch {

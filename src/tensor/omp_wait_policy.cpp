@@ -100,7 +100,119 @@ int launcher_local_ranks() {
   return 1;
 }
 
-void choose_omp_wait_policy(char** argv) {
+CpuThreads decide_cpu_threads(const CpuThreadsRequest& r) {
+  CpuThreads t;
+  const int local = std::max(1, r.local_ranks);
+  t.cores = std::max(1, r.mask_cores / local);
+  const std::string env_reason = "OMP_WAIT_POLICY is set in the environment";
+  if (!r.cuda) {
+    t.omp_threads = r.omp_threads_env > 0 ? r.omp_threads_env : t.cores;
+    t.loader_threads = r.loader_threads_flag >= 0 ? r.loader_threads_flag : t.cores;
+    t.wait = !r.wait_policy_env.empty() ? OmpWaitChoice{r.wait_policy_env, env_reason}
+             : !r.wait_chosen.policy.empty()
+                 ? r.wait_chosen
+                 : decide_omp_wait_policy(t.omp_threads, local, r.mask_cores, r.idle_cores);
+    return t;
+  }
+  // Note [CPU threads on a CUDA rank].
+  t.keep_launcher_core = t.cores > 1;
+  const int spare = std::max(1, t.cores - 1);
+  t.omp_threads = r.omp_threads_env > 0 ? r.omp_threads_env : r.offload ? spare : 1;
+  t.loader_threads = r.loader_threads_flag >= 0 ? r.loader_threads_flag : spare;
+  if (!r.wait_policy_env.empty()) {
+    t.wait = {
+        r.wait_policy_env,
+        r.wait_policy_env == "active"
+            ? env_reason + " (on a CUDA rank spinning threads can starve the thread that launches kernels)"
+            : env_reason};
+  } else {
+    t.wait = {"passive",
+              fmt::format("a CUDA rank: {} per rank x {} on this host wait passively, since spinning ones "
+                          "starve the thread that launches kernels",
+                          plural(t.omp_threads, "thread"), plural(local, "rank"))};
+  }
+  return t;
+}
+
+LoaderCpus loader_cpus(const std::vector<int>& mask, int local_ranks, int local_rank) {
+  const int n = int(mask.size()), local = std::max(1, local_ranks);
+  std::vector<int> share = mask;
+  if (local > 1 && n >= local) {
+    const int per = n / local, first = std::clamp(local_rank, 0, local - 1) * per;
+    share.assign(mask.begin() + first, mask.begin() + first + per);
+  }
+  if (share.size() < 2) return {};
+  return {share.front(), {share.begin() + 1, share.end()}};
+}
+
+namespace {
+
+// "1-15", "0,2-5,9": a sorted CPU list as ranges.
+std::string cpu_ranges(const std::vector<int>& cpus) {
+  std::string out;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    out += fmt::format("{}{}", out.empty() ? "" : ",",
+                       j == i ? fmt::format("{}", cpus[i]) : fmt::format("{}-{}", cpus[i], cpus[j]));
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string describe_cpu_threads(const CpuThreadsRequest& r, const CpuThreads& t, const LoaderCpus& cpus) {
+  std::string out = fmt::format(
+      "CPU threads per rank ({}{}: {} in the mask / {} on this host): ", r.cuda ? "a CUDA rank, " : "",
+      plural(t.cores, "core"), r.mask_cores, plural(std::max(1, r.local_ranks), "rank"));
+  out += plural(t.loader_threads, "loader thread");
+  if (r.loader_threads_flag >= 0) out += fmt::format(" (--loader-threads {})", r.loader_threads_flag);
+  if (r.cuda) {
+    if (!cpus.loaders.empty())
+      out += fmt::format(" on CPU{} {}, CPU {} left to the thread that launches kernels",
+                         cpus.loaders.size() == 1 ? "" : "s", cpu_ranges(cpus.loaders), cpus.launcher);
+    else if (t.keep_launcher_core)
+      out += fmt::format(", one of the {} cores left to the thread that launches kernels", t.cores);
+    else
+      out += ", sharing the rank's one core with the thread that launches kernels";
+  }
+  out += fmt::format(
+      "; OpenMP {}{} waiting {}", plural(t.omp_threads, "thread"),
+      r.omp_threads_env > 0 ? fmt::format(" (OMP_NUM_THREADS={})", r.omp_threads_env)
+      : r.cuda ? (r.offload ? " (the host runs the offloaded optimizer)" : " (the step's math is on the GPU)")
+               : "",
+      t.wait.policy == "active" ? "actively" : "passively");
+  if (!r.wait_policy_env.empty()) out += fmt::format(" (OMP_WAIT_POLICY={})", r.wait_policy_env);
+  return out;
+}
+
+CpuThreadsRequest cpu_threads_request(bool cuda, bool offload, int loader_threads_flag, int local_ranks) {
+  CpuThreadsRequest r;
+  r.cuda = cuda;
+  r.offload = offload;
+  r.mask_cores = available_cores();
+  r.local_ranks = local_ranks;
+  r.loader_threads_flag = loader_threads_flag;
+  if (const char* env = std::getenv("OMP_NUM_THREADS"); env && std::atoi(env) > 0)
+    r.omp_threads_env = std::atoi(env);
+  // OMP_WAIT_POLICY as the user set it: the value our own re-exec set (kChoiceVar says so) is not theirs.
+  if (const char* set = std::getenv("OMP_WAIT_POLICY")) {
+    const char* ours = std::getenv(kChoiceVar);
+    const std::string choice = ours ? ours : "";
+    const size_t bar = choice.find('|');
+    if (bar == std::string::npos || choice.substr(0, bar) != set)
+      r.wait_policy_env = set;
+    else
+      r.wait_chosen = {choice.substr(0, bar), choice.substr(bar + 1)};
+  }
+  return r;
+}
+
+void choose_omp_wait_policy(char** argv, bool cuda, bool offload) {
+  const CpuThreadsRequest req = cpu_threads_request(cuda, offload, -1, launcher_local_ranks());
+  // In the process that goes on (this one when nothing re-executes, else the re-executed one).
+  if (cuda && req.omp_threads_env == 0) set_omp_threads_per_rank(decide_cpu_threads(req).omp_threads);
   if (const char* set = std::getenv("OMP_WAIT_POLICY")) {
     const char* ours = std::getenv(kChoiceVar);
     const std::string choice = ours ? ours : "";
@@ -111,13 +223,18 @@ void choose_omp_wait_policy(char** argv) {
       note() = fmt::format("{}: OMP_WAIT_POLICY is set in the environment", set);
     return;
   }
-  const int local = launcher_local_ranks();
-  int threads = std::max(1, available_cores() / local);  // as configure_cpu_threads will
-  if (const char* env = std::getenv("OMP_NUM_THREADS"); env && std::atoi(env) > 0) threads = std::atoi(env);
-  // Measured only where the answer depends on it: one thread per rank, or too many, decide without it.
-  const bool measure = threads > 1 && threads * local <= available_cores();
-  const double idle = measure ? idle_cores_in_mask(kIdleSampleSeconds) : -1;
-  const OmpWaitChoice c = decide_omp_wait_policy(threads, local, available_cores(), idle);
+  OmpWaitChoice c;
+  if (cuda) {
+    c = decide_cpu_threads(req).wait;  // nothing to measure: passive
+  } else {
+    const int local = req.local_ranks;
+    int threads = std::max(1, available_cores() / local);  // as configure_cpu_threads will
+    if (req.omp_threads_env > 0) threads = req.omp_threads_env;
+    // Measured only where the answer depends on it: one thread per rank, or too many, decide without it.
+    const bool measure = threads > 1 && threads * local <= available_cores();
+    const double idle = measure ? idle_cores_in_mask(kIdleSampleSeconds) : -1;
+    c = decide_omp_wait_policy(threads, local, available_cores(), idle);
+  }
   setenv("OMP_WAIT_POLICY", c.policy.c_str(), 1);
   setenv(kChoiceVar, (c.policy + "|" + c.reason).c_str(), 1);
   execv("/proc/self/exe", argv);

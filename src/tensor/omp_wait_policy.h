@@ -1,8 +1,10 @@
 // libgomp's wait policy, chosen per rank at start from whether its threads fit the idle cores it may use
-// (Note [Choosing the OpenMP wait policy]).
+// (Note [Choosing the OpenMP wait policy]), and a CUDA rank's CPU threads (Note [CPU threads on a CUDA
+// rank]).
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace cz {
 
@@ -45,10 +47,66 @@ double idle_cores_in_mask(double seconds);
 // Ranks on this host as the launcher announces them before MPI starts (1 outside any launcher).
 int launcher_local_ranks();
 
+// Note [CPU threads on a CUDA rank]: on a CUDA rank the host does little math: one thread launches every
+// kernel, and the loader's threads decode and augment. The rule above, made for ranks that compute on the
+// CPU, let 16 OpenMP threads spin beside 16 loader threads on a 16-core H200 host, and the launching thread
+// was starved: ConvNeXt-T b64 took 23.9 ms a step against the benchmark's 15.0 (0.62x; the GPU busy 35% of
+// the time), and 14.9 ms with OMP_WAIT_POLICY=passive (issue 40). So a CUDA rank takes:
+//   - OpenMP waiting passively, with 1 thread (its math is on the GPU: what is left on the host is the odd
+//     scalar and the start's weight draws), or the rank's cores less one with --offload-optimizer (the host
+//     then runs the optimizer's update);
+//   - loader threads = the rank's cores less one, the one left to the launching thread;
+//   - where the rank has 2 or more CPUs of the mask, the loader threads pinned to all of them but the first
+//     (loader_cpus), so that no loader thread ever runs on the launching thread's core;
+// the rank's cores being the mask's shared among the host's ranks (cores_per_rank). OMP_NUM_THREADS,
+// OMP_WAIT_POLICY and --loader-threads still win, and the header says which did. A CPU rank keeps the rule
+// above: OpenMP threads and loader threads both take the rank's cores.
+struct CpuThreadsRequest {
+  bool cuda = false;
+  bool offload = false;         // --offload-optimizer (the host runs the optimizer)
+  int mask_cores = 1;           // CPUs of this process's affinity mask
+  int local_ranks = 1;          // ranks on this host
+  int omp_threads_env = 0;      // OMP_NUM_THREADS (0: unset)
+  std::string wait_policy_env;  // OMP_WAIT_POLICY ("": unset)
+  // The policy this process already runs with by its own choice (choose_omp_wait_policy's re-exec; "": none
+  // yet): a CPU rank's choice rests on an idle-core measurement that is not repeated.
+  OmpWaitChoice wait_chosen;
+  int loader_threads_flag = -1;  // --loader-threads (-1: not given)
+  double idle_cores = -1;        // CPU ranks: the idle cores measured at start (idle_cores_in_mask)
+};
+struct CpuThreads {
+  int cores = 1;        // this rank's share of the mask
+  int omp_threads = 1;  // OpenMP (and OpenBLAS) threads
+  OmpWaitChoice wait;   // policy and why
+  int loader_threads = 1;
+  bool keep_launcher_core = false;  // CUDA: one core left to the launching thread
+};
+CpuThreads decide_cpu_threads(const CpuThreadsRequest& r);
+
+// Where a CUDA rank's loader threads run: the rank's share of the mask (its local_rank-th slice of
+// mask.size() / local_ranks CPUs, or the whole mask when it holds fewer CPUs than ranks: the launcher bound
+// the rank already); its first CPU is left to the launching thread, the loaders are pinned to the rest.
+// `loaders` empty (no pinning) when the share is a single CPU.
+struct LoaderCpus {
+  int launcher = -1;
+  std::vector<int> loaders;
+};
+LoaderCpus loader_cpus(const std::vector<int>& mask, int local_ranks, int local_rank);
+
+// The header's line: "CPU threads per rank ...: ..." (what each pool got, why, and what the user's settings
+// overrode); `cpus`: loader_cpus' answer on a CUDA rank.
+std::string describe_cpu_threads(const CpuThreadsRequest& r, const CpuThreads& t,
+                                 const LoaderCpus& cpus = {});
+
+// The request as this process sees it before MPI starts (mask, launcher's local ranks, environment).
+CpuThreadsRequest cpu_threads_request(bool cuda, bool offload, int loader_threads_flag, int local_ranks);
+
 // Unless OMP_WAIT_POLICY is already set, decides the policy and re-executes the program with it set. Returns
 // in the process that goes on (after the re-exec, or at once when it was set; when exec fails, libgomp's
-// default stays and the note says so).
-void choose_omp_wait_policy(char** argv);
+// default stays and the note says so). On a CUDA rank (Note [CPU threads on a CUDA rank]) the policy is
+// passive without a measurement, and OpenMP's threads per rank are set (set_omp_threads_per_rank) unless
+// OMP_NUM_THREADS is.
+void choose_omp_wait_policy(char** argv, bool cuda = false, bool offload = false);
 
 // "active: 2 threads per rank x 1 rank ..." for the header; empty before choose_omp_wait_policy().
 const std::string& omp_wait_policy_note();

@@ -14,6 +14,7 @@ namespace cz {
 namespace {
 // OpenMP's thread count is a per-thread setting: the configured one, for threads started later.
 std::atomic<int> g_configured_threads{0};
+std::atomic<int> g_threads_per_rank{0};  // set_omp_threads_per_rank
 }  // namespace
 
 void use_passive_omp_waits(char** argv) {
@@ -29,12 +30,34 @@ int available_cores() {
   return std::max(1, CPU_COUNT(&set));
 }
 
+std::vector<int> affinity_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+bool pin_current_thread(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus)
+    if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
+  return CPU_COUNT(&set) > 0 && sched_setaffinity(0, sizeof(set), &set) == 0;  // 0: the calling thread
+}
+
+void set_omp_threads_per_rank(int threads) {
+  g_threads_per_rank.store(std::max(0, threads));
+}
+
 int cores_per_rank(int ranks_on_node) {
   return std::max(1, available_cores() / std::max(1, ranks_on_node));
 }
 
 void configure_cpu_threads(int ranks_on_node) {
-  int threads = cores_per_rank(ranks_on_node);
+  int threads = g_threads_per_rank.load() > 0 ? g_threads_per_rank.load() : cores_per_rank(ranks_on_node);
   if (const char* env = std::getenv("OMP_NUM_THREADS"); env && std::atoi(env) > 0) threads = std::atoi(env);
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);

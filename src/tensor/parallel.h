@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace cz {
 
@@ -25,12 +26,19 @@ namespace cz {
 // exec failed: then the default policy stays).
 void use_passive_omp_waits(char** argv);
 
-int available_cores();  // CPUs in this process's affinity mask
+int available_cores();             // CPUs in this process's affinity mask
+std::vector<int> affinity_cpus();  // those CPUs' numbers, ascending
+// Pins the calling thread to `cpus` (sched_setaffinity); false when the kernel refuses (a CPU outside the
+// mask), and the thread keeps the mask it had.
+bool pin_current_thread(const std::vector<int>& cpus);
 // The cores this rank really has: max(1, available_cores() / ranks on its node). OpenMP's threads
 // (configure_cpu_threads, unless OMP_NUM_THREADS says otherwise) and the loader's default --loader-threads
 // both take this many.
 int cores_per_rank(int ranks_on_node);
 void configure_cpu_threads(int ranks_on_node);
+// OpenMP threads per rank for configure_cpu_threads to take instead of cores_per_rank (0: cores_per_rank);
+// OMP_NUM_THREADS still wins. A CUDA rank sets it (Note [CPU threads on a CUDA rank] in omp_wait_policy.h).
+void set_omp_threads_per_rank(int threads);
 int cpu_threads();  // threads CPU kernels use (as configured; a thread started later must apply it itself)
 
 // Parallel loops below this many elements of work stay on one thread.

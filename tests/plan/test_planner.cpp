@@ -240,6 +240,17 @@ TEST(Planner, PlanDifferenceSaysWhy) {
   EXPECT_EQ(plan_difference(p, 80'192'256), "86.5 KiB high: not expected, see docs/planning.md");
   p.device = "cuda";
   EXPECT_EQ(plan_difference(p, 80'192'256), "86.5 KiB high: the plan is not yet checked against a GPU");
+  // The caveat goes per row, once a GPU has checked it (checked_cuda_rows()); another row keeps it.
+  p.model = "convnext_tiny";
+  p.image_size = 224;
+  p.micro_batch = 64;
+  p.stage = 0;
+  p.precision = "bf16";
+  const std::vector<CheckedCudaRow> checked = {{"convnext_tiny", 224, 64, 1, 0, "bf16", "H100, test"}};
+  EXPECT_EQ(plan_difference(p, 80'192'256, checked), "86.5 KiB high: not expected, see docs/planning.md");
+  p.micro_batch = 128;
+  EXPECT_EQ(plan_difference(p, 80'192'256, checked),
+            "86.5 KiB high: the plan is not yet checked against a GPU");
 }
 
 // Note [The device a plan is for]: --device wins; else a topology of GPUs, or --gpu-mem, plans CUDA.

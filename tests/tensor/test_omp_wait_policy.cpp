@@ -1,6 +1,9 @@
 // The OpenMP wait policy rule (Note [Choosing the OpenMP wait policy]): active only where every thread of the
-// host's ranks has an idle core of the mask to spin on; and the idle-core measurement it rests on.
+// host's ranks has an idle core of the mask to spin on; and the idle-core measurement it rests on. A CUDA
+// rank's threads (Note [CPU threads on a CUDA rank]): OpenMP small and passive, the loaders on all cores but
+// the launching thread's, the user's settings winning, and the header's words.
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <atomic>
 #include <string>
@@ -50,6 +53,137 @@ TEST(OmpWaitPolicy, IdleCoresSeeABusyThread) {
   stop = true;
   spinner.join();
   EXPECT_LE(with_spinner, double(available_cores()) - 0.7) << "idle before: " << idle;
+}
+
+CpuThreadsRequest cuda_rank(int mask_cores, int local_ranks) {
+  CpuThreadsRequest r;
+  r.cuda = true;
+  r.mask_cores = mask_cores;
+  r.local_ranks = local_ranks;
+  return r;
+}
+
+TEST(CpuThreads, CudaRankLeavesTheLauncherACoreAndWaitsPassively) {
+  // The H200 host: 16 cores, one rank.
+  const CpuThreads t = decide_cpu_threads(cuda_rank(16, 1));
+  EXPECT_EQ(t.cores, 16);
+  EXPECT_EQ(t.omp_threads, 1);
+  EXPECT_EQ(t.wait.policy, "passive");
+  EXPECT_HAS(t.wait.reason, "starve the thread that launches kernels");
+  EXPECT_EQ(t.loader_threads, 15);
+  EXPECT_TRUE(t.keep_launcher_core);
+  // Several ranks per host (mpirun): the same rule over each rank's share, 16 cores / 4 ranks = 4.
+  const CpuThreads four = decide_cpu_threads(cuda_rank(16, 4));
+  EXPECT_EQ(four.cores, 4);
+  EXPECT_EQ(four.loader_threads, 3);
+  EXPECT_EQ(four.omp_threads, 1);
+  EXPECT_HAS(four.wait.reason, "1 thread per rank x 4 ranks on this host");
+  // One core per rank: nothing to leave; the loader still gets a thread.
+  const CpuThreads one = decide_cpu_threads(cuda_rank(8, 8));
+  EXPECT_EQ(one.loader_threads, 1);
+  EXPECT_FALSE(one.keep_launcher_core);
+  // The optimizer offloaded to the host: OpenMP gets the cores the loaders get (still passive).
+  CpuThreadsRequest off = cuda_rank(16, 2);
+  off.offload = true;
+  EXPECT_EQ(decide_cpu_threads(off).omp_threads, 7);
+  EXPECT_EQ(decide_cpu_threads(off).wait.policy, "passive");
+}
+
+TEST(CpuThreads, TheUsersSettingsWinOnACudaRank) {
+  CpuThreadsRequest r = cuda_rank(16, 1);
+  r.loader_threads_flag = 4;
+  r.omp_threads_env = 8;
+  r.wait_policy_env = "active";
+  const CpuThreads t = decide_cpu_threads(r);
+  EXPECT_EQ(t.loader_threads, 4);
+  EXPECT_EQ(t.omp_threads, 8);
+  EXPECT_EQ(t.wait.policy, "active");
+  EXPECT_HAS(t.wait.reason, "OMP_WAIT_POLICY is set in the environment");
+  r.loader_threads_flag = 0;  // decode on the calling thread
+  EXPECT_EQ(decide_cpu_threads(r).loader_threads, 0);
+}
+
+TEST(CpuThreads, CpuRankKeepsTheCpuRule) {
+  CpuThreadsRequest r;
+  r.mask_cores = 8;
+  r.local_ranks = 2;
+  r.idle_cores = 8;
+  const CpuThreads t = decide_cpu_threads(r);
+  EXPECT_EQ(t.omp_threads, 4);
+  EXPECT_EQ(t.loader_threads, 4);
+  EXPECT_FALSE(t.keep_launcher_core);
+  EXPECT_EQ(t.wait.policy, decide_omp_wait_policy(4, 2, 8, 8).policy);
+  r.idle_cores = 2;
+  EXPECT_EQ(decide_cpu_threads(r).wait.policy, "passive");
+  // After the re-exec the measurement is not repeated: the choice made before it stands.
+  r.idle_cores = -1;
+  r.wait_chosen = {"active", "4 threads per rank x 2 ranks on this host fit the 8.0 idle cores"};
+  EXPECT_EQ(decide_cpu_threads(r).wait.policy, "active");
+  EXPECT_HAS(describe_cpu_threads(r, decide_cpu_threads(r)), "OpenMP 4 threads waiting actively");
+}
+
+TEST(CpuThreads, LoaderCpusAreTheRanksShareLessTheLaunchersCore) {
+  std::vector<int> mask;
+  for (int c = 0; c < 16; ++c) mask.push_back(c);
+  LoaderCpus one = loader_cpus(mask, 1, 0);
+  EXPECT_EQ(one.launcher, 0);
+  EXPECT_EQ(one.loaders, std::vector<int>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}));
+  LoaderCpus third = loader_cpus(mask, 4, 2);
+  EXPECT_EQ(third.launcher, 8);
+  EXPECT_EQ(third.loaders, std::vector<int>({9, 10, 11}));
+  // A mask with holes (a cgroup's cpuset): slices of the mask's own CPUs.
+  LoaderCpus odd = loader_cpus({0, 2, 4, 6}, 2, 1);
+  EXPECT_EQ(odd.launcher, 4);
+  EXPECT_EQ(odd.loaders, std::vector<int>({6}));
+  // One CPU to a rank: nothing to pin.
+  EXPECT_TRUE(loader_cpus({3}, 1, 0).loaders.empty());
+  EXPECT_TRUE(loader_cpus(mask, 16, 5).loaders.empty());
+  // Fewer CPUs than ranks: the launcher bound this rank already; its whole mask is its share.
+  LoaderCpus bound = loader_cpus({6, 7}, 4, 3);
+  EXPECT_EQ(bound.launcher, 6);
+  EXPECT_EQ(bound.loaders, std::vector<int>({7}));
+}
+
+TEST(CpuThreads, TheHeaderSaysWhatEachPoolGotAndWhatWasOverridden) {
+  const CpuThreadsRequest r = cuda_rank(16, 1);
+  std::vector<int> mask;
+  for (int c = 0; c < 16; ++c) mask.push_back(c);
+  EXPECT_EQ(
+      describe_cpu_threads(r, decide_cpu_threads(r), loader_cpus(mask, 1, 0)),
+      "CPU threads per rank (a CUDA rank, 16 cores: 16 in the mask / 1 rank on this host): 15 loader "
+      "threads on CPUs 1-15, CPU 0 left to the thread that launches kernels; OpenMP 1 thread (the step's "
+      "math is on the GPU) waiting passively");
+  CpuThreadsRequest o = cuda_rank(16, 4);
+  o.loader_threads_flag = 2;
+  o.omp_threads_env = 3;
+  o.wait_policy_env = "active";
+  EXPECT_EQ(describe_cpu_threads(o, decide_cpu_threads(o)),
+            "CPU threads per rank (a CUDA rank, 4 cores: 16 in the mask / 4 ranks on this host): 2 loader "
+            "threads (--loader-threads 2), one of the 4 cores left to the thread that launches kernels; "
+            "OpenMP 3 threads (OMP_NUM_THREADS=3) waiting actively (OMP_WAIT_POLICY=active)");
+  CpuThreadsRequest cpu;
+  cpu.mask_cores = 2;
+  cpu.idle_cores = 0;
+  EXPECT_EQ(describe_cpu_threads(cpu, decide_cpu_threads(cpu)),
+            "CPU threads per rank (2 cores: 2 in the mask / 1 rank on this host): 2 loader threads; OpenMP 2 "
+            "threads waiting passively");
+}
+
+TEST(CpuThreads, PinningAThreadNarrowsItsMaskOnly) {
+  const std::vector<int> mask = affinity_cpus();
+  ASSERT_EQ(int(mask.size()), available_cores());
+  std::vector<int> seen;
+  bool pinned = false;
+  std::thread t([&] {
+    pinned = pin_current_thread({mask.back()});
+    seen = affinity_cpus();
+  });
+  t.join();
+  EXPECT_TRUE(pinned);
+  EXPECT_EQ(seen, std::vector<int>({mask.back()}));
+  EXPECT_EQ(affinity_cpus(), mask);  // the calling thread's mask is untouched
+  EXPECT_FALSE(pin_current_thread({}));
+  EXPECT_EQ(affinity_cpus(), mask);
 }
 
 }  // namespace

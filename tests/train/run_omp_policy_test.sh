@@ -64,4 +64,31 @@ if ((cores == 2)); then
   expect passive "1 thread per rank x 2 ranks on this host" \
     "$(run "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$app")"
 fi
+
+# A CUDA rank's threads (Note [CPU threads on a CUDA rank]), as --plan states them for this host: the same
+# rule and words as a CUDA run's header, without a GPU (issue 40).
+plan_line() {  # plan_line [ENV=V...] APP [FLAGS...]
+  local out
+  out=$(env -u OMP_WAIT_POLICY -u OMP_NUM_THREADS "$@" --plan --device cuda --model atto --image-size 64 \
+    --micro-batch 8 2>&1) || { echo "FAIL: '$*' exited $?: $out"; return; }
+  grep "^On this host, a run would take CPU threads per rank (a CUDA rank, " <<<"$out" ||
+    echo "FAIL: '$*': no CUDA rank's threads in: $out"
+}
+has() {  # has LINE WORDS...
+  [[ $1 == FAIL:* ]] && fail "${1#FAIL: }"
+  local line=$1
+  shift
+  for w in "$@"; do grep -qF -- "$w" <<<"$line" || fail "expected '$w' in: $line"; done
+  echo "ok: ${*: -1}"
+}
+if ((cores >= 2)); then
+  has "$(plan_line "$app")" "$cores cores: $cores in the mask / 1 rank on this host): $((cores - 1)) loader thread" \
+    "left to the thread that launches kernels" "OpenMP 1 thread (the step's math is on the GPU) waiting passively"
+  has "$(plan_line "$app" --offload-optimizer)" \
+    "OpenMP $((cores - 1)) thread$( ((cores > 2)) && echo s) (the host runs the offloaded optimizer) waiting passively"
+  has "$(plan_line "$app" --ranks "$cores")" "1 core: $cores in the mask / $cores ranks on this host" \
+    "sharing the rank's one core with the thread that launches kernels"
+fi
+has "$(plan_line OMP_NUM_THREADS=3 OMP_WAIT_POLICY=active "$app" --loader-threads 5)" \
+  "5 loader threads (--loader-threads 5)" "OpenMP 3 threads (OMP_NUM_THREADS=3) waiting actively (OMP_WAIT_POLICY=active)"
 echo PASS

@@ -36,6 +36,7 @@ class World {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int local_size() const { return local_size_; }
+  int local_rank() const { return local_rank_; }
   const std::string& hostname() const { return peers_[size_t(rank_)].host; }
   bool launched() const { return launched_; }  // by mpirun/srun rather than as a singleton
   MPI_Comm comm() const { return MPI_COMM_WORLD; }

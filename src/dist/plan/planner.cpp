@@ -21,6 +21,7 @@
 #include "dist/zero/step_plan.h"
 #include "tensor/check.h"
 #include "tensor/device.h"
+#include "tensor/omp_wait_policy.h"
 #include "tensor/parallel.h"
 
 namespace cz::plan {
@@ -233,7 +234,12 @@ void plan_the_run(const PlanRequest& req, Setup& s) {
   }
   s.copy_in_flight = !s.cfg.checkpoint_dir.empty() && !s.cfg.checkpoint_sync && save_before_last;
   // The default (-1) as the trainer resolves it, taking the planned ranks to share this host.
-  const int threads = s.cfg.loader_threads >= 0 ? s.cfg.loader_threads : cores_per_rank(req.world);
+  const int threads = decide_cpu_threads({.cuda = parse_device(s.cfg.device).is_cuda(),
+                                          .offload = s.cfg.offload_optimizer,
+                                          .mask_cores = available_cores(),
+                                          .local_ranks = req.world,
+                                          .loader_threads_flag = s.cfg.loader_threads})
+                          .loader_threads;
   const int64_t window = int64_t(threads) * kLoaderPrefetch;
   s.prefetched = req.batches_per_epoch > 0 && last > 0
                      ? run_prefetched_batches(window, req.batches_per_epoch, s.cfg.grad_accum,
@@ -545,7 +551,16 @@ std::string format_plan(const Plan& p) {
   return out;
 }
 
+const std::vector<CheckedCudaRow>& checked_cuda_rows() {
+  static const std::vector<CheckedCudaRow> rows = {};
+  return rows;
+}
+
 std::string plan_difference(const Plan& p, int64_t measured) {
+  return plan_difference(p, measured, checked_cuda_rows());
+}
+
+std::string plan_difference(const Plan& p, int64_t measured, const std::vector<CheckedCudaRow>& checked) {
   const int64_t off = p.total_bytes - measured;
   if (off == 0) return "";
   const int64_t b = std::abs(off);
@@ -557,7 +572,12 @@ std::string plan_difference(const Plan& p, int64_t measured) {
     if (r.key == "comm_scratch") scratch = r.bytes;
   if (p.world > 1 && off > 0 && off <= scratch)
     return fmt::format("{}: the communicators' threads grow their ring scratch at times of their own", by);
-  if (p.device == "cuda") return fmt::format("{}: the plan is not yet checked against a GPU", by);
+  const auto is_this_run = [&](const CheckedCudaRow& r) {
+    return r.model == p.model && r.image_size == p.image_size && r.micro_batch == p.micro_batch &&
+           r.world == p.world && r.stage == p.stage && r.precision == p.precision;
+  };
+  if (p.device == "cuda" && std::none_of(checked.begin(), checked.end(), is_this_run))
+    return fmt::format("{}: the plan is not yet checked against a GPU", by);
   return fmt::format("{}: not expected, see docs/planning.md", by);
 }
 

@@ -137,11 +137,27 @@ PlanRequest plan_request_for_run(const train::Trainer& trainer, const train::Tra
 // tests/plan/test_step_events.cpp holds the real step's allocator log to, op by op.
 StepReplay plan_step_replay(const PlanRequest& request);
 std::string format_plan(const Plan& plan);
+// A CUDA plan row checked on a GPU: a run of this model, image size, micro-batch, world, stage and precision
+// had its plan equal its measured peak within 1% (tests/plan/run_cuda_plan_rows.sh, a `cuda` test per row).
+struct CheckedCudaRow {
+  std::string model;  // Plan::model ("convnext_tiny")
+  int64_t image_size = 0, micro_batch = 0;
+  int world = 1, stage = 0;
+  std::string precision;
+  std::string checked_on;  // the GPU and the day, for the record
+};
+// The rows checked so far (planner.cpp): none yet, so every CUDA summary still says the plan is unchecked.
+// A GPU run that passes a row's test adds it here.
+const std::vector<CheckedCudaRow>& checked_cuda_rows();
+
 // Why a run's measured peak differs from its plan, for the closing summary: "" when they are equal; on
 // several ranks, planned high by no more than the ring scratch, the communicators' threads growing it at
-// times of their own (docs/planning.md, Measured against planned); otherwise by how much and that it is not
+// times of their own (docs/planning.md, Measured against planned); on CUDA, unless the run's row is among
+// `checked`, that the plan is not yet checked against a GPU; otherwise by how much and that it is not
 // expected.
 std::string plan_difference(const Plan& plan, int64_t measured_bytes);
+std::string plan_difference(const Plan& plan, int64_t measured_bytes,
+                            const std::vector<CheckedCudaRow>& checked);
 nlohmann::json plan_to_json(const Plan& plan);
 
 // "24GB" (10^9), "24GiB" (2^30), "512MB", "512MiB", "1.5TB", "4096" (bytes); units are case-insensitive.

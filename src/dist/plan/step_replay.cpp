@@ -24,7 +24,8 @@
 //  * The ZeRO engine (Note [What the engine allocates] in engine_trace.cpp): buckets, stage-3 gathered units
 //    around each module's forward and backward, the ring's scratch, the step's scalars.
 //  * Kernel workspaces through the allocator: on the CPU the patchify im2col buffer (forward and backward);
-//    on CUDA the per-stream cuBLAS workspace, a cuDNN allowance and the depthwise filter-gradient partials.
+//    on CUDA the per-stream cuBLAS workspace, the cuDNN workspace grown at the patchify convolutions (Note
+//    [The cuDNN workspace in the plan]) and the depthwise filter-gradient partials.
 //  * Around the ops: on the CPU backend all of a step's micro-batches are taken from the loader first and
 //    live until the step returns; the summed loss is read through an f64 copy (Tensor::item); the engine's
 //    model_state_bytes() for the log makes the optimizer's step counter a new 8-byte tensor.
@@ -103,7 +104,6 @@ void Walker::build() {
   for (Id d : dropped) m_.release(d);
   if (s_.cuda) {
     m_.alloc(kCublasWorkspace, Use::workspace, "cuBLAS workspace");
-    m_.alloc(kCudnnWorkspace, Use::workspace, "cuDNN workspace allowance");
     if (s_.compute == DType::f16) m_.alloc(4, Use::input, "fp16 loss scale (device scalar)");
   }
   for (int g = 0; g < s_.graphs; ++g) {  // in the input row: copies of a micro-batch's input

@@ -7,6 +7,10 @@
 namespace cz::plan::walk {
 
 // depthwise.cu filter_plan: partial sums per chunk of rows.
+int64_t cudnn_patchify_workspace(int64_t input_bytes, int64_t output_bytes) {
+  return input_bytes + output_bytes;
+}
+
 int64_t depthwise_filter_workspace(int64_t rows, int64_t c, int64_t k) {
   const int64_t per_chunk = k * k * c * 4, col_tiles = (c + 31) / 32;
   const int64_t cap = std::max<int64_t>(kDepthwiseFilterCap / std::max<int64_t>(per_chunk, 1), 1);
@@ -56,6 +60,7 @@ A Walker::patchify(const A& x, int64_t side, int64_t cin, int64_t cout, int64_t 
   const A wk = buf(cout * kk * e_, keep(), "patchify weight (Cout, k, k, Cin)");
   const A y = buf(m * cout * e_, out, "patchify output");
   if (!s_.cuda) m_.release(m_.alloc(m * kk * e_, Use::workspace, "im2col patches"));
+  if (s_.cuda) cudnn_workspace(cudnn_patchify_workspace(x.bytes, y.bytes));
   if (!recording_) {
     m_.release(wk.id);
     return y;

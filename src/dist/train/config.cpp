@@ -1,4 +1,4 @@
-// The architecture the flags name, and the dtype flags. Validation comes from the flag table (flags.cpp).
+// The architecture the flags name, and the dtype flags. Validation comes from the flag table (flags.h).
 #include "dist/train/config.h"
 
 #include "tensor/check.h"

@@ -116,7 +116,7 @@ struct TrainConfig {
   std::string comm_impl = "auto";     // flat | hier | auto (Note [Two-level collectives])
   std::string comm_backend = "auto";  // nccl | mpi | auto (Note [Choosing the comm backend])
 
-  // Throws ValueError naming the first bad flag: the checks of the flag table (flags.cpp), in its order.
+  // Throws ValueError naming the first bad flag: the checks of the flag table (flags.h), in its order.
   void validate() const;
   // The architecture these flags name (--model, or --depths/--dims), with --num-classes and --drop-path.
   nn::ConvNeXtConfig model_config() const;

@@ -12,13 +12,17 @@
 #include "dist/train/trainer.h"
 #include "io/loader.h"
 #include "tensor/check.h"
+#include "tensor/device.h"
+#include "tensor/omp_wait_policy.h"
 #include "tensor/parallel.h"
 
 namespace cz::train {
 
 LoaderOnlyReport run_loader_only(TrainConfig cfg, dist::World& world) {
-  // --loader-threads' default, as the trainer resolves it.
-  if (cfg.loader_threads < 0) cfg.loader_threads = cores_per_rank(world.local_size());
+  // --loader-threads' default, as the trainer resolves it (Note [CPU threads on a CUDA rank]).
+  cfg.loader_threads = decide_cpu_threads(cpu_threads_request(parse_device(cfg.device).is_cuda(), false,
+                                                              cfg.loader_threads, world.local_size()))
+                           .loader_threads;
   DatasetOptions dopt;
   dopt.image_size = cfg.image_size;
   const auto data = open_dataset(cfg.data, Split::train, dopt);

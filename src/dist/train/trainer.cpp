@@ -23,6 +23,7 @@
 #if CZ_WITH_CUDA
 #include "tensor/cuda/context.h"
 #endif
+#include "tensor/omp_wait_policy.h"
 #include "tensor/ops.h"
 #include "tensor/parallel.h"
 #include "tensor/trace.h"
@@ -155,9 +156,18 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
            flag_name(&TrainConfig::stage));
   group_ = mesh_.world();
   check_outputs();
-  // --loader-threads' default: the cores this rank has, as OpenMP gets them; resolved before the log's start
-  // record, which shows the number used.
-  if (cfg_.loader_threads < 0) cfg_.loader_threads = cores_per_rank(world_.local_size());
+  // --loader-threads' default (Note [CPU threads on a CUDA rank]): the cores this rank has, less the
+  // launching thread's on CUDA; resolved before the log's start record, which shows the number used.
+  {
+    const CpuThreadsRequest req = cpu_threads_request(device_.is_cuda(), cfg_.offload_optimizer,
+                                                      cfg_.loader_threads, world_.local_size());
+    const CpuThreads threads = decide_cpu_threads(req);
+    cfg_.loader_threads = threads.loader_threads;
+    LoaderCpus cpus;
+    if (device_.is_cuda()) cpus = loader_cpus(affinity_cpus(), world_.local_size(), world_.local_rank());
+    loader_cpus_ = cpus.loaders;
+    cpu_threads_note_ = describe_cpu_threads(req, threads, cpus);
+  }
   build_data();
   CZ_CHECK(!cfg_.keep_best || eval_set_,
            "{} keeps the checkpoint of the best evaluation, but {} has no eval split; "
@@ -310,7 +320,9 @@ void Trainer::build_model() {
 // Both splits read this rank's share of global batches of micro-batch x ranks; evaluation reads every example
 // once, in file order, unaugmented.
 LoaderOptions Trainer::loader_options(Split split) const {
-  return run_loader_options(cfg_, split, world_.size(), world_.rank());
+  LoaderOptions lo = run_loader_options(cfg_, split, world_.size(), world_.rank());
+  lo.cpus = loader_cpus_;
+  return lo;
 }
 
 LoaderOptions run_loader_options(const TrainConfig& cfg_, Split split, int world, int rank) {

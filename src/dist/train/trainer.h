@@ -114,6 +114,8 @@ class Trainer {
   const std::vector<std::string>& data_notes() const { return data_notes_; }
   // Whether --num-classes came from the training data (not given): config().num_classes is its count.
   bool classes_from_data() const { return classes_from_data_; }
+  // "CPU threads per rank ...": what OpenMP and the loader got (Note [CPU threads on a CUDA rank]).
+  const std::string& cpu_threads_note() const { return cpu_threads_note_; }
   // The training set's class names as checkpoints and weight files record them; empty for numbered classes.
   std::vector<std::string> class_names() const;
   // What --init-weights loaded ("--init-weights w.h5: 180 tensors (27.82M values) with timm keys; ..."); ""
@@ -195,6 +197,8 @@ class Trainer {
   std::shared_ptr<const Dataset> train_set_, eval_set_;
   std::vector<std::string> data_notes_;
   bool classes_from_data_ = false;
+  std::string cpu_threads_note_;
+  std::vector<int> loader_cpus_;  // CUDA: the loader threads' CPUs (LoaderOptions::cpus)
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<BatchDump> dump_;     // --dump-batches
   std::unique_ptr<StepTracer> tracer_;  // --trace
