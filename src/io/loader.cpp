@@ -34,6 +34,7 @@ struct Loader::Impl {
   // A worker's images, reused from one image to the next: no allocation per image once their sizes are met.
   struct Scratch {
     Image img, crop;
+    ResampleScratch resize;
   };
 
   std::shared_ptr<const Dataset> data;
@@ -80,7 +81,7 @@ void Loader::Impl::transform_image(int64_t epoch, int64_t index, int64_t pos, Sc
   };
   CropBox box;
   data->read_crop(index, choose, size, s.img, box);
-  resample_u8(s.img, box, size, opt.interpolation, s.crop);  // Note [8-bit resize]
+  resample_u8(s.img, box, size, opt.interpolation, s.crop, s.resize);  // Note [8-bit resize]
   if (opt.rand_augment.enabled) {
     CounterRng rng = sample_stream(opt.seed, RngDomain::randaugment, epoch, pos);
     rand_augment(opt.rand_augment, s.crop, opt.interpolation, rng);
