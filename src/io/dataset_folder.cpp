@@ -159,8 +159,9 @@ class FolderDataset final : public Dataset {
     }
     const CropBox crop = choose(info->height, info->width);
     const int denom = jpeg_scale_for(crop.h, crop.w, out_size);
-    JpegRegion r =
-        decode_jpeg_region(bytes.data(), bytes.size(), path, crop.y, crop.x, crop.h, crop.w, denom);
+    JpegRegion r;
+    r.image = std::move(out);  // its memory reused
+    decode_jpeg_region(bytes.data(), bytes.size(), path, crop.y, crop.x, crop.h, crop.w, denom, r);
     out = std::move(r.image);
     box = CropBox{0, 0, out.height, out.width, crop.flip};
   }

@@ -2,6 +2,7 @@
 #include "io/image_codec.h"
 
 #include <png.h>
+#include <sys/stat.h>
 #include <turbojpeg.h>
 
 #include <cerrno>
@@ -111,12 +112,21 @@ void decode_image(const uint8_t* data, size_t size, const std::string& name, Ima
 std::vector<uint8_t> read_file_bytes(const std::string& path) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   CZ_CHECK_IO(f != nullptr, "{}: cannot open: {}", path, std::strerror(errno));
+  // One read into a vector of the file's size (no growth and copy in chunks); a file that grew since is read
+  // to its end all the same.
+  struct stat st {};
   std::vector<uint8_t> bytes;
+  if (fstat(fileno(f.get()), &st) == 0 && st.st_size > 0) bytes.resize(size_t(st.st_size));
+  size_t have = std::fread(bytes.data(), 1, bytes.size(), f.get());
   uint8_t chunk[1 << 16];
   size_t got = 0;
-  while ((got = std::fread(chunk, 1, sizeof(chunk), f.get())) > 0)
+  while ((got = std::fread(chunk, 1, sizeof(chunk), f.get())) > 0) {
+    bytes.resize(have);
     bytes.insert(bytes.end(), chunk, chunk + got);
+    have = bytes.size();
+  }
   CZ_CHECK_IO(!std::ferror(f.get()), "{}: read failed: {}", path, std::strerror(errno));
+  bytes.resize(have);
   return bytes;
 }
 

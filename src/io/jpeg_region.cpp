@@ -76,9 +76,15 @@ int jpeg_scale_for(int64_t crop_h, int64_t crop_w, int64_t out_size) {
 
 JpegRegion decode_jpeg_region(const uint8_t* data, size_t size, const std::string& name, int64_t y, int64_t x,
                               int64_t h, int64_t w, int denom) {
+  JpegRegion r;
+  decode_jpeg_region(data, size, name, y, x, h, w, denom, r);
+  return r;
+}
+
+void decode_jpeg_region(const uint8_t* data, size_t size, const std::string& name, int64_t y, int64_t x,
+                        int64_t h, int64_t w, int denom, JpegRegion& r) {
   CZ_CHECK(denom == 1 || denom == 2 || denom == 4 || denom == 8, "decode_jpeg_region: scale 1/{}", denom);
   CZ_CHECK(is_jpeg(data, size), "{}: not a JPEG", name);
-  JpegRegion r;
   r.denom = denom;
   std::vector<uint8_t> row_;  // one decoded row (before setjmp: see ErrorJump)
   Decoder d(data, size);
@@ -118,7 +124,6 @@ JpegRegion decode_jpeg_region(const uint8_t* data, size_t size, const std::strin
     std::memcpy(r.image.pixels.data() + size_t(i) * bytes, row + skip, bytes);
   }
   jpeg_abort_decompress(&c);  // the rows below the crop are never decoded
-  return r;
 }
 
 }  // namespace cz

@@ -47,5 +47,9 @@ int jpeg_scale_for(int64_t crop_h, int64_t crop_w, int64_t out_size);
 // naming `name` for a corrupt stream (libjpeg's warnings included, as decode_image).
 JpegRegion decode_jpeg_region(const uint8_t* data, size_t size, const std::string& name, int64_t y, int64_t x,
                               int64_t h, int64_t w, int denom);
+// The same into `r`, whose image's memory is reused (the loader decodes image after image into one: issue
+// 40, an allocation and its page faults per image).
+void decode_jpeg_region(const uint8_t* data, size_t size, const std::string& name, int64_t y, int64_t x,
+                        int64_t h, int64_t w, int denom, JpegRegion& r);
 
 }  // namespace cz

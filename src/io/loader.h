@@ -8,6 +8,16 @@
 // position in the epoch): the same sample is augmented the same way whatever the world size or thread count.
 // The order is timm's training transform's: crop and resize, flip, RandAugment (8-bit), normalise, random
 // erasing; RandAugment and erasing draw from streams of their own per sample (sample_stream, sampler.h).
+//
+// Note [Running ahead]: the batches are a stream, epoch after epoch, from the position start_epoch gives
+// (stream position p is global batch p % E of epoch p / E, E = steps_per_epoch()). Every batch is a pure
+// function of its position (Note [Sampling]), so the workers need no word from the consumer at an epoch's
+// end: with `endless` they go on into epoch e+1 while e's last batches are consumed, and the pipeline never
+// drains (it did, 0.46-0.59 s at each epoch's end on a GPU: issue 40). Each batch says its epoch and index;
+// what a checkpoint records is the consumer's position (the batches it used), never the workers'. The workers
+// make each batch in chunks of kChunkImages images, claimed in stream order, so all of them work on the batch
+// in front and the consumer waits for one chunk's time, not one batch's; at most threads x prefetch batches
+// are made or being made beyond those taken (the memory planner's window).
 #pragma once
 
 #include <cstdint>
@@ -34,7 +44,10 @@ struct LoaderOptions {
   uint64_t seed = 0;
   int world = 1, rank = 0;
   int threads = 2;   // decoding workers (0: decode on the calling thread)
-  int prefetch = 2;  // batches decoded ahead per worker
+  int prefetch = 2;  // batches decoded ahead per worker: threads x prefetch in all
+  // Note [Running ahead]: next() crosses epochs (training), the workers running ahead into the next; else
+  // the stream ends with the epoch start_epoch began (evaluation: one pass).
+  bool endless = false;
   // The resize filter of every image (the training crop's and evaluation's), and RandAugment's geometric ops.
   Interpolation interpolation = Interpolation::bilinear;
   // After the crop and flip, on the 8-bit image (Note [RandAugment], randaugment.h); off unless enabled.
@@ -84,11 +97,13 @@ class Loader {
   Loader& operator=(const Loader&) = delete;
 
   int64_t steps_per_epoch() const;  // global batches per epoch
-  // (Re)starts the sampler at global batch `first_batch` of `epoch` (a resumed run: Note [Sampling] makes the
-  // batches from there on the same as the original run's); batches of an unfinished epoch are dropped.
+  // (Re)starts the stream at global batch `first_batch` of `epoch` (a resumed run: Note [Sampling] makes the
+  // batches from there on the same as the original run's; first_batch = steps_per_epoch() is epoch+1's
+  // first); batches made ahead are dropped. next() without it starts at epoch 0.
   void start_epoch(int64_t epoch, int64_t first_batch = 0);
-  std::optional<Batch> next();  // this rank's share of the next global batch; nullopt at the epoch's end.
-                                // A worker's decode error is rethrown here.
+  // This rank's share of the stream's next global batch (Batch::epoch and index say which); nullopt at the
+  // epoch's end without `endless`. A worker's decode error is rethrown here, and again until start_epoch.
+  std::optional<Batch> next();
 
   // The epoch's order as data set indices (Note [Sampling]); exposed for tests.
   std::vector<int64_t> epoch_order(int64_t epoch) const;
@@ -97,6 +112,10 @@ class Loader {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Images per chunk of a batch (Note [Running ahead]): a few milliseconds of work against one acquisition of
+// the loader's lock; small enough that 16 workers share a batch of 128.
+inline constexpr int64_t kChunkImages = 4;
 
 // ImageNet normalisation used by the loader, per RGB channel.
 inline constexpr float kImageNetMean[3] = {0.485f, 0.456f, 0.406f};

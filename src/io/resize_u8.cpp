@@ -166,10 +166,11 @@ void transpose_pixels(const uint8_t* in, int64_t stride, int64_t rows, int64_t c
 // the kernel between two transposes (columns become rows, which the kernel sums whole and wide). The flip is
 // fused into whichever pass writes `out` last. Same bytes as the scalar loops (integer sums in any order).
 void resample_with_kernel(RowsPassFn rows_pass, const uint8_t* crop, int64_t stride, const CropBox& box,
-                          int64_t size, Interpolation interpolation, bool horizontal_first, uint8_t* out) {
+                          int64_t size, Interpolation interpolation, bool horizontal_first, uint8_t* out,
+                          ResampleScratch& scratch) {
   const bool horizontal = box.w != size, vertical = box.h != size;
-  std::vector<int32_t> acc;
-  std::vector<uint8_t> t0, t1, mid;
+  std::vector<int32_t>& acc = scratch.acc;
+  std::vector<uint8_t>&t0 = scratch.t0, &t1 = scratch.t1, &mid = scratch.mid;
   // rows x in_w pixels at `src` -> rows x size at `dst`.
   auto horizontal_pass = [&](const uint8_t* src, int64_t src_stride, int64_t rows, int64_t in_w, bool flip,
                              uint8_t* dst) {
@@ -247,16 +248,8 @@ void resample_scalar(const uint8_t* crop, int64_t stride, const CropBox& box, in
   }
 }
 
-}  // namespace
-
-void resample_u8(const Image& src, const CropBox& box, int64_t size, Interpolation interpolation,
-                 Image& out) {
-  static const ResizeKernel kernel = default_resize_kernel();
-  resample_u8(src, box, size, interpolation, out, kernel);
-}
-
-void resample_u8(const Image& src, const CropBox& box, int64_t size, Interpolation interpolation, Image& out,
-                 ResizeKernel kernel) {
+void resample_u8_with(const Image& src, const CropBox& box, int64_t size, Interpolation interpolation,
+                      Image& out, ResizeKernel kernel, ResampleScratch& scratch) {
   out.height = out.width = size;
   out.pixels.resize(size_t(size * size * 3));
   const int64_t stride = src.width * 3;
@@ -269,7 +262,27 @@ void resample_u8(const Image& src, const CropBox& box, int64_t size, Interpolati
     resample_scalar(crop, stride, box, size, interpolation, vertical_first, out.pixels.data());
   else
     resample_with_kernel(rows_pass_for(kernel), crop, stride, box, size, interpolation, !vertical_first,
-                         out.pixels.data());
+                         out.pixels.data(), scratch);
+}
+
+}  // namespace
+
+void resample_u8(const Image& src, const CropBox& box, int64_t size, Interpolation interpolation,
+                 Image& out) {
+  ResampleScratch scratch;
+  resample_u8(src, box, size, interpolation, out, scratch);
+}
+
+void resample_u8(const Image& src, const CropBox& box, int64_t size, Interpolation interpolation, Image& out,
+                 ResampleScratch& scratch) {
+  static const ResizeKernel kernel = default_resize_kernel();
+  resample_u8_with(src, box, size, interpolation, out, kernel, scratch);
+}
+
+void resample_u8(const Image& src, const CropBox& box, int64_t size, Interpolation interpolation, Image& out,
+                 ResizeKernel kernel) {
+  ResampleScratch scratch;
+  resample_u8_with(src, box, size, interpolation, out, kernel, scratch);
 }
 
 void normalise_u8(const Image& img, float* out) {

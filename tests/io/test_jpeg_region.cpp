@@ -75,6 +75,7 @@ std::vector<uint8_t> jpeg_file(const TempDir& dir, const Image& img, const Case&
 TEST(JpegRegion, WholeThenCropBitExact) {
   TempDir dir;
   std::mt19937 rng(7);
+  JpegRegion reused;  // decoded into box after box, image after image, as the loader does: the same pixels
   for (const Case& c : kCases)
     for (auto [h, w] : {std::pair<int64_t, int64_t>{333, 517}, {64, 48}, {17, 401}}) {
       const Image img = textured(h, w, uint32_t(h * w));
@@ -94,6 +95,10 @@ TEST(JpegRegion, WholeThenCropBitExact) {
       }
       for (const auto& [y, x, bh, bw] : boxes) {
         const JpegRegion r = decode_jpeg_region(bytes.data(), bytes.size(), "region", y, x, bh, bw, 1);
+        decode_jpeg_region(bytes.data(), bytes.size(), "region", y, x, bh, bw, 1, reused);
+        ASSERT_EQ(reused.image.pixels, r.image.pixels);
+        ASSERT_EQ(reused.image.height, r.image.height);
+        ASSERT_EQ(reused.image.width, r.image.width);
         ASSERT_EQ(r.top, y);
         ASSERT_EQ(r.left, x);
         ASSERT_EQ(r.image.height, bh);

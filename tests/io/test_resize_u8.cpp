@@ -77,6 +77,36 @@ TEST(ResizeKernels, EveryKernelEqualsTheScalarLoopsBitForBit) {
               resize_kernel_name(default_resize_kernel()));
 }
 
+// The loader's workers keep one ResampleScratch and one output image from one image to the next: what a
+// previous, larger or smaller, crop left in them never shows (filled with 0xAB first to make sure).
+TEST(ResizeKernels, AReusedScratchGivesTheFreshResult) {
+  std::mt19937 gen(777);
+  ResampleScratch scratch;
+  scratch.acc.assign(1 << 16, int32_t(0xABABABAB));
+  scratch.t0.assign(1 << 20, 0xAB);
+  scratch.t1.assign(1 << 20, 0xAB);
+  scratch.mid.assign(1 << 20, 0xAB);
+  Image got;
+  got.pixels.assign(size_t(300 * 300 * 3), 0xAB);
+  for (int k = 0; k < 60; ++k) {
+    const int64_t h = std::uniform_int_distribution<int64_t>(1, 700)(gen);
+    const int64_t w = std::uniform_int_distribution<int64_t>(1, 700)(gen);
+    const int64_t size = std::uniform_int_distribution<int64_t>(1, 256)(gen);
+    const Image src = random_image(h, w, gen, k % 2 == 0);
+    CropBox box{0, 0, h, w, k % 3 == 0};
+    box.h = std::uniform_int_distribution<int64_t>(1, h)(gen);
+    box.w = std::uniform_int_distribution<int64_t>(1, w)(gen);
+    box.y = std::uniform_int_distribution<int64_t>(0, h - box.h)(gen);
+    box.x = std::uniform_int_distribution<int64_t>(0, w - box.w)(gen);
+    const Interpolation f = k % 4 < 2 ? Interpolation::bilinear : Interpolation::bicubic;
+    Image want;
+    resample_u8(src, box, size, f, want);
+    resample_u8(src, box, size, f, got, scratch);
+    ASSERT_EQ(got.pixels, want.pixels)
+        << "image " << k << ": " << h << "x" << w << " crop " << box.h << "x" << box.w << " -> " << size;
+  }
+}
+
 TEST(ResizeKernels, TheDefaultIsTheWidestThisCpuRuns) {
   ::unsetenv("CZ_RESIZE_KERNEL");
   const ResizeKernel k = default_resize_kernel();

@@ -1,8 +1,8 @@
 // Whole runs against their plan (issue 30): Trainer::run, as the app runs it, and the plan its closing
 // summary prints (plan_request_for_run) must agree to the byte, for the rows of run_cases() in plan_cases.h
 // (Note [What a run holds that a step does not decide]: a save only at the end, periodic and synchronous
-// saves, epochs shorter than the loader's prefetch window). The same source runs its one-rank rows in
-// test_plan and its two-rank rows in test_plan_mpi under mpirun.
+// saves, epochs shorter than the loader's prefetch window, which it holds across their ends). The same source
+// runs its one-rank rows in test_plan and its two-rank rows in test_plan_mpi under mpirun.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -72,18 +72,6 @@ TEST_P(PlanVsRun, SummaryPeakIsPlannedToTheByte) {
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(PlanVsRun);  // the mesh rows' program has none
 INSTANTIATE_TEST_SUITE_P(Runs, PlanVsRun, ::testing::ValuesIn(my_run_cases()),
                          [](const auto& info) { return std::string(info.param.name); });
-
-// The loader's window against the epoch's end, step by step (Note [What a run holds that a step does not
-// decide]).
-TEST(PlanVsRun, PrefetchedBatchesStopAtTheEpochsEnd) {
-  EXPECT_EQ(run_prefetched_batches(4, 1000, 1, 1, 300), 4);  // a long epoch: the whole window
-  EXPECT_EQ(run_prefetched_batches(4, 3, 1, 1, 100), 2);     // 3 a epoch: 2 ahead of the first
-  EXPECT_EQ(run_prefetched_batches(4, 1, 1, 1, 100), 0);     // one batch an epoch: nothing ahead
-  EXPECT_EQ(run_prefetched_batches(4, 5, 2, 1, 2), 3);       // steps 1-2 of epochs of 5, 2 a step: 3, 1
-  EXPECT_EQ(run_prefetched_batches(4, 5, 2, 1, 3), 4);       // step 3 starts an epoch with its second
-  EXPECT_EQ(run_prefetched_batches(0, 5, 1, 1, 3), 0);       // no loader threads
-  EXPECT_EQ(run_prefetched_batches(4, 5, 1, 5, 4), 0);       // no step run
-}
 
 }  // namespace
 }  // namespace cz::plan

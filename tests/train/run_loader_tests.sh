@@ -8,7 +8,8 @@
 #   loader_threads   --loader-threads' default is the cores a rank has: nproc alone, nproc / 2 each of 2 ranks
 #                    under mpirun, 1 under taskset -c 0, as the start record shows; a negative value is refused
 #   loader_only      --loader-only runs the input pipeline alone with the run's data and augmentation flags and
-#                    reports img/s in all and per thread; bad input is refused by name
+#                    reports img/s in all and per thread, and the steady state after the first batch; bad input
+#                    is refused by name
 set -uo pipefail
 case_name=$1 app=$2 mpiexec=$3 make_folder=$4
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
@@ -110,6 +111,17 @@ loader_only)
       exit !(all > 0 && (all - n / s) ^ 2 <= ((0.001 / s + 0.01) * all + 0.2) ^ 2 && (per - all / (r * tt)) ^ 2 <= 0.01 + (0.01 * per) ^ 2) }' ||
       fail "img/s $all or per thread $per does not follow from $n images in $s s"
     ! grep -q "^done:\|^step " "$1" || fail "--loader-only trained"
+    # The steady state (issue 40): the batches after the first, their images and rate.
+    line=$(grep -E "^loader only, steady state: " "$1") || fail "no steady-state line"
+    echo "$line"
+    [[ "$line" =~ ^loader\ only,\ steady\ state:\ ([0-9]+)\ images\ of\ the\ ([0-9]+)\ batches\ after\ the\ first\ \(the\ fill,\ ([0-9.]+)\ s\)\ in\ ([0-9.]+)\ s:\ ([0-9.]+)\ img/s ]] ||
+      fail "steady-state line not understood"
+    local si=${BASH_REMATCH[1]} sb=${BASH_REMATCH[2]} fill=${BASH_REMATCH[3]} ss=${BASH_REMATCH[4]} sr=${BASH_REMATCH[5]}
+    [[ $sb == $((b - 1)) && $si == $((n - n / b)) ]] ||
+      fail "steady state: expected $((b - 1)) batches and $((n - n / b)) images, got $sb and $si"
+    awk -v si="$si" -v ss="$ss" -v sr="$sr" -v fill="$fill" -v s="$s" 'BEGIN {
+      exit !(sr > 0 && (sr - si / ss) ^ 2 <= ((0.001 / ss + 0.01) * sr + 0.2) ^ 2 && fill <= s + 0.001 && ss <= s + 0.001) }' ||
+      fail "steady state: $sr img/s does not follow from $si images in $ss s, or fill $fill s or steady $ss s is longer than the whole $s s"
   }
   aug=(--augment --aa rand-m9-mstd0.5-inc1 --reprob 0.25 --image-size 64 --micro-batch 8)
   ok "$work/one.out" "$app" --loader-only --data "folder:$work/imgs" "${aug[@]}" --steps 5 --loader-threads 2

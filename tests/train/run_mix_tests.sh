@@ -7,7 +7,9 @@
 #                  one rank with micro-batch 4m pairs within its 4m images instead
 #   dump_stats     a mixed run's dump against the same run's unmixed dump: pixels, targets and lam as timm
 #                  makes them, row by row, and lam's distribution
-#   resume         a run resumed from a checkpoint mixes its batches as the uninterrupted run did
+#   resume         a run resumed from a checkpoint mixes its batches as the uninterrupted run did, from mid-epoch,
+#                  from an epoch's end and from one batch past it (the loader's workers run ahead across
+#                  epochs: Note [Running ahead]; the checkpoint holds the batches used)
 #   png            --dump-batches FILE.png: a PNG picture of the first batch (rank 0 under mpirun)
 #   bad_input      each bad mixing or dump flag: non-zero exit and a message naming it
 set -uo pipefail
@@ -83,6 +85,20 @@ resume)
   check_dump from_step "$work/a.h5" "$work/b.h5" 4
   diff <(steps_of "$work/a.jsonl" | tail -n 3) <(steps_of "$work/b.jsonl") ||
     fail "the resumed steps' losses differ from the uninterrupted run's"
+  # Epochs of 3 steps (24 images at 8, two loader threads: a window of 4 batches, the next epoch's): saved
+  # at step 3 (the epoch's end) and 4 (one batch into the next).
+  short=("${model[@]}" --data synthetic:n=24,eval_n=16,classes=4 --eval-batches 1 --mixup 0.8 --cutmix 1.0
+         --mixup-mode elem --augment --seed 4 --micro-batch 8 --steps 7 --loader-threads 2)
+  run straight_short "${short[@]}" --log "$work/c.jsonl" --dump-batches "$work/c.h5"
+  run first_short "${short[@]}" --checkpoint-dir "$work/ck_short" --checkpoint-every 1 --checkpoint-sync \
+    --keep-checkpoints 0
+  for at in 3 4; do
+    run "resumed_$at" "${short[@]}" --resume "$work/ck_short/step_$at" --log "$work/r$at.jsonl" \
+      --dump-batches "$work/r$at.h5"
+    check_dump from_step "$work/c.h5" "$work/r$at.h5" $((at + 1))
+    diff <(steps_of "$work/c.jsonl" | tail -n $((7 - at))) <(steps_of "$work/r$at.jsonl") ||
+      fail "resumed at step $at (epochs of 3 steps): the losses differ from the uninterrupted run's"
+  done
   echo "resume: OK"
   ;;
 png)

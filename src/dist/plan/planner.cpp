@@ -48,8 +48,8 @@ struct Setup {
   zero::ZeroConfig zero;       // train::zero_config of the run (its stage and offload set per plan row)
   zero::TwoHopInputs two_hop;  // Note [Two-hop choice]: all but the stage
   std::function<bool(dist::Collective, int64_t)> two_level;  // which of them do (EngineSpec::two_level)
-  // Note [What a run holds that a step does not decide]: the loader's batches beyond the step's own at its
-  // peak, and whether a background save's host copy is alive during a step.
+  // Note [What a run holds that a step does not decide]: the loader's batches beyond the step's own, and
+  // whether a background save's host copy is alive during a step.
   int64_t prefetched = 0;
   bool copy_in_flight = false;
   // The steps the run ran where it is known (plan_request_for_run), else 0: a plan (--plan, --what-if, whose
@@ -122,8 +122,8 @@ StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bo
   sp.compute = s.compute;
   sp.checkpointing = checkpointing;
   sp.cuda = s.cuda;
-  // The loader's workers keep up to threads x prefetch (2) batches ahead; on the CPU backend they are in
-  // the training device's allocator.
+  // The loader's workers keep threads x prefetch (2) batches ahead, across epochs; on the CPU backend they
+  // are in the training device's allocator.
   sp.prefetched_batches = s.cuda ? 0 : s.prefetched;
   sp.soft_targets = s.cfg.mix_config().active();
   if (s.cuda) {
@@ -240,11 +240,7 @@ void plan_the_run(const PlanRequest& req, Setup& s) {
                                           .local_ranks = req.world,
                                           .loader_threads_flag = s.cfg.loader_threads})
                           .loader_threads;
-  const int64_t window = int64_t(threads) * kLoaderPrefetch;
-  s.prefetched = req.batches_per_epoch > 0 && last > 0
-                     ? run_prefetched_batches(window, req.batches_per_epoch, s.cfg.grad_accum,
-                                              std::max<int64_t>(req.first_step, 1), last)
-                     : window;
+  s.prefetched = int64_t(threads) * kLoaderPrefetch;
 }
 
 Setup setup_of(const PlanRequest& req) {
@@ -324,20 +320,6 @@ Setup setup_of(const PlanRequest& req) {
 
 }  // namespace
 
-int64_t run_prefetched_batches(int64_t window, int64_t batches_per_epoch, int64_t grad_accum,
-                               int64_t first_step, int64_t last_step) {
-  const int64_t e = batches_per_epoch;
-  if (window <= 0 || e <= 0) return std::max<int64_t>(window, 0);
-  int64_t most = 0;
-  // Step s's last micro-batch is number s * grad_accum - 1 of the stream of epochs of e; the positions
-  // repeat every e steps.
-  for (int64_t step = first_step; step <= last_step && step < first_step + e && most < window; ++step) {
-    const int64_t position = (step * grad_accum - 1) % e + 1;  // micro-batches of this epoch taken
-    most = std::max(most, std::min(window, e - position));
-  }
-  return most;
-}
-
 PlanRequest plan_request_for_run(const train::Trainer& trainer, const train::TrainSummary& summary,
                                  int rank) {
   PlanRequest req;
@@ -348,7 +330,6 @@ PlanRequest plan_request_for_run(const train::Trainer& trainer, const train::Tra
   req.rank = rank;
   req.first_step = summary.last_step - summary.steps + 1;
   req.last_step = summary.last_step;
-  req.batches_per_epoch = trainer.batches_per_epoch();
   return req;
 }
 

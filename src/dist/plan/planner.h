@@ -60,11 +60,10 @@ struct PlanRequest {
   // Whose share of a checkpoint's host copy is planned (with config.checkpoint_dir): rank 0's, the largest
   // (it writes the replicated state at stage 0, and the partitions' padding falls on the last ranks).
   int rank = 0;
-  // The run as it went, where known (plan_request_for_run: the closing summary): its first and last step
-  // and the loader's micro-batches per rank in an epoch. 0: unknown, as for `--plan` (the last step is then
-  // --steps when given), which plans the loader's whole window of prefetched batches and, with
+  // The run as it went, where known (plan_request_for_run: the closing summary): its first and last step.
+  // 0: unknown, as for `--plan` (the last step is then --steps when given), which plans, with
   // --checkpoint-every, a save in flight. Note [What a run holds that a step does not decide].
-  int64_t first_step = 1, last_step = 0, batches_per_epoch = 0;
+  int64_t first_step = 1, last_step = 0;
 };
 
 // Note [What a run holds that a step does not decide]: two rows of the plan depend on the run around the
@@ -73,12 +72,9 @@ struct PlanRequest {
 // --checkpoint-every N with a multiple of N before the last step, without --checkpoint-sync (which finishes
 // the save before the next step). The save that every run with --checkpoint-dir makes at its end comes after
 // its last step, and a stop's final save too (issue 30: 1 process planned 179.5 MiB, measured 134.5, with
-// --checkpoint-dir alone). (2) The loader's workers hold up to threads x 2 batches beyond the step's own,
-// but never past the end of an epoch: after the step's last micro-batch, at position p of an epoch of E
-// micro-batches, min(window, E - p) (a folder of 100 images at micro-batch 32 has E = 3: issue 30, 140.5
-// planned against 134.5 measured). The planner takes the largest over the run's steps.
-int64_t run_prefetched_batches(int64_t window, int64_t batches_per_epoch, int64_t grad_accum,
-                               int64_t first_step, int64_t last_step);
+// --checkpoint-dir alone). (2) The loader's workers hold threads x 2 batches beyond the step's own, at an
+// epoch's end too: they run ahead into the next epoch (Note [Running ahead] in io/loader.h; until issue 40
+// they stopped at the end, and the plan took min(window, batches left in the epoch)).
 
 struct PlanRow {
   std::string key;    // JSON key without the "_bytes" suffix, e.g. "optimizer_state", "activations_stages_0"

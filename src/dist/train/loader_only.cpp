@@ -37,22 +37,33 @@ LoaderOnlyReport run_loader_only(TrainConfig cfg, dist::World& world) {
   r.batches = cfg.steps > 0    ? cfg.steps * cfg.grad_accum
               : cfg.epochs > 0 ? cfg.epochs * per_epoch
                                : kLoaderOnlyBatches;
-  int64_t images = 0, epoch = 0;
-  loader.start_epoch(0);
+  int64_t images = 0, steady_images = 0;
+  auto t_first = t0;
+  // Note [Running ahead] (io/loader.h): the training loader's stream crosses epochs by itself.
   for (int64_t b = 0; b < r.batches; ++b) {
     std::optional<Batch> batch = loader.next();
-    if (!batch) {
-      loader.start_epoch(++epoch);
-      batch = loader.next();
-    }
-    CZ_ASSERT(batch.has_value(), "loader produced no batch for epoch {}", epoch);
+    CZ_ASSERT(batch.has_value(), "the training loader's stream ended at batch {}", b);
     images += batch->labels.numel();
+    if (b == 0)
+      t_first = std::chrono::steady_clock::now();
+    else
+      steady_images += batch->labels.numel();
   }
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto t_last = std::chrono::steady_clock::now();
+  double seconds = std::chrono::duration<double>(t_last - t0).count();
+  double fill = std::chrono::duration<double>(t_first - t0).count();
+  double steady = std::chrono::duration<double>(t_last - t_first).count();
   // The job's rate: every rank's images over the slowest rank's time.
   if (world.size() > 1) {
-    MPI_Allreduce(MPI_IN_PLACE, &images, 1, MPI_INT64_T, MPI_SUM, world.comm());
-    MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, world.comm());
+    int64_t counts[2] = {images, steady_images};
+    double times[3] = {seconds, fill, steady};
+    MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_INT64_T, MPI_SUM, world.comm());
+    MPI_Allreduce(MPI_IN_PLACE, times, 3, MPI_DOUBLE, MPI_MAX, world.comm());
+    images = counts[0];
+    steady_images = counts[1];
+    seconds = times[0];
+    fill = times[1];
+    steady = times[2];
   }
   r.images = images;
   r.seconds = seconds;
@@ -60,6 +71,11 @@ LoaderOnlyReport run_loader_only(TrainConfig cfg, dist::World& world) {
   r.ranks = world.size();
   r.img_per_s = seconds > 0 ? double(images) / seconds : 0;
   r.img_per_s_per_thread = r.img_per_s / double(r.ranks * std::max(r.threads, 1));
+  r.fill_seconds = fill;
+  r.steady_images = steady_images;
+  r.steady_seconds = steady;
+  r.steady_img_per_s = steady > 0 ? double(steady_images) / steady : 0;
+  r.steady_img_per_s_per_thread = r.steady_img_per_s / double(r.ranks * std::max(r.threads, 1));
   return r;
 }
 
@@ -71,11 +87,18 @@ std::string format_loader_only(const LoaderOnlyReport& r, const TrainConfig& cfg
   if (cfg.interpolation != "bilinear") aug += " " + flag_arg(cfg, &TrainConfig::interpolation);
   if (cfg.mix_config().active()) aug += " (Mixup/CutMix)";
   return fmt::format(
-      "loader only: {} batches of {} x {} rank(s), {} images in {:.3f} s: {:.1f} img/s, {:.1f} img/s per "
-      "thread ({} loader thread(s) per rank{}, {}, {}x{}{}{})",
-      r.batches, cfg.micro_batch, r.ranks, r.images, r.seconds, r.img_per_s, r.img_per_s_per_thread,
-      r.threads, r.threads == 0 ? ": the calling thread decodes" : "", cfg.data, cfg.image_size,
-      cfg.image_size, aug.empty() ? ", no augmentation" : ",", aug);
+             "loader only: {} batches of {} x {} rank(s), {} images in {:.3f} s: {:.1f} img/s, {:.1f} img/s "
+             "per "
+             "thread ({} loader thread(s) per rank{}, {}, {}x{}{}{})",
+             r.batches, cfg.micro_batch, r.ranks, r.images, r.seconds, r.img_per_s, r.img_per_s_per_thread,
+             r.threads, r.threads == 0 ? ": the calling thread decodes" : "", cfg.data, cfg.image_size,
+             cfg.image_size, aug.empty() ? ", no augmentation" : ",", aug) +
+         (r.batches > 1
+              ? fmt::format("\nloader only, steady state: {} images of the {} batches after the first "
+                            "(the fill, {:.3f} s) in {:.3f} s: {:.1f} img/s, {:.1f} img/s per thread",
+                            r.steady_images, r.batches - 1, r.fill_seconds, r.steady_seconds,
+                            r.steady_img_per_s, r.steady_img_per_s_per_thread)
+              : std::string());
 }
 
 }  // namespace cz::train

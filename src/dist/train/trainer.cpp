@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include <functional>
+#include <utility>
 
 #include "io/checkpoint.h"
 #include "io/model_input.h"
@@ -346,6 +347,7 @@ LoaderOptions run_loader_options(const TrainConfig& cfg_, Split split, int world
   // Note [Normalising on the device]: the step makes the model's input from the 8-bit pixels (model_input).
   lo.pixels_only = true;
   lo.pinned = parse_device(cfg_.device).is_cuda();
+  lo.endless = train;  // Note [Running ahead]: no stall at an epoch's end; evaluation is one pass
   return lo;
 }
 
@@ -370,7 +372,7 @@ void Trainer::build_data() {
            "{} has {} examples, fewer than one micro-batch of {} across {} rank(s)", data, train_set_->size(),
            lo.batch_size, world_.size());
   total_steps_ = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * per_epoch;
-  loader_->start_epoch(0);
+  // The stream starts at epoch 0 at the first next(), or where a checkpoint says (load_checkpoint).
   if (!cfg_.dump_batches.empty())
     dump_ = std::make_unique<BatchDump>(cfg_.dump_batches, world_.size(), world_.rank(), lo.mix,
                                         cfg_.num_classes, cfg_.image_size);
@@ -402,30 +404,21 @@ int64_t Trainer::batches_per_epoch() const {
 }
 
 Batch Trainer::next_batch() {
-  std::optional<Batch> b;
-  if (ahead_) {
-    b = std::move(*ahead_);
-    ahead_.reset();
-  } else {
-    b = loader_->next();
-  }
-  if (!b) {
-    loader_->start_epoch(++epoch_);
-    batches_in_epoch_ = 0;
-    b = loader_->next();
-  }
-  ++batches_in_epoch_;
-  CZ_ASSERT(b.has_value(), "loader produced no batch for epoch {}", epoch_);
+  std::optional<Batch> b = ahead_ ? std::exchange(ahead_, std::nullopt) : loader_->next();
+  CZ_ASSERT(b.has_value(), "the training loader's stream ended after epoch {}", epoch_);
+  // Note [Running ahead] (io/loader.h): the loader crosses epochs by itself; the batch says where it is.
+  epoch_ = b->epoch;
+  batches_in_epoch_ = b->index + 1;
   return std::move(*b);
 }
 
 void Trainer::take_next_batch_ahead() {
   if (!take_ahead_ || ahead_ || !device_.is_cuda()) return;
   const auto t0 = Clock::now();
-  ahead_ = loader_->next();  // nullopt: the epoch's end, for next_batch to see
+  ahead_ = loader_->next();
   ahead_wait_s_ = seconds_since(t0);
   trace::complete("data wait (next step's batch)", "data", t0, Clock::now(), "data wait");
-  if (*ahead_) copy_ahead(**ahead_, device_);
+  if (ahead_) copy_ahead(*ahead_, device_);
 }
 
 StepStats Trainer::step() {

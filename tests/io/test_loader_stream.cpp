@@ -1,0 +1,215 @@
+// The loader as a stream across epochs (Note [Running ahead] in loader.h): its workers run into the next
+// epoch before the last batches of this one are taken, what they make is what a loader restarted per epoch
+// makes, bit for bit, at any thread count and from any start; one pass stays one pass; errors reach the
+// consumer and stopping with workers ahead is prompt.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "io/loader.h"
+#include "io_testing.h"
+
+namespace cz {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using testing::same_bits;
+
+// Example i is a 6x5 image whose pixels encode i, label i % 7; it counts its reads, can be slowed, and fails
+// at `fail_at`.
+class CountingDataset : public Dataset {
+ public:
+  explicit CountingDataset(int64_t n, int64_t fail_at = -1, int sleep_ms = 0)
+      : n_(n), fail_at_(fail_at), sleep_ms_(sleep_ms) {}
+  int64_t size() const override { return n_; }
+  int64_t num_classes() const override { return 7; }
+  int64_t label(int64_t index) const override { return index % 7; }
+  std::string describe() const override { return "counting"; }
+  void read(int64_t index, Image& out) const override {
+    reads_.fetch_add(1);
+    if (sleep_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
+    if (index == fail_at_) throw IoError(fmt::format("counting.bin: example {} is corrupt", index));
+    out.height = 6;
+    out.width = 5;
+    out.pixels.resize(6 * 5 * 3);
+    for (size_t p = 0; p < out.pixels.size(); ++p)
+      out.pixels[p] = uint8_t((index * 37 + int64_t(p) * 11) % 256);
+  }
+  int64_t reads() const { return reads_.load(); }
+
+ private:
+  int64_t n_, fail_at_;
+  int sleep_ms_;
+  mutable std::atomic<int64_t> reads_{0};
+};
+
+// Waits up to 20 s for `cond`; true when it held.
+template <class F>
+bool eventually(F cond) {
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  while (Clock::now() < until) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return cond();
+}
+
+// The whole recipe on synthetic images: crop and flip, RandAugment, erasing, Mixup/CutMix, normalised.
+LoaderOptions recipe(int threads) {
+  LoaderOptions o;
+  o.batch_size = 8;
+  o.image_size = 16;
+  o.augment = true;
+  o.seed = 21;
+  o.threads = threads;
+  o.rand_augment = parse_rand_augment("rand-m9-mstd0.5-inc1");
+  o.erasing = {0.5, EraseMode::pixel, 1};
+  o.mix.mixup_alpha = 0.8;
+  o.mix.cutmix_alpha = 1.0;
+  o.mix.label_smoothing = 0.1;
+  o.mix.num_classes = 5;
+  return o;
+}
+
+std::shared_ptr<const Dataset> synthetic() {
+  // 44 images in batches of 8: 5 batches an epoch, 4 images dropped.
+  return open_dataset("synthetic:n=44,classes=5,size=20", Split::train, {});
+}
+
+void expect_same(const Batch& a, const Batch& b, const std::string& where) {
+  EXPECT_EQ(a.epoch, b.epoch) << where;
+  EXPECT_EQ(a.index, b.index) << where;
+  EXPECT_EQ(a.first_sample, b.first_sample) << where;
+  EXPECT_EQ(a.sources, b.sources) << where;
+  EXPECT_TRUE(same_bits(a.pixels, b.pixels)) << where;
+  EXPECT_TRUE(same_bits(a.images, b.images)) << where;
+  EXPECT_TRUE(same_bits(a.labels, b.labels)) << where;
+  EXPECT_TRUE(same_bits(a.targets, b.targets)) << where;
+  ASSERT_EQ(a.erased.size(), b.erased.size()) << where;
+  for (size_t i = 0; i < a.erased.size(); ++i) {
+    ASSERT_EQ(a.erased[i].size(), b.erased[i].size()) << where;
+    for (size_t k = 0; k < a.erased[i].size(); ++k) EXPECT_EQ(a.erased[i][k].values, b.erased[i][k].values);
+  }
+  ASSERT_EQ(a.mix.samples.size(), b.mix.samples.size()) << where;
+  for (size_t i = 0; i < a.mix.samples.size(); ++i) EXPECT_EQ(a.mix.samples[i].lam, b.mix.samples[i].lam);
+}
+
+TEST(LoaderStream, FirstBatchOfTheNextEpochIsMadeBeforeThisEpochsLastIsTaken) {
+  for (int threads : {1, 2, 3}) {
+    auto data = std::make_shared<CountingDataset>(16);  // 4 batches of 4 an epoch
+    LoaderOptions o;
+    o.batch_size = 4;
+    o.image_size = 4;
+    o.threads = threads;
+    o.prefetch = 2;  // a window of 2 x threads batches: epoch 1's first is in it once 3 are taken
+    o.endless = true;
+    Loader loader(data, o);
+    for (int b = 0; b < 3; ++b) ASSERT_EQ(loader.next()->index, b);
+    // Epoch 0's last batch (3) is not taken: epoch 1's first batch (4 reads more) is made all the same.
+    EXPECT_TRUE(eventually([&] { return data->reads() >= 20; }))
+        << threads << " thread(s): " << data->reads() << " reads, epoch 1 not begun";
+    const std::optional<Batch> last = loader.next(), first = loader.next();
+    ASSERT_TRUE(last && first);
+    EXPECT_EQ(last->epoch, 0);
+    EXPECT_EQ(last->index, 3);
+    EXPECT_EQ(first->epoch, 1);
+    EXPECT_EQ(first->index, 0);
+    const std::vector<int64_t> order = loader.epoch_order(1);
+    EXPECT_EQ(first->sources, std::vector<int64_t>(order.begin(), order.begin() + 4));
+  }
+}
+
+TEST(LoaderStream, OnePassReadsNoFurtherThanItsEpoch) {
+  auto data = std::make_shared<CountingDataset>(16);
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.image_size = 4;
+  o.threads = 3;
+  Loader loader(data, o);  // not endless: evaluation's loader
+  int64_t batches = 0;
+  while (loader.next()) ++batches;
+  EXPECT_EQ(batches, 4);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(data->reads(), 16) << "a one-pass loader read past its epoch";
+  EXPECT_FALSE(loader.next().has_value());
+}
+
+// Three epochs as one stream against three loaders started per epoch, and against streams started mid-epoch
+// and at an epoch's end (first_batch = steps: a checkpoint saved after an epoch's last batch).
+TEST(LoaderStream, BatchesAcrossEpochsAreThoseOfALoaderRestartedPerEpoch) {
+  std::vector<Batch> restarted;
+  for (int64_t e = 0; e < 3; ++e) {
+    Loader l(synthetic(), recipe(2));
+    l.start_epoch(e);
+    while (auto b = l.next()) restarted.push_back(std::move(*b));
+  }
+  ASSERT_EQ(restarted.size(), 15u);
+  for (int threads : {0, 1, 3}) {
+    LoaderOptions o = recipe(threads);
+    o.endless = true;
+    o.prefetch = 1;
+    Loader stream(synthetic(), o);
+    for (size_t i = 0; i < restarted.size(); ++i) {
+      const std::optional<Batch> b = stream.next();
+      ASSERT_TRUE(b.has_value());
+      expect_same(*b, restarted[i], fmt::format("{} thread(s), batch {} of the stream", threads, i));
+    }
+    for (const auto& [epoch, first] :
+         std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {0, 5}, {1, 4}, {1, 5}}) {
+      stream.start_epoch(epoch, first);
+      for (size_t i = size_t(epoch * 5 + first); i < restarted.size(); ++i)
+        expect_same(*stream.next(), restarted[i],
+                    fmt::format("{} thread(s), started at ({}, {}), batch {}", threads, epoch, first, i));
+    }
+  }
+}
+
+TEST(LoaderStream, WorkerErrorReachesTheConsumerInItsPlace) {
+  for (int threads : {0, 1, 3}) {
+    LoaderOptions o;
+    o.batch_size = 4;
+    o.image_size = 4;
+    o.shuffle = false;
+    o.threads = threads;
+    o.endless = true;
+    Loader loader(std::make_shared<CountingDataset>(16, 9), o);
+    for (int b = 0; b < 2; ++b) ASSERT_TRUE(loader.next().has_value());
+    try {
+      loader.next();
+      FAIL() << "batch 2 holds the corrupt example 9";
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("counting.bin: example 9"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(loader.next(), IoError) << "the error stays until the stream restarts";
+    loader.start_epoch(1, 3);  // batch 3 of epoch 1 (examples 12-15), then epoch 2: 9 again in its batch 2
+    EXPECT_EQ(loader.next()->index, 3);
+    EXPECT_EQ(loader.next()->epoch, 2);
+  }
+}
+
+// Workers ahead on slow reads (50 ms an image): the destructor and a restart wait for the image in hand
+// only, not for batches (32 images of work per worker in the window).
+TEST(LoaderStream, StoppingWithWorkersAheadIsPrompt) {
+  LoaderOptions o;
+  o.batch_size = 16;
+  o.image_size = 4;
+  o.threads = 4;
+  o.prefetch = 2;
+  o.endless = true;
+  auto data = std::make_shared<CountingDataset>(64, -1, 50);
+  auto loader = std::make_unique<Loader>(data, o);
+  ASSERT_TRUE(loader->next().has_value());
+  ASSERT_TRUE(eventually([&] { return data->reads() > 20; }));
+  auto t0 = Clock::now();
+  loader->start_epoch(2);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 1.0) << "the restart waited";
+  ASSERT_TRUE(eventually([&] { return data->reads() > 40; }));
+  t0 = Clock::now();
+  loader.reset();
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 1.0) << "the destructor waited";
+}
+
+}  // namespace
+}  // namespace cz
