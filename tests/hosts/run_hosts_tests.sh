@@ -8,7 +8,7 @@
 #                          1-3, --hpz) those of the flat run at its stage, relative 1e-5 (hpZ to the bit), all with
 #                          --comm-impl flat; two-level collectives (--comm-impl hier) at stages 0 and 3 those of 2
 #                          hosts simulated on one to the bit, and of the flat run to 1e-5
-#   mesh_cross_bytes       the engine's count of the bytes crossing hosts (comm_cross_bytes) per step within 2% of
+#   mesh_cross_bytes       the engine's count of the bytes crossing hosts (comm_cross_bytes) per step within -2%/+4% of
 #                          host 1's veth counter, for flat stage 3, HSDP (--shard-group host), hpZ and two-level
 #                          collectives (--comm-impl hier); HSDP's at most 1/2 (1/R) of flat stage 3's plus 5%,
 #                          hpZ's and two levels' at most 2/3 plus 5%
@@ -192,8 +192,12 @@ mesh_cross_bytes)
     cross=$(grep '"split":"train"' "$work/${name}_6.jsonl" | tail -1 | sed -E 's/.*"comm_cross_bytes":([0-9]+).*/\1/')
     engine[$name]=$((2 * cross))
     echo "$name (${r#*:}): host 1 veth tx per step $tx, engine ${engine[$name]} (2 x comm_cross_bytes)"
-    awk -v t="$tx" -v e="${engine[$name]}" 'BEGIN { exit !(e > 0 && t >= 0.98 * e && t <= 1.02 * e) }' ||
-      fail "$name: the veth counter ($tx) is not within 2% of the engine's count (${engine[$name]})"
+    # The counter also holds host 1's TCP acknowledgements of what it receives, whose number depends on
+    # timing: HSDP's row measured 0.999-1.034 x the engine's count over 7 runs on the 2-core machine (the
+    # loader's thread running ahead beside 4 ranks), the other rows 1.000-1.011; a collective left out of
+    # the count is tens of percent.
+    awk -v t="$tx" -v e="${engine[$name]}" 'BEGIN { exit !(e > 0 && t >= 0.98 * e && t <= 1.04 * e) }' ||
+      fail "$name: the veth counter ($tx) is not within -2%/+4% of the engine's count (${engine[$name]})"
   done
   awk -v h="${engine[hsdp]}" -v z="${engine[hpz]}" -v f="${engine[s3]}" -v t="${engine[hier]}" \
     'BEGIN { printf "HSDP / stage 3 = %.3f, hpZ / stage 3 = %.3f, two levels / stage 3 = %.3f\n", h / f, z / f, t / f
