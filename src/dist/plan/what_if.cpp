@@ -223,6 +223,111 @@ struct ReduceCalls final : zero::ReduceSchedule::Sink {
   void finish(size_t p) override { on_finish(p); }
 };
 
+// The timelines of one simulated step (Note [What-if on a mesh]): the compute stream's clock `t`, when each
+// communicator is free, the bytes each host sends, and the core time CPU ranks owe their messages.
+enum Lane { kWorld, kShard, kReplicate, kHost, kLanes };
+enum class Level { world, hosts, cross };
+struct StepClock {
+  StepClock(const Run& run, const CommModel& comm, const Levels& lv, WhatIfRow& row,
+            std::function<bool(Collective, double)> hier, int ranks_per_host)
+      : run(run), comm(comm), lv(lv), row(row), hier(std::move(hier)), R(ranks_per_host) {
+    host_sent.assign(lv.hosts.size(), 0);
+    host_of.assign(size_t(comm.ranks()), 0);
+    for (size_t h = 0; h < lv.hosts.size(); ++h)
+      for (int r : lv.hosts[h]) host_of[size_t(r)] = int(h);
+  }
+  // One collective on every group of `level` at once, on lane `lane`, not before `at`: when it ends.
+  double level_collective(Level level, Collective kind, double bytes, double at, Lane lane);
+  // A collective of the world, flat or in two levels on the world communicator's lane.
+  double world_collective(Collective kind, double bytes, double at);
+  // The compute stream waits for what ends at `until`.
+  void wait_for(double until);
+  // The compute stream runs `op` (after the core time it owes the communication thread).
+  void run_op(const OpCost& op);
+
+  const Run& run;
+  const CommModel& comm;
+  const Levels& lv;
+  WhatIfRow& row;
+  std::function<bool(Collective, double)> hier;  // whether the world's call of `bytes` takes two levels
+  int R;                                         // ranks per host
+  double t = 0;
+  double comm_free[kLanes] = {0, 0, 0, 0};
+  std::vector<double> host_sent;  // per host
+  std::vector<int> host_of;       // per rank
+  double cpu_debt = 0;            // core time the compute stream owes the communication thread
+};
+
+double StepClock::level_collective(Level level, Collective kind, double bytes, double at, Lane lane) {
+  const ComputeTable::CommCpu& cpu_cost = run.compute.comm_cpu;
+  const std::vector<std::vector<int>>& rings = level == Level::hosts ? lv.hosts
+                                               : level == Level::cross
+                                                   ? lv.cross
+                                                   : std::vector<std::vector<int>>{comm.order()};
+  double d = 0;
+  if (level == Level::world)
+    d = comm.seconds(kind, bytes);
+  else
+    d = lv.topology->predict_rings(rings, bytes, kind).time_s;
+  const int g = int(rings.front().size());
+  if (g > 1) {
+    const int steps = kind == Collective::all_reduce ? 2 * (g - 1) : g - 1;
+    const double moved = steps * bytes / g;
+    const double reduced = kind == Collective::all_gather ? 0 : (g - 1) * bytes / g;
+    row.comm_bytes += int64_t(moved);
+    double cpu = 0;  // Note [CPU ranks pay for their messages]: the slowest rank's core time
+    for (const auto& ring : rings)
+      for (size_t i = 0; i < ring.size(); ++i) {
+        const int a = ring[i], next = ring[(i + 1) % ring.size()], prev = ring[(i + g - 1) % ring.size()];
+        const bool out_net = host_of[size_t(a)] != host_of[size_t(next)];
+        const bool in_net = host_of[size_t(a)] != host_of[size_t(prev)];
+        if (out_net) host_sent[size_t(host_of[size_t(a)])] += moved;
+        if (cpu_cost.any())
+          cpu = std::max(cpu, moved / 2 / (out_net ? cpu_cost.network_bytes : cpu_cost.shared_bytes) +
+                                  moved / 2 / (in_net ? cpu_cost.network_bytes : cpu_cost.shared_bytes) +
+                                  reduced / cpu_cost.reduce_bytes);
+      }
+    d = std::max(d, cpu) + steps * cpu_cost.step_s;
+    cpu_debt += cpu;
+  }
+  const double start = std::max(at, comm_free[lane]);
+  comm_free[lane] = start + d;
+  row.comm_s += d;
+  return comm_free[lane];
+}
+
+double StepClock::world_collective(Collective kind, double bytes, double at) {
+  if (!hier(kind, bytes)) return level_collective(Level::world, kind, bytes, at, kWorld);
+  switch (kind) {
+    case Collective::all_reduce:
+      at = level_collective(Level::hosts, Collective::reduce_scatter, bytes, at, kWorld);
+      at = level_collective(Level::cross, Collective::all_reduce, bytes / R, at, kWorld);
+      return level_collective(Level::hosts, Collective::all_gather, bytes, at, kWorld);
+    case Collective::reduce_scatter:
+      at = level_collective(Level::hosts, Collective::reduce_scatter, bytes, at, kWorld);
+      return level_collective(Level::cross, Collective::reduce_scatter, bytes / R, at, kWorld);
+    default:
+      at = level_collective(Level::cross, Collective::all_gather, bytes / R, at, kWorld);
+      return level_collective(Level::hosts, Collective::all_gather, bytes, at, kWorld);
+  }
+}
+
+void StepClock::wait_for(double until) {
+  if (until > t) {
+    row.comm_wait_s += until - t;
+    cpu_debt -= std::min(cpu_debt, until - t);
+    t = until;
+  }
+}
+
+void StepClock::run_op(const OpCost& op) {
+  const double s = run.compute.seconds(op);
+  t += s + cpu_debt;
+  row.compute_s += s;
+  row.comm_cpu_s += cpu_debt;
+  cpu_debt = 0;
+}
+
 // Note [What-if step model] for one stage and rank count.
 WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Levels& lv, double host_link) {
   const train::TrainConfig& cfg = run.cfg;
@@ -278,96 +383,20 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   WhatIfRow row;
   row.stage = stage;
   row.ranks = n;
-  double t = 0;
-  // Per communicator: when its timeline is free (Note [What-if on a mesh]).
-  enum Timeline { kWorld, kShard, kReplicate, kHost, kTimelines };
-  double comm_free[kTimelines] = {0, 0, 0, 0};
-  std::vector<double> host_sent(lv.hosts.size(), 0);
-  const ComputeTable::CommCpu& cpu_cost = run.compute.comm_cpu;
-  double cpu_debt = 0;  // core time the compute stream owes the communication thread
-  std::vector<int> host_of(size_t(n), 0);
-  for (size_t h = 0; h < lv.hosts.size(); ++h)
-    for (int r : lv.hosts[h]) host_of[size_t(r)] = int(h);
-  enum class Level { world, hosts, cross };
-  // One collective on every group of `level` at once, on timeline `tl`, not before `at`: when it ends.
-  auto level_collective = [&](Level level, Collective kind, double bytes, double at, Timeline tl) {
-    const std::vector<std::vector<int>>& rings = level == Level::hosts ? lv.hosts
-                                                 : level == Level::cross
-                                                     ? lv.cross
-                                                     : std::vector<std::vector<int>>{comm.order()};
-    double d = 0;
-    if (level == Level::world)
-      d = comm.seconds(kind, bytes);
-    else
-      d = lv.topology->predict_rings(rings, bytes, kind).time_s;
-    const int g = int(rings.front().size());
-    if (g > 1) {
-      const int steps = kind == Collective::all_reduce ? 2 * (g - 1) : g - 1;
-      const double moved = steps * bytes / g;
-      const double reduced = kind == Collective::all_gather ? 0 : (g - 1) * bytes / g;
-      row.comm_bytes += int64_t(moved);
-      double cpu = 0;  // Note [CPU ranks pay for their messages]: the slowest rank's core time
-      for (const auto& ring : rings)
-        for (size_t i = 0; i < ring.size(); ++i) {
-          const int a = ring[i], next = ring[(i + 1) % ring.size()], prev = ring[(i + g - 1) % ring.size()];
-          const bool out_net = host_of[size_t(a)] != host_of[size_t(next)];
-          const bool in_net = host_of[size_t(a)] != host_of[size_t(prev)];
-          if (out_net) host_sent[size_t(host_of[size_t(a)])] += moved;
-          if (cpu_cost.any())
-            cpu = std::max(cpu, moved / 2 / (out_net ? cpu_cost.network_bytes : cpu_cost.shared_bytes) +
-                                    moved / 2 / (in_net ? cpu_cost.network_bytes : cpu_cost.shared_bytes) +
-                                    reduced / cpu_cost.reduce_bytes);
-        }
-      d = std::max(d, cpu) + steps * cpu_cost.step_s;
-      cpu_debt += cpu;
-    }
-    const double start = std::max(at, comm_free[tl]);
-    comm_free[tl] = start + d;
-    row.comm_s += d;
-    return comm_free[tl];
-  };
-  // A collective of the world, flat or in two levels on the world communicator's timeline.
-  auto world_collective = [&](Collective kind, double bytes, double at) {
-    if (!hier(kind, bytes)) return level_collective(Level::world, kind, bytes, at, kWorld);
-    switch (kind) {
-      case Collective::all_reduce:
-        at = level_collective(Level::hosts, Collective::reduce_scatter, bytes, at, kWorld);
-        at = level_collective(Level::cross, Collective::all_reduce, bytes / R, at, kWorld);
-        return level_collective(Level::hosts, Collective::all_gather, bytes, at, kWorld);
-      case Collective::reduce_scatter:
-        at = level_collective(Level::hosts, Collective::reduce_scatter, bytes, at, kWorld);
-        return level_collective(Level::cross, Collective::reduce_scatter, bytes / R, at, kWorld);
-      default:
-        at = level_collective(Level::cross, Collective::all_gather, bytes / R, at, kWorld);
-        return level_collective(Level::hosts, Collective::all_gather, bytes, at, kWorld);
-    }
-  };
+  StepClock clock(run, comm, lv, row, hier, R);
   // The engine's collectives: a gradient bucket's reduction, a parameter gather (backward: stage 3's second
   // gather of a unit), a scalar.
   auto reduce = [&](double bytes, double at) {
-    if (!plan.sharded()) return world_collective(Collective::all_reduce, bytes, at);
-    if (!hsdp) return world_collective(Collective::reduce_scatter, bytes, at);
-    at = level_collective(Level::hosts, Collective::reduce_scatter, bytes, at, kShard);
-    return level_collective(Level::cross, Collective::all_reduce, bytes / R, at, kReplicate);
+    if (!plan.sharded()) return clock.world_collective(Collective::all_reduce, bytes, at);
+    if (!hsdp) return clock.world_collective(Collective::reduce_scatter, bytes, at);
+    at = clock.level_collective(Level::hosts, Collective::reduce_scatter, bytes, at, kShard);
+    return clock.level_collective(Level::cross, Collective::all_reduce, bytes / R, at, kReplicate);
   };
   auto param_gather_of = [&](double bytes, double at, bool backward) {
-    if (hsdp) return level_collective(Level::hosts, Collective::all_gather, bytes, at, kShard);
-    if (hpz && backward) return level_collective(Level::hosts, Collective::all_gather, bytes, at, kHost);
-    return world_collective(Collective::all_gather, bytes, at);
-  };
-  auto wait_for = [&](double until) {
-    if (until > t) {
-      row.comm_wait_s += until - t;
-      cpu_debt -= std::min(cpu_debt, until - t);
-      t = until;
-    }
-  };
-  auto run_op = [&](const OpCost& op) {
-    const double s = run.compute.seconds(op);
-    t += s + cpu_debt;
-    row.compute_s += s;
-    row.comm_cpu_s += cpu_debt;
-    cpu_debt = 0;
+    if (hsdp) return clock.level_collective(Level::hosts, Collective::all_gather, bytes, at, kShard);
+    if (hpz && backward)
+      return clock.level_collective(Level::hosts, Collective::all_gather, bytes, at, kHost);
+    return clock.world_collective(Collective::all_gather, bytes, at);
   };
 
   // A parameter gather's bytes (StepPlan::gather_bytes): the partition in the compute dtype, or its N
@@ -394,7 +423,7 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   chunk_calls.on_gather = [&](size_t p) {
     param_gather[p] = comms ? param_gather_of(gather_bytes(p, false), 0, false) : 0;
   };
-  chunk_calls.on_use = [&](size_t p) { wait_for(param_gather[p]); };
+  chunk_calls.on_use = [&](size_t p) { clock.wait_for(param_gather[p]); };
   std::vector<double> resident(np, -1);  // stage 3: when each unit's gather ends
   std::vector<size_t> unit_of_module(run.work.size(), 0);
   for (size_t m = 0; m < run.work.size(); ++m)
@@ -402,9 +431,9 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   UnitCalls unit_calls;
   unit_calls.on_gather = [&](size_t u) {
     const bool backward = schedule.in_backward();
-    resident[u] = comms ? param_gather_of(gather_bytes(u, backward), t, backward) : t;
+    resident[u] = comms ? param_gather_of(gather_bytes(u, backward), clock.t, backward) : clock.t;
   };
-  unit_calls.on_use = [&](size_t u) { wait_for(resident[u]); };
+  unit_calls.on_use = [&](size_t u) { clock.wait_for(resident[u]); };
   unit_calls.on_release = [&](size_t u) { resident[u] = -1; };
 
   // Host worker (offload): when it is free, and the copies and update of one partition's chunk.
@@ -438,34 +467,34 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
         break;
     }
     if (!comms) {
-      reduced[p] = t;
+      reduced[p] = clock.t;
     } else if (kind == zero::ReduceKind::two_hop_reduce_scatter) {
       // Note [Two-hop quantized reduction]: (R - 1) messages of H records inside the host, then H - 1
       // records across hosts: ring reduce-scatters of as many bytes per rank on the host and cross groups.
       const double rec = double(dist::quant_packed_bytes(L.chunk(p), qb));
-      reduced[p] = level_collective(
+      reduced[p] = clock.level_collective(
           Level::cross, Collective::reduce_scatter, double(n / R) * rec,
-          level_collective(Level::hosts, Collective::reduce_scatter, bytes, t, kWorld), kWorld);
+          clock.level_collective(Level::hosts, Collective::reduce_scatter, bytes, clock.t, kWorld), kWorld);
     } else if (kind == zero::ReduceKind::two_hop_all_reduce) {
       // Note [Two-hop quantized all-reduce]: the two hops above, then the owners' records across hosts (H
       // records in all) and inside the host (N records in all), as ring all-gathers.
       const double rec = double(dist::quant_packed_bytes(L.partitions[p].numel / shards, qb));
-      double at = level_collective(Level::hosts, Collective::reduce_scatter, bytes, t, kWorld);
-      at = level_collective(Level::cross, Collective::reduce_scatter, double(n / R) * rec, at, kWorld);
-      at = level_collective(Level::cross, Collective::all_gather, double(n / R) * rec, at, kWorld);
-      reduced[p] = level_collective(Level::hosts, Collective::all_gather, bytes, at, kWorld);
+      double at = clock.level_collective(Level::hosts, Collective::reduce_scatter, bytes, clock.t, kWorld);
+      at = clock.level_collective(Level::cross, Collective::reduce_scatter, double(n / R) * rec, at, kWorld);
+      at = clock.level_collective(Level::cross, Collective::all_gather, double(n / R) * rec, at, kWorld);
+      reduced[p] = clock.level_collective(Level::hosts, Collective::all_gather, bytes, at, kWorld);
     } else {
-      reduced[p] = reduce(bytes, t);
+      reduced[p] = reduce(bytes, clock.t);
     }
   };
   reduce_calls.on_finish = [&](size_t p) {
-    wait_for(reduced[p]);
+    clock.wait_for(reduced[p]);
     if (offload) host_job(p, reduced[p]);
   };
 
   schedule.bind(&reduce_calls, &unit_calls, &chunk_calls);
   schedule.after_update();  // the previous step's
-  run_op(
+  clock.run_op(
       zero_grad_work(int64_t(plan.full_grads() ? double(L.flat.numel) * ec : double(L.shard_numel()) * 4)));
 
   const int64_t micro_steps = cfg.grad_accum;
@@ -473,14 +502,14 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
     for (size_t m = 0; m < run.work.size(); ++m) {
       schedule.unit_forward_pre(unit_of_module[m]);
       schedule.unit_forward_pre_chunks(unit_index.at(run.work[m].module));
-      for (const OpCost& op : run.work[m].forward) run_op(op);
+      for (const OpCost& op : run.work[m].forward) clock.run_op(op);
       schedule.unit_forward_post(unit_of_module[m]);
     }
     schedule.begin_backward(a + 1 == micro_steps);
     for (size_t m = run.work.size(); m-- > 0;) {
       schedule.unit_backward_pre(unit_of_module[m]);
       for (const OpCost& op : run.work[m].backward) {
-        run_op(op);
+        clock.run_op(op);
         for (const std::string& g : op.grads) schedule.grad_ready(param_of.at(g));
       }
     }
@@ -488,22 +517,22 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   }
 
   // The step: the mean loss, the global norm (stages 1-3), the optimizer over this rank's shard.
-  if (comms) wait_for(world_collective(Collective::all_reduce, 8, t));
+  if (comms) clock.wait_for(clock.world_collective(Collective::all_reduce, 8, clock.t));
   if (comms && plan.sharded())
-    wait_for(hsdp ? level_collective(Level::hosts, Collective::all_reduce, 8, t, kShard)
-                  : world_collective(Collective::all_reduce, 8, t));
+    clock.wait_for(hsdp ? clock.level_collective(Level::hosts, Collective::all_reduce, 8, clock.t, kShard)
+                        : clock.world_collective(Collective::all_reduce, 8, clock.t));
   if (offload) {
-    const double before = t;
-    t = std::max(t, worker_free) + double(L.shard_numel()) * ec / (host_link * 1e9);
-    row.host_wait_s = t - before;
+    const double before = clock.t;
+    clock.t = std::max(clock.t, worker_free) + double(L.shard_numel()) * ec / (host_link * 1e9);
+    row.host_wait_s = clock.t - before;
   } else {
-    run_op(optimizer_work(L.shard_numel(), mixed));
+    clock.run_op(optimizer_work(L.shard_numel(), mixed));
   }
-  row.comm_cpu_s += cpu_debt;
-  t += cpu_debt;
-  row.step_s = t;
-  for (double b : host_sent) row.cross_host_bytes = std::max(row.cross_host_bytes, int64_t(b));
-  row.img_per_s = double(cfg.micro_batch * cfg.grad_accum * n) / t;
+  row.comm_cpu_s += clock.cpu_debt;
+  clock.t += clock.cpu_debt;
+  row.step_s = clock.t;
+  for (double b : clock.host_sent) row.cross_host_bytes = std::max(row.cross_host_bytes, int64_t(b));
+  row.img_per_s = double(cfg.micro_batch * cfg.grad_accum * n) / clock.t;
   return row;
 }
 
