@@ -31,7 +31,6 @@ import re
 import statistics
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZE = 224
@@ -58,15 +57,7 @@ def run_peer(recipe, root, workers, batch, batches):
     sampler = torch.utils.data.RandomSampler(ds, num_samples=(warmup + batches) * batch)
     dl = torch.utils.data.DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers,
                                      pin_memory=False, drop_last=True)
-    it = iter(dl)
-    for _ in range(warmup):
-        next(it)
-    t0 = time.perf_counter()
-    for _ in range(batches):
-        next(it)
-    s = time.perf_counter() - t0
-    del it
-    return batches * batch / s
+    return lvt.timed_batches(dl, warmup, batches) * batch
 
 
 def torch_missing(python):

@@ -137,6 +137,11 @@ def run_peer(impl, aug, root, threads, batches, warmup):
     if need * BATCH > len(ds):
         sys.exit(f"loader_vs_torchvision.py: {root} holds {len(ds)} images, fewer than the "
                  f"(--warmup + --batches) x {BATCH} = {need * BATCH} one pass needs")
+    return timed_batches(dl, warmup, batches) * BATCH
+
+
+def timed_batches(dl, warmup, batches):
+    """Batches per second of DataLoader `dl` over `batches` batches after `warmup` untimed ones."""
     it = iter(dl)
     for _ in range(warmup):
         next(it)
@@ -145,7 +150,7 @@ def run_peer(impl, aug, root, threads, batches, warmup):
         next(it)
     s = time.perf_counter() - t0
     del it
-    return batches * BATCH / s
+    return batches / s
 
 
 # ---------------------------------------------------------------- ours

@@ -1,6 +1,6 @@
-// The timeline recorder behind --trace (dist/train/trace_writer.h): spans on named lanes, kept in memory while
-// tracing is on and handed out as Chrome Trace Event records. Off by default; while off, a hook costs one
-// relaxed atomic load.
+// The timeline recorder behind --trace (dist/train/trace_writer.h): spans on named lanes, kept in memory
+// while tracing is on and handed out as Chrome Trace Event records. Off by default; while off, a hook costs
+// one relaxed atomic load.
 //
 // Note [Trace lanes]: a lane is a name ("compute", "data wait", "comm 1", ...) that becomes one thread (tid)
 // of the rank's process in the viewer. Spans on one lane must nest, which holds by construction when a lane
@@ -10,8 +10,8 @@
 // scope of a thread is recorded, as the op profiler times it (Note [Op profiling]).
 //
 // Note [Trace blocks]: ops are grouped by the model's block (and ZeRO-3 unit) they ran in. The training
-// thread names its block (set_block, from the units' forward and backward hooks, trace_writer.cpp) and each op
-// records the name current when it began; take() wraps every run of consecutive ops of one lane with the
+// thread names its block (set_block, from the units' forward and backward hooks, trace_writer.cpp) and each
+// op records the name current when it began; take() wraps every run of consecutive ops of one lane with the
 // same block in one span of category "block" around them. Runs never cross: the name says forward or
 // backward, and is cleared where a phase ends, so the block spans nest between the phase's and the ops'.
 // Collectives are labelled the same way (set_comm_label: "bucket 3", "unit 5"), read by dist::Work when the

@@ -1,8 +1,8 @@
 // Note [What the engine allocates]
-// ZeroEngine's parts (src/dist/zero/: grad_reducer.cpp, unit_gatherer.cpp, offload.cpp) allocate during a step
-// only what this file replays; its model state is allocated once (Note [ZeRO memory model]).
-// When each of these happens is the step schedule's to say (Note [Step plan], Note [One schedule]): this file
-// drives it from the same points as the engine and carries out its events on the trace.
+// ZeroEngine's parts (src/dist/zero/: grad_reducer.cpp, unit_gatherer.cpp, offload.cpp) allocate during a
+// step only what this file replays; its model state is allocated once (Note [ZeRO memory model]). When each
+// of these happens is the step schedule's to say (Note [Step plan], Note [One schedule]): this file drives it
+// from the same points as the engine and carries out its events on the trace.
 //  * Gradients (GradReducer::on_grad_ready, run by AccumulateGrad after the gradient became .grad and before
 //    AccumulateGrad lets go of it). Stages 0-1: the gradient was added into the full gradient buffer; only
 //    on the last micro-step does the hook count it. Stages 2-3: the partition's bucket (its padded size in
@@ -57,11 +57,7 @@ constexpr MemoryTrace::Id kNone = -1;
 }  // namespace
 
 EngineTrace::EngineTrace(MemoryTrace& m, EngineSpec spec)
-    : m_(m),
-      s_(std::move(spec)),
-      schedule_(s_.plan, s_.layout, s_.prefetch,
-                s_.plan.chunk_gathers() ? zero::unit_partitions(s_.layout, s_.units)
-                                        : std::vector<std::vector<size_t>>{}) {
+    : m_(m), s_(std::move(spec)), schedule_(s_.plan, s_.layout, s_.prefetch, s_.units) {
   schedule_.bind(this, this, this);
   const zero::ZeroLayout& L = s_.layout;
   for (size_t i = 0; i < L.flat.segments.size(); ++i) param_index_[L.flat.segments[i].name] = i;

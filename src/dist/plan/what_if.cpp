@@ -342,7 +342,8 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   const int shards = hsdp ? R : n;  // the ranks the state is sharded over
   // Note [Step plan]: the engine's plan for this stage on this mesh (hpZ needs several hosts; Note [Two-hop
   // choice] as the trainer makes it).
-  zero::ZeroConfig zc = train::zero_config(cfg, parse_device(cfg.device));
+  const Device device = parse_device(cfg.device);
+  zero::ZeroConfig zc = train::zero_config(cfg, device);
   zc.stage = stage;
   zc.hpz = mesh.hpz && multi_host;
   zc.two_hop_reduce = zero::two_hop_choice({.reduce_int8 = zc.reduce_int8,
@@ -351,7 +352,7 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
                                             .hosts = int(lv.hosts.size()),
                                             .ranks_per_host = lv.per_host,
                                             .flat_impl = mesh.impl == MeshSpec::Impl::flat,
-                                            .cuda = parse_device(cfg.device).is_cuda()}) == zero::TwoHop::yes;
+                                            .cuda = device.is_cuda()}) == zero::TwoHop::yes;
   const zero::StepPlan plan(zc, n, shards);
   const bool hpz = plan.hpz();
   // Two levels apply to the world's collectives across hosts of several ranks; auto takes them per call where
@@ -409,9 +410,7 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   const std::vector<std::string> unit_names = nn::convnext_units(cfg.model_config());
   std::map<std::string, size_t> unit_index;
   for (size_t u = 0; u < unit_names.size(); ++u) unit_index[unit_names[u]] = u;
-  zero::StepSchedule schedule(
-      plan, L, cfg.prefetch,
-      plan.chunk_gathers() ? zero::unit_partitions(L, unit_names) : std::vector<std::vector<size_t>>{});
+  zero::StepSchedule schedule(plan, L, cfg.prefetch, unit_names);
   std::vector<size_t> order(np);
   for (size_t u = 0; u < np; ++u) order[u] = u;
   schedule.assume_unit_order(order);

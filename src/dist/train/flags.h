@@ -1,7 +1,7 @@
-// The flags of convnext_zero, each declared once (flags_<section>.cpp, flags_table.h) with its help, the TrainConfig field it sets,
-// its check and what else reads it; the CLI, TrainConfig::validate, the rank-agreement check, the resume
-// identity and the config JSON all iterate this one table (llama.cpp's common/arg.cpp does the same for its
-// options).
+// The flags of convnext_zero, each declared once (flags_<section>.cpp, flags_table.h) with its help, the
+// TrainConfig field it sets, its check and what else reads it; the CLI, TrainConfig::validate, the
+// rank-agreement check, the resume identity and the config JSON all iterate this one table (llama.cpp's
+// common/arg.cpp does the same for its options).
 #pragma once
 
 #include <functional>

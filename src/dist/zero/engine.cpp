@@ -141,9 +141,7 @@ void ZeroEngine::lay_out(const Build& b, const std::vector<std::string>& units) 
   layout_ = plan_layout(shapes, cfg_.stage, b.shard_group.size(),
                         bucket_elems(double(cfg_.bucket_bytes), dtype_size(cfg_.reduce_dtype), params),
                         unit_of, rule.align, rule.pad_ranks);
-  schedule_ = std::make_unique<StepSchedule>(
-      plan_, layout_, cfg_.prefetch,
-      plan_.chunk_gathers() ? unit_partitions(layout_, units) : std::vector<std::vector<size_t>>{});
+  schedule_ = std::make_unique<StepSchedule>(plan_, layout_, cfg_.prefetch, units);
 }
 
 // The flat copy (rank 0's weights on every rank), this rank's chunks, the master chunks, the compute copy

@@ -15,8 +15,8 @@ namespace cz::zero {
 
 class GatherCodec;
 
-// The ranges of --stage and --prefetch: the flag table (train/flags_zero.cpp) checks them, once; library code that
-// is handed a stage or a prefetch depth asserts against these same constants.
+// The ranges of --stage and --prefetch: the flag table (train/flags_zero.cpp) checks them, once; library code
+// that is handed a stage or a prefetch depth asserts against these same constants.
 inline constexpr int kMaxStage = 3;
 inline constexpr int kMaxPrefetch = 64;
 

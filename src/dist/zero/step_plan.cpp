@@ -65,12 +65,13 @@ int64_t StepPlan::gather_bytes(const ZeroLayout& layout, size_t p, bool backward
 }
 
 StepSchedule::StepSchedule(const StepPlan& plan, const ZeroLayout& layout, int prefetch,
-                           std::vector<std::vector<size_t>> unit_parts)
+                           const std::vector<std::string>& units)
     : plan_(plan),
       reduce_(layout, plan.buckets()),
       units_(layout.partitions.size(), prefetch),
       chunks_(layout.partitions.size(), !plan.codec().direct()),
-      unit_parts_(std::move(unit_parts)) {}
+      unit_parts_(plan.chunk_gathers() ? unit_partitions(layout, units)
+                                       : std::vector<std::vector<size_t>>{}) {}
 
 void StepSchedule::bind(ReduceSchedule::Sink* reduce, UnitSchedule::Sink* units,
                         ChunkSchedule::Sink* chunks) {

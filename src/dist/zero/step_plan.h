@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "dist/zero/gather_codec.h"
@@ -62,8 +63,6 @@ class StepPlan {
   int shards() const { return shards_; }
   // The ranks a partition's reduction runs over: the world at stage 0, else the shard group.
   int reduce_group() const { return sharded() ? shards_ : world_; }
-  // The ranks the state is sharded over: one at stage 0.
-  int state_shards() const { return sharded() ? shards_ : 1; }
   DType compute() const { return compute_; }
   DType bucket_dtype() const { return bucket_; }  // what gradient buckets hold (f32 for INT8 reductions)
   bool reduce_int8() const { return reduce_int8_; }
@@ -100,10 +99,10 @@ class StepPlan {
 // ready hooks, the units' module hooks, the update.
 class StepSchedule final : private ReduceSchedule::Sink {
  public:
-  // `unit_parts`: stages 1-2, per unit (ConvNeXt::units()), the partitions holding its parameters
-  // (unit_partitions); ignored at other stages.
+  // `units`: the model's units (ConvNeXt::units()), whose forwards wait for their partitions at stages 1-2
+  // (unit_partitions); not read at other stages.
   StepSchedule(const StepPlan& plan, const ZeroLayout& layout, int prefetch,
-               std::vector<std::vector<size_t>> unit_parts = {});
+               const std::vector<std::string>& units);
   StepSchedule(const StepSchedule&) = delete;
   StepSchedule& operator=(const StepSchedule&) = delete;
   // The sinks that carry out the events; a stage's unused ones may be null.
