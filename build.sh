@@ -17,7 +17,8 @@ if [[ "$mode" != run && "$mode" != test ]]; then
 fi
 
 packages=(build-essential cmake ninja-build pkg-config ccache
-  libopenblas-openmp-dev libopenmpi-dev openmpi-bin libhdf5-dev
+  libopenblas-openmp-dev libdnnl-dev libblis-openmp-dev libxsmm-dev  # CPU GEMMs measured per shape (issue 43)
+  libopenmpi-dev openmpi-bin libhdf5-dev
   libgtest-dev libgmock-dev libbenchmark-dev libfmt-dev nlohmann-json3-dev libcli11-dev
   libturbojpeg0-dev libpng-dev libprotobuf-dev protobuf-compiler python3-matplotlib python3-h5py hdf5-tools
   iproute2  # ip, tc, bridge: the test bed of hosts (scripts/hosts.sh; util-linux is essential)

@@ -25,6 +25,27 @@ add_library(cz_openblas INTERFACE)
 target_include_directories(cz_openblas SYSTEM INTERFACE ${CZ_CBLAS_INCLUDE})
 target_link_libraries(cz_openblas INTERFACE ${CZ_OPENBLAS_LIB})
 
+# The other CPU GEMM libraries measured per shape beside OpenBLAS (issue 43): oneDNN (its C API; the package's
+# CMake config wants OpenCL's development files, which the CPU path does not need), BLIS's OpenMP build and
+# libxsmm (static only in Debian; it falls back to the BLAS it is linked with). BLIS also exports the CBLAS
+# symbols: it comes after OpenBLAS on every link line, so cblas_* stays OpenBLAS's, and its header (which sits
+# beside a cblas.h of its own) is named by path instead of adding its folder to the include path.
+find_path(CZ_DNNL_INCLUDE oneapi/dnnl/dnnl.h)
+find_library(CZ_DNNL_LIB dnnl)
+find_file(CZ_BLIS_HEADER blis.h PATHS /usr/include/x86_64-linux-gnu/blis-openmp NO_DEFAULT_PATH)
+find_library(CZ_BLIS_LIB NAMES libblis.so.4 blis PATHS /usr/lib/x86_64-linux-gnu/blis-openmp NO_DEFAULT_PATH)
+find_path(CZ_XSMM_INCLUDE libxsmm.h)
+find_library(CZ_XSMM_LIB NAMES libxsmm.a xsmm)
+foreach(v CZ_DNNL_INCLUDE CZ_DNNL_LIB CZ_BLIS_HEADER CZ_BLIS_LIB CZ_XSMM_INCLUDE CZ_XSMM_LIB)
+  if(NOT ${v})
+    message(FATAL_ERROR "${v} not found: install libdnnl-dev libblis-openmp-dev libxsmm-dev (./build.sh does)")
+  endif()
+endforeach()
+add_library(cz_cpu_gemm_libs INTERFACE)
+target_include_directories(cz_cpu_gemm_libs SYSTEM INTERFACE ${CZ_DNNL_INCLUDE} ${CZ_XSMM_INCLUDE})
+target_compile_definitions(cz_cpu_gemm_libs INTERFACE CZ_BLIS_HEADER="${CZ_BLIS_HEADER}")
+target_link_libraries(cz_cpu_gemm_libs INTERFACE ${CZ_DNNL_LIB} ${CZ_XSMM_LIB} ${CZ_OPENBLAS_LIB} ${CZ_BLIS_LIB})
+
 add_library(cz_hdf5 INTERFACE)
 target_include_directories(cz_hdf5 SYSTEM INTERFACE ${HDF5_C_INCLUDE_DIRS})
 target_link_libraries(cz_hdf5 INTERFACE ${HDF5_C_LIBRARIES})
