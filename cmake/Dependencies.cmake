@@ -43,7 +43,15 @@ foreach(v CZ_DNNL_INCLUDE CZ_DNNL_LIB CZ_BLIS_HEADER CZ_BLIS_LIB CZ_XSMM_INCLUDE
 endforeach()
 add_library(cz_cpu_gemm_libs INTERFACE)
 target_include_directories(cz_cpu_gemm_libs SYSTEM INTERFACE ${CZ_DNNL_INCLUDE} ${CZ_XSMM_INCLUDE})
-target_compile_definitions(cz_cpu_gemm_libs INTERFACE CZ_BLIS_HEADER="${CZ_BLIS_HEADER}")
+# Debian's libxsmm headers leave its version macros unset: the package's version names it in the GEMM cache
+# key (Note [CPU GEMM libraries]).
+execute_process(COMMAND dpkg-query -W -f=\${Version} libxsmm-dev OUTPUT_VARIABLE CZ_XSMM_VERSION
+                ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT CZ_XSMM_VERSION)
+  set(CZ_XSMM_VERSION unknown)
+endif()
+target_compile_definitions(cz_cpu_gemm_libs INTERFACE CZ_BLIS_HEADER="${CZ_BLIS_HEADER}"
+                                                      CZ_XSMM_VERSION="${CZ_XSMM_VERSION}")
 target_link_libraries(cz_cpu_gemm_libs INTERFACE ${CZ_DNNL_LIB} ${CZ_XSMM_LIB} ${CZ_OPENBLAS_LIB} ${CZ_BLIS_LIB})
 
 add_library(cz_hdf5 INTERFACE)

@@ -1,5 +1,5 @@
-// Helpers shared by the GEMM-based CPU kernels (linear, patchify convolution): row-major GEMM on OpenBLAS and
-// per-column sums (bias gradients).
+// Helpers shared by the GEMM-based CPU kernels (linear, patchify convolution): row-major GEMM (f32 on the
+// library chosen for its shape, Note [CPU GEMM libraries]; f64 on OpenBLAS) and per-column sums (bias gradients).
 #pragma once
 
 #include <cblas.h>
@@ -9,21 +9,23 @@
 #include <type_traits>
 #include <vector>
 
+#include "tensor/cpu/gemm_choice.h"
 #include "tensor/parallel.h"
 
 namespace cz::cpu {
 
-// C = alpha * op(A) op(B) + beta * C, row-major.
+// C = alpha * op(A) op(B) + beta * C, row-major. Safe to call from inside an OpenMP parallel region (it then
+// runs on the calling thread).
 template <class T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
           int64_t ldb, T beta, T* c, int64_t ldc) {
-  const auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, opa, opb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c,
-                int(ldc));
-  else
+  if constexpr (std::is_same_v<T, float>) {
+    sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    const auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
     cblas_dgemm(CblasRowMajor, opa, opb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c,
                 int(ldc));
+  }
 }
 
 // out[j] = sum over rows of g[r][j].
