@@ -200,6 +200,7 @@ TEST(CpuGemmCache, RoundTripMeasuresOnlyWhatTheFileLacks) {
   EXPECT_TRUE(first.warnings.empty());
   EXPECT_EQ(first.table.at(shapes[0]), GemmLibrary::onednn);
   EXPECT_EQ(first.table.at(shapes[1]), GemmLibrary::blis);
+  EXPECT_TRUE(first.cached);
   // A second process: everything from the file, whatever a measurement would say now.
   auto never = [&](const GemmShape&) -> GemmLibrary {
     ADD_FAILURE() << "measured a cached shape";
@@ -208,6 +209,7 @@ TEST(CpuGemmCache, RoundTripMeasuresOnlyWhatTheFileLacks) {
   const GemmChoice again = choose_gemms(shapes, d.file(), "key A", never);
   EXPECT_EQ(again.measured, 0);
   EXPECT_EQ(again.table, first.table);
+  EXPECT_TRUE(again.cached);
   // One new shape: only it is measured, and the old entries stay as they were.
   std::vector<GemmShape> more = shapes;
   more.push_back({false, false, 8, 8, 8});
@@ -258,6 +260,7 @@ TEST(CpuGemmCache, UnwritableCacheStillChoosesAndSaysSo) {
       choose_gemms({{false, false, 4, 4, 4}}, path, "k", [](const GemmShape&) { return GemmLibrary::onednn; });
   EXPECT_EQ(c.table.at({false, false, 4, 4, 4}), GemmLibrary::onednn);
   EXPECT_FALSE(c.warnings.empty());
+  EXPECT_FALSE(c.cached);  // the trainer then keeps OpenBLAS: a choice no later process could repeat is none
 }
 
 }  // namespace

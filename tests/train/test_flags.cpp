@@ -110,6 +110,7 @@ TEST(Flags, RanksAgreeOnTheFlagsTheTrainerChecked) {
                                            "--optimizer",
                                            "--activation-checkpointing",
                                            "--cuda-graphs",
+                                           "--cpu-gemm",
                                            "--trace-steps",
                                            "--drop-path",
                                            "--data",
@@ -169,6 +170,14 @@ TEST(Flags, ValidateNamesTheFlagWithItsMessage) {
   TrainConfig c;
   c.stage = 4;
   EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }), "--stage must be 0, 1, 2 or 3, got 4");
+  c = {};
+  c.cpu_gemm = "mkl";
+  EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }),
+            "--cpu-gemm must be one of auto, openblas, onednn, blis, libxsmm, got 'mkl'");
+  for (const char* ok : {"auto", "openblas", "onednn", "blis", "libxsmm"}) {
+    c.cpu_gemm = ok;
+    EXPECT_NO_THROW(c.validate()) << ok;
+  }
   c = {};
   c.bucket_mb = 0;
   EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }), "--bucket-mb must be in (0, 65536], got 0");

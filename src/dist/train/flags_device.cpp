@@ -1,12 +1,14 @@
 // The device and precision entries of the flag table (flags.h).
 #include "dist/train/flags_table.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "dist/comm/mesh.h"
+#include "dist/train/cpu_gemm_setup.h"
 #include "dist/train/recipe.h"
 #include "dist/train/trace_writer.h"
 #include "dist/zero/schedule.h"
@@ -59,6 +61,18 @@ std::vector<Flag> device_flags() {
        .field = &T::tf32,
        .group = kDeviceGroup,
        .help = "CUDA: allow TF32 tensor cores for fp32 matmuls"},
+      {.name = "--cpu-gemm",
+       .field = &T::cpu_gemm,
+       .group = kDeviceGroup,
+       .help = "auto | openblas | onednn | blis | libxsmm: the library of the CPU's f32 GEMMs (auto: per shape, "
+               "the fastest measured on this machine, kept in a cache file; docs/performance.md)",
+       .check =
+           [](C c, F f) {
+             const std::vector<std::string> ok = cpu_gemm_choices();
+             CZ_CHECK(std::find(ok.begin(), ok.end(), c.cpu_gemm) != ok.end(), "{} must be one of {}, got '{}'",
+                      f.name, fmt::join(ok, ", "), c.cpu_gemm);
+           },
+       .ranks_agree = true},
       {.name = "--cuda-graphs",
        .field = &T::cuda_graphs,
        .group = kDeviceGroup,

@@ -5,6 +5,7 @@
 // engine (dist/zero/engine.h) does all of it, at every stage.
 #include "dist/train/trainer.h"
 
+#include "dist/train/cpu_gemm_setup.h"
 #include "dist/train/flags.h"
 #include "dist/train/param_groups.h"
 
@@ -176,6 +177,12 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
            flag_name(&TrainConfig::keep_best), flag_arg(cfg_, &TrainConfig::data),
            flag_name(&TrainConfig::eval_data));
   build_model();
+  // After the control communicator and the model: rank 0's choice of GEMM library per shape, on every rank.
+  if (!device_.is_cuda()) {
+    CpuGemmSetup g = setup_cpu_gemms(cfg_.cpu_gemm, model_->config(), cfg_.image_size, cfg_.micro_batch, control_);
+    cpu_gemm_note_ = std::move(g.note);
+    for (const std::string& w : g.warnings) cpu_gemm_warnings_.push_back("warning: " + w);
+  }
   build_schedule();
   if (!cfg_.resume.empty()) resume(cfg_.resume);
   open_log();  // after the resume, which says from which step the log continues

@@ -116,6 +116,10 @@ class Trainer {
   bool classes_from_data() const { return classes_from_data_; }
   // "CPU threads per rank ...": what OpenMP and the loader got (Note [CPU threads on a CUDA rank]).
   const std::string& cpu_threads_note() const { return cpu_threads_note_; }
+  // --cpu-gemm: which library runs which GEMM shape, and what choosing cost ("" on a CUDA run); warnings
+  // about the cache file ("warning: ..."), rank 0's.
+  const std::string& cpu_gemm_note() const { return cpu_gemm_note_; }
+  const std::vector<std::string>& cpu_gemm_warnings() const { return cpu_gemm_warnings_; }
   // The training set's class names as checkpoints and weight files record them; empty for numbered classes.
   std::vector<std::string> class_names() const;
   // What --init-weights loaded ("--init-weights w.h5: 180 tensors (27.82M values) with timm keys; ..."); ""
@@ -198,6 +202,8 @@ class Trainer {
   std::vector<std::string> data_notes_;
   bool classes_from_data_ = false;
   std::string cpu_threads_note_;
+  std::string cpu_gemm_note_;
+  std::vector<std::string> cpu_gemm_warnings_;
   std::vector<int> loader_cpus_;  // CUDA: the loader threads' CPUs (LoaderOptions::cpus)
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<BatchDump> dump_;     // --dump-batches

@@ -279,6 +279,7 @@ GemmChoice choose_gemms(const std::vector<GemmShape>& shapes, const std::string&
   GemmTable& have = entries[key];
   const int before = out.measured;
   measure_missing(have);
+  out.cached = lock.fd >= 0;
   if (lock.fd >= 0 && (out.measured > before || !out.warnings.empty())) {
     const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
     bool ok = false;
@@ -292,6 +293,7 @@ GemmChoice choose_gemms(const std::vector<GemmShape>& shapes, const std::string&
       ok = !ec;
     }
     if (!ok) {
+      out.cached = false;
       fs::remove(tmp, ec);
       out.warnings.push_back(fmt::format("cannot write the CPU GEMM cache {}; the choice is this run's only",
                                          path));

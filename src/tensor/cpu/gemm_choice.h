@@ -66,6 +66,7 @@ struct GemmChoice {
   int measured = 0;           // shapes timed now (the others came from the cache)
   double seconds = 0;         // time spent measuring
   std::vector<std::string> warnings;  // a corrupt or unwritable cache file: said, then measured afresh
+  bool cached = false;        // the file now holds every entry of `table` (the next process gets the same)
 };
 // Every shape of `shapes` from the cache file at `path` under `key`, measuring (with `measure`) those it lacks
 // and adding them to the file. Holds an exclusive lock on `path`.lock throughout, so that processes of one
