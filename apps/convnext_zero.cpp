@@ -516,7 +516,8 @@ int main(int argc, char** argv) {
             "convnext_zero: OpenMP waits {} (rank 0's choice; OMP_WAIT_POLICY=active|passive overrides)\n",
             cz::omp_wait_policy_note());
       fmt::print("convnext_zero: {}\n", trainer.cpu_threads_note());
-      if (!trainer.cpu_gemm_note().empty()) fmt::print("convnext_zero: CPU GEMMs {}\n", trainer.cpu_gemm_note());
+      if (!trainer.cpu_gemm_note().empty())
+        fmt::print("convnext_zero: CPU GEMMs {}\n", trainer.cpu_gemm_note());
       for (const std::string& w : trainer.cpu_gemm_warnings()) fmt::print(stderr, "convnext_zero: {}\n", w);
       if (!trainer.comm_backend_note().empty())
         fmt::print("convnext_zero: collectives over {}\n", trainer.comm_backend_note());

@@ -1,6 +1,6 @@
 // Every GEMM of a ConvNeXt training step timed on each CPU library (OpenBLAS, oneDNN, BLIS, libxsmm) at the
-// process's threads: GFLOP/s, the share of the library's own peak and of the machine's, the fastest per shape,
-// and what the step's GEMMs cost on each library and on the per-shape best (Note [CPU GEMM libraries];
+// process's threads: GFLOP/s, the share of the library's own peak and of the machine's, the fastest per
+// shape, and what the step's GEMMs cost on each library and on the per-shape best (Note [CPU GEMM libraries];
 // docs/performance.md, "CPU GEMM libraries").
 //   bench_gemm_cpu [--run atto:64:32 --run tiny:224:16] [--reps 5] [--budget-s 0.3] [--peak-size 1024]
 #include <algorithm>
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "nn/convnext.h"
 #include "nn/convnext_gemms.h"
@@ -74,21 +74,27 @@ MachinePeak machine_peak(int threads) {
   MachinePeak p;
   p.ghz = std::atof(cpuinfo_field("cpu MHz").c_str()) / 1000;
   const std::string flags = " " + cpuinfo_field("flags") + " ";
-  const int lanes = flags.find(" avx512f ") != std::string::npos ? 16 : flags.find(" fma ") != std::string::npos ? 8 : 4;
+  const int lanes = flags.find(" avx512f ") != std::string::npos ? 16
+                    : flags.find(" fma ") != std::string::npos   ? 8
+                                                                 : 4;
   p.flops_per_cycle = 2.0 * lanes * 2;
   p.gflops = threads * p.ghz * p.flops_per_cycle;
-  p.how = fmt::format("{} threads x {:.2f} GHz (/proc/cpuinfo) x {:.0f} f32 FLOPs/cycle (2 FMA units x {} lanes x 2) "
-                      "= {:.0f} GFLOP/s",
-                      threads, p.ghz, p.flops_per_cycle, lanes, p.gflops);
+  p.how = fmt::format(
+      "{} threads x {:.2f} GHz (/proc/cpuinfo) x {:.0f} f32 FLOPs/cycle (2 FMA units x {} lanes x 2) "
+      "= {:.0f} GFLOP/s",
+      threads, p.ghz, p.flops_per_cycle, lanes, p.gflops);
   return p;
 }
 
-double gflops(const cz::cpu::GemmShape& s, double seconds) { return s.flops() / seconds / 1e9; }
+double gflops(const cz::cpu::GemmShape& s, double seconds) {
+  return s.flops() / seconds / 1e9;
+}
 
 void run_config(const std::string& spec, const Options& o, const std::array<double, kLibs>& own_peak,
                 const MachinePeak& machine) {
   const auto c1 = spec.find(':'), c2 = spec.find(':', c1 == std::string::npos ? c1 : c1 + 1);
-  CZ_CHECK(c1 != std::string::npos && c2 != std::string::npos, "--run must be MODEL:IMAGE:BATCH, got '{}'", spec);
+  CZ_CHECK(c1 != std::string::npos && c2 != std::string::npos, "--run must be MODEL:IMAGE:BATCH, got '{}'",
+           spec);
   const cz::nn::ConvNeXtConfig cfg = cz::nn::convnext_variant(spec.substr(0, c1));
   const int64_t image = std::stoll(spec.substr(c1 + 1, c2 - c1 - 1)), batch = std::stoll(spec.substr(c2 + 1));
   const std::vector<cz::nn::NamedGemm> gemms = cz::nn::convnext_step_gemms(cfg, image, batch);
@@ -96,7 +102,8 @@ void run_config(const std::string& spec, const Options& o, const std::array<doub
   fmt::print("\n## ConvNeXt-{} {} px, batch {}: {} GEMMs a step ({} distinct shapes)\n\n", cfg.name, image,
              batch, gemms.size(), cz::nn::distinct_gemm_shapes(gemms).size());
   fmt::print("| GEMM | shape (op(A) op(B) m x n x k) | calls |");
-  for (GemmLibrary lib : kGemmLibraries) fmt::print(" {} GFLOP/s (% own peak) |", cz::cpu::gemm_library_name(lib));
+  for (GemmLibrary lib : kGemmLibraries)
+    fmt::print(" {} GFLOP/s (% own peak) |", cz::cpu::gemm_library_name(lib));
   fmt::print(" fastest | its % of machine peak | auto's proxy pick |\n|---|---|---|");
   for (size_t i = 0; i < kLibs; ++i) fmt::print("---|");
   fmt::print("---|---|---|\n");
@@ -122,7 +129,8 @@ void run_config(const std::string& spec, const Options& o, const std::array<doub
     fmt::print("| {} | {} | {} |", g.name, cz::cpu::format_gemm_shape(g.shape), g.calls);
     for (size_t l = 0; l < kLibs; ++l) {
       const double gf = gflops(g.shape, t[l]);
-      fmt::print(" {}{:.1f} ({:.0f}%){} |", l == best ? "**" : "", gf, 100 * gf / own_peak[l], l == best ? "**" : "");
+      fmt::print(" {}{:.1f} ({:.0f}%){} |", l == best ? "**" : "", gf, 100 * gf / own_peak[l],
+                 l == best ? "**" : "");
     }
     fmt::print(" {} | {:.0f}% | {} |\n", cz::cpu::gemm_library_name(kGemmLibraries[best]),
                100 * gflops(g.shape, t[best]) / machine.gflops, cz::cpu::gemm_library_name(pick));
@@ -130,10 +138,10 @@ void run_config(const std::string& spec, const Options& o, const std::array<doub
   }
   fmt::print("\nThe step's GEMMs ({:.1f} GFLOP):", flops / 1e9);
   for (size_t l = 0; l < kLibs; ++l)
-    fmt::print(" {} {:.1f} ms ({:.1f} GFLOP/s);", cz::cpu::gemm_library_name(kGemmLibraries[l]), 1e3 * step_s[l],
-               flops / step_s[l] / 1e9);
-  fmt::print(" the fastest per shape {:.1f} ms ({:.1f} GFLOP/s); auto's picks {:.1f} ms. Fastest on:", 1e3 * best_step_s,
-             flops / best_step_s / 1e9, 1e3 * auto_step_s);
+    fmt::print(" {} {:.1f} ms ({:.1f} GFLOP/s);", cz::cpu::gemm_library_name(kGemmLibraries[l]),
+               1e3 * step_s[l], flops / step_s[l] / 1e9);
+  fmt::print(" the fastest per shape {:.1f} ms ({:.1f} GFLOP/s); auto's picks {:.1f} ms. Fastest on:",
+             1e3 * best_step_s, flops / best_step_s / 1e9, 1e3 * auto_step_s);
   for (const auto& [lib, n] : wins) fmt::print(" {} {},", cz::cpu::gemm_library_name(lib), n);
   fmt::print(" of {} GEMMs.\n", gemms.size());
 }
@@ -142,10 +150,11 @@ int run(const Options& o) {
   const int threads = cz::cpu_threads();
   const MachinePeak machine = machine_peak(threads);
   fmt::print("# CPU GEMMs of a ConvNeXt training step, per library\n\n");
-  fmt::print("- CPU: {} (lscpu); OpenBLAS core type: {}; {} threads (OMP_NUM_THREADS or the cores available), "
-             "OpenMP waits {}\n",
-             lscpu_model(), cz::cpu::openblas_core_name(), threads,
-             std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "default");
+  fmt::print(
+      "- CPU: {} (lscpu); OpenBLAS core type: {}; {} threads (OMP_NUM_THREADS or the cores available), "
+      "OpenMP waits {}\n",
+      lscpu_model(), cz::cpu::openblas_core_name(), threads,
+      std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "default");
   fmt::print("- libraries:");
   for (GemmLibrary lib : kGemmLibraries) fmt::print(" {};", cz::cpu::gemm_library_version(lib));
   fmt::print("\n- machine peak: {}\n", machine.how);
@@ -154,16 +163,18 @@ int run(const Options& o) {
   // A square GEMM of ~2 GFLOP at 1024: long enough to reach the library's best, short enough that the best of
   // several calls escapes other processes' time slices on a shared machine.
   const int peak_reps = std::max(o.reps, 10);
-  fmt::print("- each library's own peak: its GFLOP/s on a {}^3 NN GEMM (best of {}):", o.peak_size, peak_reps);
+  fmt::print("- each library's own peak: its GFLOP/s on a {}^3 NN GEMM (best of {}):", o.peak_size,
+             peak_reps);
   for (size_t l = 0; l < kLibs; ++l) {
     own_peak[l] = gflops(square, cz::cpu::time_gemm(kGemmLibraries[l], square, peak_reps, 4 * o.budget_s));
-    fmt::print(" {} {:.1f} ({:.0f}% of the machine's);", cz::cpu::gemm_library_name(kGemmLibraries[l]), own_peak[l],
-               100 * own_peak[l] / machine.gflops);
+    fmt::print(" {} {:.1f} ({:.0f}% of the machine's);", cz::cpu::gemm_library_name(kGemmLibraries[l]),
+               own_peak[l], 100 * own_peak[l] / machine.gflops);
   }
-  fmt::print("\n- each cell: the best of up to {} calls after a warm-up, within {} s; the fastest in bold; "
-             "\"auto's proxy pick\": what --cpu-gemm auto chose from its few-ms timing of the shape with the batch "
-             "dimension cut (gemm_choice.h)\n",
-             o.reps, o.budget_s);
+  fmt::print(
+      "\n- each cell: the best of up to {} calls after a warm-up, within {} s; the fastest in bold; "
+      "\"auto's proxy pick\": what --cpu-gemm auto chose from its few-ms timing of the shape with the batch "
+      "dimension cut (gemm_choice.h)\n",
+      o.reps, o.budget_s);
   std::fflush(stdout);
   for (const std::string& spec : o.runs) run_config(spec, o, own_peak, machine);
   return 0;

@@ -33,7 +33,8 @@ std::vector<NamedGemm> convnext_step_gemms(const ConvNeXtConfig& cfg, int64_t im
     const int64_t c = cfg.dims[i];
     if (i > 0) {
       side /= 2;
-      add_layer(g, fmt::format("stage {} downsample", i), batch * side * side, 4 * cfg.dims[i - 1], c, 1, true);
+      add_layer(g, fmt::format("stage {} downsample", i), batch * side * side, 4 * cfg.dims[i - 1], c, 1,
+                true);
     }
     const int64_t rows = batch * side * side;
     add_layer(g, fmt::format("stage {} fc1", i), rows, c, 4 * c, cfg.depths[i], true);

@@ -39,8 +39,12 @@ void check_case(GemmLibrary lib, const Case& c, bool in_parallel) {
   for (float& v : b) v = u(gen);
   for (float& v : c0) v = u(gen);
   if (c.beta == 0) std::fill(c0.begin(), c0.end(), std::nanf(""));  // beta 0 must ignore C, NaN included
-  auto A = [&](int64_t i, int64_t p) { return double(c.ta ? a[size_t(p * lda + i)] : a[size_t(i * lda + p)]); };
-  auto B = [&](int64_t p, int64_t j) { return double(c.tb ? b[size_t(j * ldb + p)] : b[size_t(p * ldb + j)]); };
+  auto A = [&](int64_t i, int64_t p) {
+    return double(c.ta ? a[size_t(p * lda + i)] : a[size_t(i * lda + p)]);
+  };
+  auto B = [&](int64_t p, int64_t j) {
+    return double(c.tb ? b[size_t(j * ldb + p)] : b[size_t(p * ldb + j)]);
+  };
   const int copies = in_parallel ? 3 : 1;
   std::vector<std::vector<float>> outs(size_t(copies), c0);
   if (in_parallel) {
@@ -49,7 +53,8 @@ void check_case(GemmLibrary lib, const Case& c, bool in_parallel) {
       sgemm_on(lib, c.ta, c.tb, c.m, c.n, c.k, c.alpha, a.data(), lda, b.data(), ldb, c.beta,
                outs[size_t(t)].data(), ldc);
   } else {
-    sgemm_on(lib, c.ta, c.tb, c.m, c.n, c.k, c.alpha, a.data(), lda, b.data(), ldb, c.beta, outs[0].data(), ldc);
+    sgemm_on(lib, c.ta, c.tb, c.m, c.n, c.k, c.alpha, a.data(), lda, b.data(), ldb, c.beta, outs[0].data(),
+             ldc);
   }
   const std::string what = fmt::format("{} {} alpha {} beta {} pad {}{}", gemm_library_name(lib),
                                        format_gemm_shape({c.ta, c.tb, c.m, c.n, c.k}), c.alpha, c.beta, c.pad,
@@ -60,7 +65,8 @@ void check_case(GemmLibrary lib, const Case& c, bool in_parallel) {
         const float got = outs[size_t(t)][size_t(i * ldc + j)];
         if (j >= c.n) {  // the pad beyond n columns is not C's: left as it was
           const float was = c0[size_t(i * ldc + j)];
-          ASSERT_TRUE(std::isnan(was) ? std::isnan(got) : got == was) << what << " wrote pad (" << i << "," << j;
+          ASSERT_TRUE(std::isnan(was) ? std::isnan(got) : got == was)
+              << what << " wrote pad (" << i << "," << j;
           continue;
         }
         double ref = 0, mag = 0;
@@ -96,9 +102,9 @@ TEST_P(EveryLibrary, ConvNeXtSizedShapesAtTheProcessThreads) {
   // Large enough that every library splits the work over its threads (and libxsmm over many tiles and
   // several blocks of k).
   const GemmLibrary lib = GetParam();
-  check_case(lib, Case{false, true, 512, 160, 40, 0, 1, 1}, false);    // fc1 forward, beta 1 (bias in C)
-  check_case(lib, Case{true, false, 40, 160, 600, 0, 1, 0}, false);    // weight gradient
-  check_case(lib, Case{false, false, 300, 40, 160, 4, 1, 0}, false);   // input gradient, ld > n
+  check_case(lib, Case{false, true, 512, 160, 40, 0, 1, 1}, false);   // fc1 forward, beta 1 (bias in C)
+  check_case(lib, Case{true, false, 40, 160, 600, 0, 1, 0}, false);   // weight gradient
+  check_case(lib, Case{false, false, 300, 40, 160, 4, 1, 0}, false);  // input gradient, ld > n
 }
 
 INSTANTIATE_TEST_SUITE_P(CpuGemm, EveryLibrary, ::testing::ValuesIn(kGemmLibraries),
@@ -256,8 +262,8 @@ TEST(CpuGemmCache, UnwritableCacheStillChoosesAndSaysSo) {
   std::filesystem::create_directories(d.dir);
   std::ofstream(d.dir / "file") << "x";
   const std::string path = (d.dir / "file" / "cpu_gemm.tsv").string();  // under a plain file
-  const GemmChoice c =
-      choose_gemms({{false, false, 4, 4, 4}}, path, "k", [](const GemmShape&) { return GemmLibrary::onednn; });
+  const GemmChoice c = choose_gemms({{false, false, 4, 4, 4}}, path, "k",
+                                    [](const GemmShape&) { return GemmLibrary::onednn; });
   EXPECT_EQ(c.table.at({false, false, 4, 4, 4}), GemmLibrary::onednn);
   EXPECT_FALSE(c.warnings.empty());
   EXPECT_FALSE(c.cached);  // the trainer then keeps OpenBLAS: a choice no later process could repeat is none

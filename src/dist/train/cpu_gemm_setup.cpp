@@ -27,7 +27,8 @@ CpuGemmSetup setup_cpu_gemms(const std::string& choice, const nn::ConvNeXtConfig
              choice);
     plan.fixed = *lib;
     cpu::set_gemm_plan(plan);
-    out.note = fmt::format("{} for every shape (--cpu-gemm {}; {})", choice, choice, cpu::gemm_library_version(*lib));
+    out.note = fmt::format("{} for every shape (--cpu-gemm {}; {})", choice, choice,
+                           cpu::gemm_library_version(*lib));
     return out;
   }
   std::string table_text, note;
@@ -42,14 +43,17 @@ CpuGemmSetup setup_cpu_gemms(const std::string& choice, const nn::ConvNeXtConfig
       table_text = cpu::format_gemm_table(c.table);
       const std::string source =
           c.measured == 0 ? fmt::format("all from {}", path)
-                          : fmt::format("{} measured now in {:.2f} s (a few ms per library on each shape with its "
-                                        "batch rows cut), {} from {}",
-                                        c.measured, c.seconds, c.table.size() - size_t(c.measured), path);
-      note = fmt::format("auto, per shape: {} shapes of the step at {} threads ({}); {}; other shapes on openblas",
-                         c.table.size(), cpu_threads(), cpu::summarize_gemm_table(c.table), source);
+                          : fmt::format(
+                                "{} measured now in {:.2f} s (a few ms per library on each shape with its "
+                                "batch rows cut), {} from {}",
+                                c.measured, c.seconds, c.table.size() - size_t(c.measured), path);
+      note = fmt::format(
+          "auto, per shape: {} shapes of the step at {} threads ({}); {}; other shapes on openblas",
+          c.table.size(), cpu_threads(), cpu::summarize_gemm_table(c.table), source);
     } else {
       // A choice no later process could find again would make resumed and repeated runs differ.
-      note = "auto, but the measurements could not be cached: openblas for every shape (as --cpu-gemm openblas)";
+      note =
+          "auto, but the measurements could not be cached: openblas for every shape (as --cpu-gemm openblas)";
     }
   }
   if (control.size() > 1) {

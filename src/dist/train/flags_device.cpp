@@ -64,13 +64,14 @@ std::vector<Flag> device_flags() {
       {.name = "--cpu-gemm",
        .field = &T::cpu_gemm,
        .group = kDeviceGroup,
-       .help = "auto | openblas | onednn | blis | libxsmm: the library of the CPU's f32 GEMMs (auto: per shape, "
-               "the fastest measured on this machine, kept in a cache file; docs/performance.md)",
+       .help =
+           "auto | openblas | onednn | blis | libxsmm: the library of the CPU's f32 GEMMs (auto: per shape, "
+           "the fastest measured on this machine, kept in a cache file; docs/performance.md)",
        .check =
            [](C c, F f) {
              const std::vector<std::string> ok = cpu_gemm_choices();
-             CZ_CHECK(std::find(ok.begin(), ok.end(), c.cpu_gemm) != ok.end(), "{} must be one of {}, got '{}'",
-                      f.name, fmt::join(ok, ", "), c.cpu_gemm);
+             CZ_CHECK(std::find(ok.begin(), ok.end(), c.cpu_gemm) != ok.end(),
+                      "{} must be one of {}, got '{}'", f.name, fmt::join(ok, ", "), c.cpu_gemm);
            },
        .ranks_agree = true},
       {.name = "--cuda-graphs",

@@ -179,7 +179,8 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
   build_model();
   // After the control communicator and the model: rank 0's choice of GEMM library per shape, on every rank.
   if (!device_.is_cuda()) {
-    CpuGemmSetup g = setup_cpu_gemms(cfg_.cpu_gemm, model_->config(), cfg_.image_size, cfg_.micro_batch, control_);
+    CpuGemmSetup g =
+        setup_cpu_gemms(cfg_.cpu_gemm, model_->config(), cfg_.image_size, cfg_.micro_batch, control_);
     cpu_gemm_note_ = std::move(g.note);
     for (const std::string& w : g.warnings) cpu_gemm_warnings_.push_back("warning: " + w);
   }

@@ -1,5 +1,6 @@
 // Helpers shared by the GEMM-based CPU kernels (linear, patchify convolution): row-major GEMM (f32 on the
-// library chosen for its shape, Note [CPU GEMM libraries]; f64 on OpenBLAS) and per-column sums (bias gradients).
+// library chosen for its shape, Note [CPU GEMM libraries]; f64 on OpenBLAS) and per-column sums (bias
+// gradients).
 #pragma once
 
 #include <cblas.h>

@@ -25,14 +25,15 @@ namespace cz::cpu {
 
 // Note [CPU GEMM libraries]: every f32 GEMM of the CPU backend goes through gemm<float> (blas.h) to sgemm()
 // here, which runs it on one of four libraries: OpenBLAS (SkylakeX kernels here), oneDNN 2.6 (dnnl_sgemm, its
-// JIT AVX-512 kernels), BLIS 0.9 (bli_sgemm_ex, Debian's build picks its Haswell kernels) or libxsmm 1.17 (its
-// JIT small-matrix kernels on 64x64 tiles of C of ours, as libxsmm hands a large GEMM to the BLAS it is linked
-// with). f64 (the gradient checks) stays on OpenBLAS.
+// JIT AVX-512 kernels), BLIS 0.9 (bli_sgemm_ex, Debian's build picks its Haswell kernels) or libxsmm 1.17
+// (its JIT small-matrix kernels on 64x64 tiles of C of ours, as libxsmm hands a large GEMM to the BLAS it is
+// linked with). f64 (the gradient checks) stays on OpenBLAS.
 //
-// --cpu-gemm names one library for every shape, or `auto` (the default): at start the trainer lists the step's
-// GEMM shapes from the model config, image size and micro-batch (nn/convnext_gemms.h) and takes each one's
-// library from a cache file kept per machine, measuring only shapes the file lacks, as cuDNN's benchmark mode
-// does for convolutions. Shapes outside the list run on OpenBLAS. What keeps results reproducible:
+// --cpu-gemm names one library for every shape, or `auto` (the default): at start the trainer lists the
+// step's GEMM shapes from the model config, image size and micro-batch (nn/convnext_gemms.h) and takes each
+// one's library from a cache file kept per machine, measuring only shapes the file lacks, as cuDNN's
+// benchmark mode does for convolutions. Shapes outside the list run on OpenBLAS. What keeps results
+// reproducible:
 //   - the key of an entry is the CPU model, the thread count and the four libraries' versions, so a machine
 //     with another CPU, another thread count or other libraries measures afresh instead of inheriting;
 //   - the file is read, measured into and written under an exclusive lock, and an entry once written is never
@@ -43,8 +44,8 @@ namespace cz::cpu {
 //   - OpenBLAS keeps a shape unless another library is at least 5% faster, so noise does not flip choices.
 // Each shape is timed on a proxy with its batch dimension cut to at most 2^26 multiply-adds (a few ms a
 // library); the header line says how many shapes were measured and how long it took. A cache file that does
-// not parse is reported and replaced by fresh measurements (a crash half-way through a write cannot leave one:
-// writes go through a temporary and a rename). The measured figures on this machine are in
+// not parse is reported and replaced by fresh measurements (a crash half-way through a write cannot leave
+// one: writes go through a temporary and a rename). The measured figures on this machine are in
 // docs/performance.md ("CPU GEMM libraries"), from bench/bench_gemm_cpu.
 
 namespace {
@@ -232,7 +233,8 @@ std::string default_gemm_cache_path() {
   if (const char* p = std::getenv("CZ_CPU_GEMM_CACHE"); p && *p) return p;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
     return std::string(x) + "/convnext_zero/cpu_gemm.tsv";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/convnext_zero/cpu_gemm.tsv";
+  if (const char* h = std::getenv("HOME"); h && *h)
+    return std::string(h) + "/.cache/convnext_zero/cpu_gemm.tsv";
   return "";
 }
 
@@ -270,9 +272,10 @@ GemmChoice choose_gemms(const std::vector<GemmShape>& shapes, const std::string&
     try {
       entries = parse_cache(text.str(), path);
     } catch (const ValueError& e) {
-      out.warnings.push_back(fmt::format("the CPU GEMM cache {} is corrupt ({}); measuring again and "
-                                         "replacing it",
-                                         path, e.what()));
+      out.warnings.push_back(
+          fmt::format("the CPU GEMM cache {} is corrupt ({}); measuring again and "
+                      "replacing it",
+                      path, e.what()));
       entries.clear();
     }
   }
@@ -295,8 +298,8 @@ GemmChoice choose_gemms(const std::vector<GemmShape>& shapes, const std::string&
     if (!ok) {
       out.cached = false;
       fs::remove(tmp, ec);
-      out.warnings.push_back(fmt::format("cannot write the CPU GEMM cache {}; the choice is this run's only",
-                                         path));
+      out.warnings.push_back(
+          fmt::format("cannot write the CPU GEMM cache {}; the choice is this run's only", path));
     }
   }
   return finish(have);
@@ -304,7 +307,8 @@ GemmChoice choose_gemms(const std::vector<GemmShape>& shapes, const std::string&
 
 std::string format_gemm_table(const GemmTable& t) {
   std::string s;
-  for (const auto& [shape, lib] : t) s += fmt::format("{}\t{}\n", format_gemm_shape(shape), gemm_library_name(lib));
+  for (const auto& [shape, lib] : t)
+    s += fmt::format("{}\t{}\n", format_gemm_shape(shape), gemm_library_name(lib));
   return s;
 }
 
@@ -329,7 +333,8 @@ std::string summarize_gemm_table(const GemmTable& t) {
   for (const auto& [lib, n] : count) order.push_back({-n, lib});
   std::sort(order.begin(), order.end());
   std::string s;
-  for (const auto& [n, lib] : order) s += fmt::format("{}{} {}", s.empty() ? "" : ", ", gemm_library_name(lib), -n);
+  for (const auto& [n, lib] : order)
+    s += fmt::format("{}{} {}", s.empty() ? "" : ", ", gemm_library_name(lib), -n);
   return s;
 }
 

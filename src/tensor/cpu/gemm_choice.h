@@ -1,5 +1,5 @@
-// Which library runs each f32 GEMM shape on the CPU: one fixed library, or per shape from measurements kept in
-// a per-machine cache file (Note [CPU GEMM libraries]). cz::cpu::gemm<float> (blas.h) asks sgemm() here.
+// Which library runs each f32 GEMM shape on the CPU: one fixed library, or per shape from measurements kept
+// in a per-machine cache file (Note [CPU GEMM libraries]). cz::cpu::gemm<float> (blas.h) asks sgemm() here.
 #pragma once
 
 #include <compare>
@@ -21,7 +21,7 @@ struct GemmShape {
   auto operator<=>(const GemmShape&) const = default;
   double flops() const { return 2.0 * double(m) * double(n) * double(k); }
 };
-std::string format_gemm_shape(const GemmShape& s);                  // "NT 8192x160x40" (ta tb m x n x k)
+std::string format_gemm_shape(const GemmShape& s);                   // "NT 8192x160x40" (ta tb m x n x k)
 std::optional<GemmShape> parse_gemm_shape(const std::string& text);  // its inverse; nullopt if malformed
 
 using GemmTable = std::map<GemmShape, GemmLibrary>;
@@ -62,15 +62,15 @@ std::string gemm_cache_key(int threads);
 std::string default_gemm_cache_path();
 
 struct GemmChoice {
-  GemmTable table;            // every asked shape
-  int measured = 0;           // shapes timed now (the others came from the cache)
-  double seconds = 0;         // time spent measuring
+  GemmTable table;                    // every asked shape
+  int measured = 0;                   // shapes timed now (the others came from the cache)
+  double seconds = 0;                 // time spent measuring
   std::vector<std::string> warnings;  // a corrupt or unwritable cache file: said, then measured afresh
-  bool cached = false;        // the file now holds every entry of `table` (the next process gets the same)
+  bool cached = false;  // the file now holds every entry of `table` (the next process gets the same)
 };
-// Every shape of `shapes` from the cache file at `path` under `key`, measuring (with `measure`) those it lacks
-// and adding them to the file. Holds an exclusive lock on `path`.lock throughout, so that processes of one
-// machine measuring at once do not disturb each other and all end with the first writer's choice; entries
+// Every shape of `shapes` from the cache file at `path` under `key`, measuring (with `measure`) those it
+// lacks and adding them to the file. Holds an exclusive lock on `path`.lock throughout, so that processes of
+// one machine measuring at once do not disturb each other and all end with the first writer's choice; entries
 // already in the file are never replaced. The file is rewritten whole through a temporary and a rename. A
 // file that does not parse is reported in `warnings` and replaced; an empty `path` measures without a cache.
 GemmChoice choose_gemms(const std::vector<GemmShape>& shapes, const std::string& path, const std::string& key,

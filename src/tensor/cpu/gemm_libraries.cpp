@@ -29,12 +29,15 @@ namespace {
 
 // Inside a parallel region each library runs on the calling thread: OpenBLAS's and oneDNN's OpenMP builds
 // see omp_in_parallel() themselves; BLIS and our libxsmm tiling are told so.
-int threads_here() { return omp_in_parallel() ? 1 : cpu_threads(); }
+int threads_here() {
+  return omp_in_parallel() ? 1 : cpu_threads();
+}
 
 void onednn_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                   const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   // dnnl_sgemm is row-major, like ours.
-  const dnnl_status_t s = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  const dnnl_status_t s =
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   CZ_CHECK(s == dnnl_success, "oneDNN dnnl_sgemm failed with status {} (m={} n={} k={} lda={} ldb={} ldc={})",
            int(s), m, n, k, lda, ldb, ldc);
 }
@@ -72,8 +75,8 @@ libxsmm_smmfunction xsmm_kernel(int64_t mc, int64_t nc, int64_t kc, int64_t lda,
   const float one = 1;
   const int flags = LIBXSMM_GEMM_FLAG_NONE, prefetch = LIBXSMM_PREFETCH_NONE;
   libxsmm_smmfunction f = libxsmm_smmdispatch(M, N, K, &LDA, &LDB, &LDC, &one, &beta, &flags, &prefetch);
-  CZ_CHECK(f != nullptr, "libxsmm: no kernel for a {}x{}x{} block (lda={} ldb={} ldc={})", mc, nc, kc, lda, ldb,
-           ldc);
+  CZ_CHECK(f != nullptr, "libxsmm: no kernel for a {}x{}x{} block (lda={} ldb={} ldc={})", mc, nc, kc, lda,
+           ldb, ldc);
   return f;
 }
 
@@ -129,10 +132,14 @@ void xsmm_sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, 
 
 std::string_view gemm_library_name(GemmLibrary lib) {
   switch (lib) {
-    case GemmLibrary::openblas: return "openblas";
-    case GemmLibrary::onednn: return "onednn";
-    case GemmLibrary::blis: return "blis";
-    case GemmLibrary::libxsmm: return "libxsmm";
+    case GemmLibrary::openblas:
+      return "openblas";
+    case GemmLibrary::onednn:
+      return "onednn";
+    case GemmLibrary::blis:
+      return "blis";
+    case GemmLibrary::libxsmm:
+      return "libxsmm";
   }
   return "?";
 }
@@ -145,30 +152,38 @@ std::optional<GemmLibrary> parse_gemm_library(std::string_view name) {
 
 std::string gemm_library_version(GemmLibrary lib) {
   switch (lib) {
-    case GemmLibrary::openblas: return fmt::format("{} ({})", openblas_get_config(), openblas_get_corename());
+    case GemmLibrary::openblas:
+      return fmt::format("{} ({})", openblas_get_config(), openblas_get_corename());
     case GemmLibrary::onednn: {
       const dnnl_version_t* v = dnnl_version();
       return fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
     }
-    case GemmLibrary::blis: return fmt::format("BLIS {}", bli_info_get_version_str());
-    case GemmLibrary::libxsmm: return fmt::format("libxsmm {}", CZ_XSMM_VERSION);
+    case GemmLibrary::blis:
+      return fmt::format("BLIS {}", bli_info_get_version_str());
+    case GemmLibrary::libxsmm:
+      return fmt::format("libxsmm {}", CZ_XSMM_VERSION);
   }
   return "?";
 }
 
-std::string openblas_core_name() { return openblas_get_corename(); }
+std::string openblas_core_name() {
+  return openblas_get_corename();
+}
 
 void sgemm_on(GemmLibrary lib, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
   switch (lib) {
     case GemmLibrary::openblas:
-      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m), int(n),
-                  int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m),
+                  int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
       return;
-    case GemmLibrary::onednn: return onednn_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    case GemmLibrary::blis: return blis_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    case GemmLibrary::libxsmm: return xsmm_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    case GemmLibrary::onednn:
+      return onednn_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    case GemmLibrary::blis:
+      return blis_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    case GemmLibrary::libxsmm:
+      return xsmm_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 }
 

@@ -14,10 +14,10 @@ enum class GemmLibrary : uint8_t { openblas, onednn, blis, libxsmm };
 inline constexpr std::array<GemmLibrary, 4> kGemmLibraries = {GemmLibrary::openblas, GemmLibrary::onednn,
                                                               GemmLibrary::blis, GemmLibrary::libxsmm};
 
-std::string_view gemm_library_name(GemmLibrary lib);                       // "openblas", "onednn", ...
-std::optional<GemmLibrary> parse_gemm_library(std::string_view name);      // nullopt for an unknown name
-std::string gemm_library_version(GemmLibrary lib);                         // "oneDNN 2.6.3", ...
-std::string openblas_core_name();                                          // openblas_get_corename()
+std::string_view gemm_library_name(GemmLibrary lib);                   // "openblas", "onednn", ...
+std::optional<GemmLibrary> parse_gemm_library(std::string_view name);  // nullopt for an unknown name
+std::string gemm_library_version(GemmLibrary lib);                     // "oneDNN 2.6.3", ...
+std::string openblas_core_name();                                      // openblas_get_corename()
 
 // C = alpha * op(A) op(B) + beta * C on `lib`, row-major, f32: C (m x n, ldc), op(A) (m x k), op(B) (k x n);
 // A is (m x k, lda) or, with ta, (k x m, lda); B likewise. Called from inside an OpenMP parallel region it
