@@ -68,16 +68,16 @@ TEST(CpuGemmSetup, AutoTablesEveryShapeOfTheStepAndCachesThem) {
   EXPECT_EQ(cpu::gemm_plan().table, plan.table);
 }
 
-TEST(CpuGemmSetup, AutoWithoutAUsableCacheKeepsOpenblas) {
+TEST(CpuGemmSetup, AutoWithoutAUsableCacheKeepsTheDefault) {
   ScopedCache cache("f/c.tsv");
   std::filesystem::create_directories(cache.dir);
   std::ofstream(cache.dir / "f") << "a file where the cache's folder should be";
   const CpuGemmSetup s = setup_cpu_gemms("auto", small_model(), 32, 4, dist::ProcessGroup());
-  EXPECT_NE(s.note.find("openblas for every shape"), std::string::npos) << s.note;
+  EXPECT_NE(s.note.find("onednn for every shape"), std::string::npos) << s.note;
   EXPECT_FALSE(s.warnings.empty());
   const cpu::GemmPlan plan = cpu::gemm_plan();
   ASSERT_TRUE(plan.fixed.has_value());
-  EXPECT_EQ(*plan.fixed, cpu::GemmLibrary::openblas);
+  EXPECT_EQ(*plan.fixed, cpu::kDefaultGemmLibrary);
 }
 
 TEST(CpuGemmSetup, StepGemmsFollowTheModelConfig) {

@@ -92,7 +92,7 @@ struct TrainConfig {
   double initial_loss_scale = 65536;  // fp16: dynamic loss scaling starts here (2^16)
   std::string device = "cpu";         // cpu | cuda
   bool tf32 = false;                  // CUDA: TF32 tensor cores for fp32 matmuls
-  std::string cpu_gemm = "auto";      // auto | openblas | onednn | blis | libxsmm (Note [CPU GEMM libraries])
+  std::string cpu_gemm = "onednn";    // auto | openblas | onednn | blis | libxsmm (Note [CPU GEMM libraries])
   std::string cuda_graphs = "auto";   // auto | on | off (Note [CUDA graphs for the step], graph_plan.h)
   std::string log;                    // JSON-lines log file
   std::string tensorboard;            // TensorBoard event files of the log's scalars (rank 0)

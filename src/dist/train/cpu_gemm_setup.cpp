@@ -47,13 +47,14 @@ CpuGemmSetup setup_cpu_gemms(const std::string& choice, const nn::ConvNeXtConfig
                                 "{} measured now in {:.2f} s (a few ms per library on each shape with its "
                                 "batch rows cut), {} from {}",
                                 c.measured, c.seconds, c.table.size() - size_t(c.measured), path);
-      note = fmt::format(
-          "auto, per shape: {} shapes of the step at {} threads ({}); {}; other shapes on openblas",
-          c.table.size(), cpu_threads(), cpu::summarize_gemm_table(c.table), source);
+      note = fmt::format("auto, per shape: {} shapes of the step at {} threads ({}); {}; other shapes on {}",
+                         c.table.size(), cpu_threads(), cpu::summarize_gemm_table(c.table), source,
+                         cpu::gemm_library_name(cpu::kDefaultGemmLibrary));
     } else {
       // A choice no later process could find again would make resumed and repeated runs differ.
-      note =
-          "auto, but the measurements could not be cached: openblas for every shape (as --cpu-gemm openblas)";
+      note = fmt::format(
+          "auto, but the measurements could not be cached: {0} for every shape (as --cpu-gemm {0})",
+          cpu::gemm_library_name(cpu::kDefaultGemmLibrary));
     }
   }
   if (control.size() > 1) {
@@ -61,7 +62,7 @@ CpuGemmSetup setup_cpu_gemms(const std::string& choice, const nn::ConvNeXtConfig
     note = control.broadcast(note, 0);
   }
   if (table_text.empty()) {
-    plan.fixed = cpu::GemmLibrary::openblas;
+    plan.fixed = cpu::kDefaultGemmLibrary;
   } else {
     plan.fixed.reset();
     plan.table = cpu::parse_gemm_table(table_text);

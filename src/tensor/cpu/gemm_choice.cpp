@@ -25,28 +25,37 @@ namespace cz::cpu {
 
 // Note [CPU GEMM libraries]: every f32 GEMM of the CPU backend goes through gemm<float> (blas.h) to sgemm()
 // here, which runs it on one of four libraries: OpenBLAS (SkylakeX kernels here), oneDNN 2.6 (dnnl_sgemm, its
-// JIT AVX-512 kernels), BLIS 0.9 (bli_sgemm_ex, Debian's build picks its Haswell kernels) or libxsmm 1.17
+// JIT AVX-512 kernels), BLIS 0.9 (bli_sgemm_ex; Debian's build picks its Haswell kernels) or libxsmm 1.17
 // (its JIT small-matrix kernels on 64x64 tiles of C of ours, as libxsmm hands a large GEMM to the BLAS it is
-// linked with). f64 (the gradient checks) stays on OpenBLAS.
+// linked with). f64 (the gradient checks) stays on OpenBLAS. Each one, called inside an OpenMP parallel
+// region, runs on the calling thread, so kernels may split work themselves (linear.cpp's row-split weight
+// gradient).
 //
-// --cpu-gemm names one library for every shape, or `auto` (the default): at start the trainer lists the
-// step's GEMM shapes from the model config, image size and micro-batch (nn/convnext_gemms.h) and takes each
-// one's library from a cache file kept per machine, measuring only shapes the file lacks, as cuDNN's
-// benchmark mode does for convolutions. Shapes outside the list run on OpenBLAS. What keeps results
-// reproducible:
-//   - the key of an entry is the CPU model, the thread count and the four libraries' versions, so a machine
-//     with another CPU, another thread count or other libraries measures afresh instead of inheriting;
+// The default is oneDNN for every shape (--cpu-gemm onednn), a fixed rule the measurements justify: over the
+// 38 GEMMs of a ConvNeXt-atto step (64 px, batch 32, bench/bench_gemm_cpu, 2 threads of this project's Xeon)
+// it was fastest on 34, and the step's GEMMs took 41.4 ms on it against 41.0 ms on the fastest library of
+// each shape, 55.4 on OpenBLAS, 54.5 on libxsmm and 75.1 on BLIS; on a busier run 61.3 ms against 52.4 for
+// the per-shape best and 84.8 on OpenBLAS (docs/performance.md). A fixed library is also what keeps a run
+// repeatable anywhere: its choice is a function of nothing measured (as Note [Reproducible runs] for CUDA).
+//
+// --cpu-gemm auto picks per shape, as cuDNN's benchmark mode does for convolutions: at start the trainer
+// lists the step's GEMM shapes from the model config, image size and micro-batch (nn/convnext_gemms.h) and
+// takes each one's library from a cache file kept per machine, measuring only shapes the file lacks; shapes
+// outside the list (a last partial batch, the row slices of linear.cpp's split weight gradient) run on the
+// default. What keeps it reproducible:
+//   - an entry's key is the CPU model, the thread count and the four libraries' versions, so a machine with
+//     another CPU, thread count or libraries measures afresh instead of inheriting;
 //   - the file is read, measured into and written under an exclusive lock, and an entry once written is never
-//     replaced: two processes starting at once (the two runs of a resume test, a 1-rank and a 2-rank run of
-//     the same thread count) end with the same choice, the first writer's;
-//   - rank 0 chooses and sends its table to every rank, so the ranks of a run (even on different machines)
-//     run each shape on the same library;
-//   - OpenBLAS keeps a shape unless another library is at least 5% faster, so noise does not flip choices.
-// Each shape is timed on a proxy with its batch dimension cut to at most 2^26 multiply-adds (a few ms a
-// library); the header line says how many shapes were measured and how long it took. A cache file that does
-// not parse is reported and replaced by fresh measurements (a crash half-way through a write cannot leave
-// one: writes go through a temporary and a rename). The measured figures on this machine are in
-// docs/performance.md ("CPU GEMM libraries"), from bench/bench_gemm_cpu.
+//     replaced: processes starting at once end with the same choice, the first writer's;
+//   - rank 0 chooses and sends its table to every rank, so all ranks run a shape on the same library;
+//   - where no cache can be kept the run stays on the default library, since a choice no later process could
+//     find again would make a resumed run differ;
+//   - the default keeps a shape unless another library is at least 5% faster, so noise does not flip it.
+// Each shape is timed on a proxy with its batch rows cut to at most 2^26 multiply-adds (a few ms a library;
+// the header says how many shapes were measured and how long it took). Such short timings are at the mercy
+// of a busy machine: on this shared 2-core VM the cached picks cost 72 ms where oneDNN alone took 61, which
+// is why auto is not the default. A cache file that does not parse is reported and replaced by fresh
+// measurements (writes go through a temporary and a rename, so a crash cannot leave half a file).
 
 namespace {
 
@@ -165,7 +174,7 @@ GemmLibrary gemm_library_for(const GemmShape& s) {
   const GemmPlan& p = plan_storage();
   if (p.fixed) return *p.fixed;
   const auto it = p.table.find(s);
-  return it == p.table.end() ? GemmLibrary::openblas : it->second;
+  return it == p.table.end() ? kDefaultGemmLibrary : it->second;
 }
 
 void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
@@ -210,13 +219,13 @@ GemmShape timing_proxy(const GemmShape& s) {
 
 GemmLibrary measure_fastest(const GemmShape& s) {
   const GemmShape proxy = timing_proxy(s);
-  GemmLibrary best = GemmLibrary::openblas;
-  const double openblas = time_gemm(GemmLibrary::openblas, proxy, 3, 0.004);
-  double best_t = openblas;
+  GemmLibrary best = kDefaultGemmLibrary;
+  const double base = time_gemm(kDefaultGemmLibrary, proxy, 3, 0.004);
+  double best_t = base;
   for (GemmLibrary lib : kGemmLibraries) {
-    if (lib == GemmLibrary::openblas) continue;
+    if (lib == kDefaultGemmLibrary) continue;
     const double t = time_gemm(lib, proxy, 3, 0.004);
-    if (t < best_t && t < 0.95 * openblas) best = lib, best_t = t;
+    if (t < best_t && t < 0.95 * base) best = lib, best_t = t;
   }
   return best;
 }

@@ -26,14 +26,20 @@ std::optional<GemmShape> parse_gemm_shape(const std::string& text);  // its inve
 
 using GemmTable = std::map<GemmShape, GemmLibrary>;
 
+// The library of every f32 GEMM unless told otherwise (--cpu-gemm's default), and of the shapes an auto table
+// lacks: oneDNN, which measured fastest on nearly every ConvNeXt shape here (Note [CPU GEMM libraries]).
+inline constexpr GemmLibrary kDefaultGemmLibrary = GemmLibrary::onednn;
+
 // The process's choice. `fixed`: every f32 GEMM on it. Otherwise `table`'s shapes on their library and any
-// other shape (eval batches, the row slices of linear.cpp's split weight gradient, tests) on OpenBLAS.
+// other shape (a last partial batch, the row slices of linear.cpp's split weight gradient, tests) on the
+// default library.
 struct GemmPlan {
-  std::optional<GemmLibrary> fixed = GemmLibrary::openblas;
+  std::optional<GemmLibrary> fixed = kDefaultGemmLibrary;
   GemmTable table;
 };
 // Set before kernels run, never while a GEMM is in flight. Until it is called, CZ_CPU_GEMM (openblas,
-// onednn, blis or libxsmm; unset: openblas) fixes the library: the tensor library's own tests use it.
+// onednn, blis or libxsmm; unset: kDefaultGemmLibrary) fixes the library: the tensor library's own tests use
+// it.
 void set_gemm_plan(GemmPlan plan);
 GemmPlan gemm_plan();
 GemmLibrary gemm_library_for(const GemmShape& s);
@@ -50,8 +56,8 @@ double time_gemm(GemmLibrary lib, const GemmShape& s, int reps, double budget_s)
 // is at most 2^26 multiply-adds, no lower than 1024, so that a shape costs a few milliseconds per library.
 GemmShape timing_proxy(const GemmShape& s);
 
-// Times the proxy of `s` on every library and returns the fastest; OpenBLAS (the default) keeps a shape
-// unless another library is at least 5% faster, so that noise does not flip a choice.
+// Times the proxy of `s` on every library and returns the fastest; the default library keeps a shape unless
+// another one is at least 5% faster, so that noise does not flip a choice.
 GemmLibrary measure_fastest(const GemmShape& s);
 
 // What identifies a machine's measurements: the CPU model (/proc/cpuinfo), the thread count and every
