@@ -33,10 +33,10 @@ namespace cz::cpu {
 //
 // The default is oneDNN for every shape (--cpu-gemm onednn), a fixed rule the measurements justify: over the
 // 38 GEMMs of a ConvNeXt-atto step (64 px, batch 32, bench/bench_gemm_cpu, 2 threads of this project's Xeon)
-// it was fastest on 34, and the step's GEMMs took 41.4 ms on it against 41.0 ms on the fastest library of
-// each shape, 55.4 on OpenBLAS, 54.5 on libxsmm and 75.1 on BLIS; on a busier run 61.3 ms against 52.4 for
-// the per-shape best and 84.8 on OpenBLAS (docs/performance.md). A fixed library is also what keeps a run
-// repeatable anywhere: its choice is a function of nothing measured (as Note [Reproducible runs] for CUDA).
+// it was the fastest on 31, and the step's GEMMs took 29.0 ms on it against 28.3 ms on the fastest library of
+// each shape, 38.6 on OpenBLAS, 41.1 on libxsmm and 46.0 on BLIS (docs/performance.md). A fixed library also
+// keeps a run repeatable anywhere: its choice is a function of nothing measured (as Note [Reproducible runs]
+// for CUDA).
 //
 // --cpu-gemm auto picks per shape, as cuDNN's benchmark mode does for convolutions: at start the trainer
 // lists the step's GEMM shapes from the model config, image size and micro-batch (nn/convnext_gemms.h) and
