@@ -30,16 +30,14 @@ __device__ __forceinline__ void adamw_elements(T* __restrict__ p, const T* __res
                                                T* __restrict__ v, const OptimPieces& ps, const double* a,
                                                const double* b, const AdamWConstants& c, double inv_sqrt_bc2) {
   const int64_t lo = ps.begin[0], hi = ps.end[ps.count - 1];
-  const T omb1 = T(c.one_minus_beta1), b2 = T(c.beta2), omb2 = T(c.one_minus_beta2), isb = T(inv_sqrt_bc2),
-          eps = T(c.eps);
+  const optim_scalars::AdamWElementConstants<T> ec{T(c.one_minus_beta1), T(c.beta2), T(c.one_minus_beta2),
+                                                   T(inv_sqrt_bc2), T(c.eps)};
   for (int64_t i = lo + global_thread(); i < hi; i += grid_threads()) {
     const int k = piece_of(ps, i);
     if (i >= ps.end[k]) continue;  // a gap between pieces
-    const T gi = g[i];
-    const T mi = fma(gi - m[i], omb1, m[i]);
-    const T vi = fma(gi * gi, omb2, v[i] * b2);
-    const T denom = fma(sqrt(vi), isb, eps);
-    p[i] = fma(T(b[k]), mi / denom, p[i] * T(a[k]));
+    T pi = p[i], mi = m[i], vi = v[i];
+    optim_scalars::adamw_element(pi, g[i], mi, vi, T(a[k]), T(b[k]), ec);
+    p[i] = pi;
     m[i] = mi;
     v[i] = vi;
   }
@@ -54,14 +52,10 @@ __device__ __forceinline__ void sgd_elements(T* __restrict__ p, const T* __restr
   for (int64_t i = lo + global_thread(); i < hi; i += grid_threads()) {
     const int k = piece_of(ps, i);
     if (i >= ps.end[k]) continue;
-    const T pi = p[i];
-    T d = fma(T(a[k]), pi, g[i]);
-    if (c.use_momentum) {
-      const T bi = first_step ? d : fma(d, omd, buf[i] * mom);
-      buf[i] = bi;
-      d = c.nesterov ? fma(mom, bi, d) : bi;
-    }
-    p[i] = fma(T(b[k]), d, pi);
+    T pi = p[i], bi = c.use_momentum ? buf[i] : T(0);
+    optim_scalars::sgd_element(pi, g[i], bi, T(a[k]), T(b[k]), mom, omd, c.use_momentum, c.nesterov, first_step);
+    if (c.use_momentum) buf[i] = bi;
+    p[i] = pi;
   }
 }
 

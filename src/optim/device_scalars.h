@@ -76,6 +76,51 @@ CZ_HD double sqrt_rn(double a) {
 #endif
 }
 
+template <class T>
+CZ_HD T fma_of(T a, T b, T c) {
+#if defined(__CUDA_ARCH__)
+  return fma(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+template <class T>
+CZ_HD T sqrt_of(T a) {
+#if defined(__CUDA_ARCH__)
+  return sqrt(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
+// One element of the CUDA updates (both the kernel-argument and the device-scalar kernels), in T (f32/f64),
+// with the CPU kernels' fma placement (cpu_adamw.cpp): a, b are the piece's constants rounded to T.
+template <class T>
+struct AdamWElementConstants {
+  T one_minus_beta1, beta2, one_minus_beta2, inv_sqrt_bc2, eps;
+};
+template <class T>
+CZ_HD void adamw_element(T& p, T g, T& m, T& v, T a, T b, const AdamWElementConstants<T>& c) {
+  const T mi = fma_of(g - m, c.one_minus_beta1, m);
+  const T vi = fma_of(g * g, c.one_minus_beta2, v * c.beta2);
+  const T denom = fma_of(sqrt_of(vi), c.inv_sqrt_bc2, c.eps);
+  p = fma_of(b, mi / denom, p * a);
+  m = mi;
+  v = vi;
+}
+// SGD: buf is the element's momentum buffer (unused without momentum).
+template <class T>
+CZ_HD void sgd_element(T& p, T g, T& buf, T a, T b, T momentum, T one_minus_dampening, bool use_momentum,
+                       bool nesterov, bool first_step) {
+  T d = fma_of(a, p, g);
+  if (use_momentum) {
+    const T bi = first_step ? d : fma_of(d, one_minus_dampening, buf * momentum);
+    buf = bi;
+    d = nesterov ? fma_of(momentum, bi, d) : bi;
+  }
+  p = fma_of(b, d, p);
+}
+
 // AdamW's per-piece constants (kernel_args.h): p = p a + b m / denom, with lr_p = lr lr_scale,
 // a = 1 - lr_p wd, b = -(lr_p / bc1): cuda::adamw_step's host arithmetic, operation for operation.
 struct PieceConstants {
