@@ -44,13 +44,15 @@ cudaError_t sgd_step(const Config& cfg, DType t, void* p, const void* g, void* b
 cudaError_t adamw_step_dev(const Config& cfg, DType t, void* p, const void* g, void* m, void* v,
                            const OptimPieces& pieces, const AdamWConstants& c, const double* scalars,
                            const float* found);
-cudaError_t sgd_step_dev(const Config& cfg, DType t, void* p, const void* g, void* buf, const OptimPieces& pieces,
-                         const SgdConstants& c, const double* scalars, const float* found);
+cudaError_t sgd_step_dev(const Config& cfg, DType t, void* p, const void* g, void* buf,
+                         const OptimPieces& pieces, const SgdConstants& c, const double* scalars,
+                         const float* found);
 // scalars[kNorm], [kFound], [kClipCoef] from sq[0] and found[0] (one thread; max_norm <= 0: no clipping).
 cudaError_t clip_scalars(const Config& cfg, const double* sq, const float* found, double max_norm,
                          double* scalars);
 // x *= scalars[kClipCoef] unless found[0] != 0 or the coefficient is 1.
-cudaError_t scale_dev(const Config& cfg, DType t, void* x, int64_t n, const double* scalars, const float* found);
+cudaError_t scale_dev(const Config& cfg, DType t, void* x, int64_t n, const double* scalars,
+                      const float* found);
 // out[0] (f64) = sum x^2, deterministic (a fixed number of blocks for a given n, on any GPU).
 size_t sq_norm_workspace(int64_t n);
 cudaError_t sq_norm(const Config& cfg, DType t, const void* x, int64_t n, double* out, void* workspace);

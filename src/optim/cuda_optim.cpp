@@ -174,7 +174,8 @@ void adamw_step_dev(Tensor& p, const Tensor& g, Tensor& exp_avg, Tensor& exp_avg
   const launch::Config cfg = detail::config_of(stream);
   for_piece_batches(pieces, n, fill_piece_hypers, [&](const launch::OptimPieces& b) {
     CZ_CHECK_STATUS(launch::adamw_step_dev(cfg, p.dtype(), p.raw_data(), g.raw_data(), exp_avg.raw_data(),
-                                           exp_avg_sq.raw_data(), b, c, scalars_of(scalars), found_of(found)));
+                                           exp_avg_sq.raw_data(), b, c, scalars_of(scalars),
+                                           found_of(found)));
   });
 }
 
@@ -204,8 +205,8 @@ void unscale_and_check_dev(Tensor& x, const Tensor& scalars, Tensor& found, Stre
   check_buffer(op, "x", x, x.dtype(), x.numel(), stream);
   check_scalars(op, scalars, found, stream);
   DeviceGuard guard(stream.device.index);
-  CZ_CHECK_STATUS(launch::unscale_and_check(detail::config_of(stream), x.dtype(), x.raw_data(), x.numel(), 1.0,
-                                            static_cast<float*>(found.raw_data()),
+  CZ_CHECK_STATUS(launch::unscale_and_check(detail::config_of(stream), x.dtype(), x.raw_data(), x.numel(),
+                                            1.0, static_cast<float*>(found.raw_data()),
                                             scalars_of(scalars) + optim_scalars::kInvScale));
 }
 

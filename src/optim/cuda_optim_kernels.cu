@@ -28,7 +28,8 @@ __device__ __forceinline__ int piece_of(const OptimPieces& ps, int64_t i) {
 template <class T>
 __device__ __forceinline__ void adamw_elements(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m,
                                                T* __restrict__ v, const OptimPieces& ps, const double* a,
-                                               const double* b, const AdamWConstants& c, double inv_sqrt_bc2) {
+                                               const double* b, const AdamWConstants& c,
+                                               double inv_sqrt_bc2) {
   const int64_t lo = ps.begin[0], hi = ps.end[ps.count - 1];
   const optim_scalars::AdamWElementConstants<T> ec{T(c.one_minus_beta1), T(c.beta2), T(c.one_minus_beta2),
                                                    T(inv_sqrt_bc2), T(c.eps)};
@@ -53,7 +54,8 @@ __device__ __forceinline__ void sgd_elements(T* __restrict__ p, const T* __restr
     const int k = piece_of(ps, i);
     if (i >= ps.end[k]) continue;
     T pi = p[i], bi = c.use_momentum ? buf[i] : T(0);
-    optim_scalars::sgd_element(pi, g[i], bi, T(a[k]), T(b[k]), mom, omd, c.use_momentum, c.nesterov, first_step);
+    optim_scalars::sgd_element(pi, g[i], bi, T(a[k]), T(b[k]), mom, omd, c.use_momentum, c.nesterov,
+                               first_step);
     if (c.use_momentum) buf[i] = bi;
     p[i] = pi;
   }
@@ -249,8 +251,8 @@ cudaError_t unscale_and_check(const Config& cfg, DType t, void* x, int64_t n, do
   if (n == 0) return cudaSuccess;
   return visit_f32_f64(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    unscale_kernel<T><<<grid_for(n, cfg.sm_count), kThreads, 0, cfg.stream>>>(static_cast<T*>(x), n,
-                                                                               T(factor), found, device_factor);
+    unscale_kernel<T><<<grid_for(n, cfg.sm_count), kThreads, 0, cfg.stream>>>(
+        static_cast<T*>(x), n, T(factor), found, device_factor);
     return cudaGetLastError();
   });
 }
@@ -280,8 +282,9 @@ cudaError_t adamw_step_dev(const Config& cfg, DType t, void* p, const void* g, v
   });
 }
 
-cudaError_t sgd_step_dev(const Config& cfg, DType t, void* p, const void* g, void* buf, const OptimPieces& pieces,
-                         const SgdConstants& c, const double* scalars, const float* found) {
+cudaError_t sgd_step_dev(const Config& cfg, DType t, void* p, const void* g, void* buf,
+                         const OptimPieces& pieces, const SgdConstants& c, const double* scalars,
+                         const float* found) {
   if (pieces.count == 0) return cudaSuccess;
   const int64_t items = pieces.end[pieces.count - 1] - pieces.begin[0];
   return visit_f32_f64(t, [&](auto tag) {
@@ -298,12 +301,13 @@ cudaError_t clip_scalars(const Config& cfg, const double* sq, const float* found
   return cudaGetLastError();
 }
 
-cudaError_t scale_dev(const Config& cfg, DType t, void* x, int64_t n, const double* scalars, const float* found) {
+cudaError_t scale_dev(const Config& cfg, DType t, void* x, int64_t n, const double* scalars,
+                      const float* found) {
   if (n == 0) return cudaSuccess;
   return visit_f32_f64(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    scale_dev_kernel<T><<<grid_for(n, cfg.sm_count), kThreads, 0, cfg.stream>>>(static_cast<T*>(x), n, scalars,
-                                                                                 found);
+    scale_dev_kernel<T>
+        <<<grid_for(n, cfg.sm_count), kThreads, 0, cfg.stream>>>(static_cast<T*>(x), n, scalars, found);
     return cudaGetLastError();
   });
 }

@@ -1,9 +1,9 @@
-// The optimizer step's per-step scalars in device memory (Note [The optimizer's device scalars]): the slots of
-// the buffer and the per-thread arithmetic of the kernels that read them, as host/device functions. The CUDA
-// kernels (cuda_optim_kernels.cu) call them; tests/optim/test_device_scalars.cpp runs the same functions on the
-// CPU against the host's eager computation. Plain C++ apart from CZ_HD: no CUDA header is needed to include it.
-// Compile users with -ffp-contract=off on the host (the device functions use round-to-nearest intrinsics), so
-// that no multiply-add is fused on either side.
+// The optimizer step's per-step scalars in device memory (Note [The optimizer's device scalars]): the slots
+// of the buffer and the per-thread arithmetic of the kernels that read them, as host/device functions. The
+// CUDA kernels (cuda_optim_kernels.cu) call them; tests/optim/test_device_scalars.cpp runs the same functions
+// on the CPU against the host's eager computation. Plain C++ apart from CZ_HD: no CUDA header is needed to
+// include it. Compile users with -ffp-contract=off on the host (the device functions use round-to-nearest
+// intrinsics), so that no multiply-add is fused on either side.
 #pragma once
 
 #include <cmath>

@@ -67,8 +67,8 @@ void Optimizer::write_scalars(double lr, double* slots) const {
 
 void Optimizer::step_on_device(std::span<const Tensor> params, std::span<const Tensor> grads,
                                const Tensor& scalars, const Tensor& found) {
-  CZ_CHECK_DEVICE(device_.is_cuda(), "{}: the update from device scalars needs a CUDA optimizer, not {}", name_,
-                  device_.str());
+  CZ_CHECK_DEVICE(device_.is_cuda(), "{}: the update from device scalars needs a CUDA optimizer, not {}",
+                  name_, device_.str());
   check_step(params, grads, 0.0);
   for (size_t i = 0; i < ranges_.size(); ++i) {
     Tensor p = params[i];

@@ -1,9 +1,9 @@
 // The optimizer's device-scalar kernels (cuda_optim_kernels.cu, Note [The optimizer's device scalars] in
-// optim/device_scalars.h) run on the CPU: each kernel's per-thread work through the same host/device functions
-// the kernels call, element by element (the updates are elementwise, so the grid's split changes no value).
-// Each block of the update kernels makes the per-piece constants from the scalars before its loop; every
-// block makes the same ones, so one set stands for all. What differs from a GPU is only the order of the
-// squared norm's sum (the f64 reduction kernel, not emulated here: the callers pass a sum).
+// optim/device_scalars.h) run on the CPU: each kernel's per-thread work through the same host/device
+// functions the kernels call, element by element (the updates are elementwise, so the grid's split changes no
+// value). Each block of the update kernels makes the per-piece constants from the scalars before its loop;
+// every block makes the same ones, so one set stands for all. What differs from a GPU is only the order of
+// the squared norm's sum (the f64 reduction kernel, not emulated here: the callers pass a sum).
 #pragma once
 
 #include <span>
@@ -67,7 +67,8 @@ void emulate_adamw_dev(std::vector<T>& p, const std::vector<T>& g, std::vector<T
 // sgd_dev_kernel.
 template <class T>
 void emulate_sgd_dev(std::vector<T>& p, const std::vector<T>& g, std::vector<T>& buf,
-                     std::span<const ShardPiece> pieces, const SgdConfig& c, const double* scalars, float found) {
+                     std::span<const ShardPiece> pieces, const SgdConfig& c, const double* scalars,
+                     float found) {
   if (!os::take_step(found)) return;
   const bool use_momentum = c.momentum != 0.0;
   const bool first = scalars[os::kFirstStep] != 0.0;

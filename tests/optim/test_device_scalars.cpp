@@ -1,7 +1,7 @@
-// The optimizer update from device scalars (Note [The optimizer's device scalars], optim/device_scalars.h), on
-// the CPU: the CUDA kernels' per-thread functions, run by device_scalars_emulation.h, against the host's eager
-// step (LossScaler::unscale_, clip_coefficient, scale_, AdamW/SGD on the CPU) bit for bit, over steps with
-// clipping and fp16 overflow skips; the clip coefficient; the bias corrections following the host's step
+// The optimizer update from device scalars (Note [The optimizer's device scalars], optim/device_scalars.h),
+// on the CPU: the CUDA kernels' per-thread functions, run by device_scalars_emulation.h, against the host's
+// eager step (LossScaler::unscale_, clip_coefficient, scale_, AdamW/SGD on the CPU) bit for bit, over steps
+// with clipping and fp16 overflow skips; the clip coefficient; the bias corrections following the host's step
 // count. Compiled with -ffp-contract=off, as the host side of the kernels' launchers.
 #include <gtest/gtest.h>
 
@@ -97,7 +97,8 @@ void run_steps(bool adamw, DType dtype, double clip, int overflow_step) {
     skipped += !dev_take;
     // Compared.
     EXPECT_EQ(dev_take, take) << "step " << s;
-    EXPECT_TRUE(same_bits(slots[os::kNorm], norm)) << "step " << s << ": " << slots[os::kNorm] << " vs " << norm;
+    EXPECT_TRUE(same_bits(slots[os::kNorm], norm))
+        << "step " << s << ": " << slots[os::kNorm] << " vs " << norm;
     EXPECT_EQ(dev->step_count(), ref->step_count()) << "step " << s;
     EXPECT_EQ(dev_scaler.scale(), ref_scaler.scale()) << "step " << s;
     EXPECT_TRUE(same_bits(p, values<T>(ref_p))) << "params after step " << s;
@@ -127,11 +128,12 @@ TEST(DeviceScalars, AdamWWithClippingAndAnOverflowSkip) {
 
 TEST(DeviceScalars, SgdFirstStepFlagClippingAndSkip) {
   run_steps<float>(false, DType::f32, 0.05, -1);
-  run_steps<float>(false, DType::f32, 0.05, 0);  // skipped first step: the next is the buffer's first
+  run_steps<float>(false, DType::f32, 0.05, 0);   // skipped first step: the next is the buffer's first
   run_steps<double>(false, DType::f64, 10.0, 3);  // never clipped (coef 1)
 }
 
-// clip_of against the host's clip_coefficient(sqrt(sq)) to the bit, NaN kept; overflow and no clipping give 1.
+// clip_of against the host's clip_coefficient(sqrt(sq)) to the bit, NaN kept; overflow and no clipping
+// give 1.
 TEST(DeviceScalars, ClipCoefficientAsTheHost) {
   const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
   for (double max_norm : {0.5, 1.0, 3.0, 1e-3})
@@ -204,8 +206,9 @@ TEST(DeviceScalars, BiasCorrectionsFollowTheStepCount) {
   EXPECT_THROW(opt.write_scalars(-1.0, slots.data()), ValueError);
   // The update from device scalars is CUDA's: a CPU optimizer refuses it.
   Tensor found = zeros({}, DType::f32);
-  EXPECT_THROW(opt.step_on_device({&flat.params, 1}, {&flat.grads, 1}, zeros({os::kSlots}, DType::f64), found),
-               DeviceError);
+  EXPECT_THROW(
+      opt.step_on_device({&flat.params, 1}, {&flat.grads, 1}, zeros({os::kSlots}, DType::f64), found),
+      DeviceError);
 }
 
 }  // namespace

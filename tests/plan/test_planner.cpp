@@ -186,7 +186,7 @@ TEST(Planner, CudaGraphsHoldStaticCopiesOfTheInput) {
   const Plan off = make_plan(r);
   const int64_t n = r.config.micro_batch, hw = r.config.image_size * r.config.image_size;
   const int64_t copies = n * hw * 3 * 2 + n * 8 + 4;  // bf16 images, i64 labels, the f32 loss
-  const int64_t scalars = 8 * 8 + 4;  // the update's f64 scalars and its f32 overflow flag
+  const int64_t scalars = 8 * 8 + 4;                  // the update's f64 scalars and its f32 overflow flag
   for (const char* mode : {"auto", "on"}) {
     r.config.cuda_graphs = mode;
     const Plan on = make_plan(r);

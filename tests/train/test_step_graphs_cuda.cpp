@@ -1,8 +1,8 @@
 // --cuda-graphs on a GPU (Note [CUDA graphs for the step]): a run whose micro-steps and optimizer update are
-// replayed from CUDA graphs gives the same losses, gradient norms, weights and optimizer state, to the bit, as
-// the same run without graphs (whose update takes its scalars as kernel arguments and decides on the host:
-// Note [The optimizer's device scalars]): fp32 and bf16 at one rank, with gradient accumulation, AdamW and SGD
-// with clipping on every step, fp16 with overflowing steps skipped on the device and the scale halved
+// replayed from CUDA graphs gives the same losses, gradient norms, weights and optimizer state, to the bit,
+// as the same run without graphs (whose update takes its scalars as kernel arguments and decides on the host:
+// Note [The optimizer's device scalars]): fp32 and bf16 at one rank, with gradient accumulation, AdamW and
+// SGD with clipping on every step, fp16 with overflowing steps skipped on the device and the scale halved
 // between replays, with evaluations and the EMA between replays, and with a micro-batch of another shape
 // falling back to an eager micro-step. The ZeRO stages 1-3 are not captured: auto runs them eagerly, on is
 // refused. Skips without a GPU.
@@ -153,7 +153,8 @@ TEST(StepGraphs, Fp16LossScaleChangesBetweenReplays) {
   EXPECT_GE(b_skipped, 1) << "no overflow after the capture: the test does not test the scale's update";
   EXPECT_LT(b_skipped, 24 - kGraphWarmupSteps) << "every step overflowed";
   EXPECT_EQ(a_skipped, b_skipped);
-  EXPECT_EQ(bits_differing(std::vector<double>(a.begin(), a.end() - 1), std::vector<double>(b.begin(), b.end() - 1)),
+  EXPECT_EQ(bits_differing(std::vector<double>(a.begin(), a.end() - 1),
+                           std::vector<double>(b.begin(), b.end() - 1)),
             0u);
 }
 

@@ -73,7 +73,8 @@ GraphPlan plan_cuda_graphs(const GraphPlanInput& in) {
   }
   plan.capture = true;
   plan.warmup_steps = kGraphWarmupSteps;
-  plan.reason = "one rank without collectives, fixed shapes, no host reads in forward, backward and the update";
+  plan.reason =
+      "one rank without collectives, fixed shapes, no host reads in forward, backward and the update";
   plan.segments.push_back(
       {"step scalars", false,
        fmt::format("the host writes the step's lr and bias corrections{} into device memory the update graph "
@@ -105,16 +106,18 @@ GraphPlan plan_cuda_graphs(const GraphPlanInput& in) {
     plan.segments.push_back(
         {fmt::format("an epoch's last micro-batch of {} images", in.last_micro_batch), false,
          fmt::format("another shape than the graph's {}: it runs eagerly", in.micro_batch)});
-  plan.segments.push_back({"loss read", false, "the step's mean loss is read on the host for the log"});
   plan.segments.push_back(
       {std::string("update (") + (in.loss_scaling ? "unscale, " : "") + "norm, clip, optimizer, EMA)", true,
        "a graph of its own after the last micro-step: lr and bias corrections read from device memory, the "
        "gradient norm, the clip coefficient" +
            std::string(in.loss_scaling ? " and the overflow skip" : "") + " computed on the device"});
   plan.segments.push_back(
-      {"step result read", false,
-       "after the step's closing synchronize, one 16-byte read of the gradient norm and the overflow flag: the "
-       "log's grad_norm, the LossScaler's update and the optimizer's step count"});
+      {"loss read", false,
+       "the step's mean loss is read on the host for the log, once the update is queued"});
+  plan.segments.push_back({"step result read", false,
+                           "after the step's closing synchronize, one 16-byte read of the gradient norm and "
+                           "the overflow flag: the "
+                           "log's grad_norm, the LossScaler's update and the optimizer's step count"});
   plan.graphs = plan.micro_step_graphs + 1;
   return plan;
 }
@@ -127,7 +130,8 @@ std::string GraphPlan::note() const {
     list += (list.empty() ? "" : ", ") + s.name;
   }
   return fmt::format(
-      "on ({}): forward, loss, backward and optimizer captured in {} graphs [{}] after {} warm-up steps; eager: "
+      "on ({}): forward, loss, backward and optimizer captured in {} graphs [{}] after {} warm-up steps; "
+      "eager: "
       "{}",
       reason, graphs, captured, warmup_steps, eager);
 }

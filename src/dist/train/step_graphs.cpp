@@ -120,7 +120,8 @@ void StepGraphs::capture(Graph& g, const Tensor& images, const Tensor& targets, 
   g.targets.copy_(targets);
   ready_.record(current_stream(device_));
   ready_.wait(stream_);
-  record(g, [&] { g.loss = body(g.images, g.targets); }, "a micro-step");
+  record(
+      g, [&] { g.loss = body(g.images, g.targets); }, "a micro-step");
   g.key = key_of(images, targets);
 }
 

@@ -46,9 +46,9 @@ class StepGraphs {
   void update(const std::function<void()>& body);
   void end_step();  // after each step's update: counts the warm-up
 
-  int64_t replays() const { return replays_; }        // micro-steps replayed from a graph
+  int64_t replays() const { return replays_; }                // micro-steps replayed from a graph
   int64_t update_replays() const { return update_replays_; }  // updates replayed from a graph
-  int64_t uncaptured() const { return uncaptured_; }  // micro-steps of another shape, run eagerly
+  int64_t uncaptured() const { return uncaptured_; }          // micro-steps of another shape, run eagerly
   bool captured(bool last) const { return graphs_[last].exec != nullptr; }
   // The device allocator's peak at the end of the captures (since the step's reset_peak): the memory a
   // replay uses, which the allocator no longer counts as allocated once the capture has freed its blocks
@@ -72,7 +72,7 @@ class StepGraphs {
   // The device's graph stream (one for the process): warm-ups, captures and replays only (Note [Allocations
   // during capture]).
   Stream stream_;
-  Event ready_, done_;  // caller's stream -> graph stream before a micro-step, back after it
+  Event ready_, done_;           // caller's stream -> graph stream before a micro-step, back after it
   std::array<Graph, 3> graphs_;  // [0] a micro-step, [1] the step's last micro-step, [2] the update
   int64_t replays_ = 0, uncaptured_ = 0, update_replays_ = 0;
   int64_t capture_peak_ = 0;

@@ -501,9 +501,16 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
     loss_sum = loss_sum.defined() ? add(loss_sum, loss) : loss;
   }
   take_next_batch_ahead();  // CUDA: its copy runs beside this step's queued backward
-  s.loss = mean_loss(loss_sum);
-  update_and_gather(s);
-  if (graphs_) graphs_->end_step();
+  if (graphs_) {
+    // The update's graph is queued before the host waits for the loss, so the device runs it right after
+    // backward (the loss is a copy the update does not touch).
+    update_and_gather(s);
+    s.loss = mean_loss(loss_sum);
+    graphs_->end_step();
+  } else {
+    s.loss = mean_loss(loss_sum);
+    update_and_gather(s);
+  }
   if (tracer_) tracer_->memory_sample(alloc.stats().allocated_bytes);
   if (device_.is_cuda()) current_stream(device_).synchronize();
   // A replayed update decided on the device: the norm and the overflow flag are read now that the step is

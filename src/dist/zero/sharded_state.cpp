@@ -7,10 +7,10 @@
 #include "optim/clip.h"
 #include "optim/cuda_kernels.h"
 #include "optim/device_scalars.h"
-#include "tensor/dispatch.h"
-#include "tensor/stream.h"
 #include "tensor/autograd/engine.h"
+#include "tensor/dispatch.h"
 #include "tensor/ops.h"
+#include "tensor/stream.h"
 
 namespace cz::zero {
 ShardedState::ShardedState(const ZeroLayout& layout, dist::ProcessGroup group, Tensor master,

@@ -35,8 +35,8 @@ using MakeEma = std::function<std::unique_ptr<WeightEma>(std::span<const Tensor>
 // reducer's hand-off as soon as its gradient arrives.
 struct UpdateArgs {
   double lr = 0;
-  double clip_grad = 0;   // 0: no clipping
-  double inv_scale = 1;   // fp16: 1 / the step's loss scale (the device-scalar update reads it)
+  double clip_grad = 0;  // 0: no clipping
+  double inv_scale = 1;  // fp16: 1 / the step's loss scale (the device-scalar update reads it)
 };
 
 class ShardedState {
