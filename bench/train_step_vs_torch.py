@@ -21,6 +21,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine_info  # noqa: E402
+
 
 def time_ours(args, env, tmp):
     log = os.path.join(tmp, "ours.jsonl")
@@ -75,6 +78,7 @@ def main():
     print(f"ConvNeXt-{args.model}, {args.image_size}x{args.image_size}, batch {args.batch}, "
           f"{args.threads} threads, mean of {args.steps} steps, "
           f"OMP_WAIT_POLICY={env.get('OMP_WAIT_POLICY', 'unset')}")
+    print(machine_info.describe())
     print(f"  convnext_zero   {ours * 1e3:8.1f} ms/step  {args.batch / ours:8.1f} img/s  "
           f"(peak {ours_mem / 2**20:.0f} MiB)")
     print(f"  PyTorch {torch_version:<8}{theirs * 1e3:8.1f} ms/step  {args.batch / theirs:8.1f} img/s")
@@ -83,7 +87,8 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "image_size": args.image_size, "batch": args.batch,
                        "threads": args.threads, "ours_s": ours, "torch_s": theirs, "ratio": ratio,
-                       "torch_version": torch_version, "omp_wait_policy": env.get("OMP_WAIT_POLICY")}, f,
+                       "torch_version": torch_version, "omp_wait_policy": env.get("OMP_WAIT_POLICY"),
+                       "machine": machine_info.describe()}, f,
                       indent=1)
 
 
