@@ -14,7 +14,7 @@
 // the bias, then the GEMM adds into it; GELU reads it and writes its own output; fc2 does the same bias fill;
 // residual_scale_add reads fc2's output and the residual and writes the block's output. Backward mirrors it
 // (channel_scale_backward, fc2's GEMMs and column sums, gelu_backward, fc1's). At atto's first stage a
-// (8192 x 160) f32 activation is 5 MiB: each pass streams it from memory, not from cache.
+// (8192 x 160) f32 activation is 5 MiB, more than a core's L2: each pass streams it from L3 or memory.
 // Here the rows are split into tiles, spread over the OpenMP threads; each thread runs cz::cpu::gemm on its
 // tile (from inside the parallel region the library runs it on the calling thread) and applies the epilogue
 // right away, while the tile's output is still in its core's cache: the bias and GELU (forward fc1), the
@@ -24,8 +24,16 @@
 // thread accumulates its own partial over its tiles too, else one library GEMM over all rows follows the
 // tiled pass. Partial sums are added in thread order: deterministic for a given thread count. What is saved
 // for backward is what the unfused ops saved (fc1's input and pre-activation, fc2's input and output before
-// gamma), so the memory plan is unchanged, and on CUDA the same ops compose the existing kernels. Tile size:
-// fused_tile_rows below, measured with bench_kernels' BM_BlockMlp.
+// gamma), so the memory plan is unchanged, and on CUDA the same ops compose the existing kernels.
+// Tile size (fused_tile_rows): bench_kernels' block_mlp/fused_tileN sweep (one thread, on a loaded 2-core
+// Xeon with 2 MiB of L2 per core) was fastest at 256-1024 rows at ConvNeXt-T's first stage and atto's
+// (32 rows: +20%), so tiles fill 1 MiB, at least 128 rows. Each tile's GEMM packs the whole weight again, and
+// at ConvNeXt-T's last stages (weights of 2.3 and 9 MiB) 37-row tiles made the forward 50% slower than
+// unfused; where the weight exceeds the budget each thread takes one tile. What it saves, measured the same
+// way (block_mlp fused vs unfused, forward + backward): 8% and 5% at ConvNeXt-T's first two stages, nothing
+// at its last two, and atto's stages were 0-4% slower: their activations (at most 5 MiB) stay in this
+// machine's large L3, and most of GELU's pass is its arithmetic, which fusing does not remove
+// (docs/performance.md).
 namespace cz::cpu {
 namespace {
 
@@ -69,7 +77,8 @@ void tiled_backward(int64_t m, int64_t in, int64_t out, const T* x, const T* w, 
                     int extra, T* const* sums, int64_t tile, Epi&& epi) {
   const int nt = threads_for(m, std::max(in, out));
   const bool split = dw && split_rows(m, in, out, nt);
-  if (tile <= 0) tile = fused_tile_rows(m, (in + out) * int64_t(sizeof(T)), nt);
+  if (tile <= 0)
+    tile = fused_tile_rows(m, (in + out) * int64_t(sizeof(T)), in * out * int64_t(sizeof(T)), nt);
   const int64_t stride = extra * out + (split ? out * in : 0);
   std::vector<T> acc(size_t(nt) * size_t(stride), T(0));
   for_tiles(m, tile, nt, [&](int t, int64_t r0, int64_t r1) {
@@ -104,13 +113,17 @@ void tiled_backward(int64_t m, int64_t in, int64_t out, const T* x, const T* w, 
 
 }  // namespace
 
-int64_t fused_tile_rows(int64_t rows, int64_t row_bytes, int threads, int64_t budget_bytes) {
-  // At least kMinRows rows (a GEMM of fewer is dominated by its packing), at most what fits the budget, and
-  // no more than an even share of the rows per thread so that every thread gets work.
-  constexpr int64_t kMinRows = 16;
-  int64_t tile = std::max<int64_t>(kMinRows, budget_bytes / std::max<int64_t>(1, row_bytes));
+int64_t fused_tile_rows(int64_t rows, int64_t row_bytes, int64_t weight_bytes, int threads,
+                        int64_t budget_bytes) {
+  // Each tile's GEMM packs the whole weight again. A weight larger than the budget (ConvNeXt-T's last two
+  // stages: 2.3 and 9 MiB) comes from memory each time, so there every thread takes one tile of its share of
+  // the rows: the GEMMs are as big as they can be, and the epilogue runs on rows the thread has just written.
+  // Otherwise tiles fill the budget, at least kMinRows (the sweep's smaller tiles lost up to 20%).
+  constexpr int64_t kMinRows = 128;
   const int64_t share = (rows + threads - 1) / std::max(1, threads);
-  tile = std::min(tile, std::max<int64_t>(kMinRows, share));
+  int64_t tile = share;
+  if (weight_bytes <= budget_bytes)
+    tile = std::min(share, std::max<int64_t>(kMinRows, budget_bytes / std::max<int64_t>(1, row_bytes)));
   return std::max<int64_t>(1, std::min(tile, rows));
 }
 
@@ -125,7 +138,8 @@ void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, T
     T* ph = h.data<T>();
     T* py = y.data<T>();
     const int nt = threads_for(m, out);
-    if (tile <= 0) tile = fused_tile_rows(m, (in + 2 * out) * int64_t(sizeof(T)), nt);
+    if (tile <= 0)
+      tile = fused_tile_rows(m, (in + 2 * out) * int64_t(sizeof(T)), in * out * int64_t(sizeof(T)), nt);
     for_tiles(m, tile, nt, [&](int, int64_t r0, int64_t r1) {
       gemm<T>(false, true, r1 - r0, out, in, T(1), px + r0 * in, in, pw, in, T(0), ph + r0 * out, out);
       for (int64_t r = r0; r < r1; ++r) {
@@ -198,7 +212,8 @@ void linear_scale_residual_forward(const Tensor& x, const Tensor& w, const Tenso
     T* py = y.data<T>();
     T* po = out.data<T>();
     const int nt = threads_for(m, in);
-    if (tile <= 0) tile = fused_tile_rows(m, (in + 3 * nout) * int64_t(sizeof(T)), nt);
+    if (tile <= 0)
+      tile = fused_tile_rows(m, (in + 3 * nout) * int64_t(sizeof(T)), in * nout * int64_t(sizeof(T)), nt);
     for_tiles(m, tile, nt, [&](int, int64_t r0, int64_t r1) {
       gemm<T>(false, true, r1 - r0, nout, in, T(1), px + r0 * in, in, pw, in, T(0), py + r0 * nout, nout);
       for (int64_t r = r0; r < r1; ++r) {
