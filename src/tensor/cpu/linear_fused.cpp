@@ -50,11 +50,6 @@ int threads_for(int64_t m, int64_t cols) {
   return m * cols >= kParallelGrain ? cpu_threads() : 1;
 }
 
-template <class T>
-T gelu_of(T v) {
-  return gelu_math::gelu(v);
-}
-
 // Tiles of `tile` rows over [0, m); each thread gets a contiguous run of tiles (schedule static) and calls
 // f(thread, r0, r1) for each. Threads with no tile call nothing.
 template <class F>
@@ -149,7 +144,7 @@ void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, T
           for (int64_t j = 0; j < out; ++j) {
             const T v = hr[j] + (pb ? pb[j] : T(0));
             hr[j] = v;
-            yr[j] = gelu_of(v);
+            yr[j] = gelu_math::gelu(v);
           }
         } else {
           for_blocks<T>(0, out, [&](auto vt, int64_t j) {
