@@ -516,6 +516,7 @@ int main(int argc, char** argv) {
             "convnext_zero: OpenMP waits {} (rank 0's choice; OMP_WAIT_POLICY=active|passive overrides)\n",
             cz::omp_wait_policy_note());
       fmt::print("convnext_zero: {}\n", trainer.cpu_threads_note());
+      if (!trainer.precision_note().empty()) fmt::print("convnext_zero: {}\n", trainer.precision_note());
       if (!trainer.comm_backend_note().empty())
         fmt::print("convnext_zero: collectives over {}\n", trainer.comm_backend_note());
       // Note [CUDA graphs for the step]: on a CPU run there is nothing to say (and `on` was refused).

@@ -116,6 +116,8 @@ class Trainer {
   bool classes_from_data() const { return classes_from_data_; }
   // "CPU threads per rank ...": what OpenMP and the loader got (Note [CPU threads on a CUDA rank]).
   const std::string& cpu_threads_note() const { return cpu_threads_note_; }
+  // --precision bf16 on the CPU: what it means and what runs it (the ISA, oneDNN's kernel); "" otherwise.
+  const std::string& precision_note() const { return precision_note_; }
   // The training set's class names as checkpoints and weight files record them; empty for numbered classes.
   std::vector<std::string> class_names() const;
   // What --init-weights loaded ("--init-weights w.h5: 180 tensors (27.82M values) with timm keys; ..."); ""
@@ -198,6 +200,7 @@ class Trainer {
   std::vector<std::string> data_notes_;
   bool classes_from_data_ = false;
   std::string cpu_threads_note_;
+  std::string precision_note_;
   std::vector<int> loader_cpus_;  // CUDA: the loader threads' CPUs (LoaderOptions::cpus)
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<BatchDump> dump_;     // --dump-batches
