@@ -162,31 +162,27 @@ ThreadState& thread_state() {
   return t;
 }
 
-// rows x cols of x (leading dimension ld) into y, packed; transposed (y is cols x rows) where `transpose`.
-// oneDNN 2.6 multiplies on AMX only when both operands are plain row-major (a transposed operand falls back
-// to its AVX512_BF16 GEMM), so the rounding pass also lays the operands out for it.
-void round_matrix(const float* x, int64_t rows, int64_t cols, int64_t ld, bool transpose, uint16_t* y) {
-  const bool par = !omp_in_parallel() && rows * cols >= kParallelGrain;
+// Thread t of nt's share of rounding rows x cols of x (leading dimension ld) into y, packed; transposed (y is
+// cols x rows) where `transpose`. oneDNN 2.6 multiplies on AMX only when both operands are plain row-major (a
+// transposed operand falls back to its AVX512_BF16 GEMM), so the rounding pass also lays the operands out for
+// it. Both operands are rounded in one parallel region: each region is a fork and a join, which cost most
+// where cores are shared.
+void round_part(const float* x, int64_t rows, int64_t cols, int64_t ld, bool transpose, uint16_t* y, int t,
+                int nt) {
   if (!transpose && ld == cols) {
     const int64_t n = rows * cols;
-    const int nt = par ? cpu_threads() : 1;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-      const int t = omp_get_thread_num(), T = omp_get_num_threads();
-      const int64_t b = n * t / T / 32 * 32, e = t + 1 == T ? n : n * (t + 1) / T / 32 * 32;
-      round_to_bf16(x + b, y + b, e - b);
-    }
+    const int64_t b = n * t / nt / 32 * 32, e = t + 1 == nt ? n : n * (t + 1) / nt / 32 * 32;
+    round_to_bf16(x + b, y + b, e - b);
     return;
   }
   if (!transpose) {
-#pragma omp parallel for schedule(static) num_threads(cpu_threads()) if (par)
-    for (int64_t r = 0; r < rows; ++r) round_to_bf16(x + r * ld, y + r * cols, cols);
+    for (int64_t r = rows * t / nt; r < rows * (t + 1) / nt; ++r)
+      round_to_bf16(x + r * ld, y + r * cols, cols);
     return;
   }
   constexpr int64_t kB = 32;  // a 32 x 32 block: rounded row by row, written out column by column
-  const int64_t row_blocks = (rows + kB - 1) / kB, col_blocks = (cols + kB - 1) / kB;
-#pragma omp parallel for schedule(static) num_threads(cpu_threads()) if (par)
-  for (int64_t blk = 0; blk < row_blocks * col_blocks; ++blk) {
+  const int64_t row_blocks = (rows + kB - 1) / kB, blocks = row_blocks * ((cols + kB - 1) / kB);
+  for (int64_t blk = blocks * t / nt; blk < blocks * (t + 1) / nt; ++blk) {
     const int64_t r0 = blk % row_blocks * kB, c0 = blk / row_blocks * kB;
     const int64_t nr = std::min(kB, rows - r0), nc = std::min(kB, cols - c0);
     uint16_t tile[kB][kB];
@@ -241,8 +237,13 @@ void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
   ThreadState& t = thread_state();
   auto* pa = static_cast<uint16_t*>(t.a.get(size_t(m * k) * 2));
   auto* pb = static_cast<uint16_t*>(t.b.get(size_t(k * n) * 2));
-  round_matrix(a, ta ? k : m, ta ? m : k, lda, ta, pa);
-  round_matrix(b, tb ? n : k, tb ? k : n, ldb, tb, pb);
+  const int nt = !nested && m * k + k * n >= kParallelGrain ? cpu_threads() : 1;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    const int id = omp_get_thread_num(), all = omp_get_num_threads();
+    round_part(a, ta ? k : m, ta ? m : k, lda, ta, pa, id, all);
+    round_part(b, tb ? n : k, tb ? k : n, ldb, tb, pb, id, all);
+  }
   if (direct) return run(mm, pa, pb, c, t);
   auto* pc = static_cast<float*>(t.c.get(size_t(m * n) * 4));
   run(mm, pa, pb, pc, t);
