@@ -3,8 +3,8 @@
 #   refused         a CPU without AVX512_BF16 and AMX (hidden by CZ_CPU_DISABLE): one line naming the CPU and a
 #                   non-zero exit, on 1 rank and on 2 under mpirun; fp16 on the CPU refused with its own line
 #   close_to_fp32   40 steps of bf16 against fp32 from the same seed: the header says what bf16 is and what runs
-#                   it, the losses stay within 2% step by step and are not fp32's to the bit; AVX512_BF16 alone
-#                   (AMX hidden) the same
+#                   it, the losses stay within 2% step by step and are not fp32's to the bit; the same with
+#                   AVX512_BF16 alone (AMX hidden), and on 2 ranks at ZeRO stage 3
 #   ranks_match     2 ranks x micro-batch 8 at ZeRO stages 2 and 3 against 1 rank x 16, both bf16: the same
 #                   losses and gradient norms up to the order of float sums; a resumed bf16 run continues bit
 #                   for bit
@@ -35,12 +35,21 @@ close_to_fp32)
   common=("${tiny[@]}" --steps 40 --micro-batch 16 --seed 4 --lr 2e-3 --warmup-steps 0)
   "$app" "${common[@]}" --precision fp32 --log "$work/fp32.jsonl" > "$work/fp32.out" 2>&1 ||
     { cat "$work/fp32.out"; fail "the fp32 run failed"; }
-  for isa in AMX-BF16 AVX512_BF16; do
-    [[ $isa == AVX512_BF16 ]] && export CZ_CPU_DISABLE=amx_bf16
-    if [[ $isa == AMX-BF16 ]] && ! grep -qw amx_bf16 /proc/cpuinfo; then continue; fi
+  # The default ISA (AMX where there is one), AVX512_BF16 alone, and 2 ranks x 8 at stage 3 (the same global
+  # batch as the 1-rank fp32 run).
+  for isa in AMX-BF16 AVX512_BF16 np2_stage3; do
+    run=("$app") extra=()
+    if [[ $isa == AVX512_BF16 ]]; then export CZ_CPU_DISABLE=amx_bf16; fi
+    if [[ $isa == np2_stage3 ]]; then
+      unset CZ_CPU_DISABLE
+      run=("${mpirun[@]}" -np 2 "$app") extra=(--stage 3 --micro-batch 8)
+      isa=$(grep -qw amx_bf16 /proc/cpuinfo && echo AMX-BF16 || echo AVX512_BF16)
+    elif [[ $isa == AMX-BF16 ]] && ! grep -qw amx_bf16 /proc/cpuinfo; then
+      continue
+    fi
     rm -f "$work/bf16.jsonl"
-    "$app" "${common[@]}" --precision bf16 --log "$work/bf16.jsonl" > "$work/bf16.out" 2>&1 ||
-      { cat "$work/bf16.out"; fail "the bf16 run ($isa) failed"; }
+    "${run[@]}" "${common[@]}" "${extra[@]}" --precision bf16 --log "$work/bf16.jsonl" > "$work/bf16.out" 2>&1 ||
+      { cat "$work/bf16.out"; fail "the bf16 run (${run[*]}, $isa) failed"; }
     grep -F -- "--precision bf16 on the CPU: GEMMs multiply bf16-rounded operands on $isa" "$work/bf16.out" ||
       { cat "$work/bf16.out"; fail "the header does not say what bf16 is on the CPU and that $isa runs it"; }
     grep -qF '"precision":"bf16"' "$work/bf16.jsonl" || fail "the log's start record lacks the precision"
