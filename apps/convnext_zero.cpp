@@ -556,8 +556,9 @@ int main(int argc, char** argv) {
       fmt::print(")");
       print_data_wait(s, trainer.config());  // its --loader-threads resolved
       if (trainer.cuda_graph_plan().capture)
-        fmt::print("; {} micro-steps replayed from CUDA graphs, {} of another shape run eagerly",
-                   trainer.graph_replays(), trainer.graph_uncaptured());
+        fmt::print(
+            "; {} micro-steps and {} updates replayed from CUDA graphs, {} of another shape run eagerly",
+            trainer.graph_replays(), trainer.graph_update_replays(), trainer.graph_uncaptured());
       if (const std::string plot = plot_script(); !cfg.log.empty() && !plot.empty())
         fmt::print("; plot: {}", cz::elastic::shell_words({plot, cfg.log}));
       fmt::print("\n");

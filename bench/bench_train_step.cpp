@@ -240,8 +240,9 @@ int run(const Flags& f) {
       mc.name.c_str(), dw, f.device.c_str(), f.dtype.c_str(), (long long)f.batch, (long long)f.image,
       1e3 * seconds / f.steps, img_s, tflops, peak_gib, last_loss, f.steps, f.warmup);
   if (f.cuda_graphs != "off")
-    std::printf("bench_train_step: CUDA graphs %s; %lld micro-steps replayed\n",
-                trainer.cuda_graph_plan().note().c_str(), (long long)trainer.graph_replays());
+    std::printf("bench_train_step: CUDA graphs %s; %lld micro-steps and %lld updates replayed\n",
+                trainer.cuda_graph_plan().note().c_str(), (long long)trainer.graph_replays(),
+                (long long)trainer.graph_update_replays());
   if (f.peak_tflops > 0)
     std::printf("bench_train_step: MFU %.1f%% (%.1f of %.1f TFLOP/s; %.2f GFLOP per image)\n", 100 * mfu,
                 tflops, f.peak_tflops, flop_per_img / 1e9);

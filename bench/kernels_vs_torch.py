@@ -25,6 +25,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine_info  # noqa: E402
+
 # Both sides wait passively at OpenMP barriers (Note [Passive OpenMP waits] in bench_kernels.cpp); the OpenMP
 # runtime reads this when it loads, so it is set before torch is imported and passed on to bench_kernels.
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
@@ -176,6 +179,7 @@ def main():
     ours = median_results(data, args.clock)
     filt = re.compile(args.filter) if args.filter else None
 
+    print(machine_info.describe(with_torch=True))
     print(f"torch {torch.__version__}, {threads} threads, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, "
           f"{args.clock} time; medians of {args.repetitions} repetitions; "
           f"speedup = torch time / convnext_zero time")

@@ -5,6 +5,7 @@
 
 #include "optim/cpu_kernels.h"
 #include "optim/cuda_kernels.h"
+#include "optim/device_scalars.h"
 #include "tensor/dispatch.h"
 #include "tensor/profiler.h"
 #include "tensor/stream.h"
@@ -31,6 +32,20 @@ void AdamW::update_range(Tensor& p, const Tensor& g, int64_t state_offset, int64
     cpu::adamw_step(p, g, m, v, pieces, args);
   else
     CZ_CUDA_CALL(cuda::adamw_step(p, g, m, v, pieces, args, current_stream(device_)));
+}
+
+void AdamW::update_range_dev(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
+                             std::span<const ShardPiece> pieces, const Tensor& scalars, const Tensor& found) {
+  profiler::Scope prof("adamw_step", device_);
+  const AdamWStepArgs args{0.0, config_.beta1, config_.beta2, config_.eps, 0};
+  Tensor m = exp_avg_.narrow(0, state_offset, numel), v = exp_avg_sq_.narrow(0, state_offset, numel);
+  CZ_CUDA_CALL(cuda::adamw_step_dev(p, g, m, v, pieces, args, scalars, found, current_stream(device_)));
+}
+
+void AdamW::write_own_scalars(double* slots) const {
+  const auto bc = optim_scalars::adamw_bias_corrections(config_.beta1, config_.beta2, step_ + 1);
+  slots[optim_scalars::kBc1] = bc.bc1;
+  slots[optim_scalars::kInvSqrtBc2] = bc.inv_sqrt_bc2;
 }
 
 void AdamW::finish_step(std::span<const Tensor>) {

@@ -24,7 +24,24 @@ void sgd_step(Tensor& p, const Tensor& g, Tensor& momentum_buffer, std::span<con
 void sq_norm(const Tensor& x, Tensor& out, Stream stream);
 // found: 0-d f32 on the device; set to 1 on a non-finite element, never reset. factor == 1: x is only read.
 void unscale_and_check(Tensor& x, double factor, Tensor& found, Stream stream);
-void ema_update(Tensor& ema, const Tensor& p, double decay, Stream stream);
+// skip (0-d f32 on the device, or undefined): nothing is updated where skip != 0.
+void ema_update(Tensor& ema, const Tensor& p, double decay, Stream stream, const Tensor& skip = Tensor());
+
+// The device-scalar variants (Note [The optimizer's device scalars] in device_scalars.h): `scalars` is the
+// f64 buffer of optim_scalars::kSlots, `found` the 0-d f32 overflow flag, both on the stream's device. The
+// updates read lr, the bias corrections (AdamW) and the first-step flag (SGD) from scalars and skip where
+// found != 0; args give only the step's constants (betas, eps; momentum, dampening, nesterov).
+void adamw_step_dev(Tensor& p, const Tensor& g, Tensor& exp_avg, Tensor& exp_avg_sq,
+                    std::span<const ShardPiece> pieces, const AdamWStepArgs& args, const Tensor& scalars,
+                    const Tensor& found, Stream stream);
+void sgd_step_dev(Tensor& p, const Tensor& g, Tensor& momentum_buffer, std::span<const ShardPiece> pieces,
+                  const SgdStepArgs& args, const Tensor& scalars, const Tensor& found, Stream stream);
+// x *= scalars[kInvScale]; found = 1 on a non-finite element (never reset here).
+void unscale_and_check_dev(Tensor& x, const Tensor& scalars, Tensor& found, Stream stream);
+// scalars[kNorm], [kFound], [kClipCoef] from the summed squares sq (0-d f64) and found; max_norm <= 0: none.
+void clip_scalars(const Tensor& sq, const Tensor& found, double max_norm, Tensor& scalars, Stream stream);
+// x *= scalars[kClipCoef] unless found != 0.
+void scale_dev(Tensor& x, const Tensor& scalars, const Tensor& found, Stream stream);
 
 }  // namespace cz::cuda
 

@@ -5,6 +5,7 @@
 
 #include "optim/cuda_kernels.h"
 #include "optim/cuda_launch.h"
+#include "optim/device_scalars.h"
 #include "tensor/cuda/host_utils.h"
 
 namespace cz::cuda {
@@ -61,10 +62,8 @@ void adamw_step(Tensor& p, const Tensor& g, Tensor& exp_avg, Tensor& exp_avg_sq,
   check_buffer(op, "g", g, p.dtype(), n, stream);
   check_buffer(op, "exp_avg", exp_avg, p.dtype(), n, stream);
   check_buffer(op, "exp_avg_sq", exp_avg_sq, p.dtype(), n, stream);
-  const double bc1 = 1.0 - std::pow(args.beta1, double(args.step));
-  const double bc2 = 1.0 - std::pow(args.beta2, double(args.step));
-  const launch::AdamWConstants c{1.0 - args.beta1, args.beta2, 1.0 - args.beta2, 1.0 / std::sqrt(bc2),
-                                 args.eps};
+  const auto [bc1, inv_sqrt_bc2] = optim_scalars::adamw_bias_corrections(args.beta1, args.beta2, args.step);
+  const launch::AdamWConstants c{1.0 - args.beta1, args.beta2, 1.0 - args.beta2, inv_sqrt_bc2, args.eps};
   DeviceGuard guard(stream.device.index);
   const launch::Config cfg = detail::config_of(stream);
   for_piece_batches(
@@ -124,13 +123,110 @@ void unscale_and_check(Tensor& x, double factor, Tensor& found, Stream stream) {
                                             factor, static_cast<float*>(found.raw_data())));
 }
 
-void ema_update(Tensor& ema, const Tensor& p, double decay, Stream stream) {
+void ema_update(Tensor& ema, const Tensor& p, double decay, Stream stream, const Tensor& skip) {
   check_f32_f64("ema_update", ema);
   check_buffer("ema_update", "ema", ema, ema.dtype(), ema.numel(), stream);
   check_buffer("ema_update", "p", p, ema.dtype(), ema.numel(), stream);
+  if (skip.defined()) check_buffer("ema_update", "skip", skip, DType::f32, 1, stream);
   DeviceGuard guard(stream.device.index);
   CZ_CHECK_STATUS(launch::ema_update(detail::config_of(stream), ema.dtype(), ema.raw_data(), p.raw_data(),
-                                     ema.numel(), decay));
+                                     ema.numel(), decay,
+                                     skip.defined() ? static_cast<const float*>(skip.raw_data()) : nullptr));
+}
+
+// ---- the device-scalar variants (Note [The optimizer's device scalars]) ----
+
+namespace {
+
+void check_scalars(const char* op, const Tensor& scalars, const Tensor& found, Stream stream) {
+  check_buffer(op, "scalars", scalars, DType::f64, optim_scalars::kSlots, stream);
+  check_buffer(op, "found", found, DType::f32, 1, stream);
+}
+
+const double* scalars_of(const Tensor& scalars) {
+  return static_cast<const double*>(scalars.raw_data());
+}
+const float* found_of(const Tensor& found) {
+  return static_cast<const float*>(found.raw_data());
+}
+
+// Each piece's lr_scale and weight_decay, for the kernels to make their constants from the device's lr.
+void fill_piece_hypers(const ShardPiece& piece, launch::OptimPieces& b, int s) {
+  b.a[s] = piece.lr_scale;
+  b.b[s] = piece.weight_decay;
+}
+
+}  // namespace
+
+void adamw_step_dev(Tensor& p, const Tensor& g, Tensor& exp_avg, Tensor& exp_avg_sq,
+                    std::span<const ShardPiece> pieces, const AdamWStepArgs& args, const Tensor& scalars,
+                    const Tensor& found, Stream stream) {
+  constexpr const char* op = "adamw_step_dev";
+  check_f32_f64(op, p);
+  const int64_t n = p.numel();
+  check_buffer(op, "p", p, p.dtype(), n, stream);
+  check_buffer(op, "g", g, p.dtype(), n, stream);
+  check_buffer(op, "exp_avg", exp_avg, p.dtype(), n, stream);
+  check_buffer(op, "exp_avg_sq", exp_avg_sq, p.dtype(), n, stream);
+  check_scalars(op, scalars, found, stream);
+  const launch::AdamWConstants c{1.0 - args.beta1, args.beta2, 1.0 - args.beta2, 0.0, args.eps};
+  DeviceGuard guard(stream.device.index);
+  const launch::Config cfg = detail::config_of(stream);
+  for_piece_batches(pieces, n, fill_piece_hypers, [&](const launch::OptimPieces& b) {
+    CZ_CHECK_STATUS(launch::adamw_step_dev(cfg, p.dtype(), p.raw_data(), g.raw_data(), exp_avg.raw_data(),
+                                           exp_avg_sq.raw_data(), b, c, scalars_of(scalars),
+                                           found_of(found)));
+  });
+}
+
+void sgd_step_dev(Tensor& p, const Tensor& g, Tensor& momentum_buffer, std::span<const ShardPiece> pieces,
+                  const SgdStepArgs& args, const Tensor& scalars, const Tensor& found, Stream stream) {
+  constexpr const char* op = "sgd_step_dev";
+  check_f32_f64(op, p);
+  const int64_t n = p.numel();
+  check_buffer(op, "p", p, p.dtype(), n, stream);
+  check_buffer(op, "g", g, p.dtype(), n, stream);
+  const bool use_momentum = args.momentum != 0.0;
+  if (use_momentum) check_buffer(op, "momentum_buffer", momentum_buffer, p.dtype(), n, stream);
+  check_scalars(op, scalars, found, stream);
+  const launch::SgdConstants c{args.momentum, 1.0 - args.dampening, use_momentum, args.nesterov, false};
+  DeviceGuard guard(stream.device.index);
+  const launch::Config cfg = detail::config_of(stream);
+  for_piece_batches(pieces, n, fill_piece_hypers, [&](const launch::OptimPieces& b) {
+    CZ_CHECK_STATUS(launch::sgd_step_dev(cfg, p.dtype(), p.raw_data(), g.raw_data(),
+                                         use_momentum ? momentum_buffer.raw_data() : nullptr, b, c,
+                                         scalars_of(scalars), found_of(found)));
+  });
+}
+
+void unscale_and_check_dev(Tensor& x, const Tensor& scalars, Tensor& found, Stream stream) {
+  constexpr const char* op = "unscale_and_check_dev";
+  check_f32_f64(op, x);
+  check_buffer(op, "x", x, x.dtype(), x.numel(), stream);
+  check_scalars(op, scalars, found, stream);
+  DeviceGuard guard(stream.device.index);
+  CZ_CHECK_STATUS(launch::unscale_and_check(detail::config_of(stream), x.dtype(), x.raw_data(), x.numel(),
+                                            1.0, static_cast<float*>(found.raw_data()),
+                                            scalars_of(scalars) + optim_scalars::kInvScale));
+}
+
+void clip_scalars(const Tensor& sq, const Tensor& found, double max_norm, Tensor& scalars, Stream stream) {
+  constexpr const char* op = "clip_scalars";
+  check_buffer(op, "sq", sq, DType::f64, 1, stream);
+  check_scalars(op, scalars, found, stream);
+  DeviceGuard guard(stream.device.index);
+  CZ_CHECK_STATUS(launch::clip_scalars(detail::config_of(stream), static_cast<const double*>(sq.raw_data()),
+                                       found_of(found), max_norm, static_cast<double*>(scalars.raw_data())));
+}
+
+void scale_dev(Tensor& x, const Tensor& scalars, const Tensor& found, Stream stream) {
+  constexpr const char* op = "scale_dev";
+  check_f32_f64(op, x);
+  check_buffer(op, "x", x, x.dtype(), x.numel(), stream);
+  check_scalars(op, scalars, found, stream);
+  DeviceGuard guard(stream.device.index);
+  CZ_CHECK_STATUS(launch::scale_dev(detail::config_of(stream), x.dtype(), x.raw_data(), x.numel(),
+                                    scalars_of(scalars), found_of(found)));
 }
 
 }  // namespace cz::cuda

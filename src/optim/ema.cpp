@@ -63,7 +63,7 @@ void WeightEma::update(const Tensor& params) {
   update(params, decay_);
 }
 
-void WeightEma::update(std::span<const Tensor> params, double decay) {
+void WeightEma::update(std::span<const Tensor> params, double decay, const Tensor& skip) {
   check_decay("WeightEma::update", decay);
   check_params("WeightEma::update", params);
   CZ_CHECK(!swapped_, "WeightEma::update: the EMA weights are swapped in; swap back before updating");
@@ -71,10 +71,11 @@ void WeightEma::update(std::span<const Tensor> params, double decay) {
   for (const Tensor& p : params) {
     Tensor e = params.size() == 1 ? ema_ : ema_.narrow(0, off, p.numel());
     off += p.numel();
+    CZ_CHECK(!skip.defined() || !e.is_cpu(), "WeightEma::update: a device skip flag needs a CUDA EMA");
     if (e.is_cpu())
       cpu::ema_update(e, p, decay);
     else
-      CZ_CUDA_CALL(cuda::ema_update(e, p, decay, current_stream(e.device())));
+      CZ_CUDA_CALL(cuda::ema_update(e, p, decay, current_stream(e.device()), skip));
   }
   ema_.storage()->bump_version();
 }

@@ -22,7 +22,9 @@ class WeightEma {
   void update(const Tensor& params);
   // The same with an explicit decay (for a warmup of the decay, as timm's `min(decay, (1 + n) / (10 + n))`).
   void update(const Tensor& params, double decay) { update(std::span<const Tensor>(&params, 1), decay); }
-  void update(std::span<const Tensor> params, double decay);
+  // skip (CUDA: a 0-d f32 flag on the EMA's device, read by the kernel): nothing changes where it is != 0, so
+  // a CUDA graph can replay the update of a step it may skip (Note [The optimizer's device scalars]).
+  void update(std::span<const Tensor> params, double decay, const Tensor& skip = Tensor());
 
   // Exchanges the values of `params` and the EMA weights in place (the parameters' storage is kept, so every
   // view of it sees the EMA weights). Call again to swap back. Costs one temporary copy of the buffer.

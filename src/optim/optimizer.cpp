@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "optim/device_scalars.h"
+
 namespace cz {
 
 Optimizer::Optimizer(const char* name, const FlatLayout& layout, std::vector<ShardRange> ranges,
@@ -55,6 +57,29 @@ void Optimizer::step_range(size_t i, const Tensor& params, const Tensor& grads, 
   Tensor p = params;
   update_range(p, grads, offsets_[i], ranges_[i].numel(), pieces_[i], lr);
   bump(params);
+}
+
+void Optimizer::write_scalars(double lr, double* slots) const {
+  CZ_CHECK(std::isfinite(lr) && lr >= 0, "{}.step: lr must be a finite value >= 0, got {}", name_, lr);
+  slots[optim_scalars::kLr] = lr;
+  write_own_scalars(slots);
+}
+
+void Optimizer::step_on_device(std::span<const Tensor> params, std::span<const Tensor> grads,
+                               const Tensor& scalars, const Tensor& found) {
+  CZ_CHECK_DEVICE(device_.is_cuda(), "{}: the update from device scalars needs a CUDA optimizer, not {}",
+                  name_, device_.str());
+  check_step(params, grads, 0.0);
+  for (size_t i = 0; i < ranges_.size(); ++i) {
+    Tensor p = params[i];
+    update_range_dev(p, grads[i], offsets_[i], ranges_[i].numel(), pieces_[i], scalars, found);
+  }
+}
+
+void Optimizer::count_step(bool taken) {
+  if (!taken) return;
+  ++step_;
+  finish_step({});
 }
 
 void Optimizer::set_step_count(int64_t steps) {

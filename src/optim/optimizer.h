@@ -40,6 +40,17 @@ class Optimizer {
   void step_range(size_t i, const Tensor& params, const Tensor& grads, double lr);
   void end_step();
 
+  // The update with its per-step scalars in device memory, so that a CUDA graph can replay it (Note [The
+  // optimizer's device scalars] in optim/device_scalars.h; CUDA only). write_scalars fills this step's
+  // host-written slots of `slots` (optim_scalars::kSlots doubles): lr, and the bias corrections of step
+  // step_count() + 1 or SGD's first-step flag. step_on_device queues the update of every range reading
+  // `scalars` (those slots, uploaded) and skipping where `found` (0-d f32) != 0; it does not count the step:
+  // count_step(taken) does, once the host has read whether it was skipped.
+  void write_scalars(double lr, double* slots) const;
+  void step_on_device(std::span<const Tensor> params, std::span<const Tensor> grads, const Tensor& scalars,
+                      const Tensor& found);
+  void count_step(bool taken);
+
   // The live state tensors (views, not copies) and "step"; see Note [Optimizer state layout].
   virtual NamedTensors state() const = 0;
   // Copies values in: exactly the names state() returns, each of the same shape (dtype converted).
@@ -65,6 +76,12 @@ class Optimizer {
   // starts in the state tensors; `pieces` are the range's (Note [Shard pieces]).
   virtual void update_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
                             std::span<const ShardPiece> pieces, double lr) = 0;
+  // update_range reading the step's scalars from device memory (step_on_device).
+  virtual void update_range_dev(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
+                                std::span<const ShardPiece> pieces, const Tensor& scalars,
+                                const Tensor& found) = 0;
+  // This optimizer's slots of write_scalars (bias corrections, first-step flag).
+  virtual void write_own_scalars(double* slots) const = 0;
   // Called once per step() after every range has been updated.
   virtual void finish_step(std::span<const Tensor> params) {}
   // Throws naming the optimizer and what is wrong with the arguments of step().

@@ -3,6 +3,7 @@
 
 #include "optim/cpu_kernels.h"
 #include "optim/cuda_kernels.h"
+#include "optim/device_scalars.h"
 #include "tensor/dispatch.h"
 #include "tensor/profiler.h"
 #include "tensor/stream.h"
@@ -31,6 +32,18 @@ void Sgd::update_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t
     cpu::sgd_step(p, g, buf, pieces, args);
   else
     CZ_CUDA_CALL(cuda::sgd_step(p, g, buf, pieces, args, current_stream(device_)));
+}
+
+void Sgd::update_range_dev(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
+                           std::span<const ShardPiece> pieces, const Tensor& scalars, const Tensor& found) {
+  profiler::Scope prof("sgd_step", device_);
+  const SgdStepArgs args{0.0, config_.momentum, config_.dampening, config_.nesterov, false};
+  Tensor buf = momentum_buffer_.defined() ? momentum_buffer_.narrow(0, state_offset, numel) : Tensor();
+  CZ_CUDA_CALL(cuda::sgd_step_dev(p, g, buf, pieces, args, scalars, found, current_stream(device_)));
+}
+
+void Sgd::write_own_scalars(double* slots) const {
+  slots[optim_scalars::kFirstStep] = step_ == 0 ? 1.0 : 0.0;
 }
 
 void Sgd::finish_step(std::span<const Tensor>) {

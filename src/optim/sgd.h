@@ -35,6 +35,10 @@ class Sgd final : public Optimizer {
  private:
   void update_range(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
                     std::span<const ShardPiece> pieces, double lr) override;
+  void update_range_dev(Tensor& p, const Tensor& g, int64_t state_offset, int64_t numel,
+                        std::span<const ShardPiece> pieces, const Tensor& scalars,
+                        const Tensor& found) override;
+  void write_own_scalars(double* slots) const override;
   void finish_step(std::span<const Tensor> params) override;
 
   SgdConfig config_;

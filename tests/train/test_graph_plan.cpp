@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/train/config.h"
@@ -16,6 +17,7 @@ namespace cz::train {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 GraphPlanInput cuda_run(GraphMode mode = GraphMode::automatic) {
   GraphPlanInput in;
@@ -35,26 +37,37 @@ std::string message_of(const GraphPlanInput& in) {
   return "";
 }
 
-TEST(GraphPlan, OneRankCapturesTheMicroStepAndRunsTheRestEagerly) {
+TEST(GraphPlan, OneRankCapturesTheMicroStepAndTheUpdate) {
   for (GraphMode mode : {GraphMode::automatic, GraphMode::on}) {
     const GraphPlan p = plan_cuda_graphs(cuda_run(mode));
     ASSERT_TRUE(p.capture);
-    EXPECT_EQ(p.graphs, 1);
+    EXPECT_EQ(p.graphs, 2);
+    EXPECT_EQ(p.micro_step_graphs, 1);
     EXPECT_EQ(p.warmup_steps, kGraphWarmupSteps);
-    ASSERT_EQ(p.segments.size(), 4u);
-    EXPECT_EQ(p.segments[0].name, "input");
-    EXPECT_FALSE(p.segments[0].captured);
-    EXPECT_EQ(p.segments[1].name, "micro-step (forward, loss, backward)");
-    EXPECT_TRUE(p.segments[1].captured);
-    EXPECT_EQ(p.segments[2].name, "loss read");
-    EXPECT_FALSE(p.segments[2].captured);
-    EXPECT_EQ(p.segments[3].name, "update");
-    EXPECT_FALSE(p.segments[3].captured);
-    EXPECT_THAT(p.segments[3].why, HasSubstr("read on the host"));
-    for (const GraphSegment& s : p.segments) EXPECT_FALSE(s.why.empty()) << s.name;
+    ASSERT_EQ(p.segments.size(), 6u);
+    const std::vector<std::pair<std::string, bool>> expected = {
+        {"step scalars", false},
+        {"input", false},
+        {"micro-step (forward, loss, backward)", true},
+        {"update (norm, clip, optimizer, EMA)", true},
+        {"loss read", false},
+        {"step result read", false}};
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_EQ(p.segments[i].name, expected[i].first) << i;
+      EXPECT_EQ(p.segments[i].captured, expected[i].second) << p.segments[i].name;
+      EXPECT_FALSE(p.segments[i].why.empty()) << p.segments[i].name;
+    }
+    // The update decides on the device; the host only writes the scalars before and reads the result after.
+    EXPECT_THAT(p.segments[0].why, HasSubstr("lr and bias corrections"));
+    EXPECT_THAT(p.segments[0].why, Not(HasSubstr("loss scale")));
+    EXPECT_THAT(p.segments[3].why, HasSubstr("clip coefficient"));
+    EXPECT_THAT(p.segments[3].why, HasSubstr("computed on the device"));
+    EXPECT_THAT(p.segments[4].why, HasSubstr("once the update is queued"));
+    EXPECT_THAT(p.segments[5].why, HasSubstr("after the step's closing synchronize"));
     EXPECT_THAT(p.note(), HasSubstr("on ("));
-    EXPECT_THAT(p.note(), HasSubstr("1 graph [micro-step (forward, loss, backward)]"));
-    EXPECT_THAT(p.note(), HasSubstr("eager: input, loss read, update"));
+    EXPECT_THAT(p.note(), HasSubstr("forward, loss, backward and optimizer captured in 2 graphs [micro-step "
+                                    "(forward, loss, backward), update (norm, clip, optimizer, EMA)]"));
+    EXPECT_THAT(p.note(), HasSubstr("eager: step scalars, input, loss read, step result read"));
   }
 }
 
@@ -63,27 +76,36 @@ TEST(GraphPlan, AccumulationCapturesTheLastMicroStepApart) {
   in.grad_accum = 4;
   const GraphPlan p = plan_cuda_graphs(in);
   ASSERT_TRUE(p.capture);
-  EXPECT_EQ(p.graphs, 2);
-  ASSERT_EQ(p.segments.size(), 5u);
-  EXPECT_EQ(p.segments[1].name, "micro-steps 1-3 (forward, loss, backward)");
-  EXPECT_TRUE(p.segments[1].captured);
-  EXPECT_EQ(p.segments[2].name, "micro-step 4 (forward, loss, backward)");
+  EXPECT_EQ(p.graphs, 3);
+  EXPECT_EQ(p.micro_step_graphs, 2);
+  ASSERT_EQ(p.segments.size(), 7u);
+  EXPECT_EQ(p.segments[2].name, "micro-steps 1-3 (forward, loss, backward)");
   EXPECT_TRUE(p.segments[2].captured);
-  EXPECT_THAT(p.segments[2].why, HasSubstr("reduction"));
-  EXPECT_THAT(p.note(), HasSubstr("2 graphs"));
+  EXPECT_EQ(p.segments[3].name, "micro-step 4 (forward, loss, backward)");
+  EXPECT_TRUE(p.segments[3].captured);
+  EXPECT_THAT(p.segments[3].why, HasSubstr("reduction"));
+  EXPECT_TRUE(p.segments[4].captured);
+  EXPECT_THAT(p.segments[4].name, HasSubstr("optimizer"));
+  EXPECT_THAT(p.note(), HasSubstr("3 graphs"));
 }
 
-// fp16: the loss scale is written into device memory before the step; the skip is the update's.
+// fp16: the loss scale and 1 / scale are written into device memory before the step; the overflow's skip is
+// decided on the device, in the captured update.
 TEST(GraphPlan, Fp16IsCapturedWithItsLossScaleInDeviceMemory) {
   GraphPlanInput in = cuda_run(GraphMode::on);
   in.loss_scaling = true;
   const GraphPlan p = plan_cuda_graphs(in);
   ASSERT_TRUE(p.capture);
-  ASSERT_EQ(p.segments.size(), 5u);
-  EXPECT_EQ(p.segments[0].name, "loss scale");
-  EXPECT_FALSE(p.segments[0].captured);
-  EXPECT_THAT(p.segments[0].why, HasSubstr("device memory"));
-  EXPECT_THAT(p.note(), HasSubstr("eager: loss scale, input, loss read, update"));
+  ASSERT_EQ(p.segments.size(), 7u);
+  EXPECT_EQ(p.segments[0].name, "step scalars");
+  EXPECT_THAT(p.segments[0].why, HasSubstr("1 / loss scale"));
+  EXPECT_EQ(p.segments[1].name, "loss scale");
+  EXPECT_FALSE(p.segments[1].captured);
+  EXPECT_THAT(p.segments[1].why, HasSubstr("device memory"));
+  EXPECT_EQ(p.segments[4].name, "update (unscale, norm, clip, optimizer, EMA)");
+  EXPECT_TRUE(p.segments[4].captured);
+  EXPECT_THAT(p.segments[4].why, HasSubstr("overflow skip computed on the device"));
+  EXPECT_THAT(p.note(), HasSubstr("eager: step scalars, loss scale, input, loss read, step result read"));
 }
 
 TEST(GraphPlan, APartialLastBatchRunsEagerlyWithoutTurningGraphsOff) {
@@ -100,7 +122,7 @@ TEST(GraphPlan, APartialLastBatchRunsEagerlyWithoutTurningGraphsOff) {
     }
   EXPECT_TRUE(found);
   in.last_micro_batch = 64;  // a full last batch is no different
-  EXPECT_EQ(plan_cuda_graphs(in).segments.size(), 4u);
+  EXPECT_EQ(plan_cuda_graphs(in).segments.size(), 6u);
 }
 
 // Each unsafe setting: auto turns graphs off naming it, on is refused naming it.

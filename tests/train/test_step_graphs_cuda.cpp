@@ -1,9 +1,11 @@
-// --cuda-graphs on a GPU (Note [CUDA graphs for the step]): a run whose micro-steps are replayed from CUDA
-// graphs gives the same losses, gradient norms and weights, to the bit, as the same run without graphs:
-// fp32 and bf16 at one rank, with gradient accumulation, fp16 with overflowing steps skipped and the scale
-// halved between replays, with evaluations and the EMA between replays, and with a micro-batch of another
-// shape falling back to an eager micro-step. The ZeRO stages 1-3 are not captured: auto runs them eagerly, on
-// is refused. Skips without a GPU.
+// --cuda-graphs on a GPU (Note [CUDA graphs for the step]): a run whose micro-steps and optimizer update are
+// replayed from CUDA graphs gives the same losses, gradient norms, weights and optimizer state, to the bit,
+// as the same run without graphs (whose update takes its scalars as kernel arguments and decides on the host:
+// Note [The optimizer's device scalars]): fp32 and bf16 at one rank, with gradient accumulation, AdamW and
+// SGD with clipping on every step, fp16 with overflowing steps skipped on the device and the scale halved
+// between replays, with evaluations and the EMA between replays, and with a micro-batch of another shape
+// falling back to an eager micro-step. The ZeRO stages 1-3 are not captured: auto runs them eagerly, on is
+// refused. Skips without a GPU.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -26,10 +28,11 @@ using ::testing::HasSubstr;
 
 const auto* const kWorldEnv = ::testing::AddGlobalTestEnvironment(new WorldEnvironment);
 
-// What a run leaves: each step's loss and gradient norm, then every master weight.
+// What a run leaves: each step's loss, gradient norm and skip, then every master weight and the optimizer's
+// state.
 struct Outcome {
   std::vector<double> values;
-  int64_t replays = 0, uncaptured = 0;
+  int64_t replays = 0, uncaptured = 0, update_replays = 0;
 };
 
 size_t bits_differing(const std::vector<double>& a, const std::vector<double>& b) {
@@ -49,6 +52,16 @@ TrainConfig gpu_config(const char* precision, const char* graphs) {
   return c;
 }
 
+// The optimizer's state (exp_avg, exp_avg_sq or momentum_buffer; the EMA) and its step count.
+void push_optimizer_state(Trainer& t, std::vector<double>& out) {
+  for (const auto& [name, chunks] : t.engine().owned_state(true)) {
+    if (name == "params") continue;
+    for (const auto& chunk : chunks)
+      for (float x : chunk.values.to(Device::cpu()).contiguous().to_vector<float>()) out.push_back(x);
+  }
+  out.push_back(double(t.engine().optimizer().step_count()));
+}
+
 Outcome run_steps(const TrainConfig& c) {
   Trainer t(c, dist::World::get());
   Outcome o;
@@ -56,10 +69,13 @@ Outcome run_steps(const TrainConfig& c) {
     const StepStats st = t.step();
     o.values.push_back(st.loss);
     o.values.push_back(st.grad_norm);
+    o.values.push_back(st.skipped);
   }
   for (float w : master_values(t)) o.values.push_back(w);
+  push_optimizer_state(t, o.values);
   o.replays = t.graph_replays();
   o.uncaptured = t.graph_uncaptured();
+  o.update_replays = t.graph_update_replays();
   return o;
 }
 
@@ -73,7 +89,34 @@ TEST(StepGraphs, ReplaysMatchTheEagerStepBitForBit) {
       EXPECT_EQ(a.replays, 0);
       // Steps after the warm-up: every micro-step replayed (the capture's step replays too).
       EXPECT_EQ(b.replays, (on.steps - kGraphWarmupSteps) * accum) << precision << " accum " << accum;
+      EXPECT_EQ(a.update_replays, 0);
+      EXPECT_EQ(b.update_replays, on.steps - kGraphWarmupSteps) << precision << " accum " << accum;
       EXPECT_EQ(bits_differing(a.values, b.values), 0u) << precision << " accum " << accum;
+    }
+}
+
+// The replayed update clips on the device: a max norm below every step's gradient norm, so each step's
+// coefficient (computed on the device from the device's norm) scales the gradients; AdamW (bias corrections
+// from the host's step count, lr from the schedule's warm-up) and SGD with momentum (the first-step flag),
+// with layer decay's per-piece lr scales.
+TEST(StepGraphs, ReplayedUpdateClipsLikeTheEagerOne) {
+  CZ_REQUIRE_GPU();
+  for (const char* optimizer : {"adamw", "sgd"})
+    for (const char* precision : {"fp32", "bf16"}) {
+      auto config = [&](const char* graphs) {
+        TrainConfig c = gpu_config(precision, graphs);
+        c.optimizer = optimizer;
+        c.clip_grad = 1e-3;
+        c.layer_decay = 0.8;
+        c.warmup_steps = 3;
+        c.steps = 7;
+        return c;
+      };
+      const Outcome a = run_steps(config("off")), b = run_steps(config("on"));
+      EXPECT_EQ(b.update_replays, 7 - kGraphWarmupSteps) << optimizer << " " << precision;
+      EXPECT_EQ(bits_differing(a.values, b.values), 0u) << optimizer << " " << precision;
+      // The norm is logged from the device buffer after each step: above the max norm, so every step clipped.
+      for (size_t i = 1; i < b.values.size() && i < 3 * 7; i += 3) EXPECT_GT(b.values[i], 1e-3) << i;
     }
 }
 
@@ -85,6 +128,8 @@ TEST(StepGraphs, Fp16LossScaleChangesBetweenReplays) {
     TrainConfig c = gpu_config("fp16", graphs);
     c.initial_loss_scale = std::ldexp(1.0, 30);  // over fp16's range for several steps, then in it
     c.steps = 24;
+    c.clip_grad = 0.5;  // the device's clip coefficient, and its skip on an overflow
+    c.ema_decay = 0.9;  // the EMA's skip on an overflow
     Trainer t(c, dist::World::get());
     std::vector<double> v;
     int skipped_after_capture = 0;
@@ -96,15 +141,21 @@ TEST(StepGraphs, Fp16LossScaleChangesBetweenReplays) {
       skipped_after_capture += st.skipped && s >= kGraphWarmupSteps;
     }
     for (float w : master_values(t)) v.push_back(w);
+    push_optimizer_state(t, v);  // the step count: skipped steps are not counted
+    v.push_back(double(t.graph_update_replays()));
     return std::tuple(v, t.graph_replays(), skipped_after_capture);
   };
   const auto [a, a_replays, a_skipped] = run("off");
   const auto [b, b_replays, b_skipped] = run("on");
   EXPECT_EQ(b_replays, 24 - kGraphWarmupSteps);
+  EXPECT_EQ(b.back(), 24 - kGraphWarmupSteps) << "updates replayed, the skipped ones included";
+  EXPECT_EQ(a.back(), 0);
   EXPECT_GE(b_skipped, 1) << "no overflow after the capture: the test does not test the scale's update";
   EXPECT_LT(b_skipped, 24 - kGraphWarmupSteps) << "every step overflowed";
   EXPECT_EQ(a_skipped, b_skipped);
-  EXPECT_EQ(bits_differing(a, b), 0u);
+  EXPECT_EQ(bits_differing(std::vector<double>(a.begin(), a.end() - 1),
+                           std::vector<double>(b.begin(), b.end() - 1)),
+            0u);
 }
 
 // Evaluations and the EMA's swaps between replays change no address the graph uses.

@@ -134,7 +134,9 @@ StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bo
     train::GraphPlanInput g = train::graph_plan_input(s.cfg, s.world, comm, s.run_steps);
     g.cuda = true;
     if (g.mode == train::GraphMode::on) g.mode = train::GraphMode::automatic;
-    sp.graphs = train::plan_cuda_graphs(g).graphs;
+    const train::GraphPlan gp = train::plan_cuda_graphs(g);
+    sp.graphs = gp.micro_step_graphs;
+    sp.device_scalars = gp.capture;
   }
   sp.state = engine.state.buffers;
   // On CUDA the copy is pinned host memory (Plan::host_rows), outside the device's allocator.

@@ -60,6 +60,7 @@
 #include <algorithm>
 
 #include "dist/plan/step_walker.h"
+#include "optim/device_scalars.h"
 
 namespace cz::plan {
 namespace walk {
@@ -105,6 +106,10 @@ void Walker::build() {
   if (s_.cuda) {
     m_.alloc(kCublasWorkspace, Use::workspace, "cuBLAS workspace");
     if (s_.compute == DType::f16) m_.alloc(4, Use::input, "fp16 loss scale (device scalar)");
+    if (s_.device_scalars) {
+      m_.alloc(optim_scalars::kSlots * 8, Use::input, "the optimizer's device scalars");
+      m_.alloc(4, Use::input, "the update's overflow flag");
+    }
   }
   for (int g = 0; g < s_.graphs; ++g) {  // in the input row: copies of a micro-batch's input
     m_.alloc(

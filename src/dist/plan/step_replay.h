@@ -38,6 +38,8 @@ struct StepSpec {
   // micro-batch's images (compute dtype) and targets, and its loss, from the capture on. fp16 on CUDA also
   // keeps its loss scale in a device scalar.
   int graphs = 0;
+  // The update is captured too: its device scalars (Note [The optimizer's device scalars]) and overflow flag.
+  bool device_scalars = false;
   EngineSpec engine;  // the ZeRO engine: stage, ranks, partitions (engine_trace.h)
   int steps = 1;      // >1 to let the allocator's cache reach its steady state
 };

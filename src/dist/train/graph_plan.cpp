@@ -73,22 +73,29 @@ GraphPlan plan_cuda_graphs(const GraphPlanInput& in) {
   }
   plan.capture = true;
   plan.warmup_steps = kGraphWarmupSteps;
-  plan.reason = "one rank without collectives, fixed shapes, no host reads in forward and backward";
+  plan.reason =
+      "one rank without collectives, fixed shapes, no host reads in forward, backward and the update";
+  plan.segments.push_back(
+      {"step scalars", false,
+       fmt::format("the host writes the step's lr and bias corrections{} into device memory the update graph "
+                   "reads, with one copy before the step's graphs (Note [The optimizer's device scalars])",
+                   in.loss_scaling ? " and 1 / loss scale" : "")});
   if (in.loss_scaling)
     plan.segments.push_back({"loss scale", false,
                              "fp16: the step's loss scale is written into device memory that the graph's "
-                             "scaling of the loss reads (an overflow's skip is decided in the update)"});
+                             "scaling of the loss reads (an overflow's skip is decided on the device, in the "
+                             "update)"});
   plan.segments.push_back(
       {"input", false,
        "model_input reads each batch's draws from pinned host memory, so it runs eagerly; the images and "
        "targets are then copied into the graph's static input buffers"});
   const std::string body = "forward, loss, backward";
   if (in.grad_accum == 1) {
-    plan.graphs = 1;
+    plan.micro_step_graphs = 1;
     plan.segments.push_back(
         {"micro-step (" + body + ")", true, "fixed shapes, every input in device memory"});
   } else {
-    plan.graphs = 2;
+    plan.micro_step_graphs = 2;
     plan.segments.push_back(
         {fmt::format("micro-steps 1-{} ({})", in.grad_accum - 1, body), true, "one graph replayed for each"});
     plan.segments.push_back(
@@ -99,11 +106,19 @@ GraphPlan plan_cuda_graphs(const GraphPlanInput& in) {
     plan.segments.push_back(
         {fmt::format("an epoch's last micro-batch of {} images", in.last_micro_batch), false,
          fmt::format("another shape than the graph's {}: it runs eagerly", in.micro_batch)});
-  plan.segments.push_back({"loss read", false, "the step's mean loss is read on the host for the log"});
   plan.segments.push_back(
-      {"update", false,
-       "the gradient norm is read on the host (the log, --clip-grad) and the optimizer's lr and bias "
-       "corrections are kernel arguments computed on the host each step"});
+      {std::string("update (") + (in.loss_scaling ? "unscale, " : "") + "norm, clip, optimizer, EMA)", true,
+       "a graph of its own after the last micro-step: lr and bias corrections read from device memory, the "
+       "gradient norm, the clip coefficient" +
+           std::string(in.loss_scaling ? " and the overflow skip" : "") + " computed on the device"});
+  plan.segments.push_back(
+      {"loss read", false,
+       "the step's mean loss is read on the host for the log, once the update is queued"});
+  plan.segments.push_back({"step result read", false,
+                           "after the step's closing synchronize, one 16-byte read of the gradient norm and "
+                           "the overflow flag: the "
+                           "log's grad_norm, the LossScaler's update and the optimizer's step count"});
+  plan.graphs = plan.micro_step_graphs + 1;
   return plan;
 }
 
@@ -114,8 +129,11 @@ std::string GraphPlan::note() const {
     std::string& list = s.captured ? captured : eager;
     list += (list.empty() ? "" : ", ") + s.name;
   }
-  return fmt::format("on ({}): {} graph{} [{}] captured after {} warm-up steps; eager: {}", reason, graphs,
-                     graphs == 1 ? "" : "s", captured, warmup_steps, eager);
+  return fmt::format(
+      "on ({}): forward, loss, backward and optimizer captured in {} graphs [{}] after {} warm-up steps; "
+      "eager: "
+      "{}",
+      reason, graphs, captured, warmup_steps, eager);
 }
 
 GraphPlanInput graph_plan_input(const TrainConfig& cfg, int world, const std::string& comm, int64_t steps) {

@@ -14,8 +14,11 @@ struct TrainConfig;
 // Note [CUDA graphs for the step]
 // A ConvNeXt step launches hundreds of small kernels; at batch 64 on a fast GPU the host's launches, not the
 // kernels, can set the pace. A CUDA graph records the kernels of one micro-step's forward, loss and backward
-// once and replays them with one launch. What a replay repeats is exactly what was recorded: kernel
-// arguments, device addresses, the order of streams. So a part of the step is captured only where:
+// once and replays them with one launch; the optimizer update (fp16's unscale, the gradient norm, clipping,
+// the optimizer, the EMA) is a graph of its own, replayed after the last micro-step, its per-step values read
+// from device memory and its decisions (clip coefficient, overflow skip) taken on the device (Note [The
+// optimizer's device scalars] in optim/device_scalars.h). What a replay repeats is exactly what was recorded:
+// kernel arguments, device addresses, the order of streams. So a part of the step is captured only where:
 //  * its shapes are the same every step (a micro-batch of another size runs eagerly, uncaptured);
 //  * every value that changes from step to step lives in device memory the replay reads (the images and
 //    targets are copied into the graph's static input buffers before each replay; the loss is read from its
@@ -58,10 +61,13 @@ struct GraphPlan {
   bool capture = false;                // the micro-steps are captured and replayed
   std::string reason;                  // why not (auto or off), or why (on or auto); never empty
   std::vector<GraphSegment> segments;  // empty when nothing is captured
-  int graphs = 0;        // graphs captured: 1, or 2 with --grad-accum > 1 (the last micro-step differs)
-  int warmup_steps = 0;  // eager steps on the capture stream before the capture
-  // The header's line: "on: 1 graph (micro-step: forward, loss, backward) after 2 warm-up steps; eager:
-  // input, loss read, update (...)" or "off (auto: --trace ...)".
+  int graphs = 0;                      // graphs captured: the micro-steps' and the update's
+  int micro_step_graphs = 0;  // 1, or 2 with --grad-accum > 1 (the last micro-step differs); each holds a
+                              // static copy of a micro-batch's input
+  int warmup_steps = 0;       // eager steps on the capture stream before the capture
+  // The header's line: "on (...): forward, loss, backward and optimizer captured in 2 graphs [micro-step
+  // (forward, loss, backward), update (norm, clip, optimizer, EMA)] after 2 warm-up steps; eager: step
+  // scalars, input, loss read, step result read" or "off (--trace ...)".
   std::string note() const;
 };
 

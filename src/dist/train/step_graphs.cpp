@@ -120,28 +120,51 @@ void StepGraphs::capture(Graph& g, const Tensor& images, const Tensor& targets, 
   g.targets.copy_(targets);
   ready_.record(current_stream(device_));
   ready_.wait(stream_);
+  record(
+      g, [&] { g.loss = body(g.images, g.targets); }, "a micro-step");
+  g.key = key_of(images, targets);
+}
+
+void StepGraphs::record(Graph& g, const std::function<void()>& body, const char* what) {
   StreamGuard on(stream_);
   cuda_runtime::graph_begin_capture(stream_);
   try {
-    g.loss = body(g.images, g.targets);
+    body();
   } catch (const std::exception& e) {
     try {
       cuda_runtime::graph_destroy(cuda_runtime::graph_end_capture(stream_));
     } catch (...) {  // the capture is already invalid: the first error is the one to report
     }
     throw DeviceError(
-        fmt::format("CUDA graph capture of a micro-step failed: {} (run with --cuda-graphs off)", e.what()));
+        fmt::format("CUDA graph capture of {} failed: {} (run with --cuda-graphs off)", what, e.what()));
   }
   try {
     g.exec = cuda_runtime::graph_end_capture(stream_);
   } catch (const std::exception& e) {
     throw DeviceError(fmt::format(
-        "CUDA graph capture of a micro-step failed: {} (something in it is not capturable: a host read or "
-        "a synchronising call; run with --cuda-graphs off)",
-        e.what()));
+        "CUDA graph capture of {} failed: {} (something in it is not capturable: a host read or a "
+        "synchronising call; run with --cuda-graphs off)",
+        what, e.what()));
   }
-  g.key = key_of(images, targets);
   capture_peak_ = std::max(capture_peak_, allocator_for(device_).stats().peak_allocated_bytes);
+}
+
+void StepGraphs::update(const std::function<void()>& body) {
+  Graph& g = graphs_[2];
+  const Stream caller = current_stream(device_);
+  const GraphAction action = graph_action(g.exec != nullptr, true, steps_, warmup_steps_);
+  ready_.record(caller);
+  ready_.wait(stream_);
+  if (action == GraphAction::warmup) {
+    StreamGuard on(stream_);
+    body();
+  } else {
+    if (action == GraphAction::capture) record(g, body, "the optimizer update");
+    cuda_runtime::graph_launch(g.exec, stream_);
+    ++update_replays_;
+  }
+  done_.record(stream_);
+  done_.wait(caller);
 }
 
 void StepGraphs::end_step() {

@@ -1,6 +1,7 @@
 // The trainer's CUDA graphs: a GraphPlan (graph_plan.h) carried out. Each kind of micro-step (the last of a
-// step, the others) is run eagerly on the device's graph stream for the warm-up steps, then captured once
-// into a graph with static input buffers, then replayed with one launch per micro-step.
+// step, the others) and the optimizer update is run eagerly on the device's graph stream for the warm-up
+// steps, then captured once into a graph (the micro-steps with static input buffers), then replayed with one
+// launch each.
 #pragma once
 
 #include <array>
@@ -39,10 +40,15 @@ class StepGraphs {
   // caller's stream, as without graphs. `last`: the step's last micro-step (a graph of its own). The loss
   // returned is ordered on the caller's stream and valid until the next call with the same `last`.
   Tensor micro_step(bool last, const Tensor& images, const Tensor& targets, const MicroStep& body);
-  void end_step();  // after each step: counts the warm-up
+  // Runs the step's optimizer update (`body`: device work only, reading its per-step values from device
+  // memory: Note [The optimizer's device scalars]) the same way: warm-up, capture, replay, ordered after the
+  // caller's stream and back.
+  void update(const std::function<void()>& body);
+  void end_step();  // after each step's update: counts the warm-up
 
-  int64_t replays() const { return replays_; }        // micro-steps replayed from a graph
-  int64_t uncaptured() const { return uncaptured_; }  // micro-steps of another shape, run eagerly
+  int64_t replays() const { return replays_; }                // micro-steps replayed from a graph
+  int64_t update_replays() const { return update_replays_; }  // updates replayed from a graph
+  int64_t uncaptured() const { return uncaptured_; }          // micro-steps of another shape, run eagerly
   bool captured(bool last) const { return graphs_[last].exec != nullptr; }
   // The device allocator's peak at the end of the captures (since the step's reset_peak): the memory a
   // replay uses, which the allocator no longer counts as allocated once the capture has freed its blocks
@@ -57,6 +63,8 @@ class StepGraphs {
   };
   static std::vector<int64_t> key_of(const Tensor& images, const Tensor& targets);
   void capture(Graph& g, const Tensor& images, const Tensor& targets, const MicroStep& body);
+  // Captures `body` on the graph stream into g.exec (the stream already waits for the caller's work).
+  void record(Graph& g, const std::function<void()>& body, const char* what);
 
   Device device_;
   int warmup_steps_;
@@ -64,9 +72,9 @@ class StepGraphs {
   // The device's graph stream (one for the process): warm-ups, captures and replays only (Note [Allocations
   // during capture]).
   Stream stream_;
-  Event ready_, done_;  // caller's stream -> graph stream before a micro-step, back after it
-  std::array<Graph, 2> graphs_;
-  int64_t replays_ = 0, uncaptured_ = 0;
+  Event ready_, done_;           // caller's stream -> graph stream before a micro-step, back after it
+  std::array<Graph, 3> graphs_;  // [0] a micro-step, [1] the step's last micro-step, [2] the update
+  int64_t replays_ = 0, uncaptured_ = 0, update_replays_ = 0;
   int64_t capture_peak_ = 0;
 };
 

@@ -204,7 +204,10 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
   if (scaler_.enabled()) loss_scale_ = full({}, scaler_.scale(), DType::f32, device_);
   // The steps this process runs (after a resume, those left): the warm-up counts them.
   graph_plan_ = plan_cuda_graphs(graph_plan_input(cfg_, world_.size(), comm_kind, total_steps_ - step_));
-  if (graph_plan_.capture) graphs_ = std::make_unique<StepGraphs>(device_, graph_plan_.warmup_steps);
+  if (graph_plan_.capture) {
+    graphs_ = std::make_unique<StepGraphs>(device_, graph_plan_.warmup_steps);
+    engine_->use_device_update();  // the update reads its scalars from the device (a graph replays it)
+  }
 }
 
 // Every rank must run the same model, stage, dtypes and batch settings (the flags marked ranks_agree in the
@@ -512,12 +515,22 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
     NoGradGuard no_grad;
     loss_sum = loss_sum.defined() ? add(loss_sum, loss) : loss;
   }
-  if (graphs_) graphs_->end_step();
   take_next_batch_ahead();  // CUDA: its copy runs beside this step's queued backward
-  s.loss = mean_loss(loss_sum);
-  update_and_gather(s);
+  if (graphs_) {
+    // The update's graph is queued before the host waits for the loss, so the device runs it right after
+    // backward (the loss is a copy the update does not touch).
+    update_and_gather(s);
+    s.loss = mean_loss(loss_sum);
+    graphs_->end_step();
+  } else {
+    s.loss = mean_loss(loss_sum);
+    update_and_gather(s);
+  }
   if (tracer_) tracer_->memory_sample(alloc.stats().allocated_bytes);
   if (device_.is_cuda()) current_stream(device_).synchronize();
+  // A replayed update decided on the device: the norm and the overflow flag are read now that the step is
+  // done (the LossScaler and the step count advance from the flag), for the log.
+  if (graphs_) engine_->finish_device_update(scaler_, s);
   const auto t1 = Clock::now();
   s.step_time_s = std::chrono::duration<double>(t1 - t0).count();
   // The traced step's span is the logged step_time_s's interval, data wait included.
@@ -551,7 +564,10 @@ double Trainer::mean_loss(const Tensor& loss_sum) {
 
 void Trainer::update_and_gather(StepStats& s) {
   trace::Span phase("update", "phase");
-  engine_->step(scaler_, s);
+  if (graphs_)  // Note [The optimizer's device scalars]: finished in run_step after its synchronize
+    graphs_->update([this] { engine_->device_update(scaler_.enabled()); });
+  else
+    engine_->step(scaler_, s);
 }
 
 EvalResult Trainer::evaluate() {

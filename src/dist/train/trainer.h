@@ -128,6 +128,7 @@ class Trainer {
   // Micro-steps replayed from a CUDA graph so far, and those run eagerly beside them (another shape).
   int64_t graph_replays() const { return graphs_ ? graphs_->replays() : 0; }
   int64_t graph_uncaptured() const { return graphs_ ? graphs_->uncaptured() : 0; }
+  int64_t graph_update_replays() const { return graphs_ ? graphs_->update_replays() : 0; }
   // Collective: starts writing a checkpoint of the current state into --checkpoint-dir (this rank's shard is
   // copied to host memory and written on a background thread); the previous save is finished first.
   void save_checkpoint();

@@ -261,7 +261,7 @@ ZeroEngine::~ZeroEngine() {
 
 void ZeroEngine::begin_step(double lr, double clip_grad, const LossScaler& scaler) {
   reducer_->begin_step();
-  state_->begin_step(UpdateArgs{lr, clip_grad});
+  state_->begin_step(UpdateArgs{lr, clip_grad, scaler.enabled() ? 1.0 / scaler.scale() : 1.0});
   if (offload_) offload_->begin_step(clip_grad > 0 || scaler.enabled());
   meter_.begin_step();
 }
@@ -284,6 +284,23 @@ void ZeroEngine::step(LossScaler& scaler, StepStats& s) {
     offload_->step(scaler, s, [this] { refresh_compute(); });
   else if (state_->step(scaler, s))
     refresh_compute();
+  meter_.finish_step(s);
+  s.model_state_bytes = model_state_bytes();
+}
+
+void ZeroEngine::use_device_update() {
+  CZ_CHECK(!offload_ && !gatherer_, "ZeRO: the update from device scalars needs stage 0 without offload");
+  state_->use_device_scalars();
+}
+
+void ZeroEngine::device_update(bool loss_scaling) {
+  NoGradGuard no_grad;
+  state_->device_step(loss_scaling);
+  refresh_compute();  // also on a skipped step: the master weights are unchanged, so is their copy
+}
+
+void ZeroEngine::finish_device_update(LossScaler& scaler, StepStats& s) {
+  state_->finish_device_step(scaler, s);
   meter_.finish_step(s);
   s.model_state_bytes = model_state_bytes();
 }

@@ -94,6 +94,15 @@ class ZeroEngine {
   // rank's shard, EMA, and the compute copy brought up to date (the gatherer all-gathers it at stages 1-2).
   // Fills in the engine's figures of `s`.
   void step(LossScaler& scaler, StepStats& s);
+  // step() split for a CUDA graph (Note [The optimizer's device scalars] in optim/device_scalars.h; one CUDA
+  // rank at stage 0 without offload): after use_device_update(), every begin_step uploads the step's scalars,
+  // device_update() queues the whole update without reading the device from the host (what a graph
+  // captures), and finish_device_update(), after the step's closing synchronize, reads the norm and the
+  // overflow flag and fills in `s` as step() does.
+  void use_device_update();
+  bool device_update_on() const { return state_->device_scalars(); }
+  void device_update(bool loss_scaling);
+  void finish_device_update(LossScaler& scaler, StepStats& s);
   // Waits for everything in flight and brings the compute copy up to date with the latest update (offload's
   // delayed update included): before evaluation, export or checkpoints.
   void synchronize();

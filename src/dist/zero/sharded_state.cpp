@@ -5,8 +5,12 @@
 
 #include "dist/zero/held_bytes.h"
 #include "optim/clip.h"
+#include "optim/cuda_kernels.h"
+#include "optim/device_scalars.h"
 #include "tensor/autograd/engine.h"
+#include "tensor/dispatch.h"
 #include "tensor/ops.h"
+#include "tensor/stream.h"
 
 namespace cz::zero {
 ShardedState::ShardedState(const ZeroLayout& layout, dist::ProcessGroup group, Tensor master,
@@ -33,6 +37,56 @@ void ShardedState::begin_step(const UpdateArgs& args) {
   // Offload overwrites each host gradient chunk on its first arrival instead (the worker may still be
   // reading them for the previous step's delayed update).
   if (grad_shard_.defined() && !host_) grad_shard_.zero_();
+  if (scalars_.defined()) {
+    // One host-to-device copy, queued before the step's graphs: the slots kLr..kInvScale.
+    std::vector<double> slots(optim_scalars::kNorm, 0.0);
+    optimizer_->write_scalars(args.lr, slots.data());
+    slots[optim_scalars::kInvScale] = args.inv_scale;
+    scalars_.narrow(0, 0, optim_scalars::kNorm).copy_(from_vector(slots, {optim_scalars::kNorm}));
+  }
+}
+
+void ShardedState::use_device_scalars() {
+  const Device dev = group_.device();
+  CZ_CHECK_DEVICE(dev.is_cuda() && !host_ && group_.size() == 1,
+                  "ZeRO: the update from device scalars needs one CUDA rank without offload (device {}, {} "
+                  "rank(s), offload {})",
+                  dev.str(), group_.size(), host_);
+  scalars_ = zeros({optim_scalars::kSlots}, DType::f64, dev);
+  found_ = zeros({}, DType::f32, dev);
+}
+
+void ShardedState::device_step(bool loss_scaling) {
+  NoGradGuard no_grad;
+  CZ_ASSERT(scalars_.defined(), "ShardedState::device_step without use_device_scalars()");
+  const Stream stream = current_stream(scalars_.device());
+  for (size_t p = 0; p < from_compute_.size(); ++p) Tensor(grads_[p]).copy_(from_compute_[p]);
+  found_.zero_();
+  for (Tensor t : grads_)
+    if (loss_scaling) CZ_CUDA_CALL(cuda::unscale_and_check_dev(t, scalars_, found_, stream));
+  // The same sums as global_grad_norm's, left on the device.
+  Tensor sq;
+  for (const Tensor& t : grads_) sq = sq.defined() ? add(sq, grad_sq_norm(t)) : grad_sq_norm(t);
+  CZ_CUDA_CALL(cuda::clip_scalars(sq, found_, args_.clip_grad, scalars_, stream));
+  for (Tensor t : grads_)
+    if (args_.clip_grad > 0) CZ_CUDA_CALL(cuda::scale_dev(t, scalars_, found_, stream));
+  optimizer_->step_on_device(std::span<const Tensor>(weights_), std::span<const Tensor>(grads_), scalars_,
+                             found_);
+  if (ema_) ema_->update(std::span<const Tensor>(weights_), ema_->decay(), found_);
+}
+
+void ShardedState::finish_device_step(LossScaler& scaler, StepStats& s) {
+  const std::vector<double> r = scalars_.narrow(0, optim_scalars::kNorm, 2).to_vector<double>();
+  const bool overflow = r[1] != 0;
+  // The kernels skipped exactly when the flag was set: update() decides the same (and moves the scale).
+  const bool take = scaler.enabled() ? scaler.update(overflow) : !overflow;
+  CZ_ASSERT(take == !overflow, "the LossScaler took a step the device skipped, or the reverse");
+  s.skipped = !take;
+  s.grad_norm = r[0];
+  optimizer_->count_step(take);
+  if (take) {
+    for (const Tensor& w : weights_) w.storage()->bump_version();
+  }
 }
 
 void ShardedState::receive(size_t p, const Tensor& chunk) {

@@ -36,6 +36,7 @@ using MakeEma = std::function<std::unique_ptr<WeightEma>(std::span<const Tensor>
 struct UpdateArgs {
   double lr = 0;
   double clip_grad = 0;  // 0: no clipping
+  double inv_scale = 1;  // fp16: 1 / the step's loss scale (the device-scalar update reads it)
 };
 
 class ShardedState {
@@ -59,6 +60,18 @@ class ShardedState {
   bool prepare_gradients(LossScaler& scaler, StepStats& s);
   double global_grad_norm();
   void update_ema();
+
+  // The step as device work only, for a CUDA graph to capture and replay (Note [The optimizer's device
+  // scalars] in optim/device_scalars.h): one rank, CUDA, no offload. use_device_scalars() allocates the
+  // scalars and the overflow flag; each begin_step() then uploads the step's host-written slots (lr, bias
+  // corrections, 1 / loss scale); device_step() queues the copy from the compute gradients, fp16's unscale
+  // and check, the norm, the clip coefficient, clipping, the update and the EMA, none reading the device from
+  // the host; finish_device_step(), after the step's closing synchronize, reads the norm and the flag (one
+  // 16-byte copy) and advances the LossScaler and the optimizer's step count on the host.
+  void use_device_scalars();
+  bool device_scalars() const { return scalars_.defined(); }
+  void device_step(bool loss_scaling);
+  void finish_device_step(LossScaler& scaler, StepStats& s);
   // The master chunks cast into the compute copy's chunks (nothing to do where they are the same).
   void write_compute(const std::vector<Tensor>& compute_chunks);
 
@@ -85,6 +98,7 @@ class ShardedState {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<WeightEma> ema_;
   UpdateArgs args_;
+  Tensor scalars_, found_;  // use_device_scalars(): f64 [optim_scalars::kSlots] and the 0-d f32 flag
 };
 
 }  // namespace cz::zero

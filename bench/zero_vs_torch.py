@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Multi-rank CPU training steps side by side, in one run: convnext_zero under mpirun at ZeRO stages 0-3
+against PyTorch's DDP (the peer of stages 0-2: replicated optimizer state, gradients averaged) and FSDP2
+(fully_shard per block: the peer of stage 3), same model, per-rank batch, image size, classes and threads per
+rank (bench/train_step_dist_torch.py is PyTorch's side). Ratio = PyTorch time / ours: above 1 means
+convnext_zero is faster. Every table names the CPU and OpenBLAS's kernels (bench/machine_info.py).
+
+  python3 bench/zero_vs_torch.py --ranks 2 --stages 0,1,2,3 --torch-python /path/to/python-with-torch
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine_info  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def time_ours(args, stage, env, tmp):
+    log = os.path.join(tmp, f"ours_s{stage}.jsonl")
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(args.ranks),
+           "-x", "OMP_NUM_THREADS", args.app, "--model", args.model, "--image-size", str(args.image_size),
+           "--micro-batch", str(args.batch), "--steps", str(args.warmup + args.steps), "--stage", str(stage),
+           "--num-classes", str(args.classes), "--label-smoothing", str(args.label_smoothing), "--data",
+           f"synthetic:classes={args.classes}", "--schedule", "constant", "--eval-batches", "1", "--no-progress",
+           "--log", log] + args.extra
+    print("running:", " ".join(cmd), file=sys.stderr)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
+    with open(log) as f:
+        steps = [json.loads(line) for line in f if '"split":"train"' in line]
+    return statistics.mean(s["step_time_s"] for s in steps[args.warmup:])
+
+
+def time_torch(args, mode, env, tmp):
+    out = os.path.join(tmp, f"torch_{mode}.json")
+    cmd = [args.torch_python, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks),
+           os.path.join(HERE, "train_step_dist_torch.py"), "--mode", mode, "--model", args.model, "--batch",
+           str(args.batch), "--image", str(args.image_size), "--classes", str(args.classes), "--label-smoothing",
+           str(args.label_smoothing), "--threads", str(args.threads), "--warmup", str(args.warmup), "--steps",
+           str(args.steps), "--json", out]
+    print("running:", " ".join(cmd), file=sys.stderr)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    with open(out) as f:
+        r = json.loads(f.readline())
+    return r["ms_per_step"] / 1e3, r["torch"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--app", default="build/apps/convnext_zero")
+    ap.add_argument("--torch-python", default=sys.executable, help="a Python with torch and timm")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--stages", default="0,1,2,3")
+    ap.add_argument("--model", default="atto")
+    ap.add_argument("--image-size", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=32, help="per rank")
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--label-smoothing", type=float, default=0.1)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 1) // 2), help="per rank")
+    ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("extra", nargs="*", help="after --: more convnext_zero flags")
+    args = ap.parse_args()
+
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    stages = [int(s) for s in args.stages.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        torch_s = {}
+        for mode in sorted({"ddp" if s < 3 else "fsdp2" for s in stages}):
+            torch_s[mode] = time_torch(args, mode, env, tmp)
+        for s in stages:
+            ours = time_ours(args, s, env, tmp)
+            mode = "ddp" if s < 3 else "fsdp2"
+            theirs, version = torch_s[mode]
+            rows.append({"stage": s, "peer": mode, "ours_s": ours, "torch_s": theirs, "ratio": theirs / ours,
+                         "torch_version": version})
+    print(f"ConvNeXt-{args.model}, {args.image_size}x{args.image_size}, {args.ranks} ranks x batch {args.batch}, "
+          f"{args.threads} threads per rank, mean of {args.steps} steps")
+    print(machine_info.describe())
+    print("| stage | peer | convnext_zero ms/step | PyTorch ms/step | PyTorch / ours |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in rows:
+        peer = "DDP" if r["peer"] == "ddp" else "FSDP2"
+        print(f"| {r['stage']} | {peer} {r['torch_version']} | {r['ours_s'] * 1e3:.1f} | {r['torch_s'] * 1e3:.1f} | "
+              f"{r['ratio']:.2f}x |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "image_size": args.image_size, "ranks": args.ranks, "batch": args.batch,
+                       "threads_per_rank": args.threads, "machine": machine_info.describe(), "rows": rows}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
