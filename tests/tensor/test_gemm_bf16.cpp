@@ -113,8 +113,10 @@ std::vector<Case> cases() {
   for (bool ta : {false, true})
     for (bool tb : {false, true})
       for (size_t i = 0; i < shapes.size(); ++i) {
+        const float alpha = i % 2 ? 1.0f : 0.5f, beta = i % 2 ? 1.0f : -2.0f;
         out.push_back({ta, tb, shapes[i], 1.0f, 0.0f, 0});
-        out.push_back({ta, tb, shapes[i], i % 2 ? 1.0f : 0.5f, i % 2 ? 1.0f : -2.0f, int(i % 3) + 1});
+        out.push_back({ta, tb, shapes[i], alpha, beta, 0});  // dense C: scales and a sum in oneDNN
+        out.push_back({ta, tb, shapes[i], alpha, beta, int(i % 3) + 1});  // padded: through a dense C
       }
   return out;
 }

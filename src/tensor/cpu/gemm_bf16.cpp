@@ -84,17 +84,16 @@ struct Matmul {
   std::string impl;
 };
 
-// m, n, k, ldc, and whether it is made inside a parallel region (it may size itself for one thread there).
-// Both operands are packed row-major (round_matrix), whatever the caller's transposes, and the primitive
-// computes C = A B with no attributes: oneDNN 2.6's AMX matmul takes neither a transposed operand nor output
-// scales and a sum post-op (each falls back to its AVX512_BF16 GEMM, 2-5x slower), so alpha and beta are
-// applied by a pass of ours.
-using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool>;
+// m, n, k, alpha, beta, and whether it is made inside a parallel region (it may size itself for one thread
+// there). Both operands are packed row-major (round_part) and C is dense (ldc = n) whatever the caller's
+// layout: oneDNN 2.6's AMX matmul takes neither a transposed operand nor a padded output (each falls back to
+// its AVX512_BF16 GEMM, 2-5x slower), while alpha (output scales) and beta (a sum post-op) keep it on AMX.
+using Key = std::tuple<int64_t, int64_t, int64_t, float, float, bool>;
 
 Matmul make_matmul(const Key& key) {
-  const auto [m, n, k, ldc, nested] = key;
+  const auto [m, n, k, alpha, beta, nested] = key;
   Matmul mm;
-  const dnnl_dims_t sd{m, k}, ss{k, 1}, wd{k, n}, ws{n, 1}, dd{m, n}, ds{ldc, 1};
+  const dnnl_dims_t sd{m, k}, ss{k, 1}, wd{k, n}, ws{n, 1}, dd{m, n}, ds{n, 1};
   dnnl_ok(dnnl_memory_desc_init_by_strides(&mm.src, 2, sd, dnnl_bf16, ss), "memory_desc (A)");
   dnnl_ok(dnnl_memory_desc_init_by_strides(&mm.wei, 2, wd, dnnl_bf16, ws), "memory_desc (B)");
   dnnl_ok(dnnl_memory_desc_init_by_strides(&mm.dst, 2, dd, dnnl_f32, ds), "memory_desc (C)");
@@ -103,8 +102,16 @@ Matmul make_matmul(const Key& key) {
   dnnl_primitive_attr_t attr = nullptr;
   dnnl_ok(dnnl_primitive_attr_create(&attr), "primitive_attr_create");
   dnnl_ok(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "scratchpad_mode");
+  if (alpha != 1.0f) dnnl_ok(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha), "output_scales");
+  dnnl_post_ops_t ops = nullptr;
+  if (beta != 0.0f) {
+    dnnl_ok(dnnl_post_ops_create(&ops), "post_ops_create");
+    dnnl_ok(dnnl_post_ops_append_sum(ops, beta), "post_ops_append_sum");
+    dnnl_ok(dnnl_primitive_attr_set_post_ops(attr, ops), "set_post_ops");
+  }
   dnnl_primitive_desc_t pd = nullptr;
   const dnnl_status_t s = dnnl_primitive_desc_create(&pd, &desc, attr, engine(), nullptr);
+  if (ops) dnnl_post_ops_destroy(ops);
   dnnl_primitive_attr_destroy(attr);
   CZ_CHECK(s == dnnl_success,
            "bf16 GEMM: oneDNN has no bf16 matmul for m={} n={} k={} on this CPU (status {})", m, n, k,
@@ -232,8 +239,9 @@ void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
-  const bool nested = omp_in_parallel() != 0, direct = alpha == 1.0f && beta == 0.0f;
-  const Matmul& mm = matmul_for(Key{m, n, k, direct ? ldc : n, nested});
+  const bool nested = omp_in_parallel() != 0, dense = ldc == n;
+  // A padded C (no caller of ours has one) goes through a dense one, with alpha and beta applied after.
+  const Matmul& mm = matmul_for(Key{m, n, k, dense ? alpha : 1.0f, dense ? beta : 0.0f, nested});
   ThreadState& t = thread_state();
   auto* pa = static_cast<uint16_t*>(t.a.get(size_t(m * k) * 2));
   auto* pb = static_cast<uint16_t*>(t.b.get(size_t(k * n) * 2));
@@ -244,7 +252,7 @@ void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
     round_part(a, ta ? k : m, ta ? m : k, lda, ta, pa, id, all);
     round_part(b, tb ? n : k, tb ? k : n, ldb, tb, pb, id, all);
   }
-  if (direct) return run(mm, pa, pb, c, t);
+  if (dense) return run(mm, pa, pb, c, t);
   auto* pc = static_cast<float*>(t.c.get(size_t(m * n) * 4));
   run(mm, pa, pb, pc, t);
 #pragma omp parallel for schedule(static) num_threads(cpu_threads()) if (!nested && m * n >= kParallelGrain)
@@ -261,7 +269,7 @@ void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
 std::string bf16_gemm_engine() {
   const CpuFeatures& f = cpu_features();
   require_bf16(f);
-  const Matmul& mm = matmul_for(Key{256, 256, 256, 256, false});
+  const Matmul& mm = matmul_for(Key{256, 256, 256, 1.0f, 0.0f, false});
   const dnnl_version_t* v = dnnl_version();
   return fmt::format("{} (oneDNN {}.{}.{} {})", bf16_isa(f), v->major, v->minor, v->patch, mm.impl);
 }
