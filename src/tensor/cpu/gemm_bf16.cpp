@@ -64,6 +64,23 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void round_avx51
   }
 }
 
+// Rows [r0, r1) of x (a multiple of 16 apart, but for the last), rounded and transposed into y (cols x rows):
+// a masked gather takes one column of 16 rows, which become 16 consecutive bf16 values of y.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void round_transpose_avx512(
+    const float* x, int64_t rows, int64_t cols, int64_t ld, uint16_t* y, int64_t r0, int64_t r1) {
+  const __m512i idx = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(int(ld)));
+  for (int64_t r = r0; r < r1; r += 16) {
+    const int64_t nr = r1 - r < 16 ? r1 - r : 16;
+    const __mmask16 mask = __mmask16((1u << nr) - 1);
+    const float* base = x + r * ld;
+    for (int64_t c = 0; c < cols; ++c) {
+      const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, idx, base + c, 4);
+      _mm256_mask_storeu_epi16(y + c * rows + r, mask, (__m256i)_mm512_cvtneps_pbh(v));
+    }
+  }
+}
+
 // oneDNN's engine, made once; where AMX is hidden (CZ_CPU_DISABLE) oneDNN is held to AVX512_BF16, which works
 // only before its first primitive (another user of oneDNN may have made one: then it stays as it is).
 dnnl_engine_t engine() {
@@ -185,6 +202,12 @@ void round_part(const float* x, int64_t rows, int64_t cols, int64_t ld, bool tra
   if (!transpose) {
     for (int64_t r = rows * t / nt; r < rows * (t + 1) / nt; ++r)
       round_to_bf16(x + r * ld, y + r * cols, cols);
+    return;
+  }
+  if (cpu_features().avx512_bf16 && ld <= (int64_t(1) << 31) / 64) {  // the gather's 32-bit byte offsets
+    const int64_t blocks = (rows + 15) / 16;
+    round_transpose_avx512(x, rows, cols, ld, y, std::min(rows, blocks * t / nt * 16),
+                           std::min(rows, blocks * (t + 1) / nt * 16));
     return;
   }
   constexpr int64_t kB = 32;  // a 32 x 32 block: rounded row by row, written out column by column
