@@ -28,8 +28,8 @@
 #include "dist/train/recipe.h"
 #include "dist/train/stop.h"
 #include "dist/train/trainer.h"
-#include "io/helper_programs.h"
-#include "io/train_log.h"
+#include "io/h5/helper_programs.h"
+#include "io/log/train_log.h"
 #include "nn/convnext.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/device.h"
@@ -288,7 +288,7 @@ void print_stopped(const cz::train::TrainSummary& s, const cz::train::TrainConfi
   cz::console_print(stderr, text);
 }
 
-// Note [Data wait] (io/train_log.h): rank 0's wait for data, and whether the loader limited the run.
+// Note [Data wait] (io/log/train_log.h): rank 0's wait for data, and whether the loader limited the run.
 void print_data_wait(const cz::train::TrainSummary& s, const cz::train::TrainConfig& cfg) {
   fmt::print(", data wait {:.2f} s", s.data_wait_s);
   if (std::isnan(s.data_wait_fraction)) return;

@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "io/checkpoint.h"
-#include "io/weights.h"
+#include "io/checkpoint/checkpoint.h"
+#include "io/checkpoint/weights.h"
 #include "nn/convnext.h"
 
 namespace {

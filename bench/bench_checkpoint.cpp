@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "io/checkpoint.h"
+#include "io/checkpoint/checkpoint.h"
 #include "mpi_collective.h"
 #include "nn/convnext.h"
 #include "page_cache.h"

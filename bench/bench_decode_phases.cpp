@@ -1,7 +1,7 @@
 // bench_decode_phases: where a JPEG's decode time goes (entropy decoding, IDCT and upsampling, colour
 // conversion, resize), for the whole-image decode the loader used to do (tjDecompress2) and for the
-// crop-only, DCT-scaled decode of io/jpeg_region.{h,cpp}; and, with --decode-only, whole decodes alone on T
-// threads in img/s (the "decode only" row of bench/loader_vs_torchvision.py, issue 32 item 5).
+// crop-only, DCT-scaled decode of io/decode/jpeg_region.{h,cpp}; and, with --decode-only, whole decodes alone
+// on T threads in img/s (the "decode only" row of bench/loader_vs_torchvision.py, issue 32 item 5).
 //
 //   bench_decode_phases DIR [--images 300] [--size 224] [--reps 3]
 //   bench_decode_phases DIR --decode-only [--threads 1] [--images 1000]
@@ -40,9 +40,9 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
-#include "io/image_codec.h"
-#include "io/image_transform.h"
-#include "io/jpeg_region.h"
+#include "io/augment/image_transform.h"
+#include "io/decode/image_codec.h"
+#include "io/decode/jpeg_region.h"
 
 namespace {
 

@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "checkpoint_testing.h"
-#include "io/checkpoint.h"
-#include "io/dataset.h"
-#include "io/h5_file.h"
-#include "io/h5_probe.h"
+#include "io/checkpoint/checkpoint.h"
+#include "io/data/dataset.h"
+#include "io/h5/h5_file.h"
+#include "io/h5/h5_probe.h"
 #include "nn/convnext.h"
 #include "page_cache.h"
 

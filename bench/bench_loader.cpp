@@ -26,8 +26,8 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
-#include "io/image_codec.h"
-#include "io/loader.h"
+#include "io/data/loader.h"
+#include "io/decode/image_codec.h"
 #include "tensor/random.h"
 
 namespace {

@@ -4,8 +4,8 @@
 // classes.
 #include <benchmark/benchmark.h>
 
-#include "io/loader.h"
-#include "io/sampler.h"
+#include "io/data/loader.h"
+#include "io/data/sampler.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
 

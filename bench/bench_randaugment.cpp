@@ -1,12 +1,12 @@
-// RandAugment's ops (src/io/randaugment_*.cpp) one at a time on a 224x224 photograph-sized crop, at timm's
-// magnitude 9 (rand-m9): microseconds per image of one thread, to see which ops are hot per pixel.
+// RandAugment's ops (src/io/augment/randaugment_*.cpp) one at a time on a 224x224 photograph-sized crop, at
+// timm's magnitude 9 (rand-m9): microseconds per image of one thread, to see which ops are hot per pixel.
 #include <benchmark/benchmark.h>
 
 #include <random>
 #include <string>
 #include <vector>
 
-#include "io/randaugment.h"
+#include "io/augment/randaugment.h"
 
 namespace cz {
 namespace {

@@ -1,6 +1,7 @@
 // The 8-bit crop + resize + flip (resample_u8) on each kernel of Note [Resize kernels per instruction set]
-// (src/io/resize_u8_kernels.h) against the scalar loops, for crops of ImageNet's median photograph (500x375)
-// to 224 px as RandomResizedCrop cuts them; images/s of one thread. Kernels this CPU cannot run are skipped.
+// (src/io/augment/resize_u8_kernels.h) against the scalar loops, for crops of ImageNet's median photograph
+// (500x375) to 224 px as RandomResizedCrop cuts them; images/s of one thread. Kernels this CPU cannot run are
+// skipped.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -8,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "io/image_transform.h"
-#include "io/resize_u8_kernels.h"
+#include "io/augment/image_transform.h"
+#include "io/augment/resize_u8_kernels.h"
 
 namespace cz {
 namespace {

@@ -4,7 +4,7 @@
 Runs `convnext_zero --model atto --data folder:DIR --image-size S --micro-batch B --augment --steps N
 --loader-threads T --log LOG` (one rank, CPU) --repeats times per T, the runs of each T taking turns, and
 reads each run's JSON-lines log: over the steps after the first (whose wait is the pipeline's fill, Note
-[Data wait] in src/io/train_log.h), sum(data_wait_s) / sum(step_time_s). Prints each run's fraction and
+[Data wait] in src/io/log/train_log.h), sum(data_wait_s) / sum(step_time_s). Prints each run's fraction and
 median step time and, per T, the median and min-max of the fractions; --json OUT writes them.
 
 Usage: bench/data_wait_fraction.py --build build --data /tmp/inl [--threads 1 2] [--image-size 128]

@@ -8,7 +8,7 @@ find_package(MPI REQUIRED COMPONENTS C)
 find_package(HDF5 REQUIRED COMPONENTS C)
 find_package(PNG REQUIRED)
 find_package(libjpeg-turbo REQUIRED)
-# libprotobuf-lite and protoc: --tensorboard's Event messages (src/io/tensorboard.proto).
+# libprotobuf-lite and protoc: --tensorboard's Event messages (src/io/log/tensorboard.proto).
 find_package(Protobuf REQUIRED)
 
 # OpenBLAS: prefer the OpenMP build so GEMM shares the OpenMP thread pool instead of running a second pool of

@@ -1,4 +1,4 @@
-# Note [Helpers beside the program] (src/io/helper_programs.h) in the build tree: programs start their helpers
+# Note [Helpers beside the program] (src/io/h5/helper_programs.h) in the build tree: programs start their helpers
 # from their own folder, then from PATH. The helpers are built in apps/, beside the programs; every other
 # folder that holds an executable of the build (tests, benchmarks) gets a relative link to each helper, so
 # that a test binary finds the probe as an installed program does, and a build tree copied or moved

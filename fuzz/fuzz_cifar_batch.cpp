@@ -1,6 +1,6 @@
 // Fuzzes the CIFAR-10 reader with arbitrary bytes as test_batch.bin: open, then read every record (up to 64).
 #include "fuzz_files.h"
-#include "io/dataset.h"
+#include "io/data/dataset.h"
 #include "tensor/check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,7 +1,7 @@
 // Fuzzes the h5 data set reader with arbitrary bytes as the file: open (checks of datasets, dtypes, shapes
 // and labels), then read a few images. Only IoError may come out; crashes inside libhdf5 show up here too.
 #include "fuzz_files.h"
-#include "io/dataset.h"
+#include "io/data/dataset.h"
 #include "tensor/check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

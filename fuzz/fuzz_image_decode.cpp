@@ -2,9 +2,9 @@
 // and RandAugment ops that follow in the loader. Only IoError (a clean rejection) may come out.
 #include <vector>
 
-#include "io/image_codec.h"
-#include "io/image_transform.h"
-#include "io/randaugment.h"
+#include "io/augment/image_transform.h"
+#include "io/augment/randaugment.h"
+#include "io/decode/image_codec.h"
 #include "tensor/check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

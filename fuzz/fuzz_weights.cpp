@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "io/weights.h"
+#include "io/checkpoint/weights.h"
 #include "nn/convnext.h"
 
 namespace {

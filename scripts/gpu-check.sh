@@ -8,7 +8,7 @@
 #   test      ctest -L cuda, less the rank tests: every op, the optimizer, the model, the trainer, checkpoints
 #   ranks     the cuda_ranks_* tests: 2 and 4 ranks on one GPU at stages 0-3 over the MPI backend, offload,
 #             INT8, simulated hosts, checkpoints across world sizes and devices, NCCL at one rank, bf16
-#             repeating in two processes (tests/train/run_cuda_rank_tests.sh)
+#             repeating in two processes (tests/dist/train/run_cuda_rank_tests.sh)
 #   job       the app (not the benchmark) beside bench_train_step at the same batch: synthetic data at each
 #             batch, an ImageNet-like JPEG folder with the whole recipe, CUDA graphs on/off, the loader's scaling
 #             (Note [The job stage]; the table in job.md and job.json)
@@ -536,7 +536,7 @@ job_need() {  # the sum of the NEEDs of the job runs asked for that this tree ca
   echo $t
 }
 need[job]=$(job_need)
-# The tests of the test stage, and of the ranks stage (the cuda_ranks_* of tests/train/CMakeLists.txt, labelled
+# The tests of the test stage, and of the ranks stage (the cuda_ranks_* of tests/dist/train/CMakeLists.txt, labelled
 # `ranks`); --tests matches either stage's tests by their own names (issue 41: it composed ^cuda_ranks_.*(RE),
 # which a full test name never matched).
 test_args=(-L cuda -LE ranks)
@@ -736,7 +736,7 @@ run_ctest() {
   skipped=$(grep -c "\*\*\*Skipped" "$logs/ctest-$st.log" || true)
   ((skipped == 0)) || say "$skipped of them skipped (a test skips when it sees no GPU): see ctest-$st.log"
   grep -h "^maxdiff " "$logs/ctest-$st-full.log" 2>/dev/null | sort -u | show || true
-  # The CUDA plan's rows, planned against measured (tests/plan/run_cuda_plan_rows.sh; docs/planning.md).
+  # The CUDA plan's rows, planned against measured (tests/dist/plan/run_cuda_plan_rows.sh; docs/planning.md).
   grep -h "^plan row " "$logs/ctest-$st-full.log" 2>/dev/null | sort -u | show || true
   if ((rc != 0 && rc != 124)); then
     grep -E "\(Failed\)|\(SEGFAULT\)|\(Timeout\)|Not Run|Subprocess aborted" "$logs/ctest-$st.log" | show || true

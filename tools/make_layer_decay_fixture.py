@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes tests/train/data/layer_decay_fixture.json: for ConvNeXt-T, -S and -B, every parameter's layer id,
+"""Writes tests/dist/train/data/layer_decay_fixture.json: for ConvNeXt-T, -S and -B, every parameter's layer id,
 lr scale and weight-decay decision as the official ConvNeXt code (facebookresearch/ConvNeXt) assigns them
 under --layer_decay, keyed by the parameter's timm name (the names convnext_zero uses).
 
@@ -75,7 +75,7 @@ def official_params(depths):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("out", nargs="?", default="tests/train/data/layer_decay_fixture.json")
+    ap.add_argument("out", nargs="?", default="tests/dist/train/data/layer_decay_fixture.json")
     ap.add_argument("--official", help="facebookresearch/ConvNeXt's optim_factory.py")
     args = ap.parse_args()
     number = layer_of

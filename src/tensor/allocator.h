@@ -31,9 +31,9 @@ class Allocator;
 // it, in the order the allocator serves them, with the bytes asked for. It is called under the allocator's
 // lock, from whichever thread allocates or frees, so it must not allocate through the same allocator, and
 // it may still be running on another thread just after set_observer(nullptr) returns. The planner's op-by-op
-// test (tests/plan/test_step_events.cpp) holds the planner's replay of a step to this log of the real step.
-// With no observer set the allocator pays one relaxed atomic load per request. The CPU caching allocators
-// report to it; the CUDA one does not (yet).
+// test (tests/dist/plan/test_step_events.cpp) holds the planner's replay of a step to this log of the real
+// step. With no observer set the allocator pays one relaxed atomic load per request. The CPU caching
+// allocators report to it; the CUDA one does not (yet).
 class AllocatorObserver {
  public:
   virtual ~AllocatorObserver() = default;

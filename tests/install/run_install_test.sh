@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A build that can move (issue 41 item 5, Note [Helpers beside the program] in src/io/helper_programs.h):
+# A build that can move (issue 41 item 5, Note [Helpers beside the program] in src/io/h5/helper_programs.h):
 # `cmake --install` into a temporary prefix, the prefix then moved to another folder, and the installed
 # programs run from a third folder with a PATH that holds no build folder: a training run that saves a
 # checkpoint, a resume that reads it (the HDF5 probe checks the file first), cz_weights exporting it. Where a

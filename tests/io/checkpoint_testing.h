@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "io/checkpoint.h"
+#include "io/checkpoint/checkpoint.h"
 
 namespace cz::testing {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "io/dataset.h"
+#include "io/data/dataset.h"
 #include "tensor/tensor.h"
 
 namespace cz::testing {

@@ -1,4 +1,4 @@
-// make_image_folder: writes a `folder:` data set of small JPEGs for the app tests (tests/train/
+// make_image_folder: writes a `folder:` data set of small JPEGs for the app tests (tests/dist/train/
 // run_data_app_tests.sh), through the same TurboJPEG writer as the io tests.
 //
 //   make_image_folder DIR SIZE COUNT SEED CLASS=HUE [CLASS=HUE ...]

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "io/checkpoint.h"
+#include "io/checkpoint/checkpoint.h"
 
 namespace cz::testing {
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# HDF5 files that crash libhdf5, given to the programs (Note [Probing HDF5 files], src/io/h5_probe.h): each
+# HDF5 files that crash libhdf5, given to the programs (Note [Probing HDF5 files], src/io/h5/h5_probe.h): each
 # must exit 1 with a message naming the file, never die by a signal.
 # Usage: run_probe_app_tests.sh APP CZ_WEIGHTS MPIEXEC KNOWN_CRASHES_DIR
 #   every file in KNOWN_CRASHES_DIR as --data h5:FILE, as --init-weights FILE, to cz_weights, and as a

@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error_of.h"
-#include "io/loader.h"
-#include "io/randaugment.h"
-#include "io/random_erasing.h"
+#include "io/augment/randaugment.h"
+#include "io/augment/random_erasing.h"
+#include "io/data/loader.h"
 
 namespace cz {
 namespace {

@@ -11,9 +11,9 @@
 
 #include "checkpoint_testing.h"
 #include "common/error_of.h"
-#include "io/checkpoint.h"
-#include "io/fletcher32.h"
-#include "io/h5_file.h"
+#include "io/checkpoint/checkpoint.h"
+#include "io/h5/fletcher32.h"
+#include "io/h5/h5_file.h"
 #include "io_testing.h"
 
 namespace cz {

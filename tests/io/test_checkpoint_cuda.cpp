@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "checkpoint_testing.h"
-#include "io/checkpoint.h"
+#include "io/checkpoint/checkpoint.h"
 #include "io_testing.h"
 #include "tensor/cuda_test_util.h"
 

@@ -9,8 +9,8 @@
 #include <filesystem>
 #include <stdexcept>
 
-#include "io/dataset.h"
-#include "io/image_codec.h"
+#include "io/data/dataset.h"
+#include "io/decode/image_codec.h"
 #include "io_testing.h"
 #include "tensor/check.h"
 

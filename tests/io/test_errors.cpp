@@ -3,8 +3,8 @@
 
 #include <functional>
 
-#include "io/dataset.h"
-#include "io/image_codec.h"
+#include "io/data/dataset.h"
+#include "io/decode/image_codec.h"
 #include "io_testing.h"
 #include "tensor/check.h"
 

@@ -8,7 +8,7 @@
 #include <functional>
 #include <set>
 
-#include "io/dataset.h"
+#include "io/data/dataset.h"
 #include "io_testing.h"
 #include "tensor/check.h"
 

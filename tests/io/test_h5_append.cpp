@@ -2,7 +2,7 @@
 // reader (and so by h5py); rows of another shape are refused with the file and key named.
 #include <gtest/gtest.h>
 
-#include "io/h5_file.h"
+#include "io/h5/h5_file.h"
 #include "io_testing.h"
 
 namespace cz {

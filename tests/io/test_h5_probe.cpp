@@ -1,5 +1,5 @@
-// The HDF5 probe (io/h5_probe.h, Note [Probing HDF5 files]): files that crash libhdf5 are IoErrors naming the
-// file through every reader, valid files pass with their walk reported, and each way the helper can end
+// The HDF5 probe (io/h5/h5_probe.h, Note [Probing HDF5 files]): files that crash libhdf5 are IoErrors naming
+// the file through every reader, valid files pass with their walk reported, and each way the helper can end
 // (signal, memory limit, clock, missing helper) gives its message. Stand-in helpers are shell scripts.
 #include <gtest/gtest.h>
 #include <hdf5.h>
@@ -12,10 +12,10 @@
 #include <thread>
 
 #include "common/error_of.h"
-#include "io/dataset.h"
-#include "io/h5_file.h"
-#include "io/h5_probe.h"
-#include "io/helper_programs.h"
+#include "io/data/dataset.h"
+#include "io/h5/h5_file.h"
+#include "io/h5/h5_probe.h"
+#include "io/h5/helper_programs.h"
 #include "io_testing.h"
 #include "tensor/check.h"
 

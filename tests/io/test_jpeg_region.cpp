@@ -1,6 +1,7 @@
-// Decoding a JPEG's crop only (Note [Decoding the crop], io/jpeg_region.h): bit for bit the whole decode's
-// pixels where unscaled, for every chroma subsampling and many boxes, and the PSNR of the DCT-scaled decode
-// against the whole decode box-filtered to the same scale. Real files: written with TurboJPEG, read back.
+// Decoding a JPEG's crop only (Note [Decoding the crop], io/decode/jpeg_region.h): bit for bit the whole
+// decode's pixels where unscaled, for every chroma subsampling and many boxes, and the PSNR of the DCT-scaled
+// decode against the whole decode box-filtered to the same scale. Real files: written with TurboJPEG, read
+// back.
 #include <gtest/gtest.h>
 #include <turbojpeg.h>
 
@@ -14,9 +15,9 @@
 
 #include <fmt/format.h>
 
-#include "io/image_codec.h"
-#include "io/jpeg_region.h"
-#include "io/loader.h"
+#include "io/data/loader.h"
+#include "io/decode/image_codec.h"
+#include "io/decode/jpeg_region.h"
 #include "io_testing.h"
 #include "tensor/check.h"
 

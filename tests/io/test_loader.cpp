@@ -5,9 +5,9 @@
 #include <cmath>
 #include <set>
 
-#include "io/image_transform.h"
-#include "io/loader.h"
-#include "io/sampler.h"
+#include "io/augment/image_transform.h"
+#include "io/data/loader.h"
+#include "io/data/sampler.h"
 
 namespace cz {
 namespace {

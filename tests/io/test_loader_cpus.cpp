@@ -6,7 +6,7 @@
 #include <set>
 #include <vector>
 
-#include "io/loader.h"
+#include "io/data/loader.h"
 #include "tensor/parallel.h"
 
 namespace cz {

@@ -8,7 +8,7 @@
 #include <chrono>
 #include <thread>
 
-#include "io/loader.h"
+#include "io/data/loader.h"
 #include "io_testing.h"
 
 namespace cz {

@@ -1,5 +1,5 @@
-// Mixup and CutMix (io/mixup.h): our pixels and targets against timm's own for the same lam, boxes and
-// pairing (tests/data/mixup_fixture.h5, made by tools/make_mixup_fixture.py), and our draws' statistics
+// Mixup and CutMix (io/augment/mixup.h): our pixels and targets against timm's own for the same lam, boxes
+// and pairing (tests/data/mixup_fixture.h5, made by tools/make_mixup_fixture.py), and our draws' statistics
 // against timm's distributions.
 #include <gtest/gtest.h>
 
@@ -7,9 +7,9 @@
 #include <cstring>
 #include <string>
 
-#include "io/h5_file.h"
-#include "io/mixup.h"
-#include "io/sampler.h"
+#include "io/augment/mixup.h"
+#include "io/data/sampler.h"
+#include "io/h5/h5_file.h"
 
 namespace cz {
 namespace {

@@ -8,9 +8,9 @@
 #include <cmath>
 #include <cstring>
 
-#include "io/batch_dump.h"
-#include "io/image_codec.h"
-#include "io/loader.h"
+#include "io/data/batch_dump.h"
+#include "io/data/loader.h"
+#include "io/decode/image_codec.h"
 #include "io_testing.h"
 
 namespace cz {

@@ -1,17 +1,17 @@
-// Note [Normalising on the device] (src/io/model_input.h): the model's input made from a batch's 8-bit pixels
-// and its draws equals, bit for bit, what the loader's threads made before (normalise_u8, random_erase,
-// apply_mix on the f32 batch); the element loop is the CUDA kernel's threads run one after another; a
-// pixels-only loader leaves `images` for the consumer; and the bytes that travel are a quarter of the f32
-// batch's.
+// Note [Normalising on the device] (src/io/data/model_input.h): the model's input made from a batch's 8-bit
+// pixels and its draws equals, bit for bit, what the loader's threads made before (normalise_u8,
+// random_erase, apply_mix on the f32 batch); the element loop is the CUDA kernel's threads run one after
+// another; a pixels-only loader leaves `images` for the consumer; and the bytes that travel are a quarter of
+// the f32 batch's.
 #include <gtest/gtest.h>
 
 #include <cstring>
 
-#include "io/image_transform.h"
-#include "io/loader.h"
-#include "io/mixup.h"
-#include "io/model_input.h"
-#include "io/random_erasing.h"
+#include "io/augment/image_transform.h"
+#include "io/augment/mixup.h"
+#include "io/augment/random_erasing.h"
+#include "io/data/loader.h"
+#include "io/data/model_input.h"
 #include "io_testing.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/stream.h"

@@ -8,8 +8,8 @@
 #include <map>
 #include <sstream>
 
-#include "io/h5_file.h"
-#include "io/randaugment.h"
+#include "io/augment/randaugment.h"
+#include "io/h5/h5_file.h"
 
 namespace cz {
 namespace {

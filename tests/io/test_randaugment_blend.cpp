@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "io/randaugment_ops.h"
+#include "io/augment/randaugment_ops.h"
 
 namespace cz {
 namespace {

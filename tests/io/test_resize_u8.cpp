@@ -1,5 +1,5 @@
-// The 8-bit resize's kernels (Note [Resize kernels per instruction set], src/io/resize_u8_kernels.h): every
-// kernel this CPU runs gives the scalar loops' bytes exactly (the scalar loops equal PIL's:
+// The 8-bit resize's kernels (Note [Resize kernels per instruction set], src/io/augment/resize_u8_kernels.h):
+// every kernel this CPU runs gives the scalar loops' bytes exactly (the scalar loops equal PIL's:
 // RandAugmentFixture.EightBitResizeEqualsTorchvisionResizedCrop), over random images, crops, sizes, both
 // filters, both pass orders and the flip; and CZ_RESIZE_KERNEL's errors.
 #include <gtest/gtest.h>
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "io/image_transform.h"
-#include "io/resize_u8_kernels.h"
+#include "io/augment/image_transform.h"
+#include "io/augment/resize_u8_kernels.h"
 #include "tensor/check.h"
 
 namespace cz {

@@ -8,8 +8,8 @@
 #include <cmath>
 
 #include "common/error_of.h"
-#include "io/dataset.h"
-#include "io/image_codec.h"
+#include "io/data/dataset.h"
+#include "io/decode/image_codec.h"
 #include "io_testing.h"
 #include "tensor/check.h"
 

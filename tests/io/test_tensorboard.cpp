@@ -1,6 +1,6 @@
 // --tensorboard's pieces: CRC-32C against its published check value, the record framing of a real file, and
 // which of a log record's values become scalars. The whole path (a run's file read by TensorBoard) is
-// tests/train/run_observe_tests.sh's.
+// tests/dist/train/run_observe_tests.sh's.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -10,7 +10,7 @@
 
 #include <unistd.h>
 
-#include "io/tensorboard.h"
+#include "io/log/tensorboard.h"
 #include "tensor/check.h"
 
 namespace cz {

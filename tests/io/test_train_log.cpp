@@ -11,7 +11,7 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
-#include "io/train_log.h"
+#include "io/log/train_log.h"
 
 namespace cz {
 namespace {

@@ -7,8 +7,8 @@
 #include <cstdio>
 
 #include "common/gradcheck.h"
-#include "io/h5_file.h"
-#include "io/weights.h"
+#include "io/checkpoint/weights.h"
+#include "io/h5/h5_file.h"
 #include "nn/convnext.h"
 #include "optim/adamw.h"
 #include "optim/param_groups.h"

@@ -9,8 +9,8 @@
 #include <functional>
 #include <map>
 
-#include "io/h5_file.h"
-#include "io/weights.h"
+#include "io/checkpoint/weights.h"
+#include "io/h5/h5_file.h"
 #include "nn/convnext.h"
 
 namespace cz {

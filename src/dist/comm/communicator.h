@@ -162,7 +162,7 @@ class Communicator {
 // On a communicator's communication thread, that communicator's label(); "" on any other thread. What tells
 // one communicator's requests to the allocator (its ring scratch) from another's: each thread makes its own
 // in an order of its own, while the threads' requests interleave as timing has it (Note [Allocator event
-// log]; tests/plan/test_step_events.cpp compares them communicator by communicator).
+// log]; tests/dist/plan/test_step_events.cpp compares them communicator by communicator).
 std::string_view current_communicator();
 
 // Note [Groups]: a communicator spans all ranks of the world or a group of them (options.members), each with

@@ -36,7 +36,7 @@ namespace cz::dist {
 //
 // Every function is deterministic and independent of the thread count (blocks are independent; the block
 // maximum is taken on the bits of |x|, which is exact in any order), and gives the same bits as the CUDA
-// kernels and the scalar definitions in tests/dist/test_quant.cpp.
+// kernels and the scalar definitions in tests/dist/comm/test_quant.cpp.
 
 // Block sizes: multiples of 32 in [32, 4096]. Throws ValueError naming the size otherwise.
 void check_quant_block(int64_t block);

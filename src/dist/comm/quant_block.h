@@ -1,7 +1,7 @@
 // The arithmetic of the block-quantized INT8 format (Note [Quantized blocks], quant.h) as host/device
 // functions: the CPU kernels (quant.cpp), the CUDA kernels (cuda/quant_kernels.cu) and the CUDA emulation
-// test (tests/dist/test_quant.cpp) all compute through them, so they agree bit for bit. Plain C++ apart from
-// CZ_QHD: no CUDA header is needed, and nvcc compiles it as C++17 (no <bit>, no project headers).
+// test (tests/dist/comm/test_quant.cpp) all compute through them, so they agree bit for bit. Plain C++ apart
+// from CZ_QHD: no CUDA header is needed, and nvcc compiles it as C++17 (no <bit>, no project headers).
 #pragma once
 
 #include <cmath>

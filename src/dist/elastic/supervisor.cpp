@@ -19,7 +19,7 @@
 #include "dist/elastic/run_log.h"
 #include "dist/train/config.h"
 #include "dist/train/flags.h"
-#include "io/checkpoint_layout.h"
+#include "io/checkpoint/checkpoint_layout.h"
 #include "tensor/check.h"
 
 namespace cz::elastic {

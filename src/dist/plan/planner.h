@@ -73,8 +73,8 @@ struct PlanRequest {
 // the save before the next step). The save that every run with --checkpoint-dir makes at its end comes after
 // its last step, and a stop's final save too (issue 30: 1 process planned 179.5 MiB, measured 134.5, with
 // --checkpoint-dir alone). (2) The loader's workers hold threads x 2 batches beyond the step's own, at an
-// epoch's end too: they run ahead into the next epoch (Note [Running ahead] in io/loader.h; until issue 40
-// they stopped at the end, and the plan took min(window, batches left in the epoch)).
+// epoch's end too: they run ahead into the next epoch (Note [Running ahead] in io/data/loader.h; until issue
+// 40 they stopped at the end, and the plan took min(window, batches left in the epoch)).
 
 struct PlanRow {
   std::string key;    // JSON key without the "_bytes" suffix, e.g. "optimizer_state", "activations_stages_0"
@@ -130,11 +130,12 @@ Plan make_plan(const PlanRequest& request);
 // hosts and epoch length, and the steps the run took (summary.last_step - summary.steps + 1 to last_step).
 PlanRequest plan_request_for_run(const train::Trainer& trainer, const train::TrainSummary& summary, int rank);
 // The step replay make_plan's figures come from, with its event log (StepReplay::events): what
-// tests/plan/test_step_events.cpp holds the real step's allocator log to, op by op.
+// tests/dist/plan/test_step_events.cpp holds the real step's allocator log to, op by op.
 StepReplay plan_step_replay(const PlanRequest& request);
 std::string format_plan(const Plan& plan);
 // A CUDA plan row checked on a GPU: a run of this model, image size, micro-batch, world, stage and precision
-// had its plan equal its measured peak within 1% (tests/plan/run_cuda_plan_rows.sh, a `cuda` test per row).
+// had its plan equal its measured peak within 1% (tests/dist/plan/run_cuda_plan_rows.sh, a `cuda` test per
+// row).
 struct CheckedCudaRow {
   std::string model;  // Plan::model ("convnext_tiny")
   int64_t image_size = 0, micro_batch = 0;

@@ -41,8 +41,8 @@
 // backend's workspace choices, a fake communicator that still allocates what the ring does, and a fake
 // loader: a second description again, spread through src/tensor, src/dist/comm and src/io instead of kept
 // in one file. So the replay stays, and drift between the two is made impossible to miss instead:
-// tests/plan/test_step_events.cpp runs the real step on the CPU backend, for every row of
-// tests/plan/plan_cases.h (stages 0-3, 1, 2 and 4 ranks, checkpointing, accumulation, offload, EMA, a
+// tests/dist/plan/test_step_events.cpp runs the real step on the CPU backend, for every row of
+// tests/dist/plan/plan_cases.h (stages 0-3, 1, 2 and 4 ranks, checkpointing, accumulation, offload, EMA, a
 // background checkpoint's copy), with the allocator's event log on (Note [Allocator event log]), and holds
 // it to this walk's log (replay_step with log_events) request by request: the bytes of each request, and
 // which blocks were returned before it. The first difference fails the test with the op as the walk names it

@@ -37,8 +37,8 @@ int64_t depthwise_filter_workspace(int64_t rows, int64_t c, int64_t k);
 // takes, per patchify problem (stem and downsamplings, every direction), its input plus its output in the
 // compute dtype: with it the ConvNeXt-T rows (224 px, bf16, b64 and b128) are planned within 0.2%
 // (4022.0 vs 4027.9 MiB, 7467.8 vs 7467.6), from those rows' own figures; the atto rows stay 1-2% low. Each
-// row is checked on a GPU by a `cuda` test (tests/plan/run_cuda_plan_rows.sh), and a row that passes goes
-// into checked_cuda_rows() (planner.h).
+// row is checked on a GPU by a `cuda` test (tests/dist/plan/run_cuda_plan_rows.sh), and a row that passes
+// goes into checked_cuda_rows() (planner.h).
 int64_t cudnn_patchify_workspace(int64_t input_bytes, int64_t output_bytes);
 
 // A tensor of the walk: its buffer and size.

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "io/mixup.h"
+#include "io/augment/mixup.h"
 #include "nn/convnext.h"
 #include "tensor/dtype.h"
 
@@ -59,7 +59,7 @@ struct TrainConfig {
   std::string remode = "pixel";            // random erasing's fill: const | rand | pixel
   int64_t recount = 1;                     // random erasing: at most this many boxes per image
   int loader_threads = -1;                 // -1: the cores this rank has (cores_per_rank, tensor/parallel.h)
-  // Mixup/CutMix with timm's flags and meanings (Note [Mixing within a micro-batch], io/mixup.h).
+  // Mixup/CutMix with timm's flags and meanings (Note [Mixing within a micro-batch], io/augment/mixup.h).
   double mixup = 0;                  // Mixup's lam ~ Beta(A, A); 0: no Mixup
   double cutmix = 0;                 // CutMix's lam ~ Beta(A, A); 0: no CutMix
   std::string cutmix_minmax;         // "LO,HI": CutMix box sides as fractions of the image's (CutMix on)

@@ -5,10 +5,10 @@
 #include <cmath>
 
 #include "dist/train/flags_table.h"
-#include "io/batch_dump.h"
-#include "io/image_transform.h"
-#include "io/randaugment.h"
-#include "io/random_erasing.h"
+#include "io/augment/image_transform.h"
+#include "io/augment/randaugment.h"
+#include "io/augment/random_erasing.h"
+#include "io/data/batch_dump.h"
 #include "tensor/check.h"
 
 namespace cz::train {

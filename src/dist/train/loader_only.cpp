@@ -10,7 +10,7 @@
 
 #include "dist/train/flags.h"
 #include "dist/train/trainer.h"
-#include "io/loader.h"
+#include "io/data/loader.h"
 #include "tensor/check.h"
 #include "tensor/device.h"
 #include "tensor/omp_wait_policy.h"
@@ -39,7 +39,7 @@ LoaderOnlyReport run_loader_only(TrainConfig cfg, dist::World& world) {
                                : kLoaderOnlyBatches;
   int64_t images = 0, steady_images = 0;
   auto t_first = t0;
-  // Note [Running ahead] (io/loader.h): the training loader's stream crosses epochs by itself.
+  // Note [Running ahead] (io/data/loader.h): the training loader's stream crosses epochs by itself.
   for (int64_t b = 0; b < r.batches; ++b) {
     std::optional<Batch> batch = loader.next();
     CZ_ASSERT(batch.has_value(), "the training loader's stream ended at batch {}", b);

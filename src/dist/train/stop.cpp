@@ -34,7 +34,7 @@
 #include <fmt/format.h>
 
 #include "dist/comm/signal_text.h"
-#include "io/train_log.h"
+#include "io/log/train_log.h"
 
 namespace cz::train {
 namespace {

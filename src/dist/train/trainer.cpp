@@ -16,9 +16,9 @@
 #include <functional>
 #include <utility>
 
-#include "io/checkpoint.h"
-#include "io/model_input.h"
-#include "io/weights.h"
+#include "io/checkpoint/checkpoint.h"
+#include "io/checkpoint/weights.h"
+#include "io/data/model_input.h"
 #include "optim/adamw.h"
 #include "optim/sgd.h"
 #include "tensor/autograd/engine.h"
@@ -424,7 +424,7 @@ int64_t Trainer::batches_per_epoch() const {
 Batch Trainer::next_batch() {
   std::optional<Batch> b = ahead_ ? std::exchange(ahead_, std::nullopt) : loader_->next();
   CZ_ASSERT(b.has_value(), "the training loader's stream ended after epoch {}", epoch_);
-  // Note [Running ahead] (io/loader.h): the loader crosses epochs by itself; the batch says where it is.
+  // Note [Running ahead] (io/data/loader.h): the loader crosses epochs by itself; the batch says where it is.
   epoch_ = b->epoch;
   batches_in_epoch_ = b->index + 1;
   return std::move(*b);
@@ -624,7 +624,7 @@ ProgressMode Trainer::progress_mode() const {
 
 TrainSummary Trainer::run() {
   const bool lead = world_.rank() == 0;
-  // The ETA counts only the steps this process runs, from the resumed one (io/train_log.h).
+  // The ETA counts only the steps this process runs, from the resumed one (io/log/train_log.h).
   ProgressBar bar(total_steps_, progress_mode(), cfg_.progress_interval_s, step_);
   TrainSummary sum;
   const auto t0 = Clock::now();

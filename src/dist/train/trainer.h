@@ -20,12 +20,12 @@
 #include "dist/train/step_graphs.h"
 #include "dist/train/trace_writer.h"
 #include "dist/zero/engine.h"
-#include "io/batch_dump.h"
-#include "io/checkpoint.h"
-#include "io/dataset.h"
-#include "io/loader.h"
-#include "io/tensorboard.h"
-#include "io/train_log.h"
+#include "io/checkpoint/checkpoint.h"
+#include "io/data/batch_dump.h"
+#include "io/data/dataset.h"
+#include "io/data/loader.h"
+#include "io/log/tensorboard.h"
+#include "io/log/train_log.h"
 #include "nn/convnext.h"
 #include "optim/loss_scaler.h"
 #include "optim/schedule.h"
@@ -61,8 +61,8 @@ struct TrainSummary {
   int64_t peak_mem_bytes = 0;
   int64_t model_state_bytes = 0;
   double comm_s = 0, comm_exposed_s = 0;  // summed over the steps
-  // Note [Data wait] (io/train_log.h): this rank's wait for data summed over the steps, and its fraction of
-  // the step time of the steps after the first (NaN with fewer than two steps).
+  // Note [Data wait] (io/log/train_log.h): this rank's wait for data summed over the steps, and its fraction
+  // of the step time of the steps after the first (NaN with fewer than two steps).
   double data_wait_s = 0;
   double data_wait_fraction = NAN;
   int stop_signal = 0;     // non-zero: stopped on request by this signal (Note [Stopping on request])
@@ -178,7 +178,7 @@ class Trainer {
   LoaderOptions loader_options(Split split) const;
   Batch next_batch();
   // CUDA, from step(): the next step's first batch taken from the loader and copied to the device while this
-  // step's backward runs (Note [Copying the next batch ahead] in io/model_input.h).
+  // step's backward runs (Note [Copying the next batch ahead] in io/data/model_input.h).
   void take_next_batch_ahead();
 
   TrainConfig cfg_;
@@ -206,8 +206,8 @@ class Trainer {
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<BatchDump> dump_;     // --dump-batches
   std::unique_ptr<StepTracer> tracer_;  // --trace
-  // The position of the last batch a step used (Note [Running ahead] in io/loader.h: the loader's workers
-  // are further on), which a checkpoint records.
+  // The position of the last batch a step used (Note [Running ahead] in io/data/loader.h: the loader's
+  // workers are further on), which a checkpoint records.
   int64_t epoch_ = 0;
   int64_t batches_in_epoch_ = 0;  // the loader's global batches of this epoch consumed so far
   std::optional<Batch> ahead_;    // taken ahead (CUDA), not yet used

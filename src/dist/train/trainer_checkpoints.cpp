@@ -28,8 +28,8 @@
 
 #include "dist/train/flags.h"
 #include "dist/train/stop.h"
-#include "io/checkpoint.h"
-#include "io/output_paths.h"
+#include "io/checkpoint/checkpoint.h"
+#include "io/log/output_paths.h"
 #include "tensor/ops.h"
 #include "tensor/trace.h"
 

@@ -1,11 +1,11 @@
 // The run's eval set (--eval-data, --eval-split or the source's own split), what the start line says about
 // the data, and the checks that a checkpoint or a weight file was trained on the classes of this run's data
-// (Note [Class names] in io/dataset_views.cpp).
+// (Note [Class names] in io/data/dataset_views.cpp).
 #include <set>
 
 #include "dist/train/flags.h"
 #include "dist/train/trainer.h"
-#include "io/weights.h"
+#include "io/checkpoint/weights.h"
 
 namespace cz::train {
 namespace {

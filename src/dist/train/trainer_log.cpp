@@ -1,6 +1,6 @@
-// The run's --log: opened on rank 0 after a resume (Note [One log across resumes] in io/train_log.h), and the
-// record each start writes first, saying what ran where: every flag's value, the world, the device, the build
-// and the time. A resumed run writes one too, naming the checkpoint, so the log shows each start.
+// The run's --log: opened on rank 0 after a resume (Note [One log across resumes] in io/log/train_log.h), and
+// the record each start writes first, saying what ran where: every flag's value, the world, the device, the
+// build and the time. A resumed run writes one too, naming the checkpoint, so the log shows each start.
 #include <ctime>
 
 #include <fmt/format.h>

@@ -6,7 +6,7 @@
 // live here once, in types that hold no tensors: each program drives them from the same points (the
 // parameters' grad-ready hooks, the units' module hooks, flush) and carries out the events they emit on what
 // it has (buffers and collectives, a MemoryTrace, simulated timelines). A change to a rule is made here and
-// every program follows; StepEvents (tests/plan/test_step_events.cpp) checks that a real step and the
+// every program follows; StepEvents (tests/dist/plan/test_step_events.cpp) checks that a real step and the
 // planner's replay drive them alike, event by event. Every rank takes the same decisions in the same order:
 // they depend on the order and counts of the hooks, never on timing, so the collectives match across ranks.
 #include "dist/zero/schedule.h"

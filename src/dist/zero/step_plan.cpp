@@ -12,7 +12,7 @@
 //  * stages 1-2's gathers (ChunkSchedule): after the update, waited for at each unit's forward;
 //  * hpZ: backward's gathers inside the host, in the compute dtype, whatever --gather-dtype says.
 // A carrier binds its sinks and calls StepSchedule at its hook points; the order of the events the schedules
-// emit is then the same in all three, which StepEvents (tests/plan/test_step_events.cpp) checks.
+// emit is then the same in all three, which StepEvents (tests/dist/plan/test_step_events.cpp) checks.
 #include "dist/zero/step_plan.h"
 
 #include "dist/zero/engine.h"

@@ -107,7 +107,7 @@ void argmax(const Tensor& x, Tensor& out, Stream stream);
 // y[n, ...] = x[n, ...] * scale[n] (drop path). scale: (N) like x.
 void sample_scale(const Tensor& x, const Tensor& scale, Tensor& y, Stream stream);
 // out (n, H, W, 3) f32, contiguous, on the stream's device: every element of the batch `b` describes
-// (src/io/model_input.h); b's arrays stay alive until the stream has run it.
+// (src/io/data/model_input.h); b's arrays stay alive until the stream has run it.
 void model_input(const batch_input::BatchView& b, Tensor& out, Stream stream);
 
 }  // namespace cz::cuda

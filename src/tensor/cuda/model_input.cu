@@ -1,6 +1,6 @@
-// The model's input from a batch of 8-bit pixels (Note [Normalising on the device], src/io/model_input.h):
-// one thread per output element, the arithmetic of model_input_element.h, reading the pixels and the draws
-// from pinned host memory through unified addressing.
+// The model's input from a batch of 8-bit pixels (Note [Normalising on the device],
+// src/io/data/model_input.h): one thread per output element, the arithmetic of model_input_element.h, reading
+// the pixels and the draws from pinned host memory through unified addressing.
 #include "tensor/cuda/device_utils.cuh"
 #include "tensor/cuda/model_input_element.h"
 

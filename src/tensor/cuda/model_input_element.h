@@ -1,5 +1,5 @@
 // One element of the model's input made from a batch of 8-bit pixels (Note [Normalising on the device],
-// src/io/model_input.h): normalised, erased and mixed, by host/device functions that the CPU loop
+// src/io/data/model_input.h): normalised, erased and mixed, by host/device functions that the CPU loop
 // (model_input.cpp) and the CUDA kernel (model_input.cu) both call, so the kernel's
 // per-thread arithmetic is the CPU's, tested on the CPU. Plain C++ apart from CZ_HD: no CUDA header needed.
 #pragma once

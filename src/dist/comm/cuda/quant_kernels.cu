@@ -1,7 +1,7 @@
 // Device code of the block-quantized INT8 kernels: one CUDA block per quantized block, two phases around the
 // block's maximum (Note [Quantization kernels on the GPU] in quant_block.h), and a grid-stride
-// dequantization. The per-thread work is quant_block.h's, which tests/dist/test_quant.cpp runs on the CPU for
-// every thread.
+// dequantization. The per-thread work is quant_block.h's, which tests/dist/comm/test_quant.cpp runs on the
+// CPU for every thread.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

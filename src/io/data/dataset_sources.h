@@ -1,0 +1,28 @@
+// The data sources behind open_dataset(), one file each (dataset_<kind>.cpp). Their IoErrors name the file;
+// `what` ("--data 'synthetic:n=8'") names the flag and spec in the synthetic source's option errors.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "io/data/dataset.h"
+
+namespace cz {
+
+// `options`: the text after "synthetic:" ("n=4096,classes=10"), possibly empty.
+std::shared_ptr<const Dataset> open_synthetic(const std::string& spec, const std::string& options,
+                                              Split split, const DatasetOptions& dataset_options);
+// Sources without an eval split of their own (h5, folder) serve the whole source for either split.
+std::shared_ptr<const Dataset> open_h5(const std::string& path);
+std::shared_ptr<const Dataset> open_cifar10(const std::string& dir, Split split);
+std::shared_ptr<const Dataset> open_folder(const std::string& dir);
+
+const char* split_name(Split split);
+
+// `eval` with its labels taken from `train`'s class of the same name (Note [Class names]); `eval` itself when
+// the names are the same. Both must name their classes. ValueError naming `eval_what` and the missing
+// classes.
+std::shared_ptr<const Dataset> relabel_by_name(std::shared_ptr<const Dataset> eval, const Dataset& train,
+                                               const std::string& eval_what, const std::string& train_what);
+
+}  // namespace cz

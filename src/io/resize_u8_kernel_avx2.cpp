@@ -1,6 +1,0 @@
-// The rows pass compiled for the avx2 instruction set (Note [Resize kernels per instruction set],
-// resize_u8_kernels.h; its -march: src/io/CMakeLists.txt).
-#include "io/resize_u8_kernels.h"
-
-#define CZ_ROWS_PASS_NAME rows_pass_avx2
-#include "io/resize_u8_kernel.inc"

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Seeing a run from the outside (issue 33). Usage: run_observe_tests.sh CASE APP MPIEXEC
+#   tensorboard      2 ranks at stage 2 with --tensorboard: rank 0 alone writes one event file, which TensorBoard's
+#                    reader (and check_tensorboard.py's own) decodes to the JSON log's values; a resumed run adds
+#                    a second file and the two read as one run
+#   tensorboard_bad  --tensorboard on a file, or under a file: a message naming the flag and the path, exit 1
+#   comms_table      2 ranks, --comms-table: at stage 0 the table's rows add up to the log's comm_s and comm_bytes
+#                    (bytes x nccl-tests' bus factor = what a ring sends), its bandwidths follow from its times;
+#                    at stage 2 it has reduce-scatters and all-gathers; one rank has none
+#   plot             scripts/plot_run.py on one and on two real logs: a PNG of the six panels, named in the
+#                    closing line; a missing or non-log file is refused by name
+set -uo pipefail
+case_name=$1 app=$2 mpiexec=$3
+here=$(cd "$(dirname "$0")" && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/../../lib/preamble.sh"
+model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 5 --image-size 32 --loader-threads 1 --no-progress)
+tiny=("${model[@]}" --data synthetic:n=256,eval_n=64,classes=5 --micro-batch 8 --bucket-mb 0.01)
+# check_tensorboard.py reads with TensorBoard's reader where $py has the tensorboard package, else with its own.
+
+case $case_name in
+tensorboard)
+  "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --stage 2 --steps 6 --eval-every 3 --log "$work/run.jsonl" \
+    --tensorboard "$work/tb" > "$work/out" 2>&1 || { cat "$work/out"; fail "2-rank run failed"; }
+  "$py" "$here/check_tensorboard.py" "$work/tb" "$work/run.jsonl" 1 train/loss train/lr train/grad_norm \
+    train/img_per_s train/peak_mem_bytes train/model_state_bytes train/comm_hidden eval/top1 eval/top5 eval/loss ||
+    fail "the event file does not hold the log's values"
+  # Stopped at step 3 and resumed: the log continues, TensorBoard gets a second file of steps 4-6.
+  rm -rf "$work/tb"
+  "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --stage 2 --steps 3 --log "$work/res.jsonl" --tensorboard "$work/tb" \
+    --checkpoint-dir "$work/ck" --checkpoint-every 3 > "$work/out" 2>&1 || { cat "$work/out"; fail "first half failed"; }
+  "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --stage 2 --steps 6 --log "$work/res.jsonl" --tensorboard "$work/tb" \
+    --resume "$work/ck" > "$work/out" 2>&1 || { cat "$work/out"; fail "resumed half failed"; }
+  [[ $(grep -c '"split":"train"' "$work/res.jsonl") -eq 6 ]] || fail "the resumed log does not hold 6 steps"
+  "$py" "$here/check_tensorboard.py" "$work/tb" "$work/res.jsonl" 2 train/loss || fail "resumed run's files"
+  echo "tensorboard: OK"
+  ;;
+tensorboard_bad)
+  echo "a file" > "$work/file"
+  for dir in "$work/file" "$work/file/sub"; do
+    "$app" "${tiny[@]}" --steps 1 --tensorboard "$dir" > "$work/out" 2>&1
+    rc=$?
+    [[ $rc -eq 1 ]] || { cat "$work/out"; fail "--tensorboard $dir exited with $rc, expected 1"; }
+    grep -qF -- "--tensorboard $dir" "$work/out" || { cat "$work/out"; fail "the message does not name the flag and $dir"; }
+  done
+  echo "tensorboard_bad: OK"
+  ;;
+comms_table)
+  for stage in 0 2; do
+    "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --stage $stage --steps 4 --comms-table --log "$work/s$stage.jsonl" \
+      > "$work/out$stage" 2>&1 || { cat "$work/out$stage"; fail "2 ranks at stage $stage failed"; }
+    cat "$work/out$stage"
+    grep -q "^# comms: rank 0's collectives in the 4 steps of this run" "$work/out$stage" || fail "no table printed"
+  done
+  "$py" - "$work/s0.jsonl" "$work/s2.jsonl" <<'PY' || fail "the comms table disagrees with the log"
+import json, math, sys
+def load(path):
+    recs = [json.loads(l) for l in open(path)]
+    tables = [r for r in recs if r.get("event") == "comms_table"]
+    assert len(tables) == 1, f"{path}: {len(tables)} comms_table records"
+    return [r for r in recs if r.get("split") == "train"], tables[0]
+steps, table = load(sys.argv[1])
+rows = table["rows"]
+assert table["steps"] == 4 and rows, table
+assert {r["op"] for r in rows} == {"all_reduce"}, rows
+factor = {"all_reduce": 2 * (2 - 1) / 2, "reduce_scatter": 0.5, "all_gather": 0.5}
+total_s = sum(r["total_s"] for r in rows)
+comm_s = sum(s["comm_s"] for s in steps)
+assert math.isclose(total_s, comm_s, rel_tol=1e-9), f"table {total_s} s, log {comm_s} s"
+sent = sum(r["count"] * r["size_bytes"] * factor[r["op"]] for r in rows)
+assert sent == sum(s["comm_bytes"] for s in steps), f"table {sent} B, log {sum(s['comm_bytes'] for s in steps)} B"
+assert sum(r["exposed_s"] for r in rows) <= total_s + 1e-12
+for r in rows:
+    assert r["ranks"] == 2 and r["count"] % 4 == 0, r  # each bucket once a step
+    algbw = r["count"] * r["size_bytes"] / r["total_s"] / 1e9
+    assert math.isclose(r["algbw_gbs"], algbw, rel_tol=1e-9) and math.isclose(r["busbw_gbs"], algbw * factor[r["op"]], rel_tol=1e-9), r
+    assert math.isclose(r["mean_us"], 1e6 * r["total_s"] / r["count"], rel_tol=1e-9), r
+steps2, table2 = load(sys.argv[2])
+ops = {r["op"] for r in table2["rows"]}
+assert {"reduce_scatter", "all_gather"} <= ops, ops
+print(f"comms_table: {len(rows)} rows, {total_s:.4f} s and {sent:.0f} B as the log's; stage 2: {sorted(ops)}")
+PY
+  "$app" "${tiny[@]}" --steps 2 --comms-table --log "$work/one.jsonl" > "$work/out1" 2>&1 || { cat "$work/out1"; fail "1 rank failed"; }
+  grep -q "no collective ran" "$work/out1" || { cat "$work/out1"; fail "one rank: no 'no collective' line"; }
+  echo "comms_table: OK"
+  ;;
+plot)
+  plot=$here/../../../scripts/plot_run.py
+  "$app" "${tiny[@]}" --steps 6 --eval-every 3 --log "$work/a.jsonl" > "$work/out" 2>&1 || { cat "$work/out"; fail "run a"; }
+  cat "$work/out"
+  # The closing line names the command; run as printed, it writes a.png beside the log.
+  cmd=$(grep -o '; plot: .*' "$work/out" | sed 's/^; plot: //')
+  [[ -n $cmd ]] || fail "the closing line names no plot command"
+  eval "$cmd" || fail "the printed command failed: $cmd"
+  [[ -s $work/a.png ]] || fail "no $work/a.png"
+  "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --stage 3 --steps 6 --eval-every 3 --log "$work/b.jsonl" > "$work/out" 2>&1 ||
+    { cat "$work/out"; fail "run b"; }
+  "$py" "$plot" "$work/a.jsonl" "$work/b.jsonl" -o "$work/ab.png" > "$work/plot.out" 2>&1 || { cat "$work/plot.out"; fail "two runs"; }
+  cat "$work/plot.out"
+  # 2 runs x the 6 panels (loss, eval top-1, lr, img/s, data wait, memory): 12 lines.
+  grep -q "ab.png: 12 lines of 2 runs" "$work/plot.out" || fail "expected 12 lines of 2 runs"
+  "$py" -c "
+import matplotlib.image as m, sys
+a = m.imread(sys.argv[1])
+assert a.shape[0] == 800 and a.shape[1] == 1500, a.shape
+assert a[..., :3].std() > 0.05, 'blank picture'
+" "$work/ab.png" || fail "ab.png is not a 1500x800 picture with something drawn"
+  "$py" "$plot" "$work/nothere.jsonl" > "$work/plot.out" 2>&1 && fail "a missing log was accepted"
+  grep -q "nothere.jsonl" "$work/plot.out" || { cat "$work/plot.out"; fail "the message does not name the file"; }
+  echo '{"event": "start"}' > "$work/start_only.jsonl"
+  "$py" "$plot" "$work/start_only.jsonl" > "$work/plot.out" 2>&1 && fail "a log without steps was accepted"
+  grep -q "start_only.jsonl: no training step records" "$work/plot.out" || { cat "$work/plot.out"; fail "message"; }
+  echo "plot: OK"
+  ;;
+*)
+  fail "unknown case $case_name"
+  ;;
+esac
