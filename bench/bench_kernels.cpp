@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "tensor/cpu/kernels.h"
 #include "tensor/parallel.h"
@@ -106,6 +107,52 @@ void add_stage(int64_t n, int64_t hw, int64_t c) {
   });
 }
 
+// A block's MLP, forward and backward, as the model ran it before Note [Fused epilogues on the CPU] (fc1 with
+// the bias filled first, GELU, fc2, residual_scale_add; then their backward kernels) and fused (linear_gelu,
+// linear_scale_residual and their backward kernels), both in the same run; `tile` 0 is the kernels' own
+// choice (fused_tile_rows), others force that many rows per tile (the sweep that chose kFusedTileBytes).
+void add_block_mlp(int64_t n, int64_t hw, int64_t c, const std::vector<int64_t>& tiles) {
+  const int64_t m = n * hw * hw;
+  const double flops = 12 * double(m) * double(4 * c * c);  // fc1 and fc2, forward and backward
+  auto body = [=](bool fused, int64_t tile, bool backward = true) {
+    return [=](benchmark::State& st) {
+      const Tensor x = uniform({m, c}, 1), w1 = uniform({4 * c, c}, 2), b1 = uniform({4 * c}, 3);
+      const Tensor w2 = uniform({c, 4 * c}, 4), b2 = uniform({c}, 5), gamma = uniform({c}, 6);
+      const Tensor r = uniform({m, c}, 7), g = uniform({m, c}, 8);
+      Tensor h = empty({m, 4 * c}), a = empty({m, 4 * c}), y = empty({m, c}), out = empty({m, c});
+      Tensor gb = empty({m, c}), dgamma = empty({c}), da = empty({m, 4 * c}), dw2 = empty({c, 4 * c});
+      Tensor db2 = empty({c}), gh = empty({m, 4 * c}), dx = empty({m, c}), dw1 = empty({4 * c, c});
+      Tensor db1 = empty({4 * c});
+      for (auto _ : st) {
+        if (fused) {
+          cpu::linear_gelu_forward(x, w1, b1, h, a, tile);
+          cpu::linear_scale_residual_forward(a, w2, b2, gamma, r, y, out, tile);
+          if (!backward) continue;
+          cpu::linear_scale_residual_backward(g, a, y, w2, gamma, gb, da, dw2, db2, dgamma, tile);
+          cpu::linear_gelu_backward(da, x, h, w1, gh, dx, dw1, db1, tile);
+        } else {
+          cpu::linear_forward(x, w1, b1, h);
+          cpu::gelu_forward(h, a);
+          cpu::linear_forward(a, w2, b2, y);
+          cpu::residual_scale_add(r, y, gamma, out);
+          if (!backward) continue;
+          cpu::channel_scale_backward(g, y, gamma, gb, dgamma);
+          cpu::linear_backward(gb, a, w2, da, dw2, db2);
+          cpu::gelu_backward(da, h, gh);
+          cpu::linear_backward(gh, x, w1, dx, dw1, db1);
+        }
+      }
+      rate(st, "FLOP/s", backward ? flops : flops / 3);
+    };
+  };
+  const std::string s = nhwc(n, hw, c);
+  reg("block_mlp/unfused/" + s, body(false, 0));
+  reg("block_mlp/fused/" + s, body(true, 0));
+  reg("block_mlp_fwd/unfused/" + s, body(false, 0, false));  // eval, and a checkpointed block's first pass
+  reg("block_mlp_fwd/fused/" + s, body(true, 0, false));
+  for (int64_t t : tiles) reg(fmt::format("block_mlp/fused_tile{}/{}", t, s), body(true, t));
+}
+
 // Patchify conv: x (n, hw, hw, cin) -> (n, hw / k, hw / k, cout).
 void add_patchify(int64_t n, int64_t hw, int64_t cin, int64_t k, int64_t cout) {
   const std::string name = fmt::format("{}_k{}_{}", nhwc(n, hw, cin), k, cout);
@@ -132,6 +179,13 @@ int main(int argc, char** argv) {
   // Note [Passive OpenMP waits] (measured here too: LayerNorm 1 ms -> 8 ms on 2 loaded cores when spinning).
   cz::use_passive_omp_waits(argv);
   cz::configure_cpu_threads(1);
+  // The block's MLP fused and unfused: ConvNeXt-T (batch 8, 224 px) and atto (batch 32, 64 px) stages; the
+  // tile sweep at the two stages with the most rows.
+  const std::vector<int64_t> sweep = {32, 64, 128, 256, 512, 1024};
+  for (auto [hw, c] : {std::pair{56, 96}, {28, 192}, {14, 384}, {7, 768}})
+    cz::add_block_mlp(8, hw, c, hw == 56 ? sweep : std::vector<int64_t>{});
+  for (auto [hw, c] : {std::pair{16, 40}, {8, 80}, {4, 160}, {2, 320}})
+    cz::add_block_mlp(32, hw, c, hw == 16 ? sweep : std::vector<int64_t>{});
   // ConvNeXt-T at 224px, batch 8.
   for (auto [hw, c] : {std::pair{56, 96}, {28, 192}, {14, 384}, {7, 768}}) cz::add_stage(8, hw, c);
   cz::add_patchify(8, 224, 3, 4, 96);

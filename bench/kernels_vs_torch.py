@@ -90,6 +90,26 @@ def torch_case(name):
         gy = cl(F.conv2d(x, w, b, stride=k).uniform_(-1, 1))
         return lambda: torch.ops.aten.convolution_backward(gy, x, w, [cout], [k, k], [0, 0], [1, 1], False,
                                                            [0, 0], 1, [True, True, True])
+    if kind.startswith("block_mlp"):  # "block_mlp[_fwd]/{unfused,fused,fused_tileN}/NxHxWxC": PyTorch's one way
+        n, h, w_, c = map(int, shape.split("/")[-1].split("x"))
+        m = n * h * w_
+        x, w1, b1, w2, b2, gamma = rnd(m, c), rnd(4 * c, c), rnd(4 * c), rnd(c, 4 * c), rnd(c), rnd(c)
+        r, g = rnd(m, c), rnd(m, c)
+        params = [x, w1, b1, w2, b2, gamma]
+
+        def mlp():
+            return r + gamma * F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+        if kind == "block_mlp_fwd":
+            return mlp
+        for p in params:
+            p.requires_grad_(True)
+
+        def forward_backward():
+            with torch.enable_grad():
+                torch.autograd.grad(mlp(), params, g)
+
+        return forward_backward
     n, h, w_, c = map(int, shape.split("x"))
     if kind.startswith("dwconv7"):
         x, w, b, gy = cl(rnd(n, c, h, w_)), rnd(c, 1, 7, 7), rnd(c), cl(rnd(n, c, h, w_))
@@ -194,7 +214,8 @@ def main():
         torch_value = value * t_ours / t_torch if value else None
         speedup = t_torch / t_ours
         times[name] = (t_ours, t_torch)
-        by_kind.setdefault(name.split("/")[0], []).append(speedup)
+        kind = name.rsplit("/", 1)[0] if name.startswith("block_mlp") else name.split("/")[0]
+        by_kind.setdefault(kind, []).append(speedup)
         print(f"{name:44} {t_ours * 1e3:9.3f} {t_torch * 1e3:9.3f} {fmt_rate(counter, value):>14} "
               f"{fmt_rate(counter, torch_value):>14} {speedup:7.2f}x", flush=True)
     print()

@@ -173,17 +173,29 @@ ConvNeXtBlock::ConvNeXtBlock(int64_t dim, const ConvNeXtConfig& cfg, double drop
   conv_dw_ = register_module("conv_dw", std::make_shared<DepthwiseConv2d>(dim, cfg.kernel, true, opt));
   norm_ = register_module("norm", std::make_shared<LayerNorm>(dim, cfg.ln_eps, opt));
   auto mlp = std::make_shared<NamedSequential>();
-  mlp->add("fc1", std::make_shared<Linear>(dim, 4 * dim, true, opt));
+  fc1_ = std::make_shared<Linear>(dim, 4 * dim, true, opt);
+  fc2_ = std::make_shared<Linear>(4 * dim, dim, true, opt);
+  mlp->add("fc1", fc1_);
   mlp->add("act", std::make_shared<GELU>());
-  mlp->add("fc2", std::make_shared<Linear>(4 * dim, dim, true, opt));
+  mlp->add("fc2", fc2_);
   mlp_ = register_module("mlp", std::static_pointer_cast<Sequential>(mlp));
   if (cfg.layer_scale_init > 0)
     gamma_ = register_parameter("gamma", full({dim}, cfg.layer_scale_init, opt.dtype, opt.device));
 }
 
+// Note [Fused epilogues on the CPU] (src/tensor/cpu/linear_fused.cpp): fc1 runs as linear_gelu, and fc2 with
+// layer scale and residual as linear_scale_residual, instead of the mlp module's fc1 -> act -> fc2 and a
+// separate residual_scale_add. The modules stay for their parameters (timm's names, mlp.fc1.weight ...), but
+// their own forwards and hooks are not called: ZeRO's gathers, the tracer and the planner hook the block (its
+// unit), which runs as before. With drop path the branch is scaled and dropped before the residual is added,
+// so fc2 runs unfused there.
 Tensor ConvNeXtBlock::forward(const Tensor& x) {
-  Tensor h = (*mlp_)((*norm_)((*conv_dw_)(x)));
-  if (is_training() && drop_path_ > 0) {
+  Tensor a = linear_gelu((*norm_)((*conv_dw_)(x)), fc1_->weight(), fc1_->bias());
+  const bool drop = is_training() && drop_path_ > 0;
+  if (!drop && gamma_.defined()) return linear_scale_residual(x, a, fc2_->weight(), fc2_->bias(), gamma_);
+  Tensor h = linear(a, fc2_->weight(), fc2_->bias());
+  a = Tensor();
+  if (drop) {
     if (gamma_.defined()) h = channel_scale(h, gamma_);
     // Note [Drop-path masks]: a generator keyed by (seed, step, block), positioned at this rank's first
     // sample.
@@ -192,7 +204,7 @@ Tensor ConvNeXtBlock::forward(const Tensor& x) {
     gen.set_state(gen.seed(), uint64_t(ctx_->sample_offset));
     return add(x, drop_path(h, drop_path_, gen));
   }
-  return gamma_.defined() ? residual_scale_add(x, h, gamma_) : add(x, h);
+  return add(x, h);
 }
 
 ConvNeXtStage::ConvNeXtStage(int64_t in_dim, int64_t out_dim, int64_t depth, bool downsample,

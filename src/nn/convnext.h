@@ -92,7 +92,8 @@ class ConvNeXtBlock : public Module {
  private:
   std::shared_ptr<DepthwiseConv2d> conv_dw_;
   std::shared_ptr<LayerNorm> norm_;
-  std::shared_ptr<Sequential> mlp_;
+  std::shared_ptr<Sequential> mlp_;  // fc1, act, fc2: the parameters' names; forward calls their ops fused
+  std::shared_ptr<Linear> fc1_, fc2_;
   Tensor gamma_;
   double drop_path_;
   int64_t index_;

@@ -7,6 +7,7 @@
 #include "tensor/ops/elementwise.h"
 #include "tensor/ops/layer_norm.h"
 #include "tensor/ops/linear.h"
+#include "tensor/ops/linear_fused.h"
 #include "tensor/ops/loss.h"
 #include "tensor/ops/pool.h"
 #include "tensor/ops/reduce.h"

@@ -258,6 +258,32 @@ std::vector<OpCase> build() {
                    },
                    [](const auto& in) { return linear(in[0], in[1]); },
                    [](const auto& in) { return matmul(in[0], in[1].transpose(0, 1)); }});
+  // The fused MLP ops (Note [Fused epilogues on the CPU]): channel counts off every vector width, rows that
+  // are not a multiple of any tile. tests/tensor/test_linear_fused.cpp holds them to the unfused ops with
+  // small tiles and several threads.
+  cases.push_back({"linear_gelu",
+                   [](DType t, uint64_t s) {
+                     return std::vector{input({2, 3, 5, 6}, t, s, true, -2, 2), input({13, 6}, t, s + 1),
+                                        input({13}, t, s + 2)};
+                   },
+                   [](const auto& in) { return linear_gelu(in[0], in[1], in[2]); },
+                   [](const auto& in) { return ref_gelu(ref_linear(in[0], in[1], &in[2])); }});
+  cases.push_back({"linear_gelu_no_bias",
+                   [](DType t, uint64_t s) {
+                     return std::vector{input({7, 9}, t, s, true, -2, 2), input({17, 9}, t, s + 1)};
+                   },
+                   [](const auto& in) { return linear_gelu(in[0], in[1]); },
+                   [](const auto& in) { return ref_gelu(ref_linear(in[0], in[1], nullptr)); }});
+  cases.push_back({"linear_scale_residual",
+                   [](DType t, uint64_t s) {
+                     return std::vector{input({3, 5, 7, 7}, t, s), input({3, 5, 7, 26}, t, s + 1),
+                                        input({7, 26}, t, s + 2), input({7}, t, s + 3), input({7}, t, s + 4)};
+                   },
+                   [](const auto& in) { return linear_scale_residual(in[0], in[1], in[2], in[3], in[4]); },
+                   [=](const auto& in) {
+                     const Tensor y = ref_linear(in[1], in[2], &in[3]);
+                     return channel_ref(&in[0], y, in[4]);
+                   }});
   cases.push_back({"sum", [=](DType t, uint64_t s) { return std::vector{input(nhwc, t, s)}; },
                    [](const auto& in) { return sum(in[0]); },
                    [](const auto& in) {

@@ -93,31 +93,39 @@ std::vector<ModuleCost> convnext_step_work(const nn::ConvNeXtConfig& cfg, int64_
           total_blocks > 1 ? cfg.drop_path_rate * double(block) / double(total_blocks - 1) : 0.0;
       const bool gamma = cfg.layer_scale_init > 0;
       Module m(name, e);
-      // Forward: dwconv -> LayerNorm -> fc1 -> GELU -> fc2 -> (gamma, drop path) + residual.
+      // Forward: dwconv -> LayerNorm -> fc1 + GELU -> fc2 + gamma + residual (Note [Fused epilogues on the
+      // CPU]); with drop path, or without gamma, fc2 alone -> (gamma, drop path) + residual. A fused op's
+      // epilogue rides on its GEMM: the flops and bytes of both, one matmul-class op.
+      const bool fused_fc2 = rate <= 0 && gamma;
       m.fwd("depthwise_conv2d", OpClass::depthwise, 2 * k2 * rc, 2 * rc);
       m.layer_norm(rows, c);
-      m.linear(rows, c, 4 * c);
-      m.fwd("gelu", OpClass::memory, 40 * rc, 8 * rc);
-      m.linear(rows, 4 * c, c);
-      if (rate > 0) {
-        if (gamma) m.fwd("channel_scale", OpClass::memory, rc, 2 * rc);
-        m.fwd("drop_path", OpClass::memory, rc, 2 * rc);
-        m.fwd("add", OpClass::memory, rc, 3 * rc);
+      m.fwd("linear_gelu", OpClass::matmul, 8 * rows * c * c + 40 * rc, 9 * rc + 4 * c * c);
+      if (fused_fc2) {
+        m.fwd("linear_scale_residual", OpClass::matmul, 8 * rows * c * c + 2 * rc, 7 * rc + 4 * c * c);
       } else {
-        m.fwd(gamma ? "residual_scale_add" : "add", OpClass::memory, 2 * rc, 3 * rc);
+        m.linear(rows, 4 * c, c);
+        if (rate > 0) {
+          if (gamma) m.fwd("channel_scale", OpClass::memory, rc, 2 * rc);
+          m.fwd("drop_path", OpClass::memory, rc, 2 * rc);
+        }
+        m.fwd("add", OpClass::memory, rc, 3 * rc);
       }
       ModuleCost fwd_only = m.take();
       // Backward, in the order the nodes run.
       Module b(name, e);
-      if (rate > 0) {
-        b.bwd("DropPathBackward", OpClass::memory, rc, 2 * rc);
-        if (gamma) b.bwd("ChannelScaleBackward", OpClass::memory, 2 * rc, 3 * rc, {name + ".gamma"});
-      } else if (gamma) {
-        b.bwd("ResidualScaleAddBackward", OpClass::memory, 2 * rc, 3 * rc, {name + ".gamma"});
+      if (fused_fc2) {
+        const std::vector<std::string> wb = Module::wb(name + ".mlp.fc2");
+        b.bwd("LinearScaleResidualBackward", OpClass::matmul, 16 * rows * c * c + 3 * rc, 11 * rc + 8 * c * c,
+              {name + ".gamma", wb[0], wb[1]});
+      } else {
+        if (rate > 0) {
+          b.bwd("DropPathBackward", OpClass::memory, rc, 2 * rc);
+          if (gamma) b.bwd("ChannelScaleBackward", OpClass::memory, 2 * rc, 3 * rc, {name + ".gamma"});
+        }
+        b.linear_backward(rows, 4 * c, c, name + ".mlp.fc2");
       }
-      b.linear_backward(rows, 4 * c, c, name + ".mlp.fc2");
-      b.bwd("GeluBackward", OpClass::memory, 60 * rc, 12 * rc);
-      b.linear_backward(rows, c, 4 * c, name + ".mlp.fc1");
+      b.bwd("LinearGeluBackward", OpClass::matmul, 16 * rows * c * c + 60 * rc, 14 * rc + 8 * c * c,
+            Module::wb(name + ".mlp.fc1"));
       b.layer_norm_backward(rows, c, name + ".norm");
       b.bwd("DepthwiseConv2dBackward", OpClass::depthwise, 4 * k2 * rc, 4 * rc,
             Module::wb(name + ".conv_dw"));

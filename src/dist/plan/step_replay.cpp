@@ -4,12 +4,14 @@
 //  * Forward: every op allocates its output; a recorded op's autograd node keeps what its backward reads
 //    (src/tensor/ops/*.cpp): depthwise conv its input and the weight in kernel layout (k, k, C); patchify
 //    conv its input and the weight as (Cout, k, k, Cin); LayerNorm its input and f32 mean/rstd per row;
-//    linear its input (the weight is a view of the flat buffer, no copy); GELU its input; residual_scale_add
-//    and channel_scale their scaled input; drop_path only its per-sample scale (N elements, kept until the
-//    graph dies); add and global_avg_pool nothing; cross-entropy the logits, labels and f32 log-sum-exp per
-//    row (with Mixup/CutMix the soft targets instead of the labels, and an f32 row sum). What no node keeps
-//    is freed when the last C++ handle to it goes (e.g. a block's fc1 output, under no-grad, once GELU has
-//    run; the last block's output after the head's pooling).
+//    linear its input (the weight is a view of the flat buffer, no copy); linear_gelu its input and its
+//    pre-activation; linear_scale_residual its input and its output before gamma; GELU its input;
+//    residual_scale_add and channel_scale their scaled input; drop_path only its per-sample scale (N
+//    elements, kept until the graph dies); add and global_avg_pool nothing; cross-entropy the logits, labels
+//    and f32 log-sum-exp per row (with Mixup/CutMix the soft targets instead of the labels, and an f32 row
+//    sum). What no node keeps is freed when the last C++ handle to it goes (e.g. a block's fc1
+//    pre-activation, under no-grad, once linear_gelu returns; the last block's output after the head's
+//    pooling).
 //  * Activation checkpointing (ConvNeXtStage, src/tensor/autograd/checkpoint.cpp): a block runs under
 //    no-grad and its CheckpointBackward node keeps only the block input. In backward the node recomputes the
 //    block with grad (all of its saved tensors again), runs the block's backward inside grad(), which holds
@@ -349,20 +351,24 @@ A Walker::stage(int i, A x, int64_t& side, bool last_stage) {
   return h;
 }
 
-// ConvNeXtBlock::forward: dwconv -> LayerNorm -> fc1 -> GELU -> fc2 -> (gamma, drop path) + residual.
+// ConvNeXtBlock::forward: dwconv -> LayerNorm -> linear_gelu (fc1) -> linear_scale_residual (fc2, gamma,
+// residual); with drop path, or without gamma, fc2 alone -> (gamma, drop path) + residual.
 A Walker::block(const A& x, int64_t side, int64_t c, double rate, Use out_use) {
   const int64_t rows = n_ * side * side;
   const std::string& b = scope_;
   const A y1 = depthwise(x, side, c, b + ".conv_dw", keep());
   const A y2 = layer_norm(y1, rows, c, b + ".norm", keep());
-  const A y3 = linear(y2, rows, c, 4 * c, b + ".mlp.fc1", keep());
-  const A y4 = gelu(y3, keep());
-  m_.release(y3.id);
-  const A y5 = linear(y4, rows, 4 * c, c, b + ".mlp.fc2", keep());
-  m_.release(y4.id);
-  m_.release(y2.id);  // `(*mlp_)((*norm_)((*conv_dw_)(x)))`'s temporaries
+  const A a = linear_gelu(y2, rows, c, 4 * c, b + ".mlp.fc1", keep());
+  m_.release(y2.id);  // the temporaries of linear_gelu's argument
   m_.release(y1.id);
   const bool gamma = s_.model.layer_scale_init > 0;
+  if (rate <= 0 && gamma) {
+    const A z = linear_scale_residual(x, a, rows, 4 * c, c, b + ".mlp.fc2", b + ".gamma", out_use);
+    m_.release(a.id);
+    return z;
+  }
+  const A y5 = linear(a, rows, 4 * c, c, b + ".mlp.fc2", keep());
+  m_.release(a.id);
   if (rate > 0) {  // training with drop path
     A h = y5;
     if (gamma) {
@@ -375,7 +381,7 @@ A Walker::block(const A& x, int64_t side, int64_t c, double rate, Use out_use) {
     m_.release(h.id);
     return z;
   }
-  const A z = gamma ? scale_add(&x, y5, c, b + ".gamma", out_use) : add(x, y5, out_use);
+  const A z = add(x, y5, out_use);
   m_.release(y5.id);
   return z;
 }

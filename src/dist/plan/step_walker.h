@@ -75,7 +75,11 @@ class Walker {
              const std::string& module, Use out);
   A layer_norm(const A& x, int64_t rows, int64_t c, const std::string& module, Use out);
   A linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module, Use out);
-  A gelu(const A& x, Use out);
+  // linear_gelu (fc1) and linear_scale_residual (fc2, gamma and the residual r); `gamma`: its parameter's
+  // name.
+  A linear_gelu(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module, Use out);
+  A linear_scale_residual(const A& r, const A& x, int64_t rows, int64_t in, int64_t out_f,
+                          const std::string& module, const std::string& gamma, Use out);
   // residual_scale_add / channel_scale; `gamma`: the parameter's name.
   A scale_add(const A* residual, const A& h, int64_t c, const std::string& gamma, Use out);
   // A module call: its forward-pre hook; then, after its ops, its forward hook and (when recording) the

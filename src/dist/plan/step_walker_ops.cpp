@@ -137,21 +137,72 @@ A Walker::linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const std:
   return y;
 }
 
-A Walker::gelu(const A& x, Use out) {
-  at("gelu");
-  const A y = buf(x.bytes, out, "gelu output");
-  if (!recording_) return y;
+// Note [Fused epilogues on the CPU]: the same buffers as linear then gelu (the pre-activation is the node's
+// instead of GeluBackward's), and in backward GELU's input gradient is the GEMMs' operand, freed when the
+// node returns.
+A Walker::linear_gelu(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module,
+                      Use out) {
+  at("fc1 + gelu");
+  const A h = buf(rows * out_f * e_, keep(), "fc1 pre-activation");
+  const A y = buf(h.bytes, out, "gelu output");
+  if (!recording_) {
+    m_.release(h.id);
+    return y;
+  }
   m_.retain(x.id);
   const std::string scope = scope_;
   record([=, this] {
-    at(scope, "gelu backward");
+    at(scope, "fc1 + gelu backward");
     const Id g = take(y.id);
-    const Id dx = m_.alloc(x.bytes, Use::transient, "gelu input gradient");
+    const Id gh = m_.alloc(h.bytes, Use::transient, "gelu input gradient");
+    const Id dx = m_.alloc(x.bytes, Use::transient, "linear input gradient");
+    const Id dw = m_.alloc(out_f * in * e_, Use::transient, "linear weight gradient");
+    const Id db = m_.alloc(out_f * e_, Use::transient, "linear bias gradient");
+    m_.release(gh);
     m_.release(x.id);
+    m_.release(h.id);
     deposit(x, dx);
     m_.release(g);
+    param_grad(db, module + ".bias");
+    param_grad(dw, module + ".weight");
   });
   return y;
+}
+
+// fc2, then gamma and the residual: linear's and residual_scale_add's buffers; the node's inputs are
+// (residual, x, weight, bias, gamma), so gamma's gradient is handed over first, then the bias's, the
+// weight's.
+A Walker::linear_scale_residual(const A& r, const A& x, int64_t rows, int64_t in, int64_t out_f,
+                                const std::string& module, const std::string& gamma, Use out) {
+  at("fc2 + residual_scale_add");
+  const A y = buf(rows * out_f * e_, keep(), "linear output");
+  const A z = buf(y.bytes, out, "block output");
+  if (!recording_) {
+    m_.release(y.id);
+    return z;
+  }
+  m_.retain(x.id);
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, "fc2 + residual_scale_add backward");
+    const Id g = take(z.id);
+    const Id gb = m_.alloc(y.bytes, Use::transient, "block branch gradient");
+    const Id dgamma = m_.alloc(out_f * e_, Use::transient, "gamma gradient");
+    const Id dx = m_.alloc(x.bytes, Use::transient, "linear input gradient");
+    const Id dw = m_.alloc(out_f * in * e_, Use::transient, "linear weight gradient");
+    const Id db = m_.alloc(out_f * e_, Use::transient, "linear bias gradient");
+    m_.release(gb);
+    m_.release(x.id);
+    m_.release(y.id);
+    m_.retain(g);  // the residual's gradient is the incoming one, passed through
+    deposit(r, g);
+    deposit(x, dx);
+    m_.release(g);
+    param_grad(dgamma, gamma);
+    param_grad(db, module + ".bias");
+    param_grad(dw, module + ".weight");
+  });
+  return z;
 }
 
 A Walker::scale_add(const A* residual, const A& h, int64_t c, const std::string& gamma, Use out) {

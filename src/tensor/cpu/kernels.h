@@ -45,6 +45,30 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor
 // gy: (M, out). Each of dx, dw, db may be undefined (not needed).
 void linear_backward(const Tensor& gy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db);
 
+// The MLP's fused epilogues (Note [Fused epilogues on the CPU], linear_fused.cpp). Rows go in tiles of
+// `tile` rows (0: fused_tile_rows's choice); bias may be undefined (zero); any gradient may be undefined.
+// Rows per tile for rows of `row_bytes` (inputs and outputs a tile touches) and a weight of `weight_bytes`
+// on `threads` threads. Measured (bench_kernels block_mlp/fused_tileN, Note [Fused epilogues on the CPU]):
+// 256-1024 rows per tile were fastest at ConvNeXt-T's first stage and atto's, i.e. 0.4-1.4 MiB; 1 MiB is half
+// this Xeon's L2.
+inline constexpr int64_t kFusedTileBytes = int64_t(1) << 20;
+int64_t fused_tile_rows(int64_t rows, int64_t row_bytes, int64_t weight_bytes, int threads,
+                        int64_t budget_bytes = kFusedTileBytes);
+// x: (M, in), w: (out, in), bias: (out) -> h = x w^T + bias (kept for backward), y = gelu(h): (M, out).
+void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& h, Tensor& y,
+                         int64_t tile = 0);
+// gy: (M, out). gh: (M, out) written with gy * gelu'(h), the GEMMs' operand; db = column sums of gh.
+void linear_gelu_backward(const Tensor& gy, const Tensor& x, const Tensor& h, const Tensor& w, Tensor& gh,
+                          Tensor& dx, Tensor& dw, Tensor& db, int64_t tile = 0);
+// y = x w^T + bias (kept for backward), out = residual + gamma * y. gamma: (out), residual: (M, out).
+void linear_scale_residual_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& gamma,
+                                   const Tensor& residual, Tensor& y, Tensor& out, int64_t tile = 0);
+// g: (M, out), the gradient of out. gb: (M, out) written with g * gamma; db = column sums of gb, dgamma =
+// column sums of g * y.
+void linear_scale_residual_backward(const Tensor& g, const Tensor& x, const Tensor& y, const Tensor& w,
+                                    const Tensor& gamma, Tensor& gb, Tensor& dx, Tensor& dw, Tensor& db,
+                                    Tensor& dgamma, int64_t tile = 0);
+
 }  // namespace cz::cpu
 
 namespace cz::cpu {

@@ -201,7 +201,8 @@ TEST(WhatIfCompute, ScaledAndRatesTablesSayWhatTheyAre) {
   EXPECT_EQ(s.device, "GPU X");
   EXPECT_THAT(s.provenance, ::testing::StartsWith("scaled: bench_train_step --profile on cpu"));
   EXPECT_DOUBLE_EQ(s.per_op.at("linear").rate, 100 * m.per_op.at("linear").rate);
-  EXPECT_DOUBLE_EQ(s.per_op.at("gelu").rate, 100 * m.per_op.at("gelu").rate);
+  EXPECT_DOUBLE_EQ(s.per_op.at("linear_gelu").rate, 100 * m.per_op.at("linear_gelu").rate);
+  EXPECT_DOUBLE_EQ(s.per_op.at("layer_norm").rate, 100 * m.per_op.at("layer_norm").rate);
   const ComputeTable d = default_compute_table(DType::bf16);
   EXPECT_EQ(d.device, "RTX 4090");
   EXPECT_THAT(d.provenance, ::testing::StartsWith("planned: RTX 4090 rates, bf16"));

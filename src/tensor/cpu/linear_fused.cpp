@@ -1,0 +1,261 @@
+// ConvNeXt's MLP with its epilogues fused (Note [Fused epilogues on the CPU]): fc1 + bias + GELU, fc2 + bias
+// + layer scale + residual, and their backward passes with the bias (and gamma) gradients taken in the same
+// pass over the rows.
+#include <algorithm>
+#include <vector>
+
+#include "tensor/cpu/blas.h"
+#include "tensor/cpu/gelu.h"
+#include "tensor/cpu/kernels.h"
+#include "tensor/cpu/simd.h"
+
+// Note [Fused epilogues on the CPU]
+// Unfused, a ConvNeXt block's MLP makes the activations cross memory once per pass: fc1 fills its output with
+// the bias, then the GEMM adds into it; GELU reads it and writes its own output; fc2 does the same bias fill;
+// residual_scale_add reads fc2's output and the residual and writes the block's output. Backward mirrors it
+// (channel_scale_backward, fc2's GEMMs and column sums, gelu_backward, fc1's). At atto's first stage a
+// (8192 x 160) f32 activation is 5 MiB, more than a core's L2: each pass streams it from L3 or memory.
+// Here the rows are split into tiles, spread over the OpenMP threads; each thread runs cz::cpu::gemm on its
+// tile (from inside the parallel region the library runs it on the calling thread) and applies the epilogue
+// right away, while the tile's output is still in its core's cache: the bias and GELU (forward fc1), the
+// bias, gamma and residual (forward fc2); in backward the elementwise part (GELU's derivative, or gamma) with
+// the bias and gamma gradients' column sums, then the input gradient's GEMM on the same tile. The weight
+// gradient sums over all rows: where the weight is small against the rows (split_rows_for_weight_grad) each
+// thread accumulates its own partial over its tiles too, else one library GEMM over all rows follows the
+// tiled pass. Partial sums are added in thread order: deterministic for a given thread count. What is saved
+// for backward is what the unfused ops saved (fc1's input and pre-activation, fc2's input and output before
+// gamma), so the memory plan is unchanged, and on CUDA the same ops compose the existing kernels.
+// Tile size (fused_tile_rows): bench_kernels' block_mlp/fused_tileN sweep (one thread, on a loaded 2-core
+// Xeon with 2 MiB of L2 per core) was fastest at 256-1024 rows at ConvNeXt-T's first stage and atto's
+// (32 rows: +20%), so tiles fill 1 MiB, at least 128 rows. Each tile's GEMM packs the whole weight again, and
+// at ConvNeXt-T's last stages (weights of 2.3 and 9 MiB) 37-row tiles made the forward 50% slower than
+// unfused; where the weight exceeds the budget each thread takes one tile. What it saves, measured the same
+// way (block_mlp fused vs unfused, forward + backward): 8% and 5% at ConvNeXt-T's first two stages, nothing
+// at its last two, and atto's stages were 0-4% slower: their activations (at most 5 MiB) stay in this
+// machine's large L3, and most of GELU's pass is its arithmetic, which fusing does not remove
+// (docs/performance.md).
+namespace cz::cpu {
+namespace {
+
+using simd::for_blocks;
+using simd::load;
+using simd::store;
+
+// The same test as linear.cpp's: many rows against a small weight.
+bool split_rows(int64_t m, int64_t in, int64_t out, int threads) {
+  return threads > 1 && m >= 2048 && m >= 16 * std::max(in, out) && in * out <= (int64_t(1) << 16);
+}
+
+int threads_for(int64_t m, int64_t cols) {
+  return m * cols >= kParallelGrain ? cpu_threads() : 1;
+}
+
+// Tiles of `tile` rows over [0, m); each thread gets a contiguous run of tiles (schedule static) and calls
+// f(thread, r0, r1) for each. Threads with no tile call nothing.
+template <class F>
+void for_tiles(int64_t m, int64_t tile, int nt, F&& f) {
+  const int64_t tiles = (m + tile - 1) / tile;
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num();
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < tiles; ++b) f(t, b * tile, std::min(m, (b + 1) * tile));
+  }
+}
+
+// Backward common to both ops. `epi(r0, r1, acc)` writes the GEMM's left operand G (m x out) for rows
+// [r0, r1) and adds those rows' column sums into the thread's accumulators acc[0..extra*out); then dx's rows
+// (G W) and, when split, the thread's partial dW (G^T x) are computed on the same tile. Column sums land in
+// sums (extra rows of out).
+template <class T, class Epi>
+void tiled_backward(int64_t m, int64_t in, int64_t out, const T* x, const T* w, const T* g_op, T* dx, T* dw,
+                    int extra, T* const* sums, int64_t tile, Epi&& epi) {
+  const int nt = threads_for(m, std::max(in, out));
+  const bool split = dw && split_rows(m, in, out, nt);
+  if (tile <= 0)
+    tile = fused_tile_rows(m, (in + out) * int64_t(sizeof(T)), in * out * int64_t(sizeof(T)), nt);
+  const int64_t stride = extra * out + (split ? out * in : 0);
+  std::vector<T> acc(size_t(nt) * size_t(stride), T(0));
+  for_tiles(m, tile, nt, [&](int t, int64_t r0, int64_t r1) {
+    T* a = acc.data() + size_t(t) * size_t(stride);
+    epi(r0, r1, a);
+    const T* gt = g_op + r0 * out;
+    if (dx) gemm<T>(false, false, r1 - r0, in, out, T(1), gt, out, w, in, T(0), dx + r0 * in, in);
+    if (split)
+      gemm<T>(true, false, out, in, r1 - r0, T(1), gt, out, x + r0 * in, in, T(1), a + extra * out, in);
+  });
+  for (int e = 0; e < extra; ++e) {
+    if (!sums[e]) continue;
+    for (int64_t j = 0; j < out; ++j) {
+      T s = T(0);
+      for (int t = 0; t < nt; ++t) s += acc[size_t(t) * size_t(stride) + size_t(e * out + j)];
+      sums[e][j] = s;
+    }
+  }
+  if (!dw) return;
+  if (split) {
+    const int64_t wsize = out * in;
+    std::copy_n(acc.data() + extra * out, wsize, dw);
+    for (int t = 1; t < nt; ++t) {
+      const T* pw = acc.data() + size_t(t) * size_t(stride) + size_t(extra * out);
+#pragma omp simd
+      for (int64_t i = 0; i < wsize; ++i) dw[i] += pw[i];
+    }
+  } else {
+    gemm<T>(true, false, out, in, m, T(1), g_op, out, x, in, T(0), dw, in);
+  }
+}
+
+}  // namespace
+
+int64_t fused_tile_rows(int64_t rows, int64_t row_bytes, int64_t weight_bytes, int threads,
+                        int64_t budget_bytes) {
+  // Each tile's GEMM packs the whole weight again. A weight larger than the budget (ConvNeXt-T's last two
+  // stages: 2.3 and 9 MiB) comes from memory each time, so there every thread takes one tile of its share of
+  // the rows: the GEMMs are as big as they can be, and the epilogue runs on rows the thread has just written.
+  // Otherwise tiles fill the budget, at least kMinRows (the sweep's smaller tiles lost up to 20%).
+  constexpr int64_t kMinRows = 128;
+  const int64_t share = (rows + threads - 1) / std::max(1, threads);
+  int64_t tile = share;
+  if (weight_bytes <= budget_bytes)
+    tile = std::min(share, std::max<int64_t>(kMinRows, budget_bytes / std::max<int64_t>(1, row_bytes)));
+  return std::max<int64_t>(1, std::min(tile, rows));
+}
+
+void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& h, Tensor& y,
+                         int64_t tile) {
+  visit_float(y.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t m = x.size(0), in = x.size(1), out = w.size(0);
+    const T* px = x.data<T>();
+    const T* pw = w.data<T>();
+    const T* pb = bias.defined() ? bias.data<T>() : nullptr;
+    T* ph = h.data<T>();
+    T* py = y.data<T>();
+    const int nt = threads_for(m, out);
+    if (tile <= 0)
+      tile = fused_tile_rows(m, (in + 2 * out) * int64_t(sizeof(T)), in * out * int64_t(sizeof(T)), nt);
+    for_tiles(m, tile, nt, [&](int, int64_t r0, int64_t r1) {
+      gemm<T>(false, true, r1 - r0, out, in, T(1), px + r0 * in, in, pw, in, T(0), ph + r0 * out, out);
+      for (int64_t r = r0; r < r1; ++r) {
+        T* hr = ph + r * out;
+        T* yr = py + r * out;
+        if constexpr (std::is_same_v<T, double>) {
+          for (int64_t j = 0; j < out; ++j) {
+            const T v = hr[j] + (pb ? pb[j] : T(0));
+            hr[j] = v;
+            yr[j] = gelu_math::gelu(v);
+          }
+        } else {
+          for_blocks<T>(0, out, [&](auto vt, int64_t j) {
+            using V = decltype(vt);
+            V v = load<V>(hr + j);
+            if (pb) v = v + load<V>(pb + j);
+            store(hr + j, v);
+            store(yr + j, gelu_math::gelu(v));
+          });
+        }
+      }
+    });
+  });
+}
+
+void linear_gelu_backward(const Tensor& gy, const Tensor& x, const Tensor& h, const Tensor& w, Tensor& gh,
+                          Tensor& dx, Tensor& dw, Tensor& db, int64_t tile) {
+  visit_float(gy.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t m = x.size(0), in = x.size(1), out = w.size(0);
+    const T* pg = gy.data<T>();
+    const T* ph = h.data<T>();
+    T* pgh = gh.data<T>();
+    T* sums[1] = {db.defined() ? db.data<T>() : nullptr};
+    tiled_backward<T>(m, in, out, x.data<T>(), w.data<T>(), pgh, dx.defined() ? dx.data<T>() : nullptr,
+                      dw.defined() ? dw.data<T>() : nullptr, 1, sums, tile,
+                      [&](int64_t r0, int64_t r1, T* acc) {
+                        for (int64_t r = r0; r < r1; ++r) {
+                          const T* gr = pg + r * out;
+                          const T* hr = ph + r * out;
+                          T* o = pgh + r * out;
+                          if constexpr (std::is_same_v<T, double>) {
+                            for (int64_t j = 0; j < out; ++j) {
+                              o[j] = gr[j] * gelu_math::gelu_grad(hr[j]);
+                              acc[j] += o[j];
+                            }
+                          } else {
+                            for_blocks<T>(0, out, [&](auto vt, int64_t j) {
+                              using V = decltype(vt);
+                              const V v = load<V>(gr + j) * gelu_math::gelu_grad(load<V>(hr + j));
+                              store(o + j, v);
+                              store(acc + j, load<V>(acc + j) + v);
+                            });
+                          }
+                        }
+                      });
+  });
+}
+
+void linear_scale_residual_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& gamma,
+                                   const Tensor& residual, Tensor& y, Tensor& out, int64_t tile) {
+  visit_float(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t m = x.size(0), in = x.size(1), nout = w.size(0);
+    const T* px = x.data<T>();
+    const T* pw = w.data<T>();
+    const T* pb = bias.defined() ? bias.data<T>() : nullptr;
+    const T* pgam = gamma.data<T>();
+    const T* pr = residual.data<T>();
+    T* py = y.data<T>();
+    T* po = out.data<T>();
+    const int nt = threads_for(m, in);
+    if (tile <= 0)
+      tile = fused_tile_rows(m, (in + 3 * nout) * int64_t(sizeof(T)), in * nout * int64_t(sizeof(T)), nt);
+    for_tiles(m, tile, nt, [&](int, int64_t r0, int64_t r1) {
+      gemm<T>(false, true, r1 - r0, nout, in, T(1), px + r0 * in, in, pw, in, T(0), py + r0 * nout, nout);
+      for (int64_t r = r0; r < r1; ++r) {
+        T* yr = py + r * nout;
+        const T* rr = pr + r * nout;
+        T* orow = po + r * nout;
+#pragma omp simd
+        for (int64_t j = 0; j < nout; ++j) {
+          const T v = yr[j] + (pb ? pb[j] : T(0));
+          yr[j] = v;
+          orow[j] = rr[j] + v * pgam[j];
+        }
+      }
+    });
+  });
+}
+
+void linear_scale_residual_backward(const Tensor& g, const Tensor& x, const Tensor& y, const Tensor& w,
+                                    const Tensor& gamma, Tensor& gb, Tensor& dx, Tensor& dw, Tensor& db,
+                                    Tensor& dgamma, int64_t tile) {
+  visit_float(g.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t m = x.size(0), in = x.size(1), out = w.size(0);
+    const T* pg = g.data<T>();
+    const T* py = y.data<T>();
+    const T* pgam = gamma.data<T>();
+    T* pgb = gb.data<T>();
+    T* sums[2] = {db.defined() ? db.data<T>() : nullptr, dgamma.defined() ? dgamma.data<T>() : nullptr};
+    tiled_backward<T>(m, in, out, x.data<T>(), w.data<T>(), pgb, dx.defined() ? dx.data<T>() : nullptr,
+                      dw.defined() ? dw.data<T>() : nullptr, 2, sums, tile,
+                      [&](int64_t r0, int64_t r1, T* acc) {
+                        T* adb = acc;
+                        T* adg = acc + out;
+                        for (int64_t r = r0; r < r1; ++r) {
+                          const T* gr = pg + r * out;
+                          const T* yr = py + r * out;
+                          T* o = pgb + r * out;
+#pragma omp simd
+                          for (int64_t j = 0; j < out; ++j) {
+                            const T v = gr[j] * pgam[j];
+                            o[j] = v;
+                            adb[j] += v;
+                            adg[j] += gr[j] * yr[j];
+                          }
+                        }
+                      });
+  });
+}
+
+}  // namespace cz::cpu
