@@ -519,6 +519,7 @@ int main(int argc, char** argv) {
       if (!trainer.cpu_gemm_note().empty())
         fmt::print("convnext_zero: CPU GEMMs {}\n", trainer.cpu_gemm_note());
       for (const std::string& w : trainer.cpu_gemm_warnings()) fmt::print(stderr, "convnext_zero: {}\n", w);
+      if (!trainer.precision_note().empty()) fmt::print("convnext_zero: {}\n", trainer.precision_note());
       if (!trainer.comm_backend_note().empty())
         fmt::print("convnext_zero: collectives over {}\n", trainer.comm_backend_note());
       // Note [CUDA graphs for the step]: on a CPU run there is nothing to say (and `on` was refused).

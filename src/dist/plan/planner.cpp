@@ -473,6 +473,11 @@ std::string format_plan(const Plan& p) {
   if (!p.device_reason.empty())
     out += fmt::format("Planned for the {} backend: {}.\n", p.device == "cuda" ? "CUDA" : "CPU",
                        p.device_reason);
+  if (p.device == "cpu" && p.precision == "bf16")
+    out +=
+        "bf16 on the CPU is the GEMMs' precision (Note [bf16 on the CPU]): the model, its copies and its "
+        "activations are fp32, planned as an fp32 run; the rounded GEMM operands live outside the "
+        "allocator, as OpenBLAS's packing buffers do.\n";
   out += "\n";
   auto line = [&](const std::string& label, int64_t b) {
     out += fmt::format("  {:<44} {:>17} B  {:>12}\n", label, with_commas(b), mib(b));

@@ -541,7 +541,8 @@ WhatIf what_if(const WhatIfRequest& req) {
   train::TrainConfig cfg = req.config;
   if (cfg.steps == 0 && cfg.epochs == 0) cfg.steps = 1;
   cfg.validate();
-  const DType ec = train::dtype_of_flag(cfg.precision), er = train::reduce_bucket_dtype(cfg);
+  const DType ec = train::compute_dtype(cfg, parse_device(cfg.device).is_cuda()),
+              er = train::reduce_bucket_dtype(cfg);
   const nn::ConvNeXtConfig mc = cfg.model_config();
   std::vector<int> ranks = req.ranks;
   const int total = req.topology.num_ranks();

@@ -160,9 +160,16 @@ int64_t bucket_bytes(double bucket_mb) {
 
 DType compute_dtype(const TrainConfig& c, bool cuda) {
   const DType d = dtype_of_flag(c.precision);
-  CZ_CHECK(cuda || d == DType::f32, "{} {} needs {} cuda (the CPU backend computes in fp32)",
-           flag_name(&T::precision), c.precision, flag_name(&T::device));
-  return d;
+  if (cuda) return d;
+  CZ_CHECK(d != DType::f16,
+           "{} fp16 needs {} cuda (the CPU backend has no fp16 compute; {} bf16 runs the CPU's GEMMs in bf16 "
+           "where it has AVX512_BF16 or AMX)",
+           flag_name(&T::precision), flag_name(&T::device), flag_name(&T::precision));
+  return DType::f32;
+}
+
+bool cpu_bf16_gemms(const TrainConfig& c, bool cuda) {
+  return !cuda && dtype_of_flag(c.precision) == DType::bf16;
 }
 
 bool reduces_int8(const TrainConfig& c) {

@@ -88,8 +88,13 @@ nlohmann::json flags_json(const TrainConfig& c);
 // Configurations derived from the flags, each in one place.
 // --bucket-mb in bytes, at least one.
 int64_t bucket_bytes(double bucket_mb);
-// The dtype the model computes in: --precision, whose 16-bit values need a CUDA device.
+// The dtype the model computes in: --precision on CUDA; on the CPU fp32, bf16 meaning bf16 GEMMs in an fp32
+// model (cpu_bf16_gemms) and fp16 refused.
 DType compute_dtype(const TrainConfig& c, bool cuda);
+// --precision bf16 on the CPU: every GEMM multiplies bf16-rounded operands with fp32 accumulation, the rest
+// of the model, its gradients and the master weights stay fp32 (Note [bf16 on the CPU] in
+// tensor/cpu/gemm_bf16.cpp); the engine keeps no 16-bit copies.
+bool cpu_bf16_gemms(const TrainConfig& c, bool cuda);
 // --reduce-dtype int8: gradients reduced as INT8 records (Note [Quantized reduction]). The one place that
 // reads the flag's int8 value.
 bool reduces_int8(const TrainConfig& c);

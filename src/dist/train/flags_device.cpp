@@ -24,7 +24,10 @@ std::vector<Flag> device_flags() {
       {.name = "--precision",
        .field = &T::precision,
        .group = kDeviceGroup,
-       .help = "fp32 | fp16 | bf16 (16-bit needs --device cuda)",
+       .help =
+           "fp32 | fp16 | bf16 (fp32 master weights; CUDA: the model runs in 16 bits; CPU: bf16 only, the "
+           "GEMMs multiply bf16-rounded operands on AMX or AVX512_BF16 with fp32 accumulation, the rest "
+           "stays fp32; refused where the CPU has neither)",
        .check =
            [](C c, F f) {
              CZ_CHECK(is_dtype_flag(c.precision), "{} must be fp32, fp16 or bf16, got '{}'", f.name,

@@ -102,7 +102,10 @@ std::vector<Flag> zero_flags() {
            [](C c, F f) {
              CZ_CHECK(is_dtype_flag(c.gather_dtype) || c.gather_dtype == "int8",
                       "{} must be fp32, bf16, fp16 or int8, got '{}'", f.name, c.gather_dtype);
-             CZ_CHECK(c.stage > 0 || c.gather_dtype == "fp32" || c.gather_dtype == c.precision,
+             // At stage 0 nothing is gathered: only the compute dtype itself is no conversion (on the CPU,
+             // fp32 whatever --precision says).
+             CZ_CHECK(c.stage > 0 || c.gather_dtype == "fp32" ||
+                          (c.gather_dtype == c.precision && c.device.rfind("cuda", 0) == 0),
                       "{} {} is for {} 1-3 (stage 0 gathers no parameters)", f.name, c.gather_dtype,
                       flag_name(&T::stage));
            },

@@ -2,7 +2,9 @@
 // the optimizer updates; with --precision bf16/fp16 the model runs on a 16-bit compute copy whose gradients
 // become fp32 master gradients after reduction (unscaled and checked for overflow on every rank with fp16's
 // dynamic loss scaling), and the copy is refreshed from the master weights after each update. The ZeRO
-// engine (dist/zero/engine.h) does all of it, at every stage.
+// engine (dist/zero/engine.h) does all of it, at every stage. On the CPU, bf16 is the GEMMs' precision only
+// (Note [bf16 on the CPU] in tensor/cpu/gemm_bf16.cpp): the model computes in fp32 and the engine has no
+// copy.
 #include "dist/train/trainer.h"
 
 #include "dist/train/cpu_gemm_setup.h"
@@ -21,6 +23,7 @@
 #include "optim/adamw.h"
 #include "optim/sgd.h"
 #include "tensor/autograd/engine.h"
+#include "tensor/cpu/gemm_bf16.h"
 #include "tensor/cuda/runtime.h"
 #if CZ_WITH_CUDA
 #include "tensor/cuda/context.h"
@@ -105,6 +108,18 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
 #endif
   }
   compute_dtype_ = compute_dtype(cfg_, device_.is_cuda());
+  // Note [bf16 on the CPU] (tensor/cpu/gemm_bf16.cpp): the GEMMs' precision is process-wide, so every trainer
+  // sets it (a test makes fp32 and bf16 trainers in one process); bf16 is refused here, with the CPU's model,
+  // where it has neither AVX512_BF16 nor AMX.
+  if (cpu_bf16_gemms(cfg_, device_.is_cuda())) {
+    cpu::set_matmul_precision(cpu::MatmulPrecision::bf16);
+    precision_note_ = fmt::format(
+        "{} bf16 on the CPU: GEMMs multiply bf16-rounded operands on {} with fp32 accumulation; "
+        "activations, gradients, master weights and optimizer state stay fp32",
+        flag_name(&TrainConfig::precision), cpu::bf16_gemm_engine());
+  } else {
+    cpu::set_matmul_precision(cpu::MatmulPrecision::fp32);
+  }
   // At one rank, a --comm-backend named on the command line still gets a communicator of one, so that the
   // collectives' code paths run (the NCCL path of a one-GPU box among them); auto keeps none.
   const bool comm_of_one = world_.size() == 1 && cfg_.comm_backend != "auto";

@@ -120,6 +120,8 @@ class Trainer {
   // about the cache file ("warning: ..."), rank 0's.
   const std::string& cpu_gemm_note() const { return cpu_gemm_note_; }
   const std::vector<std::string>& cpu_gemm_warnings() const { return cpu_gemm_warnings_; }
+  // --precision bf16 on the CPU: what it means and what runs it (the ISA, oneDNN's kernel); "" otherwise.
+  const std::string& precision_note() const { return precision_note_; }
   // The training set's class names as checkpoints and weight files record them; empty for numbered classes.
   std::vector<std::string> class_names() const;
   // What --init-weights loaded ("--init-weights w.h5: 180 tensors (27.82M values) with timm keys; ..."); ""
@@ -205,6 +207,7 @@ class Trainer {
   std::string cpu_threads_note_;
   std::string cpu_gemm_note_;
   std::vector<std::string> cpu_gemm_warnings_;
+  std::string precision_note_;
   std::vector<int> loader_cpus_;  // CUDA: the loader threads' CPUs (LoaderOptions::cpus)
   std::unique_ptr<Loader> loader_;
   std::unique_ptr<BatchDump> dump_;     // --dump-batches

@@ -10,17 +10,21 @@
 #include <type_traits>
 #include <vector>
 
+#include "tensor/cpu/gemm_bf16.h"
 #include "tensor/cpu/gemm_choice.h"
 #include "tensor/parallel.h"
 
 namespace cz::cpu {
 
-// C = alpha * op(A) op(B) + beta * C, row-major. Safe to call from inside an OpenMP parallel region (it then
-// runs on the calling thread).
+// C = alpha * op(A) op(B) + beta * C, row-major. f32 under --precision bf16 on the CPU: operands rounded to
+// bf16, fp32 accumulation (Note [bf16 on the CPU]); otherwise on the library chosen for the shape. Safe to
+// call from inside an OpenMP parallel region (it then runs on the calling thread).
 template <class T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
           int64_t ldb, T beta, T* c, int64_t ldc) {
   if constexpr (std::is_same_v<T, float>) {
+    if (matmul_precision() == MatmulPrecision::bf16)
+      return gemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else {
     const auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;

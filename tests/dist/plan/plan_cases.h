@@ -11,6 +11,7 @@
 
 #include "dist/plan/planner.h"
 #include "dist/train/config.h"
+#include "tensor/cpu/cpu_features.h"
 
 namespace cz::plan {
 
@@ -56,6 +57,12 @@ inline train::TrainConfig small(int stage) {
   return c;
 }
 
+// Whether this machine can run the row: --precision bf16 on the CPU needs AVX512_BF16 or AMX.
+inline bool runs_here(const Case& c) {
+  return c.config.precision != "bf16" || c.config.device != "cpu" ||
+         !cpu::bf16_isa(cpu::cpu_features()).empty();
+}
+
 template <class F>
 train::TrainConfig with(train::TrainConfig c, F f) {
   f(c);
@@ -94,6 +101,7 @@ inline const std::vector<Case>& cases() {
                                        c.activation_checkpointing = true;
                                      })},
       {"atto_72_odd_sizes", atto(72, 4)},
+      {"atto_64_cpu_bf16", with(atto(64, 8), [](auto& c) { c.precision = "bf16"; })},
       {"sgd_ema_accum", with(base({3, 1, 1, 1}, {32, 64, 96, 128}, 40, 10),
                              [](auto& c) {
                                c.optimizer = "sgd";
@@ -159,6 +167,14 @@ inline const std::vector<Case>& cases() {
             }),
        2},
       {"np2_s2_small_bf16_gather", with(small(2), [](auto& c) { c.gather_dtype = "bf16"; }), 2},
+      // --precision bf16 on the CPU (Note [bf16 on the CPU]): bf16 GEMMs in an fp32 model, no 16-bit copies.
+      {"np2_s3_atto_cpu_bf16",
+       with(atto(64, 8),
+            [](auto& c) {
+              c.stage = 3;
+              c.precision = "bf16";
+            }),
+       2},
       {"np2_s1_small_int8_reduce", with(small(1), [](auto& c) { c.reduce_dtype = "int8"; }), 2},
       {"np2_s0_small_int8_reduce_accum",
        with(small(0),

@@ -138,7 +138,12 @@ refused "--gpu-mem: 'lots' is not a memory size" --plan --gpu-mem lots
 refused "--gpu-mem goes with --plan" --gpu-mem 24GB --steps 1
 refused "--json goes with --plan" --json --steps 1
 refused "--ranks must be at least 1" --plan --ranks 0
-refused "--precision bf16 needs --device cuda" --plan --precision bf16
+refused "--precision fp16 needs --device cuda" --plan --precision fp16
+"$app" --plan --precision bf16 > "$work/cpu_bf16" 2>&1 || { cat "$work/cpu_bf16"; fail "--plan --precision bf16 on the CPU failed"; }
+grep -q "^bf16 on the CPU is the GEMMs' precision" "$work/cpu_bf16" || fail "the CPU bf16 plan does not say what bf16 is there"
+"$app" --plan --precision fp32 > "$work/cpu_fp32" 2>&1 || fail "--plan on the CPU failed"
+diff <(grep "total: the allocator" "$work/cpu_fp32") <(grep "total: the allocator" "$work/cpu_bf16") ||
+  fail "a CPU bf16 run's plan differs from fp32's (no 16-bit copies on the CPU)"
 refused "--stage" --plan --stage 5
 refused "--compute-table goes with --plan --what-if" --plan --compute-table x.json
 refused "--what-if goes with --plan" --what-if "$topo" --steps 1

@@ -163,8 +163,16 @@ TEST(Planner, MixedPrecisionOnCudaKeepsMasterWeightsApart) {
   EXPECT_GT(row("workspace"), 0);  // cuBLAS and cuDNN
   EXPECT_GT(p.device_overhead_bytes, 0);
   EXPECT_GT(p.required_bytes, p.total_bytes);
-  // The CPU backend computes in fp32, as the trainer says.
+  // On the CPU bf16 is the GEMMs' precision in an fp32 model (Note [bf16 on the CPU]): planned as fp32, with
+  // no 16-bit copies; fp16 is refused, as the trainer refuses it.
   r.config.device = "cpu";
+  const Plan cpu_bf16 = make_plan(r);
+  r.config.precision = "fp32";
+  const Plan cpu_fp32 = make_plan(r);
+  EXPECT_EQ(cpu_bf16.total_bytes, cpu_fp32.total_bytes);
+  ASSERT_EQ(cpu_bf16.rows.size(), cpu_fp32.rows.size());
+  for (size_t i = 0; i < cpu_bf16.rows.size(); ++i) EXPECT_EQ(cpu_bf16.rows[i].bytes, cpu_fp32.rows[i].bytes);
+  r.config.precision = "fp16";
   EXPECT_THROW(make_plan(r), ValueError);
 }
 

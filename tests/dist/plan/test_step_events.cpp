@@ -284,6 +284,7 @@ class StepEvents : public ::testing::TestWithParam<Case> {};
 TEST_P(StepEvents, EveryAllocationAsPlanned) {
   const Case& c = GetParam();
   if (c.config.loader_threads > 0) GTEST_SKIP() << "the loader's threads allocate at times of their own";
+  if (!runs_here(c)) GTEST_SKIP() << "--precision bf16 on the CPU: this CPU has neither AVX512_BF16 nor AMX";
   dist::World& world = dist::World::get();
   ASSERT_EQ(c.ranks, world.size()) << "multi-rank rows run under mpirun";
   const bool saves = !c.config.checkpoint_dir.empty();

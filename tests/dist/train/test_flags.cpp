@@ -294,8 +294,15 @@ TEST(Flags, DerivedConfigurations) {
   EXPECT_EQ(world_algorithm(c), dist::Algorithm::hier);
   c.precision = "bf16";
   EXPECT_EQ(compute_dtype(c, true), DType::bf16);
+  EXPECT_FALSE(cpu_bf16_gemms(c, true));
+  // On the CPU bf16 is the GEMMs' precision in an fp32 model (Note [bf16 on the CPU]); fp16 is refused.
+  EXPECT_EQ(compute_dtype(c, false), DType::f32);
+  EXPECT_TRUE(cpu_bf16_gemms(c, false));
+  c.precision = "fp16";
+  EXPECT_EQ(compute_dtype(c, true), DType::f16);
+  EXPECT_FALSE(cpu_bf16_gemms(c, false));
   EXPECT_THAT(error_of<std::exception>([&] { compute_dtype(c, false); }),
-              HasSubstr("--precision bf16 needs --device cuda (the CPU backend computes in fp32)"));
+              HasSubstr("--precision fp16 needs --device cuda (the CPU backend has no fp16 compute"));
 }
 
 // --checkpoint-sync publishes the periodic checkpoints: without them it has nothing to do.

@@ -213,8 +213,8 @@ TEST(Trainer, BadConfigurationsNameTheFlag) {
   c.num_classes = 2;  // the synthetic set has 4
   EXPECT_THAT(error_of(c), ::testing::HasSubstr("--num-classes"));
   c = tiny_config();
-  c.precision = "bf16";  // CPU computes in fp32
-  EXPECT_THAT(error_of(c), ::testing::HasSubstr("--precision bf16"));
+  c.precision = "fp16";  // the CPU has bf16 GEMMs at most
+  EXPECT_THAT(error_of(c), ::testing::HasSubstr("--precision fp16 needs --device cuda"));
   c = tiny_config();
   c.initial_loss_scale = 0.5;
   EXPECT_THAT(error_of(c), ::testing::HasSubstr("--initial-loss-scale"));
