@@ -197,6 +197,13 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     CpuGemmSetup g =
         setup_cpu_gemms(cfg_.cpu_gemm, model_->config(), cfg_.image_size, cfg_.micro_batch, control_);
     cpu_gemm_note_ = std::move(g.note);
+    // Under bf16 every float GEMM takes the bf16 path (precision_note_), so the library choice does not
+    // apply.
+    if (cpu_bf16_gemms(cfg_, false))
+      cpu_gemm_note_ = fmt::format(
+          "none in fp32: {} bf16 sends every GEMM to the bf16 path (next line; the fp32 "
+          "choice would be {})",
+          flag_name(&TrainConfig::precision), cpu_gemm_note_);
     for (const std::string& w : g.warnings) cpu_gemm_warnings_.push_back("warning: " + w);
   }
   build_schedule();
