@@ -28,7 +28,10 @@ import machine_info  # noqa: E402
 
 
 def time_ours(args, env, tmp, app=None):
-    log = os.path.join(tmp, "ours.jsonl")
+    # A fresh log per run: the app keeps (and says it kept) a log file it finds, so one name would make noise.
+    fd, log = tempfile.mkstemp(suffix=".jsonl", dir=tmp)
+    os.close(fd)
+    os.unlink(log)
     cmd = [app or args.app, "--model", args.model, "--image-size", str(args.image_size), "--micro-batch",
            str(args.batch), "--steps", str(args.warmup + args.steps), "--num-classes", str(args.classes),
            "--label-smoothing", str(args.label_smoothing), "--data", f"synthetic:classes={args.classes}",
