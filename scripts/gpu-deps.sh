@@ -18,6 +18,7 @@ dir=$(cd "$dir" && pwd)
 # What the build needs directly (headers, CMake configs, link-time libraries).
 wanted=(
   libopenblas-openmp-dev libopenblas0-openmp
+  libdnnl-dev libdnnl2 libblis-openmp-dev libblis4-openmp libxsmm-dev  # the other CPU GEMM libraries (issue 43)
   libopenmpi-dev libopenmpi3 openmpi-common openmpi-bin
   libhdf5-dev libhdf5-103-1
   libgtest-dev libgmock-dev
