@@ -2,6 +2,8 @@
 // CPU kernels round them, pieces passed to the kernels by value in batches, workspaces from the caching
 // allocator. Nothing here waits on the device.
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 
 #include "optim/cuda_kernels.h"
 #include "optim/cuda_launch.h"
@@ -19,6 +21,15 @@ void check_buffer(const char* op, const char* what, const Tensor& t, DType dtype
 void check_f32_f64(const char* op, const Tensor& t) {
   CZ_CHECK_DTYPE(t.dtype() == DType::f32 || t.dtype() == DType::f64, "cuda::{}: f32 or f64 expected, got {}",
                  op, dtype_name(t.dtype()));
+}
+
+// An update's operands: p in f32 or f64, and p, g and the named state buffers all of p's dtype and size.
+void check_update(const char* op, const Tensor& p, const Tensor& g,
+                  std::initializer_list<std::pair<const char*, const Tensor*>> state, Stream stream) {
+  check_f32_f64(op, p);
+  check_buffer(op, "p", p, p.dtype(), p.numel(), stream);
+  check_buffer(op, "g", g, p.dtype(), p.numel(), stream);
+  for (const auto& [what, t] : state) check_buffer(op, what, *t, p.dtype(), p.numel(), stream);
 }
 
 // Calls launch_batch(batch) for consecutive batches of at most kMaxOptimPieces pieces, with fill(piece,
@@ -56,12 +67,8 @@ void for_piece_batches(std::span<const ShardPiece> pieces, int64_t n, Fill&& fil
 void adamw_step(Tensor& p, const Tensor& g, Tensor& exp_avg, Tensor& exp_avg_sq,
                 std::span<const ShardPiece> pieces, const AdamWStepArgs& args, Stream stream) {
   constexpr const char* op = "adamw_step";
-  check_f32_f64(op, p);
+  check_update(op, p, g, {{"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}}, stream);
   const int64_t n = p.numel();
-  check_buffer(op, "p", p, p.dtype(), n, stream);
-  check_buffer(op, "g", g, p.dtype(), n, stream);
-  check_buffer(op, "exp_avg", exp_avg, p.dtype(), n, stream);
-  check_buffer(op, "exp_avg_sq", exp_avg_sq, p.dtype(), n, stream);
   const auto [bc1, inv_sqrt_bc2] = optim_scalars::adamw_bias_corrections(args.beta1, args.beta2, args.step);
   const launch::AdamWConstants c{1.0 - args.beta1, args.beta2, 1.0 - args.beta2, inv_sqrt_bc2, args.eps};
   DeviceGuard guard(stream.device.index);
@@ -82,10 +89,8 @@ void adamw_step(Tensor& p, const Tensor& g, Tensor& exp_avg, Tensor& exp_avg_sq,
 void sgd_step(Tensor& p, const Tensor& g, Tensor& momentum_buffer, std::span<const ShardPiece> pieces,
               const SgdStepArgs& args, Stream stream) {
   constexpr const char* op = "sgd_step";
-  check_f32_f64(op, p);
+  check_update(op, p, g, {}, stream);
   const int64_t n = p.numel();
-  check_buffer(op, "p", p, p.dtype(), n, stream);
-  check_buffer(op, "g", g, p.dtype(), n, stream);
   const bool use_momentum = args.momentum != 0.0;
   if (use_momentum) check_buffer(op, "momentum_buffer", momentum_buffer, p.dtype(), n, stream);
   const launch::SgdConstants c{args.momentum, 1.0 - args.dampening, use_momentum, args.nesterov,
@@ -162,12 +167,8 @@ void adamw_step_dev(Tensor& p, const Tensor& g, Tensor& exp_avg, Tensor& exp_avg
                     std::span<const ShardPiece> pieces, const AdamWStepArgs& args, const Tensor& scalars,
                     const Tensor& found, Stream stream) {
   constexpr const char* op = "adamw_step_dev";
-  check_f32_f64(op, p);
+  check_update(op, p, g, {{"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}}, stream);
   const int64_t n = p.numel();
-  check_buffer(op, "p", p, p.dtype(), n, stream);
-  check_buffer(op, "g", g, p.dtype(), n, stream);
-  check_buffer(op, "exp_avg", exp_avg, p.dtype(), n, stream);
-  check_buffer(op, "exp_avg_sq", exp_avg_sq, p.dtype(), n, stream);
   check_scalars(op, scalars, found, stream);
   const launch::AdamWConstants c{1.0 - args.beta1, args.beta2, 1.0 - args.beta2, 0.0, args.eps};
   DeviceGuard guard(stream.device.index);
@@ -182,10 +183,8 @@ void adamw_step_dev(Tensor& p, const Tensor& g, Tensor& exp_avg, Tensor& exp_avg
 void sgd_step_dev(Tensor& p, const Tensor& g, Tensor& momentum_buffer, std::span<const ShardPiece> pieces,
                   const SgdStepArgs& args, const Tensor& scalars, const Tensor& found, Stream stream) {
   constexpr const char* op = "sgd_step_dev";
-  check_f32_f64(op, p);
+  check_update(op, p, g, {}, stream);
   const int64_t n = p.numel();
-  check_buffer(op, "p", p, p.dtype(), n, stream);
-  check_buffer(op, "g", g, p.dtype(), n, stream);
   const bool use_momentum = args.momentum != 0.0;
   if (use_momentum) check_buffer(op, "momentum_buffer", momentum_buffer, p.dtype(), n, stream);
   check_scalars(op, scalars, found, stream);
