@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import machine_info  # noqa: E402
 
 
-def time_ours(args, env, tmp, app=None):
+def time_ours(args, env, tmp, app=None, extra=()):
     # A fresh log per run: the app keeps (and says it kept) a log file it finds, so one name would make noise.
     fd, log = tempfile.mkstemp(suffix=".jsonl", dir=tmp)
     os.close(fd)
@@ -36,7 +36,7 @@ def time_ours(args, env, tmp, app=None):
            str(args.batch), "--steps", str(args.warmup + args.steps), "--num-classes", str(args.classes),
            "--label-smoothing", str(args.label_smoothing), "--data", f"synthetic:classes={args.classes}",
            "--schedule", "constant", "--eval-batches", "1", "--no-progress", "--log", log,
-           "--precision", {"f32": "fp32", "bf16": "bf16"}[args.dtype]] + args.extra
+           "--precision", {"f32": "fp32", "bf16": "bf16"}[args.dtype]] + list(extra)
     print("running:", " ".join(cmd), file=sys.stderr)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
     with open(log) as f:
@@ -87,11 +87,9 @@ def main():
     runs = {"ours": [], "before": [], "torch": []}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
-            runs["ours"].append(time_ours(args, env, tmp))
+            runs["ours"].append(time_ours(args, env, tmp, extra=args.extra))
             if args.before:
-                extra, args.extra = args.extra, []
                 runs["before"].append(time_ours(args, env, tmp, app=args.before))
-                args.extra = extra
             runs["torch"].append(time_torch(args, env, tmp))
     ours, ours_mem = sorted(runs["ours"])[len(runs["ours"]) // 2]
     theirs, torch_version = sorted(runs["torch"])[len(runs["torch"]) // 2]
