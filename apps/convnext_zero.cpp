@@ -470,6 +470,7 @@ int main(int argc, char** argv) {
     world = &cz::dist::World::init(&argc, &argv);
     const bool lead = world->rank() == 0;
     cz::train::install_stop_handlers(lead);
+    cz::train::take_stop_signals_off_compute_threads();
     if (lead && default_run)
       fmt::print(
           "convnext_zero: the default run ({} steps on the embedded synthetic data, as `./build.sh run`); "

@@ -26,10 +26,27 @@
 // - czrun's supervisor (src/dist/elastic/supervisor.cpp, not an MPI process): a signal to czrun stops the
 //   whole job; it hands mpirun SIGUSR1, which mpirun forwards to every rank without a kill deadline, and
 //   waits for the job's own stop (Note [Elastic restarts]).
+//
+// Note [Stop signals off the GEMM threads]: a handled signal must never interrupt a thread that is inside one
+// of oneDNN's f32 GEMM kernels. Those kernels (jit_avx512_common_gemm_f32 and jit_avx_gemm_f32, oneDNN 2.6
+// as Debian 12 ships it) point rsp into a heap buffer while they run, so the kernel writes the signal's frame
+// into the heap: "corrupted size vs. prev_size" at the next free, a second later (oneDNN issue 4845, fixed by
+// its PR 4855 in 2026). The stop test sending SIGINT mid-step aborted in 3 runs of 10 on a 2-core Xeon, and
+// 2 ms apart signals of a no-op handler aborted every run within seconds; with --cpu-gemm openblas none did.
+// So once MPI is up, the stop signals are blocked in the main thread, before it starts OpenMP's threads (and
+// in any that a parallel region already started), and every thread started later inherits the mask: the
+// loader's, the save's, oneDNN's. One thread of our own takes them with sigwait() and runs the same
+// on_stop(). A thread started before (MPI's, CUDA's) keeps them unblocked and may still run the handler,
+// which is harmless there: it never runs a GEMM. The HDF5 probe sets its own mask (h5_probe.cpp).
 #include "dist/train/stop.h"
 
+#include <omp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
+
+#include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -38,6 +55,8 @@
 
 namespace cz::train {
 namespace {
+
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGUSR1};
 
 volatile sig_atomic_t g_signal = 0;
 volatile sig_atomic_t g_announce = 0;
@@ -90,6 +109,13 @@ void on_stop(int sig) {
   _exit(128 + sig);
 }
 
+sigset_t stop_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : kStopSignals) sigaddset(&set, sig);
+  return set;
+}
+
 }  // namespace
 
 void install_stop_handlers(bool announce) {
@@ -98,7 +124,26 @@ void install_stop_handlers(bool announce) {
   sa.sa_handler = on_stop;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // reads and writes in progress carry on
-  for (int sig : {SIGINT, SIGTERM, SIGUSR1}) sigaction(sig, &sa, nullptr);
+  for (int sig : kStopSignals) sigaction(sig, &sa, nullptr);
+}
+
+void take_stop_signals_off_compute_threads() {
+  static std::once_flag started;
+  const sigset_t stops = stop_set();
+  pthread_sigmask(SIG_BLOCK, &stops, nullptr);
+  // Threads of a pool that an earlier parallel region started do not inherit the mask; a team of the
+  // configured size reaches every one the step will use (none, in convnext_zero: this runs first).
+#pragma omp parallel num_threads(omp_get_max_threads())
+  pthread_sigmask(SIG_BLOCK, &stops, nullptr);
+  std::call_once(started, [] {
+    std::thread([] {
+      const sigset_t wanted = stop_set();
+      for (;;) {
+        int sig = 0;
+        if (sigwait(&wanted, &sig) == 0) on_stop(sig);
+      }
+    }).detach();
+  });
 }
 
 int stop_signal() {

@@ -20,6 +20,11 @@ inline constexpr int kStopJobEnd = -1;
 // Installs the handlers (replacing World's launcher-SIGTERM message). `announce`: this process prints the one
 // "stopping after this step" line of the job (rank 0). Idempotent.
 void install_stop_handlers(bool announce);
+// Moves the stop signals onto a thread of their own (Note [Stop signals off the GEMM threads]): blocks them
+// in the calling thread, which every thread it starts later inherits, and in OpenMP's threads, and starts
+// the thread that takes them. Call from the main thread once MPI is up (a daemon that MPI_Init forks keeps
+// the default mask) and before the first step. Idempotent; not undone.
+void take_stop_signals_off_compute_threads();
 // The first stop signal received (SIGINT, SIGTERM or SIGUSR1), 0 when none.
 int stop_signal();
 // The checkpoint a second signal's message names as the newest on disk ("" before the first is published).
