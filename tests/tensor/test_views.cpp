@@ -1,9 +1,11 @@
 // Views share storage and follow strides; contiguous() and reshape copy only when they must.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <numeric>
 
 #include "common/gradcheck.h"
+#include "tensor/parallel.h"
 #include "tensor/tensor.h"
 
 namespace cz {
@@ -70,6 +72,35 @@ TEST(Views, CopyIntoStridedDestinationConvertsDtype) {
   col.copy_(from_vector<float>({1.5f, 2.5f, 3.5f}, {3, 1}));
   EXPECT_EQ(x.to_vector<double>(), (std::vector<double>{0, 0, 1.5, 0, 0, 0, 2.5, 0, 0, 0, 3.5, 0}));
   EXPECT_THROW(col.copy_(zeros({3})), ShapeError);
+}
+
+// Long rows are cut into pieces across the threads (for_each_row in src/tensor/cpu/basic.cpp): a contiguous
+// tensor is one row, a narrowed one a few long rows. Every element of fill, copy, add_ and mul_ lands once,
+// with 3 threads cutting uneven pieces.
+TEST(Views, LongRowsAreSplitAcrossThreadsAndCoverEveryElement) {
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(3);
+  const int64_t n = 3 * kParallelGrain + 7;
+  Tensor flat = iota({n});
+  Tensor wide = iota({3, n});
+  Tensor rows = wide.narrow(1, 5, n - 9);  // 3 strided rows of n - 9
+  Tensor y = zeros({n});
+  y.copy_(flat).add_(flat, 2.0).mul_(0.5);
+  std::vector<float> got = y.to_vector<float>();
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[size_t(i)], 1.5f * float(i)) << i;
+  Tensor r = zeros({3, n - 9}, DType::f64);
+  r.copy_(rows);
+  rows.fill_(-1.0);
+  const std::vector<double> copied = r.to_vector<double>();
+  const std::vector<float> filled = wide.to_vector<float>();
+  for (int64_t row = 0; row < 3; ++row) {
+    for (int64_t j = 0; j < n; ++j) {
+      const bool inside = j >= 5 && j < n - 4;
+      ASSERT_EQ(filled[size_t(row * n + j)], inside ? -1.0f : float(row * n + j)) << row << " " << j;
+      if (inside) ASSERT_EQ(copied[size_t(row * (n - 9) + j - 5)], double(row * n + j)) << row << " " << j;
+    }
+  }
+  omp_set_num_threads(threads);
 }
 
 TEST(Views, GradientsFlowBackThroughViews) {

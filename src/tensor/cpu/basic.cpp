@@ -1,4 +1,5 @@
 // Fill, strided copy with dtype conversion, axpy and scale: the memory ops every other piece stands on.
+#include <algorithm>
 #include <array>
 #include <type_traits>
 
@@ -52,16 +53,27 @@ Strided coalesce(const Shape& sizes, std::vector<Shape> strides) {
   return out;
 }
 
-// Calls f(offsets...) for every element, rows of the last dim in parallel, as f(off_a, off_b, n, inner
-// strides).
+// Calls f(offsets, n, inner strides) for runs of the last dim, in parallel. A contiguous tensor coalesces to
+// one long row, so rows alone would leave it on one thread (the gradient buffer's fill and every parameter's
+// AccumulateGrad ran serially, 6% of ConvNeXt-atto's CPU step, with the other thread waiting): rows are cut
+// into pieces of at least kParallelGrain elements, up to one per thread for each row.
 template <size_t N, class F>
 void for_each_row(const Strided& g, F&& f) {
   const int64_t ndim = int64_t(g.sizes.size());
   const int64_t inner = g.sizes.back();
   int64_t rows = 1;
   for (int64_t d = 0; d + 1 < ndim; ++d) rows *= g.sizes[size_t(d)];
-#pragma omp parallel for schedule(static) if (rows * inner >= kParallelGrain && rows > 1)
-  for (int64_t r = 0; r < rows; ++r) {
+  const bool parallel = rows * inner >= kParallelGrain && cpu_threads() > 1;
+  const int64_t pieces =
+      parallel && rows < cpu_threads() ? std::clamp<int64_t>(inner / kParallelGrain, 1, cpu_threads()) : 1;
+  const int64_t piece = (inner + pieces - 1) / pieces;
+  std::array<int64_t, N> inner_stride;
+  for (size_t k = 0; k < N; ++k) inner_stride[k] = g.strides[k].back();
+#pragma omp parallel for schedule(static) if (parallel && rows * pieces > 1)
+  for (int64_t item = 0; item < rows * pieces; ++item) {
+    const int64_t r = item / pieces;
+    const int64_t begin = (item % pieces) * piece;
+    const int64_t n = std::min(inner, begin + piece) - begin;
     std::array<int64_t, N> off{};
     int64_t rem = r;
     for (int64_t d = ndim - 2; d >= 0; --d) {
@@ -69,9 +81,8 @@ void for_each_row(const Strided& g, F&& f) {
       rem /= g.sizes[size_t(d)];
       for (size_t k = 0; k < N; ++k) off[k] += i * g.strides[k][size_t(d)];
     }
-    std::array<int64_t, N> inner_stride;
-    for (size_t k = 0; k < N; ++k) inner_stride[k] = g.strides[k].back();
-    f(off, inner, inner_stride);
+    for (size_t k = 0; k < N; ++k) off[k] += begin * inner_stride[k];
+    if (n > 0) f(off, n, inner_stride);
   }
 }
 
