@@ -111,9 +111,27 @@ void add_stage(int64_t n, int64_t hw, int64_t c) {
 // the bias filled first, GELU, fc2, residual_scale_add; then their backward kernels) and fused (linear_gelu,
 // linear_scale_residual and their backward kernels), both in the same run; `tile` 0 is the kernels' own
 // choice (fused_tile_rows), others force that many rows per tile (the sweep that chose kFusedTileBytes).
+// `one_op`: the whole MLP as mlp_scale_residual (Note [The MLP on one tile]), registered where the block would
+// use it (mlp_fused_on_cpu).
 void add_block_mlp(int64_t n, int64_t hw, int64_t c, const std::vector<int64_t>& tiles) {
   const int64_t m = n * hw * hw;
   const double flops = 12 * double(m) * double(4 * c * c);  // fc1 and fc2, forward and backward
+  auto one_op = [=](bool backward) {
+    return [=](benchmark::State& st) {
+      const Tensor x = uniform({m, c}, 1), w1 = uniform({4 * c, c}, 2), b1 = uniform({4 * c}, 3);
+      const Tensor w2 = uniform({c, 4 * c}, 4), b2 = uniform({c}, 5), gamma = uniform({c}, 6);
+      const Tensor r = uniform({m, c}, 7), g = uniform({m, c}, 8);
+      Tensor h = empty({m, 4 * c}), y2 = empty({m, c}), out = empty({m, c}), dx = empty({m, c});
+      Tensor dw1 = empty({4 * c, c}), db1 = empty({4 * c}), dw2 = empty({c, 4 * c}), db2 = empty({c});
+      Tensor dgamma = empty({c});
+      for (auto _ : st) {
+        cpu::mlp_scale_residual_forward(x, w1, b1, w2, b2, gamma, r, h, y2, out);
+        if (backward)
+          cpu::mlp_scale_residual_backward(g, x, h, y2, w1, w2, gamma, dx, dw1, db1, dw2, db2, dgamma);
+      }
+      rate(st, "FLOP/s", backward ? flops : flops / 3);
+    };
+  };
   auto body = [=](bool fused, int64_t tile, bool backward = true) {
     return [=](benchmark::State& st) {
       const Tensor x = uniform({m, c}, 1), w1 = uniform({4 * c, c}, 2), b1 = uniform({4 * c}, 3);
@@ -150,6 +168,10 @@ void add_block_mlp(int64_t n, int64_t hw, int64_t c, const std::vector<int64_t>&
   reg("block_mlp/fused/" + s, body(true, 0));
   reg("block_mlp_fwd/unfused/" + s, body(false, 0, false));  // eval, and a checkpointed block's first pass
   reg("block_mlp_fwd/fused/" + s, body(true, 0, false));
+  if (cpu::mlp_fused_on_cpu(c, 4 * c)) {
+    reg("block_mlp/one_op/" + s, one_op(true));
+    reg("block_mlp_fwd/one_op/" + s, one_op(false));
+  }
   for (int64_t t : tiles) reg(fmt::format("block_mlp/fused_tile{}/{}", t, s), body(true, t));
 }
 

@@ -188,10 +188,16 @@ ConvNeXtBlock::ConvNeXtBlock(int64_t dim, const ConvNeXtConfig& cfg, double drop
 // separate residual_scale_add. The modules stay for their parameters (timm's names, mlp.fc1.weight ...), but
 // their own forwards and hooks are not called: ZeRO's gathers, the tracer and the planner hook the block (its
 // unit), which runs as before. With drop path the branch is scaled and dropped before the residual is added,
-// so fc2 runs unfused there.
+// so fc2 runs unfused there. On the CPU, where the MLP's weights are small (mlp_as_one_op: the first stages,
+// where the activations are largest), the whole branch runs as one op, mlp_scale_residual (Note [The MLP on
+// one tile]), and the GELU output never reaches memory.
 Tensor ConvNeXtBlock::forward(const Tensor& x) {
-  Tensor a = linear_gelu((*norm_)((*conv_dw_)(x)), fc1_->weight(), fc1_->bias());
   const bool drop = is_training() && drop_path_ > 0;
+  const Tensor& w1 = fc1_->weight();
+  if (!drop && gamma_.defined() && mlp_as_one_op(x.is_cuda(), w1.size(1), w1.size(0)))
+    return mlp_scale_residual(x, (*norm_)((*conv_dw_)(x)), w1, fc1_->bias(), fc2_->weight(), fc2_->bias(),
+                              gamma_);
+  Tensor a = linear_gelu((*norm_)((*conv_dw_)(x)), w1, fc1_->bias());
   if (!drop && gamma_.defined()) return linear_scale_residual(x, a, fc2_->weight(), fc2_->bias(), gamma_);
   Tensor h = linear(a, fc2_->weight(), fc2_->bias());
   a = Tensor();

@@ -1,4 +1,5 @@
-// The fused MLP ops (Note [Fused epilogues on the CPU]) against the unfused ops they replace: outputs and
+// The fused MLP ops (Note [Fused epilogues on the CPU], Note [The MLP on one tile]) against the unfused ops they
+// replace: outputs and
 // every gradient, at ConvNeXt's MLP shapes and odd ones; the CPU kernels with forced tile sizes and thread
 // counts (several tiles per thread, ragged last tiles, the split-rows weight gradient) in f64 to rounding.
 #include <gtest/gtest.h>
@@ -132,6 +133,93 @@ TEST(LinearFused, OnlyTheGradientsAskedForAreComputed) {
   EXPECT_TRUE(all_close(g.grad(), from_vector(ref, {s.c}), 1e-4, 1e-4));
 }
 
+// mlp_scale_residual (Note [The MLP on one tile]): residual, x, w1, b1, w2, b2, gamma.
+std::vector<Tensor> mlp_inputs(const Mlp& s, DType t, uint64_t seed) {
+  return {random_tensor({s.rows, s.c}, seed, t),
+          random_tensor({s.rows, s.c}, seed + 1, t, -2, 2),
+          random_tensor({4 * s.c, s.c}, seed + 2, t, -0.5, 0.5),
+          random_tensor({4 * s.c}, seed + 3, t),
+          random_tensor({s.c, 4 * s.c}, seed + 4, t, -0.2, 0.2),
+          random_tensor({s.c}, seed + 5, t),
+          random_tensor({s.c}, seed + 6, t)};
+}
+TensorFn mlp_one_op = [](const std::vector<Tensor>& in) {
+  return mlp_scale_residual(in[0], in[1], in[2], in[3], in[4], in[5], in[6]);
+};
+TensorFn mlp_two_ops = [](const std::vector<Tensor>& in) {
+  return linear_scale_residual(in[0], linear_gelu(in[1], in[2], in[3]), in[4], in[5], in[6]);
+};
+TensorFn mlp_unfused = [](const std::vector<Tensor>& in) {
+  return residual_scale_add(in[0], linear(gelu(linear(in[1], in[2], in[3])), in[4], in[5]), in[6]);
+};
+
+TEST(MlpOneOp, F32MatchesTheTwoFusedOpsAndTheUnfusedOnes) {
+  for (const Mlp& s : kShapes) {
+    const std::string at = "rows " + std::to_string(s.rows) + ", C " + std::to_string(s.c);
+    const auto in = mlp_inputs(s, DType::f32, 11);
+    const auto one = run(mlp_one_op, in);
+    expect_equal(one, run(mlp_two_ops, in), 1e-5, 1e-5, "mlp_scale_residual vs the fused ops at " + at);
+    // Two GEMMs in a row (k up to 4C = 1280) summed in another order: f32 rounding of a few 1e-5.
+    expect_equal(one, run(mlp_unfused, in), 1e-4, 1e-4, "mlp_scale_residual vs unfused at " + at);
+  }
+}
+
+// The kernels with the tile and thread count forced, in f64: every way of cutting the rows (several tiles per
+// thread, ragged last tiles, one row per tile) gives the unfused result to rounding; and the forward without
+// the saved tensors (no graph recorded) gives the same output.
+TEST(MlpOneOp, TilesAndThreadsDoNotChangeTheResult) {
+  const int threads = omp_get_max_threads();
+  for (int nt : {1, 3}) {
+    omp_set_num_threads(nt);
+    for (const Mlp& s : {Mlp{131, 13}, Mlp{2600, 8}}) {
+      const auto in = mlp_inputs(s, DType::f64, 31);
+      const auto ref = run(mlp_unfused, in);
+      const Tensor probe = random_tensor(ref[0].sizes(), 99, DType::f64);
+      const Tensor &r = in[0], &x = in[1], &w1 = in[2], &b1 = in[3], &w2 = in[4], &b2 = in[5], &g = in[6];
+      for (int64_t tile : {int64_t(1), int64_t(7), int64_t(16), s.rows}) {
+        const std::string at = "rows " + std::to_string(s.rows) + ", tile " + std::to_string(tile) + ", " +
+                               std::to_string(nt) + " threads";
+        Tensor h = empty({s.rows, 4 * s.c}, DType::f64), y2 = empty({s.rows, s.c}, DType::f64);
+        Tensor out = empty({s.rows, s.c}, DType::f64), out_eval = empty_like(out), none;
+        cpu::mlp_scale_residual_forward(x, w1, b1, w2, b2, g, r, h, y2, out, tile);
+        cpu::mlp_scale_residual_forward(x, w1, b1, w2, b2, g, r, none, none, out_eval, tile);
+        EXPECT_TRUE(all_close(out_eval, out, 0, 0)) << "without the saved tensors, " << at;
+        Tensor dx = empty_like(x), dw1 = empty_like(w1), db1 = empty_like(b1), dw2 = empty_like(w2),
+               db2 = empty_like(b2), dg = empty_like(g);
+        cpu::mlp_scale_residual_backward(probe, x, h, y2, w1, w2, g, dx, dw1, db1, dw2, db2, dg, tile);
+        expect_equal({out, probe, dx, dw1, db1, dw2, db2, dg}, ref, 1e-12, 1e-12, "mlp_scale_residual, " + at);
+      }
+    }
+  }
+  omp_set_num_threads(threads);
+}
+
+TEST(MlpOneOp, OnlyTheGradientsAskedForAreComputed) {
+  const Mlp s{64, 40};
+  const auto in = mlp_inputs(s, DType::f32, 3);
+  Tensor w2 = in[4].detach();
+  w2.set_requires_grad(true);  // only fc2's weight
+  sum(mlp_scale_residual(in[0], in[1], in[2], in[3], w2, in[5], in[6])).backward();
+  Tensor w2_ref = in[4].detach();
+  w2_ref.set_requires_grad(true);
+  sum(mlp_unfused({in[0], in[1], in[2], in[3], w2_ref, in[5], in[6]})).backward();
+  EXPECT_TRUE(all_close(w2.grad(), w2_ref.grad(), 1e-4, 1e-4));
+  Tensor g = in[6].detach();
+  g.set_requires_grad(true);  // only gamma
+  sum(mlp_scale_residual(in[0], in[1], in[2], in[3], in[4], in[5], g)).backward();
+  Tensor g_ref = in[6].detach();
+  g_ref.set_requires_grad(true);
+  sum(mlp_unfused({in[0], in[1], in[2], in[3], in[4], in[5], g_ref})).backward();
+  EXPECT_TRUE(all_close(g.grad(), g_ref.grad(), 1e-4, 1e-4));
+}
+
+TEST(MlpOneOp, TheBlockUsesItWhereTheWeightsAreSmallOnTheCpu) {
+  EXPECT_TRUE(mlp_as_one_op(false, 40, 160));    // atto's first stage
+  EXPECT_TRUE(mlp_as_one_op(false, 96, 384));    // ConvNeXt-T's first stage
+  EXPECT_FALSE(mlp_as_one_op(false, 160, 640));  // atto's third
+  EXPECT_FALSE(mlp_as_one_op(true, 40, 160));    // CUDA keeps the two fused ops
+}
+
 TEST(LinearFused, BadShapesNameTheProblem) {
   const Tensor x = zeros({4, 8}), w = zeros({3, 8}), b = zeros({3}), g = zeros({3});
   EXPECT_THROW(
@@ -146,6 +234,20 @@ TEST(LinearFused, BadShapesNameTheProblem) {
       ShapeError);
   EXPECT_THROW(linear_scale_residual(zeros({4, 3}), x, w, b, zeros({4})), ShapeError);
   EXPECT_THROW(linear_gelu(zeros({4, 7}), w, b), ShapeError);
+  // mlp_scale_residual: x (4, 8), w1 (3, 8), so w2 must be (8, 3).
+  EXPECT_THROW(
+      {
+        try {
+          mlp_scale_residual(zeros({4, 8}), x, w, b, zeros({8, 4}), zeros({8}), zeros({8}));
+        } catch (const ShapeError& e) {
+          EXPECT_NE(std::string(e.what()).find("w2 has shape (8, 4), expected (8, 3)"), std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      ShapeError);
+  EXPECT_THROW(mlp_scale_residual(zeros({4, 8}), x, w, b, zeros({8, 3}), zeros({8}), zeros({3})), ShapeError);
+  EXPECT_THROW(mlp_scale_residual(zeros({4, 3}), x, w, b, zeros({8, 3}), zeros({8}), zeros({8})), ShapeError);
 }
 
 }  // namespace

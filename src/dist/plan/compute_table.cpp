@@ -81,7 +81,8 @@ ComputeTable from_profile(const nlohmann::json& p) {
     w.flops += op.flops;
     w.bytes += op.bytes;
   };
-  for (const ModuleCost& m : convnext_step_work(cfg, image, batch, dtype, false)) {
+  const bool cuda = p.value("device", std::string("cpu")).rfind("cuda", 0) == 0;
+  for (const ModuleCost& m : convnext_step_work(cfg, image, batch, dtype, false, cuda)) {
     for (const OpCost& op : m.forward) count(op);
     for (const OpCost& op : m.backward) count(op);
   }

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "tensor/ops/linear_fused.h"
+
 namespace cz::plan {
 namespace {
 
@@ -50,7 +52,7 @@ class Module {
 }  // namespace
 
 std::vector<ModuleCost> convnext_step_work(const nn::ConvNeXtConfig& cfg, int64_t image, int64_t batch,
-                                           DType compute, bool checkpointing) {
+                                           DType compute, bool checkpointing, bool cuda) {
   cfg.validate();
   const double e = double(dtype_size(compute)), n = double(batch), k2 = double(cfg.kernel * cfg.kernel);
   std::vector<ModuleCost> out;
@@ -96,11 +98,19 @@ std::vector<ModuleCost> convnext_step_work(const nn::ConvNeXtConfig& cfg, int64_
       // Forward: dwconv -> LayerNorm -> fc1 + GELU -> fc2 + gamma + residual (Note [Fused epilogues on the
       // CPU]); with drop path, or without gamma, fc2 alone -> (gamma, drop path) + residual. A fused op's
       // epilogue rides on its GEMM: the flops and bytes of both, one matmul-class op.
+      const bool one_op = rate <= 0 && gamma && mlp_as_one_op(cuda, int64_t(c), 4 * int64_t(c));
       const bool fused_fc2 = rate <= 0 && gamma;
       m.fwd("depthwise_conv2d", OpClass::depthwise, 2 * k2 * rc, 2 * rc);
       m.layer_norm(rows, c);
-      m.fwd("linear_gelu", OpClass::matmul, 8 * rows * c * c + 40 * rc, 9 * rc + 4 * c * c);
-      if (fused_fc2) {
+      if (one_op) {
+        // Note [The MLP on one tile]: reads x and the residual, writes the pre-activation, fc2's output and
+        // the block's.
+        m.fwd("mlp_scale_residual", OpClass::matmul, 16 * rows * c * c + 42 * rc, 8 * rc + 8 * c * c);
+      } else {
+        m.fwd("linear_gelu", OpClass::matmul, 8 * rows * c * c + 40 * rc, 9 * rc + 4 * c * c);
+      }
+      if (one_op) {
+      } else if (fused_fc2) {
         m.fwd("linear_scale_residual", OpClass::matmul, 8 * rows * c * c + 2 * rc, 7 * rc + 4 * c * c);
       } else {
         m.linear(rows, 4 * c, c);
@@ -113,7 +123,12 @@ std::vector<ModuleCost> convnext_step_work(const nn::ConvNeXtConfig& cfg, int64_
       ModuleCost fwd_only = m.take();
       // Backward, in the order the nodes run.
       Module b(name, e);
-      if (fused_fc2) {
+      if (one_op) {
+        // GELU recomputed from the pre-activation; reads g, fc2's output, the pre-activation and x, writes dx.
+        const std::vector<std::string> w1 = Module::wb(name + ".mlp.fc1"), w2 = Module::wb(name + ".mlp.fc2");
+        b.bwd("MlpScaleResidualBackward", OpClass::matmul, 32 * rows * c * c + 103 * rc, 8 * rc + 16 * c * c,
+              {name + ".gamma", w2[0], w2[1], w1[0], w1[1]});
+      } else if (fused_fc2) {
         const std::vector<std::string> wb = Module::wb(name + ".mlp.fc2");
         b.bwd("LinearScaleResidualBackward", OpClass::matmul, 16 * rows * c * c + 3 * rc, 11 * rc + 8 * c * c,
               {name + ".gamma", wb[0], wb[1]});
@@ -124,8 +139,9 @@ std::vector<ModuleCost> convnext_step_work(const nn::ConvNeXtConfig& cfg, int64_
         }
         b.linear_backward(rows, 4 * c, c, name + ".mlp.fc2");
       }
-      b.bwd("LinearGeluBackward", OpClass::matmul, 16 * rows * c * c + 60 * rc, 14 * rc + 8 * c * c,
-            Module::wb(name + ".mlp.fc1"));
+      if (!one_op)
+        b.bwd("LinearGeluBackward", OpClass::matmul, 16 * rows * c * c + 60 * rc, 14 * rc + 8 * c * c,
+              Module::wb(name + ".mlp.fc1"));
       b.layer_norm_backward(rows, c, name + ".norm");
       b.bwd("DepthwiseConv2dBackward", OpClass::depthwise, 4 * k2 * rc, 4 * rc,
             Module::wb(name + ".conv_dw"));

@@ -32,9 +32,10 @@ struct ModuleCost {
   std::vector<OpCost> backward;  // in the order backward runs them; a checkpointed block's recompute first
 };
 
-// Forward order; backward runs the modules in reverse.
+// Forward order; backward runs the modules in reverse. `cuda`: the ops of a CUDA run (the CPU runs the first
+// stages' MLPs as one op, mlp_as_one_op).
 std::vector<ModuleCost> convnext_step_work(const nn::ConvNeXtConfig& cfg, int64_t image, int64_t batch,
-                                           DType compute, bool checkpointing);
+                                           DType compute, bool checkpointing, bool cuda);
 
 // The optimizer step over `elements` fp32 master elements (AdamW reads weight, gradient and both moments and
 // writes three back; under mixed precision also the cast of the gradients and of the refreshed compute

@@ -63,6 +63,7 @@
 
 #include "dist/plan/step_walker.h"
 #include "optim/device_scalars.h"
+#include "tensor/ops/linear_fused.h"
 
 namespace cz::plan {
 namespace walk {
@@ -352,16 +353,23 @@ A Walker::stage(int i, A x, int64_t& side, bool last_stage) {
 }
 
 // ConvNeXtBlock::forward: dwconv -> LayerNorm -> linear_gelu (fc1) -> linear_scale_residual (fc2, gamma,
-// residual); with drop path, or without gamma, fc2 alone -> (gamma, drop path) + residual.
+// residual), or on the CPU with small weights mlp_scale_residual for all of the MLP; with drop path, or
+// without gamma, fc2 alone -> (gamma, drop path) + residual.
 A Walker::block(const A& x, int64_t side, int64_t c, double rate, Use out_use) {
   const int64_t rows = n_ * side * side;
   const std::string& b = scope_;
   const A y1 = depthwise(x, side, c, b + ".conv_dw", keep());
   const A y2 = layer_norm(y1, rows, c, b + ".norm", keep());
+  const bool gamma = s_.model.layer_scale_init > 0;
+  if (rate <= 0 && gamma && mlp_as_one_op(s_.cuda, c, 4 * c)) {
+    const A z = mlp_scale_residual(x, y2, rows, c, 4 * c, b + ".mlp", b + ".gamma", out_use);
+    m_.release(y2.id);  // the temporaries of its argument
+    m_.release(y1.id);
+    return z;
+  }
   const A a = linear_gelu(y2, rows, c, 4 * c, b + ".mlp.fc1", keep());
   m_.release(y2.id);  // the temporaries of linear_gelu's argument
   m_.release(y1.id);
-  const bool gamma = s_.model.layer_scale_init > 0;
   if (rate <= 0 && gamma) {
     const A z = linear_scale_residual(x, a, rows, 4 * c, c, b + ".mlp.fc2", b + ".gamma", out_use);
     m_.release(a.id);

@@ -205,6 +205,44 @@ A Walker::linear_scale_residual(const A& r, const A& x, int64_t rows, int64_t in
   return z;
 }
 
+// Note [The MLP on one tile]: the pre-activation and fc2's output before gamma are the node's, kept only
+// when it is recorded; the GELU output and the tiles' intermediates never reach the allocator. Backward hands
+// the gradients over in the reverse order of the node's inputs (residual, x, fc1's weight and bias, fc2's,
+// gamma).
+A Walker::mlp_scale_residual(const A& r, const A& x, int64_t rows, int64_t c, int64_t hidden,
+                             const std::string& mlp, const std::string& gamma, Use out) {
+  at("mlp_scale_residual");
+  if (!recording_) return buf(rows * c * e_, out, "block output");
+  const A h = buf(rows * hidden * e_, keep(), "fc1 pre-activation");
+  const A y2 = buf(rows * c * e_, keep(), "fc2 output");
+  const A z = buf(y2.bytes, out, "block output");
+  m_.retain(x.id);
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, "mlp_scale_residual backward");
+    const Id g = take(z.id);
+    const Id dx = m_.alloc(x.bytes, Use::transient, "fc1 input gradient");
+    const Id dw1 = m_.alloc(hidden * c * e_, Use::transient, "fc1 weight gradient");
+    const Id db1 = m_.alloc(hidden * e_, Use::transient, "fc1 bias gradient");
+    const Id dw2 = m_.alloc(c * hidden * e_, Use::transient, "fc2 weight gradient");
+    const Id db2 = m_.alloc(c * e_, Use::transient, "fc2 bias gradient");
+    const Id dgamma = m_.alloc(c * e_, Use::transient, "gamma gradient");
+    m_.release(x.id);
+    m_.release(h.id);
+    m_.release(y2.id);
+    m_.retain(g);  // the residual's gradient is the incoming one, passed through
+    deposit(r, g);
+    deposit(x, dx);
+    m_.release(g);
+    param_grad(dgamma, gamma);
+    param_grad(db2, mlp + ".fc2.bias");
+    param_grad(dw2, mlp + ".fc2.weight");
+    param_grad(db1, mlp + ".fc1.bias");
+    param_grad(dw1, mlp + ".fc1.weight");
+  });
+  return z;
+}
+
 A Walker::scale_add(const A* residual, const A& h, int64_t c, const std::string& gamma, Use out) {
   at(residual ? "residual_scale_add" : "channel_scale");
   const A y = buf(h.bytes, out, residual ? "block output" : "channel_scale output");

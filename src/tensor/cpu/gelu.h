@@ -129,4 +129,19 @@ inline V gelu_grad(V x) {
   }
 }
 
+// gelu(x) and gelu'(x) from one evaluation of the normal CDF and density, bit for bit what gelu(x) and
+// gelu_grad(x) give.
+template <class V>
+inline void gelu_and_grad(V x, V& y, V& d) {
+  if constexpr (std::is_same_v<Elem<V>, double>) {
+    y = gelu(x);
+    d = gelu_grad(x);
+  } else {
+    V cdf, e;
+    normal_cdf_pdf(x, cdf, e);
+    y = x * cdf;
+    d = cdf + x * e * float(kInvSqrt2Pi);
+  }
+}
+
 }  // namespace cz::cpu::gelu_math

@@ -100,6 +100,57 @@ class LinearScaleResidualBackward final : public Node {
   Shape x_sizes_;
 };
 
+// Inputs: residual, x, w1, b1, w2, b2, gamma. Saved: x, fc1's pre-activation h, fc2's output before gamma.
+class MlpScaleResidualBackward final : public Node {
+ public:
+  MlpScaleResidualBackward(const Tensor& x2d, const Tensor& h, const Tensor& y2, const Tensor& w1,
+                           const Tensor& w2, const Tensor& gamma, Shape x_sizes)
+      : x_(x2d), h_(h), y2_(y2), w1_(w1), w2_(w2), gamma_(gamma), x_sizes_(std::move(x_sizes)) {}
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    const Tensor x = x_.get(), h = h_.get(), y2 = y2_.get(), w1 = w1_.get(), w2 = w2_.get(),
+                 gamma = gamma_.get();
+    const Tensor g = grads[0].contiguous().view({x.size(0), x.size(1)});
+    Tensor dx = needs_input_grad(1) ? empty_like(x) : Tensor();
+    Tensor dw1 = needs_input_grad(2) ? empty_like(w1) : Tensor();
+    Tensor db1 = needs_input_grad(3) ? empty({w1.size(0)}, w1.dtype(), w1.device()) : Tensor();
+    Tensor dw2 = needs_input_grad(4) ? empty_like(w2) : Tensor();
+    Tensor db2 = needs_input_grad(5) ? empty({w2.size(0)}, w2.dtype(), w2.device()) : Tensor();
+    Tensor dgamma = needs_input_grad(6) ? empty_like(gamma) : Tensor();
+    if (g.is_cpu()) {
+      cpu::mlp_scale_residual_backward(g, x, h, y2, w1, w2, gamma, dx, dw1, db1, dw2, db2, dgamma);
+    } else {
+      const Stream s = ops::stream_of(g);
+      Tensor gb = empty_like(y2);
+      CZ_CUDA_CALL(cuda::channel_scale_backward(g, y2, gamma, gb, dgamma, s));
+      Tensor y = empty_like(h);
+      CZ_CUDA_CALL(cuda::gelu_forward(h, y, s));
+      const bool fc1 = dx.defined() || dw1.defined() || db1.defined();
+      Tensor da = fc1 ? empty_like(h) : Tensor();
+      CZ_CUDA_CALL(cuda::linear_backward(gb, y, w2, da, dw2, db2, s));
+      if (fc1) {
+        Tensor gh = empty_like(h);
+        CZ_CUDA_CALL(cuda::gelu_backward(da, h, gh, s));
+        CZ_CUDA_CALL(cuda::linear_backward(gh, x, w1, dx, dw1, db1, s));
+      }
+    }
+    return {needs_input_grad(0) ? grads[0] : Tensor(), dx.defined() ? dx.view(x_sizes_) : dx, dw1, db1, dw2,
+            db2, dgamma};
+  }
+  std::string name() const override { return "MlpScaleResidualBackward"; }
+  void release_saved() override {
+    x_.reset();
+    h_.reset();
+    y2_.reset();
+    w1_.reset();
+    w2_.reset();
+    gamma_.reset();
+  }
+
+ private:
+  SavedTensor x_, h_, y2_, w1_, w2_, gamma_;
+  Shape x_sizes_;
+};
+
 }  // namespace
 
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -153,6 +204,59 @@ Tensor linear_scale_residual(const Tensor& residual, const Tensor& x, const Tens
     record(std::make_shared<LinearScaleResidualBackward>(x2d, y, wc, gamma, x.sizes()),
            {&residual, &x, &weight, &bias, &gamma}, {&out});
   return out;
+}
+
+Tensor mlp_scale_residual(const Tensor& residual, const Tensor& x, const Tensor& w1, const Tensor& b1,
+                          const Tensor& w2, const Tensor& b2, const Tensor& gamma) {
+  const char* op = "mlp_scale_residual";
+  check_linear(op, x, w1, b1);
+  const int64_t c = w1.size(1), hid = w1.size(0);
+  ops::check_like(op, "w2", w2, "x", x);
+  CZ_CHECK_SHAPE(w2.dim() == 2 && w2.size(0) == c && w2.size(1) == hid,
+                 "{}: w2 has shape {}, expected ({}, {}) after w1 of shape {}", op, shape_str(w2.sizes()), c, hid,
+                 shape_str(w1.sizes()));
+  if (b2.defined()) {
+    ops::check_like(op, "b2", b2, "x", x);
+    CZ_CHECK_SHAPE(b2.dim() == 1 && b2.size(0) == c, "{}: b2 has shape {}, expected ({})", op,
+                   shape_str(b2.sizes()), c);
+  }
+  ops::check_like(op, "gamma", gamma, "x", x);
+  CZ_CHECK_SHAPE(gamma.dim() == 1 && gamma.size(0) == c, "{}: gamma has shape {}, expected ({})", op,
+                 shape_str(gamma.sizes()), c);
+  ops::check_like(op, "residual", residual, "x", x);
+  CZ_CHECK_SHAPE(residual.sizes() == x.sizes(), "{}: residual has shape {} but the branch's output is {}", op,
+                 shape_str(residual.sizes()), shape_str(x.sizes()));
+  profiler::Scope prof(op, x.device());
+  const Tensor x2d = x.contiguous().detach().view({-1, c});
+  const Tensor w1c = w1.contiguous(), w2c = w2.contiguous(), rc = residual.contiguous();
+  const int64_t rows = x2d.size(0);
+  const bool grad = should_record({&residual, &x, &w1, &b1, &w2, &b2, &gamma});
+  // Backward's: fc1's pre-activation and fc2's output before gamma (not kept when no graph is recorded).
+  Tensor h = grad ? empty({rows, hid}, x.dtype(), x.device()) : Tensor();
+  Tensor y2 = grad ? empty({rows, c}, x.dtype(), x.device()) : Tensor();
+  Tensor out = empty(x.sizes(), x.dtype(), x.device());
+  Tensor out2d = out.view({rows, c});
+  const Tensor r2d = rc.view({rows, c});
+  if (x.is_cpu()) {
+    cpu::mlp_scale_residual_forward(x2d, w1c, b1, w2c, b2, gamma, r2d, h, y2, out2d);
+  } else {
+    const Stream s = ops::stream_of(x);
+    Tensor hh = grad ? h : empty({rows, hid}, x.dtype(), x.device());
+    CZ_CUDA_CALL(cuda::linear_forward(x2d, w1c, b1, hh, s));
+    Tensor y = empty({rows, hid}, x.dtype(), x.device());
+    CZ_CUDA_CALL(cuda::gelu_forward(hh, y, s));
+    Tensor z = grad ? y2 : empty({rows, c}, x.dtype(), x.device());
+    CZ_CUDA_CALL(cuda::linear_forward(y, w2c, b2, z, s));
+    CZ_CUDA_CALL(cuda::residual_scale_add(r2d, z, gamma, out2d, s));
+  }
+  if (grad)
+    record(std::make_shared<MlpScaleResidualBackward>(x2d, h, y2, w1c, w2c, gamma, x.sizes()),
+           {&residual, &x, &w1, &b1, &w2, &b2, &gamma}, {&out});
+  return out;
+}
+
+bool mlp_as_one_op(bool cuda, int64_t channels, int64_t hidden) {
+  return !cuda && cpu::mlp_fused_on_cpu(channels, hidden);
 }
 
 }  // namespace cz

@@ -15,4 +15,15 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias = T
 Tensor linear_scale_residual(const Tensor& residual, const Tensor& x, const Tensor& weight,
                              const Tensor& bias, const Tensor& gamma);
 
+// ConvNeXt's MLP branch with layer scale and residual in one op (Note [The MLP on one tile]):
+// residual + gamma * linear(gelu(linear(x, w1, b1)), w2, b2). x, residual: (..., C); w1: (H, C); w2: (C, H);
+// b1: (H), b2: (C), either may be undefined; gamma: (C). Saves x, fc1's pre-activation and fc2's output
+// before gamma; backward recomputes the GELU output. On CUDA the existing kernels in sequence.
+Tensor mlp_scale_residual(const Tensor& residual, const Tensor& x, const Tensor& w1, const Tensor& b1,
+                          const Tensor& w2, const Tensor& b2, const Tensor& gamma);
+// Whether a ConvNeXt block on `device` runs its MLP as mlp_scale_residual (the CPU, where both weights of
+// channels x hidden fit the per-thread partial sums of their gradients) rather than as linear_gelu and
+// linear_scale_residual. The block and the planner's replay ask the same question.
+bool mlp_as_one_op(bool cuda, int64_t channels, int64_t hidden);
+
 }  // namespace cz
