@@ -106,6 +106,47 @@ void tiled_backward(int64_t m, int64_t in, int64_t out, const T* x, const T* w, 
   }
 }
 
+// The forward epilogues, on `n` rows of a tile (rows of `cols`, dense). fc1's: h gets the bias added and
+// y = gelu(h). fc2's: y gets the bias added, out = residual + gamma * y.
+template <class T>
+void bias_gelu_rows(T* h, T* y, int64_t n, int64_t cols, const T* bias) {
+  for (int64_t r = 0; r < n; ++r) {
+    T* hr = h + r * cols;
+    T* yr = y + r * cols;
+    if constexpr (std::is_same_v<T, double>) {
+      for (int64_t j = 0; j < cols; ++j) {
+        const T v = hr[j] + (bias ? bias[j] : T(0));
+        hr[j] = v;
+        yr[j] = gelu_math::gelu(v);
+      }
+    } else {
+      for_blocks<T>(0, cols, [&](auto vt, int64_t j) {
+        using V = decltype(vt);
+        V v = load<V>(hr + j);
+        if (bias) v = v + load<V>(bias + j);
+        store(hr + j, v);
+        store(yr + j, gelu_math::gelu(v));
+      });
+    }
+  }
+}
+
+template <class T>
+void bias_scale_residual_rows(T* y, const T* residual, T* out, int64_t n, int64_t cols, const T* bias,
+                              const T* gamma) {
+  for (int64_t r = 0; r < n; ++r) {
+    T* yr = y + r * cols;
+    const T* rr = residual + r * cols;
+    T* orow = out + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) {
+      const T v = yr[j] + (bias ? bias[j] : T(0));
+      yr[j] = v;
+      orow[j] = rr[j] + v * gamma[j];
+    }
+  }
+}
+
 }  // namespace
 
 int64_t fused_tile_rows(int64_t rows, int64_t row_bytes, int64_t weight_bytes, int threads,
@@ -142,25 +183,7 @@ void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, T
       tile = fused_tile_rows(m, (in + 2 * out) * int64_t(sizeof(T)), in * out * int64_t(sizeof(T)), nt);
     for_tiles(m, tile, nt, [&](int, int64_t r0, int64_t r1) {
       gemm<T>(false, true, r1 - r0, out, in, T(1), px + r0 * in, in, pw, in, T(0), ph + r0 * out, out);
-      for (int64_t r = r0; r < r1; ++r) {
-        T* hr = ph + r * out;
-        T* yr = py + r * out;
-        if constexpr (std::is_same_v<T, double>) {
-          for (int64_t j = 0; j < out; ++j) {
-            const T v = hr[j] + (pb ? pb[j] : T(0));
-            hr[j] = v;
-            yr[j] = gelu_math::gelu(v);
-          }
-        } else {
-          for_blocks<T>(0, out, [&](auto vt, int64_t j) {
-            using V = decltype(vt);
-            V v = load<V>(hr + j);
-            if (pb) v = v + load<V>(pb + j);
-            store(hr + j, v);
-            store(yr + j, gelu_math::gelu(v));
-          });
-        }
-      }
+      bias_gelu_rows(ph + r0 * out, py + r0 * out, r1 - r0, out, pb);
     });
   });
 }
@@ -216,17 +239,7 @@ void linear_scale_residual_forward(const Tensor& x, const Tensor& w, const Tenso
       tile = fused_tile_rows(m, (in + 3 * nout) * int64_t(sizeof(T)), in * nout * int64_t(sizeof(T)), nt);
     for_tiles(m, tile, nt, [&](int, int64_t r0, int64_t r1) {
       gemm<T>(false, true, r1 - r0, nout, in, T(1), px + r0 * in, in, pw, in, T(0), py + r0 * nout, nout);
-      for (int64_t r = r0; r < r1; ++r) {
-        T* yr = py + r * nout;
-        const T* rr = pr + r * nout;
-        T* orow = po + r * nout;
-#pragma omp simd
-        for (int64_t j = 0; j < nout; ++j) {
-          const T v = yr[j] + (pb ? pb[j] : T(0));
-          yr[j] = v;
-          orow[j] = rr[j] + v * pgam[j];
-        }
-      }
+      bias_scale_residual_rows(py + r0 * nout, pr + r0 * nout, po + r0 * nout, r1 - r0, nout, pb, pgam);
     });
   });
 }
@@ -330,36 +343,9 @@ void mlp_scale_residual_forward(const Tensor& x, const Tensor& w1, const Tensor&
       T* yt = tile_scratch<T>(1, size_t(tile * hid));
       T* zt = py2 ? py2 + r0 * c : tile_scratch<T>(2, size_t(tile * c));
       gemm<T>(false, true, n, hid, c, T(1), px + r0 * c, c, pw1, c, T(0), ht, hid);
-      for (int64_t r = 0; r < n; ++r) {
-        T* hr = ht + r * hid;
-        T* yr = yt + r * hid;
-        if constexpr (std::is_same_v<T, double>) {
-          for (int64_t j = 0; j < hid; ++j) {
-            hr[j] += pb1 ? pb1[j] : T(0);
-            yr[j] = gelu_math::gelu(hr[j]);
-          }
-        } else {
-          for_blocks<T>(0, hid, [&](auto vt, int64_t j) {
-            using V = decltype(vt);
-            V v = load<V>(hr + j);
-            if (pb1) v = v + load<V>(pb1 + j);
-            store(hr + j, v);
-            store(yr + j, gelu_math::gelu(v));
-          });
-        }
-      }
+      bias_gelu_rows(ht, yt, n, hid, pb1);
       gemm<T>(false, true, n, c, hid, T(1), yt, hid, pw2, hid, T(0), zt, c);
-      for (int64_t r = 0; r < n; ++r) {
-        T* zr = zt + r * c;
-        const T* rr = pr + (r0 + r) * c;
-        T* orow = po + (r0 + r) * c;
-#pragma omp simd
-        for (int64_t j = 0; j < c; ++j) {
-          const T v = zr[j] + (pb2 ? pb2[j] : T(0));
-          zr[j] = v;
-          orow[j] = rr[j] + v * pgam[j];
-        }
-      }
+      bias_scale_residual_rows(zt, pr + r0 * c, po + r0 * c, n, c, pb2, pgam);
     });
   });
 }
