@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tensor/cpu/kernels.h"
+#include "tensor/ops/linear_fused.h"
 #include "tensor/parallel.h"
 #include "tensor/random.h"
 
@@ -108,31 +109,16 @@ void add_stage(int64_t n, int64_t hw, int64_t c) {
 }
 
 // A block's MLP, forward and backward, as the model ran it before Note [Fused epilogues on the CPU] (fc1 with
-// the bias filled first, GELU, fc2, residual_scale_add; then their backward kernels) and fused (linear_gelu,
-// linear_scale_residual and their backward kernels), both in the same run; `tile` 0 is the kernels' own
-// choice (fused_tile_rows), others force that many rows per tile (the sweep that chose kFusedTileBytes).
-// `one_op`: the whole MLP as mlp_scale_residual (Note [The MLP on one tile]), registered where the block would
-// use it (mlp_fused_on_cpu).
+// the bias filled first, GELU, fc2, residual_scale_add; then their backward kernels), fused (linear_gelu,
+// linear_scale_residual and their backward kernels), and as one op (mlp_scale_residual, Note [The MLP on one
+// tile], registered where the block would use it), all in the same run; `tile` 0 is the kernels' own choice
+// (fused_tile_rows), others force that many rows per tile (the sweep that chose kFusedTileBytes).
+enum class Mlp { unfused, fused, one_op };
+
 void add_block_mlp(int64_t n, int64_t hw, int64_t c, const std::vector<int64_t>& tiles) {
   const int64_t m = n * hw * hw;
   const double flops = 12 * double(m) * double(4 * c * c);  // fc1 and fc2, forward and backward
-  auto one_op = [=](bool backward) {
-    return [=](benchmark::State& st) {
-      const Tensor x = uniform({m, c}, 1), w1 = uniform({4 * c, c}, 2), b1 = uniform({4 * c}, 3);
-      const Tensor w2 = uniform({c, 4 * c}, 4), b2 = uniform({c}, 5), gamma = uniform({c}, 6);
-      const Tensor r = uniform({m, c}, 7), g = uniform({m, c}, 8);
-      Tensor h = empty({m, 4 * c}), y2 = empty({m, c}), out = empty({m, c}), dx = empty({m, c});
-      Tensor dw1 = empty({4 * c, c}), db1 = empty({4 * c}), dw2 = empty({c, 4 * c}), db2 = empty({c});
-      Tensor dgamma = empty({c});
-      for (auto _ : st) {
-        cpu::mlp_scale_residual_forward(x, w1, b1, w2, b2, gamma, r, h, y2, out);
-        if (backward)
-          cpu::mlp_scale_residual_backward(g, x, h, y2, w1, w2, gamma, dx, dw1, db1, dw2, db2, dgamma);
-      }
-      rate(st, "FLOP/s", backward ? flops : flops / 3);
-    };
-  };
-  auto body = [=](bool fused, int64_t tile, bool backward = true) {
+  auto body = [=](Mlp way, int64_t tile, bool backward = true) {
     return [=](benchmark::State& st) {
       const Tensor x = uniform({m, c}, 1), w1 = uniform({4 * c, c}, 2), b1 = uniform({4 * c}, 3);
       const Tensor w2 = uniform({c, 4 * c}, 4), b2 = uniform({c}, 5), gamma = uniform({c}, 6);
@@ -142,7 +128,11 @@ void add_block_mlp(int64_t n, int64_t hw, int64_t c, const std::vector<int64_t>&
       Tensor db2 = empty({c}), gh = empty({m, 4 * c}), dx = empty({m, c}), dw1 = empty({4 * c, c});
       Tensor db1 = empty({4 * c});
       for (auto _ : st) {
-        if (fused) {
+        if (way == Mlp::one_op) {
+          cpu::mlp_scale_residual_forward(x, w1, b1, w2, b2, gamma, r, h, y, out, tile);
+          if (backward)
+            cpu::mlp_scale_residual_backward(g, x, h, y, w1, w2, gamma, dx, dw1, db1, dw2, db2, dgamma, tile);
+        } else if (way == Mlp::fused) {
           cpu::linear_gelu_forward(x, w1, b1, h, a, tile);
           cpu::linear_scale_residual_forward(a, w2, b2, gamma, r, y, out, tile);
           if (!backward) continue;
@@ -164,15 +154,16 @@ void add_block_mlp(int64_t n, int64_t hw, int64_t c, const std::vector<int64_t>&
     };
   };
   const std::string s = nhwc(n, hw, c);
-  reg("block_mlp/unfused/" + s, body(false, 0));
-  reg("block_mlp/fused/" + s, body(true, 0));
-  reg("block_mlp_fwd/unfused/" + s, body(false, 0, false));  // eval, and a checkpointed block's first pass
-  reg("block_mlp_fwd/fused/" + s, body(true, 0, false));
-  if (cpu::mlp_fused_on_cpu(c, 4 * c)) {
-    reg("block_mlp/one_op/" + s, one_op(true));
-    reg("block_mlp_fwd/one_op/" + s, one_op(false));
+  reg("block_mlp/unfused/" + s, body(Mlp::unfused, 0));
+  reg("block_mlp/fused/" + s, body(Mlp::fused, 0));
+  reg("block_mlp_fwd/unfused/" + s,
+      body(Mlp::unfused, 0, false));  // eval, and a checkpointed block's first pass
+  reg("block_mlp_fwd/fused/" + s, body(Mlp::fused, 0, false));
+  if (mlp_as_one_op(false, c, 4 * c)) {
+    reg("block_mlp/one_op/" + s, body(Mlp::one_op, 0));
+    reg("block_mlp_fwd/one_op/" + s, body(Mlp::one_op, 0, false));
   }
-  for (int64_t t : tiles) reg(fmt::format("block_mlp/fused_tile{}/{}", t, s), body(true, t));
+  for (int64_t t : tiles) reg(fmt::format("block_mlp/fused_tile{}/{}", t, s), body(Mlp::fused, t));
 }
 
 // Patchify conv: x (n, hw, hw, cin) -> (n, hw / k, hw / k, cout).

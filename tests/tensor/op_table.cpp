@@ -285,23 +285,24 @@ std::vector<OpCase> build() {
                      return channel_ref(&in[0], y, in[4]);
                    }});
   // mlp_scale_residual (Note [The MLP on one tile]): residual, x, w1, b1, w2, b2, gamma.
-  cases.push_back({"mlp_scale_residual",
-                   [](DType t, uint64_t s) {
-                     return std::vector{input({3, 5, 7}, t, s), input({3, 5, 7}, t, s + 1, true, -2, 2),
-                                        input({26, 7}, t, s + 2), input({26}, t, s + 3), input({7, 26}, t, s + 4),
-                                        input({7}, t, s + 5), input({7}, t, s + 6)};
-                   },
-                   [](const auto& in) {
-                     return mlp_scale_residual(in[0], in[1], in[2], in[3], in[4], in[5], in[6]);
-                   },
-                   [=](const auto& in) {
-                     const Tensor a = ref_gelu(ref_linear(in[1], in[2], &in[3]));
-                     return channel_ref(&in[0], ref_linear(a, in[4], &in[5]), in[6]);
-                   }});
+  cases.push_back(
+      {"mlp_scale_residual",
+       [](DType t, uint64_t s) {
+         return std::vector{input({3, 5, 7}, t, s),   input({3, 5, 7}, t, s + 1, true, -2, 2),
+                            input({26, 7}, t, s + 2), input({26}, t, s + 3),
+                            input({7, 26}, t, s + 4), input({7}, t, s + 5),
+                            input({7}, t, s + 6)};
+       },
+       [](const auto& in) { return mlp_scale_residual(in[0], in[1], in[2], in[3], in[4], in[5], in[6]); },
+       [=](const auto& in) {
+         const Tensor a = ref_gelu(ref_linear(in[1], in[2], &in[3]));
+         return channel_ref(&in[0], ref_linear(a, in[4], &in[5]), in[6]);
+       }});
   cases.push_back({"mlp_scale_residual_no_bias",
                    [](DType t, uint64_t s) {
                      return std::vector{input({9, 5}, t, s), input({9, 5}, t, s + 1, true, -2, 2),
-                                        input({17, 5}, t, s + 2), input({5, 17}, t, s + 3), input({5}, t, s + 4)};
+                                        input({17, 5}, t, s + 2), input({5, 17}, t, s + 3),
+                                        input({5}, t, s + 4)};
                    },
                    [](const auto& in) {
                      return mlp_scale_residual(in[0], in[1], in[2], Tensor(), in[3], Tensor(), in[4]);

@@ -1,7 +1,7 @@
-// The fused MLP ops (Note [Fused epilogues on the CPU], Note [The MLP on one tile]) against the unfused ops they
-// replace: outputs and
-// every gradient, at ConvNeXt's MLP shapes and odd ones; the CPU kernels with forced tile sizes and thread
-// counts (several tiles per thread, ragged last tiles, the split-rows weight gradient) in f64 to rounding.
+// The fused MLP ops (Note [Fused epilogues on the CPU], Note [The MLP on one tile]) against the unfused ops
+// they replace: outputs and every gradient, at ConvNeXt's MLP shapes and odd ones; the CPU kernels with
+// forced tile sizes and thread counts (several tiles per thread, ragged last tiles, the split-rows weight
+// gradient) in f64 to rounding.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -187,7 +187,8 @@ TEST(MlpOneOp, TilesAndThreadsDoNotChangeTheResult) {
         Tensor dx = empty_like(x), dw1 = empty_like(w1), db1 = empty_like(b1), dw2 = empty_like(w2),
                db2 = empty_like(b2), dg = empty_like(g);
         cpu::mlp_scale_residual_backward(probe, x, h, y2, w1, w2, g, dx, dw1, db1, dw2, db2, dg, tile);
-        expect_equal({out, probe, dx, dw1, db1, dw2, db2, dg}, ref, 1e-12, 1e-12, "mlp_scale_residual, " + at);
+        expect_equal({out, probe, dx, dw1, db1, dw2, db2, dg}, ref, 1e-12, 1e-12,
+                     "mlp_scale_residual, " + at);
       }
     }
   }

@@ -9,6 +9,7 @@
 #include "dist/plan/zero_memory.h"
 #include "nn/convnext.h"
 #include "tensor/check.h"
+#include "tensor/device.h"
 
 namespace cz::plan {
 namespace {
@@ -81,7 +82,7 @@ ComputeTable from_profile(const nlohmann::json& p) {
     w.flops += op.flops;
     w.bytes += op.bytes;
   };
-  const bool cuda = p.value("device", std::string("cpu")).rfind("cuda", 0) == 0;
+  const bool cuda = parse_device(p.value("device", std::string("cpu"))).is_cuda();
   for (const ModuleCost& m : convnext_step_work(cfg, image, batch, dtype, false, cuda)) {
     for (const OpCost& op : m.forward) count(op);
     for (const OpCost& op : m.backward) count(op);

@@ -106,13 +106,11 @@ std::vector<ModuleCost> convnext_step_work(const nn::ConvNeXtConfig& cfg, int64_
         // Note [The MLP on one tile]: reads x and the residual, writes the pre-activation, fc2's output and
         // the block's.
         m.fwd("mlp_scale_residual", OpClass::matmul, 16 * rows * c * c + 42 * rc, 8 * rc + 8 * c * c);
-      } else {
-        m.fwd("linear_gelu", OpClass::matmul, 8 * rows * c * c + 40 * rc, 9 * rc + 4 * c * c);
-      }
-      if (one_op) {
       } else if (fused_fc2) {
+        m.fwd("linear_gelu", OpClass::matmul, 8 * rows * c * c + 40 * rc, 9 * rc + 4 * c * c);
         m.fwd("linear_scale_residual", OpClass::matmul, 8 * rows * c * c + 2 * rc, 7 * rc + 4 * c * c);
       } else {
+        m.fwd("linear_gelu", OpClass::matmul, 8 * rows * c * c + 40 * rc, 9 * rc + 4 * c * c);
         m.linear(rows, 4 * c, c);
         if (rate > 0) {
           if (gamma) m.fwd("channel_scale", OpClass::memory, rc, 2 * rc);
@@ -124,7 +122,8 @@ std::vector<ModuleCost> convnext_step_work(const nn::ConvNeXtConfig& cfg, int64_
       // Backward, in the order the nodes run.
       Module b(name, e);
       if (one_op) {
-        // GELU recomputed from the pre-activation; reads g, fc2's output, the pre-activation and x, writes dx.
+        // GELU recomputed from the pre-activation; reads g, fc2's output, the pre-activation and x, writes
+        // dx.
         const std::vector<std::string> w1 = Module::wb(name + ".mlp.fc1"), w2 = Module::wb(name + ".mlp.fc2");
         b.bwd("MlpScaleResidualBackward", OpClass::matmul, 32 * rows * c * c + 103 * rc, 8 * rc + 16 * c * c,
               {name + ".gamma", w2[0], w2[1], w1[0], w1[1]});
@@ -132,16 +131,17 @@ std::vector<ModuleCost> convnext_step_work(const nn::ConvNeXtConfig& cfg, int64_
         const std::vector<std::string> wb = Module::wb(name + ".mlp.fc2");
         b.bwd("LinearScaleResidualBackward", OpClass::matmul, 16 * rows * c * c + 3 * rc, 11 * rc + 8 * c * c,
               {name + ".gamma", wb[0], wb[1]});
+        b.bwd("LinearGeluBackward", OpClass::matmul, 16 * rows * c * c + 60 * rc, 14 * rc + 8 * c * c,
+              Module::wb(name + ".mlp.fc1"));
       } else {
         if (rate > 0) {
           b.bwd("DropPathBackward", OpClass::memory, rc, 2 * rc);
           if (gamma) b.bwd("ChannelScaleBackward", OpClass::memory, 2 * rc, 3 * rc, {name + ".gamma"});
         }
         b.linear_backward(rows, 4 * c, c, name + ".mlp.fc2");
-      }
-      if (!one_op)
         b.bwd("LinearGeluBackward", OpClass::matmul, 16 * rows * c * c + 60 * rc, 14 * rc + 8 * c * c,
               Module::wb(name + ".mlp.fc1"));
+      }
       b.layer_norm_backward(rows, c, name + ".norm");
       b.bwd("DepthwiseConv2dBackward", OpClass::depthwise, 4 * k2 * rc, 4 * rc,
             Module::wb(name + ".conv_dw"));

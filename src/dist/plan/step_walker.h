@@ -80,10 +80,10 @@ class Walker {
   A linear_gelu(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module, Use out);
   A linear_scale_residual(const A& r, const A& x, int64_t rows, int64_t in, int64_t out_f,
                           const std::string& module, const std::string& gamma, Use out);
-  // mlp_scale_residual: the block's whole MLP branch (`mlp`: "....mlp", whose fc1 and fc2 get gradients), gamma
-  // and the residual r, where mlp_as_one_op says the block runs it.
-  A mlp_scale_residual(const A& r, const A& x, int64_t rows, int64_t c, int64_t hidden, const std::string& mlp,
-                       const std::string& gamma, Use out);
+  // mlp_scale_residual: the block's whole MLP branch (`mlp`: "....mlp", whose fc1 and fc2 get gradients),
+  // gamma and the residual r, where mlp_as_one_op says the block runs it.
+  A mlp_scale_residual(const A& r, const A& x, int64_t rows, int64_t c, int64_t hidden,
+                       const std::string& mlp, const std::string& gamma, Use out);
   // residual_scale_add / channel_scale; `gamma`: the parameter's name.
   A scale_add(const A* residual, const A& h, int64_t c, const std::string& gamma, Use out);
   // A module call: its forward-pre hook; then, after its ops, its forward hook and (when recording) the

@@ -40,7 +40,6 @@
 // which is harmless there: it never runs a GEMM. The HDF5 probe sets its own mask (h5_probe.cpp).
 #include "dist/train/stop.h"
 
-#include <omp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -133,7 +132,7 @@ void take_stop_signals_off_compute_threads() {
   pthread_sigmask(SIG_BLOCK, &stops, nullptr);
   // Threads of a pool that an earlier parallel region started do not inherit the mask; a team of the
   // configured size reaches every one the step will use (none, in convnext_zero: this runs first).
-#pragma omp parallel num_threads(omp_get_max_threads())
+#pragma omp parallel
   pthread_sigmask(SIG_BLOCK, &stops, nullptr);
   std::call_once(started, [] {
     std::thread([] {

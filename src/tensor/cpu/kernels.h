@@ -68,11 +68,8 @@ void linear_scale_residual_forward(const Tensor& x, const Tensor& w, const Tenso
 void linear_scale_residual_backward(const Tensor& g, const Tensor& x, const Tensor& y, const Tensor& w,
                                     const Tensor& gamma, Tensor& gb, Tensor& dx, Tensor& dw, Tensor& db,
                                     Tensor& dgamma, int64_t tile = 0);
-// Whether ConvNeXt's MLP of `channels` and `hidden` runs as mlp_scale_residual on the CPU (its weights fit the
-// per-thread partial sums of its weight gradients).
-bool mlp_fused_on_cpu(int64_t channels, int64_t hidden);
-// ConvNeXt's whole MLP branch and residual on row tiles (Note [The MLP on one tile]): out = residual + gamma *
-// (gelu(x w1^T + b1) w2^T + b2). x, residual, out: (M, C); w1: (H, C); w2: (C, H); b1, b2 may be undefined.
+// ConvNeXt's whole MLP branch and residual on row tiles (Note [The MLP on one tile]): out = residual + gamma
+// * (gelu(x w1^T + b1) w2^T + b2). x, residual, out: (M, C); w1: (H, C); w2: (C, H); b1, b2 may be undefined.
 // h (M, H) and y2 (M, C), when defined, receive fc1's pre-activation and fc2's output before gamma, which is
 // all backward needs; the GELU output lives only in a tile.
 void mlp_scale_residual_forward(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
@@ -81,8 +78,9 @@ void mlp_scale_residual_forward(const Tensor& x, const Tensor& w1, const Tensor&
 // g: (M, C), the gradient of out. Writes those of dx, dw1, db1, dw2, db2, dgamma that are defined; the GELU
 // output and its derivative are recomputed from h on each tile.
 void mlp_scale_residual_backward(const Tensor& g, const Tensor& x, const Tensor& h, const Tensor& y2,
-                                 const Tensor& w1, const Tensor& w2, const Tensor& gamma, Tensor& dx, Tensor& dw1,
-                                 Tensor& db1, Tensor& dw2, Tensor& db2, Tensor& dgamma, int64_t tile = 0);
+                                 const Tensor& w1, const Tensor& w2, const Tensor& gamma, Tensor& dx,
+                                 Tensor& dw1, Tensor& db1, Tensor& dw2, Tensor& db2, Tensor& dgamma,
+                                 int64_t tile = 0);
 
 }  // namespace cz::cpu
 

@@ -63,6 +63,18 @@ void for_tiles(int64_t m, int64_t tile, int nt, F&& f) {
   }
 }
 
+// dst[0, count) = the sum of each thread's partial at `offset` of its `stride` elements of acc, added in
+// thread order (deterministic for a given thread count).
+template <class T>
+void sum_partials(const std::vector<T>& acc, int nt, int64_t stride, int64_t offset, int64_t count, T* dst) {
+  std::copy_n(acc.data() + offset, count, dst);
+  for (int t = 1; t < nt; ++t) {
+    const T* part = acc.data() + size_t(t) * size_t(stride) + size_t(offset);
+#pragma omp simd
+    for (int64_t i = 0; i < count; ++i) dst[i] += part[i];
+  }
+}
+
 // Backward common to both ops. `epi(r0, r1, acc)` writes the GEMM's left operand G (m x out) for rows
 // [r0, r1) and adds those rows' column sums into the thread's accumulators acc[0..extra*out); then dx's rows
 // (G W) and, when split, the thread's partial dW (G^T x) are computed on the same tile. Column sums land in
@@ -84,23 +96,11 @@ void tiled_backward(int64_t m, int64_t in, int64_t out, const T* x, const T* w, 
     if (split)
       gemm<T>(true, false, out, in, r1 - r0, T(1), gt, out, x + r0 * in, in, T(1), a + extra * out, in);
   });
-  for (int e = 0; e < extra; ++e) {
-    if (!sums[e]) continue;
-    for (int64_t j = 0; j < out; ++j) {
-      T s = T(0);
-      for (int t = 0; t < nt; ++t) s += acc[size_t(t) * size_t(stride) + size_t(e * out + j)];
-      sums[e][j] = s;
-    }
-  }
+  for (int e = 0; e < extra; ++e)
+    if (sums[e]) sum_partials(acc, nt, stride, e * out, out, sums[e]);
   if (!dw) return;
   if (split) {
-    const int64_t wsize = out * in;
-    std::copy_n(acc.data() + extra * out, wsize, dw);
-    for (int t = 1; t < nt; ++t) {
-      const T* pw = acc.data() + size_t(t) * size_t(stride) + size_t(extra * out);
-#pragma omp simd
-      for (int64_t i = 0; i < wsize; ++i) dw[i] += pw[i];
-    }
+    sum_partials(acc, nt, stride, extra * out, out * in, dw);
   } else {
     gemm<T>(true, false, out, in, m, T(1), g_op, out, x, in, T(0), dw, in);
   }
@@ -276,10 +276,10 @@ void linear_scale_residual_backward(const Tensor& g, const Tensor& x, const Tens
   });
 }
 
-// Note [The MLP on one tile]: linear_gelu and linear_scale_residual each keep their epilogue in cache, but the
-// GELU output between them still crosses memory three times (written by fc1's pass, read by fc2's, read
+// Note [The MLP on one tile]: linear_gelu and linear_scale_residual each keep their epilogue in cache, but
+// the GELU output between them still crosses memory three times (written by fc1's pass, read by fc2's, read
 // again by fc2's weight gradient), and backward reads the pre-activation and writes GELU's input gradient in
-// a second full pass. Where the weights are small (mlp_fused_on_cpu: both fit a thread's accumulators) the
+// a second full pass. Where the weights are small (mlp_as_one_op: both fit a thread's accumulators) the
 // whole branch runs on one row tile instead: fc1, bias, GELU, fc2, bias, gamma and the residual in forward,
 // with only the pre-activation h and fc2's output before gamma written out for backward; in backward, per
 // tile, gamma's pass and its column sums, GELU's output and derivative recomputed from h, fc2's weight
@@ -314,10 +314,6 @@ void add_column_sums(const T* a, int64_t n, int64_t cols, T* acc) {
 
 }  // namespace
 
-bool mlp_fused_on_cpu(int64_t channels, int64_t hidden) {
-  return channels * hidden <= (int64_t(1) << 16);
-}
-
 void mlp_scale_residual_forward(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
                                 const Tensor& b2, const Tensor& gamma, const Tensor& residual, Tensor& h,
                                 Tensor& y2, Tensor& out, int64_t tile) {
@@ -351,8 +347,9 @@ void mlp_scale_residual_forward(const Tensor& x, const Tensor& w1, const Tensor&
 }
 
 void mlp_scale_residual_backward(const Tensor& g, const Tensor& x, const Tensor& h, const Tensor& y2,
-                                 const Tensor& w1, const Tensor& w2, const Tensor& gamma, Tensor& dx, Tensor& dw1,
-                                 Tensor& db1, Tensor& dw2, Tensor& db2, Tensor& dgamma, int64_t tile) {
+                                 const Tensor& w1, const Tensor& w2, const Tensor& gamma, Tensor& dx,
+                                 Tensor& dw1, Tensor& db1, Tensor& dw2, Tensor& db2, Tensor& dgamma,
+                                 int64_t tile) {
   visit_float(g.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const int64_t m = x.size(0), c = x.size(1), hid = w1.size(0);
@@ -425,16 +422,8 @@ void mlp_scale_residual_backward(const Tensor& g, const Tensor& x, const Tensor&
       if (pdx) gemm<T>(false, false, n, c, hid, T(1), gh, hid, pw1, c, T(0), pdx + r0 * c, c);
       if (dw1.defined()) gemm<T>(true, false, hid, c, n, T(1), gh, hid, px + r0 * c, c, T(1), a + o_dw1, c);
     });
-    // The partial sums, in thread order.
     const auto total = [&](Tensor& dst, int64_t offset, int64_t count) {
-      if (!dst.defined()) return;
-      T* d = dst.data<T>();
-      std::copy_n(acc.data() + offset, count, d);
-      for (int t = 1; t < nt; ++t) {
-        const T* part = acc.data() + size_t(t) * size_t(stride) + size_t(offset);
-#pragma omp simd
-        for (int64_t i = 0; i < count; ++i) d[i] += part[i];
-      }
+      if (dst.defined()) sum_partials(acc, nt, stride, offset, count, dst.data<T>());
     };
     total(db2, 0, c);
     total(dgamma, o_dg, c);

@@ -103,5 +103,6 @@ TEST(StopSignals, NoComputeThreadTakesThem) {
 
 TEST(StopSignals, OneDnnGemmsRunThroughAStop) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  for (int run = 0; run < 6; ++run) EXPECT_EXIT(gemms_through_a_stop(), testing::ExitedWithCode(0), "") << run;
+  for (int run = 0; run < 6; ++run)
+    EXPECT_EXIT(gemms_through_a_stop(), testing::ExitedWithCode(0), "") << run;
 }
