@@ -25,6 +25,19 @@ void check_linear(const char* op, const Tensor& x, const Tensor& weight, const T
   }
 }
 
+// gamma (the layer scale) and the residual of a branch whose output has `out_sizes`.
+void check_scale_residual(const char* op, const Tensor& gamma, const Tensor& residual, const Tensor& x,
+                          const Shape& out_sizes) {
+  const int64_t out_features = out_sizes.back();
+  ops::check_like(op, "gamma", gamma, "x", x);
+  CZ_CHECK_SHAPE(gamma.dim() == 1 && gamma.size(0) == out_features,
+                 "{}: gamma has shape {} but the layer has {} outputs (gamma must be ({}))", op,
+                 shape_str(gamma.sizes()), out_features, out_features);
+  ops::check_like(op, "residual", residual, "x", x);
+  CZ_CHECK_SHAPE(residual.sizes() == out_sizes, "{}: residual has shape {} but the layer's output is {}", op,
+                 shape_str(residual.sizes()), shape_str(out_sizes));
+}
+
 Shape with_last(Shape s, int64_t last) {
   s.back() = last;
   return s;
@@ -186,13 +199,7 @@ Tensor linear_scale_residual(const Tensor& residual, const Tensor& x, const Tens
   profiler::Scope prof(op, x.device());
   const int64_t in = weight.size(1), out_features = weight.size(0);
   const Shape out_sizes = with_last(x.sizes(), out_features);
-  ops::check_like(op, "gamma", gamma, "x", x);
-  CZ_CHECK_SHAPE(gamma.dim() == 1 && gamma.size(0) == out_features,
-                 "{}: gamma has shape {} but the layer has {} outputs (gamma must be ({}))", op,
-                 shape_str(gamma.sizes()), out_features, out_features);
-  ops::check_like(op, "residual", residual, "x", x);
-  CZ_CHECK_SHAPE(residual.sizes() == out_sizes, "{}: residual has shape {} but the layer's output is {}", op,
-                 shape_str(residual.sizes()), shape_str(out_sizes));
+  check_scale_residual(op, gamma, residual, x, out_sizes);
   const Tensor x2d = x.contiguous().detach().view({-1, in});
   const Tensor wc = weight.contiguous(), rc = residual.contiguous();
   const int64_t rows = x2d.size(0);
@@ -225,12 +232,7 @@ Tensor mlp_scale_residual(const Tensor& residual, const Tensor& x, const Tensor&
     CZ_CHECK_SHAPE(b2.dim() == 1 && b2.size(0) == c, "{}: b2 has shape {}, expected ({})", op,
                    shape_str(b2.sizes()), c);
   }
-  ops::check_like(op, "gamma", gamma, "x", x);
-  CZ_CHECK_SHAPE(gamma.dim() == 1 && gamma.size(0) == c, "{}: gamma has shape {}, expected ({})", op,
-                 shape_str(gamma.sizes()), c);
-  ops::check_like(op, "residual", residual, "x", x);
-  CZ_CHECK_SHAPE(residual.sizes() == x.sizes(), "{}: residual has shape {} but the branch's output is {}", op,
-                 shape_str(residual.sizes()), shape_str(x.sizes()));
+  check_scale_residual(op, gamma, residual, x, x.sizes());
   profiler::Scope prof(op, x.device());
   const Tensor x2d = x.contiguous().detach().view({-1, c});
   const Tensor w1c = w1.contiguous(), w2c = w2.contiguous(), rc = residual.contiguous();
