@@ -10,7 +10,7 @@
 //   default), sending every rank SIGTERM, and SIGKILLing them T seconds later: the ranks have T for the step
 //   and the final save. It forwards SIGUSR1 and leaves the ranks alone, so SIGUSR1 to mpirun stops with no
 //   deadline. Ranks run in their own process groups, so a terminal's Ctrl-C reaches them only through mpirun.
-// - Rank 0's lines about a stop all go to stderr: the handler's (write(2) is all it may call), and the
+// - Rank 0's lines about a stop all go to stderr: the stop thread's (below), and the
 //   closing "stopped by ..." and "resume with: ..." (convnext_zero.cpp). mpirun forwards a rank's stdout and
 //   stderr through two pipes and interleaves them as it reads them, which printed the closing line before
 //   the handler's; one stream keeps them in the order written.
@@ -35,15 +35,18 @@
 // 2 ms apart signals of a no-op handler aborted every run within seconds; with --cpu-gemm openblas none did.
 // So once MPI is up, the stop signals are blocked in the main thread, before it starts OpenMP's threads (and
 // in any that a parallel region already started), and every thread started later inherits the mask: the
-// loader's, the save's, oneDNN's. One thread of our own takes them with sigwait() and runs the same
-// on_stop(). A thread started before (MPI's, CUDA's) keeps them unblocked and may still run the handler,
-// which is harmless there: it never runs a GEMM. The HDF5 probe sets its own mask (h5_probe.cpp).
+// loader's, the save's, oneDNN's. One thread of our own takes them with sigwait() and runs on_stop(). Being
+// an ordinary thread, it prints through the console lock (Note [One console]): a write(2) from it, with no
+// lock, once landed between the bar's wipe and its redraw and left the stop line glued to the bar. A thread
+// started before (MPI's, CUDA's) keeps them unblocked; the handler there hands the signal on to the stop
+// thread (pthread_kill is async-signal-safe). The HDF5 probe sets its own mask (h5_probe.cpp).
 #include "dist/train/stop.h"
 
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <mutex>
 #include <thread>
 
@@ -74,38 +77,63 @@ const char* short_name(int sig) {
   }
 }
 
-// A progress bar on the terminal's current line keeps its line; anywhere else (mpirun's pipes, a file) the
-// message needs no empty line before it.
-void new_line_after_bar() {
-  if (progress_bar_drawn()) dist::write_stderr("\n");
+// The stop's line, composed without allocating: a handler composes it too.
+class StopLine {
+ public:
+  StopLine& operator<<(const char* part) {
+    for (; *part && n_ + 1 < sizeof text_; ++part) text_[n_++] = *part;
+    text_[n_] = '\0';
+    return *this;
+  }
+  const char* c_str() const { return text_; }
+
+ private:
+  char text_[1280] = {};
+  size_t n_ = 0;
+};
+
+StopLine stop_line(int sig, bool again) {
+  StopLine line;
+  line << "convnext_zero: " << short_name(sig);
+  if (!again) return line << ": stopping after this step (send it again to stop at once)\n";
+  line << " again: stopping now without saving; ";
+  const char* latest = g_latest.get();
+  if (!latest[0]) return line << "no checkpoint of this run is on disk\n";
+  return line << "the newest checkpoint on disk is " << latest << "\n";
 }
 
-void on_stop(int sig) {
-  if (g_signal == 0) {
-    g_signal = sig;
-    if (g_announce) {
-      new_line_after_bar();
-      dist::write_stderr("convnext_zero: ");
-      dist::write_stderr(short_name(sig));
-      dist::write_stderr(": stopping after this step (send it again to stop at once)\n");
+// Records a stop signal and, on rank 0, says so; a second one exits at once. `in_handler`: called from the
+// signal handler, where only write(2) may print, so the line can meet a bar being drawn; the stop thread
+// prints through the console lock instead (Note [One console]), which keeps it off the bar's line.
+void on_stop(int sig, bool in_handler) {
+  const bool again = g_signal != 0;
+  if (!again) g_signal = sig;
+  if (g_announce) {
+    const StopLine line = stop_line(sig, again);
+    if (in_handler) {
+      if (progress_bar_drawn()) dist::write_stderr("\n");
+      dist::write_stderr(line.c_str());
+    } else if (again) {
+      console_print_last(line.c_str());
+    } else {
+      console_print(stderr, line.c_str());
     }
+  }
+  if (again) _exit(128 + sig);
+}
+
+// The thread that takes the stop signals, once it runs (take_stop_signals_off_compute_threads).
+std::atomic<bool> g_stop_thread_runs{false};
+std::atomic<pthread_t> g_stop_thread{};
+
+// The handler, for a thread that still takes stop signals (one MPI started) or a signal before the stop
+// thread runs: it hands the signal to the stop thread, which has it blocked and so finds it in sigwait.
+void on_stop_signal(int sig) {
+  if (g_stop_thread_runs.load()) {
+    pthread_kill(g_stop_thread.load(), sig);
     return;
   }
-  if (g_announce) {
-    new_line_after_bar();
-    dist::write_stderr("convnext_zero: ");
-    dist::write_stderr(short_name(sig));
-    dist::write_stderr(" again: stopping now without saving; ");
-    const char* latest = g_latest.get();
-    if (latest[0]) {
-      dist::write_stderr("the newest checkpoint on disk is ");
-      dist::write_stderr(latest);
-      dist::write_stderr("\n");
-    } else {
-      dist::write_stderr("no checkpoint of this run is on disk\n");
-    }
-  }
-  _exit(128 + sig);
+  on_stop(sig, /*in_handler=*/true);
 }
 
 sigset_t stop_set() {
@@ -120,7 +148,7 @@ sigset_t stop_set() {
 void install_stop_handlers(bool announce) {
   g_announce = announce ? 1 : 0;
   struct sigaction sa {};
-  sa.sa_handler = on_stop;
+  sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // reads and writes in progress carry on
   for (int sig : kStopSignals) sigaction(sig, &sa, nullptr);
@@ -135,13 +163,16 @@ void take_stop_signals_off_compute_threads() {
 #pragma omp parallel
   pthread_sigmask(SIG_BLOCK, &stops, nullptr);
   std::call_once(started, [] {
-    std::thread([] {
+    std::thread taker([] {
       const sigset_t wanted = stop_set();
       for (;;) {
         int sig = 0;
-        if (sigwait(&wanted, &sig) == 0) on_stop(sig);
+        if (sigwait(&wanted, &sig) == 0) on_stop(sig, /*in_handler=*/false);
       }
-    }).detach();
+    });
+    g_stop_thread.store(taker.native_handle());
+    g_stop_thread_runs.store(true);
+    taker.detach();
   });
 }
 

@@ -177,6 +177,16 @@ void console_print(std::FILE* stream, std::string_view text) {
   }
 }
 
+void console_print_last(std::string_view text) {
+  std::unique_lock<std::mutex> lock(g_console, std::try_to_lock);
+  if (lock.owns_lock() && g_bar_drawn) {
+    std::fputc('\n', stderr);
+    g_bar_drawn = 0;
+  }
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  std::fflush(stderr);
+}
+
 bool progress_bar_drawn() {
   return g_bar_drawn != 0;
 }

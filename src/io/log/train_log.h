@@ -109,6 +109,10 @@ double eta_seconds(int64_t first_step, int64_t step, int64_t total, double elaps
 // drawn again below it, as tqdm.write does. Without a bar it is a print and a flush. Thread-safe. `text`
 // holds whole lines, newlines included.
 void console_print(std::FILE* stream, std::string_view text);
+// The last words of a process that exits next (a second stop signal), on stderr: the bar stays on its line
+// and the text starts below it. It never waits for a print in progress (that one may be what is stuck): then
+// the text goes out as it is.
+void console_print_last(std::string_view text);
 // Whether a bar is on the terminal's current line; async-signal-safe (a stop handler starts a new line then).
 bool progress_bar_drawn();
 

@@ -10,10 +10,15 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "dist/train/stop.h"
+#include "io/log/train_log.h"
 #include "tensor/cpu/gemm_libraries.h"
 
 namespace {
@@ -94,6 +99,56 @@ void gemms_through_a_stop() {
   _exit(0);
 }
 
+// Rank 0's stop line while the bar is drawn as fast as it can be, its length changing at every drawing (so
+// each one wipes the last): the line stands on its own, in no piece of the terminal's output (text between
+// '\r' and '\n') that holds a bar. Once the stop thread printed it with write(2) and no lock, its '\n' could
+// fall between a wipe and the redraw, and the line went out glued to the bar's end.
+void stop_line_off_the_bar(int delay_ms) {
+  char path[] = "/tmp/cz_stop_bar_XXXXXX";
+  const int console = ::dup(STDERR_FILENO);
+  const auto give_up = [&](const char* what) {
+    ::dup2(console, STDERR_FILENO);
+    fail(what);
+  };
+  const int fd = ::mkstemp(path);
+  if (fd < 0 || ::dup2(fd, STDERR_FILENO) < 0) give_up("cannot send stderr to a file");
+  cz::train::install_stop_handlers(true);
+  cz::train::take_stop_signals_off_compute_threads();
+  {
+    cz::ProgressBar bar(1000000, cz::ProgressMode::bar);
+    std::thread sender([delay_ms] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      ::kill(::getpid(), SIGUSR1);
+    });
+    int64_t step = 0;
+    std::optional<Clock::time_point> stopped;
+    while (!stopped || Clock::now() < *stopped + std::chrono::milliseconds(20)) {
+      ++step;
+      bar.update(step, 1.0, 100.0, step % 2 ? 0.9 : 0.0);  // "loader-bound: ..." every other drawing
+      if (!stopped && cz::train::stop_signal() != 0) stopped = Clock::now();
+    }
+    sender.join();
+  }
+  std::fflush(stderr);
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  ::unlink(path);
+  int lines = 0;
+  std::string piece;
+  std::istringstream pieces(text.str());
+  while (std::getline(pieces, piece, '\n')) {
+    std::istringstream parts(piece);
+    for (std::string part; std::getline(parts, part, '\r');) {
+      if (part.find("SIGUSR1: stopping after this step") == std::string::npos) continue;
+      ++lines;
+      if (part.find("ETA") != std::string::npos) give_up("the stop line was printed onto the bar");
+    }
+  }
+  if (lines != 1) give_up("not one stop line");
+  _exit(0);
+}
+
 }  // namespace
 
 TEST(StopSignals, NoComputeThreadTakesThem) {
@@ -105,4 +160,10 @@ TEST(StopSignals, OneDnnGemmsRunThroughAStop) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   for (int run = 0; run < 6; ++run)
     EXPECT_EXIT(gemms_through_a_stop(), testing::ExitedWithCode(0), "") << run;
+}
+
+TEST(StopSignals, StopLineNeverLandsOnTheBar) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  for (int run = 0; run < 20; ++run)
+    EXPECT_EXIT(stop_line_off_the_bar(5 + 3 * run), testing::ExitedWithCode(0), "") << run;
 }
