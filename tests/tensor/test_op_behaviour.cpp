@@ -336,5 +336,32 @@ TEST(OpBehaviour, PatchifyAsOneGemmEqualsTheConvolution) {
   }
 }
 
+// The stem's weight gradient has many rows against a small weight, and so is taken with the rows split across
+// the threads (split_rows_for_weight_grad, blas.h), its bias gradient in the same pass: on 2 and 3 threads it
+// equals the one GEMM of a single thread, and the input gradient does not change.
+TEST(OpBehaviour, PatchifyWeightGradientSplitByRowsEqualsOneGemm) {
+  const int64_t n = 2, h = 64, w = 64, c = 3, cout = 5, k = 2;  // 2048 rows of 12 patch values
+  const Tensor x = random_tensor({n, h, w, c}, 1), wt = random_tensor({cout, k, k, c}, 2);
+  const Tensor gy = random_tensor({n, h / k, w / k, cout}, 4);
+  const auto grads = [&] {
+    Tensor dx = empty_like(x), dw = empty_like(wt), db = empty({cout}, DType::f64);
+    cpu::patchify_conv2d_backward(gy, x, wt, dx, dw, db);
+    return std::vector<Tensor>{dx, dw, db};
+  };
+  const auto one = with_threads(1, grads);
+  for (int threads : {2, 3}) {
+    SCOPED_TRACE(::testing::Message() << threads << " threads");
+    const auto split = with_threads(threads, grads);
+    for (size_t i = 0; i < one.size(); ++i) EXPECT_TRUE(all_close(split[i], one[i], 1e-12, 1e-12)) << i;
+  }
+  // Only the bias gradient asked for: the column sums alone.
+  Tensor none, db = empty({cout}, DType::f64);
+  with_threads(2, [&] {
+    cpu::patchify_conv2d_backward(gy, x, wt, none, none, db);
+    return 0;
+  });
+  EXPECT_TRUE(all_close(db, one[2], 1e-12, 1e-12));
+}
+
 }  // namespace
 }  // namespace cz::testing

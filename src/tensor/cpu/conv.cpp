@@ -356,19 +356,21 @@ void patchify_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w
     const int64_t N = x.size(0), H = x.size(1), W = x.size(2), Cin = x.size(3);
     const int64_t Cout = w.size(0), k = w.size(1), M = gy.numel() / Cout, KK = k * k * Cin;
     const T* pg = gy.data<T>();
+    T* db = dbias.defined() ? dbias.data<T>() : nullptr;
     if (dx.defined() || dw.defined()) {
       Tensor patches = empty({M, KK}, x.dtype());
       T* P = patches.data<T>();
       if (dw.defined()) {
         im2col<T>(x.data<T>(), P, N, H, W, Cin, k);
-        gemm<T>(true, false, Cout, KK, M, T(1), pg, Cout, P, KK, T(0), dw.data<T>(), KK);
+        weight_and_bias_grad<T>(pg, P, M, KK, Cout, dw.data<T>(), db);
+        db = nullptr;  // taken with the weight gradient
       }
       if (dx.defined()) {
         gemm<T>(false, false, M, KK, Cout, T(1), pg, Cout, w.data<T>(), KK, T(0), P, KK);
         col2im<T>(P, dx.data<T>(), N, H, W, Cin, k);
       }
     }
-    if (dbias.defined()) column_sums<T>(pg, M, Cout, dbias.data<T>());
+    if (db) column_sums<T>(pg, M, Cout, db);
   });
 }
 

@@ -41,11 +41,6 @@ using simd::for_blocks;
 using simd::load;
 using simd::store;
 
-// The same test as linear.cpp's: many rows against a small weight.
-bool split_rows(int64_t m, int64_t in, int64_t out, int threads) {
-  return threads > 1 && m >= 2048 && m >= 16 * std::max(in, out) && in * out <= (int64_t(1) << 16);
-}
-
 int threads_for(int64_t m, int64_t cols) {
   return m * cols >= kParallelGrain ? cpu_threads() : 1;
 }
@@ -83,7 +78,7 @@ template <class T, class Epi>
 void tiled_backward(int64_t m, int64_t in, int64_t out, const T* x, const T* w, const T* g_op, T* dx, T* dw,
                     int extra, T* const* sums, int64_t tile, Epi&& epi) {
   const int nt = threads_for(m, std::max(in, out));
-  const bool split = dw && split_rows(m, in, out, nt);
+  const bool split = dw && split_rows_for_weight_grad(m, in, out, nt);
   if (tile <= 0)
     tile = fused_tile_rows(m, (in + out) * int64_t(sizeof(T)), in * out * int64_t(sizeof(T)), nt);
   const int64_t stride = extra * out + (split ? out * in : 0);
