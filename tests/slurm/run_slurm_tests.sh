@@ -191,15 +191,30 @@ srun_mpirun_train)
   done
   # Start-up cost inside an allocation of N tasks (N = 2, 4): convnext_zero --steps 0 (start, model, data, no
   # step) launched by srun and by mpirun in turn, 3 times each.
-  printf '#!/bin/bash\nfor rep in 1 2 3; do for launch in %s; do\n t0=$(date +%%s.%%N)\n if [[ $launch == srun ]]; then srun --mpi=pmix %s --steps 0 %s > /dev/null 2>&1; else mpirun --bind-to none %s --steps 0 %s > /dev/null 2>&1; fi\n echo "startup $launch $SLURM_NTASKS $? $(awk -v a=$t0 -v b=$(date +%%s.%%N) "BEGIN { print b - a }")"\ndone; done\n' \
-    "${ways[*]}" "$app" "${model[*]}" "$app" "${model[*]}" > "$work/startup.sh"
+  # Each run's output is kept, and printed where the run failed.
+  cat > "$work/startup.sh" << EOF
+#!/bin/bash
+for rep in 1 2 3; do for launch in ${ways[*]}; do
+  log=$work/startup_\${launch}_\${SLURM_NTASKS}_\$rep.log
+  t0=\$(date +%s.%N)
+  if [[ \$launch == srun ]]; then srun --mpi=pmix $app --steps 0 ${model[*]} > "\$log" 2>&1
+  else mpirun --bind-to none $app --steps 0 ${model[*]} > "\$log" 2>&1; fi
+  echo "startup \$launch \$SLURM_NTASKS \$? \$(awk -v a=\$t0 -v b=\$(date +%s.%N) 'BEGIN { print b - a }') \$log"
+done; done
+EOF
   for n in 1 2; do
     id=$(submit -N2 --ntasks-per-node=$n -o "$work/startup$n.out" "$work/startup.sh")
     wait_state "$id" "" 120 || fail "the start-up job did not finish"
   done
   cat "$work"/startup[12].out > "$work/startup.out"
   grep -q "startup" "$work/startup.out" || { cat "$work/startup.out"; fail "no start-up times"; }
-  awk '$1 == "startup" && $4 != 0 { bad = 1; print "failed: " $0 } END { exit bad }' "$work/startup.out" || fail "a start-up run failed"
+  if ! awk '$1 == "startup" && $4 != 0 { bad = 1; print "failed: " $0 } END { exit bad }' "$work/startup.out"; then
+    awk '$1 == "startup" && $4 != 0 { print $6 }' "$work/startup.out" | while read -r log; do
+      echo "== $log"
+      tail -n 40 "$log"
+    done
+    fail "a start-up run failed"
+  fi
   for key in $(awk '$1 == "startup" { print $2 "_" $3 }' "$work/startup.out" | sort -u); do
     times=$(awk -v l="${key%_*}" -v n="${key#*_}" '$1 == "startup" && $2 == l && $3 == n { print $5 }' "$work/startup.out" | sort -g)
     echo "start-up inside the allocation, ${key%_*} at ${key#*_} ranks: median $(sed -n "$(( ($(wc -l <<< "$times") + 1) / 2 ))p" <<< "$times") s of $(echo $times) s"
