@@ -15,3 +15,6 @@ date > $o/end
 #   build/bench/bench_train_step --model tiny --image 224 --batch 16 --steps 2 --warmup 1 --profile 2 > $o/profile_tiny_f32.txt
 #   $P bench/train_step_torch.py --model tiny --device cpu --dtype f32 --batch 16 --image 224 --warmup 1 --steps 2 --threads 2 --profile 2 > $o/profile_tiny_torch.txt
 # The GEMM table: build/bench/bench_gemm_cpu > $o/gemm_cpu.md
+# A second run of each, later the same morning:
+#   python3 bench/zero_vs_torch.py --app build/apps/convnext_zero --torch-python $P --steps 40 --json $o/zero_40.json > $o/zero_40.txt
+#   $P bench/train_step_vs_torch.py --app build/apps/convnext_zero --model tiny --image-size 224 --batch 16 --rounds 3 --steps 3 --warmup 1 --json $o/step_tiny_f32_r3.json > $o/step_tiny_f32_r3.txt
