@@ -5,7 +5,6 @@
 //   bench_gemm_cpu [--run atto:64:32 --run tiny:224:16] [--reps 5] [--budget-s 0.3] [--peak-size 1024]
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -99,23 +98,13 @@ bool step_splits_rows(const cz::cpu::GemmShape& s) {
   return s.ta && !s.tb && cz::cpu::split_rows_for_weight_grad(s.k, s.n, s.m, cz::cpu_threads());
 }
 
-// Seconds per call of the split weight gradient of `s` on the default library: the best of up to `reps`
-// calls after one warm-up, within `budget_s`, as time_gemm times a library call.
+// Seconds per call of the split weight gradient of `s` on the default library, timed as time_gemm times a
+// library call.
 double time_row_split(const cz::cpu::GemmShape& s, int reps, double budget_s) {
   std::vector<float> g(size_t(s.k * s.m), 0.5f), x(size_t(s.k * s.n), 0.25f), dw(size_t(s.m * s.n));
-  const auto call = [&] {
-    const auto t0 = std::chrono::steady_clock::now();
+  return cz::cpu::best_seconds(reps, budget_s, [&] {
     cz::cpu::weight_and_bias_grad<float>(g.data(), x.data(), s.k, s.n, s.m, dw.data(), nullptr);
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  call();
-  double best = 1e30, spent = 0;
-  for (int r = 0; r < reps && spent < budget_s; ++r) {
-    const double t = call();
-    best = std::min(best, t);
-    spent += t;
-  }
-  return best;
+  });
 }
 
 void run_config(const std::string& spec, const Options& o, const std::array<double, kLibs>& own_peak,

@@ -149,6 +149,16 @@ class Walker {
     cudnn_ws_ = grown;
     cudnn_ws_bytes_ = bytes;
   }
+  // Backward of `residual + branch(x)`: the residual's gradient is the incoming g, passed through (held while
+  // the branch input's gradient dx is deposited), then g is let go. `r` may be none (no residual).
+  void pass_residual(const A& r, Id g, const A& x, Id dx) {
+    if (r.id != kNone) {
+      m_.retain(g);
+      deposit(r, g);
+    }
+    deposit(x, dx);
+    m_.release(g);
+  }
   void param_grad(Id g, const std::string& name) {
     const size_t i = engine_.param_index(name);
     if (captured_grads_)

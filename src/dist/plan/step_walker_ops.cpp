@@ -194,10 +194,7 @@ A Walker::linear_scale_residual(const A& r, const A& x, int64_t rows, int64_t in
     m_.release(gb);
     m_.release(x.id);
     m_.release(y.id);
-    m_.retain(g);  // the residual's gradient is the incoming one, passed through
-    deposit(r, g);
-    deposit(x, dx);
-    m_.release(g);
+    pass_residual(r, g, x, dx);
     param_grad(dgamma, gamma);
     param_grad(db, module + ".bias");
     param_grad(dw, module + ".weight");
@@ -230,10 +227,7 @@ A Walker::mlp_scale_residual(const A& r, const A& x, int64_t rows, int64_t c, in
     m_.release(x.id);
     m_.release(h.id);
     m_.release(y2.id);
-    m_.retain(g);  // the residual's gradient is the incoming one, passed through
-    deposit(r, g);
-    deposit(x, dx);
-    m_.release(g);
+    pass_residual(r, g, x, dx);
     param_grad(dgamma, gamma);
     param_grad(db2, mlp + ".fc2.bias");
     param_grad(dw2, mlp + ".fc2.weight");
@@ -256,12 +250,7 @@ A Walker::scale_add(const A* residual, const A& h, int64_t c, const std::string&
     const Id dx = m_.alloc(h.bytes, Use::transient, "block branch gradient");
     const Id dgamma = m_.alloc(c * e_, Use::transient, "gamma gradient");
     m_.release(h.id);
-    if (r.id != kNone) {  // the residual's gradient is the incoming one, passed through
-      m_.retain(g);
-      deposit(r, g);
-    }
-    deposit(h, dx);
-    m_.release(g);
+    pass_residual(r, g, h, dx);
     param_grad(dgamma, gamma);
   });
   return y;

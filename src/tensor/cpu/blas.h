@@ -34,6 +34,17 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a
   }
 }
 
+// Adds the columns of the rows [0, n) of a (n x cols, leading dimension cols) into acc, on the calling
+// thread.
+template <class T>
+void add_column_sums(const T* a, int64_t n, int64_t cols, T* acc) {
+  for (int64_t r = 0; r < n; ++r) {
+    const T* ar = a + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) acc[j] += ar[j];
+  }
+}
+
 // out[j] = sum over rows of g[r][j].
 template <class T>
 void column_sums(const T* g, int64_t rows, int64_t cols, T* out) {
@@ -43,11 +54,7 @@ void column_sums(const T* g, int64_t rows, int64_t cols, T* out) {
   {
     T* acc = partial.data() + omp_get_thread_num() * cols;
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* gr = g + r * cols;
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) acc[j] += gr[j];
-    }
+    for (int64_t r = 0; r < rows; ++r) add_column_sums(g + r * cols, 1, cols, acc);
   }
   for (int64_t j = 0; j < cols; ++j) {
     T s = 0;
@@ -86,12 +93,8 @@ void weight_and_bias_grad(const T* g, const T* x, int64_t m, int64_t in, int64_t
     T* pb = t == 0 ? db : pw + wsize;
     gemm<T>(true, false, out, in, r1 - r0, T(1), g + r0 * out, out, x + r0 * in, in, T(0), pw, in);
     if (db) {
-      for (int64_t j = 0; j < out; ++j) pb[j] = T(0);
-      for (int64_t r = r0; r < r1; ++r) {
-        const T* gr = g + r * out;
-#pragma omp simd
-        for (int64_t j = 0; j < out; ++j) pb[j] += gr[j];
-      }
+      std::fill_n(pb, out, T(0));
+      add_column_sums(g + r0 * out, r1 - r0, out, pb);
     }
   }
   for (int t = 1; t < threads; ++t) {

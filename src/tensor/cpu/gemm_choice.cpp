@@ -182,6 +182,22 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
   sgemm_on(gemm_library_for({ta, tb, m, n, k}), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+double best_seconds(int reps, double budget_s, const std::function<void()>& call) {
+  using Clock = std::chrono::steady_clock;
+  const auto timed = [&] {
+    const auto t0 = Clock::now();
+    call();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  double spent = timed(), best = 1e30;  // the warm-up: JIT, packing buffers, thread start
+  for (int r = 0; r < reps && (r == 0 || spent < budget_s); ++r) {
+    const double t = timed();
+    best = std::min(best, t);
+    spent += t;
+  }
+  return best;
+}
+
 double time_gemm(GemmLibrary lib, const GemmShape& s, int reps, double budget_s) {
   const int64_t lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
   std::vector<float> a(size_t(s.m * s.k)), b(size_t(s.k * s.n)), c(size_t(s.m * s.n), 0.f);
@@ -189,19 +205,9 @@ double time_gemm(GemmLibrary lib, const GemmShape& s, int reps, double budget_s)
   std::uniform_real_distribution<float> u(-1, 1);
   for (float& v : a) v = u(gen);
   for (float& v : b) v = u(gen);
-  using Clock = std::chrono::steady_clock;
-  auto call = [&] {
-    const auto t0 = Clock::now();
+  return best_seconds(reps, budget_s, [&] {
     sgemm_on(lib, s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), lda, b.data(), ldb, 0.f, c.data(), s.n);
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-  };
-  double spent = call(), best = 1e30;  // the warm-up: JIT, packing buffers, thread start
-  for (int r = 0; r < reps && (r == 0 || spent < budget_s); ++r) {
-    const double t = call();
-    best = std::min(best, t);
-    spent += t;
-  }
-  return best;
+  });
 }
 
 GemmShape timing_proxy(const GemmShape& s) {

@@ -48,6 +48,10 @@ GemmLibrary gemm_library_for(const GemmShape& s);
 void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// The best seconds of up to `reps` timed calls of `call` after one warm-up, stopping early once `budget_s`
+// (the warm-up included) is spent; at least one timed call.
+double best_seconds(int reps, double budget_s, const std::function<void()>& call);
+
 // Seconds per call of `s` on `lib` at the process's threads: the best of up to `reps` calls after one
 // warm-up, stopping early once `budget_s` is spent. Operands are random, C's ld = n, A's and B's as packed.
 double time_gemm(GemmLibrary lib, const GemmShape& s, int reps, double budget_s);

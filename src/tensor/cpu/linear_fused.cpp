@@ -297,16 +297,6 @@ T* tile_scratch(int slot, size_t n) {
   return b.data();
 }
 
-// Adds the columns of the rows [0, n) of a (n x cols, leading dimension cols) into acc.
-template <class T>
-void add_column_sums(const T* a, int64_t n, int64_t cols, T* acc) {
-  for (int64_t r = 0; r < n; ++r) {
-    const T* ar = a + r * cols;
-#pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) acc[j] += ar[j];
-  }
-}
-
 }  // namespace
 
 void mlp_scale_residual_forward(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
