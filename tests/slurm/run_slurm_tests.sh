@@ -215,6 +215,7 @@ srun_mpirun_train)
   # Each run's output is kept, and printed where the run failed.
   cat > "$work/startup.sh" << EOF
 #!/bin/bash
+$(declare -f ompi_tcp_init_crash)
 for rep in 1 2 3; do for launch in ${ways[*]}; do
   log=$work/startup_\${launch}_\${SLURM_NTASKS}_\$rep.log
   for try in 1 2; do
@@ -223,7 +224,7 @@ for rep in 1 2 3; do for launch in ${ways[*]}; do
     else mpirun --bind-to none $app --steps 0 ${model[*]} > "\$log" 2>&1; fi
     rc=\$?
     t=\$(awk -v a=\$t0 -v b=\$(date +%s.%N) 'BEGIN { print b - a }')
-    if ((rc != 0 && try == 1)) && grep -q "failed to TCP connect to a peer" "\$log" && grep -q "Segmentation fault" "\$log"; then
+    if ((rc != 0 && try == 1)) && ompi_tcp_init_crash "\$log"; then
       mv "\$log" "\$log.tcp_crash"
       echo "retried \$launch \$SLURM_NTASKS \$log.tcp_crash"
       continue
