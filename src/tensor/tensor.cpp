@@ -277,8 +277,19 @@ const std::shared_ptr<Node>& Tensor::grad_fn() const {
 }
 
 Tensor Tensor::grad() const {
-  if (!impl_->autograd || !impl_->autograd->grad) return Tensor();
-  return Tensor(impl_->autograd->grad);
+  AutogradMeta* meta = impl_->autograd.get();
+  if (!meta || !meta->grad) return Tensor();
+  Tensor g(meta->grad);
+  if (meta->grad_zero_deferred) {  // no gradient arrived since defer_grad_zero()
+    meta->grad_zero_deferred = false;
+    NoGradGuard no_grad;
+    g.zero_();
+  }
+  return g;
+}
+
+void Tensor::defer_grad_zero() {
+  if (impl_->autograd && impl_->autograd->grad) impl_->autograd->grad_zero_deferred = true;
 }
 
 void Tensor::set_grad(const Tensor& g) {
@@ -291,6 +302,7 @@ void Tensor::set_grad(const Tensor& g) {
                     device().str());
   }
   impl_->meta().grad = g.impl_ptr();
+  impl_->meta().grad_zero_deferred = false;
 }
 
 Tensor Tensor::detach() const {

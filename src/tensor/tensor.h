@@ -75,6 +75,7 @@ struct AutogradMeta {
   uint32_t output_nr = 0;                          // which output of grad_fn this tensor is
   std::weak_ptr<AccumulateGrad> grad_accumulator;  // leaves only; the graph owns it
   std::shared_ptr<class TensorImpl> grad;          // `.grad`; may be a view into a flat gradient buffer
+  bool grad_zero_deferred = false;                 // `.grad` counts as zero (Note [Deferred gradient zero])
   std::vector<std::pair<int, GradReadyHook>> grad_ready_hooks;
   std::vector<GradHook> grad_hooks;
   std::string name;
@@ -165,9 +166,12 @@ class Tensor {
   bool is_leaf() const { return !impl_->autograd || !impl_->autograd->grad_fn; }
   const std::shared_ptr<Node>& grad_fn() const;
   uint32_t output_nr() const { return impl_->autograd ? impl_->autograd->output_nr : 0; }
-  Tensor grad() const;
+  Tensor grad() const;                // zeroes a .grad left by defer_grad_zero() first
   void set_grad(const Tensor& grad);  // e.g. a view into a flat buffer; later backwards accumulate into it
-  Tensor detach() const;              // shares storage, no history
+  // Zero .grad without writing it (Note [Deferred gradient zero]): the next gradient accumulated into it
+  // overwrites it, and a grad() before that zeroes it. Nothing to do where there is no .grad.
+  void defer_grad_zero();
+  Tensor detach() const;                                      // shares storage, no history
   void backward(const Tensor& grad_output = Tensor()) const;  // from a scalar when grad_output is undefined
   const std::string& name() const;
   Tensor& set_name(std::string name);

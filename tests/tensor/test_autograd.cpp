@@ -103,6 +103,39 @@ TEST(Autograd, GradientsAccumulateIntoAFlatBuffer) {
   EXPECT_EQ(p1.grad().storage(), flat.storage());  // still the view, not a replacement
 }
 
+// Note [Deferred gradient zero]: after defer_grad_zero() the buffer is not written, yet every reader sees
+// zero: the first gradient overwrites, later ones add, a parameter no gradient reached reads zero, and
+// set_grad() ends the deferral.
+TEST(Autograd, DeferredGradZeroActsAsAZeroFill) {
+  Tensor p1 = leaf({2, 3}, 10), p2 = leaf({4}, 11);
+  Tensor flat = full({10}, 7.0, DType::f64);  // last step's gradients
+  p1.set_grad(view_of_storage(flat, {2, 3}, 0));
+  p2.set_grad(view_of_storage(flat, {4}, 6));
+  const Tensor a = random_tensor({2, 3}, 12);
+  p1.defer_grad_zero();
+  p2.defer_grad_zero();
+  EXPECT_EQ(flat.to_vector<double>(), std::vector<double>(10, 7.0));  // nothing written yet
+  sum(mul(p1, a)).backward();                                         // p2 is not in this graph
+  EXPECT_EQ(p1.grad().to_vector<double>(), a.to_vector<double>());    // overwritten, not 7 + a
+  EXPECT_EQ(flat.narrow(0, 6, 4).to_vector<double>(), std::vector<double>(4, 7.0));
+  EXPECT_EQ(p2.grad().to_vector<double>(), std::vector<double>(4, 0.0));  // zeroed when read
+  EXPECT_EQ(flat.narrow(0, 6, 4).to_vector<double>(), std::vector<double>(4, 0.0));
+  EXPECT_EQ(p1.grad().storage(), flat.storage());  // still the view
+  sum(mul(p1, a)).backward();                      // the second gradient adds
+  EXPECT_TRUE(all_close(p1.grad(), scale(a, 2.0), 1e-12, 0));
+  // set_grad() binds a new buffer: nothing deferred carries over to it.
+  p1.defer_grad_zero();
+  Tensor other = full({2, 3}, 1.0, DType::f64);
+  p1.set_grad(other);
+  sum(mul(p1, a)).backward();
+  EXPECT_TRUE(all_close(other, add(a, full({2, 3}, 1.0, DType::f64)), 1e-12, 0));
+  // A leaf without a .grad has nothing to defer: its first gradient becomes .grad as before.
+  Tensor p3 = leaf({4}, 14);
+  p3.defer_grad_zero();
+  sum(mul(p3, p3)).backward();
+  EXPECT_TRUE(all_close(p3.grad(), scale(p3.detach(), 2.0), 1e-12, 0));
+}
+
 TEST(Autograd, InPlaceWriteToASavedTensorIsCaught) {
   Tensor x = leaf({3}, 14);
   Tensor a = scale(x, 2.0);

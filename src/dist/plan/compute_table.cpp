@@ -89,7 +89,9 @@ ComputeTable from_profile(const nlohmann::json& p) {
   }
   const int64_t params = flat_numel(nn::convnext_parameters(cfg));
   count(optimizer_work(params, dtype != DType::f32));
-  count(zero_grad_work(params * int64_t(dtype_size(dtype))));
+  // The gradient buffer's fill runs on CUDA only (Note [Deferred gradient zero]): a CPU profile's "fill" (an
+  // older build's, or the loss's one-element seed) is time outside the ops counted.
+  if (cuda) count(zero_grad_work(params * int64_t(dtype_size(dtype))));
   // Time outside the ops we count (and the profiler's own cost) is spread over them in proportion, so that
   // the profiled configuration is timed at its measured ms_per_step.
   double known_ms = 0;

@@ -493,8 +493,12 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
 
   schedule.bind(&reduce_calls, &unit_calls, &chunk_calls);
   schedule.after_update();  // the previous step's
-  clock.run_op(
-      zero_grad_work(int64_t(plan.full_grads() ? double(L.flat.numel) * ec : double(L.shard_numel()) * 4)));
+  // Gradients back to zero: the full buffer's fill on CUDA (on the CPU nothing fills it: Note [Deferred
+  // gradient zero]), else the fp32 chunks'.
+  if (!plan.full_grads())
+    clock.run_op(zero_grad_work(L.shard_numel() * 4));
+  else if (device.is_cuda())
+    clock.run_op(zero_grad_work(int64_t(double(L.flat.numel) * ec)));
 
   const int64_t micro_steps = cfg.grad_accum;
   for (int64_t a = 0; a < micro_steps; ++a) {

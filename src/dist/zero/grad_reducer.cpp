@@ -14,6 +14,9 @@
 // means (all of S ranks) is the world mean.
 #include "dist/zero/grad_reducer.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "dist/zero/held_bytes.h"
 #include "tensor/autograd/engine.h"
 #include "tensor/trace.h"
@@ -28,10 +31,22 @@ GradReducer::GradReducer(const ZeroLayout& layout, std::vector<Tensor> params, T
       group_(std::move(group)),
       replicate_(std::move(replicate)),
       meter_(meter),
-      schedule_(schedule) {
+      schedule_(schedule),
+      defer_zero_(group_.device().is_cpu()) {
   CZ_ASSERT(group_.size() == plan().reduce_group(),
             "reducer: a group of {} for the plan's reductions over {}", group_.size(), plan().reduce_group());
   buckets_.resize(layout_.partitions.size());
+  arrived_.assign(params_.size(), 0);
+  for (const Partition& part : layout_.partitions) {
+    auto& gaps = padding_.emplace_back();
+    int64_t at = part.begin;
+    for (size_t i = part.first_param; i < part.end_param; ++i) {
+      const FlatSegment& s = layout_.flat.segments[i];
+      if (s.offset > at) gaps.emplace_back(at - part.begin, s.offset - at);
+      at = s.offset + s.numel;
+    }
+    if (part.begin + part.numel > at) gaps.emplace_back(at - part.begin, part.begin + part.numel - at);
+  }
   for (size_t i = 0; i < params_.size(); ++i)
     hooks_.push_back(params_[i].register_grad_ready_hook([this, i](Tensor& t) { on_grad_ready(i, t); }));
 }
@@ -47,17 +62,53 @@ GradReducer::~GradReducer() {
         }
 }
 
+namespace {
+// Elements [offset, offset + n) of a contiguous CPU buffer to zero (all-zero bits in every float dtype).
+void zero_elements(const Tensor& buf, int64_t offset, int64_t n) {
+  const size_t es = dtype_size(buf.dtype());
+  std::memset(static_cast<char*>(buf.raw_data()) + size_t(offset) * es, 0, size_t(n) * es);
+}
+}  // namespace
+
 void GradReducer::begin_step() {
   NoGradGuard no_grad;
-  if (grads_.defined()) grads_.zero_();
+  std::fill(arrived_.begin(), arrived_.end(), 0);
+  if (!grads_.defined()) return;
+  if (!defer_zero_) {
+    grads_.zero_();
+    return;
+  }
+  for (size_t p = 0; p < layout_.partitions.size(); ++p)
+    for (const auto& [offset, n] : padding_[p])
+      zero_elements(grads_, layout_.partitions[p].begin + offset, n);
+  for (Tensor& param : params_) param.defer_grad_zero();
 }
 
 Tensor& GradReducer::bucket(size_t p) {
   if (!buckets_[p].defined()) {  // at its first gradient (none arrived: the gradient is zero on this rank)
-    buckets_[p] = zeros({layout_.partitions[p].numel}, plan().bucket_dtype(), group_.device());
+    const int64_t numel = layout_.partitions[p].numel;
+    if (defer_zero_) {
+      buckets_[p] = empty({numel}, plan().bucket_dtype(), group_.device());
+      for (const auto& [offset, n] : padding_[p]) zero_elements(buckets_[p], offset, n);
+    } else {
+      buckets_[p] = zeros({numel}, plan().bucket_dtype(), group_.device());
+    }
     meter_.hold(held_bytes(buckets_[p]));
   }
   return buckets_[p];
+}
+
+void GradReducer::zero_missing(size_t p, const Tensor& buf) {
+  const Partition& part = layout_.partitions[p];
+  for (size_t i = part.first_param; i < part.end_param; ++i) {
+    const FlatSegment& s = layout_.flat.segments[i];
+    if (plan().buckets()) {
+      if (!arrived_[i]) zero_elements(buf, s.offset - part.begin, s.numel);
+      arrived_[i] = 0;
+    } else {
+      params_[i].grad();  // zeroes a .grad no gradient reached since begin_step
+    }
+  }
 }
 
 void GradReducer::on_grad_ready(size_t i, Tensor& param) {
@@ -68,7 +119,10 @@ void GradReducer::on_grad_ready(size_t i, Tensor& param) {
     const FlatSegment& s = layout_.flat.segments[i];
     Tensor& b = bucket(schedule_.partition_of(i));
     const Tensor g = param.grad();
-    if (g.defined()) b.narrow(0, s.offset - part.begin, s.numel).view(s.shape).copy_(g);
+    if (g.defined()) {
+      b.narrow(0, s.offset - part.begin, s.numel).view(s.shape).copy_(g);
+      arrived_[i] = 1;
+    }
     param.set_grad(Tensor());
   }
   schedule_.grad_ready(i);
@@ -79,8 +133,10 @@ void GradReducer::prepare(size_t p) {
   const Partition& part = layout_.partitions[p];
   if (plan().buckets()) {
     prepared_ = bucket(p);
+    if (defer_zero_) zero_missing(p, prepared_);
   } else {
     prepared_ = grads_.narrow(0, part.begin, part.numel);
+    if (defer_zero_) zero_missing(p, prepared_);
     if (prepared_.dtype() != plan().bucket_dtype()) {
       prepared_ = prepared_.to(plan().bucket_dtype());
       meter_.hold(held_bytes(prepared_));

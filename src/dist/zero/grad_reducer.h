@@ -48,7 +48,9 @@ class GradReducer : private ReduceSchedule::Sink {
     hosts_ = std::move(hosts);
   }
 
-  void begin_step();  // the full buffer back to zero
+  // The full buffer back to zero: filled on CUDA; on the CPU its padding zeroed and the parameters' .grad
+  // marked zero (Note [Deferred gradient zero]), the segments no gradient reached zeroed by prepare().
+  void begin_step();
 
   const Tensor& grads() const { return grads_; }
   // This rank's chunk of partition p in the full buffer.
@@ -71,6 +73,9 @@ class GradReducer : private ReduceSchedule::Sink {
   void advance();  // launches the cross all-reduces whose reduce-scatter has completed, in launch order
   void on_grad_ready(size_t param, Tensor& p);
   Tensor& bucket(size_t p);  // allocated at first use
+  // On the CPU, where neither the full buffer nor a bucket is filled: zeroes the segments of partition p's
+  // parameters that got no gradient in `buf` (the partition's range).
+  void zero_missing(size_t p, const Tensor& buf);
   // ReduceSchedule::Sink
   void prepare(size_t p) override;
   void launch(size_t p) override;
@@ -90,6 +95,11 @@ class GradReducer : private ReduceSchedule::Sink {
   dist::HostMap hosts_;
   Tensor prepared_;              // the buffer of the partition being launched, from prepare() to launch()
   std::vector<Tensor> buckets_;  // with buckets: the partition's gradients, filled by the hooks
+  const bool defer_zero_;        // the CPU (Note [Deferred gradient zero])
+  // Per partition, the ranges [offset, offset + count) of its elements in no parameter's segment, from its
+  // begin: zeroed at each step's start (or a bucket's allocation) where nothing fills the buffer.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> padding_;
+  std::vector<char> arrived_;  // with buckets: parameter i's gradient is in its bucket this micro-step
   std::deque<InFlight> in_flight_;
   std::vector<int> hooks_;  // per parameter
 };
