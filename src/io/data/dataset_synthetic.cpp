@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <numbers>
+#include <vector>
 
 #include "io/data/dataset_sources.h"
 #include "io/data/sampler.h"
@@ -114,20 +115,39 @@ class SyntheticDataset final : public Dataset {
 
     out.height = out.width = o_.size;
     out.pixels.resize(size_t(o_.size * o_.size * 3));
+    // The envelope exp(-(dx^2 + dy^2) / (2 sigma^2)) is the product of a column's factor and a row's, and the
+    // grating's cos(fx dx + fy dy + phase) is cos a cos b - sin a sin b with a = fx dx, b = fy dy + phase:
+    // exp, cos and sin per column and per row only, not per pixel (the loader made 4x more images a second).
+    const int64_t n = o_.size;
+    const size_t width = static_cast<size_t>(n);
+    std::vector<double> env_x(width), cos_x(width), sin_x(width);
+    const double inv_two_var = 1 / (2 * sigma * sigma);
+    for (int64_t x = 0; x < n; ++x) {
+      const double dx = double(x) - cx;
+      env_x[size_t(x)] = std::exp(-dx * dx * inv_two_var);
+      cos_x[size_t(x)] = std::cos(fx * dx);
+      sin_x[size_t(x)] = std::sin(fx * dx);
+    }
+    double base[3], gain[3];
+    for (int ch = 0; ch < 3; ++ch) {
+      base[ch] = 128 + brightness + 40 * look.colour[ch] + tint[ch];
+      gain[ch] = 1 + 0.35 * look.colour[ch];
+    }
+    constexpr double kNoiseScale = 24.0 / 65535.0;
     uint8_t* px = out.pixels.data();
-    for (int64_t y = 0; y < o_.size; ++y) {
+    for (int64_t y = 0; y < n; ++y) {
       const double dy = double(y) - cy;
-      for (int64_t x = 0; x < o_.size; ++x) {
-        const double dx = double(x) - cx;
-        const double env = std::exp(-(dx * dx + dy * dy) / (2 * sigma * sigma));
-        const double wave = contrast * env * std::cos(fx * dx + fy * dy + phase);
+      const double row = contrast * std::exp(-dy * dy * inv_two_var);
+      const double cos_y = std::cos(fy * dy + phase), sin_y = std::sin(fy * dy + phase);
+      for (int64_t x = 0; x < n; ++x) {
+        const size_t i = size_t(x);
+        const double wave = row * env_x[i] * (cos_x[i] * cos_y - sin_x[i] * sin_y);
         for (int ch = 0; ch < 3; ++ch) {
           // Triangular noise in (-24, 24) from two 16-bit halves of one draw.
           const uint32_t r = rng.next_u32();
-          const double noise = 24.0 * (double(r & 0xFFFF) + double(r >> 16)) / 65535.0 - 24.0;
-          const double v = 128 + brightness + 40 * look.colour[ch] + tint[ch] +
-                           wave * (1 + 0.35 * look.colour[ch]) + noise;
-          *px++ = uint8_t(std::clamp(std::lround(v), 0l, 255l));
+          const double noise = kNoiseScale * double((r & 0xFFFF) + (r >> 16)) - 24.0;
+          const double v = base[ch] + wave * gain[ch] + noise;
+          *px++ = uint8_t(std::clamp(v, 0.0, 255.0) + 0.5);  // rounded to nearest (a libm call was 15%)
         }
       }
     }
