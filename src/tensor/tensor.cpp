@@ -175,6 +175,18 @@ Tensor& Tensor::fill_(double value) {
   return *this;
 }
 
+Tensor& Tensor::copy_streaming_(const Tensor& src) {
+  if (!is_cpu() || !src.is_cpu()) return copy_(src);
+  check_writable(*this, "copy_streaming_");
+  CZ_CHECK_SHAPE(src.sizes() == sizes(),
+                 "copy_streaming_: source shape {} does not match destination shape {}",
+                 shape_str(src.sizes()), shape_str(sizes()));
+  profiler::Scope prof(src.dtype() != dtype() ? "cast" : "copy", device());
+  cpu::copy_streaming(src, *this);
+  storage()->bump_version();
+  return *this;
+}
+
 Tensor& Tensor::copy_(const Tensor& src) {
   check_writable(*this, "copy_");
   CZ_CHECK_SHAPE(src.sizes() == sizes(), "copy_: source shape {} does not match destination shape {}",

@@ -152,6 +152,9 @@ class Tensor {
   Tensor& zero_();
   Tensor& fill_(double value);
   Tensor& copy_(const Tensor& src);  // any strides, converts dtype, crosses devices
+  // copy_ where the destination is not read again soon (a gradient copied into a flat buffer): on the CPU a
+  // large copy of one dtype bypasses the cache (Note [Streaming gradient copies]); elsewhere copy_.
+  Tensor& copy_streaming_(const Tensor& src);
   Tensor& add_(const Tensor& other, double alpha = 1.0);
   Tensor& mul_(double factor);
 

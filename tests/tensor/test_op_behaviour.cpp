@@ -118,6 +118,35 @@ TEST(OpBehaviour, NonContiguousInputsGiveTheSameResults) {
   EXPECT_EQ(argmax(logits).to_vector<int64_t>(), argmax(logits.contiguous()).to_vector<int64_t>());
 }
 
+// Note [Streaming gradient copies]: copy_streaming_ writes exactly what copy_ writes, whatever the
+// destination's alignment (the ordinary head and tail around the streamed lines), at sizes on both sides of
+// the threshold, in any dtype of one size, at one thread and at several, and falls back to copy_ where the
+// dtypes differ or a side is strided.
+TEST(OpBehaviour, StreamingCopyWritesWhatCopyWrites) {
+  const int64_t threshold = cpu::kStreamingCopyBytes / 4;
+  for (const int threads : {1, 3})
+    for (const DType dt : {DType::f32, DType::bf16})
+      for (const int64_t n :
+           {int64_t(0), int64_t(1), int64_t(15), threshold - 1, threshold + 7, int64_t(300001)})
+        for (const int64_t skew : {0, 1, 5, 15}) {
+          SCOPED_TRACE(::testing::Message()
+                       << dtype_name(dt) << " n " << n << " skew " << skew << " threads " << threads);
+          const Tensor src = random_tensor({n + 16}, 7, DType::f32).to(dt).narrow(0, 16 - skew, n);
+          Tensor out = full({n + 32}, 3.0, dt), ref = full({n + 32}, 3.0, dt);
+          with_threads(threads, [&] { return out.narrow(0, skew, n).copy_streaming_(src); });
+          ref.narrow(0, skew, n).copy_(src);
+          EXPECT_EQ(out.to(DType::f32).to_vector<float>(), ref.to(DType::f32).to_vector<float>());
+        }
+  // Fallbacks: a conversion, and a strided source.
+  const Tensor src = random_tensor({4096, 8}, 8, DType::f32);
+  Tensor half = empty({4096, 8}, DType::bf16);
+  half.copy_streaming_(src);
+  EXPECT_EQ(half.to_vector<float>(), src.to(DType::bf16).to_vector<float>());
+  Tensor t = empty({8, 4096}, DType::f32);
+  t.copy_streaming_(src.transpose(0, 1));
+  EXPECT_EQ(t.to_vector<float>(), src.transpose(0, 1).contiguous().to_vector<float>());
+}
+
 TEST(OpBehaviour, EmptyBatch) {
   const Tensor x = zeros({0, 4, 4, 8});
   EXPECT_EQ(gelu(x).sizes(), x.sizes());

@@ -34,9 +34,9 @@ bool exclusively_owned(const Tensor& g) {
 // reader sees what the fill would have left. Whoever reads the buffer itself rather than .grad (the gradient
 // reducer) zeroes the segments of parameters that got no gradient before reading (GradReducer::prepare).
 // What it saves is the fill: at ConvNeXt-atto's CPU step (one thread, bench_train_step --profile) the 1.3 ms
-// "fill" went, while AccumulateGrad's copies took 3.6 ms where the adds had taken 3.2 (a store brings its
-// line into the cache as a load does). Used on the CPU only: a CUDA graph captures the copy or the add that
-// ran at capture and would replay it for every micro-step.
+// "fill" went, and the copies bypass the cache (Note [Streaming gradient copies] in tensor/cpu/basic.cpp).
+// Used on the CPU only: a CUDA graph captures the copy or the add that ran at capture and would replay it
+// for every micro-step.
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
   Tensor g = std::move(grad_outputs[0]);
   AutogradMeta& meta = leaf_->meta();
@@ -49,7 +49,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grad_outputs) {
     CZ_ASSERT(g.sizes() == leaf_->sizes, "gradient {} for a leaf of shape {}", shape_str(g.sizes()),
               shape_str(leaf_->sizes));
     if (meta.grad && meta.grad_zero_deferred) {  // Note [Deferred gradient zero]
-      Tensor(meta.grad).copy_(g);
+      Tensor(meta.grad).copy_streaming_(g);      // Note [Streaming gradient copies]
       meta.grad_zero_deferred = false;
     } else if (meta.grad) {
       Tensor(meta.grad).add_(g);

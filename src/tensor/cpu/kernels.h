@@ -22,7 +22,11 @@ decltype(auto) visit_float(DType t, F&& f) {
 
 // Memory ops (any strides, any dtype).
 void fill(Tensor& dst, double value);
-void copy(const Tensor& src, Tensor& dst);            // converts dtype
+void copy(const Tensor& src, Tensor& dst);  // converts dtype
+inline constexpr int64_t kStreamingCopyBytes = int64_t(64) << 10;
+// dst = src where the destination is not read again soon (Tensor::copy_streaming_): one dtype, both
+// contiguous; from kStreamingCopyBytes on, stores that bypass the cache, else copy().
+void copy_streaming(const Tensor& src, Tensor& dst);
 void axpy(const Tensor& x, double alpha, Tensor& y);  // y += alpha * x
 void scale(Tensor& x, double factor);                 // x *= factor
 
