@@ -120,7 +120,7 @@ void GradReducer::on_grad_ready(size_t i, Tensor& param) {
     Tensor& b = bucket(schedule_.partition_of(i));
     const Tensor g = param.grad();
     if (g.defined()) {
-      b.narrow(0, s.offset - part.begin, s.numel).view(s.shape).copy_(g);
+      b.narrow(0, s.offset - part.begin, s.numel).view(s.shape).copy_streaming_(g);
       arrived_[i] = 1;
     }
     param.set_grad(Tensor());

@@ -36,7 +36,14 @@ void ShardedState::begin_step(const UpdateArgs& args) {
   args_ = args;
   // Offload overwrites each host gradient chunk on its first arrival instead (the worker may still be
   // reading them for the previous step's delayed update).
-  if (grad_shard_.defined() && !host_) grad_shard_.zero_();
+  // On the CPU the chunks are not filled: each partition's first chunk of the step is copied, the others
+  // added, and a chunk that never came is zeroed before the update (Note [Deferred gradient zero]).
+  if (grad_shard_.defined() && !host_) {
+    if (grad_shard_.is_cpu())
+      received_.assign(layout_.partitions.size(), 0);
+    else
+      grad_shard_.zero_();
+  }
   if (scalars_.defined()) {
     // One host-to-device copy, queued before the step's graphs: the slots kLr..kInvScale.
     std::vector<double> slots(optim_scalars::kNorm, 0.0);
@@ -90,13 +97,22 @@ void ShardedState::finish_device_step(LossScaler& scaler, StepStats& s) {
 }
 
 void ShardedState::receive(size_t p, const Tensor& chunk) {
-  grad_shard_.narrow(0, layout_.local_offset(p), layout_.chunk(p))
-      .add_(chunk.dtype() == DType::f32 ? chunk : chunk.to(DType::f32));
+  Tensor dst = grad_shard_.narrow(0, layout_.local_offset(p), layout_.chunk(p));
+  if (!received_.empty() && !received_[p]) {
+    dst.copy_streaming_(chunk);
+    received_[p] = 1;
+  } else {
+    dst.add_(chunk.dtype() == DType::f32 ? chunk : chunk.to(DType::f32));
+  }
 }
 
 bool ShardedState::step(LossScaler& scaler, StepStats& s) {
   NoGradGuard no_grad;
   for (size_t p = 0; p < from_compute_.size(); ++p) Tensor(grads_[p]).copy_(from_compute_[p]);
+  // Chunks no reduction delivered this step (none at all in a step without backward) read zero.
+  for (size_t p = 0; from_compute_.empty() && p < received_.size(); ++p)
+    if (!received_[p]) Tensor(grads_[p]).zero_();
+  received_.clear();
   if (!prepare_gradients(scaler, s)) return false;
   optimizer_->step(std::span<const Tensor>(weights_), std::span<const Tensor>(grads_), args_.lr);
   update_ema();

@@ -50,7 +50,8 @@ class ShardedState {
                std::vector<Tensor> from_compute, const MakeOptimizer& make_optimizer,
                const MakeEma& make_ema);
 
-  void begin_step(const UpdateArgs& plan);  // gradient chunks to zero (except under offload)
+  // Gradient chunks to zero (except under offload): filled on CUDA, deferred on the CPU (receive, step).
+  void begin_step(const UpdateArgs& plan);
   const UpdateArgs& update_args() const { return args_; }
   // A partition's reduced chunk, added into its fp32 gradient chunk.
   void receive(size_t p, const Tensor& chunk);
@@ -98,7 +99,8 @@ class ShardedState {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<WeightEma> ema_;
   UpdateArgs args_;
-  Tensor scalars_, found_;  // use_device_scalars(): f64 [optim_scalars::kSlots] and the 0-d f32 flag
+  std::vector<char> received_;  // on the CPU, per partition: its chunk came this step (empty: filled)
+  Tensor scalars_, found_;      // use_device_scalars(): f64 [optim_scalars::kSlots] and the 0-d f32 flag
 };
 
 }  // namespace cz::zero
