@@ -8,18 +8,13 @@
 #include "dist/zero/engine.h"
 #include "optim/sgd.h"
 #include "tensor/ops.h"
+#include "zero_testing.h"
 
 namespace cz::zero {
 namespace {
 
-class Scale : public nn::Module {
- public:
-  explicit Scale(int64_t n) : Module("Scale") { w_ = register_parameter("weight", full({n}, 0.5)); }
-  Tensor forward(const Tensor& x) override { return mul(x, w_); }
-
- private:
-  Tensor w_;
-};
+using train::testing::flat_values;
+using train::testing::Scale;
 
 // Two parameters of 37 and 29 values (segments padded to 48 and 32); the loss sum(c * w) uses b only when
 // asked, so its gradient is c where used and nothing (no AccumulateGrad) where not.
@@ -45,15 +40,6 @@ Tensor coefficients(int t) {
   return from_vector(c, {66});
 }
 
-std::vector<float> master(ZeroEngine& engine) {
-  std::vector<float> v;
-  for (const auto& [name, p] : engine.master_parameters()) {
-    const auto x = p.contiguous().to_vector<float>();
-    v.insert(v.end(), x.begin(), x.end());
-  }
-  return v;
-}
-
 // Plain SGD at lr 1: each step moves the weights by minus the step's summed gradient.
 TEST(DeferredGradZero, AParameterWithoutAGradientIsReducedAsZero) {
   for (int stage = 0; stage <= 3; ++stage) {
@@ -76,7 +62,7 @@ TEST(DeferredGradZero, AParameterWithoutAGradientIsReducedAsZero) {
         {{2, true}, {3, false}},  // b in the first micro-step only: its gradient is that one's
         {{4, false}, {5, true}},  // b in the second only
         {{6, false}, {7, false}}};
-    std::vector<float> w = master(engine);
+    std::vector<float> w = flat_values(engine.master_parameters());
     for (const auto& micro : steps) {
       engine.begin_step(1.0, 0.0, scaler);
       std::vector<float> expected = w;
@@ -90,7 +76,7 @@ TEST(DeferredGradZero, AParameterWithoutAGradientIsReducedAsZero) {
       StepStats stats;
       engine.step(scaler, stats);
       engine.synchronize();
-      w = master(engine);
+      w = flat_values(engine.master_parameters());
       ASSERT_EQ(w.size(), expected.size());
       for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(w[i], expected[i], 1e-5) << "value " << i;
     }

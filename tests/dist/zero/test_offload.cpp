@@ -6,19 +6,12 @@
 #include "dist/zero/engine.h"
 #include "optim/adamw.h"
 #include "tensor/ops.h"
+#include "zero_testing.h"
 
 namespace cz::zero {
 namespace {
 
-class Scale : public nn::Module {
- public:
-  explicit Scale(int64_t n) : Module("Scale") { w_ = register_parameter("weight", full({n}, 0.5)); }
-  Tensor forward(const Tensor& x) override { return mul(x, w_); }
-  const Tensor& weight() const { return w_; }
-
- private:
-  Tensor w_;
-};
+using train::testing::Scale;
 
 class Toy : public nn::Module {
  public:
@@ -71,12 +64,7 @@ std::pair<std::vector<std::vector<float>>, std::vector<float>> train(int stage, 
     engine.step(scaler, stats);
   }
   engine.synchronize();
-  std::vector<float> last;
-  for (const auto& [name, p] : engine.master_parameters()) {
-    const auto v = p.contiguous().to_vector<float>();
-    last.insert(last.end(), v.begin(), v.end());
-  }
-  return {seen, last};
+  return {seen, train::testing::flat_values(engine.master_parameters())};
 }
 
 TEST(Offload, ChangesNoBitInAWorldOfOne) {

@@ -20,6 +20,7 @@ dist::World& world() {
   return dist::World::get();
 }
 
+using testing::flat_values;
 using testing::zero_config;
 
 struct RunResult {
@@ -27,15 +28,6 @@ struct RunResult {
   std::vector<float> weights;
   double ema_eval_loss = 0;
 };
-
-std::vector<float> testing_weights(Trainer& t) {
-  std::vector<float> out;
-  for (const auto& [name, p] : t.master_parameters()) {
-    const auto v = p.contiguous().to_vector<float>();
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
-}
 
 RunResult run(const TrainConfig& c) {
   Trainer t(c, world());
@@ -45,7 +37,7 @@ RunResult run(const TrainConfig& c) {
     r.losses.push_back(s.loss);
     r.norms.push_back(s.grad_norm);
   }
-  r.weights = testing_weights(t);
+  r.weights = flat_values(t.master_parameters());
   t.engine().swap_ema();
   r.ema_eval_loss = t.evaluate().loss;
   t.engine().swap_ema();
@@ -277,7 +269,7 @@ TEST(ZeroCheckpoint, ResumeIsBitExactAtEveryStage) {
     {
       Trainer t(c, world());
       for (int i = 0; i < 20; ++i) straight.push_back(t.step().loss);
-      w_straight = testing_weights(t);
+      w_straight = flat_values(t.master_parameters());
     }
     c.checkpoint_dir = dir + "/s" + std::to_string(stage);
     {
@@ -291,7 +283,7 @@ TEST(ZeroCheckpoint, ResumeIsBitExactAtEveryStage) {
     EXPECT_EQ(t.steps_done(), 10);
     for (int i = 10; i < 20; ++i)
       EXPECT_EQ(t.step().loss, straight[size_t(i)]) << "stage " << stage << " step " << i + 1;
-    EXPECT_EQ(testing_weights(t), w_straight) << "stage " << stage;
+    EXPECT_EQ(flat_values(t.master_parameters()), w_straight) << "stage " << stage;
   }
   if (world().rank() == 0) std::filesystem::remove_all(dir);
 }

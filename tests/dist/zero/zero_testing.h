@@ -1,8 +1,13 @@
-// Shared by the ZeRO engine's multi-rank tests (test_zero.cpp, test_zero_quant.cpp): the small model they
-// train.
+// Shared by the ZeRO engine's tests (test_zero.cpp, test_zero_quant.cpp, test_offload.cpp,
+// test_grad_zero.cpp): the small model the multi-rank ones train, the toy module the world-of-one ones build,
+// and the weights as one vector.
 #pragma once
 
+#include <vector>
+
 #include "dist/train/config.h"
+#include "nn/module.h"
+#include "tensor/ops.h"
 
 namespace cz::train::testing {
 
@@ -30,5 +35,26 @@ inline TrainConfig zero_config(int stage) {
   c.bucket_mb = 0.01;
   return c;
 }
+
+// Every parameter's values, one parameter after another (master_parameters() of a trainer or an engine).
+inline std::vector<float> flat_values(const nn::NamedParameters& params) {
+  std::vector<float> out;
+  for (const auto& [name, p] : params) {
+    const auto v = p.contiguous().to_vector<float>();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+// x * w for a weight of n values, all 0.5 at first.
+class Scale : public nn::Module {
+ public:
+  explicit Scale(int64_t n) : Module("Scale") { w_ = register_parameter("weight", full({n}, 0.5)); }
+  Tensor forward(const Tensor& x) override { return mul(x, w_); }
+  const Tensor& weight() const { return w_; }
+
+ private:
+  Tensor w_;
+};
 
 }  // namespace cz::train::testing
