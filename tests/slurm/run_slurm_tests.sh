@@ -130,6 +130,40 @@ straight_run() {  # LOG STEPS [EXTRA...]
     > "$work/straight.out" 2>&1 || { cat "$work/straight.out"; fail "the run outside Slurm failed"; }
 }
 
+# czrun_node_lost_try: one run of the czrun_node_lost cases, in $work (a folder of its own).
+czrun_node_lost_try() {
+  steps=400
+  launcher='--mpirun-args "--bind-to none"'
+  [[ $case_name == czrun_node_lost_srun ]] && launcher=--srun
+  # czrun in a job of 3 nodes x 1 task, with no hostfile: it reads the nodes from Slurm. --no-kill: the job
+  # outlives a failed node (without it Slurm cancels the whole job when it notices the node is gone).
+  printf '#!/bin/bash\n%s '"$launcher"' --min-ranks 2 --max-restarts 2 --probe-timeout 10 --start-timeout 60 -- %s %s --micro-batch 4 --steps %s --checkpoint-dir %s --checkpoint-every 20 --checkpoint-sync --comm-timeout 20 --log %s\necho "czrun exit $?"\n' \
+    "$czrun" "$app" "${model[*]}" $steps "$work/ck" "$work/run.jsonl" > "$work/czrun.sh"
+  id=$(submit --no-kill -N3 --ntasks-per-node=1 -o "$work/job.out" "$work/czrun.sh")
+  wait_for_step "$work/ck/czrun/attempt-0.jsonl" 60 60 || { cat "$work/job.out"; fail "the first launch did not reach step 60"; }
+  killed=$(date +%s.%N)
+  at=$(last_step "$work/ck/czrun/attempt-0.jsonl")
+  "$slurm_sh" node "$cluster" n3 kill
+  wait_for_step "$work/ck/czrun/attempt-1.jsonl" 1 90 || { cat "$work/job.out"; "$slurm_sh" node "$cluster" n3 start; fail "czrun did not relaunch"; }
+  relaunched=$(date +%s.%N)
+  # Back now, not after the job: a job with a silent node stays COMPLETING until slurmctld gives the node up.
+  t0=$(date +%s.%N)
+  "$slurm_sh" node "$cluster" n3 start || fail "node n3 did not come back"
+  echo "node n3 back in service $(elapsed "$t0") s after its slurmd was started again"
+  wait_state "$id" "" 120 || { cat "$work/job.out"; fail "the job did not finish"; }
+  grep -v '^step \|^checkpoint ' "$work/job.out"
+  grep -q "^czrun: Slurm job $id: n1 (1 slot) n2 (1 slot) n3 (1 slot)" "$work/job.out" || fail "czrun did not read the job's nodes"
+  grep -q "lost host n3 (ranks \[2\] of 3) did not answer" "$work/job.out" || fail "czrun did not drop n3"
+  grep -q "restart 1 of 2 at 2 ranks" "$work/job.out" || fail "czrun did not relaunch on 2 ranks"
+  grep -q "czrun exit 0" "$work/job.out" || fail "czrun did not finish the run"
+  check_each_step_once "$work/run.jsonl" $steps
+  summary=$(grep '"event":"summary"' "$work/ck/czrun/events.jsonl")
+  restarts=$(sed -E 's/.*"restarts":([0-9]+).*/\1/' <<< "$summary")
+  lost=$(sed -E 's/.*"steps_lost":([0-9]+).*/\1/' <<< "$summary")
+  [[ $restarts == 1 ]] || fail "czrun's summary: $summary"
+  echo "node n3 killed at step $at; czrun relaunched on n1, n2: first step of the relaunch $(awk -v a="$killed" -v b="$relaunched" 'BEGIN { printf "%.1f", b - a }') s after the kill; restarts $restarts, steps lost $lost"
+}
+
 case $case_name in
 updown)
   t0=$(date +%s.%N)
@@ -363,36 +397,26 @@ errors)
 
 czrun_node_lost | czrun_node_lost_srun)
   use_cluster
-  steps=400
-  launcher='--mpirun-args "--bind-to none"'
-  [[ $case_name == czrun_node_lost_srun ]] && launcher=--srun
-  # czrun in a job of 3 nodes x 1 task, with no hostfile: it reads the nodes from Slurm. --no-kill: the job
-  # outlives a failed node (without it Slurm cancels the whole job when it notices the node is gone).
-  printf '#!/bin/bash\n%s '"$launcher"' --min-ranks 2 --max-restarts 2 --probe-timeout 10 --start-timeout 60 -- %s %s --micro-batch 4 --steps %s --checkpoint-dir %s --checkpoint-every 20 --checkpoint-sync --comm-timeout 20 --log %s\necho "czrun exit $?"\n' \
-    "$czrun" "$app" "${model[*]}" $steps "$work/ck" "$work/run.jsonl" > "$work/czrun.sh"
-  id=$(submit --no-kill -N3 --ntasks-per-node=1 -o "$work/job.out" "$work/czrun.sh")
-  wait_for_step "$work/ck/czrun/attempt-0.jsonl" 60 60 || { cat "$work/job.out"; fail "the first launch did not reach step 60"; }
-  killed=$(date +%s.%N)
-  at=$(last_step "$work/ck/czrun/attempt-0.jsonl")
-  "$slurm_sh" node "$cluster" n3 kill
-  wait_for_step "$work/ck/czrun/attempt-1.jsonl" 1 90 || { cat "$work/job.out"; "$slurm_sh" node "$cluster" n3 start; fail "czrun did not relaunch"; }
-  relaunched=$(date +%s.%N)
-  # Back now, not after the job: a job with a silent node stays COMPLETING until slurmctld gives the node up.
-  t0=$(date +%s.%N)
-  "$slurm_sh" node "$cluster" n3 start || fail "node n3 did not come back"
-  echo "node n3 back in service $(elapsed "$t0") s after its slurmd was started again"
-  wait_state "$id" "" 120 || { cat "$work/job.out"; fail "the job did not finish"; }
-  grep -v '^step \|^checkpoint ' "$work/job.out"
-  grep -q "^czrun: Slurm job $id: n1 (1 slot) n2 (1 slot) n3 (1 slot)" "$work/job.out" || fail "czrun did not read the job's nodes"
-  grep -q "lost host n3 (ranks \[2\] of 3) did not answer" "$work/job.out" || fail "czrun did not drop n3"
-  grep -q "restart 1 of 2 at 2 ranks" "$work/job.out" || fail "czrun did not relaunch on 2 ranks"
-  grep -q "czrun exit 0" "$work/job.out" || fail "czrun did not finish the run"
-  check_each_step_once "$work/run.jsonl" $steps
-  summary=$(grep '"event":"summary"' "$work/ck/czrun/events.jsonl")
-  restarts=$(sed -E 's/.*"restarts":([0-9]+).*/\1/' <<< "$summary")
-  lost=$(sed -E 's/.*"steps_lost":([0-9]+).*/\1/' <<< "$summary")
-  [[ $restarts == 1 ]] || fail "czrun's summary: $summary"
-  echo "node n3 killed at step $at; czrun relaunched on n1, n2: first step of the relaunch $(awk -v a="$killed" -v b="$relaunched" 'BEGIN { printf "%.1f", b - a }') s after the kill; restarts $restarts, steps lost $lost"
+  # Each srun step of the --srun variant can meet Open MPI's wire-up crash, which czrun would count as a
+  # restart of its own: a try that failed and shows it (ompi_tcp_init_crash) runs once more, in a fresh folder.
+  top=$work
+  tries=1
+  [[ $case_name == czrun_node_lost_srun ]] && tries=2
+  for ((try = 1; try <= tries; ++try)); do
+    mkdir -p "$top/try$try"
+    (work=$top/try$try && czrun_node_lost_try)
+    rc=$?
+    [[ -f $top/try$try/jobs ]] && cat "$top/try$try/jobs" >> "$top/jobs"
+    ((rc == 0)) && break
+    if ((try < tries)) && ompi_tcp_init_crash "$top/try$try/job.out"; then
+      while read -r j; do scancel "$j" 2> /dev/null; done < "$top/try$try/jobs"
+      "$slurm_sh" node "$cluster" n3 start > /dev/null 2>&1 || true
+      echo "try $try met Open MPI's TCP wire-up crash (Note [Open MPI's TCP wire-up crash] in docs/slurm.md); once more:"
+      grep -E "failed to TCP connect to a peer|Segmentation fault" "$top/try$try/job.out" | head -n 4
+      continue
+    fi
+    exit 1
+  done
   ;;
 
 *) fail "unknown case $case_name" ;;
