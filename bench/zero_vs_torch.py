@@ -6,6 +6,10 @@ rank (bench/train_step_dist_torch.py is PyTorch's side). Ratio = PyTorch time / 
 convnext_zero is faster. Every table names the CPU and OpenBLAS's kernels (bench/machine_info.py).
 
   python3 bench/zero_vs_torch.py --ranks 2 --stages 0,1,2,3 --torch-python /path/to/python-with-torch
+  python3 bench/zero_vs_torch.py --rounds 3 --steps 40   # PyTorch and ours in turns, 3 times: the medians
+
+Each round times PyTorch's peers, then our stages; with --rounds N every figure is the median of its N rounds
+(on a shared machine a step's time moves by 5-20% from minute to minute: rounds in turns see the same drift).
 """
 import argparse
 import json
@@ -22,7 +26,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def time_ours(args, stage, env, tmp):
-    log = os.path.join(tmp, f"ours_s{stage}.jsonl")
+    # A fresh log per run (the app keeps, and says it kept, a log file it finds).
+    fd, log = tempfile.mkstemp(prefix=f"ours_s{stage}_", suffix=".jsonl", dir=tmp)
+    os.close(fd)
+    os.unlink(log)
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(args.ranks),
            "-x", "OMP_NUM_THREADS", args.app, "--model", args.model, "--image-size", str(args.image_size),
            "--micro-batch", str(args.batch), "--steps", str(args.warmup + args.steps), "--stage", str(stage),
@@ -64,25 +71,35 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 1) // 2), help="per rank")
+    ap.add_argument("--rounds", type=int, default=1, help="PyTorch and ours in turns this many times; medians")
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("extra", nargs="*", help="after --: more convnext_zero flags")
     args = ap.parse_args()
 
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     stages = [int(s) for s in args.stages.split(",")]
-    rows = []
+    if args.rounds < 1:
+        sys.exit(f"zero_vs_torch.py: --rounds must be at least 1, got {args.rounds}")
+    modes = sorted({"ddp" if s < 3 else "fsdp2" for s in stages})
+    torch_runs = {m: [] for m in modes}
+    ours_runs = {s: [] for s in stages}
+    version = None
     with tempfile.TemporaryDirectory() as tmp:
-        torch_s = {}
-        for mode in sorted({"ddp" if s < 3 else "fsdp2" for s in stages}):
-            torch_s[mode] = time_torch(args, mode, env, tmp)
-        for s in stages:
-            ours = time_ours(args, s, env, tmp)
-            mode = "ddp" if s < 3 else "fsdp2"
-            theirs, version = torch_s[mode]
-            rows.append({"stage": s, "peer": mode, "ours_s": ours, "torch_s": theirs, "ratio": theirs / ours,
-                         "torch_version": version})
+        for _ in range(args.rounds):
+            for mode in modes:
+                t, version = time_torch(args, mode, env, tmp)
+                torch_runs[mode].append(t)
+            for s in stages:
+                ours_runs[s].append(time_ours(args, s, env, tmp))
+    rows = []
+    for s in stages:
+        mode = "ddp" if s < 3 else "fsdp2"
+        ours, theirs = statistics.median(ours_runs[s]), statistics.median(torch_runs[mode])
+        rows.append({"stage": s, "peer": mode, "ours_s": ours, "torch_s": theirs, "ratio": theirs / ours,
+                     "torch_version": version, "runs_s": {"ours": ours_runs[s], "torch": torch_runs[mode]}})
     print(f"ConvNeXt-{args.model}, {args.image_size}x{args.image_size}, {args.ranks} ranks x batch {args.batch}, "
-          f"{args.threads} threads per rank, mean of {args.steps} steps")
+          f"{args.threads} threads per rank, mean of {args.steps} steps"
+          + (f", median of {args.rounds} rounds" if args.rounds > 1 else ""))
     print(machine_info.describe())
     print("| stage | peer | convnext_zero ms/step | PyTorch ms/step | PyTorch / ours |")
     print("| --- | --- | --- | --- | --- |")
@@ -93,8 +110,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "image_size": args.image_size, "ranks": args.ranks, "batch": args.batch,
-                       "threads_per_rank": args.threads, "machine": machine_info.describe(), "rows": rows}, f,
-                      indent=1)
+                       "threads_per_rank": args.threads, "rounds": args.rounds, "machine": machine_info.describe(),
+                       "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
