@@ -131,16 +131,11 @@ void GradReducer::on_grad_ready(size_t i, Tensor& param) {
 void GradReducer::prepare(size_t p) {
   NoGradGuard no_grad;
   const Partition& part = layout_.partitions[p];
-  if (plan().buckets()) {
-    prepared_ = bucket(p);
-    if (defer_zero_) zero_missing(p, prepared_);
-  } else {
-    prepared_ = grads_.narrow(0, part.begin, part.numel);
-    if (defer_zero_) zero_missing(p, prepared_);
-    if (prepared_.dtype() != plan().bucket_dtype()) {
-      prepared_ = prepared_.to(plan().bucket_dtype());
-      meter_.hold(held_bytes(prepared_));
-    }
+  prepared_ = plan().buckets() ? bucket(p) : grads_.narrow(0, part.begin, part.numel);
+  if (defer_zero_) zero_missing(p, prepared_);
+  if (!plan().buckets() && prepared_.dtype() != plan().bucket_dtype()) {
+    prepared_ = prepared_.to(plan().bucket_dtype());
+    meter_.hold(held_bytes(prepared_));
   }
 }
 

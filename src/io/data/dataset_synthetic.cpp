@@ -117,16 +117,16 @@ class SyntheticDataset final : public Dataset {
     out.pixels.resize(size_t(o_.size * o_.size * 3));
     // The envelope exp(-(dx^2 + dy^2) / (2 sigma^2)) is the product of a column's factor and a row's, and the
     // grating's cos(fx dx + fy dy + phase) is cos a cos b - sin a sin b with a = fx dx, b = fy dy + phase:
-    // exp, cos and sin per column and per row only, not per pixel (the loader made 4x more images a second).
-    const int64_t n = o_.size;
-    const size_t width = static_cast<size_t>(n);
-    std::vector<double> env_x(width), cos_x(width), sin_x(width);
+    // exp, cos and sin per column and per row only, not per pixel. A loader thread made 1.5x as many 64-px
+    // images a second from that, 2.4x with the rounding below (6900 -> 16700).
+    const size_t n = static_cast<size_t>(o_.size);
+    std::vector<double> env_x(n), cos_x(n), sin_x(n);
     const double inv_two_var = 1 / (2 * sigma * sigma);
-    for (int64_t x = 0; x < n; ++x) {
+    for (size_t x = 0; x < n; ++x) {
       const double dx = double(x) - cx;
-      env_x[size_t(x)] = std::exp(-dx * dx * inv_two_var);
-      cos_x[size_t(x)] = std::cos(fx * dx);
-      sin_x[size_t(x)] = std::sin(fx * dx);
+      env_x[x] = std::exp(-dx * dx * inv_two_var);
+      cos_x[x] = std::cos(fx * dx);
+      sin_x[x] = std::sin(fx * dx);
     }
     double base[3], gain[3];
     for (int ch = 0; ch < 3; ++ch) {
@@ -135,13 +135,12 @@ class SyntheticDataset final : public Dataset {
     }
     constexpr double kNoiseScale = 24.0 / 65535.0;
     uint8_t* px = out.pixels.data();
-    for (int64_t y = 0; y < n; ++y) {
+    for (size_t y = 0; y < n; ++y) {
       const double dy = double(y) - cy;
       const double row = contrast * std::exp(-dy * dy * inv_two_var);
       const double cos_y = std::cos(fy * dy + phase), sin_y = std::sin(fy * dy + phase);
-      for (int64_t x = 0; x < n; ++x) {
-        const size_t i = size_t(x);
-        const double wave = row * env_x[i] * (cos_x[i] * cos_y - sin_x[i] * sin_y);
+      for (size_t x = 0; x < n; ++x) {
+        const double wave = row * env_x[x] * (cos_x[x] * cos_y - sin_x[x] * sin_y);
         for (int ch = 0; ch < 3; ++ch) {
           // Triangular noise in (-24, 24) from two 16-bit halves of one draw.
           const uint32_t r = rng.next_u32();

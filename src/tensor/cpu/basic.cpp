@@ -130,9 +130,10 @@ void copy(const Tensor& src, Tensor& dst) {
 // Note [Streaming gradient copies]: a store to a line not in the cache first reads the line (write-allocate),
 // so copying a gradient over the previous step's in the flat buffer (Note [Deferred gradient zero]) moved as
 // many bytes as adding into it: ConvNeXt-atto's CPU step (one thread) took 3.6 ms in AccumulateGrad's copies
-// against 3.2 ms in its adds. Non-temporal stores write whole lines without reading them: 2.6-2.8 ms (same
-// runs, bench_train_step --profile 10). The buffer is read next by the reduction or the optimizer, after the
-// rest of backward has passed through the caches. Small copies (under 64 KiB) stay cached ones.
+// against 3.2 ms in its adds. Non-temporal stores write whole lines without reading them: 2.2-2.6 ms with
+// AVX-512's (bench_train_step --profile 10; SSE2's 16-byte ones took 2.8-3.1 ms). The buffer is read next by
+// the reduction or the optimizer, after the rest of backward has passed through the caches. Small copies
+// (under 64 KiB) stay cached ones.
 void copy_streaming(const Tensor& src, Tensor& dst) {
   constexpr int64_t kLine = 64;
   const int64_t bytes = int64_t(dst.nbytes());
@@ -150,12 +151,14 @@ void copy_streaming(const Tensor& src, Tensor& dst) {
     const bool parallel = cpu_threads() > 1;  // at least 64 KiB, as axpy splits from kParallelGrain floats
 #pragma omp parallel for schedule(static) if (parallel)
     for (int64_t l = 0; l < lines; ++l) {
-      __m128i* out = reinterpret_cast<__m128i*>(d + head + l * kLine);
-      const __m128i* in = reinterpret_cast<const __m128i*>(s + head + l * kLine);
+      char* out = d + head + l * kLine;  // 64-byte aligned
+      const char* in = s + head + l * kLine;
 #if defined(__AVX512F__)
       _mm512_stream_si512(reinterpret_cast<__m512i*>(out), _mm512_loadu_si512(in));
 #else
-      for (int k = 0; k < 4; ++k) _mm_stream_si128(out + k, _mm_loadu_si128(in + k));
+      for (int k = 0; k < kLine; k += 16)
+        _mm_stream_si128(reinterpret_cast<__m128i*>(out + k),
+                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + k)));
 #endif
     }
     _mm_sfence();  // the streaming stores ordered before what reads the buffer next
