@@ -294,6 +294,8 @@ dep_args=(
   -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_INCLUDE_PATH="$prefix/usr/include" -DCMAKE_LIBRARY_PATH="$multi"
   -DCZ_CBLAS_INCLUDE="$prefix/usr/include/$(basename "$multi")/openblas-openmp"
   -DCZ_OPENBLAS_LIB="$multi/openblas-openmp/libopenblas.so"
+  -DCZ_BLIS_HEADER="$prefix/usr/include/$(basename "$multi")/blis-openmp/blis.h"
+  -DCZ_BLIS_LIB="$multi/blis-openmp/libblis.so.4"
   -DHDF5_ROOT="$multi/hdf5/serial"
   -DMPI_SKIP_COMPILER_WRAPPER=ON -DMPI_C_HEADER_DIR="$multi/openmpi/include" -DMPI_C_LIB_NAMES=mpi
   -DMPI_mpi_LIBRARY="$multi/openmpi/lib/libmpi.so" -DMPIEXEC_EXECUTABLE="$prefix/usr/bin/mpiexec.openmpi"
