@@ -124,7 +124,9 @@ void execute(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
     for (const Tensor& g : inputs) any_defined = any_defined || g.defined();
     if (any_defined || is_leaf_sink) {
       std::optional<profiler::Scope> prof;
-      if (profiler::enabled()) prof.emplace(node->name(), device_of(inputs));
+      // A backward node is timed for --profile and for --trace's compute lanes alike: the trace's GPU-busy
+      // fraction sums the device lane, which held forward's kernels only while this asked for --profile.
+      if (profiler::enabled() || trace::active()) prof.emplace(node->name(), device_of(inputs));
       outputs = node->apply(std::move(inputs));
       node->release_saved();
     }

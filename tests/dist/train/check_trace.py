@@ -9,7 +9,7 @@ Usage: check_trace.py TRACE LOG FIRST LAST RANKS [--overlap]
     step_time_s within 2%;
   - --overlap: some reduce-scatter on a communication lane overlaps a backward span of the same rank;
   - every rank's compute lane has block spans (Note [Trace blocks]) holding ops, one per model unit and
-    direction at least; counter samples ("C") of memory with a numeric "allocated";
+    direction at least, and backward's nodes among its ops; counter samples ("C") of memory with a numeric "allocated";
   - each engine collective's span says what it was for ("bucket N", "unit N" or "partition N"), its bytes and
     group; --stage 3: the blocks are numbered units and the all-gathers are for units.
 """
@@ -108,6 +108,9 @@ def main():
                          for b in blocks) for o in ops)
         if inside < len(ops) // 2:
             fail(f"rank {rank}: only {inside} of {len(ops)} ops inside a block span")
+        # Backward's nodes are ops of the compute lane too (the GPU-busy fraction sums that lane on CUDA).
+        if not any(o["name"].endswith("Backward") for o in ops):
+            fail(f"rank {rank}: no backward node among the ops ({sorted({o['name'] for o in ops})[:8]})")
         counters = [e for e in mine if e["ph"] == "C"]
         if not counters or not all(isinstance(e.get("args", {}).get("allocated"), (int, float)) for e in counters):
             fail(f"rank {rank}: no memory counter samples with a numeric 'allocated'")
