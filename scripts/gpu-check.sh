@@ -485,6 +485,7 @@ want_job() { [[ "$bench_jobs" == all || ",$bench_jobs," == *",$1,"* ]]; }
 #                          and after in one call
 #   folder_bB              an ImageNet-like JPEG folder (tools/make_imagenet_like.py, 10 classes x 200, made
 #                          in the background while the test stages run) with the whole recipe at the last batch
+#   folder_bB_half_loaders the same with half as many loader threads as cores
 #   graphs_{on,off}_bB     --cuda-graphs on and off at each batch, where the app has the flag (probed)
 #   loader_scaling         bench/loader_scaling.py over that folder at 1-16 threads beside PyTorch's, where the
 #                          script exists
@@ -517,6 +518,11 @@ job_plan+=("folder_b$fb|20|90|$fb|$app $app_common --data folder:$job_data --num
 --aa rand-m9-mstd0.5-inc1 --reprob 0.25 --mixup 0.8 --cutmix 1.0 --micro-batch $fb --steps $((3 * 2000 / fb + 3)) \
 --trace $job_dir/folder_b$fb.trace.json --trace-steps $((3 * 2000 / fb - 5)):$((3 * 2000 / fb - 2)) \
 --log $job_dir/folder_b$fb.jsonl")
+# The same with half the loader threads: whether loader threads on the launching thread's core (or its
+# hyperthread sibling) slow the step more than the extra decoding helps.
+folder_half=$(grep "^folder_b$fb|" <<<"$(printf '%s\n' "${job_plan[@]}")")
+folder_half=${folder_half//folder_b$fb/folder_b${fb}_half_loaders}
+job_plan+=("$folder_half --loader-threads $((cores_here / 2))")
 for b in "${bs[@]}"; do
   for g in on off; do
     job_plan+=("graphs_${g}_b$b|12|60|$b|$app $app_common --data synthetic:n=4096,size=$image --micro-batch $b \
@@ -525,7 +531,7 @@ for b in "${bs[@]}"; do
 done
 # With the prefix's libraries on LD_LIBRARY_PATH (unlike the other Python runs): it starts our programs too.
 job_plan+=("loader_scaling|60|150|$fb|env PYTHONUNBUFFERED=1 python3 bench/loader_scaling.py --build $build --data $job_data \
---threads 1,2,4,8,16 --recipe full --batch $fb --torch --out $job_dir/loader_scaling.csv")
+--threads 1,2,4,8,16 --recipe full --batch $fb --batches 20 --repeats 1 --torch --out $job_dir/loader_scaling.csv")
 job_need() {  # the sum of the NEEDs of the job runs asked for that this tree can run
   local t=0 j name n
   for j in "${job_plan[@]}"; do
@@ -671,6 +677,7 @@ fi
   grep -h -E "define CUDNN_(MAJOR|MINOR|PATCHLEVEL) " /usr/include/cudnn_version*.h /usr/local/cuda/include/cudnn_version*.h 2>/dev/null | head -3 || true
   "${python_env[@]}" python3 -c 'import torch, timm; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "nccl", torch.cuda.nccl.version(), "timm", timm.__version__)' || true
   nproc
+  lscpu  # threads per core: a loader thread on the launching thread's sibling slows every launch
 } >"$logs/env.txt" 2>&1
 say "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
 status=0
@@ -790,7 +797,8 @@ if begin job; then
   : >"$job_dir/runs.tsv"
   result=ok
   has_graphs=0
-  "$app" --help 2>&1 | grep -q -- "--cuda-graphs" && has_graphs=1
+  # Not `--help | grep -q`: grep's early exit ends the app with SIGPIPE, and pipefail then reads "no flag".
+  [[ "$("$app" --help 2>&1)" == *--cuda-graphs* ]] && has_graphs=1
   ((has_graphs)) || say "convnext_zero has no --cuda-graphs: the graphs_* runs are skipped"
   for job in "${job_plan[@]}"; do
     IFS='|' read -r name jneed jcap batch cmd <<<"$job"

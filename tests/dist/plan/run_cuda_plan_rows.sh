@@ -8,7 +8,8 @@
 #   run_cuda_plan_rows.sh ROW APP MPIEXEC
 #     tiny_b64    ConvNeXt-T, 224 px, bf16, micro-batch 64, one rank
 #     tiny_b128   the same at micro-batch 128
-#     atto_np1    ConvNeXt-atto, 64 px, bf16, micro-batch 32, one rank
+#     atto_np1    ConvNeXt-atto, 64 px, bf16, micro-batch 32, one rank (its step in CUDA graphs)
+#     atto_np1_eager  the same with --cuda-graphs off: what of atto_np1's difference the graphs make
 #     atto_np2    the same, 2 ranks sharing the GPU at stage 3 (over the MPI backend)
 #     atto_np4    4 ranks at stage 3
 #
@@ -22,11 +23,13 @@ np=1 args=()
 case $row in
   tiny_b64 | tiny_b128)
     args=(--model tiny --image-size 224 --micro-batch "${row#tiny_b}" --data synthetic:n=512,eval_n=64,size=224) ;;
-  atto_np1 | atto_np2 | atto_np4)
+  atto_np1 | atto_np1_eager | atto_np2 | atto_np4)
     np=${row#atto_np}
+    np=${np%_eager}
     args=(--model atto --image-size 64 --micro-batch 32 --data synthetic:n=1024,eval_n=64,size=64)
-    ((np > 1)) && args+=(--stage 3) ;;
-  *) fail "unknown row '$row' (tiny_b64, tiny_b128, atto_np1, atto_np2, atto_np4)" ;;
+    ((np > 1)) && args+=(--stage 3)
+    [[ $row == *_eager ]] && args+=(--cuda-graphs off) ;;
+  *) fail "unknown row '$row' (tiny_b64, tiny_b128, atto_np1, atto_np1_eager, atto_np2, atto_np4)" ;;
 esac
 device=(--device cuda --precision bf16)
 if ((rehearse)); then

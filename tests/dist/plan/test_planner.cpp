@@ -256,7 +256,12 @@ TEST(Planner, PlanDifferenceSaysWhy) {
   p.stage = 0;
   p.precision = "bf16";
   const std::vector<CheckedCudaRow> checked = {{"convnext_tiny", 224, 64, 1, 0, "bf16", "H100, test"}};
-  EXPECT_EQ(plan_difference(p, 80'192'256, checked), "86.5 KiB high: not expected, see docs/planning.md");
+  EXPECT_EQ(plan_difference(p, 80'192'256, checked),
+            "86.5 KiB high: within the 1% this row was checked to (H100, test)");
+  EXPECT_EQ(plan_difference(p, 79'000'000, checked), "1.2 MiB high: not expected, see docs/planning.md");
+  EXPECT_EQ(plan_difference(p, 81'000'000, checked),
+            "702.3 KiB low: within the 1% this row was checked to (H100, test)");
+  EXPECT_EQ(plan_difference(p, 82'000'000, checked), "1.6 MiB low: not expected, see docs/planning.md");
   p.micro_batch = 128;
   EXPECT_EQ(plan_difference(p, 80'192'256, checked),
             "86.5 KiB high: the plan is not yet checked against a GPU");
