@@ -539,8 +539,16 @@ std::string format_plan(const Plan& p) {
   return out;
 }
 
+// The rows whose test (tests/dist/plan/run_cuda_plan_rows.sh) passed on a GPU: planned within 1% of the
+// peak the caching allocator measured. atto_np1 (one rank, the step in CUDA graphs) measured 1.8% above
+// its plan on that run and stays unchecked (docs/planning.md).
 const std::vector<CheckedCudaRow>& checked_cuda_rows() {
-  static const std::vector<CheckedCudaRow> rows = {};
+  static const std::vector<CheckedCudaRow> rows = {
+      {"convnext_tiny", 224, 64, 1, 0, "bf16", "H200, 2026-11-28: -0.14%"},
+      {"convnext_tiny", 224, 128, 1, 0, "bf16", "H200, 2026-11-28: +0.01%"},
+      {"convnext_atto", 64, 32, 2, 3, "bf16", "H200, 2026-11-28: -0.79%"},
+      {"convnext_atto", 64, 32, 4, 3, "bf16", "H200, 2026-11-28: -1.00%"},
+  };
   return rows;
 }
 
@@ -564,8 +572,12 @@ std::string plan_difference(const Plan& p, int64_t measured, const std::vector<C
     return r.model == p.model && r.image_size == p.image_size && r.micro_batch == p.micro_batch &&
            r.world == p.world && r.stage == p.stage && r.precision == p.precision;
   };
-  if (p.device == "cuda" && std::none_of(checked.begin(), checked.end(), is_this_run))
+  const auto row = std::find_if(checked.begin(), checked.end(), is_this_run);
+  if (p.device == "cuda" && row == checked.end())
     return fmt::format("{}: the plan is not yet checked against a GPU", by);
+  // A checked row was held to 1% of the measured peak: a difference within that is the row's own.
+  if (p.device == "cuda" && 100 * b <= measured)
+    return fmt::format("{}: within the 1% this row was checked to ({})", by, row->checked_on);
   return fmt::format("{}: not expected, see docs/planning.md", by);
 }
 
