@@ -30,6 +30,7 @@
 #include "io/augment/randaugment.h"
 #include "io/augment/random_erasing.h"
 #include "io/data/dataset.h"
+#include "io/data/model_input.h"
 #include "tensor/stream.h"
 #include "tensor/tensor.h"
 
@@ -84,6 +85,7 @@ struct Batch {
   // device, and the event their copy's stream recorded after it.
   Tensor device_pixels;
   std::shared_ptr<Event> pixels_ready;
+  PackedDraws draws;  // CUDA, packed ahead by copy_ahead: model_input's draws in pinned memory
   int64_t epoch = 0;
   int64_t index = 0;         // global batch number within the epoch
   int64_t first_sample = 0;  // position in the epoch of this rank's first sample

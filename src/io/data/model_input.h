@@ -26,13 +26,23 @@ namespace cz {
 
 struct Batch;
 
-// The per-image parameters and the erase boxes and values of a batch, flat (model_input_element.h).
+// The per-image parameters and the erase boxes of a batch, flat (model_input_element.h); each box's values
+// start at its EraseRect's offset into the batch's values, num_values in all.
 struct ModelInputDraws {
   std::vector<batch_input::ImageParams> images;
   std::vector<batch_input::EraseRect> rects;
-  std::vector<float> values;
+  int64_t num_values = 0;
 };
 ModelInputDraws model_input_draws(const Batch& batch);
+
+// The draws in one u8 buffer, as model_input reads them: the ImageParams, the EraseRects from `rects_at`,
+// the erase values (f32) from `values_at`. `pinned`: in pinned host memory, which the CUDA kernel reads in
+// place; copy_ahead packs them into the batch (Batch::draws) off the step's critical path.
+struct PackedDraws {
+  Tensor bytes;
+  int64_t rects_at = 0, values_at = 0;
+};
+PackedDraws pack_model_input_draws(const Batch& batch, bool pinned);
 
 // (n, H, W, 3) f32 on `device`: batch.pixels normalised, erased and mixed (Note [Normalising on the device]).
 // A batch without pixels but with `images` (made without a loader: benches, tests) gives those, on `device`.
@@ -44,9 +54,10 @@ Tensor model_input(const Batch& batch, const Device& device);
 // model_input makes the compute stream wait for the copy's event instead of copying. The copy stream is one
 // per device for the process (created at first use, kept to the end: the caching allocator's blocks belong
 // to it). Only batches of the current epoch are taken ahead (the loader's epoch end is kept for the next
-// step), and the checkpoint's position counts the batches used, not those taken ahead. The pinned pixels and
-// the device copy are marked used on the streams that read them (record_stream), so neither is reused before
-// the copy and the kernel have run. On the CPU it does nothing.
+// step), and the checkpoint's position counts the batches used, not those taken ahead. The draws are packed
+// into pinned memory here too (Batch::draws): random erasing's values are up to a few MB a batch. The pinned
+// pixels and the device copy are marked used on the streams that read them (record_stream), so neither is
+// reused before the copy and the kernel have run. On the CPU it does nothing.
 void copy_ahead(Batch& batch, const Device& device);
 
 // Bytes model_input moves from host to a device for `batch`: its pixels and draws.
