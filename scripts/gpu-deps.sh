@@ -3,7 +3,12 @@
 # the -dev packages of cmake/Dependencies.cmake and every shared library they pull in that is not part of a
 # minimal base system — into a folder that scripts/gpu-check.sh unpacks with `dpkg -x` (default .deps/).
 #
-#   scripts/gpu-deps.sh [DIR]
+#   scripts/gpu-deps.sh [DIR] [--runtime RDIR]
+#
+# --runtime RDIR also copies into RDIR the packages a run from the prebuilt bundle needs (all but the -dev
+# packages and protoc): DIR with them is 54 MiB since issue 43's GEMM libraries, which with the bundle and the
+# working tree passes the device tool's 64 MiB; RDIR (36 MiB) does not. `scripts/gpu-check.sh --deps RDIR` then
+# runs every stage from the bundle, but cannot build here if the bundle does not match.
 #
 # The list is closed by testing, not by apt's Depends (which drag in Fortran compilers, docs and -dev trees we
 # do not use): the packages are unpacked into a scratch prefix, every shared object in it is run through ldd
@@ -11,7 +16,15 @@
 # its package (dpkg -S) and downloaded too, until nothing outside the prefix and the base set is needed.
 set -euo pipefail
 
-dir=${1:-.deps}
+dir=.deps runtime=""
+while (($#)); do
+  case "$1" in
+    --runtime) runtime=$2; shift ;;
+    -*) echo "gpu-deps: unknown option $1" >&2; exit 2 ;;
+    *) dir=$1 ;;
+  esac
+  shift
+done
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 
@@ -83,3 +96,14 @@ done
 
 echo "gpu-deps: $(ls "$dir"/*.deb | wc -l) packages, $(du -sh "$dir" | cut -f1) in $dir:"
 ls "$dir"/*.deb | xargs -n1 basename | sed 's/_.*//' | paste -sd' ' | fold -s -w 110
+if [[ -n "$runtime" ]]; then
+  rm -rf "$runtime"
+  mkdir -p "$runtime"
+  for deb in "$dir"/*.deb; do
+    case $(basename "$deb") in
+      *-dev_* | protobuf-compiler_* | libprotoc32_*) ;;  # headers, CMake files, static libraries, protoc
+      *) cp "$deb" "$runtime/" ;;
+    esac
+  done
+  echo "gpu-deps: $(ls "$runtime"/*.deb | wc -l) runtime packages, $(du -sh "$runtime" | cut -f1) in $runtime"
+fi
