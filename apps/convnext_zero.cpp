@@ -566,6 +566,12 @@ int main(int argc, char** argv) {
       if (const std::string plot = plot_script(); !cfg.log.empty() && !plot.empty())
         fmt::print("; plot: {}", cz::elastic::shell_words({plot, cfg.log}));
       fmt::print("\n");
+      // The one part of the CUDA plan known only on a GPU (Note [The cuDNN workspace in the plan]): what
+      // cuDNN's heuristics asked for, beside the walk's rule (the largest patchify convolution's input and
+      // output bytes).
+      if (trainer.device().is_cuda())
+        fmt::print("cuDNN workspace: {} B held at the end\n",
+                   cz::cuda_runtime::cudnn_workspace_bytes(trainer.device().index));
     }
   } catch (const std::exception& e) {
     if (world && world->size() > 1) cz::dist::die(e);

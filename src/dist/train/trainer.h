@@ -104,6 +104,7 @@ class Trainer {
   nn::ConvNeXt& model() { return *model_; }
   zero::ZeroEngine& engine() { return *engine_; }
   const TrainConfig& config() const { return cfg_; }
+  const Device& device() const { return device_; }
   int world_size() const { return world_.size(); }
   const dist::Mesh& mesh() const { return mesh_; }
   // What moves the collectives and why (Note [Choosing the comm backend]): "nccl (auto: ...)"; "" at one rank

@@ -161,6 +161,13 @@ void* DeviceContext::cudnn_workspace(const DnnLease& lease, Stream stream, size_
   return ws.get();
 }
 
+size_t DeviceContext::cudnn_workspace_bytes() {
+  std::lock_guard<std::mutex> lock(dnn_mu_);
+  size_t most = 0;
+  for (const auto& [stream, ws] : dnn_workspaces_) most = std::max(most, ws.nbytes());
+  return most;
+}
+
 void DeviceContext::clear_algorithm_caches() {
   {
     std::lock_guard<std::mutex> lock(dnn_mu_);

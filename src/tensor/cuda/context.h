@@ -172,6 +172,8 @@ class DeviceContext {
   // steady-state training allocates nothing. Needs the cuDNN lease (its lock guards the map); the pointer is
   // valid for work queued on `stream` until the next call for the same stream.
   void* cudnn_workspace(const DnnLease& lease, Stream stream, size_t bytes);
+  // The largest of those workspaces, in bytes (0 before any).
+  size_t cudnn_workspace_bytes();
 
   GemmCounters& gemm_counters() { return gemm_counters_; }
 

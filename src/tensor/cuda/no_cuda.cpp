@@ -66,6 +66,9 @@ void graph_destroy(void*) {}
 void graph_release_blocks(int) {
   no_cuda("CUDA graph");
 }
+size_t cudnn_workspace_bytes(int) {
+  return 0;
+}
 void memcpy_async(void*, const void*, size_t, CopyKind, Stream) {
   no_cuda("memcpy");
 }

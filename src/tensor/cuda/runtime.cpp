@@ -144,6 +144,10 @@ void graph_release_blocks(int device) {
   cuda::release_graph_blocks(device);
 }
 
+size_t cudnn_workspace_bytes(int device) {
+  return cuda::context(device).cudnn_workspace_bytes();
+}
+
 void memcpy_async(void* dst, const void* src, size_t nbytes, CopyKind kind, Stream stream) {
   if (nbytes == 0) return;
   CZ_CHECK_DEVICE(stream.device.is_cuda(), "memcpy_async: {} is not a CUDA stream", stream.device.str());

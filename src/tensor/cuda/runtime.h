@@ -38,6 +38,9 @@ void* graph_end_capture(Stream stream);
 void graph_launch(void* graph, Stream stream);
 void graph_destroy(void* graph);  // never throws
 void graph_release_blocks(int device);
+// The bytes of the largest cuDNN workspace a stream of `device` holds (DeviceContext::cudnn_workspace), for
+// the closing summary beside the plan's (Note [The cuDNN workspace in the plan]); 0 when none or not built.
+size_t cudnn_workspace_bytes(int device);
 
 enum class CopyKind { host_to_device, device_to_host, device_to_device };
 // Asynchronous on `stream`; when host memory is pageable the runtime makes it synchronous w.r.t. the host.
