@@ -137,7 +137,7 @@ TEST(ModelInput, CopiedAheadEqualsCopiedAtUse) {
   std::vector<Batch> batches = batches_of(o);
   copy_ahead(batches[0], Device::cpu());
   EXPECT_FALSE(batches[0].device_pixels.defined());
-  EXPECT_FALSE(batches[0].draws.bytes.defined());
+  EXPECT_FALSE(batches[0].draws.pinned.defined());
   if (cuda_runtime::device_count() == 0) GTEST_SKIP() << "no GPU: the copy ahead is CUDA's";
   const Device gpu = Device::cuda(0);
   o.pinned = true;
@@ -146,7 +146,7 @@ TEST(ModelInput, CopiedAheadEqualsCopiedAtUse) {
     const Tensor at_use = model_input(b, gpu).cpu();
     copy_ahead(b, gpu);
     ASSERT_TRUE(b.device_pixels.defined());
-    ASSERT_TRUE(b.draws.bytes.defined());  // packed ahead, read by the kernel in place
+    ASSERT_TRUE(b.draws.pinned.defined());  // packed ahead, read by the kernel in place
     const Tensor ahead = model_input(b, gpu).cpu();
     EXPECT_TRUE(same_bits(ahead, at_use));
     EXPECT_TRUE(same_bits(ahead, model_input(b, Device::cpu())));

@@ -66,6 +66,11 @@ ModelInputDraws model_input_draws(const Batch& batch) {
   return d;
 }
 
+const uint8_t* PackedDraws::data() const {
+  if (pinned.defined()) return pinned.numel() > 0 ? pinned.data<uint8_t>() : nullptr;
+  return host.data();
+}
+
 int64_t model_input_bytes(const Batch& batch) {
   if (!batch.pixels.defined()) return 0;
   const ModelInputDraws d = model_input_draws(batch);
@@ -79,11 +84,14 @@ PackedDraws pack_model_input_draws(const Batch& batch, bool pinned) {
   const ModelInputDraws d = model_input_draws(batch);
   const size_t b_images = d.images.size() * sizeof(batch_input::ImageParams);
   const size_t b_rects = d.rects.size() * sizeof(batch_input::EraseRect);
-  const size_t b_values = size_t(d.num_values) * sizeof(float);
-  const Shape shape{int64_t(b_images + b_rects + b_values)};
-  PackedDraws p{pinned ? empty_pinned(shape, DType::u8) : empty(shape, DType::u8), int64_t(b_images),
-                int64_t(b_images + b_rects)};
-  uint8_t* base = p.bytes.numel() > 0 ? p.bytes.data<uint8_t>() : nullptr;
+  const size_t total = b_images + b_rects + size_t(d.num_values) * sizeof(float);
+  PackedDraws p;
+  p.rects_at = int64_t(b_images), p.values_at = int64_t(b_images + b_rects);
+  if (pinned)
+    p.pinned = empty_pinned({int64_t(total)}, DType::u8);
+  else
+    p.host.resize(total);
+  uint8_t* base = const_cast<uint8_t*>(p.data());
   if (b_images) std::memcpy(base, d.images.data(), b_images);
   if (b_rects) std::memcpy(base + p.rects_at, d.rects.data(), b_rects);
   // The values straight from each patch: the largest part (a per-pixel box is up to a third of the image's
@@ -144,7 +152,7 @@ Tensor model_input(const Batch& batch, const Device& device) {
   view.height = h, view.width = w, view.norm = imagenet_normalisation();
   Tensor out = empty({n, h, w, 3}, DType::f32, device);
   const auto read_draws = [&view](const PackedDraws& draws) {
-    const uint8_t* base = draws.bytes.numel() > 0 ? draws.bytes.data<uint8_t>() : nullptr;
+    const uint8_t* base = draws.data();
     view.images = reinterpret_cast<const batch_input::ImageParams*>(base);
     view.rects = reinterpret_cast<const batch_input::EraseRect*>(base + draws.rects_at);
     view.values = reinterpret_cast<const float*>(base + draws.values_at);
@@ -174,12 +182,12 @@ Tensor model_input(const Batch& batch, const Device& device) {
     pixels = batch.pixels.to(device);
   }
   const PackedDraws draws =
-      batch.draws.bytes.defined() ? batch.draws : pack_model_input_draws(batch, /*pinned=*/true);
+      batch.draws.pinned.defined() ? batch.draws : pack_model_input_draws(batch, /*pinned=*/true);
   read_draws(draws);
   view.pixels = n > 0 ? pixels.data<uint8_t>() : nullptr;
   cuda::model_input(view, out, stream);
   // The pinned block goes back to the pool only once the stream has run the kernel.
-  if (draws.bytes.numel() > 0) cuda::record_stream(draws.bytes, stream);
+  if (draws.pinned.numel() > 0) cuda::record_stream(draws.pinned, stream);
   return out;
 #else
   throw DeviceError(fmt::format("model_input: {} needs a CUDA build", device.str()));

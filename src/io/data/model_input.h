@@ -35,12 +35,15 @@ struct ModelInputDraws {
 };
 ModelInputDraws model_input_draws(const Batch& batch);
 
-// The draws in one u8 buffer, as model_input reads them: the ImageParams, the EraseRects from `rects_at`,
+// The draws in one byte buffer, as model_input reads them: the ImageParams, the EraseRects from `rects_at`,
 // the erase values (f32) from `values_at`. `pinned`: in pinned host memory, which the CUDA kernel reads in
-// place; copy_ahead packs them into the batch (Batch::draws) off the step's critical path.
+// place (copy_ahead packs them into the batch, Batch::draws, off the step's critical path); else in ordinary
+// memory outside the training allocator, whose peak the memory planner predicts to the byte.
 struct PackedDraws {
-  Tensor bytes;
+  Tensor pinned;
+  std::vector<uint8_t> host;
   int64_t rects_at = 0, values_at = 0;
+  const uint8_t* data() const;
 };
 PackedDraws pack_model_input_draws(const Batch& batch, bool pinned);
 
