@@ -234,7 +234,7 @@ srun_mpirun_train)
       ((finished)) && grep -q "finished with exit 0" "$work/$launch.out" && break
       if ((try == 1)) && ompi_tcp_init_crash "$work/$launch.out"; then
         echo "the $launch job $id met Open MPI's TCP wire-up crash in MPI_Init (docs/slurm.md); once more:"
-        grep -E "TCP connect|connect\(\)|Segmentation" "$work/$launch.out"
+        grep -E "TCP connect|connect\(\)|Segmentation|Failing at address" "$work/$launch.out"
         scancel "$id" 2> /dev/null
         wait_state "$id" "" 30 || true
         rm -rf "$work/ck_$launch" "$work/$launch.jsonl"
@@ -281,7 +281,7 @@ EOF
   # Start-ups that met Open MPI's TCP wire-up crash in MPI_Init and ran again (docs/slurm.md): said, not hidden.
   awk '$1 == "retried" { print $4 }' "$work/startup.out" | while read -r log; do
     echo "a start-up met Open MPI's TCP wire-up crash in MPI_Init and ran again ($log):"
-    grep -E "TCP connect|connect\(\)|Segmentation" "$log"
+    grep -E "TCP connect|connect\(\)|Segmentation|Failing at address" "$log"
   done
   if ! awk '$1 == "startup" && $4 != 0 { bad = 1; print "failed: " $0 } END { exit bad }' "$work/startup.out"; then
     awk '$1 == "startup" && $4 != 0 { print $6 }' "$work/startup.out" | while read -r log; do
