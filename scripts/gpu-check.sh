@@ -677,7 +677,7 @@ fi
   grep -h -E "define CUDNN_(MAJOR|MINOR|PATCHLEVEL) " /usr/include/cudnn_version*.h /usr/local/cuda/include/cudnn_version*.h 2>/dev/null | head -3 || true
   "${python_env[@]}" python3 -c 'import torch, timm; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "nccl", torch.cuda.nccl.version(), "timm", timm.__version__)' || true
   nproc
-  lscpu  # threads per core: a loader thread on the launching thread's sibling slows every launch
+  lscpu  # threads per core: whether a loader thread can share a core with the thread that launches kernels
 } >"$logs/env.txt" 2>&1
 say "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
 status=0

@@ -175,28 +175,27 @@ Tensor& Tensor::fill_(double value) {
   return *this;
 }
 
-Tensor& Tensor::copy_streaming_(const Tensor& src) {
-  if (!is_cpu() || !src.is_cpu()) return copy_(src);
-  check_writable(*this, "copy_streaming_");
-  CZ_CHECK_SHAPE(src.sizes() == sizes(),
-                 "copy_streaming_: source shape {} does not match destination shape {}",
-                 shape_str(src.sizes()), shape_str(sizes()));
-  profiler::Scope prof(src.dtype() != dtype() ? "cast" : "copy", device());
-  cpu::copy_streaming(src, *this);
-  storage()->bump_version();
-  return *this;
+Tensor& Tensor::copy_(const Tensor& src) {
+  return copy_from(src, "copy_", /*streaming=*/false);
 }
 
-Tensor& Tensor::copy_(const Tensor& src) {
-  check_writable(*this, "copy_");
-  CZ_CHECK_SHAPE(src.sizes() == sizes(), "copy_: source shape {} does not match destination shape {}",
+Tensor& Tensor::copy_streaming_(const Tensor& src) {
+  return copy_from(src, "copy_streaming_", /*streaming=*/true);
+}
+
+Tensor& Tensor::copy_from(const Tensor& src, const char* op, bool streaming) {
+  check_writable(*this, op);
+  CZ_CHECK_SHAPE(src.sizes() == sizes(), "{}: source shape {} does not match destination shape {}", op,
                  shape_str(src.sizes()), shape_str(sizes()));
   profiler::Scope prof(src.device() != device() ? "transfer"
                        : src.dtype() != dtype() ? "cast"
                                                 : "copy",
                        is_cuda() ? device() : src.device());
   if (is_cpu() && src.is_cpu()) {
-    cpu::copy(src, *this);
+    if (streaming)
+      cpu::copy_streaming(src, *this);
+    else
+      cpu::copy(src, *this);
   } else if (is_cuda() && src.is_cuda() && device() == src.device()) {
     CZ_CUDA_CALL(cuda::copy(src, *this, current_stream(device())));
   } else {

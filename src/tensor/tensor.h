@@ -191,6 +191,8 @@ class Tensor {
   void register_grad_hook(GradHook hook);
 
  private:
+  // copy_ and copy_streaming_ (`op` names the caller in errors; `streaming`: cpu::copy_streaming on the CPU).
+  Tensor& copy_from(const Tensor& src, const char* op, bool streaming);
   std::shared_ptr<TensorImpl> impl_;
 };
 

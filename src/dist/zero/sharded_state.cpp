@@ -109,9 +109,11 @@ void ShardedState::receive(size_t p, const Tensor& chunk) {
 bool ShardedState::step(LossScaler& scaler, StepStats& s) {
   NoGradGuard no_grad;
   for (size_t p = 0; p < from_compute_.size(); ++p) Tensor(grads_[p]).copy_(from_compute_[p]);
-  // Chunks no reduction delivered this step (none at all in a step without backward) read zero.
-  for (size_t p = 0; from_compute_.empty() && p < received_.size(); ++p)
-    if (!received_[p]) Tensor(grads_[p]).zero_();
+  // Where reductions deliver the chunks: those none delivered this step (all of them in a step without
+  // backward) read zero.
+  if (from_compute_.empty())
+    for (size_t p = 0; p < received_.size(); ++p)
+      if (!received_[p]) Tensor(grads_[p]).zero_();
   received_.clear();
   if (!prepare_gradients(scaler, s)) return false;
   optimizer_->step(std::span<const Tensor>(weights_), std::span<const Tensor>(grads_), args_.lr);

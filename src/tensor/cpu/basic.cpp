@@ -149,19 +149,24 @@ void copy_streaming(const Tensor& src, Tensor& dst) {
     const int64_t tail = head + lines * kLine;
     std::memcpy(d + tail, s + tail, size_t(bytes - tail));
     const bool parallel = cpu_threads() > 1;  // at least 64 KiB, as axpy splits from kParallelGrain floats
-#pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t l = 0; l < lines; ++l) {
-      char* out = d + head + l * kLine;  // 64-byte aligned
-      const char* in = s + head + l * kLine;
+#pragma omp parallel if (parallel)
+    {
+#pragma omp for schedule(static) nowait
+      for (int64_t l = 0; l < lines; ++l) {
+        char* out = d + head + l * kLine;  // 64-byte aligned
+        const char* in = s + head + l * kLine;
 #if defined(__AVX512F__)
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(out), _mm512_loadu_si512(in));
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(out), _mm512_loadu_si512(in));
 #else
-      for (int k = 0; k < kLine; k += 16)
-        _mm_stream_si128(reinterpret_cast<__m128i*>(out + k),
-                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + k)));
+        for (int k = 0; k < kLine; k += 16)
+          _mm_stream_si128(reinterpret_cast<__m128i*>(out + k),
+                           _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + k)));
 #endif
+      }
+      // Each thread's streaming stores (weakly ordered) drained before the region's closing barrier, so
+      // whatever reads the buffer next, on any thread, sees them.
+      _mm_sfence();
     }
-    _mm_sfence();  // the streaming stores ordered before what reads the buffer next
     return;
   }
 #endif
