@@ -75,6 +75,10 @@ ompi_tcp_init_crash() {
   grep -q "failed to TCP connect to a peer" "$1" && return 0
   grep -q "Failing at address: (nil)" "$1" && ! grep -q "^convnext_zero: " "$1"
 }
+# ompi_tcp_init_crash_lines FILE: the crash's lines, for the log of a launch that is tried again.
+ompi_tcp_init_crash_lines() {
+  grep -E "TCP connect|connect\(\)|Segmentation|Failing at address" "$1" | head -n 8
+}
 
 submit() {
   local id
@@ -234,7 +238,7 @@ srun_mpirun_train)
       ((finished)) && grep -q "finished with exit 0" "$work/$launch.out" && break
       if ((try == 1)) && ompi_tcp_init_crash "$work/$launch.out"; then
         echo "the $launch job $id met Open MPI's TCP wire-up crash in MPI_Init (docs/slurm.md); once more:"
-        grep -E "TCP connect|connect\(\)|Segmentation|Failing at address" "$work/$launch.out"
+        ompi_tcp_init_crash_lines "$work/$launch.out"
         scancel "$id" 2> /dev/null
         wait_state "$id" "" 30 || true
         rm -rf "$work/ck_$launch" "$work/$launch.jsonl"
@@ -281,7 +285,7 @@ EOF
   # Start-ups that met Open MPI's TCP wire-up crash in MPI_Init and ran again (docs/slurm.md): said, not hidden.
   awk '$1 == "retried" { print $4 }' "$work/startup.out" | while read -r log; do
     echo "a start-up met Open MPI's TCP wire-up crash in MPI_Init and ran again ($log):"
-    grep -E "TCP connect|connect\(\)|Segmentation|Failing at address" "$log"
+    ompi_tcp_init_crash_lines "$log"
   done
   if ! awk '$1 == "startup" && $4 != 0 { bad = 1; print "failed: " $0 } END { exit bad }' "$work/startup.out"; then
     awk '$1 == "startup" && $4 != 0 { print $6 }' "$work/startup.out" | while read -r log; do
@@ -416,7 +420,7 @@ czrun_node_lost | czrun_node_lost_srun)
       while read -r j; do scancel "$j" 2> /dev/null; done < "$top/try$try/jobs"
       "$slurm_sh" node "$cluster" n3 start > /dev/null 2>&1 || true
       echo "try $try met Open MPI's TCP wire-up crash (Note [Open MPI's TCP wire-up crash] in docs/slurm.md); once more:"
-      grep -E "failed to TCP connect to a peer|Segmentation fault" "$top/try$try/job.out" | head -n 4
+      ompi_tcp_init_crash_lines "$top/try$try/job.out"
       continue
     fi
     exit 1
