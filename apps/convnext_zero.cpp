@@ -31,6 +31,7 @@
 #include "io/h5/helper_programs.h"
 #include "io/log/train_log.h"
 #include "nn/convnext.h"
+#include "tensor/allocator.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/device.h"
 #include "tensor/omp_wait_policy.h"
@@ -517,6 +518,7 @@ int main(int argc, char** argv) {
             "convnext_zero: OpenMP waits {} (rank 0's choice; OMP_WAIT_POLICY=active|passive overrides)\n",
             cz::omp_wait_policy_note());
       fmt::print("convnext_zero: {}\n", trainer.cpu_threads_note());
+      fmt::print("convnext_zero: {}\n", cz::heap_policy_note());
       if (!trainer.cpu_gemm_note().empty())
         fmt::print("convnext_zero: CPU GEMMs {}\n", trainer.cpu_gemm_note());
       for (const std::string& w : trainer.cpu_gemm_warnings()) fmt::print(stderr, "convnext_zero: {}\n", w);

@@ -1,8 +1,11 @@
 // The CPU caching allocator (also the pinned-host allocator when there is no GPU) and allocator lookup.
 #include "tensor/allocator.h"
 
+#include <malloc.h>
+
 #include <bit>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -34,7 +37,8 @@ namespace {
 // Blocks are cached by exact size class and handed out again on a later request of the same class.
 class HostCachingAllocator final : public Allocator {
  public:
-  explicit HostCachingAllocator(Device device) : device_(device) {}
+  // Note [Freed heap memory stays mapped]: set before the first block, so before any kernel runs.
+  explicit HostCachingAllocator(Device device) : device_(device) { heap_policy(); }
   ~HostCachingAllocator() override { empty_cache(); }
 
   DataPtr allocate(size_t nbytes) override {
@@ -106,6 +110,32 @@ class HostCachingAllocator final : public Allocator {
 };
 
 }  // namespace
+
+HeapPolicy decide_heap_policy(const char* (*env)(const char*)) {
+  for (const char* var : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"})
+    if (env(var)) return {false, std::string(var) + " is set"};
+  if (const char* t = env("GLIBC_TUNABLES"); t && std::strstr(t, "glibc.malloc."))
+    return {false, "GLIBC_TUNABLES sets glibc.malloc"};
+  return {true, ""};
+}
+
+const HeapPolicy& heap_policy() {
+  // Note [Freed heap memory stays mapped].
+  static const HeapPolicy policy = [] {
+    HeapPolicy p = decide_heap_policy([](const char* name) -> const char* { return std::getenv(name); });
+    if (p.applied && !(mallopt(M_MMAP_THRESHOLD, int(kHeapMmapThreshold)) && mallopt(M_TRIM_THRESHOLD, -1)))
+      p = {false, "glibc refused mallopt"};
+    return p;
+  }();
+  return policy;
+}
+
+std::string heap_policy_note() {
+  const HeapPolicy& p = heap_policy();
+  if (!p.applied) return "host heap: glibc's own rules (" + p.reason + ")";
+  return "host heap: freed memory under 32 MiB stays mapped (glibc's mmap threshold 32 MiB, no trimming; "
+         "MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ overrides)";
+}
 
 Allocator& allocator_for(Device device) {
   if (device.is_cpu()) {

@@ -1,5 +1,11 @@
-// CPU caching allocator: statistics and reuse.
+// CPU caching allocator: statistics and reuse; the heap policy the CPU backend sets.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <thread>
 
 #include "tensor/allocator.h"
 #include "tensor/tensor.h"
@@ -70,6 +76,61 @@ TEST(Allocator, EmptyPinnedIsAContiguousHostTensorFromThePinnedAllocator) {
   EXPECT_EQ(t.select(0, 2).select(0, 3).item(), 2.5);
   EXPECT_EQ(pinned_host_allocator().stats().num_allocs, pinned_before + 1);
   EXPECT_EQ(allocator_for(Device::cpu()).stats().num_allocs, cpu_before.num_allocs);
+}
+
+// Note [Freed heap memory stays mapped]: what a library mallocs and frees on every call (oneDNN's packed
+// weights) is not faulted in again on the next call, on the main thread and on another (glibc arena).
+int64_t minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// Pages faulted in by the second of two malloc / touch / free rounds of `bytes`.
+int64_t faults_of_second_round(size_t bytes) {
+  int64_t faults = 0;
+  for (int round = 0; round < 2; ++round) {
+    const int64_t before = minor_faults();
+    auto* p = static_cast<volatile char*>(std::malloc(bytes));
+    EXPECT_NE(p, nullptr);
+    for (size_t i = 0; i < bytes; i += 4096) p[i] = char(i);
+    std::free(const_cast<char*>(p));
+    faults = minor_faults() - before;
+  }
+  return faults;
+}
+
+TEST(HeapPolicy, FreedLibraryBuffersStayMapped) {
+  allocator_for(Device::cpu());  // applies the policy, as every process's first tensor does
+  if (!heap_policy().applied) GTEST_SKIP() << "heap policy not applied: " << heap_policy().reason;
+  // 30 MiB: under the 32 MiB threshold, above what anything in this process freed before (glibc's own rule
+  // would map it, unmap it on free and fault all 7680 pages in again).
+  const size_t bytes = size_t(30) << 20, pages = bytes / 4096;
+  EXPECT_LT(faults_of_second_round(bytes), int64_t(pages / 10)) << "main thread";
+  int64_t worker = 0;
+  std::thread([&] { worker = faults_of_second_round(bytes); }).join();
+  EXPECT_LT(worker, int64_t(pages / 10)) << "another thread";
+}
+
+TEST(HeapPolicy, TheUsersOwnGlibcSettingsWin) {
+  static std::map<std::string, std::string> env;
+  const auto lookup = [](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  env = {};
+  EXPECT_TRUE(decide_heap_policy(lookup).applied);
+  env = {{"GLIBC_TUNABLES", "glibc.rtld.nns=4"}};
+  EXPECT_TRUE(decide_heap_policy(lookup).applied);
+  for (const auto& [name, value] :
+       std::map<std::string, std::string>{{"MALLOC_MMAP_THRESHOLD_", "65536"},
+                                          {"MALLOC_TRIM_THRESHOLD_", "0"},
+                                          {"GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0"}}) {
+    env = {{name, value}};
+    const HeapPolicy p = decide_heap_policy(lookup);
+    EXPECT_FALSE(p.applied) << name;
+    EXPECT_NE(p.reason.find(name == "GLIBC_TUNABLES" ? "glibc.malloc" : name), std::string::npos) << p.reason;
+  }
 }
 
 }  // namespace
