@@ -12,6 +12,12 @@ import subprocess
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0"
 
 
+def heap_env_like_ours(env):
+    """env with the glibc heap settings our CPU backend makes for itself (Note [Freed heap memory stays mapped],
+    src/tensor/allocator.h) spelled as glibc's environment: for timing PyTorch under them too."""
+    return dict(env, MALLOC_MMAP_THRESHOLD_=str(32 << 20), MALLOC_TRIM_THRESHOLD_=str(64 << 30))
+
+
 def cpu_model():
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout

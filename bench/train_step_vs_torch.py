@@ -88,8 +88,7 @@ def main():
     if args.omp_wait_policy:
         env["OMP_WAIT_POLICY"] = args.omp_wait_policy
     runs = {"ours": [], "before": [], "torch": [], "torch_heap": []}
-    # Our CPU backend's heap settings (src/tensor/allocator.h), as glibc's environment spells them.
-    heap_env = dict(env, MALLOC_MMAP_THRESHOLD_=str(32 << 20), MALLOC_TRIM_THRESHOLD_=str(64 << 30))
+    heap_env = machine_info.heap_env_like_ours(env)
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
             runs["ours"].append(time_ours(args, env, tmp, extra=args.extra))

@@ -72,6 +72,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 1) // 2), help="per rank")
     ap.add_argument("--rounds", type=int, default=1, help="PyTorch and ours in turns this many times; medians")
+    ap.add_argument("--torch-heap-like-ours", action="store_true",
+                    help="also time PyTorch under the glibc heap settings our CPU backend makes (Note [Freed heap "
+                         "memory stays mapped]): the part of the ratio that is the heap, not the kernels")
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("extra", nargs="*", help="after --: more convnext_zero flags")
     args = ap.parse_args()
@@ -82,6 +85,8 @@ def main():
         sys.exit(f"zero_vs_torch.py: --rounds must be at least 1, got {args.rounds}")
     modes = sorted({"ddp" if s < 3 else "fsdp2" for s in stages})
     torch_runs = {m: [] for m in modes}
+    heap_runs = {m: [] for m in modes}
+    heap_env = machine_info.heap_env_like_ours(env)
     ours_runs = {s: [] for s in stages}
     version = None
     with tempfile.TemporaryDirectory() as tmp:
@@ -89,6 +94,8 @@ def main():
             for mode in modes:
                 t, version = time_torch(args, mode, env, tmp)
                 torch_runs[mode].append(t)
+                if args.torch_heap_like_ours:
+                    heap_runs[mode].append(time_torch(args, mode, heap_env, tmp)[0])
             for s in stages:
                 ours_runs[s].append(time_ours(args, s, env, tmp))
     rows = []
@@ -97,16 +104,23 @@ def main():
         ours, theirs = statistics.median(ours_runs[s]), statistics.median(torch_runs[mode])
         rows.append({"stage": s, "peer": mode, "ours_s": ours, "torch_s": theirs, "ratio": theirs / ours,
                      "torch_version": version, "runs_s": {"ours": ours_runs[s], "torch": torch_runs[mode]}})
+        if args.torch_heap_like_ours:
+            heap = statistics.median(heap_runs[mode])
+            rows[-1].update(torch_heap_s=heap, ratio_torch_heap=heap / ours)
+            rows[-1]["runs_s"]["torch_heap"] = heap_runs[mode]
     print(f"ConvNeXt-{args.model}, {args.image_size}x{args.image_size}, {args.ranks} ranks x batch {args.batch}, "
           f"{args.threads} threads per rank, mean of {args.steps} steps"
           + (f", median of {args.rounds} rounds" if args.rounds > 1 else ""))
     print(machine_info.describe())
-    print("| stage | peer | convnext_zero ms/step | PyTorch ms/step | PyTorch / ours |")
-    print("| --- | --- | --- | --- | --- |")
+    heap = args.torch_heap_like_ours
+    print("| stage | peer | convnext_zero ms/step | PyTorch ms/step | PyTorch / ours |"
+          + (" PyTorch, our heap settings | its / ours |" if heap else ""))
+    print("| --- | --- | --- | --- | --- |" + (" --- | --- |" if heap else ""))
     for r in rows:
         peer = "DDP" if r["peer"] == "ddp" else "FSDP2"
         print(f"| {r['stage']} | {peer} {r['torch_version']} | {r['ours_s'] * 1e3:.1f} | {r['torch_s'] * 1e3:.1f} | "
-              f"{r['ratio']:.2f}x |")
+              f"{r['ratio']:.2f}x |"
+              + (f" {r['torch_heap_s'] * 1e3:.1f} | {r['ratio_torch_heap']:.2f}x |" if heap else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "image_size": args.image_size, "ranks": args.ranks, "batch": args.batch,
