@@ -106,14 +106,15 @@ size_t round_to_size_class(size_t nbytes);
 // the kernels take theirs from malloc on every call (oneDNN's sgemm packs the weight into a fresh buffer for
 // each GEMM: 9.4 MB at ConvNeXt-T's last stage). glibc returns such a buffer to the kernel when it is freed
 // (munmap above its mmap threshold, or a trim of the heap's top), so the next call faults every page in
-// again. A fault is cheap on bare metal and not in a VM: on the 2-core KVM Xeon of issue 43, ConvNeXt-T's
+// again. Where faults are dear, as on the 2-core KVM Xeon of issue 43, that is a large cost: ConvNeXt-T's
 // last stage ran fc2's input-gradient GEMM in 30-185 ms on the main thread against 11-12 ms on the other, in
-// the kernel's clear_page under oneDNN's code, and the step lost about 200 ms of 1800. So the CPU backend
+// the kernel's clear_page under oneDNN's code, and the f32 step took 1.16-1.22x as long. So the CPU backend
 // sets glibc's mmap threshold to its largest value, 32 MiB (which also stops glibc moving it), and its trim
 // threshold to -1 (never trim): freed memory below 32 MiB stays mapped and is handed out again. Larger
-// requests are still mapped per call (a ConvNeXt-L/XL weight's pack). The resident peak does not grow past
-// the peak of what is live at once. Set by the first use of the CPU allocator, before any kernel runs; a user
-// who sets MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ or glibc.malloc tunables keeps their own.
+// requests are still mapped per call (a ConvNeXt-L/XL weight's pack). The resident peak stays near the peak
+// of what is live at once (glibc's fragmentation aside). Set by the first use of the CPU allocator, before
+// any kernel runs; a user who sets MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ or glibc.malloc tunables
+// keeps their own.
 struct HeapPolicy {
   bool applied = false;
   std::string reason;  // why not, when not applied
