@@ -133,8 +133,9 @@ const HeapPolicy& heap_policy() {
 std::string heap_policy_note() {
   const HeapPolicy& p = heap_policy();
   if (!p.applied) return "host heap: glibc's own rules (" + p.reason + ")";
-  return "host heap: freed memory under 32 MiB stays mapped (glibc's mmap threshold 32 MiB, no trimming; "
-         "MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ overrides)";
+  const std::string mib = std::to_string(kHeapMmapThreshold >> 20) + " MiB";
+  return "host heap: freed memory under " + mib + " stays mapped (glibc's mmap threshold " + mib +
+         ", no trimming; MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ overrides)";
 }
 
 Allocator& allocator_for(Device device) {

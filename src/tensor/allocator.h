@@ -115,6 +115,7 @@ size_t round_to_size_class(size_t nbytes);
 // of what is live at once (glibc's fragmentation aside). Set by the first use of the CPU allocator, before
 // any kernel runs; a user who sets MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ or glibc.malloc tunables
 // keeps their own.
+inline constexpr size_t kHeapMmapThreshold = size_t(32) << 20;
 struct HeapPolicy {
   bool applied = false;
   std::string reason;  // why not, when not applied
@@ -125,6 +126,5 @@ HeapPolicy decide_heap_policy(const char* (*env)(const char*));
 const HeapPolicy& heap_policy();
 // For a run's header: what the process got, and how to override it.
 std::string heap_policy_note();
-inline constexpr size_t kHeapMmapThreshold = size_t(32) << 20;
 
 }  // namespace cz
