@@ -19,3 +19,5 @@ date > $o/end
 # After run.sh: the profile (profile_tiny_f32.txt, 09:33 UTC) and a second ConvNeXt-T run (09:38-09:41 UTC):
 #   build/bench/bench_train_step --model tiny --image 224 --batch 16 --profile 2
 #   $P bench/train_step_vs_torch.py --app build/apps/convnext_zero --torch-heap-like-ours --model tiny --image-size 224 --batch 16 --rounds 3 --steps 3 --warmup 1 --json $o/step_tiny_f32_2.json > $o/step_tiny_f32_2.txt 2>&1
+# A third ConvNeXt-T run with the before build (10:20-10:23 UTC):
+#   $P bench/train_step_vs_torch.py --app build/apps/convnext_zero --before $BEFORE --torch-heap-like-ours --model tiny --image-size 224 --batch 16 --rounds 3 --steps 3 --warmup 1 --json $o/step_tiny_f32_3.json > $o/step_tiny_f32_3.txt 2>&1
