@@ -108,7 +108,7 @@ size_t round_to_size_class(size_t nbytes);
 // (munmap above its mmap threshold, or a trim of the heap's top), so the next call faults every page in
 // again. Where faults are dear, as on the 2-core KVM Xeon of issue 43, that is a large cost: ConvNeXt-T's
 // last stage ran fc2's input-gradient GEMM in 30-185 ms on the main thread against 11-12 ms on the other, in
-// the kernel's clear_page under oneDNN's code, and the f32 step took 1.16-1.22x as long. So the CPU backend
+// the kernel's clear_page under oneDNN's code, and the f32 step took 1.16-1.34x as long. So the CPU backend
 // sets glibc's mmap threshold to its largest value, 32 MiB (which also stops glibc moving it), and its trim
 // threshold to -1 (never trim): freed memory below 32 MiB stays mapped and is handed out again. Larger
 // requests are still mapped per call (a ConvNeXt-L/XL weight's pack). The resident peak stays near the peak
