@@ -112,7 +112,7 @@ void add_stage(int64_t n, int64_t hw, int64_t c) {
 // the bias filled first, GELU, fc2, residual_scale_add; then their backward kernels), fused (linear_gelu,
 // linear_scale_residual and their backward kernels), and as one op (mlp_scale_residual, Note [The MLP on one
 // tile], registered where the block would use it), all in the same run; `tile` 0 is the kernels' own choice
-// (fused_tile_rows), others force that many rows per tile (the sweep that chose kFusedTileBytes).
+// (row_tile), others force that many rows per tile (the sweep behind row_tile's 1 MiB).
 enum class Mlp { unfused, fused, one_op };
 
 void add_block_mlp(int64_t n, int64_t hw, int64_t c, const std::vector<int64_t>& tiles) {

@@ -365,9 +365,9 @@ TEST(OpBehaviour, PatchifyAsOneGemmEqualsTheConvolution) {
   }
 }
 
-// The stem's weight gradient has many rows against a small weight, and so is taken with the rows split across
-// the threads (split_rows_for_weight_grad, blas.h), its bias gradient in the same pass: on 2 and 3 threads it
-// equals the one GEMM of a single thread, and the input gradient does not change.
+// The stem's weight gradient has many rows against a small weight, and so (fast cut, Note [Cutting the rows])
+// is summed by one block of rows per thread, its bias gradient in the same pass: on 2 and 3 threads it equals
+// the one GEMM of a single thread to rounding, and the input gradient does not change.
 TEST(OpBehaviour, PatchifyWeightGradientSplitByRowsEqualsOneGemm) {
   const int64_t n = 2, h = 64, w = 64, c = 3, cout = 5, k = 2;  // 2048 rows of 12 patch values
   const Tensor x = random_tensor({n, h, w, c}, 1), wt = random_tensor({cout, k, k, c}, 2);

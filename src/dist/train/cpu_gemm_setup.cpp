@@ -1,12 +1,15 @@
 // --cpu-gemm at start (cpu_gemm_setup.h).
 #include "dist/train/cpu_gemm_setup.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "nn/convnext_gemms.h"
 #include "tensor/check.h"
 #include "tensor/cpu/gemm_choice.h"
+#include "tensor/cpu/row_tiles.h"
 #include "tensor/parallel.h"
 
 namespace cz::train {
@@ -33,8 +36,13 @@ CpuGemmSetup setup_cpu_gemms(const std::string& choice, const nn::ConvNeXtConfig
   }
   std::string table_text, note;
   if (control.rank() == 0) {
-    const std::vector<cpu::GemmShape> shapes =
-        nn::distinct_gemm_shapes(nn::convnext_step_gemms(model, image, micro_batch));
+    // The library calls the step makes (row tiles, weight-gradient blocks: cpu::gemm_calls_as_run).
+    std::vector<cpu::GemmShape> shapes;
+    for (const cpu::GemmShape& s :
+         nn::distinct_gemm_shapes(nn::convnext_step_gemms(model, image, micro_batch)))
+      for (const cpu::GemmShape& call : cpu::gemm_calls_as_run(s)) shapes.push_back(call);
+    std::sort(shapes.begin(), shapes.end());
+    shapes.erase(std::unique(shapes.begin(), shapes.end()), shapes.end());
     const std::string path = cpu::default_gemm_cache_path(), key = cpu::gemm_cache_key(cpu_threads());
     const cpu::GemmChoice c = cpu::choose_gemms(shapes, path, key);
     out.warnings = c.warnings;

@@ -7,8 +7,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "tensor/cpu/blas.h"
 #include "tensor/cpu/kernels.h"
+#include "tensor/cpu/row_tiles.h"
 #include "tensor/cpu/simd.h"
 #include "tensor/parallel.h"
 
@@ -231,39 +231,37 @@ template <class T>
 void dw_weight_grad(const T* x, const T* gy, T* dw, T* db, int64_t N, int64_t H, int64_t W, int64_t C,
                     int k) {
   const int nt = N * H * W * C * k >= kParallelGrain ? cpu_threads() : 1;
-  const int64_t per_thread = int64_t(k) * k * C + C;  // dw, then db
-  std::vector<T> partial(size_t(nt * per_thread), T(0));
+  const int64_t per_block = int64_t(k) * k * C + C;  // dw, then db
+  // The partial sums per block of the cut's image rows (Note [Cutting the rows]), added pairwise.
+  const int64_t rows = N * H, block = vector_sum_cut(rows, W * C * k).block;
+  const int64_t blocks = std::max<int64_t>(1, (rows + block - 1) / block);
+  std::vector<T> partial(size_t(blocks * per_block), T(0));
 #pragma omp parallel num_threads(nt)
   {
-    int64_t r0, r1;
-    thread_rows(N * H, r0, r1);
-    T* acc = partial.data() + omp_get_thread_num() * per_thread;
-    T* acc_db = db ? acc + per_thread - C : nullptr;
     std::vector<T> ring_buf(size_t(k) * size_t(W + 2 * (k / 2)) * size_t(C));
     RowRing<T> ring(ring_buf.data(), k, W, C);
-    for (int64_t row = r0; row < r1; ++row) {
-      const int64_t n = row / H, h = row % H;
-      const RowWindow win(h, H, k / 2);
-      ring.advance(x + n * H * W * C, n, win.lo, win.hi);
-      const int slot0 = ring.slot(win.lo);
-      for_blocks<T>(0, C, [&](auto v, int64_t c) {
-        dispatch_k(k, [&](auto K) {
-          constexpr int kR = 4;
-          dw_weight_row<decltype(K)::value, kR, decltype(v)>(ring, slot0, win.i0, win.i1, gy + row * W * C,
-                                                             acc, acc_db, W, C, k, c);
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      T* acc = partial.data() + blk * per_block;
+      T* acc_db = db ? acc + per_block - C : nullptr;
+      for (int64_t row = blk * block; row < std::min(rows, (blk + 1) * block); ++row) {
+        const int64_t n = row / H, h = row % H;
+        const RowWindow win(h, H, k / 2);
+        ring.advance(x + n * H * W * C, n, win.lo, win.hi);
+        const int slot0 = ring.slot(win.lo);
+        for_blocks<T>(0, C, [&](auto v, int64_t c) {
+          dispatch_k(k, [&](auto K) {
+            constexpr int kR = 4;
+            dw_weight_row<decltype(K)::value, kR, decltype(v)>(ring, slot0, win.i0, win.i1, gy + row * W * C,
+                                                               acc, acc_db, W, C, k, c);
+          });
         });
-      });
+      }
     }
   }
-  for (int64_t e = 0; e < per_thread; ++e) {
-    T s = 0;
-    for (int t = 0; t < nt; ++t) s += partial[size_t(t * per_thread + e)];
-    if (e < per_thread - C) {
-      if (dw) dw[e] = s;
-    } else if (db) {
-      db[e - (per_thread - C)] = s;
-    }
-  }
+  pairwise_sum(partial.data(), blocks, per_block, per_block, partial.data());
+  if (dw) std::copy_n(partial.data(), per_block - C, dw);
+  if (db) std::copy_n(partial.data() + per_block - C, C, db);
 }
 
 // Patches of x as rows of a matrix: P[(n, ho, wo)][(i, j, ci)] = x[n, ho k + i, wo k + j, ci]. For each
@@ -345,7 +343,7 @@ void patchify_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bia
       for (int64_t r = 0; r < M; ++r) std::copy_n(pb, Cout, py + r * Cout);
       beta = T(1);
     }
-    gemm<T>(false, true, M, Cout, KK, T(1), P, KK, w.data<T>(), KK, beta, py, Cout);
+    gemm_rows<T>(true, M, Cout, KK, T(1), P, KK, w.data<T>(), KK, beta, py, Cout);
   });
 }
 
@@ -366,7 +364,7 @@ void patchify_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w
         db = nullptr;  // taken with the weight gradient
       }
       if (dx.defined()) {
-        gemm<T>(false, false, M, KK, Cout, T(1), pg, Cout, w.data<T>(), KK, T(0), P, KK);
+        gemm_rows<T>(false, M, KK, Cout, T(1), pg, Cout, w.data<T>(), KK, T(0), P, KK);
         col2im<T>(P, dx.data<T>(), N, H, W, Cin, k);
       }
     }

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "tensor/cpu/kernels.h"
+#include "tensor/cpu/row_tiles.h"
 #include "tensor/parallel.h"
 
 namespace cz::cpu {
@@ -61,12 +62,14 @@ void channel_scale_backward(const Tensor& g, const Tensor& x, const Tensor& gamm
     T* pdx = dx.defined() ? dx.data<T>() : nullptr;
     const bool want_dgamma = dgamma.defined();
     const int nt = g.numel() >= kParallelGrain ? cpu_threads() : 1;
-    std::vector<T> partial(want_dgamma ? size_t(nt * c) : 0, T(0));
-#pragma omp parallel num_threads(nt)
-    {
-      T* acc = want_dgamma ? partial.data() + omp_get_thread_num() * c : nullptr;
-#pragma omp for schedule(static)
-      for (int64_t r = 0; r < rows; ++r) {
+    // dgamma's partial sums per block of the cut's rows, added pairwise (Note [Cutting the rows]).
+    const Cut cut = vector_sum_cut(rows, c);
+    const int64_t blocks = cut.blocks(rows);
+    std::vector<T> partial(want_dgamma ? size_t(blocks * c) : 0, T(0));
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      T* acc = want_dgamma ? partial.data() + blk * c : nullptr;
+      for (int64_t r = blk * cut.block; r < std::min(rows, (blk + 1) * cut.block); ++r) {
         const T* gr = pg + r * c;
         const T* xr = px + r * c;
         if (pdx) {
@@ -80,14 +83,7 @@ void channel_scale_backward(const Tensor& g, const Tensor& x, const Tensor& gamm
         }
       }
     }
-    if (want_dgamma) {
-      T* pd = dgamma.data<T>();
-      for (int64_t j = 0; j < c; ++j) {
-        T s = 0;
-        for (int t = 0; t < nt; ++t) s += partial[size_t(t * c + j)];
-        pd[j] = s;
-      }
-    }
+    if (want_dgamma) pairwise_sum(partial.data(), blocks, c, c, dgamma.data<T>());
   });
 }
 

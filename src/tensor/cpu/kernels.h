@@ -50,14 +50,8 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor
 void linear_backward(const Tensor& gy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db);
 
 // The MLP's fused epilogues (Note [Fused epilogues on the CPU], linear_fused.cpp). Rows go in tiles of
-// `tile` rows (0: fused_tile_rows's choice); bias may be undefined (zero); any gradient may be undefined.
-// Rows per tile for rows of `row_bytes` (inputs and outputs a tile touches) and a weight of `weight_bytes`
-// on `threads` threads. Measured (bench_kernels block_mlp/fused_tileN, Note [Fused epilogues on the CPU]):
-// 256-1024 rows per tile were fastest at ConvNeXt-T's first stage and atto's, i.e. 0.4-1.4 MiB; 1 MiB is half
-// this Xeon's L2.
-inline constexpr int64_t kFusedTileBytes = int64_t(1) << 20;
-int64_t fused_tile_rows(int64_t rows, int64_t row_bytes, int64_t weight_bytes, int threads,
-                        int64_t budget_bytes = kFusedTileBytes);
+// `tile` rows (0: row_tile's choice, row_tiles.h; rounded up to a multiple of kVectorSumRows); bias may be
+// undefined (zero); any gradient may be undefined.
 // x: (M, in), w: (out, in), bias: (out) -> h = x w^T + bias (kept for backward), y = gelu(h): (M, out).
 void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& h, Tensor& y,
                          int64_t tile = 0);

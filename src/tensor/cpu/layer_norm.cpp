@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tensor/cpu/kernels.h"
+#include "tensor/cpu/row_tiles.h"
 #include "tensor/cpu/simd.h"
 #include "tensor/parallel.h"
 
@@ -103,14 +104,16 @@ void backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Ten
   T* pdx = dx.defined() ? dx.data<T>() : nullptr;
   const bool want_dw = dweight.defined(), want_db = dbias.defined();
   const int nt = x.numel() >= kParallelGrain ? cpu_threads() : 1;
-  // Per-thread partial sums for the parameter gradients: dweight in [0, C), dbias in [C, 2C).
-  std::vector<T> partial(want_dw || want_db ? size_t(nt) * size_t(2 * C) : 0, T(0));
-#pragma omp parallel num_threads(nt)
-  {
-    T* acc_w = want_dw ? partial.data() + size_t(omp_get_thread_num()) * size_t(2 * C) : nullptr;
-    T* acc_b = want_db ? partial.data() + size_t(omp_get_thread_num()) * size_t(2 * C) + C : nullptr;
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
+  // The parameter gradients' partial sums per block of the cut's rows, added pairwise (Note [Cutting the
+  // rows]): dweight in [0, C), dbias in [C, 2C).
+  const Cut cut = vector_sum_cut(rows, C);
+  const int64_t blocks = cut.blocks(rows);
+  std::vector<T> partial(want_dw || want_db ? size_t(blocks) * size_t(2 * C) : 0, T(0));
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    T* acc_w = want_dw ? partial.data() + size_t(blk) * size_t(2 * C) : nullptr;
+    T* acc_b = want_db ? partial.data() + size_t(blk) * size_t(2 * C) + C : nullptr;
+    for (int64_t r = blk * cut.block; r < std::min(rows, (blk + 1) * cut.block); ++r) {
       const T* xr = px + r * C;
       const T* gr = pg + r * C;
       const T mu = pm[r], rs = pr[r];
@@ -145,17 +148,10 @@ void backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Ten
       });
     }
   }
-  T* dw = want_dw ? dweight.data<T>() : nullptr;
-  T* db = want_db ? dbias.data<T>() : nullptr;
-  for (int64_t c = 0; c < C; ++c) {
-    T sw = 0, sb = 0;
-    for (int t = 0; t < nt; ++t) {
-      sw += partial.empty() ? T(0) : partial[size_t(t) * size_t(2 * C) + size_t(c)];
-      sb += partial.empty() ? T(0) : partial[size_t(t) * size_t(2 * C) + size_t(C + c)];
-    }
-    if (dw) dw[c] = sw;
-    if (db) db[c] = sb;
-  }
+  if (partial.empty()) return;
+  pairwise_sum(partial.data(), blocks, 2 * C, 2 * C, partial.data());
+  if (want_dw) std::copy_n(partial.data(), C, dweight.data<T>());
+  if (want_db) std::copy_n(partial.data() + C, C, dbias.data<T>());
 }
 
 }  // namespace

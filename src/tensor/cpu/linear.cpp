@@ -1,6 +1,6 @@
-// GEMM-based kernels: matmul and linear forward/backward (blas.h's GEMM).
-#include "tensor/cpu/blas.h"
+// GEMM-based kernels: matmul and linear forward/backward, cut as Note [Cutting the rows] says.
 #include "tensor/cpu/kernels.h"
+#include "tensor/cpu/row_tiles.h"
 
 namespace cz::cpu {
 
@@ -8,7 +8,7 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out) {
   visit_float(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-    gemm<T>(false, false, m, n, k, T(1), a.data<T>(), k, b.data<T>(), n, T(0), out.data<T>(), n);
+    gemm_rows<T>(false, m, n, k, T(1), a.data<T>(), k, b.data<T>(), n, T(0), out.data<T>(), n);
   });
 }
 
@@ -25,7 +25,7 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor
         for (int64_t j = 0; j < out; ++j) py[r * out + j] = pb[j];
       beta = T(1);
     }
-    gemm<T>(false, true, m, out, in, T(1), x.data<T>(), in, w.data<T>(), in, beta, py, out);
+    gemm_rows<T>(true, m, out, in, T(1), x.data<T>(), in, w.data<T>(), in, beta, py, out);
   });
 }
 
@@ -34,8 +34,7 @@ void linear_backward(const Tensor& gy, const Tensor& x, const Tensor& w, Tensor&
     using T = decltype(tag);
     const int64_t m = x.size(0), in = x.size(1), out = w.size(0);
     const T* pg = gy.data<T>();
-    if (dx.defined())
-      gemm<T>(false, false, m, in, out, T(1), pg, out, w.data<T>(), in, T(0), dx.data<T>(), in);
+    if (dx.defined()) gemm_rows<T>(false, m, in, out, T(1), pg, out, w.data<T>(), in, T(0), dx.data<T>(), in);
     weight_and_bias_grad<T>(pg, x.data<T>(), m, in, out, dw.defined() ? dw.data<T>() : nullptr,
                             db.defined() ? db.data<T>() : nullptr);
   });

@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "tensor/cpu/blas.h"
 #include "tensor/cpu/gelu.h"
 #include "tensor/cpu/kernels.h"
+#include "tensor/cpu/row_tiles.h"
 #include "tensor/cpu/simd.h"
 
 // Note [Fused epilogues on the CPU]
@@ -15,25 +15,22 @@
 // residual_scale_add reads fc2's output and the residual and writes the block's output. Backward mirrors it
 // (channel_scale_backward, fc2's GEMMs and column sums, gelu_backward, fc1's). At atto's first stage a
 // (8192 x 160) f32 activation is 5 MiB, more than a core's L2: each pass streams it from L3 or memory.
-// Here the rows are split into tiles, spread over the OpenMP threads; each thread runs cz::cpu::gemm on its
-// tile (from inside the parallel region the library runs it on the calling thread) and applies the epilogue
-// right away, while the tile's output is still in its core's cache: the bias and GELU (forward fc1), the
-// bias, gamma and residual (forward fc2); in backward the elementwise part (GELU's derivative, or gamma) with
-// the bias and gamma gradients' column sums, then the input gradient's GEMM on the same tile. The weight
-// gradient sums over all rows: where the weight is small against the rows (split_rows_for_weight_grad) each
-// thread accumulates its own partial over its tiles too, else one library GEMM over all rows follows the
-// tiled pass. Partial sums are added in thread order: deterministic for a given thread count. What is saved
-// for backward is what the unfused ops saved (fc1's input and pre-activation, fc2's input and output before
-// gamma), so the memory plan is unchanged, and on CUDA the same ops compose the existing kernels.
-// Tile size (fused_tile_rows): bench_kernels' block_mlp/fused_tileN sweep (one thread, on a loaded 2-core
-// Xeon with 2 MiB of L2 per core) was fastest at 256-1024 rows at ConvNeXt-T's first stage and atto's
-// (32 rows: +20%), so tiles fill 1 MiB, at least 128 rows. Each tile's GEMM packs the whole weight again, and
-// at ConvNeXt-T's last stages (weights of 2.3 and 9 MiB) 37-row tiles made the forward 50% slower than
-// unfused; where the weight exceeds the budget each thread takes one tile. What it saves, measured the same
-// way (block_mlp fused vs unfused, forward + backward): 8% and 5% at ConvNeXt-T's first two stages, nothing
-// at its last two, and atto's stages were 0-4% slower: their activations (at most 5 MiB) stay in this
-// machine's large L3, and most of GELU's pass is its arithmetic, which fusing does not remove
-// (docs/performance.md).
+// Here the rows are split into tiles (the cut of Note [Cutting the rows]), spread over the OpenMP threads;
+// each thread runs cz::cpu::gemm on its tile (from inside the parallel region the library runs it on the
+// calling thread) and applies the epilogue right away, while the tile's output is still in its core's cache:
+// the bias and GELU (forward fc1), the bias, gamma and residual (forward fc2); in backward the elementwise
+// part (GELU's derivative, or gamma) with the bias and gamma gradients' column sums (by the cut's blocks,
+// added pairwise), then the input gradient's GEMM on the same tile; the weight gradient is one weight_grad
+// over the tiled pass's output. What is saved for backward is what the unfused ops saved (fc1's input and
+// pre-activation, fc2's input and output before gamma), so the memory plan is unchanged, and on CUDA the same
+// ops compose the existing kernels. Tile size: bench_kernels' block_mlp/fused_tileN sweep (one thread, on a
+// loaded 2-core Xeon with 2 MiB of L2 per core) was fastest at 256-1024 rows at ConvNeXt-T's first stage and
+// atto's (32 rows: +20%); the fast cut's tiles fill 1 MiB, at least 128 rows, and where the weight exceeds it
+// (ConvNeXt-T's last stages: 2.3 and 9 MiB; 37-row tiles made the forward 50% slower, each tile packing the
+// weight again) each thread takes one tile of its share. What fusing saves, measured the same way (block_mlp
+// fused vs unfused, forward + backward): 8% and 5% at ConvNeXt-T's first two stages, nothing at its last two,
+// and atto's stages were 0-4% slower: their activations (at most 5 MiB) stay in this machine's large L3, and
+// most of GELU's pass is its arithmetic, which fusing does not remove (docs/performance.md).
 namespace cz::cpu {
 namespace {
 
@@ -41,64 +38,32 @@ using simd::for_blocks;
 using simd::load;
 using simd::store;
 
-int threads_for(int64_t m, int64_t cols) {
-  return m * cols >= kParallelGrain ? cpu_threads() : 1;
-}
-
-// Tiles of `tile` rows over [0, m); each thread gets a contiguous run of tiles (schedule static) and calls
-// f(thread, r0, r1) for each. Threads with no tile call nothing.
-template <class F>
-void for_tiles(int64_t m, int64_t tile, int nt, F&& f) {
-  const int64_t tiles = (m + tile - 1) / tile;
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num();
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < tiles; ++b) f(t, b * tile, std::min(m, (b + 1) * tile));
-  }
-}
-
-// dst[0, count) = the sum of each thread's partial at `offset` of its `stride` elements of acc, added in
-// thread order (deterministic for a given thread count).
+// The cut (Note [Cutting the rows]) of m rows for GEMMs of n x k whose tiles touch `row_bytes` per row;
+// `tile` > 0 forces the tile (tests, the tile sweep).
 template <class T>
-void sum_partials(const std::vector<T>& acc, int nt, int64_t stride, int64_t offset, int64_t count, T* dst) {
-  std::copy_n(acc.data() + offset, count, dst);
-  for (int t = 1; t < nt; ++t) {
-    const T* part = acc.data() + size_t(t) * size_t(stride) + size_t(offset);
-#pragma omp simd
-    for (int64_t i = 0; i < count; ++i) dst[i] += part[i];
-  }
+Cut mlp_cut(int64_t m, int64_t n, int64_t k, int64_t row_bytes, int64_t tile) {
+  const int64_t sz = int64_t(sizeof(T));
+  return fused_cut(m, n, k, row_bytes * sz, n * k * sz, sz, tile);
 }
 
-// Backward common to both ops. `epi(r0, r1, acc)` writes the GEMM's left operand G (m x out) for rows
-// [r0, r1) and adds those rows' column sums into the thread's accumulators acc[0..extra*out); then dx's rows
-// (G W) and, when split, the thread's partial dW (G^T x) are computed on the same tile. Column sums land in
-// sums (extra rows of out).
+// Backward common to both ops. `epi(r0, r1, acc)` writes the GEMMs' left operand G (m x out) for rows
+// [r0, r1) (within one block of the cut) and adds those rows' column sums into acc[0..extra*out); then dx's
+// rows (G W) are computed on the tile. Column sums land in sums (extra rows of out); the weight gradient is
+// G^T x over all rows (weight_grad).
 template <class T, class Epi>
 void tiled_backward(int64_t m, int64_t in, int64_t out, const T* x, const T* w, const T* g_op, T* dx, T* dw,
                     int extra, T* const* sums, int64_t tile, Epi&& epi) {
-  const int nt = threads_for(m, std::max(in, out));
-  const bool split = dw && split_rows_for_weight_grad(m, in, out, nt);
-  if (tile <= 0)
-    tile = fused_tile_rows(m, (in + out) * int64_t(sizeof(T)), in * out * int64_t(sizeof(T)), nt);
-  const int64_t stride = extra * out + (split ? out * in : 0);
-  std::vector<T> acc(size_t(nt) * size_t(stride), T(0));
-  for_tiles(m, tile, nt, [&](int t, int64_t r0, int64_t r1) {
-    T* a = acc.data() + size_t(t) * size_t(stride);
-    epi(r0, r1, a);
-    const T* gt = g_op + r0 * out;
-    if (dx) gemm<T>(false, false, r1 - r0, in, out, T(1), gt, out, w, in, T(0), dx + r0 * in, in);
-    if (split)
-      gemm<T>(true, false, out, in, r1 - r0, T(1), gt, out, x + r0 * in, in, T(1), a + extra * out, in);
+  const Cut cut = mlp_cut<T>(m, in, out, in + out, tile);
+  BlockSums<T> acc(cut, m, extra * out);
+  for_tiles(m, cut, [&](int64_t r0, int64_t r1) {
+    for_blocks_in(r0, r1, cut.block, [&](int64_t b0, int64_t b1) { epi(b0, b1, acc.at(b0)); });
+    if (dx)
+      gemm<T>(false, false, r1 - r0, in, out, T(1), g_op + r0 * out, out, w, in, T(0), dx + r0 * in, in);
   });
-  for (int e = 0; e < extra; ++e)
-    if (sums[e]) sum_partials(acc, nt, stride, e * out, out, sums[e]);
-  if (!dw) return;
-  if (split) {
-    sum_partials(acc, nt, stride, extra * out, out * in, dw);
-  } else {
-    gemm<T>(true, false, out, in, m, T(1), g_op, out, x, in, T(0), dw, in);
-  }
+  int64_t offset[2], count[2];
+  for (int e = 0; e < extra; ++e) offset[e] = e * out, count[e] = out;
+  acc.finish(sums, offset, count, extra);
+  if (dw) weight_grad<T>(g_op, x, m, in, out, dw);
 }
 
 // The forward epilogues, on `n` rows of a tile (rows of `cols`, dense). fc1's: h gets the bias added and
@@ -144,25 +109,6 @@ void bias_scale_residual_rows(T* y, const T* residual, T* out, int64_t n, int64_
 
 }  // namespace
 
-int64_t fused_tile_rows(int64_t rows, int64_t row_bytes, int64_t weight_bytes, int threads,
-                        int64_t budget_bytes) {
-  // Each tile's GEMM packs the whole weight again. A weight larger than the budget (ConvNeXt-T's last two
-  // stages: 2.3 and 9 MiB) comes from memory each time, so there every thread takes one tile of its share of
-  // the rows: the GEMMs are as big as they can be, and the epilogue runs on rows the thread has just written.
-  // Otherwise tiles fill the budget, at least kMinRows (the sweep's smaller tiles lost up to 20%).
-  constexpr int64_t kMinRows = 128;
-  const int64_t share = (rows + threads - 1) / std::max(1, threads);
-  int64_t tile = share;
-  if (weight_bytes <= budget_bytes)
-    tile = std::min(share, std::max<int64_t>(kMinRows, budget_bytes / std::max<int64_t>(1, row_bytes)));
-  tile = std::max<int64_t>(1, std::min(tile, rows));
-  // Even out the tiles: as many as the budget asks, rounded up to a multiple of the threads, all of one size
-  // (12 tiles of 728 rows with a short last one gave one of 2 threads 14% more rows than the other).
-  const int64_t per = std::max<int64_t>(1, threads);
-  const int64_t tiles = ((rows + tile - 1) / tile + per - 1) / per * per;
-  return std::max<int64_t>(1, (rows + tiles - 1) / tiles);
-}
-
 void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& h, Tensor& y,
                          int64_t tile) {
   visit_float(y.dtype(), [&](auto tag) {
@@ -173,10 +119,7 @@ void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, T
     const T* pb = bias.defined() ? bias.data<T>() : nullptr;
     T* ph = h.data<T>();
     T* py = y.data<T>();
-    const int nt = threads_for(m, out);
-    if (tile <= 0)
-      tile = fused_tile_rows(m, (in + 2 * out) * int64_t(sizeof(T)), in * out * int64_t(sizeof(T)), nt);
-    for_tiles(m, tile, nt, [&](int, int64_t r0, int64_t r1) {
+    for_tiles(m, mlp_cut<T>(m, out, in, in + 2 * out, tile), [&](int64_t r0, int64_t r1) {
       gemm<T>(false, true, r1 - r0, out, in, T(1), px + r0 * in, in, pw, in, T(0), ph + r0 * out, out);
       bias_gelu_rows(ph + r0 * out, py + r0 * out, r1 - r0, out, pb);
     });
@@ -229,10 +172,7 @@ void linear_scale_residual_forward(const Tensor& x, const Tensor& w, const Tenso
     const T* pr = residual.data<T>();
     T* py = y.data<T>();
     T* po = out.data<T>();
-    const int nt = threads_for(m, in);
-    if (tile <= 0)
-      tile = fused_tile_rows(m, (in + 3 * nout) * int64_t(sizeof(T)), in * nout * int64_t(sizeof(T)), nt);
-    for_tiles(m, tile, nt, [&](int, int64_t r0, int64_t r1) {
+    for_tiles(m, mlp_cut<T>(m, nout, in, in + 3 * nout, tile), [&](int64_t r0, int64_t r1) {
       gemm<T>(false, true, r1 - r0, nout, in, T(1), px + r0 * in, in, pw, in, T(0), py + r0 * nout, nout);
       bias_scale_residual_rows(py + r0 * nout, pr + r0 * nout, po + r0 * nout, r1 - r0, nout, pb, pgam);
     });
@@ -279,26 +219,14 @@ void linear_scale_residual_backward(const Tensor& g, const Tensor& x, const Tens
 // with only the pre-activation h and fc2's output before gamma written out for backward; in backward, per
 // tile, gamma's pass and its column sums, GELU's output and derivative recomputed from h, fc2's weight
 // gradient and input gradient, GELU's input gradient with fc1's bias sums, and fc1's input and weight
-// gradients. Weight and bias gradients are per-thread partial sums over the thread's tiles, added in thread
-// order. At atto's first stage (batch 32) a block's branch moves about 21 MB through memory, forward and
+// gradients. Weight gradients are partial sums over blocks of whole tiles (each block's tiles in order on one
+// thread), bias and gamma gradients over the cut's blocks, both added pairwise (Note [Cutting the rows]). At
+// atto's first stage (batch 32) a block's branch moves about 21 MB through memory, forward and
 // backward, instead of 53, and keeps 4C + C values per row for backward instead of 4C + 4C + C. Measured
 // (bench_train_step --profile, atto 64 px batch 32, 2 threads, a 2-core Xeon): the four blocks' MLP ops went
 // from 20.4 to 18.3 ms a step (forward 7.7 -> 6.2, backward 12.7 -> 12.1: backward's GEMMs and its GELU
 // recomputation are most of it), the step's peak from 0.14 to 0.12 GiB, ConvNeXt-T's (224 px, batch 16)
 // from 2.10 to 1.88 GiB.
-namespace {
-
-// Per-thread scratch of at least n elements in slot `slot`: a tile's intermediates, kept between calls.
-template <class T>
-T* tile_scratch(int slot, size_t n) {
-  thread_local std::vector<T> buffers[4];
-  std::vector<T>& b = buffers[slot];
-  if (b.size() < n) b.resize(n);
-  return b.data();
-}
-
-}  // namespace
-
 void mlp_scale_residual_forward(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
                                 const Tensor& b2, const Tensor& gamma, const Tensor& residual, Tensor& h,
                                 Tensor& y2, Tensor& out, int64_t tile) {
@@ -315,14 +243,12 @@ void mlp_scale_residual_forward(const Tensor& x, const Tensor& w1, const Tensor&
     T* ph = h.defined() ? h.data<T>() : nullptr;
     T* py2 = y2.defined() ? y2.data<T>() : nullptr;
     T* po = out.data<T>();
-    const int nt = threads_for(m, hid);
-    if (tile <= 0)
-      tile = fused_tile_rows(m, (4 * c + 2 * hid) * int64_t(sizeof(T)), 2 * c * hid * int64_t(sizeof(T)), nt);
-    for_tiles(m, tile, nt, [&](int, int64_t r0, int64_t r1) {
+    const Cut cut = mlp_cut<T>(m, hid, c, 4 * c + 2 * hid, tile);
+    for_tiles(m, cut, [&](int64_t r0, int64_t r1) {
       const int64_t n = r1 - r0;
-      T* ht = ph ? ph + r0 * hid : tile_scratch<T>(0, size_t(tile * hid));
-      T* yt = tile_scratch<T>(1, size_t(tile * hid));
-      T* zt = py2 ? py2 + r0 * c : tile_scratch<T>(2, size_t(tile * c));
+      T* ht = ph ? ph + r0 * hid : tile_scratch<T>(0, size_t(cut.tile * hid));
+      T* yt = tile_scratch<T>(1, size_t(cut.tile * hid));
+      T* zt = py2 ? py2 + r0 * c : tile_scratch<T>(2, size_t(cut.tile * c));
       gemm<T>(false, true, n, hid, c, T(1), px + r0 * c, c, pw1, c, T(0), ht, hid);
       bias_gelu_rows(ht, yt, n, hid, pb1);
       gemm<T>(false, true, n, c, hid, T(1), yt, hid, pw2, hid, T(0), zt, c);
@@ -348,73 +274,85 @@ void mlp_scale_residual_backward(const Tensor& g, const Tensor& x, const Tensor&
     T* pdx = dx.defined() ? dx.data<T>() : nullptr;
     // fc1's gradients need GELU's input gradient; fc2's weight gradient the recomputed GELU output.
     const bool fc1 = pdx || dw1.defined() || db1.defined();
-    const int nt = threads_for(m, hid);
-    if (tile <= 0)
-      tile = fused_tile_rows(m, (4 * c + 4 * hid) * int64_t(sizeof(T)), 2 * c * hid * int64_t(sizeof(T)), nt);
-    // Each thread's partial sums: db2 and dgamma (c each), db1 (hid), dw2 (c x hid), dw1 (hid x c).
-    const int64_t o_dg = c, o_db1 = 2 * c, o_dw2 = 2 * c + hid, o_dw1 = o_dw2 + c * hid;
-    const int64_t stride = o_dw1 + hid * c;
-    std::vector<T> acc(size_t(nt) * size_t(stride), T(0));
-    for_tiles(m, tile, nt, [&](int t, int64_t r0, int64_t r1) {
-      const int64_t n = r1 - r0;
-      T* a = acc.data() + size_t(t) * size_t(stride);
-      T* gb = tile_scratch<T>(0, size_t(tile * c));
-      T* yt = tile_scratch<T>(1, size_t(tile * hid));
-      T* dt = tile_scratch<T>(2, size_t(tile * hid));
-      T* gh = tile_scratch<T>(3, size_t(tile * hid));
-      // gamma: the branch's gradient g * gamma, with fc2's bias and gamma's column sums.
-      for (int64_t r = 0; r < n; ++r) {
-        const T* gr = pg + (r0 + r) * c;
-        const T* zr = py2 + (r0 + r) * c;
-        T* o = gb + r * c;
-        T* adb2 = a;
-        T* adg = a + o_dg;
+    const Cut cut = mlp_cut<T>(m, hid, c, 4 * c + 4 * hid, tile);
+    // The weight gradients by blocks of whole tiles, each block's tiles in order on one thread, a block's
+    // partial holding dw2 (c x hid), then dw1 (hid x c); the column sums by the cut's blocks: db2 and dgamma
+    // (c each), then db1 (hid). Both added pairwise (Note [Cutting the rows]).
+    const int64_t wvals = 2 * c * hid, o_dw1 = c * hid, o_dg = c, o_db1 = 2 * c;
+    const int64_t block = grad_block_of_tiles(cut, wvals);
+    const int64_t blocks = std::max<int64_t>(1, (m + block - 1) / block);
+    std::vector<T> wparts(dw1.defined() || dw2.defined() ? size_t(blocks * wvals) : 0);
+    BlockSums<T> sums(cut, m, 2 * c + hid);
+    const int64_t t = cut.tile;
+    for_each_item(
+        blocks,
+        [&](int64_t bi) {
+          T* wp = wparts.empty() ? nullptr : wparts.data() + bi * wvals;
+          for (int64_t r0 = bi * block; r0 < std::min(m, (bi + 1) * block); r0 += t) {
+            const int64_t n = std::min(t, m - r0);
+            const T beta = r0 == bi * block ? T(0) : T(1);  // the block's first tile starts its partial
+            T* gb = tile_scratch<T>(0, size_t(t * c));
+            T* yt = tile_scratch<T>(1, size_t(t * hid));
+            T* dt = tile_scratch<T>(2, size_t(t * hid));
+            T* gh = tile_scratch<T>(3, size_t(t * hid));
+            // gamma: the branch's gradient g * gamma, with fc2's bias and gamma's column sums.
+            for (int64_t r = 0; r < n; ++r) {
+              const T* gr = pg + (r0 + r) * c;
+              const T* zr = py2 + (r0 + r) * c;
+              T* o = gb + r * c;
+              T* adb2 = sums.at(r0 + r);
+              T* adg = adb2 + o_dg;
 #pragma omp simd
-        for (int64_t j = 0; j < c; ++j) {
-          const T v = gr[j] * pgam[j];
-          o[j] = v;
-          adb2[j] += v;
-          adg[j] += gr[j] * zr[j];
-        }
-      }
-      // GELU's output and derivative at h, again.
-      for (int64_t r = 0; r < n; ++r) {
-        const T* hr = ph + (r0 + r) * hid;
-        T* yr = yt + r * hid;
-        T* dr = dt + r * hid;
-        if constexpr (std::is_same_v<T, double>) {
-          for (int64_t j = 0; j < hid; ++j) gelu_math::gelu_and_grad(hr[j], yr[j], dr[j]);
-        } else {
-          for_blocks<T>(0, hid, [&](auto vt, int64_t j) {
-            using V = decltype(vt);
-            V yv, dv;
-            gelu_math::gelu_and_grad(load<V>(hr + j), yv, dv);
-            store(yr + j, yv);
-            store(dr + j, dv);
-          });
-        }
-      }
-      if (dw2.defined()) gemm<T>(true, false, c, hid, n, T(1), gb, c, yt, hid, T(1), a + o_dw2, hid);
-      if (!fc1) return;
-      gemm<T>(false, false, n, hid, c, T(1), gb, c, pw2, hid, T(0), gh, hid);
-      for (int64_t r = 0; r < n; ++r) {
-        T* o = gh + r * hid;
-        const T* dr = dt + r * hid;
+              for (int64_t j = 0; j < c; ++j) {
+                const T v = gr[j] * pgam[j];
+                o[j] = v;
+                adb2[j] += v;
+                adg[j] += gr[j] * zr[j];
+              }
+            }
+            // GELU's output and derivative at h, again.
+            for (int64_t r = 0; r < n; ++r) {
+              const T* hr = ph + (r0 + r) * hid;
+              T* yr = yt + r * hid;
+              T* dr = dt + r * hid;
+              if constexpr (std::is_same_v<T, double>) {
+                for (int64_t j = 0; j < hid; ++j) gelu_math::gelu_and_grad(hr[j], yr[j], dr[j]);
+              } else {
+                for_blocks<T>(0, hid, [&](auto vt, int64_t j) {
+                  using V = decltype(vt);
+                  V yv, dv;
+                  gelu_math::gelu_and_grad(load<V>(hr + j), yv, dv);
+                  store(yr + j, yv);
+                  store(dr + j, dv);
+                });
+              }
+            }
+            if (dw2.defined()) gemm<T>(true, false, c, hid, n, T(1), gb, c, yt, hid, beta, wp, hid);
+            if (!fc1) continue;
+            gemm<T>(false, false, n, hid, c, T(1), gb, c, pw2, hid, T(0), gh, hid);
+            for (int64_t r = 0; r < n; ++r) {
+              T* o = gh + r * hid;
+              const T* dr = dt + r * hid;
 #pragma omp simd
-        for (int64_t j = 0; j < hid; ++j) o[j] *= dr[j];
-      }
-      add_column_sums(gh, n, hid, a + o_db1);
-      if (pdx) gemm<T>(false, false, n, c, hid, T(1), gh, hid, pw1, c, T(0), pdx + r0 * c, c);
-      if (dw1.defined()) gemm<T>(true, false, hid, c, n, T(1), gh, hid, px + r0 * c, c, T(1), a + o_dw1, c);
-    });
-    const auto total = [&](Tensor& dst, int64_t offset, int64_t count) {
-      if (dst.defined()) sum_partials(acc, nt, stride, offset, count, dst.data<T>());
-    };
-    total(db2, 0, c);
-    total(dgamma, o_dg, c);
-    total(db1, o_db1, hid);
-    total(dw2, o_dw2, c * hid);
-    total(dw1, o_dw1, hid * c);
+              for (int64_t j = 0; j < hid; ++j) o[j] *= dr[j];
+            }
+            for_blocks_in(r0, r0 + n, cut.block, [&](int64_t b0, int64_t b1) {
+              add_column_sums(gh + (b0 - r0) * hid, b1 - b0, hid, sums.at(b0) + o_db1);
+            });
+            if (pdx) gemm<T>(false, false, n, c, hid, T(1), gh, hid, pw1, c, T(0), pdx + r0 * c, c);
+            if (dw1.defined())
+              gemm<T>(true, false, hid, c, n, T(1), gh, hid, px + r0 * c, c, beta, wp + o_dw1, c);
+          }
+        },
+        cut.library_threads);
+    T* dst[3] = {db2.defined() ? db2.data<T>() : nullptr, dgamma.defined() ? dgamma.data<T>() : nullptr,
+                 db1.defined() ? db1.data<T>() : nullptr};
+    const int64_t offset[3] = {0, o_dg, o_db1}, count[3] = {c, c, hid};
+    sums.finish(dst, offset, count, 3);
+    if (wparts.empty()) return;
+    pairwise_sum(wparts.data(), blocks, wvals, wvals, wparts.data());
+    if (dw2.defined()) std::copy_n(wparts.data(), c * hid, dw2.data<T>());
+    if (dw1.defined()) std::copy_n(wparts.data() + o_dw1, hid * c, dw1.data<T>());
   });
 }
 
