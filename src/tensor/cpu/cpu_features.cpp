@@ -66,8 +66,9 @@ bool hidden(const std::string& disable, const char* name) {
 
 }  // namespace
 
-CpuFeatures detect_cpu_features(const std::string& disable) {
+CpuFeatures detect_cpu_features(const std::string& disable, bool emulate_bf16) {
   CpuFeatures f;
+  f.bf16_emulated = emulate_bf16;
   f.model = brand();
   const Regs l1 = cpuid(1, 0);
   const bool osxsave = bit(l1.c, 27);
@@ -88,12 +89,14 @@ CpuFeatures detect_cpu_features(const std::string& disable) {
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = [] {
     const char* d = std::getenv("CZ_CPU_DISABLE");
-    return detect_cpu_features(d ? d : "");
+    const char* e = std::getenv("CZ_CPU_BF16_EMULATE");
+    return detect_cpu_features(d ? d : "", e && std::string(e) == "1");
   }();
   return f;
 }
 
 std::string bf16_isa(const CpuFeatures& f) {
+  if (f.bf16_emulated) return "emulated";
   if (f.amx_bf16) return "AMX-BF16";
   return f.avx512_bf16 ? "AVX512_BF16" : "";
 }

@@ -26,11 +26,13 @@
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "tensor/check.h"
 #include "tensor/cpu/cpu_features.h"
+#include "tensor/cpu/gemm_choice.h"
 #include "tensor/parallel.h"
 
 namespace cz::cpu {
@@ -241,6 +243,32 @@ void run(const Matmul& mm, void* a, void* b, float* c, ThreadState& t) {
   dnnl_ok(s, "primitive_execute");
 }
 
+// CZ_CPU_BF16_EMULATE=1 (cpu_features.h): op(A) and op(B) rounded to bf16 and widened back to f32, then the
+// f32 GEMM of the shape's library. A bf16 x bf16 product is exact in f32, so this is the bf16 GEMM up to the
+// order of its f32 sums, on any CPU.
+void rounded_copy(const float* x, int64_t rows, int64_t cols, int64_t ld, float* y) {
+  thread_local std::vector<uint16_t> bits;
+  bits.resize(size_t(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    round_to_bf16(x + r * ld, bits.data(), cols);
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint32_t u = uint32_t(bits[size_t(c)]) << 16;
+      std::memcpy(y + r * ld + c, &u, 4);
+    }
+  }
+}
+
+void gemm_emulated(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  thread_local std::vector<float> ra, rb;
+  const int64_t arows = ta ? k : m, brows = tb ? n : k;
+  ra.resize(size_t(arows * lda));
+  rb.resize(size_t(brows * ldb));
+  rounded_copy(a, arows, ta ? m : k, lda, ra.data());
+  rounded_copy(b, brows, tb ? k : n, ldb, rb.data());
+  sgemm(ta, tb, m, n, k, alpha, ra.data(), lda, rb.data(), ldb, beta, c, ldc);
+}
+
 }  // namespace
 
 void round_to_bf16(const float* x, uint16_t* y, int64_t n) {
@@ -262,6 +290,8 @@ void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
+  if (cpu_features().bf16_emulated)
+    return gemm_emulated(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   const bool nested = omp_in_parallel() != 0, dense = ldc == n;
   // A padded C (no caller of ours has one) goes through a dense one, with alpha and beta applied after.
   const Matmul& mm = matmul_for(Key{m, n, k, dense ? alpha : 1.0f, dense ? beta : 0.0f, nested});
@@ -292,6 +322,9 @@ void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
 std::string bf16_gemm_engine() {
   const CpuFeatures& f = cpu_features();
   require_bf16(f);
+  if (f.bf16_emulated)
+    return fmt::format("emulated (f32 GEMMs of bf16-rounded operands on {}, CZ_CPU_BF16_EMULATE=1)",
+                       gemm_library_name(gemm_library_for({false, true, 256, 256, 256})));
   const Matmul& mm = matmul_for(Key{256, 256, 256, 1.0f, 0.0f, false});
   const dnnl_version_t* v = dnnl_version();
   return fmt::format("{} (oneDNN {}.{}.{} {})", bf16_isa(f), v->major, v->minor, v->patch, mm.impl);
