@@ -93,12 +93,13 @@ struct TrainConfig {
   std::string device = "cpu";         // cpu | cuda
   bool tf32 = false;                  // CUDA: TF32 tensor cores for fp32 matmuls
   std::string cpu_gemm = "onednn";    // auto | openblas | onednn | blis | libxsmm (Note [CPU GEMM libraries])
-  std::string cuda_graphs = "auto";   // auto | on | off (Note [CUDA graphs for the step], graph_plan.h)
-  std::string log;                    // JSON-lines log file
-  std::string tensorboard;            // TensorBoard event files of the log's scalars (rank 0)
-  bool comms_table = false;           // the run's collectives by kind and size at its end (comms_table.h)
-  std::string trace;                  // Chrome Trace Event JSON of the steps in trace_steps (trace_writer.h)
-  std::string trace_steps = "2:3";    // A:B, the first and last step traced (1-based, inclusive)
+  std::string cpu_row_split = "fast";  // fast | fixed | rows:N (Note [Cutting the rows])
+  std::string cuda_graphs = "auto";    // auto | on | off (Note [CUDA graphs for the step], graph_plan.h)
+  std::string log;                     // JSON-lines log file
+  std::string tensorboard;             // TensorBoard event files of the log's scalars (rank 0)
+  bool comms_table = false;            // the run's collectives by kind and size at its end (comms_table.h)
+  std::string trace;                   // Chrome Trace Event JSON of the steps in trace_steps (trace_writer.h)
+  std::string trace_steps = "2:3";     // A:B, the first and last step traced (1-based, inclusive)
   uint64_t seed = 0;
   bool progress = true;             // progress on rank 0's stderr: a bar on a terminal, else plain lines
   double progress_interval_s = 10;  // seconds between plain progress lines

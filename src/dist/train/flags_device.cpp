@@ -13,6 +13,7 @@
 #include "dist/train/trace_writer.h"
 #include "dist/zero/schedule.h"
 #include "tensor/check.h"
+#include "tensor/cpu/row_tiles.h"
 
 namespace cz::train {
 
@@ -75,6 +76,20 @@ std::vector<Flag> device_flags() {
              const std::vector<std::string> ok = cpu_gemm_choices();
              CZ_CHECK(std::find(ok.begin(), ok.end(), c.cpu_gemm) != ok.end(),
                       "{} must be one of {}, got '{}'", f.name, fmt::join(ok, ", "), c.cpu_gemm);
+           },
+       .ranks_agree = true},
+      {.name = "--cpu-row-split",
+       .field = &T::cpu_row_split,
+       .group = kDeviceGroup,
+       .help =
+           "fast | fixed | rows:N: how the CPU kernels cut a batch's rows into GEMM calls and sums (fast: by "
+           "the thread count; fixed: by the layer's shape, the same bits at any thread count; rows:N: "
+           "pieces of N rows, and where N divides every rank's share of every layer, N ranks compute "
+           "what one rank computes bit for bit; slower; docs/training.md)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(cpu::parse_row_split(c.cpu_row_split).has_value(),
+                      "{} must be fast, fixed or rows:N with N >= 1, got '{}'", f.name, c.cpu_row_split);
            },
        .ranks_agree = true},
       {.name = "--cuda-graphs",

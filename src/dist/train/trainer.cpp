@@ -10,6 +10,7 @@
 #include "dist/train/cpu_gemm_setup.h"
 #include "dist/train/flags.h"
 #include "dist/train/param_groups.h"
+#include "tensor/cpu/row_tiles.h"
 
 #include <chrono>
 #include <cmath>
@@ -205,6 +206,15 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
           "choice would be {})",
           flag_name(&TrainConfig::precision), cpu_gemm_note_);
     for (const std::string& w : g.warnings) cpu_gemm_warnings_.push_back("warning: " + w);
+    // Note [Cutting the rows]: process-wide, as the GEMM library; set before any kernel runs.
+    const cpu::RowSplit split = *cpu::parse_row_split(cfg_.cpu_row_split);
+    cpu::set_row_split(split);
+    cpu_gemm_note_ +=
+        fmt::format("; rows cut {} ({} {})",
+                    split.mode == cpu::RowSplitMode::fast    ? "by the thread count"
+                    : split.mode == cpu::RowSplitMode::fixed ? "by each layer's shape"
+                                                             : fmt::format("{} at a time", split.rows),
+                    flag_name(&TrainConfig::cpu_row_split), cfg_.cpu_row_split);
   }
   build_schedule();
   if (!cfg_.resume.empty()) resume(cfg_.resume);

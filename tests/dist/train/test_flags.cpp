@@ -111,6 +111,7 @@ TEST(Flags, RanksAgreeOnTheFlagsTheTrainerChecked) {
                                            "--activation-checkpointing",
                                            "--cuda-graphs",
                                            "--cpu-gemm",
+                                           "--cpu-row-split",
                                            "--trace-steps",
                                            "--drop-path",
                                            "--data",
