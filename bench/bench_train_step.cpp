@@ -55,6 +55,7 @@ struct Flags {
   bool offload_overlap = false;  // --offload-overlap-step
   // The app's --cuda-graphs; off by default, so the figure stays the eager step's, as recorded before graphs.
   std::string cuda_graphs = "off";
+  std::string cpu_row_split = "fast";  // the app's --cpu-row-split (Note [Cutting the rows])
 };
 
 [[noreturn]] void usage(const char* msg) {
@@ -67,7 +68,8 @@ struct Flags {
       "                        [--depthwise-direct] [--no-gemm-epilogues] [--patchify-gemm] [--json FILE]\n"
       "                        [--peak-tflops T] [--profile N] [--stage 0-3] [--offload] "
       "[--offload-overlap-step]\n"
-      "                        [--cuda-graphs auto|on|off (default off)]\n",
+      "                        [--cuda-graphs auto|on|off (default off)] [--cpu-row-split "
+      "fast|fixed|rows:N]\n",
       msg);
   std::exit(2);
 }
@@ -100,6 +102,8 @@ Flags parse(int argc, char** argv) {
       f.tf32 = true;
     else if (a == "--cuda-graphs")
       f.cuda_graphs = value();
+    else if (a == "--cpu-row-split")
+      f.cpu_row_split = value();
     else if (a == "--not-reproducible")
       f.reproducible = false;
     else if (a == "--depthwise-cudnn")
@@ -181,6 +185,7 @@ int run(const Flags& f) {
   c.offload_overlap_step = f.offload_overlap;
   c.progress = false;
   c.cuda_graphs = f.cuda_graphs;
+  c.cpu_row_split = f.cpu_row_split;
   train::Trainer trainer(c, world);
 #if CZ_WITH_CUDA
   std::optional<StreamGuard> stream_guard;
@@ -239,6 +244,8 @@ int run(const Flags& f) {
       "GiB, loss %.4f (%d timed steps after %d warm-up)\n",
       mc.name.c_str(), dw, f.device.c_str(), f.dtype.c_str(), (long long)f.batch, (long long)f.image,
       1e3 * seconds / f.steps, img_s, tflops, peak_gib, last_loss, f.steps, f.warmup);
+  if (f.cpu_row_split != "fast")
+    std::printf("bench_train_step: --cpu-row-split %s\n", f.cpu_row_split.c_str());
   if (f.cuda_graphs != "off")
     std::printf("bench_train_step: CUDA graphs %s; %lld micro-steps and %lld updates replayed\n",
                 trainer.cuda_graph_plan().note().c_str(), (long long)trainer.graph_replays(),
