@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "common/gradcheck.h"
+#include "common/threads.h"
 #include "op_reference.h"
 #include "tensor/autograd/engine.h"
 #include "tensor/cpu/kernels.h"
@@ -19,16 +20,6 @@
 
 namespace cz::testing {
 namespace {
-
-// f() with `n` OpenMP threads, restoring the previous count.
-template <class F>
-auto with_threads(int n, F&& f) {
-  const int prev = omp_get_max_threads();
-  omp_set_num_threads(n);
-  auto r = f();
-  omp_set_num_threads(prev);
-  return r;
-}
 
 struct BigCase {
   const char* name;

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "common/threads.h"
 #include "tensor/cpu/cpu_features.h"
 #include "tensor/cpu/gemm_bf16.h"
 #include "tensor/cpu/gemm_choice.h"
@@ -25,15 +26,7 @@
 namespace cz::cpu {
 namespace {
 
-// f() with `n` OpenMP threads (cpu_threads() follows them), restoring the previous count.
-template <class F>
-auto with_threads(int n, F&& f) {
-  const int prev = omp_get_max_threads();
-  omp_set_num_threads(n);
-  auto r = f();
-  omp_set_num_threads(prev);
-  return r;
-}
+using cz::testing::with_threads;
 
 // The process's cut for a scope.
 class ScopedRowSplit {
