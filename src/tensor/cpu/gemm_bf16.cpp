@@ -103,14 +103,36 @@ struct Matmul {
   std::string impl;
 };
 
-// m, n, k, alpha, beta, and whether it is made inside a parallel region (it may size itself for one thread
-// there). Both operands are packed row-major (round_part) and C is dense (ldc = n) whatever the caller's
-// layout: oneDNN 2.6's AMX matmul takes neither a transposed operand nor a padded output (each falls back to
-// its AVX512_BF16 GEMM, 2-5x slower), while alpha (output scales) and beta (a sum post-op) keep it on AMX.
+// m, n, k, alpha, beta, and whether it runs on one thread: inside a parallel region (a tile of a larger
+// GEMM), or where the process has one thread. Such a primitive is made with OpenMP held to one thread, so
+// that it is the same primitive in both places (oneDNN sizes a primitive's blocking by the threads it sees
+// when it is made), and a tile's rows come out the same in a one-rank run of 2 threads and in a rank of 1
+// (Note [Cutting the rows]). Both operands are packed row-major (round_part) and C is dense (ldc = n)
+// whatever the caller's layout: oneDNN 2.6's AMX matmul takes neither a transposed operand nor a padded
+// output (each falls back to its AVX512_BF16 GEMM, 2-5x slower), while alpha (output scales) and beta (a sum
+// post-op) keep it on AMX.
 using Key = std::tuple<int64_t, int64_t, int64_t, float, float, bool>;
 
+// OpenMP held to one thread on the calling thread for a scope, where `on`.
+class OneThreadScope {
+ public:
+  explicit OneThreadScope(bool on) : on_(on), before_(omp_get_max_threads()) {
+    if (on_) omp_set_num_threads(1);
+  }
+  ~OneThreadScope() {
+    if (on_) omp_set_num_threads(before_);
+  }
+  OneThreadScope(const OneThreadScope&) = delete;
+  OneThreadScope& operator=(const OneThreadScope&) = delete;
+
+ private:
+  bool on_;
+  int before_;
+};
+
 Matmul make_matmul(const Key& key) {
-  const auto [m, n, k, alpha, beta, nested] = key;
+  const auto [m, n, k, alpha, beta, one_thread] = key;
+  const OneThreadScope scope(one_thread);
   Matmul mm;
   const dnnl_dims_t sd{m, k}, ss{k, 1}, wd{k, n}, ws{n, 1}, dd{m, n}, ds{n, 1};
   dnnl_ok(dnnl_memory_desc_init_by_strides(&mm.src, 2, sd, dnnl_bf16, ss), "memory_desc (A)");
@@ -142,7 +164,6 @@ Matmul make_matmul(const Key& key) {
   mm.scratch_bytes = dnnl_memory_desc_get_size(&mm.scratch);
   dnnl_ok(dnnl_primitive_create(&mm.prim, pd), "primitive_create");
   dnnl_primitive_desc_destroy(pd);
-  (void)nested;
   return mm;
 }
 
@@ -294,7 +315,8 @@ void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
     return gemm_emulated(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   const bool nested = omp_in_parallel() != 0, dense = ldc == n;
   // A padded C (no caller of ours has one) goes through a dense one, with alpha and beta applied after.
-  const Matmul& mm = matmul_for(Key{m, n, k, dense ? alpha : 1.0f, dense ? beta : 0.0f, nested});
+  const Matmul& mm =
+      matmul_for(Key{m, n, k, dense ? alpha : 1.0f, dense ? beta : 0.0f, nested || cpu_threads() <= 1});
   ThreadState& t = thread_state();
   auto* pa = static_cast<uint16_t*>(t.a.get(size_t(m * k) * 2));
   auto* pb = static_cast<uint16_t*>(t.b.get(size_t(k * n) * 2));
