@@ -10,9 +10,8 @@
 # how many tensors differ in any bit. Each run takes a second or two; about 4 minutes in all on 2 cores.
 set -uo pipefail
 app=${1:-build/apps/convnext_zero}
-shift || true
-seeds=("${@:-1 2 3}")
-[[ $# -eq 0 ]] && seeds=(1 2 3)
+seeds=("${@:2}")
+[[ ${#seeds[@]} -gt 0 ]] || seeds=(1 2 3)
 here=$(cd "$(dirname "$0")/.." && pwd)
 py=${CZ_PYTHON:-/usr/bin/python3}  # the system Python has h5py (python3-h5py)
 mpirun=(mpirun --allow-run-as-root --oversubscribe)

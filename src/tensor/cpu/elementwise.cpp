@@ -61,15 +61,11 @@ void channel_scale_backward(const Tensor& g, const Tensor& x, const Tensor& gamm
     const T* pgam = gamma.data<T>();
     T* pdx = dx.defined() ? dx.data<T>() : nullptr;
     const bool want_dgamma = dgamma.defined();
-    const int nt = g.numel() >= kParallelGrain ? cpu_threads() : 1;
-    // dgamma's partial sums per block of the cut's rows, added pairwise (Note [Cutting the rows]).
-    const Cut cut = vector_sum_cut(rows, c);
-    const int64_t blocks = cut.blocks(rows);
-    std::vector<T> partial(want_dgamma ? size_t(blocks * c) : 0, T(0));
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      T* acc = want_dgamma ? partial.data() + blk * c : nullptr;
-      for (int64_t r = blk * cut.block; r < std::min(rows, (blk + 1) * cut.block); ++r) {
+    // dgamma by the cut's blocks of rows, added pairwise (Note [Cutting the rows]).
+    std::vector<T> sums(static_cast<size_t>(c));
+    block_sums<T>(rows, c, vector_sum_cut(rows, c), sums.data(), [&](int64_t r0, int64_t r1, T* part) {
+      T* acc = want_dgamma ? part : nullptr;
+      for (int64_t r = r0; r < r1; ++r) {
         const T* gr = pg + r * c;
         const T* xr = px + r * c;
         if (pdx) {
@@ -82,8 +78,8 @@ void channel_scale_backward(const Tensor& g, const Tensor& x, const Tensor& gamm
           for (int64_t j = 0; j < c; ++j) acc[j] += gr[j] * xr[j];
         }
       }
-    }
-    if (want_dgamma) pairwise_sum(partial.data(), blocks, c, c, dgamma.data<T>());
+    });
+    if (want_dgamma) std::copy_n(sums.data(), c, dgamma.data<T>());
   });
 }
 

@@ -50,8 +50,8 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor
 void linear_backward(const Tensor& gy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw, Tensor& db);
 
 // The MLP's fused epilogues (Note [Fused epilogues on the CPU], linear_fused.cpp). Rows go in tiles of
-// `tile` rows (0: row_tile's choice, row_tiles.h; rounded up to a multiple of kVectorSumRows); bias may be
-// undefined (zero); any gradient may be undefined.
+// `tile` rows (0: the process's cut's choice, fused_cut in row_tiles.h); bias may be undefined (zero); any
+// gradient may be undefined.
 // x: (M, in), w: (out, in), bias: (out) -> h = x w^T + bias (kept for backward), y = gelu(h): (M, out).
 void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& h, Tensor& y,
                          int64_t tile = 0);

@@ -103,17 +103,13 @@ void backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Ten
   const T* pr = rstd.data<T>();
   T* pdx = dx.defined() ? dx.data<T>() : nullptr;
   const bool want_dw = dweight.defined(), want_db = dbias.defined();
-  const int nt = x.numel() >= kParallelGrain ? cpu_threads() : 1;
-  // The parameter gradients' partial sums per block of the cut's rows, added pairwise (Note [Cutting the
-  // rows]): dweight in [0, C), dbias in [C, 2C).
-  const Cut cut = vector_sum_cut(rows, C);
-  const int64_t blocks = cut.blocks(rows);
-  std::vector<T> partial(want_dw || want_db ? size_t(blocks) * size_t(2 * C) : 0, T(0));
-#pragma omp parallel for schedule(static) num_threads(nt)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    T* acc_w = want_dw ? partial.data() + size_t(blk) * size_t(2 * C) : nullptr;
-    T* acc_b = want_db ? partial.data() + size_t(blk) * size_t(2 * C) + C : nullptr;
-    for (int64_t r = blk * cut.block; r < std::min(rows, (blk + 1) * cut.block); ++r) {
+  // The parameter gradients by the cut's blocks of rows, added pairwise (Note [Cutting the rows]): dweight in
+  // [0, C), dbias in [C, 2C).
+  std::vector<T> sums(size_t(2 * C));
+  block_sums<T>(rows, 2 * C, vector_sum_cut(rows, C), sums.data(), [&](int64_t r0, int64_t r1, T* acc) {
+    T* acc_w = want_dw ? acc : nullptr;
+    T* acc_b = want_db ? acc + C : nullptr;
+    for (int64_t r = r0; r < r1; ++r) {
       const T* xr = px + r * C;
       const T* gr = pg + r * C;
       const T mu = pm[r], rs = pr[r];
@@ -147,11 +143,9 @@ void backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Ten
         store(dr + c, rs * gw - a - xh * b);
       });
     }
-  }
-  if (partial.empty()) return;
-  pairwise_sum(partial.data(), blocks, 2 * C, 2 * C, partial.data());
-  if (want_dw) std::copy_n(partial.data(), C, dweight.data<T>());
-  if (want_db) std::copy_n(partial.data() + C, C, dbias.data<T>());
+  });
+  if (want_dw) std::copy_n(sums.data(), C, dweight.data<T>());
+  if (want_db) std::copy_n(sums.data() + C, C, dbias.data<T>());
 }
 
 }  // namespace

@@ -111,8 +111,7 @@ int64_t sum_block_rows(int64_t partial_values, int64_t min_rows) {
   return std::max(min_rows, pow2_ceil(partial_values / 64));
 }
 
-int64_t weight_grad_group(int64_t out, int64_t in) {
-  (void)in;
+int64_t weight_grad_group(int64_t out) {
   // Groups of up to 256 of the weight's rows, a power of two of them, all of one size: each call packs the
   // block's X again, so fewer and larger groups pack less; several let a gradient of few blocks use the
   // threads.
@@ -152,9 +151,9 @@ Cut vector_sum_cut(int64_t m, int64_t cols) {
 
 GradCut weight_grad_cut(int64_t m, int64_t out, int64_t in) {
   const RowSplit s = row_split();
-  if (s.mode == RowSplitMode::rows) return {s.rows, weight_grad_group(out, in), false};
+  if (s.mode == RowSplitMode::rows) return {s.rows, weight_grad_group(out), false};
   if (s.mode == RowSplitMode::fixed)
-    return {sum_block_rows(out * in, 256), weight_grad_group(out, in), false};
+    return {sum_block_rows(out * in, 256), weight_grad_group(out), false};
   // fast: a tall gradient of a small weight (ConvNeXt's first stages: 8192 rows, a 160 x 40 weight; the stem:
   // 50176 rows, 96 x 48) gives a library an output too small to split well across threads and a long
   // reduction it packs in one piece (oneDNN 2.6 on 2 threads of a Xeon: the stem's 96 x 48 x 50176 at 147

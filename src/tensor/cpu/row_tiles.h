@@ -61,7 +61,7 @@ int64_t row_tile(int64_t n, int64_t k, int64_t value_bytes);
 // Rows per block of a sum over rows whose partial has `partial_values` values, at least `min_rows`.
 int64_t sum_block_rows(int64_t partial_values, int64_t min_rows);
 // Rows of dw (out x in) per call of weight_grad.
-int64_t weight_grad_group(int64_t out, int64_t in);
+int64_t weight_grad_group(int64_t out);
 // Rows per block of the sums of vectors over rows (bias, gamma and LayerNorm gradients).
 inline constexpr int64_t kVectorSumRows = 8;
 
