@@ -168,8 +168,10 @@ class HierCommunicator final : public Communicator {
       per_call = allocator_for(device).allocate(std::max<size_t>(bytes, 64));
       return static_cast<char*>(per_call.get());
     }
-    if (scratch_.nbytes() < bytes || !scratch_.get())
+    if (scratch_.nbytes() < bytes || !scratch_.get()) {
+      scratch_ = DataPtr();  // the old block first, as HostBuffer does (mpi_communicator.cpp)
       scratch_ = allocator_for(Device::cpu()).allocate(std::max<size_t>(bytes, 64));
+    }
     return static_cast<char*>(scratch_.get());
   }
 

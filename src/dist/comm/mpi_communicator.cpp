@@ -31,11 +31,16 @@ int to_int(int64_t v, const char* what) {
   return int(v);
 }
 
-// Grows on demand; keeps its bytes between calls.
+// Grows on demand; keeps its bytes between calls. Its contents do not outlive a call, so the old block is
+// freed before the larger one is taken: the two are never held at once, at a moment the main thread's own
+// peak may be (Note [Allocator event log]; the replay grows it the same way, EngineTrace::grow).
 struct HostBuffer {
   DataPtr data;
   void* get(size_t bytes, Allocator& alloc) {
-    if (data.nbytes() < bytes || !data.get()) data = alloc.allocate(std::max<size_t>(bytes, 64));
+    if (data.nbytes() < bytes || !data.get()) {
+      data = DataPtr();
+      data = alloc.allocate(std::max<size_t>(bytes, 64));
+    }
     return data.get();
   }
 };

@@ -21,14 +21,14 @@
 //    released (LinearBackward keeps the weight tensor itself) cost nothing while released.
 //  * The communicator's ring scratch (src/dist/comm/mpi_communicator.cpp HostBuffer on the CPU, the NCCL
 //    communicator's device block on CUDA): two slots of one chunk (one with 2 ranks) for the partial sums of
-//    reduce-scatter and all-reduce, grown when a larger collective comes (the new block is allocated before
-//    the old one is freed) and kept for good; all-gather and broadcast need none. One rank has no
-//    communicator. The replay grows it when a collective is launched. On a 2-D mesh the shard and replication
-//    groups have communicators (and scratch) of their own, unless one spans the world: a stage 1-3 partition
-//    is reduce-scattered in the shard group, then its chunk all-reduced across the replication group (Note
-//    [Cross all-reduce]); the loss is all-reduced over the world, the global norm over the shard group. Each
-//    communicator's thread grows its own scratch, so the replay tags each with the communicator's label
-//    (TraceEvent::thread).
+//    reduce-scatter and all-reduce, grown when a larger collective comes (on the CPU the old block is freed
+//    first, on CUDA the new one is taken first) and kept for good; all-gather and broadcast need none. One
+//    rank has no communicator. The replay grows it when a collective is launched. On a 2-D mesh the shard and
+//    replication groups have communicators (and scratch) of their own, unless one spans the world: a stage
+//    1-3 partition is reduce-scattered in the shard group, then its chunk all-reduced across the replication
+//    group (Note [Cross all-reduce]); the loss is all-reduced over the world, the global norm over the shard
+//    group. Each communicator's thread grows its own scratch, so the replay tags each with the communicator's
+//    label (TraceEvent::thread).
 //  * A two-level world communicator (--comm-impl hier, or auto where dist::takes_two_levels says so for the
 //    call; src/dist/comm/hier_communicator.cpp): its host and cross communicators ("world.host",
 //    "world.cross") grow their ring scratch with each piece's steps (Note [Two-level pipeline]), and its own
@@ -224,6 +224,10 @@ void EngineTrace::grow(Comm c, int64_t need) {
   static const char* const kThread[] = {dist::kWorldComm,   dist::kShardComm,    dist::kReplicateComm,
                                         kWorldHost.c_str(), kWorldCross.c_str(), dist::kWorldComm};
   const char* thread = c == world_comm && hier() ? kWorldFlat.c_str() : kThread[c];
+  // On the CPU the old block is freed before the new one is taken (HostBuffer in mpi_communicator.cpp, the
+  // two-level communicator's scratch); the NCCL communicator's device block is replaced on its stream, the
+  // new one taken first.
+  if (scratch != kNone && !s_.cuda) m_.release(std::exchange(scratch, kNone));
   const Id grown =
       m_.alloc(bytes, Use::scratch, c == pack ? "two-level pack scratch" : "ring scratch", -1, thread);
   if (scratch != kNone) m_.release(scratch);
