@@ -149,8 +149,7 @@ int run_plan(const cz::train::TrainConfig& cfg, bool device_given, const PlanFla
     const cz::CpuThreadsRequest threads =
         cz::cpu_threads_request(p.device == "cuda", cfg.offload_optimizer, cfg.loader_threads,
                                 req.ranks_per_host > 0 ? req.ranks_per_host : req.world);
-    const cz::LoaderCpus cpus =
-        threads.cuda ? cz::loader_cpus(cz::affinity_cpus(), threads.local_ranks, 0) : cz::LoaderCpus{};
+    const cz::ThreadCpus cpus = threads.cuda ? cz::thread_cpus(threads.share, {}) : cz::ThreadCpus{};
     fmt::print("\nOn this host, a run would take {}\n",
                cz::describe_cpu_threads(threads, cz::decide_cpu_threads(threads), cpus));
   }
@@ -518,6 +517,8 @@ int main(int argc, char** argv) {
             "convnext_zero: OpenMP waits {} (rank 0's choice; OMP_WAIT_POLICY=active|passive overrides)\n",
             cz::omp_wait_policy_note());
       fmt::print("convnext_zero: {}\n", trainer.cpu_threads_note());
+      fmt::print("convnext_zero: CPUs of the ranks on this host (the launcher's masks, gathered): {}\n",
+                 trainer.node_cpus_note());
       fmt::print("convnext_zero: {}\n", cz::heap_policy_note());
       if (!trainer.cpu_gemm_note().empty())
         fmt::print("convnext_zero: CPU GEMMs {}\n", trainer.cpu_gemm_note());

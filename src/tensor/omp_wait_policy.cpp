@@ -57,10 +57,10 @@ std::string plural(int n, const char* word) {
 
 }  // namespace
 
-OmpWaitChoice decide_omp_wait_policy(int threads, int local_ranks, int mask_cores, double idle_cores) {
-  const int need = threads * local_ranks;
-  const std::string who =
-      fmt::format("{} per rank x {} on this host", plural(threads, "thread"), plural(local_ranks, "rank"));
+OmpWaitChoice decide_omp_wait_policy(int threads, int ranks_sharing, int mask_cores, double idle_cores) {
+  const int need = threads * ranks_sharing;
+  const std::string who = fmt::format("{} per rank x {} sharing the mask", plural(threads, "thread"),
+                                      plural(ranks_sharing, "rank"));
   if (threads <= 1)
     return {"passive", fmt::format("{}: no thread waits for another, so spinning would gain nothing", who)};
   if (need > mask_cores)
@@ -102,21 +102,22 @@ int launcher_local_ranks() {
 
 CpuThreads decide_cpu_threads(const CpuThreadsRequest& r) {
   CpuThreads t;
-  const int local = std::max(1, r.local_ranks);
-  t.cores = std::max(1, r.mask_cores / local);
+  const int holders = std::max(1, r.share.holders);
   const std::string env_reason = "OMP_WAIT_POLICY is set in the environment";
   if (!r.cuda) {
+    t.cores = std::max(1, r.share.cores);
     t.omp_threads = r.omp_threads_env > 0 ? r.omp_threads_env : t.cores;
     t.loader_threads = r.loader_threads_flag >= 0 ? r.loader_threads_flag : t.cores;
     t.wait = !r.wait_policy_env.empty() ? OmpWaitChoice{r.wait_policy_env, env_reason}
              : !r.wait_chosen.policy.empty()
                  ? r.wait_chosen
-                 : decide_omp_wait_policy(t.omp_threads, local, r.mask_cores, r.idle_cores);
+                 : decide_omp_wait_policy(t.omp_threads, holders, r.mask_cores, r.idle_cores);
     return t;
   }
   // Note [CPU threads on a CUDA rank].
-  t.keep_launcher_core = t.cores > 1;
-  const int spare = std::max(1, t.cores - 1);
+  t.cores = std::max(1, int(r.share.cpus.size()));
+  t.keep_launcher_core = t.cores > 1 && !r.share.crowded;
+  const int spare = t.keep_launcher_core ? t.cores - 1 : 1;
   t.omp_threads = r.omp_threads_env > 0 ? r.omp_threads_env : r.offload ? spare : 1;
   t.loader_threads = r.loader_threads_flag >= 0 ? r.loader_threads_flag : spare;
   if (!r.wait_policy_env.empty()) {
@@ -127,55 +128,34 @@ CpuThreads decide_cpu_threads(const CpuThreadsRequest& r) {
             : env_reason};
   } else {
     t.wait = {"passive",
-              fmt::format("a CUDA rank: {} per rank x {} on this host wait passively, since spinning ones "
-                          "starve the thread that launches kernels",
-                          plural(t.omp_threads, "thread"), plural(local, "rank"))};
+              fmt::format("a CUDA rank: {} per rank waits passively, since spinning ones starve the thread "
+                          "that launches kernels",
+                          plural(t.omp_threads, "thread"))};
   }
   return t;
 }
 
-LoaderCpus loader_cpus(const std::vector<int>& mask, int local_ranks, int local_rank) {
-  const int n = int(mask.size()), local = std::max(1, local_ranks);
-  std::vector<int> share = mask;
-  if (local > 1 && n >= local) {
-    const int per = n / local, first = std::clamp(local_rank, 0, local - 1) * per;
-    share.assign(mask.begin() + first, mask.begin() + first + per);
-  }
-  if (share.size() < 2) return {};
-  return {share.front(), {share.begin() + 1, share.end()}};
-}
-
-namespace {
-
-// "1-15", "0,2-5,9": a sorted CPU list as ranges.
-std::string cpu_ranges(const std::vector<int>& cpus) {
-  std::string out;
-  for (size_t i = 0; i < cpus.size();) {
-    size_t j = i;
-    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    out += fmt::format("{}{}", out.empty() ? "" : ",",
-                       j == i ? fmt::format("{}", cpus[i]) : fmt::format("{}-{}", cpus[i], cpus[j]));
-    i = j + 1;
-  }
-  return out;
-}
-
-}  // namespace
-
-std::string describe_cpu_threads(const CpuThreadsRequest& r, const CpuThreads& t, const LoaderCpus& cpus) {
-  std::string out = fmt::format(
-      "CPU threads per rank ({}{}: {} in the mask / {} on this host): ", r.cuda ? "a CUDA rank, " : "",
-      plural(t.cores, "core"), r.mask_cores, plural(std::max(1, r.local_ranks), "rank"));
+std::string describe_cpu_threads(const CpuThreadsRequest& r, const CpuThreads& t, const ThreadCpus& cpus) {
+  const CpuShare& s = r.share;
+  const std::string own =
+      s.crowded
+          ? fmt::format("shared, {} ranks' masks meeting its own with fewer cores than ranks", s.holders)
+      : s.holders <= 1 ? "its own"
+                       : fmt::format("its split of a mask {} ranks share", s.holders);
+  std::string out = fmt::format("CPU threads per rank ({}{}, {}: {}{}; {} in the mask, {} on this host): ",
+                                r.cuda ? "a CUDA rank, " : "", plural(int(s.cpus.size()), "CPU"),
+                                plural(s.cores, "core"), own, r.gathered ? "" : ", estimated", r.mask_cores,
+                                plural(std::max(1, r.local_ranks), "rank"));
   out += plural(t.loader_threads, "loader thread");
   if (r.loader_threads_flag >= 0) out += fmt::format(" (--loader-threads {})", r.loader_threads_flag);
   if (r.cuda) {
     if (!cpus.loaders.empty())
       out += fmt::format(" on CPU{} {}, CPU {} left to the thread that launches kernels",
-                         cpus.loaders.size() == 1 ? "" : "s", cpu_ranges(cpus.loaders), cpus.launcher);
+                         cpus.loaders.size() == 1 ? "" : "s", cpu_list(cpus.loaders), cpus.launcher);
     else if (t.keep_launcher_core)
-      out += fmt::format(", one of the {} cores left to the thread that launches kernels", t.cores);
+      out += fmt::format(", one of the {} CPUs left to the thread that launches kernels", t.cores);
     else
-      out += ", sharing the rank's one core with the thread that launches kernels";
+      out += ", sharing a CPU with the thread that launches kernels";
   }
   out += fmt::format(
       "; OpenMP {}{} waiting {}", plural(t.omp_threads, "thread"),
@@ -191,8 +171,10 @@ CpuThreadsRequest cpu_threads_request(bool cuda, bool offload, int loader_thread
   CpuThreadsRequest r;
   r.cuda = cuda;
   r.offload = offload;
-  r.mask_cores = available_cores();
+  const std::vector<int> mask = affinity_cpus();
+  r.mask_cores = int(mask.size());
   r.local_ranks = local_ranks;
+  r.share = estimate_share(mask, local_ranks, int(sysconf(_SC_NPROCESSORS_ONLN)), read_core_of(mask));
   r.loader_threads_flag = loader_threads_flag;
   if (const char* env = std::getenv("OMP_NUM_THREADS"); env && std::atoi(env) > 0)
     r.omp_threads_env = std::atoi(env);
@@ -227,13 +209,13 @@ void choose_omp_wait_policy(char** argv, bool cuda, bool offload) {
   if (cuda) {
     c = decide_cpu_threads(req).wait;  // nothing to measure: passive
   } else {
-    const int local = req.local_ranks;
-    int threads = std::max(1, available_cores() / local);  // as configure_cpu_threads will
+    const int sharing = std::max(1, req.share.holders);
+    int threads = std::max(1, req.share.cores);  // as configure_cpu_threads will, unless the estimate is off
     if (req.omp_threads_env > 0) threads = req.omp_threads_env;
     // Measured only where the answer depends on it: one thread per rank, or too many, decide without it.
-    const bool measure = threads > 1 && threads * local <= available_cores();
+    const bool measure = threads > 1 && threads * sharing <= req.mask_cores;
     const double idle = measure ? idle_cores_in_mask(kIdleSampleSeconds) : -1;
-    c = decide_omp_wait_policy(threads, local, available_cores(), idle);
+    c = decide_omp_wait_policy(threads, sharing, req.mask_cores, idle);
   }
   setenv("OMP_WAIT_POLICY", c.policy.c_str(), 1);
   setenv(kChoiceVar, (c.policy + "|" + c.reason).c_str(), 1);

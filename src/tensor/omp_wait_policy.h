@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "tensor/cpu_share.h"
+
 namespace cz {
 
 // Note [Choosing the OpenMP wait policy]: at a barrier an OpenMP thread either spins (OMP_WAIT_POLICY=active)
@@ -16,14 +18,15 @@ namespace cz {
 // machine 534 img/s passive against 633 active (19% lost). Neither policy is right everywhere, so each rank
 // chooses when it starts, from what it can see then:
 //   - threads: OpenMP threads per rank as configure_cpu_threads() will set them (OMP_NUM_THREADS, else the
-//     cores of the affinity mask shared among the ranks on this host: Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE
-//     or MPICH's MPI_LOCALNRANKS before MPI starts);
+//     cores of the rank's share of the node, estimated before MPI starts from the mask and the ranks on this
+//     host, Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE or MPICH's MPI_LOCALNRANKS: estimate_share in
+//     cpu_share.h; the ranks that share the mask are those whose threads must fit it);
 //   - one thread per rank waits for nobody: passive, which costs nothing then;
-//   - threads x local ranks above the cores of the mask: oversubscribed, passive;
+//   - threads x the ranks sharing the mask above its cores: oversubscribed, passive;
 //   - otherwise the cores of the mask that are idle, measured over kIdleSampleSeconds from /proc/stat (the
 //     other ranks of the job are at the same point, sleeping in the same measurement): active when all the
-//     threads of this host's ranks fit them (within kIdleSlack of a core, the noise of a sample), else
-//     passive.
+//     threads of the ranks sharing the mask fit them (within kIdleSlack of a core, the noise of a sample),
+//     else passive.
 // libgomp reads OMP_WAIT_POLICY only when it loads, so the choice is made before MPI starts and the program
 // re-executes itself with it set (pid, arguments and open files stay); the re-executed process finds its own
 // choice in $CZ_OMP_WAIT_CHOICE and says it in the run's header. OMP_WAIT_POLICY set by the user always wins.
@@ -37,8 +40,10 @@ struct OmpWaitChoice {
   std::string reason;  // for the run's header
 };
 
-// The rule above. idle_cores < 0: not measured (unreadable /proc/stat), which chooses passive.
-OmpWaitChoice decide_omp_wait_policy(int threads, int local_ranks, int mask_cores, double idle_cores);
+// The rule above. idle_cores < 0: not measured (unreadable /proc/stat), which chooses passive. After MPI
+// starts the threads are the share's own (configure_cpu_threads): where the estimate was off, they only
+// fit the share better, and a crowded share has one thread, which never spins.
+OmpWaitChoice decide_omp_wait_policy(int threads, int ranks_sharing, int mask_cores, double idle_cores);
 
 // The cores of this process's affinity mask that were idle over `seconds`, from /proc/stat's per-CPU counters
 // (idle + iowait over all time); -1 when /proc/stat cannot be read.
@@ -53,19 +58,22 @@ int launcher_local_ranks();
 // was starved: ConvNeXt-T b64 took 23.9 ms a step against the benchmark's 15.0 (0.62x; the GPU busy 35% of
 // the time), and 14.9 ms with OMP_WAIT_POLICY=passive (issue 40). So a CUDA rank takes:
 //   - OpenMP waiting passively, with 1 thread (its math is on the GPU: what is left on the host is the odd
-//     scalar and the start's weight draws), or the rank's cores less one with --offload-optimizer (the host
+//     scalar and the start's weight draws), or the rank's CPUs less one with --offload-optimizer (the host
 //     then runs the optimizer's update);
-//   - loader threads = the rank's cores less one, the one left to the launching thread;
-//   - where the rank has 2 or more CPUs of the mask, the loader threads pinned to all of them but the first
-//     (loader_cpus), so that no loader thread ever runs on the launching thread's core;
-// the rank's cores being the mask's shared among the host's ranks (cores_per_rank). OMP_NUM_THREADS,
-// OMP_WAIT_POLICY and --loader-threads still win, and the header says which did. A CPU rank keeps the rule
-// above: OpenMP threads and loader threads both take the rank's cores.
+//   - loader threads = the rank's CPUs less one, the one left to the launching thread;
+//   - where the rank has 2 or more CPUs of its own, the loader threads pinned to all of them but the
+//     launching thread's, which is on the GPU's NUMA node where the share has a CPU there (thread_cpus in
+//     cpu_share.h), and the launching thread kept to the share;
+// the rank's CPUs being its share of the node (Note [A rank's CPUs on a node] in cpu_share.h).
+// OMP_NUM_THREADS, OMP_WAIT_POLICY and --loader-threads still win, and the header says which did. A CPU rank
+// keeps the rule above: OpenMP threads and loader threads both take the share's cores.
 struct CpuThreadsRequest {
   bool cuda = false;
   bool offload = false;         // --offload-optimizer (the host runs the optimizer)
   int mask_cores = 1;           // CPUs of this process's affinity mask
   int local_ranks = 1;          // ranks on this host
+  CpuShare share;               // this rank's share of the node's CPUs
+  bool gathered = false;        // `share` from the node's gathered masks (false: estimate_share's estimate)
   int omp_threads_env = 0;      // OMP_NUM_THREADS (0: unset)
   std::string wait_policy_env;  // OMP_WAIT_POLICY ("": unset)
   // The policy this process already runs with by its own choice (choose_omp_wait_policy's re-exec; "": none
@@ -75,30 +83,21 @@ struct CpuThreadsRequest {
   double idle_cores = -1;        // CPU ranks: the idle cores measured at start (idle_cores_in_mask)
 };
 struct CpuThreads {
-  int cores = 1;        // this rank's share of the mask
+  int cores = 1;        // this rank's share: cores on a CPU rank, CPUs on a CUDA rank
   int omp_threads = 1;  // OpenMP (and OpenBLAS) threads
   OmpWaitChoice wait;   // policy and why
   int loader_threads = 1;
-  bool keep_launcher_core = false;  // CUDA: one core left to the launching thread
+  bool keep_launcher_core = false;  // CUDA: one CPU left to the launching thread
 };
 CpuThreads decide_cpu_threads(const CpuThreadsRequest& r);
 
-// Where a CUDA rank's loader threads run: the rank's share of the mask (its local_rank-th slice of
-// mask.size() / local_ranks CPUs, or the whole mask when it holds fewer CPUs than ranks: the launcher bound
-// the rank already); its first CPU is left to the launching thread, the loaders are pinned to the rest.
-// `loaders` empty (no pinning) when the share is a single CPU.
-struct LoaderCpus {
-  int launcher = -1;
-  std::vector<int> loaders;
-};
-LoaderCpus loader_cpus(const std::vector<int>& mask, int local_ranks, int local_rank);
-
 // The header's line: "CPU threads per rank ...: ..." (what each pool got, why, and what the user's settings
-// overrode); `cpus`: loader_cpus' answer on a CUDA rank.
+// overrode); `cpus`: thread_cpus' answer on a CUDA rank.
 std::string describe_cpu_threads(const CpuThreadsRequest& r, const CpuThreads& t,
-                                 const LoaderCpus& cpus = {});
+                                 const ThreadCpus& cpus = {});
 
-// The request as this process sees it before MPI starts (mask, launcher's local ranks, environment).
+// The request as this process sees it before MPI starts (mask, launcher's local ranks, environment), its
+// share estimated (estimate_share); a rank that has gathered its node's masks sets `share` and `gathered`.
 CpuThreadsRequest cpu_threads_request(bool cuda, bool offload, int loader_threads_flag, int local_ranks);
 
 // Unless OMP_WAIT_POLICY is already set, decides the policy and re-executes the program with it set. Returns

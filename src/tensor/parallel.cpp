@@ -52,12 +52,8 @@ void set_omp_threads_per_rank(int threads) {
   g_threads_per_rank.store(std::max(0, threads));
 }
 
-int cores_per_rank(int ranks_on_node) {
-  return std::max(1, available_cores() / std::max(1, ranks_on_node));
-}
-
-void configure_cpu_threads(int ranks_on_node) {
-  int threads = g_threads_per_rank.load() > 0 ? g_threads_per_rank.load() : cores_per_rank(ranks_on_node);
+void configure_cpu_threads(int cores) {
+  int threads = g_threads_per_rank.load() > 0 ? g_threads_per_rank.load() : std::max(1, cores);
   if (const char* env = std::getenv("OMP_NUM_THREADS"); env && std::atoi(env) > 0) threads = std::atoi(env);
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);

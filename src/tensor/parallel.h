@@ -1,7 +1,7 @@
 // CPU threading. Note [CPU threads per rank]: when several ranks share a node, each must use only its share
 // of the cores; oversubscribed threads that spin while waiting (OpenMP barriers, OpenBLAS workers) stall
 // everyone. configure_cpu_threads() sizes OpenMP and OpenBLAS (its OpenMP build, which shares OpenMP's pool)
-// to max(1, cores this process may run on / ranks on this node). OMP_NUM_THREADS, if set, wins.
+// to the rank's share of its node's cores. OMP_NUM_THREADS, if set, wins.
 #pragma once
 
 #include <cstdint>
@@ -31,12 +31,11 @@ std::vector<int> affinity_cpus();  // those CPUs' numbers, ascending
 // Pins the calling thread to `cpus` (sched_setaffinity); false when the kernel refuses (a CPU outside the
 // mask), and the thread keeps the mask it had.
 bool pin_current_thread(const std::vector<int>& cpus);
-// The cores this rank really has: max(1, available_cores() / ranks on its node). OpenMP's threads
-// (configure_cpu_threads, unless OMP_NUM_THREADS says otherwise) and the loader's default --loader-threads
-// both take this many.
-int cores_per_rank(int ranks_on_node);
-void configure_cpu_threads(int ranks_on_node);
-// OpenMP threads per rank for configure_cpu_threads to take instead of cores_per_rank (0: cores_per_rank);
+// Sizes OpenMP and OpenBLAS to the cores this rank really has: its share of the node's CPUs (Note [A rank's
+// CPUs on a node] in cpu_share.h; dist::World gathers the node's masks), unless set_omp_threads_per_rank or
+// OMP_NUM_THREADS says otherwise. The loader's default --loader-threads takes the same share.
+void configure_cpu_threads(int cores);
+// OpenMP threads per rank for configure_cpu_threads to take instead of the cores (0: the cores);
 // OMP_NUM_THREADS still wins. A CUDA rank sets it (Note [CPU threads on a CUDA rank] in omp_wait_policy.h).
 void set_omp_threads_per_rank(int threads);
 int cpu_threads();  // threads CPU kernels use (as configured; a thread started later must apply it itself)

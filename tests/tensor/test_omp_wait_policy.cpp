@@ -55,12 +55,26 @@ TEST(OmpWaitPolicy, IdleCoresSeeABusyThread) {
   EXPECT_LE(with_spinner, double(available_cores()) - 0.7) << "idle before: " << idle;
 }
 
-CpuThreadsRequest cuda_rank(int mask_cores, int local_ranks) {
+std::vector<int> cpus(int first, int count) {
+  std::vector<int> v;
+  for (int c = first; c < first + count; ++c) v.push_back(c);
+  return v;
+}
+
+// A rank of `local_ranks` on a host whose `mask_cores` CPUs all of them hold (unbound): its share as the
+// gathered masks give it.
+CpuThreadsRequest rank_of(bool cuda, int mask_cores, int local_ranks, int local_rank = 0) {
   CpuThreadsRequest r;
-  r.cuda = true;
+  r.cuda = cuda;
   r.mask_cores = mask_cores;
   r.local_ranks = local_ranks;
+  r.share = share_node_cpus(std::vector<RankCpus>(size_t(local_ranks), RankCpus{cpus(0, mask_cores), {}}))
+                .at(size_t(local_rank));
+  r.gathered = true;
   return r;
+}
+CpuThreadsRequest cuda_rank(int mask_cores, int local_ranks) {
+  return rank_of(true, mask_cores, local_ranks);
 }
 
 TEST(CpuThreads, CudaRankLeavesTheLauncherACoreAndWaitsPassively) {
@@ -72,17 +86,21 @@ TEST(CpuThreads, CudaRankLeavesTheLauncherACoreAndWaitsPassively) {
   EXPECT_HAS(t.wait.reason, "starve the thread that launches kernels");
   EXPECT_EQ(t.loader_threads, 15);
   EXPECT_TRUE(t.keep_launcher_core);
-  // Several ranks per host (mpirun): the same rule over each rank's share, 16 cores / 4 ranks = 4.
+  // Several unbound ranks per host (mpirun --bind-to none): each rank's split, 16 CPUs / 4 ranks = 4.
   const CpuThreads four = decide_cpu_threads(cuda_rank(16, 4));
   EXPECT_EQ(four.cores, 4);
   EXPECT_EQ(four.loader_threads, 3);
   EXPECT_EQ(four.omp_threads, 1);
-  EXPECT_HAS(four.wait.reason, "1 thread per rank x 4 ranks on this host");
-  // One core per rank: nothing to leave; the loader still gets a thread.
+  EXPECT_HAS(four.wait.reason, "1 thread per rank waits passively");
+  // One CPU per rank: nothing to leave; the loader still gets a thread.
   const CpuThreads one = decide_cpu_threads(cuda_rank(8, 8));
   EXPECT_EQ(one.loader_threads, 1);
   EXPECT_FALSE(one.keep_launcher_core);
-  // The optimizer offloaded to the host: OpenMP gets the cores the loaders get (still passive).
+  // Fewer CPUs than ranks (crowded): one loader thread, nothing kept.
+  const CpuThreads crowded = decide_cpu_threads(cuda_rank(2, 4));
+  EXPECT_EQ(crowded.loader_threads, 1);
+  EXPECT_FALSE(crowded.keep_launcher_core);
+  // The optimizer offloaded to the host: OpenMP gets the CPUs the loaders get (still passive).
   CpuThreadsRequest off = cuda_rank(16, 2);
   off.offload = true;
   EXPECT_EQ(decide_cpu_threads(off).omp_threads, 7);
@@ -104,9 +122,7 @@ TEST(CpuThreads, TheUsersSettingsWinOnACudaRank) {
 }
 
 TEST(CpuThreads, CpuRankKeepsTheCpuRule) {
-  CpuThreadsRequest r;
-  r.mask_cores = 8;
-  r.local_ranks = 2;
+  CpuThreadsRequest r = rank_of(false, 8, 2);
   r.idle_cores = 8;
   const CpuThreads t = decide_cpu_threads(r);
   EXPECT_EQ(t.omp_threads, 4);
@@ -117,56 +133,46 @@ TEST(CpuThreads, CpuRankKeepsTheCpuRule) {
   EXPECT_EQ(decide_cpu_threads(r).wait.policy, "passive");
   // After the re-exec the measurement is not repeated: the choice made before it stands.
   r.idle_cores = -1;
-  r.wait_chosen = {"active", "4 threads per rank x 2 ranks on this host fit the 8.0 idle cores"};
+  r.wait_chosen = {"active", "4 threads per rank x 2 ranks sharing the mask fit the 8.0 idle cores"};
   EXPECT_EQ(decide_cpu_threads(r).wait.policy, "active");
   EXPECT_HAS(describe_cpu_threads(r, decide_cpu_threads(r)), "OpenMP 4 threads waiting actively");
-}
-
-TEST(CpuThreads, LoaderCpusAreTheRanksShareLessTheLaunchersCore) {
-  std::vector<int> mask;
-  for (int c = 0; c < 16; ++c) mask.push_back(c);
-  LoaderCpus one = loader_cpus(mask, 1, 0);
-  EXPECT_EQ(one.launcher, 0);
-  EXPECT_EQ(one.loaders, std::vector<int>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}));
-  LoaderCpus third = loader_cpus(mask, 4, 2);
-  EXPECT_EQ(third.launcher, 8);
-  EXPECT_EQ(third.loaders, std::vector<int>({9, 10, 11}));
-  // A mask with holes (a cgroup's cpuset): slices of the mask's own CPUs.
-  LoaderCpus odd = loader_cpus({0, 2, 4, 6}, 2, 1);
-  EXPECT_EQ(odd.launcher, 4);
-  EXPECT_EQ(odd.loaders, std::vector<int>({6}));
-  // One CPU to a rank: nothing to pin.
-  EXPECT_TRUE(loader_cpus({3}, 1, 0).loaders.empty());
-  EXPECT_TRUE(loader_cpus(mask, 16, 5).loaders.empty());
-  // Fewer CPUs than ranks: the launcher bound this rank already; its whole mask is its share.
-  LoaderCpus bound = loader_cpus({6, 7}, 4, 3);
-  EXPECT_EQ(bound.launcher, 6);
-  EXPECT_EQ(bound.loaders, std::vector<int>({7}));
+  // A rank bound to 4 CPUs of its own among 2 ranks: all 4, not 4 / 2 (issue 51).
+  CpuThreadsRequest bound = rank_of(false, 4, 1);
+  bound.local_ranks = 2;
+  bound.idle_cores = 4;
+  EXPECT_EQ(decide_cpu_threads(bound).omp_threads, 4);
+  EXPECT_EQ(decide_cpu_threads(bound).wait.policy, "active");
+  // SMT: OpenMP takes the cores, siblings counted once.
+  CpuThreadsRequest smt = rank_of(false, 4, 1);
+  smt.share = share_node_cpus({{cpus(0, 4), {}}}, {{0, 0}, {1, 1}, {2, 0}, {3, 1}}).front();
+  EXPECT_EQ(decide_cpu_threads(smt).omp_threads, 2);
 }
 
 TEST(CpuThreads, TheHeaderSaysWhatEachPoolGotAndWhatWasOverridden) {
   const CpuThreadsRequest r = cuda_rank(16, 1);
-  std::vector<int> mask;
-  for (int c = 0; c < 16; ++c) mask.push_back(c);
-  EXPECT_EQ(
-      describe_cpu_threads(r, decide_cpu_threads(r), loader_cpus(mask, 1, 0)),
-      "CPU threads per rank (a CUDA rank, 16 cores: 16 in the mask / 1 rank on this host): 15 loader "
-      "threads on CPUs 1-15, CPU 0 left to the thread that launches kernels; OpenMP 1 thread (the step's "
-      "math is on the GPU) waiting passively");
+  EXPECT_EQ(describe_cpu_threads(r, decide_cpu_threads(r), thread_cpus(r.share, {})),
+            "CPU threads per rank (a CUDA rank, 16 CPUs, 16 cores: its own; 16 in the mask, 1 rank on this "
+            "host): 15 loader threads on CPUs 1-15, CPU 0 left to the thread that launches kernels; OpenMP 1 "
+            "thread (the step's math is on the GPU) waiting passively");
   CpuThreadsRequest o = cuda_rank(16, 4);
   o.loader_threads_flag = 2;
   o.omp_threads_env = 3;
   o.wait_policy_env = "active";
-  EXPECT_EQ(describe_cpu_threads(o, decide_cpu_threads(o)),
-            "CPU threads per rank (a CUDA rank, 4 cores: 16 in the mask / 4 ranks on this host): 2 loader "
-            "threads (--loader-threads 2), one of the 4 cores left to the thread that launches kernels; "
-            "OpenMP 3 threads (OMP_NUM_THREADS=3) waiting actively (OMP_WAIT_POLICY=active)");
-  CpuThreadsRequest cpu;
-  cpu.mask_cores = 2;
+  EXPECT_EQ(
+      describe_cpu_threads(o, decide_cpu_threads(o)),
+      "CPU threads per rank (a CUDA rank, 4 CPUs, 4 cores: its split of a mask 4 ranks share; 16 in the "
+      "mask, 4 ranks on this host): 2 loader threads (--loader-threads 2), one of the 4 CPUs left to the "
+      "thread that launches kernels; OpenMP 3 threads (OMP_NUM_THREADS=3) waiting actively "
+      "(OMP_WAIT_POLICY=active)");
+  CpuThreadsRequest cpu = rank_of(false, 2, 1);
   cpu.idle_cores = 0;
   EXPECT_EQ(describe_cpu_threads(cpu, decide_cpu_threads(cpu)),
-            "CPU threads per rank (2 cores: 2 in the mask / 1 rank on this host): 2 loader threads; OpenMP 2 "
-            "threads waiting passively");
+            "CPU threads per rank (2 CPUs, 2 cores: its own; 2 in the mask, 1 rank on this host): 2 loader "
+            "threads; OpenMP 2 threads waiting passively");
+  CpuThreadsRequest crowded = rank_of(false, 2, 4, 3);
+  EXPECT_HAS(describe_cpu_threads(crowded, decide_cpu_threads(crowded)),
+             "(1 CPU, 1 core: shared, 4 ranks' masks meeting its own with fewer cores than ranks; 2 in the "
+             "mask, 4 ranks on this host)");
 }
 
 TEST(CpuThreads, PinningAThreadNarrowsItsMaskOnly) {

@@ -1,6 +1,7 @@
 // World set-up (ranks, node-local ranks, GPU choice, peer table), liveness checks and the abort path.
 #include "dist/comm/bootstrap.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
@@ -21,6 +22,7 @@
 
 #include "dist/comm/mpi_util.h"
 #include "dist/comm/signal_text.h"
+#include "dist/comm/topology_detect.h"
 #include "tensor/check.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/device.h"
@@ -188,6 +190,11 @@ void World::setup(const WorldOptions& options) {
   CZ_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
   CZ_MPI(MPI_Comm_rank(node, &local_rank_));
   CZ_MPI(MPI_Comm_size(node, &local_size_));
+  if (options.select_gpu && cuda_device_count() > 0) {
+    gpu_ = local_rank_ % cuda_device_count();
+    cuda_runtime::set_device(gpu_);
+  }
+  gather_node_cpus(node);
   CZ_MPI(MPI_Comm_free(&node));
 
   // Peer table: pid and hostname of every rank.
@@ -222,11 +229,7 @@ void World::setup(const WorldOptions& options) {
     pid_visible_[size_t(r)] = r != rank_ && same_host(r) && ::kill(peers_[size_t(r)].pid, 0) == 0;
   }
 
-  if (options.configure_threads) configure_cpu_threads(local_size_);
-  if (options.select_gpu && cuda_device_count() > 0) {
-    gpu_ = local_rank_ % cuda_device_count();
-    cuda_runtime::set_device(gpu_);
-  }
+  if (options.configure_threads) configure_cpu_threads(cpu_share().cores);
   if (options.install_signal_handlers) {
     struct sigaction sa {};
     sa.sa_handler = on_sigterm;
@@ -234,6 +237,35 @@ void World::setup(const WorldOptions& options) {
     sigaction(SIGTERM, &sa, nullptr);
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+}
+
+void World::gather_node_cpus(MPI_Comm node) {
+  // Two CPU sets a rank: its affinity mask and the CPUs near its GPU (none on a CPU rank).
+  constexpr int kWords = CPU_SETSIZE / 64;
+  const auto to_bits = [](const std::vector<int>& cpus, uint64_t* bits) {
+    for (int c : cpus)
+      if (c >= 0 && c < CPU_SETSIZE) bits[c / 64] |= uint64_t(1) << (c % 64);
+  };
+  const auto from_bits = [](const uint64_t* bits) {
+    std::vector<int> cpus;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (bits[c / 64] >> (c % 64) & 1) cpus.push_back(c);
+    return cpus;
+  };
+  std::vector<uint64_t> mine(2 * kWords, 0), all(size_t(local_size_) * 2 * kWords, 0);
+  to_bits(affinity_cpus(), mine.data());
+  if (gpu_ >= 0) to_bits(pci_local_cpus(sysfs_root(), cuda_busid(gpu_)), mine.data() + kWords);
+  CZ_MPI(MPI_Allgather(mine.data(), 2 * kWords, MPI_UINT64_T, all.data(), 2 * kWords, MPI_UINT64_T, node));
+  node_cpus_.resize(size_t(local_size_));
+  std::vector<int> every;
+  for (int r = 0; r < local_size_; ++r) {
+    const uint64_t* b = all.data() + size_t(r) * 2 * kWords;
+    node_cpus_[size_t(r)] = {from_bits(b), from_bits(b + kWords)};
+    every.insert(every.end(), node_cpus_[size_t(r)].mask.begin(), node_cpus_[size_t(r)].mask.end());
+  }
+  std::sort(every.begin(), every.end());
+  every.erase(std::unique(every.begin(), every.end()), every.end());
+  node_shares_ = share_node_cpus(node_cpus_, read_core_of(every));
 }
 
 bool World::peer_alive(int rank) const {

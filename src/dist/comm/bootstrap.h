@@ -10,10 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "tensor/cpu_share.h"
+
 namespace cz::dist {
 
 struct WorldOptions {
-  bool configure_threads = true;        // configure_cpu_threads(ranks on this node)
+  bool configure_threads = true;        // configure_cpu_threads(this rank's share of the node's cores)
   bool select_gpu = true;               // use GPU local_rank % device_count when GPUs are visible
   bool install_signal_handlers = true;  // a SIGTERM from the launcher prints what this rank was doing
 };
@@ -41,6 +43,11 @@ class World {
   bool launched() const { return launched_; }  // by mpirun/srun rather than as a singleton
   MPI_Comm comm() const { return MPI_COMM_WORLD; }
   int gpu() const { return gpu_; }  // this rank's CUDA device, -1 without one
+  // The CPUs of this node's ranks (Note [A rank's CPUs on a node] in tensor/cpu_share.h): each local rank's
+  // affinity mask and the CPUs near its GPU, gathered at init over the node, and every one's share of them.
+  const std::vector<RankCpus>& node_cpus() const { return node_cpus_; }
+  const std::vector<CpuShare>& node_shares() const { return node_shares_; }
+  const CpuShare& cpu_share() const { return node_shares_.at(size_t(local_rank_)); }
 
   const PeerInfo& peer(int rank) const { return peers_.at(size_t(rank)); }
   bool same_host(int rank) const { return peer(rank).host == hostname(); }
@@ -51,11 +58,14 @@ class World {
  private:
   World() = default;
   void setup(const WorldOptions& options);
+  void gather_node_cpus(MPI_Comm node);  // node_cpus_ and node_shares_, over the node's communicator
 
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, gpu_ = -1;
   bool launched_ = false, owns_mpi_ = false;
   std::vector<PeerInfo> peers_;
   std::vector<bool> pid_visible_;  // same-host peers whose pid this process can see (same pid namespace)
+  std::vector<RankCpus> node_cpus_;
+  std::vector<CpuShare> node_shares_;
 };
 
 // Hooks abort_world() runs before MPI_Abort (NCCL communicators register ncclCommAbort). Returns an id.

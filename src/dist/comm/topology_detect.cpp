@@ -14,6 +14,7 @@
 #include "dist/comm/bootstrap.h"
 #include "dist/comm/mpi_util.h"
 #include "tensor/check.h"
+#include "tensor/cpu_share.h"
 #if CZ_WITH_CUDA
 #include "dist/comm/cuda/cuda_check.h"
 #endif
@@ -77,12 +78,12 @@ RankPlace place_from_json(const nlohmann::json& j) {
   return p;
 }
 
+}  // namespace
+
 std::string sysfs_root(const DetectOptions& options) {
   const char* env = std::getenv("CZ_SYSFS_ROOT");
   return env && *env ? std::string(env) : options.sysfs_root;
 }
-
-}  // namespace
 
 std::string normalize_busid(const std::string& busid) {
   std::string s = busid;
@@ -171,6 +172,31 @@ int cpu_numa_node(const std::string& root, int cpu) {
     }
   }
   return 0;
+}
+
+std::vector<int> pci_local_cpus(const std::string& root, const std::string& busid) {
+  const fs::path dev = fs::path(root) / "bus" / "pci" / "devices" / normalize_busid(busid);
+  std::vector<int> cpus = parse_cpu_list(read_line(dev / "local_cpulist"));
+  if (!cpus.empty()) return cpus;
+  int node = -1;
+  try {
+    node = std::stoi(read_line(dev / "numa_node"));
+  } catch (...) {
+    return {};
+  }
+  if (node < 0) return {};
+  return parse_cpu_list(
+      read_line(fs::path(root) / "devices" / "system" / "node" / fmt::format("node{}", node) / "cpulist"));
+}
+
+std::string cuda_busid(int device) {
+#if CZ_WITH_CUDA
+  char buf[64] = {0};
+  if (device >= 0 && cudaDeviceGetPCIBusId(buf, sizeof(buf), device) == cudaSuccess) return buf;
+#else
+  (void)device;
+#endif
+  return "";
 }
 
 double network_gbps(const std::string& root) {

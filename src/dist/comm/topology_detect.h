@@ -51,6 +51,13 @@ double pcie_lane_gbps(const std::string& speed);
 int pci_numa_node(const std::string& root, const std::string& busid);  // 0 when unknown (-1 in sysfs)
 int cpu_numa_node(const std::string& root, int cpu);                   // the node listing this CPU, else 0
 double network_gbps(const std::string& root);                          // fastest NIC that is up; 0 if none
+// The CPUs near a PCI device: its local_cpulist, else the cpulist of its NUMA node; empty when sysfs says
+// neither (Note [A rank's CPUs on a node] in tensor/cpu_share.h).
+std::vector<int> pci_local_cpus(const std::string& root, const std::string& busid);
+// The PCI bus id of CUDA device `device` ("" without CUDA or without the device).
+std::string cuda_busid(int device);
+// sysfs_root(): $CZ_SYSFS_ROOT, else options.sysfs_root.
+std::string sysfs_root(const DetectOptions& options = {});
 
 // This rank's place (GPU from `gpu_busid`, or a CPU rank when empty).
 RankPlace locate_rank(int rank, const std::string& host, const std::string& gpu_busid,

@@ -236,12 +236,10 @@ void plan_the_run(const PlanRequest& req, Setup& s) {
   }
   s.copy_in_flight = !s.cfg.checkpoint_dir.empty() && !s.cfg.checkpoint_sync && save_before_last;
   // The default (-1) as the trainer resolves it, taking the planned ranks to share this host.
-  const int threads = decide_cpu_threads({.cuda = parse_device(s.cfg.device).is_cuda(),
-                                          .offload = s.cfg.offload_optimizer,
-                                          .mask_cores = available_cores(),
-                                          .local_ranks = req.world,
-                                          .loader_threads_flag = s.cfg.loader_threads})
-                          .loader_threads;
+  const int threads =
+      decide_cpu_threads(cpu_threads_request(parse_device(s.cfg.device).is_cuda(), s.cfg.offload_optimizer,
+                                             s.cfg.loader_threads, req.world))
+          .loader_threads;
   s.prefetched = int64_t(threads) * kLoaderPrefetch;
 }
 

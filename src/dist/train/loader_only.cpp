@@ -20,9 +20,11 @@ namespace cz::train {
 
 LoaderOnlyReport run_loader_only(TrainConfig cfg, dist::World& world) {
   // --loader-threads' default, as the trainer resolves it (Note [CPU threads on a CUDA rank]).
-  cfg.loader_threads = decide_cpu_threads(cpu_threads_request(parse_device(cfg.device).is_cuda(), false,
-                                                              cfg.loader_threads, world.local_size()))
-                           .loader_threads;
+  CpuThreadsRequest req =
+      cpu_threads_request(parse_device(cfg.device).is_cuda(), false, cfg.loader_threads, world.local_size());
+  req.share = world.cpu_share();
+  req.gathered = true;
+  cfg.loader_threads = decide_cpu_threads(req).loader_threads;
   DatasetOptions dopt;
   dopt.image_size = cfg.image_size;
   const auto data = open_dataset(cfg.data, Split::train, dopt);

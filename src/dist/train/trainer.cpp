@@ -174,18 +174,7 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
            flag_name(&TrainConfig::stage));
   group_ = mesh_.world();
   check_outputs();
-  // --loader-threads' default (Note [CPU threads on a CUDA rank]): the cores this rank has, less the
-  // launching thread's on CUDA; resolved before the log's start record, which shows the number used.
-  {
-    const CpuThreadsRequest req = cpu_threads_request(device_.is_cuda(), cfg_.offload_optimizer,
-                                                      cfg_.loader_threads, world_.local_size());
-    const CpuThreads threads = decide_cpu_threads(req);
-    cfg_.loader_threads = threads.loader_threads;
-    LoaderCpus cpus;
-    if (device_.is_cuda()) cpus = loader_cpus(affinity_cpus(), world_.local_size(), world_.local_rank());
-    loader_cpus_ = cpus.loaders;
-    cpu_threads_note_ = describe_cpu_threads(req, threads, cpus);
-  }
+  place_cpu_threads();
   build_data();
   CZ_CHECK(!cfg_.keep_best || eval_set_,
            "{} keeps the checkpoint of the best evaluation, but {} has no eval split; "
@@ -233,6 +222,32 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     graphs_ = std::make_unique<StepGraphs>(device_, graph_plan_.warmup_steps);
     engine_->use_device_update();  // the update reads its scalars from the device (a graph replays it)
   }
+}
+
+// --loader-threads' default and OpenMP's threads (Note [CPU threads on a CUDA rank]) from this rank's share
+// of its node's CPUs (Note [A rank's CPUs on a node]): the share's cores on a CPU rank; on a CUDA rank its
+// CPUs less the launching thread's, which stays on the share (near the GPU where the share allows, so that
+// the pinned buffers it takes are too) while the loaders take the rest. Resolved before the log's start
+// record, which shows the numbers used.
+void Trainer::place_cpu_threads() {
+  CpuThreadsRequest req = cpu_threads_request(device_.is_cuda(), cfg_.offload_optimizer, cfg_.loader_threads,
+                                              world_.local_size());
+  req.share = world_.cpu_share();
+  req.gathered = true;
+  const CpuThreads threads = decide_cpu_threads(req);
+  cfg_.loader_threads = threads.loader_threads;
+  if (req.omp_threads_env == 0) {
+    set_omp_threads_per_rank(threads.omp_threads);
+    configure_cpu_threads(threads.omp_threads);
+  }
+  ThreadCpus cpus;
+  if (device_.is_cuda()) {
+    cpus = thread_cpus(req.share, world_.node_cpus().at(size_t(world_.local_rank())).near);
+    if (!cpus.loaders.empty()) pin_current_thread(req.share.cpus);
+  }
+  loader_cpus_ = cpus.loaders;
+  cpu_threads_note_ = describe_cpu_threads(req, threads, cpus);
+  node_cpus_note_ = describe_node_shares(world_.node_cpus(), world_.node_shares());
 }
 
 // Every rank must run the same model, stage, dtypes and batch settings (the flags marked ranks_agree in the

@@ -117,6 +117,9 @@ class Trainer {
   bool classes_from_data() const { return classes_from_data_; }
   // "CPU threads per rank ...": what OpenMP and the loader got (Note [CPU threads on a CUDA rank]).
   const std::string& cpu_threads_note() const { return cpu_threads_note_; }
+  // "local rank 0: mask 0-111 -> 0-6,56-62 (...)": each rank of this host, its mask and its share of the
+  // host's CPUs (Note [A rank's CPUs on a node]).
+  const std::string& node_cpus_note() const { return node_cpus_note_; }
   // --cpu-gemm: which library runs which GEMM shape, and what choosing cost ("" on a CUDA run); warnings
   // about the cache file ("warning: ..."), rank 0's.
   const std::string& cpu_gemm_note() const { return cpu_gemm_note_; }
@@ -154,6 +157,7 @@ class Trainer {
 
  private:
   void build_model();
+  void place_cpu_threads();
   void build_data();
   void build_schedule();
   void open_eval_set(const DatasetOptions& options);  // trainer_data.cpp
@@ -206,6 +210,7 @@ class Trainer {
   std::vector<std::string> data_notes_;
   bool classes_from_data_ = false;
   std::string cpu_threads_note_;
+  std::string node_cpus_note_;
   std::string cpu_gemm_note_;
   std::vector<std::string> cpu_gemm_warnings_;
   std::string precision_note_;

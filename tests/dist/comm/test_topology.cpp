@@ -9,6 +9,7 @@
 #include "dist/comm/topology.h"
 #include "dist/comm/topology_detect.h"
 #include "tensor/check.h"
+#include "tensor/cpu_share.h"
 
 namespace cz::dist {
 namespace {
@@ -35,6 +36,12 @@ Topology dual_socket_from_sysfs() {
   return build_topology(places, options(kDualSocket));
 }
 
+std::vector<int> cpu_range(int first, int count) {
+  std::vector<int> v;
+  for (int c = first; c < first + count; ++c) v.push_back(c);
+  return v;
+}
+
 std::vector<int> rank_order(int n) {
   std::vector<int> v(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) v[size_t(i)] = i;
@@ -45,6 +52,26 @@ const LinkLoad& load_of(const Topology& t, const std::vector<LinkLoad>& loads, c
   const int i = t.find(id);
   EXPECT_GE(i, 0) << id;
   return loads.at(size_t(std::max(i, 0)));
+}
+
+// Note [A rank's CPUs on a node]: each GPU's CPUs from sysfs (local_cpulist, else its NUMA node's cpulist),
+// and 8 unbound ranks on the 32 CPUs of this box each taking 4 on its own GPU's socket.
+TEST(Sysfs, GpuLocalCpusPlaceUnboundRanksOnTheirGpusSocket) {
+  EXPECT_EQ(pci_local_cpus(kDualSocket, "0000:ba:00.0"), cpu_range(16, 16));  // its local_cpulist
+  EXPECT_EQ(pci_local_cpus(kDualSocket, "0000:19:00.0"), cpu_range(0, 16));   // node0's cpulist
+  EXPECT_EQ(pci_local_cpus(kDualSocket, "0000:9a:00.0"), cpu_range(16, 16));  // node1's
+  EXPECT_TRUE(pci_local_cpus(kDualSocket, "0000:ff:00.0").empty());           // no such device
+  std::vector<RankCpus> ranks;
+  for (int r = 0; r < 8; ++r)
+    ranks.push_back({cpu_range(0, 32), pci_local_cpus(kDualSocket, kAlternating[size_t(r)])});
+  const std::vector<CpuShare> shares = share_node_cpus(ranks);
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(shares[size_t(r)].cpus.size(), 4u) << r;
+    EXPECT_EQ(shares[size_t(r)].near, 4) << r;  // even ranks on socket 0, odd ones on socket 1
+    EXPECT_EQ(thread_cpus(shares[size_t(r)], ranks[size_t(r)].near).launcher, shares[size_t(r)].cpus.front());
+  }
+  EXPECT_EQ(shares[1].cpus, cpu_range(16, 4));
+  EXPECT_EQ(shares[2].cpus, cpu_range(4, 4));
 }
 
 TEST(Sysfs, ReadsLinkSpeedsBusIdsAndNuma) {

@@ -33,7 +33,7 @@ if ((cores >= 2)); then
   if [[ $line == "convnext_zero: OpenMP waits active: "* ]]; then
     "$py" -c "import sys; sys.exit(0 if $idle + 0.3 >= $cores - 0.05 else 1)" ||
       fail "active on $idle idle cores of $cores: $line"
-    expect active "$cores threads per rank x 1 rank on this host fit the $idle idle cores of the $cores cores" "$line"
+    expect active "$cores threads per rank x 1 rank sharing the mask fit the $idle idle cores of the $cores cores" "$line"
   else
     "$py" -c "import sys; sys.exit(0 if $idle + 0.3 < $cores + 0.05 else 1)" ||
       fail "passive on $idle idle cores of $cores: $line"
@@ -57,12 +57,13 @@ stop_loops
 expect passive "OMP_WAIT_POLICY is set in the environment" "$(run OMP_WAIT_POLICY=passive "$app")"
 
 # One thread per rank, and more threads than cores.
-expect passive "1 thread per rank x 1 rank on this host: no thread waits" "$(run OMP_NUM_THREADS=1 "$app")"
+expect passive "1 thread per rank x 1 rank sharing the mask: no thread waits" "$(run OMP_NUM_THREADS=1 "$app")"
 expect passive "oversubscribe the $cores cores" "$(run OMP_NUM_THREADS=$((2 * cores)) "$app")"
-# Under mpirun the ranks of the host share the cores: 2 ranks on 2 cores are one thread each.
+# Under mpirun unbound ranks share the mask's cores: 2 ranks on 2 cores are one thread each (bound ranks:
+# run_cpu_placement_test.sh).
 if ((cores == 2)); then
-  expect passive "1 thread per rank x 2 ranks on this host" \
-    "$(run "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$app")"
+  expect passive "1 thread per rank x 2 ranks sharing the mask" \
+    "$(run "$mpirun" --allow-run-as-root --oversubscribe --bind-to none -np 2 "$app")"
 fi
 
 # A CUDA rank's threads (Note [CPU threads on a CUDA rank]), as --plan states them for this host: the same
@@ -82,12 +83,14 @@ has() {  # has LINE WORDS...
   echo "ok: ${*: -1}"
 }
 if ((cores >= 2)); then
-  has "$(plan_line "$app")" "$cores cores: $cores in the mask / 1 rank on this host): $((cores - 1)) loader thread" \
+  has "$(plan_line "$app")" \
+    "$cores CPUs, $cores cores: its own, estimated; $cores in the mask, 1 rank on this host): $((cores - 1)) loader thread" \
     "left to the thread that launches kernels" "OpenMP 1 thread (the step's math is on the GPU) waiting passively"
   has "$(plan_line "$app" --offload-optimizer)" \
     "OpenMP $((cores - 1)) thread$( ((cores > 2)) && echo s) (the host runs the offloaded optimizer) waiting passively"
-  has "$(plan_line "$app" --ranks "$cores")" "1 core: $cores in the mask / $cores ranks on this host" \
-    "sharing the rank's one core with the thread that launches kernels"
+  has "$(plan_line "$app" --ranks "$cores")" \
+    "1 CPU, 1 core: its split of a mask $cores ranks share, estimated; $cores in the mask, $cores ranks on this host" \
+    "sharing a CPU with the thread that launches kernels"
 fi
 has "$(plan_line OMP_NUM_THREADS=3 OMP_WAIT_POLICY=active "$app" --loader-threads 5)" \
   "5 loader threads (--loader-threads 5)" "OpenMP 3 threads (OMP_NUM_THREADS=3) waiting actively (OMP_WAIT_POLICY=active)"
