@@ -250,6 +250,28 @@ void Trainer::place_cpu_threads() {
   node_cpus_note_ = describe_node_shares(world_.node_cpus(), world_.node_shares());
 }
 
+// A rank whose loader holds its steps back says so once, with the CPUs it would need (issue 51): its
+// loader threads made a batch per step_time (the wait is the part the step could not use), and the step
+// alone takes step_time - wait, so the threads that would keep up are threads x step_time / (step_time -
+// wait), and one CPU more for the launching thread on a CUDA rank.
+void Trainer::warn_if_loader_bound(double wait_s, double time_s) const {
+  if (time_s <= 0 || wait_s <= cz::kLoaderBoundFraction * time_s || cfg_.loader_threads <= 0) return;
+  const double compute_s = std::max(time_s - wait_s, 1e-9);
+  const int threads = int(std::ceil(double(cfg_.loader_threads) * time_s / compute_s));
+  const CpuShare& share = world_.cpu_share();
+  console_print(
+      stderr,
+      fmt::format("{}warning: the loader holds this rank back: data wait {:.0f}% of its steps {}-{} "
+                  "with {} loader thread{} on {} CPU{} ({} on {}); keeping up would take about {} "
+                  "loader threads{} (give the rank more CPUs: srun --cpus-per-task, mpirun --map-by "
+                  "...:PE=N; docs/data.md has the cores per GPU the whole recipe needs)\n",
+                  world_.size() > 1 ? fmt::format("[rank {}] ", world_.rank()) : "", 100 * wait_s / time_s,
+                  step_ - kLoaderCheckSteps + 2, step_, cfg_.loader_threads,
+                  cfg_.loader_threads == 1 ? "" : "s", share.cpus.size(), share.cpus.size() == 1 ? "" : "s",
+                  cpu_list(share.cpus), world_.hostname(), threads,
+                  device_.is_cuda() ? fmt::format(", {} CPUs with the launching thread", threads + 1) : ""));
+}
+
 // Every rank must run the same model, stage, dtypes and batch settings (the flags marked ranks_agree in the
 // flag table): a mismatch would otherwise show as a hang or as silently wrong results. Each rank contributes
 // a hash of each such flag's value (52 bits, exact in an f64); every rank sees all of them and so every rank
@@ -718,6 +740,7 @@ TrainSummary Trainer::run() {
       time_after_first += s.step_time_s;
       sum.data_wait_fraction = wait_after_first / time_after_first;
     }
+    if (steps_run == kLoaderCheckSteps) warn_if_loader_bound(wait_after_first, time_after_first);
     sum.add(s);
     CZ_CHECK(std::isfinite(s.loss) || s.skipped,
              "training diverged at step {}: loss is {} (try a lower {} or {})", s.step, s.loss,

@@ -158,6 +158,10 @@ class Trainer {
  private:
   void build_model();
   void place_cpu_threads();
+  // After kLoaderCheckSteps steps: a warning when the data wait passed cz::kLoaderBoundFraction of the steps
+  // after the first (io/log/train_log.h).
+  static constexpr int64_t kLoaderCheckSteps = 10;
+  void warn_if_loader_bound(double wait_s, double time_s) const;
   void build_data();
   void build_schedule();
   void open_eval_set(const DatasetOptions& options);  // trainer_data.cpp
