@@ -12,6 +12,10 @@
 #   job       the app (not the benchmark) beside bench_train_step at the same batch: synthetic data at each
 #             batch, an ImageNet-like JPEG folder with the whole recipe, CUDA graphs on/off, the loader's scaling
 #             (Note [The job stage]; the table in job.md and job.json)
+#   node      8 ranks sharing the GPU as a node's ranks would (MPI backend), bound to 2 cores each by mpirun
+#             (--map-by ppr:8:node:PE=2 --bind-to core), then unbound, beside 1 rank, on the JPEG folder with
+#             the whole recipe: per rank its mask, share, loader threads, data wait and img/s (Note [The node
+#             stage]; node.md and node.json)
 #   train     the main job's short run on the GPU (convnext_atto, bf16)
 #   eager     a ConvNeXt training step, ours against PyTorch eager, per batch size
 #   compile   the same against torch.compile
@@ -58,7 +62,7 @@ source_hash() {
     sha1sum | cut -c1-16
 }
 
-all_stages=build,test,ranks,job,train,eager,compile,switches,sanitize
+all_stages=build,test,ranks,job,node,train,eager,compile,switches,sanitize
 deps=.deps build=build-gpu bundle=.gpu-bundle/bundle.tar.xz model=tiny batches=64,128 image=224 steps=20 dry=0
 out="" peak="" limit=0 compile_mode=default only=$all_stages bench_jobs=all tests_re=""
 while (($#)); do
@@ -102,6 +106,7 @@ want() { [[ ",$only," == *",$1,"* ]]; }
 pack() {
   cp "$summary" "$out/summary.txt" 2>/dev/null || true
   cp "$logs/job/job.md" "$logs/job/job.json" "$out/" 2>/dev/null || true
+  cp "$logs/node/node.md" "$logs/node/node.json" "$out/" 2>/dev/null || true
   tar -czf "$out/gpu-check-logs.tar.gz" -C "$build" gpu-check-logs 2>/dev/null || true
 }
 trap pack EXIT
@@ -118,10 +123,10 @@ trap 'exit 143' TERM INT
 TIMES_SEEN="measured on an H100, 2026-11-26: the whole call 400 s; job stage (new) estimated"
 # The job stage (Note [The job stage]) is not measured yet: its NEED is the sum of its runs' estimates (each
 # run's start-up on a GPU, a few seconds, plus its steps), and each run is capped on its own.
-declare -A need=([build]=10 [test]=60 [ranks]=95 [job]=0 [train]=10 [eager]=100 [compile]=170 [switches]=30
+declare -A need=([build]=10 [test]=60 [ranks]=95 [job]=0 [node]=0 [train]=10 [eager]=100 [compile]=170 [switches]=30
   [sanitize]=20)
-declare -A cap=([build]=420 [test]=150 [ranks]=180 [job]=540 [train]=60 [eager]=180 [compile]=300 [switches]=90
-  [sanitize]=120)
+declare -A cap=([build]=420 [test]=150 [ranks]=180 [job]=540 [node]=300 [train]=60 [eager]=180 [compile]=300
+  [switches]=90 [sanitize]=120)
 t0=$SECONDS
 left() { if ((limit > 0)); then echo $((limit - (SECONDS - t0) - 15)); else echo 1000000; fi; }
 not_run=()  # stage or stage:job names this call had no time for
@@ -544,6 +549,31 @@ job_need() {  # the sum of the NEEDs of the job runs asked for that this tree ca
   echo $t
 }
 need[job]=$(job_need)
+# Note [The node stage]: the ranks of one 8-GPU node, played on the one GPU here (issue 51): 8 ranks over the
+# MPI backend, first as a cluster's launcher binds them (mpirun --map-by ppr:8:node:PE=C --bind-to core, C the
+# cores here over 8: 2 on a 16-core machine), then unbound (each rank's share then split from the whole
+# mask, Note [A rank's CPUs on a node]), beside 1 rank with the machine to itself, on the JPEG folder with
+# the whole recipe. ConvNeXt-small at micro-batch 48: 8 ranks on one GPU make each rank's step about 8 times
+# the GPU's time for it, as slow for its loader as a step on a GPU of its own of an 8x larger model. Each run
+# traces its last steps (every rank's data wait) and logs its steps; scripts/gpu_node_summary.py turns them
+# and the header's masks into node.md and node.json. Runs: NAME|NEED|CAP|RANKS|command.
+node_dir=$logs/node
+mpiexec_node=$prefix/usr/bin/mpiexec.openmpi
+pe=$((cores_here / 8 > 0 ? cores_here / 8 : 1))
+node_steps=16  # 2000 images at 8 x 48 a step: 3 epochs
+node_app() {  # NAME: the app's flags for one node run
+  echo "$app --model small --device cuda --precision bf16 --image-size $image --comm-backend mpi \
+--data folder:$job_data --num-classes 10 --augment --aa rand-m9-mstd0.5-inc1 --reprob 0.25 --mixup 0.8 --cutmix 1.0 \
+--micro-batch 48 --steps $node_steps --eval-batches 1 --no-progress --trace $node_dir/$1.trace.json \
+--trace-steps $((node_steps - 5)):$((node_steps - 1)) --log $node_dir/$1.jsonl"
+}
+node_plan=(
+  "node_1_rank|30|90|1|$mpiexec_node --allow-run-as-root -np 1 --bind-to none $(node_app node_1_rank)"
+  "node_8_bound|45|120|8|$mpiexec_node --allow-run-as-root --map-by ppr:8:node:PE=$pe --bind-to core -np 8 $(node_app node_8_bound)"
+  "node_8_unbound|45|120|8|$mpiexec_node --allow-run-as-root --oversubscribe --bind-to none -np 8 $(node_app node_8_unbound)"
+)
+need[node]=0
+for j in "${node_plan[@]}"; do IFS='|' read -r _ n _ <<<"$j"; need[node]=$((need[node] + n)); done
 # The tests of the test stage, and of the ranks stage (the cuda_ranks_* of tests/dist/train/CMakeLists.txt, labelled
 # `ranks`); --tests matches either stage's tests by their own names (issue 41: it composed ^cuda_ranks_.*(RE),
 # which a full test name never matched).
@@ -616,8 +646,22 @@ if ((dry)); then
   say "checking the job table against a made-up log and trace (scripts/gpu_job_summary.py --self-test)"
   "${python_env[@]}" python3 scripts/gpu_job_summary.py --self-test >"$logs/job-summary-self-test.txt" 2>&1 ||
     { tail -20 "$logs/job-summary-self-test.txt" | show; exit 1; }
+  say "checking the node table against a made-up header, log and trace (scripts/gpu_node_summary.py --self-test)"
+  "${python_env[@]}" python3 scripts/gpu_node_summary.py --self-test >"$logs/node-summary-self-test.txt" 2>&1 ||
+    { tail -20 "$logs/node-summary-self-test.txt" | show; exit 1; }
+  if want node; then
+    # The node runs' placement, on this machine's CPUs with CPU ranks (the GPU check's own mpiexec and app):
+    # a run's header must name every rank's mask and share, as the summary reads them.
+    say "node stage here: 2 CPU ranks under --map-by ppr:2:node:PE=1 --bind-to core name their masks"
+    maybe_hidden "$mpiexec_node" --allow-run-as-root --map-by ppr:2:node:PE=1 --bind-to core -np 2 \
+      "$bdir/apps/convnext_zero" --depths 1,1,1,1 --dims 8,16,24,32 --image-size 32 --micro-batch 2 --steps 1 \
+      --eval-batches 0 --no-progress --device cpu >"$logs/node-dry.log" 2>&1 ||
+      { tail -20 "$logs/node-dry.log" | show; say "the node stage's launch failed here"; exit 1; }
+    grep -E "^convnext_zero: CPUs of the ranks on this host" "$logs/node-dry.log" | show ||
+      { say "the node stage's header line is missing"; exit 1; }
+  fi
   "${python_env[@]}" python3 -m py_compile bench/train_step_torch.py scripts/gpu_check_summary.py \
-    scripts/gpu_job_summary.py
+    scripts/gpu_job_summary.py scripts/gpu_node_summary.py
   # The tests each ctest stage would run, as the bundle's ctest files list them: a stage with none fails.
   # (With --tests, a stage may select none, so long as the other selects some.)
   selected=0
@@ -648,6 +692,11 @@ if ((dry)); then
       want job && want_job "$name" && echo "job $name (needs $jneed s, at most $jcap s): $cmd"
     done
     want job && echo "job: then scripts/gpu_job_summary.py $job_dir (job.md, job.json, also copied into OUT)"
+    for job in "${node_plan[@]}"; do
+      IFS='|' read -r name jneed jcap _ cmd <<<"$job"
+      want node && echo "node $name (needs $jneed s, at most $jcap s): $cmd"
+    done
+    want node && echo "node: then scripts/gpu_node_summary.py $node_dir (node.md, node.json, also copied into OUT)"
     want train && echo "train (needs ${need[train]} s, at most ${cap[train]}): convnext_zero ${train_args[*]}"
     for job in "${bench_plan[@]}"; do
       IFS='|' read -r st name jneed jcap cmd <<<"$job"
@@ -704,7 +753,7 @@ fi
 # The job stage's JPEG folder, made while the test stages run (one core; ~10 ms an image). The photographs come
 # with the bundle (the GPU machine lacks the packages that ship them); without a bundle, from the packages.
 gen_pid=""
-if want job && want_job folder_b$fb; then
+if { want job && want_job folder_b$fb; } || want node; then
   mkdir -p "$job_dir"
   rm -rf "$job_data"
   photos=()
@@ -860,6 +909,50 @@ if begin job; then
   done
   "${python_env[@]}" python3 scripts/gpu_job_summary.py "$job_dir" 2>&1 | show || { status=1; result="summary failed"; }
   end job "$result"
+fi
+
+# ---- node: a node's ranks on one GPU, bound and unbound (Note [The node stage]) ----
+if begin node; then
+  mkdir -p "$node_dir"
+  : >"$node_dir/runs.tsv"
+  result=ok
+  gen_rc=0
+  [[ -z "$gen_pid" ]] || wait "$gen_pid" || gen_rc=$?
+  gen_pid=""
+  if ((gen_rc != 0)) || [[ ! -d "$job_data" ]]; then
+    result="skipped: tools/make_imagenet_like.py failed"
+  else
+    for job in "${node_plan[@]}"; do
+      IFS='|' read -r name jneed jcap ranks cmd <<<"$job"
+      if ! fits "node:$name" "$jneed"; then
+        printf '%s\t%s\t-\t-\t-\t%s\n' "$name" "$ranks" "not run: out of time" >>"$node_dir/runs.tsv"
+        result="some not run"
+        continue
+      fi
+      say "node $name"
+      rc=0
+      # shellcheck disable=SC2086  # the plan's commands are plain words
+      capped "$jcap" $cmd >"$node_dir/$name.txt" 2>&1 || rc=$?
+      state=ok
+      if ((rc == 124)); then
+        state="cut off after $jcap s (or the time limit)"
+        not_run+=("node:$name")
+        result="some cut off"
+      elif ((rc != 0)); then
+        state="failed (exit $rc): $(tail -1 "$node_dir/$name.txt" | tr '\t' ' ')"
+        status=1
+        result="some failed"
+      fi
+      ((rc == 0)) || say "$name: $state"
+      printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$ranks" "$node_dir/$name.txt" "$node_dir/$name.jsonl" \
+        "$node_dir/$name.trace.json" "$state" >>"$node_dir/runs.tsv"
+      grep -E "^convnext_zero: (CPU threads|CPUs of the ranks)|warning: the loader|^done:" "$node_dir/$name.txt" |
+        cut -c1-400 | show || true
+    done
+    "${python_env[@]}" python3 scripts/gpu_node_summary.py "$node_dir" 2>&1 | show ||
+      { status=1; result="summary failed"; }
+  fi
+  end node "$result"
 fi
 
 # ---- train: the main job's short run on the GPU, bf16 ----
