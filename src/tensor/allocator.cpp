@@ -32,6 +32,12 @@ size_t round_to_size_class(size_t nbytes) {
   return (nbytes + step - 1) / step * step;
 }
 
+size_t round_to_pinned_class(size_t nbytes) {
+  if (nbytes <= (size_t(1) << 20)) return round_to_size_class(nbytes);
+  const size_t step = std::bit_ceil(nbytes) / 16;
+  return (nbytes + step - 1) / step * step;
+}
+
 namespace {
 
 // Blocks are cached by exact size class and handed out again on a later request of the same class.

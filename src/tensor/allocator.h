@@ -101,6 +101,10 @@ Allocator& pinned_host_allocator();
 // eight steps per power of two (at most 12.5% waste), above 1 MiB one of 64 (at most 1.6%), so freed blocks
 // are found again by exact class.
 size_t round_to_size_class(size_t nbytes);
+// The pinned host pool's classes (Note [Pinned blocks] in cuda/block_pool.h): as round_to_size_class up to
+// 1 MiB, and eight steps per power of two above it too (at most 12.5% waste), so that requests whose size
+// changes with every batch share a few classes.
+size_t round_to_pinned_class(size_t nbytes);
 
 // Note [Freed heap memory stays mapped]: the caching allocators keep our own blocks, but the libraries under
 // the kernels take theirs from malloc on every call (oneDNN's sgemm packs the weight into a fresh buffer for

@@ -83,6 +83,7 @@ class FakeGpu {
   int syncs = 0;
   int system_frees = 0;
   int warnings = 0;
+  int64_t kept_for_graphs = -1;  // as the last out_of_memory was told
 
  private:
   std::mutex mu_;
@@ -108,7 +109,8 @@ struct FakeBackend {
   void recycle(const Event&) { --gpu->events_out; }
   void* system_alloc(size_t cls) { return gpu->alloc(cls); }
   void system_free(void* p) { gpu->free(p); }
-  [[noreturn]] void out_of_memory(size_t cls, size_t, const MemoryStats&) {
+  [[noreturn]] void out_of_memory(size_t cls, size_t, const MemoryStats&, int64_t kept_for_graphs) {
+    gpu->kept_for_graphs = kept_for_graphs;
     throw FakeOom("fake out of memory for " + std::to_string(cls));
   }
   void warn_release_failure(const std::exception&) noexcept { ++gpu->warnings; }
@@ -408,6 +410,98 @@ TEST(BlockPool, OutOfMemoryDuringCaptureFreesNothing) {
   EXPECT_NE(pool.allocate(kSize, kSide), nullptr);  // now the cache goes back to the system first
   EXPECT_EQ(gpu.system_frees, 1);
   pool.release(live);
+}
+
+// Note [Graph pools outlive memory pressure]: after a capture, the out-of-memory retry and empty_cache return
+// the other pools' cached blocks to the system and keep the capture stream's, whose addresses the graph
+// replays, until release_graph_blocks.
+TEST(BlockPool, GraphPoolsSurviveTheOutOfMemoryRetryAndEmptyCache) {
+  FakeGpu gpu(4 * size_t(kCls));
+  Pool pool(FakeBackend{&gpu}, true, "fake");
+  void* warm = pool.allocate(kSize, kSide);  // a warm-up's temporary: the capture takes it again
+  pool.release(warm);
+  pool.begin_capture(kSide);
+  void* tmp = pool.allocate(kSize, kSide);
+  ASSERT_EQ(tmp, warm);
+  pool.release(tmp);  // free in the graph's pool: the graph writes it at every replay
+  pool.end_capture();
+  void* other = pool.allocate(kSize, kA);
+  pool.release(other);                      // cached in an ordinary pool
+  void* live = pool.allocate(kSize, kB);    // 3 of 4 blocks' room in use or cached
+  EXPECT_EQ(pool.kept_for_graphs(), kCls);  // the free block of the graph's pool
+
+  // A request the room left cannot serve: the retry frees the other pool's block only.
+  void* big = pool.allocate(2 * kSize, kA);
+  EXPECT_EQ(gpu.system_frees, 1);
+  EXPECT_EQ(pool.num_cached(), 1u);
+  EXPECT_EQ(pool.stats().reserved_bytes, int64_t(gpu.used()));
+  // One that fails even so: the error says what the graphs keep.
+  EXPECT_THROW(pool.allocate(kSize, kB), FakeOom);
+  EXPECT_EQ(gpu.kept_for_graphs, kCls);
+  EXPECT_EQ(gpu.system_frees, 1);
+  pool.release(big);
+  pool.empty_cache();  // the same rule
+  EXPECT_EQ(gpu.system_frees, 2);
+  EXPECT_EQ(pool.allocate(kSize, kSide), warm);  // the replay's address is still the graph's
+  pool.release(warm);
+
+  // The graphs are gone: the pool is an ordinary one again.
+  pool.release_graph_blocks();
+  EXPECT_EQ(pool.kept_for_graphs(), 0);
+  pool.empty_cache();
+  EXPECT_EQ(gpu.system_frees, 3);
+  EXPECT_EQ(gpu.used(), size_t(kCls));  // `live` only
+  EXPECT_EQ(pool.stats().reserved_bytes, kCls);
+  pool.release(live);
+}
+
+// Blocks held for a graph (freed during a capture from another pool) stay out of both as well.
+TEST(BlockPool, BlocksHeldForAGraphSurviveTheOutOfMemoryRetry) {
+  FakeGpu gpu(2 * size_t(kCls));
+  Pool pool(FakeBackend{&gpu}, true, "fake");
+  void* weights = pool.allocate(kSize, kLegacy);
+  pool.begin_capture(kSide);
+  pool.release(weights);  // the graph may read it at every replay
+  pool.end_capture();
+  EXPECT_EQ(pool.kept_for_graphs(), kCls);
+  void* a = pool.allocate(kSize, kA);
+  EXPECT_THROW(pool.allocate(kSize, kB), FakeOom);  // the room is the held block's and a's
+  EXPECT_EQ(gpu.system_frees, 0);
+  pool.empty_cache();
+  EXPECT_EQ(gpu.system_frees, 0);
+  pool.release_graph_blocks();
+  pool.empty_cache();
+  EXPECT_EQ(gpu.system_frees, 1);
+  pool.release(a);
+}
+
+// Note [Pinned blocks]: without home streams a request takes the smallest free block of at most twice its
+// class, and counts that block's class; the device pools keep exact classes (the memory planner's rule).
+TEST(BlockPool, PinnedRequestsTakeTheSmallestFreeBlockUpToTwiceTheirClass) {
+  FakeGpu gpu;
+  Pool pinned(FakeBackend{&gpu}, /*home_streams=*/false, "pinned");
+  void* b3 = pinned.allocate(3'000'000, Stream{});
+  void* b4 = pinned.allocate(4'400'000, Stream{});
+  void* b9 = pinned.allocate(9'000'000, Stream{});
+  pinned.release(b9);
+  pinned.release(b4);
+  pinned.release(b3);
+  EXPECT_EQ(pinned.allocate(2'500'000, Stream{}), b3);  // the smallest that fits, not the last freed
+  EXPECT_EQ(pinned.stats().allocated_bytes, int64_t(round_to_pinned_class(3'000'000)));
+  EXPECT_EQ(pinned.allocate(2'500'000, Stream{}), b4);  // 4.5 MiB <= twice 2.5 MiB
+  void* fresh = pinned.allocate(2'500'000, Stream{});   // 9 MB would hold over twice the request
+  EXPECT_NE(fresh, b9);
+  EXPECT_EQ(pinned.allocate(5'000'000, Stream{}), b9);
+  const MemoryStats s = pinned.stats();
+  EXPECT_EQ(s.num_system_allocs, 4);
+  EXPECT_EQ(s.allocated_bytes, s.reserved_bytes);
+  EXPECT_EQ(s.reserved_bytes, int64_t(round_to_pinned_class(3'000'000) + round_to_pinned_class(4'400'000) +
+                                      round_to_pinned_class(9'000'000) + round_to_pinned_class(2'500'000)));
+
+  Pool device(FakeBackend{&gpu}, /*home_streams=*/true, "fake");
+  void* d = device.allocate(2 * kSize, kA);
+  device.release(d);
+  EXPECT_NE(device.allocate(kSize + 1, kA), d);  // a larger class is not handed out on the device
 }
 
 TEST(BlockPool, StatisticsStayConsistentUnderConcurrentUse) {

@@ -195,7 +195,7 @@ TEST(CudaAllocator, PinnedHostMemoryKeepsItsOwnStatisticsAndWaitsForRecordedCopi
   {
     DataPtr host = p.allocate(n);
     first = host.get();
-    EXPECT_EQ(p.stats().allocated_bytes - before.allocated_bytes, int64_t(round_to_size_class(n)));
+    EXPECT_EQ(p.stats().allocated_bytes - before.allocated_bytes, int64_t(round_to_pinned_class(n)));
     std::memset(host.get(), 0, n);
     cuda::busy_wait(side, 300'000);
     cuda_runtime::memcpy_async(dev.raw_data(), host.get(), n, cuda_runtime::CopyKind::host_to_device, side);

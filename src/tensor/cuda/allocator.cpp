@@ -32,7 +32,8 @@ namespace cz::cuda {
 //  * Pinned host blocks have no home stream: the host writes into a fresh block immediately, ordered after
 //    nothing on the GPU. So every stream that reads or writes a pinned block asynchronously must be recorded,
 //    and the block is reused only after all of those events completed. (Tensor::copy_ records the pinned
-//    staging block of a host-to-device copy on its stream; device-to-host copies synchronise.)
+//    staging block of a host-to-device copy on its stream; device-to-host copies synchronise.) How pinned
+//    blocks are sized and matched to requests: Note [Pinned blocks] in block_pool.h.
 //  * A stream used without record_stream is a bug of the caller, as with any caching allocator: the block can
 //    be handed out while that stream still uses it.
 // The bookkeeping lives in BlockPool (block_pool.h), parameterised by the CUDA calls (CudaBackend below), so
@@ -126,7 +127,8 @@ class CudaBackend {
     }
   }
 
-  [[noreturn]] void out_of_memory(size_t cls, size_t requested, const MemoryStats& stats) {
+  [[noreturn]] void out_of_memory(size_t cls, size_t requested, const MemoryStats& stats,
+                                  int64_t kept_for_graphs) {
     std::string device_line;
     if (!pinned_) {
       size_t free_b = 0, total_b = 0;
@@ -137,13 +139,19 @@ class CudaBackend {
       else
         (void)cudaGetLastError();
     }
+    // Note [Graph pools outlive memory pressure]: what live CUDA graphs address stays reserved.
+    const std::string graphs_line =
+        kept_for_graphs > 0
+            ? fmt::format(", of which {} cached for live CUDA graphs (kept until they are destroyed)",
+                          bytes_str(kept_for_graphs))
+            : std::string();
     throw OutOfMemoryError(fmt::format(
         "{}CUDA out of memory: {} allocator could not get {} (requested {}) even after returning its cache "
-        "to the driver. Held by live tensors: {} (peak {}); reserved: {} (peak {}){}",
+        "to the driver. Held by live tensors: {} (peak {}); reserved: {} (peak {}){}{}",
         log_prefix(), pinned_ ? "pinned host" : Device::cuda(device_).str(), bytes_str(int64_t(cls)),
         bytes_str(int64_t(requested)), bytes_str(stats.allocated_bytes),
         bytes_str(stats.peak_allocated_bytes), bytes_str(stats.reserved_bytes),
-        bytes_str(stats.peak_reserved_bytes), device_line));
+        bytes_str(stats.peak_reserved_bytes), graphs_line, device_line));
   }
 
   void warn_release_failure(const std::exception& e) noexcept { cuda::warn_release_failure(e); }

@@ -1,11 +1,14 @@
 // The bookkeeping of the CUDA caching allocators (Note [Cross-stream frees] in allocator.cpp): live blocks,
-// free blocks pooled per (home stream, size class), blocks waiting for events on other streams, statistics.
-// It calls no CUDA function itself, so tests drive it on a CPU with fake streams and events.
+// free blocks pooled per (home stream, size class), blocks waiting for events on other streams, the blocks
+// CUDA graphs address, statistics. It calls no CUDA function itself, so tests drive it on a CPU with fake
+// streams and events.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <exception>
+#include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -18,6 +21,24 @@
 
 namespace cz::cuda {
 
+// Note [Pinned blocks]: page-locked host memory is dear to get (cudaHostAlloc maps and locks every page and
+// synchronises the device), and it is asked for by whatever thread needs it, the launching thread included
+// (copy_ahead's packed draws, Tensor::to's staging). Requests of one use may vary from batch to batch: the
+// packed draws of the whole recipe (random erasing's values) are 2-5 MB a batch at 224 px, batch 128, a
+// different size each time. By the device's exact classes (64 per power of two above 1 MiB) they fall in
+// dozens of classes, each a cudaHostAlloc on the launching thread when first met, cached for good. So:
+//  * the pinned pool (a BlockPool without home streams) rounds a request to round_to_pinned_class (8 classes
+//    per power of two: at most 12.5% more) and hands it the smallest free block of at most twice its class.
+//    A block serves every request down to half its size, and the pool grows only while the blocks held at
+//    once (live, or pending on a copy) grow in number, or a request outgrows every block by a class;
+//  * the packed draws are asked for at a capacity that only grows (grow_draws_capacity in
+//    io/data/model_input.h), so the pool hands the same blocks back batch after batch;
+// and after the first batches the pool stays flat (tests/io/test_pinned_draws.cpp replays 200 batches of the
+// recipe; its `cuda` case counts the cudaHostAllocs of the real loader). `allocated` counts the class of the
+// block handed out, which is what is held. Why not PyTorch's rounding to powers of two: the batches' pixels
+// are the largest pinned blocks (19.3 MB at 224 px, batch 128, threads x prefetch of them), and would hold up
+// to 2x.
+//
 // `Backend` does the system side; the pool calls it with its lock held, so it needs no lock of its own:
 //   using Event = ...;                                  // a copyable handle
 //   Event record(const Stream& s);                      // an event recorded on `s` now (throws on failure)
@@ -26,7 +47,8 @@ namespace cz::cuda {
 //   void recycle(const Event& e);                       // the pool is done with it
 //   void* system_alloc(size_t cls);                     // nullptr when out of memory; throws on other errors
 //   void system_free(void* p);
-//   [[noreturn]] void out_of_memory(size_t cls, size_t requested, const MemoryStats& stats);
+//   [[noreturn]] void out_of_memory(size_t cls, size_t requested, const MemoryStats& stats,
+//                                   int64_t kept_for_graphs);  // cached bytes live graphs address
 //   void warn_release_failure(const std::exception& e) noexcept;
 template <class Backend>
 class BlockPool {
@@ -34,18 +56,20 @@ class BlockPool {
   using Event = typename Backend::Event;
 
   // With `home_streams` false (pinned host memory) every block shares one pool: the host writes a block at
-  // once, ordered after nothing on any stream.
+  // once, ordered after nothing on any stream; and blocks are sized and reused by Note [Pinned blocks].
   // `name` ("cuda:0", "pinned host") is for messages.
   BlockPool(Backend backend, bool home_streams, std::string name)
       : backend_(std::move(backend)), home_streams_(home_streams), name_(std::move(name)) {}
 
-  // A block of round_to_size_class(nbytes) bytes for work on `stream`.
+  // A block for work on `stream`: of round_to_size_class(nbytes) bytes with home streams (device memory: the
+  // memory planner replays that rule), else at least round_to_pinned_class(nbytes) (Note [Pinned blocks]).
   void* allocate(size_t nbytes, const Stream& stream) {
-    const size_t cls = round_to_size_class(nbytes);
+    const size_t cls = home_streams_ ? round_to_size_class(nbytes) : round_to_pinned_class(nbytes);
     void* home = home_of(stream);
     std::lock_guard<std::mutex> lock(mu_);
     if (!capture_) process_pending(/*wait=*/false);  // Note [Allocations during capture]: no event queries
-    void* p = take_cached(home, cls);
+    size_t got = cls;
+    void* p = take_cached(home, cls, got);
     if (!p) {
       p = system_alloc(cls, nbytes);
       stats_.reserved_bytes += int64_t(cls);
@@ -53,8 +77,8 @@ class BlockPool {
       ++stats_.num_system_allocs;
     }
     // Note [Allocations during capture]: a block the graph may use that is not of the capture stream's pool.
-    live_.emplace(p, Block{cls, home, {}, capture_ && home != capture_home_});
-    stats_.allocated_bytes += int64_t(cls);
+    live_.emplace(p, Block{got, home, {}, capture_ && home != capture_home_});
+    stats_.allocated_bytes += int64_t(got);
     stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
     ++stats_.num_allocs;
     return p;
@@ -107,7 +131,8 @@ class BlockPool {
     }
   }
 
-  // Waits for pending blocks, then returns every cached block to the system.
+  // Waits for pending blocks, then returns every cached block to the system but those of the pools live CUDA
+  // graphs address (Note [Graph pools outlive memory pressure]).
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mu_);
     CZ_CHECK(!capture_, "{} allocator: empty_cache during a CUDA graph capture", name_);
@@ -122,12 +147,23 @@ class BlockPool {
   // stream); a block of another pool freed during the capture, or allocated during it and freed at any time
   // later, and a block used on other streams freed during the capture, are held for the graph until
   // release_graph_blocks().
+  //
+  // Note [Graph pools outlive memory pressure]: a graph replays the addresses it was captured with, so every
+  // block it may write must stay the process's until it is destroyed, also when memory runs short. Those are
+  // the capture stream's free blocks (its pool is the graph's private pool: any of them may be one a capture
+  // used), the held blocks above, and live blocks (never freed by anyone but their owner). So from
+  // begin_capture on, the capture stream's pool is a graph pool: empty_cache() and the out-of-memory retry
+  // return the other pools' cached blocks to the system and keep the graph pools' (and the held blocks), and
+  // an allocation that still fails says how much they keep. release_graph_blocks() ends that, as PyTorch's
+  // caching allocator frees a graph's private pool only once no graph uses it.
   void begin_capture(const Stream& stream) {
     std::lock_guard<std::mutex> lock(mu_);
     CZ_CHECK(home_streams_, "{} allocator: a CUDA graph captures device memory only", name_);
     CZ_CHECK(!capture_, "{} allocator: a CUDA graph capture is already under way", name_);
     capture_ = true;
     capture_home_ = stream.handle;
+    if (std::find(graph_homes_.begin(), graph_homes_.end(), stream.handle) == graph_homes_.end())
+      graph_homes_.push_back(stream.handle);
   }
   void end_capture() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -135,13 +171,15 @@ class BlockPool {
     capture_home_ = nullptr;
   }
   // Once no graph that was captured can run again (destroyed, and the device synchronised): the held blocks
-  // go back to their home pools, and blocks still live from a capture become ordinary ones.
+  // go back to their home pools, blocks still live from a capture become ordinary ones, and the graph pools
+  // ordinary pools (Note [Graph pools outlive memory pressure]).
   void release_graph_blocks() {
     std::lock_guard<std::mutex> lock(mu_);
     CZ_CHECK(!capture_, "{} allocator: release_graph_blocks during a capture", name_);
     for (const Pending& h : graph_held_) free_[{h.home, h.cls}].push_back(h.ptr);
     graph_held_.clear();
     for (auto& [ptr, b] : live_) b.graph = false;
+    graph_homes_.clear();
   }
 
   MemoryStats stats() const {
@@ -170,6 +208,11 @@ class BlockPool {
     std::lock_guard<std::mutex> lock(mu_);
     return graph_held_.size();
   }
+  // Cached bytes that empty_cache() and the out-of-memory retry keep for live graphs.
+  int64_t kept_for_graphs() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return graph_kept_bytes();
+  }
 
  private:
   struct Block {
@@ -184,25 +227,44 @@ class BlockPool {
     void* home;
     std::vector<Event> events;
   };
+  // Ordered by home, then class, so that a pool's classes from `cls` up are one range (Note [Pinned blocks]).
   struct PoolKey {
     void* home;
     size_t cls;
-    bool operator==(const PoolKey&) const = default;
   };
-  struct PoolKeyHash {
-    size_t operator()(const PoolKey& k) const {
-      return std::hash<void*>()(k.home) ^ (std::hash<size_t>()(k.cls) * 0x9E3779B97F4A7C15ull);
+  struct PoolKeyLess {
+    bool operator()(const PoolKey& a, const PoolKey& b) const {
+      if (a.home != b.home) return std::less<void*>()(a.home, b.home);
+      return a.cls < b.cls;
     }
   };
 
   void* home_of(const Stream& s) const { return home_streams_ ? s.handle : nullptr; }
 
-  void* take_cached(void* home, size_t cls) {
-    auto it = free_.find({home, cls});
-    if (it == free_.end() || it->second.empty()) return nullptr;
-    void* p = it->second.back();
-    it->second.pop_back();
-    return p;
+  // A cached block of `home`'s pool for a request of class `cls`: of that class exactly with home streams;
+  // without, the smallest free one of at most twice it (Note [Pinned blocks]). `got`: its class.
+  void* take_cached(void* home, size_t cls, size_t& got) {
+    const size_t largest = home_streams_ ? cls : 2 * cls;
+    for (auto it = free_.lower_bound({home, cls}); it != free_.end() && it->first.home == home; ++it) {
+      if (it->first.cls > largest) break;
+      if (it->second.empty()) continue;
+      void* p = it->second.back();
+      it->second.pop_back();
+      got = it->first.cls;
+      return p;
+    }
+    return nullptr;
+  }
+
+  bool graph_pool(void* home) const {
+    return std::find(graph_homes_.begin(), graph_homes_.end(), home) != graph_homes_.end();
+  }
+  int64_t graph_kept_bytes() const {
+    int64_t n = 0;
+    for (const auto& [key, blocks] : free_)
+      if (graph_pool(key.home)) n += int64_t(key.cls * blocks.size());
+    for (const Pending& h : graph_held_) n += int64_t(h.cls);
+    return n;
   }
 
   // Moves pending blocks whose events have all completed to their pools; with `wait`, waits for all of them.
@@ -229,26 +291,34 @@ class BlockPool {
     }
   }
 
-  // Waits for pending blocks, then returns every cached block to the system. Caller holds mu_.
+  // Waits for pending blocks, then returns every cached block to the system but the graph pools'
+  // (Note [Graph pools outlive memory pressure]). Caller holds mu_.
   void release_cache() {
     process_pending(/*wait=*/true);
-    for (auto& [key, blocks] : free_) {
+    for (auto it = free_.begin(); it != free_.end();) {
+      if (graph_pool(it->first.home)) {
+        ++it;
+        continue;
+      }
+      std::vector<void*>& blocks = it->second;
       while (!blocks.empty()) {  // one at a time, so a failure leaves the statistics true
         backend_.system_free(blocks.back());
         blocks.pop_back();
-        stats_.reserved_bytes -= int64_t(key.cls);
+        stats_.reserved_bytes -= int64_t(it->first.cls);
       }
+      it = free_.erase(it);
     }
-    free_.clear();
   }
 
-  // On failure, waits for pending frees, returns the whole cache to the system and tries once more.
+  // On failure, waits for pending frees, returns the cache (less the graph pools) to the system and tries
+  // once more.
   void* system_alloc(size_t cls, size_t requested) {
     if (void* p = backend_.system_alloc(cls)) return p;
-    if (capture_) backend_.out_of_memory(cls, requested, stats_);  // freeing the cache would end the capture
+    if (capture_)  // freeing the cache would end the capture
+      backend_.out_of_memory(cls, requested, stats_, graph_kept_bytes());
     release_cache();
     if (void* p = backend_.system_alloc(cls)) return p;
-    backend_.out_of_memory(cls, requested, stats_);
+    backend_.out_of_memory(cls, requested, stats_, graph_kept_bytes());
   }
 
   Backend backend_;
@@ -256,11 +326,12 @@ class BlockPool {
   const std::string name_;
   mutable std::mutex mu_;
   std::unordered_map<void*, Block> live_;
-  std::unordered_map<PoolKey, std::vector<void*>, PoolKeyHash> free_;
+  std::map<PoolKey, std::vector<void*>, PoolKeyLess> free_;
   std::vector<Pending> pending_;
   std::vector<Pending> graph_held_;  // Note [Allocations during capture] (no events)
   bool capture_ = false;
   void* capture_home_ = nullptr;
+  std::vector<void*> graph_homes_;  // Note [Graph pools outlive memory pressure]: streams captured on
   MemoryStats stats_;
 };
 
