@@ -2,6 +2,7 @@
 // model_input_element.h rounded on its own, as normalise_u8's and apply_mix's are.
 #include "io/data/model_input.h"
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -80,6 +81,10 @@ int64_t model_input_bytes(const Batch& batch) {
          d.num_values * int64_t(sizeof(float));
 }
 
+size_t grow_draws_capacity(size_t capacity, size_t bytes) {
+  return bytes <= capacity ? capacity : round_to_pinned_class(bytes + bytes / 4);
+}
+
 PackedDraws pack_model_input_draws(const Batch& batch, bool pinned) {
   const ModelInputDraws d = model_input_draws(batch);
   const size_t b_images = d.images.size() * sizeof(batch_input::ImageParams);
@@ -87,10 +92,17 @@ PackedDraws pack_model_input_draws(const Batch& batch, bool pinned) {
   const size_t total = b_images + b_rects + size_t(d.num_values) * sizeof(float);
   PackedDraws p;
   p.rects_at = int64_t(b_images), p.values_at = int64_t(b_images + b_rects);
-  if (pinned)
-    p.pinned = empty_pinned({int64_t(total)}, DType::u8);
-  else
+  if (pinned) {
+    // Note [Pinned blocks]: the process's capacity, the same for every batch (and every loader) until a
+    // batch's draws outgrow it.
+    static std::atomic<size_t> capacity{0};
+    size_t c = capacity.load(std::memory_order_relaxed);
+    size_t want = grow_draws_capacity(c, total);
+    while (want != c && !capacity.compare_exchange_weak(c, want)) want = grow_draws_capacity(c, total);
+    p.pinned = empty_pinned({int64_t(want)}, DType::u8).narrow(0, 0, int64_t(total));
+  } else {
     p.host.resize(total);
+  }
   uint8_t* base = const_cast<uint8_t*>(p.data());
   if (b_images) std::memcpy(base, d.images.data(), b_images);
   if (b_rects) std::memcpy(base + p.rects_at, d.rects.data(), b_rects);

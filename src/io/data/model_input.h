@@ -47,6 +47,13 @@ struct PackedDraws {
 };
 PackedDraws pack_model_input_draws(const Batch& batch, bool pinned);
 
+// Note [Pinned blocks] (tensor/cuda/block_pool.h): the packed draws change size with every batch (random
+// erasing's values: 2-5 MB a batch of the whole recipe at 224 px, batch 128), so their pinned buffer is
+// asked for at a capacity that only grows: `capacity` while the draws fit, else the pinned class of a quarter
+// more than them. The pool then hands back blocks of one class batch after batch, and the capacity grows a
+// few times in a run, in the first batches. pack_model_input_draws keeps the process's capacity.
+size_t grow_draws_capacity(size_t capacity, size_t bytes);
+
 // (n, H, W, 3) f32 on `device`: batch.pixels normalised, erased and mixed (Note [Normalising on the device]).
 // A batch without pixels but with `images` (made without a loader: benches, tests) gives those, on `device`.
 Tensor model_input(const Batch& batch, const Device& device);
