@@ -3,9 +3,9 @@
 // as the same run without graphs (whose update takes its scalars as kernel arguments and decides on the host:
 // Note [The optimizer's device scalars]): fp32 and bf16 at one rank, with gradient accumulation, AdamW and
 // SGD with clipping on every step, fp16 with overflowing steps skipped on the device and the scale halved
-// between replays, with evaluations and the EMA between replays, and with a micro-batch of another shape
-// falling back to an eager micro-step. The ZeRO stages 1-3 are not captured: auto runs them eagerly, on is
-// refused. Skips without a GPU.
+// between replays, with evaluations and the EMA between replays, with a micro-batch of another shape
+// falling back to an eager micro-step, and with the device out of memory after the capture. The ZeRO stages
+// 1-3 are not captured: auto runs them eagerly, on is refused. Skips without a GPU.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dist/train/trainer.h"
+#include "tensor/cuda/allocator.h"
 #include "tensor/cuda_test_util.h"
 #include "tensor/random.h"
 #include "trainer_testing.h"
@@ -208,6 +209,62 @@ TEST(StepGraphs, AnotherShapeRunsEagerly) {
   EXPECT_EQ(b_eager, 1);
   EXPECT_EQ(b_replays, 8 - kGraphWarmupSteps - 1);
   EXPECT_EQ(bits_differing(a, b), 0u);
+}
+
+// Note [Graph pools outlive memory pressure] (tensor/cuda/block_pool.h): after the capture, a request the
+// device cannot serve makes the allocator return its cache to the driver, but for the graph stream's pool,
+// whose addresses the replays write. Other work then takes what was returned and fills it; it must keep its
+// contents through the replays, and every step, weight and optimizer state must match the run without graphs
+// forced out of memory at the same step, bit for bit.
+TEST(StepGraphs, OutOfMemoryAfterTheCaptureKeepsTheGraphsBlocks) {
+  CZ_REQUIRE_GPU();
+  constexpr int64_t kSquat = 64 << 10;  // bytes per block of the other work
+  auto run = [](const char* graphs) {
+    TrainConfig c = gpu_config("bf16", graphs);
+    c.steps = 8;
+    c.clip_grad = 1.0;
+    Trainer t(c, dist::World::get());
+    Allocator& device = allocator_for(Device::cuda(0));
+    Outcome o;
+    std::vector<Tensor> squatters;
+    int64_t kept = -1;
+    for (int64_t s = 0; s < c.steps; ++s) {
+      if (s == kGraphWarmupSteps + 1) {  // after the capture's step, before the replays that follow
+        const MemoryStats before = device.stats();
+        try {
+          empty({int64_t(1) << 50}, DType::u8, Device::cuda(0));  // a pebibyte
+          ADD_FAILURE() << "1 PiB was allocated";
+        } catch (const cuda::OutOfMemoryError& e) {
+          if (std::string(graphs) == "on") {
+            EXPECT_THAT(e.what(), HasSubstr("for live CUDA graphs"));
+          }
+        }
+        const MemoryStats after = device.stats();
+        kept = after.reserved_bytes - after.allocated_bytes;
+        const int64_t returned = before.reserved_bytes - after.reserved_bytes;
+        for (int64_t b = 0; b < returned + kept && squatters.size() < 4096; b += kSquat)
+          squatters.push_back(full({kSquat / 4}, 7.0, DType::f32, Device::cuda(0)));
+      }
+      const StepStats st = t.step();
+      o.values.push_back(st.loss);
+      o.values.push_back(st.grad_norm);
+    }
+    for (float w : master_values(t)) o.values.push_back(w);
+    push_optimizer_state(t, o.values);
+    o.replays = t.graph_replays();
+    size_t overwritten = 0;
+    for (const Tensor& q : squatters)
+      for (float x : q.to(Device::cpu()).to_vector<float>()) overwritten += x != 7.0f;
+    EXPECT_EQ(overwritten, 0u) << graphs
+                               << ": a replay wrote memory the allocator had returned to the driver";
+    return std::pair(o, kept);
+  };
+  const auto [a, a_kept] = run("off");
+  const auto [b, b_kept] = run("on");
+  EXPECT_EQ(a_kept, 0) << "without graphs the retry returns every cached block";
+  EXPECT_GT(b_kept, 0) << "the graph stream's pool was returned to the driver";
+  EXPECT_EQ(b.replays, 8 - kGraphWarmupSteps);
+  EXPECT_EQ(bits_differing(a.values, b.values), 0u);
 }
 
 // Not captured: auto runs eagerly and says why; on is refused with the same reason.
