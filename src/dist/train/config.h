@@ -103,6 +103,7 @@ struct TrainConfig {
   uint64_t seed = 0;
   bool progress = true;             // progress on rank 0's stderr: a bar on a terminal, else plain lines
   double progress_interval_s = 10;  // seconds between plain progress lines
+  int64_t rank_stats_every = 10;    // steps between gathers of every rank's step (Note [Every rank's step])
 
   // ZeRO (docs/zero.md): what is sharded across ranks, how gradients travel, stage-3 prefetch.
   int stage = 0;                      // 0: replicated, 1: + optimizer state, 2: + gradients, 3: + parameters

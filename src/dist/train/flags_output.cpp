@@ -120,6 +120,17 @@ std::vector<Flag> output_flags() {
        .help = "no progress on stderr (by default a bar on a terminal, else a plain line every "
                "--progress-interval seconds)",
        .inverted = true},
+      {.name = "--rank-stats-every",
+       .field = &T::rank_stats_every,
+       .group = kOutputGroup,
+       .help = "every N steps gather every rank's step time, compute, data wait, input copies and waits in "
+               "collectives, and name the slowest rank and its phase in the log (0: off; one rank: off)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.rank_stats_every >= 0, "{} must be a number of steps >= 0, got {}", f.name,
+                      c.rank_stats_every);
+           },
+       .ranks_agree = true},
       {.name = "--progress-interval",
        .field = &T::progress_interval_s,
        .group = kOutputGroup,

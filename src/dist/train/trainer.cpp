@@ -175,6 +175,7 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
   group_ = mesh_.world();
   check_outputs();
   place_cpu_threads();
+  rank_stats_ = RankStats(world_.size() > 1 ? int(cfg_.rank_stats_every) : 0);
   build_data();
   CZ_CHECK(!cfg_.keep_best || eval_set_,
            "{} keeps the checkpoint of the best evaluation, but {} has no eval split; "
@@ -528,6 +529,7 @@ StepStats Trainer::step(std::span<const Batch> micro_batches) {
 StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_point t0) {
   Allocator& alloc = allocator_for(device_);
   alloc.reset_peak();
+  input_s_ = loss_wait_s_ = 0;
   StepStats s;
   s.step = ++step_;
   s.stage = cfg_.stage;
@@ -544,11 +546,13 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
   const int64_t micro = cfg_.micro_batch;
   for (int64_t a = 0; a < cfg_.grad_accum; ++a) {
     const Batch& batch = micro_batches[size_t(a)];
+    const auto input_t0 = Clock::now();
     Tensor images = model_input(batch, device_).to(compute_dtype_);
     // The labels, or a mixed batch's soft targets with the smoothing folded in (Note [Mixing within a
     // micro-batch]).
     const bool soft = batch.targets.defined();
     Tensor targets = (soft ? batch.targets : batch.labels).to(device_);
+    input_s_ += seconds_since(input_t0);
     // Note [Drop-path masks]: keyed by the sample's index in the step's global batch.
     model_->set_drop_path_context(cfg_.seed, uint64_t(s.step), (a * world_.size() + world_.rank()) * micro);
     const bool last = a + 1 == cfg_.grad_accum;
@@ -621,7 +625,42 @@ void Trainer::backward_and_reduce(const Tensor& loss, bool last_micro_step) {
 }
 
 double Trainer::mean_loss(const Tensor& loss_sum) {
-  return group_.all_reduce(loss_sum.item() / double(cfg_.grad_accum), dist::ReduceOp::avg);
+  const double mine = loss_sum.item() / double(cfg_.grad_accum);  // waits for the device's backward
+  const auto t0 = Clock::now();
+  const double mean = group_.all_reduce(mine, dist::ReduceOp::avg);
+  loss_wait_s_ += seconds_since(t0);  // the wait for the other ranks (Note [Every rank's step])
+  return mean;
+}
+
+// Note [Every rank's step]: the interval's sums of every rank, gathered between two steps; rank 0 logs them,
+// names the slowest rank and warns about one that stays slow.
+void Trainer::gather_rank_stats(int64_t step) {
+  const RankFigures mine = rank_stats_.take(world_.gpu());
+  const std::vector<double> all = control_.all_gather(mine.pack());
+  if (world_.rank() != 0) return;
+  std::vector<RankFigures> ranks;
+  std::vector<std::string> hosts;
+  for (int r = 0; r < world_.size(); ++r) {
+    ranks.push_back(RankFigures::unpack(all.data() + size_t(r) * RankFigures::kPacked));
+    hosts.push_back(world_.peer(r).host);
+  }
+  const SlowestRank slow = find_slowest(ranks);
+  const std::string op = cfg_.stage == 0 ? "all-reduce" : "reduce-scatter";
+  write_record(ranks_record(step, ranks, hosts, slow, op));
+  if (slow.rank >= 0 && slow.own_ratio >= kSlowRatio && progress_mode() != ProgressMode::off)
+    console_print(stderr, fmt::format("step {}: {}\n", step, describe_slowest(slow, op)));
+  for (int r : rank_stats_.note_slow(ranks)) {
+    const RankFigures& f = ranks[size_t(r)];
+    console_print(
+        stderr,
+        fmt::format("warning: rank {} (host {}, {}) has been more than {:.0f}% slower than the median "
+                    "rank for {} intervals of {} steps: its own work {:.1f} ms a step ({}; "
+                    "docs/training.md, \"Every rank's step\")\n",
+                    r, hosts[size_t(r)], f.gpu >= 0 ? fmt::format("cuda:{}", int(f.gpu)) : "cpu",
+                    100 * (kSlowRatio - 1), kSlowIntervals, cfg_.rank_stats_every,
+                    1e3 * f.own_s() / std::max(f.steps, 1.0),
+                    r == slow.rank ? describe_slowest(slow, op) : "not the slowest this interval"));
+  }
 }
 
 void Trainer::update_and_gather(StepStats& s) {
@@ -742,6 +781,10 @@ TrainSummary Trainer::run() {
     }
     if (steps_run == kLoaderCheckSteps) warn_if_loader_bound(wait_after_first, time_after_first);
     sum.add(s);
+    if (rank_stats_.enabled()) {
+      rank_stats_.add(s.step_time_s, s.data_wait_s, input_s_, s.comm_wait_s + loss_wait_s_);
+      if (rank_stats_.due(s.step, s.step == total_steps_)) gather_rank_stats(s.step);
+    }
     CZ_CHECK(std::isfinite(s.loss) || s.skipped,
              "training diverged at step {}: loss is {} (try a lower {} or {})", s.step, s.loss,
              flag_name(&TrainConfig::lr), flag_name(&TrainConfig::clip_grad));

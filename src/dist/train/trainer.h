@@ -17,6 +17,7 @@
 #include "dist/comm/process_group.h"
 #include "dist/train/config.h"
 #include "dist/train/graph_plan.h"
+#include "dist/train/rank_stats.h"
 #include "dist/train/step_graphs.h"
 #include "dist/train/trace_writer.h"
 #include "dist/zero/engine.h"
@@ -187,6 +188,7 @@ class Trainer {
   // The step's communication, named where the loop causes it (Note [Where a step communicates]).
   void backward_and_reduce(const Tensor& loss, bool last_micro_step);
   double mean_loss(const Tensor& loss_sum);
+  void gather_rank_stats(int64_t step);  // Note [Every rank's step]
   void update_and_gather(StepStats& s);
   LoaderOptions loader_options(Split split) const;
   Batch next_batch();
@@ -247,6 +249,9 @@ class Trainer {
   int64_t step_ = 0;
   std::optional<int64_t> job_end_time_;  // --end-margin, rank 0
   double longest_step_s_ = 0;            // this run's slowest step so far, for --end-margin
+  // Note [Every rank's step]: this rank's sums between gathers, and the step's input copy and loss wait.
+  RankStats rank_stats_{0};
+  double input_s_ = 0, loss_wait_s_ = 0;
   JsonLog log_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0, --tensorboard
 };

@@ -7,6 +7,9 @@
 #   comms_table      2 ranks, --comms-table: at stage 0 the table's rows add up to the log's comm_s and comm_bytes
 #                    (bytes x nccl-tests' bus factor = what a ring sends), its bandwidths follow from its times;
 #                    at stage 2 it has reduce-scatters and all-gathers; one rank has none
+#   slow_rank        2 ranks bound to a core each, two busy loops sharing rank 1's core: the log's "ranks" records
+#                    (every --rank-stats-every steps) name rank 1 as the slowest, in compute, in most intervals,
+#                    with every rank's figures; TensorBoard gets them as ranks/*; --rank-stats-every 0 writes none
 #   plot             scripts/plot_run.py on one and on two real logs: a PNG of the six panels, named in the
 #                    closing line; a missing or non-log file is refused by name
 set -uo pipefail
@@ -82,6 +85,39 @@ PY
   "$app" "${tiny[@]}" --steps 2 --comms-table --log "$work/one.jsonl" > "$work/out1" 2>&1 || { cat "$work/out1"; fail "1 rank failed"; }
   grep -q "no collective ran" "$work/out1" || { cat "$work/out1"; fail "one rank: no 'no collective' line"; }
   echo "comms_table: OK"
+  ;;
+slow_rank)
+  (($(nproc) >= 2)) || { echo "SKIP: one CPU"; exit 77; }
+  # Two busy loops on rank 1's core: it gets a third of it.
+  busy=()
+  for _ in 1 2; do
+    taskset -c 1 bash -c 'while :; do :; done' &
+    busy+=($!)
+  done
+  on_exit 'kill "${busy[@]}" 2>/dev/null; wait "${busy[@]}" 2>/dev/null' 
+  "${mpirun[@]}" -np 2 --bind-to core "$app" "${model[@]}" --data synthetic:n=4096,classes=5 --micro-batch 8 \
+    --steps 40 --rank-stats-every 10 --log "$work/run.jsonl" --tensorboard "$work/tb" > "$work/out" 2>&1 ||
+    { cat "$work/out"; fail "2-rank run failed"; }
+  kill "${busy[@]}"
+  "$py" - "$work/run.jsonl" <<'PY' || fail "the ranks records do not name rank 1"
+import json, sys
+recs = [r for r in map(json.loads, open(sys.argv[1])) if r.get("split") == "ranks"]
+assert [r["step"] for r in recs] == [10, 20, 30, 40], [r["step"] for r in recs]
+for r in recs:
+    assert [x["rank"] for x in r["ranks"]] == [0, 1] and all(x["steps"] == 10 for x in r["ranks"]), r
+    for x in r["ranks"]:
+        parts = x["compute_s"] + x["data_wait_s"] + x["input_s"] + x["comm_wait_s"]
+        assert abs(parts - x["step_s"]) < 1e-9 or x["compute_s"] == 0, x
+named = [(r["slowest_rank"], r["slowest_phase"]) for r in recs]
+print("slowest per interval:", named, "own ratios:", [round(r["slowest_own_ratio"], 2) for r in recs])
+assert sum(n == (1, "compute") for n in named) >= 3, named
+PY
+  "$py" "$here/check_tensorboard.py" "$work/tb" "$work/run.jsonl" 1 train/loss ranks/slowest_rank ranks/rank1_own_s ||
+    fail "TensorBoard lacks the ranks' figures"
+  "${mpirun[@]}" -np 2 "$app" "${tiny[@]}" --steps 4 --rank-stats-every 0 --log "$work/off.jsonl" > "$work/out" 2>&1 ||
+    { cat "$work/out"; fail "--rank-stats-every 0 failed"; }
+  ! grep -q '"split":"ranks"' "$work/off.jsonl" || fail "--rank-stats-every 0 wrote ranks records"
+  echo "slow_rank: OK"
   ;;
 plot)
   plot=$here/../../../scripts/plot_run.py
