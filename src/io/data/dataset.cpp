@@ -15,9 +15,11 @@ struct Spec {
 Spec parse_spec(const std::string& spec, const char* flag) {
   const size_t colon = spec.find(':');
   Spec s{spec.substr(0, colon), colon == std::string::npos ? "" : spec.substr(colon + 1)};
-  CZ_CHECK(s.kind == "synthetic" || s.kind == "h5" || s.kind == "cifar10" || s.kind == "folder",
-           "{} '{}': unknown kind '{}' (expected synthetic[:k=v,...], h5:FILE, cifar10:DIR or folder:DIR)",
-           flag, spec, s.kind);
+  CZ_CHECK(
+      s.kind == "synthetic" || s.kind == "h5" || s.kind == "cifar10" || s.kind == "folder" || s.kind == "wds",
+      "{} '{}': unknown kind '{}' (expected synthetic[:k=v,...], h5:FILE, cifar10:DIR, folder:DIR or "
+      "wds:PATTERN)",
+      flag, spec, s.kind);
   CZ_CHECK(s.kind == "synthetic" || !s.arg.empty(), "{} '{}': {} needs a path: {}:PATH", flag, spec, s.kind,
            s.kind);
   return s;
@@ -29,6 +31,7 @@ std::shared_ptr<const Dataset> open_from(const std::string& spec, Split split, c
   if (s.kind == "synthetic") return open_synthetic(fmt::format("{} '{}'", flag, spec), s.arg, split, options);
   if (s.kind == "h5") return open_h5(s.arg);
   if (s.kind == "cifar10") return open_cifar10(s.arg, split);
+  if (s.kind == "wds") return open_wds(s.arg, options);
   return open_folder(s.arg);
 }
 

@@ -1,6 +1,7 @@
-// Image classification data sets behind `--data`: synthetic (embedded, learnable), h5:FILE, cifar10:DIR and
-// folder:DIR. A Dataset hands out examples as 8-bit RGB images of their stored size plus an integer label;
-// the Loader (loader.h) crops, resizes, augments, normalises and batches them.
+// Image classification data sets behind `--data`: synthetic (embedded, learnable), h5:FILE, cifar10:DIR,
+// folder:DIR and wds:PATTERN (tar shards in WebDataset's layout). A Dataset hands out examples as 8-bit RGB
+// images of their stored size plus an integer label; the Loader (loader.h) crops, resizes, augments,
+// normalises and batches them.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +29,12 @@ struct CropBox {
 struct DatasetOptions {
   // Pixel size a source that makes its own images uses (synthetic); stored images keep their own size.
   int64_t image_size = 64;
+  // wds: samples that cannot be used (a member without its label, a label out of range, a truncated shard's
+  // last member) that may be left out at open, each named in describe(), before it is an error
+  // (`--skip-bad-samples`); the loader's budget for images that fail to decode is what is left.
+  int64_t skip_bad_samples = 0;
+  // wds: the folder for the shards' index files ("": beside the shards, else the user's cache folder).
+  std::string index_dir;
 };
 
 class Dataset {
@@ -55,10 +62,13 @@ class Dataset {
   // Label i's name at [i], for sources that name their classes (folder: the class folders); empty where
   // classes are numbers only (synthetic, h5, cifar10). Note [Class names].
   virtual std::vector<std::string> class_names() const { return {}; }
+  // Examples of the source left out at open as unusable, each named in describe() (wds: with
+  // DatasetOptions::skip_bad_samples); they count against the same budget as the loader's skipped images.
+  virtual int64_t bad_samples() const { return 0; }
 };
 
-// Opens `spec` ("synthetic[:k=v,...]", "h5:FILE", "cifar10:DIR", "folder:DIR"). ValueError for an unknown
-// kind or option, IoError naming the path for a missing, truncated or malformed source.
+// Opens `spec` ("synthetic[:k=v,...]", "h5:FILE", "cifar10:DIR", "folder:DIR", "wds:PATTERN"). ValueError for
+// an unknown kind or option, IoError naming the path for a missing, truncated or malformed source.
 std::shared_ptr<const Dataset> open_dataset(const std::string& spec, Split split,
                                             const DatasetOptions& options);
 

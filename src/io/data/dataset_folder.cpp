@@ -144,26 +144,12 @@ class FolderDataset final : public Dataset {
     decode_image(bytes.data(), bytes.size(), path, out);
   }
 
-  // Note [Decoding the crop] (jpeg_region.h): JPEGs other than CMYK decode only the crop, scaled in the DCT
-  // by the largest of 1/8, 1/4, 1/2 that keeps its shorter side at out_size or more; PNGs whole.
   void read_crop(int64_t index, const CropChooser& choose, int64_t out_size, Image& out,
                  CropBox& box) const override {
     CZ_CHECK(index >= 0 && index < size(), "folder:{}: index {} out of range [0, {})", dir_, index, size());
     const std::string& path = files_[size_t(index)];
     const std::vector<uint8_t> bytes = read_file_bytes(path);
-    const std::optional<JpegInfo> info = jpeg_region_info(bytes.data(), bytes.size(), path);
-    if (!info) {
-      decode_image(bytes.data(), bytes.size(), path, out);
-      box = choose(out.height, out.width);
-      return;
-    }
-    const CropBox crop = choose(info->height, info->width);
-    const int denom = jpeg_scale_for(crop.h, crop.w, out_size);
-    JpegRegion r;
-    r.image = std::move(out);  // its memory reused
-    decode_jpeg_region(bytes.data(), bytes.size(), path, crop.y, crop.x, crop.h, crop.w, denom, r);
-    out = std::move(r.image);
-    box = CropBox{0, 0, out.height, out.width, crop.flip};
+    decode_crop(bytes.data(), bytes.size(), path, choose, out_size, out, box);
   }
 
  private:
@@ -175,6 +161,25 @@ class FolderDataset final : public Dataset {
 };
 
 }  // namespace
+
+// Note [Decoding the crop] (jpeg_region.h): JPEGs other than CMYK decode only the crop, scaled in the DCT by
+// the largest of 1/8, 1/4, 1/2 that keeps its shorter side at out_size or more; PNGs whole.
+void decode_crop(const uint8_t* bytes, size_t size, const std::string& name,
+                 const Dataset::CropChooser& choose, int64_t out_size, Image& out, CropBox& box) {
+  const std::optional<JpegInfo> info = jpeg_region_info(bytes, size, name);
+  if (!info) {
+    decode_image(bytes, size, name, out);
+    box = choose(out.height, out.width);
+    return;
+  }
+  const CropBox crop = choose(info->height, info->width);
+  const int denom = jpeg_scale_for(crop.h, crop.w, out_size);
+  JpegRegion r;
+  r.image = std::move(out);  // its memory reused
+  decode_jpeg_region(bytes, size, name, crop.y, crop.x, crop.h, crop.w, denom, r);
+  out = std::move(r.image);
+  box = CropBox{0, 0, out.height, out.width, crop.flip};
+}
 
 std::shared_ptr<const Dataset> open_folder(const std::string& dir) {
   return std::make_shared<FolderDataset>(dir);

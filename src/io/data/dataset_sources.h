@@ -2,6 +2,8 @@
 // `what` ("--data 'synthetic:n=8'") names the flag and spec in the synthetic source's option errors.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -16,6 +18,13 @@ std::shared_ptr<const Dataset> open_synthetic(const std::string& spec, const std
 std::shared_ptr<const Dataset> open_h5(const std::string& path);
 std::shared_ptr<const Dataset> open_cifar10(const std::string& dir, Split split);
 std::shared_ptr<const Dataset> open_folder(const std::string& dir);
+// `pattern`: the text after "wds:" (dataset_wds.cpp, Note [Sharded tar data]).
+std::shared_ptr<const Dataset> open_wds(const std::string& pattern, const DatasetOptions& options);
+
+// A stored JPEG's or PNG's crop as Dataset::read_crop hands it out (folder: and wds: images); `name` is what
+// errors name.
+void decode_crop(const uint8_t* bytes, size_t size, const std::string& name,
+                 const Dataset::CropChooser& choose, int64_t out_size, Image& out, CropBox& box);
 
 const char* split_name(Split split);
 

@@ -43,6 +43,7 @@ class RelabeledDataset final : public Dataset {
                        inner_->num_classes(), names_.size());
   }
   std::vector<std::string> class_names() const override { return names_; }
+  int64_t bad_samples() const override { return inner_->bad_samples(); }
 
  private:
   std::shared_ptr<const Dataset> inner_;
@@ -65,6 +66,7 @@ class SubsetDataset final : public Dataset {
   }
   std::string describe() const override { return description_; }
   std::vector<std::string> class_names() const override { return inner_->class_names(); }
+  int64_t bad_samples() const override { return inner_->bad_samples(); }
 
  private:
   int64_t at(int64_t index) const {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -56,11 +57,15 @@ struct Loader::Impl {
   std::map<int64_t, Slot> slots;                      // opened and not yet taken
   std::shared_ptr<const std::vector<int64_t>> order;  // the latest opened epoch's
   int64_t order_epoch = -1;
-  std::exception_ptr failed;  // sticky until the next start_epoch
+  std::exception_ptr failed;                // sticky until the next start_epoch
+  mutable std::atomic<int64_t> skipped{0};  // Note [Skipping bad samples]
 
   // Reads example `index` (at position `pos` of `epoch`) as far as its crop needs, and crops, resizes, flips
   // and RandAugments it into `out` (size x size x 3 bytes).
   void transform_image(int64_t epoch, int64_t index, int64_t pos, Scratch& s, uint8_t* out) const;
+  // transform_image of `index`, or of the examples after it while it fails to decode and the budget of
+  // Note [Skipping bad samples] lasts; returns the example read.
+  int64_t read_or_skip(int64_t epoch, int64_t index, int64_t pos, Scratch& s, uint8_t* out) const;
   Slot open_slot(int64_t p);                                 // the batch at stream position p, allocated
   void make_chunk(Slot& slot, int64_t c, Scratch& s) const;  // its images [c, c+1) x kChunkImages
   void finish(Slot& slot) const;                             // the batch's draws across images, and `images`
@@ -88,6 +93,33 @@ void Loader::Impl::transform_image(int64_t epoch, int64_t index, int64_t pos, Sc
     rand_augment(opt.rand_augment, s.crop, opt.interpolation, rng);
   }
   std::memcpy(out, s.crop.pixels.data(), s.crop.pixels.size());
+}
+
+// Note [Skipping bad samples]: the replacement is the next example in the data set's own order, a function of
+// the data alone, so every run of the same data (and a resumed one) reads the same examples in its place; the
+// position's augmentation draws are the ones it would have had. The budget is the loader's, so each rank
+// counts what it reads.
+int64_t Loader::Impl::read_or_skip(int64_t epoch, int64_t index, int64_t pos, Scratch& s,
+                                   uint8_t* out) const {
+  const int64_t budget = opt.skip_bad_samples - data->bad_samples();
+  for (;;) {
+    try {
+      transform_image(epoch, index, pos, s, out);
+      return index;
+    } catch (const IoError& e) {
+      const int64_t k = ++skipped;
+      if (opt.skip_bad_samples == 0) throw;
+      if (k > budget)
+        throw IoError(
+            fmt::format("{} (more bad samples than --skip-bad-samples {}: {} left out at open, {} "
+                        "failed to decode on this rank)",
+                        e.what(), opt.skip_bad_samples, data->bad_samples(), k));
+      std::fprintf(stderr, "convnext_zero: rank %d: skipped bad sample %lld of at most %lld: %s\n", opt.rank,
+                   static_cast<long long>(k + data->bad_samples()),
+                   static_cast<long long>(opt.skip_bad_samples), e.what());
+      index = (index + 1) % data->size();
+    }
+  }
 }
 
 Loader::Impl::Slot Loader::Impl::open_slot(int64_t p) {
@@ -121,8 +153,9 @@ void Loader::Impl::make_chunk(Slot& slot, int64_t c, Scratch& s) const {
   int64_t* labels = n > 0 ? batch.labels.data<int64_t>() : nullptr;
   for (int64_t i = c * kChunkImages; i < std::min(n, (c + 1) * kChunkImages); ++i) {
     if (stopping.load(std::memory_order_relaxed)) return;  // the batch will be discarded
-    const int64_t pos = batch.first_sample + i, index = (*slot.order)[size_t(pos)];
-    transform_image(batch.epoch, index, pos, s, pixels + i * size * size * 3);
+    const int64_t pos = batch.first_sample + i;
+    const int64_t index =
+        read_or_skip(batch.epoch, (*slot.order)[size_t(pos)], pos, s, pixels + i * size * size * 3);
     if (opt.erasing.probability > 0) {  // applied after normalisation (model_input)
       CounterRng rng = sample_stream(opt.seed, RngDomain::erase, batch.epoch, pos);
       batch.erased[size_t(i)] = draw_erasing(opt.erasing, size, size, rng);
@@ -240,6 +273,10 @@ Loader::Loader(std::shared_ptr<const Dataset> data, LoaderOptions options) : imp
 
 Loader::~Loader() {
   impl_->stop_workers();
+}
+
+int64_t Loader::skipped_samples() const {
+  return impl_->skipped.load();
 }
 
 int64_t Loader::steps_per_epoch() const {

@@ -64,6 +64,10 @@ struct LoaderOptions {
   // page-locked memory (CUDA runs), so their copy to the device is asynchronous.
   bool pixels_only = false;
   bool pinned = false;
+  // Note [Skipping bad samples]: an example whose image fails to decode (IoError) is replaced by the next
+  // example of the data set that reads, for up to this many examples less the data set's own bad_samples(),
+  // each reported on stderr; past that, or at 0, the error stops the run.
+  int64_t skip_bad_samples = 0;
   // CPUs the worker threads are pinned to (empty: the process's mask). A CUDA rank keeps them off the core
   // its kernel-launching thread runs on (Note [CPU threads on a CUDA rank] in tensor/omp_wait_policy.h).
   std::vector<int> cpus;
@@ -106,6 +110,9 @@ class Loader {
   // This rank's share of the stream's next global batch (Batch::epoch and index say which); nullopt at the
   // epoch's end without `endless`. A worker's decode error is rethrown here, and again until start_epoch.
   std::optional<Batch> next();
+
+  // Examples this loader replaced because they failed to decode (Note [Skipping bad samples]).
+  int64_t skipped_samples() const;
 
   // The epoch's order as data set indices (Note [Sampling]); exposed for tests.
   std::vector<int64_t> epoch_order(int64_t epoch) const;
