@@ -59,6 +59,8 @@ struct TrainConfig {
   std::string remode = "pixel";            // random erasing's fill: const | rand | pixel
   int64_t recount = 1;                     // random erasing: at most this many boxes per image
   int loader_threads = -1;                 // -1: the cores this rank has (cores_per_rank, tensor/parallel.h)
+  int64_t skip_bad_samples = 0;            // leave out up to N unusable samples, each reported (0: an error)
+  std::string data_index_dir;              // wds: the shards' index files ("": beside them, else ~/.cache)
   // Mixup/CutMix with timm's flags and meanings (Note [Mixing within a micro-batch], io/augment/mixup.h).
   double mixup = 0;                  // Mixup's lam ~ Beta(A, A); 0: no Mixup
   double cutmix = 0;                 // CutMix's lam ~ Beta(A, A); 0: no CutMix

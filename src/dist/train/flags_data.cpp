@@ -22,7 +22,8 @@ std::vector<Flag> data_flags() {
       {.name = "--data",
        .field = &T::data,
        .group = kDataGroup,
-       .help = "synthetic[:k=v,...] | h5:FILE | cifar10:DIR | folder:DIR",
+       .help = "synthetic[:k=v,...] | h5:FILE | cifar10:DIR | folder:DIR | wds:PATTERN (tar shards, "
+               "e.g. wds:/d/train-{000000..000127}.tar)",
        .ranks_agree = true,
        .resume_identity = true,
        .json_key = "data"},
@@ -83,6 +84,21 @@ std::vector<Flag> data_flags() {
              // -1 is the default, resolved by the trainer (Trainer::Trainer) and the planner.
              CZ_CHECK(c.loader_threads >= -1, "{} must be >= 0, got {}", f.name, c.loader_threads);
            }},
+      {.name = "--skip-bad-samples",
+       .field = &T::skip_bad_samples,
+       .group = kDataGroup,
+       .help = "leave out up to N samples that cannot be used (a wds: sample without its label or with one "
+               "out of range, an image that fails to decode: read in its place is the next sample), each "
+               "reported (0: the first is an error)",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(c.skip_bad_samples >= 0, "{} must be >= 0, got {}", f.name, c.skip_bad_samples);
+           }},
+      {.name = "--data-index-dir",
+       .field = &T::data_index_dir,
+       .group = kDataGroup,
+       .help = "wds: folder for the shards' index files (default: beside the shards, else "
+               "~/.cache/convnext_zero/wds-index)"},
   };
 }
 

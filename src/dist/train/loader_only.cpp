@@ -25,8 +25,7 @@ LoaderOnlyReport run_loader_only(TrainConfig cfg, dist::World& world) {
   req.share = world.cpu_share();
   req.gathered = true;
   cfg.loader_threads = decide_cpu_threads(req).loader_threads;
-  DatasetOptions dopt;
-  dopt.image_size = cfg.image_size;
+  const DatasetOptions dopt = dataset_options(cfg);
   const auto data = open_dataset(cfg.data, Split::train, dopt);
   take_data_classes(cfg, *data);  // Mixup's targets are num_classes wide
   const LoaderOptions lo = run_loader_options(cfg, Split::train, world.size(), world.rank());

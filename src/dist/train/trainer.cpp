@@ -430,11 +430,11 @@ LoaderOptions run_loader_options(const TrainConfig& cfg_, Split split, int world
   lo.pinned = parse_device(cfg_.device).is_cuda();
   lo.endless = train;  // Note [Running ahead]: no stall at an epoch's end; evaluation is one pass
   return lo;
+  lo.skip_bad_samples = cfg_.skip_bad_samples;
 }
 
 void Trainer::build_data() {
-  DatasetOptions dopt;
-  dopt.image_size = cfg_.image_size;
+  const DatasetOptions dopt = dataset_options(cfg_);
   train_set_ = open_dataset(cfg_.data, Split::train, dopt);
   classes_from_data_ = take_data_classes(cfg_, *train_set_);
   const std::string data = flag_arg(cfg_, &TrainConfig::data);

@@ -81,6 +81,9 @@ LoaderOptions run_loader_options(const TrainConfig& cfg, Split split, int world,
 // paths that open no Trainer (--plan, --print-param-groups, --loader-only), resolve_num_classes opens
 // --data for it (an error naming --num-classes as the way round when the data cannot be opened).
 bool take_data_classes(TrainConfig& c, const Dataset& data);
+// The data set options of a run's --data and --eval-data (--image-size, --skip-bad-samples,
+// --data-index-dir).
+DatasetOptions dataset_options(const TrainConfig& c);
 void resolve_num_classes(TrainConfig& c);
 
 class Trainer {

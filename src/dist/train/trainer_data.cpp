@@ -39,10 +39,17 @@ bool take_data_classes(TrainConfig& c, const Dataset& data) {
   return true;
 }
 
-void resolve_num_classes(TrainConfig& c) {
-  if (c.num_classes != kClassesOfTheData) return;
+DatasetOptions dataset_options(const TrainConfig& c) {
   DatasetOptions dopt;
   dopt.image_size = c.image_size;
+  dopt.skip_bad_samples = c.skip_bad_samples;
+  dopt.index_dir = c.data_index_dir;
+  return dopt;
+}
+
+void resolve_num_classes(TrainConfig& c) {
+  if (c.num_classes != kClassesOfTheData) return;
+  const DatasetOptions dopt = dataset_options(c);
   std::shared_ptr<const Dataset> data;
   try {
     data = open_dataset(c.data, Split::train, dopt);
