@@ -17,9 +17,9 @@ int main(int argc, char** argv) {
   std::string slice = "0";
   CLI::App app{"commbench: collective benchmarks (nccl-tests columns), host<->device copies, topology views"};
   app.add_option("-o,--op", o.op,
-                 "all_reduce | reduce_scatter | all_gather | broadcast | copy | quant_all_gather | "
-                 "quant_reduce_scatter")
-      ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather", "broadcast", "copy",
+                 "all_reduce | reduce_scatter | all_gather | broadcast | sendrecv (every pair: osu_bw, "
+                 "osu_latency) | copy | quant_all_gather | quant_reduce_scatter")
+      ->check(CLI::IsMember({"all_reduce", "reduce_scatter", "all_gather", "broadcast", "sendrecv", "copy",
                              "quant_all_gather", "quant_reduce_scatter"}))
       ->capture_default_str();
   app.add_option("-b,--minbytes", min_b, "smallest size (e.g. 8, 64K, 32M)")->capture_default_str();
@@ -43,6 +43,17 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"mpi", "nccl"}));
   app.add_option("--device", o.device, "cpu | cuda (buffers' device)")->capture_default_str();
   app.add_option("--comm-timeout", o.timeout_s, "seconds before a collective is declared hung")
+      ->capture_default_str();
+  app.add_option("-T,--timeout", o.size_timeout_s,
+                 "seconds a size may take before the run is aborted (0: none)")
+      ->capture_default_str();
+  app.add_option("-a,--average", o.average, "time over ranks: 0 rank 0, 1 mean, 2 min, 3 max")
+      ->check(CLI::Range(0, 3))
+      ->capture_default_str();
+  app.add_flag("--per-rank", o.per_rank, "every rank's time and spread under each row");
+  app.add_flag("--check-p2p", o.check_p2p,
+               "send known bytes between every pair of ranks (and GPUs) and name the pairs that get others");
+  app.add_option("--window", o.window, "sendrecv: back-to-back sends per bandwidth iteration (osu_bw)")
       ->capture_default_str();
   app.add_option("--slice", slice, "ring pipelining slice (0: the backend's default)")->capture_default_str();
   app.add_option("--memory", o.memory, "copy mode: pinned | pageable | both")

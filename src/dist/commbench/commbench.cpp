@@ -1,12 +1,17 @@
 // commbench: collective benchmarks in the manner of nccl-tests (sizes from -b to -e, out-of-place and
 // in-place columns, algbw/busbw with nccl-tests' factors, #wrong from a check against locally computed
-// values), and the topology views.
+// values, the time's spread over iterations and ranks, a deadline per size), and the topology views.
 #include "dist/commbench/commbench.h"
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <mutex>
+#include <numeric>
 #include <ostream>
 #include <thread>
 
@@ -16,6 +21,7 @@
 #include "dist/comm/communicator.h"
 #include "dist/comm/topology.h"
 #include "dist/comm/topology_detect.h"
+#include "dist/commbench/bench_internal.h"
 #include "tensor/allocator.h"
 #include "tensor/check.h"
 #include "tensor/cuda/runtime.h"
@@ -89,45 +95,14 @@ std::string num(double v, int width) {
   return fmt::format("{:>{}.1e}", v, width);
 }
 
-// A buffer on the benchmark's device, with a host mirror for filling and checking.
-class BenchBuffer {
- public:
-  BenchBuffer(Device device, size_t bytes) : device_(device), bytes_(bytes), host_(bytes) {
-    data_ = allocator_for(device).allocate(std::max<size_t>(bytes, 64));
-  }
-  void* data() const { return data_.get(); }
-  char* host() { return host_.data(); }
-  void upload() {
-    if (device_.is_cpu()) {
-      std::memcpy(data_.get(), host_.data(), bytes_);
-    } else if (bytes_) {
-      Stream s = current_stream(device_);
-      cuda_runtime::memcpy_async(data_.get(), host_.data(), bytes_, cuda_runtime::CopyKind::host_to_device,
-                                 s);
-      s.synchronize();
-    }
-  }
-  void download() {
-    if (device_.is_cpu()) {
-      std::memcpy(host_.data(), data_.get(), bytes_);
-    } else if (bytes_) {
-      Stream s = current_stream(device_);
-      cuda_runtime::memcpy_async(host_.data(), data_.get(), bytes_, cuda_runtime::CopyKind::device_to_host,
-                                 s);
-      s.synchronize();
-    }
-  }
-
- private:
-  Device device_;
-  size_t bytes_;
-  std::vector<char> host_;
-  DataPtr data_;
-};
+// Each rank's figures for one placement of one size (us): time (nccl-tests'), then Note [Time spread]'s.
+using RankFigures = std::array<double, 5>;
 
 struct Placement {
   double time_us = 0, algbw = 0, busbw = 0;
   int64_t wrong = -1;  // -1: not checked
+  TimeSpread spread;   // over iterations and ranks (Note [Time spread])
+  std::vector<RankFigures> ranks;
 };
 
 class CollectiveBench {
@@ -206,15 +181,42 @@ class CollectiveBench {
     }
     for (auto& w : works) w->synchronize();
     const double sec = std::chrono::duration<double>(Clock::now() - t0).count() / std::max(1, o_.iters);
+    // Note [Time spread]: the same number of iterations again, each waited for before the next.
+    std::vector<double> one(size_t(std::max(1, o_.iters)));
+    for (double& t : one) {
+      const auto a = Clock::now();
+      issue(count, s, r)->synchronize();
+      t = std::chrono::duration<double, std::micro>(Clock::now() - a).count();
+    }
+    const TimeSpread mine = time_spread(one);
     if (o_.check) p.wrong = check(count, sbuf, rbuf, s, r, in_place);
-    // nccl-tests averages the time over ranks and sums the wrong elements.
-    double stats[2] = {sec, double(std::max<int64_t>(p.wrong, 0))};
-    ctl_.all_reduce(stats, stats, 2, DType::f64, Device::cpu(), ReduceOp::sum)->wait();
-    const double avg = stats[0] / n;
-    if (o_.check) p.wrong = int64_t(stats[1]);
+    // Every rank's figures to every rank; nccl-tests sums the wrong elements.
+    constexpr int kFields = 6;
+    const double figures[kFields] = {sec * 1e6,   mine.min_us, mine.p50_us,
+                                     mine.p99_us, mine.max_us, double(std::max<int64_t>(p.wrong, 0))};
+    std::vector<double> all(size_t(kFields * n));
+    ctl_.all_gather(figures, all.data(), kFields * n, DType::f64, Device::cpu())->wait();
+    std::vector<double> field(static_cast<size_t>(n));
+    auto column = [&](int f) -> const std::vector<double>& {
+      for (int q = 0; q < n; ++q) field[size_t(q)] = all[size_t(q * kFields + f)];
+      return field;
+    };
+    p.time_us = aggregate_over_ranks(column(0), o_.average);
+    p.spread.min_us = aggregate_over_ranks(column(1), 2);
+    p.spread.p50_us = aggregate_over_ranks(column(2), o_.average);
+    p.spread.p99_us = aggregate_over_ranks(column(3), o_.average);
+    p.spread.max_us = aggregate_over_ranks(column(4), 3);
+    if (o_.check) {
+      const std::vector<double>& w = column(5);
+      p.wrong = int64_t(std::accumulate(w.begin(), w.end(), 0.0));
+    }
+    for (int q = 0; q < n; ++q) {
+      RankFigures f;
+      std::copy_n(all.begin() + q * kFields, f.size(), f.begin());
+      p.ranks.push_back(f);
+    }
     const double bytes = double(count) * double(dtype_size(o_.dtype));
-    p.time_us = avg * 1e6;
-    p.algbw = bytes / avg / 1e9;
+    p.algbw = bytes / (p.time_us * 1e-6) / 1e9;
     p.busbw = p.algbw * busbw_factor(kind_, n);
     return p;
   }
@@ -281,7 +283,45 @@ std::vector<int64_t> sizes(const CommBenchOptions& o) {
   return out;
 }
 
+nlohmann::ordered_json spread_json(const TimeSpread& t) {
+  return {{"min_us", t.min_us}, {"p50_us", t.p50_us}, {"p99_us", t.p99_us}, {"max_us", t.max_us}};
+}
+
+const char* average_name(int average) {
+  static const char* const kNames[] = {"rank 0", "mean", "min", "max"};
+  return kNames[std::clamp(average, 0, 3)];
+}
+
 }  // namespace
+
+TimeSpread time_spread(std::vector<double> times_us) {
+  TimeSpread t;
+  if (times_us.empty()) return t;
+  std::sort(times_us.begin(), times_us.end());
+  const auto nearest_rank = [&](double p) {
+    const size_t k = size_t(std::ceil(p / 100.0 * double(times_us.size())));
+    return times_us[std::clamp<size_t>(k, 1, times_us.size()) - 1];
+  };
+  t.min_us = times_us.front();
+  t.p50_us = nearest_rank(50);
+  t.p99_us = nearest_rank(99);
+  t.max_us = times_us.back();
+  return t;
+}
+
+double aggregate_over_ranks(const std::vector<double>& per_rank, int average) {
+  CZ_CHECK(!per_rank.empty(), "aggregate_over_ranks: no ranks");
+  switch (average) {
+    case 0:
+      return per_rank.front();
+    case 2:
+      return *std::min_element(per_rank.begin(), per_rank.end());
+    case 3:
+      return *std::max_element(per_rank.begin(), per_rank.end());
+    default:
+      return std::accumulate(per_rank.begin(), per_rank.end(), 0.0) / double(per_rank.size());
+  }
+}
 
 int64_t parse_size(const std::string& s) {
   CZ_CHECK(!s.empty(), "empty size");
@@ -355,6 +395,8 @@ int run_commbench(World& world, const CommBenchOptions& o, std::ostream& out) {
     if (root_prints && o.show_ring) print_ring_report(topo, out);
     return 0;
   }
+  if (o.check_p2p) return run_p2p_check(world, o, out);
+  if (o.op == "sendrecv") return run_p2p_bench(world, o, out);
   if (o.op == "copy") return run_copy_bench(world, o, out);
   if (o.op == "quant_all_gather") return run_quant_bench(world, o, out);
   if (o.op == "quant_reduce_scatter") return run_quant_reduce_scatter_bench(world, o, out);
@@ -376,6 +418,10 @@ int run_commbench(World& world, const CommBenchOptions& o, std::ostream& out) {
   const std::string type = bench_dtype_name(o.dtype);
   const std::string redop = bench.reduces() ? std::string(name(o.redop)) : "none";
   const int root = kind == Collective::broadcast ? o.root : -1;
+  CZ_CHECK(o.average >= 0 && o.average <= 3,
+           "commbench: -a takes 0 (rank 0), 1 (mean), 2 (min) or 3 (max), not {}", o.average);
+  nlohmann::ordered_json machine;
+  if (o.json) machine = machine_facts(world);  // collective: every rank
 
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   if (root_prints && !o.json) {
@@ -390,6 +436,11 @@ int run_commbench(World& world, const CommBenchOptions& o, std::ostream& out) {
         o.max_bytes,
         o.step_factor > 1 ? fmt::format("{}(factor)", o.step_factor) : fmt::format("{}(bytes)", o.step_bytes),
         o.warmup, o.iters, o.check ? 1 : 0);
+    out << fmt::format(
+        "# time over ranks: {} (-a {}); spread: {} iterations timed one by one, min/max over ranks, p50/p99 "
+        "the ranks' {}{}\n",
+        average_name(o.average), o.average, o.iters, average_name(o.average),
+        o.size_timeout_s > 0 ? fmt::format("; --timeout {} s per size", o.size_timeout_s) : std::string());
     // hier and auto: which algorithm the largest size runs with, and why (Note [Two-level cost model]).
     if (o.impl == Algorithm::hier || o.impl == Algorithm::automatic)
       out << fmt::format("# {}\n", comm->explain(kind, size_t(o.max_bytes)));
@@ -401,13 +452,13 @@ int run_commbench(World& world, const CommBenchOptions& o, std::ostream& out) {
     out << "#\n";
     out << "#                                                              out-of-place                      "
            " "
-           "in-place          \n";
+           "in-place           out-of-place spread\n";
     out << "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   "
            "algbw "
-           "  busbw #wrong\n";
+           "  busbw #wrong      min      p50      p99      max\n";
     out << "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  "
            "(GB/s) "
-           " (GB/s)       \n";
+           " (GB/s)             (us)     (us)     (us)     (us)\n";
     out.flush();
   }
   int64_t total_wrong = 0;
@@ -416,7 +467,19 @@ int run_commbench(World& world, const CommBenchOptions& o, std::ostream& out) {
   for (int64_t bytes : sizes(o)) {
     const int64_t count = bytes / int64_t(dtype_size(o.dtype));
     if (count == 0) continue;
-    const auto [oop, ip] = bench.run(count);
+    std::pair<Placement, Placement> result;
+    {
+      SizeDeadline deadline(o.size_timeout_s, {comm.get(), ctl.get()});
+      try {
+        result = bench.run(count);
+      } catch (const CommError& e) {
+        if (!deadline.fired()) throw;
+        throw CommError(fmt::format(
+            "commbench: {} of {} bytes ran past --timeout {} s on rank {}; aborted ({})", name(kind),
+            count * int64_t(dtype_size(o.dtype)), o.size_timeout_s, world.rank(), e.what()));
+      }
+    }
+    const auto& [oop, ip] = result;
     total_wrong += std::max<int64_t>(oop.wrong, 0) + std::max<int64_t>(ip.wrong, 0);
     bw_sum += oop.busbw + ip.busbw;
     bw_count += 2;
@@ -429,6 +492,12 @@ int run_commbench(World& world, const CommBenchOptions& o, std::ostream& out) {
         j["algbw_GBps"] = p.algbw;
         j["busbw_GBps"] = p.busbw;
         j["wrong"] = p.wrong < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(p.wrong);
+        j.update(spread_json(p.spread));
+        nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+        for (const RankFigures& f : p.ranks)
+          ranks.push_back(
+              {{"time_us", f[0]}, {"min_us", f[1]}, {"p50_us", f[2]}, {"p99_us", f[3]}, {"max_us", f[4]}});
+        j["ranks"] = std::move(ranks);
         return j;
       };
       nlohmann::ordered_json row;
@@ -439,14 +508,31 @@ int run_commbench(World& world, const CommBenchOptions& o, std::ostream& out) {
       row["root"] = root;
       row["out_of_place"] = place(oop);
       row["in_place"] = place(ip);
+      // The out-of-place spread at the row's top level too, as the table shows it.
+      row.update(spread_json(oop.spread));
       rows.push_back(std::move(row));
     } else {
       auto cols = [](const Placement& p) {
         return fmt::format("  {}  {}  {}  {:>5}", num(p.time_us, 7), num(p.algbw, 6), num(p.busbw, 6),
                            p.wrong < 0 ? std::string("N/A") : std::to_string(p.wrong));
       };
+      const TimeSpread& sp = oop.spread;
       out << fmt::format("{:>12}  {:>12}  {:>8}  {:>6}  {:>6}", size, count, type, redop, root) << cols(oop)
-          << cols(ip) << "\n";
+          << cols(ip)
+          << fmt::format(" {} {} {} {}", num(sp.min_us, 8), num(sp.p50_us, 8), num(sp.p99_us, 8),
+                         num(sp.max_us, 8))
+          << "\n";
+      if (o.per_rank) {
+        for (size_t q = 0; q < oop.ranks.size(); ++q) {
+          const RankFigures &a = oop.ranks[q], &b = ip.ranks[q];
+          out << fmt::format(
+              "#  rank {:>3}: out-of-place time {} min {} p50 {} p99 {} max {}; in-place time {} min {} p50 "
+              "{} "
+              "p99 {} max {}\n",
+              q, num(a[0], 8), num(a[1], 8), num(a[2], 8), num(a[3], 8), num(a[4], 8), num(b[0], 8),
+              num(b[1], 8), num(b[2], 8), num(b[3], 8), num(b[4], 8));
+        }
+      }
       out.flush();
     }
   }
@@ -463,6 +549,9 @@ int run_commbench(World& world, const CommBenchOptions& o, std::ostream& out) {
       doc["choice"] = comm->explain(kind, size_t(o.max_bytes));
       doc["warmup"] = o.warmup;
       doc["iters"] = o.iters;
+      doc["average"] = average_name(o.average);
+      doc["timeout_s"] = o.size_timeout_s;
+      doc["machine"] = std::move(machine);
       doc["results"] = std::move(rows);
       doc["wrong"] = total_wrong;
       doc["avg_busbw_GBps"] = avg_bw;

@@ -138,10 +138,11 @@ int run_quant_reduce_scatter_bench(World& world, const CommBenchOptions& o, std:
     CommOptions ring = co;
     ring.algorithm = Algorithm::ring;
     mesh = std::make_unique<Mesh>(world, ring, "world", /*host_levels=*/true);
-    CZ_CHECK(zero::two_hop_applies(mesh->world(), mesh->hosts()),
-             "commbench: -o quant_reduce_scatter --impl hier needs several hosts with the same number (> 1) of "
-             "ranks each; this launch has {} ranks on {} hosts",
-             n, mesh->hosts().num_hosts());
+    CZ_CHECK(
+        zero::two_hop_applies(mesh->world(), mesh->hosts()),
+        "commbench: -o quant_reduce_scatter --impl hier needs several hosts with the same number (> 1) of "
+        "ranks each; this launch has {} ranks on {} hosts",
+        n, mesh->hosts().num_hosts());
   }
   const int hosts = mesh ? mesh->hosts().num_hosts() : 1;
   if (root_prints) {
