@@ -250,11 +250,10 @@ void publish_dir(const std::string& from, const std::string& to) {
   remove_tree_quietly(doomed);
 }
 
-void write_latest(const std::string& dir, const std::string& name) {
-  const std::string temp = dir + "/.latest.tmp", path = dir + "/latest";
+void write_file_durably(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string temp = dir + "/." + name + ".tmp", path = dir + "/" + name;
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) fail_errno(temp, "cannot create");
-  const std::string text = name + "\n";
   const bool ok = ::write(fd, text.data(), text.size()) == ssize_t(text.size()) && ::fsync(fd) == 0;
   const int err = errno;
   ::close(fd);
@@ -263,8 +262,13 @@ void write_latest(const std::string& dir, const std::string& name) {
     ::unlink(temp.c_str());
     fail_errno(temp, "cannot write");
   }
-  if (::rename(temp.c_str(), path.c_str()) != 0) fail_errno(path, "cannot rename .latest.tmp to it");
+  if (::rename(temp.c_str(), path.c_str()) != 0)
+    fail_errno(path, fmt::format("cannot rename .{}.tmp to it", name));
   sync_dir(dir);
+}
+
+void write_latest(const std::string& dir, const std::string& name) {
+  write_file_durably(dir, "latest", name + "\n");
 }
 
 std::optional<std::string> read_latest(const std::string& dir) {

@@ -83,7 +83,9 @@ void remove_leftovers(const std::string& dir);
 // Makes `from` visible as `to` atomically: a rename, or an exchange with an existing `to` (whose old contents
 // are then removed).
 void publish_dir(const std::string& from, const std::string& to);
-void write_latest(const std::string& dir, const std::string& name);
+// Writes DIR/NAME whole or not at all: DIR/.NAME.tmp, synced, renamed over it, DIR synced.
+void write_file_durably(const std::string& dir, const std::string& name, const std::string& text);
+void write_latest(const std::string& dir, const std::string& name);  // DIR/latest: "step_N\n"
 std::optional<std::string> read_latest(const std::string& dir);
 // The step_N folders of `dir` that hold an index file, by step.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
