@@ -4,8 +4,13 @@
 //   step_boundary), so every rank stops after the same step even when the signal reached them on either
 //   side of a boundary; the stop then finishes the save in flight, writes a final checkpoint and the
 //   --export-weights file, and rank 0 prints one message for the job.
-// - A second signal means "now": the process exits at once with 128 + signal. Whatever a save had written is
-//   left in a .tmp- folder that no reader looks at, so the newest published checkpoint stays loadable.
+// - A second SIGINT or SIGTERM means "now": the process exits at once with 128 + signal. Whatever a save had
+//   written is left in a .tmp- folder that no reader looks at, so the newest published checkpoint stays
+//   loadable. A SIGUSR1 never does: it is the signal launchers forward and job scripts relay (mpirun and srun
+//   pass it on; czrun and examples/slurm/train.sbatch hand a SIGTERM on as SIGUSR1), so one request can reach
+//   a rank several times. `scancel --full --signal=USR1` under srun sends it to the ranks, to srun, which
+//   forwards it, and to the job script, which relays it: on the Slurm test cluster the second copy ended the
+//   ranks before their final save. After a SIGTERM a rank can also get the script's SIGUSR1 (--full).
 // - Open MPI 4.1's mpirun answers SIGINT and SIGTERM by waiting odls_base_sigkill_timeout seconds (T, 1 by
 //   default), sending every rank SIGTERM, and SIGKILLing them T seconds later: the ranks have T for the step
 //   and the final save. It forwards SIGUSR1 and leaves the ranks alone, so SIGUSR1 to mpirun stops with no
@@ -27,6 +32,19 @@
 //   whole job; it hands mpirun SIGUSR1, which mpirun forwards to every rank without a kill deadline, and
 //   waits for the job's own stop (Note [Elastic restarts]).
 //
+// Note [The stop record]: what a launcher exits with does not say how the ranks ended once the signal that
+// stops them reached the launcher too. Open MPI 4.1's mpirun exits 1 after a SIGTERM of its own, and 205
+// ("lost communication with a remote daemon") when a SIGTERM ends one of its daemons, which under Slurm run
+// as a job step and so are signalled with the steps (`scancel --signal=TERM`), whatever its ranks returned:
+// on the Slurm test cluster the ranks had stopped and published their final checkpoint both times. So the run
+// says it stopped in a file beside its checkpoints, written by rank 0 right after the final checkpoint is
+// published (before --export-weights, which can take seconds a kill deadline may not leave): DIR/stopped,
+// "step_N\nstopped by SIGTERM after step N\n", whole or not at all (write_file_durably). A job script removes
+// it before each start, and where the launcher's exit is neither 0 nor 75 takes the run as stopped when it
+// is there and names the checkpoint DIR/latest names (examples/slurm/train.sbatch, docs/slurm.md). srun is
+// the other case: it answers a SIGTERM of its own by SIGKILLing its tasks at once, so no final checkpoint
+// is written and there is no record.
+//
 // Note [Stop signals off the GEMM threads]: a handled signal must never interrupt a thread that is inside one
 // of oneDNN's f32 GEMM kernels. Those kernels (jit_avx512_common_gemm_f32 and jit_avx_gemm_f32, oneDNN 2.6
 // as Debian 12 ships it) point rsp into a heap buffer while they run, so the kernel writes the signal's frame
@@ -47,12 +65,15 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <exception>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "dist/comm/signal_text.h"
+#include "io/checkpoint/checkpoint_layout.h"
 #include "io/log/train_log.h"
 
 namespace cz::train {
@@ -95,6 +116,8 @@ class StopLine {
 StopLine stop_line(int sig, bool again) {
   StopLine line;
   line << "convnext_zero: " << short_name(sig);
+  if (!again && sig == SIGUSR1)
+    return line << ": stopping after this step (SIGINT or SIGTERM stops it at once)\n";
   if (!again) return line << ": stopping after this step (send it again to stop at once)\n";
   line << " again: stopping now without saving; ";
   const char* latest = g_latest.get();
@@ -102,10 +125,12 @@ StopLine stop_line(int sig, bool again) {
   return line << "the newest checkpoint on disk is " << latest << "\n";
 }
 
-// Records a stop signal and, on rank 0, says so; a second one exits at once. `in_handler`: called from the
-// signal handler, where only write(2) may print, so the line can meet a bar being drawn; the stop thread
-// prints through the console lock instead (Note [One console]), which keeps it off the bar's line.
+// Records a stop signal and, on rank 0, says so; a second SIGINT or SIGTERM exits at once, a second SIGUSR1
+// is the same request relayed (Note [Stopping on request]). `in_handler`: called from the signal handler,
+// where only write(2) may print, so the line can meet a bar being drawn; the stop thread prints through the
+// console lock instead (Note [One console]), which keeps it off the bar's line.
 void on_stop(int sig, bool in_handler) {
+  if (g_signal != 0 && sig == SIGUSR1) return;
   const bool again = g_signal != 0;
   if (!again) g_signal = sig;
   if (g_announce) {
@@ -187,6 +212,20 @@ void set_latest_checkpoint(const std::string& path) {
 std::string signal_name(int sig) {
   if (sig == kStopJobEnd) return "the job's end time (--end-margin)";
   return sig == SIGINT || sig == SIGTERM || sig == SIGUSR1 ? short_name(sig) : fmt::format("signal {}", sig);
+}
+
+void write_stop_record(const std::string& checkpoint_dir, const std::string& checkpoint, int sig,
+                       int64_t last_step) {
+  if (checkpoint.empty()) return;
+  const std::string name = std::filesystem::path(ckpt::detail::trim_slashes(checkpoint)).filename().string();
+  try {
+    ckpt::detail::write_file_durably(
+        checkpoint_dir, kStopRecordName,
+        fmt::format("{}\nstopped by {} after step {}\n", name, signal_name(sig), last_step));
+  } catch (const std::exception& e) {
+    console_print(stderr,
+                  fmt::format("convnext_zero: note: the stop record was not written: {}\n", e.what()));
+  }
 }
 
 }  // namespace cz::train

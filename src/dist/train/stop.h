@@ -1,8 +1,9 @@
 // Stopping a run on request (Note [Stopping on request]): SIGINT, SIGTERM and SIGUSR1 ask the training loop
-// to stop after the step it is in, save a final checkpoint and exit with kExitStopped; a second one stops at
-// once.
+// to stop after the step it is in, save a final checkpoint and exit with kExitStopped; a SIGINT or SIGTERM
+// after the first signal stops at once.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace cz::train {
@@ -31,5 +32,13 @@ int stop_signal();
 void set_latest_checkpoint(const std::string& path);
 // "SIGTERM", "SIGINT", "SIGUSR1", "the job's end time" (kStopJobEnd), or "signal N".
 std::string signal_name(int sig);
+
+// The stop record (Note [The stop record] in stop.cpp): CHECKPOINT_DIR/stopped, written by rank 0 once a
+// stopped run's final checkpoint is published. Its first line is that checkpoint's folder name, as `latest`
+// holds it ("step_N"); the second says what stopped the run. Nothing is written when no checkpoint of the run
+// is on disk (`checkpoint` empty). A failure to write it is printed, not thrown: the stop itself succeeded.
+inline constexpr const char* kStopRecordName = "stopped";
+void write_stop_record(const std::string& checkpoint_dir, const std::string& checkpoint, int sig,
+                       int64_t last_step);
 
 }  // namespace cz::train

@@ -10,6 +10,7 @@
 #include "dist/train/cpu_gemm_setup.h"
 #include "dist/train/flags.h"
 #include "dist/train/param_groups.h"
+#include "dist/train/stop.h"
 #include "tensor/cpu/row_tiles.h"
 
 #include <chrono>
@@ -809,6 +810,9 @@ TrainSummary Trainer::run() {
   if (!cfg_.checkpoint_dir.empty()) {
     if (saved_step_ != step_) save_checkpoint();
     finish_pending_save();
+    // Note [The stop record]: what a job script reads where the launcher's exit code cannot be trusted.
+    if (sum.stop_signal != 0 && lead)
+      write_stop_record(cfg_.checkpoint_dir, latest_checkpoint_, sum.stop_signal, step_);
   }
   sum.steps = steps_run;
   sum.last_step = step_;

@@ -9,7 +9,9 @@
 #                     printed with --steps N appended
 #   mpirun_sigint     Ctrl-C to mpirun with Open MPI's default 1 s grace: whatever happens, `latest` names a
 #                     complete, loadable checkpoint no older than the last one the run reported saved
-#   second_signal     two SIGINTs: exit 130 at once; the newest published checkpoint still loads
+#   second_signal     two SIGINTs: exit 130 at once; the newest published checkpoint still loads; no stop record
+#   usr1_repeated     three SIGUSR1s, as a launcher and a job script relaying one stop send them: one stop, exit
+#                     75, the final checkpoint and its stop record (Note [The stop record])
 #   published         a background save is published within steps of being written, not at the next save
 #   bare_headline     `mpirun -np 2 convnext_zero --stage 3` runs the default run, prints plain progress lines
 #                     under mpirun, and stops on SIGUSR1 (forwarded by mpirun) with exit 75
@@ -123,6 +125,8 @@ single_sigint | mpirun_sigterm)
     fail "the stop was reported as a failure"
   [[ $(latest_of "$work/ck") == "step_$stopped_at" && -d "$work/ck/step_$stopped_at" ]] ||
     fail "latest is '$(latest_of "$work/ck")', expected step_$stopped_at"
+  [[ $(cat "$work/ck/stopped" 2> /dev/null) == "step_$stopped_at"$'\n'"stopped by $name after step $stopped_at" ]] ||
+    fail "the stop record is '$(cat "$work/ck/stopped" 2> /dev/null)', expected step_$stopped_at and its line"
   [[ -s "$work/w.h5" ]] || fail "no --export-weights file"
   "$cz_weights" "$work/ck" "$work/from_ck.h5" > /dev/null || fail "the final checkpoint does not export"
   ls "$work/ck" | grep -q '^\.tmp' && fail "an unfinished save was left behind"
@@ -188,7 +192,32 @@ second_signal)
   grep -q "again: stopping now without saving; the newest checkpoint on disk is $work/ck/step_" "$work/out" ||
     fail "no message naming the newest checkpoint"
   "$cz_weights" "$work/ck" "$work/w.h5" > /dev/null || fail "the newest checkpoint does not load"
+  [[ ! -e $work/ck/stopped ]] || fail "a stop record, but the run stopped without its final checkpoint"
   echo "second_signal: OK"
+  ;;
+usr1_repeated)
+  # ConvNeXt-atto steps (~0.3 s): the copies arrive while the first stop waits for its step.
+  "$app" --model atto --steps 5000 --loader-threads 1 --checkpoint-dir "$work/ck" --log "$work/run.jsonl" \
+    > "$work/out" 2>&1 &
+  pid=$!
+  pids+=("$pid")
+  wait_for_step "$work/run.jsonl" 3 "$pid" || { cat "$work/out"; fail "the run did not reach step 3"; }
+  kill -USR1 "$pid"
+  for _ in $(seq 100); do grep -q "stopping after this step" "$work/out" && break; sleep 0.01; done
+  kill -USR1 "$pid"
+  kill -USR1 "$pid"
+  wait_exit "$pid" 60
+  rc=$?
+  cat "$work/out"
+  stopped_at=$(last_step "$work/run.jsonl")
+  echo "== exit $rc; latest = $(latest_of "$work/ck"); stop record: $(head -n 1 "$work/ck/stopped" 2> /dev/null)"
+  [[ $rc -eq 75 ]] || fail "exit $rc, expected 75 (one stop)"
+  grep -q "SIGUSR1: stopping after this step (SIGINT or SIGTERM stops it at once)" "$work/out" ||
+    fail "no stop line for SIGUSR1"
+  ! grep -q "again" "$work/out" || fail "a repeated SIGUSR1 was taken for a second request"
+  [[ $(latest_of "$work/ck") == "step_$stopped_at" ]] || fail "latest is not step_$stopped_at"
+  [[ $(head -n 1 "$work/ck/stopped" 2> /dev/null) == "step_$stopped_at" ]] || fail "no stop record naming step_$stopped_at"
+  echo "usr1_repeated: OK"
   ;;
 published)
   # Saves every 20 steps of a long run. Frozen (SIGSTOP) 15-19 steps past a save, `latest` must already name
