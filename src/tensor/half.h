@@ -8,18 +8,32 @@
 
 namespace cz {
 
+// The one bf16 rounding of the host code: round to nearest even, a NaN stays a (quiet) NaN. No branch, so
+// that loops over it vectorize (the collectives' reductions, the quantized formats' narrowing).
+inline uint16_t bf16_from_float(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+// The same with denormal inputs taken as signed zeros, as AVX512_BF16's VCVTNEPS2BF16 and AMX take them: the
+// scalar twin of the CPU's bf16 GEMM operands (tensor/cpu/gemm_bf16.cpp).
+inline uint16_t bf16_from_float_daz(float f) {
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7f800000u) == 0) u &= 0x80000000u;
+  return bf16_from_float(std::bit_cast<float>(u));
+}
+inline float bf16_to_float(uint16_t bits) {
+  return std::bit_cast<float>(uint32_t(bits) << 16);
+}
+
 struct BFloat16 {
   uint16_t bits = 0;
   BFloat16() = default;
   explicit BFloat16(float f) : bits(from_float(f)) {}
-  operator float() const { return std::bit_cast<float>(uint32_t(bits) << 16); }
+  operator float() const { return bf16_to_float(bits); }
 
-  static uint16_t from_float(float f) {
-    uint32_t u = std::bit_cast<uint32_t>(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN stays a (quiet) NaN
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return uint16_t(u >> 16);
-  }
+  static uint16_t from_float(float f) { return bf16_from_float(f); }
 };
 
 struct Half {

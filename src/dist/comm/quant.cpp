@@ -63,15 +63,10 @@ float quantize_block4(const float* v, int64_t len, uint8_t* packed) {
 }
 
 void widen_bf16(const uint16_t* x, int64_t len, float* out) {
-  for (int64_t i = 0; i < len; ++i) out[i] = std::bit_cast<float>(uint32_t(x[i]) << 16);
+  for (int64_t i = 0; i < len; ++i) out[i] = bf16_to_float(x[i]);
 }
 void narrow_bf16(const float* v, int64_t len, uint16_t* out) {
-  for (int64_t i = 0; i < len; ++i) {  // BFloat16::from_float without its branch, so that it vectorizes
-    const uint32_t u = std::bit_cast<uint32_t>(v[i]);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t quiet_nan = (u >> 16) | 0x40u;
-    out[i] = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-  }
+  for (int64_t i = 0; i < len; ++i) out[i] = bf16_from_float(v[i]);
 }
 // F16C's conversions are exact (widening) and round to nearest even (narrowing), as Half's scalar ones.
 void widen_f16(const uint16_t* x, int64_t len, float* out) {

@@ -19,6 +19,7 @@
 #endif
 
 #include "tensor/check.h"
+#include "tensor/half.h"
 
 namespace cz::dist {
 namespace {
@@ -38,13 +39,10 @@ void scale_float(T* dst, const T* src, int64_t n, T scale) {
 }
 
 inline float bf16_to_f32(uint16_t h) {
-  return std::bit_cast<float>(uint32_t(h) << 16);
+  return bf16_to_float(h);
 }
-inline uint16_t f32_to_bf16(float f) {  // same rounding as BFloat16::from_float, without the branch
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const uint32_t quiet_nan = (u >> 16) | 0x40u;
-  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+inline uint16_t f32_to_bf16(float f) {
+  return bf16_from_float(f);
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)

@@ -33,6 +33,7 @@
 #include "tensor/check.h"
 #include "tensor/cpu/cpu_features.h"
 #include "tensor/cpu/gemm_choice.h"
+#include "tensor/half.h"
 #include "tensor/parallel.h"
 
 namespace cz::cpu {
@@ -43,12 +44,7 @@ void dnnl_ok(dnnl_status_t s, const char* what) {
 }
 
 uint16_t round_one(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);  // NaN stays (quiet) NaN
-  if ((u & 0x7f800000u) == 0) u &= 0x80000000u;                             // denormal: signed zero
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
+  return bf16_from_float_daz(v);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void round_avx512(const float* x, uint16_t* y,
