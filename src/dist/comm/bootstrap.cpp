@@ -20,6 +20,8 @@
 #include <memory>
 #include <mutex>
 
+#include "dist/comm/collective_log.h"
+#include "dist/comm/hang_report.h"
 #include "dist/comm/mpi_util.h"
 #include "dist/comm/signal_text.h"
 #include "dist/comm/topology_detect.h"
@@ -172,6 +174,7 @@ void World::finalize() {
   auto& w = world_storage();
   if (!w) return;
   const bool owns = w->owns_mpi_;
+  stop_log_service();
   w.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -195,6 +198,8 @@ void World::setup(const WorldOptions& options) {
     cuda_runtime::set_device(gpu_);
   }
   gather_node_cpus(node);
+  // Note [Collective log]: without shared memory this rank's log stays private (its report says so).
+  CollectiveLog::local().attach(node, rank_);
   CZ_MPI(MPI_Comm_free(&node));
 
   // Peer table: pid and hostname of every rank.
@@ -229,6 +234,7 @@ void World::setup(const WorldOptions& options) {
     pid_visible_[size_t(r)] = r != rank_ && same_host(r) && ::kill(peers_[size_t(r)].pid, 0) == 0;
   }
 
+  start_log_service(local_size_);  // Note [Logs across hosts]
   if (options.configure_threads) configure_cpu_threads(cpu_share().cores);
   if (options.install_signal_handlers) {
     struct sigaction sa {};

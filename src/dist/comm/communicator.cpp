@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "dist/comm/bootstrap.h"
+#include "dist/comm/collective_log.h"
 #include "dist/comm/hier_communicator.h"
 #include "dist/comm/mpi_communicator.h"
 #include "dist/comm/mpi_util.h"
@@ -53,6 +54,7 @@ Communicator::Communicator(int rank, int size, CommOptions options, std::vector<
   if (members_.empty())
     for (int r = 0; r < size_; ++r) members_.push_back(r);
   label_ = !options_.label.empty() ? options_.label : options_.members.empty() ? "world" : "group";
+  log_id_ = CollectiveLog::local().add_comm(label_, size_);
 }
 
 WorkHandle Communicator::validate_and_submit(Call call) {

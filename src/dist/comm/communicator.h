@@ -10,7 +10,9 @@
 // Buffers must stay alive and untouched until the Work has completed.
 //
 // Note [Failure handling]: every collective has a deadline (CommOptions::timeout_s). When it passes, or a
-// peer dies, the Work fails with a CommError saying which collective, how many bytes and which ranks; the
+// peer dies, the Work fails with a CommError saying which collective, how many bytes and which ranks; a
+// timeout also says which ranks never reached the collective and what they last did, from every rank's
+// collective log, and the rank prints its own log (Note [Collective log], Note [Logs across hosts]); the
 // communicator is then broken and every later call fails at once. main() catches the error and calls die(),
 // which prints it with the rank prefix and aborts the job (ncclCommAbort on NCCL communicators, then
 // MPI_Abort), so no rank waits forever. NCCL communicators additionally abort themselves on timeout, so that
@@ -144,6 +146,8 @@ class Communicator {
   virtual void note_tensor_use(const Tensor& t) {}
   // A backend calls it first thing on its communication thread: current_communicator() there says label().
   void name_this_thread() const;
+  // Its number in this rank's collective log (Note [Collective log]): backends record each call under it.
+  int log_id() const { return log_id_; }
 
  private:
   // The two-level communicator forwards calls to its sub-communicators' backends.
@@ -157,6 +161,7 @@ class Communicator {
   std::vector<int> ring_;
   std::vector<int> members_;
   std::string label_;
+  int log_id_ = -1;
 };
 
 // On a communicator's communication thread, that communicator's label(); "" on any other thread. What tells

@@ -11,6 +11,8 @@
 #include <thread>
 
 #include "dist/comm/bootstrap.h"
+#include "dist/comm/collective_log.h"
+#include "dist/comm/hang_report.h"
 #include "dist/comm/mpi_util.h"
 #include "dist/comm/progress.h"
 #include "dist/comm/reduce_kernels.h"
@@ -199,6 +201,9 @@ class MpiCommunicator final : public Communicator {
     void* device_dst = nullptr;
     size_t bytes = 0;
     Device device;
+    Collective kind = Collective::send;
+    int peer = -1;  // world rank
+    CollectiveLog::Ticket ticket;
   };
 
   void loop() {
@@ -232,9 +237,13 @@ class MpiCommunicator final : public Communicator {
 
   void run(Task& task) {
     const Call& c = task.call;
+    const bool p2p = c.kind == Collective::send || c.kind == Collective::recv;
     // Stays set when the call fails: a launcher's SIGTERM may arrive before main() has printed the error.
     set_current_activity(c.what);
     task.work->mark_started();
+    CollectiveLog& log = CollectiveLog::local();  // Note [Collective log]
+    const CollectiveLog::Ticket ticket =
+        log.begin(log_id(), c.kind, int64_t(c.bytes), p2p ? members()[size_t(c.peer)] : -1);
     bool ok = false;
     try {
       if (broken_.load())
@@ -242,17 +251,21 @@ class MpiCommunicator final : public Communicator {
       Poller poller(&world_, c.what, options().timeout_s, &members());
       poller.set_idle_hook([this] { poll_p2p(); });
       poller.set_abort_flag(&aborted_);
-      if (c.kind == Collective::send || c.kind == Collective::recv) {
-        start_p2p(task, poller);
+      poller.set_collective({ticket.comm, ticket.seq, c.kind, int64_t(c.bytes)}, label());
+      if (p2p) {
+        start_p2p(task, poller, ticket);
       } else if (c.device.is_cuda() && c.kind != Collective::barrier) {
         run_staged(task, poller);
         task.work->mark_done();
+        log.end(ticket, true);
       } else {
         run_host(c, c.send, c.recv, poller);
         task.work->mark_done();
+        log.end(ticket, true);
       }
       ok = true;
     } catch (const std::exception& e) {
+      log.end(ticket, false);
       task.work->mark_failed(e.what());
       fail_all(e.what());
     }
@@ -291,7 +304,10 @@ class MpiCommunicator final : public Communicator {
       if (t.ready_event) cuda_runtime::event_destroy(t.ready_event);
     }
     if (std::this_thread::get_id() == thread_.get_id()) {
-      for (auto& p : p2p_) p.work->mark_failed(fmt::format("{}: {}", p.what, error));
+      for (auto& p : p2p_) {
+        CollectiveLog::local().end(p.ticket, false);
+        p.work->mark_failed(fmt::format("{}: {}", p.what, error));
+      }
       retire(p2p_.size());
       p2p_.clear();
     }
@@ -414,9 +430,12 @@ class MpiCommunicator final : public Communicator {
   }
 
   // User send/recv: posted now, completed by poll_p2p().
-  void start_p2p(Task& task, Poller& poller) {
+  void start_p2p(Task& task, Poller& poller, const CollectiveLog::Ticket& ticket) {
     const Call& c = task.call;
     P2p p;
+    p.kind = c.kind;
+    p.peer = members()[size_t(c.peer)];
+    p.ticket = ticket;
     p.work = task.work;
     p.what = c.what;
     p.deadline =
@@ -470,12 +489,16 @@ class MpiCommunicator final : public Communicator {
           cuda_runtime::stream_synchronize(cs);
         }
         p.work->mark_done();
+        CollectiveLog::local().end(p.ticket, true);
         p2p_.erase(p2p_.begin() + std::ptrdiff_t(i));
         retire(1);
         continue;
       }
       if (now > p.deadline) {
-        throw CommError(fmt::format("comm timeout: {} after {:.1f} s", p.what, options().timeout_s));
+        const std::string report = hang_report({p.ticket.comm, 0, p.kind, int64_t(p.bytes)}, label(),
+                                               {members()[size_t(rank())], p.peer});
+        throw CommError(
+            fmt::format("comm timeout: {} after {:.1f} s{}", p.what, options().timeout_s, report));
       }
       ++i;
     }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "dist/comm/bootstrap.h"
+#include "dist/comm/hang_report.h"
 #include "tensor/check.h"
 
 namespace cz::dist {
@@ -83,7 +84,14 @@ void Poller::check(int waiting_for) {
           waiting = fmt::format(" (waiting for rank {} on host {})", rank, w.peer(rank).host);
       }
     }
-    throw CommError(fmt::format("comm timeout: {} after {:.1f} s{}", what_, timeout_s_, waiting));
+    std::string report;
+    if (collective_.comm >= 0) {
+      std::vector<int> members;
+      if (members_) members = *members_;
+      for (int r = 0; !members_ && world_ && r < world_->size(); ++r) members.push_back(r);
+      report = hang_report(collective_, label_, members);
+    }
+    throw CommError(fmt::format("comm timeout: {} after {:.1f} s{}{}", what_, timeout_s_, waiting, report));
   }
 }
 

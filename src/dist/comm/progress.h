@@ -8,7 +8,7 @@
 // over 2 cores take 450 us instead of 50 us (100 us of yielding was enough). $CZ_COMM_YIELD_US overrides
 // kYieldUs. The thread's timer slack is lowered so that short sleeps stay short. Every wait is bounded by the
 // collective's deadline, and same-host peers are checked for liveness while waiting; either failure throws
-// CommError naming the collective.
+// CommError naming the collective (a timeout with the hang report of hang_report.h).
 #pragma once
 
 #include <atomic>
@@ -16,6 +16,8 @@
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "dist/comm/collective_log.h"
 
 namespace cz::dist {
 
@@ -43,6 +45,12 @@ class Poller {
   void set_idle_hook(std::function<void()> hook) { hook_ = std::move(hook); }
   // Waiting stops with CommError("... aborted") once *flag is set (Communicator::abort from another thread).
   void set_abort_flag(const std::atomic<bool>* flag) { abort_flag_ = flag; }
+  // The collective being waited for, as the collective log knows it (Note [Collective log]): a timeout then
+  // adds the hang report (hang_report.h) to its message. `label`: its communicator's.
+  void set_collective(const CollectiveId& id, std::string label) {
+    collective_ = id;
+    label_ = std::move(label);
+  }
   // Call after useful work so the next wait starts with short naps again.
   void progressed();
   double elapsed_s() const;
@@ -63,6 +71,8 @@ class Poller {
   int sleep_us_ = 1;
   std::function<void()> hook_;
   const std::atomic<bool>* abort_flag_ = nullptr;
+  CollectiveId collective_;
+  std::string label_;
 };
 
 }  // namespace cz::dist

@@ -13,8 +13,10 @@
 #include <thread>
 
 #include "dist/comm/bootstrap.h"
+#include "dist/comm/collective_log.h"
 #include "dist/comm/cuda/cuda_check.h"
 #include "dist/comm/cuda/reduce_kernels.h"
+#include "dist/comm/hang_report.h"
 #include "dist/comm/mpi_util.h"
 #include "dist/comm/ring.h"
 #include "dist/comm/topology_detect.h"
@@ -182,6 +184,7 @@ class NcclCommunicator final : public Communicator {
     auto work = std::make_shared<Work>(c.what, c.device);
     work->set_trace_lane(fmt::format("comm {} (nccl)", label()));  // --trace: one lane per stream
     std::lock_guard<std::mutex> enqueue_lock(enqueue_mu_);  // NCCL calls on one communicator are serialised
+    CollectiveLog::Ticket ticket;  // Note [Collective log]: running from the enqueue to the device's end
     {
       std::unique_lock<std::mutex> lock(mu_);
       // Note [Back-pressure]: the watchdog retires finished collectives and, once the oldest times out, fails
@@ -194,7 +197,10 @@ class NcclCommunicator final : public Communicator {
       }
       // The host part (NCCL may block in it, e.g. while connecting to a peer that never arrives) is watched
       // like the device part: Note [Failure handling].
-      enqueuing_ = Enqueuing{c.what, Clock::now()};
+      ticket = CollectiveLog::local().begin(
+          log_id(), c.kind, int64_t(c.bytes),
+          c.kind == Collective::send || c.kind == Collective::recv ? members()[size_t(c.peer)] : -1);
+      enqueuing_ = Enqueuing{c.what, Clock::now(), Logged{ticket, c.kind, int64_t(c.bytes)}};
     }
     cv_.notify_one();
     struct EndEnqueuing {
@@ -225,14 +231,16 @@ class NcclCommunicator final : public Communicator {
         if (broken_.load())
           failed_meanwhile = reason_;
         else
-          inflight_.push_back({work, done, Clock::now(), c.what});
+          inflight_.push_back({work, done, Clock::now(), c.what, Logged{ticket, c.kind, int64_t(c.bytes)}});
       }
       if (failed_meanwhile.empty())
         work->mark_done();  // the host part; the device part is the event
       else
         work->mark_failed(fmt::format("{}: {}", c.what, failed_meanwhile));
+      if (!failed_meanwhile.empty()) CollectiveLog::local().end(ticket, false);
       cv_.notify_one();
     } catch (const std::exception& e) {
+      CollectiveLog::local().end(ticket, false);
       work->mark_failed(e.what());
       fail(e.what());
     }
@@ -240,15 +248,22 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  struct Logged {  // what the collective log and a timeout's report know it by
+    CollectiveLog::Ticket ticket;
+    Collective kind = Collective::barrier;
+    int64_t bytes = 0;
+  };
   struct Inflight {
     WorkHandle work;
     void* done;  // owned by the Work
     Clock::time_point start;
     std::string what;
+    Logged logged;
   };
   struct Enqueuing {  // a submit inside NCCL's host calls
     std::string what;
     Clock::time_point start;
+    Logged logged;
   };
 
   void enqueue(const Call& c) {
@@ -338,7 +353,10 @@ class NcclCommunicator final : public Communicator {
       failed.swap(inflight_);
     }
     space_cv_.notify_all();  // callers blocked in submit() now see broken_
-    for (auto& f : failed) f.work->mark_failed(fmt::format("{}: {}", f.what, error));
+    for (auto& f : failed) {
+      CollectiveLog::local().end(f.logged.ticket, false);
+      f.work->mark_failed(fmt::format("{}: {}", f.what, error));
+    }
     abort_nccl();
   }
 
@@ -367,6 +385,7 @@ class NcclCommunicator final : public Communicator {
       }
       std::string what;
       Clock::time_point start;
+      Logged logged;
       std::string error;
       {
         std::unique_lock<std::mutex> lock(mu_);
@@ -375,8 +394,10 @@ class NcclCommunicator final : public Communicator {
         cv_.wait(lock, [&] { return stop_ || !inflight_.empty() || enqueuing_.has_value(); });
         try {
           const size_t before = inflight_.size();
-          while (!inflight_.empty() && cuda_runtime::event_query(inflight_.front().done))
+          while (!inflight_.empty() && cuda_runtime::event_query(inflight_.front().done)) {
+            CollectiveLog::local().end(inflight_.front().logged.ticket, true);
             inflight_.pop_front();
+          }
           if (inflight_.size() < before) space_cv_.notify_all();
         } catch (const std::exception& e) {  // a device error: must not escape the thread (std::terminate)
           error = fmt::format("comm failure: {} failed on the device: {}", inflight_.front().what, e.what());
@@ -389,9 +410,11 @@ class NcclCommunicator final : public Communicator {
         if (!inflight_.empty()) {
           what = inflight_.front().what;
           start = inflight_.front().start;
+          logged = inflight_.front().logged;
         } else if (enqueuing_) {
           what = enqueuing_->what;
           start = enqueuing_->start;
+          logged = enqueuing_->logged;
         }
       }
       if (!error.empty()) {
@@ -407,7 +430,9 @@ class NcclCommunicator final : public Communicator {
       }
       const auto now = Clock::now();
       if (error.empty() && now - start > std::chrono::duration<double>(options().timeout_s))
-        error = fmt::format("comm timeout: {} after {:.1f} s", what, options().timeout_s);
+        error = fmt::format("comm timeout: {} after {:.1f} s{}", what, options().timeout_s,
+                            hang_report({logged.ticket.comm, logged.ticket.seq, logged.kind, logged.bytes},
+                                        label(), members()));
       if (error.empty() && now >= next_liveness) {
         next_liveness = now + std::chrono::milliseconds(100);
         for (int r = 0; r < size() && error.empty(); ++r) {
