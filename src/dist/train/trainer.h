@@ -16,6 +16,7 @@
 #include "dist/comm/mesh.h"
 #include "dist/comm/process_group.h"
 #include "dist/train/config.h"
+#include "dist/train/gpu_health.h"
 #include "dist/train/graph_plan.h"
 #include "dist/train/rank_stats.h"
 #include "dist/train/step_graphs.h"
@@ -257,6 +258,7 @@ class Trainer {
   double input_s_ = 0, loss_wait_s_ = 0;
   JsonLog log_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0, --tensorboard
+  std::unique_ptr<GpuHealth> gpu_health_;           // CUDA ranks: Note [GPU health fields]
 };
 
 }  // namespace cz::train

@@ -25,6 +25,7 @@ std::string utc_now() {
 }  // namespace
 
 void Trainer::open_log() {
+  gpu_health_ = start_gpu_health(device_.is_cuda(), device_.index, world_.rank());  // every rank's own GPU
   if (world_.rank() == 0 && !cfg_.tensorboard.empty())
     tensorboard_ =
         std::make_unique<TensorBoardWriter>(cfg_.tensorboard, flag_name(&TrainConfig::tensorboard));
@@ -47,6 +48,7 @@ void Trainer::open_log() {
 }
 
 void Trainer::write_record(nlohmann::json record) {
+  note_gpu_health(gpu_health_.get(), record);  // Note [GPU health fields]
   if (tensorboard_) {
     const auto scalars = log_record_scalars(record);
     tensorboard_->write(record.value("step", int64_t(0)), scalars, unix_seconds());
