@@ -5,6 +5,7 @@
 #include "tensor/ops/conv.h"
 #include "tensor/ops/drop_path.h"
 #include "tensor/ops/elementwise.h"
+#include "tensor/ops/grn.h"
 #include "tensor/ops/layer_norm.h"
 #include "tensor/ops/linear.h"
 #include "tensor/ops/linear_fused.h"

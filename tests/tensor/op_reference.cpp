@@ -115,6 +115,29 @@ Tensor ref_global_avg_pool(const Tensor& x) {
   return make(y, {N, C});
 }
 
+Tensor ref_grn(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps) {
+  auto v = host(x);
+  const auto gv = host(gamma), bv = host(beta);
+  const int64_t N = x.size(0), HW = x.size(1) * x.size(2), C = x.size(3);
+  for (int64_t n = 0; n < N; ++n) {
+    std::vector<double> norm(at(C), 0.0);
+    for (int64_t q = 0; q < HW; ++q)
+      for (int64_t c = 0; c < C; ++c)
+        norm[at(c)] += v[at((n * HW + q) * C + c)] * v[at((n * HW + q) * C + c)];
+    double mean = 0;
+    for (double& g : norm) {
+      g = std::sqrt(g);
+      mean += g / double(C);
+    }
+    for (int64_t q = 0; q < HW; ++q)
+      for (int64_t c = 0; c < C; ++c) {
+        double& e = v[at((n * HW + q) * C + c)];
+        e = e + bv[at(c)] + gv[at(c)] * e * norm[at(c)] / (mean + eps);
+      }
+  }
+  return make(v, x.sizes());
+}
+
 Tensor ref_cross_entropy(const Tensor& logits, const Tensor& labels, double smoothing) {
   const auto z = host(logits);
   const auto y = labels.to_vector<int64_t>();

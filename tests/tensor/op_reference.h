@@ -16,6 +16,8 @@ Tensor ref_depthwise_conv2d(const Tensor& x, const Tensor& weight, const Tensor*
 // x: (N, H, W, Cin); weight: (Cout, Cin, k, k); bias: nullptr for none.
 Tensor ref_patchify_conv2d(const Tensor& x, const Tensor& weight, const Tensor* bias);
 Tensor ref_global_avg_pool(const Tensor& x);
+// x: (N, H, W, C); gamma, beta: (C). timm's GlobalResponseNorm (channels last).
+Tensor ref_grn(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps);
 // y = x w^T + bias over the last dim of x; w: (out, in).
 Tensor ref_linear(const Tensor& x, const Tensor& weight, const Tensor* bias);
 Tensor ref_cross_entropy(const Tensor& logits, const Tensor& labels, double smoothing);

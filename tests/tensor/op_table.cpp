@@ -123,6 +123,22 @@ void add_convnext_cases(std::vector<OpCase>& cases) {
                    [](const auto& in) { return global_avg_pool(in[0]); },
                    [](const auto& in) { return ref_global_avg_pool(in[0]); }});
 
+  // GRN: C = 19 off every vector width, images of 15 and 1 pixels.
+  cases.push_back({"grn",
+                   [](DType t, uint64_t s) {
+                     return std::vector{input({2, 3, 5, 19}, t, s, true, -2, 2), input({19}, t, s + 1),
+                                        input({19}, t, s + 2)};
+                   },
+                   [](const auto& in) { return grn(in[0], in[1], in[2]); },
+                   [](const auto& in) { return ref_grn(in[0], in[1], in[2], 1e-6); }});
+  cases.push_back(
+      {"grn_one_pixel",
+       [](DType t, uint64_t s) {
+         return std::vector{input({3, 1, 1, 6}, t, s), input({6}, t, s + 1), input({6}, t, s + 2)};
+       },
+       [](const auto& in) { return grn(in[0], in[1], in[2], 1e-3); },
+       [](const auto& in) { return ref_grn(in[0], in[1], in[2], 1e-3); }});
+
   cases.push_back({"cross_entropy_i64",
                    [](DType t, uint64_t s) {
                      return std::vector{input({6, 7}, t, s, true, -3, 3), labels(6, 7, DType::i64, s + 1)};

@@ -1,7 +1,7 @@
 // The ConvNeXt op kernels on CUDA beyond the op table: argmax with ties and NaN, device-side label checks,
 // ConvNeXt-sized shapes, bit-for-bit repeatability of the deterministic reductions, the cuDNN algorithm
 // cache in both search modes, and the three depthwise paths (tiled, cuDNN, direct), the tiled kernels against
-// their CPU emulation bit for bit. Skips without a GPU.
+// their CPU emulation bit for bit, the soft-target and GRN kernels against theirs. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +11,7 @@
 #include "common/gradcheck.h"
 #include "cuda_test_util.h"
 #include "depthwise_emulation.h"
+#include "grn_emulation.h"
 #include "soft_target_emulation.h"
 #include "tensor/autograd/engine.h"
 #include "tensor/cuda/context.h"
@@ -92,6 +93,9 @@ TEST(CudaOps, ConvNeXtShapesMatchCpuAndRepeatBitForBit) {
       "gelu", [](const auto& in) { return gelu(in[0]); }, {r32({2, 7, 7, 3072}, 13)}, 1e-5);
   check_large(
       "pool", [](const auto& in) { return global_avg_pool(in[0]); }, {r32({4, 7, 7, 768}, 14)}, 1e-5);
+  check_large(
+      "grn", [](const auto& in) { return grn(in[0], in[1], in[2]); },
+      {r32({2, 28, 28, 768}, 18), r32({768}, 19), r32({768}, 20)}, 1e-4);
   Generator gen(5);
   const Tensor labels = randint(1000, {16}, gen);
   check_large(
@@ -117,6 +121,28 @@ TEST(CudaOps, SoftTargetCrossEntropyMatchesItsEmulation) {
     EXPECT_NEAR(loss.item(), double(emu.loss), 4e-7 * (1 + std::abs(double(emu.loss)))) << n << "x" << k;
     EXPECT_TRUE(all_close(zg.grad().cpu(), from_vector(emu.dlogits, {n, k}), 1e-6, 1e-9)) << n << "x" << k;
     EXPECT_TRUE(all_close(tg.grad().cpu(), from_vector(emu.dtargets, {n, k}), 1e-6, 1e-9)) << n << "x" << k;
+  }
+}
+
+// The GRN kernels against their CPU emulation (grn_emulation.h): the same per-thread work and reduction
+// order, so only the device's sqrt and multiply-add contraction differ (a few ulps).
+TEST(CudaOps, GrnMatchesItsEmulation) {
+  CZ_REQUIRE_GPU();
+  for (const Shape& shape : std::vector<Shape>{{2, 3, 5, 19}, {5, 9, 9, 33}, {3, 14, 14, 384}}) {
+    const int64_t n = shape[0], hw = shape[1] * shape[2], c = shape[3];
+    const Tensor x = r32(shape, uint64_t(c), -2, 2), g = r32(shape, uint64_t(c + 1));
+    const Tensor gamma = r32({c}, 3), beta = r32({c}, 4);
+    const auto emu = emulate_grn<float>(x.to_vector<float>(), g.to_vector<float>(), gamma.to_vector<float>(),
+                                        beta.to_vector<float>(), n, hw, c, 1e-6);
+    Tensor xg = x.to(gpu()).set_requires_grad(true), gg = gamma.to(gpu()).set_requires_grad(true),
+           bg = beta.to(gpu()).set_requires_grad(true);
+    const Tensor y = grn(xg, gg, bg);
+    y.backward(g.to(gpu()));
+    const std::string what = shape_str(shape);
+    EXPECT_TRUE(all_close(y.cpu(), from_vector(emu.y, shape), 1e-6, 1e-6)) << what;
+    EXPECT_TRUE(all_close(xg.grad().cpu(), from_vector(emu.dx, shape), 1e-5, 1e-6)) << what;
+    EXPECT_TRUE(all_close(gg.grad().cpu(), from_vector(emu.dgamma, {c}), 1e-5, 1e-6)) << what;
+    EXPECT_TRUE(all_close(bg.grad().cpu(), from_vector(emu.dbeta, {c}), 1e-6, 1e-6)) << what;
   }
 }
 

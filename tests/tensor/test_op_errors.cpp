@@ -140,6 +140,36 @@ TEST(OpErrors, GlobalAvgPool) {
       {"global_avg_pool", "u8"});
 }
 
+TEST(OpErrors, Grn) {
+  const Tensor x = f32({2, 4, 4, 192});
+  expect_error<ShapeError>([&] { grn(x, f32({96}), f32({192})); },
+                           {"grn: gamma has shape (96) but x has C=192"});
+  expect_error<ShapeError>(
+      [&] {
+        grn(x, f32({192}), f32({1, 1, 1, 192}));
+      },
+      {"grn: beta has shape (1, 1, 1, 192) but x has C=192", "(2, 4, 4, 192)"});
+  expect_error<ShapeError>(
+      [&] {
+        grn(f32({16, 192}), f32({192}), f32({192}));
+      },
+      {"grn", "4-d NHWC", "(16, 192)"});
+  expect_error<ShapeError>(
+      [&] {
+        grn(f32({2, 0, 4, 8}), f32({8}), f32({8}));
+      },
+      {"grn", "pixels", "(2, 0, 4, 8)"});
+  expect_error<DtypeError>([&] { grn(x, zeros({192}, DType::f64), f32({192})); },
+                           {"grn", "gamma is f64 but x is f32"});
+  expect_error<ValueError>([&] { grn(x, f32({192}), Tensor()); }, {"grn", "beta", "undefined"});
+  expect_error<ValueError>([&] { grn(x, f32({192}), f32({192}), -1.0); }, {"grn", "eps", "-1"});
+  expect_error<DtypeError>(
+      [] {
+        grn(zeros({1, 2, 2, 4}, DType::bf16), zeros({4}, DType::bf16), zeros({4}, DType::bf16));
+      },
+      {"grn", "bf16", "CUDA"});
+}
+
 TEST(OpErrors, CrossEntropy) {
   const Tensor logits = f32({4, 10});
   expect_error<ValueError>(

@@ -289,6 +289,18 @@ std::vector<KernelCase> kernel_cases() {
                    },
                    {{512, c}, {512, c}, {c}, {c}},
                    1});
+  cases.push_back({"grn_backward",
+                   8,
+                   [=](const std::vector<Tensor>& in) {
+                     const int64_t n = in[1].size(0);
+                     Tensor y = empty_like(in[1]), gx = empty({n, c}), d = empty({n});
+                     grn_forward(in[1], in[2], in[3], 1e-6, y, gx, d);
+                     Tensor dx = empty_like(in[1]), dgamma = empty({c}), dbeta = empty({c});
+                     grn_backward(in[0], in[1], in[2], gx, d, dx, dgamma, dbeta);
+                     return std::vector<Tensor>{y, dx, dgamma, dbeta};
+                   },
+                   {{8, 16, 16, c}, {8, 16, 16, c}, {c}, {c}},
+                   2});
   cases.push_back({"channel_scale_backward",
                    512,
                    [=](const std::vector<Tensor>& in) {

@@ -105,6 +105,14 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
 void layer_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                          const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias);
 
+// Global Response Normalization (ConvNeXt V2). x, y: (N, H, W, C); gamma, beta: (C); gx: (N, C) the L2 norms
+// over H and W and d: (N) mean_c(gx) + eps, written for backward. y = x + (beta + gamma * (x * gx / d)).
+void grn_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, Tensor& y, Tensor& gx,
+                 Tensor& d);
+// gy: like x. Each of dx, dgamma, dbeta may be undefined (not needed).
+void grn_backward(const Tensor& gy, const Tensor& x, const Tensor& gamma, const Tensor& gx, const Tensor& d,
+                  Tensor& dx, Tensor& dgamma, Tensor& dbeta);
+
 // Depthwise k x k convolution, stride 1, zero padding k/2. x, y: (N, H, W, C); w: (k, k, C) (channels last,
 // not PyTorch's layout); bias: (C) or undefined.
 void depthwise_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y);

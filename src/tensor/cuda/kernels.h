@@ -70,6 +70,14 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
 void layer_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                          const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias, Stream stream);
 
+// Global Response Normalization (Note [GRN kernels] in grn_threads.h). x, y: (N, H, W, C); gamma, beta: (C);
+// gx: (N, C) and d: (N) stat_dtype, written for backward. Backward: each of dx, dgamma, dbeta may be
+// undefined; every sum is in a fixed order (deterministic, no atomics).
+void grn_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, Tensor& y, Tensor& gx,
+                 Tensor& d, Stream stream);
+void grn_backward(const Tensor& gy, const Tensor& x, const Tensor& gamma, const Tensor& gx, const Tensor& d,
+                  Tensor& dx, Tensor& dgamma, Tensor& dbeta, Stream stream);
+
 // Convolutions on cuDNN (conv.cpp), NHWC, with the CPU kernels' channels-last weights: depthwise w (k, k, C)
 // (transposed to cuDNN's (C, k, k) on the device), patchify w (Cout, k, k, Cin) (cuDNN's KRSC as is). Bias
 // and bias gradients through our own kernels (deterministic); each backward output may be undefined.

@@ -95,6 +95,15 @@ cudaError_t layer_norm_backward(const Config& cfg, DType t, const void* gy, cons
                                 const void* mean, const void* rstd, void* dx, void* dweight, void* dbias,
                                 int64_t rows, int64_t c, void* workspace);
 
+// GRN of NHWC data as (n, hw, c) (grn.cu): gx (n, c) and d (n) in acc. Backward: dx, dgamma, dbeta may each
+// be null; `workspace` (grn_backward_workspace bytes) holds the per-image sums.
+cudaError_t grn_forward(const Config& cfg, DType t, const void* x, const void* gamma, const void* beta,
+                        double eps, void* y, void* gx, void* d, int64_t n, int64_t hw, int64_t c);
+size_t grn_backward_workspace(DType t, int64_t n, int64_t c);
+cudaError_t grn_backward(const Config& cfg, DType t, const void* gy, const void* x, const void* gamma,
+                         const void* gx, const void* d, void* dx, void* dgamma, void* dbeta, int64_t n,
+                         int64_t hw, int64_t c, void* workspace);
+
 // Global average pool of NHWC data as (n, hw, c) (pool.cu).
 cudaError_t global_avg_pool_forward(const Config& cfg, DType t, const void* x, void* y, int64_t n, int64_t hw,
                                     int64_t c);
