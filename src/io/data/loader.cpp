@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "io/augment/image_transform.h"
@@ -57,8 +58,9 @@ struct Loader::Impl {
   std::map<int64_t, Slot> slots;                      // opened and not yet taken
   std::shared_ptr<const std::vector<int64_t>> order;  // the latest opened epoch's
   int64_t order_epoch = -1;
-  std::exception_ptr failed;                // sticky until the next start_epoch
-  mutable std::atomic<int64_t> skipped{0};  // Note [Skipping bad samples]
+  std::exception_ptr failed;  // sticky until the next start_epoch
+  mutable std::mutex bad_mu;  // Note [Skipping bad samples]: the examples that failed to decode
+  mutable std::set<int64_t> bad;
 
   // Reads example `index` (at position `pos` of `epoch`) as far as its crop needs, and crops, resizes, flips
   // and RandAugments it into `out` (size x size x 3 bytes).
@@ -97,8 +99,8 @@ void Loader::Impl::transform_image(int64_t epoch, int64_t index, int64_t pos, Sc
 
 // Note [Skipping bad samples]: the replacement is the next example in the data set's own order, a function of
 // the data alone, so every run of the same data (and a resumed one) reads the same examples in its place; the
-// position's augmentation draws are the ones it would have had. The budget is the loader's, so each rank
-// counts what it reads.
+// position's augmentation draws are the ones it would have had. The budget counts distinct examples (a bad
+// file is met again every epoch, and said once); it is the loader's, so each rank counts what it reads.
 int64_t Loader::Impl::read_or_skip(int64_t epoch, int64_t index, int64_t pos, Scratch& s,
                                    uint8_t* out) const {
   const int64_t budget = opt.skip_bad_samples - data->bad_samples();
@@ -107,16 +109,19 @@ int64_t Loader::Impl::read_or_skip(int64_t epoch, int64_t index, int64_t pos, Sc
       transform_image(epoch, index, pos, s, out);
       return index;
     } catch (const IoError& e) {
-      const int64_t k = ++skipped;
       if (opt.skip_bad_samples == 0) throw;
-      if (k > budget)
-        throw IoError(
-            fmt::format("{} (more bad samples than --skip-bad-samples {}: {} left out at open, {} "
-                        "failed to decode on this rank)",
-                        e.what(), opt.skip_bad_samples, data->bad_samples(), k));
-      std::fprintf(stderr, "convnext_zero: rank %d: skipped bad sample %lld of at most %lld: %s\n", opt.rank,
-                   static_cast<long long>(k + data->bad_samples()),
-                   static_cast<long long>(opt.skip_bad_samples), e.what());
+      std::unique_lock<std::mutex> lock(bad_mu);
+      if (bad.insert(index).second) {
+        const int64_t k = int64_t(bad.size());
+        if (k > budget)
+          throw IoError(
+              fmt::format("{} (more bad samples than --skip-bad-samples {}: {} left out at open, {} "
+                          "failed to decode on this rank)",
+                          e.what(), opt.skip_bad_samples, data->bad_samples(), k));
+        std::fprintf(stderr, "convnext_zero: rank %d: skipped bad sample %lld of at most %lld: %s\n",
+                     opt.rank, static_cast<long long>(k + data->bad_samples()),
+                     static_cast<long long>(opt.skip_bad_samples), e.what());
+      }
       index = (index + 1) % data->size();
     }
   }
@@ -276,7 +281,8 @@ Loader::~Loader() {
 }
 
 int64_t Loader::skipped_samples() const {
-  return impl_->skipped.load();
+  std::lock_guard<std::mutex> lock(impl_->bad_mu);
+  return int64_t(impl_->bad.size());
 }
 
 int64_t Loader::steps_per_epoch() const {

@@ -241,7 +241,7 @@ TarIndex scan_tar(const std::string& path) {
       index.error =
           pos == index.file_size
               ? fmt::format("truncated: the file ends after {} without the end-of-archive blocks", last())
-              : fmt::format("truncated: the file ends inside the header at byte {}", pos);
+              : fmt::format("truncated: the file ends inside the header at byte {}, after {}", pos, last());
       return index;
     }
     if (!pread_all(f.fd, h.data(), kBlock, pos)) {
