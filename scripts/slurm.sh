@@ -3,10 +3,12 @@
 # slurmd, each slurmd a node of its own (n1..nN, one host, one port each), all state in one folder. See
 # docs/slurm.md.
 #
-#   slurm.sh up DIR [--nodes N] [--cpus C] [--gpus G]
+#   slurm.sh up DIR [--nodes N] [--cpus C] [--gpus G] [--task-affinity]
 #                    start the cluster (default 2 nodes x 2 CPUs, no GPUs; --gpus G: G GPUs per node as a gres
 #                    without devices, so that --gpus-per-node allocations can be tested on a machine without
-#                    GPUs); prints the environment the clients need (export SLURM_CONF=DIR/slurm.conf)
+#                    GPUs; --task-affinity: TaskPlugin=task/affinity, which binds each task to its CPUs as a
+#                    cluster's nodes do, instead of task/none); prints the environment the clients need
+#                    (export SLURM_CONF=DIR/slurm.conf)
 #   slurm.sh down DIR
 #                    cancel every job, stop every daemon and step, remove nothing else; idempotent
 #   slurm.sh env DIR print "export SLURM_CONF=..." for eval
@@ -96,13 +98,14 @@ cmd_down() {
 
 cmd_up() {
   (($# >= 1)) || die "usage: slurm.sh up DIR [--nodes N] [--cpus C] [--gpus G]"
-  local dir=$1 nodes=2 cpus=2 gpus=0
+  local dir=$1 nodes=2 cpus=2 gpus=0 task_plugin=""
   shift
   while (($#)); do
     case $1 in
       --nodes) nodes=${2:?--nodes needs a value}; shift 2 ;;
       --cpus) cpus=${2:?--cpus needs a value}; shift 2 ;;
       --gpus) gpus=${2:?--gpus needs a value}; shift 2 ;;
+      --task-affinity) task_plugin=task/affinity; shift ;;
       *) die "up: unknown option '$1'" ;;
     esac
   done
@@ -170,7 +173,7 @@ cmd_up() {
     echo "SlurmctldLogFile=$dir/log/slurmctld.log"
     echo "SlurmdLogFile=$dir/log/slurmd-%n.log"
     echo "ProctrackType=proctrack/linuxproc"
-    echo "TaskPlugin=task/none"
+    echo "TaskPlugin=${task_plugin:-task/none}"
     echo "SelectType=select/cons_tres"
     echo "SelectTypeParameters=CR_CPU"
     echo "SchedulerType=sched/backfill"

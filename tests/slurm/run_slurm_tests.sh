@@ -29,6 +29,10 @@
 #   czrun_node_lost_srun  the same with czrun --srun (each attempt an srun --mpi=pmix step)
 #   cancel             train.sbatch (mpirun) cancelled (`scancel JOB`, which SIGTERMs every process of a job that
 #                      is ending): the stop is not taken for a preemption; the job ends CANCELLED, not requeued
+#   cpu_placement      a cluster of its own with task/affinity (1 node of 2 CPUs): srun -n2 --cpus-per-task=1
+#                      binds each task to a CPU and each rank keeps its one CPU (the header's "CPUs of the ranks
+#                      on this host": "its mask is its own"); with --cpu-bind=none the two ranks hold both CPUs
+#                      and split them (issue 51; Note [A rank's CPUs on a node])
 #   errors             one clear line each: mpirun -np disagreeing with the job's tasks, srun without --mpi, more
 #                      ranks on a node than GPUs, a requeued job without --checkpoint-dir, the program started
 #                      by the job script itself in a job of several tasks
@@ -94,7 +98,8 @@ ompi_tcp_init_crash_lines() {
 
 submit() {
   local id
-  id=$(sbatch --parsable "$@") || fail "sbatch $* failed"
+  # The test cluster's nodes have 2 CPUs: train.sbatch's --cpus-per-task (12) would not fit them.
+  id=$(sbatch --parsable --cpus-per-task=1 "$@") || fail "sbatch $* failed"
   echo "$id" >> "$work/jobs"
   echo "$id"
 }
@@ -242,6 +247,27 @@ czrun_node_lost_try() {
 }
 
 case $case_name in
+cpu_placement)
+  "$slurm_sh" up "$cluster" --nodes 1 --cpus 2 --task-affinity > "$work/up.out" 2>&1
+  rc=$?
+  ((rc == 77)) && { cat "$work/up.out"; exit 77; }
+  ((rc == 0)) || { cat "$work/up.out"; fail "slurm.sh up exited with $rc"; }
+  on_exit "\"$slurm_sh\" down \"$cluster\" > /dev/null 2>&1"
+  export SLURM_CONF=$cluster/slurm.conf
+  header() {  # header SRUN_OPTIONS...: the header lines of a one-step run on 2 tasks
+    timeout 120 srun -N1 -n2 --mpi=pmix "$@" "$app" "${model[@]}" --steps 1 --no-progress --device cpu \
+      > "$work/run.out" 2>&1 || { cat "$work/run.out"; fail "srun $* failed"; }
+    grep -E "^convnext_zero: (CPU threads|CPUs of the ranks)" "$work/run.out" || { cat "$work/run.out"; fail "no header"; }
+  }
+  out=$(header --cpus-per-task=1 --cpu-bind=cores) || fail "${out#FAIL: }"
+  echo "$out"
+  grep -qF "local rank 0: mask 0 -> 0 (1 CPU, 1 core; its mask is its own); local rank 1: mask 1 -> 1 (1 CPU, 1 core; its mask is its own)" <<< "$out" ||
+    fail "srun --cpus-per-task=1 with task/affinity: each rank should keep its own CPU"
+  out=$(header --cpus-per-task=1 --cpu-bind=none) || fail "${out#FAIL: }"
+  echo "$out"
+  grep -qF "its mask is shared by 2 ranks: split by cores" <<< "$out" || fail "--cpu-bind=none: the ranks should split the CPUs"
+  echo "cpu_placement: OK"
+  ;;
 updown)
   t0=$(date +%s.%N)
   "$slurm_sh" up "$cluster" --nodes 2 > "$work/up.out" 2>&1
