@@ -1,6 +1,6 @@
 // The ConvNeXt ops beyond the op table: f32 GELU accuracy over the whole range, results that do not depend on
 // the thread count at shapes large enough to run in parallel, numerical stability, argmax ties, drop path's
-// mask.
+// mask, GRN on a channel that is zero.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -67,6 +67,12 @@ std::vector<BigCase> big_cases() {
        },
        [](const auto& x) { return global_avg_pool(x[0]); },
        [](const auto& x) { return ref_global_avg_pool(x[0]); }},
+      {"grn",
+       [=](DType t) {
+         return std::vector{in({3, 16, 13, 40}, t, 15), in({40}, t, 16), in({40}, t, 17)};
+       },
+       [](const auto& x) { return grn(x[0], x[1], x[2]); },
+       [](const auto& x) { return ref_grn(x[0], x[1], x[2], 1e-6); }},
   };
 }
 
@@ -100,6 +106,7 @@ TEST(OpBehaviour, NonContiguousInputsGiveTheSameResults) {
   EXPECT_TRUE(same(depthwise_conv2d(x, w7, b6), depthwise_conv2d(xc, w7, b6)));
   EXPECT_TRUE(same(patchify_conv2d(x, wp), patchify_conv2d(xc, wp.contiguous())));
   EXPECT_TRUE(same(global_avg_pool(x), global_avg_pool(xc)));
+  EXPECT_TRUE(same(grn(x, gamma, beta), grn(xc, gamma.contiguous(), beta.contiguous())));
   Generator g1(5), g2(5);
   EXPECT_TRUE(same(drop_path(x, 0.5, g1), drop_path(xc, 0.5, g2)));
   const Tensor logits = random_tensor({3, 5}, 36).transpose(0, 1);  // (5, 3)
@@ -145,8 +152,31 @@ TEST(OpBehaviour, EmptyBatch) {
   EXPECT_EQ(depthwise_conv2d(x, ones({8, 1, 7, 7})).sizes(), x.sizes());
   EXPECT_EQ(patchify_conv2d(x, ones({3, 8, 2, 2})).sizes(), (Shape{0, 2, 2, 3}));
   EXPECT_EQ(global_avg_pool(x).sizes(), (Shape{0, 8}));
+  EXPECT_EQ(grn(x, ones({8}), zeros({8})).sizes(), x.sizes());
   Generator gen(1);
   EXPECT_EQ(drop_path(x, 0.5, gen).sizes(), x.sizes());
+}
+
+// A channel that is zero over a whole image (its norm 0): GRN passes it through as beta, and its input
+// gradient is the output gradient alone (torch's norm has a zero gradient at zero), finite, in f64 and f32.
+TEST(OpBehaviour, GrnZeroChannelHasTheOutputGradient) {
+  for (DType t : {DType::f64, DType::f32}) {
+    std::vector<double> xv = random_tensor({2, 3, 4, 5}, 41, DType::f64).to_vector<double>();
+    for (size_t p = 0; p < 12; ++p) xv[(12 + p) * 5 + 2] = 0;  // image 1, channel 2
+    Tensor x = from_vector(xv, {2, 3, 4, 5}).to(t).set_requires_grad(true);
+    const Tensor gamma = random_tensor({5}, 42, DType::f64).to(t),
+                 beta = random_tensor({5}, 43, DType::f64).to(t);
+    const Tensor g = random_tensor({2, 3, 4, 5}, 44, DType::f64).to(t);
+    const Tensor y = grn(x, gamma, beta);
+    y.backward(g);
+    const auto yv = y.to_vector<double>(), dx = x.grad().to_vector<double>(), gv = g.to_vector<double>();
+    for (double v : dx) EXPECT_TRUE(std::isfinite(v)) << dtype_name(t);
+    for (size_t p = 0; p < 12; ++p) {
+      const size_t i = (12 + p) * 5 + 2;
+      EXPECT_EQ(dx[i], gv[i]) << dtype_name(t) << " pixel " << p;
+      EXPECT_EQ(yv[i], beta.to_vector<double>()[2]) << dtype_name(t) << " pixel " << p;
+    }
+  }
 }
 
 TEST(OpBehaviour, GeluF32IsAccurateOverTheWholeRange) {
