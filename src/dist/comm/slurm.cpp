@@ -110,6 +110,15 @@ SlurmAllocation parse_scontrol_job(const std::string& line) {
   std::smatch m;
   const std::string tres = field(line, "TresPerNode");
   if (std::regex_search(tres, m, gpus)) a.gpus_per_node = std::atoi(m[1].str().c_str());
+  // --gpus-per-task (examples/slurm/train.sbatch): TresPerTask=gres:gpu:1, times the tasks a node runs (its
+  // --ntasks-per-node, else the tasks spread evenly over the nodes).
+  const std::string per_task = field(line, "TresPerTask");
+  if (a.gpus_per_node < 0 && std::regex_search(per_task, m, gpus)) {
+    const int tasks = a.tasks_per_node > 0                                   ? a.tasks_per_node
+                      : a.nodes > 0 && a.tasks > 0 && a.tasks % a.nodes == 0 ? a.tasks / a.nodes
+                                                                             : 0;
+    if (tasks > 0) a.gpus_per_node = std::atoi(m[1].str().c_str()) * tasks;
+  }
   a.requeue = field(line, "Requeue") == "1";
   a.restarts = to_int(field(line, "Restarts"), 0);
   a.end_time = parse_slurm_time(field(line, "EndTime"));

@@ -93,6 +93,8 @@ TEST(Slurm, ParsesScontrolJob) {
   EXPECT_EQ(parse_scontrol_job(with("TresPerNode=gres:gpu:1", "TresPerNode=gres:gpu:a100:4")).gpus_per_node,
             4);
   EXPECT_EQ(parse_scontrol_job(with("TresPerNode=gres:gpu:1", "TresPerNode=gres:nic:1")).gpus_per_node, -1);
+  // --gpus-per-task: per task times the node's tasks (--ntasks-per-node, else tasks / nodes).
+  EXPECT_EQ(parse_scontrol_job(with("TresPerNode=gres:gpu:1", "TresPerTask=gres:gpu:2")).gpus_per_node, 4);
   EXPECT_EQ(parse_scontrol_job(with("NtasksPerN:B:S:C=2:0", "NtasksPerN:B:S:C=0:0")).tasks_per_node, 0);
   EXPECT_EQ(parse_scontrol_job(with("Restarts=0", "Restarts=3")).restarts, 3);
   EXPECT_THROW(parse_scontrol_job("slurm_load_jobs error: Invalid job id specified"), ValueError);
