@@ -64,7 +64,8 @@ void grn_backward(const Tensor& gy, const Tensor& x, const Tensor& gamma, const 
     }
   if (!dx.defined() && !dgamma.defined() && !dbeta.defined()) return;
   DeviceGuard guard(stream.device.index);
-  DataPtr ws = allocate(launch::grn_backward_workspace(x.dtype(), s.n, s.c), stream);
+  DataPtr ws;
+  if (s.n * s.c > 0) ws = allocate(launch::grn_backward_workspace(x.dtype(), s.n, s.c), stream);
   CZ_CHECK_STATUS(launch::grn_backward(
       detail::config_of(stream), x.dtype(), gy.raw_data(), x.raw_data(), gamma.raw_data(), gx.raw_data(),
       d.raw_data(), dx.defined() ? dx.raw_data() : nullptr, dgamma.defined() ? dgamma.raw_data() : nullptr,

@@ -163,7 +163,8 @@ size_t grn_backward_workspace(DType t, int64_t n, int64_t c) {
 cudaError_t grn_backward(const Config& cfg, DType t, const void* gy, const void* x, const void* gamma,
                          const void* gx, const void* d, void* dx, void* dgamma, void* dbeta, int64_t n,
                          int64_t hw, int64_t c, void* workspace) {
-  if (n * c == 0 || hw == 0 || (!dx && !dgamma && !dbeta)) return cudaSuccess;
+  // An empty batch still writes dgamma and dbeta (zeros).
+  if (c == 0 || (!dx && !dgamma && !dbeta)) return cudaSuccess;
   int64_t col_tiles, blocks;
   if (!sums_grid(n, c, col_tiles, blocks)) return cudaErrorInvalidValue;
   return visit_float(t, [&](auto tag) {
@@ -176,16 +177,20 @@ cudaError_t grn_backward(const Config& cfg, DType t, const void* gy, const void*
     const A* pd = static_cast<const A*>(d);
     A* s = static_cast<A*>(workspace);
     A* sg = s + n * c;
-    image_sums_kernel<T>
-        <<<unsigned(blocks), dim3(kCols, kLanes), 0, cfg.stream>>>(px, pg, hw, c, col_tiles, s, sg);
-    cudaError_t st = cudaGetLastError();
-    if (st != cudaSuccess) return st;
+    cudaError_t st = cudaSuccess;
+    if (n > 0) {
+      image_sums_kernel<T>
+          <<<unsigned(blocks), dim3(kCols, kLanes), 0, cfg.stream>>>(px, pg, hw, c, col_tiles, s, sg);
+      st = cudaGetLastError();
+      if (st != cudaSuccess) return st;
+    }
     if (dgamma || dbeta) {
       param_kernel<T><<<grid_for(c, cfg.sm_count), kThreads, 0, cfg.stream>>>(
           pgx, pd, s, sg, n, c, static_cast<T*>(dgamma), static_cast<T*>(dbeta));
       st = cudaGetLastError();
       if (st != cudaSuccess || !dx) return st;
     }
+    if (n == 0) return st;
     const int64_t warps_blocks = (n + kImagesPerBlock - 1) / kImagesPerBlock;
     factor_kernel<T>
         <<<unsigned(warps_blocks), kWarp * kImagesPerBlock, 0, cfg.stream>>>(pgam, pgx, pd, n, c, s);
