@@ -428,5 +428,37 @@ TEST(WdsSource, CorruptImageNamedOrReplacedByTheNextSample) {
   EXPECT_EQ(loader.skipped_samples(), 1);
 }
 
+// Random damage to a shard and to its index file: errors or a shorter table, never a crash or a member
+// outside the file (the fuzz targets' property, run here on every build).
+TEST(TarIndex, DamagedShardsAndIndexesAreErrorsNotCrashes) {
+  TempDir dir;
+  TarWriter t;
+  t.file("a.cls", "0");
+  t.file(std::string(120, 'l') + ".jpg", jpeg(1));
+  t.use_pax();
+  t.file(std::string(130, 'p') + ".json", "{\"label\": 1}");
+  const std::string whole = t.finish();
+  const std::string index_bytes =
+      serialize_index(scan_tar((write_text(dir.str("w.tar"), whole), dir.str("w.tar"))));
+  uint64_t state = 12345;
+  auto next = [&] { return state = state * 6364136223846793005ull + 1442695040888963407ull, state >> 33; };
+  for (int i = 0; i < 600; ++i) {
+    std::string tar = whole, idx = index_bytes;
+    for (int k = 0, n = 1 + int(next() % 8); k < n; ++k) {
+      tar[next() % tar.size()] = char(next());
+      idx[next() % idx.size()] = char(next());
+    }
+    if (i % 3 == 0) tar.resize(next() % tar.size());
+    write_text(dir.str("d.tar"), tar);
+    try {
+      const TarIndex index = scan_tar(dir.str("d.tar"));
+      for (const TarMember& m : index.members) EXPECT_LE(m.offset + m.size, tar.size());
+    } catch (const IoError&) {
+    }
+    TarIndex parsed;
+    (void)parse_index(idx, parsed);
+  }
+}
+
 }  // namespace
 }  // namespace cz
