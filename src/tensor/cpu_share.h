@@ -23,9 +23,10 @@ namespace cz {
 //   - where a group has fewer cores than holders, the holders take its cores in turn and share them: the
 //     share is then "crowded" (the launcher placed more ranks than cores there), and nothing is pinned.
 // Every rank computes the same answer from the same gathered masks. A rank's share gives its OpenMP threads
-// (its cores: a sibling adds little to a GEMM) and, on a CUDA rank, its loader threads (its CPUs less the
-// one left to the thread that launches kernels, taken on the GPU's NUMA node): Note [CPU threads on a CUDA
-// rank] in omp_wait_policy.h.
+// (one per CPU of it, as before the gather: a sibling kept with its core, so that no two ranks split a core,
+// but not left idle; OMP_NUM_THREADS=cores for one thread a core) and, on a CUDA rank, its loader threads
+// (its CPUs less the one left to the thread that launches kernels, taken on the GPU's NUMA node): Note [CPU
+// threads on a CUDA rank] in omp_wait_policy.h.
 struct RankCpus {
   std::vector<int> mask;  // the CPUs the launcher let this rank run on, ascending
   std::vector<int> near;  // CPUs local to this rank's GPU (its PCI device's local_cpulist); empty: none

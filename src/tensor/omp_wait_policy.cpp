@@ -105,7 +105,7 @@ CpuThreads decide_cpu_threads(const CpuThreadsRequest& r) {
   const int holders = std::max(1, r.share.holders);
   const std::string env_reason = "OMP_WAIT_POLICY is set in the environment";
   if (!r.cuda) {
-    t.cores = std::max(1, r.share.cores);
+    t.cores = std::max(1, int(r.share.cpus.size()));
     t.omp_threads = r.omp_threads_env > 0 ? r.omp_threads_env : t.cores;
     t.loader_threads = r.loader_threads_flag >= 0 ? r.loader_threads_flag : t.cores;
     t.wait = !r.wait_policy_env.empty() ? OmpWaitChoice{r.wait_policy_env, env_reason}
@@ -210,7 +210,8 @@ void choose_omp_wait_policy(char** argv, bool cuda, bool offload) {
     c = decide_cpu_threads(req).wait;  // nothing to measure: passive
   } else {
     const int sharing = std::max(1, req.share.holders);
-    int threads = std::max(1, req.share.cores);  // as configure_cpu_threads will, unless the estimate is off
+    int threads =
+        std::max(1, int(req.share.cpus.size()));  // as configure_cpu_threads will, unless the estimate is off
     if (req.omp_threads_env > 0) threads = req.omp_threads_env;
     // Measured only where the answer depends on it: one thread per rank, or too many, decide without it.
     const bool measure = threads > 1 && threads * sharing <= req.mask_cores;

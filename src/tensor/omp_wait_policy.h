@@ -83,7 +83,7 @@ struct CpuThreadsRequest {
   double idle_cores = -1;        // CPU ranks: the idle cores measured at start (idle_cores_in_mask)
 };
 struct CpuThreads {
-  int cores = 1;        // this rank's share: cores on a CPU rank, CPUs on a CUDA rank
+  int cores = 1;        // the CPUs of this rank's share
   int omp_threads = 1;  // OpenMP (and OpenBLAS) threads
   OmpWaitChoice wait;   // policy and why
   int loader_threads = 1;

@@ -142,9 +142,10 @@ TEST(CpuThreads, CpuRankKeepsTheCpuRule) {
   bound.idle_cores = 4;
   EXPECT_EQ(decide_cpu_threads(bound).omp_threads, 4);
   EXPECT_EQ(decide_cpu_threads(bound).wait.policy, "active");
-  // SMT: OpenMP takes the cores, siblings counted once.
+  // SMT: a thread per CPU of the share (siblings are kept together by the split, not left idle).
   CpuThreadsRequest smt = rank_of(false, 4, 1);
-  smt.share = share_node_cpus({{cpus(0, 4), {}}}, {{0, 0}, {1, 1}, {2, 0}, {3, 1}}).front();
+  smt.share = share_node_cpus({{cpus(0, 4), {}}, {cpus(0, 4), {}}}, {{0, 0}, {1, 1}, {2, 0}, {3, 1}}).front();
+  EXPECT_EQ(smt.share.cpus, std::vector<int>({0, 2}));
   EXPECT_EQ(decide_cpu_threads(smt).omp_threads, 2);
 }
 

@@ -235,7 +235,7 @@ void World::setup(const WorldOptions& options) {
   }
 
   start_log_service(local_size_);  // Note [Logs across hosts]
-  if (options.configure_threads) configure_cpu_threads(cpu_share().cores);
+  if (options.configure_threads) configure_cpu_threads(int(cpu_share().cpus.size()));
   if (options.install_signal_handlers) {
     struct sigaction sa {};
     sa.sa_handler = on_sigterm;
