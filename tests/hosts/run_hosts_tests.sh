@@ -18,6 +18,10 @@
 #                          the one-host rows, with throughput and bytes sent, and no bed left behind
 #   hier_commbench         commbench --impl hier on 2 hosts x 2 ranks: right values for every op, and about 2/3
 #                          of the flat ring's bytes on host 1's link per all-reduce
+#   commbench_pairs        commbench --op sendrecv on 2 hosts x 2 ranks with host 1's link at 100 Mbit/s: the
+#                          4 x 4 bandwidth matrix (osu_bw) shows the pairs across the link far below the pairs on
+#                          one host, its --json is one document with the machine facts; --check-p2p moves known
+#                          bytes between every pair, across hosts too, and finds none wrong
 # Exits 77 (ctest: skipped) with a SKIP line where namespaces cannot be made (not root).
 set -uo pipefail
 case_name=$1 hosts_sh=$2 probe=$3 app=$4 commbench=$5 mpiexec=$6
@@ -279,6 +283,36 @@ hier_commbench)
   echo "host 1 veth tx for 18 all-reduces of 4 MiB: ring $ring bytes, hier $hier bytes, ratio $ratio"
   awk -v x="$ratio" 'BEGIN { exit !(x > 0.55 && x < 0.8) }' || fail "hier should send about 2/3 of the ring's bytes, got $ratio"
   echo "hier_commbench: OK"
+  ;;
+commbench_pairs)
+  check() {
+    "$hosts_sh" run "$commbench" --check-p2p -b 1M -e 1M > "$work/check.out" 2> "$work/err" ||
+      { cat "$work/check.out" "$work/err"; return 1; }
+    "$hosts_sh" shape 100mbit || return 1
+    "$hosts_sh" run "$commbench" --op sendrecv -b 256K -e 256K -n 2 -w 1 --window 8 > "$work/pairs.out" \
+      2> "$work/err" || { cat "$work/pairs.out" "$work/err"; return 1; }
+    "$hosts_sh" run "$commbench" --op sendrecv -b 256K -e 256K -n 2 -w 1 --window 8 --json > "$work/pairs.json" \
+      2> "$work/err" || { cat "$work/pairs.json" "$work/err"; return 1; }
+  }
+  export -f check
+  export hosts_sh commbench work
+  "$hosts_sh" with 2 2 -- bash -c check || fail "commbench on 2 hosts x 2 ranks failed"
+  cat "$work/check.out" "$work/pairs.out"
+  grep -q "check-p2p: 12 pair transfers, 0 wrong: OK" "$work/check.out" || fail "--check-p2p across hosts"
+  "$py" - "$work/pairs.json" <<'PY' || fail "the sendrecv matrix or its JSON"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+m = doc["machine"]
+assert m["host"] and m["mpi"], m
+host_of = {r: x["host"] for r, x in enumerate(m["ranks"])}
+assert len(set(host_of.values())) == 2, host_of
+bw = doc["results"][0]["bandwidth_GBps"]
+same = [bw[a][b] for a in range(4) for b in range(4) if a != b and host_of[a] == host_of[b]]
+cross = [bw[a][b] for a in range(4) for b in range(4) if host_of[a] != host_of[b]]
+print(f"same host {min(same):.4f}-{max(same):.4f} GB/s, across the 100 Mbit/s link {min(cross):.4f}-{max(cross):.4f} GB/s")
+assert max(cross) < 0.0125 * 1.5 and max(cross) < 0.25 * min(same), (same, cross)
+PY
+  echo "commbench_pairs: OK"
   ;;
 *) fail "unknown case $case_name" ;;
 esac
