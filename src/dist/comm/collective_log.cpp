@@ -353,7 +353,8 @@ std::vector<std::string> format_log(const LogImage& log, int max_lines) {
 }
 
 std::string explain_timeout(const CollectiveId& id, std::string_view comm_label_text,
-                            const std::vector<PeerFacts>& peers, int self) {
+                            const std::vector<PeerFacts>& peers, int self,
+                            const std::vector<PeerFacts>& others) {
   const bool p2p = id.kind == Collective::send || id.kind == Collective::recv;
   std::string out;
   if (p2p)
@@ -382,29 +383,37 @@ std::string explain_timeout(const CollectiveId& id, std::string_view comm_label_
     else
       out += fmt::format(": every rank whose log could be read reached it");
   }
+  // "rank 2 (host h, pid 12, stopped) last did ..."
+  const auto describe_rank = [&](const PeerFacts& p, const std::string& note) {
+    const LogImage& log = *p.image;
+    std::string text = fmt::format("rank {} (host {}, pid {}{})", p.rank, p.host, log.pid, note);
+    const std::vector<LogImage::Entry> entries = log.entries();
+    if (entries.empty()) return text + " has run no collective";
+    const LogImage::Entry& last = entries.front();
+    text += fmt::format(" last did {}, started {} ago, state {}", describe(log, last),
+                        age(log, last.start_ns), state_name(last.state));
+    // Where it stands on this communicator, when its last call was elsewhere.
+    const LogImage::Comm* c = log.comm(id.comm);
+    if (!p2p && c && last.comm != id.comm)
+      text += fmt::format(" (on {} it started #{}, finished #{})", c->label, c->started, c->finished);
+    return text;
+  };
   for (const PeerFacts& p : peers) {
     if (p.rank == self) continue;
     if (!p.image) {
       out += fmt::format("; rank {} (host {}): not known ({})", p.rank, p.host, p.unknown_why);
       continue;
     }
-    const LogImage& log = *p.image;
     const bool missing = std::find(never.begin(), never.end(), p.rank) != never.end();
-    const std::string note = proc_note(log.proc_state);
+    const std::string note = proc_note(p.image->proc_state);
     if (!missing && note.empty() && !p2p) continue;  // reached it and runs: nothing to say
-    out += fmt::format("; rank {} (host {}, pid {}{})", p.rank, p.host, log.pid, note);
-    const std::vector<LogImage::Entry> entries = log.entries();
-    if (entries.empty()) {
-      out += " has run no collective";
-      continue;
-    }
-    const LogImage::Entry& last = entries.front();
-    out += fmt::format(" last did {}, started {} ago, state {}", describe(log, last), age(log, last.start_ns),
-                       state_name(last.state));
-    // Where it stands on this communicator, when its last call was elsewhere.
-    const LogImage::Comm* c = log.comm(id.comm);
-    if (!p2p && c && last.comm != id.comm)
-      out += fmt::format(" (on {} it started #{}, finished #{})", c->label, c->started, c->finished);
+    out += "; " + describe_rank(p, note);
+  }
+  // A rank outside the group can hold it back through a member that waits for it elsewhere (a two-level
+  // collective's host level): name the ones that cannot run.
+  for (const PeerFacts& p : others) {
+    const std::string note = p.image ? proc_note(p.image->proc_state) : "";
+    if (!note.empty()) out += "; outside the group, " + describe_rank(p, note);
   }
   return out;
 }

@@ -128,8 +128,11 @@ struct PeerFacts {
   std::optional<LogImage> image;
   std::string unknown_why;  // where image is nullopt
 };
+// `others`: logs of ranks outside the group that came with the group's (the rest of their hosts): those that
+// are stopped or gone are named too, as the cause a member waits for elsewhere.
 std::string explain_timeout(const CollectiveId& id, std::string_view comm_label,
-                            const std::vector<PeerFacts>& peers, int self);
+                            const std::vector<PeerFacts>& peers, int self,
+                            const std::vector<PeerFacts>& others = {});
 // One line per entry of `log`, newest first: "world all_reduce #57 of 4.0 MiB, started 3.0 s ago, running".
 std::vector<std::string> format_log(const LogImage& log, int max_lines = LogImage::kRing);
 // "4.0 MiB", "512 B".

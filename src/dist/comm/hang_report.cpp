@@ -107,7 +107,7 @@ void stop_log_service() {
   MPI_Comm_free(&s.comm);
 }
 
-std::vector<PeerFacts> gather_logs(const std::vector<int>& ranks) {
+std::vector<PeerFacts> gather_logs(const std::vector<int>& ranks, std::vector<PeerFacts>* others) {
   const World& w = World::get();
   const CollectiveLog& log = CollectiveLog::local();
   std::vector<PeerFacts> facts;
@@ -120,6 +120,14 @@ std::vector<PeerFacts> gather_logs(const std::vector<int>& ranks) {
     if (!f.image) missing[r] = facts.size();
     facts.push_back(std::move(f));
   }
+  const auto other = [&](const LogImage& img) {
+    if (!others || std::find(ranks.begin(), ranks.end(), img.rank) != ranks.end()) return;
+    for (const PeerFacts& o : *others)
+      if (o.rank == img.rank) return;
+    others->push_back({img.rank, w.peer(img.rank).host, img, {}});
+  };
+  for (int r : log.mapped_ranks())
+    if (auto img = log.image_of(r)) other(*img);
   if (missing.empty()) return facts;
   Service& s = service();
   if (!s.thread) {
@@ -155,6 +163,8 @@ std::vector<PeerFacts> gather_logs(const std::vector<int>& ranks) {
         MPI_SUCCESS)
       break;
     for (const LogImage& img : logs) {
+      if (img.rank < 0 || img.rank >= w.size()) continue;
+      other(img);
       const auto it = missing.find(img.rank);
       if (it == missing.end() || facts[it->second].image) continue;
       facts[it->second].image = img;
@@ -179,7 +189,14 @@ std::string hang_report(const CollectiveId& id, std::string_view label, const st
       text += fmt::format("{}  {}\n", log_prefix(), line);
     std::fputs(text.c_str(), stderr);
     std::fflush(stderr);
-    return explain_timeout(id, label, gather_logs(members), w.rank());
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<PeerFacts> others;
+    const std::vector<PeerFacts> peers = gather_logs(members, &others);
+    std::string out = explain_timeout(id, label, peers, w.rank(), others);
+    // Stay to answer the other hosts' questions before this rank's abort ends the job (Note [Logs across
+    // hosts]).
+    if (service().thread) std::this_thread::sleep_until(start + std::chrono::duration<double>(kLingerS));
+    return out;
   } catch (const std::exception& e) {
     return fmt::format("; no hang report ({})", e.what());
   }

@@ -131,6 +131,23 @@ TEST(HangReport, NamesTheRankThatNeverReachedItAndWhatItLastDid) {
             "; it is all_reduce #1234 of 25.0 MiB on world: every rank reached it");
 }
 
+// A two-level collective: rank 0 waits in the cross-host group [0, 2] for rank 2, which waits on its host for
+// rank 3, stopped; rank 3's log came with host 2's answer and is named as the cause.
+TEST(HangReport, NamesAStoppedRankOutsideTheGroup) {
+  const CollectiveId id{0, 1234, Collective::all_gather, 4096};
+  std::vector<PeerFacts> peers(2), others(1);
+  peers[0] = {0, "a", made_log(0, 100, 'R', 1234), {}};
+  peers[1] = {2, "b", made_log(2, 102, 'S', 1233), {}};
+  others[0] = {3, "b", made_log(3, 103, 'T', 1233), {}};
+  EXPECT_EQ(
+      explain_timeout(id, "world", peers, 0, others),
+      "; it is all_gather #1234 of 4.0 KiB on world: rank 2 never reached it; rank 2 (host b, pid 102) last "
+      "did reduce_scatter #7 of 12.5 MiB on shard, started 31.2 s ago, state running (on world it started "
+      "#1233, finished #1233); outside the group, rank 3 (host b, pid 103, stopped) last did reduce_scatter "
+      "#7 of 12.5 MiB on shard, started 31.2 s ago, state running (on world it started #1233, finished "
+      "#1233)");
+}
+
 TEST(HangReport, Bytes) {
   EXPECT_EQ(format_bytes(0), "0 B");
   EXPECT_EQ(format_bytes(1023), "1023 B");
