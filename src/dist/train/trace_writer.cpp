@@ -64,6 +64,14 @@ StepTracer::StepTracer(std::string file, TraceSteps steps, const dist::ProcessGr
 
 StepTracer::~StepTracer() {
   for (auto& [m, id] : hooks_) m->remove_hook(id);
+  // Note [Trace after a failure]: a run that leaves while tracing did not reach finish().
+  if (started_ && !written_) {
+    try {
+      write_alone();
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "{}--trace: this rank's events were not written: {}\n", log_prefix(), e.what());
+    }
+  }
 }
 
 void StepTracer::watch_blocks(nn::Module& model, const std::vector<std::string>& units, bool numbered) {
@@ -111,7 +119,7 @@ void StepTracer::finish() {
   written_ = true;
 }
 
-void StepTracer::write() {
+nlohmann::json StepTracer::take_events() const {
   using nlohmann::json;
   json events = json::array();
   std::map<std::string, int> tids;  // lane -> tid, in order of first use
@@ -140,6 +148,41 @@ void StepTracer::write() {
     if (!e.args_json.empty()) j["args"] = json::parse(e.args_json, nullptr, false);
     events.push_back(std::move(j));
   }
+  return events;
+}
+
+// Note [Trace after a failure]: a collective that failed (a timeout, a dead peer) leaves the run inside
+// A:B, with peers that may never write their part again, so nothing collective can run. Each rank that still
+// runs writes its own events as a whole trace, without the others: rank 0 to FILE, rank N to FILE.rankN
+// (where the merge would have read its part), to a temporary name first so that a reader never sees a torn
+// file. Perfetto opens each; their clocks share the zero of Note [Trace clocks], so they line up when loaded
+// together.
+void StepTracer::write_alone() {
+  using nlohmann::json;
+  trace::set_active(false);
+  written_ = true;
+  const std::string path = rank_ == 0 ? file_ : part_path(rank_);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << json{{"traceEvents", take_events()},
+                {"displayTimeUnit", "ms"},
+                {"otherData",
+                 {{"steps", fmt::format("{}:{}", steps_.first, steps_.last)},
+                  {"ranks", world_},
+                  {"rank", rank_},
+                  {"incomplete", "the run failed inside these steps: this rank's events up to the failure"}}}}
+               .dump();
+    CZ_CHECK(out.good(), "--trace: rank {} could not write {}", rank_, tmp);
+  }
+  CZ_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "--trace: rank {} could not rename {} to {}: {}",
+           rank_, tmp, path, std::strerror(errno));
+  fmt::print(stderr, "{}--trace: this rank's events up to the failure are in {}\n", log_prefix(), path);
+}
+
+void StepTracer::write() {
+  using nlohmann::json;
+  json events = take_events();
   {
     std::ofstream out(part_path(rank_));
     out << events.dump();

@@ -1,11 +1,14 @@
 // --trace FILE --trace-steps A:B: a timeline of steps A..B as Chrome Trace Event JSON, which Perfetto
 // (https://ui.perfetto.dev) and chrome://tracing open. Each rank records into memory (tensor/trace.h), writes
 // its part when step B ends, and rank 0 merges the parts into FILE: one process (pid) per rank, one thread
-// (tid) per lane (Note [Trace lanes]), spans as "X" events in microseconds.
+// (tid) per lane (Note [Trace lanes]), spans as "X" events in microseconds. A run that fails inside A:B
+// leaves each surviving rank's events as a whole trace of their own (Note [Trace after a failure]).
 #pragma once
 
 #include <cstdint>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "dist/comm/process_group.h"
 #include "nn/module.h"
@@ -43,6 +46,8 @@ class StepTracer {
 
  private:
   void write();
+  void write_alone();  // Note [Trace after a failure]
+  nlohmann::json take_events() const;
   std::string part_path(int rank) const;
 
   std::string file_;
