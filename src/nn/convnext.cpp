@@ -11,17 +11,32 @@ namespace cz::nn {
 
 namespace {
 struct Variant {
-  const char* name;
+  const char* name;  // V1 without its "convnext_" prefix (convnext_variant takes both), V2 with its own
   std::vector<int64_t> depths, dims;
   bool conv_mlp = false;
+  bool grn = false;
 };
 const std::vector<Variant>& variants() {
   static const std::vector<Variant> v = {
-      {"atto", {2, 2, 6, 2}, {40, 80, 160, 320}, true},  {"femto", {2, 2, 6, 2}, {48, 96, 192, 384}, true},
-      {"pico", {2, 2, 6, 2}, {64, 128, 256, 512}, true}, {"nano", {2, 2, 8, 2}, {80, 160, 320, 640}, true},
-      {"tiny", {3, 3, 9, 3}, {96, 192, 384, 768}},       {"small", {3, 3, 27, 3}, {96, 192, 384, 768}},
-      {"base", {3, 3, 27, 3}, {128, 256, 512, 1024}},    {"large", {3, 3, 27, 3}, {192, 384, 768, 1536}},
+      {"atto", {2, 2, 6, 2}, {40, 80, 160, 320}, true},
+      {"femto", {2, 2, 6, 2}, {48, 96, 192, 384}, true},
+      {"pico", {2, 2, 6, 2}, {64, 128, 256, 512}, true},
+      {"nano", {2, 2, 8, 2}, {80, 160, 320, 640}, true},
+      {"tiny", {3, 3, 9, 3}, {96, 192, 384, 768}},
+      {"small", {3, 3, 27, 3}, {96, 192, 384, 768}},
+      {"base", {3, 3, 27, 3}, {128, 256, 512, 1024}},
+      {"large", {3, 3, 27, 3}, {192, 384, 768, 1536}},
       {"xlarge", {3, 3, 27, 3}, {256, 512, 1024, 2048}},
+      // timm's convnextv2_*: GRN, no layer scale; atto..nano with timm's 1x1-conv MLP, as V1's.
+      {"convnextv2_atto", {2, 2, 6, 2}, {40, 80, 160, 320}, true, true},
+      {"convnextv2_femto", {2, 2, 6, 2}, {48, 96, 192, 384}, true, true},
+      {"convnextv2_pico", {2, 2, 6, 2}, {64, 128, 256, 512}, true, true},
+      {"convnextv2_nano", {2, 2, 8, 2}, {80, 160, 320, 640}, true, true},
+      {"convnextv2_tiny", {3, 3, 9, 3}, {96, 192, 384, 768}, false, true},
+      {"convnextv2_small", {3, 3, 27, 3}, {96, 192, 384, 768}, false, true},
+      {"convnextv2_base", {3, 3, 27, 3}, {128, 256, 512, 1024}, false, true},
+      {"convnextv2_large", {3, 3, 27, 3}, {192, 384, 768, 1536}, false, true},
+      {"convnextv2_huge", {3, 3, 27, 3}, {352, 704, 1408, 2816}, false, true},
   };
   return v;
 }
@@ -88,6 +103,10 @@ std::vector<ParamInfo> convnext_parameters(const ConvNeXtConfig& cfg) {
       add(b + "norm.bias", {c}, unit);
       add(b + "mlp.fc1.weight", {4 * c, c}, unit);
       add(b + "mlp.fc1.bias", {4 * c}, unit);
+      if (cfg.grn) {
+        add(b + "mlp.grn.weight", {4 * c}, unit);
+        add(b + "mlp.grn.bias", {4 * c}, unit);
+      }
       add(b + "mlp.fc2.weight", {c, 4 * c}, unit);
       add(b + "mlp.fc2.bias", {c}, unit);
     }
@@ -143,10 +162,12 @@ ConvNeXtConfig convnext_variant(const std::string& name) {
   for (const Variant& v : variants()) {
     if (key != v.name) continue;
     ConvNeXtConfig cfg;
-    cfg.name = std::string("convnext_") + v.name;
+    cfg.name = v.grn ? std::string(v.name) : std::string("convnext_") + v.name;
     cfg.depths = v.depths;
     cfg.dims = v.dims;
     cfg.conv_mlp = v.conv_mlp;
+    cfg.grn = v.grn;
+    if (v.grn) cfg.layer_scale_init = 0;
     return cfg;
   }
   throw ValueError(fmt::format("unknown model '{}' (expected one of: {})", name,
@@ -165,6 +186,9 @@ void ConvNeXtConfig::validate() const {
   CZ_CHECK(drop_path_rate >= 0 && drop_path_rate < 1, "model: --drop-path must be in [0, 1), got {}",
            drop_path_rate);
   CZ_CHECK(ln_eps > 0, "model: LayerNorm eps must be positive, got {}", ln_eps);
+  CZ_CHECK(!grn || layer_scale_init <= 0,
+           "model: ConvNeXt V2 blocks (GRN) have no layer scale, but layer_scale_init is {}",
+           layer_scale_init);
 }
 
 ConvNeXtBlock::ConvNeXtBlock(int64_t dim, const ConvNeXtConfig& cfg, double drop_path, int64_t index,
@@ -177,6 +201,10 @@ ConvNeXtBlock::ConvNeXtBlock(int64_t dim, const ConvNeXtConfig& cfg, double drop
   fc2_ = std::make_shared<Linear>(4 * dim, dim, true, opt);
   mlp->add("fc1", fc1_);
   mlp->add("act", std::make_shared<GELU>());
+  if (cfg.grn) {
+    grn_ = std::make_shared<GlobalResponseNorm>(4 * dim, opt);
+    mlp->add("grn", grn_);
+  }
   mlp->add("fc2", fc2_);
   mlp_ = register_module("mlp", std::static_pointer_cast<Sequential>(mlp));
   if (cfg.layer_scale_init > 0)
@@ -190,7 +218,8 @@ ConvNeXtBlock::ConvNeXtBlock(int64_t dim, const ConvNeXtConfig& cfg, double drop
 // unit), which runs as before. With drop path the branch is scaled and dropped before the residual is added,
 // so fc2 runs unfused there. On the CPU, where the MLP's weights are small (mlp_as_one_op: the first stages,
 // where the activations are largest), the whole branch runs as one op, mlp_scale_residual (Note [The MLP on
-// one tile]), and the GELU output never reaches memory.
+// one tile]), and the GELU output never reaches memory. A V2 block (no gamma) runs linear_gelu, grn, then
+// fc2 unfused and the residual added.
 Tensor ConvNeXtBlock::forward(const Tensor& x) {
   const bool drop = is_training() && drop_path_ > 0;
   const Tensor& w1 = fc1_->weight();
@@ -198,6 +227,7 @@ Tensor ConvNeXtBlock::forward(const Tensor& x) {
     return mlp_scale_residual(x, (*norm_)((*conv_dw_)(x)), w1, fc1_->bias(), fc2_->weight(), fc2_->bias(),
                               gamma_);
   Tensor a = linear_gelu((*norm_)((*conv_dw_)(x)), w1, fc1_->bias());
+  if (grn_) a = grn(a, grn_->weight(), grn_->bias(), GlobalResponseNorm::kEps);
   if (!drop && gamma_.defined()) return linear_scale_residual(x, a, fc2_->weight(), fc2_->bias(), gamma_);
   Tensor h = linear(a, fc2_->weight(), fc2_->bias());
   a = Tensor();

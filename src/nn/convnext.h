@@ -1,6 +1,6 @@
-// ConvNeXt (Liu et al. 2022) with timm's module structure and state-dict names:
-//   stem.{0,1}, stages.i.downsample.{0,1} (i > 0), stages.i.blocks.j.{conv_dw,norm,mlp.fc1,mlp.fc2,gamma},
-//   head.norm, head.fc.
+// ConvNeXt (Liu et al. 2022) and ConvNeXt V2 (Woo et al. 2023) with timm's module structure and state-dict
+// names: stem.{0,1}, stages.i.downsample.{0,1} (i > 0), stages.i.blocks.j.{gamma,conv_dw,norm,mlp.fc1,
+// mlp.grn,mlp.fc2} (gamma in V1 blocks, mlp.grn in V2 blocks), head.norm, head.fc.
 // Activations are NHWC throughout: input (N, H, W, in_chans) -> logits (N, num_classes).
 #pragma once
 
@@ -26,11 +26,15 @@ struct ConvNeXtConfig {
   // timm builds atto..nano with 1x1 convolutions for the MLP (conv_mlp): the same arithmetic, but fc1/fc2
   // weights of shape (out, in, 1, 1) in its state dict. Only exported weight files follow this.
   bool conv_mlp = false;
+  // ConvNeXt V2 blocks: GlobalResponseNorm between the MLP's GELU and fc2 (mlp.grn.weight, mlp.grn.bias) and
+  // no layer scale, so layer_scale_init must be <= 0 (timm's use_grn=True, ls_init_value=None).
+  bool grn = false;
 
   void validate() const;  // throws ValueError naming the bad field
 };
 
-// timm's variants: atto, femto, pico, nano, tiny, small, base, large, xlarge (with or without "convnext_").
+// timm's variants: atto, femto, pico, nano, tiny, small, base, large, xlarge (with or without "convnext_"),
+// and V2's convnextv2_atto, _femto, _pico, _nano, _tiny, _small, _base, _large, _huge (grn, no layer scale).
 ConvNeXtConfig convnext_variant(const std::string& name);
 std::vector<std::string> convnext_variant_names();
 
@@ -52,7 +56,8 @@ struct ParamInfo {
 };
 
 // In registration order (the order of the flat buffer): stem, then each stage's downsample and blocks (a
-// block registers gamma before its children), then head.norm and head.fc.
+// block registers gamma before its children; a V2 block's MLP registers fc1, grn, fc2), then head.norm and
+// head.fc.
 std::vector<ParamInfo> convnext_parameters(const ConvNeXtConfig& cfg);
 // The units in that order: the modules ZeRO stage 3 gathers and releases whole ("stem",
 // "stages.i.downsample" for i > 0, "stages.i.blocks.j", "head"); every parameter lies in exactly one.
@@ -66,7 +71,8 @@ std::vector<std::string> convnext_units(const ConvNeXtConfig& cfg);
 // from the depths: with fewer than 27 blocks in stage 2 (tiny's 9, atto's 6) ids 6-11 stay empty, exactly as
 // the official function numbers them, so stage 3 is one decay below the head and several above stage 2.
 // num_layers is 12 for every model; stage 2 may hold at most 27 blocks (ids up to 11), and there must be
-// four stages.
+// four stages. A block's parameters share its id, V2's mlp.grn.weight and .bias included: the official
+// function reads only the stage and block fields of a name.
 inline constexpr int64_t kConvNeXtDecayLayers = 12;
 // Throws ValueError naming --layer-decay unless `cfg` has four stages and at most 27 blocks in stage 2.
 void check_layer_decay_numbering(const ConvNeXtConfig& cfg);
@@ -92,8 +98,9 @@ class ConvNeXtBlock : public Module {
  private:
   std::shared_ptr<DepthwiseConv2d> conv_dw_;
   std::shared_ptr<LayerNorm> norm_;
-  std::shared_ptr<Sequential> mlp_;  // fc1, act, fc2: the parameters' names; forward calls their ops fused
+  std::shared_ptr<Sequential> mlp_;  // fc1, act, (grn,) fc2: the parameters' names; forward calls their ops
   std::shared_ptr<Linear> fc1_, fc2_;
+  std::shared_ptr<GlobalResponseNorm> grn_;  // V2 blocks only
   Tensor gamma_;
   double drop_path_;
   int64_t index_;

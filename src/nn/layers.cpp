@@ -46,6 +46,13 @@ LayerNorm::LayerNorm(int64_t channels, double eps, ParamOptions opt) : Module("L
 }
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight_, bias_, eps_); }
 
+GlobalResponseNorm::GlobalResponseNorm(int64_t channels, ParamOptions opt) : Module("GlobalResponseNorm") {
+  check_positive("GlobalResponseNorm", "channels", channels);
+  weight_ = register_parameter("weight", zeros({channels}, opt.dtype, opt.device));
+  bias_ = register_parameter("bias", zeros({channels}, opt.dtype, opt.device));
+}
+Tensor GlobalResponseNorm::forward(const Tensor& x) { return grn(x, weight_, bias_, kEps); }
+
 Tensor GELU::forward(const Tensor& x) { return gelu(x); }
 Tensor GlobalAvgPool::forward(const Tensor& x) { return global_avg_pool(x); }
 
@@ -59,6 +66,7 @@ void init_weights_timm(Module& root, Generator& gen) {
       if (conv_or_linear && pname == "weight") trunc_normal_(t, 0.0, 0.02, -2.0, 2.0, gen);
       else if (conv_or_linear && pname == "bias") t.zero_();
       else if (dynamic_cast<LayerNorm*>(m)) t.fill_(pname == "weight" ? 1.0 : 0.0);
+      else if (dynamic_cast<GlobalResponseNorm*>(m)) t.zero_();
     }
   }
 }

@@ -56,6 +56,20 @@ class LayerNorm : public Module {
   double eps_;
 };
 
+// ConvNeXt V2's Global Response Normalization over (N, H, W, C) (grn op, timm's GlobalResponseNorm):
+// weight (C) and bias (C), both 0 at construction as timm's, so the layer starts as the identity.
+class GlobalResponseNorm : public Module {
+ public:
+  static constexpr double kEps = 1e-6;  // timm's
+  GlobalResponseNorm(int64_t channels, ParamOptions opt = {});
+  Tensor forward(const Tensor& x) override;
+  Tensor& weight() { return weight_; }
+  Tensor& bias() { return bias_; }
+
+ private:
+  Tensor weight_, bias_;
+};
+
 class GELU : public Module {
  public:
   GELU() : Module("GELU") {}
@@ -70,7 +84,8 @@ class GlobalAvgPool : public Module {
 };
 
 // Initialises like timm's ConvNeXt: truncated normal (std 0.02, bounds +-2) for conv and linear weights, zero
-// biases; LayerNorm weight 1, bias 0. Draws from `gen` in parameter order.
+// biases; LayerNorm weight 1, bias 0; GlobalResponseNorm weight and bias 0. Draws from `gen` in parameter
+// order.
 void init_weights_timm(Module& m, Generator& gen);
 
 }  // namespace cz::nn

@@ -195,5 +195,78 @@ TEST(ConvNeXt, ResetHeadReinitialisesOnlyTheClassifier) {
   }
 }
 
+// ConvNeXt V2: from timm 1.0.31, sum(p.numel()) and len(named_parameters()) of
+// timm.create_model("convnextv2_<v>"); huge from the description alone (660M parameters).
+TEST(ConvNeXtV2, ParameterCountsEqualTimms) {
+  const std::map<std::string, std::pair<int64_t, size_t>> timm = {
+      {"convnextv2_atto", {3708400, 140}},
+      {"convnextv2_nano", {15623800, 160}},
+      {"convnextv2_tiny", {28635496, 200}},
+  };
+  for (const auto& [name, expected] : timm) {
+    ConvNeXt m(convnext_variant(name));
+    EXPECT_EQ(m.num_parameters(), expected.first) << name;
+    EXPECT_EQ(m.named_parameters().size(), expected.second) << name;
+  }
+  const std::map<std::string, int64_t> described = {
+      {"convnextv2_femto", 5233240}, {"convnextv2_pico", 9066280},    {"convnextv2_small", 50318440},
+      {"convnextv2_base", 88717800}, {"convnextv2_large", 197956840}, {"convnextv2_huge", 660289640}};
+  for (const auto& [name, expected] : described) {
+    int64_t n = 0;
+    for (const ParamInfo& p : convnext_parameters(convnext_variant(name))) n += p.numel;
+    EXPECT_EQ(n, expected) << name;
+  }
+}
+
+// timm's registration order for a V2 block: no gamma, and the MLP's fc1, grn, fc2.
+TEST(ConvNeXtV2, BlockParametersInTimmsOrder) {
+  const ConvNeXtConfig cfg = convnext_variant("convnextv2_atto");
+  EXPECT_TRUE(cfg.grn && cfg.conv_mlp);
+  EXPECT_EQ(cfg.layer_scale_init, 0);
+  EXPECT_EQ(cfg.name, "convnextv2_atto");
+  ConvNeXt m(cfg);
+  const NamedParameters params = m.named_parameters();
+  std::vector<std::string> block;
+  for (const auto& [n, p] : params)
+    if (n.rfind("stages.0.blocks.0.", 0) == 0) block.push_back(n.substr(18));
+  EXPECT_EQ(block, (std::vector<std::string>{"conv_dw.weight", "conv_dw.bias", "norm.weight", "norm.bias",
+                                             "mlp.fc1.weight", "mlp.fc1.bias", "mlp.grn.weight",
+                                             "mlp.grn.bias", "mlp.fc2.weight", "mlp.fc2.bias"}));
+  EXPECT_EQ(m.find_module("stages.2.blocks.5.mlp.grn")->type_name(), "GlobalResponseNorm");
+  EXPECT_EQ(convnext_layer_id("stages.2.blocks.4.mlp.grn.weight"), 4);
+  EXPECT_EQ(convnext_layer_id("stages.1.blocks.0.mlp.grn.bias"), 2);
+  m.init_weights(3);  // timm leaves GRN at zero
+  for (const auto& [n, p] : params) {
+    if (n.find(".grn.") == std::string::npos) continue;
+    for (float v : p.to_vector<float>()) ASSERT_EQ(v, 0.0f) << n;
+  }
+  ConvNeXtConfig bad = cfg;
+  bad.layer_scale_init = 1e-6;
+  EXPECT_THROW(ConvNeXt{bad}, ValueError);
+}
+
+// A V2 block is x + fc2(grn(gelu(fc1(norm(conv_dw(x)))))), forward and backward, as its modules compose.
+TEST(ConvNeXtV2, BlockIsItsModulesComposed) {
+  ConvNeXtConfig cfg;
+  cfg.depths = {1};
+  cfg.dims = {8};
+  cfg.grn = true;
+  cfg.layer_scale_init = 0;
+  ConvNeXtBlock block(8, cfg, 0.0, 0, std::make_shared<DropPathContext>(), {});
+  uint64_t seed = 20;
+  for (auto& [n, p] : block.named_parameters()) {
+    NoGradGuard g;
+    Tensor(p).copy_(testing::random_tensor(p.sizes(), ++seed, DType::f32, -0.5, 0.5));
+  }
+  Tensor x = testing::random_tensor({2, 5, 5, 8}, 11, DType::f32);
+  x.set_requires_grad(true);
+  const Tensor y = block(x);
+  Tensor ref = x;
+  for (const char* m : {"conv_dw", "norm", "mlp.fc1", "mlp.act", "mlp.grn", "mlp.fc2"})
+    ref = (*block.find_module(m))(ref);
+  ref = add(x, ref);
+  EXPECT_TRUE(all_close(y, ref, 1e-5, 1e-6));
+}
+
 }  // namespace
 }  // namespace cz::nn
