@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Builds the PyTorch parity fixtures for tests/parity/test_parity.cpp.
 
-A small timm ConvNeXt with randomised parameters (so layer scale, LayerNorm affine and biases all matter) is run
+A small timm ConvNeXt (or ConvNeXt V2 with --grn) with randomised parameters (so layer scale, GRN, LayerNorm
+affine and biases all matter) is run
 on a fixed batch: the fixture holds its weights (timm state-dict keys, PyTorch shapes), the input (NHWC), labels,
 logits, loss, every parameter gradient, and the weights and losses after three AdamW steps with timm's
 weight-decay rule. Needs torch, timm and h5py (not part of the core build).
 
     python3 tools/make_parity_fixture.py tests/data/parity_convnext.h5 [--conv-mlp]
+    python3 tools/make_parity_fixture.py tests/data/parity_convnextv2.h5 --conv-mlp --grn
 """
 import argparse
 
@@ -28,15 +30,19 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--conv-mlp", action="store_true", help="timm's 1x1-conv MLP form (atto..nano)")
+    ap.add_argument("--grn", action="store_true", help="ConvNeXt V2 blocks: GRN in the MLP, no layer scale")
     args = ap.parse_args()
 
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
+    v2 = dict(use_grn=True, ls_init_value=None) if args.grn else {}
     model = timm.models.convnext.ConvNeXt(depths=DEPTHS, dims=DIMS, num_classes=NUM_CLASSES,
-                                          conv_mlp=args.conv_mlp, drop_path_rate=0.0).double()
+                                          conv_mlp=args.conv_mlp, drop_path_rate=0.0, **v2).double()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("gamma"):
+            if ".grn." in name:  # timm starts GRN at zero (the identity)
+                p.uniform_(-0.5, 0.5)
+            elif name.endswith("gamma"):
                 p.uniform_(0.5, 1.5)
             elif "norm" in name or name.startswith("stem.1") or ".downsample.0" in name:
                 p.uniform_(0.5, 1.5) if name.endswith("weight") else p.uniform_(-0.2, 0.2)
@@ -60,6 +66,7 @@ def main():
         f.attrs["weight_decay"] = WD
         f.attrs["steps"] = STEPS
         f.attrs["conv_mlp"] = int(args.conv_mlp)
+        f.attrs["grn"] = int(args.grn)
         for k, v in model.state_dict().items():
             f[f"weights/{k}"] = v.float().numpy()
         f["input"] = x.permute(0, 2, 3, 1).float().numpy()  # NHWC
