@@ -48,7 +48,7 @@ MlpLayout checkpoint_mlp_layout(const cz::ckpt::Checkpoint& ckpt, const std::str
   if (const std::optional<cz::WeightArchitecture> a = cz::infer_architecture(shapes)) {
     for (const std::string& name : cz::nn::convnext_variant_names()) {
       const cz::nn::ConvNeXtConfig v = cz::nn::convnext_variant(name);
-      if (v.depths == a->depths && v.dims == a->dims)
+      if (v.depths == a->depths && v.dims == a->dims && v.grn == a->grn)
         return {v.conv_mlp, fmt::format("{}, by the checkpoint's depths and dims", v.name)};
     }
   }
@@ -102,6 +102,7 @@ cz::nn::ConvNeXtConfig model_config(const std::string& input, const cz::WeightIm
     cfg.kernel = arch->kernel;
     cfg.conv_mlp = arch->conv_mlp;
     if (!arch->layer_scale) cfg.layer_scale_init = 0;
+    cfg.grn = arch->grn;
   }
   cfg.num_classes = num_classes ? *num_classes : arch && arch->num_classes > 0 ? arch->num_classes : 1000;
   if (!explicit_model)

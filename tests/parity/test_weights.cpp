@@ -9,9 +9,11 @@
 #include <functional>
 #include <map>
 
+#include "common/gradcheck.h"
 #include "io/checkpoint/weights.h"
 #include "io/h5/h5_file.h"
 #include "nn/convnext.h"
+#include "tensor/autograd/engine.h"
 
 namespace cz {
 namespace {
@@ -387,6 +389,59 @@ TEST_F(Weights, CustomDepthsAreRecordedAndInferredFromShapesWithoutAttributes) {
                                                                       : t.sizes();
       });
   expect_architecture(read_weight_architecture(file("conv_mlp.h5")), cfg, "shapes");
+}
+
+// ConvNeXt V2 (GRN, no layer scale): export records `grn`, timm's keys and 1x1-conv MLP shapes load back,
+// and the original ConvNeXt-V2 keys (grn.gamma / grn.beta, stored (1, 1, 1, C)) import and are told apart.
+TEST_F(Weights, ConvNeXtV2RoundTripsInTimmAndOriginalKeys) {
+  nn::ConvNeXtConfig cfg;
+  cfg.depths = {1, 2};
+  cfg.dims = {8, 16};
+  cfg.num_classes = 3;
+  cfg.grn = true;
+  cfg.layer_scale_init = 0;
+  cfg.conv_mlp = true;
+  nn::ConvNeXt a(cfg);
+  a.init_weights(1);
+  uint64_t seed = 40;
+  for (auto& [name, t] : a.named_parameters()) {  // GRN starts at zero: give it values to carry
+    if (name.find(".grn.") == std::string::npos) continue;
+    NoGradGuard g;
+    Tensor(t).copy_(testing::random_tensor(t.sizes(), ++seed, DType::f32));
+  }
+  export_weights(file("v2.h5"), a.named_parameters(), {.conv_mlp = true});
+  EXPECT_EQ(h5::File::open(file("v2.h5")).int_attr("grn"), 1);
+  const WeightArchitecture arch = read_weight_architecture(file("v2.h5"));
+  expect_architecture(arch, cfg, "attributes");
+  EXPECT_TRUE(arch.grn);
+  nn::ConvNeXtConfig back = config_of(arch);
+  back.grn = arch.grn;
+  nn::ConvNeXt b(back);
+  import_weights(file("v2.h5"), b.named_parameters());
+  const auto want = snapshot(a.named_parameters());
+  for (const auto& [name, t] : b.named_parameters()) EXPECT_TRUE(equal(t, want.at(name))) << name;
+
+  EXPECT_EQ(timm_key_from_facebook("stages.2.1.grn.gamma"), "stages.2.blocks.1.mlp.grn.weight");
+  EXPECT_EQ(timm_key_from_facebook("stages.2.1.grn.beta"), "stages.2.blocks.1.mlp.grn.bias");
+  write(
+      file("original.h5"), a.named_parameters(),
+      [](const std::string& n) {
+        const size_t at = n.find("mlp.grn.");
+        if (at == std::string::npos) return facebook_key(n);
+        return facebook_key(n.substr(0, at)) + (n.ends_with("weight") ? "grn.gamma" : "grn.beta");
+      },
+      [](const std::string& n, const Tensor& t) {
+        return n.find(".grn.") != std::string::npos ? Shape{1, 1, 1, t.size(0)} : t.sizes();
+      });
+  EXPECT_TRUE(read_weight_architecture(file("original.h5")).grn);
+  nn::ConvNeXt c(back);
+  EXPECT_EQ(import_weights(file("original.h5"), c.named_parameters()).key_style, "facebook");
+  for (const auto& [name, t] : c.named_parameters()) EXPECT_TRUE(equal(t, want.at(name))) << name;
+
+  nn::ConvNeXtConfig v1 = cfg;  // a V1 model of the same shapes does not take them
+  v1.grn = false;
+  nn::ConvNeXt d(v1);
+  EXPECT_THROW(import_weights(file("v2.h5"), d.named_parameters()), IoError);
 }
 
 TEST_F(Weights, ArchitectureErrorsNameTheFileAndWhatIsWrong) {

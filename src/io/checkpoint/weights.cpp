@@ -50,9 +50,12 @@ bool is_index(const std::string& s) {
 }
 
 // The file shape is acceptable for a parameter of `expected` shape: equal, or a linear layer stored as the
-// 1x1 convolution (out, in, 1, 1) of timm's conv-MLP variants.
+// 1x1 convolution (out, in, 1, 1) of timm's conv-MLP variants, or a GRN parameter (C) stored as the
+// original ConvNeXt V2's (1, 1, 1, C).
 bool shape_fits(const Shape& file, const Shape& expected) {
   if (file == expected) return true;
+  if (expected.size() == 1 && file.size() == 4)
+    return file[0] == 1 && file[1] == 1 && file[2] == 1 && file[3] == expected[0];
   return expected.size() == 2 && file.size() == 4 && file[0] == expected[0] && file[1] == expected[1] &&
          file[2] == 1 && file[3] == 1;
 }
@@ -128,6 +131,8 @@ std::optional<std::string> timm_key_from_facebook(const std::string& key) {
         {"dwconv", "conv_dw"}, {"norm", "norm"}, {"pwconv1", "mlp.fc1"}, {"pwconv2", "mlp.fc2"}};
     const std::string block = fmt::format("stages.{}.blocks.{}.", p[1], p[2]);
     if (p[3] == "gamma" && p.size() == 4) return block + "gamma";
+    if (p[3] == "grn" && p.size() == 5 && (p[4] == "gamma" || p[4] == "beta"))  // ConvNeXt V2
+      return block + (p[4] == "gamma" ? "mlp.grn.weight" : "mlp.grn.bias");
     auto it = names.find(p[3]);
     if (it != names.end() && p.size() >= 5) return block + it->second + "." + join_dots(p, 4);
     return std::nullopt;
@@ -176,6 +181,7 @@ std::optional<WeightArchitecture> infer_architecture(
   const Shape* fc1 = shape_of("stages.0.blocks.0.mlp.fc1.weight");
   a.conv_mlp = fc1 && fc1->size() == 4;
   a.layer_scale = shape_of("stages.0.blocks.0.gamma") != nullptr;
+  a.grn = shape_of("stages.0.blocks.0.mlp.grn.weight") != nullptr;
   if (const Shape* fc = shape_of("head.fc.weight"); fc && fc->size() == 2) a.num_classes = (*fc)[0];
   return a;
 }
@@ -184,13 +190,14 @@ namespace {
 bool same_model(const WeightArchitecture& a, const WeightArchitecture& b) {
   return a.depths == b.depths && a.dims == b.dims && a.num_classes == b.num_classes &&
          a.in_chans == b.in_chans && a.kernel == b.kernel && a.conv_mlp == b.conv_mlp &&
-         a.layer_scale == b.layer_scale;
+         a.layer_scale == b.layer_scale && a.grn == b.grn;
 }
 
 std::string describe(const WeightArchitecture& a) {
-  return fmt::format("depths ({}) dims ({}) {} classes, {} input channels, kernel {}{}{}",
+  return fmt::format("depths ({}) dims ({}) {} classes, {} input channels, kernel {}{}{}{}",
                      fmt::join(a.depths, ", "), fmt::join(a.dims, ", "), a.num_classes, a.in_chans, a.kernel,
-                     a.conv_mlp ? ", conv MLP" : "", a.layer_scale ? "" : ", no layer scale");
+                     a.conv_mlp ? ", conv MLP" : "", a.layer_scale ? "" : ", no layer scale",
+                     a.grn ? ", GRN (V2)" : "");
 }
 
 // The architecture attributes export writes; nullopt when the file is not one of ours or predates them.
@@ -206,6 +213,7 @@ std::optional<WeightArchitecture> from_attributes(const h5::File& file) {
     a.kernel = file.int_attr("kernel");
     a.conv_mlp = file.int_attr("conv_mlp") != 0;
     a.layer_scale = file.int_attr("layer_scale") != 0;
+    a.grn = file.has_attr("grn") && file.int_attr("grn") != 0;  // absent before V2: no GRN
     return a;
   } catch (const IoError&) {
     return std::nullopt;  // an attribute missing: files from other tools, or exported before they were
@@ -344,6 +352,7 @@ void WeightFileWriter::commit() {
     file_.set_attr("kernel", a->kernel);
     file_.set_attr("conv_mlp", int64_t{a->conv_mlp});
     file_.set_attr("layer_scale", int64_t{a->layer_scale});
+    file_.set_attr("grn", int64_t{a->grn});
   }
   file_.commit();
 }

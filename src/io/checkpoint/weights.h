@@ -50,6 +50,7 @@ struct WeightArchitecture {
   int64_t kernel = 7;       // the depthwise convolution's
   bool conv_mlp = false;    // fc1/fc2 weights stored as (out, in, 1, 1) (timm's atto..nano)
   bool layer_scale = true;  // the blocks have `gamma`
+  bool grn = false;         // ConvNeXt V2 blocks: `mlp.grn.weight` and `.bias`
   std::string source;       // "attributes" (written by export) or "shapes" (inferred from the datasets)
 };
 
@@ -68,7 +69,8 @@ WeightArchitecture read_weight_architecture(const std::string& path, const Weigh
 // Writes `params` (any float dtype, any device) as f32 datasets under their names, in their (PyTorch) shapes,
 // plus root attributes `format` ("convnext_zero.weights") and `version`, `class_names` when given, and, when
 // the parameters are a ConvNeXt's, its architecture: `depths`, `dims` (i64 arrays), `num_classes`,
-// `in_chans`, `kernel`, `conv_mlp` and `layer_scale` (i64; the last two 0 or 1). Crash-safe: the data goes to
+// `in_chans`, `kernel`, `conv_mlp`, `layer_scale` and `grn` (i64; the last three 0 or 1; a file without
+// `grn` has no GRN). Crash-safe: the data goes to
 // a temporary file beside `path`, which is synced and renamed over it only when complete; an existing file
 // stays intact if anything fails (bad parameter, unwritable directory, full disk).
 struct WeightExportOptions {
@@ -105,7 +107,8 @@ std::string class_names_to_json(const std::vector<std::string>& names);
 std::vector<std::string> class_names_from_json(const std::string& json, const std::string& where);
 
 // The timm key for an original facebookresearch/ConvNeXt key ("downsample_layers.0.0.weight" ->
-// "stem.0.weight", "stages.1.2.pwconv1.bias" -> "stages.1.blocks.2.mlp.fc1.bias", "norm.weight" ->
+// "stem.0.weight", "stages.1.2.pwconv1.bias" -> "stages.1.blocks.2.mlp.fc1.bias", ConvNeXt V2's
+// "stages.1.2.grn.gamma" / ".beta" -> "stages.1.blocks.2.mlp.grn.weight" / ".bias", "norm.weight" ->
 // "head.norm.weight", "head.weight" -> "head.fc.weight"); nullopt when the key is not of that form.
 std::optional<std::string> timm_key_from_facebook(const std::string& key);
 
