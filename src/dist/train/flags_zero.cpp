@@ -131,7 +131,8 @@ std::vector<Flag> zero_flags() {
       {.name = "--comm-timeout",
        .field = &T::comm_timeout_s,
        .group = kZeroGroup,
-       .help = "seconds a collective may take before the run fails, naming it and the rank it waited for",
+       .help = "seconds a collective may take before the run fails, naming it, the rank it waited for, the "
+               "ranks that never reached it and what each last did",
        .check =
            [](C c, F f) {
              CZ_CHECK(std::isfinite(c.comm_timeout_s) && c.comm_timeout_s > 0, "{} must be positive, got {}",

@@ -112,6 +112,7 @@ TEST(Flags, RanksAgreeOnTheFlagsTheTrainerChecked) {
                                            "--cuda-graphs",
                                            "--cpu-gemm",
                                            "--cpu-row-split",
+                                           "--rank-stats-every",
                                            "--trace-steps",
                                            "--drop-path",
                                            "--data",
