@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "io/data/loader.h"
@@ -162,6 +163,84 @@ TEST(LoaderStream, BatchesAcrossEpochsAreThoseOfALoaderRestartedPerEpoch) {
       for (size_t i = size_t(epoch * 5 + first); i < restarted.size(); ++i)
         expect_same(*stream.next(), restarted[i],
                     fmt::format("{} thread(s), started at ({}, {}), batch {}", threads, epoch, first, i));
+    }
+  }
+}
+
+// Note [Resuming at another global batch]: 2 ranks x 4 stop 16 positions into an epoch of 30; 3 ranks x 2
+// (B' = 6, 16 not a multiple) and 1 rank x 5 continue from there. Each position of the epoch is read once,
+// augmented as one batch of the whole epoch augments it; with drop_last the last (30 - 16) mod B' are
+// dropped, without it the last batch is partial. The next epoch is whole.
+TEST(LoaderStream, ResumingAtAnotherGlobalBatchReadsEachPositionOnce) {
+  auto data = std::make_shared<CountingDataset>(30);
+  LoaderOptions base;
+  base.image_size = 4;
+  base.augment = true;
+  base.seed = 5;
+  base.threads = 2;
+  base.endless = true;
+  LoaderOptions whole = base;  // every position of epoch 0 in one batch
+  whole.batch_size = 30;
+  whole.drop_last = false;
+  whole.endless = false;
+  const Batch all = *Loader(data, whole).next();
+  const int64_t px = 4 * 4 * 3;
+  for (bool drop_last : {true, false}) {
+    std::vector<int> seen(30, 0);
+    auto take = [&](const Batch& b, const std::string& what) {
+      for (int64_t i = 0; i < b.labels.numel(); ++i) {
+        const int64_t pos = b.first_sample + i;
+        ++seen[size_t(pos)];
+        EXPECT_EQ(b.sources[size_t(i)], all.sources[size_t(pos)]) << what << ", position " << pos;
+        EXPECT_EQ(0, std::memcmp(b.pixels.data<uint8_t>() + i * px, all.pixels.data<uint8_t>() + pos * px,
+                                 size_t(px)))
+            << what << ", position " << pos << ": augmented otherwise";
+      }
+    };
+    int64_t stopped = 0;
+    for (int rank = 0; rank < 2; ++rank) {
+      LoaderOptions o = base;
+      o.batch_size = 8;
+      o.world = 2;
+      o.rank = rank;
+      o.drop_last = drop_last;
+      Loader first(data, o);
+      for (int b = 0; b < 2; ++b) {
+        const Batch batch = *first.next();
+        take(batch, "before the stop");
+        stopped = batch.next_position;
+      }
+    }
+    ASSERT_EQ(stopped, 16);
+    for (const auto& [world, micro] : std::vector<std::pair<int, int64_t>>{{3, 2}, {1, 5}}) {
+      const std::vector<int> before = seen;
+      const int64_t batch = world * micro;
+      const int64_t steps = drop_last ? (30 - 16) / batch : (30 - 16 + batch - 1) / batch;
+      for (int rank = 0; rank < world; ++rank) {
+        LoaderOptions o = base;
+        o.batch_size = batch;
+        o.world = world;
+        o.rank = rank;
+        o.drop_last = drop_last;
+        Loader loader(data, o);
+        loader.start_at(0, stopped);
+        for (int64_t b = 0; b < steps; ++b) {
+          const Batch got = *loader.next();
+          ASSERT_EQ(got.epoch, 0);
+          EXPECT_EQ(got.next_position, std::min<int64_t>(16 + (b + 1) * batch, 30));
+          take(got, fmt::format("{} rank(s) x {}, rank {}, batch {}", world, micro, rank, b));
+        }
+        const Batch next = *loader.next();
+        EXPECT_EQ(next.epoch, 1);
+        EXPECT_EQ(next.index, 0);
+        EXPECT_EQ(next.first_sample, rank * batch / world);
+      }
+      const int64_t dropped = drop_last ? (30 - 16) % batch : 0;
+      for (int64_t pos = 0; pos < 30; ++pos)
+        EXPECT_EQ(seen[size_t(pos)], pos < 30 - dropped ? 1 : 0)
+            << "position " << pos << ", resumed on " << world << " rank(s) x " << micro
+            << (drop_last ? ", drop_last" : "");
+      seen = before;
     }
   }
 }

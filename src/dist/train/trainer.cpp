@@ -490,7 +490,7 @@ Batch Trainer::next_batch() {
   CZ_ASSERT(b.has_value(), "the training loader's stream ended after epoch {}", epoch_);
   // Note [Running ahead] (io/data/loader.h): the loader crosses epochs by itself; the batch says where it is.
   epoch_ = b->epoch;
-  batches_in_epoch_ = b->index + 1;
+  samples_in_epoch_ = b->next_position;
   return std::move(*b);
 }
 

@@ -231,10 +231,12 @@ class Trainer {
   // The position of the last batch a step used (Note [Running ahead] in io/data/loader.h: the loader's
   // workers are further on), which a checkpoint records.
   int64_t epoch_ = 0;
-  int64_t batches_in_epoch_ = 0;  // the loader's global batches of this epoch consumed so far
-  std::optional<Batch> ahead_;    // taken ahead (CUDA), not yet used
-  bool take_ahead_ = false;       // in step(): run_step takes the next batch ahead
-  double ahead_wait_s_ = 0;       // this step's wait for the loader while taking it
+  // The position in this epoch's order after the loader's global batches consumed so far (what a checkpoint
+  // records: Note [Resuming at another global batch], io/data/loader.h).
+  int64_t samples_in_epoch_ = 0;
+  std::optional<Batch> ahead_;  // taken ahead (CUDA), not yet used
+  bool take_ahead_ = false;     // in step(): run_step takes the next batch ahead
+  double ahead_wait_s_ = 0;     // this step's wait for the loader while taking it
   std::unique_ptr<ckpt::Collective> ckpt_comm_;
   std::unique_ptr<ckpt::PendingSave> pending_save_;
   int64_t saved_step_ = -1;        // the step of the newest save begun (or resumed from)

@@ -70,7 +70,7 @@ ckpt::SaveRequest Trainer::checkpoint_request() {
   }
   auto& sc = req.scalars;
   sc.ints["epoch"] = epoch_;  // the step, world size and stage the checkpoint records itself
-  sc.ints["samples_in_epoch"] = batches_in_epoch_ * cfg_.micro_batch * world_.size();
+  sc.ints["samples_in_epoch"] = samples_in_epoch_;
   sc.ints["optimizer_steps"] = engine_->optimizer().step_count();
   sc.ints["loss_scale_clean_steps"] = scaler_.state().clean_steps;
   sc.floats["loss_scale"] = scaler_.state().scale;
@@ -215,11 +215,11 @@ void Trainer::resume(const std::string& path) {
     CZ_CHECK_IO(it != sc.ints.end(), "{}: the checkpoint has no '{}'", resuming, key);
     return it->second;
   };
-  const int64_t samples = get("samples_in_epoch"), batch = cfg_.micro_batch * world_.size();
-  CZ_CHECK_IO(samples % batch == 0,
-              "{}: the checkpoint stopped {} samples into its epoch, not a multiple of this run's "
-              "micro-batch x ranks ({}); resume with the same global batch",
-              resuming, samples, batch);
+  // Any global batch continues from the position (Note [Resuming at another global batch], loader.h).
+  const int64_t samples = get("samples_in_epoch");
+  CZ_CHECK_IO(samples >= 0 && samples <= train_set_->size(),
+              "{}: the checkpoint stopped {} samples into its epoch, but the training data has {}", resuming,
+              samples, train_set_->size());
   const FlatLayout& layout = engine_->layout().flat;
   for (auto& [kind, chunks] : engine_->owned_state(false)) {
     CZ_CHECK_IO(ck.has(kind, layout.segments.front().name),
@@ -234,8 +234,8 @@ void Trainer::resume(const std::string& path) {
   latest_checkpoint_ = ck.path();
   set_latest_checkpoint(ck.path());
   epoch_ = get("epoch");
-  batches_in_epoch_ = samples / batch;
-  loader_->start_epoch(epoch_, batches_in_epoch_);
+  samples_in_epoch_ = samples;
+  loader_->start_at(epoch_, samples);
   // Checkpoints from before --keep-best have no best figures: every evaluation from here is compared afresh.
   if (const auto b = sc.floats.find("best_top1"); b != sc.floats.end()) best_.top1 = b->second;
   if (const auto b = sc.floats.find("best_ema_top1"); b != sc.floats.end()) best_ema_.top1 = b->second;

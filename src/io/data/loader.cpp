@@ -45,6 +45,10 @@ struct Loader::Impl {
   int64_t steps = 0;
 
   bool started = false;
+  // Stream positions count global batches from the start: the first `first_steps` are those of epoch
+  // `first_epoch` from position `first_offset` of its order (Note [Resuming at another global batch]), then
+  // whole epochs of `steps`.
+  int64_t first_epoch = 0, first_offset = 0, first_steps = 0;
   int64_t end = 0;  // the stream position where next() returns nullopt
   std::vector<std::thread> workers;
   std::mutex mu;
@@ -68,6 +72,10 @@ struct Loader::Impl {
   // transform_image of `index`, or of the examples after it while it fails to decode and the budget of
   // Note [Skipping bad samples] lasts; returns the example read.
   int64_t read_or_skip(int64_t epoch, int64_t index, int64_t pos, Scratch& s, uint8_t* out) const;
+  struct Place {
+    int64_t epoch, b, offset;  // global batch b of the epoch's batches from position `offset`
+  };
+  Place place(int64_t p) const;
   Slot open_slot(int64_t p);                                 // the batch at stream position p, allocated
   void make_chunk(Slot& slot, int64_t c, Scratch& s) const;  // its images [c, c+1) x kChunkImages
   void finish(Slot& slot) const;                             // the batch's draws across images, and `images`
@@ -127,14 +135,20 @@ int64_t Loader::Impl::read_or_skip(int64_t epoch, int64_t index, int64_t pos, Sc
   }
 }
 
+Loader::Impl::Place Loader::Impl::place(int64_t p) const {
+  if (p < first_steps) return {first_epoch, p, first_offset};
+  const int64_t q = p - first_steps;
+  return {first_epoch + 1 + q / steps, q % steps, 0};
+}
+
 Loader::Impl::Slot Loader::Impl::open_slot(int64_t p) {
-  const int64_t epoch = p / steps, b = p % steps;
+  const auto [epoch, b, offset] = place(p);
   if (epoch != order_epoch) {  // once an epoch: O(n), under the lock where workers call it
     order = std::make_shared<const std::vector<int64_t>>(
         epoch_permutation(data->size(), opt.seed, epoch, opt.shuffle));
     order_epoch = epoch;
   }
-  const BatchSlice s = rank_slice(data->size(), opt.batch_size, b, opt.world, opt.rank);
+  const BatchSlice s = rank_slice(data->size(), opt.batch_size, b, opt.world, opt.rank, offset);
   const int64_t n = s.end - s.begin, size = opt.image_size;
   Slot slot;
   slot.order = order;
@@ -146,8 +160,9 @@ Loader::Impl::Slot Loader::Impl::open_slot(int64_t p) {
   batch.sources.resize(size_t(n));
   if (opt.erasing.probability > 0) batch.erased.resize(size_t(n));
   batch.epoch = epoch;
-  batch.index = b;
+  batch.index = offset / opt.batch_size + b;
   batch.first_sample = s.begin;
+  batch.next_position = std::min(offset + (b + 1) * opt.batch_size, data->size());
   return slot;
 }
 
@@ -294,14 +309,25 @@ std::vector<int64_t> Loader::epoch_order(int64_t epoch) const {
 }
 
 void Loader::start_epoch(int64_t epoch, int64_t first_batch) {
-  CZ_CHECK(epoch >= 0 && epoch < kMaxEpochs, "Loader: epoch {} out of range [0, 2^22)", epoch);
   Impl& m = *impl_;
   CZ_CHECK(first_batch >= 0 && first_batch <= m.steps, "Loader: first batch {} of an epoch of {} batches",
            first_batch, m.steps);
+  // The last batch may be partial (without drop_last): past it is the epoch's end.
+  start_at(epoch, std::min(first_batch * m.opt.batch_size, m.data->size()));
+}
+
+void Loader::start_at(int64_t epoch, int64_t position) {
+  CZ_CHECK(epoch >= 0 && epoch < kMaxEpochs, "Loader: epoch {} out of range [0, 2^22)", epoch);
+  Impl& m = *impl_;
+  const int64_t n = m.data->size();
+  CZ_CHECK(position >= 0 && position <= n, "Loader: position {} of an epoch of {} examples", position, n);
   m.stop_workers();
   m.started = true;
-  m.next_out = m.claim = epoch * m.steps + first_batch;
-  m.end = m.opt.endless ? kMaxEpochs * m.steps : (epoch + 1) * m.steps;
+  m.first_epoch = epoch;
+  m.first_offset = position;
+  m.first_steps = batches_per_epoch(n - position, m.opt.batch_size, m.opt.drop_last);
+  m.next_out = m.claim = 0;
+  m.end = m.opt.endless ? m.first_steps + (kMaxEpochs - epoch - 1) * m.steps : m.first_steps;
   m.failed = nullptr;
   for (int t = 0; t < m.opt.threads; ++t)
     m.workers.emplace_back([&m] {

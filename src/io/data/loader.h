@@ -18,6 +18,16 @@
 // make each batch in chunks of kChunkImages images, claimed in stream order, so all of them work on the batch
 // in front and the consumer waits for one chunk's time, not one batch's; at most threads x prefetch batches
 // are made or being made beyond those taken (the memory planner's window).
+//
+// Note [Resuming at another global batch]: a checkpoint records the position in its epoch's order that its
+// batches reached (Batch::next_position), not a batch number, because a resume may have another global batch
+// B' (other ranks, another micro-batch). The resumed epoch is then cut from that position: global batch b is
+// positions [p + b*B', p + (b+1)*B'), split across the new ranks as any batch is, so every position of the
+// epoch is read once over the two runs, in the order the seed fixed. Its last batch follows drop_last as an
+// epoch's does: without it a partial batch, with it the last (n - p) mod B' positions are dropped (fewer than
+// one batch, as an epoch drops n mod B). Augmentation is keyed by position (Note [Sampling]), so a resumed
+// sample is augmented as it would have been; at the same B the batches are the original run's bit for bit.
+// The epochs after the resumed one are whole.
 #pragma once
 
 #include <cstdint>
@@ -91,8 +101,11 @@ struct Batch {
   std::shared_ptr<Event> pixels_ready;
   PackedDraws draws;  // CUDA, packed ahead by copy_ahead: model_input's draws in pinned memory
   int64_t epoch = 0;
-  int64_t index = 0;         // global batch number within the epoch
-  int64_t first_sample = 0;  // position in the epoch of this rank's first sample
+  // Global batch number within the epoch; in an epoch continued from position o (Loader::start_at),
+  // floor(o / batch_size) plus the batches since.
+  int64_t index = 0;
+  int64_t first_sample = 0;   // position in the epoch of this rank's first sample
+  int64_t next_position = 0;  // position in the epoch after this global batch (all ranks'): a checkpoint's
 };
 
 class Loader {
@@ -107,6 +120,10 @@ class Loader {
   // batches from there on the same as the original run's; first_batch = steps_per_epoch() is epoch+1's
   // first); batches made ahead are dropped. next() without it starts at epoch 0.
   void start_epoch(int64_t epoch, int64_t first_batch = 0);
+  // (Re)starts the stream at position `position` (0..size) of `epoch`'s order (Note [Resuming at another
+  // global batch]): that epoch's batches are positions [position + b*B, ...), as many as its remaining
+  // examples make under drop_last; the epochs after it are whole. start_epoch(e, b) is start_at(e, b*B).
+  void start_at(int64_t epoch, int64_t position);
   // This rank's share of the stream's next global batch (Batch::epoch and index say which); nullopt at the
   // epoch's end without `endless`. A worker's decode error is rethrown here, and again until start_epoch.
   std::optional<Batch> next();

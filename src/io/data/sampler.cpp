@@ -57,8 +57,8 @@ int64_t batches_per_epoch(int64_t n, int64_t batch, bool drop_last) {
   return drop_last ? n / batch : (n + batch - 1) / batch;
 }
 
-BatchSlice rank_slice(int64_t n, int64_t batch, int64_t b, int world, int rank) {
-  const int64_t first = b * batch;
+BatchSlice rank_slice(int64_t n, int64_t batch, int64_t b, int world, int rank, int64_t offset) {
+  const int64_t first = offset + b * batch;
   const int64_t k = std::min(batch, n - first);
   return {first + rank * k / world, first + (rank + 1) * k / world};
 }

@@ -55,8 +55,11 @@ struct BatchSlice {
 // Global batches in an epoch of n examples: floor(n / batch) with drop_last, else ceil.
 int64_t batches_per_epoch(int64_t n, int64_t batch, bool drop_last);
 
-// Rank `rank` of `world`'s slice of global batch `b`: of the batch's k examples (batch, or fewer for the
-// final one without drop_last) it takes [rank*k/world, (rank+1)*k/world), contiguous and even to within one.
-BatchSlice rank_slice(int64_t n, int64_t batch, int64_t b, int world, int rank);
+// Rank `rank` of `world`'s slice of global batch `b` of an epoch that starts at position `offset` of its
+// order (0, or where a resume at another global batch continues it: Note [Resuming at another global batch],
+// loader.h): the batch is positions [offset + b*batch, ...), and of its k examples (batch, or fewer for the
+// final one without drop_last) the rank takes [rank*k/world, (rank+1)*k/world), contiguous and even to within
+// one.
+BatchSlice rank_slice(int64_t n, int64_t batch, int64_t b, int world, int rank, int64_t offset = 0);
 
 }  // namespace cz

@@ -6,6 +6,10 @@
 #                   with the whole recipe's augmentation
 #   uneven_ranks    2 ranks on shards of 60 and 6 samples: every rank the same batches for two epochs, no hang
 #   resume_world    a 2-rank run stopped mid-epoch and resumed on 1 rank: the epoch's positions each read once
+#   resume_any_world_{wds,folder}
+#                   2 ranks x 4 stopped 16 positions into the epoch, resumed on 3 ranks x 2 and on 1 rank x 5
+#                   (global batches of 6 and 5, neither dividing 16): each position of the epoch read once; on
+#                   wds: also resumed at the same world size, the losses bit for bit those of a run not stopped
 #   bad_shards      under mpirun, each bad input (truncated, gzip, missing shard, no label, label out of range,
 #                   corrupt image) is an exit 1 naming the shard and member, on every rank, no hang; with
 #                   --skip-bad-samples the run trains and says what it left out
@@ -64,6 +68,45 @@ resume_world)
   { column "$work/a.rank0.h5" sources; column "$work/a.rank1.h5" sources; column "$work/b.h5" sources; } |
     sort -n | uniq -d | grep -q . && fail "a sample read twice in the epoch"
   echo "ok: 2 ranks to position 24, 1 rank from there: positions 0..63 of epoch 0 each once"
+  ;;
+resume_any_world_wds | resume_any_world_folder)
+  # Note [Resuming at another global batch] (io/data/loader.h). 66 samples; 2 ranks x 4 stop after 2 steps.
+  data=$shards
+  [[ $case_name == *folder ]] && data="folder:$work/folder"
+  ok "$work/a.jsonl" timeout 120 "${mpirun[@]}" -np 2 "$app" "${base[@]}" --steps 2 --micro-batch 4 --data "$data" \
+    --checkpoint-dir "$work/ck" --dump-batches "$work/a.h5"
+  # resumed NAME RANKS MICRO STEPS ARGS...: from a copy of the stopped run's checkpoint.
+  resumed() {
+    local name=$1 np=$2 micro=$3 steps=$4; shift 4
+    cp -r "$work/ck" "$work/ck_$name"
+    ok "$work/$name.jsonl" timeout 120 "${mpirun[@]}" -np "$np" "$app" "${base[@]}" --steps "$steps" \
+      --micro-batch "$micro" --data "$data" --checkpoint-dir "$work/ck_$name" --resume "$work/ck_$name" "$@"
+  }
+  # positions NAME RANKS: every position of epoch 0 that run NAME's --dump-batches holds, one a line.
+  positions() {
+    if [[ $2 -eq 1 ]]; then column "$work/$1.h5" positions; return; fi
+    for ((r = 0; r < $2; r++)); do column "$work/$1.rank$r.h5" positions; done
+  }
+  # 3 ranks x 2: positions 16..63 in 8 steps (66 - 16 = 50: 8 batches of 6, 2 dropped as the epoch's last).
+  # 1 rank x 5: positions 16..65 in 10 steps. Both to the epoch's end and not beyond.
+  for run in "b 3 2 10 63" "c 1 5 12 65"; do
+    read -r name np micro steps last <<< "$run"
+    resumed "$name" "$np" "$micro" "$steps" --dump-batches "$work/$name.h5"
+    { positions a 2; positions "$name" "$np"; } | sort -n > "$work/positions"
+    seq 0 "$last" > "$work/want"
+    diff "$work/want" "$work/positions" > /dev/null || fail "$np rank(s) x $micro from position 16: positions $(
+      uniq -d "$work/positions" | head -3 | tr '\n' ' ')repeated, $(wc -l < "$work/positions") in all, want 0..$last"
+    echo "ok: 2 ranks x 4 to position 16, $np rank(s) x $micro from there: positions 0..$last of epoch 0 each once"
+  done
+  [[ $case_name == *folder ]] && exit 0
+  # The same world size: bit for bit the run that was not stopped (its step-2 checkpoint, the same schedule).
+  ok "$work/whole.jsonl" timeout 120 "${mpirun[@]}" -np 2 "$app" "${base[@]}" --steps 5 --micro-batch 4 --data "$data" \
+    --checkpoint-dir "$work/ckw" --checkpoint-every 2
+  ok "$work/d.jsonl" timeout 120 "${mpirun[@]}" -np 2 "$app" "${base[@]}" --steps 5 --micro-batch 4 --data "$data" \
+    --checkpoint-dir "$work/ck_d" --resume "$work/ckw/step_2"
+  diff <(steps_of "$work/whole.jsonl" | tail -n 3) <(steps_of "$work/d.jsonl") ||
+    fail "2 ranks resumed at step 2 differ from the run not stopped"
+  echo "ok: 2 ranks resumed at step 2: steps 3-5 bit for bit those of the run not stopped"
   ;;
 bad_shards)
   # bad NAME PYTHON: a copy of the shards with the second shard rewritten by PYTHON (tarfile `t` open for
