@@ -11,10 +11,11 @@ nn::ConvNeXtConfig TrainConfig::model_config() const {
     mc.name = "custom";
     mc.depths = depths;
     mc.dims = dims;
+    mc.grn = grn;
   }
   mc.num_classes = num_classes;
   mc.drop_path_rate = drop_path;
-  mc.layer_scale_init = layer_scale_init;
+  mc.layer_scale_init = mc.grn ? 0.0 : layer_scale_init;  // V2 blocks have no layer scale
   mc.head_init_scale = head_init_scale;
   return mc;
 }

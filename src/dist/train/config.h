@@ -22,12 +22,13 @@ struct TrainConfig {
   // Model.
   std::string model = "atto";
   std::vector<int64_t> depths, dims;  // custom architecture; both or neither, overriding --model's
+  bool grn = false;                   // with depths/dims: ConvNeXt V2 blocks (GRN, no layer scale)
   // kClassesOfTheData (the app's default): the training data's classes, resolved when the data is opened
   // (Trainer::build_data, resolve_num_classes). 10 for a config built in code.
   int64_t num_classes = 10;
   int64_t image_size = 64;
   double drop_path = 0.0;
-  double layer_scale_init = 1e-6;  // each block's gamma starts here (0: no layer scale)
+  double layer_scale_init = 1e-6;  // each V1 block's gamma starts here (0: no layer scale; V2 has none)
   double head_init_scale = 1.0;    // head.fc's initial weight and bias are multiplied by this
   bool activation_checkpointing = false;
   std::string init_weights;    // HDF5 weights to start from

@@ -54,6 +54,19 @@ std::vector<Flag> model_flags() {
        .ranks_agree = true,
        .resume_identity = true,
        .json_key = "dims"},
+      {.name = "--grn",
+       .field = &T::grn,
+       .group = kModelGroup,
+       .help = "with --depths/--dims: ConvNeXt V2 blocks (GRN after the MLP's GELU, no layer scale), as "
+               "--model convnextv2_* have",
+       .check =
+           [](C c, F f) {
+             CZ_CHECK(!c.grn || !c.depths.empty(), "{} goes with {} (a --model convnextv2_* has GRN already)",
+                      f.name, flag_name(&T::depths));
+           },
+       .ranks_agree = true,
+       .resume_identity = true,
+       .json_key = "grn"},
       {.name = "--num-classes",
        .field = &T::num_classes,
        .group = kModelGroup,
@@ -78,7 +91,7 @@ std::vector<Flag> model_flags() {
       {.name = "--layer-scale-init",
        .field = &T::layer_scale_init,
        .group = kModelGroup,
-       .help = "initial value of each block's layer scale gamma (0: no layer scale)",
+       .help = "initial value of each block's layer scale gamma (0: no layer scale; V2 blocks have none)",
        .check =
            [](C c, F f) {
              CZ_CHECK(std::isfinite(c.layer_scale_init) && c.layer_scale_init >= 0, "{} must be >= 0, got {}",

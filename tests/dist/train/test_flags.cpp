@@ -44,7 +44,8 @@ TEST(Flags, ConfigJsonIsWhatCheckpointsRecorded) {
       R"({"aa":"","augment":true,"bucket_mb":0.01,"clip_grad":0.0,"cutmix":0.0,"cutmix_minmax":"",)"
       R"("data":"synthetic:n=256,eval_n=64,classes=4",)"
       R"("depths":[1,1,1,1],"dims":[8,16,24,32],"drop_path":0.0,"ema_decay":0.99,"epochs":0,"eval_split":0.0,)"
-      R"("gather_dtype":"fp32","grad_accum":1,"hpz":false,"image_size":64,"interpolation":"bilinear",)"
+      R"("gather_dtype":"fp32","grad_accum":1,"grn":false,"hpz":false,"image_size":64,)"
+      R"("interpolation":"bilinear",)"
       R"("label_smoothing":0.0,"layer_decay":1.0,)"
       R"("lr":0.003,"micro_batch":32,)"
       R"("min_lr":1e-06,"mixup":0.0,"mixup_mode":"batch","mixup_prob":1.0,"mixup_switch_prob":0.5,)"
@@ -62,6 +63,7 @@ TEST(Flags, ResumeIdentityIsWhatCheckpointsRecorded) {
   EXPECT_EQ(resume_identity(custom_config()), (Pairs{{"--model", "custom"},
                                                      {"--depths", "1,1,1,1"},
                                                      {"--dims", "8,16,24,32"},
+                                                     {"--grn", "false"},
                                                      {"--num-classes", "4"},
                                                      {"--data", "synthetic:n=256,eval_n=64,classes=4"},
                                                      {"--eval-split", "0"},
@@ -77,6 +79,7 @@ TEST(Flags, ResumeIdentityIsWhatCheckpointsRecorded) {
   EXPECT_EQ(resume_identity(c), (Pairs{{"--model", "tiny"},
                                        {"--depths", ""},
                                        {"--dims", ""},
+                                       {"--grn", "false"},
                                        {"--num-classes", "10"},
                                        {"--data", "synthetic"},
                                        {"--eval-split", "0"},
@@ -93,6 +96,7 @@ TEST(Flags, RanksAgreeOnTheFlagsTheTrainerChecked) {
   EXPECT_EQ(agreed, (std::set<std::string>{"--model",
                                            "--depths",
                                            "--dims",
+                                           "--grn",
                                            "--num-classes",
                                            "--image-size",
                                            "--stage",
@@ -353,8 +357,21 @@ TEST(Flags, AFlagGivenTwiceTakesTheLastValue) {
 TEST(Flags, ModelNamesTheValidVariants) {
   TrainConfig c;
   c.model = "tinyy";
+  EXPECT_EQ(
+      error_of<std::exception>([&] { c.validate(); }),
+      "--model must be one of atto, femto, pico, nano, tiny, small, base, large, xlarge, convnextv2_atto, "
+      "convnextv2_femto, convnextv2_pico, convnextv2_nano, convnextv2_tiny, convnextv2_small, "
+      "convnextv2_base, convnextv2_large, convnextv2_huge, got 'tinyy'");
+  // V2: by name, or --grn with --depths/--dims; either way no layer scale.
+  c = parse({"--model", "convnextv2_pico"});
+  EXPECT_TRUE(c.model_config().grn);
+  EXPECT_EQ(c.model_config().layer_scale_init, 0);
+  c = parse({"--depths", "1,1,1,1", "--dims", "8,16,24,32", "--grn"});
+  EXPECT_TRUE(c.model_config().grn);
+  EXPECT_EQ(c.model_config().layer_scale_init, 0);
+  c = parse({"--grn"});
   EXPECT_EQ(error_of<std::exception>([&] { c.validate(); }),
-            "--model must be one of atto, femto, pico, nano, tiny, small, base, large, xlarge, got 'tinyy'");
+            "--grn goes with --depths (a --model convnextv2_* has GRN already)");
 }
 
 // --help: each flag in one of the sections, in the sections' order; every line within the width.
