@@ -562,6 +562,9 @@ int main(int argc, char** argv) {
                    100 * std::max(0.0, 1 - s.comm_exposed_s / s.comm_s), s.comm_s);
       fmt::print(")");
       print_data_wait(s, trainer.config());  // its --loader-threads resolved
+      if (s.skipped >= 0)
+        fmt::print("; {} bad sample(s) skipped ({} at open, {} failed to decode: {} by rank)", s.skipped,
+                   s.skipped_at_open, s.skipped - s.skipped_at_open, fmt::join(s.skipped_on_ranks, ", "));
       if (trainer.cuda_graph_plan().capture)
         fmt::print(
             "; {} micro-steps and {} updates replayed from CUDA graphs, {} of another shape run eagerly",

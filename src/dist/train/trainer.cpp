@@ -807,6 +807,7 @@ TrainSummary Trainer::run() {
   bar.finish();
   if (tracer_) tracer_->finish();  // a run that ended inside --trace-steps
   if (dump_) dump_->finish();
+  count_skipped_samples(sum);
   if (!cfg_.checkpoint_dir.empty()) {
     if (saved_step_ != step_) save_checkpoint();
     finish_pending_save();

@@ -70,6 +70,11 @@ struct TrainSummary {
   int stop_signal = 0;     // non-zero: stopped on request by this signal (Note [Stopping on request])
   int64_t last_step = 0;   // optimizer steps done when the run ended
   std::string checkpoint;  // the newest checkpoint of this run on disk (saved or resumed from); "" if none
+  // --skip-bad-samples (-1 without it): the training samples this run left out at open (the same on every
+  // rank, counted once) and those each rank's loader replaced because they failed to decode; `skipped` is the
+  // first plus the sum of the second.
+  int64_t skipped = -1, skipped_at_open = 0;
+  std::vector<int64_t> skipped_on_ranks;
 
   void add(const StepStats& s);  // a step's loss, peak memory, model state and communication
 };
@@ -186,6 +191,9 @@ class Trainer {
   void open_log();  // rank 0: --log, continued after a resumed step (Note [One log across resumes])
   void write_record(nlohmann::json record);  // to --log, and its scalars to --tensorboard (trainer_log.cpp)
   void report_comms(int64_t steps);          // --comms-table, at the end of run() (trainer_log.cpp)
+  // --skip-bad-samples, at the end of run(): every rank's skipped samples into `sum` and the log
+  // (trainer_data.cpp). Collective over control_.
+  void count_skipped_samples(TrainSummary& sum);
   ProgressMode progress_mode() const;
   using Clock = std::chrono::steady_clock;
   StepStats run_step(std::span<const Batch> micro_batches, Clock::time_point t0);

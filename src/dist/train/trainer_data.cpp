@@ -47,6 +47,26 @@ DatasetOptions dataset_options(const TrainConfig& c) {
   return dopt;
 }
 
+// Note [Skipping bad samples] (io/data/loader.cpp): a rank's loader counts the distinct samples it replaced,
+// and each rank's data set left the same ones out at open. One record of its own at the end of the run, not a
+// field of every step's: the sum needs every rank's count, and the steps' one exchange is the loss's.
+void Trainer::count_skipped_samples(TrainSummary& sum) {
+  if (cfg_.skip_bad_samples == 0) return;
+  const std::vector<double> all = control_.all_gather({double(loader_->skipped_samples())});
+  sum.skipped_at_open = train_set_->bad_samples();
+  sum.skipped = sum.skipped_at_open;
+  sum.skipped_on_ranks.clear();
+  for (double v : all) {
+    sum.skipped_on_ranks.push_back(int64_t(v));
+    sum.skipped += int64_t(v);
+  }
+  write_record({{"split", "data"},
+                {"step", step_},
+                {"skipped_samples", sum.skipped},
+                {"skipped_at_open", sum.skipped_at_open},
+                {"skipped_on_ranks", sum.skipped_on_ranks}});
+}
+
 void resolve_num_classes(TrainConfig& c) {
   if (c.num_classes != kClassesOfTheData) return;
   const DatasetOptions dopt = dataset_options(c);

@@ -151,8 +151,17 @@ EOF
   # Within a budget: the corrupt image is replaced and said, the unlabelled sample left out and named.
   ok "$work/skip.jsonl" timeout 120 "${run[@]}" --data "$spec" --skip-bad-samples 1
   grep -F "skipped bad sample 1 of at most 1" "$work/out" || { cat "$work/out"; fail "no skip reported"; }
+  # Counted in the log (a record of its own, every rank's count) and in the closing summary: rank 0 read it.
+  grep -F '"split":"data"' "$work/skip.jsonl" | grep -F '"skipped_on_ranks":[1,0],"skipped_samples":1' ||
+    fail "no skipped-samples record: $(grep -F '"split":"data"' "$work/skip.jsonl")"
+  grep -F "1 bad sample(s) skipped (0 at open, 1 failed to decode: 1, 0 by rank)" "$work/out" ||
+    { cat "$work/out"; fail "the summary does not count the skipped sample"; }
   ok "$work/skip2.jsonl" timeout 120 "${run[@]}" --data "$(bad nolabel 'add("x.jpg", jpg)')" --skip-bad-samples 1
   grep -F "skipped 1 bad sample(s): 1 no label member" "$work/out" || { cat "$work/out"; fail "no skip said"; }
+  grep -F '"skipped_at_open":1,"skipped_on_ranks":[0,0],"skipped_samples":1' "$work/skip2.jsonl" ||
+    fail "no skipped-samples record: $(grep -F '"split":"data"' "$work/skip2.jsonl")"
+  grep -F "1 bad sample(s) skipped (1 at open, 0 failed to decode: 0, 0 by rank)" "$work/out" ||
+    { cat "$work/out"; fail "the summary does not count the sample left out"; }
   ;;
 *) fail "unknown case $case_name" ;;
 esac
