@@ -111,6 +111,8 @@ std::vector<ModuleCost> convnext_step_work(const nn::ConvNeXtConfig& cfg, int64_
         m.fwd("linear_scale_residual", OpClass::matmul, 8 * rows * c * c + 2 * rc, 7 * rc + 4 * c * c);
       } else {
         m.fwd("linear_gelu", OpClass::matmul, 8 * rows * c * c + 40 * rc, 9 * rc + 4 * c * c);
+        // GRN (V2) over the 4C hidden channels: the norms' pass reads it, the output pass reads and writes.
+        if (cfg.grn) m.fwd("grn", OpClass::memory, 6 * 4 * rc, 3 * 4 * rc);
         m.linear(rows, 4 * c, c);
         if (rate > 0) {
           if (gamma) m.fwd("channel_scale", OpClass::memory, rc, 2 * rc);
@@ -139,6 +141,9 @@ std::vector<ModuleCost> convnext_step_work(const nn::ConvNeXtConfig& cfg, int64_
           if (gamma) b.bwd("ChannelScaleBackward", OpClass::memory, 2 * rc, 3 * rc, {name + ".gamma"});
         }
         b.linear_backward(rows, 4 * c, c, name + ".mlp.fc2");
+        // Reads the gradient and the input twice (the sums, then dx), writes dx.
+        if (cfg.grn)
+          b.bwd("GrnBackward", OpClass::memory, 12 * 4 * rc, 4 * 4 * rc, Module::wb(name + ".mlp.grn"));
         b.bwd("LinearGeluBackward", OpClass::matmul, 16 * rows * c * c + 60 * rc, 14 * rc + 8 * c * c,
               Module::wb(name + ".mlp.fc1"));
       }
@@ -160,7 +165,8 @@ std::vector<ModuleCost> convnext_step_work(const nn::ConvNeXtConfig& cfg, int64_
         }
         std::vector<std::string> order;  // registration order, reversed
         if (gamma) order.push_back(name + ".gamma");
-        for (const char* p : {".conv_dw", ".norm", ".mlp.fc1", ".mlp.fc2"}) {
+        for (const char* p : {".conv_dw", ".norm", ".mlp.fc1", ".mlp.grn", ".mlp.fc2"}) {
+          if (!cfg.grn && std::string(p) == ".mlp.grn") continue;
           order.push_back(name + p + ".weight");
           order.push_back(name + p + ".bias");
         }

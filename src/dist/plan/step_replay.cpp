@@ -354,7 +354,7 @@ A Walker::stage(int i, A x, int64_t& side, bool last_stage) {
 
 // ConvNeXtBlock::forward: dwconv -> LayerNorm -> linear_gelu (fc1) -> linear_scale_residual (fc2, gamma,
 // residual), or on the CPU with small weights mlp_scale_residual for all of the MLP; with drop path, or
-// without gamma, fc2 alone -> (gamma, drop path) + residual.
+// without gamma, fc2 alone -> (gamma, drop path) + residual. A V2 block (no gamma) runs grn before fc2.
 A Walker::block(const A& x, int64_t side, int64_t c, double rate, Use out_use) {
   const int64_t rows = n_ * side * side;
   const std::string& b = scope_;
@@ -367,9 +367,14 @@ A Walker::block(const A& x, int64_t side, int64_t c, double rate, Use out_use) {
     m_.release(y1.id);
     return z;
   }
-  const A a = linear_gelu(y2, rows, c, 4 * c, b + ".mlp.fc1", keep());
+  A a = linear_gelu(y2, rows, c, 4 * c, b + ".mlp.fc1", keep());
   m_.release(y2.id);  // the temporaries of linear_gelu's argument
   m_.release(y1.id);
+  if (s_.model.grn) {
+    const A r = grn(a, rows, 4 * c, b + ".mlp.grn", keep());
+    m_.release(a.id);
+    a = r;
+  }
   if (rate <= 0 && gamma) {
     const A z = linear_scale_residual(x, a, rows, 4 * c, c, b + ".mlp.fc2", b + ".gamma", out_use);
     m_.release(a.id);

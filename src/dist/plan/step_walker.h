@@ -84,6 +84,8 @@ class Walker {
   // gamma and the residual r, where mlp_as_one_op says the block runs it.
   A mlp_scale_residual(const A& r, const A& x, int64_t rows, int64_t c, int64_t hidden,
                        const std::string& mlp, const std::string& gamma, Use out);
+  // ConvNeXt V2's GRN over rows x c (`module`: "....mlp.grn", whose weight and bias get gradients).
+  A grn(const A& x, int64_t rows, int64_t c, const std::string& module, Use out);
   // residual_scale_add / channel_scale; `gamma`: the parameter's name.
   A scale_add(const A* residual, const A& h, int64_t c, const std::string& gamma, Use out);
   // A module call: its forward-pre hook; then, after its ops, its forward hook and (when recording) the

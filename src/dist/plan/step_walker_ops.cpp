@@ -237,6 +237,38 @@ A Walker::mlp_scale_residual(const A& r, const A& x, int64_t rows, int64_t c, in
   return z;
 }
 
+// grn (src/tensor/ops/grn.cpp): its output, then per image the channels' f32 norms and the f32 divisor, the
+// node keeping its input and those two; backward allocates the input gradient and the two parameter
+// gradients (beta's AccumulateGrad node runs first). The CPU kernels' partial sums are not the allocator's.
+A Walker::grn(const A& x, int64_t rows, int64_t c, const std::string& module, Use out) {
+  at("grn");
+  const A y = buf(rows * c * e_, out, "grn output");
+  const A gx = buf(n_ * c * 4, keep(), "grn norms (f32)");
+  const A d = buf(n_ * 4, keep(), "grn divisors (f32)");
+  if (!recording_) {
+    m_.release(d.id);
+    m_.release(gx.id);
+    return y;
+  }
+  m_.retain(x.id);
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, "grn backward");
+    const Id g = take(y.id);
+    const Id dx = m_.alloc(x.bytes, Use::transient, "grn input gradient");
+    const Id dgamma = m_.alloc(c * e_, Use::transient, "grn weight gradient");
+    const Id dbeta = m_.alloc(c * e_, Use::transient, "grn bias gradient");
+    m_.release(x.id);
+    m_.release(gx.id);
+    m_.release(d.id);
+    deposit(x, dx);
+    m_.release(g);
+    param_grad(dbeta, module + ".bias");
+    param_grad(dgamma, module + ".weight");
+  });
+  return y;
+}
+
 A Walker::scale_add(const A* residual, const A& h, int64_t c, const std::string& gamma, Use out) {
   at(residual ? "residual_scale_add" : "channel_scale");
   const A y = buf(h.bytes, out, residual ? "block output" : "channel_scale output");

@@ -93,6 +93,16 @@ inline const std::vector<Case>& cases() {
       {"custom_1131_wide", base({1, 1, 3, 1}, {24, 48, 96, 192}, 64, 4)},
       {"three_stages", base({2, 2, 2}, {16, 32, 64}, 32, 8)},
       {"one_stage_ckpt", with(base({3}, {24}, 16, 8), [](auto& c) { c.activation_checkpointing = true; })},
+      // ConvNeXt V2 blocks (grn between fc1 + GELU and fc2, no layer scale): plain, with drop path and
+      // checkpointing, and at stage 3.
+      {"v2_custom", with(base({1, 1, 1, 1}, {8, 16, 24, 32}, 32, 16), [](auto& c) { c.grn = true; })},
+      {"v2_2222_droppath_ckpt", with(base({2, 2, 2, 2}, {16, 32, 48, 64}, 48, 8),
+                                     [](auto& c) {
+                                       c.grn = true;
+                                       c.drop_path = 0.2;
+                                       c.activation_checkpointing = true;
+                                     })},
+      {"s3_v2_small", with(small(3), [](auto& c) { c.grn = true; })},
       {"atto_64", atto(64, 8)},
       {"atto_64_ckpt", with(atto(64, 8), [](auto& c) { c.activation_checkpointing = true; })},
       {"atto_96_droppath_ckpt", with(atto(96, 4),
