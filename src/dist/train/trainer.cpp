@@ -430,8 +430,8 @@ LoaderOptions run_loader_options(const TrainConfig& cfg_, Split split, int world
   lo.pixels_only = true;
   lo.pinned = parse_device(cfg_.device).is_cuda();
   lo.endless = train;  // Note [Running ahead]: no stall at an epoch's end; evaluation is one pass
-  return lo;
   lo.skip_bad_samples = cfg_.skip_bad_samples;
+  return lo;
 }
 
 void Trainer::build_data() {
