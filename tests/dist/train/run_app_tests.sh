@@ -55,7 +55,7 @@ bad_input)
       { cat "$work/out"; fail "'$*' crashed"; }
     echo "ok ($rc): $* -> $(grep -F -- "$want" "$work/out" | head -1)"
   }
-  check "--model must be one of atto, femto, pico, nano, tiny, small, base, large, xlarge, got 'tinyy'" --model tinyy \
+  check "--model must be one of atto, femto, pico, nano, tiny, small, base, large, xlarge, convnextv2_atto, convnextv2_femto, convnextv2_pico, convnextv2_nano, convnextv2_tiny, convnextv2_small, convnextv2_base, convnextv2_large, convnextv2_huge, got 'tinyy'" --model tinyy \
     --steps 1
   check "--micro-batch" "${tiny[@]}" --steps 1 --micro-batch 0
   check "--image-size" "${tiny[@]}" --steps 1 --image-size -3
