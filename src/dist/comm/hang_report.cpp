@@ -128,16 +128,19 @@ std::vector<PeerFacts> gather_logs(const std::vector<int>& ranks, std::vector<Pe
   };
   for (int r : log.mapped_ranks())
     if (auto img = log.image_of(r)) other(*img);
-  if (missing.empty()) return facts;
   Service& s = service();
   if (!s.thread) {
     for (auto& [r, i] : missing)
       facts[i].unknown_why = w.same_host(r) ? "its log is not in shared memory" : "no responder on its host";
     return facts;
   }
+  // Every other host is asked, not only the group's: a group inside this host can wait for a member that is
+  // itself held up across hosts by a rank elsewhere (a two-level collective's host level waiting for a rank
+  // stuck in the cross level), and that rank is what the report must name.
   std::lock_guard<std::mutex> lock(s.ask_mu);
   std::set<std::string> hosts;
-  for (auto& [r, i] : missing) hosts.insert(facts[i].host);
+  for (int q = 0; q < w.size(); ++q)
+    if (!w.same_host(q)) hosts.insert(w.peer(q).host);
   const std::vector<int> mapped = log.mapped_ranks();
   const int me = w.rank();
   for (int q = 0; q < w.size(); ++q) {
@@ -148,7 +151,9 @@ std::vector<PeerFacts> gather_logs(const std::vector<int>& ranks, std::vector<Pe
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kAnswerWaitS);
   size_t found = 0;
-  while (found < missing.size() && std::chrono::steady_clock::now() < deadline) {
+  std::set<std::string> answered;
+  while ((found < missing.size() || answered.size() < hosts.size()) &&
+         std::chrono::steady_clock::now() < deadline) {
     int flag = 0;
     MPI_Status st;
     if (MPI_Iprobe(MPI_ANY_SOURCE, kAnswerTag, s.comm, &flag, &st) != MPI_SUCCESS) break;
@@ -162,6 +167,7 @@ std::vector<PeerFacts> gather_logs(const std::vector<int>& ranks, std::vector<Pe
     if (MPI_Recv(logs.data(), bytes, MPI_BYTE, st.MPI_SOURCE, kAnswerTag, s.comm, MPI_STATUS_IGNORE) !=
         MPI_SUCCESS)
       break;
+    answered.insert(w.peer(st.MPI_SOURCE).host);
     for (const LogImage& img : logs) {
       if (img.rank < 0 || img.rank >= w.size()) continue;
       other(img);

@@ -74,11 +74,11 @@ fi
 mpid=$!
 
 for _ in $(seq 900); do  # a few steps logged (start-up is slow on a loaded machine)
-  (($(grep -c '"split":"train"' "$work/run.jsonl" 2> /dev/null || echo 0) >= 5)) && break
+  steps=$(grep -c '"split":"train"' "$work/run.jsonl" 2> /dev/null); ((${steps:-0} >= 5)) && break
   alive "$mpid" || fail "the job ended before it logged 5 steps"
   sleep 0.1
 done
-(($(grep -c '"split":"train"' "$work/run.jsonl" 2> /dev/null || echo 0) >= 5)) || fail "no 5 steps within 90 s"
+steps=$(grep -c '"split":"train"' "$work/run.jsonl" 2> /dev/null); ((${steps:-0} >= 5)) || fail "no 5 steps within 90 s"
 
 if [[ $mode == cpu ]]; then
   victim_pid=$(cat "$work/pid.$victim")
