@@ -40,21 +40,8 @@ bool is_busid(const std::string& s) {
 }
 
 bool in_cpulist(const std::string& list, int cpu) {  // "0-3,8-11"
-  size_t pos = 0;
-  while (pos < list.size()) {
-    size_t end = list.find(',', pos);
-    if (end == std::string::npos) end = list.size();
-    const std::string item = list.substr(pos, end - pos);
-    const size_t dash = item.find('-');
-    try {
-      const int lo = std::stoi(item.substr(0, dash));
-      const int hi = dash == std::string::npos ? lo : std::stoi(item.substr(dash + 1));
-      if (cpu >= lo && cpu <= hi) return true;
-    } catch (...) {
-    }
-    pos = end + 1;
-  }
-  return false;
+  const std::vector<int> cpus = parse_cpu_list(list);
+  return std::binary_search(cpus.begin(), cpus.end(), cpu);
 }
 
 nlohmann::json place_to_json(const RankPlace& p) {

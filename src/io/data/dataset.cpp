@@ -41,6 +41,22 @@ const char* split_name(Split split) {
   return split == Split::train ? "train" : "eval";
 }
 
+void LeftOut::add(const std::string& reason, const std::string& where) {
+  Group& g = groups_[reason];
+  if (g.examples.size() < 3) g.examples.push_back(where);
+  ++g.count;
+  ++total_;
+  if (first_.empty()) first_ = where + ": " + reason;
+}
+
+std::string LeftOut::describe(const std::string& noun) const {
+  std::vector<std::string> parts;
+  for (const auto& [reason, g] : groups_)
+    parts.push_back(fmt::format("{} {} ({}{})", g.count, reason, fmt::join(g.examples, ", "),
+                                g.count > int64_t(g.examples.size()) ? ", ..." : ""));
+  return fmt::format("skipped {}{}: {}", total_, noun, fmt::join(parts, "; "));
+}
+
 std::shared_ptr<const Dataset> open_dataset(const std::string& spec, Split split,
                                             const DatasetOptions& options) {
   return open_from(spec, split, options, "--data");

@@ -49,35 +49,6 @@ bool is_hidden(const fs::path& p) {
   return !name.empty() && name.front() == '.';
 }
 
-// Why entries were left out of the data set, with a few of them named (relative to DIR).
-class Skipped {
- public:
-  void add(const std::string& reason, const std::string& relative) {
-    Group& g = groups_[reason];
-    if (g.examples.size() < 3) g.examples.push_back(relative);
-    ++g.count;
-    ++total_;
-  }
-  int64_t total() const { return total_; }
-  // "skipped 3: 1 .bmp, not JPEG or PNG (a/b.bmp); 1 hidden (cat/._x.jpg); 1 outside the class folders
-  // (x.txt)"
-  std::string describe() const {
-    std::vector<std::string> parts;
-    for (const auto& [reason, g] : groups_)
-      parts.push_back(fmt::format("{} {} ({}{})", g.count, reason, fmt::join(g.examples, ", "),
-                                  g.count > int64_t(g.examples.size()) ? ", ..." : ""));
-    return fmt::format("skipped {}: {}", total_, fmt::join(parts, "; "));
-  }
-
- private:
-  struct Group {
-    int64_t count = 0;
-    std::vector<std::string> examples;
-  };
-  std::map<std::string, Group> groups_;
-  int64_t total_ = 0;
-};
-
 // The reason an entry of a class folder is not an image this source reads.
 std::string skip_reason(const fs::directory_entry& e) {
   if (is_hidden(e.path())) return "hidden";
@@ -106,7 +77,7 @@ class FolderDataset final : public Dataset {
     for (size_t c = 0; c < classes.size(); ++c) {
       const std::string name = classes[c].filename().string();
       std::vector<fs::path> files;
-      Skipped here;
+      LeftOut here;
       for (const fs::directory_entry& e : list_dir(classes[c])) {
         if (e.is_regular_file() && is_image_name(e.path()) && !is_hidden(e.path())) {
           files.push_back(e.path());
@@ -157,7 +128,7 @@ class FolderDataset final : public Dataset {
   std::vector<std::string> files_;
   std::vector<int64_t> labels_;
   std::vector<std::string> names_;
-  Skipped skipped_;
+  LeftOut skipped_;  // entries left out of the data set, named relative to DIR
 };
 
 }  // namespace

@@ -4,8 +4,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "io/data/dataset.h"
 
@@ -27,6 +29,25 @@ void decode_crop(const uint8_t* bytes, size_t size, const std::string& name,
                  const Dataset::CropChooser& choose, int64_t out_size, Image& out, CropBox& box);
 
 const char* split_name(Split split);
+
+// Why entries of a source were left out (folder: files, wds: samples): a count and a few named per reason.
+class LeftOut {
+ public:
+  void add(const std::string& reason, const std::string& where);
+  int64_t total() const { return total_; }
+  const std::string& first() const { return first_; }  // "WHERE: REASON" of the first one
+  // "skipped 3<noun>: 1 .bmp, not JPEG or PNG (a/b.bmp); 1 hidden (cat/._x.jpg); 1 ..."
+  std::string describe(const std::string& noun = "") const;
+
+ private:
+  struct Group {
+    int64_t count = 0;
+    std::vector<std::string> examples;
+  };
+  std::map<std::string, Group> groups_;
+  int64_t total_ = 0;
+  std::string first_;
+};
 
 // `eval` with its labels taken from `train`'s class of the same name (Note [Class names]); `eval` itself when
 // the names are the same. Both must name their classes. ValueError naming `eval_what` and the missing

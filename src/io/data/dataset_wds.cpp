@@ -93,36 +93,6 @@ bool parse_label(const std::string& ext, const std::string& content, int64_t& la
   return true;
 }
 
-// Why samples were left out, a count and a few named per reason.
-class BadSamples {
- public:
-  void add(const std::string& reason, const std::string& where) {
-    Group& g = groups_[reason];
-    if (g.examples.size() < 3) g.examples.push_back(where);
-    ++g.count;
-    ++total_;
-    if (first_.empty()) first_ = where + ": " + reason;
-  }
-  int64_t total() const { return total_; }
-  const std::string& first() const { return first_; }
-  std::string describe() const {
-    std::vector<std::string> parts;
-    for (const auto& [reason, g] : groups_)
-      parts.push_back(fmt::format("{} {} ({}{})", g.count, reason, fmt::join(g.examples, ", "),
-                                  g.count > int64_t(g.examples.size()) ? ", ..." : ""));
-    return fmt::format("skipped {} bad sample(s): {}", total_, fmt::join(parts, "; "));
-  }
-
- private:
-  struct Group {
-    int64_t count = 0;
-    std::vector<std::string> examples;
-  };
-  std::map<std::string, Group> groups_;
-  int64_t total_ = 0;
-  std::string first_;
-};
-
 class WdsDataset final : public Dataset {
  public:
   WdsDataset(std::string pattern, const DatasetOptions& options) : pattern_(std::move(pattern)) {
@@ -133,7 +103,7 @@ class WdsDataset final : public Dataset {
                   fs::exists(s, ec) ? "is not a file" : "does not exist", shards_.size());
     }
     read_classes();
-    BadSamples bad;
+    LeftOut bad;
     int64_t max_label = -1;
     for (size_t s = 0; s < shards_.size(); ++s) {
       bool built = false;
@@ -149,10 +119,10 @@ class WdsDataset final : public Dataset {
                                     bad.total())
                       : " (--skip-bad-samples N leaves up to N bad samples out)");
       CZ_CHECK_IO(false, "wds:{}: {} bad samples, more than --skip-bad-samples {}: {}", pattern_, bad.total(),
-                  options.skip_bad_samples, bad.describe());
+                  options.skip_bad_samples, bad.describe(" bad sample(s)"));
     }
     bad_ = bad.total();
-    bad_text_ = bad.total() > 0 ? bad.describe() : "";
+    bad_text_ = bad.total() > 0 ? bad.describe(" bad sample(s)") : "";
     CZ_CHECK_IO(!samples_.empty(), "wds:{}: no samples in {} shard(s){}", pattern_, shards_.size(),
                 bad_text_.empty() ? "" : " (" + bad_text_ + ")");
     num_classes_ = names_.empty() ? max_label + 1 : int64_t(names_.size());
@@ -216,7 +186,7 @@ class WdsDataset final : public Dataset {
   }
 
   // The index's members grouped by key into samples.
-  void add_samples(uint32_t shard, const TarIndex& index, BadSamples& bad, int64_t& max_label) {
+  void add_samples(uint32_t shard, const TarIndex& index, LeftOut& bad, int64_t& max_label) {
     const std::string& path = shards_[shard];
     size_t i = 0;
     const std::vector<TarMember>& m = index.members;
