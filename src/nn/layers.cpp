@@ -17,7 +17,9 @@ Linear::Linear(int64_t in, int64_t out, bool bias, ParamOptions opt) : Module("L
   weight_ = register_parameter("weight", zeros({out, in}, opt.dtype, opt.device));
   if (bias) bias_ = register_parameter("bias", zeros({out}, opt.dtype, opt.device));
 }
-Tensor Linear::forward(const Tensor& x) { return linear(x, weight_, bias_); }
+Tensor Linear::forward(const Tensor& x) {
+  return linear(x, weight_, bias_);
+}
 
 DepthwiseConv2d::DepthwiseConv2d(int64_t channels, int64_t kernel, bool bias, ParamOptions opt)
     : Module("DepthwiseConv2d") {
@@ -26,7 +28,9 @@ DepthwiseConv2d::DepthwiseConv2d(int64_t channels, int64_t kernel, bool bias, Pa
   weight_ = register_parameter("weight", zeros({channels, 1, kernel, kernel}, opt.dtype, opt.device));
   if (bias) bias_ = register_parameter("bias", zeros({channels}, opt.dtype, opt.device));
 }
-Tensor DepthwiseConv2d::forward(const Tensor& x) { return depthwise_conv2d(x, weight_, bias_); }
+Tensor DepthwiseConv2d::forward(const Tensor& x) {
+  return depthwise_conv2d(x, weight_, bias_);
+}
 
 PatchifyConv2d::PatchifyConv2d(int64_t in, int64_t out, int64_t kernel, bool bias, ParamOptions opt)
     : Module("PatchifyConv2d") {
@@ -36,7 +40,9 @@ PatchifyConv2d::PatchifyConv2d(int64_t in, int64_t out, int64_t kernel, bool bia
   weight_ = register_parameter("weight", zeros({out, in, kernel, kernel}, opt.dtype, opt.device));
   if (bias) bias_ = register_parameter("bias", zeros({out}, opt.dtype, opt.device));
 }
-Tensor PatchifyConv2d::forward(const Tensor& x) { return patchify_conv2d(x, weight_, bias_); }
+Tensor PatchifyConv2d::forward(const Tensor& x) {
+  return patchify_conv2d(x, weight_, bias_);
+}
 
 LayerNorm::LayerNorm(int64_t channels, double eps, ParamOptions opt) : Module("LayerNorm"), eps_(eps) {
   check_positive("LayerNorm", "channels", channels);
@@ -44,29 +50,41 @@ LayerNorm::LayerNorm(int64_t channels, double eps, ParamOptions opt) : Module("L
   weight_ = register_parameter("weight", ones({channels}, opt.dtype, opt.device));
   bias_ = register_parameter("bias", zeros({channels}, opt.dtype, opt.device));
 }
-Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight_, bias_, eps_); }
+Tensor LayerNorm::forward(const Tensor& x) {
+  return layer_norm(x, weight_, bias_, eps_);
+}
 
 GlobalResponseNorm::GlobalResponseNorm(int64_t channels, ParamOptions opt) : Module("GlobalResponseNorm") {
   check_positive("GlobalResponseNorm", "channels", channels);
   weight_ = register_parameter("weight", zeros({channels}, opt.dtype, opt.device));
   bias_ = register_parameter("bias", zeros({channels}, opt.dtype, opt.device));
 }
-Tensor GlobalResponseNorm::forward(const Tensor& x) { return grn(x, weight_, bias_, kEps); }
+Tensor GlobalResponseNorm::forward(const Tensor& x) {
+  return grn(x, weight_, bias_, kEps);
+}
 
-Tensor GELU::forward(const Tensor& x) { return gelu(x); }
-Tensor GlobalAvgPool::forward(const Tensor& x) { return global_avg_pool(x); }
+Tensor GELU::forward(const Tensor& x) {
+  return gelu(x);
+}
+Tensor GlobalAvgPool::forward(const Tensor& x) {
+  return global_avg_pool(x);
+}
 
 void init_weights_timm(Module& root, Generator& gen) {
   NoGradGuard no_grad;
   for (auto& [name, m] : root.named_modules()) {
-    const bool conv_or_linear = dynamic_cast<Linear*>(m) || dynamic_cast<DepthwiseConv2d*>(m) ||
-                                dynamic_cast<PatchifyConv2d*>(m);
+    const bool conv_or_linear =
+        dynamic_cast<Linear*>(m) || dynamic_cast<DepthwiseConv2d*>(m) || dynamic_cast<PatchifyConv2d*>(m);
     for (auto& [pname, p] : m->local_parameters()) {
       Tensor t = p;
-      if (conv_or_linear && pname == "weight") trunc_normal_(t, 0.0, 0.02, -2.0, 2.0, gen);
-      else if (conv_or_linear && pname == "bias") t.zero_();
-      else if (dynamic_cast<LayerNorm*>(m)) t.fill_(pname == "weight" ? 1.0 : 0.0);
-      else if (dynamic_cast<GlobalResponseNorm*>(m)) t.zero_();
+      if (conv_or_linear && pname == "weight")
+        trunc_normal_(t, 0.0, 0.02, -2.0, 2.0, gen);
+      else if (conv_or_linear && pname == "bias")
+        t.zero_();
+      else if (dynamic_cast<LayerNorm*>(m))
+        t.fill_(pname == "weight" ? 1.0 : 0.0);
+      else if (dynamic_cast<GlobalResponseNorm*>(m))
+        t.zero_();
     }
   }
 }

@@ -152,8 +152,7 @@ Cut vector_sum_cut(int64_t m, int64_t cols) {
 GradCut weight_grad_cut(int64_t m, int64_t out, int64_t in) {
   const RowSplit s = row_split();
   if (s.mode == RowSplitMode::rows) return {s.rows, weight_grad_group(out), false};
-  if (s.mode == RowSplitMode::fixed)
-    return {sum_block_rows(out * in, 256), weight_grad_group(out), false};
+  if (s.mode == RowSplitMode::fixed) return {sum_block_rows(out * in, 256), weight_grad_group(out), false};
   // fast: a tall gradient of a small weight (ConvNeXt's first stages: 8192 rows, a 160 x 40 weight; the stem:
   // 50176 rows, 96 x 48) gives a library an output too small to split well across threads and a long
   // reduction it packs in one piece (oneDNN 2.6 on 2 threads of a Xeon: the stem's 96 x 48 x 50176 at 147

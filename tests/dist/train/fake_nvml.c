@@ -55,8 +55,12 @@ nvmlReturn_t nvmlInit_v2(void) {
   start_s = now_s();
   return kSuccess;
 }
-nvmlReturn_t nvmlShutdown(void) { return kSuccess; }
-const char* nvmlErrorString(nvmlReturn_t r) { return r == kNotSupported ? "Not Supported" : "fake error"; }
+nvmlReturn_t nvmlShutdown(void) {
+  return kSuccess;
+}
+const char* nvmlErrorString(nvmlReturn_t r) {
+  return r == kNotSupported ? "Not Supported" : "fake error";
+}
 nvmlReturn_t nvmlSystemGetDriverVersion(char* out, unsigned len) {
   snprintf(out, len, "%s", "999.99.fake");
   return kSuccess;
@@ -76,12 +80,12 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char* out, unsigned len) {
   return kSuccess;
 }
 
-#define ANSWER(key, fallback, store)     \
-  do {                                    \
+#define ANSWER(key, fallback, store)        \
+  do {                                      \
     const double v_ = value(key, fallback); \
-    if (v_ < 0) return kNotSupported;     \
-    store;                                \
-    return kSuccess;                      \
+    if (v_ < 0) return kNotSupported;       \
+    store;                                  \
+    return kSuccess;                        \
   } while (0)
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t* u) {
