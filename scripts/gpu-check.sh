@@ -140,6 +140,25 @@ capped() {
   ((cap > 0)) || return 124
   timeout --kill-after=10 "$cap" "$@"
 }
+# run_planned STAGE NAME CAP OUT CMD...: one run of a stage's plan, capped, its output in OUT; sets `state`
+# ("ok", cut off or failed, said), and on trouble `result` (the stage's), `status` and not_run.
+run_planned() {
+  local st=$1 name=$2 jcap=$3 outf=$4 rc=0
+  shift 4
+  say "$st $name"
+  capped "$jcap" "$@" >"$outf" 2>&1 || rc=$?
+  state=ok
+  if ((rc == 124)); then
+    state="cut off after $jcap s (or the time limit)"
+    not_run+=("$st:$name")
+    result="some cut off"
+  elif ((rc != 0)); then
+    state="failed (exit $rc): $(tail -1 "$outf" | tr '\t' ' ')"
+    status=1
+    result="some failed"
+  fi
+  ((rc == 0)) || say "$name: $state"
+}
 # fits NAME NEED: true when NEED seconds are left; otherwise NAME is listed as not run.
 fits() {
   (($(left) >= $2)) && return 0
@@ -881,21 +900,8 @@ if begin job; then
       result="some not run"
       continue
     fi
-    say "job $name"
-    rc=0
     # shellcheck disable=SC2086  # the plan's commands are plain words
-    capped "$jcap" $cmd >"$job_dir/$name.txt" 2>&1 || rc=$?
-    state=ok
-    if ((rc == 124)); then
-      state="cut off after $jcap s (or the time limit)"
-      not_run+=("job:$name")
-      result="some cut off"
-    elif ((rc != 0)); then
-      state="failed (exit $rc): $(tail -1 "$job_dir/$name.txt" | tr '\t' ' ')"
-      status=1
-      result="some failed"
-    fi
-    ((rc == 0)) || say "$name: $state"
+    run_planned job "$name" "$jcap" "$job_dir/$name.txt" $cmd
     case $name in
       step_*) grep -E "^bench_train_step: convnext" "$job_dir/$name.txt" | show || true ;;
       loader_scaling) head -20 "$job_dir/loader_scaling.csv" 2>/dev/null | show || true ;;
@@ -929,21 +935,8 @@ if begin node; then
         result="some not run"
         continue
       fi
-      say "node $name"
-      rc=0
       # shellcheck disable=SC2086  # the plan's commands are plain words
-      capped "$jcap" $cmd >"$node_dir/$name.txt" 2>&1 || rc=$?
-      state=ok
-      if ((rc == 124)); then
-        state="cut off after $jcap s (or the time limit)"
-        not_run+=("node:$name")
-        result="some cut off"
-      elif ((rc != 0)); then
-        state="failed (exit $rc): $(tail -1 "$node_dir/$name.txt" | tr '\t' ' ')"
-        status=1
-        result="some failed"
-      fi
-      ((rc == 0)) || say "$name: $state"
+      run_planned node "$name" "$jcap" "$node_dir/$name.txt" $cmd
       printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$ranks" "$node_dir/$name.txt" "$node_dir/$name.jsonl" \
         "$node_dir/$name.trace.json" "$state" >>"$node_dir/runs.tsv"
       grep -E "^convnext_zero: (CPU threads|CPUs of the ranks)|warning: the loader|^done:" "$node_dir/$name.txt" |

@@ -90,6 +90,11 @@ class SizeDeadline {
   std::thread thread_;
 };
 
+// An n x n matrix of figures between ordered pairs (row: from, column: to; the diagonal has none): as a table
+// under a "from\to" header, each column `width` wide, and as JSON rows with null on the diagonal.
+void print_matrix(std::ostream& out, const std::vector<double>& m, int n, int width);
+nlohmann::ordered_json matrix_json(const std::vector<double>& m, int n);
+
 // p2pBandwidthLatencyTest's matrices over the GPUs this process sees, without and with peer access:
 // {"devices": [...], "bandwidth_GBps": {"peer_off": [[...]], "peer_on": [[...]]}, "latency_us": {...}}, or
 // null without CUDA or with fewer than 2 GPUs (`note` says which). Prints the matrices on `out` when given.

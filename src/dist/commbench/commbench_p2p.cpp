@@ -86,6 +86,8 @@ std::vector<double> gather_rows(Communicator& ctl, const std::vector<double>& mi
   return all;
 }
 
+}  // namespace
+
 void print_matrix(std::ostream& out, const std::vector<double>& m, int n, int width) {
   out << fmt::format("{:>{}}", "from\\to", 9);
   for (int b = 0; b < n; ++b) out << fmt::format(" {:>{}}", b, width);
@@ -109,8 +111,6 @@ nlohmann::ordered_json matrix_json(const std::vector<double>& m, int n) {
   }
   return rows;
 }
-
-}  // namespace
 
 int run_p2p_bench(World& world, const CommBenchOptions& o, std::ostream& out) {
   P2pComms c = open_comms(world, o, "--op sendrecv");

@@ -85,29 +85,6 @@ double time_copies(PeerBuffers& p, int a, int b, int64_t bytes, int reps) {
   return ms / 1e3 / reps;
 }
 
-nlohmann::ordered_json matrix(const std::vector<double>& m, int n) {
-  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-  for (int a = 0; a < n; ++a) {
-    nlohmann::ordered_json row = nlohmann::ordered_json::array();
-    for (int b = 0; b < n; ++b)
-      row.push_back(a == b ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(m[size_t(a * n + b)]));
-    rows.push_back(std::move(row));
-  }
-  return rows;
-}
-
-void print(std::ostream& out, const std::string& title, const std::vector<double>& m, int n) {
-  out << "# " << title << "\n" << fmt::format("{:>9}", "from\\to");
-  for (int b = 0; b < n; ++b) out << fmt::format(" {:>9}", b);
-  out << "\n";
-  for (int a = 0; a < n; ++a) {
-    out << fmt::format("{:>9}", a);
-    for (int b = 0; b < n; ++b)
-      out << (a == b ? fmt::format(" {:>9}", "-") : fmt::format(" {:>9.2f}", m[size_t(a * n + b)]));
-    out << "\n";
-  }
-}
-
 int visible_devices(std::string* note) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
@@ -143,18 +120,17 @@ nlohmann::ordered_json cuda_peer_matrix(int64_t bytes, int iters, std::ostream* 
         lat[size_t(a * n + b)] = time_copies(p, a, b, 4, std::max(iters, 100)) * 1e6;
       }
     const char* key = on ? "peer_on" : "peer_off";
-    doc["bandwidth_GBps"][key] = matrix(bw, n);
-    doc["latency_us"][key] = matrix(lat, n);
+    doc["bandwidth_GBps"][key] = matrix_json(bw, n);
+    doc["latency_us"][key] = matrix_json(lat, n);
     nlohmann::ordered_json acc = nlohmann::ordered_json::array();
     for (const auto& row : access) acc.push_back(row);
     doc["peer_access"][key] = std::move(acc);
     if (out) {
-      print(
-          *out,
-          fmt::format("peer copies, peer access {}: bandwidth (GB/s) at {} bytes", on ? "on" : "off", bytes),
-          bw, n);
-      print(*out, fmt::format("peer copies, peer access {}: latency (us) of 4 bytes", on ? "on" : "off"), lat,
-            n);
+      *out << fmt::format("# peer copies, peer access {}: bandwidth (GB/s) at {} bytes\n", on ? "on" : "off",
+                          bytes);
+      print_matrix(*out, bw, n, 9);
+      *out << fmt::format("# peer copies, peer access {}: latency (us) of 4 bytes\n", on ? "on" : "off");
+      print_matrix(*out, lat, n, 9);
     }
   }
   set_peer_access(n, false);
