@@ -15,7 +15,7 @@
 // emit is then the same in all three, which StepEvents (tests/dist/plan/test_step_events.cpp) checks.
 #include "dist/zero/step_plan.h"
 
-#include "dist/zero/engine.h"
+#include "dist/zero/zero_config.h"
 #include "tensor/check.h"
 
 namespace cz::zero {
