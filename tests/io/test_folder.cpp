@@ -8,6 +8,7 @@
 #include <functional>
 #include <set>
 
+#include "common/error_of.h"
 #include "io/data/dataset.h"
 #include "io_testing.h"
 #include "tensor/check.h"
@@ -27,18 +28,6 @@ void make_folder(const TempDir& root, const std::string& sub, const std::vector<
                            testing::encode_jpeg(testing::smooth_image(8, 8, uint32_t(i))));
   }
 }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-#define EXPECT_HAS(text, part) \
-  EXPECT_NE((text).find(part), std::string::npos) << "'" << (part) << "' not in: " << (text)
 
 // The case: trained on cat, coffee, rocket; evaluated on a folder of cat and rocket only. By position
 // rocket would be label 1 (coffee's); by name it is 2.

@@ -11,6 +11,7 @@
 #include <functional>
 #include <set>
 
+#include "common/error_of.h"
 #include "io/data/dataset.h"
 #include "io/data/loader.h"
 #include "io/data/tar_index.h"
@@ -23,18 +24,6 @@ namespace {
 
 using testing::TempDir;
 namespace fs = std::filesystem;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-#define EXPECT_HAS(text, part) \
-  EXPECT_NE((text).find(part), std::string::npos) << "'" << (part) << "' not in: " << (text)
 
 // A tar written by hand: ustar headers, GNU 'L' long names and pax 'x' paths, as tar and Python write them.
 class TarWriter {

@@ -14,6 +14,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dist/comm/cuda/quant_kernels.h"
@@ -377,49 +378,105 @@ std::string case_name(const char* launcher, DType t, const char* io, int64_t blo
 
 // --- INT8 -------------------------------------------------------------------------------------------------
 
-// quantize_<t> against quantize, then dequantize_<t> of the GPU's codes against dequantize (the round trip).
+// INT8 (a code a byte) or INT4 (two codes a byte, kInt4): the host kernels and the launchers of the format.
+template <bool kInt4>
+struct Format {
+  using Code = std::conditional_t<kInt4, uint8_t, int8_t>;
+  using QuantizeLauncher = cudaError_t (*)(const void*, int64_t, int64_t, Code*, float*, cudaStream_t);
+  using DequantizeLauncher = cudaError_t (*)(const Code*, const float*, int64_t, int64_t, void*,
+                                             cudaStream_t);
+  static constexpr Elem kElem = kInt4 ? Elem::code4 : Elem::code8;
+  static int64_t code_bytes(int64_t n) { return kInt4 ? dist::quant4_code_bytes(n) : n; }
+  static void quantize(DType t, const void* x, int64_t n, int64_t block, Code* q, float* s) {
+    if constexpr (kInt4)
+      dist::quantize_int4(t, x, n, block, q, s);
+    else
+      dist::quantize(t, x, n, block, q, s);
+  }
+  static void dequantize(const Code* q, const float* s, int64_t n, int64_t block, DType t, void* out) {
+    if constexpr (kInt4)
+      dist::dequantize_int4(q, s, n, block, t, out);
+    else
+      dist::dequantize(q, s, n, block, t, out);
+  }
+  static const char* quantize_name(const Launchers& l) { return kInt4 ? l.quantize4_name : l.quantize_name; }
+  static const char* dequantize_name(const Launchers& l) {
+    return kInt4 ? l.dequantize4_name : l.dequantize_name;
+  }
+  static QuantizeLauncher quantize_launcher(const Launchers& l) {
+    if constexpr (kInt4)
+      return l.quantize4;
+    else
+      return l.quantize;
+  }
+  static DequantizeLauncher dequantize_launcher(const Launchers& l) {
+    if constexpr (kInt4)
+      return l.dequantize4;
+    else
+      return l.dequantize;
+  }
+};
+
+// quantize_<t> (quantize4_<t>) against the host's quantize, then dequantize_<t> of the GPU's codes against
+// the host's dequantize (the round trip).
+template <bool kInt4>
 void check_quantize(DType t, int64_t block, int64_t n, const std::vector<float>& values, Nan nan) {
+  using F = Format<kInt4>;
+  using Code = typename F::Code;
   const Launchers& l = launchers(t);
   const auto x = stored(values, t);
-  const int64_t ns = dist::quant_scale_count(n, block);
-  std::vector<int8_t> q(static_cast<size_t>(n));
+  const int64_t ns = dist::quant_scale_count(n, block), bytes = F::code_bytes(n);
+  std::vector<Code> q(static_cast<size_t>(bytes));
   std::vector<float> s(static_cast<size_t>(ns));
   std::vector<uint8_t> out(x.size());
-  dist::quantize(t, x.data(), n, block, q.data(), s.data());
-  dist::dequantize(q.data(), s.data(), n, block, t, out.data());
+  F::quantize(t, x.data(), n, block, q.data(), s.data());
+  F::dequantize(q.data(), s.data(), n, block, t, out.data());
 
   const DeviceBytes dx(x), dq(nullptr, q.size()), ds(nullptr, 4 * s.size()), dout(nullptr, out.size());
-  const std::string what = case_name(l.quantize_name, t, "in", block, n);
-  ASSERT_TRUE(launched(l.quantize(dx.as<void>(), n, block, dq.as<int8_t>(), ds.as<float>(), stream()), what));
-  ASSERT_TRUE(matches(dq, Elem::code8, q.data(), n, block, what + ": q"));
+  const std::string what = case_name(F::quantize_name(l), t, "in", block, n);
+  ASSERT_TRUE(launched(
+      F::quantize_launcher(l)(dx.as<void>(), n, block, dq.as<Code>(), ds.as<float>(), stream()), what));
+  ASSERT_TRUE(matches(dq, F::kElem, q.data(), bytes, kInt4 ? block / 2 : block,
+                      what + (kInt4 ? ": packed codes" : ": q")));
   ASSERT_TRUE(matches(ds, Elem::f32, s.data(), ns, 1, what + ": scales", nan));
 
   const std::string deq =
-      case_name(l.dequantize_name, t, "out", block, n) + " of " + l.quantize_name + "'s codes";
-  ASSERT_TRUE(
-      launched(l.dequantize(dq.as<int8_t>(), ds.as<float>(), n, block, dout.as<void>(), stream()), deq));
+      case_name(F::dequantize_name(l), t, "out", block, n) + " of " + F::quantize_name(l) + "'s codes";
+  ASSERT_TRUE(launched(
+      F::dequantize_launcher(l)(dq.as<Code>(), ds.as<float>(), n, block, dout.as<void>(), stream()), deq));
   ASSERT_TRUE(matches(dout, elem_of(t), out.data(), n, block, deq + ": out", nan));
 }
 
+template <bool kInt4>
 void check_quantize_all(DType t) {
+  const uint32_t seed_step = kInt4 ? 37 : 31;
   for (int64_t block : kBlocks)
     for (int64_t n : lengths(block))
-      ASSERT_NO_FATAL_FAILURE(
-          check_quantize(t, block, n, block_values(n, block, t, uint32_t(31 * n + block), 0), Nan::exact));
+      ASSERT_NO_FATAL_FAILURE(check_quantize<kInt4>(
+          t, block, n, block_values(n, block, t, uint32_t(seed_step * n + block), 0), Nan::exact));
 }
 
-// dequantize_<t> on codes and scales chosen for the output conversions' roundings.
+// dequantize_<t> (dequantize4_<t>) on codes and scales chosen for the output conversions' roundings.
+template <bool kInt4>
 void check_dequantize_all(DType t) {
+  using F = Format<kInt4>;
   const Launchers& l = launchers(t);
   for (int64_t block : kBlocks)
     for (int64_t n : lengths(block)) {
-      const Quantized in = dequantize_inputs(n, block, 127, uint32_t(17 * n + block));
+      const Quantized in = kInt4 ? dequantize_inputs(n, block, 7, uint32_t(19 * n + block))
+                                 : dequantize_inputs(n, block, 127, uint32_t(17 * n + block));
+      std::vector<typename F::Code> q;
+      if constexpr (kInt4)
+        q = pack4(in.q);
+      else
+        q = in.q;
       std::vector<uint8_t> out(size_t(n) * dtype_size(t));
-      dist::dequantize(in.q.data(), in.scales.data(), n, block, t, out.data());
-      const DeviceBytes dq(in.q), ds(in.scales), dout(nullptr, out.size());
-      const std::string what = case_name(l.dequantize_name, t, "out", block, n);
-      ASSERT_TRUE(
-          launched(l.dequantize(dq.as<int8_t>(), ds.as<float>(), n, block, dout.as<void>(), stream()), what));
+      F::dequantize(q.data(), in.scales.data(), n, block, t, out.data());
+      const DeviceBytes dq(q), ds(in.scales), dout(nullptr, out.size());
+      const std::string what = case_name(F::dequantize_name(l), t, "out", block, n);
+      ASSERT_TRUE(launched(F::dequantize_launcher(l)(dq.as<typename F::Code>(), ds.as<float>(), n, block,
+                                                     dout.as<void>(), stream()),
+                           what));
       ASSERT_TRUE(matches(dout, elem_of(t), out.data(), n, block, what + ": out"));
     }
 }
@@ -575,51 +632,7 @@ void check_feedback_all(int64_t block, int64_t n) {
 
 // --- INT4 -------------------------------------------------------------------------------------------------
 
-void check_quantize4(DType t, int64_t block, int64_t n, const std::vector<float>& values, Nan nan) {
-  const Launchers& l = launchers(t);
-  const auto x = stored(values, t);
-  const int64_t ns = dist::quant_scale_count(n, block), bytes = dist::quant4_code_bytes(n);
-  std::vector<uint8_t> p(static_cast<size_t>(bytes)), out(x.size());
-  std::vector<float> s(static_cast<size_t>(ns));
-  dist::quantize_int4(t, x.data(), n, block, p.data(), s.data());
-  dist::dequantize_int4(p.data(), s.data(), n, block, t, out.data());
-
-  const DeviceBytes dx(x), dp(nullptr, p.size()), ds(nullptr, 4 * s.size()), dout(nullptr, out.size());
-  const std::string what = case_name(l.quantize4_name, t, "in", block, n);
-  ASSERT_TRUE(
-      launched(l.quantize4(dx.as<void>(), n, block, dp.as<uint8_t>(), ds.as<float>(), stream()), what));
-  ASSERT_TRUE(matches(dp, Elem::code4, p.data(), bytes, block / 2, what + ": packed codes"));
-  ASSERT_TRUE(matches(ds, Elem::f32, s.data(), ns, 1, what + ": scales", nan));
-
-  const std::string deq =
-      case_name(l.dequantize4_name, t, "out", block, n) + " of " + l.quantize4_name + "'s codes";
-  ASSERT_TRUE(
-      launched(l.dequantize4(dp.as<uint8_t>(), ds.as<float>(), n, block, dout.as<void>(), stream()), deq));
-  ASSERT_TRUE(matches(dout, elem_of(t), out.data(), n, block, deq + ": out", nan));
-}
-
-void check_quantize4_all(DType t) {
-  for (int64_t block : kBlocks)
-    for (int64_t n : lengths(block))
-      ASSERT_NO_FATAL_FAILURE(
-          check_quantize4(t, block, n, block_values(n, block, t, uint32_t(37 * n + block), 0), Nan::exact));
-}
-
-void check_dequantize4_all(DType t) {
-  const Launchers& l = launchers(t);
-  for (int64_t block : kBlocks)
-    for (int64_t n : lengths(block)) {
-      const Quantized in = dequantize_inputs(n, block, 7, uint32_t(19 * n + block));
-      const auto p = pack4(in.q);
-      std::vector<uint8_t> out(size_t(n) * dtype_size(t));
-      dist::dequantize_int4(p.data(), in.scales.data(), n, block, t, out.data());
-      const DeviceBytes dp(p), ds(in.scales), dout(nullptr, out.size());
-      const std::string what = case_name(l.dequantize4_name, t, "out", block, n);
-      ASSERT_TRUE(launched(
-          l.dequantize4(dp.as<uint8_t>(), ds.as<float>(), n, block, dout.as<void>(), stream()), what));
-      ASSERT_TRUE(matches(dout, elem_of(t), out.data(), n, block, what + ": out"));
-    }
-}
+// The INT4 checks are check_quantize_all<true> and check_dequantize_all<true>, above.
 
 // --- Tests ------------------------------------------------------------------------------------------------
 
@@ -634,25 +647,23 @@ class QuantCuda : public ::testing::Test {
   std::optional<StreamGuard> on_side_stream_;
 };
 
-TEST_F(QuantCuda, QuantizeF32MatchesHost) {
-  check_quantize_all(DType::f32);
-}
-TEST_F(QuantCuda, QuantizeBf16MatchesHost) {
-  check_quantize_all(DType::bf16);
-}
-TEST_F(QuantCuda, QuantizeF16MatchesHost) {
-  check_quantize_all(DType::f16);
-}
+// One test an input dtype: name_f32 runs check<int4>(f32), and so on for bf16 and f16.
+#define QUANT_CUDA_EACH_DTYPE(name_f32, name_bf16, name_f16, check, int4) \
+  TEST_F(QuantCuda, name_f32) {                                           \
+    check<int4>(DType::f32);                                              \
+  }                                                                       \
+  TEST_F(QuantCuda, name_bf16) {                                          \
+    check<int4>(DType::bf16);                                             \
+  }                                                                       \
+  TEST_F(QuantCuda, name_f16) {                                           \
+    check<int4>(DType::f16);                                              \
+  }
 
-TEST_F(QuantCuda, DequantizeF32MatchesHost) {
-  check_dequantize_all(DType::f32);
-}
-TEST_F(QuantCuda, DequantizeBf16MatchesHost) {
-  check_dequantize_all(DType::bf16);
-}
-TEST_F(QuantCuda, DequantizeF16MatchesHost) {
-  check_dequantize_all(DType::f16);
-}
+QUANT_CUDA_EACH_DTYPE(QuantizeF32MatchesHost, QuantizeBf16MatchesHost, QuantizeF16MatchesHost,
+                      check_quantize_all, false)
+
+QUANT_CUDA_EACH_DTYPE(DequantizeF32MatchesHost, DequantizeBf16MatchesHost, DequantizeF16MatchesHost,
+                      check_dequantize_all, false)
 
 TEST_F(QuantCuda, DequantizeAddQuantizeBothFormsMatchHost) {
   for (int64_t block : kBlocks)
@@ -669,25 +680,11 @@ TEST_F(QuantCuda, QuantizeWithFeedbackMatchesHostWithResidual) {
     for (int64_t n : lengths(block)) ASSERT_NO_FATAL_FAILURE(check_feedback_all(block, n));
 }
 
-TEST_F(QuantCuda, Quantize4F32MatchesHost) {
-  check_quantize4_all(DType::f32);
-}
-TEST_F(QuantCuda, Quantize4Bf16MatchesHost) {
-  check_quantize4_all(DType::bf16);
-}
-TEST_F(QuantCuda, Quantize4F16MatchesHost) {
-  check_quantize4_all(DType::f16);
-}
+QUANT_CUDA_EACH_DTYPE(Quantize4F32MatchesHost, Quantize4Bf16MatchesHost, Quantize4F16MatchesHost,
+                      check_quantize_all, true)
 
-TEST_F(QuantCuda, Dequantize4F32MatchesHost) {
-  check_dequantize4_all(DType::f32);
-}
-TEST_F(QuantCuda, Dequantize4Bf16MatchesHost) {
-  check_dequantize4_all(DType::bf16);
-}
-TEST_F(QuantCuda, Dequantize4F16MatchesHost) {
-  check_dequantize4_all(DType::f16);
-}
+QUANT_CUDA_EACH_DTYPE(Dequantize4F32MatchesHost, Dequantize4Bf16MatchesHost, Dequantize4F16MatchesHost,
+                      check_dequantize_all, true)
 
 // NaN and Inf blocks (Note [Quantized blocks], "Non-finite input"): the same codes and residuals, and NaN
 // wherever the host has NaN (any NaN: see Nan::any_nan), through every launcher.
@@ -711,8 +708,8 @@ TEST_F(QuantCuda, NonFiniteBlocksMatchHostUpToNaNPayloads) {
     const int64_t n = 8 * block + 13;
     for (DType t : {DType::f32, DType::bf16, DType::f16}) {
       const auto v = with_non_finite(block_values(n, block, t, uint32_t(block), 0), block);
-      ASSERT_NO_FATAL_FAILURE(check_quantize(t, block, n, v, Nan::any_nan));
-      ASSERT_NO_FATAL_FAILURE(check_quantize4(t, block, n, v, Nan::any_nan));
+      ASSERT_NO_FATAL_FAILURE(check_quantize<false>(t, block, n, v, Nan::any_nan));
+      ASSERT_NO_FATAL_FAILURE(check_quantize<true>(t, block, n, v, Nan::any_nan));
     }
     // a and c with NaN and Inf scales; b with an Inf in a's finite block 1 and c's NaN blocks elsewhere.
     const Quantized a =
