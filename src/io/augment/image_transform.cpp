@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "io/data/loader.h"
+#include "io/image/image.h"
 #include "tensor/check.h"
 
 namespace cz {

@@ -7,13 +7,13 @@
 #include <string>
 #include <vector>
 
-#include "io/data/dataset.h"
-#include "io/data/sampler.h"
+#include "io/image/counter_rng.h"
+#include "io/image/image.h"
 
 namespace cz {
 
 // A window of the source image, in whole pixels: rows [y, y+h), columns [x, x+w).
-// CropBox: dataset.h (Dataset::read_crop hands one back).
+// CropBox: io/image/image.h (Dataset::read_crop hands one back).
 
 // timm's RandomResizedCrop(scale=(0.08, 1), ratio=(3/4, 4/3)) followed by a horizontal flip with p = 0.5: up
 // to ten tries of an area fraction uniform in `scale` and an aspect ratio log-uniform in `ratio` that fits

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "io/data/sampler.h"
+#include "io/image/counter_rng.h"
 #include "tensor/check.h"
 
 namespace cz {

@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "io/data/loader.h"
+#include "io/image/image.h"
 #include "tensor/check.h"
 
 namespace cz {

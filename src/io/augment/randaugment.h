@@ -30,8 +30,8 @@
 
 #include "io/augment/image_transform.h"
 #include "io/augment/randaugment_ops.h"
-#include "io/data/dataset.h"
-#include "io/data/sampler.h"
+#include "io/image/counter_rng.h"
+#include "io/image/image.h"
 
 namespace cz {
 

@@ -23,7 +23,7 @@
 #include <cstdint>
 
 #include "io/augment/image_transform.h"
-#include "io/data/dataset.h"
+#include "io/image/image.h"
 
 namespace cz {
 

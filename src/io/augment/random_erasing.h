@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "io/data/sampler.h"
+#include "io/image/counter_rng.h"
 
 namespace cz {
 

@@ -11,7 +11,7 @@
 
 #include "io/augment/image_transform.h"
 #include "io/augment/resize_u8_kernels.h"
-#include "io/data/loader.h"
+#include "io/image/image.h"
 #include "tensor/check.h"
 
 namespace cz {

@@ -10,21 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "io/image/image.h"
+
 namespace cz {
 
 enum class Split { train, eval };
-
-// An 8-bit RGB image, rows top to bottom, pixels interleaved: pixels[(y * width + x) * 3 + c].
-struct Image {
-  int64_t height = 0, width = 0;
-  std::vector<uint8_t> pixels;
-};
-
-// A crop of an image (rows y..y+h, columns x..x+w), mirrored left-right when `flip`.
-struct CropBox {
-  int64_t y = 0, x = 0, h = 0, w = 0;
-  bool flip = false;  // mirror left-right
-};
 
 struct DatasetOptions {
   // Pixel size a source that makes its own images uses (synthetic); stored images keep their own size.

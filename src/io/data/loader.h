@@ -41,6 +41,7 @@
 #include "io/augment/random_erasing.h"
 #include "io/data/dataset.h"
 #include "io/data/model_input.h"
+#include "io/image/image.h"
 #include "tensor/stream.h"
 #include "tensor/tensor.h"
 
@@ -142,9 +143,5 @@ class Loader {
 // Images per chunk of a batch (Note [Running ahead]): a few milliseconds of work against one acquisition of
 // the loader's lock; small enough that 16 workers share a batch of 128.
 inline constexpr int64_t kChunkImages = 4;
-
-// ImageNet normalisation used by the loader, per RGB channel.
-inline constexpr float kImageNetMean[3] = {0.485f, 0.456f, 0.406f};
-inline constexpr float kImageNetStd[3] = {0.229f, 0.224f, 0.225f};
 
 }  // namespace cz

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "io/data/dataset.h"
+#include "io/image/image.h"
 
 namespace cz {
 

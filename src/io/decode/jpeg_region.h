@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "io/data/dataset.h"
+#include "io/image/image.h"
 
 namespace cz {
 
