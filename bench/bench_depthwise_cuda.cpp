@@ -17,6 +17,8 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "bench_main.h"
+#include "shape_flags.h"
 #include "tensor/cuda/context.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/stream.h"
@@ -26,43 +28,25 @@ namespace {
 
 using namespace cz;
 
-struct Flags {
-  std::string dtype = "bf16";
-  int64_t batch = 64;
-  int64_t image = 224;
-  int iters = 10;
+using bench::parse_dtype;
+
+struct Flags : bench::ShapeFlags {
   double peak_fp32_tflops = 0;  // 0: no FMA bound
   double peak_gbps = 0;         // 0: no memory bound
-  std::string json;
 };
 
 Flags parse(int argc, char** argv) {
   Flags f;
   CLI::App app{
       "bench_depthwise_cuda: ConvNeXt-T's 7x7 depthwise convolutions, tiled and cuDNN, against their bounds"};
-  app.add_option("--dtype", f.dtype, "compute dtype")
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
-      ->capture_default_str();
-  app.add_option("--batch", f.batch, "images")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--image", f.image, "square input size, at least 32")
-      ->check(CLI::Range(int64_t(32), int64_t(1) << 20))
-      ->capture_default_str();
-  app.add_option("--iters", f.iters, "timed iterations")->check(CLI::PositiveNumber)->capture_default_str();
+  bench::add_shape_flags(app, f);
   app.add_option("--peak-fp32-tflops", f.peak_fp32_tflops, "the GPU's fp32 FMA peak (0: no FMA bound)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--peak-gbps", f.peak_gbps, "the GPU's memory bandwidth (0: no memory bound)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--json", f.json, "also write the results here");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    std::exit(app.exit(e));
-  }
+  bench::add_json_flag(app, f);
+  bench::parse_or_exit(app, argc, argv);
   return f;
-}
-
-DType parse_dtype(const std::string& s) {  // one of the three parse() accepts
-  return s == "f32" ? DType::f32 : s == "bf16" ? DType::bf16 : DType::f16;
 }
 
 int run(const Flags& f) {
@@ -136,19 +120,12 @@ int run(const Flags& f) {
       f.dtype.c_str(), (long long)f.batch, step_ms[0], step_ms[1], step_bound);
 
   if (!f.json.empty()) {
-    std::FILE* out = std::fopen(f.json.c_str(), "w");
-    if (out == nullptr) {
-      std::fprintf(stderr, "bench_depthwise_cuda: cannot write %s\n", f.json.c_str());
-      return 1;
-    }
-    std::fprintf(out, "%s\n",
-                 fmt::format("{{\"impl\": \"depthwise\", \"dtype\": \"{}\", \"batch\": {}, \"image\": {}, "
-                             "\"peak_fp32_tflops\": {}, \"peak_gbps\": {}, \"step_ms\": {{\"tiled\": {:.5f}, "
-                             "\"cudnn\": {:.5f}}}, \"step_bound_ms\": {:.5f}, \"rows\": [{}]}}",
-                             f.dtype, f.batch, f.image, f.peak_fp32_tflops, f.peak_gbps, step_ms[0],
-                             step_ms[1], step_bound, rows_json)
-                     .c_str());
-    std::fclose(out);
+    bench::write_json_line(
+        f.json, fmt::format("{{\"impl\": \"depthwise\", \"dtype\": \"{}\", \"batch\": {}, \"image\": {}, "
+                            "\"peak_fp32_tflops\": {}, \"peak_gbps\": {}, \"step_ms\": {{\"tiled\": {:.5f}, "
+                            "\"cudnn\": {:.5f}}}, \"step_bound_ms\": {:.5f}, \"rows\": [{}]}}",
+                            f.dtype, f.batch, f.image, f.peak_fp32_tflops, f.peak_gbps, step_ms[0],
+                            step_ms[1], step_bound, rows_json));
   }
   return 0;
 }
@@ -156,10 +133,5 @@ int run(const Flags& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(parse(argc, argv));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_depthwise_cuda: error: %s\n", e.what());
-    return 1;
-  }
+  return cz::bench::run_main("bench_depthwise_cuda", [&] { return run(parse(argc, argv)); });
 }

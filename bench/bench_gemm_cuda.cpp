@@ -16,6 +16,8 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "bench_main.h"
+#include "shape_flags.h"
 #include "tensor/cuda/context.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/stream.h"
@@ -25,39 +27,21 @@ namespace {
 
 using namespace cz;
 
-struct Flags {
-  std::string dtype = "bf16";
-  int64_t batch = 64;
-  int64_t image = 224;
-  int iters = 10;
+using bench::parse_dtype;
+
+struct Flags : bench::ShapeFlags {
   double peak_tflops = 0;  // the device's dense peak for this dtype: adds "% of peak"
-  std::string json;
 };
 
 Flags parse(int argc, char** argv) {
   Flags f;
   CLI::App app{"bench_gemm_cuda: ConvNeXt-T's pointwise GEMMs with and without cuBLASLt epilogues"};
-  app.add_option("--dtype", f.dtype, "compute dtype")
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
-      ->capture_default_str();
-  app.add_option("--batch", f.batch, "images")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--image", f.image, "square input size, at least 32")
-      ->check(CLI::Range(int64_t(32), int64_t(1) << 20))
-      ->capture_default_str();
-  app.add_option("--iters", f.iters, "timed iterations")->check(CLI::PositiveNumber)->capture_default_str();
+  bench::add_shape_flags(app, f);
   app.add_option("--peak-tflops", f.peak_tflops, "the device's dense peak for this dtype (adds % of peak)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--json", f.json, "also write the results here");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    std::exit(app.exit(e));
-  }
+  bench::add_json_flag(app, f);
+  bench::parse_or_exit(app, argc, argv);
   return f;
-}
-
-DType parse_dtype(const std::string& s) {  // one of the three parse() accepts
-  return s == "f32" ? DType::f32 : s == "bf16" ? DType::bf16 : DType::f16;
 }
 
 // Which path one call took, from the context's counters.
@@ -174,17 +158,10 @@ int run(const Flags& f) {
     for (const PathProbe& p : paths)
       paths_json += fmt::format("{}{{\"dtype\": \"{}\", \"epilogue\": \"{}\", \"fused\": {}}}",
                                 paths_json.empty() ? "" : ", ", p.dtype, p.epilogue, p.fused);
-    std::FILE* out = std::fopen(f.json.c_str(), "w");
-    if (out == nullptr) {
-      std::fprintf(stderr, "bench_gemm_cuda: cannot write %s\n", f.json.c_str());
-      return 1;
-    }
-    std::fprintf(out, "%s\n",
-                 fmt::format("{{\"impl\": \"gemm\", \"dtype\": \"{}\", \"batch\": {}, \"image\": {}, "
-                             "\"paths\": [{}], \"layers\": [{}]}}",
-                             f.dtype, f.batch, f.image, paths_json, layers_json)
-                     .c_str());
-    std::fclose(out);
+    bench::write_json_line(
+        f.json, fmt::format("{{\"impl\": \"gemm\", \"dtype\": \"{}\", \"batch\": {}, \"image\": {}, "
+                            "\"paths\": [{}], \"layers\": [{}]}}",
+                            f.dtype, f.batch, f.image, paths_json, layers_json));
   }
   return 0;
 }
@@ -192,10 +169,5 @@ int run(const Flags& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(parse(argc, argv));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_gemm_cuda: error: %s\n", e.what());
-    return 1;
-  }
+  return cz::bench::run_main("bench_gemm_cuda", [&] { return run(parse(argc, argv)); });
 }

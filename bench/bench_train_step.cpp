@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "bench_main.h"
 #include "dist/comm/bootstrap.h"
 #include "dist/train/trainer.h"
 #include "nn/convnext.h"
@@ -285,10 +286,8 @@ int run(const Flags& f) {
       ops_json += fmt::format("{}{{\"name\": \"{}\", \"calls_per_step\": {:.2f}, \"ms_per_step\": {:.4f}}}",
                               ops_json.empty() ? "" : ", ", o.name, double(o.calls) / f.profile_steps,
                               o.ms / f.profile_steps);
-    std::FILE* out = std::fopen(f.json.c_str(), "w");
-    CZ_CHECK_IO(out != nullptr, "cannot write --json {}", f.json);
-    std::fprintf(
-        out, "%s\n",
+    bench::write_json_line(
+        f.json,
         fmt::format("{{\"impl\": \"convnext_zero\", \"model\": \"{}\", \"device\": \"{}\", "
                     "\"dtype\": \"{}\", \"batch\": {}, \"image\": {}, \"steps\": {}, "
                     "\"ms_per_step\": {:.4f}, \"img_per_s\": {:.3f}, \"train_flop_per_img\": {:.6g}, "
@@ -300,9 +299,7 @@ int run(const Flags& f) {
                     flop_per_img, tflops, std::isfinite(mfu) ? fmt::format("{:.4f}", mfu) : "null", peak_gib,
                     std::isfinite(last_loss) ? fmt::format("{:.6f}", last_loss) : "null", variant,
                     f.depthwise, f.gemm_epilogues, f.patchify_gemm, f.cuda_graphs, trainer.graph_replays(),
-                    profiled_ms, ops_json)
-            .c_str());
-    std::fclose(out);
+                    profiled_ms, ops_json));
   }
   return 0;
 }
@@ -310,12 +307,9 @@ int run(const Flags& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
+  return cz::bench::run_main("bench_train_step", [&] {
     const int rc = run(parse(argc, argv));
     cz::dist::World::finalize();
     return rc;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_train_step: error: %s\n", e.what());
-    return 1;
-  }
+  });
 }
