@@ -16,7 +16,7 @@
 #include "adamw_reference.h"
 #include "optim/adamw.h"
 #include "optim/cpu_kernels.h"
-#include "optim/simd.h"
+#include "tensor/cpu/simd.h"
 
 namespace cz::bench {
 namespace {
@@ -163,7 +163,7 @@ void BM_AdamW_OmpSimd(benchmark::State& state) {
   run_reference<adamw_omp_simd>(state);
 }
 
-// The library kernel (simd.h's widest ISA) with state.range(1) OpenMP threads; 0 = the default team.
+// The library kernel (tensor/cpu/simd.h's widest vectors) with state.range(1) OpenMP threads; 0 = the default team.
 void BM_AdamW_Kernel(benchmark::State& state) {
   Shard s = shard_of(state);
   const int saved = omp_get_max_threads();
@@ -176,7 +176,7 @@ void BM_AdamW_Kernel(benchmark::State& state) {
   omp_set_num_threads(saved);
   set_counters(state, s.n);
   state.counters["threads"] = threads;
-  state.SetLabel(simd::kIsaName);
+  state.SetLabel(cpu::simd::kIsaName);
 }
 
 // The memory-bandwidth bound the update is measured against (issue: CPU offload, Note [CPU offload]): a

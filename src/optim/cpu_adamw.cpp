@@ -1,14 +1,19 @@
-// CPU AdamW and SGD updates: one element-wise update per optimizer, written once over simd.h's Ops and run as
-// AVX-512 / AVX2 vectors plus a bit-identical scalar tail, over OpenMP parts of the shard.
+// CPU AdamW and SGD updates: one element-wise update per optimizer, written once over tensor/cpu/simd.h's
+// vectors and run as full-width vectors plus bit-identical narrower and scalar tails (Note [Bitwise-identical
+// tails]), over OpenMP parts of the shard.
 #include <cmath>
 
 #include "optim/cpu_kernels.h"
 #include "optim/cpu_pieces.h"
-#include "optim/simd.h"
 #include "tensor/cpu/kernels.h"
+#include "tensor/cpu/simd.h"
 
 namespace cz::cpu {
 namespace {
+
+using simd::load;
+using simd::splat;
+using simd::store;
 
 // Per-piece AdamW constants, rounded once from f64 to the compute type.
 template <class T>
@@ -27,16 +32,15 @@ AdamWConsts<T> adamw_consts(const ShardPiece& piece, const AdamWStepArgs& a) {
 
 template <class T>
 void adamw_range(T* p, const T* g, T* m, T* v, int64_t n, const AdamWConsts<T>& c) {
-  simd::vector_loop<T>(n, [&]<class O>(int64_t i) {
-    using V = typename O::V;
-    const V gi = O::load(g + i);
-    const V mi = O::fma(O::sub(gi, O::load(m + i)), O::set1(c.one_minus_beta1), O::load(m + i));
-    const V vi = O::fma(O::mul(gi, gi), O::set1(c.one_minus_beta2), O::mul(O::load(v + i), O::set1(c.beta2)));
-    const V denom = O::fma(O::sqrt(vi), O::set1(c.inv_sqrt_bc2), O::set1(c.eps));
-    const V pi = O::mul(O::load(p + i), O::set1(c.decay));
-    O::store(p + i, O::fma(O::set1(c.neg_step_size), O::div(mi, denom), pi));
-    O::store(m + i, mi);
-    O::store(v + i, vi);
+  simd::for_blocks<T>(0, n, [&]<class V>(V, int64_t i) {
+    const V gi = load<V>(g + i), m0 = load<V>(m + i);
+    const V mi = simd::fma(gi - m0, splat<V>(c.one_minus_beta1), m0);
+    const V vi = simd::fma(gi * gi, splat<V>(c.one_minus_beta2), load<V>(v + i) * splat<V>(c.beta2));
+    const V denom = simd::fma(simd::sqrt(vi), splat<V>(c.inv_sqrt_bc2), splat<V>(c.eps));
+    const V pi = load<V>(p + i) * splat<V>(c.decay);
+    store(p + i, simd::fma(splat<V>(c.neg_step_size), mi / denom, pi));
+    store(m + i, mi);
+    store(v + i, vi);
   });
 }
 
@@ -47,21 +51,20 @@ struct SgdConsts {
 
 template <class T, bool kMomentum, bool kNesterov, bool kFirst>
 void sgd_range(T* p, const T* g, T* buf, int64_t n, const SgdConsts<T>& c) {
-  simd::vector_loop<T>(n, [&]<class O>(int64_t i) {
-    using V = typename O::V;
-    const V pi = O::load(p + i);
-    V d = O::fma(O::set1(c.weight_decay), pi, O::load(g + i));
+  simd::for_blocks<T>(0, n, [&]<class V>(V, int64_t i) {
+    const V pi = load<V>(p + i);
+    V d = simd::fma(splat<V>(c.weight_decay), pi, load<V>(g + i));
     if constexpr (kMomentum) {
-      V b;
-      if constexpr (kFirst) {
-        b = d;
-      } else {
-        b = O::fma(d, O::set1(c.one_minus_dampening), O::mul(O::load(buf + i), O::set1(c.momentum)));
-      }
-      O::store(buf + i, b);
-      d = kNesterov ? O::fma(O::set1(c.momentum), b, d) : b;
+      V b = d;
+      if constexpr (!kFirst)
+        b = simd::fma(d, splat<V>(c.one_minus_dampening), load<V>(buf + i) * splat<V>(c.momentum));
+      store(buf + i, b);
+      if constexpr (kNesterov)
+        d = simd::fma(splat<V>(c.momentum), b, d);
+      else
+        d = b;
     }
-    O::store(p + i, O::fma(O::set1(c.neg_lr), d, pi));
+    store(p + i, simd::fma(splat<V>(c.neg_lr), d, pi));
   });
 }
 

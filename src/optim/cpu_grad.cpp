@@ -6,8 +6,8 @@
 
 #include "optim/cpu_kernels.h"
 #include "optim/cpu_pieces.h"
-#include "optim/simd.h"
 #include "tensor/cpu/kernels.h"
+#include "tensor/cpu/simd.h"
 
 namespace cz::cpu {
 namespace {
@@ -94,9 +94,9 @@ void ema_update(Tensor& ema, const Tensor& p, double decay) {
     const T* q = p.data<T>();
     const T d = T(decay), one_minus_d = T(1.0 - decay);
     for_each_part(ema.numel(), [&](int64_t lo, int64_t hi) {
-      simd::vector_loop<T>(hi - lo, [&]<class O>(int64_t i) {
-        const int64_t k = lo + i;
-        O::store(e + k, O::fma(O::set1(d), O::load(e + k), O::mul(O::set1(one_minus_d), O::load(q + k))));
+      simd::for_blocks<T>(lo, hi, [&]<class V>(V, int64_t k) {
+        using simd::load, simd::splat;
+        simd::store(e + k, simd::fma(splat<V>(d), load<V>(e + k), splat<V>(one_minus_d) * load<V>(q + k)));
       });
     });
   });

@@ -13,7 +13,7 @@ namespace cz::cpu {
 
 // Calls f(begin, end) for this thread's part of [0, n): contiguous, a multiple of 64 elements (cache lines
 // for f32 and f64), one part per thread. The split never changes an element's value (Note [Bitwise-identical
-// tails] in simd.h), so results do not depend on the thread count.
+// tails] in tensor/cpu/simd.h), so results do not depend on the thread count.
 template <class F>
 void for_each_part(int64_t n, F&& f) {
 #pragma omp parallel if (n >= kParallelGrain)

@@ -1,23 +1,19 @@
 // Host kernels of the block-quantized INT8 format (Note [Quantized blocks]): OpenMP over blocks, and per
 // block short loops the compiler vectorizes (checked with -fopt-info-vec: the maximum, the code and the
-// dequantize loops use 64-byte vectors with AVX-512); f16 is widened and narrowed with F16C/AVX-512
-// conversions. Every value goes through the functions of quant_block.h, so the bits equal the CUDA kernels'
-// and the scalar definitions'.
+// dequantize loops use 64-byte vectors with AVX-512); 16-bit values are widened and narrowed by
+// tensor/cpu/simd.h. Every value goes through the functions of quant_block.h, so the bits equal the CUDA
+// kernels' and the scalar definitions'.
 #include "dist/comm/quant.h"
 
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#if defined(__AVX512F__) || defined(__F16C__)
-#include <immintrin.h>
-#endif
 
 #include "tensor/check.h"
-#include "tensor/half.h"
+#include "tensor/cpu/simd.h"
 #include "tensor/parallel.h"
 
-// GCC 12 reports its own AVX-512 conversion intrinsics (_mm512_undefined_* inside) as maybe-uninitialized,
-// and a Scratch block read back over the length just written to it.
+// GCC 12 reports a Scratch block read back over the length just written to it as maybe-uninitialized.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
@@ -62,38 +58,8 @@ float quantize_block4(const float* v, int64_t len, uint8_t* packed) {
   return scale;
 }
 
-void widen_bf16(const uint16_t* x, int64_t len, float* out) {
-  for (int64_t i = 0; i < len; ++i) out[i] = bf16_to_float(x[i]);
-}
-void narrow_bf16(const float* v, int64_t len, uint16_t* out) {
-  for (int64_t i = 0; i < len; ++i) out[i] = bf16_from_float(v[i]);
-}
-// F16C's conversions are exact (widening) and round to nearest even (narrowing), as Half's scalar ones.
-void widen_f16(const uint16_t* x, int64_t len, float* out) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= len; i += 16)
-    _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i))));
-#elif defined(__F16C__)
-  for (; i + 8 <= len; i += 8)
-    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
-#endif
-  for (; i < len; ++i) out[i] = Half::to_float(x[i]);
-}
-void narrow_f16(const float* v, int64_t len, uint16_t* out) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= len; i += 16)
-    _mm256_storeu_si256(
-        reinterpret_cast<__m256i*>(out + i),
-        _mm512_cvtps_ph(_mm512_loadu_ps(v + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#elif defined(__F16C__)
-  for (; i + 8 <= len; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(v + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#endif
-  for (; i < len; ++i) out[i] = Half::from_float(v[i]);
-}
+using cpu::simd::narrow_16bit;
+using cpu::simd::widen_16bit;
 
 bool is_quant_input(DType dtype) {
   return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16;
@@ -149,10 +115,7 @@ void quantize(DType dtype, const void* x, int64_t n, int64_t block, int8_t* q, f
   const bool bf16 = dtype == DType::bf16;
   for_blocks(n, block, [&](int64_t k, int64_t first, int64_t len) {
     Scratch s;
-    if (bf16)
-      widen_bf16(xh + first, len, s.v);
-    else
-      widen_f16(xh + first, len, s.v);
+    widen_16bit(bf16, xh + first, len, s.v);
     scales[k] = quantize_block(s.v, len, q + first);
   });
 }
@@ -170,10 +133,8 @@ void quantize_int4(DType dtype, const void* x, int64_t n, int64_t block, uint8_t
     const float* v = s.v;
     if (dtype == DType::f32)
       v = static_cast<const float*>(x) + first;
-    else if (dtype == DType::bf16)
-      widen_bf16(static_cast<const uint16_t*>(x) + first, len, s.v);
     else
-      widen_f16(static_cast<const uint16_t*>(x) + first, len, s.v);
+      widen_16bit(dtype == DType::bf16, static_cast<const uint16_t*>(x) + first, len, s.v);
     scales[k] = quantize_block4(v, len, packed + first / 2);
   });
 }
@@ -194,10 +155,8 @@ void dequantize_int4(const uint8_t* packed, const float* scales, int64_t n, int6
       v[2 * p + 1] = quant::dequantize_value(quant::high4(pb[p]), scale);
     }
     if (len % 2) v[len - 1] = quant::dequantize_value(quant::low4(pb[pairs]), scale);
-    if (dtype == DType::bf16)
-      narrow_bf16(s.v, len, static_cast<uint16_t*>(out) + first);
-    else if (dtype == DType::f16)
-      narrow_f16(s.v, len, static_cast<uint16_t*>(out) + first);
+    if (dtype != DType::f32)
+      narrow_16bit(dtype == DType::bf16, s.v, len, static_cast<uint16_t*>(out) + first);
   });
 }
 
@@ -215,11 +174,7 @@ void dequantize(const int8_t* q, const float* scales, int64_t n, int64_t block, 
     }
     Scratch s;
     for (int64_t i = 0; i < len; ++i) s.v[i] = quant::dequantize_value(qb[i], scale);
-    uint16_t* o = static_cast<uint16_t*>(out) + first;
-    if (dtype == DType::bf16)
-      narrow_bf16(s.v, len, o);
-    else
-      narrow_f16(s.v, len, o);
+    narrow_16bit(dtype == DType::bf16, s.v, len, static_cast<uint16_t*>(out) + first);
   });
 }
 
