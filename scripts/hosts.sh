@@ -426,18 +426,13 @@ cmd_with() {
   while (($#)) && [[ $1 != -- ]]; do up_args+=("$1"); shift; done
   (($#)) && shift || die "usage: hosts.sh with N R [--rate RATE] [--delay DELAY] -- CMD..."
   (($#)) || die "with: no command after --"
-  local self rc=0
+  local self
   self=$(readlink -f "$0")
   trap '"$self" down >&2 || true' EXIT
   "$self" up "${up_args[@]}" || exit $?
   export CZ_HOSTS_BED=$bed
-  "$@" &
-  local child=$!
-  trap 'kill -TERM "$child" 2> /dev/null || true' INT TERM HUP
-  wait "$child" || rc=$?
-  # A signal interrupts wait: wait again for the command to finish before the EXIT trap removes the bed.
-  while kill -0 "$child" 2> /dev/null; do wait "$child" || rc=$?; done
-  exit "$rc"
+  source "$(dirname "$self")/run_child.sh"
+  run_child "$@"
 }
 
 sub=${1:-}

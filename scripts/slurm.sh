@@ -259,19 +259,15 @@ cmd_with() {
   while (($#)) && [[ $1 != -- ]]; do up_args+=("$1"); shift; done
   (($#)) && shift || die "usage: slurm.sh with DIR [up options] -- CMD..."
   (($#)) || die "with: no command after --"
-  local self rc=0
+  local self
   self=$(readlink -f "$0")
   mkdir -p "$dir"
   dir=$(readlink -f "$dir")
   trap '"$self" down "$dir" >&2 || true' EXIT
   "$self" up "$dir" "${up_args[@]}" > /dev/null || exit $?
   export SLURM_CONF=$dir/slurm.conf
-  "$@" &
-  local child=$!
-  trap 'kill -TERM "$child" 2> /dev/null || true' INT TERM HUP
-  wait "$child" || rc=$?
-  while kill -0 "$child" 2> /dev/null; do wait "$child" || rc=$?; done
-  exit "$rc"
+  source "$(dirname "$self")/run_child.sh"
+  run_child "$@"
 }
 
 sub=${1:-}
