@@ -1,4 +1,4 @@
-// The timeline recorder behind --trace (dist/train/trace_writer.h): spans on named lanes, kept in memory
+// The timeline recorder behind --trace (dist/train/step_tracer.h): spans on named lanes, kept in memory
 // while tracing is on and handed out as Chrome Trace Event records. Off by default; while off, a hook costs
 // one relaxed atomic load.
 //
@@ -10,7 +10,7 @@
 // scope of a thread is recorded, as the op profiler times it (Note [Op profiling]).
 //
 // Note [Trace blocks]: ops are grouped by the model's block (and ZeRO-3 unit) they ran in. The training
-// thread names its block (set_block, from the units' forward and backward hooks, trace_writer.cpp) and each
+// thread names its block (set_block, from the units' forward and backward hooks, step_tracer.cpp) and each
 // op records the name current when it began; take() wraps every run of consecutive ops of one lane with the
 // same block in one span of category "block" around them. Runs never cross: the name says forward or
 // backward, and is cleared where a phase ends, so the block spans nest between the phase's and the ops'.
@@ -45,7 +45,7 @@ extern std::atomic<bool> g_active;
 inline bool active() {
   return detail::g_active.load(std::memory_order_relaxed);
 }
-// Times are recorded relative to `zero` (Note [Trace clocks] in trace_writer.cpp).
+// Times are recorded relative to `zero` (Note [Trace clocks] in step_tracer.cpp).
 void set_zero(Clock::time_point zero);
 void set_active(bool on);
 

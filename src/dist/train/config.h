@@ -101,7 +101,7 @@ struct TrainConfig {
   std::string log;                     // JSON-lines log file
   std::string tensorboard;             // TensorBoard event files of the log's scalars (rank 0)
   bool comms_table = false;            // the run's collectives by kind and size at its end (comms_table.h)
-  std::string trace;                   // Chrome Trace Event JSON of the steps in trace_steps (trace_writer.h)
+  std::string trace;                   // Chrome Trace Event JSON of the steps in trace_steps (step_tracer.h)
   std::string trace_steps = "2:3";     // A:B, the first and last step traced (1-based, inclusive)
   uint64_t seed = 0;
   bool progress = true;             // progress on rank 0's stderr: a bar on a terminal, else plain lines

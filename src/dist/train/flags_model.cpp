@@ -9,7 +9,7 @@
 
 #include "dist/comm/mesh.h"
 #include "dist/train/recipe.h"
-#include "dist/train/trace_writer.h"
+#include "dist/train/step_tracer.h"
 #include "dist/zero/schedule.h"
 #include "tensor/check.h"
 

@@ -1,5 +1,5 @@
-// --trace (trace_writer.h): turning the recorder on for steps A..B, each rank's part, rank 0's merge.
-#include "dist/train/trace_writer.h"
+// --trace (step_tracer.h): turning the recorder on for steps A..B, each rank's part, rank 0's merge.
+#include "dist/train/step_tracer.h"
 
 #include <cerrno>
 #include <charconv>

@@ -20,7 +20,7 @@
 #include "dist/train/graph_plan.h"
 #include "dist/train/rank_stats.h"
 #include "dist/train/step_graphs.h"
-#include "dist/train/trace_writer.h"
+#include "dist/train/step_tracer.h"
 #include "dist/zero/engine.h"
 #include "io/checkpoint/checkpoint.h"
 #include "io/data/batch_dump.h"
