@@ -387,9 +387,219 @@ void print_ring_report(const Topology& topology, std::ostream& out) {
       plain.busbw_gbps > 0 ? best.busbw_gbps / plain.busbw_gbps : 0.0);
 }
 
-int run_commbench(World& world, const CommBenchOptions& o, std::ostream& out) {
+namespace {
+
+// The communicator under measurement: -B's backend (NCCL on a GPU, MPI on the CPU by default), -I's
+// algorithm.
+CommOptions measured_comm_options(const CommBenchOptions& o, Device device) {
+  CommOptions co;
+  co.backend =
+      o.backend.empty() ? (device.is_cuda() ? Backend::nccl : Backend::mpi) : parse_backend(o.backend);
+  co.algorithm = o.impl;
+  co.device = device;
+  co.timeout_s = o.timeout_s;
+  co.slice_bytes = o.slice_bytes;
+  return co;
+}
+
+// What every row of a run says besides its size: the element type, the reduction, the root.
+struct RowLabels {
+  std::string type, redop;
+  int root = -1;
+};
+
+// The table's header, as nccl-tests prints it, with this run's settings and ranks.
+void print_table_header(const CommBenchOptions& o, World& world, Collective kind, Backend backend,
+                        Communicator& comm, Device device, std::ostream& out) {
+  out << fmt::format(
+      "# commbench {}: impl {}, backend {}, device {}, {} ranks ({} on this host of {} cores; rank 0 may "
+      "use "
+      "{}), comm timeout {} s\n",
+      name(kind), name(o.impl), name(backend), o.device, world.size(), world.local_size(),
+      std::thread::hardware_concurrency(), available_cores(), o.timeout_s);
+  out << fmt::format(
+      "# minBytes {} maxBytes {} step: {} warmup iters: {} iters: {} validation: {}\n", o.min_bytes,
+      o.max_bytes,
+      o.step_factor > 1 ? fmt::format("{}(factor)", o.step_factor) : fmt::format("{}(bytes)", o.step_bytes),
+      o.warmup, o.iters, o.check ? 1 : 0);
+  out << fmt::format(
+      "# time over ranks: {} (-a {}); spread: {} iterations timed one by one, min/max over ranks, p50/p99 "
+      "the ranks' {}{}\n",
+      average_name(o.average), o.average, o.iters, average_name(o.average),
+      o.size_timeout_s > 0 ? fmt::format("; --timeout {} s per size", o.size_timeout_s) : std::string());
+  // hier and auto: which algorithm the largest size runs with, and why (Note [Two-level cost model]).
+  if (o.impl == Algorithm::hier || o.impl == Algorithm::automatic)
+    out << fmt::format("# {}\n", comm.explain(kind, size_t(o.max_bytes)));
+  out << "#\n# Using devices\n";
+  for (int r = 0; r < world.size(); ++r)
+    out << fmt::format("#  Rank {:>2} Pid {:>7} on {:>10} device {}\n", r, world.peer(r).pid,
+                       world.peer(r).host,
+                       device.is_cuda() ? fmt::format("cuda (GPU of local rank)") : std::string("cpu"));
+  out << "#\n";
+  out << "#                                                              out-of-place                      "
+         " "
+         "in-place           out-of-place spread\n";
+  out << "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   "
+         "algbw "
+         "  busbw #wrong      min      p50      p99      max\n";
+  out << "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  "
+         "(GB/s) "
+         " (GB/s)             (us)     (us)     (us)     (us)\n";
+  out.flush();
+}
+
+// One size, out-of-place and in-place, under --timeout's deadline: a size that runs past it is a CommError
+// naming the size.
+std::pair<Placement, Placement> run_size(CollectiveBench& bench, int64_t count, const CommBenchOptions& o,
+                                         World& world, Communicator& comm, Communicator& ctl) {
+  SizeDeadline deadline(o.size_timeout_s, {&comm, &ctl});
+  try {
+    return bench.run(count);
+  } catch (const CommError& e) {
+    if (!deadline.fired()) throw;
+    throw CommError(fmt::format("commbench: {} of {} bytes ran past --timeout {} s on rank {}; aborted ({})",
+                                name(bench.kind()), count * int64_t(dtype_size(o.dtype)), o.size_timeout_s,
+                                world.rank(), e.what()));
+  }
+}
+
+nlohmann::ordered_json placement_json(const Placement& p) {
+  nlohmann::ordered_json j;
+  j["time_us"] = p.time_us;
+  j["algbw_GBps"] = p.algbw;
+  j["busbw_GBps"] = p.busbw;
+  j["wrong"] = p.wrong < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(p.wrong);
+  j.update(spread_json(p.spread));
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+  for (const RankFigures& f : p.ranks)
+    ranks.push_back(
+        {{"time_us", f[0]}, {"min_us", f[1]}, {"p50_us", f[2]}, {"p99_us", f[3]}, {"max_us", f[4]}});
+  j["ranks"] = std::move(ranks);
+  return j;
+}
+
+nlohmann::ordered_json row_json(int64_t size, int64_t count, const RowLabels& l, const Placement& oop,
+                                const Placement& ip) {
+  nlohmann::ordered_json row;
+  row["size"] = size;
+  row["count"] = count;
+  row["type"] = l.type;
+  row["redop"] = l.redop;
+  row["root"] = l.root;
+  row["out_of_place"] = placement_json(oop);
+  row["in_place"] = placement_json(ip);
+  // The out-of-place spread at the row's top level too, as the table shows it.
+  row.update(spread_json(oop.spread));
+  return row;
+}
+
+// One row of the table, and with --per-rank each rank's figures under it.
+void print_row(int64_t size, int64_t count, const RowLabels& l, const Placement& oop, const Placement& ip,
+               bool per_rank, std::ostream& out) {
+  auto cols = [](const Placement& p) {
+    return fmt::format("  {}  {}  {}  {:>5}", num(p.time_us, 7), num(p.algbw, 6), num(p.busbw, 6),
+                       p.wrong < 0 ? std::string("N/A") : std::to_string(p.wrong));
+  };
+  const TimeSpread& sp = oop.spread;
+  out << fmt::format("{:>12}  {:>12}  {:>8}  {:>6}  {:>6}", size, count, l.type, l.redop, l.root) << cols(oop)
+      << cols(ip)
+      << fmt::format(" {} {} {} {}", num(sp.min_us, 8), num(sp.p50_us, 8), num(sp.p99_us, 8),
+                     num(sp.max_us, 8))
+      << "\n";
+  if (per_rank) {
+    for (size_t q = 0; q < oop.ranks.size(); ++q) {
+      const RankFigures &a = oop.ranks[q], &b = ip.ranks[q];
+      out << fmt::format(
+          "#  rank {:>3}: out-of-place time {} min {} p50 {} p99 {} max {}; in-place time {} min {} p50 "
+          "{} "
+          "p99 {} max {}\n",
+          q, num(a[0], 8), num(a[1], 8), num(a[2], 8), num(a[3], 8), num(a[4], 8), num(b[0], 8), num(b[1], 8),
+          num(b[2], 8), num(b[3], 8), num(b[4], 8));
+    }
+  }
+  out.flush();
+}
+
+// --json's document: the run's settings, the machine, every size's row and the totals.
+nlohmann::ordered_json run_json(const CommBenchOptions& o, World& world, Collective kind, Backend backend,
+                                Communicator& comm, nlohmann::ordered_json machine,
+                                nlohmann::ordered_json rows, int64_t total_wrong, double avg_bw) {
+  nlohmann::ordered_json doc;
+  doc["op"] = name(kind);
+  doc["impl"] = name(o.impl);
+  doc["backend"] = name(backend);
+  doc["device"] = o.device;
+  doc["ranks"] = world.size();
+  doc["ring"] = comm.ring();
+  doc["choice"] = comm.explain(kind, size_t(o.max_bytes));
+  doc["warmup"] = o.warmup;
+  doc["iters"] = o.iters;
+  doc["average"] = average_name(o.average);
+  doc["timeout_s"] = o.size_timeout_s;
+  doc["machine"] = std::move(machine);
+  doc["results"] = std::move(rows);
+  doc["wrong"] = total_wrong;
+  doc["avg_busbw_GBps"] = avg_bw;
+  return doc;
+}
+
+// The collectives' table (or --json): every size from -b to -e on the measured communicator.
+int run_collective_bench(World& world, const CommBenchOptions& o, std::ostream& out) {
   const bool root_prints = world.rank() == 0;
+  const Device device = parse_device(o.device);
+  const CommOptions co = measured_comm_options(o, device);
+  auto comm = make_communicator(world, co);
+  CommOptions cc;
+  cc.timeout_s = o.timeout_s;
+  auto ctl = make_communicator(world, cc);  // for timings and counts, off the measured communicator
+  CollectiveBench bench(world, o, *comm, *ctl);
+  const Collective kind = bench.kind();
+  const RowLabels labels{bench_dtype_name(o.dtype), bench.reduces() ? std::string(name(o.redop)) : "none",
+                         kind == Collective::broadcast ? o.root : -1};
+  CZ_CHECK(o.average >= 0 && o.average <= 3,
+           "commbench: -a takes 0 (rank 0), 1 (mean), 2 (min) or 3 (max), not {}", o.average);
+  nlohmann::ordered_json machine;
+  if (o.json) machine = machine_facts(world);  // collective: every rank
+
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  if (root_prints && !o.json) print_table_header(o, world, kind, co.backend, *comm, device, out);
+  int64_t total_wrong = 0;
+  double bw_sum = 0;
+  int bw_count = 0;
+  for (int64_t bytes : sizes(o)) {
+    const int64_t count = bytes / int64_t(dtype_size(o.dtype));
+    if (count == 0) continue;
+    const auto [oop, ip] = run_size(bench, count, o, world, *comm, *ctl);
+    total_wrong += std::max<int64_t>(oop.wrong, 0) + std::max<int64_t>(ip.wrong, 0);
+    bw_sum += oop.busbw + ip.busbw;
+    bw_count += 2;
+    if (!root_prints) continue;
+    const int64_t size = count * int64_t(dtype_size(o.dtype));
+    if (o.json)
+      rows.push_back(row_json(size, count, labels, oop, ip));
+    else
+      print_row(size, count, labels, oop, ip, o.per_rank, out);
+  }
+  const double avg_bw = bw_count ? bw_sum / bw_count : 0;
+  if (root_prints) {
+    if (o.json) {
+      out << run_json(o, world, kind, co.backend, *comm, std::move(machine), std::move(rows), total_wrong,
+                      avg_bw)
+                 .dump(1)
+          << "\n";
+    } else {
+      out << fmt::format("# Out of bounds values : {} {}\n", total_wrong, total_wrong ? "FAILED" : "OK");
+      out << fmt::format("# Avg bus bandwidth    : {:.4g}\n#\n", avg_bw);
+    }
+  }
+  return total_wrong ? 1 : 0;
+}
+
+}  // namespace
+
+int run_commbench(World& world, const CommBenchOptions& o, std::ostream& out) {
   if (!o.topo_file.empty() || o.show_ring || o.show_topology) {
+    const bool root_prints = world.rank() == 0;
     const Topology topo = o.topo_file.empty() ? detect_topology(world) : Topology::load(o.topo_file);
     if (root_prints && o.show_topology) out << topo.to_json_string();
     if (root_prints && o.show_ring) print_ring_report(topo, out);
@@ -400,168 +610,7 @@ int run_commbench(World& world, const CommBenchOptions& o, std::ostream& out) {
   if (o.op == "copy") return run_copy_bench(world, o, out);
   if (o.op == "quant_all_gather") return run_quant_bench(world, o, out);
   if (o.op == "quant_reduce_scatter") return run_quant_reduce_scatter_bench(world, o, out);
-
-  const Device device = parse_device(o.device);
-  CommOptions co;
-  co.backend =
-      o.backend.empty() ? (device.is_cuda() ? Backend::nccl : Backend::mpi) : parse_backend(o.backend);
-  co.algorithm = o.impl;
-  co.device = device;
-  co.timeout_s = o.timeout_s;
-  co.slice_bytes = o.slice_bytes;
-  auto comm = make_communicator(world, co);
-  CommOptions cc;
-  cc.timeout_s = o.timeout_s;
-  auto ctl = make_communicator(world, cc);  // for timings and counts, off the measured communicator
-  CollectiveBench bench(world, o, *comm, *ctl);
-  const Collective kind = bench.kind();
-  const std::string type = bench_dtype_name(o.dtype);
-  const std::string redop = bench.reduces() ? std::string(name(o.redop)) : "none";
-  const int root = kind == Collective::broadcast ? o.root : -1;
-  CZ_CHECK(o.average >= 0 && o.average <= 3,
-           "commbench: -a takes 0 (rank 0), 1 (mean), 2 (min) or 3 (max), not {}", o.average);
-  nlohmann::ordered_json machine;
-  if (o.json) machine = machine_facts(world);  // collective: every rank
-
-  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-  if (root_prints && !o.json) {
-    out << fmt::format(
-        "# commbench {}: impl {}, backend {}, device {}, {} ranks ({} on this host of {} cores; rank 0 may "
-        "use "
-        "{}), comm timeout {} s\n",
-        name(kind), name(o.impl), name(co.backend), o.device, world.size(), world.local_size(),
-        std::thread::hardware_concurrency(), available_cores(), o.timeout_s);
-    out << fmt::format(
-        "# minBytes {} maxBytes {} step: {} warmup iters: {} iters: {} validation: {}\n", o.min_bytes,
-        o.max_bytes,
-        o.step_factor > 1 ? fmt::format("{}(factor)", o.step_factor) : fmt::format("{}(bytes)", o.step_bytes),
-        o.warmup, o.iters, o.check ? 1 : 0);
-    out << fmt::format(
-        "# time over ranks: {} (-a {}); spread: {} iterations timed one by one, min/max over ranks, p50/p99 "
-        "the ranks' {}{}\n",
-        average_name(o.average), o.average, o.iters, average_name(o.average),
-        o.size_timeout_s > 0 ? fmt::format("; --timeout {} s per size", o.size_timeout_s) : std::string());
-    // hier and auto: which algorithm the largest size runs with, and why (Note [Two-level cost model]).
-    if (o.impl == Algorithm::hier || o.impl == Algorithm::automatic)
-      out << fmt::format("# {}\n", comm->explain(kind, size_t(o.max_bytes)));
-    out << "#\n# Using devices\n";
-    for (int r = 0; r < world.size(); ++r)
-      out << fmt::format("#  Rank {:>2} Pid {:>7} on {:>10} device {}\n", r, world.peer(r).pid,
-                         world.peer(r).host,
-                         device.is_cuda() ? fmt::format("cuda (GPU of local rank)") : std::string("cpu"));
-    out << "#\n";
-    out << "#                                                              out-of-place                      "
-           " "
-           "in-place           out-of-place spread\n";
-    out << "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   "
-           "algbw "
-           "  busbw #wrong      min      p50      p99      max\n";
-    out << "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  "
-           "(GB/s) "
-           " (GB/s)             (us)     (us)     (us)     (us)\n";
-    out.flush();
-  }
-  int64_t total_wrong = 0;
-  double bw_sum = 0;
-  int bw_count = 0;
-  for (int64_t bytes : sizes(o)) {
-    const int64_t count = bytes / int64_t(dtype_size(o.dtype));
-    if (count == 0) continue;
-    std::pair<Placement, Placement> result;
-    {
-      SizeDeadline deadline(o.size_timeout_s, {comm.get(), ctl.get()});
-      try {
-        result = bench.run(count);
-      } catch (const CommError& e) {
-        if (!deadline.fired()) throw;
-        throw CommError(fmt::format(
-            "commbench: {} of {} bytes ran past --timeout {} s on rank {}; aborted ({})", name(kind),
-            count * int64_t(dtype_size(o.dtype)), o.size_timeout_s, world.rank(), e.what()));
-      }
-    }
-    const auto& [oop, ip] = result;
-    total_wrong += std::max<int64_t>(oop.wrong, 0) + std::max<int64_t>(ip.wrong, 0);
-    bw_sum += oop.busbw + ip.busbw;
-    bw_count += 2;
-    if (!root_prints) continue;
-    const int64_t size = count * int64_t(dtype_size(o.dtype));
-    if (o.json) {
-      auto place = [](const Placement& p) {
-        nlohmann::ordered_json j;
-        j["time_us"] = p.time_us;
-        j["algbw_GBps"] = p.algbw;
-        j["busbw_GBps"] = p.busbw;
-        j["wrong"] = p.wrong < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(p.wrong);
-        j.update(spread_json(p.spread));
-        nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
-        for (const RankFigures& f : p.ranks)
-          ranks.push_back(
-              {{"time_us", f[0]}, {"min_us", f[1]}, {"p50_us", f[2]}, {"p99_us", f[3]}, {"max_us", f[4]}});
-        j["ranks"] = std::move(ranks);
-        return j;
-      };
-      nlohmann::ordered_json row;
-      row["size"] = size;
-      row["count"] = count;
-      row["type"] = type;
-      row["redop"] = redop;
-      row["root"] = root;
-      row["out_of_place"] = place(oop);
-      row["in_place"] = place(ip);
-      // The out-of-place spread at the row's top level too, as the table shows it.
-      row.update(spread_json(oop.spread));
-      rows.push_back(std::move(row));
-    } else {
-      auto cols = [](const Placement& p) {
-        return fmt::format("  {}  {}  {}  {:>5}", num(p.time_us, 7), num(p.algbw, 6), num(p.busbw, 6),
-                           p.wrong < 0 ? std::string("N/A") : std::to_string(p.wrong));
-      };
-      const TimeSpread& sp = oop.spread;
-      out << fmt::format("{:>12}  {:>12}  {:>8}  {:>6}  {:>6}", size, count, type, redop, root) << cols(oop)
-          << cols(ip)
-          << fmt::format(" {} {} {} {}", num(sp.min_us, 8), num(sp.p50_us, 8), num(sp.p99_us, 8),
-                         num(sp.max_us, 8))
-          << "\n";
-      if (o.per_rank) {
-        for (size_t q = 0; q < oop.ranks.size(); ++q) {
-          const RankFigures &a = oop.ranks[q], &b = ip.ranks[q];
-          out << fmt::format(
-              "#  rank {:>3}: out-of-place time {} min {} p50 {} p99 {} max {}; in-place time {} min {} p50 "
-              "{} "
-              "p99 {} max {}\n",
-              q, num(a[0], 8), num(a[1], 8), num(a[2], 8), num(a[3], 8), num(a[4], 8), num(b[0], 8),
-              num(b[1], 8), num(b[2], 8), num(b[3], 8), num(b[4], 8));
-        }
-      }
-      out.flush();
-    }
-  }
-  const double avg_bw = bw_count ? bw_sum / bw_count : 0;
-  if (root_prints) {
-    if (o.json) {
-      nlohmann::ordered_json doc;
-      doc["op"] = name(kind);
-      doc["impl"] = name(o.impl);
-      doc["backend"] = name(co.backend);
-      doc["device"] = o.device;
-      doc["ranks"] = world.size();
-      doc["ring"] = comm->ring();
-      doc["choice"] = comm->explain(kind, size_t(o.max_bytes));
-      doc["warmup"] = o.warmup;
-      doc["iters"] = o.iters;
-      doc["average"] = average_name(o.average);
-      doc["timeout_s"] = o.size_timeout_s;
-      doc["machine"] = std::move(machine);
-      doc["results"] = std::move(rows);
-      doc["wrong"] = total_wrong;
-      doc["avg_busbw_GBps"] = avg_bw;
-      out << doc.dump(1) << "\n";
-    } else {
-      out << fmt::format("# Out of bounds values : {} {}\n", total_wrong, total_wrong ? "FAILED" : "OK");
-      out << fmt::format("# Avg bus bandwidth    : {:.4g}\n#\n", avg_bw);
-    }
-  }
-  return total_wrong ? 1 : 0;
+  return run_collective_bench(world, o, out);
 }
 
 }  // namespace cz::dist

@@ -3,6 +3,7 @@
 // time (as ranks share PCIe in training); rank 0 prints its figures.
 #include <cstring>
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +17,52 @@
 
 namespace cz::dist {
 
+namespace {
+
+using cuda_runtime::CopyKind;
+
+// One copy to time: its direction, its host memory ("device" for device to device) and its ends.
+struct CopyCase {
+  const char* direction;
+  const char* memory;
+  void* dst;
+  const void* src;
+  CopyKind kind;
+};
+
+// --memory's host buffers each way, then device to device.
+std::vector<CopyCase> copy_cases(const std::string& memory, void* dev, void* dev2, void* pinned,
+                                 void* pageable) {
+  std::vector<CopyCase> cases;
+  for (const char* mem : {"pinned", "pageable"}) {
+    if (memory != "both" && memory != mem) continue;
+    void* host = std::strcmp(mem, "pinned") == 0 ? pinned : pageable;
+    cases.push_back({"host_to_device", mem, dev, host, CopyKind::host_to_device});
+    cases.push_back({"device_to_host", mem, host, dev, CopyKind::device_to_host});
+  }
+  cases.push_back({"device_to_device", "device", dev2, dev, CopyKind::device_to_device});
+  return cases;
+}
+
+// The stream and the two events every copy is timed with, as bandwidthTest times them.
+struct CopyTimer {
+  Stream stream;
+  void* start;
+  void* stop;
+
+  // Microseconds per copy of `bytes` in `c`, over o.iters copies after o.warmup.
+  double time_us(const CopyCase& c, size_t bytes, const CommBenchOptions& o) const {
+    for (int i = 0; i < o.warmup; ++i) cuda_runtime::memcpy_async(c.dst, c.src, bytes, c.kind, stream);
+    cuda_runtime::event_record(start, stream);
+    for (int i = 0; i < o.iters; ++i) cuda_runtime::memcpy_async(c.dst, c.src, bytes, c.kind, stream);
+    cuda_runtime::event_record(stop, stream);
+    cuda_runtime::event_synchronize(stop);
+    return double(cuda_runtime::event_elapsed_ms(start, stop)) * 1e3 / std::max(1, o.iters);
+  }
+};
+
+}  // namespace
+
 int run_copy_bench(World& world, const CommBenchOptions& o, std::ostream& out) {
   CZ_CHECK_DEVICE(
       cuda_runtime::built() && cuda_available(),
@@ -27,10 +74,8 @@ int run_copy_bench(World& world, const CommBenchOptions& o, std::ostream& out) {
   const int gpu = world.gpu() >= 0 ? world.gpu() : 0;
   const Device device = Device::cuda(gpu);
   cuda_runtime::set_device(gpu);
-  const Stream stream{device, cuda_runtime::stream_create(gpu)};
-  void* start = cuda_runtime::event_create(gpu);
-  void* stop = cuda_runtime::event_create(gpu);
-  using cuda_runtime::CopyKind;
+  const CopyTimer timer{Stream{device, cuda_runtime::stream_create(gpu)}, cuda_runtime::event_create(gpu),
+                        cuda_runtime::event_create(gpu)};
 
   const bool print = world.rank() == 0;
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
@@ -52,28 +97,8 @@ int run_copy_bench(World& world, const CommBenchOptions& o, std::ostream& out) {
     DataPtr pinned = cuda_runtime::pinned_allocator().allocate(nb);
     std::vector<char> pageable(nb, 1);
     std::memset(pinned.get(), 1, nb);
-    struct Case {
-      const char* direction;
-      const char* memory;
-      void* dst;
-      const void* src;
-      CopyKind kind;
-    };
-    std::vector<Case> cases;
-    for (const char* mem : {"pinned", "pageable"}) {
-      if (o.memory != "both" && o.memory != mem) continue;
-      void* host = std::strcmp(mem, "pinned") == 0 ? pinned.get() : pageable.data();
-      cases.push_back({"host_to_device", mem, dev.get(), host, CopyKind::host_to_device});
-      cases.push_back({"device_to_host", mem, host, dev.get(), CopyKind::device_to_host});
-    }
-    cases.push_back({"device_to_device", "device", dev2.get(), dev.get(), CopyKind::device_to_device});
-    for (const Case& c : cases) {
-      for (int i = 0; i < o.warmup; ++i) cuda_runtime::memcpy_async(c.dst, c.src, nb, c.kind, stream);
-      cuda_runtime::event_record(start, stream);
-      for (int i = 0; i < o.iters; ++i) cuda_runtime::memcpy_async(c.dst, c.src, nb, c.kind, stream);
-      cuda_runtime::event_record(stop, stream);
-      cuda_runtime::event_synchronize(stop);
-      const double us = double(cuda_runtime::event_elapsed_ms(start, stop)) * 1e3 / std::max(1, o.iters);
+    for (const CopyCase& c : copy_cases(o.memory, dev.get(), dev2.get(), pinned.get(), pageable.data())) {
+      const double us = timer.time_us(c, nb, o);
       const double gbps = double(bytes) / (us * 1e-6) / 1e9;
       if (!print) continue;
       if (o.json) {
@@ -99,9 +124,9 @@ int run_copy_bench(World& world, const CommBenchOptions& o, std::ostream& out) {
     doc["results"] = std::move(rows);
     out << doc.dump(1) << "\n";
   }
-  cuda_runtime::event_destroy(start);
-  cuda_runtime::event_destroy(stop);
-  cuda_runtime::stream_destroy(stream.handle);
+  cuda_runtime::event_destroy(timer.start);
+  cuda_runtime::event_destroy(timer.stop);
+  cuda_runtime::stream_destroy(timer.stream.handle);
   return 0;
 }
 

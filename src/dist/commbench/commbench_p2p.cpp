@@ -112,13 +112,89 @@ nlohmann::ordered_json matrix_json(const std::vector<double>& m, int n) {
   return rows;
 }
 
+namespace {
+
+// One size's buffers for timing a pair: what is sent, what is received, and the acknowledgement byte.
+struct PairBuffers {
+  BenchBuffer send, recv, ack;
+};
+
+// Rank `me`'s part in timing the pair a -> b at `bytes` (nothing unless it is a or b): osu_bw's windows, then
+// osu_latency's ping-pongs. The sender writes the pair's bandwidth (GB/s) at mine[b] and its latency (us) at
+// mine[n + b].
+void time_pair(Communicator& comm, Device dev, PairBuffers& buf, const CommBenchOptions& o, int64_t bytes,
+               int n, int me, int a, int b, std::vector<double>& mine) {
+  if (me != a && me != b) return;
+  const int peer = me == a ? b : a;
+  auto window = [&] {
+    std::vector<WorkHandle> w;
+    w.reserve(size_t(o.window));
+    for (int k = 0; k < o.window; ++k)
+      w.push_back(me == a ? comm.send(buf.send.data(), bytes, DType::u8, dev, peer)
+                          : comm.recv(buf.recv.data(), bytes, DType::u8, dev, peer));
+    for (auto& h : w) h->synchronize();
+    if (me == a)
+      comm.recv(buf.ack.data(), 1, DType::u8, dev, peer)->synchronize();
+    else
+      comm.send(buf.ack.data(), 1, DType::u8, dev, peer)->synchronize();
+  };
+  auto ping_pong = [&] {
+    if (me == a) {
+      comm.send(buf.send.data(), bytes, DType::u8, dev, peer)->synchronize();
+      comm.recv(buf.recv.data(), bytes, DType::u8, dev, peer)->synchronize();
+    } else {
+      comm.recv(buf.recv.data(), bytes, DType::u8, dev, peer)->synchronize();
+      comm.send(buf.send.data(), bytes, DType::u8, dev, peer)->synchronize();
+    }
+  };
+  const int iters = std::max(1, o.iters);
+  for (int i = 0; i < o.warmup; ++i) window();
+  auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) window();
+  const double bw_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (int i = 0; i < o.warmup; ++i) ping_pong();
+  t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) ping_pong();
+  const double pp_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (me == a) {
+    mine[size_t(b)] = double(bytes) * o.window * iters / bw_s / 1e9;
+    mine[size_t(n + b)] = pp_s / (2.0 * iters) * 1e6;
+  }
+}
+
+// One size's pair matrices (row: sender) from every rank's row of bandwidths then latencies.
+struct PairMatrices {
+  std::vector<double> bandwidth, latency;
+};
+PairMatrices pair_matrices(const std::vector<double>& all, int n) {
+  PairMatrices m{std::vector<double>(size_t(n * n)), std::vector<double>(size_t(n * n))};
+  for (int a = 0; a < n; ++a)
+    for (int b = 0; b < n; ++b) {
+      m.bandwidth[size_t(a * n + b)] = all[size_t(a * 2 * n + b)];
+      m.latency[size_t(a * n + b)] = all[size_t(a * 2 * n + n + b)];
+    }
+  return m;
+}
+
+// On GPUs: the peer copy matrix of rank 0's host, as CUDA's p2pBandwidthLatencyTest prints it (printed unless
+// --json; the JSON either way, or its note where there is none).
+nlohmann::ordered_json peer_copies(const CommBenchOptions& o, std::ostream& out) {
+  std::string note;
+  nlohmann::ordered_json peer =
+      cuda_peer_matrix(o.max_bytes, std::max(1, o.iters), o.json ? nullptr : &out, &note);
+  if (!note.empty() && !o.json) out << "# peer copies: " << note << "\n";
+  if (peer.is_null() && !note.empty()) peer = {{"note", note}};
+  return peer;
+}
+
+}  // namespace
+
 int run_p2p_bench(World& world, const CommBenchOptions& o, std::ostream& out) {
   P2pComms c = open_comms(world, o, "--op sendrecv");
   const int n = world.size(), me = world.rank();
   const bool print = me == 0;
   nlohmann::ordered_json machine;
   if (o.json) machine = machine_facts(world);
-  Communicator& comm = *c.comm;
   const Device dev = c.device;
   if (print && !o.json)
     out << fmt::format(
@@ -130,75 +206,27 @@ int run_p2p_bench(World& world, const CommBenchOptions& o, std::ostream& out) {
         name(c.backend), o.device, n, o.warmup, o.iters, o.window, o.window);
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   for (const int64_t bytes : p2p_sizes(o)) {
-    BenchBuffer sbuf(dev, size_t(bytes)), rbuf(dev, size_t(bytes)), ack(dev, 1);
+    PairBuffers buf{BenchBuffer(dev, size_t(bytes)), BenchBuffer(dev, size_t(bytes)), BenchBuffer(dev, 1)};
     std::vector<double> mine(size_t(2 * n), 0.0);  // bandwidth (GB/s) then latency (us) to each peer
-    each_pair(c, n, o.size_timeout_s, fmt::format("sendrecv of {} bytes", bytes), me, [&](int a, int b) {
-      if (me != a && me != b) return;
-      const int peer = me == a ? b : a;
-      auto window = [&] {
-        std::vector<WorkHandle> w;
-        w.reserve(size_t(o.window));
-        for (int k = 0; k < o.window; ++k)
-          w.push_back(me == a ? comm.send(sbuf.data(), bytes, DType::u8, dev, peer)
-                              : comm.recv(rbuf.data(), bytes, DType::u8, dev, peer));
-        for (auto& h : w) h->synchronize();
-        if (me == a)
-          comm.recv(ack.data(), 1, DType::u8, dev, peer)->synchronize();
-        else
-          comm.send(ack.data(), 1, DType::u8, dev, peer)->synchronize();
-      };
-      auto ping_pong = [&] {
-        if (me == a) {
-          comm.send(sbuf.data(), bytes, DType::u8, dev, peer)->synchronize();
-          comm.recv(rbuf.data(), bytes, DType::u8, dev, peer)->synchronize();
-        } else {
-          comm.recv(rbuf.data(), bytes, DType::u8, dev, peer)->synchronize();
-          comm.send(sbuf.data(), bytes, DType::u8, dev, peer)->synchronize();
-        }
-      };
-      const int iters = std::max(1, o.iters);
-      for (int i = 0; i < o.warmup; ++i) window();
-      auto t0 = Clock::now();
-      for (int i = 0; i < iters; ++i) window();
-      const double bw_s = std::chrono::duration<double>(Clock::now() - t0).count();
-      for (int i = 0; i < o.warmup; ++i) ping_pong();
-      t0 = Clock::now();
-      for (int i = 0; i < iters; ++i) ping_pong();
-      const double pp_s = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (me == a) {
-        mine[size_t(b)] = double(bytes) * o.window * iters / bw_s / 1e9;
-        mine[size_t(n + b)] = pp_s / (2.0 * iters) * 1e6;
-      }
-    });
-    const std::vector<double> all = gather_rows(*c.ctl, mine, n);
-    std::vector<double> bw(size_t(n * n)), lat(size_t(n * n));
-    for (int a = 0; a < n; ++a)
-      for (int b = 0; b < n; ++b) {
-        bw[size_t(a * n + b)] = all[size_t(a * 2 * n + b)];
-        lat[size_t(a * n + b)] = all[size_t(a * 2 * n + n + b)];
-      }
+    each_pair(c, n, o.size_timeout_s, fmt::format("sendrecv of {} bytes", bytes), me,
+              [&](int a, int b) { time_pair(*c.comm, dev, buf, o, bytes, n, me, a, b, mine); });
+    const PairMatrices m = pair_matrices(gather_rows(*c.ctl, mine, n), n);
     if (!print) continue;
     if (o.json) {
       results.push_back({{"size", bytes},
                          {"window", o.window},
-                         {"bandwidth_GBps", matrix_json(bw, n)},
-                         {"latency_us", matrix_json(lat, n)}});
+                         {"bandwidth_GBps", matrix_json(m.bandwidth, n)},
+                         {"latency_us", matrix_json(m.latency, n)}});
     } else {
       out << fmt::format("#\n# {} bytes: bandwidth (GB/s), row: sender\n", bytes);
-      print_matrix(out, bw, n, 9);
+      print_matrix(out, m.bandwidth, n, 9);
       out << fmt::format("# {} bytes: latency (us)\n", bytes);
-      print_matrix(out, lat, n, 9);
+      print_matrix(out, m.latency, n, 9);
       out.flush();
     }
   }
-  // On GPUs: the peer copy matrix of rank 0's host, as CUDA's p2pBandwidthLatencyTest prints it.
   nlohmann::ordered_json peer;
-  if (dev.is_cuda() && print) {
-    std::string note;
-    peer = cuda_peer_matrix(o.max_bytes, std::max(1, o.iters), o.json ? nullptr : &out, &note);
-    if (!note.empty() && !o.json) out << "# peer copies: " << note << "\n";
-    if (peer.is_null() && !note.empty()) peer = {{"note", note}};
-  }
+  if (dev.is_cuda() && print) peer = peer_copies(o, out);
   if (print && o.json) {
     nlohmann::ordered_json doc;
     doc["op"] = "sendrecv";
@@ -216,19 +244,75 @@ int run_p2p_bench(World& world, const CommBenchOptions& o, std::ostream& out) {
   return 0;
 }
 
+namespace {
+
+// Per sender, as --check-p2p gathers them: wrong bytes, the first wrong index, what it held and what it
+// should have.
+constexpr int kCheckFields = 4;
+
 // CZ_COMMBENCH_CORRUPT=A:B (a test hook, as CZ_SIMULATE_HOSTS is one): rank B flips a byte of what it
-// received from A before checking it, standing in for a transport that returns wrong bytes.
+// received from A before checking it, standing in for a transport that returns wrong bytes. {-1, -1}: unset.
+std::pair<int, int> corrupt_pair() {
+  int from = -1, to = -1;
+  if (const char* env = std::getenv("CZ_COMMBENCH_CORRUPT"); env && *env)
+    CZ_CHECK(std::sscanf(env, "%d:%d", &from, &to) == 2, "CZ_COMMBENCH_CORRUPT takes FROM:TO ranks, not '{}'",
+             env);
+  return {from, to};
+}
+
+// Rank `me`'s part in checking the pair a -> b at `bytes` in round `rep`: a sends the pattern; b receives
+// over the pattern's complement and writes what it found at mine[kCheckFields * a].
+void check_pair(Communicator& comm, Device dev, BenchBuffer& buf, int64_t bytes, int rep,
+                std::pair<int, int> corrupt, int me, int a, int b, std::vector<double>& mine) {
+  if (me == a) {
+    for (int64_t i = 0; i < bytes; ++i) buf.host()[i] = char(pattern(a, b, i, rep));
+    buf.upload();
+    comm.send(buf.data(), bytes, DType::u8, dev, b)->synchronize();
+  } else if (me == b) {
+    for (int64_t i = 0; i < bytes; ++i) buf.host()[i] = char(~pattern(a, b, i, rep));
+    buf.upload();
+    comm.recv(buf.data(), bytes, DType::u8, dev, a)->synchronize();
+    buf.download();
+    if (a == corrupt.first && b == corrupt.second) buf.host()[bytes / 2] ^= 0x5a;
+    int64_t wrong = 0, first = -1;
+    for (int64_t i = 0; i < bytes; ++i)
+      if (uint8_t(buf.host()[i]) != pattern(a, b, i, rep)) {
+        if (first < 0) first = i;
+        ++wrong;
+      }
+    double* f = &mine[size_t(kCheckFields * a)];
+    f[0] = double(wrong);
+    f[1] = double(first);
+    f[2] = first >= 0 ? double(uint8_t(buf.host()[first])) : 0;
+    f[3] = first >= 0 ? double(pattern(a, b, first, rep)) : 0;
+  }
+}
+
+// The pairs that got wrong bytes at `bytes`, from every receiver's row.
+void add_pair_failures(World& world, const std::vector<double>& all, int64_t bytes,
+                       std::vector<std::string>& failures) {
+  const int n = world.size();
+  for (int b = 0; b < n; ++b)
+    for (int a = 0; a < n; ++a) {
+      const double* f = &all[size_t(b * kCheckFields * n + kCheckFields * a)];
+      if (a == b || f[0] == 0) continue;
+      failures.push_back(
+          fmt::format("rank {} ({}) -> rank {} ({}): {} of {} bytes wrong, first at byte {} (0x{:02x}, "
+                      "expected 0x{:02x})",
+                      a, world.peer(a).host, b, world.peer(b).host, int64_t(f[0]), bytes, int64_t(f[1]),
+                      int(f[2]), int(f[3])));
+    }
+}
+
+}  // namespace
+
 int run_p2p_check(World& world, const CommBenchOptions& o, std::ostream& out) {
   P2pComms c = open_comms(world, o, "--check-p2p");
   const int n = world.size(), me = world.rank();
   const bool print = me == 0;
   nlohmann::ordered_json machine;
   if (o.json) machine = machine_facts(world);
-  int corrupt_from = -1, corrupt_to = -1;
-  if (const char* env = std::getenv("CZ_COMMBENCH_CORRUPT"); env && *env)
-    CZ_CHECK(std::sscanf(env, "%d:%d", &corrupt_from, &corrupt_to) == 2,
-             "CZ_COMMBENCH_CORRUPT takes FROM:TO ranks, not '{}'", env);
-  Communicator& comm = *c.comm;
+  const std::pair<int, int> corrupt = corrupt_pair();
   const Device dev = c.device;
   const std::vector<int64_t> sizes = p2p_sizes(o);
   if (print && !o.json)
@@ -243,45 +327,11 @@ int run_p2p_check(World& world, const CommBenchOptions& o, std::ostream& out) {
   for (const int64_t bytes : sizes) {
     ++rep;
     BenchBuffer buf(dev, size_t(bytes));
-    // Per sender: wrong bytes, the first wrong index, what it held and what it should have.
-    constexpr int kFields = 4;
-    std::vector<double> mine(size_t(kFields * n), 0.0);
-    each_pair(c, n, o.size_timeout_s, fmt::format("--check-p2p at {} bytes", bytes), me, [&](int a, int b) {
-      if (me == a) {
-        for (int64_t i = 0; i < bytes; ++i) buf.host()[i] = char(pattern(a, b, i, rep));
-        buf.upload();
-        comm.send(buf.data(), bytes, DType::u8, dev, b)->synchronize();
-      } else if (me == b) {
-        for (int64_t i = 0; i < bytes; ++i) buf.host()[i] = char(~pattern(a, b, i, rep));
-        buf.upload();
-        comm.recv(buf.data(), bytes, DType::u8, dev, a)->synchronize();
-        buf.download();
-        if (a == corrupt_from && b == corrupt_to) buf.host()[bytes / 2] ^= 0x5a;
-        int64_t wrong = 0, first = -1;
-        for (int64_t i = 0; i < bytes; ++i)
-          if (uint8_t(buf.host()[i]) != pattern(a, b, i, rep)) {
-            if (first < 0) first = i;
-            ++wrong;
-          }
-        double* f = &mine[size_t(kFields * a)];
-        f[0] = double(wrong);
-        f[1] = double(first);
-        f[2] = first >= 0 ? double(uint8_t(buf.host()[first])) : 0;
-        f[3] = first >= 0 ? double(pattern(a, b, first, rep)) : 0;
-      }
-    });
+    std::vector<double> mine(size_t(kCheckFields * n), 0.0);
+    each_pair(c, n, o.size_timeout_s, fmt::format("--check-p2p at {} bytes", bytes), me,
+              [&](int a, int b) { check_pair(*c.comm, dev, buf, bytes, rep, corrupt, me, a, b, mine); });
     checked_pairs += int64_t(n) * (n - 1);
-    const std::vector<double> all = gather_rows(*c.ctl, mine, n);
-    for (int b = 0; b < n; ++b)
-      for (int a = 0; a < n; ++a) {
-        const double* f = &all[size_t(b * kFields * n + kFields * a)];
-        if (a == b || f[0] == 0) continue;
-        failures.push_back(
-            fmt::format("rank {} ({}) -> rank {} ({}): {} of {} bytes wrong, first at byte {} (0x{:02x}, "
-                        "expected 0x{:02x})",
-                        a, world.peer(a).host, b, world.peer(b).host, int64_t(f[0]), bytes, int64_t(f[1]),
-                        int(f[2]), int(f[3])));
-      }
+    add_pair_failures(world, gather_rows(*c.ctl, mine, n), bytes, failures);
   }
   // On GPUs: the same between the devices rank 0's process sees, by peer copies, with and without peer
   // access.
