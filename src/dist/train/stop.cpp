@@ -64,7 +64,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <exception>
 #include <filesystem>
 #include <mutex>
@@ -73,6 +75,7 @@
 #include <fmt/format.h>
 
 #include "dist/comm/signal_text.h"
+#include "dist/train/flags.h"
 #include "io/checkpoint/checkpoint_layout.h"
 #include "io/log/train_log.h"
 
@@ -226,6 +229,48 @@ void write_stop_record(const std::string& checkpoint_dir, const std::string& che
     console_print(stderr,
                   fmt::format("convnext_zero: note: the stop record was not written: {}\n", e.what()));
   }
+}
+
+StepBoundary::StepBoundary(dist::ProcessGroup control, double end_margin)
+    : control_(std::move(control)), end_margin_(end_margin) {}
+
+void StepBoundary::step_took(double seconds) {
+  longest_step_s_ = std::max(longest_step_s_, seconds);
+}
+
+// Note [Stopping on request], at the step boundary: every rank contributes its stop signal and whether its
+// part of the save in flight is written; all see all, so all take the same decisions. A save is published at
+// the first boundary after its last rank file (and rank 0's index) is durable, not at the next save.
+//
+// Note [Stopping before the job's end]: with --end-margin M in a Slurm job, rank 0 compares the clock with
+// the job's end time T at each boundary: when the next step, as long as the slowest so far, would end after
+// T - M, the run stops here as on SIGUSR1 (final checkpoint, exit 75), leaving M seconds for the final save
+// and the job script's requeue. Rank 0 alone decides, so the ranks' clocks need not agree; the exchange below
+// tells the others.
+StepBoundary::Agreement StepBoundary::agree(int64_t step, bool unwritten) {
+  int mine = stop_signal();
+  if (mine == 0 && job_end_time_ && end_margin_ > 0) {
+    const double now = double(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count()) /
+                       1000;
+    const double left = double(*job_end_time_) - now;
+    if (left - longest_step_s_ < end_margin_) {
+      mine = kStopJobEnd;
+      console_print(stderr,
+                    fmt::format("convnext_zero: the job ends in {:.0f} s: stopping after step {} with "
+                                "a final checkpoint ({} {})\n",
+                                left, step, flag_name(&TrainConfig::end_margin), end_margin_));
+    }
+  }
+  std::vector<double> all = {double(mine), unwritten ? 1.0 : 0.0};
+  all = control_.all_gather(all);  // Note [Control communicator]
+  Agreement a;
+  for (size_t r = 0; r < all.size(); r += 2) {
+    if (a.signal == 0) a.signal = int(all[r]);
+    a.written = a.written && all[r + 1] == 0;
+  }
+  return a;
 }
 
 }  // namespace cz::train

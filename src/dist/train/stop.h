@@ -1,10 +1,13 @@
 // Stopping a run on request (Note [Stopping on request]): SIGINT, SIGTERM and SIGUSR1 ask the training loop
 // to stop after the step it is in, save a final checkpoint and exit with kExitStopped; a SIGINT or SIGTERM
-// after the first signal stops at once.
+// after the first signal stops at once. The ranks agree on it at each step boundary (StepBoundary).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+
+#include "dist/comm/process_group.h"
 
 namespace cz::train {
 
@@ -40,5 +43,33 @@ std::string signal_name(int sig);
 inline constexpr const char* kStopRecordName = "stopped";
 void write_stop_record(const std::string& checkpoint_dir, const std::string& checkpoint, int sig,
                        int64_t last_step);
+
+// The ranks' agreement at a step boundary (Note [Stopping on request], Note [Stopping before the job's end]):
+// whether the run stops, and whether every rank has written its part of the save in flight.
+class StepBoundary {
+ public:
+  StepBoundary() = default;
+  // `control`: the world's control group (Note [Control communicator]); `end_margin`: --end-margin's seconds
+  // (0: none).
+  StepBoundary(dist::ProcessGroup control, double end_margin);
+  // --end-margin: the job's end time (Unix seconds), on rank 0.
+  void set_job_end_time(std::optional<int64_t> end_time) { job_end_time_ = end_time; }
+  // A step took `seconds`: the boundary keeps the margin for a next step as long as the slowest so far.
+  void step_took(double seconds);
+
+  struct Agreement {
+    int signal = 0;       // the stop signal (of the first rank that has one), 0 to go on
+    bool written = true;  // every rank's part of the save in flight is written (or none is in flight)
+  };
+  // Collective over `control`, after `step`: `unwritten` says this rank's part of a save in flight is not
+  // written yet.
+  Agreement agree(int64_t step, bool unwritten);
+
+ private:
+  dist::ProcessGroup control_;
+  double end_margin_ = 0;
+  std::optional<int64_t> job_end_time_;  // rank 0
+  double longest_step_s_ = 0;            // this run's slowest step so far
+};
 
 }  // namespace cz::train

@@ -150,22 +150,23 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
     opt.backend = choose_backend();
     comm_kind = opt.backend == dist::Backend::nccl ? "nccl" : "mpi";
     check_comm_impl(opt.backend);
-    two_hop_ = choose_two_hop_reduce(dist::host_map(world_));
-    mesh_ = dist::Mesh(world_, opt, cfg_.shard_group, cfg_.hpz || two_hop_, comm_of_one);
+    plan_ = make_plan(dist::host_map(world_));
+    mesh_ = dist::Mesh(world_, opt, cfg_.shard_group, cfg_.hpz || plan_.two_hop(), comm_of_one);
     group_ = mesh_.world();
     // Across hosts, say how the gradient buckets' collectives go (Note [Two-level cost model]).
     if (world_.rank() == 0 && mesh_.hosts().num_hosts() > 1)
       fmt::print("{}: {}\n", flag_arg(cfg_, &TrainConfig::comm_impl),
                  mesh_.world().communicator()->explain(dist::Collective::all_reduce,
                                                        size_t(bucket_bytes(cfg_.bucket_mb))));
-    if (world_.rank() == 0 && two_hop_)
+    if (world_.rank() == 0 && plan_.two_hop())
       fmt::print("{}: {} int8 {} in two hops, inside each host then across hosts\n",
                  flag_arg(cfg_, &TrainConfig::comm_impl), flag_name(&TrainConfig::reduce_dtype),
-                 cfg_.stage == 0 ? "all-reduces" : "reduce-scatters");
+                 plan_.sharded() ? "reduce-scatters" : "all-reduces");
   } else {
     mesh_ = dist::Mesh(device_);
     control_ = dist::ProcessGroup(device_);
     dist::shard_groups(cfg_.shard_group, mesh_.hosts());  // the same checks as on a world of several
+    plan_ = make_plan(mesh_.hosts());
   }
   // hpZ keeps backward's gathers on the host: with one host there is nothing to keep them from.
   CZ_CHECK(!cfg_.hpz || mesh_.hosts().num_hosts() > 1,
@@ -174,11 +175,13 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
            flag_name(&TrainConfig::hpz), world_.size(), mesh_.hosts().hosts.front(),
            flag_name(&TrainConfig::stage));
   group_ = mesh_.world();
+  checkpointer_ = std::make_unique<Checkpointer>(cfg_.checkpoint_dir, group_, world_.rank() == 0 && cfg_.progress);
+  boundary_ = StepBoundary(control_, cfg_.end_margin);
   check_outputs();
-  place_cpu_threads();
   rank_stats_ = RankStats(world_.size() > 1 ? int(cfg_.rank_stats_every) : 0);
-  build_data();
-  CZ_CHECK(!cfg_.keep_best || eval_set_,
+  feed_ = std::make_unique<DataFeed>(cfg_, world_, device_);
+  total_steps_ = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * feed_->steps_per_epoch();
+  CZ_CHECK(!cfg_.keep_best || feed_->eval_set(),
            "{} keeps the checkpoint of the best evaluation, but {} has no eval split; "
            "give {}",
            flag_name(&TrainConfig::keep_best), flag_arg(cfg_, &TrainConfig::data),
@@ -309,21 +312,23 @@ void Trainer::check_comm_impl(dist::Backend backend) const {
 // model]), so by its bytes the two hops are never slower. flat keeps the all-to-all. hier where two hops
 // cannot apply on several hosts (CUDA ranks, whose kernels have not run) is refused; one host or one rank per
 // host is the flat path, as for the fp32 collectives.
-bool Trainer::choose_two_hop_reduce(const dist::HostMap& hosts) const {
-  const zero::TwoHop choice = zero::two_hop_choice({.reduce_int8 = reduces_int8(cfg_),
-                                                    .stage = cfg_.stage,
-                                                    .flat_mesh = cfg_.shard_group == "world",
-                                                    .hosts = hosts.num_hosts(),
-                                                    .ranks_per_host = hosts.ranks_per_host(),
-                                                    .flat_impl = cfg_.comm_impl == "flat",
-                                                    .cuda = device_.is_cuda()});
+// The run's step plan (Note [Step plan]) on these hosts, made before the mesh, which needs the host and cross
+// groups for two hops.
+zero::StepPlan Trainer::make_plan(const dist::HostMap& hosts) const {
+  const int shard_group =
+      cfg_.shard_group == "world" ? 0 : int(dist::shard_groups(cfg_.shard_group, hosts).front().size());
+  zero::StepPlan plan = zero::make_step_plan(zero_config(cfg_, device_), {.world = world_.size(),
+                                                                          .shard_group = shard_group,
+                                                                          .hosts = hosts.num_hosts(),
+                                                                          .ranks_per_host = hosts.ranks_per_host(),
+                                                                          .flat_impl = cfg_.comm_impl == "flat"});
   CZ_CHECK(
-      choice != zero::TwoHop::cpu_only || cfg_.comm_impl != "hier",
+      plan.two_hop_choice() != zero::TwoHop::cpu_only || cfg_.comm_impl != "hier",
       "{} with {} int8 on {} hosts: the two-hop quantized reduction takes CPU ranks (this run: {} {}); use "
       "{} auto or flat for the flat all-to-all",
       flag_arg(cfg_, &TrainConfig::comm_impl), flag_name(&TrainConfig::reduce_dtype), hosts.num_hosts(),
       flag_name(&TrainConfig::device), cfg_.device, flag_name(&TrainConfig::comm_impl));
-  return choice == zero::TwoHop::yes;
+  return plan;
 }
 
 Trainer::~Trainer() = default;
@@ -337,7 +342,7 @@ void Trainer::build_model() {
     const WeightImportReport r = import_weights(cfg_.init_weights, model_->named_parameters(), opt);
     // Note [Class names]: a kept classifier must be for this data's classes; --reset-head makes a new one.
     if (!cfg_.reset_head)
-      check_classes(r.class_names, flag_arg(cfg_, &TrainConfig::init_weights),
+      feed_->check_classes(r.class_names, flag_arg(cfg_, &TrainConfig::init_weights),
                     fmt::format("give {} to train a new classifier for these classes",
                                 flag_name(&TrainConfig::reset_head)));
     if (cfg_.reset_head) model_->reset_head(cfg_.seed + 1);
@@ -346,80 +351,18 @@ void Trainer::build_model() {
   model_->set_activation_checkpointing(cfg_.activation_checkpointing);
   zero::ZeroGroups groups{mesh_.world(),         mesh_.shard(), mesh_.replicate(), mesh_.host(),
                           mesh_.hosts().host_of, mesh_.cross(), mesh_.hosts()};
-  zero::ZeroConfig zc = zero_config(cfg_, device_);
-  zc.two_hop_reduce = two_hop_;  // Note [Two-hop choice]
-  engine_ = std::make_unique<zero::ZeroEngine>(*model_, model_->units(), std::move(groups), zc,
+  engine_ = std::make_unique<zero::ZeroEngine>(*model_, model_->units(), std::move(groups), plan_,
                                                make_optimizer(cfg_), make_ema(cfg_));
-}
-
-// Both splits read this rank's share of global batches of micro-batch x ranks; evaluation reads every example
-// once, in file order, unaugmented.
-LoaderOptions Trainer::loader_options(Split split) const {
-  LoaderOptions lo = run_loader_options(cfg_, split, world_.size(), world_.rank());
-  lo.cpus = loader_cpus_;
-  return lo;
-}
-
-LoaderOptions run_loader_options(const TrainConfig& cfg_, Split split, int world, int rank) {
-  const bool train = split == Split::train;
-  LoaderOptions lo;
-  lo.batch_size = cfg_.micro_batch * world;
-  lo.image_size = cfg_.image_size;
-  lo.shuffle = train && cfg_.shuffle;
-  lo.augment = train && cfg_.augment;
-  lo.interpolation = parse_interpolation(cfg_.interpolation);
-  if (train) {
-    lo.rand_augment = parse_rand_augment(cfg_.aa);
-    lo.erasing = {cfg_.reprob, parse_erase_mode(cfg_.remode), int(cfg_.recount)};
-  }
-  lo.drop_last = train;
-  lo.seed = cfg_.seed;
-  lo.world = world;
-  lo.rank = rank;
-  lo.threads = cfg_.loader_threads;
-  if (train) lo.mix = cfg_.mix_config();  // Note [Mixing within a micro-batch]
-  // Note [Normalising on the device]: the step makes the model's input from the 8-bit pixels (model_input).
-  lo.pixels_only = true;
-  lo.pinned = parse_device(cfg_.device).is_cuda();
-  lo.endless = train;  // Note [Running ahead]: no stall at an epoch's end; evaluation is one pass
-  lo.skip_bad_samples = cfg_.skip_bad_samples;
-  return lo;
-}
-
-void Trainer::build_data() {
-  const DatasetOptions dopt = dataset_options(cfg_);
-  train_set_ = open_dataset(cfg_.data, Split::train, dopt);
-  classes_from_data_ = take_data_classes(cfg_, *train_set_);
-  const std::string data = flag_arg(cfg_, &TrainConfig::data);
-  CZ_CHECK(train_set_->num_classes() <= cfg_.num_classes, "{} is smaller than the {} classes of {}",
-           flag_arg(cfg_, &TrainConfig::num_classes), train_set_->num_classes(), data);
-  open_eval_set(dopt);  // --eval-split takes its part out of train_set_
-
-  const LoaderOptions lo = loader_options(Split::train);
-  loader_ = std::make_unique<Loader>(train_set_, lo);
-  const int64_t per_epoch = loader_->steps_per_epoch() / cfg_.grad_accum;
-  CZ_CHECK(per_epoch > 0 || cfg_.epochs == 0,
-           "{} has {} examples, fewer than one global batch of {} ({} x {} x ranks)", data,
-           train_set_->size(), cfg_.global_batch(world_.size()), flag_name(&TrainConfig::micro_batch),
-           flag_name(&TrainConfig::grad_accum));
-  CZ_CHECK(loader_->steps_per_epoch() > 0,
-           "{} has {} examples, fewer than one micro-batch of {} across {} rank(s)", data, train_set_->size(),
-           lo.batch_size, world_.size());
-  total_steps_ = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * per_epoch;
-  // The stream starts at epoch 0 at the first next(), or where a checkpoint says (load_checkpoint).
-  if (!cfg_.dump_batches.empty())
-    dump_ = std::make_unique<BatchDump>(cfg_.dump_batches, world_.size(), world_.rank(), lo.mix,
-                                        cfg_.num_classes, cfg_.image_size);
 }
 
 void Trainer::build_schedule() {
   int64_t warmup = cfg_.warmup_steps;
   if (cfg_.warmup_epochs > 0) {
-    warmup = std::llround(cfg_.warmup_epochs * double(loader_->steps_per_epoch() / cfg_.grad_accum));
+    warmup = std::llround(cfg_.warmup_epochs * double(feed_->steps_per_epoch()));
     CZ_CHECK(cfg_.schedule == "constant" || warmup <= total_steps_,
              "{} is {} steps at {} steps per epoch, more than the run's {} steps (give {} or a longer run)",
              flag_arg(cfg_, &TrainConfig::warmup_epochs), warmup,
-             loader_->steps_per_epoch() / cfg_.grad_accum, total_steps_,
+             feed_->steps_per_epoch(), total_steps_,
              flag_name(&TrainConfig::warmup_steps));
   }
   schedule_ = std::make_unique<LrSchedule>(
@@ -433,43 +376,18 @@ void Trainer::build_schedule() {
   }
 }
 
-int64_t Trainer::batches_per_epoch() const {
-  return loader_->steps_per_epoch();
-}
-
-Batch Trainer::next_batch() {
-  std::optional<Batch> b = ahead_ ? std::exchange(ahead_, std::nullopt) : loader_->next();
-  CZ_ASSERT(b.has_value(), "the training loader's stream ended after epoch {}", epoch_);
-  // Note [Running ahead] (io/data/loader.h): the loader crosses epochs by itself; the batch says where it is.
-  epoch_ = b->epoch;
-  samples_in_epoch_ = b->next_position;
-  return std::move(*b);
-}
-
-void Trainer::take_next_batch_ahead() {
-  if (!take_ahead_ || ahead_ || !device_.is_cuda()) return;
-  const auto t0 = Clock::now();
-  ahead_ = loader_->next();
-  ahead_wait_s_ = seconds_since(t0);
-  trace::complete("data wait (next step's batch)", "data", t0, Clock::now(), "data wait");
-  if (ahead_) copy_ahead(*ahead_, device_);
-}
-
 StepStats Trainer::step() {
   const auto t0 = Clock::now();  // waiting for the loader counts
   std::vector<Batch> batches;
-  for (int64_t a = 0; a < cfg_.grad_accum; ++a) batches.push_back(next_batch());
+  for (int64_t a = 0; a < cfg_.grad_accum; ++a) batches.push_back(feed_->next());
   // Note [Data wait]: the time this rank's step waited for its batches, inside step_time_s (and on CUDA
   // the wait for the next step's first batch, taken ahead inside this step).
   const double data_wait_s = seconds_since(t0);
   trace::complete("data wait", "data", t0, Clock::now(), "data wait");
-  take_ahead_ = true;
-  ahead_wait_s_ = 0;
+  feed_->arm_ahead();  // run_step takes the next step's first batch ahead (CUDA)
   StepStats s = run_step(batches, t0);
-  take_ahead_ = false;
-  s.data_wait_s = data_wait_s + ahead_wait_s_;
-  // After the step's timer: the batches exactly as the model received them.
-  for (int64_t a = 0; dump_ && a < cfg_.grad_accum; ++a) dump_->write(batches[size_t(a)], s.step, a);
+  s.data_wait_s = data_wait_s + feed_->disarm_ahead();
+  feed_->dump(batches, s.step);  // after the step's timer
   return s;
 }
 
@@ -534,7 +452,7 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
     NoGradGuard no_grad;
     loss_sum = loss_sum.defined() ? add(loss_sum, loss) : loss;
   }
-  take_next_batch_ahead();  // CUDA: its copy runs beside this step's queued backward
+  feed_->take_ahead();  // CUDA: its copy runs beside this step's queued backward
   if (graphs_) {
     // The update's graph is queued before the host waits for the loss, so the device runs it right after
     // backward (the loss is a copy the update does not touch).
@@ -557,7 +475,7 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
   s.img_per_s = double(cfg_.global_batch(world_.size())) / s.step_time_s;
   s.peak_mem_bytes = alloc.stats().peak_allocated_bytes;
   if (graphs_) s.peak_mem_bytes = std::max(s.peak_mem_bytes, graphs_->capture_peak());
-  s.epoch = epoch_;
+  s.epoch = feed_->epoch();
   return s;
 }
 
@@ -594,10 +512,10 @@ void Trainer::update_and_gather(StepStats& s) {
 }
 
 EvalResult Trainer::evaluate() {
-  CZ_CHECK(eval_set_ != nullptr, "evaluation needs an eval set: {} has no eval split; give {}",
+  CZ_CHECK(feed_->eval_set() != nullptr, "evaluation needs an eval set: {} has no eval split; give {}",
            flag_arg(cfg_, &TrainConfig::data), flag_name(&TrainConfig::eval_data));
   engine_->synchronize();  // offload's delayed update, stage 1-2's parameter all-gathers
-  Loader loader(eval_set_, loader_options(Split::eval));
+  Loader loader(feed_->eval_set(), feed_->loader_options(Split::eval));
   loader.start_epoch(0);
   model_->eval();
   NoGradGuard no_grad;
@@ -643,6 +561,12 @@ void TrainSummary::add(const StepStats& s) {
 ProgressMode Trainer::progress_mode() const {
   if (world_.rank() != 0 || !cfg_.progress) return ProgressMode::off;
   return stderr_is_terminal() ? ProgressMode::bar : ProgressMode::lines;
+}
+
+int Trainer::step_boundary() {
+  const StepBoundary::Agreement a = boundary_.agree(step_, checkpointer_->unwritten());
+  if (a.written) checkpointer_->finish();  // a save in flight is published once every rank has written it
+  return a.signal;
 }
 
 TrainSummary Trainer::run() {
@@ -693,7 +617,7 @@ TrainSummary Trainer::run() {
     const StepStats s = step();
     if (tracer_) tracer_->after_step(s.step);
     ++steps_run;
-    longest_step_s_ = std::max(longest_step_s_, s.step_time_s);
+    boundary_.step_took(s.step_time_s);
     images += cfg_.global_batch(world_.size());
     time_in_steps += s.step_time_s;
     if (steps_run > 1) {
@@ -701,7 +625,8 @@ TrainSummary Trainer::run() {
       time_after_first += s.step_time_s;
       sum.data_wait_fraction = wait_after_first / time_after_first;
     }
-    if (steps_run == kLoaderCheckSteps) warn_if_loader_bound(wait_after_first, time_after_first);
+    if (steps_run == DataFeed::kLoaderCheckSteps)
+      feed_->warn_if_loader_bound(wait_after_first, time_after_first, step_);
     sum.add(s);
     if (rank_stats_.enabled()) {
       rank_stats_.add(s.step_time_s, s.data_wait_s, input_s_, s.comm_wait_s + loss_wait_s_);
@@ -714,7 +639,7 @@ TrainSummary Trainer::run() {
     record["split"] = "train";  // beside evaluations' "eval": readers select steps by it
     write_record(std::move(record));
     bar.update(s.step, s.loss, double(images) / time_in_steps, sum.data_wait_fraction);
-    if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step < total_steps_ && eval_set_)
+    if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step < total_steps_ && feed_->eval_set())
       run_eval(s.step);
     if (cfg_.checkpoint_every > 0 && s.step % cfg_.checkpoint_every == 0) {
       save_checkpoint();
@@ -727,22 +652,22 @@ TrainSummary Trainer::run() {
   }
   bar.finish();
   if (tracer_) tracer_->finish();  // a run that ended inside --trace-steps
-  if (dump_) dump_->finish();
+  feed_->finish_dump();
   count_skipped_samples(sum);
   if (!cfg_.checkpoint_dir.empty()) {
-    if (saved_step_ != step_) save_checkpoint();
+    if (checkpointer_->saved_step() != step_) save_checkpoint();
     finish_pending_save();
     // Note [The stop record]: what a job script reads where the launcher's exit code cannot be trusted.
     if (sum.stop_signal != 0 && lead)
-      write_stop_record(cfg_.checkpoint_dir, latest_checkpoint_, sum.stop_signal, step_);
+      checkpointer_->write_stop_record(sum.stop_signal, step_);
   }
   sum.steps = steps_run;
   sum.last_step = step_;
-  sum.checkpoint = latest_checkpoint_;
+  sum.checkpoint = checkpointer_->latest();
   sum.seconds = seconds_since(t0);
   sum.img_per_s = time_in_steps > 0 ? double(images) / time_in_steps : 0;
   if (cfg_.comms_table) report_comms(steps_run);
-  if (eval_set_ && sum.stop_signal == 0) run_eval(total_steps_);
+  if (feed_->eval_set() && sum.stop_signal == 0) run_eval(total_steps_);
   if (!cfg_.export_weights.empty()) {
     // Gathered on every rank (the engine's master_parameters is collective), written by rank 0.
     const nn::NamedParameters weights = master_parameters();

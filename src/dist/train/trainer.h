@@ -15,17 +15,17 @@
 #include "dist/comm/communicator.h"
 #include "dist/comm/mesh.h"
 #include "dist/comm/process_group.h"
+#include "dist/train/checkpointer.h"
 #include "dist/train/config.h"
+#include "dist/train/data_feed.h"
 #include "dist/train/gpu_health.h"
 #include "dist/train/graph_plan.h"
 #include "dist/train/rank_stats.h"
 #include "dist/train/step_graphs.h"
+#include "dist/train/stop.h"
 #include "dist/train/step_tracer.h"
 #include "dist/zero/engine.h"
 #include "io/checkpoint/checkpoint.h"
-#include "io/data/batch_dump.h"
-#include "io/data/dataset.h"
-#include "io/data/loader.h"
 #include "io/log/tensorboard.h"
 #include "io/log/train_log.h"
 #include "nn/convnext.h"
@@ -79,19 +79,6 @@ struct TrainSummary {
   void add(const StepStats& s);  // a step's loss, peak memory, model state and communication
 };
 
-// The loader options of a run's training or eval set for `rank` of `world` (--loader-threads resolved); the
-// trainer's and --loader-only's (loader_only.h).
-LoaderOptions run_loader_options(const TrainConfig& cfg, Split split, int world, int rank);
-
-// --num-classes left at kClassesOfTheData becomes `data`'s class count; true when it did. For the programs'
-// paths that open no Trainer (--plan, --print-param-groups, --loader-only), resolve_num_classes opens
-// --data for it (an error naming --num-classes as the way round when the data cannot be opened).
-bool take_data_classes(TrainConfig& c, const Dataset& data);
-// The data set options of a run's --data and --eval-data (--image-size, --skip-bad-samples,
-// --data-index-dir).
-DatasetOptions dataset_options(const TrainConfig& c);
-void resolve_num_classes(TrainConfig& c);
-
 class Trainer {
  public:
   Trainer(TrainConfig cfg, dist::World& world);
@@ -109,7 +96,8 @@ class Trainer {
   EvalResult evaluate();  // over the eval set (or --eval-batches of it), every rank together
   int64_t total_steps() const { return total_steps_; }
   int64_t steps_done() const { return step_; }
-  int64_t batches_per_epoch() const;  // micro-batches per rank in an epoch of the training set (its loader's)
+  // Micro-batches per rank in an epoch of the training set (its loader's).
+  int64_t batches_per_epoch() const { return feed_->batches_per_epoch(); }
 
   nn::ConvNeXt& model() { return *model_; }
   zero::ZeroEngine& engine() { return *engine_; }
@@ -122,14 +110,14 @@ class Trainer {
   const std::string& comm_backend_note() const { return comm_note_; }
   // Lines for the start of the run: what the training and eval sets hold (a folder's images, classes and
   // skipped files) and warnings about them ("warning: ...").
-  const std::vector<std::string>& data_notes() const { return data_notes_; }
+  const std::vector<std::string>& data_notes() const { return feed_->data_notes(); }
   // Whether --num-classes came from the training data (not given): config().num_classes is its count.
-  bool classes_from_data() const { return classes_from_data_; }
+  bool classes_from_data() const { return feed_->classes_from_data(); }
   // "CPU threads per rank ...": what OpenMP and the loader got (Note [CPU threads on a CUDA rank]).
-  const std::string& cpu_threads_note() const { return cpu_threads_note_; }
+  const std::string& cpu_threads_note() const { return feed_->cpu_threads_note(); }
   // "local rank 0: mask 0-111 -> 0-6,56-62 (...)": each rank of this host, its mask and its share of the
   // host's CPUs (Note [A rank's CPUs on a node]).
-  const std::string& node_cpus_note() const { return node_cpus_note_; }
+  const std::string& node_cpus_note() const { return feed_->node_cpus_note(); }
   // --cpu-gemm: which library runs which GEMM shape, and what choosing cost ("" on a CUDA run); warnings
   // about the cache file ("warning: ..."), rank 0's.
   const std::string& cpu_gemm_note() const { return cpu_gemm_note_; }
@@ -137,7 +125,7 @@ class Trainer {
   // --precision bf16 on the CPU: what it means and what runs it (the ISA, oneDNN's kernel); "" otherwise.
   const std::string& precision_note() const { return precision_note_; }
   // The training set's class names as checkpoints and weight files record them; empty for numbered classes.
-  std::vector<std::string> class_names() const;
+  std::vector<std::string> class_names() const { return feed_->class_names(); }
   // What --init-weights loaded ("--init-weights w.h5: 180 tensors (27.82M values) with timm keys; ..."); ""
   // without.
   const std::string& init_weights_note() const { return init_weights_note_; }
@@ -157,7 +145,7 @@ class Trainer {
   int step_boundary();
   // --end-margin: the job's end time (Unix seconds), on rank 0; the step boundary stops the run once the
   // next step would end within the margin of it (Note [Stopping before the job's end]).
-  void set_job_end_time(std::optional<int64_t> end_time) { job_end_time_ = end_time; }
+  void set_job_end_time(std::optional<int64_t> end_time) { boundary_.set_job_end_time(end_time); }
   // Continues from a checkpoint (Note [Resuming]); the constructor calls it for --resume.
   void resume(const std::string& path);
 
@@ -167,22 +155,11 @@ class Trainer {
 
  private:
   void build_model();
-  void place_cpu_threads();
-  // After kLoaderCheckSteps steps: a warning when the data wait passed cz::kLoaderBoundFraction of the steps
-  // after the first (io/log/train_log.h).
-  static constexpr int64_t kLoaderCheckSteps = 10;
-  void warn_if_loader_bound(double wait_s, double time_s) const;
-  void build_data();
   void build_schedule();
-  void open_eval_set(const DatasetOptions& options);  // trainer_data.cpp
-  // ValueError when `recorded` (what `what` was trained on) and this run's class names differ, naming the
-  // difference and `remedy`; nothing when either side has no names.
-  void check_classes(const std::vector<std::string>& recorded, const std::string& what,
-                     const std::string& remedy) const;
   void check_ranks_agree();
   dist::Backend choose_backend();  // collective over control_
   void check_comm_impl(dist::Backend backend) const;
-  bool choose_two_hop_reduce(const dist::HostMap& hosts) const;
+  zero::StepPlan make_plan(const dist::HostMap& hosts) const;
   void check_outputs() const;
   // After an evaluation at step_: whether `r` beats `best`; with --keep-best, a checkpoint of now is kept in
   // DIR/<folder> (Note [Best checkpoints]).
@@ -191,8 +168,8 @@ class Trainer {
   void open_log();  // rank 0: --log, continued after a resumed step (Note [One log across resumes])
   void write_record(nlohmann::json record);  // to --log, and its scalars to --tensorboard (trainer_log.cpp)
   void report_comms(int64_t steps);          // --comms-table, at the end of run() (trainer_log.cpp)
-  // --skip-bad-samples, at the end of run(): every rank's skipped samples into `sum` and the log
-  // (trainer_data.cpp). Collective over control_.
+  // --skip-bad-samples, at the end of run(): every rank's skipped samples into `sum` and the log. Collective
+  // over control_.
   void count_skipped_samples(TrainSummary& sum);
   ProgressMode progress_mode() const;
   using Clock = std::chrono::steady_clock;
@@ -202,11 +179,6 @@ class Trainer {
   double mean_loss(const Tensor& loss_sum);
   void gather_rank_stats(int64_t step);  // Note [Every rank's step]
   void update_and_gather(StepStats& s);
-  LoaderOptions loader_options(Split split) const;
-  Batch next_batch();
-  // CUDA, from step(): the next step's first batch taken from the loader and copied to the device while this
-  // step's backward runs (Note [Copying the next batch ahead] in io/data/model_input.h).
-  void take_next_batch_ahead();
 
   TrainConfig cfg_;
   dist::World& world_;
@@ -217,38 +189,19 @@ class Trainer {
   // Note [Control communicator]: the flags' agreement and the step boundary's exchange, on their own.
   std::unique_ptr<dist::Communicator> control_comm_;
   std::string comm_note_;
-  bool two_hop_ = false;  // Note [Two-hop choice] in trainer.cpp
+  zero::StepPlan plan_;  // Note [Step plan], Note [Two-hop choice] in trainer.cpp
   std::string init_weights_note_;
   dist::ProcessGroup control_;
 
   std::unique_ptr<nn::ConvNeXt> model_;
   std::unique_ptr<zero::ZeroEngine> engine_;
 
-  std::shared_ptr<const Dataset> train_set_, eval_set_;
-  std::vector<std::string> data_notes_;
-  bool classes_from_data_ = false;
-  std::string cpu_threads_note_;
-  std::string node_cpus_note_;
+  std::unique_ptr<DataFeed> feed_;
   std::string cpu_gemm_note_;
   std::vector<std::string> cpu_gemm_warnings_;
   std::string precision_note_;
-  std::vector<int> loader_cpus_;  // CUDA: the loader threads' CPUs (LoaderOptions::cpus)
-  std::unique_ptr<Loader> loader_;
-  std::unique_ptr<BatchDump> dump_;     // --dump-batches
   std::unique_ptr<StepTracer> tracer_;  // --trace
-  // The position of the last batch a step used (Note [Running ahead] in io/data/loader.h: the loader's
-  // workers are further on), which a checkpoint records.
-  int64_t epoch_ = 0;
-  // The position in this epoch's order after the loader's global batches consumed so far (what a checkpoint
-  // records: Note [Resuming at another global batch], io/data/loader.h).
-  int64_t samples_in_epoch_ = 0;
-  std::optional<Batch> ahead_;  // taken ahead (CUDA), not yet used
-  bool take_ahead_ = false;     // in step(): run_step takes the next batch ahead
-  double ahead_wait_s_ = 0;     // this step's wait for the loader while taking it
-  std::unique_ptr<ckpt::Collective> ckpt_comm_;
-  std::unique_ptr<ckpt::PendingSave> pending_save_;
-  int64_t saved_step_ = -1;        // the step of the newest save begun (or resumed from)
-  std::string latest_checkpoint_;  // the newest checkpoint published (or resumed from)
+  std::unique_ptr<Checkpointer> checkpointer_;
 
   GraphPlan graph_plan_;
   // Declared after the engine and the model: destroyed first, while the buffers its graphs use still exist.
@@ -261,8 +214,7 @@ class Trainer {
   BestEval best_, best_ema_;
   int64_t total_steps_ = 0;
   int64_t step_ = 0;
-  std::optional<int64_t> job_end_time_;  // --end-margin, rank 0
-  double longest_step_s_ = 0;            // this run's slowest step so far, for --end-margin
+  StepBoundary boundary_;  // the ranks' stop agreement (stop.h)
   // Note [Every rank's step]: this rank's sums between gathers, and the step's input copy and loss wait.
   RankStats rank_stats_{0};
   double input_s_ = 0, loss_wait_s_ = 0;

@@ -35,25 +35,7 @@
 
 namespace cz::train {
 
-// The save's few collectives, through the training process group (its communicator's timeouts apply).
-class GroupCollective final : public ckpt::Collective {
- public:
-  explicit GroupCollective(dist::ProcessGroup group) : group_(std::move(group)) {}
-  int rank() const override { return group_.rank(); }
-  int size() const override { return group_.size(); }
-  int64_t all_reduce_max(int64_t value) override {
-    double m = -INFINITY;
-    for (double v : group_.all_gather({double(value)})) m = std::max(m, v);
-    return int64_t(m);
-  }
-  std::string broadcast(const std::string& value, int root) override { return group_.broadcast(value, root); }
-
- private:
-  dist::ProcessGroup group_;
-};
-
 ckpt::SaveRequest Trainer::checkpoint_request() {
-  if (!ckpt_comm_) ckpt_comm_ = std::make_unique<GroupCollective>(group_);
   ckpt::SaveRequest req;
   req.dir = cfg_.checkpoint_dir;
   req.step = step_;
@@ -69,8 +51,8 @@ ckpt::SaveRequest Trainer::checkpoint_request() {
     req.groups.push_back(std::move(g));
   }
   auto& sc = req.scalars;
-  sc.ints["epoch"] = epoch_;  // the step, world size and stage the checkpoint records itself
-  sc.ints["samples_in_epoch"] = samples_in_epoch_;
+  sc.ints["epoch"] = feed_->epoch();  // the step, world size and stage the checkpoint records itself
+  sc.ints["samples_in_epoch"] = feed_->samples_in_epoch();
   sc.ints["optimizer_steps"] = engine_->optimizer().step_count();
   sc.ints["loss_scale_clean_steps"] = scaler_.state().clean_steps;
   sc.floats["loss_scale"] = scaler_.state().scale;
@@ -87,22 +69,13 @@ ckpt::SaveRequest Trainer::checkpoint_request() {
 
 void Trainer::save_checkpoint() {
   CZ_CHECK(!cfg_.checkpoint_dir.empty(), "save_checkpoint needs {}", flag_name(&TrainConfig::checkpoint_dir));
-  finish_pending_save();  // one save in flight at a time
+  checkpointer_->finish();  // one save in flight at a time
   trace::Span span("checkpoint save (begin)", "checkpoint", "checkpoint");
-  ckpt::SaveRequest req = checkpoint_request();
-  pending_save_ = std::make_unique<ckpt::PendingSave>(ckpt::begin_save(std::move(req), *ckpt_comm_));
-  saved_step_ = step_;
+  checkpointer_->begin(checkpoint_request());
 }
 
 void Trainer::finish_pending_save() {
-  if (!pending_save_) return;
-  std::unique_ptr<ckpt::PendingSave> p = std::move(pending_save_);
-  trace::Span span("checkpoint save (finish)", "checkpoint", "checkpoint");
-  const ckpt::SaveResult r = p->finish();
-  latest_checkpoint_ = r.path;
-  set_latest_checkpoint(r.path);
-  if (world_.rank() == 0 && cfg_.progress)  // Note [One console]: not onto the progress bar
-    console_print(stderr, fmt::format("checkpoint {} ({:.1f} MB)\n", r.path, double(r.bytes) / 1e6));
+  checkpointer_->finish();
 }
 
 void Trainer::track_best(BestEval& best, const EvalResult& r, const char* folder) {
@@ -110,7 +83,7 @@ void Trainer::track_best(BestEval& best, const EvalResult& r, const char* folder
   best.top1 = r.top1;
   best.step = step_;
   if (!cfg_.keep_best) return;
-  finish_pending_save();
+  checkpointer_->finish();
   ckpt::SaveRequest req = checkpoint_request();
   req.dir = cfg_.checkpoint_dir + "/" + folder;
   req.keep = 1;
@@ -118,7 +91,7 @@ void Trainer::track_best(BestEval& best, const EvalResult& r, const char* folder
   req.scalars.floats["eval_top1"] = r.top1;
   req.scalars.floats["eval_top5"] = r.top5;
   req.scalars.floats["eval_loss"] = r.loss;
-  best.checkpoint = ckpt::save_checkpoint(std::move(req), *ckpt_comm_).path;
+  best.checkpoint = checkpointer_->save_now(std::move(req));
   if (world_.rank() != 0) return;
   // A resumed run that took another path may have left a best of a later step; only the new one stands.
   std::error_code ec;
@@ -131,44 +104,6 @@ void Trainer::track_best(BestEval& best, const EvalResult& r, const char* folder
     console_print(stderr, fmt::format("best {} top1 {:.2f}% at step {}: {}\n",
                                       folder == std::string("best") ? "weights'" : "EMA's", 100 * r.top1,
                                       step_, best.checkpoint));
-}
-
-// Note [Stopping on request] (stop.cpp): every rank contributes its stop signal and whether its part of the
-// save in flight is written; all see all, so all take the same decisions. A save is published at the first
-// boundary after its last rank file (and rank 0's index) is durable, not at the next save.
-//
-// Note [Stopping before the job's end]: with --end-margin M in a Slurm job, rank 0 compares the clock with
-// the job's end time T at each boundary: when the next step, as long as the slowest so far, would end after
-// T - M, the run stops here as on SIGUSR1 (final checkpoint, exit 75), leaving M seconds for the final save
-// and the job script's requeue. Rank 0 alone decides, so the ranks' clocks need not agree; the exchange below
-// tells the others.
-int Trainer::step_boundary() {
-  const bool unwritten = pending_save_ && !pending_save_->written();
-  int mine = stop_signal();
-  if (mine == 0 && job_end_time_ && cfg_.end_margin > 0) {
-    const double now = double(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                  std::chrono::system_clock::now().time_since_epoch())
-                                  .count()) /
-                       1000;
-    const double left = double(*job_end_time_) - now;
-    if (left - longest_step_s_ < cfg_.end_margin) {
-      mine = kStopJobEnd;
-      console_print(stderr,
-                    fmt::format("convnext_zero: the job ends in {:.0f} s: stopping after step {} with "
-                                "a final checkpoint ({} {})\n",
-                                left, step_, flag_name(&TrainConfig::end_margin), cfg_.end_margin));
-    }
-  }
-  std::vector<double> all = {double(mine), unwritten ? 1.0 : 0.0};
-  all = control_.all_gather(all);  // Note [Control communicator]
-  int sig = 0;
-  bool written = true;
-  for (size_t r = 0; r < all.size(); r += 2) {
-    if (sig == 0) sig = int(all[r]);
-    written = written && all[r + 1] == 0;
-  }
-  if (pending_save_ && written) finish_pending_save();
-  return sig;
 }
 
 // Every path the run will write, on every rank that writes it, before any data is read or any step taken.
@@ -207,9 +142,10 @@ void Trainer::resume(const std::string& path) {
   }
   // The same --data spec may name a folder whose classes changed since (Note [Class names]).
   if (const auto it = sc.strings.find("class_names"); it != sc.strings.end())
-    check_classes(class_names_from_json(it->second, ck.path() + ": scalar 'class_names'"), resuming,
-                  "resume with the classes it was trained on (a folder's labels are its classes' places in "
-                  "sorted order)");
+    feed_->check_classes(
+        class_names_from_json(it->second, ck.path() + ": scalar 'class_names'"), resuming,
+        "resume with the classes it was trained on (a folder's labels are its classes' places in "
+        "sorted order)");
   auto get = [&](const char* key) {
     const auto it = sc.ints.find(key);
     CZ_CHECK_IO(it != sc.ints.end(), "{}: the checkpoint has no '{}'", resuming, key);
@@ -217,9 +153,9 @@ void Trainer::resume(const std::string& path) {
   };
   // Any global batch continues from the position (Note [Resuming at another global batch], loader.h).
   const int64_t samples = get("samples_in_epoch");
-  CZ_CHECK_IO(samples >= 0 && samples <= train_set_->size(),
+  CZ_CHECK_IO(samples >= 0 && samples <= feed_->train_set().size(),
               "{}: the checkpoint stopped {} samples into its epoch, but the training data has {}", resuming,
-              samples, train_set_->size());
+              samples, feed_->train_set().size());
   const FlatLayout& layout = engine_->layout().flat;
   for (auto& [kind, chunks] : engine_->owned_state(false)) {
     CZ_CHECK_IO(ck.has(kind, layout.segments.front().name),
@@ -230,12 +166,8 @@ void Trainer::resume(const std::string& path) {
   }
   engine_->after_load(get("optimizer_steps"));
   step_ = ck.step();
-  saved_step_ = step_;
-  latest_checkpoint_ = ck.path();
-  set_latest_checkpoint(ck.path());
-  epoch_ = get("epoch");
-  samples_in_epoch_ = samples;
-  loader_->start_at(epoch_, samples);
+  checkpointer_->resumed_from(ck.path(), step_);
+  feed_->start_at(get("epoch"), samples);
   // Checkpoints from before --keep-best have no best figures: every evaluation from here is compared afresh.
   if (const auto b = sc.floats.find("best_top1"); b != sc.floats.end()) best_.top1 = b->second;
   if (const auto b = sc.floats.find("best_ema_top1"); b != sc.floats.end()) best_ema_.top1 = b->second;

@@ -41,7 +41,7 @@ void Trainer::open_log() {
                       {"total_steps", total_steps_},
                       {"flags", flags_json(cfg_)}};
   if (!cfg_.resume.empty()) {
-    r["resumed_from"] = latest_checkpoint_;
+    r["resumed_from"] = checkpointer_->latest();
     r["resumed_step"] = step_;
   }
   log_.write(std::move(r));

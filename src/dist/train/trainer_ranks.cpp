@@ -1,6 +1,5 @@
-// A rank among the ranks of its node and of the job: the CPUs it takes from its node's gathered masks (Note
-// [A rank's CPUs on a node]), whether its loader holds it back, and every rank's step gathered (Note [Every
-// rank's step]).
+// What the trainer gathers from every rank: each rank's step (Note [Every rank's step]) and the samples each
+// rank's loader skipped (Note [Skipping bad samples]).
 #include <algorithm>
 #include <cmath>
 
@@ -8,58 +7,8 @@
 
 #include "dist/train/trainer.h"
 #include "io/log/train_log.h"
-#include "tensor/omp_wait_policy.h"
-#include "tensor/parallel.h"
 
 namespace cz::train {
-
-// --loader-threads' default and OpenMP's threads (Note [CPU threads on a CUDA rank]) from this rank's share
-// of its node's CPUs (Note [A rank's CPUs on a node]): the share's cores on a CPU rank; on a CUDA rank its
-// CPUs less the launching thread's, which stays on the share (near the GPU where the share allows, so that
-// the pinned buffers it takes are too) while the loaders take the rest. Resolved before the log's start
-// record, which shows the numbers used.
-void Trainer::place_cpu_threads() {
-  CpuThreadsRequest req = cpu_threads_request(device_.is_cuda(), cfg_.offload_optimizer, cfg_.loader_threads,
-                                              world_.local_size());
-  req.share = world_.cpu_share();
-  req.gathered = true;
-  const CpuThreads threads = decide_cpu_threads(req);
-  cfg_.loader_threads = threads.loader_threads;
-  if (req.omp_threads_env == 0) {
-    set_omp_threads_per_rank(threads.omp_threads);
-    configure_cpu_threads(threads.omp_threads);
-  }
-  ThreadCpus cpus;
-  if (device_.is_cuda()) {
-    cpus = thread_cpus(req.share, world_.node_cpus().at(size_t(world_.local_rank())).near);
-    if (!cpus.loaders.empty()) pin_current_thread(req.share.cpus);
-  }
-  loader_cpus_ = cpus.loaders;
-  cpu_threads_note_ = describe_cpu_threads(req, threads, cpus);
-  node_cpus_note_ = describe_node_shares(world_.node_cpus(), world_.node_shares());
-}
-
-// A rank whose loader holds its steps back says so once, with the CPUs it would need (issue 51): its
-// loader threads made a batch per step_time (the wait is the part the step could not use), and the step
-// alone takes step_time - wait, so the threads that would keep up are threads x step_time / (step_time -
-// wait), and one CPU more for the launching thread on a CUDA rank.
-void Trainer::warn_if_loader_bound(double wait_s, double time_s) const {
-  if (time_s <= 0 || wait_s <= cz::kLoaderBoundFraction * time_s || cfg_.loader_threads <= 0) return;
-  const double compute_s = std::max(time_s - wait_s, 1e-9);
-  const int threads = int(std::ceil(double(cfg_.loader_threads) * time_s / compute_s));
-  const CpuShare& share = world_.cpu_share();
-  console_print(
-      stderr,
-      fmt::format("{}warning: the loader holds this rank back: data wait {:.0f}% of its steps {}-{} "
-                  "with {} loader thread{} on {} CPU{} ({} on {}); keeping up would take about {} "
-                  "loader threads{} (give the rank more CPUs: srun --cpus-per-task, mpirun --map-by "
-                  "...:PE=N; docs/data.md has the cores per GPU the whole recipe needs)\n",
-                  world_.size() > 1 ? fmt::format("[rank {}] ", world_.rank()) : "", 100 * wait_s / time_s,
-                  step_ - kLoaderCheckSteps + 2, step_, cfg_.loader_threads,
-                  cfg_.loader_threads == 1 ? "" : "s", share.cpus.size(), share.cpus.size() == 1 ? "" : "s",
-                  cpu_list(share.cpus), world_.hostname(), threads,
-                  device_.is_cuda() ? fmt::format(", {} CPUs with the launching thread", threads + 1) : ""));
-}
 
 // Note [Every rank's step]: the interval's sums of every rank, gathered between two steps; rank 0 logs them,
 // names the slowest rank and warns about one that stays slow.
@@ -90,6 +39,26 @@ void Trainer::gather_rank_stats(int64_t step) {
                     1e3 * f.own_s() / std::max(f.steps, 1.0),
                     r == slow.rank ? describe_slowest(slow, op) : "not the slowest this interval"));
   }
+}
+
+// Note [Skipping bad samples] (io/data/loader.cpp): a rank's loader counts the distinct samples it replaced,
+// and each rank's data set left the same ones out at open. One record of its own at the end of the run, not a
+// field of every step's: the sum needs every rank's count, and the steps' one exchange is the loss's.
+void Trainer::count_skipped_samples(TrainSummary& sum) {
+  if (cfg_.skip_bad_samples == 0) return;
+  const std::vector<double> all = control_.all_gather({double(feed_->skipped_samples())});
+  sum.skipped_at_open = feed_->train_set().bad_samples();
+  sum.skipped = sum.skipped_at_open;
+  sum.skipped_on_ranks.clear();
+  for (double v : all) {
+    sum.skipped_on_ranks.push_back(int64_t(v));
+    sum.skipped += int64_t(v);
+  }
+  write_record({{"split", "data"},
+                {"step", step_},
+                {"skipped_samples", sum.skipped},
+                {"skipped_at_open", sum.skipped_at_open},
+                {"skipped_on_ranks", sum.skipped_on_ranks}});
 }
 
 }  // namespace cz::train
