@@ -9,17 +9,8 @@
 # call: two runs of A and B timed iterations, (tx after the B-run - tx after the A-run) / (2 (B - A)) (each
 # iteration runs out of place and in place), so that start-up and the warm-up cancel.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-build=$(cd "${1:-$root/build}" && pwd)
-reps=${2:-3}
-hosts="$root/scripts/hosts.sh"
-export CZ_HOSTS_BED=${CZ_HOSTS_BED:-hier}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export hosts build reps work
-
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-export -f median
+source "$(dirname "$0")/bed_common.sh"
+bed_common hier 3 "$@"
 
 busbw() {  # OP IMPL ITERS -> busbw of the 4 MiB row
   local factor=0.75

@@ -9,18 +9,8 @@
 # Bytes per step: two runs of A and B steps, (veth tx after B-run - veth tx after A-run) / (B - A), so that
 # start-up (wire-up, the initial broadcast) and the final evaluation cancel.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-build=$(cd "${1:-$root/build}" && pwd)
-reps=${2:-5}
-hosts="$root/scripts/hosts.sh"
-export CZ_HOSTS_BED=${CZ_HOSTS_BED:-fig}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export hosts build reps work
-
-# Median of the numbers on stdin.
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-export -f median
+source "$(dirname "$0")/bed_common.sh"
+bed_common fig 5 "${@:1:2}"
 
 links() {
   local rate i
