@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/data/dataset.h"
+#include "io/data/loader.h"
 #include "tensor/tensor.h"
 
 namespace cz::testing {
@@ -20,6 +21,15 @@ inline bool same_bits(const Tensor& a, const Tensor& b) {
   if (!a.defined() || !b.defined()) return a.defined() == b.defined();
   return a.sizes() == b.sizes() && a.dtype() == b.dtype() &&
          std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
+}
+
+// Loader options for batches of `batch` images of image x image pixels, the examples in order (no shuffle).
+inline LoaderOptions in_order(int64_t batch, int64_t image) {
+  LoaderOptions o;
+  o.batch_size = batch;
+  o.image_size = image;
+  o.shuffle = false;
+  return o;
 }
 
 // A fresh directory under the system temp dir, removed with everything in it on destruction.

@@ -14,6 +14,7 @@
 #include "io/augment/randaugment.h"
 #include "io/augment/random_erasing.h"
 #include "io/data/loader.h"
+#include "io_testing.h"
 
 namespace cz {
 namespace {
@@ -432,10 +433,7 @@ TEST(AugmentedLoader, ImagesAreCropFlipRandAugmentNormaliseErase) {
 
 TEST(AugmentedLoader, BicubicDiffersFromBilinearOnTheWholeImageResize) {
   auto data = open_dataset("synthetic:n=4,classes=2,size=40", Split::train, {});
-  LoaderOptions opt;
-  opt.image_size = 16;
-  opt.batch_size = 4;
-  opt.shuffle = false;
+  LoaderOptions opt = testing::in_order(4, 16);
   opt.drop_last = false;
   opt.threads = 0;
   const auto bilinear = epoch_batches(data, opt, 0)[0].images.to_vector<float>();

@@ -8,6 +8,7 @@
 #include "io/augment/image_transform.h"
 #include "io/data/loader.h"
 #include "io/data/sampler.h"
+#include "io_testing.h"
 
 namespace cz {
 namespace {
@@ -64,10 +65,7 @@ TEST(Sampler, PermutationsAreDeterministicPerSeedAndEpoch) {
 }
 
 TEST(Sampler, ShuffleOffReadsFileOrder) {
-  LoaderOptions opt;
-  opt.batch_size = 8;
-  opt.shuffle = false;
-  opt.image_size = 4;
+  LoaderOptions opt = testing::in_order(8, 4);
   const auto batches = epoch_batches(std::make_shared<IndexDataset>(30), opt);
   ASSERT_EQ(batches.size(), 3u);  // drop_last: 30 / 8
   int64_t expect = 0;
@@ -135,10 +133,7 @@ TEST(Sampler, RanksTogetherEqualOneRankAugmentedAndAnyThreadCount) {
 
 TEST(Sampler, FinalPartialBatchIsSplitEvenlyAndContiguously) {
   auto data = std::make_shared<IndexDataset>(10);
-  LoaderOptions opt;
-  opt.batch_size = 4;
-  opt.image_size = 3;
-  opt.shuffle = false;
+  LoaderOptions opt = testing::in_order(4, 3);
   opt.drop_last = false;
   opt.world = 3;
   std::vector<int64_t> all;
@@ -242,10 +237,7 @@ TEST(Transform, RandomResizedCropStaysInsideAndVaries) {
 
 TEST(Loader, AugmentationVariesWithEpochAndDiffersFromPlainResize) {
   auto data = open_dataset("synthetic:n=8,classes=2,size=16", Split::train, {});
-  LoaderOptions opt;
-  opt.batch_size = 8;
-  opt.image_size = 16;
-  opt.shuffle = false;
+  LoaderOptions opt = testing::in_order(8, 16);
   const auto plain = epoch_batches(data, opt)[0].images.to_vector<float>();
   opt.augment = true;
   const auto e0 = epoch_batches(data, opt, 0)[0].images.to_vector<float>();
@@ -263,10 +255,7 @@ TEST(Loader, AugmentationVariesWithEpochAndDiffersFromPlainResize) {
 
 TEST(Loader, WorkerErrorIsRethrownOnTheConsumer) {
   for (int threads : {0, 1, 3}) {
-    LoaderOptions opt;
-    opt.batch_size = 4;
-    opt.image_size = 4;
-    opt.shuffle = false;
+    LoaderOptions opt = testing::in_order(4, 4);
     opt.threads = threads;
     Loader loader(std::make_shared<IndexDataset>(16, 9), opt);
     loader.start_epoch(0);

@@ -247,10 +247,7 @@ TEST(LoaderStream, ResumingAtAnotherGlobalBatchReadsEachPositionOnce) {
 
 TEST(LoaderStream, WorkerErrorReachesTheConsumerInItsPlace) {
   for (int threads : {0, 1, 3}) {
-    LoaderOptions o;
-    o.batch_size = 4;
-    o.image_size = 4;
-    o.shuffle = false;
+    LoaderOptions o = testing::in_order(4, 4);
     o.threads = threads;
     o.endless = true;
     Loader loader(std::make_shared<CountingDataset>(16, 9), o);

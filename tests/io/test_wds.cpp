@@ -399,10 +399,7 @@ TEST(WdsSource, CorruptImageNamedOrReplacedByTheNextSample) {
   write_text(f.dir.str("s-1.tar"), t.finish());
   auto data = open_dataset(f.spec(2), Split::train, {});
   ASSERT_EQ(data->size(), 4);
-  LoaderOptions o;
-  o.batch_size = 4;
-  o.image_size = 8;
-  o.shuffle = false;
+  LoaderOptions o = testing::in_order(4, 8);
   o.threads = 1;
   {
     Loader loader(data, o);
