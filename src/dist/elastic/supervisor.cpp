@@ -237,97 +237,134 @@ bool is_failure_line(const std::string& line) {
          line.find("exited on signal") != std::string::npos;
 }
 
-int supervise(const SupervisorOptions& o) {
-  const std::vector<Host> all_hosts = o.hostfile.empty() ? o.hosts : read_hostfile(o.hostfile);
-  CZ_CHECK(!all_hosts.empty(), "no hosts to run on");
+namespace {
+
+// The training command's flags the supervisor reads or rewrites.
+struct CommandFlags {
+  const char* checkpoint_dir = flag_name(&TrainConfig::checkpoint_dir);
+  const char* checkpoint_every = flag_name(&TrainConfig::checkpoint_every);
+  const char* micro_batch = flag_name(&TrainConfig::micro_batch);
+  const char* grad_accum = flag_name(&TrainConfig::grad_accum);
+  const char* log = flag_name(&TrainConfig::log);
+  const char* resume = flag_name(&TrainConfig::resume);
+};
+
+// What a supervised run starts from: the hosts, the command's checkpoint folder and batch shape, and the
+// folder of the attempts' logs and hostfiles.
+struct RunStart {
+  std::vector<Host> all_hosts;
+  std::string ck_dir, work;
+  BatchShape first;
+};
+
+// Reads and checks the options and the command before anything is written, then makes the work folder.
+RunStart prepare_run(const SupervisorOptions& o, const CommandFlags& f) {
+  RunStart r;
+  r.all_hosts = o.hostfile.empty() ? o.hosts : read_hostfile(o.hostfile);
+  CZ_CHECK(!r.all_hosts.empty(), "no hosts to run on");
   CZ_CHECK(!o.command.empty(), "no training command (give it after --)");
   const std::vector<std::string>& cmd = o.command;
-  const char *ck_flag = flag_name(&TrainConfig::checkpoint_dir),
-             *every_flag = flag_name(&TrainConfig::checkpoint_every),
-             *mb_flag = flag_name(&TrainConfig::micro_batch), *ga_flag = flag_name(&TrainConfig::grad_accum),
-             *log_flag = flag_name(&TrainConfig::log), *resume_flag = flag_name(&TrainConfig::resume);
-  const auto ck_dir = flag_value(cmd, ck_flag);
+  const auto ck_dir = flag_value(cmd, f.checkpoint_dir);
   CZ_CHECK(ck_dir && !ck_dir->empty(),
-           "the command needs {} DIR: a restart resumes from its newest checkpoint", ck_flag);
+           "the command needs {} DIR: a restart resumes from its newest checkpoint", f.checkpoint_dir);
+  r.ck_dir = *ck_dir;
   const TrainConfig defaults;
-  const int64_t every = int_flag(cmd, every_flag, defaults.checkpoint_every);
-  const BatchShape first{total_slots(all_hosts), int_flag(cmd, mb_flag, defaults.micro_batch),
-                         int_flag(cmd, ga_flag, defaults.grad_accum)};
-  CZ_CHECK(first.micro_batch > 0 && first.grad_accum > 0, "the command's {} and {} must be positive", mb_flag,
-           ga_flag);
-  CZ_CHECK(o.min_ranks >= 1 && o.min_ranks <= first.world,
-           "--min-ranks {} must be between 1 and the hostfile's {} slots", o.min_ranks, first.world);
+  const int64_t every = int_flag(cmd, f.checkpoint_every, defaults.checkpoint_every);
+  r.first = {total_slots(r.all_hosts), int_flag(cmd, f.micro_batch, defaults.micro_batch),
+             int_flag(cmd, f.grad_accum, defaults.grad_accum)};
+  CZ_CHECK(r.first.micro_batch > 0 && r.first.grad_accum > 0, "the command's {} and {} must be positive",
+           f.micro_batch, f.grad_accum);
+  CZ_CHECK(o.min_ranks >= 1 && o.min_ranks <= r.first.world,
+           "--min-ranks {} must be between 1 and the hostfile's {} slots", o.min_ranks, r.first.world);
   CZ_CHECK(o.max_restarts >= 0, "--max-restarts must be at least 0, got {}", o.max_restarts);
   if (every <= 0)
     say(
         fmt::format("warning: the command has no {} N: a restart goes back to the last checkpoint of an "
                     "earlier run, or to step 0",
-                    every_flag));
-  const std::string work = o.work_dir.empty() ? *ck_dir + "/czrun" : o.work_dir;
-  ckpt::detail::make_dirs(work);
-  const EventLog log(flag_value(cmd, log_flag).value_or(""), /*truncate=*/true);
-  const EventLog events(work + "/events.jsonl", /*truncate=*/true);
-  auto event = [&](nlohmann::json e) {
+                    f.checkpoint_every));
+  r.work = o.work_dir.empty() ? r.ck_dir + "/czrun" : o.work_dir;
+  ckpt::detail::make_dirs(r.work);
+  return r;
+}
+
+// The hosts that answered the probes after a failure.
+struct Probed {
+  std::vector<Host> next;            // the hosts the next attempt may use
+  std::set<std::string> lost, back;  // active hosts that did not answer; dropped ones that did (--readmit)
+  double probe_s = 0;                // how long the probes took
+};
+
+// One supervised run (Note [Elastic restarts]): attempt after attempt, and what carries from one to the next.
+class Supervision {
+ public:
+  explicit Supervision(const SupervisorOptions& o);
+  int run();
+
+ private:
+  void event(nlohmann::json e) const {
     e["t"] = unix_time();
-    log.append(e);
-    events.append(e);
-  };
+    log_.append(e);
+    events_.append(e);
+  }
+  std::optional<std::pair<int64_t, std::string>> newest() const { return newest_checkpoint(start_.ck_dir); }
+  std::vector<std::string> attempt_command(int attempt, const BatchShape& shape,
+                                           const std::string& log) const;
+  int stopped_between_attempts();
+  void finish_pending_restart(const Attempt& a);
+  int finished(const Attempt& a, const std::vector<nlohmann::json>& records, int64_t reached,
+               const BatchShape& shape, const std::vector<Host>& used);
+  Probed probe_hosts() const;
+  std::optional<int> after_failure(const Attempt& a, const std::vector<nlohmann::json>& records,
+                                   int64_t reached, const BatchShape& shape, const std::vector<Host>& used);
+
+  const SupervisorOptions& o_;
+  const CommandFlags flags_{};
+  const RunStart start_;
+  const EventLog log_;     // the command's --log: the attempts' step records, each step once, and the events
+  const EventLog events_;  // the events alone, in the work folder
+  std::vector<Host> active_;
+  std::optional<std::string> resume_;
+  int64_t resumed_step_ = 0;
+  int restarts_ = 0;
+  int64_t steps_lost_total_ = 0;
+  std::vector<nlohmann::json> failures_;
+  nlohmann::json pending_restart_;  // the failure event, finished with the next attempt's timings
+};
+
+Supervision::Supervision(const SupervisorOptions& o)
+    : o_(o),
+      start_(prepare_run(o, flags_)),
+      log_(flag_value(o.command, flags_.log).value_or(""), /*truncate=*/true),
+      events_(start_.work + "/events.jsonl", /*truncate=*/true),
+      active_(start_.all_hosts),
+      resume_(flag_value(o.command, flags_.resume)) {
   install_handlers();
   // srun passes its environment on: the ranks learn that a supervisor stops them (as mpirun's -x tells them).
   if (o.srun) ::setenv("CZ_SUPERVISOR", "czrun", 1);
+}
 
-  std::vector<Host> active = all_hosts;
-  std::optional<std::string> resume = flag_value(cmd, resume_flag);
-  int64_t resumed_step = 0;
-  int restarts = 0;
-  int64_t steps_lost_total = 0;
-  std::vector<nlohmann::json> failures;
-  nlohmann::json pending_restart;  // the failure event, finished with the next attempt's timings
+int Supervision::run() {
   for (int attempt = 0;; ++attempt) {
-    if (attempt > 0 && g_stop_requests > 0) {
-      // Asked to stop between attempts (while probing): no relaunch; what is published stays resumable.
-      const auto newest = newest_checkpoint(*ck_dir);
-      const std::string why = fmt::format("stopped on request before restart {}; resume from {}", restarts,
-                                          newest ? newest->second : std::string("nothing (no checkpoint)"));
-      say(why);
-      say_resume_command(o, *ck_dir, newest.has_value());
-      if (!pending_restart.is_null()) {
-        event(pending_restart);
-        failures.push_back(pending_restart);
-      }
-      event({{"event", "summary"},
-             {"failures", failures},
-             {"status", "stopped"},
-             {"steps", resumed_step},
-             {"restarts", restarts - 1},
-             {"steps_lost", steps_lost_total},
-             {"reason", why}});
-      return 75;
-    }
-    const std::optional<BatchShape> shape = resize(first, total_slots(active), o.min_ranks);
+    if (attempt > 0 && g_stop_requests > 0) return stopped_between_attempts();
+    const std::optional<BatchShape> shape = resize(start_.first, total_slots(active_), o_.min_ranks);
     if (!shape) {
       const std::string why = fmt::format(
           "giving up: the {} slots left ({}) hold no world size from --min-ranks {} up that divides the "
           "global "
           "batch {}",
-          total_slots(active), fmt::join(names_of(active), ", "), o.min_ranks, first.global_batch());
+          total_slots(active_), fmt::join(names_of(active_), ", "), o_.min_ranks,
+          start_.first.global_batch());
       say(why);
       event({{"event", "give_up"}, {"reason", why}});
       return 1;
     }
-    const std::vector<Host> used = take_slots(active, shape->world);
-    const std::string hostfile = fmt::format("{}/hostfile-{}", work, attempt);
-    const std::string attempt_log = fmt::format("{}/attempt-{}.jsonl", work, attempt);
+    const std::vector<Host> used = take_slots(active_, shape->world);
+    const std::string hostfile = fmt::format("{}/hostfile-{}", start_.work, attempt);
+    const std::string attempt_log = fmt::format("{}/attempt-{}.jsonl", start_.work, attempt);
     write_hostfile(hostfile, used);
     std::remove(attempt_log.c_str());
-    std::vector<std::string> run = cmd;
-    run = with_flag(run, log_flag, attempt_log);
-    if (attempt > 0) {
-      run = with_flag(run, mb_flag, std::to_string(shape->micro_batch));
-      run = with_flag(run, ga_flag, std::to_string(shape->grad_accum));
-      if (resume) run = with_flag(run, resume_flag, *resume);
-    }
-    const std::vector<std::string> argv = launch_command(o, used, hostfile, shape->world, run);
+    const std::vector<std::string> argv =
+        launch_command(o_, used, hostfile, shape->world, attempt_command(attempt, *shape, attempt_log));
     if (attempt > 0) say(fmt::format("relaunching: {}", shell_words(argv)));
     event({{"event", "launch"},
            {"attempt", attempt},
@@ -336,135 +373,193 @@ int supervise(const SupervisorOptions& o) {
            {"micro_batch", shape->micro_batch},
            {"grad_accum", shape->grad_accum},
            {"global_batch", shape->global_batch()},
-           {"resume", resume.value_or("")}});
-    const Attempt a = run_attempt(argv, attempt_log, o);
+           {"resume", resume_.value_or("")}});
+    const Attempt a = run_attempt(argv, attempt_log, o_);
     const std::vector<nlohmann::json> records = read_records(attempt_log);
-    const int64_t reached = last_step(records, resumed_step);
-    if (!pending_restart.is_null()) {
-      // The previous failure's timings, now that this attempt has (or has not) taken a step.
-      auto& p = pending_restart;
-      p["relaunch_and_load_s"] = a.t_first_step > 0 ? a.t_first_step - a.t_launch : -1.0;
-      p["checkpoint_load_s"] = a.load_s;
-      p["failure_to_first_step_s"] =
-          a.t_first_step > 0 ? a.t_first_step - p["t_last_step"].get<double>() : -1.0;
-      event(p);
-      failures.push_back(p);
-      pending_restart = nullptr;
-    }
-    if (a.stopped || a.exit_code == 0) {
-      log.append_records(records, -1);
-      const int code = a.stopped ? 75 : 0;
-      nlohmann::json s = {{"event", "summary"},
-                          {"status", a.stopped ? "stopped" : "done"},
-                          {"steps", reached},
-                          {"restarts", restarts},
-                          {"world", shape->world},
-                          {"hosts", names_of(used)},
-                          {"steps_lost", steps_lost_total},
-                          {"failures", failures}};
-      event(s);
-      say(fmt::format("{} at step {} on {} rank{} after {} restart(s), {} step(s) lost in all{}",
-                      a.stopped ? "stopped on request" : "done", reached, shape->world,
-                      shape->world == 1 ? "" : "s", restarts, steps_lost_total,
-                      a.stopped
-                          ? fmt::format("; resume from {}", newest_checkpoint(*ck_dir)
-                                                                ? newest_checkpoint(*ck_dir)->second
-                                                                : std::string("nothing (no checkpoint)"))
-                          : ""));
-      if (a.stopped) say_resume_command(o, *ck_dir, newest_checkpoint(*ck_dir).has_value());
-      return code;
-    }
-    // A failure: which hosts still answer?
-    const double t_probe = unix_time();
-    std::vector<Host> candidates = o.readmit ? all_hosts : active;
-    std::vector<std::vector<std::string>> probes;
-    for (const Host& h : candidates) probes.push_back(probe_command(o, h));
-    const std::vector<bool> answers = run_all(probes, o.probe_timeout_s);
-    const double t_probed = unix_time();
-    std::set<std::string> lost, back;
-    std::vector<Host> next;
-    for (size_t i = 0; i < candidates.size(); ++i) {
-      const bool was_active = std::any_of(active.begin(), active.end(),
-                                          [&](const Host& h) { return h.name == candidates[i].name; });
-      if (answers[i]) {
-        next.push_back(candidates[i]);
-        if (!was_active) back.insert(candidates[i].name);
-      } else if (was_active) {
-        lost.insert(candidates[i].name);
-      }
-    }
-    if (reached == resumed_step && records.empty() && !a.failure_seen && lost.empty()) {
-      const std::string why = fmt::format(
-          "giving up: the job failed before its first step (mpirun exit {}) with every host answering, which "
-          "is not a lost host; see its output above",
-          a.exit_code);
-      say(why);
-      event({{"event", "give_up"}, {"reason", why}, {"exit_code", a.exit_code}});
-      return 1;
-    }
-    ckpt::detail::remove_leftovers(*ck_dir);  // half-written checkpoints: never resumed from, now not seen
-    const auto newest = newest_checkpoint(*ck_dir);
-    const int64_t from = newest ? newest->first : 0;
-    // Records past the checkpoint are redone by the next attempt; the log keeps each step once.
-    log.append_records(records, from);
-    const int64_t lost_steps = std::max<int64_t>(0, reached - from);
-    const std::vector<int> lost_ranks = ranks_on(used, lost);
-    ++restarts;
-    const std::string where =
-        lost.empty()
-            ? (a.start_timed_out ? fmt::format("no step within --start-timeout {:.0f} s, every host answers",
-                                               o.start_timeout_s)
-                                 : fmt::format("every host answers (mpirun exit {})", a.exit_code))
-            : fmt::format("lost host{} {} (ranks [{}] of {}) did not answer within {:.0f} s",
-                          lost.size() > 1 ? "s" : "", fmt::join(lost, ", "), fmt::join(lost_ranks, ", "),
-                          shape->world, o.probe_timeout_s);
-    const std::string ck_text = newest
-                                    ? fmt::format("the newest published checkpoint is {} ({} step{} lost)",
-                                                  newest->second, lost_steps, lost_steps == 1 ? "" : "s")
-                                    : fmt::format("no checkpoint was published ({} steps lost)", lost_steps);
-    nlohmann::json f = {{"event", "restart"},
-                        {"restart", restarts},
-                        {"failed_at_step", reached},
-                        {"exit_code", a.exit_code},
-                        {"lost_hosts", std::vector<std::string>(lost.begin(), lost.end())},
-                        {"lost_ranks", lost_ranks},
-                        {"readmitted_hosts", std::vector<std::string>(back.begin(), back.end())},
-                        {"old_world", shape->world},
-                        {"checkpoint", newest ? newest->second : ""},
-                        {"resume_step", from},
-                        {"steps_lost", lost_steps},
-                        {"t_last_step", a.t_last_growth > 0 ? a.t_last_growth : a.t_launch},
-                        {"detection_s", (a.failure_seen ? a.t_failure : a.t_exit) -
-                                            (a.t_last_growth > 0 ? a.t_last_growth : a.t_launch)},
-                        {"teardown_s", a.failure_seen ? a.t_exit - a.t_failure : 0.0},
-                        {"mpirun_killed", a.killed},
-                        {"start_timeout", a.start_timed_out},
-                        {"probe_s", t_probed - t_probe}};
-    if (restarts > o.max_restarts) {
-      const std::string why = fmt::format(
-          "the job failed at step {}: {}; {}; giving up after {} restart(s) "
-          "(--max-restarts {})",
-          reached, where, ck_text, restarts - 1, o.max_restarts);
-      say(why);
-      f["event"] = "give_up";
-      f["reason"] = why;
-      event(f);
-      return 1;
-    }
-    const std::optional<BatchShape> next_shape = resize(first, total_slots(next), o.min_ranks);
-    say(fmt::format("the job failed at step {}: {}; {}; restart {} of {}{}{}", reached, where, ck_text,
-                    restarts, o.max_restarts,
-                    next_shape ? fmt::format(" at {}", describe(*next_shape)) : std::string(),
-                    back.empty() ? std::string() : fmt::format(" (re-admitted: {})", fmt::join(back, ", "))));
-    if (next_shape)
-      f["new_world"] = next_shape->world, f["micro_batch"] = next_shape->micro_batch,
-      f["grad_accum"] = next_shape->grad_accum;
-    steps_lost_total += lost_steps;
-    pending_restart = f;
-    active = next;
-    resume = newest ? std::optional<std::string>(newest->second) : std::nullopt;
-    resumed_step = from;
+    const int64_t reached = last_step(records, resumed_step_);
+    finish_pending_restart(a);
+    if (a.stopped || a.exit_code == 0) return finished(a, records, reached, *shape, used);
+    if (const std::optional<int> code = after_failure(a, records, reached, *shape, used)) return *code;
   }
+}
+
+// The training command of attempt `attempt`: its own log; after a failure, the new shape and the checkpoint.
+std::vector<std::string> Supervision::attempt_command(int attempt, const BatchShape& shape,
+                                                      const std::string& log) const {
+  std::vector<std::string> run = with_flag(o_.command, flags_.log, log);
+  if (attempt > 0) {
+    run = with_flag(run, flags_.micro_batch, std::to_string(shape.micro_batch));
+    run = with_flag(run, flags_.grad_accum, std::to_string(shape.grad_accum));
+    if (resume_) run = with_flag(run, flags_.resume, *resume_);
+  }
+  return run;
+}
+
+// Asked to stop between attempts (while probing): no relaunch; what is published stays resumable.
+int Supervision::stopped_between_attempts() {
+  const auto ck = newest();
+  const std::string why = fmt::format("stopped on request before restart {}; resume from {}", restarts_,
+                                      ck ? ck->second : std::string("nothing (no checkpoint)"));
+  say(why);
+  say_resume_command(o_, start_.ck_dir, ck.has_value());
+  if (!pending_restart_.is_null()) {
+    event(pending_restart_);
+    failures_.push_back(pending_restart_);
+  }
+  event({{"event", "summary"},
+         {"failures", failures_},
+         {"status", "stopped"},
+         {"steps", resumed_step_},
+         {"restarts", restarts_ - 1},
+         {"steps_lost", steps_lost_total_},
+         {"reason", why}});
+  return 75;
+}
+
+// The previous failure's timings, now that attempt `a` has (or has not) taken a step.
+void Supervision::finish_pending_restart(const Attempt& a) {
+  if (pending_restart_.is_null()) return;
+  auto& p = pending_restart_;
+  p["relaunch_and_load_s"] = a.t_first_step > 0 ? a.t_first_step - a.t_launch : -1.0;
+  p["checkpoint_load_s"] = a.load_s;
+  p["failure_to_first_step_s"] = a.t_first_step > 0 ? a.t_first_step - p["t_last_step"].get<double>() : -1.0;
+  event(p);
+  failures_.push_back(p);
+  pending_restart_ = nullptr;
+}
+
+// The job ended by itself or stopped on request: its records, the summary, and the exit code.
+int Supervision::finished(const Attempt& a, const std::vector<nlohmann::json>& records, int64_t reached,
+                          const BatchShape& shape, const std::vector<Host>& used) {
+  log_.append_records(records, -1);
+  const int code = a.stopped ? 75 : 0;
+  nlohmann::json s = {{"event", "summary"},
+                      {"status", a.stopped ? "stopped" : "done"},
+                      {"steps", reached},
+                      {"restarts", restarts_},
+                      {"world", shape.world},
+                      {"hosts", names_of(used)},
+                      {"steps_lost", steps_lost_total_},
+                      {"failures", failures_}};
+  event(s);
+  say(fmt::format("{} at step {} on {} rank{} after {} restart(s), {} step(s) lost in all{}",
+                  a.stopped ? "stopped on request" : "done", reached, shape.world,
+                  shape.world == 1 ? "" : "s", restarts_, steps_lost_total_,
+                  a.stopped
+                      ? fmt::format("; resume from {}",
+                                    newest() ? newest()->second : std::string("nothing (no checkpoint)"))
+                      : ""));
+  if (a.stopped) say_resume_command(o_, start_.ck_dir, newest().has_value());
+  return code;
+}
+
+// After a failure: which hosts still answer (every host with --readmit, else the active ones)?
+Probed Supervision::probe_hosts() const {
+  const double t_probe = unix_time();
+  const std::vector<Host> candidates = o_.readmit ? start_.all_hosts : active_;
+  std::vector<std::vector<std::string>> probes;
+  for (const Host& h : candidates) probes.push_back(probe_command(o_, h));
+  const std::vector<bool> answers = run_all(probes, o_.probe_timeout_s);
+  Probed p;
+  p.probe_s = unix_time() - t_probe;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const bool was_active = std::any_of(active_.begin(), active_.end(),
+                                        [&](const Host& h) { return h.name == candidates[i].name; });
+    if (answers[i]) {
+      p.next.push_back(candidates[i]);
+      if (!was_active) p.back.insert(candidates[i].name);
+    } else if (was_active) {
+      p.lost.insert(candidates[i].name);
+    }
+  }
+  return p;
+}
+
+// A failed attempt: the exit code when the supervisor gives up, else nullopt with the next attempt set up
+// (the hosts that answer, the checkpoint to resume from, the restart event pending its timings).
+std::optional<int> Supervision::after_failure(const Attempt& a, const std::vector<nlohmann::json>& records,
+                                              int64_t reached, const BatchShape& shape,
+                                              const std::vector<Host>& used) {
+  const Probed probed = probe_hosts();
+  const std::set<std::string>& lost = probed.lost;
+  if (reached == resumed_step_ && records.empty() && !a.failure_seen && lost.empty()) {
+    const std::string why = fmt::format(
+        "giving up: the job failed before its first step (mpirun exit {}) with every host answering, which "
+        "is not a lost host; see its output above",
+        a.exit_code);
+    say(why);
+    event({{"event", "give_up"}, {"reason", why}, {"exit_code", a.exit_code}});
+    return 1;
+  }
+  ckpt::detail::remove_leftovers(
+      start_.ck_dir);  // half-written checkpoints: never resumed from, now not seen
+  const auto ck = newest();
+  const int64_t from = ck ? ck->first : 0;
+  // Records past the checkpoint are redone by the next attempt; the log keeps each step once.
+  log_.append_records(records, from);
+  const int64_t lost_steps = std::max<int64_t>(0, reached - from);
+  const std::vector<int> lost_ranks = ranks_on(used, lost);
+  ++restarts_;
+  const std::string where =
+      lost.empty()
+          ? (a.start_timed_out ? fmt::format("no step within --start-timeout {:.0f} s, every host answers",
+                                             o_.start_timeout_s)
+                               : fmt::format("every host answers (mpirun exit {})", a.exit_code))
+          : fmt::format("lost host{} {} (ranks [{}] of {}) did not answer within {:.0f} s",
+                        lost.size() > 1 ? "s" : "", fmt::join(lost, ", "), fmt::join(lost_ranks, ", "),
+                        shape.world, o_.probe_timeout_s);
+  const std::string ck_text = ck ? fmt::format("the newest published checkpoint is {} ({} step{} lost)",
+                                               ck->second, lost_steps, lost_steps == 1 ? "" : "s")
+                                 : fmt::format("no checkpoint was published ({} steps lost)", lost_steps);
+  const double t_last_step = a.t_last_growth > 0 ? a.t_last_growth : a.t_launch;
+  nlohmann::json f = {{"event", "restart"},
+                      {"restart", restarts_},
+                      {"failed_at_step", reached},
+                      {"exit_code", a.exit_code},
+                      {"lost_hosts", std::vector<std::string>(lost.begin(), lost.end())},
+                      {"lost_ranks", lost_ranks},
+                      {"readmitted_hosts", std::vector<std::string>(probed.back.begin(), probed.back.end())},
+                      {"old_world", shape.world},
+                      {"checkpoint", ck ? ck->second : ""},
+                      {"resume_step", from},
+                      {"steps_lost", lost_steps},
+                      {"t_last_step", t_last_step},
+                      {"detection_s", (a.failure_seen ? a.t_failure : a.t_exit) - t_last_step},
+                      {"teardown_s", a.failure_seen ? a.t_exit - a.t_failure : 0.0},
+                      {"mpirun_killed", a.killed},
+                      {"start_timeout", a.start_timed_out},
+                      {"probe_s", probed.probe_s}};
+  if (restarts_ > o_.max_restarts) {
+    const std::string why = fmt::format(
+        "the job failed at step {}: {}; {}; giving up after {} restart(s) "
+        "(--max-restarts {})",
+        reached, where, ck_text, restarts_ - 1, o_.max_restarts);
+    say(why);
+    f["event"] = "give_up";
+    f["reason"] = why;
+    event(f);
+    return 1;
+  }
+  const std::optional<BatchShape> next_shape = resize(start_.first, total_slots(probed.next), o_.min_ranks);
+  say(fmt::format(
+      "the job failed at step {}: {}; {}; restart {} of {}{}{}", reached, where, ck_text, restarts_,
+      o_.max_restarts, next_shape ? fmt::format(" at {}", describe(*next_shape)) : std::string(),
+      probed.back.empty() ? std::string() : fmt::format(" (re-admitted: {})", fmt::join(probed.back, ", "))));
+  if (next_shape)
+    f["new_world"] = next_shape->world, f["micro_batch"] = next_shape->micro_batch,
+    f["grad_accum"] = next_shape->grad_accum;
+  steps_lost_total_ += lost_steps;
+  pending_restart_ = f;
+  active_ = probed.next;
+  resume_ = ck ? std::optional<std::string>(ck->second) : std::nullopt;
+  resumed_step_ = from;
+  return std::nullopt;
+}
+
+}  // namespace
+
+int supervise(const SupervisorOptions& o) {
+  return Supervision(o).run();
 }
 
 }  // namespace cz::elastic
