@@ -120,10 +120,7 @@ std::vector<ParamInfo> convnext_parameters(const ConvNeXtConfig& cfg) {
 }
 
 std::vector<std::string> convnext_units(const ConvNeXtConfig& cfg) {
-  std::vector<std::string> units;
-  for (const ParamInfo& p : convnext_parameters(cfg))
-    if (units.empty() || units.back() != p.unit) units.push_back(p.unit);
-  return units;
+  return convnext_spec(cfg)->units();
 }
 
 void check_layer_decay_numbering(const ConvNeXtConfig& cfg) {
@@ -274,8 +271,10 @@ Tensor ConvNeXtStage::forward(const Tensor& x) {
 }
 
 ConvNeXt::ConvNeXt(const ConvNeXtConfig& cfg, ParamOptions opt)
-    : Module("ConvNeXt"), cfg_(cfg), drop_ctx_(std::make_shared<DropPathContext>()) {
-  cfg_.validate();
+    : Model("ConvNeXt"),
+      cfg_(cfg),
+      spec_(convnext_spec(cfg)),
+      drop_ctx_(std::make_shared<DropPathContext>()) {
   stem_ = register_module("stem", std::make_shared<Sequential>());
   stem_->append(std::make_shared<PatchifyConv2d>(cfg.in_chans, cfg.dims[0], 4, true, opt));
   stem_->append(std::make_shared<LayerNorm>(cfg.dims[0], cfg.ln_eps, opt));
@@ -319,8 +318,7 @@ ConvNeXt::ConvNeXt(const ConvNeXtConfig& cfg, ParamOptions opt)
 Tensor ConvNeXt::forward(const Tensor& x) {
   CZ_CHECK_SHAPE(x.dim() == 4 && x.size(3) == cfg_.in_chans,
                  "ConvNeXt: input must be (N, H, W, {}) NHWC, got {}", cfg_.in_chans, shape_str(x.sizes()));
-  int64_t reduction = 4;
-  for (size_t i = 1; i < cfg_.depths.size(); ++i) reduction *= 2;
+  const int64_t reduction = spec_->stride();
   CZ_CHECK_SHAPE(x.size(1) >= reduction && x.size(2) >= reduction,
                  "ConvNeXt: images of {}x{} are smaller than the network's total stride {}", x.size(1),
                  x.size(2), reduction);

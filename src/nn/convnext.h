@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "nn/layers.h"
+#include "nn/model.h"
 
 namespace cz::nn {
 
@@ -48,13 +49,6 @@ int64_t convnext_forward_macs(const ConvNeXtConfig& cfg, int64_t image);
 // asks this without building the model (xlarge would allocate and initialise 350M parameters), the ZeRO
 // engine gets its units from ConvNeXt::units(), and ConvNeXt's constructor checks the module tree it built
 // against this list (names, shapes, order), so the description and the modules cannot drift apart.
-struct ParamInfo {
-  std::string name;  // as named_parameters() names it, e.g. "stages.1.blocks.0.mlp.fc1.weight"
-  Shape shape;       // PyTorch layout, as registered
-  int64_t numel = 0;
-  std::string unit;  // the unit holding it: "stem", "stages.i.downsample", "stages.i.blocks.j", "head"
-};
-
 // In registration order (the order of the flat buffer): stem, then each stage's downsample and blocks (a
 // block registers gamma before its children; a V2 block's MLP registers fc1, grn, fc2), then head.norm and
 // head.fc.
@@ -62,6 +56,8 @@ std::vector<ParamInfo> convnext_parameters(const ConvNeXtConfig& cfg);
 // The units in that order: the modules ZeRO stage 3 gathers and releases whole ("stem",
 // "stages.i.downsample" for i > 0, "stages.i.blocks.j", "head"); every parameter lies in exactly one.
 std::vector<std::string> convnext_units(const ConvNeXtConfig& cfg);
+// The model as the planner and the what-if walk it (model.h), from its config alone.
+std::shared_ptr<const ModelSpec> convnext_spec(const ConvNeXtConfig& cfg);
 
 // Note [Layer-wise lr decay numbering]: fine-tuning scales each parameter's lr by D^(num_layers + 1 - id),
 // with the layer ids of the official ConvNeXt code (facebookresearch/ConvNeXt, optim_factory.py,
@@ -121,26 +117,26 @@ class ConvNeXtStage : public Module {
   bool checkpointing_ = false;
 };
 
-class ConvNeXt : public Module {
+class ConvNeXt : public Model {
  public:
   explicit ConvNeXt(const ConvNeXtConfig& cfg, ParamOptions opt = {});
   Tensor forward(const Tensor& x) override;
 
   const ConvNeXtConfig& config() const { return cfg_; }
-  // Module names of the units ZeRO stage 3 gathers (Note [ConvNeXt structure]).
-  std::vector<std::string> units() const { return convnext_units(cfg_); }
+  const ModelSpec& spec() const override { return *spec_; }
   // timm initialisation from `seed` (see init_weights_timm), then layer scale and head scaling.
-  void init_weights(uint64_t seed);
+  void init_weights(uint64_t seed) override;
   // Re-initialises head.fc (for fine-tuning on another number of classes: build the model with the new
   // num_classes, import everything but the head, then call this).
-  void reset_head(uint64_t seed);
+  void reset_head(uint64_t seed) override;
   // Recompute each block's activations in backward instead of keeping them.
-  void set_activation_checkpointing(bool on);
+  void set_activation_checkpointing(bool on) override;
   // Drop-path randomness for the next forward (Note [Drop-path masks]).
-  void set_drop_path_context(uint64_t seed, uint64_t step, int64_t sample_offset);
+  void set_drop_path_context(uint64_t seed, uint64_t step, int64_t sample_offset) override;
 
  private:
   ConvNeXtConfig cfg_;
+  std::shared_ptr<const ModelSpec> spec_;
   std::shared_ptr<DropPathContext> drop_ctx_;
   std::shared_ptr<Sequential> stem_;
   std::vector<std::shared_ptr<ConvNeXtStage>> stages_;

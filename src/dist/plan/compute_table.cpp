@@ -83,7 +83,7 @@ ComputeTable from_profile(const nlohmann::json& p) {
     w.bytes += op.bytes;
   };
   const bool cuda = parse_device(p.value("device", std::string("cpu"))).is_cuda();
-  for (const ModuleCost& m : convnext_step_work(cfg, image, batch, dtype, false, cuda)) {
+  for (const ModuleCost& m : step_work(*nn::convnext_spec(cfg), image, batch, dtype, false, cuda)) {
     for (const OpCost& op : m.forward) count(op);
     for (const OpCost& op : m.backward) count(op);
   }

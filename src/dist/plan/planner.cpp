@@ -37,6 +37,7 @@ constexpr int64_t kMaxSearchedBatch = int64_t(1) << 24;
 struct Setup {
   train::TrainConfig cfg;
   nn::ConvNeXtConfig model;
+  std::shared_ptr<const nn::ModelSpec> spec;  // the model the step walks
   std::vector<nn::ParamInfo> params;
   DType compute = DType::f32, reduce = DType::f32;
   bool cuda = false;
@@ -115,7 +116,7 @@ int64_t checkpoint_copy_bytes(const Setup& s, const Engine& engine) {
 
 StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bool checkpointing) {
   StepSpec sp;
-  sp.model = s.model;
+  sp.model = s.spec;
   sp.image_size = s.cfg.image_size;
   sp.micro_batch = micro_batch;
   sp.grad_accum = s.cfg.grad_accum;
@@ -142,7 +143,7 @@ StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bo
   // On CUDA the copy is pinned host memory (Plan::host_rows), outside the device's allocator.
   if (!s.cuda) sp.checkpoint_copy_bytes = std::max<int64_t>(0, checkpoint_copy_bytes(s, engine));
   sp.engine.plan = engine.plan;
-  sp.engine.units = nn::convnext_units(s.model);
+  sp.engine.units = s.spec->units();
   sp.engine.layout = engine.spec.layout;
   sp.engine.prefetch = s.cfg.prefetch;
   sp.engine.offload = engine.spec.offload;
@@ -314,7 +315,8 @@ Setup setup_of(const PlanRequest& req) {
     };
   }
   s.model = s.cfg.model_config();
-  s.params = nn::convnext_parameters(s.model);
+  s.spec = nn::convnext_spec(s.model);
+  s.params = s.spec->parameters();
   return s;
 }
 
@@ -412,7 +414,7 @@ Plan make_plan(const PlanRequest& req) {
   p.rows.push_back({"comm_scratch", "communicator ring scratch", pk.raw[size_t(Use::scratch)]});
   p.rows.push_back({"input_batch", "input batch (images, labels)", pk.raw[size_t(Use::input)]});
   p.rows.push_back({"checkpoint_copy", kCheckpointLabel, pk.raw[size_t(Use::checkpoint)]});
-  const std::vector<std::string> parts = network_parts(s.model);
+  const std::vector<std::string> parts = s.spec->parts();
   for (size_t i = 0; i < parts.size(); ++i) {
     std::string key = "activations_" + parts[i];
     std::replace(key.begin(), key.end(), '.', '_');

@@ -72,7 +72,7 @@ void Walker::build() {
   // Trainer::build_model: each parameter is allocated, conv and linear weights drawn through an f64 host
   // tensor (random.cpp assign), then moved into the flat buffers; the freed blocks stay in the cache.
   std::vector<Id> params;
-  const std::vector<nn::ParamInfo> list = nn::convnext_parameters(s_.model);
+  const std::vector<nn::ParamInfo> list = s_.model->parameters();
   for (const nn::ParamInfo& p : list)
     params.push_back(m_.alloc(p.numel * 4, Use::state, "parameter before flattening"));
   if (!s_.cuda)
@@ -116,27 +116,22 @@ void Walker::build() {
   }
   for (int g = 0; g < s_.graphs; ++g) {  // in the input row: copies of a micro-batch's input
     m_.alloc(
-        s_.micro_batch * s_.image_size * s_.image_size * s_.model.in_chans * int64_t(dtype_size(s_.compute)),
+        s_.micro_batch * s_.image_size * s_.image_size * s_.model->in_chans() * int64_t(dtype_size(s_.compute)),
         Use::input, "CUDA graph's static images");
-    m_.alloc(s_.micro_batch * (s_.soft_targets ? s_.model.num_classes * 4 : 8), Use::input,
+    m_.alloc(s_.micro_batch * (s_.soft_targets ? s_.model->num_classes() * 4 : 8), Use::input,
              "CUDA graph's static targets");
     m_.alloc(4, Use::input, "CUDA graph's loss");
   }
   // Note [Normalising on the device]: the loader's batches hold 8-bit pixels.
-  const int64_t image = s_.micro_batch * s_.image_size * s_.image_size * s_.model.in_chans;
+  const int64_t image = s_.micro_batch * s_.image_size * s_.image_size * s_.model->in_chans();
   for (int64_t b = 0; b < s_.prefetched_batches; ++b) {
     m_.alloc(image, Use::input, "prefetched pixels");
     m_.alloc(s_.micro_batch * 8, Use::input, "prefetched labels");
     if (s_.soft_targets)
-      m_.alloc(s_.micro_batch * s_.model.num_classes * 4, Use::input, "prefetched targets");
+      m_.alloc(s_.micro_batch * s_.model->num_classes() * 4, Use::input, "prefetched targets");
   }
   if (s_.checkpoint_copy_bytes > 0)  // an empty one (stage 0, ranks but 0) allocates nothing
     m_.alloc(s_.checkpoint_copy_bytes, Use::checkpoint, "checkpoint host copy (background save)");
-  // timm's linearly rising drop-path rates (nn::ConvNeXt).
-  int64_t total = 0;
-  for (int64_t d : s_.model.depths) total += d;
-  for (int64_t i = 0; i < total; ++i)
-    rates_.push_back(total > 1 ? s_.model.drop_path_rate * double(i) / double(total - 1) : 0.0);
 }
 
 void Walker::step() {
@@ -144,7 +139,7 @@ void Walker::step() {
   // in the training allocator and live until the step returns. On CUDA they are host memory, and each
   // micro-step copies its own to the device (micro_step).
   n_ = s_.micro_batch;
-  const int64_t pixels = n_ * s_.image_size * s_.image_size * s_.model.in_chans;
+  const int64_t pixels = n_ * s_.image_size * s_.image_size * s_.model->in_chans();
   scope_ = "batch";
   part_ = 0;
   at("load");
@@ -154,7 +149,7 @@ void Walker::step() {
     for (int64_t a = 0; a < s_.grad_accum; ++a) {
       batches.push_back(buf(pixels, Use::input, "pixels (8-bit)"));
       batches.push_back(buf(n_ * 8, Use::input, "labels"));
-      if (s_.soft_targets) batches.push_back(buf(n_ * s_.model.num_classes * 4, Use::input, "targets"));
+      if (s_.soft_targets) batches.push_back(buf(n_ * s_.model->num_classes() * 4, Use::input, "targets"));
     }
   // The micro-steps' losses are summed on the device: the first one's loss is kept, later ones add into a
   // new scalar each.
@@ -198,8 +193,8 @@ void Walker::step() {
 // own.
 void Walker::micro_step(bool last, const A& /*cpu_pixels: read by model_input*/, const A& cpu_labels) {
   n_ = s_.micro_batch;
-  const auto& cfg = s_.model;
-  const int64_t img = s_.image_size, pixels = n_ * img * img * cfg.in_chans;
+  const nn::ModelSpec& model = *s_.model;
+  const int64_t img = s_.image_size, pixels = n_ * img * img * model.in_chans();
   scope_ = "batch";
   part_ = 0;
   at("to device");
@@ -214,50 +209,23 @@ void Walker::micro_step(bool last, const A& /*cpu_pixels: read by model_input*/,
   }
   A labels = cpu_labels;
   if (s_.cuda) {
-    labels = s_.soft_targets ? buf(n_ * s_.model.num_classes * 4, Use::input, "targets")
+    labels = s_.soft_targets ? buf(n_ * model.num_classes() * 4, Use::input, "targets")
                              : buf(n_ * 8, Use::input, "labels");
   } else {  // .to(device) returns the same tensor
     m_.retain(labels.id);
   }
 
-  // Stem: patchify 4x4, LayerNorm.
-  scope_ = "stem";
-  int64_t side = img / 4;
-  const int stem = module_begin("stem");
-  const A s1 = patchify(images, img, cfg.in_chans, cfg.dims[0], 4, false, "stem.0", keep());
-  const A s2 = layer_norm(s1, n_ * side * side, cfg.dims[0], "stem.1", keep());
-  m_.release(s1.id);
-  module_end(stem);
-
-  block_index_ = 0;
-  A h = s2;
-  m_.retain(h.id);  // ConvNeXt::forward's temporary keeps the stem output until the head has run
-  for (size_t i = 0; i < cfg.depths.size(); ++i) {
-    part_ = int(i) + 1;
-    const A next = stage(int(i), h, side, i + 1 == cfg.depths.size());
-    m_.release(h.id);
-    h = next;
-  }
-
-  // Head: pool (saves nothing), LayerNorm, fc; the loss.
-  scope_ = "head";
-  part_ = int(cfg.depths.size()) + 1;
-  const int64_t c = cfg.dims.back(), k = cfg.num_classes;
-  const int head = module_begin("head");
-  const A pooled = pool(h, c, keep());
-  const A normed = layer_norm(pooled, n_, c, "head.norm", keep());
-  m_.release(pooled.id);
-  A logits = linear(normed, n_, c, k, "head.fc", s_.compute == DType::f32 ? keep() : Use::transient);
-  m_.release(normed.id);
-  module_end(head);
-  m_.release(h.id);                // the last stage's output: no node kept it
-  m_.release(s2.id);               // ConvNeXt::forward's temporary
+  // The model's forward (nn::ModelSpec::walk); its logits are kept by the loss in f32, else by nothing.
+  const nn::WalkOut logits_out = s_.compute == DType::f32 ? nn::WalkOut::saved : nn::WalkOut::transient;
+  A logits = model.walk(*this, {n_, img, s_.cuda, s_.checkpointing}, images, logits_out);
+  const int64_t k = model.num_classes();
+  const std::string head = scope_;  // the model's last scope: the loss is counted with it
   if (s_.compute != DType::f32) {  // .to(f32): ToBackward keeps nothing
     at("logits to f32");
     const A f = buf(n_ * k * 4, keep(), "logits (f32)");
     const A src = logits;
     record([=, this] {
-      at("head", "logits to f32 backward");
+      at(head, "logits to f32 backward");
       const Id g = take(f.id);
       deposit(src, m_.alloc(src.bytes, Use::transient, "logits gradient (16-bit)"));
       m_.release(g);
@@ -272,7 +240,7 @@ void Walker::micro_step(bool last, const A& /*cpu_pixels: read by model_input*/,
   m_.retain(logits.id);
   m_.retain(labels.id);
   record([=, this] {
-    at("head", "cross_entropy backward");
+    at(head, "cross_entropy backward");
     const Id g = take(loss.id);
     const Id d = m_.alloc(logits.bytes, Use::transient, "logits gradient");
     m_.release(logits.id);
@@ -285,7 +253,7 @@ void Walker::micro_step(bool last, const A& /*cpu_pixels: read by model_input*/,
   at("loss scale");
   const A scaled = buf(4, Use::transient, "scaled loss");
   record([=, this] {
-    at("head", "loss scale backward");
+    at(head, "loss scale backward");
     const Id g = take(scaled.id);
     deposit(loss, m_.alloc(4, Use::transient, "loss gradient"));
     m_.release(g);
@@ -316,95 +284,12 @@ void Walker::micro_step(bool last, const A& /*cpu_pixels: read by model_input*/,
   destroy(main_);
 }
 
-A Walker::stage(int i, A x, int64_t& side, bool last_stage) {
-  const auto& cfg = s_.model;
-  const int64_t c = cfg.dims[size_t(i)];
-  A h = x;
-  m_.retain(h.id);
-  if (i > 0) {
-    scope_ = fmt::format("stages.{}.downsample", i);
-    const int64_t prev = cfg.dims[size_t(i) - 1];
-    const int unit = module_begin(scope_);
-    const A ln = layer_norm(x, n_ * side * side, prev, scope_ + ".0", keep());
-    const A p = patchify(ln, side, prev, c, 2, true, scope_ + ".1", keep());
-    m_.release(ln.id);
-    module_end(unit);
-    m_.release(h.id);
-    h = p;
-    side /= 2;
-  }
-  for (int64_t j = 0; j < cfg.depths[size_t(i)]; ++j) {
-    scope_ = fmt::format("stages.{}.blocks.{}", i, j);
-    // The network's last block output is only pooled (no node keeps it); others are the next op's input.
-    const Use out = last_stage && j + 1 == cfg.depths[size_t(i)] ? Use::transient : keep();
-    const double rate = rates_[size_t(block_index_++)];
-    A next;
-    if (s_.checkpointing) {
-      next = checkpointed_block(h, side, c, rate, out);
-    } else {
-      const int unit = module_begin(scope_);
-      next = block(h, side, c, rate, out);
-      module_end(unit);
-    }
-    m_.release(h.id);
-    h = next;
-  }
-  return h;
-}
-
-// ConvNeXtBlock::forward: dwconv -> LayerNorm -> linear_gelu (fc1) -> linear_scale_residual (fc2, gamma,
-// residual), or on the CPU with small weights mlp_scale_residual for all of the MLP; with drop path, or
-// without gamma, fc2 alone -> (gamma, drop path) + residual. A V2 block (no gamma) runs grn before fc2.
-A Walker::block(const A& x, int64_t side, int64_t c, double rate, Use out_use) {
-  const int64_t rows = n_ * side * side;
-  const std::string& b = scope_;
-  const A y1 = depthwise(x, side, c, b + ".conv_dw", keep());
-  const A y2 = layer_norm(y1, rows, c, b + ".norm", keep());
-  const bool gamma = s_.model.layer_scale_init > 0;
-  if (rate <= 0 && gamma && mlp_as_one_op(s_.cuda, c, 4 * c)) {
-    const A z = mlp_scale_residual(x, y2, rows, c, 4 * c, b + ".mlp", b + ".gamma", out_use);
-    m_.release(y2.id);  // the temporaries of its argument
-    m_.release(y1.id);
-    return z;
-  }
-  A a = linear_gelu(y2, rows, c, 4 * c, b + ".mlp.fc1", keep());
-  m_.release(y2.id);  // the temporaries of linear_gelu's argument
-  m_.release(y1.id);
-  if (s_.model.grn) {
-    const A r = grn(a, rows, 4 * c, b + ".mlp.grn", keep());
-    m_.release(a.id);
-    a = r;
-  }
-  if (rate <= 0 && gamma) {
-    const A z = linear_scale_residual(x, a, rows, 4 * c, c, b + ".mlp.fc2", b + ".gamma", out_use);
-    m_.release(a.id);
-    return z;
-  }
-  const A y5 = linear(a, rows, 4 * c, c, b + ".mlp.fc2", keep());
-  m_.release(a.id);
-  if (rate > 0) {  // training with drop path
-    A h = y5;
-    if (gamma) {
-      h = scale_add(nullptr, y5, c, b + ".gamma", Use::transient);
-      m_.release(y5.id);
-    }
-    const A d = drop_path(h, Use::transient);
-    const A z = add(x, d, out_use);
-    m_.release(d.id);
-    m_.release(h.id);
-    return z;
-  }
-  const A z = add(x, y5, out_use);
-  m_.release(y5.id);
-  return z;
-}
-
-A Walker::checkpointed_block(const A& x, int64_t side, int64_t c, double rate, Use out_use) {
+// ConvNeXtStage::forward under checkpointing: the module's call runs under no-grad, its
+// CheckpointBackward node keeping only the input, and in backward runs again with grad (nn::OpSink).
+A Walker::checkpoint(const A& x, const std::function<A(const A&, nn::WalkOut)>& body, nn::WalkOut out) {
   m_.retain(x.id);  // CheckpointBackward keeps its input
   recording_ = false;
-  const int unit = module_begin(scope_);  // the block runs under no-grad, its hooks with it
-  const A z = block(x, side, c, rate, out_use);
-  module_end(unit);
+  const A z = body(x, out == nn::WalkOut::saved ? nn::WalkOut::held : out);  // under no-grad, hooks too
   recording_ = true;
   const std::string scope = scope_;
   const int part = part_;
@@ -418,9 +303,7 @@ A Walker::checkpointed_block(const A& x, int64_t side, int64_t c, double rate, U
     const std::string outer_scope = scope_;
     scope_ = scope;
     part_ = part;
-    const int u = module_begin(scope);
-    const A z2 = block(x, side, c, rate, Use::transient);
-    module_end(u);
+    const A z2 = body(x, nn::WalkOut::transient);
     saved_use_ = Use::saved;
     graph_ = outer;
     m_.retain(g);  // grad()'s seed: the same tensor the outer engine holds
@@ -437,7 +320,7 @@ A Walker::checkpointed_block(const A& x, int64_t side, int64_t c, double rate, U
     m_.release(x.id);  // release_saved
     deposit(x, dx);
     m_.release(g);
-    // The block's parameters' AccumulateGrad nodes were created in their registration order when the
+    // The module's parameters' AccumulateGrad nodes were created in their registration order when the
     // checkpoint was recorded: they run last parameter first.
     std::sort(grads.begin(), grads.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     for (const auto& [i, pg] : grads) engine_.grad_ready(i, pg);
@@ -469,21 +352,13 @@ void Walker::module_end(int unit) {
 
 }  // namespace walk
 
-std::vector<std::string> network_parts(const nn::ConvNeXtConfig& cfg) {
-  std::vector<std::string> parts{"stem"};
-  for (size_t i = 0; i < cfg.depths.size(); ++i) parts.push_back(fmt::format("stages.{}", i));
-  parts.emplace_back("head");
-  return parts;
-}
-
 StepReplay replay_step(const StepSpec& spec, int64_t capture_event, bool log_events) {
-  spec.model.validate();
+  CZ_CHECK(spec.model != nullptr, "planner: the step has no model");
   CZ_CHECK(spec.micro_batch > 0, "planner: micro-batch must be positive, got {}", spec.micro_batch);
-  int64_t reduction = 4;
-  for (size_t i = 1; i < spec.model.depths.size(); ++i) reduction *= 2;
-  CZ_CHECK(spec.image_size >= reduction, "planner: images of {} px are smaller than the network's stride {}",
-           spec.image_size, reduction);
-  const std::vector<std::string> parts = network_parts(spec.model);
+  CZ_CHECK(spec.image_size >= spec.model->stride(),
+           "planner: images of {} px are smaller than the network's stride {}", spec.image_size,
+           spec.model->stride());
+  const std::vector<std::string> parts = spec.model->parts();
   MemoryTrace m(int(parts.size()), spec.cuda ? walk::kCudaPage : 0);
   if (capture_event >= 0) m.capture_at(capture_event);
   StepReplay r;

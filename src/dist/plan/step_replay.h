@@ -1,22 +1,23 @@
-// The allocations of one training step of ConvNeXt, replayed through a MemoryTrace: the model build (for the
-// allocator's cache), the model-state buffers, then steps of batch -> forward -> loss -> backward ->
-// optimizer, each op allocating and freeing exactly what its code in src/tensor/ops and src/nn does, and
-// each tensor saved for backward living until its node has run (Note [What a step allocates] in
+// The allocations of one training step of a model (nn::ModelSpec), replayed through a MemoryTrace: the model
+// build (for the allocator's cache), the model-state buffers, then steps of batch -> forward -> loss ->
+// backward -> optimizer, each op allocating and freeing exactly what its code in src/tensor/ops and src/nn
+// does, and each tensor saved for backward living until its node has run (Note [What a step allocates] in
 // step_replay.cpp).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "dist/plan/engine_trace.h"
 #include "dist/plan/memory_trace.h"
 #include "dist/plan/zero_memory.h"
-#include "nn/convnext.h"
+#include "nn/model.h"
 
 namespace cz::plan {
 
 struct StepSpec {
-  nn::ConvNeXtConfig model;  // with num_classes and drop_path_rate as trained
+  std::shared_ptr<const nn::ModelSpec> model;  // with num_classes and drop_path_rate as trained
   int64_t image_size = 64;
   int64_t micro_batch = 32;
   int64_t grad_accum = 1;      // micro-steps per step (two are enough to replay: the rest repeat the second)
@@ -55,9 +56,6 @@ struct StepReplay {
   std::vector<TraceEvent> events;
   std::vector<size_t> step_begins;
 };
-
-// "stem", "stages.0", ..., "head": the parts saved activations are attributed to (head includes the loss).
-std::vector<std::string> network_parts(const nn::ConvNeXtConfig& cfg);
 
 // `capture_event`: a TraceSnapshot::event of an earlier run with the same spec, whose live buffers to list.
 StepReplay replay_step(const StepSpec& spec, int64_t capture_event = -1, bool log_events = false);

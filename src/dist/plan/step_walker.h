@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dist/plan/step_replay.h"
+#include "nn/model.h"
 #include "tensor/check.h"
 
 namespace cz::plan::walk {
@@ -42,12 +43,11 @@ int64_t depthwise_filter_workspace(int64_t rows, int64_t c, int64_t k);
 int64_t cudnn_patchify_workspace(int64_t input_bytes, int64_t output_bytes);
 
 // A tensor of the walk: its buffer and size.
-struct A {
-  Id id = kNone;
-  int64_t bytes = 0;
-};
+using A = nn::WalkTensor;
 
-class Walker {
+// Replays a step: the trainer's part here (build, batches, loss, backward, optimizer), the model's forward
+// through its walk (nn::ModelSpec::walk), whose ops land in step_walker_ops.cpp.
+class Walker final : public nn::OpSink {
  public:
   Walker(const StepSpec& s, MemoryTrace& m, std::vector<std::string>& labels)
       : s_(s), m_(m), labels_(labels), e_(int64_t(dtype_size(s.compute))), engine_(m, s.engine) {}
@@ -55,6 +55,36 @@ class Walker {
   void build();
   void step();
   std::vector<int64_t> saved_end_of_forward;
+
+  // nn::OpSink: outputs get `out`; `keep()` is the use of tensors a recorded node keeps.
+  void scope(const std::string& name, int part) override {
+    scope_ = name;
+    part_ = part;
+  }
+  int module_begin(const std::string& module) override;
+  void module_end(int unit) override;
+  A checkpoint(const A& x, const std::function<A(const A&, nn::WalkOut)>& body, nn::WalkOut out) override;
+  void retain(const A& x) override { m_.retain(x.id); }
+  void release(const A& x) override { m_.release(x.id); }
+  void fork(const A&, int64_t, int64_t) override {}  // the second gradient is added in deposit()
+  A depthwise(const A& x, int64_t side, int64_t c, int64_t k, const std::string& module,
+              nn::WalkOut out) override;
+  A patchify(const A& x, int64_t side, int64_t cin, int64_t cout, int64_t k, bool x_grad,
+             const std::string& module, nn::WalkOut out) override;
+  A layer_norm(const A& x, int64_t rows, int64_t c, const std::string& module, nn::WalkOut out) override;
+  A linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module,
+           nn::WalkOut out) override;
+  A linear_gelu(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module,
+                nn::WalkOut out) override;
+  A linear_scale_residual(const A& r, const A& x, int64_t rows, int64_t in, int64_t out_f,
+                          const std::string& module, const std::string& gamma, nn::WalkOut out) override;
+  A mlp_scale_residual(const A& r, const A& x, int64_t rows, int64_t c, int64_t hidden,
+                       const std::string& mlp, const std::string& gamma, nn::WalkOut out) override;
+  A grn(const A& x, int64_t rows, int64_t c, const std::string& module, nn::WalkOut out) override;
+  A channel_scale(const A& x, int64_t rows, int64_t c, const std::string& gamma, nn::WalkOut out) override;
+  A drop_path(const A& x, int64_t rows, int64_t c, nn::WalkOut out) override;
+  A add(const A& a, const A& b, int64_t rows, int64_t c, nn::WalkOut out) override;
+  A global_avg_pool(const A& x, int64_t rows, int64_t c, nn::WalkOut out) override;
 
  private:
   using Node = std::function<void()>;
@@ -64,38 +94,20 @@ class Walker {
   };
 
   void micro_step(bool last, const A& images, const A& labels);
-  A stage(int i, A x, int64_t& side, bool last_stage);
-  A block(const A& x, int64_t side, int64_t c, double rate, Use out_use);
-  A checkpointed_block(const A& x, int64_t side, int64_t c, double rate, Use out_use);
+  // A linear layer's backward buffers (input, weight and bias gradients), which every fused linear
+  // allocates after its own.
+  struct LinearGrads {
+    Id dx, dw, db;
+  };
+  LinearGrads linear_grads(const A& x, int64_t in, int64_t out_f);
+  void linear_param_grads(const LinearGrads& g, const std::string& module) {
+    param_grad(g.db, module + ".bias");
+    param_grad(g.dw, module + ".weight");
+  }
 
-  // Ops: outputs get `out`; `keep` is the use of tensors a recorded node keeps.
-  // `module`: the op's module path ("stages.0.blocks.1.conv_dw"), whose .weight and .bias get gradients.
-  A depthwise(const A& x, int64_t side, int64_t c, const std::string& module, Use out);
-  A patchify(const A& x, int64_t side, int64_t cin, int64_t cout, int64_t k, bool x_grad,
-             const std::string& module, Use out);
-  A layer_norm(const A& x, int64_t rows, int64_t c, const std::string& module, Use out);
-  A linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module, Use out);
-  // linear_gelu (fc1) and linear_scale_residual (fc2, gamma and the residual r); `gamma`: its parameter's
-  // name.
-  A linear_gelu(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module, Use out);
-  A linear_scale_residual(const A& r, const A& x, int64_t rows, int64_t in, int64_t out_f,
-                          const std::string& module, const std::string& gamma, Use out);
-  // mlp_scale_residual: the block's whole MLP branch (`mlp`: "....mlp", whose fc1 and fc2 get gradients),
-  // gamma and the residual r, where mlp_as_one_op says the block runs it.
-  A mlp_scale_residual(const A& r, const A& x, int64_t rows, int64_t c, int64_t hidden,
-                       const std::string& mlp, const std::string& gamma, Use out);
-  // ConvNeXt V2's GRN over rows x c (`module`: "....mlp.grn", whose weight and bias get gradients).
-  A grn(const A& x, int64_t rows, int64_t c, const std::string& module, Use out);
-  // residual_scale_add / channel_scale; `gamma`: the parameter's name.
-  A scale_add(const A* residual, const A& h, int64_t c, const std::string& gamma, Use out);
-  // A module call: its forward-pre hook; then, after its ops, its forward hook and (when recording) the
-  // identity node whose backward fires its backward-pre hook (nn::Module::operator()).
-  int module_begin(const std::string& module);
-  void module_end(int unit);
-  A drop_path(const A& x, Use out);
-  A add(const A& a, const A& b, Use out);
-  A pool(const A& x, int64_t c, Use out);
-
+  Use use_of(nn::WalkOut out) const {
+    return out == nn::WalkOut::held ? Use::saved : out == nn::WalkOut::saved ? keep() : Use::transient;
+  }
   A buf(int64_t bytes, Use use, const char* what) {
     return {m_.alloc(bytes, use, what, use == Use::saved ? part_ : -1), bytes};
   }
@@ -188,8 +200,6 @@ class Walker {
   Use saved_use_ = Use::saved;
   int part_ = 0;
   std::string scope_;
-  int64_t block_index_ = 0;
-  std::vector<double> rates_;
   EngineTrace engine_;
 };
 

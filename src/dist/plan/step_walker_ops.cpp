@@ -21,9 +21,11 @@ int64_t depthwise_filter_workspace(int64_t rows, int64_t c, int64_t k) {
   return chunks * per_chunk;
 }
 
-A Walker::depthwise(const A& x, int64_t side, int64_t c, const std::string& module, Use out) {
+A Walker::depthwise(const A& x, int64_t side, int64_t c, int64_t k, const std::string& module,
+                    nn::WalkOut o) {
   at("conv_dw");
-  const int64_t k = s_.model.kernel, rows = n_ * side * side;
+  const Use out = use_of(o);
+  const int64_t rows = n_ * side * side;
   const A wk = buf(k * k * c * e_, keep(), "depthwise weight (k, k, C)");
   const A y = buf(rows * c * e_, out, "conv_dw output");
   if (!recording_) {
@@ -54,8 +56,9 @@ A Walker::depthwise(const A& x, int64_t side, int64_t c, const std::string& modu
 }
 
 A Walker::patchify(const A& x, int64_t side, int64_t cin, int64_t cout, int64_t k, bool x_grad,
-                   const std::string& module, Use out) {
+                   const std::string& module, nn::WalkOut o) {
   at("patchify");
+  const Use out = use_of(o);
   const int64_t so = side / k, m = n_ * so * so, kk = k * k * cin;
   const A wk = buf(cout * kk * e_, keep(), "patchify weight (Cout, k, k, Cin)");
   const A y = buf(m * cout * e_, out, "patchify output");
@@ -86,8 +89,9 @@ A Walker::patchify(const A& x, int64_t side, int64_t cin, int64_t cout, int64_t 
   return y;
 }
 
-A Walker::layer_norm(const A& x, int64_t rows, int64_t c, const std::string& module, Use out) {
+A Walker::layer_norm(const A& x, int64_t rows, int64_t c, const std::string& module, nn::WalkOut o) {
   at("layer_norm");
+  const Use out = use_of(o);
   const A y = buf(rows * c * e_, out, "layer_norm output");
   const A mean = buf(rows * 4, keep(), "layer_norm mean");
   const A rstd = buf(rows * 4, keep(), "layer_norm rstd");
@@ -115,9 +119,17 @@ A Walker::layer_norm(const A& x, int64_t rows, int64_t c, const std::string& mod
   return y;
 }
 
-A Walker::linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module, Use out) {
+Walker::LinearGrads Walker::linear_grads(const A& x, int64_t in, int64_t out_f) {
+  const Id dx = m_.alloc(x.bytes, Use::transient, "linear input gradient");
+  const Id dw = m_.alloc(out_f * in * e_, Use::transient, "linear weight gradient");
+  return {dx, dw, m_.alloc(out_f * e_, Use::transient, "linear bias gradient")};
+}
+
+A Walker::linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module,
+                 nn::WalkOut o) {
   const char* name = module.ends_with("fc1") ? "fc1" : module.ends_with("fc2") ? "fc2" : "fc";
   at(name);
+  const Use out = use_of(o);
   const A y = buf(rows * out_f * e_, out, "linear output");
   if (!recording_) return y;
   m_.retain(x.id);
@@ -125,14 +137,11 @@ A Walker::linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const std:
   record([=, this] {
     at(scope, (std::string(name) + " backward").c_str());
     const Id g = take(y.id);
-    const Id dx = m_.alloc(x.bytes, Use::transient, "linear input gradient");
-    const Id dw = m_.alloc(out_f * in * e_, Use::transient, "linear weight gradient");
-    const Id db = m_.alloc(out_f * e_, Use::transient, "linear bias gradient");
+    const LinearGrads d = linear_grads(x, in, out_f);
     m_.release(x.id);
-    deposit(x, dx);
+    deposit(x, d.dx);
     m_.release(g);
-    param_grad(db, module + ".bias");
-    param_grad(dw, module + ".weight");
+    linear_param_grads(d, module);
   });
   return y;
 }
@@ -141,8 +150,9 @@ A Walker::linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const std:
 // instead of GeluBackward's), and in backward GELU's input gradient is the GEMMs' operand, freed when the
 // node returns.
 A Walker::linear_gelu(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module,
-                      Use out) {
+                      nn::WalkOut o) {
   at("fc1 + gelu");
+  const Use out = use_of(o);
   const A h = buf(rows * out_f * e_, keep(), "fc1 pre-activation");
   const A y = buf(h.bytes, out, "gelu output");
   if (!recording_) {
@@ -155,16 +165,13 @@ A Walker::linear_gelu(const A& x, int64_t rows, int64_t in, int64_t out_f, const
     at(scope, "fc1 + gelu backward");
     const Id g = take(y.id);
     const Id gh = m_.alloc(h.bytes, Use::transient, "gelu input gradient");
-    const Id dx = m_.alloc(x.bytes, Use::transient, "linear input gradient");
-    const Id dw = m_.alloc(out_f * in * e_, Use::transient, "linear weight gradient");
-    const Id db = m_.alloc(out_f * e_, Use::transient, "linear bias gradient");
+    const LinearGrads d = linear_grads(x, in, out_f);
     m_.release(gh);
     m_.release(x.id);
     m_.release(h.id);
-    deposit(x, dx);
+    deposit(x, d.dx);
     m_.release(g);
-    param_grad(db, module + ".bias");
-    param_grad(dw, module + ".weight");
+    linear_param_grads(d, module);
   });
   return y;
 }
@@ -173,8 +180,9 @@ A Walker::linear_gelu(const A& x, int64_t rows, int64_t in, int64_t out_f, const
 // (residual, x, weight, bias, gamma), so gamma's gradient is handed over first, then the bias's, the
 // weight's.
 A Walker::linear_scale_residual(const A& r, const A& x, int64_t rows, int64_t in, int64_t out_f,
-                                const std::string& module, const std::string& gamma, Use out) {
+                                const std::string& module, const std::string& gamma, nn::WalkOut o) {
   at("fc2 + residual_scale_add");
+  const Use out = use_of(o);
   const A y = buf(rows * out_f * e_, keep(), "linear output");
   const A z = buf(y.bytes, out, "block output");
   if (!recording_) {
@@ -188,16 +196,13 @@ A Walker::linear_scale_residual(const A& r, const A& x, int64_t rows, int64_t in
     const Id g = take(z.id);
     const Id gb = m_.alloc(y.bytes, Use::transient, "block branch gradient");
     const Id dgamma = m_.alloc(out_f * e_, Use::transient, "gamma gradient");
-    const Id dx = m_.alloc(x.bytes, Use::transient, "linear input gradient");
-    const Id dw = m_.alloc(out_f * in * e_, Use::transient, "linear weight gradient");
-    const Id db = m_.alloc(out_f * e_, Use::transient, "linear bias gradient");
+    const LinearGrads d = linear_grads(x, in, out_f);
     m_.release(gb);
     m_.release(x.id);
     m_.release(y.id);
-    pass_residual(r, g, x, dx);
+    pass_residual(r, g, x, d.dx);
     param_grad(dgamma, gamma);
-    param_grad(db, module + ".bias");
-    param_grad(dw, module + ".weight");
+    linear_param_grads(d, module);
   });
   return z;
 }
@@ -207,8 +212,9 @@ A Walker::linear_scale_residual(const A& r, const A& x, int64_t rows, int64_t in
 // the gradients over in the reverse order of the node's inputs (residual, x, fc1's weight and bias, fc2's,
 // gamma).
 A Walker::mlp_scale_residual(const A& r, const A& x, int64_t rows, int64_t c, int64_t hidden,
-                             const std::string& mlp, const std::string& gamma, Use out) {
+                             const std::string& mlp, const std::string& gamma, nn::WalkOut o) {
   at("mlp_scale_residual");
+  const Use out = use_of(o);
   if (!recording_) return buf(rows * c * e_, out, "block output");
   const A h = buf(rows * hidden * e_, keep(), "fc1 pre-activation");
   const A y2 = buf(rows * c * e_, keep(), "fc2 output");
@@ -240,8 +246,9 @@ A Walker::mlp_scale_residual(const A& r, const A& x, int64_t rows, int64_t c, in
 // grn (src/tensor/ops/grn.cpp): its output, then per image the channels' f32 norms and the f32 divisor, the
 // node keeping its input and those two; backward allocates the input gradient and the two parameter
 // gradients (beta's AccumulateGrad node runs first). The CPU kernels' partial sums are not the allocator's.
-A Walker::grn(const A& x, int64_t rows, int64_t c, const std::string& module, Use out) {
+A Walker::grn(const A& x, int64_t rows, int64_t c, const std::string& module, nn::WalkOut o) {
   at("grn");
+  const Use out = use_of(o);
   const A y = buf(rows * c * e_, out, "grn output");
   const A gx = buf(n_ * c * 4, keep(), "grn norms (f32)");
   const A d = buf(n_ * 4, keep(), "grn divisors (f32)");
@@ -269,27 +276,27 @@ A Walker::grn(const A& x, int64_t rows, int64_t c, const std::string& module, Us
   return y;
 }
 
-A Walker::scale_add(const A* residual, const A& h, int64_t c, const std::string& gamma, Use out) {
-  at(residual ? "residual_scale_add" : "channel_scale");
-  const A y = buf(h.bytes, out, residual ? "block output" : "channel_scale output");
+A Walker::channel_scale(const A& h, int64_t /*rows*/, int64_t c, const std::string& gamma, nn::WalkOut o) {
+  at("channel_scale");
+  const A y = buf(h.bytes, use_of(o), "channel_scale output");
   if (!recording_) return y;
   m_.retain(h.id);
   const std::string scope = scope_;
-  const A r = residual ? *residual : A{};
   record([=, this] {
-    at(scope, r.id != kNone ? "residual_scale_add backward" : "channel_scale backward");
+    at(scope, "channel_scale backward");
     const Id g = take(y.id);
     const Id dx = m_.alloc(h.bytes, Use::transient, "block branch gradient");
     const Id dgamma = m_.alloc(c * e_, Use::transient, "gamma gradient");
     m_.release(h.id);
-    pass_residual(r, g, h, dx);
+    pass_residual(A{}, g, h, dx);
     param_grad(dgamma, gamma);
   });
   return y;
 }
 
-A Walker::drop_path(const A& x, Use out) {
+A Walker::drop_path(const A& x, int64_t /*rows*/, int64_t /*c*/, nn::WalkOut o) {
   at("drop_path");
+  const Use out = use_of(o);
   // The per-sample scale: from_vector (f64, host) -> .to(dtype) -> .to(device).
   A scale;
   if (s_.cuda) {
@@ -315,9 +322,9 @@ A Walker::drop_path(const A& x, Use out) {
   return y;
 }
 
-A Walker::add(const A& a, const A& b, Use out) {
+A Walker::add(const A& a, const A& b, int64_t /*rows*/, int64_t /*c*/, nn::WalkOut o) {
   at("add");
-  const A y = buf(a.bytes, out, "block output");
+  const A y = buf(a.bytes, use_of(o), "block output");
   if (!recording_) return y;
   const std::string scope = scope_;
   record([=, this] {
@@ -332,9 +339,9 @@ A Walker::add(const A& a, const A& b, Use out) {
   return y;
 }
 
-A Walker::pool(const A& x, int64_t c, Use out) {
+A Walker::global_avg_pool(const A& x, int64_t /*rows*/, int64_t c, nn::WalkOut o) {
   at("global_avg_pool");
-  const A y = buf(n_ * c * e_, out, "pooled");
+  const A y = buf(n_ * c * e_, use_of(o), "pooled");
   if (!recording_) return y;
   const std::string scope = scope_;
   record([=, this] {

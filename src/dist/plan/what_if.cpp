@@ -571,8 +571,8 @@ WhatIf what_if(const WhatIfRequest& req) {
   w.offload = cfg.offload_optimizer;
 
   const std::vector<ModuleCost> work =
-      convnext_step_work(mc, cfg.image_size, cfg.micro_batch, ec, cfg.activation_checkpointing,
-                         parse_device(cfg.device).is_cuda());
+      step_work(*nn::convnext_spec(mc), cfg.image_size, cfg.micro_batch, ec, cfg.activation_checkpointing,
+                parse_device(cfg.device).is_cuda());
   const Run run{cfg, mesh_spec(cfg), work, req.compute, ec, er};
   const std::vector<int> ring = req.topology.ring_order();
   std::map<int, double> one_rank;  // img/s on one rank, per stage
