@@ -45,11 +45,10 @@ Device device_of(const std::vector<Tensor>& grads) {
 // What a `grad()` call captures instead of accumulating: AccumulateGrad node -> index into the result.
 using Captures = std::unordered_map<const Node*, size_t>;
 
-void execute(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, const Captures* captures,
-             std::vector<Tensor>* captured) {
+// The roots' gradient edges with their seeds: `grads[i]`, or ones for a scalar root given none.
+std::vector<std::pair<Edge, Tensor>> seed_edges(const std::vector<Tensor>& roots,
+                                                const std::vector<Tensor>& grads) {
   CZ_CHECK(roots.size() == grads.size(), "backward: {} roots but {} gradients", roots.size(), grads.size());
-  NoGradGuard no_grad;
-
   std::vector<std::pair<Edge, Tensor>> seeds;
   for (size_t i = 0; i < roots.size(); ++i) {
     const Tensor& r = roots[i];
@@ -68,8 +67,11 @@ void execute(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
                    shape_str(g.sizes()), shape_str(r.sizes()));
     seeds.emplace_back(gradient_edge(r), g);
   }
+  return seeds;
+}
 
-  // Count, for every node reachable from the roots, the edges that lead into it.
+// Every node reachable from the seeds, with the count of edges that lead into it.
+std::unordered_map<Node*, NodeState> count_dependencies(const std::vector<std::pair<Edge, Tensor>>& seeds) {
   std::unordered_map<Node*, NodeState> state;
   std::vector<Node*> stack;
   for (auto& [edge, g] : seeds) {
@@ -89,8 +91,61 @@ void execute(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
       if (inserted) stack.push_back(e.fn.get());
     }
   }
+  return state;
+}
 
-  std::priority_queue<Node*, std::vector<Node*>, BySequence> ready;
+using ReadyQueue = std::priority_queue<Node*, std::vector<Node*>, BySequence>;
+
+// Runs `node` on its gathered gradients (unless none is defined, and it is not a leaf's sink) and hands its
+// outputs down its edges, queueing each next node whose last gradient has arrived.
+void run_node(Node* node, std::unordered_map<Node*, NodeState>& state, ReadyQueue& ready,
+              const Captures* captures, std::vector<Tensor>* captured) {
+  NodeState& s = state[node];
+  std::vector<Tensor> inputs = std::move(s.inputs);
+  inputs.resize(node->num_outputs());
+  node->run_pre_hooks(inputs);
+
+  const bool is_leaf_sink = dynamic_cast<AccumulateGrad*>(node) != nullptr;
+  std::vector<Tensor> outputs;
+  if (is_leaf_sink && captures) {
+    // grad(): hand the gradient back instead of touching `.grad` or firing hooks.
+    auto it = captures->find(node);
+    if (it != captures->end()) accumulate((*captured)[it->second], std::move(inputs[0]));
+    return;
+  }
+  bool any_defined = false;
+  for (const Tensor& g : inputs) any_defined = any_defined || g.defined();
+  if (any_defined || is_leaf_sink) {
+    std::optional<profiler::Scope> prof;
+    // A backward node is timed for --profile and for --trace's compute lanes alike: the trace's GPU-busy
+    // fraction sums the device lane, which held forward's kernels only while this asked for --profile.
+    if (profiler::enabled() || trace::active()) prof.emplace(node->name(), device_of(inputs));
+    outputs = node->apply(std::move(inputs));
+    node->release_saved();
+  }
+  outputs.resize(node->next_edges().size());
+
+  const auto& edges = node->next_edges();
+  for (size_t i = 0; i < edges.size(); ++i) {
+    if (!edges[i].valid()) continue;
+    Node* next = edges[i].fn.get();
+    NodeState& ns = state[next];
+    if (ns.inputs.empty()) ns.inputs.resize(next->num_outputs());
+    accumulate(ns.inputs[edges[i].input_nr], std::move(outputs[i]));
+    if (--ns.dependencies == 0) {
+      ready.push(next);
+      ns.dependencies = -1;
+    }
+  }
+}
+
+void execute(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, const Captures* captures,
+             std::vector<Tensor>* captured) {
+  NoGradGuard no_grad;
+  std::vector<std::pair<Edge, Tensor>> seeds = seed_edges(roots, grads);
+  std::unordered_map<Node*, NodeState> state = count_dependencies(seeds);
+
+  ReadyQueue ready;
   for (auto& [edge, g] : seeds) {
     NodeState& s = state[edge.fn.get()];
     s.inputs.resize(edge.fn->num_outputs());
@@ -103,47 +158,10 @@ void execute(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
       state[n].dependencies = -1;  // queued
     }
   }
-
   while (!ready.empty()) {
     Node* node = ready.top();
     ready.pop();
-    NodeState& s = state[node];
-    std::vector<Tensor> inputs = std::move(s.inputs);
-    inputs.resize(node->num_outputs());
-    node->run_pre_hooks(inputs);
-
-    const bool is_leaf_sink = dynamic_cast<AccumulateGrad*>(node) != nullptr;
-    std::vector<Tensor> outputs;
-    if (is_leaf_sink && captures) {
-      // grad(): hand the gradient back instead of touching `.grad` or firing hooks.
-      auto it = captures->find(node);
-      if (it != captures->end()) accumulate((*captured)[it->second], std::move(inputs[0]));
-      continue;
-    }
-    bool any_defined = false;
-    for (const Tensor& g : inputs) any_defined = any_defined || g.defined();
-    if (any_defined || is_leaf_sink) {
-      std::optional<profiler::Scope> prof;
-      // A backward node is timed for --profile and for --trace's compute lanes alike: the trace's GPU-busy
-      // fraction sums the device lane, which held forward's kernels only while this asked for --profile.
-      if (profiler::enabled() || trace::active()) prof.emplace(node->name(), device_of(inputs));
-      outputs = node->apply(std::move(inputs));
-      node->release_saved();
-    }
-    outputs.resize(node->next_edges().size());
-
-    const auto& edges = node->next_edges();
-    for (size_t i = 0; i < edges.size(); ++i) {
-      if (!edges[i].valid()) continue;
-      Node* next = edges[i].fn.get();
-      NodeState& ns = state[next];
-      if (ns.inputs.empty()) ns.inputs.resize(next->num_outputs());
-      accumulate(ns.inputs[edges[i].input_nr], std::move(outputs[i]));
-      if (--ns.dependencies == 0) {
-        ready.push(next);
-        ns.dependencies = -1;
-      }
-    }
+    run_node(node, state, ready, captures, captured);
   }
 }
 

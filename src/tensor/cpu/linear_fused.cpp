@@ -107,6 +107,59 @@ void bias_scale_residual_rows(T* y, const T* residual, T* out, int64_t n, int64_
   }
 }
 
+// The MLP backward's first pass over a tile's rows: the branch's gradient g * gamma into `gb`, with fc2's
+// bias gradient (row sums at sums_db2) and gamma's (g * y2, at sums_db2 + o_dg) added into the rows' blocks.
+template <class T>
+void scaled_branch_grad_rows(const T* g, const T* y2, const T* gamma, T* gb, int64_t r0, int64_t n, int64_t c,
+                             BlockSums<T>& sums, int64_t o_dg) {
+  for (int64_t r = 0; r < n; ++r) {
+    const T* gr = g + (r0 + r) * c;
+    const T* zr = y2 + (r0 + r) * c;
+    T* o = gb + r * c;
+    T* adb2 = sums.at(r0 + r);
+    T* adg = adb2 + o_dg;
+#pragma omp simd
+    for (int64_t j = 0; j < c; ++j) {
+      const T v = gr[j] * gamma[j];
+      o[j] = v;
+      adb2[j] += v;
+      adg[j] += gr[j] * zr[j];
+    }
+  }
+}
+
+// GELU's output (into y) and derivative (into d) at n rows of h, again.
+template <class T>
+void gelu_and_grad_rows(const T* h, T* y, T* d, int64_t n, int64_t cols) {
+  for (int64_t r = 0; r < n; ++r) {
+    const T* hr = h + r * cols;
+    T* yr = y + r * cols;
+    T* dr = d + r * cols;
+    if constexpr (std::is_same_v<T, double>) {
+      for (int64_t j = 0; j < cols; ++j) gelu_math::gelu_and_grad(hr[j], yr[j], dr[j]);
+    } else {
+      for_blocks<T>(0, cols, [&](auto vt, int64_t j) {
+        using V = decltype(vt);
+        V yv, dv;
+        gelu_math::gelu_and_grad(load<V>(hr + j), yv, dv);
+        store(yr + j, yv);
+        store(dr + j, dv);
+      });
+    }
+  }
+}
+
+// x *= d elementwise over n rows of `cols`.
+template <class T>
+void multiply_rows(T* x, const T* d, int64_t n, int64_t cols) {
+  for (int64_t r = 0; r < n; ++r) {
+    T* o = x + r * cols;
+    const T* dr = d + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) o[j] *= dr[j];
+  }
+}
+
 }  // namespace
 
 void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& h, Tensor& y,
@@ -296,46 +349,12 @@ void mlp_scale_residual_backward(const Tensor& g, const Tensor& x, const Tensor&
             T* dt = tile_scratch<T>(2, size_t(t * hid));
             T* gh = tile_scratch<T>(3, size_t(t * hid));
             // gamma: the branch's gradient g * gamma, with fc2's bias and gamma's column sums.
-            for (int64_t r = 0; r < n; ++r) {
-              const T* gr = pg + (r0 + r) * c;
-              const T* zr = py2 + (r0 + r) * c;
-              T* o = gb + r * c;
-              T* adb2 = sums.at(r0 + r);
-              T* adg = adb2 + o_dg;
-#pragma omp simd
-              for (int64_t j = 0; j < c; ++j) {
-                const T v = gr[j] * pgam[j];
-                o[j] = v;
-                adb2[j] += v;
-                adg[j] += gr[j] * zr[j];
-              }
-            }
-            // GELU's output and derivative at h, again.
-            for (int64_t r = 0; r < n; ++r) {
-              const T* hr = ph + (r0 + r) * hid;
-              T* yr = yt + r * hid;
-              T* dr = dt + r * hid;
-              if constexpr (std::is_same_v<T, double>) {
-                for (int64_t j = 0; j < hid; ++j) gelu_math::gelu_and_grad(hr[j], yr[j], dr[j]);
-              } else {
-                for_blocks<T>(0, hid, [&](auto vt, int64_t j) {
-                  using V = decltype(vt);
-                  V yv, dv;
-                  gelu_math::gelu_and_grad(load<V>(hr + j), yv, dv);
-                  store(yr + j, yv);
-                  store(dr + j, dv);
-                });
-              }
-            }
+            scaled_branch_grad_rows(pg, py2, pgam, gb, r0, n, c, sums, o_dg);
+            gelu_and_grad_rows(ph + r0 * hid, yt, dt, n, hid);
             if (dw2.defined()) gemm<T>(true, false, c, hid, n, T(1), gb, c, yt, hid, beta, wp, hid);
             if (!fc1) continue;
             gemm<T>(false, false, n, hid, c, T(1), gb, c, pw2, hid, T(0), gh, hid);
-            for (int64_t r = 0; r < n; ++r) {
-              T* o = gh + r * hid;
-              const T* dr = dt + r * hid;
-#pragma omp simd
-              for (int64_t j = 0; j < hid; ++j) o[j] *= dr[j];
-            }
+            multiply_rows(gh, dt, n, hid);
             for_blocks_in(r0, r0 + n, cut.block, [&](int64_t b0, int64_t b1) {
               add_column_sums(gh + (b0 - r0) * hid, b1 - b0, hid, sums.at(b0) + o_db1);
             });
