@@ -227,6 +227,108 @@ RankPlace locate_rank(int rank, const std::string& host, const std::string& gpu_
   return p;
 }
 
+namespace {
+
+// The tree's nodes in the order build_topology adds them; a node names its parent by index.
+class TopoNodes {
+ public:
+  int add(std::string id, std::string type, int parent, double gbps) {
+    TopoNode n;
+    n.id = std::move(id);
+    n.type = std::move(type);
+    n.parent = parent;
+    n.up_gbps = gbps;
+    n.extra = nlohmann::ordered_json::object();
+    nodes_.push_back(std::move(n));
+    return int(nodes_.size() - 1);
+  }
+  TopoNode& operator[](int i) { return nodes_[size_t(i)]; }
+  std::vector<TopoNode> take() { return std::move(nodes_); }
+
+ private:
+  std::vector<TopoNode> nodes_;
+};
+
+// One host's switches (a pair of bridges: upstream and downstream port) and GPUs, each once, in bus id order,
+// under the CPU nodes of their NUMA nodes (`cpus`: numa -> node). `pre` prefixes the ids ("host1." of many).
+void add_switches_and_gpus(TopoNodes& nodes, const std::string& pre,
+                           const std::vector<const RankPlace*>& mine, std::map<int, int>& cpus) {
+  std::map<std::string, const RankPlace*> gpus;
+  for (auto* p : mine)
+    if (!p->gpu_busid.empty()) gpus.emplace(p->gpu_busid, p);
+  struct Switch {
+    size_t depth;
+    std::string parent_port;  // "" = the CPU
+    int cpu;
+    double gbps;
+  };
+  std::map<std::string, Switch> switches;  // by upstream port
+  std::map<std::string, std::string> gpu_parent_port;
+  for (auto& [busid, p] : gpus) {
+    const auto& c = p->chain;
+    std::string parent_port;
+    for (size_t i = 1; i + 1 < c.size(); i += 2) {
+      switches.emplace(c[i].busid, Switch{i, parent_port, cpus[p->numa], c[i].up_gbps});
+      parent_port = c[i].busid;
+    }
+    gpu_parent_port[busid] = parent_port;
+  }
+  std::vector<std::string> ports;
+  for (auto& [port, sw] : switches) ports.push_back(port);
+  std::stable_sort(ports.begin(), ports.end(),
+                   [&](const auto& a, const auto& b) { return switches[a].depth < switches[b].depth; });
+  std::map<std::string, int> switch_node;
+  int k = 0;
+  for (const auto& port : ports) {  // parents (shallower) first
+    const Switch& sw = switches[port];
+    const int parent = sw.parent_port.empty() ? sw.cpu : switch_node.at(sw.parent_port);
+    switch_node[port] = nodes.add(fmt::format("{}sw{}", pre, k++), "switch", parent, sw.gbps);
+    nodes[switch_node[port]].extra["busid"] = port;
+  }
+  k = 0;
+  for (auto& [busid, p] : gpus) {
+    const std::string& pp = gpu_parent_port[busid];
+    const int parent = pp.empty() ? cpus[p->numa] : switch_node.at(pp);
+    const int g = nodes.add(fmt::format("{}gpu{}", pre, k++), "gpu", parent, p->chain.back().up_gbps);
+    for (auto* q : mine)
+      if (q->gpu_busid == busid) nodes[g].ranks.push_back(q->rank);
+    nodes[g].extra["busid"] = busid;
+    if (!p->gpu_name.empty()) nodes[g].extra["name"] = p->gpu_name;
+  }
+}
+
+// Host `h` (named `name`) and what its ranks `mine` stand on: its CPUs, switches and GPUs, and a proc node
+// for each rank without a GPU.
+void add_host(TopoNodes& nodes, size_t h, const std::string& name, bool multi,
+              const std::vector<const RankPlace*>& mine, const DetectOptions& options) {
+  const std::string pre = multi ? fmt::format("host{}.", h) : "";
+  double net = 0;
+  int p2p = -1;
+  for (auto* p : mine) {
+    net = std::max(net, p->net_gbps);
+    if (p->p2p >= 0) p2p = p2p < 0 ? p->p2p : std::min(p2p, p->p2p);
+  }
+  const int host = nodes.add(fmt::format("host{}", h), "host", -1, net > 0 ? net : options.net_gbps);
+  nodes[host].extra["name"] = name;
+  if (p2p >= 0) nodes[host].extra["gpu_p2p"] = p2p == 1;
+
+  std::map<int, int> cpus;  // numa -> node
+  std::set<int> numas;
+  for (auto* p : mine) numas.insert(p->numa);
+  for (int numa : numas) {
+    cpus[numa] = nodes.add(fmt::format("{}cpu{}", pre, numa), "cpu", host, options.socket_gbps);
+    nodes[cpus[numa]].extra["numa"] = numa;
+  }
+  add_switches_and_gpus(nodes, pre, mine, cpus);
+  for (auto* p : mine) {
+    if (!p->gpu_busid.empty()) continue;
+    const int n = nodes.add(fmt::format("{}proc{}", pre, p->rank), "proc", cpus[p->numa], options.proc_gbps);
+    nodes[n].ranks.push_back(p->rank);
+  }
+}
+
+}  // namespace
+
 Topology build_topology(const std::vector<RankPlace>& places, const DetectOptions& options) {
   // Hosts in order of their lowest rank.
   std::vector<const RankPlace*> sorted;
@@ -235,91 +337,14 @@ Topology build_topology(const std::vector<RankPlace>& places, const DetectOption
   std::vector<std::string> hosts;
   for (auto* p : sorted)
     if (std::find(hosts.begin(), hosts.end(), p->host) == hosts.end()) hosts.push_back(p->host);
-  const bool multi = hosts.size() > 1;
-
-  std::vector<TopoNode> nodes;
-  auto add = [&](std::string id, std::string type, int parent, double gbps) {
-    TopoNode n;
-    n.id = std::move(id);
-    n.type = std::move(type);
-    n.parent = parent;
-    n.up_gbps = gbps;
-    n.extra = nlohmann::ordered_json::object();
-    nodes.push_back(std::move(n));
-    return int(nodes.size() - 1);
-  };
+  TopoNodes nodes;
   for (size_t h = 0; h < hosts.size(); ++h) {
-    const std::string pre = multi ? fmt::format("host{}.", h) : "";
     std::vector<const RankPlace*> mine;
-    double net = 0;
-    int p2p = -1;
-    for (auto* p : sorted) {
-      if (p->host != hosts[h]) continue;
-      mine.push_back(p);
-      net = std::max(net, p->net_gbps);
-      if (p->p2p >= 0) p2p = p2p < 0 ? p->p2p : std::min(p2p, p->p2p);
-    }
-    const int host = add(fmt::format("host{}", h), "host", -1, net > 0 ? net : options.net_gbps);
-    nodes[size_t(host)].extra["name"] = hosts[h];
-    if (p2p >= 0) nodes[size_t(host)].extra["gpu_p2p"] = p2p == 1;
-
-    std::map<int, int> cpus;  // numa -> node
-    std::set<int> numas;
-    for (auto* p : mine) numas.insert(p->numa);
-    for (int numa : numas) {
-      cpus[numa] = add(fmt::format("{}cpu{}", pre, numa), "cpu", host, options.socket_gbps);
-      nodes[size_t(cpus[numa])].extra["numa"] = numa;
-    }
-    // Switches (a pair of bridges: upstream and downstream port) and GPUs, each once, in bus id order.
-    std::map<std::string, const RankPlace*> gpus;
-    for (auto* p : mine)
-      if (!p->gpu_busid.empty()) gpus.emplace(p->gpu_busid, p);
-    struct Switch {
-      size_t depth;
-      std::string parent_port;  // "" = the CPU
-      int cpu;
-      double gbps;
-    };
-    std::map<std::string, Switch> switches;  // by upstream port
-    std::map<std::string, std::string> gpu_parent_port;
-    for (auto& [busid, p] : gpus) {
-      const auto& c = p->chain;
-      std::string parent_port;
-      for (size_t i = 1; i + 1 < c.size(); i += 2) {
-        switches.emplace(c[i].busid, Switch{i, parent_port, cpus[p->numa], c[i].up_gbps});
-        parent_port = c[i].busid;
-      }
-      gpu_parent_port[busid] = parent_port;
-    }
-    std::vector<std::string> ports;
-    for (auto& [port, sw] : switches) ports.push_back(port);
-    std::stable_sort(ports.begin(), ports.end(),
-                     [&](const auto& a, const auto& b) { return switches[a].depth < switches[b].depth; });
-    std::map<std::string, int> switch_node;
-    int k = 0;
-    for (const auto& port : ports) {  // parents (shallower) first
-      const Switch& sw = switches[port];
-      const int parent = sw.parent_port.empty() ? sw.cpu : switch_node.at(sw.parent_port);
-      switch_node[port] = add(fmt::format("{}sw{}", pre, k++), "switch", parent, sw.gbps);
-      nodes[size_t(switch_node[port])].extra["busid"] = port;
-    }
-    k = 0;
-    for (auto& [busid, p] : gpus) {
-      const std::string& pp = gpu_parent_port[busid];
-      const int parent = pp.empty() ? cpus[p->numa] : switch_node.at(pp);
-      const int g = add(fmt::format("{}gpu{}", pre, k++), "gpu", parent, p->chain.back().up_gbps);
-      for (auto* q : mine)
-        if (q->gpu_busid == busid) nodes[size_t(g)].ranks.push_back(q->rank);
-      nodes[size_t(g)].extra["busid"] = busid;
-      if (!p->gpu_name.empty()) nodes[size_t(g)].extra["name"] = p->gpu_name;
-    }
-    for (auto* p : mine) {
-      if (!p->gpu_busid.empty()) continue;
-      const int n = add(fmt::format("{}proc{}", pre, p->rank), "proc", cpus[p->numa], options.proc_gbps);
-      nodes[size_t(n)].ranks.push_back(p->rank);
-    }
+    for (auto* p : sorted)
+      if (p->host == hosts[h]) mine.push_back(p);
+    add_host(nodes, h, hosts[h], hosts.size() > 1, mine, options);
   }
-  return Topology(std::move(nodes));
+  return Topology(nodes.take());
 }
 
 Topology detect_topology(const World& world, const DetectOptions& options) {

@@ -212,6 +212,84 @@ bool is_label_member(const std::string& name) {
   return ext == "cls" || ext == "json";
 }
 
+namespace {
+
+// A member's header block, parsed: its type flag, size and name (the ustar prefix joined, or the long name
+// the member before gave it).
+struct TarHeader {
+  char type = 0;
+  uint64_t size = 0;
+  std::string name;
+};
+
+// "member NAME" of the last member indexed, or "the start", for the errors.
+std::string after_last(const TarIndex& index) {
+  return index.members.empty() ? std::string("the start")
+                               : fmt::format("member {}", index.members.back().name);
+}
+
+// Reads and parses the header at `pos` into `out`: true for a member's header; false at the end of the
+// archive (index.error empty) or on a truncated, unreadable or malformed header (index.error says which).
+bool read_header(int fd, uint64_t pos, std::string& long_name, TarIndex& index, TarHeader& out) {
+  if (pos + kBlock > index.file_size) {
+    index.error = pos == index.file_size
+                      ? fmt::format("truncated: the file ends after {} without the end-of-archive blocks",
+                                    after_last(index))
+                      : fmt::format("truncated: the file ends inside the header at byte {}, after {}", pos,
+                                    after_last(index));
+    return false;
+  }
+  std::array<uint8_t, kBlock> h{};
+  if (!pread_all(fd, h.data(), kBlock, pos)) {
+    index.error = fmt::format("cannot read the header at byte {}: {}", pos, std::strerror(errno));
+    return false;
+  }
+  if (std::all_of(h.begin(), h.end(), [](uint8_t b) { return b == 0; })) return false;  // end of archive
+  if (!checksum_ok(h.data())) {
+    index.error = pos == 0 ? std::string("not a tar file (its first 512 bytes are no tar header)")
+                           : fmt::format("the header at byte {} (after {}) is no tar header: bad checksum",
+                                         pos, after_last(index));
+    return false;
+  }
+  if (!parse_number(h.data() + 124, 12, out.size)) {
+    index.error = fmt::format("the header at byte {} has no valid size", pos);
+    return false;
+  }
+  out.type = char(h[156]);
+  out.name = field_text(h.data(), 100);
+  if (std::memcmp(h.data() + 257, "ustar", 5) == 0 && h[345] != 0)
+    out.name = field_text(h.data() + 345, 155) + "/" + out.name;
+  if (!long_name.empty() && out.type != 'L' && out.type != 'x') out.name = std::exchange(long_name, "");
+  return true;
+}
+
+// What member `hd`, whose bytes start at `data`, adds: a long name for the next member ('L', pax 'x'), or a
+// file member (with a label's bytes); folders, links, devices and pax global headers ('g') hold no sample's
+// bytes. False with index.error on a failed read.
+bool take_member(int fd, const TarHeader& hd, uint64_t data, std::string& long_name, TarIndex& index) {
+  if (hd.type == 'L' || hd.type == 'x') {  // the next member's name
+    std::string text(size_t(std::min<uint64_t>(hd.size, 1 << 20)), '\0');
+    if (!pread_all(fd, text.data(), text.size(), data)) {
+      index.error = fmt::format("cannot read the long name at byte {}", data);
+      return false;
+    }
+    long_name = hd.type == 'L' ? std::string(text.c_str()) : pax_path(text);
+  } else if (hd.type == '0' || hd.type == '\0' || hd.type == '7') {
+    TarMember m{hd.name, data, hd.size, {}};
+    if (is_label_member(hd.name) && hd.size <= kMaxLabelBytes) {
+      m.content.resize(size_t(hd.size));
+      if (hd.size > 0 && !pread_all(fd, m.content.data(), hd.size, data)) {
+        index.error = fmt::format("cannot read member {}", hd.name);
+        return false;
+      }
+    }
+    index.members.push_back(std::move(m));
+  }
+  return true;
+}
+
+}  // namespace
+
 TarIndex scan_tar(const std::string& path) {
   Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   CZ_CHECK_IO(f.fd >= 0, "{}: cannot open: {}", path, std::strerror(errno));
@@ -232,66 +310,18 @@ TarIndex scan_tar(const std::string& path) {
 
   std::string long_name;  // from a GNU 'L' member or a pax 'x' header, for the next member
   uint64_t pos = 0;
-  auto last = [&] {
-    return index.members.empty() ? std::string("the start")
-                                 : fmt::format("member {}", index.members.back().name);
-  };
-  for (;;) {
-    if (pos + kBlock > index.file_size) {
-      index.error =
-          pos == index.file_size
-              ? fmt::format("truncated: the file ends after {} without the end-of-archive blocks", last())
-              : fmt::format("truncated: the file ends inside the header at byte {}, after {}", pos, last());
-      return index;
-    }
-    if (!pread_all(f.fd, h.data(), kBlock, pos)) {
-      index.error = fmt::format("cannot read the header at byte {}: {}", pos, std::strerror(errno));
-      return index;
-    }
-    if (std::all_of(h.begin(), h.end(), [](uint8_t b) { return b == 0; })) return index;  // end of archive
-    if (!checksum_ok(h.data())) {
-      index.error = pos == 0 ? std::string("not a tar file (its first 512 bytes are no tar header)")
-                             : fmt::format("the header at byte {} (after {}) is no tar header: bad checksum",
-                                           pos, last());
-      return index;
-    }
-    uint64_t size = 0;
-    if (!parse_number(h.data() + 124, 12, size)) {
-      index.error = fmt::format("the header at byte {} has no valid size", pos);
-      return index;
-    }
-    const char type = char(h[156]);
-    std::string name = field_text(h.data(), 100);
-    if (std::memcmp(h.data() + 257, "ustar", 5) == 0 && h[345] != 0)
-      name = field_text(h.data() + 345, 155) + "/" + name;
-    if (!long_name.empty() && type != 'L' && type != 'x') name = std::exchange(long_name, "");
+  TarHeader hd;
+  while (read_header(f.fd, pos, long_name, index, hd)) {
     const uint64_t data = pos + kBlock;
-    if (data + size > index.file_size) {
-      index.error = fmt::format("truncated: member {} needs bytes [{}, {}) but the file ends at {}", name,
-                                data, data + size, index.file_size);
+    if (data + hd.size > index.file_size) {
+      index.error = fmt::format("truncated: member {} needs bytes [{}, {}) but the file ends at {}", hd.name,
+                                data, data + hd.size, index.file_size);
       return index;
     }
-    if (type == 'L' || type == 'x') {  // the next member's name
-      std::string text(size_t(std::min<uint64_t>(size, 1 << 20)), '\0');
-      if (!pread_all(f.fd, text.data(), text.size(), data)) {
-        index.error = fmt::format("cannot read the long name at byte {}", data);
-        return index;
-      }
-      long_name = type == 'L' ? std::string(text.c_str()) : pax_path(text);
-    } else if (type == '0' || type == '\0' || type == '7') {
-      TarMember m{name, data, size, {}};
-      if (is_label_member(name) && size <= kMaxLabelBytes) {
-        m.content.resize(size_t(size));
-        if (size > 0 && !pread_all(f.fd, m.content.data(), size, data)) {
-          index.error = fmt::format("cannot read member {}", name);
-          return index;
-        }
-      }
-      index.members.push_back(std::move(m));
-    }
-    // Folders, links, devices and pax global headers ('g') hold no sample's bytes.
-    pos = data + round_up(size);
+    if (!take_member(f.fd, hd, data, long_name, index)) return index;
+    pos = data + round_up(hd.size);
   }
+  return index;
 }
 
 std::string serialize_index(const TarIndex& index) {
