@@ -200,6 +200,25 @@ struct RowWindow {
         i1(int(hi - (h - p))) {}
 };
 
+// A thread's RowRing with the buffer it fills (k rows of W + 2 * (k / 2) padded columns of C channels).
+template <class T>
+struct ThreadRowRing {
+  std::vector<T> buf;
+  RowRing<T> ring;
+  ThreadRowRing(int k, int64_t W, int64_t C)
+      : buf(size_t(k) * size_t(W + 2 * (k / 2)) * size_t(C)), ring(buf.data(), k, W, C) {}
+
+  // Output row `row` of the N*H rows of `images` (N, H, W, C): its kernel window, whose input rows this makes
+  // present in the ring; slot0 is the ring slot of the window's first row.
+  RowWindow enter_row(const T* images, int64_t row, int64_t H, int64_t W, int64_t C, int k, int& slot0) {
+    const int64_t n = row / H, h = row % H;
+    const RowWindow win(h, H, k / 2);
+    ring.advance(images + n * H * W * C, n, win.lo, win.hi);
+    slot0 = ring.slot(win.lo);
+    return win;
+  }
+};
+
 template <class T>
 void dw_forward(const T* in, const T* wt, const T* bias, T* out, int64_t N, int64_t H, int64_t W, int64_t C,
                 int k) {
@@ -208,18 +227,15 @@ void dw_forward(const T* in, const T* wt, const T* bias, T* out, int64_t N, int6
   {
     int64_t r0, r1;
     thread_rows(N * H, r0, r1);
-    std::vector<T> ring_buf(size_t(k) * size_t(W + 2 * (k / 2)) * size_t(C));
-    RowRing<T> ring(ring_buf.data(), k, W, C);
+    ThreadRowRing<T> local(k, W, C);
     for (int64_t row = r0; row < r1; ++row) {
-      const int64_t n = row / H, h = row % H;
-      const RowWindow win(h, H, k / 2);
-      ring.advance(in + n * H * W * C, n, win.lo, win.hi);
-      const int slot0 = ring.slot(win.lo);
+      int slot0 = 0;
+      const RowWindow win = local.enter_row(in, row, H, W, C, k, slot0);
       for_blocks<T>(0, C, [&](auto v, int64_t c) {
         dispatch_k(k, [&](auto K) {
           dispatch_r(W, [&](auto R) {
             dw_forward_row<decltype(K)::value, decltype(R)::value, decltype(v)>(
-                ring, slot0, win.i0, win.i1, wt, bias, out + row * W * C, W, C, k, c);
+                local.ring, slot0, win.i0, win.i1, wt, bias, out + row * W * C, W, C, k, c);
           });
         });
       });
@@ -238,22 +254,19 @@ void dw_weight_grad(const T* x, const T* gy, T* dw, T* db, int64_t N, int64_t H,
   std::vector<T> partial(size_t(blocks * per_block), T(0));
 #pragma omp parallel num_threads(nt)
   {
-    std::vector<T> ring_buf(size_t(k) * size_t(W + 2 * (k / 2)) * size_t(C));
-    RowRing<T> ring(ring_buf.data(), k, W, C);
+    ThreadRowRing<T> local(k, W, C);
 #pragma omp for schedule(static)
     for (int64_t blk = 0; blk < blocks; ++blk) {
       T* acc = partial.data() + blk * per_block;
       T* acc_db = db ? acc + per_block - C : nullptr;
       for (int64_t row = blk * block; row < std::min(rows, (blk + 1) * block); ++row) {
-        const int64_t n = row / H, h = row % H;
-        const RowWindow win(h, H, k / 2);
-        ring.advance(x + n * H * W * C, n, win.lo, win.hi);
-        const int slot0 = ring.slot(win.lo);
+        int slot0 = 0;
+        const RowWindow win = local.enter_row(x, row, H, W, C, k, slot0);
         for_blocks<T>(0, C, [&](auto v, int64_t c) {
           dispatch_k(k, [&](auto K) {
             constexpr int kR = 4;
-            dw_weight_row<decltype(K)::value, kR, decltype(v)>(ring, slot0, win.i0, win.i1, gy + row * W * C,
-                                                               acc, acc_db, W, C, k, c);
+            dw_weight_row<decltype(K)::value, kR, decltype(v)>(local.ring, slot0, win.i0, win.i1,
+                                                               gy + row * W * C, acc, acc_db, W, C, k, c);
           });
         });
       }

@@ -16,62 +16,71 @@ decltype(auto) visit_label(DType t, F&& f) {
   return f(int64_t{});
 }
 
+// Calls f(T{}, L{}) for the logits' float type T and the labels' integer type L.
+template <class F>
+void visit_logits_labels(DType logits, DType labels, F&& f) {
+  visit_float(logits, [&](auto tag) { visit_label(labels, [&](auto ltag) { f(tag, ltag); }); });
+}
+
+// The largest of a row's K values (K >= 1).
+template <class T>
+T row_max(const T* z, int64_t K) {
+  T m = z[0];
+  for (int64_t k = 1; k < K; ++k) m = z[k] > m ? z[k] : m;
+  return m;
+}
+
 }  // namespace
 
 // Per row, with lse = log sum_k exp(z_k) (computed from the row maximum, so it never overflows):
 //   loss_n = -sum_k t_k (z_k - lse) = lse - (1 - s) z_y - (s / K) sum_k z_k,   t = (1 - s) onehot(y) + s / K.
 void cross_entropy_forward(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& loss,
                            Tensor& lse) {
-  visit_float(logits.dtype(), [&](auto tag) {
+  visit_logits_labels(logits.dtype(), labels.dtype(), [&](auto tag, auto ltag) {
     using T = decltype(tag);
-    visit_label(labels.dtype(), [&](auto ltag) {
-      using L = decltype(ltag);
-      const int64_t N = logits.size(0), K = logits.size(1);
-      const T* pz = logits.data<T>();
-      const L* py = labels.data<L>();
-      T* pl = lse.data<T>();
-      double total = 0;
+    using L = decltype(ltag);
+    const int64_t N = logits.size(0), K = logits.size(1);
+    const T* pz = logits.data<T>();
+    const L* py = labels.data<L>();
+    T* pl = lse.data<T>();
+    double total = 0;
 #pragma omp parallel for schedule(static) reduction(+ : total) if (logits.numel() >= kParallelGrain)
-      for (int64_t n = 0; n < N; ++n) {
-        const T* z = pz + n * K;
-        T m = z[0];
-        for (int64_t k = 1; k < K; ++k) m = z[k] > m ? z[k] : m;
-        double se = 0, sz = 0;
-        for (int64_t k = 0; k < K; ++k) {
-          se += double(std::exp(z[k] - m));
-          sz += double(z[k]);
-        }
-        const double l = double(m) + std::log(se);
-        pl[n] = T(l);
-        total += l - (1 - smoothing) * double(z[py[n]]) - smoothing / double(K) * sz;
+    for (int64_t n = 0; n < N; ++n) {
+      const T* z = pz + n * K;
+      const T m = row_max(z, K);
+      double se = 0, sz = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        se += double(std::exp(z[k] - m));
+        sz += double(z[k]);
       }
-      loss.data<T>()[0] = T(total / double(N));
-    });
+      const double l = double(m) + std::log(se);
+      pl[n] = T(l);
+      total += l - (1 - smoothing) * double(z[py[n]]) - smoothing / double(K) * sz;
+    }
+    loss.data<T>()[0] = T(total / double(N));
   });
 }
 
 // dloss/dz_k = g / N * (softmax_k - t_k).
 void cross_entropy_backward(const Tensor& gloss, const Tensor& logits, const Tensor& labels,
                             const Tensor& lse, double smoothing, Tensor& dlogits) {
-  visit_float(logits.dtype(), [&](auto tag) {
+  visit_logits_labels(logits.dtype(), labels.dtype(), [&](auto tag, auto ltag) {
     using T = decltype(tag);
-    visit_label(labels.dtype(), [&](auto ltag) {
-      using L = decltype(ltag);
-      const int64_t N = logits.size(0), K = logits.size(1);
-      const T* pz = logits.data<T>();
-      const L* py = labels.data<L>();
-      const T* pl = lse.data<T>();
-      T* pd = dlogits.data<T>();
-      const T scale = T(double(gloss.data<T>()[0]) / double(N));
-      const T off = T(smoothing / double(K)), hit = T(1 - smoothing);
+    using L = decltype(ltag);
+    const int64_t N = logits.size(0), K = logits.size(1);
+    const T* pz = logits.data<T>();
+    const L* py = labels.data<L>();
+    const T* pl = lse.data<T>();
+    T* pd = dlogits.data<T>();
+    const T scale = T(double(gloss.data<T>()[0]) / double(N));
+    const T off = T(smoothing / double(K)), hit = T(1 - smoothing);
 #pragma omp parallel for schedule(static) if (logits.numel() >= kParallelGrain)
-      for (int64_t n = 0; n < N; ++n) {
-        const T* z = pz + n * K;
-        T* d = pd + n * K;
-        for (int64_t k = 0; k < K; ++k) d[k] = scale * (std::exp(z[k] - pl[n]) - off);
-        d[py[n]] -= scale * hit;
-      }
-    });
+    for (int64_t n = 0; n < N; ++n) {
+      const T* z = pz + n * K;
+      T* d = pd + n * K;
+      for (int64_t k = 0; k < K; ++k) d[k] = scale * (std::exp(z[k] - pl[n]) - off);
+      d[py[n]] -= scale * hit;
+    }
   });
 }
 
@@ -92,8 +101,7 @@ void soft_target_cross_entropy_forward(const Tensor& logits, const Tensor& targe
     for (int64_t n = 0; n < N; ++n) {
       const T* z = pz + n * K;
       const T* t = pt + n * K;
-      T m = z[0];
-      for (int64_t k = 1; k < K; ++k) m = z[k] > m ? z[k] : m;
+      const T m = row_max(z, K);
       double se = 0, stz = 0, st = 0;
       for (int64_t k = 0; k < K; ++k) {
         const double v = double(z[k] - m);

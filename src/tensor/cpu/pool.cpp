@@ -11,6 +11,19 @@ using simd::for_blocks;
 using simd::load;
 using simd::store;
 
+namespace {
+
+// dst[c] = src[c] * s for c < C (dst may be src).
+template <class T>
+void scale_row(const T* src, T* dst, T s, int64_t C) {
+  for_blocks<T>(0, C, [&](auto v, int64_t c) {
+    using V = decltype(v);
+    store(dst + c, load<V>(src + c) * s);
+  });
+}
+
+}  // namespace
+
 void global_avg_pool_forward(const Tensor& x, Tensor& y) {
   visit_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -30,10 +43,7 @@ void global_avg_pool_forward(const Tensor& x, Tensor& y) {
           store(yr + c, load<V>(yr + c) + load<V>(xr + c));
         });
       }
-      for_blocks<T>(0, C, [&](auto v, int64_t c) {
-        using V = decltype(v);
-        store(yr + c, load<V>(yr + c) * inv);
-      });
+      scale_row(yr, yr, inv, C);
     }
   });
 }
@@ -49,10 +59,7 @@ void global_avg_pool_backward(const Tensor& gy, Tensor& dx) {
     for (int64_t row = 0; row < N * HW; ++row) {
       const T* gr = pg + (row / HW) * C;
       T* dr = pd + row * C;
-      for_blocks<T>(0, C, [&](auto v, int64_t c) {
-        using V = decltype(v);
-        store(dr + c, load<V>(gr + c) * inv);
-      });
+      scale_row(gr, dr, inv, C);
     }
   });
 }
