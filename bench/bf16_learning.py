@@ -5,7 +5,7 @@ is needed, docs/data.md), fp32 against bf16 GEMMs (Note [bf16 on the CPU]), one 
 
 Prints a table of final eval top-1 (mean, std, min-max over seeds), eval loss, the mean training loss of the
 last 20 steps and the largest per-step training-loss gap to the same seed's fp32 run, with a two-sided exact
-permutation test of bf16's mean top-1 against fp32's; writes bench/results/<tag>.csv (one row per run);
+permutation test of bf16's mean top-1 against fp32's; writes bench/results/bf16-learning-<date>/<tag>.csv (one row per run);
 --from-csv prints the table of earlier runs' CSVs (several: their rows together). With
 --time it also times one training step (bench_train_step: atto 64 px batch 32, and ConvNeXt-T 224 px batch 16
 with --time-tiny), fp32 and bf16 interleaved, the median of --time-repeats runs each. Not part of the test
@@ -16,14 +16,14 @@ suite (minutes).
 """
 import argparse
 import csv
-import itertools
-import json
 import os
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
+
+from runs import dated_results, learning_outcome, permutation_p, run_or_exit
 
 TASKS = {
     "synthetic 10 classes": "synthetic:n=4096,eval_n=512,classes=10",
@@ -40,32 +40,10 @@ def run(args, task, precision, seed, log):
            "--log", log]
     if os.path.exists(log):
         os.remove(log)
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
+    out = run_or_exit(cmd)
     header = [l for l in out.stdout.splitlines() if "bf16 on the CPU" in l]
-    losses, top1, eval_loss = [], None, None
-    for line in open(log):
-        r = json.loads(line)
-        if r.get("split") == "eval":
-            top1, eval_loss = r.get("top1"), r.get("loss")
-        elif r.get("split") == "train":
-            losses.append(r["loss"])
+    losses, top1, eval_loss = learning_outcome(log)
     return losses, top1, eval_loss, header
-
-
-def permutation_p(a, b):
-    """Two-sided exact permutation test of mean(a) - mean(b)."""
-    pooled, k = a + b, len(a)
-    observed = abs(statistics.mean(a) - statistics.mean(b))
-    hits = total = 0
-    for idx in itertools.combinations(range(len(pooled)), k):
-        chosen = set(idx)
-        x = [pooled[i] for i in chosen]
-        y = [pooled[i] for i in range(len(pooled)) if i not in chosen]
-        total += 1
-        hits += abs(statistics.mean(x) - statistics.mean(y)) >= observed - 1e-12
-    return hits / total
 
 
 def time_steps(args, model, image, batch):
@@ -100,7 +78,7 @@ def main():
     ap.add_argument("--time-repeats", type=int, default=3)
     ap.add_argument("--time-steps", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="60 steps, 2 seeds, the 10-class task")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--out", default=dated_results("bf16-learning"))
     ap.add_argument("--tag", default="bf16_learning", help="the CSV's file name")
     args = ap.parse_args()
     if args.quick:

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 
+from runs import log_records
+
 
 def one_run(a, threads, classes, log):
     cmd = [os.path.join(a.build, "apps", "convnext_zero"), "--model", "atto", "--data", f"folder:{a.data}",
@@ -28,13 +30,7 @@ def one_run(a, threads, classes, log):
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"data_wait_fraction.py: {' '.join(cmd)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
-    steps = []
-    with open(log) as f:
-        for line in f:
-            r = json.loads(line)
-            if r.get("split") == "train":
-                steps.append(r)
-    steps = sorted(steps, key=lambda r: r["step"])[1:]
+    steps = sorted(log_records(log), key=lambda r: r["step"])[1:]
     if not steps:
         sys.exit(f"data_wait_fraction.py: {log}: no training steps after the first")
     wait = sum(r["data_wait_s"] for r in steps)

@@ -6,10 +6,10 @@ the engine's own count, and the what-if model's predicted step time for the same
 
 Issue 22's rows: q8g_s3 (stage 3, --gather-dtype int8) and q8_s3 (and --reduce-dtype int8), e.g.
   CZ_HOSTS_BED=qt python3 bench/hosts_mesh.py --models atto --rates 1gbit,200mbit \
-      --settings flat_s3,q8g_s3,q8_s3 --out bench/results/hosts_quant
+      --settings flat_s3,q8g_s3,q8_s3 --out bench/results/hosts-quant-$(date +%F)/hosts_quant
 
 Run as root from the repository:  python3 bench/hosts_mesh.py [--build build] [--models atto,femto]
-    [--rates 10gbit,1gbit,200mbit] [--settings ...] [--out bench/results/hosts_mesh]
+    [--rates 10gbit,1gbit,200mbit] [--settings ...] [--out bench/results/hosts-mesh-<date>/hosts_mesh]
 
 Bytes per step: two runs of A and B steps, (host 1's veth tx after the B run - after the A run) / (B - A), so
 start-up (wire-up, the initial broadcast) and the final evaluation cancel. img/s and times: the mean over the
@@ -20,7 +20,7 @@ is given a compute profile per model measured on one thread alone and scaled to 
 together with what a rank's cores spend on messages
 (comm_cpu, measured with commbench: Note [CPU ranks pay for their messages]). Each row records the load average
 beside it: run on a quiet machine. Where the kernel groups processes by session (sched_autogroup_enabled=1),
-`nice` shields nothing from another session's compiler; the figures in bench/results were taken with autogroup
+`nice` shields nothing from another session's compiler; the figures in bench/results/hosts-*-2026-11-25 were taken with autogroup
 off and the bed at nice -10.
 """
 import argparse
@@ -32,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from runs import dated_results, log_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOSTS = os.path.join(ROOT, "scripts", "hosts.sh")
@@ -88,16 +90,6 @@ def train_run(build, flags, steps, log):
     return wall
 
 
-def step_records(log):
-    out = []
-    with open(log) as f:
-        for line in f:
-            j = json.loads(line)
-            if j.get("split") == "train":
-                out.append(j)
-    return out
-
-
 def measure(build, model, micro_batch, setting, a, b, work):
     flags = common_flags(model, micro_batch) + SETTINGS[setting]
     tx, wall = {}, {}
@@ -106,7 +98,7 @@ def measure(build, model, micro_batch, setting, a, b, work):
         wall[steps] = train_run(build, flags, steps, os.path.join(work, f"{model}_{setting}_{steps}.jsonl"))
         after = [host_tx(1), host_tx(2)]
         tx[steps] = [x - y for x, y in zip(after, before)]
-    recs = step_records(os.path.join(work, f"{model}_{setting}_{b}.jsonl"))[2:]
+    recs = log_records(os.path.join(work, f"{model}_{setting}_{b}.jsonl"))[2:]
     mean = lambda k: sum(float(r.get(k, 0)) for r in recs) / len(recs)
     per_step = [(tx[b][h] - tx[a][h]) / (b - a) for h in range(2)]
     last = recs[-1]
@@ -376,7 +368,7 @@ def main():
     p.add_argument("--micro-batch", type=int, default=16)
     p.add_argument("--a", type=int, default=4, help="steps of the short run")
     p.add_argument("--b", type=int, default=20, help="steps of the long run")
-    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "hosts_mesh"))
+    p.add_argument("--out", default=os.path.join(dated_results("hosts-mesh"), "hosts_mesh"))
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--plot-only", metavar="CSV", help="only draw the plot of an earlier run's CSV (next to it)")
     p.add_argument("--markdown", metavar="CSV", help="print the docs' tables of an earlier run's CSV")

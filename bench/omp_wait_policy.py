@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 
+from runs import dated_results
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -130,7 +132,7 @@ def main():
     ap.add_argument("--wait-idle", type=float, default=120,
                     help="before each run of the idle situation, wait up to this many seconds for a quiet second")
     ap.add_argument("--torch-python", help="an interpreter with torch and timm for the PyTorch peer")
-    ap.add_argument("--csv", default=os.path.join(HERE, "results", "omp_wait_policy.csv"))
+    ap.add_argument("--csv", default=os.path.join(dated_results("omp-wait-policy"), "omp_wait_policy.csv"))
     ap.add_argument("--nice", type=int, default=0,
                     help="niceness of the measured runs and the busy processes (root: e.g. -20, so that other "
                          "users' work on a shared machine yields to them; every situation alike)")

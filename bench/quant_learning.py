@@ -5,7 +5,7 @@ synthetic task (10 classes) and a harder one (100 classes: neighbouring hues, so
 
 Prints a table of final eval top-1 (mean, std, min-max over seeds), eval loss and the mean training loss of
 the last 20 steps, with a two-sided exact permutation test of each configuration's mean top-1 against fp32's
-(all splits of the 2k seeds' values); writes bench/results/quant_learning.csv (one row per run) and, with
+(all splits of the 2k seeds' values); writes bench/results/quant-learning-<date>/quant_learning.csv (one row per run) and, with
 matplotlib, quant_learning.png (mean training-loss curves). Not part of the test suite (minutes).
 
   python3 bench/quant_learning.py [--build build] [--steps 200] [--seeds 5] [--ranks 2,4] [--quick]
@@ -16,14 +16,14 @@ matplotlib, quant_learning.png (mean training-loss curves). Not part of the test
 """
 import argparse
 import csv
-import itertools
-import json
 import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+
+from runs import dated_results, learning_outcome, permutation_p, run_or_exit
 
 CONFIGS = {  # name: (gather, reduce, --comm-impl)
     "fp32": ("fp32", "fp32", "flat"),
@@ -50,30 +50,8 @@ def run(args, task, ranks, gather, reduce, impl, seed, log):
            "--lr", "3e-3", "--stage", str(args.stage), "--gather-dtype", gather, "--reduce-dtype", reduce,
            "--seed", str(seed), "--eval-every", "0", "--loader-threads", "1", "--no-progress",
            "--comm-impl", impl, "--log", log]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
-    losses, top1, eval_loss = [], None, None
-    for line in open(log):
-        r = json.loads(line)
-        if r.get("split") == "eval":
-            top1, eval_loss = r.get("top1"), r.get("loss")
-        elif r.get("split") == "train":
-            losses.append(r["loss"])
-    return losses, top1, eval_loss
-
-
-def permutation_p(a, b):
-    """Two-sided exact permutation test of mean(a) - mean(b)."""
-    pooled, k = a + b, len(a)
-    observed = abs(statistics.mean(a) - statistics.mean(b))
-    hits = total = 0
-    for idx in itertools.combinations(range(len(pooled)), k):
-        x = [pooled[i] for i in idx]
-        y = [pooled[i] for i in range(len(pooled)) if i not in idx]
-        total += 1
-        hits += abs(statistics.mean(x) - statistics.mean(y)) >= observed - 1e-12
-    return hits / total
+    run_or_exit(cmd)
+    return learning_outcome(log)
 
 
 def main():
@@ -90,7 +68,7 @@ def main():
     ap.add_argument("--hosts", type=int, default=1,
                     help="simulated hosts (CZ_SIMULATE_HOSTS = ranks / hosts), for the two-hop configurations")
     ap.add_argument("--quick", action="store_true", help="40 steps, 2 seeds, 2 ranks, the 10-class task")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--out", default=dated_results("quant-learning"))
     ap.add_argument("--tag", default="quant_learning", help="the CSV's and the plot's file name")
     ap.add_argument("--plot-only", metavar="CSV", help="only draw the loss curves of an earlier run's CSV")
     args = ap.parse_args()

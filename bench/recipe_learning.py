@@ -21,7 +21,7 @@ Invert, Posterize, Equalize) and Mixup/CutMix blur that cue: without the recipe 
 600 steps on either side (chance, 12.5%) and was dropped.
 
 Spread: the smallest interval [min, max] holding PyTorch+timm's per-seed final eval top-1 values. The check
-passes when our mean final top-1 lies in it. Writes bench/results/recipe_learning.{json,md}.
+passes when our mean final top-1 lies in it. Writes recipe_learning.{json,md} into bench/results/recipe-learning-<date>/.
 
   bench/recipe_learning.py [--python VENV/bin/python] [--seeds 8] [--steps 400] [--build build]
   (runs itself under a python with torch, timm and h5py; --python names it)
@@ -34,6 +34,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+from runs import dated_results
 
 DEPTHS, DIMS, SIZE, CLASSES, NOISE = (1, 1, 2, 1), (16, 32, 48, 64), 32, 8, 12.0
 
@@ -212,7 +214,7 @@ def main():
     p.add_argument("--lr", type=float, default=4e-3)
     p.add_argument("--ema", type=float, default=0.99)  # 0.9999 averages over ~10^4 steps: longer than the run
     p.add_argument("--n", type=int, default=4096)
-    p.add_argument("--out", default="bench/results/recipe_learning")
+    p.add_argument("--out", default=os.path.join(dated_results("recipe-learning"), "recipe_learning"))
     a = p.parse_args()
     try:
         import timm  # noqa: F401
@@ -238,6 +240,7 @@ def main():
     passed = st["top1"]["min"] <= so["top1"]["mean"] <= st["top1"]["max"]
     result = dict(args=vars(a), torch=torch.__version__, timm=timm.__version__, ours=ours, timm_runs=theirs,
                   ours_summary=so, timm_summary=st, passed=passed)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out + ".json", "w") as f:
         json.dump(result, f, indent=1)
     lines = ["| seed | ours top-1 | ours EMA top-1 | ours train loss | timm top-1 | timm EMA top-1 | timm train loss |",

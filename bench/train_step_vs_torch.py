@@ -25,6 +25,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import machine_info  # noqa: E402
+from runs import add_torch_heap_flag  # noqa: E402
 
 
 def time_ours(args, env, tmp, app=None, extra=()):
@@ -77,9 +78,7 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--omp-wait-policy", choices=["active", "passive"],
                     help="OMP_WAIT_POLICY for both sides (default: the environment's, usually unset)")
-    ap.add_argument("--torch-heap-like-ours", action="store_true",
-                    help="also time PyTorch under the glibc heap settings our CPU backend makes (Note [Freed heap "
-                         "memory stays mapped]): the part of the ratio that is the heap, not the kernels")
+    add_torch_heap_flag(ap)
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("extra", nargs="*", help="after --: more flags for our side (the after build only)")
     args = ap.parse_args()

@@ -21,6 +21,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import machine_info  # noqa: E402
+from runs import add_torch_heap_flag  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -72,9 +73,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 1) // 2), help="per rank")
     ap.add_argument("--rounds", type=int, default=1, help="PyTorch and ours in turns this many times; medians")
-    ap.add_argument("--torch-heap-like-ours", action="store_true",
-                    help="also time PyTorch under the glibc heap settings our CPU backend makes (Note [Freed heap "
-                         "memory stays mapped]): the part of the ratio that is the heap, not the kernels")
+    add_torch_heap_flag(ap)
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("extra", nargs="*", help="after --: more convnext_zero flags")
     args = ap.parse_args()
