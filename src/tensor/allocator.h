@@ -110,7 +110,7 @@ size_t round_to_pinned_class(size_t nbytes);
 // the kernels take theirs from malloc on every call (oneDNN's sgemm packs the weight into a fresh buffer for
 // each GEMM: 9.4 MB at ConvNeXt-T's last stage). glibc returns such a buffer to the kernel when it is freed
 // (munmap above its mmap threshold, or a trim of the heap's top), so the next call faults every page in
-// again. Where faults are dear, as on the 2-core KVM Xeon of issue 43, that is a large cost: ConvNeXt-T's
+// again. Where faults are dear, as on this project's 2-core KVM Xeon, that is a large cost: ConvNeXt-T's
 // last stage ran fc2's input-gradient GEMM in 30-185 ms on the main thread against 11-12 ms on the other, in
 // the kernel's clear_page under oneDNN's code, and the f32 step took 1.16-1.34x as long. So the CPU backend
 // sets glibc's mmap threshold to its largest value, 32 MiB (which also stops glibc moving it), and its trim

@@ -11,8 +11,8 @@ namespace cz {
 // Note [A rank's CPUs on a node]: a launcher either binds each rank to CPUs of its own (srun
 // --cpus-per-task=14, mpirun --map-by ppr:8:node:PE=14), or gives several ranks one mask (mpirun's default
 // binding to a socket for more than two ranks, --bind-to none, a job step without task binding). Dividing
-// every mask by the ranks on the node, as the runtime did, is right only for the last: a rank bound to 14
-// CPUs of its own got 14 / 8 = 1 (issue 51). So the ranks of a node gather their masks (the shared-memory
+// every mask by the ranks on the node is right only for the last: a rank bound to 14 CPUs of its own would
+// get 14 / 8 = 1. So the ranks of a node gather their masks (the shared-memory
 // communicator, dist::World) and each CPU goes to the ranks whose masks hold it:
 //   - a CPU that one rank's mask holds is that rank's;
 //   - CPUs that several ranks' masks hold (grouped by exactly which ranks hold them) are split among those

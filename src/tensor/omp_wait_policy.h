@@ -14,7 +14,7 @@ namespace cz {
 // or sleeps in the kernel (passive). Spinning is faster when every thread has a core to itself, and a cliff
 // when it does not: a spinning thread steals the core its partner, another rank or another job needs.
 // ConvNeXt-atto, 64 px, one process of 2 threads on this 2-core machine (Note [Passive OpenMP waits] in
-// parallel.h, and issue 30): beside a compiler 12-14 img/s spinning against 95-110 passive; alone on an idle
+// parallel.h): beside a compiler 12-14 img/s spinning against 95-110 passive; alone on an idle
 // machine 534 img/s passive against 633 active (19% lost). Neither policy is right everywhere, so each rank
 // chooses when it starts, from what it can see then:
 //   - threads: OpenMP threads per rank as configure_cpu_threads() will set them (OMP_NUM_THREADS, else the
@@ -54,9 +54,9 @@ int launcher_local_ranks();
 
 // Note [CPU threads on a CUDA rank]: on a CUDA rank the host does little math: one thread launches every
 // kernel, and the loader's threads decode and augment. The rule above, made for ranks that compute on the
-// CPU, let 16 OpenMP threads spin beside 16 loader threads on a 16-core H200 host, and the launching thread
-// was starved: ConvNeXt-T b64 took 23.9 ms a step against the benchmark's 15.0 (0.62x; the GPU busy 35% of
-// the time), and 14.9 ms with OMP_WAIT_POLICY=passive (issue 40). So a CUDA rank takes:
+// CPU, would let 16 OpenMP threads spin beside 16 loader threads on a 16-core H200 host and starve the
+// launching thread: run that way, ConvNeXt-T b64 took 23.9 ms a step against the benchmark's 15.0 (0.62x;
+// the GPU busy 35% of the time), and 14.9 ms with OMP_WAIT_POLICY=passive. So a CUDA rank takes:
 //   - OpenMP waiting passively, with 1 thread (its math is on the GPU: what is left on the host is the odd
 //     scalar and the start's weight draws), or the rank's CPUs less one with --offload-optimizer (the host
 //     then runs the optimizer's update);

@@ -21,7 +21,7 @@ namespace cz {
 // OMP_WAIT_POLICY is set, it sets it to passive and re-executes the program, since libgomp reads it only
 // when it loads. convnext_zero chooses active or passive per rank instead, from whether its threads fit the
 // idle cores it may use (Note [Choosing the OpenMP wait policy] in omp_wait_policy.h): passive waits cost
-// 19% on an idle machine (issue 30). With one thread per rank (ranks >= cores) the policy makes no
+// 19% on an idle machine. With one thread per rank (ranks >= cores) the policy makes no
 // difference. The pid, arguments and open files stay. Returns only when no re-exec happened (set already, or
 // exec failed: then the default policy stays).
 void use_passive_omp_waits(char** argv);

@@ -76,8 +76,8 @@ void Poller::check(int waiting_for) {
     if (waiting_for >= 0) {
       const int rank = members_ ? (*members_)[size_t(waiting_for)] : waiting_for;
       waiting = fmt::format(" (waiting for rank {})", rank);
-      // A peer on another host is named with its host: a lost host is then named by every survivor's message
-      // (issue 23), also without a supervisor.
+      // A peer on another host is named with its host: a lost host is then named by every survivor's message,
+      // also without a supervisor.
       if (World::initialized()) {
         const World& w = World::get();
         if (rank >= 0 && rank < w.size() && !w.same_host(rank))

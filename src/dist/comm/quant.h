@@ -1,4 +1,4 @@
-// Block-quantized INT8 buffers for communication (issue 22): host kernels that quantize f32/bf16/f16 values
+// Block-quantized INT8 buffers for communication: host kernels that quantize f32/bf16/f16 values
 // into int8 with one f32 scale per block, dequantize them, and the per-hop step of a quantized reduction.
 // The CUDA kernels with the same contracts are in cuda/quant_kernels.h; the arithmetic of both is
 // quant_block.h.

@@ -23,11 +23,11 @@ struct TrainSummary;
 
 namespace cz::plan {
 
-// Note [The device a plan is for]: a run's --device defaults to cpu, and the planner used to take it as it
-// was. But `--plan --gpu-mem 24GB` asks about GPU memory, and `--plan --what-if` on a topology whose ranks
-// sit on GPUs asks about a GPU machine: planned for the CPU backend, they left out the CUDA context, the
-// cuBLAS and cuDNN workspaces and the driver's pages (issue 30: ConvNeXt-T at 224 px, micro-batch 64, one
-// rank of the 8-GPU test topology, 7.17 GiB planned where a CUDA plan needs 7.90 GiB), quietly. So without
+// Note [The device a plan is for]: a run's --device defaults to cpu. But `--plan --gpu-mem 24GB` asks about
+// GPU memory, and `--plan --what-if` on a topology whose ranks sit on GPUs asks about a GPU machine: planned
+// for the CPU backend, they would leave out the CUDA context, the cuBLAS and cuDNN workspaces and the
+// driver's pages (ConvNeXt-T at 224 px, micro-batch 64, one rank of the 8-GPU test topology: 7.17 GiB
+// planned where a CUDA plan needs 7.90 GiB), quietly. So without
 // --device such a plan is a CUDA plan; --device, when given, always wins (--device cpu plans CPU ranks
 // against
 // --gpu-mem); and every plan says which device it is for and why.
@@ -71,10 +71,10 @@ struct PlanRequest {
 // boundary after its writer finished, so it is in a step's peak only when a step runs after a periodic save:
 // --checkpoint-every N with a multiple of N before the last step, without --checkpoint-sync (which finishes
 // the save before the next step). The save that every run with --checkpoint-dir makes at its end comes after
-// its last step, and a stop's final save too (issue 30: 1 process planned 179.5 MiB, measured 134.5, with
+// its last step, and a stop's final save too (measured: 1 process planned 179.5 MiB, 134.5 used, with
 // --checkpoint-dir alone). (2) The loader's workers hold threads x 2 batches beyond the step's own, at an
-// epoch's end too: they run ahead into the next epoch (Note [Running ahead] in io/data/loader.h; until issue
-// 40 they stopped at the end, and the plan took min(window, batches left in the epoch)).
+// epoch's end too: they run ahead into the next epoch (Note [Running ahead] in io/data/loader.h), so the plan
+// holds the whole window there, not min(window, batches left in the epoch).
 
 struct PlanRow {
   std::string key;    // JSON key without the "_bytes" suffix, e.g. "optimizer_state", "activations_stages_0"

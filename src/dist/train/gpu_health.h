@@ -1,4 +1,4 @@
-// A GPU's health in the log (issue 53): on a CUDA rank a background thread reads NVML (dist/comm/nvml.h)
+// A GPU's health in the log: on a CUDA rank a background thread reads NVML (dist/comm/nvml.h)
 // every period; each train record after new readings carries their summary (gpu_* fields, and so
 // TensorBoard's train/gpu_*), and a line is printed when the GPU starts or stops throttling, with the step
 // time before and after.

@@ -1,5 +1,5 @@
 // `convnext_zero --loader-only`: the input pipeline alone, with the run's data, augmentation and loader
-// flags, timed over a number of batches; what DALI's and FFCV's users measure first (issue 32).
+// flags, timed over a number of batches; what DALI's and FFCV's users measure first.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +35,7 @@ struct LoaderOnlyReport {
 // would (--eval-split's held-out part stays in: its share is a few percent, its images the same kind), makes
 // the run's loader for its share and takes its batches, crossing epochs as training does. The clock starts
 // before the loader's workers do, so the pipeline's fill is counted, as it is in a run; the steady state is
-// reported beside it (issue 40: a loader's scaling is its steady state's).
+// reported beside it (a loader's scaling is its steady state's).
 LoaderOnlyReport run_loader_only(TrainConfig cfg, dist::World& world);
 
 // "loader only: 50 batches of 32 x 1 rank(s), 1600 images in 2.010 s: 796.0 img/s, 398.0 img/s per thread (2

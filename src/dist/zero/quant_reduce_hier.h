@@ -1,5 +1,5 @@
 // The two-hop quantized reduce-scatter and all-reduce of a gradient bucket (--reduce-dtype int8 with
-// --comm-impl hier, issue 34; ZeRO++'s qgZ): records are exchanged and summed inside each host first, and
+// --comm-impl hier; ZeRO++'s qgZ): records are exchanged and summed inside each host first, and
 // only the host's partial sums cross hosts.
 #pragma once
 

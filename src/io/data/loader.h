@@ -13,7 +13,7 @@
 // (stream position p is global batch p % E of epoch p / E, E = steps_per_epoch()). Every batch is a pure
 // function of its position (Note [Sampling]), so the workers need no word from the consumer at an epoch's
 // end: with `endless` they go on into epoch e+1 while e's last batches are consumed, and the pipeline never
-// drains (it did, 0.46-0.59 s at each epoch's end on a GPU: issue 40). Each batch says its epoch and index;
+// drains (a drain costs 0.46-0.59 s at each epoch's end on a GPU). Each batch says its epoch and index;
 // what a checkpoint records is the consumer's position (the batches it used), never the workers'. The workers
 // make each batch in chunks of kChunkImages images, claimed in stream order, so all of them work on the batch
 // in front and the consumer waits for one chunk's time, not one batch's; at most threads x prefetch batches

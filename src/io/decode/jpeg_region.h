@@ -1,4 +1,4 @@
-// Decoding only the part of a JPEG that a crop needs (issue 32 item 1), through libjpeg-turbo's libjpeg API:
+// Decoding only the part of a JPEG that a crop needs, through libjpeg-turbo's libjpeg API:
 // the rows above and below the crop are skipped (jpeg_skip_scanlines), only its columns decoded
 // (jpeg_crop_scanline), and the IDCT scales by 1/2, 1/4 or 1/8 when the crop is resized down by at least
 // that.
