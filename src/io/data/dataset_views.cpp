@@ -3,8 +3,8 @@
 //
 // Note [Class names]: a folder's labels are the positions of its class folders in sorted order, so two
 // folders agree on a label only when they hold the same classes: an eval folder with cat and rocket but not
-// coffee gave rocket the label 1, coffee's in training, and scored the model against the wrong labels without
-// a word (issue 30). Sources that name their classes (Dataset::class_names) are therefore matched by name:
+// coffee would give rocket the label 1, coffee's in training, and score the model against the wrong labels
+// without a word. Sources that name their classes (Dataset::class_names) are therefore matched by name:
 // the eval set's label for a class is the training set's label of that name, and an eval class the training
 // set lacks is an error naming it. The training set's names also go into checkpoints (scalar `class_names`)
 // and exported weights (attribute `class_names`), so that a resumed run and a fine-tune (--init-weights
