@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <string>
+
 #include "dist/train/flags.h"
 #include "tensor/check.h"
 
@@ -65,7 +67,33 @@ std::vector<Recipe> make_recipes() {
                                                 {"--drop-path", "0.2"},
                                                 {"--ema-decay", "0"}})
     finetune.values.push_back(v);
-  return {in1k, finetune};
+  // ConvNeXt V2-Base fine-tuning of FCMAE-pretrained weights on ImageNet-1k at 224: the published settings
+  // (facebookresearch/ConvNeXt-V2 TRAINING.md, over main_finetune.py's defaults, which share V1's
+  // augmentation and schedule): lr = 6.25e-4 x batch / 256 ("blr"), 100 epochs, 20 of warmup, layer decay
+  // 0.6 over the 12 grouped layers (its 'group' type, Note [Layer-wise lr decay numbering]), weight decay
+  // 0.05, drop path 0.1, Mixup 0.8 / CutMix 1.0, label smoothing 0.1, EMA (0.9999) and the head drawn at
+  // std 2e-5 (timm's 0.02 x 0.001). V2 blocks have no layer scale, so that default is left out.
+  Recipe v2{.name = "convnextv2-finetune",
+            .source =
+                "ConvNeXt V2-Base fine-tuning of FCMAE weights on ImageNet-1k at 224: "
+                "facebookresearch/ConvNeXt-V2 TRAINING.md over main_finetune.py's defaults",
+            .lr = 6.25e-4,
+            .lr_batch = 256,
+            .needs_weights = true,
+            .values = {}};
+  for (const RecipeValue& v : official_defaults())
+    if (std::string(v.flag) != "--layer-scale-init") v2.values.push_back(v);
+  for (RecipeValue v : std::vector<RecipeValue>{{"--weight-decay", "0.05"},
+                                                {"--epochs", "100"},
+                                                {"--warmup-epochs", "20", "--warmup-steps"},
+                                                {"--layer-decay", "0.6"},
+                                                {"--head-init-scale", "0.001"},
+                                                {"--mixup", "0.8"},
+                                                {"--cutmix", "1.0"},
+                                                {"--drop-path", "0.1"},
+                                                {"--ema-decay", "0.9999"}})
+    v2.values.push_back(v);
+  return {in1k, finetune, v2};
 }
 
 std::string joined(const std::vector<std::pair<std::string, std::string>>& pairs) {

@@ -33,7 +33,7 @@ struct Recipe {
 
 const std::vector<Recipe>& recipes();
 const Recipe* find_recipe(const std::string& name);
-std::string recipe_names();  // "convnext-in1k | convnext-finetune"
+std::string recipe_names();  // "convnext-in1k | convnext-finetune | convnextv2-finetune"
 
 // What applying a recipe did, for the header.
 struct RecipeReport {

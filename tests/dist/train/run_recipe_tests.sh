@@ -195,7 +195,7 @@ recipe)
     { cat "$work/out"; fail "an explicit --lr is not kept"; }
   refused "--recipe convnext-finetune fine-tunes trained weights: give --init-weights FILE" "${tiny[@]}" \
     --recipe convnext-finetune --steps 1
-  refused "--recipe must be one of convnext-in1k | convnext-finetune, got 'imagenet'" "${tiny[@]}" --recipe imagenet
+  refused "--recipe must be one of convnext-in1k | convnext-finetune | convnextv2-finetune, got 'imagenet'" "${tiny[@]}" --recipe imagenet
   echo "recipe: OK"
   ;;
 *) fail "unknown case $case_name" ;;

@@ -104,11 +104,41 @@ TEST(Recipes, FinetuneIsTheOfficialFineTuningAndNeedsWeights) {
   EXPECT_DOUBLE_EQ(c.lr, 5e-5);
 }
 
+TEST(Recipes, V2FinetuneIsTheFcmaeFineTuningOfConvNeXtV2Base) {
+  TrainConfig c;
+  c.recipe = "convnextv2-finetune";
+  c.model = "convnextv2_base";
+  const auto none = [](const std::string&) { return false; };
+  EXPECT_THAT(error_of<ValueError>([&] { apply_recipe(c, none); }),
+              HasSubstr("--recipe convnextv2-finetune fine-tunes trained weights: give --init-weights FILE"));
+  c.init_weights = "w.h5";
+  RecipeReport r = apply_recipe(c, none);
+  EXPECT_EQ(c.layer_decay, 0.6);
+  EXPECT_EQ(c.head_init_scale, 0.001);
+  EXPECT_EQ(c.weight_decay, 0.05);
+  EXPECT_EQ(c.epochs, 100);
+  EXPECT_EQ(c.warmup_epochs, 20);
+  EXPECT_EQ(c.drop_path, 0.1);
+  EXPECT_EQ(c.ema_decay, 0.9999);
+  EXPECT_EQ(c.label_smoothing, 0.1);
+  EXPECT_EQ(c.mixup, 0.8);
+  EXPECT_EQ(c.cutmix, 1.0);
+  EXPECT_EQ(c.reprob, 0.25);
+  EXPECT_FALSE(r.sets("--layer-scale-init"));  // V2 blocks have none
+  c.micro_batch = 32;
+  apply_recipe_lr(c, 32, false, r);  // TRAINING.md: 32 GPUs x 32 = 1024 -> 6.25e-4 x 1024 / 256
+  EXPECT_DOUBLE_EQ(c.lr, 2.5e-3);
+  c.validate();
+  EXPECT_TRUE(c.model_config().grn);
+  EXPECT_EQ(c.model_config().layer_scale_init, 0);
+}
+
 TEST(Recipes, UnknownNamesAreRefusedWithTheKnownOnes) {
   TrainConfig c;
   c.recipe = "convnext-in22k";
   EXPECT_THAT(error_of<ValueError>([&] { c.validate(); }),
-              HasSubstr("--recipe must be one of convnext-in1k | convnext-finetune, got 'convnext-in22k'"));
+              HasSubstr("--recipe must be one of convnext-in1k | convnext-finetune | convnextv2-finetune, got "
+                        "'convnext-in22k'"));
 }
 
 TEST(Flags, SetFlagValueParsesEachKindAndNamesTheFlag) {
