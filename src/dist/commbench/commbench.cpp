@@ -25,6 +25,7 @@
 #include "tensor/allocator.h"
 #include "tensor/check.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/element_value.h"
 #include "tensor/parallel.h"
 #include "tensor/stream.h"
 
@@ -37,40 +38,6 @@ using Clock = std::chrono::steady_clock;
 // included) and any wrong element is a real error, not rounding.
 double input_value(int rank, int64_t index, int rep) {
   return double(int((index * 7 + rank * 13 + rep * 5) % 17) - 8) / 8.0;
-}
-
-double load(DType dt, const void* p, int64_t i) {
-  switch (dt) {
-    case DType::f32:
-      return static_cast<const float*>(p)[i];
-    case DType::f64:
-      return static_cast<const double*>(p)[i];
-    case DType::f16:
-      return float(static_cast<const Half*>(p)[i]);
-    case DType::bf16:
-      return float(static_cast<const BFloat16*>(p)[i]);
-    default:
-      throw DtypeError(fmt::format("commbench: unsupported dtype {}", dtype_name(dt)));
-  }
-}
-
-void store(DType dt, void* p, int64_t i, double v) {
-  switch (dt) {
-    case DType::f32:
-      static_cast<float*>(p)[i] = float(v);
-      return;
-    case DType::f64:
-      static_cast<double*>(p)[i] = v;
-      return;
-    case DType::f16:
-      static_cast<Half*>(p)[i] = Half(float(v));
-      return;
-    case DType::bf16:
-      static_cast<BFloat16*>(p)[i] = BFloat16(float(v));
-      return;
-    default:
-      throw DtypeError(fmt::format("commbench: unsupported dtype {}", dtype_name(dt)));
-  }
 }
 
 double tolerance(DType dt) {
@@ -231,12 +198,12 @@ class CollectiveBench {
     // the full buffer holds input_value(rank, i); all-gather sends our shard of it.
     constexpr double kSentinel = -1000.0;
     const int64_t recv_total = in_place ? count : (kind_ == Collective::reduce_scatter ? shard : count);
-    for (int64_t i = 0; i < recv_total; ++i) store(dt, rbuf.host(), i, kSentinel);
+    for (int64_t i = 0; i < recv_total; ++i) store_element(dt, rbuf.host(), i, kSentinel);
     if (!in_place) rbuf.upload();
     char* hs = sbuf.host() + (static_cast<char*>(s) - static_cast<char*>(sbuf.data()));
     const int64_t first = kind_ == Collective::all_gather ? off : 0;
     const int64_t elems = kind_ == Collective::all_gather ? shard : count;
-    for (int64_t i = 0; i < elems; ++i) store(dt, hs, i, input_value(me, first + i, rep));
+    for (int64_t i = 0; i < elems; ++i) store_element(dt, hs, i, input_value(me, first + i, rep));
     sbuf.upload();
     issue(count, s, r)->synchronize();
     rbuf.download();
@@ -258,7 +225,7 @@ class CollectiveBench {
     const double tol = tolerance(dt);
     int64_t wrong = 0;
     for (int64_t i = 0; i < out_elems; ++i) {
-      const double want = expected(out_first + i), got = load(dt, hr, i);
+      const double want = expected(out_first + i), got = load_element(dt, hr, i);
       if (!(std::fabs(got - want) <= tol * std::max(1.0, std::fabs(want)))) ++wrong;
     }
     return wrong;

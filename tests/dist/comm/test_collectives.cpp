@@ -13,6 +13,7 @@
 #include "dist/comm/communicator.h"
 #include "dist/comm/mesh.h"
 #include "dist/comm/process_group.h"
+#include "tensor/element_value.h"
 #include "tensor/tensor.h"
 
 namespace cz::dist {
@@ -86,38 +87,11 @@ double input(int rank, int64_t i, uint64_t seed) {
   return (z & 1) ? mag : -mag;
 }
 
-void store(DType dt, void* p, int64_t i, double v) {
-  switch (dt) {
-    case DType::f32:
-      static_cast<float*>(p)[i] = float(v);
-      break;
-    case DType::f64:
-      static_cast<double*>(p)[i] = v;
-      break;
-    case DType::f16:
-      static_cast<Half*>(p)[i] = Half(float(v));
-      break;
-    default:
-      static_cast<BFloat16*>(p)[i] = BFloat16(float(v));
-  }
-}
-double load(DType dt, const void* p, int64_t i) {
-  switch (dt) {
-    case DType::f32:
-      return static_cast<const float*>(p)[i];
-    case DType::f64:
-      return static_cast<const double*>(p)[i];
-    case DType::f16:
-      return float(static_cast<const Half*>(p)[i]);
-    default:
-      return float(static_cast<const BFloat16*>(p)[i]);
-  }
-}
 // What `v` becomes when stored in `dt`.
 double rounded(DType dt, double v) {
   char buf[8];
-  store(dt, buf, 0, v);
-  return load(dt, buf, 0);
+  store_element(dt, buf, 0, v);
+  return load_element(dt, buf, 0);
 }
 double unit_roundoff(DType dt) {
   switch (dt) {
@@ -190,7 +164,7 @@ int64_t run_and_check(Communicator& c, const Case& cs, int64_t count, uint64_t s
   constexpr double kSentinel = 1000.0;
 
   std::vector<char> a(size_t(std::max<int64_t>(count, 1)) * es), b(size_t(std::max<int64_t>(count, 1)) * es);
-  for (int64_t i = 0; i < count; ++i) store(dt, b.data(), i, kSentinel);
+  for (int64_t i = 0; i < count; ++i) store_element(dt, b.data(), i, kSentinel);
   char* send = a.data();
   char* recv = b.data();
   if (cs.in_place) {
@@ -201,8 +175,9 @@ int64_t run_and_check(Communicator& c, const Case& cs, int64_t count, uint64_t s
   const int64_t first = cs.kind == Collective::all_gather ? off : 0;
   const int src_rank = cs.kind == Collective::broadcast ? root : me;
   for (int64_t i = 0; i < in_elems; ++i)
-    store(dt, send, i,
-          cs.kind == Collective::broadcast && me != root ? -kSentinel : input(src_rank, first + i, seed));
+    store_element(
+        dt, send, i,
+        cs.kind == Collective::broadcast && me != root ? -kSentinel : input(src_rank, first + i, seed));
 
   WorkHandle work;
   switch (cs.kind) {
@@ -241,7 +216,7 @@ int64_t run_and_check(Communicator& c, const Case& cs, int64_t count, uint64_t s
       }
       want = rounded(dt, input(owner, i, seed));
     }
-    const double got = load(dt, recv, k);
+    const double got = load_element(dt, recv, k);
     // Reductions round once per ring step (16-bit partial sums) plus once at the end.
     const double tol = reduces ? 2.0 * (n + 1) * unit_roundoff(dt) * scale + 1e-300 : 0.0;
     if (!(std::fabs(got - want) <= tol)) {
