@@ -7,8 +7,7 @@
 set -uo pipefail
 app=$1 cz_weights=$2 mpiexec=$3 crashes=$4
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/preamble.sh"
-model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --loader-threads 1 --no-progress)
-tiny=("${model[@]}" --data synthetic:n=64,eval_n=16,classes=4)
+tiny_model 4 64 16
 
 expect_named() {  # expect_named FILE COMMAND...: exit status 1, FILE and "the file is corrupt" in the output
   local file=$1; shift

@@ -18,13 +18,29 @@ compare() {
        END { exit bad }' "$work/both" || fail "$4: the runs differ"
 }
 
+# tiny_model CLASSES [TRAIN EVAL]: `model`, a ConvNeXt of depths 1,1,1,1 and dims 8,16,24,32 at 32 px with
+# CLASSES classes, one loader thread and no progress bar, and `tiny`, that model on synthetic data of CLASSES
+# classes, TRAIN training and EVAL eval images (default 256 and 64).
+tiny_model() {
+  model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes "$1" --image-size 32 --loader-threads 1 --no-progress)
+  tiny=("${model[@]}" --data "synthetic:n=${2:-256},eval_n=${3:-64},classes=$1")
+}
+
 # refused EXPECTED ARGS...: "$app" ARGS exits non-zero without a crash or a signal, and says EXPECTED.
 refused() {
   local want=$1; shift
   "$app" "$@" > "$work/out" 2>&1
   local rc=$?
+  refused_rc=$rc
   if [[ $rc -eq 0 || $rc -ge 128 ]]; then cat "$work/out"; fail "'$*' exited with $rc"; fi
   grep -qF -- "$want" "$work/out" || { cat "$work/out"; fail "'$*': message lacks '$want'"; }
   ! grep -qiE 'terminate called|segmentation|core dumped|abort' "$work/out" || { cat "$work/out"; fail "'$*' crashed"; }
   echo "ok ($rc): $* -> $(grep -F -- "$want" "$work/out" | head -1)"
+}
+
+# refused_exit CODES EXPECTED ARGS...: as refused, and the exit code is one of CODES ("1", or "1 2").
+refused_exit() {
+  local codes=$1; shift
+  refused "$@"
+  [[ " $codes " == *" $refused_rc "* ]] || { cat "$work/out"; fail "'${*:2}' exited with $refused_rc, expected $codes"; }
 }

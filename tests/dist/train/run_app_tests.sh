@@ -14,8 +14,7 @@
 set -uo pipefail
 case_name=$1 app=$2 mpiexec=$3
 source "$(dirname "${BASH_SOURCE[0]}")/../../lib/preamble.sh"
-model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --loader-threads 1 --no-progress)
-tiny=("${model[@]}" --data synthetic:n=256,eval_n=64,classes=4)
+tiny_model 4
 
 
 case $case_name in
@@ -30,13 +29,7 @@ ranks_match_one_process)
     for stage in 0 1 2 3; do
       "${mpirun[@]}" -np $np "$app" "${common[@]}" --micro-batch $((16 / np)) --stage $stage \
         --log "$work/np$np.jsonl" > "$work/np$np.out" 2>&1 || { cat "$work/np$np.out"; fail "$np ranks at stage $stage failed"; }
-      paste -d' ' <(steps_of "$work/np1.jsonl") <(steps_of "$work/np$np.jsonl") > "$work/both"
-      echo "$np ranks, stage $stage:"; cat "$work/both"
-      [[ $(wc -l < "$work/both") -eq 3 ]] || fail "expected 3 step records in each log"
-      # Columns: step loss grad_norm (1 rank), step loss grad_norm (N ranks). Float sums differ in order only.
-      awk '{ for (c = 2; c <= 3; ++c) { a = $c; b = $(c + 3); d = a - b; if (d < 0) d = -d;
-             if (d > 2e-5 * (a < 0 ? -a : a) + 1e-7) { print "step " $1 ": " a " vs " b; bad = 1 } } }
-           END { exit bad }' "$work/both" || fail "$np ranks at stage $stage disagree with 1 rank"
+      compare "$work/np1.jsonl" "$work/np$np.jsonl" 3 "$np ranks, stage $stage, against 1 rank"
     done
   done
   echo "ranks_match_one_process: OK"
@@ -231,12 +224,7 @@ comm_backend)
     "$app" "${common[@]}" --steps 3 --micro-batch 16 --stage $stage --comm-backend mpi --log "$work/one.jsonl" \
       > "$work/out" 2>&1 || { cat "$work/out"; fail "stage $stage over a communicator of one failed"; }
     grep -q "collectives over mpi (CPU ranks)" "$work/out" || { cat "$work/out"; fail "no communicator of one"; }
-    paste -d' ' <(steps_of "$work/auto.jsonl") <(steps_of "$work/one.jsonl") > "$work/both"
-    echo "stage $stage, no communicator vs one of one:"; cat "$work/both"
-    [[ $(wc -l < "$work/both") -eq 3 ]] || fail "expected 3 step records in each log"
-    awk '{ for (c = 2; c <= 3; ++c) { a = $c; b = $(c + 3); d = a - b; if (d < 0) d = -d;
-           if (d > 2e-5 * (a < 0 ? -a : a) + 1e-7) { print "step " $1 ": " a " vs " b; bad = 1 } } }
-         END { exit bad }' "$work/both" || fail "stage $stage: a communicator of one trains differently"
+    compare "$work/auto.jsonl" "$work/one.jsonl" 3 "stage $stage, no communicator vs one of one"
   done
   echo "comm_backend: OK"
   ;;

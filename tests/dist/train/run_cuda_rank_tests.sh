@@ -22,8 +22,8 @@
 set -uo pipefail
 case_name=$1 app=$2 mpiexec=$3
 source "$(dirname "${BASH_SOURCE[0]}")/../../lib/preamble.sh"
-model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 4 --image-size 32 --loader-threads 1 --no-progress)
-common=("${model[@]}" --data synthetic:n=256,eval_n=64,classes=4 --drop-path 0.2 --eval-batches 1 --seed 3
+tiny_model 4
+common=("${tiny[@]}" --drop-path 0.2 --eval-batches 1 --seed 3
         --grad-accum 2 --clip-grad 1 --bucket-mb 0.01)
 
 # $CZ_REHEARSE=1 checks this script without a GPU: the "GPU" runs go to the CPU in fp32 (bf16 becomes fp32,

@@ -33,15 +33,6 @@ ok() {
   local rc=$?
   [[ $rc -eq 0 ]] || { cat "$work/out"; fail "'$*' exited with $rc"; }
 }
-# refused EXPECTED ARGS...: exit 1 with a message holding EXPECTED, no crash.
-refused() {
-  local want=$1; shift
-  "$app" "$@" > "$work/out" 2>&1
-  local rc=$?
-  [[ $rc -eq 1 ]] || { cat "$work/out"; fail "'$*' exited with $rc, expected 1"; }
-  grep -qF -- "$want" "$work/out" || { cat "$work/out"; fail "'$*': message lacks '$want'"; }
-  echo "ok: refused: $(grep -F -- "$want" "$work/out" | head -1)"
-}
 # The final evaluation's top-1 (percent, integer) and example count of a JSON-lines log.
 final_eval() {
   grep '"split":"eval"' "$1" | tail -1 | sed -E 's/.*"examples":([0-9]+).*"top1":([^,}]+).*/\2 \1/' |
@@ -70,7 +61,7 @@ eval_classes)
   grep -F "eval folder:$work/eval2 (16 images, 2 classes: cat, rocket); labelled by name as 2 of the 3 training classes" \
     "$work/two.out" || { cat "$work/two.out"; fail "the start line does not say how eval2's classes are labelled"; }
   mkdir -p "$work/eval_dog" && cp -r "$work/eval/cat" "$work/eval_dog/" && make "$work/eval_dog" 2 3 dog=60
-  refused "--eval-data 'folder:$work/eval_dog': class 'dog' is not among the 3 classes of --data 'folder:$work/train' (cat, coffee, rocket)" \
+  refused_exit 1 "--eval-data 'folder:$work/eval_dog': class 'dog' is not among the 3 classes of --data 'folder:$work/train' (cat, coffee, rocket)" \
     "${run[@]}" --data "folder:$work/train" --eval-data "folder:$work/eval_dog"
   echo "eval_classes: OK"
   ;;
@@ -81,7 +72,7 @@ class_names)
   # A resume where a class folder was renamed since (the same --data, the same class count, other labels for
   # rocket): refused, naming the difference; as it was, it resumes.
   mv "$work/train/coffee" "$work/train/tea"
-  refused "--resume $work/ck/step_2 was trained on 3 classes (cat, coffee, rocket) but --data folder:$work/train has 3 (cat, rocket, tea): 'tea' is new, 'coffee' is missing" \
+  refused_exit 1 "--resume $work/ck/step_2 was trained on 3 classes (cat, coffee, rocket) but --data folder:$work/train has 3 (cat, rocket, tea): 'tea' is new, 'coffee' is missing" \
     "${short[@]}" --resume "$work/ck/step_2"
   mv "$work/train/tea" "$work/train/coffee"
   ok "$work/r.jsonl" "${short[@]}" --resume "$work/ck/step_2"
@@ -101,7 +92,7 @@ PY
   fi
   pets=("${base[@]}" --steps 2 --micro-batch 8 --num-classes 3 --data "folder:$work/pets")
   for w in "$work/w.h5" "$work/from_ck.h5" "$work/converted.h5"; do
-    refused "--init-weights $w was trained on 3 classes (cat, coffee, rocket) but --data folder:$work/pets has 2 (cat, dog): 'dog' is new, 'coffee', 'rocket' are missing; give --reset-head" \
+    refused_exit 1 "--init-weights $w was trained on 3 classes (cat, coffee, rocket) but --data folder:$work/pets has 2 (cat, dog): 'dog' is new, 'coffee', 'rocket' are missing; give --reset-head" \
       "${pets[@]}" --init-weights "$w"
   done
   ok "$work/p.jsonl" "${pets[@]}" --init-weights "$work/w.h5" --reset-head
@@ -131,19 +122,19 @@ skipped_files)
     fail "no warning about --num-classes"
   read -r top n <<< "$(final_eval "$work/m.jsonl")"
   [[ $n -eq 50 ]] || fail "evaluated $n images, expected 50 (the CMYK and YCCK files included)"
-  refused "--num-classes 2 is smaller than the 3 classes of --data folder:$work/mixed" \
+  refused_exit 1 "--num-classes 2 is smaller than the 3 classes of --data folder:$work/mixed" \
     "${base[@]}" --steps 6 --data "folder:$work/mixed" --num-classes 2
   echo "skipped_files: OK"
   ;;
 eval_split)
   make "$work/train" 20 1 cat=0 coffee=120 rocket=240
   common=("${base[@]}" --num-classes 3 --data "folder:$work/train")
-  refused "--eval-every 10 needs an eval set, and --data folder:$work/train has no eval split of its own: give --eval-data SPEC, or --eval-split F" \
+  refused_exit 1 "--eval-every 10 needs an eval set, and --data folder:$work/train has no eval split of its own: give --eval-data SPEC, or --eval-split F" \
     "${common[@]}" --steps 20 --micro-batch 16 --eval-every 10
-  refused "--eval-split holds out part of --data as the eval set, so it does not go with --eval-data folder:$work/train" \
+  refused_exit 1 "--eval-split holds out part of --data as the eval set, so it does not go with --eval-data folder:$work/train" \
     "${common[@]}" --steps 20 --eval-split 0.2 --eval-data "folder:$work/train"
-  refused "--eval-split must be in [0, 1), got 1" "${common[@]}" --steps 20 --eval-split 1
-  refused "--eval-split 0.01: holds out no example" "${common[@]}" --steps 20 --eval-split 0.01
+  refused_exit 1 "--eval-split must be in [0, 1), got 1" "${common[@]}" --steps 20 --eval-split 1
+  refused_exit 1 "--eval-split 0.01: holds out no example" "${common[@]}" --steps 20 --eval-split 0.01
   # 4 of each class's 20 held out: 48 to train on, 12 to evaluate, at step 10 and at the end.
   ok "$work/one.jsonl" "${common[@]}" --steps 20 --micro-batch 16 --eval-split 0.2 --eval-every 10
   grep -F "held out by --eval-split 0.2" "$work/out" || { cat "$work/out"; fail "the start line does not say so"; }
@@ -164,7 +155,7 @@ eval_split)
   [[ $n2 -eq 12 && $top2 -eq $top ]] || fail "2 ranks: top1 $top2% of $n2, 1 rank: $top% of $n"
   # The split is part of what a checkpoint trained on: a resume must hold out the same.
   ok "$work/c.jsonl" "${common[@]}" --steps 4 --micro-batch 16 --eval-split 0.2 --checkpoint-dir "$work/ck"
-  refused "the checkpoint was saved with --eval-split 0.2 but this run has --eval-split 0.1" \
+  refused_exit 1 "the checkpoint was saved with --eval-split 0.2 but this run has --eval-split 0.1" \
     "${common[@]}" --steps 8 --micro-batch 16 --eval-split 0.1 --resume "$work/ck"
   echo "eval_split: OK"
   ;;
@@ -196,7 +187,7 @@ num_classes)
   expect_classes 7 flag --data "folder:$work/five" --num-classes 7
   grep -qF "warning: --num-classes 7 but --data folder:$work/five has 5 classes" "$work/out" ||
     { cat "$work/out"; fail "no warning for --num-classes 7 on 5 classes"; }
-  refused "--num-classes 3 is smaller than the 5 classes of --data folder:$work/five" \
+  refused_exit 1 "--num-classes 3 is smaller than the 5 classes of --data folder:$work/five" \
     "${short[@]}" --data "folder:$work/five" --num-classes 3
   expect_classes 7 data --data synthetic:n=64,eval_n=16,classes=7
   # cifar10: always its 10 classes, whatever labels the files hold (here 0-2).

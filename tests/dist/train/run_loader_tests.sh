@@ -27,15 +27,6 @@ ok() {
   local rc=$?
   [[ $rc -eq 0 ]] || { cat "$out"; fail "'$*' exited with $rc"; }
 }
-# refused EXPECTED ARGS...: exit 1 with a message holding EXPECTED, no crash.
-refused() {
-  local want=$1; shift
-  "$app" "$@" > "$work/out" 2>&1
-  local rc=$?
-  [[ $rc -eq 1 || $rc -eq 2 ]] || { cat "$work/out"; fail "'$*' exited with $rc, expected 1 or 2"; }
-  grep -qF -- "$want" "$work/out" || { cat "$work/out"; fail "'$*': message lacks '$want'"; }
-  echo "ok: refused: $(grep -F -- "$want" "$work/out" | head -1)"
-}
 # wait_fraction LOG: of the train steps after the first, the summed data_wait_s over the summed step_time_s;
 # fails unless every train record has a data_wait_s within [0, step_time_s].
 wait_fraction() {
@@ -100,7 +91,7 @@ loader_threads)
   fi
   ok "$work/given.out" "$app" "${model[@]}" --steps 1 --no-progress --loader-threads 3 --log "$work/given.jsonl"
   got=$(threads_of "$work/given.jsonl"); [[ "$got" == 3 ]] || fail "--loader-threads 3 recorded as $got"
-  refused "--loader-threads must be >= 0, got -2" "${model[@]}" --steps 1 --loader-threads -2
+  refused_exit "1 2" "--loader-threads must be >= 0, got -2" "${model[@]}" --steps 1 --loader-threads -2
   echo "loader_threads: OK ($cores cores: 1 rank $cores threads, 2 ranks $want each, taskset 1)"
   ;;
 loader_only)
@@ -145,9 +136,9 @@ loader_only)
   check "$work/two.out" 10 2 80 1
   ok "$work/default.out" "$app" --loader-only --data synthetic --image-size 32 --micro-batch 4 --loader-threads 1
   check "$work/default.out" 50 1 200 1
-  refused "folder:$work/none" --loader-only --data "folder:$work/none"
-  refused "--loader-only and --plan go separately" --loader-only --plan
-  refused "fewer than one micro-batch" --loader-only --data "folder:$work/imgs" --micro-batch 64
+  refused_exit "1 2" "folder:$work/none" --loader-only --data "folder:$work/none"
+  refused_exit "1 2" "--loader-only and --plan go separately" --loader-only --plan
+  refused_exit "1 2" "fewer than one micro-batch" --loader-only --data "folder:$work/imgs" --micro-batch 64
   echo "loader_only: OK"
   ;;
 *) fail "unknown case $case_name" ;;

@@ -50,6 +50,19 @@ wait_for_step() {
   return 1
 }
 
+# started: the background job just launched is the run under test: its pid in $pid, killed at exit if it
+# still runs.
+started() {
+  pid=$!
+  pids+=("$pid")
+}
+
+# stopping_after SIG: sends SIG to $pid, then waits (up to 1 s) until the run says it stops after this step.
+stopping_after() {
+  kill -"$1" "$pid"
+  for _ in $(seq 100); do grep -q "stopping after this step" "$work/out" && break; sleep 0.01; done
+}
+
 # wait_exit PID SECONDS: the exit code of a background job, or 124 after SECONDS (then it is killed).
 wait_exit() {
   local pid=$1 limit=$2
@@ -103,8 +116,7 @@ single_sigint | mpirun_sigterm)
     { cat "$work/straight.out"; fail "the uninterrupted run failed"; }; }
   "${run[@]}" --steps $steps --checkpoint-dir "$work/ck" --checkpoint-every 25 --export-weights "$work/w.h5" \
     --log "$work/stopped.jsonl" > "$work/stopped.out" 2>&1 &
-  pid=$!
-  pids+=("$pid")
+  started
   wait_for_step "$work/stopped.jsonl" 60 "$pid" || { cat "$work/stopped.out"; fail "the run did not reach step 60"; }
   sent_ns=$(date +%s%N)
   sent_at=$(last_step "$work/stopped.jsonl")
@@ -157,8 +169,7 @@ mpirun_sigint)
   # newest checkpoint is complete and at least as new as the last one reported.
   "${mpirun[@]}" -np 4 "$app" "${model[@]}" --micro-batch 4 --stage 3 --steps 2000 --checkpoint-dir "$work/ck" \
     --checkpoint-every 10 --log "$work/run.jsonl" > "$work/out" 2>&1 &
-  pid=$!
-  pids+=("$pid")
+  started
   wait_for_step "$work/run.jsonl" 45 "$pid" || { cat "$work/out"; fail "the run did not reach step 45"; }
   kill -INT "$pid"
   wait_exit "$pid" 60
@@ -178,11 +189,9 @@ second_signal)
   # ConvNeXt-atto steps (~0.3 s) leave time for the second signal while the first stop waits for its step.
   "$app" --model atto --steps 5000 --loader-threads 1 --checkpoint-dir "$work/ck" --checkpoint-every 4 \
     --log "$work/run.jsonl" > "$work/out" 2>&1 &
-  pid=$!
-  pids+=("$pid")
+  started
   wait_for_step "$work/run.jsonl" 10 "$pid" || { cat "$work/out"; fail "the run did not reach step 10"; }
-  kill -INT "$pid"
-  for _ in $(seq 100); do grep -q "stopping after this step" "$work/out" && break; sleep 0.01; done
+  stopping_after INT
   kill -INT "$pid"
   wait_exit "$pid" 20
   rc=$?
@@ -199,11 +208,9 @@ usr1_repeated)
   # ConvNeXt-atto steps (~0.3 s): the copies arrive while the first stop waits for its step.
   "$app" --model atto --steps 5000 --loader-threads 1 --checkpoint-dir "$work/ck" --log "$work/run.jsonl" \
     > "$work/out" 2>&1 &
-  pid=$!
-  pids+=("$pid")
+  started
   wait_for_step "$work/run.jsonl" 3 "$pid" || { cat "$work/out"; fail "the run did not reach step 3"; }
-  kill -USR1 "$pid"
-  for _ in $(seq 100); do grep -q "stopping after this step" "$work/out" && break; sleep 0.01; done
+  stopping_after USR1
   kill -USR1 "$pid"
   kill -USR1 "$pid"
   wait_exit "$pid" 60
@@ -227,8 +234,7 @@ published)
   # published before the next began. Then killed (SIGKILL): what `latest` names loads.
   "$app" "${model[@]}" --micro-batch 16 --steps 5000 --checkpoint-dir "$work/ck" --checkpoint-every 20 \
     --log "$work/run.jsonl" > "$work/out" 2>&1 &
-  pid=$!
-  pids+=("$pid")
+  started
   wait_for_step "$work/run.jsonl" 50 "$pid" || { cat "$work/out"; fail "the run did not reach step 50"; }
   published=0 windows=0 last_want=-1 looks=""
   for _ in $(seq 3000); do
@@ -255,8 +261,7 @@ published)
   ;;
 bare_headline)
   "${mpirun[@]}" -np 2 "$app" --stage 3 --loader-threads 1 --progress-interval 0 > "$work/out" 2>&1 &
-  pid=$!
-  pids+=("$pid")
+  started
   for _ in $(seq 1800); do
     grep -q '^step 2/300 ' "$work/out" && break
     kill -0 "$pid" 2>/dev/null || break
@@ -327,8 +332,7 @@ log_resume)
   "$app" "${model[@]}" --micro-batch 16 --steps 120 --log "$work/straight.jsonl" > "$work/straight.out" 2>&1 ||
     { cat "$work/straight.out"; fail "the uninterrupted run failed"; }
   "${run[@]}" > "$work/killed.out" 2>&1 &
-  pid=$!
-  pids+=("$pid")
+  started
   wait_for_step "$work/run.jsonl" 35 "$pid" || { cat "$work/killed.out"; fail "the run did not reach step 35"; }
   for _ in $(seq 200); do
     kill -STOP "$pid"
@@ -374,8 +378,7 @@ stop_order)
   for merged in 0 1; do
     rm -rf "$work/ck" "$work"/run.jsonl*  # wait_for_step reads the new run's log, not the last one's
     if ((merged)); then "${job[@]}" > "$work/err" 2>&1 & else "${job[@]}" > "$work/out" 2> "$work/err" & fi
-    pid=$!
-    pids+=("$pid")
+    started
     wait_for_step "$work/run.jsonl" 20 "$pid" || { cat "$work/err"; fail "the run did not reach step 20"; }
     kill -TERM "$pid"
     wait_exit "$pid" 60
@@ -396,8 +399,7 @@ stop_order)
   rm -rf "$work/ck" "$work"/run.jsonl*
   "${mpirun[@]}" -np 2 bash -c 'trap "" USR1; "$0" "$@"; exit $?' "$app" "${model[@]}" \
     --micro-batch 4 --steps 100000 --checkpoint-dir "$work/ck" --log "$work/run.jsonl" > "$work/err" 2>&1 &
-  pid=$!
-  pids+=("$pid")
+  started
   wait_for_step "$work/run.jsonl" 10 "$pid" || { cat "$work/err"; fail "the wrapped run did not reach step 10"; }
   kill -USR1 "$pid"
   wait_exit "$pid" 60

@@ -10,8 +10,8 @@ set -uo pipefail
 case_name=$1 app=$2 mpiexec=$3
 here=$(cd "$(dirname "$0")" && pwd)
 source "$(dirname "${BASH_SOURCE[0]}")/../../lib/preamble.sh"
-model=(--depths 1,1,1,1 --dims 8,16,24,32 --num-classes 5 --image-size 32 --loader-threads 1 --no-progress)
-tiny=("${model[@]}" --data synthetic:n=256,eval_n=64,classes=5 --micro-batch 8 --bucket-mb 0.01)
+tiny_model 5
+tiny+=(--micro-batch 8 --bucket-mb 0.01)
 
 case $case_name in
 stage2)
