@@ -29,8 +29,7 @@ struct EngineSpec {
   std::vector<std::string> units;  // the model's units (ConvNeXt::units()): stages 1-2 wait at their forwards
   zero::ZeroLayout layout;         // the engine's partitions (zero_layout)
   int prefetch = 1;
-  bool offload = false;  // --offload-optimizer: the model state differs, not what a step allocates
-  bool cuda = false;     // the ring's scratch comes from the device allocator with a 256-byte minimum on CUDA
+  bool cuda = false;  // the ring's scratch comes from the device allocator with a 256-byte minimum on CUDA
   // The world's communicator in two levels (--comm-impl hier or auto on hosts of several ranks, Note
   // [Two-level collectives]): the ranks of a host (consecutive world ranks), this rank, and which calls take
   // them (dist::takes_two_levels); 0 / empty: the flat ring.

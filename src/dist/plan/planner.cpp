@@ -44,10 +44,9 @@ struct Setup {
   int world = 1;
   int rank = 0;
   int shard = 1;               // the shard group's ranks (--shard-group; the world when flat)
-  int hpz_ranks = 0;           // --hpz: ranks per host
   int per_host = 0;            // ranks per host when the world's collectives may take two levels; else 0
   zero::ZeroConfig zero;       // train::zero_config of the run (its stage and offload set per plan row)
-  zero::TwoHopInputs two_hop;  // Note [Two-hop choice]: all but the stage
+  zero::MeshFacts mesh;        // the world, shard group and hosts the step plan reads
   std::function<bool(dist::Collective, int64_t)> two_level;  // which of them do (EngineSpec::two_level)
   // Note [What a run holds that a step does not decide]: the loader's batches beyond the step's own, and
   // whether a background save's host copy is alive during a step.
@@ -70,24 +69,12 @@ Engine engine_at(const Setup& s, int stage, bool offload) {
   zero::ZeroConfig zc = s.zero;
   zc.stage = stage;
   zc.offload = offload;
-  zero::TwoHopInputs two_hop = s.two_hop;
-  two_hop.stage = stage;
-  zc.two_hop_reduce = zero::two_hop_choice(two_hop) == zero::TwoHop::yes;
-  e.plan = zero::StepPlan(zc, s.world, s.shard);
+  e.plan = zero::make_step_plan(zc, s.mesh);
   ZeroSpec& z = e.spec;
-  z.stage = stage;
-  z.world = s.shard;
-  z.hpz_ranks_per_host = e.plan.hpz() ? s.hpz_ranks : 0;
-  z.gather = zc.gather_dtype;
-  z.quant_block = zc.quant_block;
-  const zero::LayoutRule rule = e.plan.layout_rule();
-  z.layout = zero_layout(s.params, stage, s.shard, s.cfg.bucket_mb, s.reduce, rule.align, rule.pad_ranks);
-  z.compute = s.compute;
-  z.reduce = s.reduce;
-  z.prefetch = s.cfg.prefetch;
+  z.plan = e.plan;
+  z.layout = zero_layout(s.params, e.plan);
   z.optimizer_state_tensors = s.cfg.optimizer == "adamw" ? 2 : s.cfg.momentum > 0 ? 1 : 0;
   z.ema = s.cfg.ema_decay > 0;
-  z.offload = offload;
   z.cpu_device = !s.cuda;
   e.state = zero_model_state(z);
   return e;
@@ -146,7 +133,6 @@ StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bo
   sp.engine.units = s.spec->units();
   sp.engine.layout = engine.spec.layout;
   sp.engine.prefetch = s.cfg.prefetch;
-  sp.engine.offload = engine.spec.offload;
   sp.engine.ranks_per_host = s.per_host;
   sp.engine.rank = s.rank;
   sp.engine.two_level = s.two_level;
@@ -272,14 +258,12 @@ Setup setup_of(const PlanRequest& req) {
            train::flag_name(&train::TrainConfig::shard_group), s.cfg.shard_group, s.world);
   CZ_CHECK(!s.cfg.hpz || per_host < s.world, "{} needs more than one host; the plan has all {} ranks on one",
            train::flag_name(&train::TrainConfig::hpz), s.world);
-  s.hpz_ranks = s.cfg.hpz ? per_host : 0;
   s.zero = train::zero_config(s.cfg, s.cuda ? Device::cuda(0) : Device::cpu());
-  s.two_hop.reduce_int8 = s.zero.reduce_int8;
-  s.two_hop.flat_mesh = s.shard == s.world;
-  s.two_hop.hosts = s.world / per_host;
-  s.two_hop.ranks_per_host = per_host;
-  s.two_hop.flat_impl = train::world_algorithm(s.cfg) == dist::Algorithm::ring;
-  s.two_hop.cuda = s.cuda;
+  s.mesh = {.world = s.world,
+            .shard_group = s.shard,
+            .hosts = s.world / per_host,
+            .ranks_per_host = per_host,
+            .flat_impl = train::world_algorithm(s.cfg) == dist::Algorithm::ring};
   // --comm-impl hier or auto makes the world's communicator two-level on hosts of several ranks
   // (make_two_level_communicator; the mesh's other groups run the ring).
   const dist::Algorithm algorithm = train::world_algorithm(s.cfg);

@@ -80,19 +80,20 @@ void Walker::build() {
       if (p.shape.size() >= 2) m_.release(m_.alloc(p.numel * 8, Use::transient, "f64 initial draws"));
   // The ZeroEngine constructor: the model state; at stages 2-3 the flat buffers flatten_parameters made are
   // dropped once the shards exist, and stage 3's unit buffers are allocated and released once.
+  // Note [What each rank keeps] in step_plan.cpp.
   const zero::StepPlan& plan = s_.engine.plan;
   const int64_t flat = s_.engine.layout.flat.numel * 4;
   std::vector<Id> dropped;
-  if (plan.buckets()) dropped.push_back(m_.alloc(flat, Use::transient, "flat gradients (build)"));
-  if (plan.unit_gathers()) dropped.push_back(m_.alloc(flat, Use::transient, "flat parameters (build)"));
-  // Offload copies this rank's chunks to the host through a device buffer (kept as stage 3's fp32 shard).
-  if (s_.engine.offload && (!plan.unit_gathers() || s_.compute != DType::f32))
+  if (!plan.full_grads()) dropped.push_back(m_.alloc(flat, Use::transient, "flat gradients (build)"));
+  if (!plan.full_params()) dropped.push_back(m_.alloc(flat, Use::transient, "flat parameters (build)"));
+  // Offload copies this rank's chunks to the host through a device buffer (kept as an fp32 parameter shard).
+  if (plan.offload() && (plan.full_params() || plan.mixed()))
     dropped.push_back(m_.alloc(s_.engine.layout.shard_numel() * 4, Use::transient, "own chunks (build)"));
   for (const StateBuffer& b : s_.state)
     if (!b.host) m_.alloc(b.bytes, Use::state, b.name.c_str());
   const size_t np = s_.engine.layout.partitions.size();
   const auto records = [&](size_t p) { return plan.gather_records_bytes(s_.engine.layout, p, false); };
-  if (plan.unit_gathers()) {
+  if (!plan.full_params()) {
     for (const zero::Partition& p : s_.engine.layout.partitions)
       m_.release(m_.alloc(p.numel * e_, Use::transient, "unit buffer (build)"));
     for (size_t p = 0; p < np; ++p)  // quantized: each unit's records buffer, released as the unit's
@@ -182,7 +183,7 @@ void Walker::step() {
   // ZeroEngine::step ends with model_state_bytes() for the log, which without offload asks the optimizer
   // for its state(), whose "step" entry is made as a new 0-d i64 tensor each time.
   at("model state bytes");
-  if (!s_.engine.offload) m_.release(m_.alloc(8, Use::transient, "optimizer step counter (state())"));
+  if (!s_.engine.plan.offload()) m_.release(m_.alloc(8, Use::transient, "optimizer step counter (state())"));
   m_.release(loss_sum_);  // a local of Trainer::step
   loss_sum_ = kNone;
   for (const A& b : batches) m_.release(b.id);

@@ -60,7 +60,6 @@
 #include <algorithm>
 #include <functional>
 #include <map>
-#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -204,25 +203,6 @@ Levels mesh_levels(const dist::Topology& t) {
   return lv;
 }
 
-// The schedules' events (Note [One schedule]) carried out on the simulated timelines.
-struct UnitCalls final : zero::UnitSchedule::Sink {
-  std::function<void(size_t)> on_gather, on_use, on_release;
-  void gather(size_t u) override { on_gather(u); }
-  void use(size_t u) override { on_use(u); }
-  void release(size_t u) override { on_release(u); }
-};
-struct ChunkCalls final : zero::ChunkSchedule::Sink {
-  std::function<void(size_t)> on_gather, on_use;
-  void gather_partition(size_t p) override { on_gather(p); }
-  void use_partition(size_t p) override { on_use(p); }
-};
-struct ReduceCalls final : zero::ReduceSchedule::Sink {
-  std::function<void(size_t)> on_launch, on_finish;
-  void prepare(size_t) override {}
-  void launch(size_t p) override { on_launch(p); }
-  void finish(size_t p) override { on_finish(p); }
-};
-
 // The timelines of one simulated step (Note [What-if on a mesh]): the compute stream's clock `t`, when each
 // communicator is free, the bytes each host sends, and the core time CPU ranks owe their messages.
 enum Lane { kWorld, kShard, kReplicate, kHost, kLanes };
@@ -328,214 +308,243 @@ void StepClock::run_op(const OpCost& op) {
   cpu_debt = 0;
 }
 
-// Note [What-if step model] for one stage and rank count.
-WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Levels& lv, double host_link) {
-  const train::TrainConfig& cfg = run.cfg;
-  const int n = comm.ranks();
-  const MeshSpec mesh = run.mesh;
-  const bool multi_host = lv.hosts.size() > 1;
-  CZ_CHECK(!(mesh.shard_by_host || mesh.hpz || mesh.impl == MeshSpec::Impl::hier) || !multi_host ||
-               lv.per_host > 0,
-           "--what-if: HSDP, hpZ and two-level collectives need the same number of ranks on every host");
-  const int R = lv.per_host > 0 ? lv.per_host : 1;
-  const bool hsdp = mesh.shard_by_host && multi_host && zero::stage_rules(stage).sharded;
-  const int shards = hsdp ? R : n;  // the ranks the state is sharded over
-  // Note [Step plan]: the engine's plan for this stage on this mesh (hpZ needs several hosts; Note [Two-hop
-  // choice] as the trainer makes it).
-  const Device device = parse_device(cfg.device);
-  zero::ZeroConfig zc = train::zero_config(cfg, device);
-  zc.stage = stage;
-  zc.hpz = mesh.hpz && multi_host;
-  zc.two_hop_reduce = zero::two_hop_choice({.reduce_int8 = zc.reduce_int8,
-                                            .stage = stage,
-                                            .flat_mesh = !hsdp,
-                                            .hosts = int(lv.hosts.size()),
-                                            .ranks_per_host = lv.per_host,
-                                            .flat_impl = mesh.impl == MeshSpec::Impl::flat,
-                                            .cuda = device.is_cuda()}) == zero::TwoHop::yes;
-  const zero::StepPlan plan(zc, n, shards);
-  const bool hpz = plan.hpz();
-  // Two levels apply to the world's collectives across hosts of several ranks; auto takes them per call where
-  // the communicator's own model says (Note [Two-level cost model]).
-  const bool two_levels = mesh.impl != MeshSpec::Impl::flat && multi_host && R > 1;
-  auto hier = [&](Collective kind, double bytes) {
+// Whether a world collective of `bytes` takes two levels: across hosts of several ranks, always with hier,
+// per call with auto where the communicator's own model says (Note [Two-level cost model]).
+std::function<bool(Collective, double)> two_level_rule(const MeshSpec& mesh, const CommModel& comm,
+                                                       const Levels& lv) {
+  const bool two_levels = mesh.impl != MeshSpec::Impl::flat && lv.hosts.size() > 1 && lv.per_host > 1;
+  return [two_levels, impl = mesh.impl, &comm, &lv](Collective kind, double bytes) {
     if (!two_levels) return false;
-    if (mesh.impl == MeshSpec::Impl::hier) return true;
+    if (impl == MeshSpec::Impl::hier) return true;
     return lv.topology->predict_two_level(comm.order(), lv.hosts, bytes, kind).hier_faster();
   };
-  const std::vector<nn::ParamInfo> params = nn::convnext_parameters(cfg.model_config());
-  // --gather-dtype (Note [Quantized gathers]): what a parameter gather moves, and the layout's alignment.
-  const int64_t qb = plan.quant_block();
-  const zero::LayoutRule rule = plan.layout_rule();
-  const zero::ZeroLayout L =
-      zero_layout(params, stage, shards, cfg.bucket_mb, run.er, rule.align, rule.pad_ranks);
-  const size_t np = L.partitions.size();
-  std::map<std::string, size_t> param_of;
-  std::map<std::string, std::set<size_t>> module_parts;  // the partitions holding a module's parameters
-  for (size_t p = 0; p < np; ++p)
-    for (size_t i = L.partitions[p].first_param; i < L.partitions[p].end_param; ++i) {
-      param_of[params[i].name] = i;
-      module_parts[params[i].unit].insert(p);
+}
+
+// Note [Step plan]: the engine's plan for this stage on this mesh (HSDP: shard groups of a host's ranks).
+zero::StepPlan plan_at(const Run& run, int stage, int n, const Levels& lv) {
+  const MeshSpec& mesh = run.mesh;
+  CZ_CHECK(!(mesh.shard_by_host || mesh.hpz || mesh.impl == MeshSpec::Impl::hier) || lv.hosts.size() < 2 ||
+               lv.per_host > 0,
+           "--what-if: HSDP, hpZ and two-level collectives need the same number of ranks on every host");
+  zero::ZeroConfig zc = train::zero_config(run.cfg, parse_device(run.cfg.device));
+  zc.stage = stage;
+  return zero::make_step_plan(zc, {.world = n,
+                                   .shard_group = mesh.shard_by_host ? std::max(lv.per_host, 1) : 0,
+                                   .hosts = int(lv.hosts.size()),
+                                   .ranks_per_host = lv.per_host,
+                                   .flat_impl = mesh.impl == MeshSpec::Impl::flat});
+}
+
+// One simulated step (Note [What-if step model]): the step's schedules (Note [Step plan]) driven from the
+// same points as the engine's hooks, their events carried out on the timelines of a StepClock. Stage 3's
+// units in the steady state: the unit order recorded (ConvNeXt's units run in partition order). Stages 1-2:
+// each work module (a unit) waits for the partitions holding its parameters.
+class SimulatedStep final : zero::ReduceSchedule::Sink, zero::UnitSchedule::Sink, zero::ChunkSchedule::Sink {
+ public:
+  SimulatedStep(const Run& run, const zero::StepPlan& plan, const CommModel& comm, const Levels& lv,
+                double host_link, WhatIfRow& row);
+  // Gradients zeroed, the micro-steps' forwards and backwards, then the update.
+  void run();
+
+ private:
+  // ReduceSchedule::Sink: a partition's gradients reduced, as plan_.reduce_kind() says.
+  void prepare(size_t) override {}
+  void launch(size_t p) override;
+  void finish(size_t p) override;
+  // UnitSchedule::Sink (stage 3): when each unit's gather ends.
+  void gather(size_t u) override;
+  void use(size_t u) override { clock_.wait_for(resident_[u]); }
+  void release(size_t u) override { resident_[u] = -1; }
+  // ChunkSchedule::Sink (stages 1-2): the previous step's gathers, launched after its update (quantized,
+  // decoded at once on the training thread), waited for at each unit's forward.
+  void gather_partition(size_t p) override;
+  void use_partition(size_t p) override { clock_.wait_for(param_gather_[p]); }
+
+  // The engine's collectives: a bucket's reduction (unquantized), a parameter gather (backward: stage 3's
+  // second gather of a unit) of StepPlan::gather_bytes (the encode and decode passes, at memory speed, are not
+  // charged).
+  double reduce(double bytes, double at);
+  double param_gather(size_t p, double at, bool backward);
+  void update();
+
+  const Run& run_;
+  const zero::StepPlan& plan_;
+  WhatIfRow& row_;
+  const int n_, R_;
+  const bool hsdp_;  // the state sharded over each host's ranks
+  const double host_link_;
+  StepClock clock_;
+  const std::vector<nn::ParamInfo> params_;
+  const zero::ZeroLayout L_;
+  std::map<std::string, size_t> param_of_;
+  std::vector<size_t> unit_of_work_;  // stage 3: the unit (partition) of each work module
+  std::vector<size_t> chunks_of_work_;  // stages 1-2: the unit whose partitions each work module waits for
+  zero::StepSchedule schedule_;
+  std::vector<double> param_gather_, resident_, reduced_;
+  double worker_free_ = 0;  // offload: when the host worker is free
+};
+
+SimulatedStep::SimulatedStep(const Run& run, const zero::StepPlan& plan, const CommModel& comm,
+                             const Levels& lv, double host_link, WhatIfRow& row)
+    : run_(run),
+      plan_(plan),
+      row_(row),
+      n_(comm.ranks()),
+      R_(lv.per_host > 0 ? lv.per_host : 1),
+      hsdp_(plan.shards() < n_),
+      host_link_(host_link),
+      clock_(run, comm, lv, row, two_level_rule(run.mesh, comm, lv), R_),
+      params_(nn::convnext_parameters(run.cfg.model_config())),
+      L_(zero_layout(params_, plan)),
+      schedule_(plan, L_, run.cfg.prefetch, nn::convnext_units(run.cfg.model_config())) {
+  const size_t np = L_.partitions.size();
+  std::map<std::string, size_t> first_part;  // of each unit
+  for (size_t p = np; p-- > 0;)
+    for (size_t i = L_.partitions[p].first_param; i < L_.partitions[p].end_param; ++i) {
+      param_of_[params_[i].name] = i;
+      first_part[params_[i].unit] = p;
     }
-  const double ec = double(dtype_size(run.ec)), er = double(dtype_size(run.er));
-  const bool mixed = run.ec != DType::f32, offload = cfg.offload_optimizer;
-  const bool comms = n > 1;
-
-  WhatIfRow row;
-  row.stage = stage;
-  row.ranks = n;
-  StepClock clock(run, comm, lv, row, hier, R);
-  // The engine's collectives: a gradient bucket's reduction, a parameter gather (backward: stage 3's second
-  // gather of a unit), a scalar.
-  auto reduce = [&](double bytes, double at) {
-    if (!plan.sharded()) return clock.world_collective(Collective::all_reduce, bytes, at);
-    if (!hsdp) return clock.world_collective(Collective::reduce_scatter, bytes, at);
-    at = clock.level_collective(Level::hosts, Collective::reduce_scatter, bytes, at, kShard);
-    return clock.level_collective(Level::cross, Collective::all_reduce, bytes / R, at, kReplicate);
-  };
-  auto param_gather_of = [&](double bytes, double at, bool backward) {
-    if (hsdp) return clock.level_collective(Level::hosts, Collective::all_gather, bytes, at, kShard);
-    if (hpz && backward)
-      return clock.level_collective(Level::hosts, Collective::all_gather, bytes, at, kHost);
-    return clock.world_collective(Collective::all_gather, bytes, at);
-  };
-
-  // A parameter gather's bytes (StepPlan::gather_bytes): the partition in the compute dtype, or its N
-  // chunks' records (the encode and decode passes, at memory speed, are not charged); hpZ's backward gathers
-  // stay in the compute dtype.
-  auto gather_bytes = [&](size_t p, bool backward) { return double(plan.gather_bytes(L, p, backward)); };
-  // The step's schedules (Note [Step plan]), driven from the same points as the engine's hooks. Stage 3's
-  // units in the steady state: the unit order recorded (ConvNeXt's units run in partition order). Stages
-  // 1-2: each work module (a unit) waits for the partitions holding its parameters.
-  const std::vector<std::string> unit_names = nn::convnext_units(cfg.model_config());
+  const std::vector<std::string> units = nn::convnext_units(run.cfg.model_config());
   std::map<std::string, size_t> unit_index;
-  for (size_t u = 0; u < unit_names.size(); ++u) unit_index[unit_names[u]] = u;
-  zero::StepSchedule schedule(plan, L, cfg.prefetch, unit_names);
+  for (size_t u = 0; u < units.size(); ++u) unit_index[units[u]] = u;
+  for (const ModuleCost& m : run.work) {
+    unit_of_work_.push_back(first_part.at(m.module));
+    chunks_of_work_.push_back(unit_index.at(m.module));
+  }
   std::vector<size_t> order(np);
   for (size_t u = 0; u < np; ++u) order[u] = u;
-  schedule.assume_unit_order(order);
-  // Stages 1-2: the previous step's parameter all-gathers as the schedule launches them after the update,
-  // queued as the step begins; quantized, decoded at once (on the training thread), else waited for at each
-  // unit's forward.
-  std::vector<double> param_gather(np, 0);
-  ChunkCalls chunk_calls;
-  chunk_calls.on_gather = [&](size_t p) {
-    param_gather[p] = comms ? param_gather_of(gather_bytes(p, false), 0, false) : 0;
-  };
-  chunk_calls.on_use = [&](size_t p) { clock.wait_for(param_gather[p]); };
-  std::vector<double> resident(np, -1);  // stage 3: when each unit's gather ends
-  std::vector<size_t> unit_of_module(run.work.size(), 0);
-  for (size_t m = 0; m < run.work.size(); ++m)
-    unit_of_module[m] = *module_parts.at(run.work[m].module).begin();
-  UnitCalls unit_calls;
-  unit_calls.on_gather = [&](size_t u) {
-    const bool backward = schedule.in_backward();
-    resident[u] = comms ? param_gather_of(gather_bytes(u, backward), clock.t, backward) : clock.t;
-  };
-  unit_calls.on_use = [&](size_t u) { clock.wait_for(resident[u]); };
-  unit_calls.on_release = [&](size_t u) { resident[u] = -1; };
+  schedule_.assume_unit_order(order);
+  param_gather_.assign(np, 0);
+  resident_.assign(np, -1);
+  reduced_.assign(np, 0);
+  schedule_.bind(this, this, this);
+}
 
-  // Host worker (offload): when it is free, and the copies and update of one partition's chunk.
-  double worker_free = 0;
-  auto host_job = [&](size_t p, double ready) {
-    const double chunk = double(L.chunk(p));
-    const double copy = chunk * 4 / (host_link * 1e9), update = chunk * 28 / run.compute.host_bytes;
-    worker_free = std::max(worker_free, ready) + copy + update;
-  };
+double SimulatedStep::reduce(double bytes, double at) {
+  if (!plan_.sharded()) return clock_.world_collective(Collective::all_reduce, bytes, at);
+  if (!hsdp_) return clock_.world_collective(Collective::reduce_scatter, bytes, at);
+  at = clock_.level_collective(Level::hosts, Collective::reduce_scatter, bytes, at, kShard);
+  return clock_.level_collective(Level::cross, Collective::all_reduce, bytes / R_, at, kReplicate);
+}
 
-  // The gradients' reductions, launched and finished as the schedule says.
-  std::vector<double> reduced(np, 0);  // when each partition's reduction ends
-  ReduceCalls reduce_calls;
-  reduce_calls.on_launch = [&](size_t p) {
-    // --reduce-dtype int8 (Note [Quantized reduction]): an all-to-all of N records, timed as a ring
-    // reduce-scatter of as many bytes (each rank sends N - 1 records either way); at stage 0 two of them
-    // (Note [Quantized all-reduce]), timed as a ring all-reduce of N records.
-    double bytes = double(L.partitions[p].numel) * er;
-    const zero::ReduceKind kind = plan.reduce_kind();
-    switch (kind) {
-      case zero::ReduceKind::quantized_all_reduce:
-      case zero::ReduceKind::two_hop_all_reduce:
-        bytes = double(shards) * double(dist::quant_packed_bytes(L.partitions[p].numel / shards, qb));
-        break;
-      case zero::ReduceKind::quantized_reduce_scatter:
-      case zero::ReduceKind::two_hop_reduce_scatter:
-        bytes = double(shards) * double(dist::quant_packed_bytes(L.chunk(p), qb));
-        break;
-      case zero::ReduceKind::all_reduce:
-      case zero::ReduceKind::reduce_scatter:
-        break;
-    }
-    if (!comms) {
-      reduced[p] = clock.t;
-    } else if (kind == zero::ReduceKind::two_hop_reduce_scatter) {
-      // Note [Two-hop quantized reduction]: (R - 1) messages of H records inside the host, then H - 1
-      // records across hosts: ring reduce-scatters of as many bytes per rank on the host and cross groups.
-      const double rec = double(dist::quant_packed_bytes(L.chunk(p), qb));
-      reduced[p] = clock.level_collective(
-          Level::cross, Collective::reduce_scatter, double(n / R) * rec,
-          clock.level_collective(Level::hosts, Collective::reduce_scatter, bytes, clock.t, kWorld), kWorld);
-    } else if (kind == zero::ReduceKind::two_hop_all_reduce) {
-      // Note [Two-hop quantized all-reduce]: the two hops above, then the owners' records across hosts (H
-      // records in all) and inside the host (N records in all), as ring all-gathers.
-      const double rec = double(dist::quant_packed_bytes(L.partitions[p].numel / shards, qb));
-      double at = clock.level_collective(Level::hosts, Collective::reduce_scatter, bytes, clock.t, kWorld);
-      at = clock.level_collective(Level::cross, Collective::reduce_scatter, double(n / R) * rec, at, kWorld);
-      at = clock.level_collective(Level::cross, Collective::all_gather, double(n / R) * rec, at, kWorld);
-      reduced[p] = clock.level_collective(Level::hosts, Collective::all_gather, bytes, at, kWorld);
-    } else {
-      reduced[p] = reduce(bytes, clock.t);
-    }
-  };
-  reduce_calls.on_finish = [&](size_t p) {
-    clock.wait_for(reduced[p]);
-    if (offload) host_job(p, reduced[p]);
-  };
+double SimulatedStep::param_gather(size_t p, double at, bool backward) {
+  const double bytes = double(plan_.gather_bytes(L_, p, backward));
+  if (hsdp_) return clock_.level_collective(Level::hosts, Collective::all_gather, bytes, at, kShard);
+  if (plan_.host_local_gather(backward))
+    return clock_.level_collective(Level::hosts, Collective::all_gather, bytes, at, kHost);
+  return clock_.world_collective(Collective::all_gather, bytes, at);
+}
 
-  schedule.bind(&reduce_calls, &unit_calls, &chunk_calls);
-  schedule.after_update();  // the previous step's
+void SimulatedStep::gather(size_t u) {
+  const bool backward = schedule_.in_backward();
+  resident_[u] = n_ > 1 ? param_gather(u, clock_.t, backward) : clock_.t;
+}
+
+void SimulatedStep::gather_partition(size_t p) {
+  param_gather_[p] = n_ > 1 ? param_gather(p, 0, false) : 0;
+}
+
+// --reduce-dtype int8 (Note [Quantized reduction]): an all-to-all of N records, timed as a ring
+// reduce-scatter of as many bytes (each rank sends N - 1 records either way); at stage 0 two of them (Note
+// [Quantized all-reduce]), timed as a ring all-reduce of N records. Note [Two-hop quantized reduction]: (R -
+// 1) messages of H records inside the host, then H - 1 records across hosts: ring reduce-scatters of as many
+// bytes per rank on the host and cross groups. Note [Two-hop quantized all-reduce]: the two hops, then the
+// owners' records across hosts (H records in all) and inside the host (N records in all), as ring
+// all-gathers.
+void SimulatedStep::launch(size_t p) {
+  const int64_t qb = plan_.quant_block(), shards = plan_.shards();
+  const zero::ReduceKind kind = plan_.reduce_kind();
+  const bool all = kind == zero::ReduceKind::quantized_all_reduce || kind == zero::ReduceKind::two_hop_all_reduce;
+  const bool scatter =
+      kind == zero::ReduceKind::quantized_reduce_scatter || kind == zero::ReduceKind::two_hop_reduce_scatter;
+  const double rec = all       ? double(dist::quant_packed_bytes(L_.partitions[p].numel / shards, qb))
+                     : scatter ? double(dist::quant_packed_bytes(L_.chunk(p), qb))
+                               : 0;
+  const double bytes =
+      all || scatter ? double(shards) * rec : double(L_.partitions[p].numel) * double(dtype_size(run_.er));
+  const double cross = double(n_ / R_) * rec;  // H records
+  if (n_ <= 1) {
+    reduced_[p] = clock_.t;
+  } else if (kind == zero::ReduceKind::two_hop_reduce_scatter) {
+    const double at = clock_.level_collective(Level::hosts, Collective::reduce_scatter, bytes, clock_.t, kWorld);
+    reduced_[p] = clock_.level_collective(Level::cross, Collective::reduce_scatter, cross, at, kWorld);
+  } else if (kind == zero::ReduceKind::two_hop_all_reduce) {
+    double at = clock_.level_collective(Level::hosts, Collective::reduce_scatter, bytes, clock_.t, kWorld);
+    at = clock_.level_collective(Level::cross, Collective::reduce_scatter, cross, at, kWorld);
+    at = clock_.level_collective(Level::cross, Collective::all_gather, cross, at, kWorld);
+    reduced_[p] = clock_.level_collective(Level::hosts, Collective::all_gather, bytes, at, kWorld);
+  } else {
+    reduced_[p] = reduce(bytes, clock_.t);
+  }
+}
+
+// The oldest reduction waited for; under offload its chunk goes to the host worker: copied, then updated.
+void SimulatedStep::finish(size_t p) {
+  clock_.wait_for(reduced_[p]);
+  if (!plan_.offload()) return;
+  const double chunk = double(L_.chunk(p));
+  const double copy = chunk * 4 / (host_link_ * 1e9), update = chunk * 28 / run_.compute.host_bytes;
+  worker_free_ = std::max(worker_free_, reduced_[p]) + copy + update;
+}
+
+void SimulatedStep::run() {
+  schedule_.after_update();  // the previous step's
   // Gradients back to zero: the full buffer's fill on CUDA (on the CPU nothing fills it: Note [Deferred
   // gradient zero]), else the fp32 chunks'.
-  if (!plan.full_grads())
-    clock.run_op(zero_grad_work(L.shard_numel() * 4));
-  else if (device.is_cuda())
-    clock.run_op(zero_grad_work(int64_t(double(L.flat.numel) * ec)));
-
-  const int64_t micro_steps = cfg.grad_accum;
+  if (!plan_.full_grads())
+    clock_.run_op(zero_grad_work(L_.shard_numel() * 4));
+  else if (plan_.config().device.is_cuda())
+    clock_.run_op(zero_grad_work(int64_t(double(L_.flat.numel) * double(dtype_size(run_.ec)))));
+  const std::vector<ModuleCost>& work = run_.work;
+  const int64_t micro_steps = run_.cfg.grad_accum;
   for (int64_t a = 0; a < micro_steps; ++a) {
-    for (size_t m = 0; m < run.work.size(); ++m) {
-      schedule.unit_forward_pre(unit_of_module[m]);
-      schedule.unit_forward_pre_chunks(unit_index.at(run.work[m].module));
-      for (const OpCost& op : run.work[m].forward) clock.run_op(op);
-      schedule.unit_forward_post(unit_of_module[m]);
+    for (size_t m = 0; m < work.size(); ++m) {
+      schedule_.unit_forward_pre(unit_of_work_[m]);
+      schedule_.unit_forward_pre_chunks(chunks_of_work_[m]);
+      for (const OpCost& op : work[m].forward) clock_.run_op(op);
+      schedule_.unit_forward_post(unit_of_work_[m]);
     }
-    schedule.begin_backward(a + 1 == micro_steps);
-    for (size_t m = run.work.size(); m-- > 0;) {
-      schedule.unit_backward_pre(unit_of_module[m]);
-      for (const OpCost& op : run.work[m].backward) {
-        clock.run_op(op);
-        for (const std::string& g : op.grads) schedule.grad_ready(param_of.at(g));
+    schedule_.begin_backward(a + 1 == micro_steps);
+    for (size_t m = work.size(); m-- > 0;) {
+      schedule_.unit_backward_pre(unit_of_work_[m]);
+      for (const OpCost& op : work[m].backward) {
+        clock_.run_op(op);
+        for (const std::string& g : op.grads) schedule_.grad_ready(param_of_.at(g));
       }
     }
-    schedule.end_backward(true);
+    schedule_.end_backward(true);
   }
+  update();
+}
 
-  // The step: the mean loss, the global norm (stages 1-3), the optimizer over this rank's shard.
-  if (comms) clock.wait_for(clock.world_collective(Collective::all_reduce, 8, clock.t));
-  if (comms && plan.sharded())
-    clock.wait_for(hsdp ? clock.level_collective(Level::hosts, Collective::all_reduce, 8, clock.t, kShard)
-                        : clock.world_collective(Collective::all_reduce, 8, clock.t));
-  if (offload) {
-    const double before = clock.t;
-    clock.t = std::max(clock.t, worker_free) + double(L.shard_numel()) * ec / (host_link * 1e9);
-    row.host_wait_s = clock.t - before;
+// The step: the mean loss, the global norm (stages 1-3), the optimizer over this rank's shard.
+void SimulatedStep::update() {
+  StepClock& c = clock_;
+  if (n_ > 1) c.wait_for(c.world_collective(Collective::all_reduce, 8, c.t));
+  if (n_ > 1 && plan_.sharded())
+    c.wait_for(hsdp_ ? c.level_collective(Level::hosts, Collective::all_reduce, 8, c.t, kShard)
+                     : c.world_collective(Collective::all_reduce, 8, c.t));
+  if (plan_.offload()) {
+    const double before = c.t;
+    c.t = std::max(c.t, worker_free_) + double(L_.shard_numel()) * double(dtype_size(run_.ec)) / (host_link_ * 1e9);
+    row_.host_wait_s = c.t - before;
   } else {
-    clock.run_op(optimizer_work(L.shard_numel(), mixed));
+    c.run_op(optimizer_work(L_.shard_numel(), plan_.mixed()));
   }
-  row.comm_cpu_s += clock.cpu_debt;
-  clock.t += clock.cpu_debt;
-  row.step_s = clock.t;
-  for (double b : clock.host_sent) row.cross_host_bytes = std::max(row.cross_host_bytes, int64_t(b));
-  row.img_per_s = double(cfg.micro_batch * cfg.grad_accum * n) / clock.t;
+  row_.comm_cpu_s += c.cpu_debt;
+  c.t += c.cpu_debt;
+  row_.step_s = c.t;
+  for (double b : c.host_sent) row_.cross_host_bytes = std::max(row_.cross_host_bytes, int64_t(b));
+  row_.img_per_s = double(run_.cfg.micro_batch * run_.cfg.grad_accum * n_) / c.t;
+}
+
+// Note [What-if step model] for one stage and rank count.
+WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Levels& lv, double host_link) {
+  const zero::StepPlan plan = plan_at(run, stage, comm.ranks(), lv);
+  WhatIfRow row;
+  row.stage = stage;
+  row.ranks = comm.ranks();
+  SimulatedStep(run, plan, comm, lv, host_link, row).run();
   return row;
 }
 

@@ -5,9 +5,6 @@
 
 #include <fmt/format.h>
 
-#include "dist/train/flags.h"
-#include "dist/zero/gather_codec.h"
-#include "dist/zero/step_plan.h"
 #include "tensor/check.h"
 
 namespace cz::plan {
@@ -58,71 +55,61 @@ int64_t flat_numel(const std::vector<nn::ParamInfo>& params, int64_t align) {
   return n;
 }
 
-zero::ZeroLayout zero_layout(const std::vector<nn::ParamInfo>& params, int stage, int world, double bucket_mb,
-                             DType reduce, int64_t align, int pad_ranks) {
-  CZ_CHECK(bucket_mb > 0, "zero_layout: the bucket size must be positive, got {} MiB", bucket_mb);
-  const int64_t bucket_bytes = train::bucket_bytes(bucket_mb);  // as the trainer's ZeroConfig has it
+zero::ZeroLayout zero_layout(const std::vector<nn::ParamInfo>& params, const zero::StepPlan& plan) {
   std::vector<zero::ParamShape> shapes;
   std::vector<std::string> unit_of;
   int64_t numel = 0;
   for (const nn::ParamInfo& p : params) {
     shapes.push_back({p.name, p.shape});
     numel += shape_numel(p.shape);
-    if (zero::stage_rules(stage).unit_gathers) unit_of.push_back(p.unit);
+    if (plan.unit_gathers()) unit_of.push_back(p.unit);
   }
-  return zero::plan_layout(shapes, stage, world,
-                           zero::bucket_elems(double(bucket_bytes), dtype_size(reduce), numel), unit_of,
-                           align, pad_ranks);
+  return zero::plan_layout(shapes, plan, plan.bucket_elems(numel), unit_of);
 }
 
+// Note [What each rank keeps], buffer by buffer in the order the ZeroEngine constructor allocates them.
 ZeroState zero_model_state(const ZeroSpec& s) {
-  CZ_CHECK(s.world >= 1, "ZeRO memory model: world must be >= 1, got {}", s.world);
   CZ_CHECK(!s.layout.partitions.empty(), "ZeRO memory model: no partitions");
-  const zero::StageRules rules = zero::stage_rules(s.stage);
-  CZ_CHECK(s.layout.shards == (rules.sharded ? s.world : 1),
-           "ZeRO memory model: a layout of {} shards for stage {} on {} ranks", s.layout.shards, s.stage,
-           s.world);
+  const zero::StepPlan& plan = s.plan;
+  CZ_CHECK(s.layout.shards == plan.layout_shards(),
+           "ZeRO memory model: a layout of {} shards for stage {} on {} ranks", s.layout.shards, plan.stage(),
+           plan.shards());
   ZeroState z;
   z.psi = s.layout.flat.numel;
   z.shard = s.layout.shard_numel();
   for (const zero::Partition& p : s.layout.partitions) z.max_partition = std::max(z.max_partition, p.numel);
-  const bool mixed = s.compute != DType::f32;
-  const int64_t ec = int64_t(dtype_size(s.compute));
+  const bool mixed = plan.mixed(), off = plan.offload();
+  const int64_t ec = int64_t(dtype_size(plan.compute()));
   const int64_t psi = z.psi, shard = z.shard;
   auto add = [&](StateRow row, std::string name, int64_t bytes, bool host) {
     if (bytes > 0) z.buffers.push_back({row, std::move(name), bytes, host});
   };
-  const bool off = s.offload;
-  const char* shard_name = rules.sharded ? " shard" : "";
+  const char* shard_name = plan.sharded() ? " shard" : "";
 
-  // The ZeroEngine constructor: the compute copy (full at stages 0-2, this rank's chunks at stage 3).
-  if (!rules.unit_gathers)
+  // The compute copy: full, or this rank's chunks and hpZ's secondary copies, the host-local slice of every
+  // unit (UnitGatherer, after the shard).
+  if (plan.full_params())
     add(StateRow::parameters, mixed ? "16-bit compute copy" : "flat parameters", psi * ec, false);
   else
     add(StateRow::parameters, mixed ? "16-bit parameter shard" : "parameter shard", shard * ec, false);
-  // hpZ: the secondary copies, the host-local slice of every unit (UnitGatherer, after the shard).
-  if (rules.unit_gathers && s.hpz_ranks_per_host > 0) {
+  if (plan.hpz()) {
     int64_t n = 0;
-    for (const zero::Partition& p : s.layout.partitions) n += p.numel / s.hpz_ranks_per_host;
+    for (const zero::Partition& p : s.layout.partitions) n += p.numel / plan.hpz_ranks();
     add(StateRow::parameters, "hpZ secondary copies", n * ec, false);
   }
-  // Gathers not of the compute copy itself (Note [Quantized gathers]): the records of this rank's chunks, in
-  // the gatherer (stage 3: after hpZ's copies; stages 1-2: after the optimizer state, in the order below).
-  const zero::GatherCodec codec(s.compute, s.gather, s.quant_block);
+  // The records of this rank's chunks (Note [Quantized gathers]), in the gatherer: with the units' gatherer
+  // after hpZ's copies, with the chunks' after the optimizer state (below).
   int64_t records = 0;
-  if (!codec.direct() && rules.sharded)
-    for (size_t p = 0; p < s.layout.partitions.size(); ++p) records += codec.record_bytes(s.layout.chunk(p));
-  if (rules.unit_gathers) add(StateRow::parameters, "gather records", records, false);
-  // fp32 master chunks: separate from the compute copy under mixed precision or offload, and at stages 1-2
-  // when the gathered values land in every chunk of the compute copy.
-  if (mixed || off || (records > 0 && !rules.unit_gathers))
+  if (plan.gather_records())
+    for (size_t p = 0; p < s.layout.partitions.size(); ++p)
+      records += plan.codec().record_bytes(s.layout.chunk(p));
+  if (!plan.full_params()) add(StateRow::parameters, "gather records", records, false);
+  if (plan.own_master())
     add(StateRow::master_weights, fmt::format("fp32 master{}", shard_name), shard * 4, off);
-  // Stages 0-1: the full gradient buffer the .grads view (compute dtype).
-  if (!rules.buckets)
+  if (plan.full_grads())
     add(StateRow::gradients, mixed ? "16-bit gradients" : "flat gradients", psi * ec, false);
-  // fp32 gradient chunks: stages 2-3, mixed precision, offload.
-  if (rules.buckets || mixed || off)
-    add(StateRow::gradients, fmt::format("fp32 gradient{}", rules.sharded ? " shard" : "s"), shard * 4, off);
+  if (plan.grad_chunks())
+    add(StateRow::gradients, fmt::format("fp32 gradient{}", plan.sharded() ? " shard" : "s"), shard * 4, off);
   static const char* const kAdamW[] = {"exp_avg", "exp_avg_sq"};
   for (int i = 0; i < s.optimizer_state_tensors; ++i)
     add(StateRow::optimizer_state, s.optimizer_state_tensors == 2 ? kAdamW[i] : "momentum_buffer", shard * 4,
@@ -130,7 +117,7 @@ ZeroState zero_model_state(const ZeroSpec& s) {
   // WeightEma over the master chunks: on their device, which under offload is the host (not pinned: on the
   // CPU backend that is the training device's allocator).
   if (s.ema) add(StateRow::ema, "EMA weights", shard * 4, off && !s.cpu_device);
-  if (!rules.unit_gathers) add(StateRow::parameters, "gather records", records, false);
+  if (plan.full_params()) add(StateRow::parameters, "gather records", records, false);
   return z;
 }
 

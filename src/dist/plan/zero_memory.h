@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "dist/zero/partition.h"
+#include "dist/zero/step_plan.h"
 #include "nn/convnext.h"
 #include "tensor/dtype.h"
 
@@ -52,18 +53,12 @@ struct StateBuffer {
 };
 
 struct ZeroSpec {
-  int stage = 0;                    // 0-3
-  int world = 1;                    // N: the ranks the state is sharded over (the shard group on a mesh)
-  int hpz_ranks_per_host = 0;       // stage 3 with --hpz: R, the ranks of a host; 0: no hpZ
+  // What each rank keeps (Note [What each rank keeps] in step_plan.cpp): the shards (N: the shard group),
+  // dtypes, gathers, hpZ (R: the ranks of a host), offload.
+  zero::StepPlan plan;
   zero::ZeroLayout layout;          // the engine's partitions (zero_layout builds it as the engine does)
-  DType compute = DType::f32;       // f32, or bf16/f16 for mixed precision (fp32 master weights)
-  DType reduce = DType::f32;        // what gradients travel in
-  DType gather = DType::f32;        // --gather-dtype as ZeroConfig::gather_dtype (u8: INT8 blocks)
-  int64_t quant_block = 256;        // their block size
-  int prefetch = 1;                 // stage 3: units gathered ahead of the one in use
   int optimizer_state_tensors = 2;  // fp32 tensors of Ψ elements (sharded): AdamW 2, SGD 1 or 0
   bool ema = false;
-  bool offload = false;    // --offload-optimizer (Note [CPU offload])
   bool cpu_device = true;  // the CPU backend: host memory that is not pinned is the device's allocator
 };
 
@@ -81,13 +76,10 @@ struct ZeroState {
 // Elements of the flat buffer: each parameter's offset aligned to `align` elements (Note [Flat buffers]).
 int64_t flat_numel(const std::vector<nn::ParamInfo>& params, int64_t align = 16);
 
-// The layout ZeroEngine builds for ConvNeXt's parameters (nn::convnext_parameters, registration order) with
-// these flags: the same bucket size in elements (--bucket-mb MiB of the reduce dtype) and the same units
-// (ParamInfo::unit, which ConvNeXt::units() hands the engine).
-// `align`: 16, or the block size with quantized gathers or reductions (zero::GatherCodec::align);
-// `pad_ranks`: the world size at stage 0 with quantized reductions (zero::plan_layout).
-zero::ZeroLayout zero_layout(const std::vector<nn::ParamInfo>& params, int stage, int world, double bucket_mb,
-                             DType reduce, int64_t align = 16, int pad_ranks = 1);
+// The layout ZeroEngine builds under `plan` for the model's parameters (nn::convnext_parameters,
+// registration order): the same bucket size in elements (ZeroConfig::bucket_bytes of the reduce dtype), the
+// same units (ParamInfo::unit, which ConvNeXt::units() hands the engine), alignment and padding.
+zero::ZeroLayout zero_layout(const std::vector<nn::ParamInfo>& params, const zero::StepPlan& plan);
 
 ZeroState zero_model_state(const ZeroSpec& spec);
 

@@ -56,7 +56,8 @@ ZeroGroups ZeroGroups::flat(const dist::ProcessGroup& world) {
 ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
                        const dist::ProcessGroup& group, ZeroConfig cfg, const MakeOptimizer& make_optimizer,
                        const MakeEma& make_ema)
-    : ZeroEngine(model, units, ZeroGroups::flat(group), std::move(cfg), make_optimizer, make_ema) {}
+    : ZeroEngine(model, units, ZeroGroups::flat(group), make_step_plan(cfg, {.world = group.size()}),
+                 make_optimizer, make_ema) {}
 
 // What the constructor's steps hand each other.
 struct ZeroEngine::Build {
@@ -66,18 +67,16 @@ struct ZeroEngine::Build {
   std::vector<std::pair<std::string, Tensor>> named;  // the model's parameters, in layout order
   std::vector<Tensor> params;
   FlatParams flat;    // flatten_parameters: the full fp32 copy and its gradients
-  Tensor master;      // this rank's fp32 master chunks, where separate from the compute copy
-  Tensor grads;       // stages 0-1: the full gradient buffer (compute dtype) the .grads view
-  Tensor grad_shard;  // fp32 gradient chunks (stages 2-3, and under mixed precision or offload)
+  Tensor master;      // this rank's fp32 master chunks, where separate from the compute copy (own_master)
+  Tensor grads;       // full_grads: the full gradient buffer (compute dtype) the .grads view
+  Tensor grad_shard;  // grad_chunks: this rank's fp32 gradient chunks
   UnitSchedule::Sink* unit_sink = nullptr;    // stage 3: the unit gatherer
   ChunkSchedule::Sink* chunk_sink = nullptr;  // stages 1-2: the chunk gatherer
 };
 
 ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units, ZeroGroups groups,
-                       ZeroConfig cfg, const MakeOptimizer& make_optimizer, const MakeEma& make_ema)
-    : cfg_(std::move(cfg)),
-      groups_(std::move(groups)),
-      plan_(cfg_, groups_.world.size(), groups_.shard.size()) {
+                       StepPlan plan, const MakeOptimizer& make_optimizer, const MakeEma& make_ema)
+    : groups_(std::move(groups)), plan_(std::move(plan)), cfg_(plan_.config()) {
   check_config();
   meter_.set_hosts(groups_.host_of);
   Build b;
@@ -94,7 +93,7 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
   if (gatherer_) {
     // What a gather encodes: the fp32 master chunks where they are on the device, else (offload: on the
     // host) the compute chunks, written from them just before.
-    gatherer_->set_sources(cfg_.offload ? compute_chunks_ : state_->weights());
+    gatherer_->set_sources(plan_.offload() ? compute_chunks_ : state_->weights());
   }
   // The first forward sees gathered values too, as every later one does.
   if (!plan_.codec().direct()) refresh_compute();
@@ -102,8 +101,7 @@ ZeroEngine::ZeroEngine(nn::Module& model, const std::vector<std::string>& units,
 
 void ZeroEngine::check_config() const {
   const GatherCodec& codec = plan_.codec();
-  // The flag table checks --stage and --prefetch (train/flags_zero.cpp); a caller that skipped it is a bug.
-  CZ_ASSERT(cfg_.stage >= 0 && cfg_.stage <= kMaxStage, "ZeRO: stage {} outside 0-{}", cfg_.stage, kMaxStage);
+  // The flag table checks --prefetch (train/flags_zero.cpp); a caller that skipped it is a bug.
   CZ_ASSERT(cfg_.prefetch >= 0 && cfg_.prefetch <= kMaxPrefetch, "ZeRO: prefetch {} outside 0-{}",
             cfg_.prefetch, kMaxPrefetch);
   CZ_CHECK(cfg_.bucket_bytes > 0, "ZeRO: the bucket size must be positive, got {} bytes", cfg_.bucket_bytes);
@@ -116,7 +114,11 @@ void ZeroEngine::check_config() const {
   CZ_CHECK(groups_.shard.size() * groups_.replicate.size() == groups_.world.size(),
            "ZeRO: a mesh of shard groups of {} and replication groups of {} on {} ranks",
            groups_.shard.size(), groups_.replicate.size(), groups_.world.size());
-  CZ_CHECK(!cfg_.hpz || plan_.unit_gathers(), "ZeRO: --hpz is for --stage 3, got --stage {}", cfg_.stage);
+  CZ_ASSERT(
+      plan_.world() == groups_.world.size() && (!plan_.sharded() || plan_.shards() == groups_.shard.size()),
+      "ZeRO: a step plan for {} ranks in shard groups of {}, on {} ranks in groups of {}", plan_.world(),
+      plan_.shards(), groups_.world.size(), groups_.shard.size());
+  CZ_CHECK(!cfg_.hpz || plan_.unit_gathers(), "ZeRO: --hpz is for --stage 3, got --stage {}", plan_.stage());
   CZ_CHECK(!cfg_.hpz || groups_.replicate.size() == 1,
            "ZeRO: --hpz shards over the world; with --shard-group the shard already stays on the host");
   CZ_CHECK(codec.direct() || plan_.sharded(),
@@ -137,10 +139,7 @@ void ZeroEngine::lay_out(const Build& b, const std::vector<std::string>& units) 
       plan_.unit_gathers() ? assign_units(shapes, units) : std::vector<std::string>{};
   int64_t params = 0;
   for (const ParamShape& p : shapes) params += shape_numel(p.shape);
-  const LayoutRule rule = plan_.layout_rule();
-  layout_ = plan_layout(shapes, cfg_.stage, b.shard_group.size(),
-                        bucket_elems(double(cfg_.bucket_bytes), dtype_size(cfg_.reduce_dtype), params),
-                        unit_of, rule.align, rule.pad_ranks);
+  layout_ = plan_layout(shapes, plan_, plan_.bucket_elems(params), unit_of);
   schedule_ = std::make_unique<StepSchedule>(plan_, layout_, cfg_.prefetch, units);
 }
 
@@ -150,11 +149,7 @@ void ZeroEngine::build_parameters(Build& b, nn::Module& model) {
   const size_t np = layout_.partitions.size();
   const int me = b.shard_group.rank();
   const Device dev = cfg_.device;
-  const bool mixed = cfg_.compute_dtype != DType::f32, offload = cfg_.offload;
-  // Stages 1-2 gathering other than the compute copy itself: the gathered (rounded) values land in every
-  // chunk of the compute copy, this rank's too, so the fp32 master is a shard of its own, as under mixed
-  // precision (Note [Quantized gathers]).
-  const bool own_master = mixed || (!plan_.codec().direct() && !plan_.unit_gathers());
+  const bool mixed = plan_.mixed(), offload = plan_.offload();
   b.flat = flatten_parameters(b.named, layout_.flat);
   // Every rank starts from rank 0's weights.
   if (dist::WorkHandle w = groups_.world.broadcast(b.flat.params, 0)) w->wait();
@@ -166,14 +161,15 @@ void ZeroEngine::build_parameters(Build& b, nn::Module& model) {
     }
     return out;
   };
-  const Tensor chunks = plan_.unit_gathers() || own_master || offload ? my_chunks(b.flat.params) : Tensor();
+  // Note [What each rank keeps].
+  const Tensor chunks = !plan_.full_params() || plan_.own_master() ? my_chunks(b.flat.params) : Tensor();
   if (offload) {
     b.master = empty_pinned({layout_.shard_numel()}, DType::f32);
     b.master.copy_(chunks);
-  } else if (own_master) {
+  } else if (plan_.own_master()) {
     b.master = chunks;
   }
-  if (plan_.unit_gathers()) {
+  if (!plan_.full_params()) {
     Tensor shard = mixed ? chunks.to(cfg_.compute_dtype) : chunks;
     for (size_t p = 0; p < np; ++p)
       compute_chunks_.push_back(shard.narrow(0, layout_.local_offset(p), layout_.chunk(p)));
@@ -194,7 +190,7 @@ void ZeroEngine::build_parameters(Build& b, nn::Module& model) {
 // the reducer. Stage 0 all-reduces over the world; stages 1-3 reduce-scatter in the shard group, then
 // all-reduce the chunk across the replication group.
 void ZeroEngine::build_gradients(Build& b) {
-  const bool mixed = cfg_.compute_dtype != DType::f32;
+  const bool mixed = plan_.mixed();
   if (plan_.full_grads()) {
     b.grads = mixed ? zeros({layout_.flat.numel}, cfg_.compute_dtype, cfg_.device) : b.flat.grads;
     for (size_t i = 0; i < b.named.size(); ++i) {
@@ -204,10 +200,10 @@ void ZeroEngine::build_gradients(Build& b) {
   } else {
     for (Tensor& p : b.params) p.set_grad(Tensor());
   }
-  if (cfg_.offload) {
+  if (plan_.grad_chunks() && plan_.offload()) {
     b.grad_shard = empty_pinned({layout_.shard_numel()}, DType::f32);
     b.grad_shard.zero_();
-  } else if (plan_.buckets() || mixed) {
+  } else if (plan_.grad_chunks()) {
     b.grad_shard = zeros({layout_.shard_numel()}, DType::f32, cfg_.device);
   }
   const bool sharded = plan_.sharded();
@@ -226,13 +222,13 @@ void ZeroEngine::build_state(Build& b, const MakeOptimizer& make_optimizer, cons
     weights.push_back(b.master.defined() ? b.master.narrow(0, off, c) : compute_chunks_[p]);
     grad_chunks.push_back(b.grad_shard.defined() ? b.grad_shard.narrow(0, off, c) : reducer_->grad_chunk(p));
     // Mixed precision at stages 0-1: the fp32 master gradients are copied from the 16-bit ones.
-    if (plan_.full_grads() && b.grad_shard.defined() && !cfg_.offload)
+    if (plan_.full_grads() && b.grad_shard.defined() && !plan_.offload())
       from_compute.push_back(reducer_->grad_chunk(p));
   }
-  state_ = std::make_unique<ShardedState>(layout_, b.shard_group, b.master, b.grad_shard, cfg_.offload,
+  state_ = std::make_unique<ShardedState>(layout_, b.shard_group, b.master, b.grad_shard, plan_.offload(),
                                           std::move(weights), std::move(grad_chunks), std::move(from_compute),
                                           make_optimizer, make_ema);
-  if (cfg_.offload) {
+  if (plan_.offload()) {
     offload_ = std::make_unique<OffloadWorker>(*state_, layout_, cfg_.device, cfg_.offload_overlap_step);
     reducer_->set_sink(
         [this](size_t p, const Tensor& chunk, bool final) { offload_->receive(p, chunk, final); });

@@ -51,8 +51,9 @@ class ZeroEngine {
   // shard once the engine has laid it out.
   ZeroEngine(nn::Module& model, const std::vector<std::string>& units, const dist::ProcessGroup& group,
              ZeroConfig cfg, const MakeOptimizer& make_optimizer, const MakeEma& make_ema = {});
-  // On a mesh: the state sharded over `groups.shard` and replicated over `groups.replicate`.
-  ZeroEngine(nn::Module& model, const std::vector<std::string>& units, ZeroGroups groups, ZeroConfig cfg,
+  // On a mesh: `plan` (make_step_plan of the config and this mesh) shards the state over `groups.shard` and
+  // replicates it over `groups.replicate`.
+  ZeroEngine(nn::Module& model, const std::vector<std::string>& units, ZeroGroups groups, StepPlan plan,
              const MakeOptimizer& make_optimizer, const MakeEma& make_ema = {});
   ~ZeroEngine();
   ZeroEngine(const ZeroEngine&) = delete;
@@ -128,9 +129,9 @@ class ZeroEngine {
   void build_chunk_gatherer(Build& b, nn::Module& model, const std::vector<std::string>& units);
   void refresh_compute();
 
-  ZeroConfig cfg_;
   ZeroGroups groups_;
-  StepPlan plan_;  // Note [Step plan]: what this stage runs
+  StepPlan plan_;          // Note [Step plan]: what this stage keeps and runs
+  const ZeroConfig& cfg_;  // plan_'s
   ZeroLayout layout_;
   std::unique_ptr<StepSchedule> schedule_;  // its schedules, driven by the reducer's and gatherer's hooks
   Tensor params_;                           // stages 0-2: the full compute copy the model runs on

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "dist/zero/step_plan.h"
 #include "tensor/check.h"
 
 namespace cz::zero {
@@ -56,19 +57,21 @@ std::vector<std::string> assign_units(const std::vector<ParamShape>& params,
   return out;
 }
 
-ZeroLayout plan_layout(const std::vector<ParamShape>& params, int stage, int world, int64_t bucket_elems,
-                       const std::vector<std::string>& unit_of, int64_t align, int pad_ranks) {
-  CZ_CHECK(world >= 1, "ZeRO: world size must be >= 1, got {}", world);
+ZeroLayout plan_layout(const std::vector<ParamShape>& params, const StepPlan& plan, int64_t bucket_elems,
+                       const std::vector<std::string>& unit_of) {
+  const LayoutRule rule = plan.layout_rule();
+  const int64_t align = rule.align;
+  const bool units = plan.unit_gathers();
   CZ_CHECK(align >= 1 && bucket_elems >= 1, "ZeRO: align ({}) and bucket size ({}) must be >= 1", align,
            bucket_elems);
   CZ_CHECK(!params.empty(), "ZeRO: no parameters");
-  CZ_CHECK(stage < 3 || unit_of.size() == params.size(), "ZeRO-3: {} unit names for {} parameters",
+  CZ_CHECK(!units || unit_of.size() == params.size(), "ZeRO-3: {} unit names for {} parameters",
            unit_of.size(), params.size());
   ZeroLayout z;
-  z.shards = stage == 0 ? 1 : world;
+  z.shards = plan.layout_shards();
   z.flat.align = align;
-  CZ_CHECK(pad_ranks >= 1, "ZeRO: pad_ranks must be >= 1, got {}", pad_ranks);
-  const int64_t pad_to = int64_t(stage == 0 ? pad_ranks : z.shards) * align;
+  // A partition splits into a chunk per shard, or at stage 0 into the INT8 all-reduce's pad_ranks records.
+  const int64_t pad_to = int64_t(z.shards) * rule.pad_ranks * align;
   const auto padded = [align](int64_t n) { return (n + align - 1) / align * align; };
   int64_t offset = 0;
   Partition cur;
@@ -82,7 +85,7 @@ ZeroLayout plan_layout(const std::vector<ParamShape>& params, int stage, int wor
     const int64_t n = shape_numel(params[i].shape);
     bool start_new = i == 0;
     if (i > 0) {
-      if (stage == 3) {
+      if (units) {
         start_new = unit_of[i] != unit_of[i - 1];
         if (start_new)
           for (const Partition& q : z.partitions)
@@ -97,7 +100,7 @@ ZeroLayout plan_layout(const std::vector<ParamShape>& params, int stage, int wor
       cur = Partition{};
       cur.begin = offset;
       cur.first_param = i;
-      cur.name = stage == 3 ? unit_of[i] : fmt::format("bucket {}", z.partitions.size());
+      cur.name = units ? unit_of[i] : fmt::format("bucket {}", z.partitions.size());
     }
     z.flat.segments.push_back({params[i].name, offset, n, params[i].shape});
     offset += padded(n);

@@ -26,8 +26,10 @@
 
 namespace cz::zero {
 
+class StepPlan;
+
 struct Partition {
-  std::string name;        // the unit's module name at stage 3 ("stages.1.blocks.0"), else "bucket K"
+  std::string name;        // a unit's module name ("stages.1.blocks.0"), or "bucket K"
   int64_t begin = 0;       // flat offset of the first element
   int64_t numel = 0;       // a multiple of shards x align (padding included)
   size_t first_param = 0;  // segments [first_param, end_param) of the layout
@@ -37,7 +39,7 @@ struct Partition {
 struct ZeroLayout {
   FlatLayout flat;
   std::vector<Partition> partitions;  // in flat order; they tile [0, flat.numel)
-  int shards = 1;                     // 1 at stage 0, the world size at stages 1-3
+  int shards = 1;                     // StepPlan::layout_shards: 1 at stage 0, else the shard group
 
   int64_t chunk(size_t p) const { return partitions[p].numel / shards; }
   // Rank r's chunk of partition p, in flat offsets.
@@ -67,12 +69,13 @@ struct ParamShape {
 // 91-97%.
 int64_t bucket_elems(double bucket_bytes, size_t reduce_dtype_size, int64_t params);
 
-// Stages 0-2: buckets of at most `bucket_elems` elements. Stage 3: `unit_of[i]` names parameter i's unit
-// (consecutive parameters of one unit; a unit may not reappear after another one started).
-// `pad_ranks`: at stage 0, pad each partition to a multiple of pad_ranks x align instead of align (the
-// quantized all-reduce cuts it into that many chunks of whole blocks: Note [Quantized all-reduce]).
-ZeroLayout plan_layout(const std::vector<ParamShape>& params, int stage, int world, int64_t bucket_elems,
-                       const std::vector<std::string>& unit_of, int64_t align = 16, int pad_ranks = 1);
+// The partitions `plan` makes of these parameters (Note [ZeRO partitioning]): buckets of at most
+// `bucket_elems` elements (StepPlan::bucket_elems) where the plan reduces buckets, units where it gathers
+// units, `unit_of[i]` naming parameter i's unit (consecutive parameters of one unit; a unit may not reappear
+// after another one started); the plan's shards, alignment and padding (StepPlan::layout_rule: INT8
+// all-reduces pad each partition to a multiple of the world's records, Note [Quantized all-reduce]).
+ZeroLayout plan_layout(const std::vector<ParamShape>& params, const StepPlan& plan, int64_t bucket_elems,
+                       const std::vector<std::string>& unit_of);
 
 // The unit of each parameter: the longest of `units` that is a dotted prefix of its name (ValueError naming
 // the parameter when none is).

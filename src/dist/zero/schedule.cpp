@@ -36,10 +36,10 @@ ReduceKind reduce_kind(bool scatter, int64_t quant_block, int group, bool two_ho
   return scatter ? ReduceKind::reduce_scatter : ReduceKind::all_reduce;
 }
 
-LayoutRule layout_rule(int stage, bool reduce_int8, int64_t quant_block, const GatherCodec& codec,
+LayoutRule layout_rule(bool sharded, bool reduce_int8, int64_t quant_block, const GatherCodec& codec,
                        int world) {
-  if (reduce_int8) return {quant_block, stage == 0 ? world : 1};
-  return {stage == 0 ? 16 : codec.align(), 1};
+  if (reduce_int8) return {quant_block, sharded ? 1 : world};
+  return {sharded ? codec.align() : 16, 1};
 }
 
 ReduceSchedule::ReduceSchedule(const ZeroLayout& layout, bool buckets) : layout_(layout), buckets_(buckets) {

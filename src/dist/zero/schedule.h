@@ -38,14 +38,16 @@ enum class ReduceKind {
 // has nothing to quantize); `two_hop`: the quantized reduce-scatter goes in two hops (Note [Two-hop choice]).
 ReduceKind reduce_kind(bool scatter, int64_t quant_block, int group, bool two_hop = false);
 
-// The layout's alignment and stage-0 padding (Note [Flat buffers] in partition.h): INT8 reductions align to
-// the quantization block and at stage 0 pad each partition over the world (the all-reduce's records split it
-// in `world` chunks); stage 0 gathers nothing, so 16; else what the gather codec needs.
+// The layout's alignment and unsharded padding (Note [Flat buffers] in partition.h): INT8 reductions align
+// to the quantization block and, unsharded (stage 0), pad each partition over the world (the all-reduce's
+// records split it in `world` chunks); unsharded, nothing is gathered, so 16; else what the gather codec
+// needs.
 struct LayoutRule {
   int64_t align = 16;
   int pad_ranks = 1;
 };
-LayoutRule layout_rule(int stage, bool reduce_int8, int64_t quant_block, const GatherCodec& codec, int world);
+LayoutRule layout_rule(bool sharded, bool reduce_int8, int64_t quant_block, const GatherCodec& codec,
+                       int world);
 
 // One scheduling decision, as the event log records it (Note [One schedule]).
 struct ScheduleEvent {

@@ -11,13 +11,12 @@
 #include "dist/zero/gather_codec.h"
 #include "dist/zero/partition.h"
 #include "dist/zero/schedule.h"
+#include "dist/zero/zero_config.h"
 
 namespace cz::zero {
 
-struct ZeroConfig;
-
 // Note [ZeRO step] as predicates of the stage, written once: what a stage keeps and runs. Every other file
-// asks these (or StepPlan, which holds them), never the stage number.
+// asks StepPlan, which holds them, never the stage number.
 struct StageRules {
   bool sharded;        // stages 1-3: optimizer state (and more) in chunks over the shard group
   bool buckets;        // stages 2-3: gradients copied into buckets every micro-step, no full gradient buffer
@@ -33,48 +32,72 @@ constexpr StageRules stage_rules(int stage) {
 // are CUDA ranks, whose two-hop kernels have not run: the flat path is taken (and --comm-impl hier refused by
 // the trainer, which says why).
 enum class TwoHop { no, yes, cpu_only };
-struct TwoHopInputs {
-  bool reduce_int8 = false;
-  int stage = 0;
-  bool flat_mesh = true;   // no --shard-group (the state is sharded over the whole world)
+
+// What the step plan needs to know of the mesh (Note [2-D mesh] in dist/comm/mesh.h).
+struct MeshFacts {
+  int world = 1;           // the ranks trained across
+  int shard_group = 0;     // the ranks of a shard group (--shard-group; "host": the ranks of a host); 0: the
+                           // world. Stage 0 shards nothing, whatever it says.
   int hosts = 1;           // hosts of the world
   int ranks_per_host = 0;  // ranks on every host when they are equal, else 0
-  bool flat_impl = false;  // --comm-impl flat
-  bool cuda = false;
+  bool flat_impl = false;  // --comm-impl flat: the world's collectives, and int8 reductions, in one hop
 };
-TwoHop two_hop_choice(const TwoHopInputs& in);
+
+class StepPlan;
+// The one place a step plan is made (the trainer, the planner's rows and the what-if's rows call it): the
+// shard group's size at stages 1-3 (the world at stage 0), hpZ (stage 3 on several hosts), the two-hop
+// choice.
+StepPlan make_step_plan(const ZeroConfig& cfg, const MeshFacts& mesh);
 
 class StepPlan {
  public:
-  // `world`: the ranks trained across; `shards`: the ranks the state is sharded over at stages 1-3 (the
-  // shard group: the world when flat). Reads the config's stage, dtypes, quantization, hpZ and two-hop
-  // choice.
-  StepPlan(const ZeroConfig& cfg, int world, int shards);
-
   StepPlan();  // stage 0 on one rank
-  int stage() const { return stage_; }
+  const ZeroConfig& config() const { return cfg_; }
+  int stage() const { return cfg_.stage; }  // for messages and records; decisions ask the predicates below
   bool sharded() const { return rules_.sharded; }
   bool buckets() const { return rules_.buckets; }
-  bool full_grads() const { return !rules_.buckets; }  // stages 0-1: the full gradient buffer
   bool unit_gathers() const { return rules_.unit_gathers; }
   bool chunk_gathers() const { return rules_.chunk_gathers; }
 
+  // Note [What each rank keeps]: the model-state buffers of this stage, dtypes and mesh, which the engine
+  // allocates (engine.cpp build_*), the memory model counts (plan/zero_memory.cpp) and the replay allocates
+  // (plan/step_replay.cpp).
+  bool full_params() const { return !rules_.unit_gathers; }  // the full compute copy; else its shard
+  // fp32 master chunks of their own: under mixed precision or offload, and at stages 1-2 when what is
+  // gathered is not the compute copy itself (its values land in every chunk of the copy).
+  bool own_master() const { return mixed() || offload() || (rules_.chunk_gathers && !codec_.direct()); }
+  bool full_grads() const { return !rules_.buckets; }  // the full gradient buffer (compute dtype) .grads view
+  // fp32 gradient chunks: with buckets, and under mixed precision or offload.
+  bool grad_chunks() const { return rules_.buckets || mixed() || offload(); }
+  // The records of this rank's chunks that a gather encodes (Note [Quantized gathers]).
+  bool gather_records() const { return rules_.sharded && !codec_.direct(); }
+  // Master chunks, gradient chunks and optimizer state in pinned host memory (Note [CPU offload]).
+  bool offload() const { return cfg_.offload; }
+  bool mixed() const { return compute_ != DType::f32; }
+
   int world() const { return world_; }
-  int shards() const { return shards_; }
+  int shards() const { return shards_; }  // the shard group at stages 1-3, else the world
+  // The chunks each partition is cut into (Note [ZeRO partitioning]): the shard group's, or 1 at stage 0.
+  int layout_shards() const { return rules_.sharded ? shards_ : 1; }
   // The ranks a partition's reduction runs over: the world at stage 0, else the shard group.
   int reduce_group() const { return sharded() ? shards_ : world_; }
   DType compute() const { return compute_; }
   DType bucket_dtype() const { return bucket_; }  // what gradient buckets hold (f32 for INT8 reductions)
   bool reduce_int8() const { return reduce_int8_; }
   int64_t quant_block() const { return quant_block_; }
-  bool two_hop() const { return two_hop_; }
+  bool two_hop() const { return two_hop_ == TwoHop::yes; }
+  TwoHop two_hop_choice() const { return two_hop_; }
   ReduceKind reduce_kind() const;
-  // Note [Flat buffers]: the layout's alignment and padding.
+  // Note [Flat buffers]: the layout's alignment and padding; the bucket size in elements for a model of
+  // `params` elements (bucket_elems).
   LayoutRule layout_rule() const;
+  int64_t bucket_elems(int64_t params) const;
 
   const GatherCodec& codec() const { return codec_; }
+  // Note [hpZ]: stage 3 on several hosts; backward's gathers stay inside the host, from the slices forward
+  // kept (the secondary copies: a slice of every unit over `hpz_ranks` ranks), in the compute dtype.
   bool hpz() const { return hpz_; }
-  // Note [hpZ]: backward's gathers stay inside the host, from the slices forward kept, in the compute dtype.
+  int hpz_ranks() const { return hpz_ ? hpz_ranks_ : 0; }
   bool host_local_gather(bool backward) const { return hpz_ && backward; }
   // What a gather of partition p moves, per rank: the records of its chunks when the codec is not direct
   // (Note [Quantized gathers]), else the partition in the compute dtype; hpZ's backward gathers always the
@@ -83,10 +106,16 @@ class StepPlan {
   int64_t gather_bytes(const ZeroLayout& layout, size_t p, bool backward) const;
 
  private:
-  int stage_;
+  friend StepPlan make_step_plan(const ZeroConfig& cfg, const MeshFacts& mesh);
+  StepPlan(const ZeroConfig& cfg, int world, int shards, TwoHop two_hop, bool hpz, int hpz_ranks);
+
+  ZeroConfig cfg_;
   StageRules rules_;
   int world_, shards_;
-  bool reduce_int8_, two_hop_, hpz_;
+  bool reduce_int8_;
+  TwoHop two_hop_;
+  bool hpz_;
+  int hpz_ranks_;
   int64_t quant_block_;
   DType compute_, bucket_;
   GatherCodec codec_;

@@ -32,9 +32,8 @@ struct ZeroConfig {
   // records of quant_block values (--reduce-dtype int8, Note [Quantized reduction] in quant_reduce.h).
   bool reduce_int8 = false;
   int64_t quant_block = 256;
-  // With reduce_int8 at stages 1-3 on a flat world of several hosts: the two-hop reduction (Note [Two-hop
-  // quantized reduction] in quant_reduce_hier.h) over ZeroGroups::host and ::cross (--comm-impl hier/auto).
-  bool two_hop_reduce = false;
+  // Whether int8 reductions go in two hops is the step plan's choice from the mesh (Note [Two-hop choice],
+  // make_step_plan).
 };
 
 }  // namespace cz::zero

@@ -16,6 +16,7 @@
 #include "dist/comm/topology_detect.h"
 #include "dist/plan/planner.h"
 #include "dist/plan/zero_memory.h"
+#include "dist/train/flags.h"
 #include "dist/train/trainer.h"
 #include "dist/train/trainer_testing.h"
 #include "plan_cases.h"
@@ -106,13 +107,10 @@ TEST(PlanVsEngine, ModelStateAndPartitions) {
       const zero::ZeroEngine& e = t.engine();
 
       ZeroSpec spec;
-      spec.stage = stage;
-      spec.world = n;
-      spec.layout =
-          zero_layout(nn::convnext_parameters(t.model().config()), stage, n, cfg.bucket_mb, DType::f32);
+      spec.plan = zero::make_step_plan(train::zero_config(cfg, Device::cpu()), {.world = n});
+      spec.layout = zero_layout(nn::convnext_parameters(t.model().config()), spec.plan);
       spec.optimizer_state_tensors = stage == 1 ? 1 : 2;
       spec.ema = true;
-      spec.offload = offload;
       spec.cpu_device = true;
       const zero::ZeroLayout& real = e.layout();
       ASSERT_EQ(spec.layout.partitions.size(), real.partitions.size());

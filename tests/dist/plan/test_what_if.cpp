@@ -25,6 +25,17 @@ nlohmann::json profile() {
   return nlohmann::json::parse(in);
 }
 
+// The engine's layout of `params` at `stage` on `ranks` ranks with 2 MiB buckets; `int8`: in blocks of 256,
+// INT8 reductions at stage 0 (each partition padded over the ranks), INT8 gathers at stages 1-3.
+zero::ZeroLayout layout_of(const std::vector<nn::ParamInfo>& params, int stage, int ranks, bool int8 = false) {
+  zero::ZeroConfig c;
+  c.stage = stage;
+  c.bucket_bytes = 2 << 20;
+  if (int8 && stage == 0) c.reduce_int8 = true;
+  if (int8 && stage > 0) c.gather_dtype = DType::u8;
+  return zero_layout(params, zero::make_step_plan(c, {.world = ranks}));
+}
+
 TEST(WhatIfComm, IsTheRingCostModelOnTheTestTopology) {
   const dist::Topology topo = test_box();
   const CommModel all(topo, 8);
@@ -85,7 +96,7 @@ TEST(WhatIfStep, HoldsExactlyTheEnginesCollectives) {
   for (const WhatIfRow& row : w.rows) {
     SCOPED_TRACE(::testing::Message() << "stage " << row.stage << ", " << row.ranks << " ranks");
     const CommModel comm(topo, row.ranks);
-    const zero::ZeroLayout L = zero_layout(params, row.stage, row.ranks, 2, DType::f32);
+    const zero::ZeroLayout L = layout_of(params, row.stage, row.ranks);
     double expected = 0;
     for (const zero::Partition& p : L.partitions) {
       const double bytes = double(p.numel) * 4;
@@ -139,7 +150,7 @@ TEST(WhatIfStep, QuantizedGathersAndReductionsMoveTheRecords) {
       const CommModel comm(topo, row.ranks);
       // Note [Quantized all-reduce]: two exchanges, timed as an all-reduce of N records.
       if (row.stage == 0) {
-        const zero::ZeroLayout L = zero_layout(params, 0, row.ranks, 2, DType::f32, 256, row.ranks);
+        const zero::ZeroLayout L = layout_of(params, 0, row.ranks, true);
         double expected = 0;
         for (size_t p = 0; p < L.partitions.size(); ++p)
           expected += comm.seconds(
@@ -150,7 +161,7 @@ TEST(WhatIfStep, QuantizedGathersAndReductionsMoveTheRecords) {
         EXPECT_LT(double(row.comm_bytes) / double(f.rows[i].comm_bytes), 0.27);
         continue;
       }
-      const zero::ZeroLayout L = zero_layout(params, row.stage, row.ranks, 2, DType::f32, 256);
+      const zero::ZeroLayout L = layout_of(params, row.stage, row.ranks, true);
       double expected = 0;
       for (size_t p = 0; p < L.partitions.size(); ++p) {
         const double records = double(row.ranks) * double(dist::quant_packed_bytes(L.chunk(p), 256));
@@ -346,7 +357,7 @@ TEST(WhatIfMesh, CpuRanksPayForTheirMessages) {
   EXPECT_THAT(req.compute.provenance, ::testing::HasSubstr("0.50 GB/s network, 2.00 GB/s shared memory"));
   const WhatIfRow paid = what_if(req).rows.at(0);
   const zero::ZeroLayout L =
-      zero_layout(nn::convnext_parameters(req.config.model_config()), 0, 4, 2, DType::f32);
+      layout_of(nn::convnext_parameters(req.config.model_config()), 0, 4);
   const CommModel ring(req.topology, 4);
   double cpu = 0, comm = 0;
   auto all_reduce = [&](double b) {

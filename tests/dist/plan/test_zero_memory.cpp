@@ -37,6 +37,23 @@ TEST(ModelShapes, MatchTheModulesNamesShapesAndOrder) {
             28'589'128);
 }
 
+// The step plan of `stage` on `n` ranks with buckets of `bucket_mb` MiB of `reduce` (as train::zero_config
+// has them), and the engine's layout under it.
+zero::StepPlan plan_of(int stage, int n, double bucket_mb, DType reduce = DType::f32, DType compute = DType::f32,
+                       bool offload = false) {
+  zero::ZeroConfig c;
+  c.stage = stage;
+  c.bucket_bytes = std::max<int64_t>(1, int64_t(bucket_mb * (1 << 20)));
+  c.reduce_dtype = reduce;
+  c.compute_dtype = compute;
+  c.offload = offload;
+  return zero::make_step_plan(c, {.world = n});
+}
+zero::ZeroLayout layout_of(const std::vector<nn::ParamInfo>& params, int stage, int n, double bucket_mb,
+                           DType reduce) {
+  return zero_layout(params, plan_of(stage, n, bucket_mb, reduce));
+}
+
 // The sizes of a layout's partitions, in flat order.
 std::vector<int64_t> sizes(const zero::ZeroLayout& z) {
   std::vector<int64_t> out;
@@ -49,7 +66,7 @@ TEST(ZeroLayout, BucketsUnitsAndPaddingAsTheEngineCutsThem) {
   const int64_t flat = flat_numel(params);
   for (int world : {1, 3, 4}) {
     // Units: stem, 3 downsamples, 12 blocks, head.
-    const zero::ZeroLayout units = zero_layout(params, 3, world, 25, DType::f32);
+    const zero::ZeroLayout units = layout_of(params, 3, world, 25, DType::f32);
     EXPECT_EQ(units.partitions.size(), 1u + 3u + 12u + 1u);
     EXPECT_EQ(units.partitions.front().name, "stem");
     EXPECT_EQ(units.partitions.back().name, "head");
@@ -60,13 +77,13 @@ TEST(ZeroLayout, BucketsUnitsAndPaddingAsTheEngineCutsThem) {
     EXPECT_EQ(units.shard_numel() * world, units.flat.numel);
   }
   // One rank, or stage 0 (one shard whatever the ranks): the flat buffer exactly, whatever the cut.
-  for (int stage : {0, 3}) EXPECT_EQ(zero_layout(params, stage, 1, 1, DType::f32).flat.numel, flat);
-  EXPECT_EQ(zero_layout(params, 0, 4, 1, DType::f32).flat.numel, flat);
+  for (int stage : {0, 3}) EXPECT_EQ(layout_of(params, stage, 1, 1, DType::f32).flat.numel, flat);
+  EXPECT_EQ(layout_of(params, 0, 4, 1, DType::f32).flat.numel, flat);
   // Buckets of up to 1 MiB: 262144 fp32 or 524288 bf16 elements. atto's stage-3 fc weights (409600) and its
   // 1000-class head (320000) are larger than the fp32 limit: each is a bucket of its own.
   for (DType reduce : {DType::f32, DType::bf16}) {
     const int64_t limit = (int64_t(1) << 20) / int64_t(dtype_size(reduce));
-    const zero::ZeroLayout z = zero_layout(params, 1, 2, 1, reduce);
+    const zero::ZeroLayout z = layout_of(params, 1, 2, 1, reduce);
     EXPECT_GT(z.partitions.size(), 1u);
     size_t oversized = 0;
     for (const zero::Partition& p : z.partitions) {
@@ -79,7 +96,7 @@ TEST(ZeroLayout, BucketsUnitsAndPaddingAsTheEngineCutsThem) {
   // A parameter larger than the bucket is a bucket of its own.
   const std::vector<nn::ParamInfo> big = {
       {"a", {10}, 10, "u"}, {"b", {5000}, 5000, "u"}, {"c", {10}, 10, "u"}};
-  EXPECT_EQ(sizes(zero_layout(big, 0, 1, 1000.0 * 4 / double(1 << 20), DType::f32)),
+  EXPECT_EQ(sizes(layout_of(big, 0, 1, 1000.0 * 4 / double(1 << 20), DType::f32)),
             (std::vector<int64_t>{16, 5008, 16}));
 }
 
@@ -101,15 +118,14 @@ Expected formulas(int stage, bool mixed, int64_t psi, int n, int64_t ec) {
 
 // Four parameters, each its own bucket (a bucket of one element) or unit, sizes multiples of 16·n: no
 // padding, so Ψ is their sum.
-ZeroSpec four_partitions(int stage, int n) {
+ZeroSpec four_partitions(int stage, int n, DType compute = DType::f32, bool offload = false) {
   const std::vector<nn::ParamInfo> params = {{"a", {64 * n}, 64 * n, "u0"},
                                              {"b", {1024 * n}, 1024 * n, "u1"},
                                              {"c", {16 * n}, 16 * n, "u2"},
                                              {"d", {4096 * n}, 4096 * n, "u3"}};
   ZeroSpec s;
-  s.stage = stage;
-  s.world = n;
-  s.layout = zero_layout(params, stage, n, 4.0 / double(1 << 20), DType::f32);
+  s.plan = plan_of(stage, n, 4.0 / double(1 << 20), DType::f32, compute, offload);
+  s.layout = zero_layout(params, s.plan);
   return s;
 }
 
@@ -118,10 +134,8 @@ TEST(ZeroMemoryModel, EveryStageFollowsTheFormulas) {
     const int64_t psi = (64 + 1024 + 16 + 4096) * n;
     for (DType compute : {DType::f32, DType::bf16, DType::f16})
       for (int stage = 0; stage <= 3; ++stage) {
-        ZeroSpec s = four_partitions(stage, n);
+        ZeroSpec s = four_partitions(stage, n, compute);
         ASSERT_EQ(s.layout.partitions.size(), 4u);
-        s.compute = compute;
-        s.prefetch = 2;
         s.ema = true;
         const ZeroState z = zero_model_state(s);
         const bool mixed = compute != DType::f32;
@@ -149,9 +163,7 @@ TEST(ZeroMemoryModel, OffloadMovesMasterGradientShardAndStateToTheHost) {
   for (DType compute : {DType::f32, DType::bf16})
     for (int stage = 0; stage <= 3; ++stage)
       for (bool cpu_device : {true, false}) {
-        ZeroSpec s = four_partitions(stage, n);
-        s.compute = compute;
-        s.offload = true;
+        ZeroSpec s = four_partitions(stage, n, compute, true);
         s.ema = true;
         s.cpu_device = cpu_device;
         const ZeroState z = zero_model_state(s);
@@ -172,7 +184,7 @@ TEST(ZeroMemoryModel, OffloadMovesMasterGradientShardAndStateToTheHost) {
 
 TEST(ZeroMemoryModel, RefusesALayoutForAnotherStage) {
   ZeroSpec s = four_partitions(0, 2);  // one shard: stage 0's layout
-  s.stage = 1;
+  s.plan = plan_of(1, 2, 4.0 / double(1 << 20));
   EXPECT_THROW(zero_model_state(s), ValueError);
   s.layout = {};
   EXPECT_THROW(zero_model_state(s), ValueError);

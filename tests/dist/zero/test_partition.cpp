@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "dist/zero/partition.h"
+#include "dist/zero/step_plan.h"
 
 namespace cz::zero {
 namespace {
@@ -10,6 +11,10 @@ std::vector<ParamShape> shapes() {
   return {
       {"stem.0.weight", {8, 4, 4, 3}}, {"stem.0.bias", {8}},      {"blocks.0.w", {33}}, {"blocks.0.b", {7}},
       {"blocks.1.w", {100}},           {"head.fc.weight", {5, 8}}};
+}
+
+StepPlan plan(int stage, int world) {
+  return make_step_plan({.stage = stage}, {.world = world});
 }
 
 void check_tiling(const ZeroLayout& z, int world) {
@@ -47,7 +52,7 @@ void check_tiling(const ZeroLayout& z, int world) {
 TEST(ZeroPartition, BucketsOfWholeParametersPaddedToTheWorld) {
   for (int world : {1, 2, 3, 4}) {
     for (int stage : {0, 1, 2}) {
-      const ZeroLayout z = plan_layout(shapes(), stage, world, 200, {});
+      const ZeroLayout z = plan_layout(shapes(), plan(stage, world), 200, {});
       EXPECT_EQ(z.shards, stage == 0 ? 1 : world);
       check_tiling(z, world);
       EXPECT_EQ(z.params_numel(), 384 + 8 + 33 + 7 + 100 + 40);
@@ -59,14 +64,14 @@ TEST(ZeroPartition, BucketsOfWholeParametersPaddedToTheWorld) {
     }
   }
   // The 384-element stem weight is a bucket of its own.
-  const ZeroLayout z = plan_layout(shapes(), 1, 2, 200, {});
+  const ZeroLayout z = plan_layout(shapes(), plan(1, 2), 200, {});
   EXPECT_EQ(z.partitions[0].end_param, 1u);
 }
 
 TEST(ZeroPartition, UnitsAtStageThree) {
   const auto units = assign_units(shapes(), {"stem", "blocks.0", "blocks.1", "head"});
   EXPECT_EQ(units, (std::vector<std::string>{"stem", "stem", "blocks.0", "blocks.0", "blocks.1", "head"}));
-  const ZeroLayout z = plan_layout(shapes(), 3, 4, 1, units);
+  const ZeroLayout z = plan_layout(shapes(), plan(3, 4), 1, units);
   ASSERT_EQ(z.partitions.size(), 4u);
   EXPECT_EQ(z.partitions[1].name, "blocks.0");
   EXPECT_EQ(z.partitions[1].end_param - z.partitions[1].first_param, 2u);
@@ -84,9 +89,9 @@ TEST(ZeroPartition, BadInputNamesTheProblem) {
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("blocks.0.w"), std::string::npos);
   }
-  EXPECT_THROW(plan_layout(shapes(), 4, 2, 100, {}), ValueError);
-  EXPECT_THROW(plan_layout(shapes(), 1, 0, 100, {}), ValueError);
-  EXPECT_THROW(plan_layout(shapes(), 3, 2, 100, {"a", "b", "a", "b", "a", "b"}),
+  EXPECT_THROW(plan(4, 2), ValueError);
+  EXPECT_THROW(plan(1, 0), ValueError);
+  EXPECT_THROW(plan_layout(shapes(), plan(3, 2), 100, {"a", "b", "a", "b", "a", "b"}),
                ValueError);  // not consecutive
 }
 
