@@ -19,6 +19,14 @@ Tensor make(const std::vector<double>& v, const Shape& shape) {
 size_t at(int64_t i) {
   return static_cast<size_t>(i);
 }
+// log(sum_k exp(z[k])) over K logits, shifted by their maximum.
+double log_sum_exp(const double* z, int64_t K) {
+  double m = -INFINITY;
+  for (int64_t k = 0; k < K; ++k) m = std::max(m, z[k]);
+  double s = 0;
+  for (int64_t k = 0; k < K; ++k) s += std::exp(z[k] - m);
+  return m + std::log(s);
+}
 
 }  // namespace
 
@@ -144,11 +152,7 @@ Tensor ref_cross_entropy(const Tensor& logits, const Tensor& labels, double smoo
   const int64_t N = logits.size(0), K = logits.size(1);
   double total = 0;
   for (int64_t n = 0; n < N; ++n) {
-    double m = -INFINITY;
-    for (int64_t k = 0; k < K; ++k) m = std::max(m, z[at(n * K + k)]);
-    double s = 0;
-    for (int64_t k = 0; k < K; ++k) s += std::exp(z[at(n * K + k)] - m);
-    const double lse = m + std::log(s);
+    const double lse = log_sum_exp(&z[at(n * K)], K);
     // PyTorch: (1 - eps) * nll + eps * mean_k(-log p_k).
     double smooth = 0;
     for (int64_t k = 0; k < K; ++k) smooth += lse - z[at(n * K + k)];
@@ -162,11 +166,7 @@ Tensor ref_soft_target_cross_entropy(const Tensor& logits, const Tensor& targets
   const int64_t N = logits.size(0), K = logits.size(1);
   double total = 0;
   for (int64_t n = 0; n < N; ++n) {
-    double m = -INFINITY;
-    for (int64_t k = 0; k < K; ++k) m = std::max(m, z[at(n * K + k)]);
-    double s = 0;
-    for (int64_t k = 0; k < K; ++k) s += std::exp(z[at(n * K + k)] - m);
-    const double lse = m + std::log(s);
+    const double lse = log_sum_exp(&z[at(n * K)], K);
     for (int64_t k = 0; k < K; ++k) total -= t[at(n * K + k)] * (z[at(n * K + k)] - lse);
   }
   return make({total / double(N)}, {});

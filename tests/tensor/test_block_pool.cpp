@@ -126,6 +126,16 @@ const Stream kA = stream(0x10), kB = stream(0x20), kSide = stream(0x30), kSide2 
 constexpr size_t kSize = 1'000'000;
 const int64_t kCls = int64_t(round_to_size_class(kSize));
 
+// A kSize block handed out on `home`, recorded on `user`, work launched on `user` (e.g. a collective reading
+// it on the comm stream) and the block released while that work runs.
+void* released_while_used(Pool& pool, FakeGpu& gpu, const Stream& home, const Stream& user) {
+  void* p = pool.allocate(kSize, home);
+  pool.record_stream(p, user);
+  gpu.launch(user);
+  pool.release(p);
+  return p;
+}
+
 TEST(BlockPool, ReusesAFreedBlockOnlyForItsHomeStream) {
   FakeGpu gpu;
   Pool pool(FakeBackend{&gpu}, /*home_streams=*/true, "fake");
@@ -155,10 +165,7 @@ TEST(BlockPool, ReusesAFreedBlockOnlyForItsHomeStream) {
 TEST(BlockPool, BlockRecordedOnBusySideStreamWaitsForItsEvent) {
   FakeGpu gpu;
   Pool pool(FakeBackend{&gpu}, true, "fake");
-  void* p = pool.allocate(kSize, kA);
-  pool.record_stream(p, kSide);
-  gpu.launch(kSide);  // e.g. a collective reading the block on the comm stream
-  pool.release(p);
+  void* p = released_while_used(pool, gpu, kA, kSide);
   EXPECT_EQ(pool.num_pending(), 1u);
   EXPECT_EQ(pool.stats().allocated_bytes, 0);    // no longer held by a tensor...
   EXPECT_EQ(pool.stats().reserved_bytes, kCls);  // ...but still the allocator's
@@ -189,10 +196,7 @@ TEST(BlockPool, BlockRecordedOnBusySideStreamWaitsForItsEvent) {
 TEST(BlockPool, PendingBlockGoesBackToItsHomeStreamOnly) {
   FakeGpu gpu;
   Pool pool(FakeBackend{&gpu}, true, "fake");
-  void* p = pool.allocate(kSize, kA);
-  pool.record_stream(p, kSide);
-  gpu.launch(kSide);
-  pool.release(p);
+  void* p = released_while_used(pool, gpu, kA, kSide);
   gpu.finish(kSide);
   void* q = pool.allocate(kSize, kB);  // the event completed, but the block belongs to A
   EXPECT_NE(q, p);
@@ -225,10 +229,7 @@ TEST(BlockPool, WaitsForEveryRecordedStream) {
 TEST(BlockPool, RecordOnHomeStreamNeedsNoEvent) {
   FakeGpu gpu;
   Pool pool(FakeBackend{&gpu}, true, "fake");
-  void* p = pool.allocate(kSize, kLegacy);
-  pool.record_stream(p, kLegacy);
-  gpu.launch(kLegacy);
-  pool.release(p);
+  void* p = released_while_used(pool, gpu, kLegacy, kLegacy);
   EXPECT_EQ(pool.num_pending(), 0u);
   EXPECT_EQ(gpu.events_recorded, 0);
   EXPECT_EQ(pool.allocate(kSize, kLegacy), p);
@@ -353,10 +354,7 @@ TEST(BlockPool, CaptureKeepsTheGraphsBlocksOutOfReuse) {
   FakeGpu gpu;
   Pool pool(FakeBackend{&gpu}, true, "fake");
   // Before the capture: a block used on another stream is pending on its event.
-  void* before = pool.allocate(kSize, kA);
-  pool.record_stream(before, kB);
-  gpu.launch(kB);
-  pool.release(before);
+  released_while_used(pool, gpu, kA, kB);
   ASSERT_EQ(pool.num_pending(), 1u);
   void* weights = pool.allocate(kSize, kLegacy);  // made eagerly, read by the graph, freed during capture
   void* warm = pool.allocate(kSize, kSide);       // a warm-up's temporary on the capture stream

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "common/gradcheck.h"
+#include "emulation_testing.h"
 #include "grn_emulation.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
@@ -16,12 +17,6 @@ struct Size {
 };
 const std::vector<Size> kSizes = {{1, 1, 1, 1}, {2, 3, 5, 19}, {3, 7, 7, 40}, {5, 9, 9, 33}, {2, 2, 2, 70}};
 
-template <class T>
-std::vector<T> cast(const std::vector<double>& v) {
-  std::vector<T> out;
-  for (double x : v) out.push_back(T(float(x)));
-  return out;
-}
 template <class T>
 Tensor f32_of(const std::vector<T>& v, const Shape& shape) {
   std::vector<float> f;
@@ -55,15 +50,7 @@ void check(DType dtype, double tol) {
   }
 }
 
-TEST(GrnEmulation, F32MatchesCpu) {
-  check<float>(DType::f32, 1e-5);
-}
-TEST(GrnEmulation, Bf16MatchesCpu) {
-  check<BFloat16>(DType::bf16, 1e-2);
-}
-TEST(GrnEmulation, F16MatchesCpu) {
-  check<Half>(DType::f16, 2e-3);
-}
+EMULATION_TESTS_EACH_DTYPE(GrnEmulation)
 
 }  // namespace
 }  // namespace cz::testing

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "common/gradcheck.h"
+#include "emulation_testing.h"
 #include "soft_target_emulation.h"
 #include "tensor/ops.h"
 
@@ -26,13 +27,6 @@ std::vector<double> soft_rows(int64_t n, int64_t k, uint64_t seed) {
     for (int64_t c = 0; c < k; ++c) t[size_t(r * k + c)] = t[size_t(r * k + c)] * t[size_t(r * k + c)] / s;
   }
   return t;
-}
-
-template <class T>
-std::vector<T> cast(const std::vector<double>& v) {
-  std::vector<T> out;
-  for (double x : v) out.push_back(T(float(x)));
-  return out;
 }
 
 // The emulated kernels in dtype T against the CPU backend in f32 from the same T-rounded inputs.
@@ -66,15 +60,7 @@ void check(DType dtype, double tol) {
   }
 }
 
-TEST(SoftTargetEmulation, F32MatchesCpu) {
-  check<float>(DType::f32, 1e-5);
-}
-TEST(SoftTargetEmulation, Bf16MatchesCpu) {
-  check<BFloat16>(DType::bf16, 1e-2);
-}
-TEST(SoftTargetEmulation, F16MatchesCpu) {
-  check<Half>(DType::f16, 2e-3);
-}
+EMULATION_TESTS_EACH_DTYPE(SoftTargetEmulation)
 
 // Every thread's value reaches the block's result, whichever warp holds it; threads past a row's end add
 // nothing to its maximum.

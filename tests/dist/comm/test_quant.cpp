@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "dist/comm/quant.h"
@@ -122,15 +123,20 @@ void check_quantize(DType dtype) {
     }
 }
 
-TEST(Quant, QuantizeF32MatchesDefinition) {
-  check_quantize<float>(DType::f32);
-}
-TEST(Quant, QuantizeBf16MatchesDefinition) {
-  check_quantize<BFloat16>(DType::bf16);
-}
-TEST(Quant, QuantizeF16MatchesDefinition) {
-  check_quantize<Half>(DType::f16);
-}
+// One test an input dtype: suite.f32_name runs check<float>(f32), and so on for bf16 and f16.
+#define TEST_EACH_DTYPE(suite, f32_name, bf16_name, f16_name, check) \
+  TEST(suite, f32_name) {                                            \
+    check<float>(DType::f32);                                        \
+  }                                                                  \
+  TEST(suite, bf16_name) {                                           \
+    check<BFloat16>(DType::bf16);                                    \
+  }                                                                  \
+  TEST(suite, f16_name) {                                            \
+    check<Half>(DType::f16);                                         \
+  }
+
+TEST_EACH_DTYPE(Quant, QuantizeF32MatchesDefinition, QuantizeBf16MatchesDefinition,
+                QuantizeF16MatchesDefinition, check_quantize)
 
 TEST(Quant, DequantizeIntoEveryDtype) {
   const int64_t n = 5000, block = 128;
@@ -448,8 +454,11 @@ struct HostCvt {
 // What cuda/quant_kernels.cu's quantize_kernel computes: every CUDA block (one quantized block), phase 1 for
 // every thread, the block maximum (on the GPU by shuffles and shared memory; the maximum of bits is exact in
 // any order), phase 2 for every thread, then thread 0's scale.
-template <class Blocks>
-void emulate_quantize(const Blocks& blocks, int64_t n, int64_t block, int8_t* q, float* scales) {
+// The CUDA kernels' block loop run on the host, thread by thread: int8 codes (one a byte) or int4 codes
+// (packed two a byte, `Code` = uint8_t).
+template <class Blocks, class Code>
+void emulate_quantize(const Blocks& blocks, int64_t n, int64_t block, Code* codes, float* scales) {
+  constexpr bool int4 = std::is_same_v<Code, uint8_t>;
   const int threads = quant::quant_threads(block);
   for (int64_t k = 0; k < quant::block_count(n, block); ++k) {
     const int64_t first = k * block, len = std::min(block, n - first);
@@ -457,8 +466,13 @@ void emulate_quantize(const Blocks& blocks, int64_t n, int64_t block, int8_t* q,
     uint32_t m = 0;
     for (int tid = 0; tid < threads; ++tid)
       m = quant::max_bits(m, quant::thread_amax(src, len, tid, threads));
-    const float scale = quant::block_scale(m);
-    for (int tid = 0; tid < threads; ++tid) quant::thread_quantize(src, len, scale, q + first, tid, threads);
+    const float scale = int4 ? quant::block_scale4(m) : quant::block_scale(m);
+    for (int tid = 0; tid < threads; ++tid) {
+      if constexpr (int4)
+        quant::thread_quantize4(src, len, scale, codes + first / 2, tid, threads);
+      else
+        quant::thread_quantize(src, len, scale, codes + first, tid, threads);
+    }
     scales[k] = scale;
   }
 }
@@ -484,15 +498,7 @@ void check_emulated_quantize(DType dtype) {
     }
 }
 
-TEST(QuantCudaEmulation, QuantizeF32) {
-  check_emulated_quantize<float>(DType::f32);
-}
-TEST(QuantCudaEmulation, QuantizeBf16) {
-  check_emulated_quantize<BFloat16>(DType::bf16);
-}
-TEST(QuantCudaEmulation, QuantizeF16) {
-  check_emulated_quantize<Half>(DType::f16);
-}
+TEST_EACH_DTYPE(QuantCudaEmulation, QuantizeF32, QuantizeBf16, QuantizeF16, check_emulated_quantize)
 
 TEST(QuantCudaEmulation, PerHopStepAndFeedback) {
   for (int64_t block : kBlocks) {
@@ -589,15 +595,8 @@ void check_quantize4(DType dtype) {
     }
 }
 
-TEST(Quant4, QuantizeF32MatchesDefinition) {
-  check_quantize4<float>(DType::f32);
-}
-TEST(Quant4, QuantizeBf16MatchesDefinition) {
-  check_quantize4<BFloat16>(DType::bf16);
-}
-TEST(Quant4, QuantizeF16MatchesDefinition) {
-  check_quantize4<Half>(DType::f16);
-}
+TEST_EACH_DTYPE(Quant4, QuantizeF32MatchesDefinition, QuantizeBf16MatchesDefinition,
+                QuantizeF16MatchesDefinition, check_quantize4)
 
 TEST(Quant4, NibbleOrderAndEdges) {
   EXPECT_EQ(quant::kMinAmaxBits4, bits(7.f * FLT_MIN));
@@ -644,22 +643,6 @@ TEST(Quant4, RelativeErrorOnNormalData) {
   }
 }
 
-template <class Blocks>
-void emulate_quantize4(const Blocks& blocks, int64_t n, int64_t block, uint8_t* packed, float* scales) {
-  const int threads = quant::quant_threads(block);
-  for (int64_t k = 0; k < quant::block_count(n, block); ++k) {
-    const int64_t first = k * block, len = std::min(block, n - first);
-    const auto src = blocks(k, first);
-    uint32_t m = 0;
-    for (int tid = 0; tid < threads; ++tid)
-      m = quant::max_bits(m, quant::thread_amax(src, len, tid, threads));
-    const float scale = quant::block_scale4(m);
-    for (int tid = 0; tid < threads; ++tid)
-      quant::thread_quantize4(src, len, scale, packed + first / 2, tid, threads);
-    scales[k] = scale;
-  }
-}
-
 template <class T>
 void check_emulated_quantize4(DType dtype) {
   for (int64_t block : kBlocks)
@@ -670,7 +653,7 @@ void check_emulated_quantize4(DType dtype) {
       std::vector<uint8_t> p(size_t(quant4_code_bytes(n))), ep(p.size());
       std::vector<float> s(size_t(quant_scale_count(n, block))), es(s.size()), y(static_cast<size_t>(n));
       quantize_int4(dtype, x.data(), n, block, p.data(), s.data());
-      emulate_quantize4(quant::InputBlocks<T, HostCvt>{x.data()}, n, block, ep.data(), es.data());
+      emulate_quantize(quant::InputBlocks<T, HostCvt>{x.data()}, n, block, ep.data(), es.data());
       ASSERT_EQ(p, ep) << dtype_name(dtype) << " n=" << n << " B=" << block;
       expect_same_bits(s, es, "emulated int4 scales");
       dequantize_int4(p.data(), s.data(), n, block, DType::f32, y.data());
