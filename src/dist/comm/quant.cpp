@@ -86,6 +86,22 @@ void check_args(const char* what, int64_t n, int64_t block) {
   check_quant_block(block);
 }
 
+// The dequantize_add_quantize()s: block k's sums source_of(k, first).value(i), kept in `sum` when given, and
+// quantized into q and scales when given.
+template <class SourceOf>
+void add_blocks(int64_t n, int64_t block, int8_t* q, float* scales, float* sum, SourceOf&& source_of) {
+  check_args("dequantize_add_quantize", n, block);
+  CZ_CHECK((q == nullptr) == (scales == nullptr),
+           "dequantize_add_quantize: q and scales are both given or both null");
+  for_blocks(n, block, [&](int64_t k, int64_t first, int64_t len) {
+    Scratch s;
+    float* v = sum ? sum + first : s.v;
+    const auto src = source_of(k, first);
+    for (int64_t i = 0; i < len; ++i) v[i] = src.value(i);
+    if (q) scales[k] = quantize_block(v, len, q + first);
+  });
+}
+
 }  // namespace
 
 void check_quant_block(int64_t block) {
@@ -180,29 +196,15 @@ void dequantize(const int8_t* q, const float* scales, int64_t n, int64_t block, 
 
 void dequantize_add_quantize(const int8_t* aq, const float* a_scales, const float* b, int64_t n,
                              int64_t block, int8_t* q, float* scales, float* sum) {
-  check_args("dequantize_add_quantize", n, block);
-  CZ_CHECK((q == nullptr) == (scales == nullptr),
-           "dequantize_add_quantize: q and scales are both given or both null");
-  for_blocks(n, block, [&](int64_t k, int64_t first, int64_t len) {
-    Scratch s;
-    float* v = sum ? sum + first : s.v;
-    const quant::AddSource src{aq + first, a_scales[k], b + first, nullptr};
-    for (int64_t i = 0; i < len; ++i) v[i] = src.value(i);
-    if (q) scales[k] = quantize_block(v, len, q + first);
+  add_blocks(n, block, q, scales, sum, [&](int64_t k, int64_t first) {
+    return quant::AddSource{aq + first, a_scales[k], b + first, nullptr};
   });
 }
 
 void dequantize_add_quantize(const int8_t* aq, const float* a_scales, const int8_t* bq, const float* b_scales,
                              int64_t n, int64_t block, int8_t* q, float* scales, float* sum) {
-  check_args("dequantize_add_quantize", n, block);
-  CZ_CHECK((q == nullptr) == (scales == nullptr),
-           "dequantize_add_quantize: q and scales are both given or both null");
-  for_blocks(n, block, [&](int64_t k, int64_t first, int64_t len) {
-    Scratch s;
-    float* v = sum ? sum + first : s.v;
-    const quant::AddQuantizedSource src{aq + first, a_scales[k], bq + first, b_scales[k], nullptr};
-    for (int64_t i = 0; i < len; ++i) v[i] = src.value(i);
-    if (q) scales[k] = quantize_block(v, len, q + first);
+  add_blocks(n, block, q, scales, sum, [&](int64_t k, int64_t first) {
+    return quant::AddQuantizedSource{aq + first, a_scales[k], bq + first, b_scales[k], nullptr};
   });
 }
 
