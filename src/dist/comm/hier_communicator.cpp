@@ -32,17 +32,18 @@ class HierCommunicator final : public Communicator {
         topology_(topology),
         flat_(std::move(flat)),
         host_(std::move(host)),
-        cross_(std::move(cross)) {
+        cross_(std::move(cross)),
+        queue_(options.max_in_flight) {
     if (options.backend == Backend::mpi) thread_ = std::thread([this] { loop(); });
   }
 
   ~HierCommunicator() override {
     if (thread_.joinable()) {
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        std::lock_guard<std::mutex> lock(queue_.mutex());
         stop_ = true;
       }
-      cv_.notify_all();
+      queue_.ready().notify_all();
       thread_.join();
     }
   }
@@ -51,7 +52,7 @@ class HierCommunicator final : public Communicator {
     host_->abort();
     cross_->abort();
     flat_->abort();
-    fail_all("communicator aborted");
+    queue_.fail_all("communicator aborted");
   }
 
   std::string explain(Collective kind, size_t bytes) const override {
@@ -79,18 +80,7 @@ class HierCommunicator final : public Communicator {
       run_inline(call, work);
       return work;
     }
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      // Note [Back-pressure], as the backends do.
-      space_cv_.wait(lock,
-                     [&] { return broken_ || queue_.size() + running_ < size_t(options().max_in_flight); });
-      if (broken_) {
-        work->mark_failed(fmt::format("{}: the communicator failed earlier: {}", call.what, reason_));
-        return work;
-      }
-      queue_.push_back({std::move(call), work});
-    }
-    cv_.notify_one();
+    queue_.push({std::move(call), work});
     return work;
   }
 
@@ -177,114 +167,142 @@ class HierCommunicator final : public Communicator {
 
   void run_steps(const Call& c) {
     if (c.count == 0) return;
-    const int H = cross_->size(), R = host_->size(), l = host_->rank();
-    const int n = H * R;
+    if (c.kind == Collective::all_reduce) return run_all_reduce(c);
+    const int n = cross_->size() * host_->size();
+    const int64_t S = (c.count + n - 1) / n;
+    DataPtr per_call;
+    const Slots slots{hosts_,
+                      cross_->size(),
+                      n,
+                      two_level_pieces(c.kind, c.count, c.bytes, n),
+                      c.count,
+                      S,
+                      dtype_size(c.dtype),
+                      scratch(size_t(n) * size_t(S) * dtype_size(c.dtype), c.device, per_call)};
+    if (c.kind == Collective::reduce_scatter) return run_reduce_scatter(c, slots);
+    CZ_ASSERT(c.kind == Collective::all_gather, "hier: unexpected {}", name(c.kind));
+    run_all_gather(c, slots);
+  }
+
+  // Note [Two-level pipeline]: in pieces, so that piece k crosses hosts while piece k+1 is reduced inside the
+  // host and piece k-1 gathered. Every rank cuts alike and submits in the same order, so each
+  // sub-communicator sees the same sequence everywhere: host RS 0..P-1, then host AG 0..P-1.
+  void run_all_reduce(const Call& c) {
+    const int R = host_->size(), l = host_->rank();
     const size_t es = dtype_size(c.dtype);
     const Device d = c.device;
-    if (c.kind == Collective::all_reduce) {
-      // Note [Two-level pipeline]: in pieces, so that piece k crosses hosts while piece k+1 is reduced
-      // inside the host and piece k-1 gathered. Every rank cuts alike and submits in the same order, so
-      // each sub-communicator sees the same sequence everywhere: host RS 0..P-1, then host AG 0..P-1.
-      const int pieces = two_level_pieces(c.kind, c.count, c.bytes, n);
-      const size_t np = size_t(pieces);
-      const char* send = static_cast<const char*>(c.send);
-      char* recv = static_cast<char*>(c.recv);
-      std::vector<WorkHandle> rs(np), ar(np), ag(np);
-      std::vector<size_t> lo(np), off(np);
-      std::vector<int64_t> count(np);
-      for (int k = 0; k < pieces; ++k) {
-        const size_t i = size_t(k);
-        count[i] = shard_count(c.count, pieces, k);
-        lo[i] = size_t(shard_offset(c.count, pieces, k)) * es;
-        off[i] = lo[i] + size_t(shard_offset(count[i], R, l)) * es;
-        // Out of place the host reduce-scatter reads `send` and writes the shard into `recv`; in place it is
-        // the in-place form.
-        rs[i] = host_->reduce_scatter(send + lo[i], recv + off[i], count[i], c.dtype, d, c.op);
-      }
-      for (size_t i = 0; i < rs.size(); ++i) {
-        step(rs[i]);
-        ar[i] =
-            cross_->all_reduce(recv + off[i], recv + off[i], shard_count(count[i], R, l), c.dtype, d, c.op);
-      }
-      for (size_t i = 0; i < ar.size(); ++i) {
-        step(ar[i]);
-        ag[i] = host_->all_gather(recv + off[i], recv + lo[i], count[i], c.dtype, d);
-      }
-      for (const auto& w : ag) step(w);
-      return;
-    }
-    // Slots of S elements, piece-major (Note [Two-level pipeline]): piece k holds elements [o_k, o_k + S_k)
-    // of every slot, block k of the scratch the n slots' pieces in slot order, so each piece is a contiguous
-    // buffer for the host and the cross collectives.
-    const int64_t S = (c.count + n - 1) / n;
-    const int pieces = two_level_pieces(c.kind, c.count, c.bytes, n);
-    DataPtr per_call;
-    char* P = scratch(size_t(n) * size_t(S) * es, d, per_call);
-    auto piece = [&](int k) {
-      const int64_t o = shard_offset(S, pieces, k), len = shard_count(S, pieces, k);
-      return std::pair<int64_t, int64_t>(o, len);
-    };
-    auto block = [&](int64_t o) { return P + size_t(n) * size_t(o) * es; };  // piece k's, from its o
-    // Slot of world rank w (local rank l_w, host h_w) within the block of a piece of `len` elements.
-    auto slot_of = [&](int64_t o, int64_t len, int w) {
-      const int index = hosts_.local_index[size_t(w)] * H + hosts_.host_of[size_t(w)];
-      return block(o) + size_t(index) * size_t(len) * es;
-    };
-    // Of world shard w, the elements a piece covers: [o, o + len) clipped to the shard.
-    auto covered = [&](int w, int64_t o, int64_t len) {
-      return std::clamp<int64_t>(shard_count(c.count, n, w) - o, 0, len);
-    };
-    const int me = rank();
-    std::vector<WorkHandle> first(static_cast<size_t>(pieces)), second(static_cast<size_t>(pieces));
-    if (c.kind == Collective::reduce_scatter) {
-      for (int k = 0; k < pieces; ++k) {
-        const auto [o, len] = piece(k);
-        for (int w = 0; w < n; ++w) {
-          const size_t b = size_t(covered(w, o, len)) * es;
-          char* dst = slot_of(o, len, w);
-          copy(dst, static_cast<const char*>(c.send) + size_t(shard_offset(c.count, n, w) + o) * es, b, d);
-          // The padding is reduced but never read; zeroed on the CPU so that no stray NaN is summed.
-          if (b < size_t(len) * es && d.is_cpu()) std::memset(dst + b, 0, size_t(len) * es - b);
-        }
-        first[size_t(k)] = host_->reduce_scatter(block(o), slot_of(o, len, hosts_.ranks[0][size_t(l)]),
-                                                 int64_t(n) * len, c.dtype, d, c.op);
-      }
-      for (int k = 0; k < pieces; ++k) {
-        const auto [o, len] = piece(k);
-        step(first[size_t(k)]);
-        second[size_t(k)] = cross_->reduce_scatter(slot_of(o, len, hosts_.ranks[0][size_t(l)]),
-                                                   slot_of(o, len, me), int64_t(H) * len, c.dtype, d, c.op);
-      }
-      for (int k = 0; k < pieces; ++k) {
-        const auto [o, len] = piece(k);
-        step(second[size_t(k)]);
-        copy(static_cast<char*>(c.recv) + size_t(o) * es, slot_of(o, len, me),
-             size_t(covered(me, o, len)) * es, d);
-      }
-      return;
-    }
-    CZ_ASSERT(c.kind == Collective::all_gather, "hier: unexpected {}", name(c.kind));
+    const int pieces = two_level_pieces(c.kind, c.count, c.bytes, cross_->size() * R);
+    const size_t np = size_t(pieces);
+    const char* send = static_cast<const char*>(c.send);
+    char* recv = static_cast<char*>(c.recv);
+    std::vector<WorkHandle> rs(np), ar(np), ag(np);
+    std::vector<size_t> lo(np), off(np);
+    std::vector<int64_t> count(np);
     for (int k = 0; k < pieces; ++k) {
-      const auto [o, len] = piece(k);
-      const size_t b = size_t(covered(me, o, len)) * es;
-      char* own = slot_of(o, len, me);
+      const size_t i = size_t(k);
+      count[i] = shard_count(c.count, pieces, k);
+      lo[i] = size_t(shard_offset(c.count, pieces, k)) * es;
+      off[i] = lo[i] + size_t(shard_offset(count[i], R, l)) * es;
+      // Out of place the host reduce-scatter reads `send` and writes the shard into `recv`; in place it is
+      // the in-place form.
+      rs[i] = host_->reduce_scatter(send + lo[i], recv + off[i], count[i], c.dtype, d, c.op);
+    }
+    for (size_t i = 0; i < rs.size(); ++i) {
+      step(rs[i]);
+      ar[i] = cross_->all_reduce(recv + off[i], recv + off[i], shard_count(count[i], R, l), c.dtype, d, c.op);
+    }
+    for (size_t i = 0; i < ar.size(); ++i) {
+      step(ar[i]);
+      ag[i] = host_->all_gather(recv + off[i], recv + lo[i], count[i], c.dtype, d);
+    }
+    for (const auto& w : ag) step(w);
+  }
+
+  // Slots of S elements, piece-major (Note [Two-level pipeline]): piece k holds elements [o_k, o_k + S_k) of
+  // every slot, block k of the scratch P the n slots' pieces in slot order, so each piece is a contiguous
+  // buffer for the host and the cross collectives.
+  struct Slots {
+    const HostMap& hosts;
+    int H, n, pieces;
+    int64_t count, S;
+    size_t es;
+    char* P;
+
+    // Piece k's first element within a slot, and its length.
+    std::pair<int64_t, int64_t> piece(int k) const {
+      return {shard_offset(S, pieces, k), shard_count(S, pieces, k)};
+    }
+    char* block(int64_t o) const { return P + size_t(n) * size_t(o) * es; }  // piece k's, from its o
+    // Slot of world rank w (local rank l_w, host h_w) within the block of a piece of `len` elements.
+    char* slot_of(int64_t o, int64_t len, int w) const {
+      const int index = hosts.local_index[size_t(w)] * H + hosts.host_of[size_t(w)];
+      return block(o) + size_t(index) * size_t(len) * es;
+    }
+    // Of world shard w, the bytes a piece covers: [o, o + len) clipped to the shard.
+    size_t covered(int w, int64_t o, int64_t len) const {
+      return size_t(std::clamp<int64_t>(shard_count(count, n, w) - o, 0, len)) * es;
+    }
+    // This rank's slot within its host's block, where a host collective leaves (or takes) its part.
+    char* host_part(int64_t o, int64_t len, int l) const {
+      return slot_of(o, len, hosts.ranks[0][size_t(l)]);
+    }
+  };
+
+  void run_reduce_scatter(const Call& c, const Slots& sl) {
+    const int me = rank(), l = host_->rank();
+    const Device d = c.device;
+    const size_t es = sl.es;
+    std::vector<WorkHandle> first(size_t(sl.pieces)), second(size_t(sl.pieces));
+    for (int k = 0; k < sl.pieces; ++k) {
+      const auto [o, len] = sl.piece(k);
+      for (int w = 0; w < sl.n; ++w) {
+        const size_t b = sl.covered(w, o, len);
+        char* dst = sl.slot_of(o, len, w);
+        copy(dst, static_cast<const char*>(c.send) + size_t(shard_offset(c.count, sl.n, w) + o) * es, b, d);
+        // The padding is reduced but never read; zeroed on the CPU so that no stray NaN is summed.
+        if (b < size_t(len) * es && d.is_cpu()) std::memset(dst + b, 0, size_t(len) * es - b);
+      }
+      first[size_t(k)] =
+          host_->reduce_scatter(sl.block(o), sl.host_part(o, len, l), int64_t(sl.n) * len, c.dtype, d, c.op);
+    }
+    for (int k = 0; k < sl.pieces; ++k) {
+      const auto [o, len] = sl.piece(k);
+      step(first[size_t(k)]);
+      second[size_t(k)] = cross_->reduce_scatter(sl.host_part(o, len, l), sl.slot_of(o, len, me),
+                                                 int64_t(sl.H) * len, c.dtype, d, c.op);
+    }
+    for (int k = 0; k < sl.pieces; ++k) {
+      const auto [o, len] = sl.piece(k);
+      step(second[size_t(k)]);
+      copy(static_cast<char*>(c.recv) + size_t(o) * es, sl.slot_of(o, len, me), sl.covered(me, o, len), d);
+    }
+  }
+
+  void run_all_gather(const Call& c, const Slots& sl) {
+    const int me = rank(), l = host_->rank();
+    const Device d = c.device;
+    const size_t es = sl.es;
+    std::vector<WorkHandle> first(size_t(sl.pieces)), second(size_t(sl.pieces));
+    for (int k = 0; k < sl.pieces; ++k) {
+      const auto [o, len] = sl.piece(k);
+      const size_t b = sl.covered(me, o, len);
+      char* own = sl.slot_of(o, len, me);
       copy(own, static_cast<const char*>(c.send) + size_t(o) * es, b, d);
       if (b < size_t(len) * es && d.is_cpu()) std::memset(own + b, 0, size_t(len) * es - b);
-      first[size_t(k)] =
-          cross_->all_gather(own, slot_of(o, len, hosts_.ranks[0][size_t(l)]), int64_t(H) * len, c.dtype, d);
+      first[size_t(k)] = cross_->all_gather(own, sl.host_part(o, len, l), int64_t(sl.H) * len, c.dtype, d);
     }
-    for (int k = 0; k < pieces; ++k) {
-      const auto [o, len] = piece(k);
+    for (int k = 0; k < sl.pieces; ++k) {
+      const auto [o, len] = sl.piece(k);
       step(first[size_t(k)]);
-      second[size_t(k)] = host_->all_gather(slot_of(o, len, hosts_.ranks[0][size_t(l)]), block(o),
-                                            int64_t(n) * len, c.dtype, d);
+      second[size_t(k)] =
+          host_->all_gather(sl.host_part(o, len, l), sl.block(o), int64_t(sl.n) * len, c.dtype, d);
     }
-    for (int k = 0; k < pieces; ++k) {
-      const auto [o, len] = piece(k);
+    for (int k = 0; k < sl.pieces; ++k) {
+      const auto [o, len] = sl.piece(k);
       step(second[size_t(k)]);
-      for (int w = 0; w < n; ++w)
-        copy(static_cast<char*>(c.recv) + size_t(shard_offset(c.count, n, w) + o) * es, slot_of(o, len, w),
-             size_t(covered(w, o, len)) * es, d);
+      for (int w = 0; w < sl.n; ++w)
+        copy(static_cast<char*>(c.recv) + size_t(shard_offset(c.count, sl.n, w) + o) * es,
+             sl.slot_of(o, len, w), sl.covered(w, o, len), d);
     }
   }
 
@@ -313,48 +331,26 @@ class HierCommunicator final : public Communicator {
     for (;;) {
       Task task;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        task = std::move(queue_.front());
-        queue_.pop_front();
-        ++running_;
+        std::unique_lock<std::mutex> lock(queue_.mutex());
+        std::deque<Task>& queued = queue_.tasks();
+        queue_.ready().wait(lock, [&] { return stop_ || !queued.empty(); });
+        if (queued.empty()) return;
+        task = std::move(queued.front());
+        queued.pop_front();
       }
       task.work->mark_started();
       try {
-        if (broken_) throw CommError(fmt::format("the communicator failed earlier: {}", reason()));
+        if (queue_.broken())
+          throw CommError(fmt::format("the communicator failed earlier: {}", queue_.reason()));
         run_steps(task.call);
         task.work->mark_done();
       } catch (const std::exception& e) {
         const std::string error = fmt::format("{} (two-level): {}", task.call.what, e.what());
         task.work->mark_failed(error);
-        fail_all(error);
+        queue_.fail_all(error);  // queued calls fail with the first error, and so do later ones
       }
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        --running_;
-      }
-      space_cv_.notify_all();
+      queue_.retire(1);
     }
-  }
-
-  std::string reason() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return reason_;
-  }
-
-  // Breaks the communicator: queued calls fail with the first error, and so do later ones.
-  void fail_all(const std::string& error) {
-    std::deque<Task> dropped;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!broken_) reason_ = error;
-      broken_ = true;
-      dropped.swap(queue_);
-    }
-    space_cv_.notify_all();
-    for (auto& t : dropped)
-      t.work->mark_failed(fmt::format("{}: the communicator failed earlier: {}", t.call.what, error));
   }
 
   HostMap hosts_;
@@ -364,12 +360,8 @@ class HierCommunicator final : public Communicator {
   std::thread thread_;
   mutable std::mutex choice_mu_;
   mutable std::map<std::pair<Collective, size_t>, bool> choices_;  // auto's answers by call
-  std::mutex mu_;
-  std::condition_variable cv_, space_cv_;
-  std::deque<Task> queue_;
-  size_t running_ = 0;
-  bool stop_ = false, broken_ = false;
-  std::string reason_;
+  WorkQueue<Task> queue_;  // MPI: queued and running (Note [Back-pressure])
+  bool stop_ = false;      // guarded by queue_.mutex()
 };
 
 int two_level_pieces(Collective kind, int64_t count, size_t bytes, int n) {

@@ -134,7 +134,10 @@ class MpiRingTransport final : public RingTransport {
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(World& world, const CommOptions& options, std::vector<int> ring, GroupComm group)
-      : Communicator(group.rank, group.size, options, std::move(ring)), world_(world), comm_(group.comm) {
+      : Communicator(group.rank, group.size, options, std::move(ring)),
+        world_(world),
+        comm_(group.comm),
+        queue_(options.max_in_flight) {
     CZ_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     slice_bytes_ = options.slice_bytes > 0 ? options.slice_bytes : kMpiSliceBytes;
     thread_ = std::thread([this] { loop(); });
@@ -142,14 +145,14 @@ class MpiCommunicator final : public Communicator {
 
   ~MpiCommunicator() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<std::mutex> lock(queue_.mutex());
       stop_ = true;
     }
-    cv_.notify_all();
+    queue_.ready().notify_all();
     thread_.join();
     if (stream_) cuda_runtime::stream_destroy(stream_);
     // A broken communicator may still have requests in flight; the job is about to be aborted anyway.
-    if (!broken_.load()) MPI_Comm_free(&comm_);
+    if (!queue_.broken()) MPI_Comm_free(&comm_);
   }
 
   void abort() noexcept override {
@@ -168,20 +171,7 @@ class MpiCommunicator final : public Communicator {
       task.ready_event = cuda_runtime::event_create(task.call.device.index);
       cuda_runtime::event_record(task.ready_event, current_stream(task.call.device));
     }
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      // Note [Back-pressure]. fail_all() wakes this wait too, so a caller blocked here by a hung or dead peer
-      // leaves with a failed Work once the running call times out.
-      space_cv_.wait(lock, [&] { return broken_.load() || in_flight_ < size_t(options().max_in_flight); });
-      if (broken_.load()) {
-        if (task.ready_event) cuda_runtime::event_destroy(task.ready_event);
-        work->mark_failed(fmt::format("{}: the communicator failed earlier: {}", task.call.what, reason_));
-        return work;
-      }
-      ++in_flight_;
-      queue_.push_back(std::move(task));
-    }
-    cv_.notify_one();
+    if (!queue_.push(std::move(task)) && task.ready_event) cuda_runtime::event_destroy(task.ready_event);
     return work;
   }
 
@@ -212,11 +202,12 @@ class MpiCommunicator final : public Communicator {
     for (;;) {
       Task task;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        while (queue_.empty()) {
+        std::unique_lock<std::mutex> lock(queue_.mutex());
+        std::deque<Task>& queued = queue_.tasks();
+        while (queued.empty()) {
           if (stop_ && p2p_.empty()) return;
           if (p2p_.empty()) {
-            cv_.wait(lock);
+            queue_.ready().wait(lock);
           } else {
             lock.unlock();
             try {
@@ -225,11 +216,11 @@ class MpiCommunicator final : public Communicator {
               fail_all(e.what());
             }
             lock.lock();
-            if (queue_.empty() && !p2p_.empty()) cv_.wait_for(lock, std::chrono::microseconds(50));
+            if (queued.empty() && !p2p_.empty()) queue_.ready().wait_for(lock, std::chrono::microseconds(50));
           }
         }
-        task = std::move(queue_.front());
-        queue_.pop_front();
+        task = std::move(queued.front());
+        queued.pop_front();
       }
       run(task);
     }
@@ -246,8 +237,7 @@ class MpiCommunicator final : public Communicator {
         log.begin(log_id(), c.kind, int64_t(c.bytes), p2p ? members()[size_t(c.peer)] : -1);
     bool ok = false;
     try {
-      if (broken_.load())
-        throw CommError(fmt::format("{}: the communicator failed earlier: {}", c.what, reason()));
+      if (queue_.broken()) throw CommError(queue_.failed_earlier(*task.work, queue_.reason()));
       Poller poller(&world_, c.what, options().timeout_s, &members());
       poller.set_idle_hook([this] { poll_p2p(); });
       poller.set_abort_flag(&aborted_);
@@ -273,42 +263,19 @@ class MpiCommunicator final : public Communicator {
     if (ok) set_current_activity("");
     // A posted send/recv stays in flight until poll_p2p() sees it complete.
     const bool posted = ok && (c.kind == Collective::send || c.kind == Collective::recv);
-    if (!posted) retire(1);
-  }
-
-  // `n` calls have finished: callers blocked in submit() may go on (Note [Back-pressure]).
-  void retire(size_t n) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      in_flight_ -= std::min(in_flight_, n);
-    }
-    space_cv_.notify_all();
-  }
-
-  std::string reason() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return reason_;
+    if (!posted) queue_.retire(1);
   }
 
   // Breaks the communicator: queued calls and user transfers in flight fail with the first error.
   void fail_all(const std::string& error) {
-    std::deque<Task> dropped;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!broken_.exchange(true)) reason_ = error;
-      dropped.swap(queue_);
-    }
-    retire(dropped.size());  // also wakes callers blocked in submit(): they now see broken_
-    for (auto& t : dropped) {
-      t.work->mark_failed(fmt::format("{}: the communicator failed earlier: {}", t.call.what, error));
+    for (auto& t : queue_.fail_all(error))
       if (t.ready_event) cuda_runtime::event_destroy(t.ready_event);
-    }
     if (std::this_thread::get_id() == thread_.get_id()) {
       for (auto& p : p2p_) {
         CollectiveLog::local().end(p.ticket, false);
         p.work->mark_failed(fmt::format("{}: {}", p.what, error));
       }
-      retire(p2p_.size());
+      queue_.retire(p2p_.size());
       p2p_.clear();
     }
   }
@@ -367,50 +334,10 @@ class MpiCommunicator final : public Communicator {
         if (c.op == ReduceOp::avg) scale_copy(c.dtype, recv, recv, c.count, avg);
         return;
       }
-      case Collective::reduce_scatter: {
-        const MPI_Datatype dt = mpi_datatype(c.dtype);
-        to_int(c.count, "reduce_scatter count");
-        const int64_t mine = shard_count(c.count, n, me);
-        char* shard_in_place =
-            const_cast<char*>(static_cast<const char*>(send)) + size_t(shard_offset(c.count, n, me)) * es;
-        const bool in_place = recv == shard_in_place;
-        // MPI's in-place form takes the input from, and leaves the result at the start of, the receive
-        // buffer.
-        void* rbuf = in_place ? const_cast<void*>(send) : recv;
-        const void* sbuf = in_place ? MPI_IN_PLACE : send;
-        if (c.count % n == 0) {
-          CZ_MPI(
-              MPI_Ireduce_scatter_block(sbuf, rbuf, int(c.count / n), dt, mpi_sum_op(c.dtype), comm_, &req));
-        } else {
-          counts_.resize(size_t(n));
-          for (int r = 0; r < n; ++r) counts_[size_t(r)] = int(shard_count(c.count, n, r));
-          CZ_MPI(MPI_Ireduce_scatter(sbuf, rbuf, counts_.data(), dt, mpi_sum_op(c.dtype), comm_, &req));
-        }
-        wait_request(req, poller);
-        if (in_place && rbuf != recv) std::memmove(recv, rbuf, size_t(mine) * es);
-        if (c.op == ReduceOp::avg) scale_copy(c.dtype, recv, recv, mine, avg);
-        return;
-      }
-      case Collective::all_gather: {
-        const MPI_Datatype dt = mpi_datatype(c.dtype);
-        to_int(c.count, "all_gather count");
-        const int mine = int(shard_count(c.count, n, me));
-        const bool in_place = send == static_cast<char*>(recv) + size_t(shard_offset(c.count, n, me)) * es;
-        const void* sbuf = in_place ? MPI_IN_PLACE : send;
-        if (c.count % n == 0) {
-          CZ_MPI(MPI_Iallgather(sbuf, in_place ? 0 : mine, dt, recv, int(c.count / n), dt, comm_, &req));
-        } else {
-          counts_.resize(size_t(n));
-          displs_.resize(size_t(n));
-          for (int r = 0; r < n; ++r) {
-            counts_[size_t(r)] = int(shard_count(c.count, n, r));
-            displs_[size_t(r)] = int(shard_offset(c.count, n, r));
-          }
-          CZ_MPI(MPI_Iallgatherv(sbuf, in_place ? 0 : mine, dt, recv, counts_.data(), displs_.data(), dt,
-                                 comm_, &req));
-        }
-        return wait_request(req, poller);
-      }
+      case Collective::reduce_scatter:
+        return builtin_reduce_scatter(c, send, recv, poller);
+      case Collective::all_gather:
+        return builtin_all_gather(c, send, recv, poller);
       case Collective::broadcast: {
         const MPI_Datatype dt = mpi_datatype(c.dtype);
         if (me == c.peer && send != recv && c.count) std::memcpy(recv, send, size_t(c.count) * es);
@@ -427,6 +354,57 @@ class MpiCommunicator final : public Communicator {
         break;
     }
     CZ_ASSERT(false, "run_builtin: unexpected {}", name(c.kind));
+  }
+
+  // MPI's reduce-scatter; uneven shards through the counts form.
+  void builtin_reduce_scatter(const Call& c, const void* send, void* recv, Poller& poller) {
+    const int n = size(), me = rank();
+    const size_t es = dtype_size(c.dtype);
+    MPI_Request req = MPI_REQUEST_NULL;
+    const MPI_Datatype dt = mpi_datatype(c.dtype);
+    to_int(c.count, "reduce_scatter count");
+    const int64_t mine = shard_count(c.count, n, me);
+    char* shard_in_place =
+        const_cast<char*>(static_cast<const char*>(send)) + size_t(shard_offset(c.count, n, me)) * es;
+    const bool in_place = recv == shard_in_place;
+    // MPI's in-place form takes the input from, and leaves the result at the start of, the receive buffer.
+    void* rbuf = in_place ? const_cast<void*>(send) : recv;
+    const void* sbuf = in_place ? MPI_IN_PLACE : send;
+    if (c.count % n == 0) {
+      CZ_MPI(MPI_Ireduce_scatter_block(sbuf, rbuf, int(c.count / n), dt, mpi_sum_op(c.dtype), comm_, &req));
+    } else {
+      counts_.resize(size_t(n));
+      for (int r = 0; r < n; ++r) counts_[size_t(r)] = int(shard_count(c.count, n, r));
+      CZ_MPI(MPI_Ireduce_scatter(sbuf, rbuf, counts_.data(), dt, mpi_sum_op(c.dtype), comm_, &req));
+    }
+    wait_request(req, poller);
+    if (in_place && rbuf != recv) std::memmove(recv, rbuf, size_t(mine) * es);
+    if (c.op == ReduceOp::avg) scale_copy(c.dtype, recv, recv, mine, 1.0 / n);
+  }
+
+  // MPI's all-gather; uneven shards through the counts-and-displacements form.
+  void builtin_all_gather(const Call& c, const void* send, void* recv, Poller& poller) {
+    const int n = size(), me = rank();
+    const size_t es = dtype_size(c.dtype);
+    MPI_Request req = MPI_REQUEST_NULL;
+    const MPI_Datatype dt = mpi_datatype(c.dtype);
+    to_int(c.count, "all_gather count");
+    const int mine = int(shard_count(c.count, n, me));
+    const bool in_place = send == static_cast<char*>(recv) + size_t(shard_offset(c.count, n, me)) * es;
+    const void* sbuf = in_place ? MPI_IN_PLACE : send;
+    if (c.count % n == 0) {
+      CZ_MPI(MPI_Iallgather(sbuf, in_place ? 0 : mine, dt, recv, int(c.count / n), dt, comm_, &req));
+    } else {
+      counts_.resize(size_t(n));
+      displs_.resize(size_t(n));
+      for (int r = 0; r < n; ++r) {
+        counts_[size_t(r)] = int(shard_count(c.count, n, r));
+        displs_[size_t(r)] = int(shard_offset(c.count, n, r));
+      }
+      CZ_MPI(MPI_Iallgatherv(sbuf, in_place ? 0 : mine, dt, recv, counts_.data(), displs_.data(), dt, comm_,
+                             &req));
+    }
+    return wait_request(req, poller);
   }
 
   // User send/recv: posted now, completed by poll_p2p().
@@ -491,7 +469,7 @@ class MpiCommunicator final : public Communicator {
         p.work->mark_done();
         CollectiveLog::local().end(p.ticket, true);
         p2p_.erase(p2p_.begin() + std::ptrdiff_t(i));
-        retire(1);
+        queue_.retire(1);
         continue;
       }
       if (now > p.deadline) {
@@ -577,15 +555,11 @@ class MpiCommunicator final : public Communicator {
   World& world_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int64_t slice_bytes_ = kMpiSliceBytes;
+  // In flight (Note [Back-pressure]): queued, running, and posted send/recv until poll_p2p() sees them end.
+  WorkQueue<Task> queue_;
+  bool stop_ = false;  // guarded by queue_.mutex()
+  std::atomic<bool> aborted_{false};
   std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;        // work for the communication thread
-  std::condition_variable space_cv_;  // room in flight, or broken_, for callers blocked in submit()
-  std::deque<Task> queue_;
-  size_t in_flight_ = 0;  // queued + running + posted send/recv (Note [Back-pressure]); guarded by mu_
-  bool stop_ = false;
-  std::atomic<bool> broken_{false}, aborted_{false};
-  std::string reason_;
   // Communication-thread state.
   std::vector<P2p> p2p_;
   std::vector<int> counts_, displs_;

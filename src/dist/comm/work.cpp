@@ -138,6 +138,15 @@ void Work::synchronize() {
   if (!error_.empty()) throw CommError(error_);
 }
 
+void settle(std::vector<WorkHandle>& works) noexcept {
+  for (auto& w : works)
+    if (w) try {
+        w->wait();
+      } catch (...) {
+      }
+  works.clear();
+}
+
 bool Work::is_completed() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!done_) return false;

@@ -45,17 +45,6 @@ void release_records(Tensor& records, CommMeter& meter) noexcept {
   records = Tensor();
 }
 
-// Waits for what is posted, swallowing errors: for destructors (a failure was reported by finish() or is
-// being unwound).
-void settle(std::vector<dist::WorkHandle>& works) noexcept {
-  for (auto& w : works)
-    if (w) try {
-        w->wait();
-      } catch (...) {
-      }
-  works.clear();
-}
-
 }  // namespace
 
 void exchange_records(const dist::ProcessGroup& group, const std::function<Tensor(int)>& send_of,
@@ -101,7 +90,7 @@ QuantizedReduceScatter::QuantizedReduceScatter(const dist::ProcessGroup& group, 
 }
 
 QuantizedReduceScatter::~QuantizedReduceScatter() {
-  settle(works_);
+  dist::settle(works_);
   release_records(records_, meter_);
 }
 
@@ -139,7 +128,7 @@ QuantizedAllReduce::QuantizedAllReduce(const dist::ProcessGroup& group, const Te
 }
 
 QuantizedAllReduce::~QuantizedAllReduce() {
-  settle(works_);
+  dist::settle(works_);
   release_records(records_, meter_);
 }
 

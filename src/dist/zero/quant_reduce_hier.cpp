@@ -24,15 +24,6 @@ void dequantize_add(const uint8_t* record, int64_t n, int64_t block, float* acc)
   dist::dequantize_add_quantize(q, s, acc, n, block, nullptr, nullptr, acc);
 }
 
-void settle(std::vector<dist::WorkHandle>& works) noexcept {
-  for (auto& w : works)
-    if (w) try {
-        w->wait();
-      } catch (...) {
-      }
-  works.clear();
-}
-
 }  // namespace
 
 bool two_hop_applies(const dist::ProcessGroup& group, const dist::HostMap& hosts) {
@@ -98,7 +89,7 @@ TwoHopQuantizedReduceScatter::TwoHopQuantizedReduceScatter(const dist::ProcessGr
 }
 
 TwoHopQuantizedReduceScatter::~TwoHopQuantizedReduceScatter() {
-  settle(works_);
+  dist::settle(works_);
   if (records_.defined()) meter_.hold(-(held_bytes(records_) + held_bytes(partial_)));
 }
 
@@ -187,7 +178,7 @@ TwoHopQuantizedAllReduce::TwoHopQuantizedAllReduce(const dist::ProcessGroup& gro
 }
 
 TwoHopQuantizedAllReduce::~TwoHopQuantizedAllReduce() {
-  settle(works_);
+  dist::settle(works_);
   if (records_.defined()) meter_.hold(-held_bytes(records_));
 }
 

@@ -119,7 +119,9 @@ class NcclRingTransport final : public RingTransport {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(World& world, const CommOptions& options, std::vector<int> ring, GroupComm group)
-      : Communicator(group.rank, group.size, options, std::move(ring)), world_(world) {
+      : Communicator(group.rank, group.size, options, std::move(ring)),
+        world_(world),
+        queue_(options.max_in_flight) {
     // The group's MPI communicator only carries the unique id (Note [Groups]).
     struct FreeComm {
       MPI_Comm& c;
@@ -148,10 +150,10 @@ class NcclCommunicator final : public Communicator {
 
   ~NcclCommunicator() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<std::mutex> lock(queue_.mutex());
       stop_ = true;
     }
-    cv_.notify_all();
+    queue_.ready().notify_all();
     watchdog_.join();
     remove_abort_hook(abort_hook_);
     if (!aborted_.load()) {
@@ -186,27 +188,22 @@ class NcclCommunicator final : public Communicator {
     std::lock_guard<std::mutex> enqueue_lock(enqueue_mu_);  // NCCL calls on one communicator are serialised
     CollectiveLog::Ticket ticket;  // Note [Collective log]: running from the enqueue to the device's end
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock(queue_.mutex());
       // Note [Back-pressure]: the watchdog retires finished collectives and, once the oldest times out, fails
       // them all, so this wait ends within that collective's timeout.
-      space_cv_.wait(lock,
-                     [&] { return broken_.load() || inflight_.size() < size_t(options().max_in_flight); });
-      if (broken_.load()) {
-        work->mark_failed(fmt::format("{}: the communicator failed earlier: {}", c.what, reason_));
-        return work;
-      }
+      if (!queue_.admit(lock, *work)) return work;
       // The host part (NCCL may block in it, e.g. while connecting to a peer that never arrives) is watched
       // like the device part: Note [Failure handling].
       ticket = CollectiveLog::local().begin(
           log_id(), c.kind, int64_t(c.bytes),
           c.kind == Collective::send || c.kind == Collective::recv ? members()[size_t(c.peer)] : -1);
-      enqueuing_ = Enqueuing{c.what, Clock::now(), Logged{ticket, c.kind, int64_t(c.bytes)}};
+      enqueuing_ = Watched{c.what, Clock::now(), Logged{ticket, c.kind, int64_t(c.bytes)}};
     }
-    cv_.notify_one();
+    queue_.ready().notify_one();
     struct EndEnqueuing {
       NcclCommunicator* self;
       ~EndEnqueuing() {
-        std::lock_guard<std::mutex> lock(self->mu_);
+        std::lock_guard<std::mutex> lock(self->queue_.mutex());
         self->enqueuing_.reset();
       }
     } end_enqueuing{this};
@@ -227,18 +224,19 @@ class NcclCommunicator final : public Communicator {
       work->set_device_event(done);
       std::string failed_meanwhile;  // the watchdog gave up on the communicator while NCCL was enqueueing
       {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (broken_.load())
-          failed_meanwhile = reason_;
+        std::lock_guard<std::mutex> lock(queue_.mutex());
+        if (queue_.broken())
+          failed_meanwhile = queue_.reason_locked();
         else
-          inflight_.push_back({work, done, Clock::now(), c.what, Logged{ticket, c.kind, int64_t(c.bytes)}});
+          queue_.tasks().push_back(
+              {work, done, Clock::now(), c.what, Logged{ticket, c.kind, int64_t(c.bytes)}});
       }
       if (failed_meanwhile.empty())
         work->mark_done();  // the host part; the device part is the event
       else
         work->mark_failed(fmt::format("{}: {}", c.what, failed_meanwhile));
       if (!failed_meanwhile.empty()) CollectiveLog::local().end(ticket, false);
-      cv_.notify_one();
+      queue_.ready().notify_one();
     } catch (const std::exception& e) {
       CollectiveLog::local().end(ticket, false);
       work->mark_failed(e.what());
@@ -260,7 +258,7 @@ class NcclCommunicator final : public Communicator {
     std::string what;
     Logged logged;
   };
-  struct Enqueuing {  // a submit inside NCCL's host calls
+  struct Watched {  // what the watchdog times: the oldest collective, or a submit inside NCCL's host calls
     std::string what;
     Clock::time_point start;
     Logged logged;
@@ -339,21 +337,9 @@ class NcclCommunicator final : public Communicator {
     CZ_ASSERT(false, "nccl enqueue: unexpected {}", name(c.kind));
   }
 
-  std::string reason() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return reason_;
-  }
-
   // Fails every collective in flight with `error`, then aborts NCCL so that its kernels return.
   void fail(const std::string& error) {
-    std::deque<Inflight> failed;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!broken_.exchange(true)) reason_ = error;
-      failed.swap(inflight_);
-    }
-    space_cv_.notify_all();  // callers blocked in submit() now see broken_
-    for (auto& f : failed) {
+    for (auto& f : queue_.break_with(error)) {  // callers blocked in submit() are refused from now on
       CollectiveLog::local().end(f.logged.ticket, false);
       f.work->mark_failed(fmt::format("{}: {}", f.what, error));
     }
@@ -378,70 +364,33 @@ class NcclCommunicator final : public Communicator {
     }
     auto next_liveness = Clock::now();
     for (;;) {
-      if (broken_.load()) {  // everything in flight has failed and later calls are refused: nothing to watch
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_; });
+      if (queue_.broken()) {  // everything in flight has failed and later calls are refused: nothing to watch
+        std::unique_lock<std::mutex> lock(queue_.mutex());
+        queue_.ready().wait(lock, [&] { return stop_; });
         return;
       }
-      std::string what;
-      Clock::time_point start;
-      Logged logged;
+      Watched oldest;
       std::string error;
+      size_t finished = 0;
+      bool idle = false;
       {
-        std::unique_lock<std::mutex> lock(mu_);
+        std::unique_lock<std::mutex> lock(queue_.mutex());
         // Idle: sleep until there is something to watch. (A wait_for with this predicate would return at once
-        // whenever work is in flight, and the thread would spin on cudaEventQuery holding mu_.)
-        cv_.wait(lock, [&] { return stop_ || !inflight_.empty() || enqueuing_.has_value(); });
-        try {
-          const size_t before = inflight_.size();
-          while (!inflight_.empty() && cuda_runtime::event_query(inflight_.front().done)) {
-            CollectiveLog::local().end(inflight_.front().logged.ticket, true);
-            inflight_.pop_front();
-          }
-          if (inflight_.size() < before) space_cv_.notify_all();
-        } catch (const std::exception& e) {  // a device error: must not escape the thread (std::terminate)
-          error = fmt::format("comm failure: {} failed on the device: {}", inflight_.front().what, e.what());
-        }
-        if (error.empty() && inflight_.empty() && !enqueuing_) {
-          if (stop_) return;
-          continue;
-        }
+        // whenever work is in flight, and the thread would spin on cudaEventQuery holding the mutex.)
+        std::deque<Inflight>& inflight = queue_.tasks();
+        queue_.ready().wait(lock, [&] { return stop_ || !inflight.empty() || enqueuing_.has_value(); });
+        finished = end_finished(inflight, error);
+        idle = error.empty() && inflight.empty() && !enqueuing_;
+        if (idle && stop_) return;
         // The oldest unfinished thing: a collective on the device, else the submit inside NCCL's host calls.
-        if (!inflight_.empty()) {
-          what = inflight_.front().what;
-          start = inflight_.front().start;
-          logged = inflight_.front().logged;
-        } else if (enqueuing_) {
-          what = enqueuing_->what;
-          start = enqueuing_->start;
-          logged = enqueuing_->logged;
-        }
+        if (!inflight.empty())
+          oldest = {inflight.front().what, inflight.front().start, inflight.front().logged};
+        else if (enqueuing_)
+          oldest = *enqueuing_;
       }
-      if (!error.empty()) {
-        fail(error);
-        continue;
-      }
-      ncclResult_t async = ncclSuccess;
-      {
-        std::lock_guard<std::mutex> lock(abort_mu_);
-        if (!aborted_.load() && ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
-            async != ncclInProgress)
-          error = fmt::format("comm failure: NCCL reported {} during {}", ncclGetErrorString(async), what);
-      }
-      const auto now = Clock::now();
-      if (error.empty() && now - start > std::chrono::duration<double>(options().timeout_s))
-        error = fmt::format("comm timeout: {} after {:.1f} s{}", what, options().timeout_s,
-                            hang_report({logged.ticket.comm, logged.ticket.seq, logged.kind, logged.bytes},
-                                        label(), members()));
-      if (error.empty() && now >= next_liveness) {
-        next_liveness = now + std::chrono::milliseconds(100);
-        for (int r = 0; r < size() && error.empty(); ++r) {
-          const int w = members()[size_t(r)];
-          if (r != rank() && !world_.peer_alive(w))
-            error = fmt::format("comm failure: peer rank {} (pid {} on {}) died during {}", w,
-                                world_.peer(w).pid, world_.peer(w).host, what);
-        }
-      }
+      if (finished) queue_.retire(finished);  // callers blocked in submit() may go on
+      if (idle) continue;
+      if (error.empty()) error = health_error(oldest, next_liveness);
       if (!error.empty()) {
         fail(error);
         continue;
@@ -449,6 +398,50 @@ class NcclCommunicator final : public Communicator {
       std::this_thread::sleep_for(
           std::chrono::milliseconds(1));  // the polling interval while work is in flight
     }
+  }
+
+  // Ends the collectives at the front of `inflight` whose device part has finished, and returns how many; a
+  // device error becomes `error` (it must not escape the watchdog: std::terminate). The mutex is held.
+  size_t end_finished(std::deque<Inflight>& inflight, std::string& error) {
+    size_t n = 0;
+    try {
+      while (!inflight.empty() && cuda_runtime::event_query(inflight.front().done)) {
+        CollectiveLog::local().end(inflight.front().logged.ticket, true);
+        inflight.pop_front();
+        ++n;
+      }
+    } catch (const std::exception& e) {
+      error = fmt::format("comm failure: {} failed on the device: {}", inflight.front().what, e.what());
+    }
+    return n;
+  }
+
+  // Why the communicator must fail now, or "": NCCL's asynchronous error, the oldest call past its timeout,
+  // or (every 100 ms) a peer that died.
+  std::string health_error(const Watched& oldest, Clock::time_point& next_liveness) {
+    const std::string& what = oldest.what;
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      ncclResult_t async = ncclSuccess;
+      if (!aborted_.load() && ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
+          async != ncclInProgress)
+        return fmt::format("comm failure: NCCL reported {} during {}", ncclGetErrorString(async), what);
+    }
+    const auto now = Clock::now();
+    if (now - oldest.start > std::chrono::duration<double>(options().timeout_s)) {
+      const Logged& l = oldest.logged;
+      return fmt::format("comm timeout: {} after {:.1f} s{}", what, options().timeout_s,
+                         hang_report({l.ticket.comm, l.ticket.seq, l.kind, l.bytes}, label(), members()));
+    }
+    if (now < next_liveness) return {};
+    next_liveness = now + std::chrono::milliseconds(100);
+    for (int r = 0; r < size(); ++r) {
+      const int w = members()[size_t(r)];
+      if (r != rank() && !world_.peer_alive(w))
+        return fmt::format("comm failure: peer rank {} (pid {} on {}) died during {}", w, world_.peer(w).pid,
+                           world_.peer(w).host, what);
+    }
+    return {};
   }
 
   World& world_;
@@ -460,14 +453,12 @@ class NcclCommunicator final : public Communicator {
   int abort_hook_ = 0;
   std::mutex enqueue_mu_;
   std::mutex abort_mu_;  // ncclCommAbort vs the watchdog's ncclCommGetAsyncError
-  std::mutex mu_;
-  std::condition_variable cv_;          // work for the watchdog
-  std::condition_variable space_cv_;    // room in inflight_, or broken_, for callers blocked in submit()
-  std::deque<Inflight> inflight_;       // at most max_in_flight (Note [Back-pressure])
-  std::optional<Enqueuing> enqueuing_;  // guarded by mu_
-  bool stop_ = false;
-  std::atomic<bool> broken_{false}, aborted_{false};
-  std::string reason_;
+  // The collectives on the device, oldest first, retired by the watchdog (Note [Back-pressure]); its ready()
+  // wakes the watchdog.
+  WorkQueue<Inflight> queue_;
+  std::optional<Watched> enqueuing_;  // guarded by queue_.mutex()
+  bool stop_ = false;                 // guarded by queue_.mutex()
+  std::atomic<bool> aborted_{false};
   std::thread watchdog_;
 };
 
