@@ -1,6 +1,7 @@
 // Softmax cross-entropy with label smoothing and against soft targets (forward and backward), and argmax.
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "tensor/cpu/kernels.h"
 #include "tensor/parallel.h"
@@ -16,10 +17,18 @@ decltype(auto) visit_label(DType t, F&& f) {
   return f(int64_t{});
 }
 
-// Calls f(T{}, L{}) for the logits' float type T and the labels' integer type L.
+// Calls f(z, y, N, K) with the logits (N, K) and the labels (N) as pointers of their types: the logits' float
+// type and the labels' integer type.
 template <class F>
-void visit_logits_labels(DType logits, DType labels, F&& f) {
-  visit_float(logits, [&](auto tag) { visit_label(labels, [&](auto ltag) { f(tag, ltag); }); });
+void with_logits_labels(const Tensor& logits, const Tensor& labels, F&& f) {
+  visit_float(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    visit_label(labels.dtype(), [&](auto ltag) {
+      using L = decltype(ltag);
+      f(static_cast<const T*>(logits.data<T>()), static_cast<const L*>(labels.data<L>()), logits.size(0),
+        logits.size(1));
+    });
+  });
 }
 
 // The largest of a row's K values (K >= 1).
@@ -36,12 +45,8 @@ T row_max(const T* z, int64_t K) {
 //   loss_n = -sum_k t_k (z_k - lse) = lse - (1 - s) z_y - (s / K) sum_k z_k,   t = (1 - s) onehot(y) + s / K.
 void cross_entropy_forward(const Tensor& logits, const Tensor& labels, double smoothing, Tensor& loss,
                            Tensor& lse) {
-  visit_logits_labels(logits.dtype(), labels.dtype(), [&](auto tag, auto ltag) {
-    using T = decltype(tag);
-    using L = decltype(ltag);
-    const int64_t N = logits.size(0), K = logits.size(1);
-    const T* pz = logits.data<T>();
-    const L* py = labels.data<L>();
+  with_logits_labels(logits, labels, [&](const auto* pz, const auto* py, int64_t N, int64_t K) {
+    using T = std::decay_t<decltype(*pz)>;
     T* pl = lse.data<T>();
     double total = 0;
 #pragma omp parallel for schedule(static) reduction(+ : total) if (logits.numel() >= kParallelGrain)
@@ -64,12 +69,8 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& labels, double sm
 // dloss/dz_k = g / N * (softmax_k - t_k).
 void cross_entropy_backward(const Tensor& gloss, const Tensor& logits, const Tensor& labels,
                             const Tensor& lse, double smoothing, Tensor& dlogits) {
-  visit_logits_labels(logits.dtype(), labels.dtype(), [&](auto tag, auto ltag) {
-    using T = decltype(tag);
-    using L = decltype(ltag);
-    const int64_t N = logits.size(0), K = logits.size(1);
-    const T* pz = logits.data<T>();
-    const L* py = labels.data<L>();
+  with_logits_labels(logits, labels, [&](const auto* pz, const auto* py, int64_t N, int64_t K) {
+    using T = std::decay_t<decltype(*pz)>;
     const T* pl = lse.data<T>();
     T* pd = dlogits.data<T>();
     const T scale = T(double(gloss.data<T>()[0]) / double(N));
