@@ -352,29 +352,12 @@ StepReplay plan_step_replay(const PlanRequest& req) {
   return replay_step(step_spec(s, engine, s.cfg.micro_batch, s.cfg.activation_checkpointing), -1, true);
 }
 
-Plan make_plan(const PlanRequest& req) {
-  const Setup s = setup_of(req);
-  Plan p;
-  p.model = s.model.name;
-  for (const nn::ParamInfo& i : s.params) p.num_params += i.numel;
-  p.world = s.world;
-  p.stage = s.cfg.stage;
-  p.device = s.cuda ? "cuda" : "cpu";
-  p.device_reason = req.device_reason;
-  p.precision = s.cfg.precision;
-  p.image_size = s.cfg.image_size;
-  p.micro_batch = s.cfg.micro_batch;
-  p.checkpointing = s.cfg.activation_checkpointing;
+constexpr const char* kCheckpointLabel = "checkpoint host copy (background save)";
 
-  const Engine engine = engine_at(s, s.cfg.stage, s.cfg.offload_optimizer);
+// The model state by row, on the device and in host memory (offload, and on CUDA a background save's pinned
+// copy); the device's rows are what the replay traced as state.
+void add_state_rows(Plan& p, const Setup& s, const Engine& engine, const TraceSnapshot& pk) {
   const ZeroState& state = engine.state;
-  p.psi = state.psi;
-  p.offload = s.cfg.offload_optimizer;
-  const StepSpec spec = step_spec(s, engine, s.cfg.micro_batch, s.cfg.activation_checkpointing);
-  const StepReplay first = replay_step(spec);
-  const StepReplay r = replay_step(spec, first.peak.event);
-  const TraceSnapshot& pk = r.peak;
-
   static const std::map<StateRow, const char*> kLabels = {{StateRow::parameters, "parameters (compute copy)"},
                                                           {StateRow::master_weights, "master weights (fp32)"},
                                                           {StateRow::gradients, "gradients"},
@@ -386,13 +369,19 @@ Plan make_plan(const PlanRequest& req) {
       p.host_rows.push_back({state_row_key(row), label, state.host_row_bytes(row)});
   }
   p.host_bytes = state.host_bytes();
-  constexpr const char* kCheckpointLabel = "checkpoint host copy (background save)";
   if (const int64_t copy = checkpoint_copy_bytes(s, engine); s.cuda && copy >= 0) {
     p.host_rows.push_back({"checkpoint_copy", kCheckpointLabel, copy});
     p.host_bytes += copy;
   }
   CZ_ASSERT(state.total_bytes() == pk.raw[size_t(Use::state)], "model state {} but {} traced",
             state.total_bytes(), pk.raw[size_t(Use::state)]);
+}
+
+// What else is live at the peak: buffers, the batch, activations saved by network part (and, for both
+// settings of activation checkpointing, all that is saved when forward ends), temporaries, workspaces and
+// the allocator's rounding.
+void add_peak_rows(Plan& p, const Setup& s, const StepSpec& spec, const StepReplay& r) {
+  const TraceSnapshot& pk = r.peak;
   p.rows.push_back({"comm_buffers", "gradient buckets / cast copies", pk.raw[size_t(Use::bucket)]});
   p.rows.push_back({"gather_buffers", "stage-3 gathered units", pk.raw[size_t(Use::gather)]});
   p.rows.push_back({"comm_scratch", "communicator ring scratch", pk.raw[size_t(Use::scratch)]});
@@ -420,14 +409,45 @@ Plan make_plan(const PlanRequest& req) {
   p.rows.push_back({"allocator_rounding", "allocator size-class rounding", pk.total - raw});
   p.total_bytes = pk.total;
   p.peak_at = pk.where >= 0 ? r.labels.at(size_t(pk.where)) : "";
+}
 
+// The backward temporaries live at the peak, the four largest by what they are.
+std::vector<std::pair<std::string, int64_t>> largest_temporaries(const StepReplay& r) {
+  std::vector<std::pair<std::string, int64_t>> out;
   std::map<std::string, int64_t> temps;
   for (const LiveBuffer& b : r.at_peak)
     if (b.use == Use::transient) temps[b.what] += b.bytes;
-  p.largest_temporaries.assign(temps.begin(), temps.end());
-  std::sort(p.largest_temporaries.begin(), p.largest_temporaries.end(),
-            [](const auto& a, const auto& b) { return a.second > b.second; });
-  if (p.largest_temporaries.size() > 4) p.largest_temporaries.resize(4);
+  out.assign(temps.begin(), temps.end());
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  if (out.size() > 4) out.resize(4);
+  return out;
+}
+
+Plan make_plan(const PlanRequest& req) {
+  const Setup s = setup_of(req);
+  Plan p;
+  p.model = s.spec->name();
+  for (const nn::ParamInfo& i : s.params) p.num_params += i.numel;
+  p.world = s.world;
+  p.stage = s.cfg.stage;
+  p.device = s.cuda ? "cuda" : "cpu";
+  p.device_reason = req.device_reason;
+  p.precision = s.cfg.precision;
+  p.image_size = s.cfg.image_size;
+  p.micro_batch = s.cfg.micro_batch;
+  p.checkpointing = s.cfg.activation_checkpointing;
+
+  const Engine engine = engine_at(s, s.cfg.stage, s.cfg.offload_optimizer);
+  p.psi = engine.state.psi;
+  p.offload = s.cfg.offload_optimizer;
+  const StepSpec spec = step_spec(s, engine, s.cfg.micro_batch, s.cfg.activation_checkpointing);
+  const StepReplay first = replay_step(spec);
+  const StepReplay r = replay_step(spec, first.peak.event);
+  const TraceSnapshot& pk = r.peak;
+
+  add_state_rows(p, s, engine, pk);
+  add_peak_rows(p, s, spec, r);
+  p.largest_temporaries = largest_temporaries(r);
 
   p.fragmentation_bytes = pk.page_rounding;
   p.device_overhead_bytes = device_overhead(s);

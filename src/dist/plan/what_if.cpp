@@ -548,6 +548,42 @@ WhatIfRow simulate(const Run& run, int stage, const CommModel& comm, const Level
   return row;
 }
 
+// The ring of the first `sub.num_ranks()` ranks of `topology`, numbered by their place on its whole ring, and
+// its figures for the report: a 64 MiB reduce-scatter's and all-reduce's bus bandwidth, the host link.
+WhatIfRing ring_of(const dist::Topology& topology, const CommModel& comm, const dist::Topology& sub) {
+  WhatIfRing r;
+  r.ranks = sub.num_ranks();
+  const std::vector<int> ring = topology.ring_order();
+  for (int i : comm.order()) r.order.push_back(r.ranks == topology.num_ranks() ? i : ring[size_t(i)]);
+  if (r.ranks > 1) {
+    constexpr double kBytes = 64.0 * 1024 * 1024;
+    const dist::RingPrediction rs = comm.predict(Collective::reduce_scatter, kBytes);
+    r.bottleneck = rs.bottleneck;
+    r.reduce_scatter_busbw_gbps = rs.busbw_gbps;
+    r.all_reduce_busbw_gbps = comm.predict(Collective::all_reduce, kBytes).busbw_gbps;
+  }
+  r.host_link_gbps = host_link_gbps(sub);
+  return r;
+}
+
+// The memory plan's request for a row: the run at `stage` on `k` ranks of the topology's hosts.
+PlanRequest row_request(const train::TrainConfig& cfg, int stage, int k, const Levels& levels,
+                        std::optional<int64_t> gpu_mem) {
+  PlanRequest pr;
+  pr.config = cfg;
+  pr.config.stage = stage;
+  // hpZ is stage 3's across hosts: its other rows are plain stages.
+  if (!zero::stage_rules(stage).unit_gathers || levels.hosts.size() < 2) pr.config.hpz = false;
+  // Quantized communication is stages 1-3's (stage 0 gathers nothing, and all-reduces): its stage-0 row is
+  // the unquantized run, as simulate() times it.
+  if (!zero::stage_rules(stage).sharded) pr.config.gather_dtype = pr.config.reduce_dtype = "fp32";
+  pr.world = k;
+  pr.ranks_per_host = levels.hosts.size() > 1 ? levels.per_host : 0;
+  pr.gpu_mem = gpu_mem;
+  pr.max_micro_batch = false;
+  return pr;
+}
+
 }  // namespace
 
 WhatIf what_if(const WhatIfRequest& req) {
@@ -583,24 +619,12 @@ WhatIf what_if(const WhatIfRequest& req) {
       step_work(*nn::convnext_spec(mc), cfg.image_size, cfg.micro_batch, ec, cfg.activation_checkpointing,
                 parse_device(cfg.device).is_cuda());
   const Run run{cfg, mesh_spec(cfg), work, req.compute, ec, er};
-  const std::vector<int> ring = req.topology.ring_order();
   std::map<int, double> one_rank;  // img/s on one rank, per stage
   for (int k : ranks) {
     const CommModel comm(req.topology, k);
     const dist::Topology sub = first_ranks(req.topology, k);
     const Levels levels = mesh_levels(sub);
-    WhatIfRing r;
-    r.ranks = k;
-    // A sub-topology numbers its ranks by their place on the whole ring.
-    for (int i : comm.order()) r.order.push_back(k == total ? i : ring[size_t(i)]);
-    if (k > 1) {
-      constexpr double kBytes = 64.0 * 1024 * 1024;
-      const dist::RingPrediction rs = comm.predict(Collective::reduce_scatter, kBytes);
-      r.bottleneck = rs.bottleneck;
-      r.reduce_scatter_busbw_gbps = rs.busbw_gbps;
-      r.all_reduce_busbw_gbps = comm.predict(Collective::all_reduce, kBytes).busbw_gbps;
-    }
-    r.host_link_gbps = host_link_gbps(sub);
+    const WhatIfRing r = ring_of(req.topology, comm, sub);
     CZ_CHECK(!cfg.offload_optimizer || r.host_link_gbps > 0,
              "--what-if: {} needs up_gbps on the links from the GPUs to their CPU",
              train::flag_name(&train::TrainConfig::offload_optimizer));
@@ -613,19 +637,7 @@ WhatIf what_if(const WhatIfRequest& req) {
         w.rows.push_back(row);
         continue;
       }
-      PlanRequest pr;
-      pr.config = cfg;
-      pr.config.stage = stage;
-      // hpZ is stage 3's across hosts: its other rows are plain stages.
-      if (!zero::stage_rules(stage).unit_gathers || levels.hosts.size() < 2) pr.config.hpz = false;
-      // Quantized communication is stages 1-3's (stage 0 gathers nothing, and all-reduces): its stage-0 row
-      // is the unquantized run, as simulate() times it.
-      if (!zero::stage_rules(stage).sharded) pr.config.gather_dtype = pr.config.reduce_dtype = "fp32";
-      pr.world = k;
-      pr.ranks_per_host = levels.hosts.size() > 1 ? levels.per_host : 0;
-      pr.gpu_mem = req.gpu_mem;
-      pr.max_micro_batch = false;
-      const Plan p = make_plan(pr);
+      const Plan p = make_plan(row_request(cfg, stage, k, levels, req.gpu_mem));
       row.memory_bytes = p.required_bytes;
       row.fits = p.fits;
       w.rows.push_back(row);
