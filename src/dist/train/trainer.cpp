@@ -89,6 +89,50 @@ zero::MakeEma make_ema(const TrainConfig& c) {
 
 Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), world_(world) {
   cfg_.validate();
+  choose_device();
+  const std::string comm_kind = connect();  // for --cuda-graphs: "" without a communicator
+  // hpZ keeps backward's gathers on the host: with one host there is nothing to keep them from.
+  CZ_CHECK(!cfg_.hpz || mesh_.hosts().num_hosts() > 1,
+           "{} needs more than one host; all {} rank(s) of this launch are on {} (with one host, plain {} 3 "
+           "already gathers inside it)",
+           flag_name(&TrainConfig::hpz), world_.size(), mesh_.hosts().hosts.front(),
+           flag_name(&TrainConfig::stage));
+  group_ = mesh_.world();
+  checkpointer_ =
+      std::make_unique<Checkpointer>(cfg_.checkpoint_dir, group_, world_.rank() == 0 && cfg_.progress);
+  boundary_ = StepBoundary(control_, cfg_.end_margin);
+  check_outputs();
+  rank_stats_ = RankStats(world_.size() > 1 ? int(cfg_.rank_stats_every) : 0);
+  feed_ = std::make_unique<DataFeed>(cfg_, world_, device_);
+  total_steps_ = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * feed_->steps_per_epoch();
+  CZ_CHECK(!cfg_.keep_best || feed_->eval_set(),
+           "{} keeps the checkpoint of the best evaluation, but {} has no eval split; "
+           "give {}",
+           flag_name(&TrainConfig::keep_best), flag_arg(cfg_, &TrainConfig::data),
+           flag_name(&TrainConfig::eval_data));
+  build_model();
+  if (!device_.is_cuda()) choose_cpu_gemms();
+  build_schedule();
+  if (!cfg_.resume.empty()) resume(cfg_.resume);
+  open_log();  // after the resume, which says from which step the log continues
+  if (!cfg_.trace.empty()) {
+    tracer_ = std::make_unique<StepTracer>(cfg_.trace, parse_trace_steps(cfg_.trace_steps, "--trace-steps"),
+                                           control_, world_.rank(), world_.size(), device_);
+    tracer_->watch_blocks(*model_, model_->units(), cfg_.stage == 3);
+  }
+  // fp16's loss scale multiplies the loss from device memory, written before each step, so that a replayed
+  // micro-step scales by this step's value (Note [CUDA graphs for the step]).
+  if (scaler_.enabled()) loss_scale_ = full({}, scaler_.scale(), DType::f32, device_);
+  // The steps this process runs (after a resume, those left): the warm-up counts them.
+  graph_plan_ = plan_cuda_graphs(graph_plan_input(cfg_, world_.size(), comm_kind, total_steps_ - step_));
+  if (graph_plan_.capture) {
+    graphs_ = std::make_unique<StepGraphs>(device_, graph_plan_.warmup_steps);
+    engine_->use_device_update();  // the update reads its scalars from the device (a graph replays it)
+  }
+}
+
+// The training device (and CUDA's process-wide settings), the compute dtype and the CPU GEMMs' precision.
+void Trainer::choose_device() {
   device_ = parse_device(cfg_.device);
   if (device_.is_cuda()) {
     CZ_CHECK_DEVICE(cuda_available(), "{}: no CUDA GPU is available{}", flag_arg(cfg_, &TrainConfig::device),
@@ -122,111 +166,83 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
   } else {
     cpu::set_matmul_precision(cpu::MatmulPrecision::fp32);
   }
+}
+
+// The communicators, the mesh of their groups and the step plan; returns the kind of the world's
+// communicator ("nccl", "mpi"; "" without one).
+std::string Trainer::connect() {
   // At one rank, a --comm-backend named on the command line still gets a communicator of one, so that the
   // collectives' code paths run (the NCCL path of a one-GPU box among them); auto keeps none.
   const bool comm_of_one = world_.size() == 1 && cfg_.comm_backend != "auto";
-  std::string comm_kind;  // for --cuda-graphs: "" without a communicator
-  if (world_.size() > 1 || comm_of_one) {
-    dist::CommOptions opt;
-    opt.device = device_;
-    opt.algorithm = world_algorithm(cfg_);
-    opt.timeout_s = cfg_.comm_timeout_s;
-    // Note [Control communicator]: the trainer's own exchanges of a few host values (the flags' agreement
-    // here, the step boundary's stop-and-publish, Note [Stopping on request]) run on a world communicator of
-    // their own, MPI on host memory whatever the training device. On the world's, the step boundary queued
-    // behind the parameter all-gathers that stages 1-2 launch after the update to overlap the next forward,
-    // so the host waited for them at the boundary, outside the step's timer: the overlap was lost and img/s
-    // overstated (ConvNeXt-femto, 2 hosts x 2 ranks at 200 Mbit/s, stage 1: 1.39 s a step on the clock, 0.75
-    // s logged). MPI's own collectives (builtin) move the values without ring scratch. The ranks agree on the
-    // flags (--shard-group and --hpz among them) before the mesh's groups are made: ranks naming different
-    // groups would wait for each other forever.
-    dist::CommOptions control;
-    control.algorithm = dist::Algorithm::builtin;
-    control.timeout_s = cfg_.comm_timeout_s;
-    control.label = "control";
-    control_comm_ = dist::make_communicator(world_, control);
-    control_ = dist::ProcessGroup(control_comm_.get(), Device::cpu());
-    check_ranks_agree();
-    opt.backend = choose_backend();
-    comm_kind = opt.backend == dist::Backend::nccl ? "nccl" : "mpi";
-    check_comm_impl(opt.backend);
-    plan_ = make_plan(dist::host_map(world_));
-    mesh_ = dist::Mesh(world_, opt, cfg_.shard_group, cfg_.hpz || plan_.two_hop(), comm_of_one);
-    group_ = mesh_.world();
-    // Across hosts, say how the gradient buckets' collectives go (Note [Two-level cost model]).
-    if (world_.rank() == 0 && mesh_.hosts().num_hosts() > 1)
-      fmt::print("{}: {}\n", flag_arg(cfg_, &TrainConfig::comm_impl),
-                 mesh_.world().communicator()->explain(dist::Collective::all_reduce,
-                                                       size_t(bucket_bytes(cfg_.bucket_mb))));
-    if (world_.rank() == 0 && plan_.two_hop())
-      fmt::print("{}: {} int8 {} in two hops, inside each host then across hosts\n",
-                 flag_arg(cfg_, &TrainConfig::comm_impl), flag_name(&TrainConfig::reduce_dtype),
-                 plan_.sharded() ? "reduce-scatters" : "all-reduces");
-  } else {
-    mesh_ = dist::Mesh(device_);
-    control_ = dist::ProcessGroup(device_);
-    dist::shard_groups(cfg_.shard_group, mesh_.hosts());  // the same checks as on a world of several
-    plan_ = make_plan(mesh_.hosts());
-  }
-  // hpZ keeps backward's gathers on the host: with one host there is nothing to keep them from.
-  CZ_CHECK(!cfg_.hpz || mesh_.hosts().num_hosts() > 1,
-           "{} needs more than one host; all {} rank(s) of this launch are on {} (with one host, plain {} 3 "
-           "already gathers inside it)",
-           flag_name(&TrainConfig::hpz), world_.size(), mesh_.hosts().hosts.front(),
-           flag_name(&TrainConfig::stage));
+  if (world_.size() > 1 || comm_of_one) return connect_ranks(comm_of_one);
+  mesh_ = dist::Mesh(device_);
+  control_ = dist::ProcessGroup(device_);
+  dist::shard_groups(cfg_.shard_group, mesh_.hosts());  // the same checks as on a world of several
+  plan_ = make_plan(mesh_.hosts());
+  return "";
+}
+
+std::string Trainer::connect_ranks(bool comm_of_one) {
+  dist::CommOptions opt;
+  opt.device = device_;
+  opt.algorithm = world_algorithm(cfg_);
+  opt.timeout_s = cfg_.comm_timeout_s;
+  // Note [Control communicator]: the trainer's own exchanges of a few host values (the flags' agreement
+  // here, the step boundary's stop-and-publish, Note [Stopping on request]) run on a world communicator of
+  // their own, MPI on host memory whatever the training device. On the world's, the step boundary queued
+  // behind the parameter all-gathers that stages 1-2 launch after the update to overlap the next forward,
+  // so the host waited for them at the boundary, outside the step's timer: the overlap was lost and img/s
+  // overstated (ConvNeXt-femto, 2 hosts x 2 ranks at 200 Mbit/s, stage 1: 1.39 s a step on the clock, 0.75
+  // s logged). MPI's own collectives (builtin) move the values without ring scratch. The ranks agree on the
+  // flags (--shard-group and --hpz among them) before the mesh's groups are made: ranks naming different
+  // groups would wait for each other forever.
+  dist::CommOptions control;
+  control.algorithm = dist::Algorithm::builtin;
+  control.timeout_s = cfg_.comm_timeout_s;
+  control.label = "control";
+  control_comm_ = dist::make_communicator(world_, control);
+  control_ = dist::ProcessGroup(control_comm_.get(), Device::cpu());
+  check_ranks_agree();
+  opt.backend = choose_backend();
+  check_comm_impl(opt.backend);
+  plan_ = make_plan(dist::host_map(world_));
+  mesh_ = dist::Mesh(world_, opt, cfg_.shard_group, cfg_.hpz || plan_.two_hop(), comm_of_one);
   group_ = mesh_.world();
-  checkpointer_ = std::make_unique<Checkpointer>(cfg_.checkpoint_dir, group_, world_.rank() == 0 && cfg_.progress);
-  boundary_ = StepBoundary(control_, cfg_.end_margin);
-  check_outputs();
-  rank_stats_ = RankStats(world_.size() > 1 ? int(cfg_.rank_stats_every) : 0);
-  feed_ = std::make_unique<DataFeed>(cfg_, world_, device_);
-  total_steps_ = cfg_.steps > 0 ? cfg_.steps : cfg_.epochs * feed_->steps_per_epoch();
-  CZ_CHECK(!cfg_.keep_best || feed_->eval_set(),
-           "{} keeps the checkpoint of the best evaluation, but {} has no eval split; "
-           "give {}",
-           flag_name(&TrainConfig::keep_best), flag_arg(cfg_, &TrainConfig::data),
-           flag_name(&TrainConfig::eval_data));
-  build_model();
-  // After the control communicator and the model: rank 0's choice of GEMM library per shape, on every rank.
-  if (!device_.is_cuda()) {
-    CpuGemmSetup g =
-        setup_cpu_gemms(cfg_.cpu_gemm, model_->config(), cfg_.image_size, cfg_.micro_batch, control_);
-    cpu_gemm_note_ = std::move(g.note);
-    // Under bf16 every float GEMM takes the bf16 path (precision_note_), so the library choice does not
-    // apply.
-    if (cpu_bf16_gemms(cfg_, false))
-      cpu_gemm_note_ = fmt::format(
-          "none in fp32: {} bf16 sends every GEMM to the bf16 path (next line; the fp32 "
-          "choice would be {})",
-          flag_name(&TrainConfig::precision), cpu_gemm_note_);
-    for (const std::string& w : g.warnings) cpu_gemm_warnings_.push_back("warning: " + w);
-    // Note [Cutting the rows]: process-wide, as the GEMM library; set before any kernel runs.
-    const cpu::RowSplit split = *cpu::parse_row_split(cfg_.cpu_row_split);
-    cpu::set_row_split(split);
-    cpu_gemm_note_ +=
-        fmt::format("; rows cut {} ({} {})",
-                    split.mode == cpu::RowSplitMode::fast    ? "by the thread count"
-                    : split.mode == cpu::RowSplitMode::fixed ? "by each layer's shape"
-                                                             : fmt::format("{} at a time", split.rows),
-                    flag_name(&TrainConfig::cpu_row_split), cfg_.cpu_row_split);
-  }
-  build_schedule();
-  if (!cfg_.resume.empty()) resume(cfg_.resume);
-  open_log();  // after the resume, which says from which step the log continues
-  if (!cfg_.trace.empty()) {
-    tracer_ = std::make_unique<StepTracer>(cfg_.trace, parse_trace_steps(cfg_.trace_steps, "--trace-steps"),
-                                           control_, world_.rank(), world_.size(), device_);
-    tracer_->watch_blocks(*model_, model_->units(), cfg_.stage == 3);
-  }
-  // fp16's loss scale multiplies the loss from device memory, written before each step, so that a replayed
-  // micro-step scales by this step's value (Note [CUDA graphs for the step]).
-  if (scaler_.enabled()) loss_scale_ = full({}, scaler_.scale(), DType::f32, device_);
-  // The steps this process runs (after a resume, those left): the warm-up counts them.
-  graph_plan_ = plan_cuda_graphs(graph_plan_input(cfg_, world_.size(), comm_kind, total_steps_ - step_));
-  if (graph_plan_.capture) {
-    graphs_ = std::make_unique<StepGraphs>(device_, graph_plan_.warmup_steps);
-    engine_->use_device_update();  // the update reads its scalars from the device (a graph replays it)
-  }
+  // Across hosts, say how the gradient buckets' collectives go (Note [Two-level cost model]).
+  if (world_.rank() == 0 && mesh_.hosts().num_hosts() > 1)
+    fmt::print("{}: {}\n", flag_arg(cfg_, &TrainConfig::comm_impl),
+               mesh_.world().communicator()->explain(dist::Collective::all_reduce,
+                                                     size_t(bucket_bytes(cfg_.bucket_mb))));
+  if (world_.rank() == 0 && plan_.two_hop())
+    fmt::print("{}: {} int8 {} in two hops, inside each host then across hosts\n",
+               flag_arg(cfg_, &TrainConfig::comm_impl), flag_name(&TrainConfig::reduce_dtype),
+               plan_.sharded() ? "reduce-scatters" : "all-reduces");
+  return opt.backend == dist::Backend::nccl ? "nccl" : "mpi";
+}
+
+// --cpu-gemm and --cpu-row-split on a CPU run: rank 0's choice of GEMM library per shape, on every rank
+// (after the control communicator and the model).
+void Trainer::choose_cpu_gemms() {
+  CpuGemmSetup g =
+      setup_cpu_gemms(cfg_.cpu_gemm, cfg_.model_config(), cfg_.image_size, cfg_.micro_batch, control_);
+  cpu_gemm_note_ = std::move(g.note);
+  // Under bf16 every float GEMM takes the bf16 path (precision_note_), so the library choice does not
+  // apply.
+  if (cpu_bf16_gemms(cfg_, false))
+    cpu_gemm_note_ = fmt::format(
+        "none in fp32: {} bf16 sends every GEMM to the bf16 path (next line; the fp32 "
+        "choice would be {})",
+        flag_name(&TrainConfig::precision), cpu_gemm_note_);
+  for (const std::string& w : g.warnings) cpu_gemm_warnings_.push_back("warning: " + w);
+  // Note [Cutting the rows]: process-wide, as the GEMM library; set before any kernel runs.
+  const cpu::RowSplit split = *cpu::parse_row_split(cfg_.cpu_row_split);
+  cpu::set_row_split(split);
+  cpu_gemm_note_ +=
+      fmt::format("; rows cut {} ({} {})",
+                  split.mode == cpu::RowSplitMode::fast    ? "by the thread count"
+                  : split.mode == cpu::RowSplitMode::fixed ? "by each layer's shape"
+                                                           : fmt::format("{} at a time", split.rows),
+                  flag_name(&TrainConfig::cpu_row_split), cfg_.cpu_row_split);
 }
 
 // Every rank must run the same model, stage, dtypes and batch settings (the flags marked ranks_agree in the
@@ -317,11 +333,12 @@ void Trainer::check_comm_impl(dist::Backend backend) const {
 zero::StepPlan Trainer::make_plan(const dist::HostMap& hosts) const {
   const int shard_group =
       cfg_.shard_group == "world" ? 0 : int(dist::shard_groups(cfg_.shard_group, hosts).front().size());
-  zero::StepPlan plan = zero::make_step_plan(zero_config(cfg_, device_), {.world = world_.size(),
-                                                                          .shard_group = shard_group,
-                                                                          .hosts = hosts.num_hosts(),
-                                                                          .ranks_per_host = hosts.ranks_per_host(),
-                                                                          .flat_impl = cfg_.comm_impl == "flat"});
+  zero::StepPlan plan =
+      zero::make_step_plan(zero_config(cfg_, device_), {.world = world_.size(),
+                                                        .shard_group = shard_group,
+                                                        .hosts = hosts.num_hosts(),
+                                                        .ranks_per_host = hosts.ranks_per_host(),
+                                                        .flat_impl = cfg_.comm_impl == "flat"});
   CZ_CHECK(
       plan.two_hop_choice() != zero::TwoHop::cpu_only || cfg_.comm_impl != "hier",
       "{} with {} int8 on {} hosts: the two-hop quantized reduction takes CPU ranks (this run: {} {}); use "
@@ -343,8 +360,8 @@ void Trainer::build_model() {
     // Note [Class names]: a kept classifier must be for this data's classes; --reset-head makes a new one.
     if (!cfg_.reset_head)
       feed_->check_classes(r.class_names, flag_arg(cfg_, &TrainConfig::init_weights),
-                    fmt::format("give {} to train a new classifier for these classes",
-                                flag_name(&TrainConfig::reset_head)));
+                           fmt::format("give {} to train a new classifier for these classes",
+                                       flag_name(&TrainConfig::reset_head)));
     if (cfg_.reset_head) model_->reset_head(cfg_.seed + 1);
     init_weights_note_ = describe_import(cfg_, r);
   }
@@ -361,8 +378,7 @@ void Trainer::build_schedule() {
     warmup = std::llround(cfg_.warmup_epochs * double(feed_->steps_per_epoch()));
     CZ_CHECK(cfg_.schedule == "constant" || warmup <= total_steps_,
              "{} is {} steps at {} steps per epoch, more than the run's {} steps (give {} or a longer run)",
-             flag_arg(cfg_, &TrainConfig::warmup_epochs), warmup,
-             feed_->steps_per_epoch(), total_steps_,
+             flag_arg(cfg_, &TrainConfig::warmup_epochs), warmup, feed_->steps_per_epoch(), total_steps_,
              flag_name(&TrainConfig::warmup_steps));
   }
   schedule_ = std::make_unique<LrSchedule>(
@@ -411,8 +427,40 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
   engine_->begin_step(s.lr, cfg_.clip_grad, scaler_);
   if (loss_scale_.defined()) loss_scale_.fill_(s.loss_scale);
   model_->train();
-  // The micro-steps' losses are summed on the device and read once, after the last backward: a read per
-  // micro-step would make the host wait for each backward before queuing the next micro-step.
+  const Tensor loss_sum = forward_backward(micro_batches, s.step);
+  feed_->take_ahead();  // CUDA: its copy runs beside this step's queued backward
+  if (graphs_) {
+    // The update's graph is queued before the host waits for the loss, so the device runs it right after
+    // backward (the loss is a copy the update does not touch).
+    update_and_gather(s);
+    s.loss = mean_loss(loss_sum);
+    graphs_->end_step();
+  } else {
+    s.loss = mean_loss(loss_sum);
+    update_and_gather(s);
+  }
+  if (tracer_) tracer_->memory_sample(alloc.stats().allocated_bytes);
+  if (device_.is_cuda()) current_stream(device_).synchronize();
+  // A replayed update decided on the device: the norm and the overflow flag are read now that the step is
+  // done (the LossScaler and the step count advance from the flag), for the log.
+  if (graphs_) engine_->finish_device_update(scaler_, s);
+  const auto t1 = Clock::now();
+  s.step_time_s = std::chrono::duration<double>(t1 - t0).count();
+  // The traced step's span is the logged step_time_s's interval, data wait included.
+  if (trace::active()) trace::complete(fmt::format("step {}", s.step), "step", t0, t1, "step");
+  s.img_per_s = double(cfg_.global_batch(world_.size())) / s.step_time_s;
+  s.peak_mem_bytes = alloc.stats().peak_allocated_bytes;
+  if (graphs_) s.peak_mem_bytes = std::max(s.peak_mem_bytes, graphs_->capture_peak());
+  s.epoch = feed_->epoch();
+  return s;
+}
+
+// Forward, loss and backward of each micro-batch (Note [Where a step communicates]); returns the sum of
+// their losses, on the device. The micro-steps' losses are summed on the device and read once, after the
+// last backward: a read per micro-step would make the host wait for each backward before queuing the next
+// micro-step.
+Tensor Trainer::forward_backward(std::span<const Batch> micro_batches, int64_t step) {
+  Allocator& alloc = allocator_for(device_);
   Tensor loss_sum;
   const int64_t micro = cfg_.micro_batch;
   for (int64_t a = 0; a < cfg_.grad_accum; ++a) {
@@ -425,7 +473,7 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
     Tensor targets = (soft ? batch.targets : batch.labels).to(device_);
     input_s_ += seconds_since(input_t0);
     // Note [Drop-path masks]: keyed by the sample's index in the step's global batch.
-    model_->set_drop_path_context(cfg_.seed, uint64_t(s.step), (a * world_.size() + world_.rank()) * micro);
+    model_->set_drop_path_context(cfg_.seed, uint64_t(step), (a * world_.size() + world_.rank()) * micro);
     const bool last = a + 1 == cfg_.grad_accum;
     // Forward, loss and backward: what --cuda-graphs captures and replays (Note [CUDA graphs for the step]).
     // The logits outlive the loss's sum below, as the memory planner's walk of a step has them
@@ -452,31 +500,7 @@ StepStats Trainer::run_step(std::span<const Batch> micro_batches, Clock::time_po
     NoGradGuard no_grad;
     loss_sum = loss_sum.defined() ? add(loss_sum, loss) : loss;
   }
-  feed_->take_ahead();  // CUDA: its copy runs beside this step's queued backward
-  if (graphs_) {
-    // The update's graph is queued before the host waits for the loss, so the device runs it right after
-    // backward (the loss is a copy the update does not touch).
-    update_and_gather(s);
-    s.loss = mean_loss(loss_sum);
-    graphs_->end_step();
-  } else {
-    s.loss = mean_loss(loss_sum);
-    update_and_gather(s);
-  }
-  if (tracer_) tracer_->memory_sample(alloc.stats().allocated_bytes);
-  if (device_.is_cuda()) current_stream(device_).synchronize();
-  // A replayed update decided on the device: the norm and the overflow flag are read now that the step is
-  // done (the LossScaler and the step count advance from the flag), for the log.
-  if (graphs_) engine_->finish_device_update(scaler_, s);
-  const auto t1 = Clock::now();
-  s.step_time_s = std::chrono::duration<double>(t1 - t0).count();
-  // The traced step's span is the logged step_time_s's interval, data wait included.
-  if (trace::active()) trace::complete(fmt::format("step {}", s.step), "step", t0, t1, "step");
-  s.img_per_s = double(cfg_.global_batch(world_.size())) / s.step_time_s;
-  s.peak_mem_bytes = alloc.stats().peak_allocated_bytes;
-  if (graphs_) s.peak_mem_bytes = std::max(s.peak_mem_bytes, graphs_->capture_peak());
-  s.epoch = feed_->epoch();
-  return s;
+  return loss_sum;
 }
 
 // Note [Where a step communicates]: the collectives a step causes, in the order the loop causes them (the
@@ -520,7 +544,7 @@ EvalResult Trainer::evaluate() {
   model_->eval();
   NoGradGuard no_grad;
   // Top-5 means something with 5 classes or more (EvalResult::top5).
-  const int64_t classes = model_->config().num_classes;
+  const int64_t classes = model_->spec().num_classes();
   const bool top5 = classes >= 5;
   double loss_sum = 0, correct = 0, correct5 = 0, n = 0;
   int64_t batches = 0;
@@ -569,78 +593,106 @@ int Trainer::step_boundary() {
   return a.signal;
 }
 
+// An evaluation after `at_step` of the weights and of the EMA: into `sum`, the best checkpoints, the log and
+// the console.
+void Trainer::evaluate_and_log(int64_t at_step, TrainSummary& sum) {
+  sum.eval = evaluate();
+  // top5 is null below 5 classes (EvalResult::top5).
+  const auto fraction = [](double v) { return std::isnan(v) ? nlohmann::json() : nlohmann::json(v); };
+  nlohmann::json j = {{"split", "eval"},
+                      {"step", at_step},
+                      {"loss", sum.eval->loss},
+                      {"top1", sum.eval->top1},
+                      {"top5", fraction(sum.eval->top5)},
+                      {"examples", sum.eval->examples}};
+  if (engine_->has_ema()) {
+    engine_->swap_ema();
+    sum.eval_ema = evaluate();
+    engine_->swap_ema();
+    j["ema_loss"] = sum.eval_ema->loss;
+    j["ema_top1"] = sum.eval_ema->top1;
+    j["ema_top5"] = fraction(sum.eval_ema->top5);
+  }
+  track_best(best_, *sum.eval, "best");
+  if (sum.eval_ema) track_best(best_ema_, *sum.eval_ema, "best_ema");
+  sum.best = best_;
+  sum.best_ema = best_ema_;
+  write_record(j);
+  if (world_.rank() == 0) {
+    std::string line = fmt::format("eval @ step {}: loss {:.4f}  top1 {:.2f}%  top5 {}", at_step,
+                                   sum.eval->loss, 100 * sum.eval->top1, percent(sum.eval->top5));
+    if (sum.eval_ema)
+      line += fmt::format("  (EMA: loss {:.4f}  top1 {:.2f}%  top5 {})", sum.eval_ema->loss,
+                          100 * sum.eval_ema->top1, percent(sum.eval_ema->top5));
+    console_print(stdout, line + "\n");  // Note [One console]: not onto the progress bar
+  }
+}
+
+// After each step of run(): its figures into `t` and `sum`, every rank's step gathered when due, the check
+// for divergence and the step's record.
+void Trainer::account_step(const StepStats& s, RunTotals& t, TrainSummary& sum) {
+  ++t.steps;
+  boundary_.step_took(s.step_time_s);
+  t.images += cfg_.global_batch(world_.size());
+  t.time_in_steps += s.step_time_s;
+  if (t.steps > 1) {
+    t.wait_after_first += s.data_wait_s;
+    t.time_after_first += s.step_time_s;
+    sum.data_wait_fraction = t.wait_after_first / t.time_after_first;
+  }
+  if (t.steps == DataFeed::kLoaderCheckSteps)
+    feed_->warn_if_loader_bound(t.wait_after_first, t.time_after_first, step_);
+  sum.add(s);
+  if (rank_stats_.enabled()) {
+    rank_stats_.add(s.step_time_s, s.data_wait_s, input_s_, s.comm_wait_s + loss_wait_s_);
+    if (rank_stats_.due(s.step, s.step == total_steps_)) gather_rank_stats(s.step);
+  }
+  CZ_CHECK(std::isfinite(s.loss) || s.skipped,
+           "training diverged at step {}: loss is {} (try a lower {} or {})", s.step, s.loss,
+           flag_name(&TrainConfig::lr), flag_name(&TrainConfig::clip_grad));
+  nlohmann::json record = zero::to_json(s);
+  record["split"] = "train";  // beside evaluations' "eval": readers select steps by it
+  write_record(std::move(record));
+}
+
+// At the end of run(), with --checkpoint-dir: a checkpoint of the last step, published, and after a stop by
+// `stop_signal` the stop record.
+void Trainer::save_final_checkpoint(int stop_signal) {
+  if (cfg_.checkpoint_dir.empty()) return;
+  if (checkpointer_->saved_step() != step_) save_checkpoint();
+  finish_pending_save();
+  // Note [The stop record]: what a job script reads where the launcher's exit code cannot be trusted.
+  if (stop_signal != 0 && world_.rank() == 0) checkpointer_->write_stop_record(stop_signal, step_);
+}
+
+// --export-weights, at the end of run(): gathered on every rank (the engine's master_parameters is
+// collective), written by rank 0.
+void Trainer::export_final_weights() {
+  if (cfg_.export_weights.empty()) return;
+  const nn::NamedParameters weights = master_parameters();
+  if (world_.rank() == 0) {
+    WeightExportOptions opt;
+    opt.conv_mlp = cfg_.model_config().conv_mlp;
+    opt.class_names = class_names();
+    export_weights(cfg_.export_weights, weights, opt);
+  }
+}
+
 TrainSummary Trainer::run() {
-  const bool lead = world_.rank() == 0;
   // The ETA counts only the steps this process runs, from the resumed one (io/log/train_log.h).
   ProgressBar bar(total_steps_, progress_mode(), cfg_.progress_interval_s, step_);
   TrainSummary sum;
+  RunTotals t;
   const auto t0 = Clock::now();
-  auto run_eval = [&](int64_t at_step) {
-    sum.eval = evaluate();
-    // top5 is null below 5 classes (EvalResult::top5).
-    const auto fraction = [](double v) { return std::isnan(v) ? nlohmann::json() : nlohmann::json(v); };
-    nlohmann::json j = {{"split", "eval"},
-                        {"step", at_step},
-                        {"loss", sum.eval->loss},
-                        {"top1", sum.eval->top1},
-                        {"top5", fraction(sum.eval->top5)},
-                        {"examples", sum.eval->examples}};
-    if (engine_->has_ema()) {
-      engine_->swap_ema();
-      sum.eval_ema = evaluate();
-      engine_->swap_ema();
-      j["ema_loss"] = sum.eval_ema->loss;
-      j["ema_top1"] = sum.eval_ema->top1;
-      j["ema_top5"] = fraction(sum.eval_ema->top5);
-    }
-    track_best(best_, *sum.eval, "best");
-    if (sum.eval_ema) track_best(best_ema_, *sum.eval_ema, "best_ema");
-    sum.best = best_;
-    sum.best_ema = best_ema_;
-    write_record(j);
-    if (lead) {
-      std::string line = fmt::format("eval @ step {}: loss {:.4f}  top1 {:.2f}%  top5 {}", at_step,
-                                     sum.eval->loss, 100 * sum.eval->top1, percent(sum.eval->top5));
-      if (sum.eval_ema)
-        line += fmt::format("  (EMA: loss {:.4f}  top1 {:.2f}%  top5 {})", sum.eval_ema->loss,
-                            100 * sum.eval_ema->top1, percent(sum.eval_ema->top5));
-      console_print(stdout, line + "\n");  // Note [One console]: not onto the progress bar
-    }
-  };
-  int64_t images = 0;
-  double time_in_steps = 0;
-  int64_t steps_run = 0;
-  double wait_after_first = 0, time_after_first = 0;  // Note [Data wait]
   // From a resumed step onwards too; each boundary publishes a finished save and may stop the run.
   while (step_ < total_steps_ && (sum.stop_signal = step_boundary()) == 0) {
     if (tracer_) tracer_->before_step(step_ + 1);
     const StepStats s = step();
     if (tracer_) tracer_->after_step(s.step);
-    ++steps_run;
-    boundary_.step_took(s.step_time_s);
-    images += cfg_.global_batch(world_.size());
-    time_in_steps += s.step_time_s;
-    if (steps_run > 1) {
-      wait_after_first += s.data_wait_s;
-      time_after_first += s.step_time_s;
-      sum.data_wait_fraction = wait_after_first / time_after_first;
-    }
-    if (steps_run == DataFeed::kLoaderCheckSteps)
-      feed_->warn_if_loader_bound(wait_after_first, time_after_first, step_);
-    sum.add(s);
-    if (rank_stats_.enabled()) {
-      rank_stats_.add(s.step_time_s, s.data_wait_s, input_s_, s.comm_wait_s + loss_wait_s_);
-      if (rank_stats_.due(s.step, s.step == total_steps_)) gather_rank_stats(s.step);
-    }
-    CZ_CHECK(std::isfinite(s.loss) || s.skipped,
-             "training diverged at step {}: loss is {} (try a lower {} or {})", s.step, s.loss,
-             flag_name(&TrainConfig::lr), flag_name(&TrainConfig::clip_grad));
-    nlohmann::json record = zero::to_json(s);
-    record["split"] = "train";  // beside evaluations' "eval": readers select steps by it
-    write_record(std::move(record));
-    bar.update(s.step, s.loss, double(images) / time_in_steps, sum.data_wait_fraction);
+    account_step(s, t, sum);
+    bar.update(s.step, s.loss, double(t.images) / t.time_in_steps, sum.data_wait_fraction);
     if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step < total_steps_ && feed_->eval_set())
-      run_eval(s.step);
+      evaluate_and_log(s.step, sum);
     if (cfg_.checkpoint_every > 0 && s.step % cfg_.checkpoint_every == 0) {
       save_checkpoint();
       // Note [Steps lost to a failure]: a background save is published at the first step boundary after
@@ -654,30 +706,15 @@ TrainSummary Trainer::run() {
   if (tracer_) tracer_->finish();  // a run that ended inside --trace-steps
   feed_->finish_dump();
   count_skipped_samples(sum);
-  if (!cfg_.checkpoint_dir.empty()) {
-    if (checkpointer_->saved_step() != step_) save_checkpoint();
-    finish_pending_save();
-    // Note [The stop record]: what a job script reads where the launcher's exit code cannot be trusted.
-    if (sum.stop_signal != 0 && lead)
-      checkpointer_->write_stop_record(sum.stop_signal, step_);
-  }
-  sum.steps = steps_run;
+  save_final_checkpoint(sum.stop_signal);
+  sum.steps = t.steps;
   sum.last_step = step_;
   sum.checkpoint = checkpointer_->latest();
   sum.seconds = seconds_since(t0);
-  sum.img_per_s = time_in_steps > 0 ? double(images) / time_in_steps : 0;
-  if (cfg_.comms_table) report_comms(steps_run);
-  if (feed_->eval_set() && sum.stop_signal == 0) run_eval(total_steps_);
-  if (!cfg_.export_weights.empty()) {
-    // Gathered on every rank (the engine's master_parameters is collective), written by rank 0.
-    const nn::NamedParameters weights = master_parameters();
-    if (lead) {
-      WeightExportOptions opt;
-      opt.conv_mlp = model_->config().conv_mlp;
-      opt.class_names = class_names();
-      export_weights(cfg_.export_weights, weights, opt);
-    }
-  }
+  sum.img_per_s = t.time_in_steps > 0 ? double(t.images) / t.time_in_steps : 0;
+  if (cfg_.comms_table) report_comms(t.steps);
+  if (feed_->eval_set() && sum.stop_signal == 0) evaluate_and_log(total_steps_, sum);
+  export_final_weights();
   return sum;
 }
 

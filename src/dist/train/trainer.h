@@ -1,8 +1,10 @@
 // The training loop behind `convnext_zero`: model, data, schedule, loss scaling, evaluation, logs. The ZeRO
 // engine (dist/zero) owns parameters, gradients, optimizer state and their collectives at every stage.
-// Trainer's methods live in trainer.cpp (construction, the step, the run) and, by what they do, in
-// trainer_data.cpp (the eval set, the data's classes), trainer_checkpoints.cpp (saving, resuming, the best
-// checkpoints) and trainer_log.cpp (--log, --tensorboard, --comms-table).
+// The Trainer holds its parts: the data feed (data_feed.h), the checkpointer (checkpointer.h) and the step
+// boundary's stop agreement (stop.h). Its methods live in trainer.cpp (setup, the step, the run) and, by what
+// they do, in trainer_checkpoints.cpp (what a checkpoint holds, resuming, the best checkpoints),
+// trainer_ranks.cpp (what every rank's figures gather) and trainer_log.cpp (--log, --tensorboard,
+// --comms-table).
 #pragma once
 
 #include <chrono>
@@ -22,8 +24,8 @@
 #include "dist/train/graph_plan.h"
 #include "dist/train/rank_stats.h"
 #include "dist/train/step_graphs.h"
-#include "dist/train/stop.h"
 #include "dist/train/step_tracer.h"
+#include "dist/train/stop.h"
 #include "dist/zero/engine.h"
 #include "io/checkpoint/checkpoint.h"
 #include "io/log/tensorboard.h"
@@ -99,7 +101,7 @@ class Trainer {
   // Micro-batches per rank in an epoch of the training set (its loader's).
   int64_t batches_per_epoch() const { return feed_->batches_per_epoch(); }
 
-  nn::ConvNeXt& model() { return *model_; }
+  nn::Model& model() { return *model_; }
   zero::ZeroEngine& engine() { return *engine_; }
   const TrainConfig& config() const { return cfg_; }
   const Device& device() const { return device_; }
@@ -154,7 +156,12 @@ class Trainer {
   nn::NamedParameters master_parameters();
 
  private:
+  // Setup, in the constructor's order.
+  void choose_device();
+  std::string connect();  // returns the world communicator's kind: "nccl", "mpi", "" without one
+  std::string connect_ranks(bool comm_of_one);
   void build_model();
+  void choose_cpu_gemms();
   void build_schedule();
   void check_ranks_agree();
   dist::Backend choose_backend();  // collective over control_
@@ -165,6 +172,9 @@ class Trainer {
   // DIR/<folder> (Note [Best checkpoints]).
   void track_best(BestEval& best, const EvalResult& r, const char* folder);
   ckpt::SaveRequest checkpoint_request();  // this rank's state and the run's scalars, for DIR/step_<step_>
+  // resume()'s parts: `resuming` names the checkpoint in errors.
+  void check_resume_identity(const ckpt::Checkpoint& ck, const std::string& resuming) const;
+  void resume_best(const ckpt::Checkpoint& ck);
   void open_log();  // rank 0: --log, continued after a resumed step (Note [One log across resumes])
   void write_record(nlohmann::json record);  // to --log, and its scalars to --tensorboard (trainer_log.cpp)
   void report_comms(int64_t steps);          // --comms-table, at the end of run() (trainer_log.cpp)
@@ -174,11 +184,21 @@ class Trainer {
   ProgressMode progress_mode() const;
   using Clock = std::chrono::steady_clock;
   StepStats run_step(std::span<const Batch> micro_batches, Clock::time_point t0);
+  Tensor forward_backward(std::span<const Batch> micro_batches, int64_t step);
   // The step's communication, named where the loop causes it (Note [Where a step communicates]).
   void backward_and_reduce(const Tensor& loss, bool last_micro_step);
   double mean_loss(const Tensor& loss_sum);
   void gather_rank_stats(int64_t step);  // Note [Every rank's step]
   void update_and_gather(StepStats& s);
+  // run()'s figures over the steps this process ran (Note [Data wait]: the wait and time after the first).
+  struct RunTotals {
+    int64_t steps = 0, images = 0;
+    double time_in_steps = 0, wait_after_first = 0, time_after_first = 0;
+  };
+  void account_step(const StepStats& s, RunTotals& t, TrainSummary& sum);
+  void evaluate_and_log(int64_t at_step, TrainSummary& sum);
+  void save_final_checkpoint(int stop_signal);
+  void export_final_weights();
 
   TrainConfig cfg_;
   dist::World& world_;
@@ -193,7 +213,7 @@ class Trainer {
   std::string init_weights_note_;
   dist::ProcessGroup control_;
 
-  std::unique_ptr<nn::ConvNeXt> model_;
+  std::unique_ptr<nn::Model> model_;
   std::unique_ptr<zero::ZeroEngine> engine_;
 
   std::unique_ptr<DataFeed> feed_;

@@ -121,11 +121,9 @@ void Trainer::check_outputs() const {
   if (!cfg_.tensorboard.empty()) check_writable_dir(cfg_.tensorboard, flag_name(&TrainConfig::tensorboard));
 }
 
-void Trainer::resume(const std::string& path) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const ckpt::Checkpoint ck = ckpt::Checkpoint::open(path);
+// The checkpoint was trained with this run's resume_identity flags and on its classes.
+void Trainer::check_resume_identity(const ckpt::Checkpoint& ck, const std::string& resuming) const {
   const auto& sc = ck.scalars();
-  const std::string resuming = fmt::format("{} {}", flag_name(&TrainConfig::resume), ck.path());
   const auto identity = resume_identity(cfg_), defaults = resume_identity(TrainConfig{});
   for (size_t i = 0; i < identity.size(); ++i) {
     const auto& [flag, value] = identity[i];
@@ -146,6 +144,37 @@ void Trainer::resume(const std::string& path) {
         class_names_from_json(it->second, ck.path() + ": scalar 'class_names'"), resuming,
         "resume with the classes it was trained on (a folder's labels are its classes' places in "
         "sorted order)");
+}
+
+// The best evaluations so far (Note [Best checkpoints]) as the checkpoint and DIR/best record them.
+void Trainer::resume_best(const ckpt::Checkpoint& ck) {
+  const auto& sc = ck.scalars();
+  // Checkpoints from before --keep-best have no best figures: every evaluation from here is compared afresh.
+  if (const auto b = sc.floats.find("best_top1"); b != sc.floats.end()) best_.top1 = b->second;
+  if (const auto b = sc.floats.find("best_ema_top1"); b != sc.floats.end()) best_ema_.top1 = b->second;
+  if (const auto b = sc.ints.find("best_step"); b != sc.ints.end()) best_.step = b->second;
+  if (const auto b = sc.ints.find("best_ema_step"); b != sc.ints.end()) best_ema_.step = b->second;
+  // The checkpoint was saved before its step's evaluation (the last one of a run among them), so a best kept
+  // after it is not in its figures: what DIR/best holds counts too, or a later, worse evaluation would
+  // replace it.
+  if (cfg_.keep_best) {
+    for (auto [best, folder] : {std::pair{&best_, "best"}, std::pair{&best_ema_, "best_ema"}}) {
+      const std::string dir = cfg_.checkpoint_dir + "/" + folder;
+      if (!std::filesystem::exists(dir + "/latest")) continue;
+      const ckpt::Checkpoint kept = ckpt::Checkpoint::open(dir);
+      const auto top1 = kept.scalars().floats.find("eval_top1");
+      if (top1 == kept.scalars().floats.end() || !(top1->second > best->top1)) continue;
+      *best = BestEval{top1->second, kept.step(), kept.path()};
+    }
+  }
+}
+
+void Trainer::resume(const std::string& path) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const ckpt::Checkpoint ck = ckpt::Checkpoint::open(path);
+  const auto& sc = ck.scalars();
+  const std::string resuming = fmt::format("{} {}", flag_name(&TrainConfig::resume), ck.path());
+  check_resume_identity(ck, resuming);
   auto get = [&](const char* key) {
     const auto it = sc.ints.find(key);
     CZ_CHECK_IO(it != sc.ints.end(), "{}: the checkpoint has no '{}'", resuming, key);
@@ -168,24 +197,7 @@ void Trainer::resume(const std::string& path) {
   step_ = ck.step();
   checkpointer_->resumed_from(ck.path(), step_);
   feed_->start_at(get("epoch"), samples);
-  // Checkpoints from before --keep-best have no best figures: every evaluation from here is compared afresh.
-  if (const auto b = sc.floats.find("best_top1"); b != sc.floats.end()) best_.top1 = b->second;
-  if (const auto b = sc.floats.find("best_ema_top1"); b != sc.floats.end()) best_ema_.top1 = b->second;
-  if (const auto b = sc.ints.find("best_step"); b != sc.ints.end()) best_.step = b->second;
-  if (const auto b = sc.ints.find("best_ema_step"); b != sc.ints.end()) best_ema_.step = b->second;
-  // The checkpoint was saved before its step's evaluation (the last one of a run among them), so a best kept
-  // after it is not in its figures: what DIR/best holds counts too, or a later, worse evaluation would
-  // replace it.
-  if (cfg_.keep_best) {
-    for (auto [best, folder] : {std::pair{&best_, "best"}, std::pair{&best_ema_, "best_ema"}}) {
-      const std::string dir = cfg_.checkpoint_dir + "/" + folder;
-      if (!std::filesystem::exists(dir + "/latest")) continue;
-      const ckpt::Checkpoint kept = ckpt::Checkpoint::open(dir);
-      const auto top1 = kept.scalars().floats.find("eval_top1");
-      if (top1 == kept.scalars().floats.end() || !(top1->second > best->top1)) continue;
-      *best = BestEval{top1->second, kept.step(), kept.path()};
-    }
-  }
+  resume_best(ck);
   LossScaler::State ls;
   ls.scale = sc.floats.count("loss_scale") ? sc.floats.at("loss_scale") : 1.0;
   ls.clean_steps = get("loss_scale_clean_steps");
