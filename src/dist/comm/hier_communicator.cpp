@@ -248,13 +248,33 @@ class HierCommunicator final : public Communicator {
     }
   };
 
+  // Note [Two-level pipeline]: piece by piece, a first collective, a second once the piece's first has
+  // finished, then a local step once its second has; first and second return their Work.
+  template <class First, class Second, class Last>
+  static void pipeline(const Slots& sl, First&& first, Second&& second, Last&& last) {
+    std::vector<WorkHandle> a(size_t(sl.pieces)), b(size_t(sl.pieces));
+    for (int k = 0; k < sl.pieces; ++k) {
+      const auto [o, len] = sl.piece(k);
+      a[size_t(k)] = first(o, len);
+    }
+    for (int k = 0; k < sl.pieces; ++k) {
+      const auto [o, len] = sl.piece(k);
+      step(a[size_t(k)]);
+      b[size_t(k)] = second(o, len);
+    }
+    for (int k = 0; k < sl.pieces; ++k) {
+      const auto [o, len] = sl.piece(k);
+      step(b[size_t(k)]);
+      last(o, len);
+    }
+  }
+
+  // Every rank's shards into the slots, reduced inside the host, then across hosts into our slot.
   void run_reduce_scatter(const Call& c, const Slots& sl) {
     const int me = rank(), l = host_->rank();
     const Device d = c.device;
     const size_t es = sl.es;
-    std::vector<WorkHandle> first(size_t(sl.pieces)), second(size_t(sl.pieces));
-    for (int k = 0; k < sl.pieces; ++k) {
-      const auto [o, len] = sl.piece(k);
+    const auto gather_slots = [&](int64_t o, int64_t len) {
       for (int w = 0; w < sl.n; ++w) {
         const size_t b = sl.covered(w, o, len);
         char* dst = sl.slot_of(o, len, w);
@@ -262,48 +282,43 @@ class HierCommunicator final : public Communicator {
         // The padding is reduced but never read; zeroed on the CPU so that no stray NaN is summed.
         if (b < size_t(len) * es && d.is_cpu()) std::memset(dst + b, 0, size_t(len) * es - b);
       }
-      first[size_t(k)] =
-          host_->reduce_scatter(sl.block(o), sl.host_part(o, len, l), int64_t(sl.n) * len, c.dtype, d, c.op);
-    }
-    for (int k = 0; k < sl.pieces; ++k) {
-      const auto [o, len] = sl.piece(k);
-      step(first[size_t(k)]);
-      second[size_t(k)] = cross_->reduce_scatter(sl.host_part(o, len, l), sl.slot_of(o, len, me),
-                                                 int64_t(sl.H) * len, c.dtype, d, c.op);
-    }
-    for (int k = 0; k < sl.pieces; ++k) {
-      const auto [o, len] = sl.piece(k);
-      step(second[size_t(k)]);
-      copy(static_cast<char*>(c.recv) + size_t(o) * es, sl.slot_of(o, len, me), sl.covered(me, o, len), d);
-    }
+      return host_->reduce_scatter(sl.block(o), sl.host_part(o, len, l), int64_t(sl.n) * len, c.dtype, d,
+                                   c.op);
+    };
+    pipeline(
+        sl, gather_slots,
+        [&](int64_t o, int64_t len) {
+          return cross_->reduce_scatter(sl.host_part(o, len, l), sl.slot_of(o, len, me), int64_t(sl.H) * len,
+                                        c.dtype, d, c.op);
+        },
+        [&](int64_t o, int64_t len) {
+          copy(static_cast<char*>(c.recv) + size_t(o) * es, sl.slot_of(o, len, me), sl.covered(me, o, len),
+               d);
+        });
   }
 
+  // Our shard into our slot, gathered across hosts, then inside the host; every slot back to its shard.
   void run_all_gather(const Call& c, const Slots& sl) {
     const int me = rank(), l = host_->rank();
     const Device d = c.device;
     const size_t es = sl.es;
-    std::vector<WorkHandle> first(size_t(sl.pieces)), second(size_t(sl.pieces));
-    for (int k = 0; k < sl.pieces; ++k) {
-      const auto [o, len] = sl.piece(k);
+    const auto gather_across = [&](int64_t o, int64_t len) {
       const size_t b = sl.covered(me, o, len);
       char* own = sl.slot_of(o, len, me);
       copy(own, static_cast<const char*>(c.send) + size_t(o) * es, b, d);
       if (b < size_t(len) * es && d.is_cpu()) std::memset(own + b, 0, size_t(len) * es - b);
-      first[size_t(k)] = cross_->all_gather(own, sl.host_part(o, len, l), int64_t(sl.H) * len, c.dtype, d);
-    }
-    for (int k = 0; k < sl.pieces; ++k) {
-      const auto [o, len] = sl.piece(k);
-      step(first[size_t(k)]);
-      second[size_t(k)] =
-          host_->all_gather(sl.host_part(o, len, l), sl.block(o), int64_t(sl.n) * len, c.dtype, d);
-    }
-    for (int k = 0; k < sl.pieces; ++k) {
-      const auto [o, len] = sl.piece(k);
-      step(second[size_t(k)]);
-      for (int w = 0; w < sl.n; ++w)
-        copy(static_cast<char*>(c.recv) + size_t(shard_offset(c.count, sl.n, w) + o) * es,
-             sl.slot_of(o, len, w), sl.covered(w, o, len), d);
-    }
+      return cross_->all_gather(own, sl.host_part(o, len, l), int64_t(sl.H) * len, c.dtype, d);
+    };
+    pipeline(
+        sl, gather_across,
+        [&](int64_t o, int64_t len) {
+          return host_->all_gather(sl.host_part(o, len, l), sl.block(o), int64_t(sl.n) * len, c.dtype, d);
+        },
+        [&](int64_t o, int64_t len) {
+          for (int w = 0; w < sl.n; ++w)
+            copy(static_cast<char*>(c.recv) + size_t(shard_offset(c.count, sl.n, w) + o) * es,
+                 sl.slot_of(o, len, w), sl.covered(w, o, len), d);
+        });
   }
 
   // NCCL: everything is enqueued now; the Work completes with the caller's stream.
