@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "host_time.h"
 #include "io/checkpoint/checkpoint.h"
 #include "mpi_collective.h"
 #include "nn/convnext.h"
@@ -29,14 +30,10 @@ namespace {
 
 using namespace cz;
 namespace fs = std::filesystem;
+using bench::median;
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Bytes per second that dd reports for `args` (its last line: "N bytes (...) copied, T s, ...").

@@ -40,6 +40,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "host_time.h"
 #include "io/augment/image_transform.h"
 #include "io/decode/image_codec.h"
 #include "io/decode/jpeg_region.h"
@@ -48,17 +49,8 @@ namespace {
 
 using namespace cz;
 namespace fs = std::filesystem;
-
-double thread_cpu_seconds() {  // what the work cost, rather than how long it waited for a core
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::median;
+using bench::thread_cpu_seconds;
 
 std::vector<uint8_t> read_file(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);

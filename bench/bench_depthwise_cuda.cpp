@@ -18,6 +18,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench_main.h"
+#include "device_time.h"
 #include "shape_flags.h"
 #include "tensor/cuda/context.h"
 #include "tensor/cuda/kernels.h"
@@ -61,15 +62,7 @@ int run(const Flags& f) {
   StreamGuard guard(s);
   const double elem = double(dtype_size(t));
 
-  auto time_ms = [&](auto&& fn) {
-    for (int i = 0; i < 2; ++i) fn();  // the first call chooses cuDNN's algorithm
-    Event start(dev), end(dev);
-    start.record(s);
-    for (int i = 0; i < f.iters; ++i) fn();
-    end.record(s);
-    end.synchronize();
-    return double(start.elapsed_ms(end)) / f.iters;
-  };
+  auto time_ms = [&](auto&& fn) { return bench::device_ms(dev, s, f.iters, fn); };
   // The larger of the FMA and the memory bound, in ms (0 when neither peak is known).
   auto bound_ms = [&](double fma, double bytes) {
     const double by_fma = f.peak_fp32_tflops > 0 ? 2 * fma / (f.peak_fp32_tflops * 1e9) : 0;

@@ -17,6 +17,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench_main.h"
+#include "device_time.h"
 #include "shape_flags.h"
 #include "tensor/cuda/context.h"
 #include "tensor/cuda/kernels.h"
@@ -104,15 +105,7 @@ int run(const Flags& f) {
     side /= 2;
   }
 
-  auto time_ms = [&](auto&& fn) {
-    for (int i = 0; i < 2; ++i) fn();  // the first call asks cuBLASLt's heuristic
-    Event start(dev), end(dev);
-    start.record(s);
-    for (int i = 0; i < f.iters; ++i) fn();
-    end.record(s);
-    end.synchronize();
-    return double(start.elapsed_ms(end)) / f.iters;
-  };
+  auto time_ms = [&](auto&& fn) { return bench::device_ms(dev, s, f.iters, fn); };
   auto rate = [&](double flop, double ms) {
     const double tflops = flop / ms * 1e-9;
     return f.peak_tflops > 0

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "checkpoint_testing.h"
+#include "host_time.h"
 #include "io/checkpoint/checkpoint.h"
 #include "io/data/dataset.h"
 #include "io/h5/h5_file.h"
@@ -30,14 +31,10 @@ namespace {
 
 using namespace cz;
 namespace fs = std::filesystem;
+using bench::median;
 
 constexpr hsize_t kSide = 224;
 constexpr hsize_t kImageBytes = kSide * kSide * 3;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Median milliseconds of `reps` runs of `fn`, each after `before` (evicting files, or nothing).
 double time_ms(int reps, const std::function<void()>& before, const std::function<void()>& fn) {

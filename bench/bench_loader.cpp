@@ -26,6 +26,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "host_time.h"
 #include "io/data/loader.h"
 #include "io/decode/image_codec.h"
 #include "tensor/random.h"
@@ -34,23 +35,12 @@ namespace {
 
 using namespace cz;
 namespace fs = std::filesystem;
+using bench::median;
+using bench::thread_cpu_seconds;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// CPU time of the calling thread: on a shared machine, what the work cost rather than how long it waited for
-// a core.
-double thread_cpu_seconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // A photo-like image: two colour gradients, a few discs and bars with hard edges, and grain.
