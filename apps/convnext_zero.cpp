@@ -503,11 +503,11 @@ int main(int argc, char** argv) {
     cz::train::apply_recipe_lr(cfg, world->size(), given(flag_name(&TrainConfig::lr)), recipe);
     cz::train::Trainer trainer(cfg, *world);
     if (lead) {
-      const auto& mc = trainer.model().config();
       fmt::print(
           "convnext_zero: {} ({:.2f}M params, {} classes{}) on {} x{}, {}, ZeRO stage {}{}, data {}, {}x{} "
           "images, global batch {}, {} steps\n",
-          mc.name, double(trainer.model().num_parameters()) / 1e6, mc.num_classes,
+          trainer.model().spec().name(), double(trainer.model().num_parameters()) / 1e6,
+          trainer.model().spec().num_classes(),
           trainer.classes_from_data() ? ": the data's" : "", cfg.device, world->size(), cfg.precision,
           cfg.stage, cfg.offload_optimizer ? " + CPU offload" : "", cfg.data, cfg.image_size, cfg.image_size,
           cfg.global_batch(world->size()), trainer.total_steps());

@@ -12,7 +12,7 @@
 namespace cz::train {
 namespace {
 
-// Both recipes' common part: facebookresearch/ConvNeXt main.py's defaults (timm's Mixup with smoothing
+// The recipes' common part: facebookresearch/ConvNeXt main.py's defaults (timm's Mixup with smoothing
 // folded in, RandAugment, random erasing, bicubic resize of the random-resized crop, cosine to 1e-6, AdamW).
 std::vector<RecipeValue> official_defaults() {
   return {{"--optimizer", "adamw"},

@@ -108,7 +108,7 @@ TEST(PlanVsEngine, ModelStateAndPartitions) {
 
       ZeroSpec spec;
       spec.plan = zero::make_step_plan(train::zero_config(cfg, Device::cpu()), {.world = n});
-      spec.layout = zero_layout(nn::convnext_parameters(t.model().config()), spec.plan);
+      spec.layout = zero_layout(t.model().spec().parameters(), spec.plan);
       spec.optimizer_state_tensors = stage == 1 ? 1 : 2;
       spec.ema = true;
       spec.cpu_device = true;

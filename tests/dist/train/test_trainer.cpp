@@ -171,7 +171,7 @@ TEST(Trainer, NumClassesDefaultsToTheData) {
     Trainer t(c, dist::World::get());
     EXPECT_TRUE(t.classes_from_data());
     EXPECT_EQ(t.config().num_classes, 6);
-    EXPECT_EQ(t.model().config().num_classes, 6);
+    EXPECT_EQ(t.model().spec().num_classes(), 6);
   }
   TrainConfig r = c;
   resolve_num_classes(r);
@@ -180,7 +180,7 @@ TEST(Trainer, NumClassesDefaultsToTheData) {
   {
     Trainer t(c, dist::World::get());
     EXPECT_FALSE(t.classes_from_data());
-    EXPECT_EQ(t.model().config().num_classes, 9);
+    EXPECT_EQ(t.model().spec().num_classes(), 9);
   }
   TrainConfig missing = tiny_config();
   missing.num_classes = kClassesOfTheData;
