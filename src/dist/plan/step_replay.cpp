@@ -195,12 +195,46 @@ void Walker::step() {
 void Walker::micro_step(bool last, const A& /*cpu_pixels: read by model_input*/, const A& cpu_labels) {
   n_ = s_.micro_batch;
   const nn::ModelSpec& model = *s_.model;
-  const int64_t img = s_.image_size, pixels = n_ * img * img * model.in_chans();
+  const int64_t img = s_.image_size;
   scope_ = "batch";
   part_ = 0;
   at("to device");
-  // model_input(batch, device): the f32 images, and on CUDA the pixels copied to the device meanwhile (Note
-  // [Normalising on the device]); then .to(compute dtype).
+  const auto [images, labels] = model_input(n_ * img * img * model.in_chans(), cpu_labels);
+  // The model's forward (nn::ModelSpec::walk); its logits are kept by the loss in f32, else by nothing.
+  const nn::WalkOut logits_out = s_.compute == DType::f32 ? nn::WalkOut::saved : nn::WalkOut::transient;
+  A logits = model.walk(*this, {n_, img, s_.cuda, s_.checkpointing}, images, logits_out);
+  const std::string head = scope_;  // the model's last scope: the loss is counted with it
+  const Loss loss = loss_of(logits, labels, head);
+  if (saved_end_of_forward.empty()) saved_end_of_forward = m_.now().saved_by_part;
+
+  at("backward seed");
+  engine_.backward_begin(last);
+  slot(loss.scaled.id) = m_.alloc(4, Use::transient, "backward seed");
+  run_backward(main_);
+  scope_ = "backward";
+  at("engine flush");
+  engine_.backward_end();
+  m_.release(loss.scaled.id);
+  if (loss_sum_ == kNone) {
+    m_.retain(loss.loss.id);
+    loss_sum_ = loss.loss.id;
+  } else {
+    const Id sum = m_.alloc(4, Use::transient, "loss sum");
+    m_.release(loss_sum_);
+    loss_sum_ = sum;
+  }
+  // End of the micro-step: the locals and the graph go.
+  m_.release(loss.loss.id);
+  m_.release(logits.id);
+  m_.release(images.id);
+  m_.release(labels.id);
+  destroy(main_);
+}
+
+// model_input(batch, device): the f32 images, and on CUDA the pixels copied to the device meanwhile (Note
+// [Normalising on the device]); then .to(compute dtype). The labels (or soft targets): copied on CUDA; on the
+// CPU .to(device) returns the same tensor.
+std::pair<A, A> Walker::model_input(int64_t pixels, const A& cpu_labels) {
   A images = buf(pixels * 4, Use::input, "images");
   if (s_.cuda && !copied_ahead_) m_.release(buf(pixels, Use::input, "pixels (8-bit, on the device)").id);
   if (s_.compute != DType::f32) {
@@ -210,18 +244,20 @@ void Walker::micro_step(bool last, const A& /*cpu_pixels: read by model_input*/,
   }
   A labels = cpu_labels;
   if (s_.cuda) {
-    labels = s_.soft_targets ? buf(n_ * model.num_classes() * 4, Use::input, "targets")
+    labels = s_.soft_targets ? buf(n_ * s_.model->num_classes() * 4, Use::input, "targets")
                              : buf(n_ * 8, Use::input, "labels");
-  } else {  // .to(device) returns the same tensor
+  } else {
     m_.retain(labels.id);
   }
+  return {images, labels};
+}
 
-  // The model's forward (nn::ModelSpec::walk); its logits are kept by the loss in f32, else by nothing.
-  const nn::WalkOut logits_out = s_.compute == DType::f32 ? nn::WalkOut::saved : nn::WalkOut::transient;
-  A logits = model.walk(*this, {n_, img, s_.cuda, s_.checkpointing}, images, logits_out);
-  const int64_t k = model.num_classes();
-  const std::string head = scope_;  // the model's last scope: the loss is counted with it
-  if (s_.compute != DType::f32) {  // .to(f32): ToBackward keeps nothing
+// The loss of `logits`, its backward nodes recorded under `head`: .to(f32) under mixed precision (ToBackward
+// keeps nothing; `logits` becomes the f32 copy), cross-entropy (keeping the logits, the labels or targets,
+// the log-sum-exp and with soft targets their row sums), the loss scale.
+Walker::Loss Walker::loss_of(A& logits, const A& labels, const std::string& head) {
+  const int64_t k = s_.model->num_classes();
+  if (s_.compute != DType::f32) {
     at("logits to f32");
     const A f = buf(n_ * k * 4, keep(), "logits (f32)");
     const A src = logits;
@@ -238,17 +274,18 @@ void Walker::micro_step(bool last, const A& /*cpu_pixels: read by model_input*/,
   const A loss = buf(4, keep(), "loss");
   const A lse = buf(n_ * 4, keep(), "log-sum-exp");
   const A row_sums = s_.soft_targets ? buf(n_ * 4, keep(), "targets' row sums") : A{};
-  m_.retain(logits.id);
+  const A x = logits;
+  m_.retain(x.id);
   m_.retain(labels.id);
   record([=, this] {
     at(head, "cross_entropy backward");
     const Id g = take(loss.id);
-    const Id d = m_.alloc(logits.bytes, Use::transient, "logits gradient");
-    m_.release(logits.id);
+    const Id d = m_.alloc(x.bytes, Use::transient, "logits gradient");
+    m_.release(x.id);
     m_.release(labels.id);
     m_.release(lse.id);
     if (row_sums.id != kNone) m_.release(row_sums.id);
-    deposit(logits, d);
+    deposit(x, d);
     m_.release(g);
   });
   at("loss scale");
@@ -259,30 +296,7 @@ void Walker::micro_step(bool last, const A& /*cpu_pixels: read by model_input*/,
     deposit(loss, m_.alloc(4, Use::transient, "loss gradient"));
     m_.release(g);
   });
-  if (saved_end_of_forward.empty()) saved_end_of_forward = m_.now().saved_by_part;
-
-  at("backward seed");
-  engine_.backward_begin(last);
-  slot(scaled.id) = m_.alloc(4, Use::transient, "backward seed");
-  run_backward(main_);
-  scope_ = "backward";
-  at("engine flush");
-  engine_.backward_end();
-  m_.release(scaled.id);
-  if (loss_sum_ == kNone) {
-    m_.retain(loss.id);
-    loss_sum_ = loss.id;
-  } else {
-    const Id sum = m_.alloc(4, Use::transient, "loss sum");
-    m_.release(loss_sum_);
-    loss_sum_ = sum;
-  }
-  // End of the micro-step: the locals and the graph go.
-  m_.release(loss.id);
-  m_.release(logits.id);
-  m_.release(images.id);
-  m_.release(labels.id);
-  destroy(main_);
+  return {loss, scaled};
 }
 
 // ConvNeXtStage::forward under checkpointing: the module's call runs under no-grad, its

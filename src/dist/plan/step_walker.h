@@ -94,6 +94,13 @@ class Walker final : public nn::OpSink {
   };
 
   void micro_step(bool last, const A& images, const A& labels);
+  // micro_step's parts: the batch on the device (images of `pixels` values, labels), and the loss of the
+  // logits with its backward nodes.
+  std::pair<A, A> model_input(int64_t pixels, const A& cpu_labels);
+  struct Loss {
+    A loss, scaled;
+  };
+  Loss loss_of(A& logits, const A& labels, const std::string& head);
   // A linear layer's backward buffers (input, weight and bias gradients), which every fused linear
   // allocates after its own.
   struct LinearGrads {
@@ -104,6 +111,15 @@ class Walker final : public nn::OpSink {
     param_grad(g.db, module + ".bias");
     param_grad(g.dw, module + ".weight");
   }
+
+  // The node of an op that keeps its input (and `saved`, released after it) and whose backward allocates the
+  // input's gradient, then its module's weight's and bias's (handed over bias first): linear, layer_norm,
+  // grn. `n`: what the three gradients are called.
+  struct GradNames {
+    const char *dx, *dw, *db;
+  };
+  void record_x_weight_bias(const std::string& op, const A& y, const A& x, int64_t w_bytes, int64_t b_bytes,
+                            std::vector<Id> saved, const std::string& module, GradNames n);
 
   Use use_of(nn::WalkOut out) const {
     return out == nn::WalkOut::held ? Use::saved : out == nn::WalkOut::saved ? keep() : Use::transient;

@@ -361,8 +361,8 @@ class SimulatedStep final : zero::ReduceSchedule::Sink, zero::UnitSchedule::Sink
   void use_partition(size_t p) override { clock_.wait_for(param_gather_[p]); }
 
   // The engine's collectives: a bucket's reduction (unquantized), a parameter gather (backward: stage 3's
-  // second gather of a unit) of StepPlan::gather_bytes (the encode and decode passes, at memory speed, are not
-  // charged).
+  // second gather of a unit) of StepPlan::gather_bytes (the encode and decode passes, at memory speed, are
+  // not charged).
   double reduce(double bytes, double at);
   double param_gather(size_t p, double at, bool backward);
   void update();
@@ -454,7 +454,8 @@ void SimulatedStep::gather_partition(size_t p) {
 void SimulatedStep::launch(size_t p) {
   const int64_t qb = plan_.quant_block(), shards = plan_.shards();
   const zero::ReduceKind kind = plan_.reduce_kind();
-  const bool all = kind == zero::ReduceKind::quantized_all_reduce || kind == zero::ReduceKind::two_hop_all_reduce;
+  const bool all =
+      kind == zero::ReduceKind::quantized_all_reduce || kind == zero::ReduceKind::two_hop_all_reduce;
   const bool scatter =
       kind == zero::ReduceKind::quantized_reduce_scatter || kind == zero::ReduceKind::two_hop_reduce_scatter;
   const double rec = all       ? double(dist::quant_packed_bytes(L_.partitions[p].numel / shards, qb))
@@ -466,7 +467,8 @@ void SimulatedStep::launch(size_t p) {
   if (n_ <= 1) {
     reduced_[p] = clock_.t;
   } else if (kind == zero::ReduceKind::two_hop_reduce_scatter) {
-    const double at = clock_.level_collective(Level::hosts, Collective::reduce_scatter, bytes, clock_.t, kWorld);
+    const double at =
+        clock_.level_collective(Level::hosts, Collective::reduce_scatter, bytes, clock_.t, kWorld);
     reduced_[p] = clock_.level_collective(Level::cross, Collective::reduce_scatter, cross, at, kWorld);
   } else if (kind == zero::ReduceKind::two_hop_all_reduce) {
     double at = clock_.level_collective(Level::hosts, Collective::reduce_scatter, bytes, clock_.t, kWorld);
@@ -526,7 +528,8 @@ void SimulatedStep::update() {
                      : c.world_collective(Collective::all_reduce, 8, c.t));
   if (plan_.offload()) {
     const double before = c.t;
-    c.t = std::max(c.t, worker_free_) + double(L_.shard_numel()) * double(dtype_size(run_.ec)) / (host_link_ * 1e9);
+    const double copy = double(L_.shard_numel()) * double(dtype_size(run_.ec)) / (host_link_ * 1e9);
+    c.t = std::max(c.t, worker_free_) + copy;
     row_.host_wait_s = c.t - before;
   } else {
     c.run_op(optimizer_work(L_.shard_numel(), plan_.mixed()));
