@@ -2,6 +2,7 @@
 // through the C API, CIFAR-10 binary records, JPEG through TurboJPEG, PNG through libpng).
 #pragma once
 
+#include <gtest/gtest.h>
 #include <hdf5.h>
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "io/augment/randaugment.h"
 #include "io/data/dataset.h"
 #include "io/data/loader.h"
 #include "tensor/tensor.h"
@@ -30,6 +32,30 @@ inline LoaderOptions in_order(int64_t batch, int64_t image) {
   o.image_size = image;
   o.shuffle = false;
   return o;
+}
+
+// The ConvNeXt recipe's augmentation on `o`: crop and flip, RandAugment rand-m9-mstd0.5-inc1, pixel erasing
+// with probability `erase_p`, Mixup 0.8 and CutMix 1.0 over `classes` classes.
+inline void with_recipe(LoaderOptions& o, double erase_p, int64_t classes) {
+  o.augment = true;
+  o.rand_augment = parse_rand_augment("rand-m9-mstd0.5-inc1");
+  o.erasing = {erase_p, EraseMode::pixel, 1};
+  o.mix.mixup_alpha = 0.8;
+  o.mix.cutmix_alpha = 1.0;
+  o.mix.num_classes = classes;
+}
+
+// The loader's next batch holds a corrupt example: next() throws an IoError naming `where`, and the call
+// after it throws again (`stays` says until what, for the failure message). Fatal when nothing is thrown:
+// call it under ASSERT_NO_FATAL_FAILURE.
+inline void expect_batch_error(Loader& loader, const std::string& where, const std::string& stays) {
+  try {
+    loader.next();
+    FAIL() << "the batch holds a corrupt example (" << where << ")";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(where), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(loader.next(), IoError) << "the error stays until " << stays;
 }
 
 // A fresh directory under the system temp dir, removed with everything in it on destruction.

@@ -62,15 +62,10 @@ LoaderOptions recipe(int threads) {
   LoaderOptions o;
   o.batch_size = 8;
   o.image_size = 16;
-  o.augment = true;
   o.seed = 21;
   o.threads = threads;
-  o.rand_augment = parse_rand_augment("rand-m9-mstd0.5-inc1");
-  o.erasing = {0.5, EraseMode::pixel, 1};
-  o.mix.mixup_alpha = 0.8;
-  o.mix.cutmix_alpha = 1.0;
+  testing::with_recipe(o, 0.5, 5);
   o.mix.label_smoothing = 0.1;
-  o.mix.num_classes = 5;
   return o;
 }
 
@@ -252,13 +247,9 @@ TEST(LoaderStream, WorkerErrorReachesTheConsumerInItsPlace) {
     o.endless = true;
     Loader loader(std::make_shared<CountingDataset>(16, 9), o);
     for (int b = 0; b < 2; ++b) ASSERT_TRUE(loader.next().has_value());
-    try {
-      loader.next();
-      FAIL() << "batch 2 holds the corrupt example 9";
-    } catch (const IoError& e) {
-      EXPECT_NE(std::string(e.what()).find("counting.bin: example 9"), std::string::npos) << e.what();
-    }
-    EXPECT_THROW(loader.next(), IoError) << "the error stays until the stream restarts";
+    // Batch 2 holds the corrupt example 9.
+    ASSERT_NO_FATAL_FAILURE(
+        testing::expect_batch_error(loader, "counting.bin: example 9", "the stream restarts"));
     loader.start_epoch(1, 3);  // batch 3 of epoch 1 (examples 12-15), then epoch 2: 9 again in its batch 2
     EXPECT_EQ(loader.next()->index, 3);
     EXPECT_EQ(loader.next()->epoch, 2);

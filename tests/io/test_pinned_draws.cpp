@@ -21,6 +21,7 @@
 #include "io/data/loader.h"
 #include "io/data/model_input.h"
 #include "io/data/sampler.h"
+#include "io_testing.h"
 #include "tensor/cuda/block_pool.h"
 #include "tensor/cuda/runtime.h"
 
@@ -171,15 +172,10 @@ TEST(PinnedDraws, CudaHostAllocsStopAfterTheFirstEpoch) {
   LoaderOptions o;
   o.batch_size = kBatch;
   o.image_size = kSize;
-  o.augment = true;
   o.seed = 3;
   o.threads = int(std::clamp(std::thread::hardware_concurrency(), 2u, 15u));
   o.endless = true;
-  o.rand_augment = parse_rand_augment("rand-m9-mstd0.5-inc1");
-  o.erasing = {0.25, EraseMode::pixel, 1};
-  o.mix.mixup_alpha = 0.8;
-  o.mix.cutmix_alpha = 1.0;
-  o.mix.num_classes = 10;
+  testing::with_recipe(o, 0.25, 10);
   o.pixels_only = true;
   o.pinned = true;
   Loader loader(open_dataset("synthetic:n=6400,classes=10,size=256", Split::train, {}), o);
