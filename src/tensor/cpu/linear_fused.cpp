@@ -107,24 +107,16 @@ void bias_scale_residual_rows(T* y, const T* residual, T* out, int64_t n, int64_
   }
 }
 
-// The MLP backward's first pass over a tile's rows: the branch's gradient g * gamma into `gb`, with fc2's
-// bias gradient (row sums at sums_db2) and gamma's (g * y2, at sums_db2 + o_dg) added into the rows' blocks.
+// One row of a layer-scaled branch's gradient: o = g * gamma, with the bias's and gamma's gradient sums
+// db += o and dgamma += g * y (y: the branch's output before gamma).
 template <class T>
-void scaled_branch_grad_rows(const T* g, const T* y2, const T* gamma, T* gb, int64_t r0, int64_t n, int64_t c,
-                             BlockSums<T>& sums, int64_t o_dg) {
-  for (int64_t r = 0; r < n; ++r) {
-    const T* gr = g + (r0 + r) * c;
-    const T* zr = y2 + (r0 + r) * c;
-    T* o = gb + r * c;
-    T* adb2 = sums.at(r0 + r);
-    T* adg = adb2 + o_dg;
+void scaled_grad_row(const T* g, const T* y, const T* gamma, T* o, T* db, T* dgamma, int64_t c) {
 #pragma omp simd
-    for (int64_t j = 0; j < c; ++j) {
-      const T v = gr[j] * gamma[j];
-      o[j] = v;
-      adb2[j] += v;
-      adg[j] += gr[j] * zr[j];
-    }
+  for (int64_t j = 0; j < c; ++j) {
+    const T v = g[j] * gamma[j];
+    o[j] = v;
+    db[j] += v;
+    dgamma[j] += g[j] * y[j];
   }
 }
 
@@ -243,24 +235,12 @@ void linear_scale_residual_backward(const Tensor& g, const Tensor& x, const Tens
     const T* pgam = gamma.data<T>();
     T* pgb = gb.data<T>();
     T* sums[2] = {db.defined() ? db.data<T>() : nullptr, dgamma.defined() ? dgamma.data<T>() : nullptr};
-    tiled_backward<T>(m, in, out, x.data<T>(), w.data<T>(), pgb, dx.defined() ? dx.data<T>() : nullptr,
-                      dw.defined() ? dw.data<T>() : nullptr, 2, sums, tile,
-                      [&](int64_t r0, int64_t r1, T* acc) {
-                        T* adb = acc;
-                        T* adg = acc + out;
-                        for (int64_t r = r0; r < r1; ++r) {
-                          const T* gr = pg + r * out;
-                          const T* yr = py + r * out;
-                          T* o = pgb + r * out;
-#pragma omp simd
-                          for (int64_t j = 0; j < out; ++j) {
-                            const T v = gr[j] * pgam[j];
-                            o[j] = v;
-                            adb[j] += v;
-                            adg[j] += gr[j] * yr[j];
-                          }
-                        }
-                      });
+    tiled_backward<T>(
+        m, in, out, x.data<T>(), w.data<T>(), pgb, dx.defined() ? dx.data<T>() : nullptr,
+        dw.defined() ? dw.data<T>() : nullptr, 2, sums, tile, [&](int64_t r0, int64_t r1, T* acc) {
+          for (int64_t r = r0; r < r1; ++r)
+            scaled_grad_row(pg + r * out, py + r * out, pgam, pgb + r * out, acc, acc + out, out);
+        });
   });
 }
 
@@ -349,7 +329,10 @@ void mlp_scale_residual_backward(const Tensor& g, const Tensor& x, const Tensor&
             T* dt = tile_scratch<T>(2, size_t(t * hid));
             T* gh = tile_scratch<T>(3, size_t(t * hid));
             // gamma: the branch's gradient g * gamma, with fc2's bias and gamma's column sums.
-            scaled_branch_grad_rows(pg, py2, pgam, gb, r0, n, c, sums, o_dg);
+            for (int64_t r = 0; r < n; ++r) {
+              T* adb2 = sums.at(r0 + r);
+              scaled_grad_row(pg + (r0 + r) * c, py2 + (r0 + r) * c, pgam, gb + r * c, adb2, adb2 + o_dg, c);
+            }
             gelu_and_grad_rows(ph + r0 * hid, yt, dt, n, hid);
             if (dw2.defined()) gemm<T>(true, false, c, hid, n, T(1), gb, c, yt, hid, beta, wp, hid);
             if (!fc1) continue;
