@@ -422,17 +422,14 @@ cmd_flags() {
 }
 
 cmd_with() {
-  local up_args=()
-  while (($#)) && [[ $1 != -- ]]; do up_args+=("$1"); shift; done
-  (($#)) && shift || die "usage: hosts.sh with N R [--rate RATE] [--delay DELAY] -- CMD..."
-  (($#)) || die "with: no command after --"
-  local self
+  local self up_args cmd
   self=$(readlink -f "$0")
+  source "$(dirname "$self")/run_child.sh"
+  with_args "usage: hosts.sh with N R [--rate RATE] [--delay DELAY] -- CMD..." "$@"
   trap '"$self" down >&2 || true' EXIT
   "$self" up "${up_args[@]}" || exit $?
   export CZ_HOSTS_BED=$bed
-  source "$(dirname "$self")/run_child.sh"
-  run_child "$@"
+  run_child "${cmd[@]}"
 }
 
 sub=${1:-}

@@ -254,20 +254,17 @@ cmd_node() {
 
 cmd_with() {
   (($# >= 1)) || die "usage: slurm.sh with DIR [up options] -- CMD..."
-  local dir=$1 up_args=()
+  local dir=$1 self up_args cmd
   shift
-  while (($#)) && [[ $1 != -- ]]; do up_args+=("$1"); shift; done
-  (($#)) && shift || die "usage: slurm.sh with DIR [up options] -- CMD..."
-  (($#)) || die "with: no command after --"
-  local self
   self=$(readlink -f "$0")
+  source "$(dirname "$self")/run_child.sh"
+  with_args "usage: slurm.sh with DIR [up options] -- CMD..." "$@"
   mkdir -p "$dir"
   dir=$(readlink -f "$dir")
   trap '"$self" down "$dir" >&2 || true' EXIT
   "$self" up "$dir" "${up_args[@]}" > /dev/null || exit $?
   export SLURM_CONF=$dir/slurm.conf
-  source "$(dirname "$self")/run_child.sh"
-  run_child "$@"
+  run_child "${cmd[@]}"
 }
 
 sub=${1:-}
