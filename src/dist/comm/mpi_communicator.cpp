@@ -35,7 +35,7 @@ int to_int(int64_t v, const char* what) {
 
 // Grows on demand; keeps its bytes between calls. Its contents do not outlive a call, so the old block is
 // freed before the larger one is taken: the two are never held at once, at a moment the main thread's own
-// peak may be (Note [Allocator event log]; the replay grows it the same way, EngineTrace::grow).
+// peak may be (Note [Allocator event log]; the replay grows it the same way, EngineEvents::grow).
 struct HostBuffer {
   DataPtr data;
   void* get(size_t bytes, Allocator& alloc) {
@@ -283,17 +283,7 @@ class MpiCommunicator final : public Communicator {
   // The collective on host memory (CPU buffers, or pinned staging copies).
   void run_host(const Call& c, const void* send, void* recv, Poller& poller) {
     if (algorithm() == Algorithm::ring && c.kind != Collective::barrier) {
-      RingSpec spec;
-      spec.kind = c.kind;
-      spec.send = send;
-      spec.recv = recv;
-      spec.count = c.count;
-      spec.dtype = c.dtype;
-      spec.op = c.op;
-      spec.root = c.peer;
-      spec.rank = rank();
-      spec.order = ring();
-      spec.slice_bytes = size_t(slice_bytes_);
+      RingSpec spec = ring_spec(c, send, recv, rank(), ring(), slice_bytes_);
       spec.tag_base = kUserTag + 1;
       MpiRingTransport transport(comm_, poller, scratch_);
       run_ring(spec, transport);

@@ -55,6 +55,23 @@ struct RingSpec {
   int tag_base = 1;  // tags used: tag_base .. tag_base + kMaxTags - 1
 };
 
+// A communicator's call `c` (its kind, count, dtype, op, and peer as the root) for the ring over `send` and
+// `recv`: the call's own buffers, or staged copies of them.
+template <class Call>
+RingSpec ring_spec(const Call& c, const void* send, void* recv, int rank, const std::vector<int>& order,
+                   int64_t slice_bytes) {
+  return RingSpec{.kind = c.kind,
+                  .send = send,
+                  .recv = recv,
+                  .count = c.count,
+                  .dtype = c.dtype,
+                  .op = c.op,
+                  .root = c.peer,
+                  .rank = rank,
+                  .order = order,
+                  .slice_bytes = size_t(slice_bytes)};
+}
+
 inline constexpr int kRingMaxTags = 30000;
 inline constexpr int kRingWindow = 4;  // slices of step 0 in flight at once
 

@@ -282,19 +282,8 @@ class NcclCommunicator final : public Communicator {
       return;
     }
     if (algorithm() == Algorithm::ring) {
-      RingSpec spec;
-      spec.kind = c.kind;
-      spec.send = c.send;
-      spec.recv = c.recv;
-      spec.count = c.count;
-      spec.dtype = c.dtype;
-      spec.op = c.op;
-      spec.root = c.peer;
-      spec.rank = me;
-      spec.order = ring();
-      spec.slice_bytes = size_t(slice_bytes_);
       NcclRingTransport transport(comm_, stream_, scratch_, device_);
-      run_ring(spec, transport);
+      run_ring(ring_spec(c, c.send, c.recv, me, ring(), slice_bytes_), transport);
       return;
     }
     const bool even = c.count % n == 0;
