@@ -40,7 +40,7 @@
 // blocks). The sub-communicators have their own threads, so this thread only waits, and packs and unpacks
 // reduce-scatter's and all-gather's slots through its scratch (kept between calls, grown as a larger call
 // comes). Each thread goes by a label of its own (current_communicator(), and the planner's replay of their
-// scratch, src/dist/plan/engine_trace.cpp): this thread by the communicator's label, the flat ring, host and
+// scratch, src/dist/plan/engine_events.cpp): this thread by the communicator's label, the flat ring, host and
 // cross communicators' by that label with kFlatLevel, kHostLevel and kCrossLevel after it ("world.host").
 // CUDA (NCCL backend): a sub-collective's Work::wait() only orders the caller's stream after it, so the steps
 // are issued inline from submit(), the copies on the caller's current stream (not run on a GPU yet: no GPU

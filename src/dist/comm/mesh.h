@@ -26,7 +26,7 @@ namespace cz::dist {
 class World;
 
 // The labels of the mesh's communicators (CommOptions::label, so their communication threads'
-// current_communicator()); the planner's replay tags each ring scratch with them (engine_trace.cpp in
+// current_communicator()); the planner's replay tags each ring scratch with them (engine_events.cpp in
 // src/dist/plan).
 inline constexpr const char* kWorldComm = "world";
 inline constexpr const char* kShardComm = "shard";

@@ -23,7 +23,7 @@
 //    gradient it received is freed at the end of its turn. A residual's gradient is passed through without a
 //    copy and the block's second contribution is added into it in place, so one buffer carries the residual
 //    stream's gradient through a stage.
-//  * The ZeRO engine (Note [What the engine allocates] in engine_trace.cpp): buckets, stage-3 gathered units
+//  * The ZeRO engine (Note [What the engine allocates] in engine_events.cpp): buckets, stage-3 gathered units
 //    around each module's forward and backward, the ring's scratch, the step's scalars.
 //  * Kernel workspaces through the allocator: on the CPU the patchify im2col buffer (forward and backward);
 //    on CUDA the per-stream cuBLAS workspace, the cuDNN workspace grown at the patchify convolutions (Note
@@ -34,7 +34,7 @@
 //
 // Note [One step, two descriptions]
 // So the step is described twice: by the code that runs, and by this walk. Why not plan by running the real
-// step on a "meta" device, whose allocator is the MemoryTrace and whose kernels do nothing (as PyTorch's meta
+// step on a "meta" device, whose allocator is the MemoryEvents and whose kernels do nothing (as PyTorch's meta
 // tensors give shapes)? Because the planner is asked about steps that cannot run where it runs: a CUDA step
 // in bf16 (16-bit copies, cuBLAS/cuDNN workspaces, the driver's 2 MiB pages) on a CPU-only machine with no
 // CUDA build; a rank of a world of 8 or 64 from one process, with no MPI and no peers for the engine's
@@ -374,7 +374,7 @@ StepReplay replay_step(const StepSpec& spec, int64_t capture_event, bool log_eve
            "planner: images of {} px are smaller than the network's stride {}", spec.image_size,
            spec.model->stride());
   const std::vector<std::string> parts = spec.model->parts();
-  MemoryTrace m(int(parts.size()), spec.cuda ? walk::kCudaPage : 0);
+  MemoryEvents m(int(parts.size()), spec.cuda ? walk::kCudaPage : 0);
   if (capture_event >= 0) m.capture_at(capture_event);
   StepReplay r;
   walk::Walker w(spec, m, r.labels);

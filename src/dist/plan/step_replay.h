@@ -1,4 +1,4 @@
-// The allocations of one training step of a model (nn::ModelSpec), replayed through a MemoryTrace: the model
+// The allocations of one training step of a model (nn::ModelSpec), replayed through a MemoryEvents: the model
 // build (for the allocator's cache), the model-state buffers, then steps of batch -> forward -> loss ->
 // backward -> optimizer, each op allocating and freeing exactly what its code in src/tensor/ops and src/nn
 // does, and each tensor saved for backward living until its node has run (Note [What a step allocates] in
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "dist/plan/engine_trace.h"
-#include "dist/plan/memory_trace.h"
+#include "dist/plan/engine_events.h"
+#include "dist/plan/memory_events.h"
 #include "dist/plan/zero_memory.h"
 #include "nn/model.h"
 
@@ -41,7 +41,7 @@ struct StepSpec {
   int graphs = 0;
   // The update is captured too: its device scalars (Note [The optimizer's device scalars]) and overflow flag.
   bool device_scalars = false;
-  EngineSpec engine;  // the ZeRO engine: stage, ranks, partitions (engine_trace.h)
+  EngineSpec engine;  // the ZeRO engine: stage, ranks, partitions (engine_events.h)
   int steps = 1;      // >1 to let the allocator's cache reach its steady state
 };
 

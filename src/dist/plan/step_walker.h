@@ -13,7 +13,7 @@
 
 namespace cz::plan::walk {
 
-using Id = MemoryTrace::Id;
+using Id = MemoryEvents::Id;
 inline constexpr Id kNone = -1;
 
 // CUDA figures (src/tensor/cuda): cuBLAS(Lt) workspace per stream (context.cpp: 32 MiB on Hopper and later,
@@ -49,7 +49,7 @@ using A = nn::WalkTensor;
 // through its walk (nn::ModelSpec::walk), whose ops land in step_walker_ops.cpp.
 class Walker final : public nn::OpSink {
  public:
-  Walker(const StepSpec& s, MemoryTrace& m, std::vector<std::string>& labels)
+  Walker(const StepSpec& s, MemoryEvents& m, std::vector<std::string>& labels)
       : s_(s), m_(m), labels_(labels), e_(int64_t(dtype_size(s.compute))), engine_(m, s.engine) {}
 
   void build();
@@ -198,7 +198,7 @@ class Walker final : public nn::OpSink {
   }
 
   const StepSpec& s_;
-  MemoryTrace& m_;
+  MemoryEvents& m_;
   std::vector<std::string>& labels_;
   const int64_t e_;  // bytes per compute element
   int64_t n_ = 0;    // micro-batch
@@ -216,7 +216,7 @@ class Walker final : public nn::OpSink {
   Use saved_use_ = Use::saved;
   int part_ = 0;
   std::string scope_;
-  EngineTrace engine_;
+  EngineEvents engine_;
 };
 
 }  // namespace cz::plan::walk

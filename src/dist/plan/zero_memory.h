@@ -26,7 +26,7 @@
 // The EMA of the weights (4Ψ at stage 0, 4Ψ/N otherwise) lives beside the master weights: on the host under
 // offload (which on the CPU backend is the training device's own allocator, as it is not pinned memory).
 // Gradient buckets, stage-3 gather buffers and the ring's scratch come and go during the step: the step
-// replay allocates them (engine_trace.h), not this table. Each buffer is one allocation, so the planner
+// replay allocates them (engine_events.h), not this table. Each buffer is one allocation, so the planner
 // rounds it to the allocator's size class.
 #pragma once
 

@@ -91,7 +91,7 @@ class TwoHopQuantizedAllReduce {
 
 // The two buffers a two-hop reduce-scatter allocates at its launch on H hosts of R ranks (freed at finish):
 // the records (hop 1's sent and received, R H apiece, and hop 2's, H apiece) and the fp32 partial sums (H
-// chunks). The planner's replay allocates the same (engine_trace.cpp).
+// chunks). The planner's replay allocates the same (engine_events.cpp).
 int64_t two_hop_records_bytes(int hosts, int ranks_per_host, int64_t chunk, int64_t block);
 inline int64_t two_hop_partial_bytes(int hosts, int64_t chunk) {
   return 4 * int64_t(hosts) * chunk;

@@ -2,10 +2,10 @@
 // The engine's scheduling rules (which gradient launches which reduction, the in-flight limit, stage 3's
 // gathers, prefetches and releases, the layout's alignment) decide both what a step allocates and when its
 // collectives run. Three programs need them: the engine (zero/grad_reducer.cpp, unit_gatherer.cpp), the
-// planner's replay of a step (plan/engine_trace.cpp) and the what-if's timelines (plan/what_if.cpp). They
+// planner's replay of a step (plan/engine_events.cpp) and the what-if's timelines (plan/what_if.cpp). They
 // live here once, in types that hold no tensors: each program drives them from the same points (the
 // parameters' grad-ready hooks, the units' module hooks, flush) and carries out the events they emit on what
-// it has (buffers and collectives, a MemoryTrace, simulated timelines). A change to a rule is made here and
+// it has (buffers and collectives, a MemoryEvents, simulated timelines). A change to a rule is made here and
 // every program follows; StepEvents (tests/dist/plan/test_step_events.cpp) checks that a real step and the
 // planner's replay drive them alike, event by event. Every rank takes the same decisions in the same order:
 // they depend on the order and counts of the hooks, never on timing, so the collectives match across ranks.

@@ -1,6 +1,6 @@
 // The ZeRO engine's scheduling rules, written once (Note [One schedule]): small types that hold no tensors
 // and emit events. GradReducer and UnitGatherer carry the events out on real buffers and collectives; the
-// planner's replay (plan/engine_trace.cpp) on its MemoryTrace; the what-if (plan/what_if.cpp) on its
+// planner's replay (plan/engine_events.cpp) on its MemoryEvents; the what-if (plan/what_if.cpp) on its
 // timelines.
 #pragma once
 

@@ -133,7 +133,7 @@ class StepLog final : public AllocatorObserver {
 // The replay's events [begin, end) in the same form; a ring scratch is its communicator's thread's.
 Step planned_step(const StepReplay& r, size_t begin, size_t end) {
   Step s;
-  std::unordered_map<int32_t, int64_t> index;  // MemoryTrace id -> allocation index in this step
+  std::unordered_map<int32_t, int64_t> index;  // MemoryEvents id -> allocation index in this step
   std::vector<Freed> freed;
   for (size_t i = begin; i < end; ++i) {
     const TraceEvent& e = r.events[i];
@@ -341,14 +341,14 @@ TEST_P(StepEvents, EveryAllocationAsPlanned) {
     const std::string diff = first_difference(plan, real[i]);
     EXPECT_TRUE(diff.empty())
         << "rank " << world.rank() << ", step " << i + 1
-        << ": the planner's replay (src/dist/plan/step_replay.cpp, engine_trace.cpp) and "
+        << ": the planner's replay (src/dist/plan/step_replay.cpp, engine_events.cpp) and "
            "the real step part at\n"
         << diff;
   }
   EXPECT_FALSE(real_schedule.empty()) << "the real steps emitted no scheduling event";
   const std::string diff = first_schedule_difference(planned_schedule, real_schedule);
   EXPECT_TRUE(diff.empty()) << "rank " << world.rank()
-                            << ": the planner's replay (src/dist/plan/engine_trace.cpp) and the real steps "
+                            << ": the planner's replay (src/dist/plan/engine_events.cpp) and the real steps "
                                "schedule differently at\n"
                             << diff;
   // The what-if models neither a checkpoint's save between steps (it waits for the gathers, which the

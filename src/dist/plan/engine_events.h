@@ -1,6 +1,6 @@
-// The ZeRO engine's allocations during a training step, replayed through a MemoryTrace: the step replay
+// The ZeRO engine's allocations during a training step, replayed through a MemoryEvents: the step replay
 // (step_replay.cpp) calls it where ZeroEngine's hooks fire, and it allocates and frees what the engine does
-// there (Note [What the engine allocates] in engine_trace.cpp).
+// there (Note [What the engine allocates] in engine_events.cpp).
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "dist/comm/types.h"
-#include "dist/plan/memory_trace.h"
+#include "dist/plan/memory_events.h"
 #include "dist/zero/partition.h"
 #include "dist/zero/step_plan.h"
 #include "tensor/dtype.h"
@@ -39,12 +39,12 @@ struct EngineSpec {
 };
 
 // It drives the engine's own step schedule (Note [Step plan]) and carries its events out on the trace.
-class EngineTrace : private zero::ReduceSchedule::Sink,
+class EngineEvents : private zero::ReduceSchedule::Sink,
                     private zero::UnitSchedule::Sink,
                     private zero::ChunkSchedule::Sink {
  public:
-  using Id = MemoryTrace::Id;
-  EngineTrace(MemoryTrace& m, EngineSpec spec);
+  using Id = MemoryEvents::Id;
+  EngineEvents(MemoryEvents& m, EngineSpec spec);
 
   // Flat index of a parameter ("stages.0.blocks.1.mlp.fc1.weight"); the unit (partition) of a stage-3 module
   // ("stages.0.blocks.1"), or -1 when the module is not a unit or the stage is not 3.
@@ -104,7 +104,7 @@ class EngineTrace : private zero::ReduceSchedule::Sink,
   }
   void all_reduce_scalar_in(Comm c);
 
-  MemoryTrace& m_;
+  MemoryEvents& m_;
   EngineSpec s_;
   std::unordered_map<std::string, size_t> param_index_;
   zero::StepSchedule schedule_;

@@ -1,22 +1,22 @@
-// The allocation replay behind the planner (memory_trace.h).
-#include "dist/plan/memory_trace.h"
+// The allocation replay behind the planner (memory_events.h).
+#include "dist/plan/memory_events.h"
 
 #include "tensor/allocator.h"
 #include "tensor/check.h"
 
 namespace cz::plan {
 
-MemoryTrace::MemoryTrace(int parts, int64_t page_bytes) : page_bytes_(page_bytes) {
+MemoryEvents::MemoryEvents(int parts, int64_t page_bytes) : page_bytes_(page_bytes) {
   live_.saved_by_part.assign(size_t(parts), 0);
   peak_ = live_;
 }
 
-int64_t MemoryTrace::page_extra(int64_t cls) const {
+int64_t MemoryEvents::page_extra(int64_t cls) const {
   if (page_bytes_ <= 0 || 2 * cls < page_bytes_) return 0;
   return (cls + page_bytes_ - 1) / page_bytes_ * page_bytes_ - cls;
 }
 
-MemoryTrace::Id MemoryTrace::alloc(int64_t bytes, Use use, const char* what, int part, const char* thread) {
+MemoryEvents::Id MemoryEvents::alloc(int64_t bytes, Use use, const char* what, int part, const char* thread) {
   CZ_ASSERT(bytes >= 0, "negative allocation {} for {}", bytes, what);
   const auto cls = int64_t(round_to_size_class(size_t(bytes)));
   if (int64_t& free_blocks = cached_[cls]; free_blocks > 0) {
@@ -42,13 +42,13 @@ MemoryTrace::Id MemoryTrace::alloc(int64_t bytes, Use use, const char* what, int
   return id;
 }
 
-void MemoryTrace::retain(Id id) {
+void MemoryEvents::retain(Id id) {
   Block& b = blocks_.at(size_t(id));
   CZ_ASSERT(b.refs > 0, "retain of freed block {} ({})", id, b.what);
   ++b.refs;
 }
 
-void MemoryTrace::release(Id id) {
+void MemoryEvents::release(Id id) {
   Block& b = blocks_.at(size_t(id));
   CZ_ASSERT(b.refs > 0, "release of freed block {} ({})", id, b.what);
   if (--b.refs > 0) return;
@@ -60,7 +60,7 @@ void MemoryTrace::release(Id id) {
   live_.page_rounding -= page_extra(b.cls);
 }
 
-TraceSnapshot MemoryTrace::now() const {
+TraceSnapshot MemoryEvents::now() const {
   TraceSnapshot s = live_;
   s.where = where_;
   return s;

@@ -29,8 +29,8 @@ struct TraceSnapshot {
   int64_t total = 0;                    // class-rounded bytes of live blocks (what the allocator counts)
   std::array<int64_t, kNumUses> raw{};  // requested bytes of live blocks, by use
   std::vector<int64_t> saved_by_part;   // requested bytes of live saved activations, by network part
-  int64_t page_rounding = 0;            // see MemoryTrace::MemoryTrace
-  int where = -1;                       // label of the op running (MemoryTrace::at)
+  int64_t page_rounding = 0;            // see MemoryEvents::MemoryEvents
+  int where = -1;                       // label of the op running (MemoryEvents::at)
   int64_t event = -1;                   // index of the allocation that reached it
 };
 
@@ -38,9 +38,9 @@ struct TraceSnapshot {
 // event log]; Note [One step, two descriptions] in step_replay.cpp).
 struct TraceEvent {
   bool alloc;     // false: the block's last reference went
-  int32_t block;  // MemoryTrace::Id: which alloc a release returns
+  int32_t block;  // MemoryEvents::Id: which alloc a release returns
   int64_t bytes;  // as requested
-  int where;      // label of the op running (MemoryTrace::at)
+  int where;      // label of the op running (MemoryEvents::at)
   Use use;
   const char* what;
   // Whose thread makes the request: nullptr the training thread's; else the communication thread of the
@@ -48,13 +48,13 @@ struct TraceEvent {
   const char* thread;
 };
 
-class MemoryTrace {
+class MemoryEvents {
  public:
   using Id = int32_t;
   // `parts`: network parts saved activations are attributed to. `page_bytes` > 0: also sum, over live
   // blocks of at least half a page, the rounding of each block up to whole pages (how the CUDA driver backs
   // a cudaMalloc).
-  explicit MemoryTrace(int parts, int64_t page_bytes = 0);
+  explicit MemoryEvents(int parts, int64_t page_bytes = 0);
 
   // `thread`: TraceEvent::thread (a communicator's label, or nullptr for the training thread).
   Id alloc(int64_t bytes, Use use, const char* what, int part = -1, const char* thread = nullptr);

@@ -34,11 +34,11 @@
 //    "world.cross") grow their ring scratch with each piece's steps (Note [Two-level pipeline]), and its own
 //    thread ("world") a pack scratch of the slots for reduce-scatter and all-gather (stage 3's gathers,
 //    stages 1-2's after the update), kept and grown like the ring's; calls
-//    it leaves on its flat ring grow that ring's scratch ("world.flat"). EngineTrace::two_level.
+//    it leaves on its flat ring grow that ring's scratch ("world.flat"). EngineEvents::two_level.
 //  * The step: a one-element f64 tensor per ProcessGroup::all_reduce of a scalar (the mean loss; the global
 //    norm at stages 1-3) and the squared-norm scalars of ShardedState::global_grad_norm, one per partition
 //    summed as they come.
-#include "dist/plan/engine_trace.h"
+#include "dist/plan/engine_events.h"
 
 #include <algorithm>
 #include <utility>
@@ -53,10 +53,10 @@
 
 namespace cz::plan {
 namespace {
-constexpr MemoryTrace::Id kNone = -1;
+constexpr MemoryEvents::Id kNone = -1;
 }  // namespace
 
-EngineTrace::EngineTrace(MemoryTrace& m, EngineSpec spec)
+EngineEvents::EngineEvents(MemoryEvents& m, EngineSpec spec)
     : m_(m), s_(std::move(spec)), schedule_(s_.plan, s_.layout, s_.prefetch, s_.units) {
   schedule_.bind(this, this, this);
   const zero::ZeroLayout& L = s_.layout;
@@ -70,28 +70,28 @@ EngineTrace::EngineTrace(MemoryTrace& m, EngineSpec spec)
     for (size_t u = 0; u < s_.units.size(); ++u) unit_index_[s_.units[u]] = u;
 }
 
-size_t EngineTrace::param_index(const std::string& name) const {
+size_t EngineEvents::param_index(const std::string& name) const {
   const auto it = param_index_.find(name);
   CZ_ASSERT(it != param_index_.end(), "planner: no parameter '{}' in the layout", name);
   return it->second;
 }
 
-int EngineTrace::unit_of_module(const std::string& module) const {
+int EngineEvents::unit_of_module(const std::string& module) const {
   if (!s_.plan.unit_gathers()) return -1;
   for (size_t p = 0; p < s_.layout.partitions.size(); ++p)
     if (s_.layout.partitions[p].name == module) return int(p);
   return -1;
 }
 
-void EngineTrace::backward_begin(bool last_micro_step) {
+void EngineEvents::backward_begin(bool last_micro_step) {
   schedule_.begin_backward(last_micro_step);
 }
 
-void EngineTrace::backward_end() {
+void EngineEvents::backward_end() {
   schedule_.end_backward(true);
 }
 
-void EngineTrace::grad_ready(size_t param, Id grad) {
+void EngineEvents::grad_ready(size_t param, Id grad) {
   const size_t p = schedule_.partition_of(param);
   if (s_.plan.buckets() && bucket_[p] == kNone)
     bucket_[p] = m_.alloc(s_.layout.partitions[p].numel * int64_t(dtype_size(s_.plan.bucket_dtype())),
@@ -100,7 +100,7 @@ void EngineTrace::grad_ready(size_t param, Id grad) {
   m_.release(grad);
 }
 
-void EngineTrace::prepare(size_t p) {
+void EngineEvents::prepare(size_t p) {
   const int64_t numel = s_.layout.partitions[p].numel, er = int64_t(dtype_size(s_.plan.bucket_dtype()));
   if (s_.plan.buckets()) {
     if (bucket_[p] == kNone) bucket_[p] = m_.alloc(numel * er, Use::bucket, "gradient bucket");
@@ -109,7 +109,7 @@ void EngineTrace::prepare(size_t p) {
   }
 }
 
-void EngineTrace::launch(size_t p) {
+void EngineEvents::launch(size_t p) {
   const zero::StepPlan& plan = s_.plan;
   const int64_t numel = s_.layout.partitions[p].numel, er = int64_t(dtype_size(plan.bucket_dtype()));
   const int64_t qb = plan.quant_block();
@@ -152,7 +152,7 @@ void EngineTrace::launch(size_t p) {
   }
 }
 
-void EngineTrace::finish(size_t p) {
+void EngineEvents::finish(size_t p) {
   InFlight& f = in_flight_[p];
   for (Id* id : {&f.records, &f.records2, &f.records3})  // freed once summed, before the bucket
     if (*id != kNone) m_.release(std::exchange(*id, kNone));
@@ -163,7 +163,7 @@ void EngineTrace::finish(size_t p) {
   }
 }
 
-void EngineTrace::collective(Comm c, dist::Collective kind, int64_t count, int64_t elem_bytes) {
+void EngineEvents::collective(Comm c, dist::Collective kind, int64_t count, int64_t elem_bytes) {
   const int world = s_.plan.world(), shards = s_.plan.shards();
   const int size = c == world_comm ? world : c == shard_comm ? shards : world / shards;
   if (size < 2) return;
@@ -175,7 +175,7 @@ void EngineTrace::collective(Comm c, dist::Collective kind, int64_t count, int64
   if (kind != dist::Collective::all_gather) ring_scratch(c, size, count, elem_bytes);
 }
 
-void EngineTrace::ring_scratch(Comm c, int size, int64_t count, int64_t elem_bytes) {
+void EngineEvents::ring_scratch(Comm c, int size, int64_t count, int64_t elem_bytes) {
   if (count == 0) return;  // the ring returns before it asks for scratch
   const int64_t slot = dist::shard_count(count, size, 0) * elem_bytes;
   grow(c, (size > 2 ? 2 : 1) * slot);
@@ -186,7 +186,7 @@ void EngineTrace::ring_scratch(Comm c, int size, int64_t count, int64_t elem_byt
 // cross: the pieces' all-reduces or reduce-scatters), and the slots' pack scratch on the two-level
 // communicator's own thread. The replay grows them all when the call is launched, never later than the
 // threads do.
-void EngineTrace::two_level(dist::Collective kind, int64_t count, int64_t elem_bytes) {
+void EngineEvents::two_level(dist::Collective kind, int64_t count, int64_t elem_bytes) {
   if (count == 0) return;
   const int R = s_.ranks_per_host, H = s_.plan.world() / R, n = s_.plan.world(), l = s_.rank % R;
   const int pieces = dist::two_level_pieces(kind, count, size_t(count * elem_bytes), n);
@@ -211,7 +211,7 @@ void EngineTrace::two_level(dist::Collective kind, int64_t count, int64_t elem_b
     ring_scratch(cross_level, H, H * dist::shard_count(S, pieces, k), elem_bytes);
 }
 
-void EngineTrace::grow(Comm c, int64_t need) {
+void EngineEvents::grow(Comm c, int64_t need) {
   Id& scratch = scratch_[c];
   int64_t& bytes = scratch_bytes_[c];
   if (scratch != kNone && bytes >= need) return;
@@ -234,7 +234,7 @@ void EngineTrace::grow(Comm c, int64_t need) {
   scratch = grown;
 }
 
-void EngineTrace::gather(size_t p) {
+void EngineEvents::gather(size_t p) {
   const int64_t numel = s_.layout.partitions[p].numel, ec = int64_t(dtype_size(s_.plan.compute()));
   gathered_[p] = m_.alloc(numel * ec, Use::gather, "gathered unit");
   const bool backward = schedule_.in_backward();
@@ -243,7 +243,7 @@ void EngineTrace::gather(size_t p) {
   gather_collective(p, backward);
 }
 
-void EngineTrace::gather_collective(size_t p, bool backward) {
+void EngineEvents::gather_collective(size_t p, bool backward) {
   if (const int64_t w = s_.plan.gather_records_bytes(s_.layout, p, backward)) {
     wire_[p] = m_.alloc(w, Use::gather, "gathered records");
     collective(shard_comm, dist::Collective::all_gather, w, 1);
@@ -253,45 +253,45 @@ void EngineTrace::gather_collective(size_t p, bool backward) {
   }
 }
 
-void EngineTrace::use(size_t p) {
+void EngineEvents::use(size_t p) {
   if (wire_[p] != kNone) m_.release(std::exchange(wire_[p], kNone));
 }
 
-void EngineTrace::release(size_t p) {
+void EngineEvents::release(size_t p) {
   use(p);
   m_.release(std::exchange(gathered_[p], kNone));
 }
 
-void EngineTrace::forward_pre(int u) {
+void EngineEvents::forward_pre(int u) {
   if (u >= 0) schedule_.unit_forward_pre(size_t(u));
 }
 
-void EngineTrace::chunk_forward_pre(const std::string& module) {
+void EngineEvents::chunk_forward_pre(const std::string& module) {
   const auto it = unit_index_.find(module);  // stages 1-2 only: empty otherwise
   if (it != unit_index_.end()) schedule_.unit_forward_pre_chunks(it->second);
 }
 
-void EngineTrace::gather_partition(size_t p) {
+void EngineEvents::gather_partition(size_t p) {
   gather_collective(p, false);
 }
 
-void EngineTrace::use_partition(size_t p) {
+void EngineEvents::use_partition(size_t p) {
   if (wire_[p] != kNone) m_.release(std::exchange(wire_[p], kNone));
 }
 
-void EngineTrace::forward_post(int u) {
+void EngineEvents::forward_post(int u) {
   if (u >= 0) schedule_.unit_forward_post(size_t(u));
 }
 
-void EngineTrace::backward_pre(int u) {
+void EngineEvents::backward_pre(int u) {
   if (u >= 0) schedule_.unit_backward_pre(size_t(u));
 }
 
-void EngineTrace::all_reduce_scalar() {
+void EngineEvents::all_reduce_scalar() {
   all_reduce_scalar_in(world_comm);
 }
 
-void EngineTrace::all_reduce_scalar_in(Comm c) {
+void EngineEvents::all_reduce_scalar_in(Comm c) {
   const int size = c == world_comm ? s_.plan.world() : s_.plan.shards();
   if (size < 2) return;  // a group of one returns the value
   const Id t = m_.alloc(8, Use::transient, "all-reduced scalar");
@@ -299,7 +299,7 @@ void EngineTrace::all_reduce_scalar_in(Comm c) {
   m_.release(t);
 }
 
-void EngineTrace::optimizer_step() {
+void EngineEvents::optimizer_step() {
   // global_grad_norm: a squared norm per partition, summed into a new scalar each time.
   Id sum = m_.alloc(8, Use::transient, "gradient norm");
   for (size_t p = 1; p < s_.layout.partitions.size(); ++p) {
