@@ -1,10 +1,7 @@
-// The training loop behind `convnext_zero`: model, data, schedule, loss scaling, evaluation, logs. The ZeRO
-// engine (dist/zero) owns parameters, gradients, optimizer state and their collectives at every stage.
-// The Trainer holds its parts: the data feed (data_feed.h), the checkpointer (checkpointer.h) and the step
-// boundary's stop agreement (stop.h). Its methods live in trainer.cpp (setup, the step, the run) and, by what
-// they do, in trainer_checkpoints.cpp (what a checkpoint holds, resuming, the best checkpoints),
-// trainer_ranks.cpp (what every rank's figures gather) and trainer_log.cpp (--log, --tensorboard,
-// --comms-table).
+// The training loop behind `convnext_zero`. The Trainer holds its parts (the data feed, data_feed.h; the
+// checkpointer, checkpointer.h; the stop agreement, stop.h) and the ZeRO engine (dist/zero), which owns the
+// parameters, gradients, optimizer state and their collectives. Its methods: trainer_setup.cpp (construction),
+// trainer.cpp (the step, the run), trainer_checkpoints.cpp, trainer_ranks.cpp and trainer_log.cpp.
 #pragma once
 
 #include <chrono>
