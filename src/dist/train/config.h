@@ -24,7 +24,7 @@ struct TrainConfig {
   std::vector<int64_t> depths, dims;  // custom architecture; both or neither, overriding --model's
   bool grn = false;                   // with depths/dims: ConvNeXt V2 blocks (GRN, no layer scale)
   // kClassesOfTheData (the app's default): the training data's classes, resolved when the data is opened
-  // (Trainer::build_data, resolve_num_classes). 10 for a config built in code.
+  // (DataFeed::DataFeed, resolve_num_classes). 10 for a config built in code.
   int64_t num_classes = 10;
   int64_t image_size = 64;
   double drop_path = 0.0;

@@ -81,7 +81,7 @@ std::vector<Flag> data_flags() {
                "the ranks on its host, as for OpenMP; 0: decode on the training thread)",
        .check =
            [](C c, F f) {
-             // -1 is the default, resolved by the trainer (Trainer::Trainer) and the planner.
+             // -1 is the default, resolved by the trainer (DataFeed::DataFeed) and the planner.
              CZ_CHECK(c.loader_threads >= -1, "{} must be >= 0, got {}", f.name, c.loader_threads);
            }},
       {.name = "--skip-bad-samples",

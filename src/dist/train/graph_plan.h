@@ -80,7 +80,7 @@ constexpr int kGraphWarmupSteps = 2;
 GraphPlan plan_cuda_graphs(const GraphPlanInput& in);
 
 // The input for a run of `cfg` over `world` ranks with the given communicator ("" none, "nccl", "mpi"); the
-// epoch's last micro-batch is left 0 (the training loader drops a partial batch: Trainer::build_data).
+// epoch's last micro-batch is left 0 (the training loader drops a partial batch: DataFeed::DataFeed).
 GraphPlanInput graph_plan_input(const TrainConfig& cfg, int world, const std::string& comm, int64_t steps);
 
 }  // namespace cz::train
