@@ -25,6 +25,15 @@ inline bool same_bits(const Tensor& a, const Tensor& b) {
          std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
 }
 
+// Example `index` of the loader tests' made-up data sets: a 6x5 image whose pixels encode `index`.
+inline void index_image(int64_t index, Image& out) {
+  out.height = 6;
+  out.width = 5;
+  out.pixels.resize(6 * 5 * 3);
+  for (size_t p = 0; p < out.pixels.size(); ++p)
+    out.pixels[p] = uint8_t((index * 37 + int64_t(p) * 11) % 256);
+}
+
 // Loader options for batches of `batch` images of image x image pixels, the examples in order (no shuffle).
 inline LoaderOptions in_order(int64_t batch, int64_t image) {
   LoaderOptions o;

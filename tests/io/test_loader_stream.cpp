@@ -32,11 +32,7 @@ class CountingDataset : public Dataset {
     reads_.fetch_add(1);
     if (sleep_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms_));
     if (index == fail_at_) throw IoError(fmt::format("counting.bin: example {} is corrupt", index));
-    out.height = 6;
-    out.width = 5;
-    out.pixels.resize(6 * 5 * 3);
-    for (size_t p = 0; p < out.pixels.size(); ++p)
-      out.pixels[p] = uint8_t((index * 37 + int64_t(p) * 11) % 256);
+    testing::index_image(index, out);
   }
   int64_t reads() const { return reads_.load(); }
 
