@@ -100,22 +100,9 @@ A Walker::layer_norm(const A& x, int64_t rows, int64_t c, const std::string& mod
     m_.release(rstd.id);
     return y;
   }
-  m_.retain(x.id);
-  const std::string scope = scope_;
-  record([=, this] {
-    at(scope, "layer_norm backward");
-    const Id g = take(y.id);
-    const Id dx = m_.alloc(x.bytes, Use::transient, "layer_norm input gradient");
-    const Id dw = m_.alloc(c * e_, Use::transient, "layer_norm weight gradient");
-    const Id db = m_.alloc(c * e_, Use::transient, "layer_norm bias gradient");
-    m_.release(x.id);
-    m_.release(mean.id);
-    m_.release(rstd.id);
-    deposit(x, dx);
-    m_.release(g);
-    param_grad(db, module + ".bias");
-    param_grad(dw, module + ".weight");
-  });
+  record_x_weight_bias(
+      "layer_norm", y, x, c * e_, c * e_, {mean.id, rstd.id}, module,
+      {"layer_norm input gradient", "layer_norm weight gradient", "layer_norm bias gradient"});
   return y;
 }
 
@@ -125,6 +112,26 @@ Walker::LinearGrads Walker::linear_grads(const A& x, int64_t in, int64_t out_f) 
   return {dx, dw, m_.alloc(out_f * e_, Use::transient, "linear bias gradient")};
 }
 
+void Walker::record_x_weight_bias(const std::string& op, const A& y, const A& x, int64_t w_bytes,
+                                  int64_t b_bytes, std::vector<Id> saved, const std::string& module,
+                                  GradNames n) {
+  m_.retain(x.id);
+  const std::string scope = scope_;
+  record([=, this] {
+    at(scope, (op + " backward").c_str());
+    const Id g = take(y.id);
+    const Id dx = m_.alloc(x.bytes, Use::transient, n.dx);
+    const Id dw = m_.alloc(w_bytes, Use::transient, n.dw);
+    const Id db = m_.alloc(b_bytes, Use::transient, n.db);
+    m_.release(x.id);
+    for (Id t : saved) m_.release(t);
+    deposit(x, dx);
+    m_.release(g);
+    param_grad(db, module + ".bias");
+    param_grad(dw, module + ".weight");
+  });
+}
+
 A Walker::linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module,
                  nn::WalkOut o) {
   const char* name = module.ends_with("fc1") ? "fc1" : module.ends_with("fc2") ? "fc2" : "fc";
@@ -132,17 +139,8 @@ A Walker::linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const std:
   const Use out = use_of(o);
   const A y = buf(rows * out_f * e_, out, "linear output");
   if (!recording_) return y;
-  m_.retain(x.id);
-  const std::string scope = scope_;
-  record([=, this] {
-    at(scope, (std::string(name) + " backward").c_str());
-    const Id g = take(y.id);
-    const LinearGrads d = linear_grads(x, in, out_f);
-    m_.release(x.id);
-    deposit(x, d.dx);
-    m_.release(g);
-    linear_param_grads(d, module);
-  });
+  record_x_weight_bias(name, y, x, out_f * in * e_, out_f * e_, {}, module,
+                       {"linear input gradient", "linear weight gradient", "linear bias gradient"});
   return y;
 }
 
@@ -257,22 +255,8 @@ A Walker::grn(const A& x, int64_t rows, int64_t c, const std::string& module, nn
     m_.release(gx.id);
     return y;
   }
-  m_.retain(x.id);
-  const std::string scope = scope_;
-  record([=, this] {
-    at(scope, "grn backward");
-    const Id g = take(y.id);
-    const Id dx = m_.alloc(x.bytes, Use::transient, "grn input gradient");
-    const Id dgamma = m_.alloc(c * e_, Use::transient, "grn weight gradient");
-    const Id dbeta = m_.alloc(c * e_, Use::transient, "grn bias gradient");
-    m_.release(x.id);
-    m_.release(gx.id);
-    m_.release(d.id);
-    deposit(x, dx);
-    m_.release(g);
-    param_grad(dbeta, module + ".bias");
-    param_grad(dgamma, module + ".weight");
-  });
+  record_x_weight_bias("grn", y, x, c * e_, c * e_, {gx.id, d.id}, module,
+                       {"grn input gradient", "grn weight gradient", "grn bias gradient"});
   return y;
 }
 
