@@ -22,15 +22,22 @@ void scale_row(const T* src, T* dst, T s, int64_t C) {
   });
 }
 
+// Calls f(src, dst, N, HW, C, inv) with `src` and `dst` as pointers of the float dtype of `images` (N, H, W,
+// C), HW = H * W and inv = 1 / HW.
+template <class F>
+void with_pool_shape(const Tensor& images, const Tensor& src, Tensor& dst, F&& f) {
+  visit_float(images.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t HW = images.size(1) * images.size(2);
+    f(static_cast<const T*>(src.data<T>()), dst.data<T>(), images.size(0), HW, images.size(3), T(1) / T(HW));
+  });
+}
+
 }  // namespace
 
 void global_avg_pool_forward(const Tensor& x, Tensor& y) {
-  visit_float(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const int64_t N = x.size(0), HW = x.size(1) * x.size(2), C = x.size(3);
-    const T* px = x.data<T>();
-    T* py = y.data<T>();
-    const T inv = T(1) / T(HW);
+  with_pool_shape(x, x, y, [&](const auto* px, auto* py, int64_t N, int64_t HW, int64_t C, auto inv) {
+    using T = decltype(inv);
     // Sum the image's pixels into its output row (in L1), reading x sequentially.
 #pragma omp parallel for schedule(static) if (x.numel() >= kParallelGrain)
     for (int64_t n = 0; n < N; ++n) {
@@ -49,12 +56,8 @@ void global_avg_pool_forward(const Tensor& x, Tensor& y) {
 }
 
 void global_avg_pool_backward(const Tensor& gy, Tensor& dx) {
-  visit_float(dx.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const int64_t N = dx.size(0), HW = dx.size(1) * dx.size(2), C = dx.size(3);
-    const T* pg = gy.data<T>();
-    T* pd = dx.data<T>();
-    const T inv = T(1) / T(HW);
+  with_pool_shape(dx, gy, dx, [&](const auto* pg, auto* pd, int64_t N, int64_t HW, int64_t C, auto inv) {
+    using T = decltype(inv);
 #pragma omp parallel for schedule(static) if (dx.numel() >= kParallelGrain)
     for (int64_t row = 0; row < N * HW; ++row) {
       const T* gr = pg + (row / HW) * C;
