@@ -36,16 +36,14 @@ void Communicator::name_this_thread() const {
 
 Communicator::Call Communicator::make_call(Collective kind, const void* send, void* recv, int64_t count,
                                            DType dtype, Device device, ReduceOp op, int peer) {
-  Call c;
-  c.kind = kind;
-  c.send = send;
-  c.recv = recv;
-  c.count = count;
-  c.dtype = dtype;
-  c.device = device;
-  c.op = op;
-  c.peer = peer;
-  return c;
+  return Call{.kind = kind,
+              .send = send,
+              .recv = recv,
+              .count = count,
+              .dtype = dtype,
+              .device = device,
+              .op = op,
+              .peer = peer};
 }
 
 Communicator::Communicator(int rank, int size, CommOptions options, std::vector<int> ring)
