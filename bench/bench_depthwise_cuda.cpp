@@ -51,10 +51,7 @@ Flags parse(int argc, char** argv) {
 }
 
 int run(const Flags& f) {
-  if (cuda_device_count() == 0) {
-    std::fprintf(stderr, "bench_depthwise_cuda: no CUDA GPU is visible\n");
-    return 1;
-  }
+  if (bench::no_gpu("bench_depthwise_cuda")) return 1;
   const Device dev = Device::cuda(0);
   const DType t = parse_dtype(f.dtype);
   cuda::DeviceContext& ctx = cuda::context(dev.index);

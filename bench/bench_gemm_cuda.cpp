@@ -80,10 +80,7 @@ struct Times {
 };
 
 int run(const Flags& f) {
-  if (cuda_device_count() == 0) {
-    std::fprintf(stderr, "bench_gemm_cuda: no CUDA GPU is visible\n");
-    return 1;
-  }
+  if (bench::no_gpu("bench_gemm_cuda")) return 1;
   const Device dev = Device::cuda(0);
   const DType t = parse_dtype(f.dtype);
   cuda::DeviceContext& ctx = cuda::context(dev.index);

@@ -1,9 +1,19 @@
 // The CUDA kernel benchmarks' clock: a call's mean time on the device, between two events on its stream.
 #pragma once
 
+#include <cstdio>
+
+#include "tensor/device.h"
 #include "tensor/stream.h"
 
 namespace cz::bench {
+
+// True, after "<program>: no CUDA GPU is visible" on stderr, when there is no GPU to measure.
+inline bool no_gpu(const char* program) {
+  if (cuda_device_count() > 0) return false;
+  std::fprintf(stderr, "%s: no CUDA GPU is visible\n", program);
+  return true;
+}
 
 // The mean time of `fn` in ms over `iters` calls queued on `s`, after two untimed calls (the first chooses
 // cuDNN's algorithm, or asks cuBLASLt's heuristic).
