@@ -1,6 +1,6 @@
 // The training loop behind `convnext_zero`. The Trainer holds its parts (the data feed, data_feed.h; the
 // checkpointer, checkpointer.h; the stop agreement, stop.h) and the ZeRO engine (dist/zero), which owns the
-// parameters, gradients, optimizer state and their collectives. Its methods: trainer_setup.cpp (construction),
+// parameters, gradients, optimizer state and their collectives. Its methods: trainer_setup.cpp (building it),
 // trainer.cpp (the step, the run), trainer_checkpoints.cpp, trainer_ranks.cpp and trainer_log.cpp.
 #pragma once
 
