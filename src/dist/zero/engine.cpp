@@ -23,8 +23,9 @@
 // The parts: stages 0-1 reduce in place in the full gradient buffer and stages 2-3 in buckets (GradReducer's
 // mode); stage 0 all-reduces, stages 1-3 reduce-scatter; the ShardedState is sharded over the shard group
 // (the world, unless --shard-group makes a 2-D mesh) at stages 1-3 and over a group of one at stage 0; the
-// gatherer is the ChunkGatherer at stages 1-2, the UnitGatherer at stage 3, none at stage 0. So the stage is
-// read once, here, when the parts are built.
+// gatherer is the ChunkGatherer at stages 1-2, the UnitGatherer at stage 3, none at stage 0. The stage itself
+// is read once, by the step plan (Note [Step plan], Note [What each rank keeps]): the parts are built here
+// from its answers.
 //
 // Note [Overlapped parameter all-gather]: at stages 1-2 the updated chunks are all-gathered after the step,
 // when nothing is left to overlap them with, so they are only launched there; each unit's forward-pre hook

@@ -37,8 +37,9 @@ struct ZeroGroups {
       replicate;             // ... and replicated over it: each reduced gradient chunk is all-reduced here
   dist::ProcessGroup host;   // hpZ: this rank's host, where backward's gathers stay
   std::vector<int> host_of;  // the host of each world rank (StepStats::comm_cross_bytes); empty: one host
-  dist::ProcessGroup cross;  // two_hop_reduce: the ranks with this rank's local index on every host
-  dist::HostMap hosts;       // two_hop_reduce: the launch's hosts
+  dist::ProcessGroup
+      cross;            // two hops (StepPlan::two_hop): the ranks with this rank's local index on every host
+  dist::HostMap hosts;  // two hops: the launch's hosts
   static ZeroGroups flat(const dist::ProcessGroup& world);
 };
 
