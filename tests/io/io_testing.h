@@ -34,11 +34,17 @@ inline void index_image(int64_t index, Image& out) {
     out.pixels[p] = uint8_t((index * 37 + int64_t(p) * 11) % 256);
 }
 
-// Loader options for batches of `batch` images of image x image pixels, the examples in order (no shuffle).
-inline LoaderOptions in_order(int64_t batch, int64_t image) {
+// Loader options for batches of `batch` images of image x image pixels, the rest at their defaults.
+inline LoaderOptions loader_options(int64_t batch, int64_t image) {
   LoaderOptions o;
   o.batch_size = batch;
   o.image_size = image;
+  return o;
+}
+
+// The same, the examples in order (no shuffle).
+inline LoaderOptions in_order(int64_t batch, int64_t image) {
+  LoaderOptions o = loader_options(batch, image);
   o.shuffle = false;
   return o;
 }

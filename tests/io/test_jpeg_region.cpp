@@ -200,9 +200,7 @@ class JpegRegionLoader : public ::testing::Test {
     write_h5_images(dir_.str("whole.h5"), whole, labels);
   }
   std::vector<Batch> batches(const std::string& spec, int64_t size, bool rand_augment) {
-    LoaderOptions o;
-    o.batch_size = 4;
-    o.image_size = size;
+    LoaderOptions o = testing::loader_options(4, size);
     o.augment = true;
     o.seed = 5;
     o.threads = 0;

@@ -71,9 +71,7 @@ TEST(Sampler, ShuffleOffReadsFileOrder) {
 
 TEST(Sampler, ShuffledBatchesFollowTheEpochOrder) {
   auto data = std::make_shared<IndexDataset>(40);
-  LoaderOptions opt;
-  opt.batch_size = 10;
-  opt.image_size = 4;
+  LoaderOptions opt = testing::loader_options(10, 4);
   opt.seed = 11;
   const auto order = Loader(data, opt).epoch_order(2);
   const auto batches = epoch_batches(data, opt, 2);
@@ -266,9 +264,7 @@ TEST(Loader, WorkerErrorIsRethrownOnTheConsumer) {
 }
 
 TEST(Loader, RestartingMidEpochBeginsTheNewEpoch) {
-  LoaderOptions opt;
-  opt.batch_size = 5;
-  opt.image_size = 4;
+  LoaderOptions opt = testing::loader_options(5, 4);
   opt.threads = 2;
   opt.prefetch = 1;
   auto data = std::make_shared<IndexDataset>(50);

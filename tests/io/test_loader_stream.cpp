@@ -55,9 +55,7 @@ bool eventually(F cond) {
 
 // The whole recipe on synthetic images: crop and flip, RandAugment, erasing, Mixup/CutMix, normalised.
 LoaderOptions recipe(int threads) {
-  LoaderOptions o;
-  o.batch_size = 8;
-  o.image_size = 16;
+  LoaderOptions o = testing::loader_options(8, 16);
   o.seed = 21;
   o.threads = threads;
   testing::with_recipe(o, 0.5, 5);
@@ -91,9 +89,7 @@ void expect_same(const Batch& a, const Batch& b, const std::string& where) {
 TEST(LoaderStream, FirstBatchOfTheNextEpochIsMadeBeforeThisEpochsLastIsTaken) {
   for (int threads : {1, 2, 3}) {
     auto data = std::make_shared<CountingDataset>(16);  // 4 batches of 4 an epoch
-    LoaderOptions o;
-    o.batch_size = 4;
-    o.image_size = 4;
+    LoaderOptions o = testing::loader_options(4, 4);
     o.threads = threads;
     o.prefetch = 2;  // a window of 2 x threads batches: epoch 1's first is in it once 3 are taken
     o.endless = true;
@@ -115,9 +111,7 @@ TEST(LoaderStream, FirstBatchOfTheNextEpochIsMadeBeforeThisEpochsLastIsTaken) {
 
 TEST(LoaderStream, OnePassReadsNoFurtherThanItsEpoch) {
   auto data = std::make_shared<CountingDataset>(16);
-  LoaderOptions o;
-  o.batch_size = 4;
-  o.image_size = 4;
+  LoaderOptions o = testing::loader_options(4, 4);
   o.threads = 3;
   Loader loader(data, o);  // not endless: evaluation's loader
   int64_t batches = 0;
@@ -255,9 +249,7 @@ TEST(LoaderStream, WorkerErrorReachesTheConsumerInItsPlace) {
 // Workers ahead on slow reads (50 ms an image): the destructor and a restart wait for the image in hand
 // only, not for batches (32 images of work per worker in the window).
 TEST(LoaderStream, StoppingWithWorkersAheadIsPrompt) {
-  LoaderOptions o;
-  o.batch_size = 16;
-  o.image_size = 4;
+  LoaderOptions o = testing::loader_options(16, 4);
   o.threads = 4;
   o.prefetch = 2;
   o.endless = true;

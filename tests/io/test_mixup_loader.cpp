@@ -21,9 +21,7 @@ std::shared_ptr<const Dataset> synthetic() {
 }
 
 LoaderOptions options(int world, int rank, int64_t per_rank, MixMode mode) {
-  LoaderOptions o;
-  o.batch_size = per_rank * world;
-  o.image_size = 12;
+  LoaderOptions o = testing::loader_options(per_rank * world, 12);
   o.augment = true;
   o.seed = 11;
   o.world = world;

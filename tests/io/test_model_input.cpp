@@ -24,9 +24,7 @@ std::shared_ptr<const Dataset> synthetic() {
 }
 
 LoaderOptions recipe(EraseMode mode, int recount, MixMode mix) {
-  LoaderOptions o;
-  o.batch_size = 8;
-  o.image_size = 16;
+  LoaderOptions o = testing::loader_options(8, 16);
   o.augment = true;
   o.seed = 5;
   o.threads = 2;

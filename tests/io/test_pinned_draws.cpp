@@ -169,9 +169,7 @@ TEST(PinnedDraws, PoolStaysFlatAfterTheFirstEpochOfTheWholeRecipe) {
 TEST(PinnedDraws, CudaHostAllocsStopAfterTheFirstEpoch) {
   if (cuda_runtime::device_count() == 0) GTEST_SKIP() << "no GPU: pinned memory is CUDA's";
   const Device gpu = Device::cuda(0);
-  LoaderOptions o;
-  o.batch_size = kBatch;
-  o.image_size = kSize;
+  LoaderOptions o = testing::loader_options(kBatch, kSize);
   o.seed = 3;
   o.threads = int(std::clamp(std::thread::hardware_concurrency(), 2u, 15u));
   o.endless = true;

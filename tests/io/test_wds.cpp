@@ -278,9 +278,7 @@ TEST(WdsSource, EqualSharesWhateverTheShardSizes) {
     std::vector<int64_t> seen;
     int64_t batches = -1;
     for (int rank = 0; rank < world; ++rank) {
-      LoaderOptions o;
-      o.batch_size = 4 * world;
-      o.image_size = 8;
+      LoaderOptions o = testing::loader_options(4 * world, 8);
       o.threads = 1;
       o.world = world;
       o.rank = rank;
