@@ -121,6 +121,14 @@ class Walker final : public nn::OpSink {
   void record_x_weight_bias(const std::string& op, const A& y, const A& x, int64_t w_bytes, int64_t b_bytes,
                             std::vector<Id> saved, const std::string& module, GradNames n);
 
+  // linear_gelu and linear_scale_residual (step_walker_ops.cpp): what the op, the GEMM's output before the
+  // epilogue, the op's output and the epilogue's input gradient are called.
+  struct FusedNames {
+    const char *op, *inner, *output, *inner_grad;
+  };
+  A fused_linear(const FusedNames& n, const A& r, const A& x, int64_t rows, int64_t in, int64_t out_f,
+                 const std::string& module, const std::string& gamma, nn::WalkOut o);
+
   Use use_of(nn::WalkOut out) const {
     return out == nn::WalkOut::held ? Use::saved : out == nn::WalkOut::saved ? keep() : Use::transient;
   }

@@ -144,15 +144,16 @@ A Walker::linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const std:
   return y;
 }
 
-// Note [Fused epilogues on the CPU]: the same buffers as linear then gelu (the pre-activation is the node's
-// instead of GeluBackward's), and in backward GELU's input gradient is the GEMMs' operand, freed when the
-// node returns.
-A Walker::linear_gelu(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module,
-                      nn::WalkOut o) {
-  at("fc1 + gelu");
-  const Use out = use_of(o);
-  const A h = buf(rows * out_f * e_, keep(), "fc1 pre-activation");
-  const A y = buf(h.bytes, out, "gelu output");
+// Note [Fused epilogues on the CPU]: a linear layer and its epilogue as one op. The GEMM's output before the
+// epilogue is the node's (fc1's pre-activation instead of GeluBackward's; fc2's output before gamma), the
+// op's output the next op's; backward allocates the epilogue's input gradient (GELU's, or the branch's),
+// gamma's where there is one, then linear's, and the residual r, where given, gets the incoming gradient
+// itself. The node's inputs are (residual, x, weight, bias, gamma): gamma's gradient is handed over first.
+A Walker::fused_linear(const FusedNames& n, const A& r, const A& x, int64_t rows, int64_t in, int64_t out_f,
+                       const std::string& module, const std::string& gamma, nn::WalkOut o) {
+  at(n.op);
+  const A h = buf(rows * out_f * e_, keep(), n.inner);
+  const A y = buf(h.bytes, use_of(o), n.output);
   if (!recording_) {
     m_.release(h.id);
     return y;
@@ -160,49 +161,31 @@ A Walker::linear_gelu(const A& x, int64_t rows, int64_t in, int64_t out_f, const
   m_.retain(x.id);
   const std::string scope = scope_;
   record([=, this] {
-    at(scope, "fc1 + gelu backward");
+    at(scope, (std::string(n.op) + " backward").c_str());
     const Id g = take(y.id);
-    const Id gh = m_.alloc(h.bytes, Use::transient, "gelu input gradient");
+    const Id gh = m_.alloc(h.bytes, Use::transient, n.inner_grad);
+    const Id dgamma = gamma.empty() ? kNone : m_.alloc(out_f * e_, Use::transient, "gamma gradient");
     const LinearGrads d = linear_grads(x, in, out_f);
     m_.release(gh);
     m_.release(x.id);
     m_.release(h.id);
-    deposit(x, d.dx);
-    m_.release(g);
+    pass_residual(r, g, x, d.dx);
+    if (dgamma != kNone) param_grad(dgamma, gamma);
     linear_param_grads(d, module);
   });
   return y;
 }
 
-// fc2, then gamma and the residual: linear's and residual_scale_add's buffers; the node's inputs are
-// (residual, x, weight, bias, gamma), so gamma's gradient is handed over first, then the bias's, the
-// weight's.
+A Walker::linear_gelu(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module,
+                      nn::WalkOut o) {
+  return fused_linear({"fc1 + gelu", "fc1 pre-activation", "gelu output", "gelu input gradient"}, A{}, x,
+                      rows, in, out_f, module, "", o);
+}
+
 A Walker::linear_scale_residual(const A& r, const A& x, int64_t rows, int64_t in, int64_t out_f,
                                 const std::string& module, const std::string& gamma, nn::WalkOut o) {
-  at("fc2 + residual_scale_add");
-  const Use out = use_of(o);
-  const A y = buf(rows * out_f * e_, keep(), "linear output");
-  const A z = buf(y.bytes, out, "block output");
-  if (!recording_) {
-    m_.release(y.id);
-    return z;
-  }
-  m_.retain(x.id);
-  const std::string scope = scope_;
-  record([=, this] {
-    at(scope, "fc2 + residual_scale_add backward");
-    const Id g = take(z.id);
-    const Id gb = m_.alloc(y.bytes, Use::transient, "block branch gradient");
-    const Id dgamma = m_.alloc(out_f * e_, Use::transient, "gamma gradient");
-    const LinearGrads d = linear_grads(x, in, out_f);
-    m_.release(gb);
-    m_.release(x.id);
-    m_.release(y.id);
-    pass_residual(r, g, x, d.dx);
-    param_grad(dgamma, gamma);
-    linear_param_grads(d, module);
-  });
-  return z;
+  return fused_linear({"fc2 + residual_scale_add", "linear output", "block output", "block branch gradient"},
+                      r, x, rows, in, out_f, module, gamma, o);
 }
 
 // Note [The MLP on one tile]: the pre-activation and fc2's output before gamma are the node's, kept only
