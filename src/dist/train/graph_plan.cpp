@@ -3,6 +3,7 @@
 
 #include "dist/train/config.h"
 #include "dist/train/flags.h"
+#include "dist/zero/step_plan.h"
 #include "tensor/check.h"
 
 namespace cz::train {
@@ -30,7 +31,7 @@ std::string unsafe_reason(const GraphPlanInput& in) {
   if (in.comm == "nccl")
     return "the gradient reducer decides on the host, from event queries while backward runs, when each "
            "bucket's collective starts (Note [Cross all-reduce]); a replay would not decide again";
-  if (in.stage != 0)
+  if (zero::stage_rules(in.stage).sharded)
     return fmt::format(
         "{} {}: the parameter gatherer's and the shard's hooks keep host-side state through forward and "
         "backward that a replay would not advance",

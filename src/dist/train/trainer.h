@@ -206,7 +206,7 @@ class Trainer {
   // Note [Control communicator]: the flags' agreement and the step boundary's exchange, on their own.
   std::unique_ptr<dist::Communicator> control_comm_;
   std::string comm_note_;
-  zero::StepPlan plan_;  // Note [Step plan], Note [Two-hop choice] in trainer.cpp
+  zero::StepPlan plan_;  // Note [Step plan], Note [Two-hop choice] in zero/step_plan.h
   std::string init_weights_note_;
   dist::ProcessGroup control_;
 

@@ -23,7 +23,7 @@ void Trainer::gather_rank_stats(int64_t step) {
     hosts.push_back(world_.peer(r).host);
   }
   const SlowestRank slow = find_slowest(ranks);
-  const std::string op = cfg_.stage == 0 ? "all-reduce" : "reduce-scatter";
+  const std::string op = !plan_.sharded() ? "all-reduce" : "reduce-scatter";
   write_record(ranks_record(step, ranks, hosts, slow, op));
   if (slow.rank >= 0 && slow.own_ratio >= kSlowRatio && progress_mode() != ProgressMode::off)
     console_print(stderr, fmt::format("step {}: {}\n", step, describe_slowest(slow, op)));

@@ -95,7 +95,7 @@ Trainer::Trainer(TrainConfig cfg, dist::World& world) : cfg_(std::move(cfg)), wo
   if (!cfg_.trace.empty()) {
     tracer_ = std::make_unique<StepTracer>(cfg_.trace, parse_trace_steps(cfg_.trace_steps, "--trace-steps"),
                                            control_, world_.rank(), world_.size(), device_);
-    tracer_->watch_blocks(*model_, model_->units(), cfg_.stage == 3);
+    tracer_->watch_blocks(*model_, model_->units(), plan_.unit_gathers());
   }
   // fp16's loss scale multiplies the loss from device memory, written before each step, so that a replayed
   // micro-step scales by this step's value (Note [CUDA graphs for the step]).
@@ -296,15 +296,6 @@ void Trainer::check_comm_impl(dist::Backend backend) const {
       flag_name(&TrainConfig::comm_backend));
 }
 
-// Note [Two-hop choice]: --reduce-dtype int8, sharded over the world at stages 1-3 (no --shard-group: with
-// one, the reduce-scatter already stays in its shard group) or stage 0's all-reduce, on several hosts of the
-// same number (> 1) of CPU ranks, reduces in two hops (Note [Two-hop quantized reduction], Note [Two-hop
-// quantized all-reduce]) with --comm-impl hier, and with auto: the two hops send as many records in all as
-// the flat all-to-all (R H - 1 = N - 1 per rank), but only H - 1 of them cross hosts instead of (H - 1) R,
-// and the cost model's links across hosts are never faster than those inside a host (Note [Two-level cost
-// model]), so by its bytes the two hops are never slower. flat keeps the all-to-all. hier where two hops
-// cannot apply on several hosts (CUDA ranks, whose kernels have not run) is refused; one host or one rank per
-// host is the flat path, as for the fp32 collectives.
 // The run's step plan (Note [Step plan]) on these hosts, made before the mesh, which needs the host and cross
 // groups for two hops.
 zero::StepPlan Trainer::make_plan(const dist::HostMap& hosts) const {

@@ -28,9 +28,15 @@ constexpr StageRules stage_rules(int stage) {
 }
 
 // Note [Two-hop choice]: whether --reduce-dtype int8 reduces in two hops, host then cross (Note [Two-hop
-// quantized reduction], Note [Two-hop quantized all-reduce]). `cpu_only`: two hops would apply but the ranks
-// are CUDA ranks, whose two-hop kernels have not run: the flat path is taken (and --comm-impl hier refused by
-// the trainer, which says why).
+// quantized reduction], Note [Two-hop quantized all-reduce]). They apply to int8 sharded over the world at
+// stages 1-3 (with --shard-group the reduce-scatter already stays in its shard group) or stage 0's
+// all-reduce, on several hosts of the same number (> 1) of CPU ranks, with --comm-impl hier or auto. Why auto
+// takes them: the two hops send as many records in all as the flat all-to-all (R H - 1 = N - 1 per rank), but
+// only H - 1 of them cross hosts instead of (H - 1) R, and the cost model's links across hosts are never
+// faster than those inside a host (Note [Two-level cost model]), so by its bytes the two hops are never
+// slower. flat keeps the all-to-all; one host or one rank per host is the flat path, as for the fp32
+// collectives. `cpu_only`: two hops would apply but the ranks are CUDA ranks, whose two-hop kernels have not
+// run: the flat path is taken (and --comm-impl hier refused by the trainer, which says why).
 enum class TwoHop { no, yes, cpu_only };
 
 // What the step plan needs to know of the mesh (Note [2-D mesh] in dist/comm/mesh.h).
