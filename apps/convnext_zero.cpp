@@ -25,6 +25,7 @@
 #include "dist/train/flags.h"
 #include "dist/train/loader_only.h"
 #include "dist/train/param_groups.h"
+#include "dist/train/plan_request.h"
 #include "dist/train/recipe.h"
 #include "dist/train/stop.h"
 #include "dist/train/trainer.h"
@@ -102,18 +103,22 @@ cz::plan::PlanDevice plan_device(const cz::train::TrainConfig& cfg, bool device_
 }
 
 int run_what_if(const cz::train::TrainConfig& run_cfg, bool device_given, const PlanFlags& f) {
-  cz::plan::WhatIfRequest req;
-  req.topology = cz::dist::Topology::load(f.what_if);
-  const cz::plan::PlanDevice device = plan_device(run_cfg, device_given, f, &req.topology);
+  cz::dist::Topology topology = cz::dist::Topology::load(f.what_if);
+  const cz::plan::PlanDevice device = plan_device(run_cfg, device_given, f, &topology);
   cz::train::TrainConfig cfg = run_cfg;
   cfg.device = device.device;
-  req.config = cfg;
-  req.device_reason = device.reason;
   cfg.validate();
   const cz::DType compute = cz::train::dtype_of_flag(cfg.precision);
-  req.compute = f.compute_table.empty() ? cz::plan::default_compute_table(compute)
-                                        : cz::plan::load_compute_table(f.compute_table, compute);
-  if (!f.gpu_mem.empty()) req.gpu_mem = cz::plan::parse_memory_size(f.gpu_mem, f.gpu_mem_name());
+  cz::plan::ComputeTable table = f.compute_table.empty()
+                                     ? cz::plan::default_compute_table(compute)
+                                     : cz::plan::load_compute_table(f.compute_table, compute);
+  std::optional<int64_t> gpu_mem;
+  if (!f.gpu_mem.empty()) gpu_mem = cz::plan::parse_memory_size(f.gpu_mem, f.gpu_mem_name());
+  cz::plan::WhatIfRequest req = cz::train::what_if_request(cfg);
+  req.topology = std::move(topology);
+  req.device_reason = device.reason;
+  req.compute = std::move(table);
+  req.gpu_mem = gpu_mem;
   const cz::plan::WhatIf w = cz::plan::what_if(req);
   if (cz::plan::launcher_rank() != 0) return 0;
   if (f.json)
@@ -124,16 +129,19 @@ int run_what_if(const cz::train::TrainConfig& run_cfg, bool device_given, const 
 }
 
 int run_plan(const cz::train::TrainConfig& cfg, bool device_given, const PlanFlags& f) {
-  cz::plan::PlanRequest req;
-  req.config = cfg;
   const cz::plan::PlanDevice device = plan_device(cfg, device_given, f, nullptr);
-  req.config.device = device.device;
+  cz::train::TrainConfig planned = cfg;
+  planned.device = device.device;
+  // The world (make_plan checks it); --shard-group host and --hpz need the hosts: as the launcher (or
+  // $CZ_SIMULATE_HOSTS) puts the ranks.
+  const int world = f.ranks_opt->count() > 0 ? f.ranks : cz::plan::launcher_world_size();
+  int per_host = 0;
+  if (const int per = cz::plan::launcher_ranks_per_host(); per > 0 && world % per == 0) per_host = per;
+  std::optional<int64_t> gpu_mem;
+  if (!f.gpu_mem.empty()) gpu_mem = cz::plan::parse_memory_size(f.gpu_mem, f.gpu_mem_name());
+  cz::plan::PlanRequest req = cz::train::plan_request(planned, world, per_host);
   req.device_reason = device.reason;
-  req.world = f.ranks_opt->count() > 0 ? f.ranks : cz::plan::launcher_world_size();  // make_plan checks it
-  // --shard-group host and --hpz need the hosts: as the launcher (or $CZ_SIMULATE_HOSTS) puts the ranks.
-  if (const int per = cz::plan::launcher_ranks_per_host(); per > 0 && req.world % per == 0)
-    req.ranks_per_host = per;
-  if (!f.gpu_mem.empty()) req.gpu_mem = cz::plan::parse_memory_size(f.gpu_mem, f.gpu_mem_name());
+  req.gpu_mem = gpu_mem;
   const cz::plan::Plan p = cz::plan::make_plan(req);
   // Scripts test the exit code: 3 (distinct from 1, an error) when --gpu-mem is given and the plan does not
   // fit it, on every rank of a launcher.
@@ -553,7 +561,7 @@ int main(int argc, char** argv) {
       if (s.best_ema.top1 >= 0)
         fmt::print(" (EMA {:.2f}% at step {})", 100 * s.best_ema.top1, s.best_ema.step);
       // Planned beside measured (docs/planning.md): the same flags and the run's steps through the planner.
-      const cz::plan::Plan planned = cz::plan::make_plan(cz::plan::plan_request_for_run(trainer, s, 0));
+      const cz::plan::Plan planned = cz::plan::make_plan(cz::train::plan_request_for_run(trainer, s, 0));
       const std::string why = cz::plan::plan_difference(planned, s.peak_mem_bytes);
       fmt::print(", peak memory {} per rank (planned {}{}; model states {}", mib(s.peak_mem_bytes),
                  mib(planned.total_bytes), why.empty() ? "" : ", " + why, mib(s.model_state_bytes));

@@ -16,8 +16,6 @@
 #include "dist/comm/topology_detect.h"
 #include "dist/plan/step_replay.h"
 #include "dist/plan/zero_memory.h"
-#include "dist/train/flags.h"
-#include "dist/train/trainer.h"
 #include "dist/zero/step_plan.h"
 #include "tensor/check.h"
 #include "tensor/device.h"
@@ -35,18 +33,17 @@ constexpr int64_t kMaxSearchedBatch = int64_t(1) << 24;
 
 // Everything make_plan derives from the flags once.
 struct Setup {
-  train::TrainConfig cfg;
-  nn::ConvNeXtConfig model;
+  RunSpec run;
   std::shared_ptr<const nn::ModelSpec> spec;  // the model the step walks
   std::vector<nn::ParamInfo> params;
   DType compute = DType::f32, reduce = DType::f32;
   bool cuda = false;
   int world = 1;
   int rank = 0;
-  int shard = 1;               // the shard group's ranks (--shard-group; the world when flat)
-  int per_host = 0;            // ranks per host when the world's collectives may take two levels; else 0
-  zero::ZeroConfig zero;       // train::zero_config of the run (its stage and offload set per plan row)
-  zero::MeshFacts mesh;        // the world, shard group and hosts the step plan reads
+  int shard = 1;          // the shard group's ranks (--shard-group; the world when flat)
+  int per_host = 0;       // ranks per host when the world's collectives may take two levels; else 0
+  zero::ZeroConfig zero;  // the run's (its stage and offload set per plan row)
+  zero::MeshFacts mesh;   // the world, shard group and hosts the step plan reads
   std::function<bool(dist::Collective, int64_t)> two_level;  // which of them do (EngineSpec::two_level)
   // Note [What a run holds that a step does not decide]: the loader's batches beyond the step's own, and
   // whether a background save's host copy is alive during a step.
@@ -73,8 +70,8 @@ Engine engine_at(const Setup& s, int stage, bool offload) {
   ZeroSpec& z = e.spec;
   z.plan = e.plan;
   z.layout = zero_layout(s.params, e.plan);
-  z.optimizer_state_tensors = s.cfg.optimizer == "adamw" ? 2 : s.cfg.momentum > 0 ? 1 : 0;
-  z.ema = s.cfg.ema_decay > 0;
+  z.optimizer_state_tensors = s.run.optimizer_state_tensors;
+  z.ema = s.run.ema;
   z.cpu_device = !s.cuda;
   e.state = zero_model_state(z);
   return e;
@@ -104,25 +101,22 @@ int64_t checkpoint_copy_bytes(const Setup& s, const Engine& engine) {
 StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bool checkpointing) {
   StepSpec sp;
   sp.model = s.spec;
-  sp.image_size = s.cfg.image_size;
+  sp.image_size = s.run.image_size;
   sp.micro_batch = micro_batch;
-  sp.grad_accum = s.cfg.grad_accum;
+  sp.grad_accum = s.run.grad_accum;
   sp.compute = s.compute;
   sp.checkpointing = checkpointing;
   sp.cuda = s.cuda;
   // The loader's workers keep threads x prefetch (2) batches ahead, across epochs; on the CPU backend they
   // are in the training device's allocator.
   sp.prefetched_batches = s.cuda ? 0 : s.prefetched;
-  sp.soft_targets = s.cfg.mix_config().active();
-  if (s.cuda) {
+  sp.soft_targets = s.run.soft_targets;
+  if (s.cuda && s.run.cuda_graphs) {
     // Note [CUDA graphs for the step]: the plan asks as auto would (a run with --cuda-graphs on where a
     // capture is unsafe is refused before it starts).
     const std::string comm =
-        s.world > 1 || s.cfg.comm_backend != "auto" ? (s.cfg.comm_backend == "mpi" ? "mpi" : "nccl") : "";
-    train::GraphPlanInput g = train::graph_plan_input(s.cfg, s.world, comm, s.run_steps);
-    g.cuda = true;
-    if (g.mode == train::GraphMode::on) g.mode = train::GraphMode::automatic;
-    const train::GraphPlan gp = train::plan_cuda_graphs(g);
+        s.world > 1 || s.run.comm_backend != "auto" ? (s.run.comm_backend == "mpi" ? "mpi" : "nccl") : "";
+    const CudaGraphFigures gp = s.run.cuda_graphs(s.run, s.world, comm, s.run_steps);
     sp.graphs = gp.micro_step_graphs;
     sp.device_scalars = gp.capture;
   }
@@ -132,7 +126,7 @@ StepSpec step_spec(const Setup& s, const Engine& engine, int64_t micro_batch, bo
   sp.engine.plan = engine.plan;
   sp.engine.units = s.spec->units();
   sp.engine.layout = engine.spec.layout;
-  sp.engine.prefetch = s.cfg.prefetch;
+  sp.engine.prefetch = s.run.zero.prefetch;
   sp.engine.ranks_per_host = s.per_host;
   sp.engine.rank = s.rank;
   sp.engine.two_level = s.two_level;
@@ -214,59 +208,49 @@ constexpr int64_t kLoaderPrefetch = 2;
 
 // Note [What a run holds that a step does not decide] (planner.h).
 void plan_the_run(const PlanRequest& req, Setup& s) {
-  const int64_t last = req.last_step > 0 ? req.last_step : s.cfg.steps;  // 0: unknown (--epochs)
-  const int64_t every = s.cfg.checkpoint_every;
+  const int64_t last = req.last_step > 0 ? req.last_step : s.run.steps;  // 0: unknown (--epochs)
+  const int64_t every = s.run.checkpoint_every;
   bool save_before_last = every > 0;
   if (every > 0 && last > 0) {
     const int64_t first_save = (std::max<int64_t>(req.first_step, 1) + every - 1) / every * every;
     save_before_last = first_save < last;
   }
-  s.copy_in_flight = !s.cfg.checkpoint_dir.empty() && !s.cfg.checkpoint_sync && save_before_last;
+  s.copy_in_flight = s.run.checkpoint_dir && !s.run.checkpoint_sync && save_before_last;
   // The default (-1) as the trainer resolves it, taking the planned ranks to share this host.
   const int threads =
-      decide_cpu_threads(cpu_threads_request(parse_device(s.cfg.device).is_cuda(), s.cfg.offload_optimizer,
-                                             s.cfg.loader_threads, req.world))
+      decide_cpu_threads(cpu_threads_request(parse_device(s.run.device).is_cuda(), s.run.zero.offload,
+                                             s.run.loader_threads, req.world))
           .loader_threads;
   s.prefetched = int64_t(threads) * kLoaderPrefetch;
 }
 
 Setup setup_of(const PlanRequest& req) {
   Setup s;
-  s.cfg = req.config;
+  s.run = req.run;
   plan_the_run(req, s);
   s.run_steps = req.last_step > 0 ? req.last_step - req.first_step + 1 : 0;
-  if (s.cfg.steps == 0 && s.cfg.epochs == 0) s.cfg.steps = 1;  // validate() wants a length
-  s.cfg.validate();
   CZ_CHECK(req.world >= 1, "--ranks must be at least 1, got {}", req.world);
   CZ_CHECK(!req.gpu_mem || *req.gpu_mem > 0, "--gpu-mem must be positive, got {}", req.gpu_mem.value_or(0));
-  s.cuda = parse_device(s.cfg.device).is_cuda();
-  s.compute = train::compute_dtype(s.cfg, s.cuda);
-  s.reduce = train::reduce_bucket_dtype(s.cfg);
+  s.cuda = parse_device(s.run.device).is_cuda();
+  s.compute = s.run.compute;
+  s.reduce = s.run.zero.reduce_dtype;
   s.world = req.world;
   CZ_CHECK(0 <= req.rank && req.rank < req.world, "plan: rank {} of a world of {}", req.rank, req.world);
   s.rank = req.rank;
   // The mesh (Note [2-D mesh]): the shard group's size from --shard-group, hosts of req.ranks_per_host.
   const int per_host = req.ranks_per_host > 0 ? req.ranks_per_host : s.world;
   CZ_CHECK(s.world % per_host == 0, "plan: {} ranks per host do not divide the {} ranks", per_host, s.world);
-  if (s.cfg.shard_group == "world")
-    s.shard = s.world;
-  else if (s.cfg.shard_group == "host")
-    s.shard = per_host;
-  else
-    s.shard = std::stoi(s.cfg.shard_group);
-  CZ_CHECK(s.world % s.shard == 0, "{} {} does not divide the {} ranks into equal groups",
-           train::flag_name(&train::TrainConfig::shard_group), s.cfg.shard_group, s.world);
-  CZ_CHECK(!s.cfg.hpz || per_host < s.world, "{} needs more than one host; the plan has all {} ranks on one",
-           train::flag_name(&train::TrainConfig::hpz), s.world);
-  s.zero = train::zero_config(s.cfg, s.cuda ? Device::cuda(0) : Device::cpu());
+  s.shard = shard_group_size(s.run.shard_group, s.world, per_host);
+  s.zero = s.run.zero;
+  s.zero.device = s.cuda ? Device::cuda(0) : Device::cpu();
   s.mesh = {.world = s.world,
             .shard_group = s.shard,
             .hosts = s.world / per_host,
             .ranks_per_host = per_host,
-            .flat_impl = train::world_algorithm(s.cfg) == dist::Algorithm::ring};
+            .flat_impl = s.run.world_algorithm == dist::Algorithm::ring};
   // --comm-impl hier or auto makes the world's communicator two-level on hosts of several ranks
   // (make_two_level_communicator; the mesh's other groups run the ring).
-  const dist::Algorithm algorithm = train::world_algorithm(s.cfg);
+  const dist::Algorithm algorithm = s.run.world_algorithm;
   if (algorithm != dist::Algorithm::ring && per_host > 1 && per_host < s.world) {
     s.per_host = per_host;
     std::vector<std::vector<int>> hosts(size_t(s.world / per_host));
@@ -292,32 +276,18 @@ Setup setup_of(const PlanRequest& req) {
         algorithm == dist::Algorithm::automatic ? topology.ring_order() : std::vector<int>{};
     // auto: NCCL, as on a box with a GPU per rank (Note [Choosing the comm backend]).
     const dist::Backend backend =
-        s.cuda && s.cfg.comm_backend != "mpi" ? dist::Backend::nccl : dist::Backend::mpi;
+        s.cuda && s.run.comm_backend != "mpi" ? dist::Backend::nccl : dist::Backend::mpi;
     const Device device = s.cuda ? Device::cuda(0) : Device::cpu();
     s.two_level = [=](dist::Collective kind, int64_t bytes) {
       return dist::takes_two_levels(algorithm, backend, topology, ring, hosts, kind, size_t(bytes), device);
     };
   }
-  s.model = s.cfg.model_config();
-  s.spec = nn::convnext_spec(s.model);
+  s.spec = nn::convnext_spec(s.run.model);
   s.params = s.spec->parameters();
   return s;
 }
 
 }  // namespace
-
-PlanRequest plan_request_for_run(const train::Trainer& trainer, const train::TrainSummary& summary,
-                                 int rank) {
-  PlanRequest req;
-  req.config = trainer.config();
-  req.world = trainer.world_size();
-  req.ranks_per_host = trainer.mesh().hosts().ranks_per_host();
-  req.max_micro_batch = false;
-  req.rank = rank;
-  req.first_step = summary.last_step - summary.steps + 1;
-  req.last_step = summary.last_step;
-  return req;
-}
 
 bool has_gpu_ranks(const dist::Topology& topology) {
   for (int r = 0; r < topology.num_ranks(); ++r)
@@ -327,7 +297,7 @@ bool has_gpu_ranks(const dist::Topology& topology) {
 
 PlanDevice plan_device(const std::optional<std::string>& device_flag, bool gpu_mem,
                        const dist::Topology* what_if) {
-  const char* const flag = train::flag_name(&train::TrainConfig::device);
+  const char* const flag = "--device";
   if (device_flag) return {*device_flag, fmt::format("as {} says", flag)};
   if (what_if && has_gpu_ranks(*what_if))
     return {"cuda",
@@ -348,8 +318,8 @@ PlanDevice plan_device(const std::optional<std::string>& device_flag, bool gpu_m
 
 StepReplay plan_step_replay(const PlanRequest& req) {
   const Setup s = setup_of(req);
-  const Engine engine = engine_at(s, s.cfg.stage, s.cfg.offload_optimizer);
-  return replay_step(step_spec(s, engine, s.cfg.micro_batch, s.cfg.activation_checkpointing), -1, true);
+  const Engine engine = engine_at(s, s.run.zero.stage, s.run.zero.offload);
+  return replay_step(step_spec(s, engine, s.run.micro_batch, s.run.checkpointing), -1, true);
 }
 
 constexpr const char* kCheckpointLabel = "checkpoint host copy (background save)";
@@ -429,18 +399,18 @@ Plan make_plan(const PlanRequest& req) {
   p.model = s.spec->name();
   for (const nn::ParamInfo& i : s.params) p.num_params += i.numel;
   p.world = s.world;
-  p.stage = s.cfg.stage;
+  p.stage = s.run.zero.stage;
   p.device = s.cuda ? "cuda" : "cpu";
   p.device_reason = req.device_reason;
-  p.precision = s.cfg.precision;
-  p.image_size = s.cfg.image_size;
-  p.micro_batch = s.cfg.micro_batch;
-  p.checkpointing = s.cfg.activation_checkpointing;
+  p.precision = s.run.precision;
+  p.image_size = s.run.image_size;
+  p.micro_batch = s.run.micro_batch;
+  p.checkpointing = s.run.checkpointing;
 
-  const Engine engine = engine_at(s, s.cfg.stage, s.cfg.offload_optimizer);
+  const Engine engine = engine_at(s, s.run.zero.stage, s.run.zero.offload);
   p.psi = engine.state.psi;
-  p.offload = s.cfg.offload_optimizer;
-  const StepSpec spec = step_spec(s, engine, s.cfg.micro_batch, s.cfg.activation_checkpointing);
+  p.offload = s.run.zero.offload;
+  const StepSpec spec = step_spec(s, engine, s.run.micro_batch, s.run.checkpointing);
   const StepReplay first = replay_step(spec);
   const StepReplay r = replay_step(spec, first.peak.event);
   const TraceSnapshot& pk = r.peak;
@@ -496,8 +466,7 @@ std::string format_plan(const Plan& p) {
   }
   if (!p.host_rows.empty()) {
     out += fmt::format("  in pinned host memory ({}; not in the total):\n",
-                       p.offload ? train::flag_name(&train::TrainConfig::offload_optimizer)
-                                 : "a background checkpoint's copy");
+                       p.offload ? "--offload-optimizer" : "a background checkpoint's copy");
     for (const PlanRow& r : p.host_rows) line("  " + r.label, r.bytes);
     line("  host total", p.host_bytes);
   }

@@ -13,13 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "dist/comm/topology.h"
+#include "dist/plan/run_spec.h"
 #include "dist/plan/step_replay.h"
-#include "dist/train/config.h"
-
-namespace cz::train {
-class Trainer;
-struct TrainSummary;
-}  // namespace cz::train
 
 namespace cz::plan {
 
@@ -34,7 +29,7 @@ namespace cz::plan {
 // Order: --device given, then the what-if topology's ranks (on GPUs: cuda; CPU processes: cpu), then
 // --gpu-mem, then the default.
 struct PlanDevice {
-  std::string device;  // "cpu" or "cuda[:N]", for TrainConfig::device
+  std::string device;  // "cpu" or "cuda[:N]", for the run's --device
   std::string reason;  // why, naming the flags: "--gpu-mem asks about GPU memory and no --device was given"
 };
 // device_flag: the --device value when the command gave one; what_if: the --what-if topology, if any.
@@ -44,8 +39,10 @@ PlanDevice plan_device(const std::optional<std::string>& device_flag, bool gpu_m
 bool has_gpu_ranks(const dist::Topology& topology);
 
 struct PlanRequest {
-  train::TrainConfig config;  // as for a run: model, image size, micro-batch, precision, ZeRO flags, ...
-  std::string device_reason;  // why config.device (PlanDevice::reason), shown with the plan; "" says nothing
+  // The run: model, image size, micro-batch, precision, ZeRO config, ... (plan_request in
+  // train/plan_request.h makes the request from the training flags).
+  RunSpec run;
+  std::string device_reason;  // why run.device (PlanDevice::reason), shown with the plan; "" says nothing
   int world = 1;              // ranks
   // Ranks per host, for --shard-group host, --hpz (Note [2-D mesh]) and two-level collectives (--comm-impl
   // hier or auto, Note [Two-level collectives]); 0: all ranks on one host.
@@ -57,11 +54,12 @@ struct PlanRequest {
   std::optional<dist::Topology> topology;
   std::optional<int64_t> gpu_mem;  // bytes of device memory to fit in (--gpu-mem)
   bool max_micro_batch = true;     // search the largest micro-batch per stage (needs gpu_mem)
-  // Whose share of a checkpoint's host copy is planned (with config.checkpoint_dir): rank 0's, the largest
+  // Whose share of a checkpoint's host copy is planned (with run.checkpoint_dir): rank 0's, the largest
   // (it writes the replicated state at stage 0, and the partitions' padding falls on the last ranks).
   int rank = 0;
-  // The run as it went, where known (plan_request_for_run: the closing summary): its first and last step.
-  // 0: unknown, as for `--plan` (the last step is then --steps when given), which plans, with
+  // The run as it went, where known (plan_request_for_run, train/plan_request.h: the closing summary): its
+  // first and last step. 0: unknown, as for `--plan` (the last step is then --steps when given), which plans,
+  // with
   // --checkpoint-every, a save in flight. Note [What a run holds that a step does not decide].
   int64_t first_step = 1, last_step = 0;
 };
@@ -126,9 +124,6 @@ struct Plan {
 };
 
 Plan make_plan(const PlanRequest& request);
-// The request whose plan a run's closing summary prints beside the measured peak: the trainer's flags, world,
-// hosts and epoch length, and the steps the run took (summary.last_step - summary.steps + 1 to last_step).
-PlanRequest plan_request_for_run(const train::Trainer& trainer, const train::TrainSummary& summary, int rank);
 // The step replay make_plan's figures come from, with its event log (StepReplay::events): what
 // tests/dist/plan/test_step_events.cpp holds the real step's allocator log to, op by op.
 StepReplay plan_step_replay(const PlanRequest& request);

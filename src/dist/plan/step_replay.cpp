@@ -1,5 +1,5 @@
 // Note [What a step allocates]
-// The walk below mirrors, op by op, what Trainer::step (src/dist/train/trainer.cpp) and the ops it calls
+// The walk below mirrors, op by op, what Trainer::step (train/trainer.cpp) and the ops it calls
 // allocate through the device's caching allocator, and when each buffer is freed:
 //  * Forward: every op allocates its output; a recorded op's autograd node keeps what its backward reads
 //    (src/tensor/ops/*.cpp): depthwise conv its input and the weight in kernel layout (k, k, C); patchify

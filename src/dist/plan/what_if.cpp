@@ -68,7 +68,6 @@
 #include "dist/comm/quant.h"
 #include "dist/plan/planner.h"
 #include "dist/plan/zero_memory.h"
-#include "dist/train/flags.h"
 #include "dist/zero/engine.h"
 #include "dist/zero/gather_codec.h"
 #include "dist/zero/step_plan.h"
@@ -165,19 +164,17 @@ struct MeshSpec {
   enum class Impl { flat, hier, automatic } impl = Impl::flat;
 };
 
-MeshSpec mesh_spec(const train::TrainConfig& cfg) {
-  CZ_CHECK(cfg.shard_group == "world" || cfg.shard_group == "host",
-           "--what-if models {} world or host, got {}", train::flag_name(&train::TrainConfig::shard_group),
-           cfg.shard_group);
-  MeshSpec m{.shard_by_host = cfg.shard_group == "host", .hpz = cfg.hpz};
-  m.impl = cfg.comm_impl == "hier"   ? MeshSpec::Impl::hier
-           : cfg.comm_impl == "auto" ? MeshSpec::Impl::automatic
-                                     : MeshSpec::Impl::flat;
+// The shard group is the world or a host's ranks (what_if_request in train/plan_request.h checks the flag).
+MeshSpec mesh_spec(const RunSpec& run) {
+  MeshSpec m{.shard_by_host = run.shard_group == "host", .hpz = run.zero.hpz};
+  m.impl = run.world_algorithm == dist::Algorithm::hier        ? MeshSpec::Impl::hier
+           : run.world_algorithm == dist::Algorithm::automatic ? MeshSpec::Impl::automatic
+                                                               : MeshSpec::Impl::flat;
   return m;
 }
 
 struct Run {
-  const train::TrainConfig& cfg;
+  const RunSpec& spec;
   MeshSpec mesh;
   const std::vector<ModuleCost>& work;
   const ComputeTable& compute;
@@ -326,7 +323,8 @@ zero::StepPlan plan_at(const Run& run, int stage, int n, const Levels& lv) {
   CZ_CHECK(!(mesh.shard_by_host || mesh.hpz || mesh.impl == MeshSpec::Impl::hier) || lv.hosts.size() < 2 ||
                lv.per_host > 0,
            "--what-if: HSDP, hpZ and two-level collectives need the same number of ranks on every host");
-  zero::ZeroConfig zc = train::zero_config(run.cfg, parse_device(run.cfg.device));
+  zero::ZeroConfig zc = run.spec.zero;
+  zc.device = parse_device(run.spec.device);
   zc.stage = stage;
   return zero::make_step_plan(zc, {.world = n,
                                    .shard_group = mesh.shard_by_host ? std::max(lv.per_host, 1) : 0,
@@ -377,7 +375,7 @@ class SimulatedStep final : zero::ReduceSchedule::Sink, zero::UnitSchedule::Sink
   const std::vector<nn::ParamInfo> params_;
   const zero::ZeroLayout L_;
   std::map<std::string, size_t> param_of_;
-  std::vector<size_t> unit_of_work_;  // stage 3: the unit (partition) of each work module
+  std::vector<size_t> unit_of_work_;    // stage 3: the unit (partition) of each work module
   std::vector<size_t> chunks_of_work_;  // stages 1-2: the unit whose partitions each work module waits for
   zero::StepSchedule schedule_;
   std::vector<double> param_gather_, resident_, reduced_;
@@ -394,9 +392,9 @@ SimulatedStep::SimulatedStep(const Run& run, const zero::StepPlan& plan, const C
       hsdp_(plan.shards() < n_),
       host_link_(host_link),
       clock_(run, comm, lv, row, two_level_rule(run.mesh, comm, lv), R_),
-      params_(nn::convnext_parameters(run.cfg.model_config())),
+      params_(nn::convnext_parameters(run.spec.model)),
       L_(zero_layout(params_, plan)),
-      schedule_(plan, L_, run.cfg.prefetch, nn::convnext_units(run.cfg.model_config())) {
+      schedule_(plan, L_, run.spec.zero.prefetch, nn::convnext_units(run.spec.model)) {
   const size_t np = L_.partitions.size();
   std::map<std::string, size_t> first_part;  // of each unit
   for (size_t p = np; p-- > 0;)
@@ -404,7 +402,7 @@ SimulatedStep::SimulatedStep(const Run& run, const zero::StepPlan& plan, const C
       param_of_[params_[i].name] = i;
       first_part[params_[i].unit] = p;
     }
-  const std::vector<std::string> units = nn::convnext_units(run.cfg.model_config());
+  const std::vector<std::string> units = nn::convnext_units(run.spec.model);
   std::map<std::string, size_t> unit_index;
   for (size_t u = 0; u < units.size(); ++u) unit_index[units[u]] = u;
   for (const ModuleCost& m : run.work) {
@@ -498,7 +496,7 @@ void SimulatedStep::run() {
   else if (plan_.config().device.is_cuda())
     clock_.run_op(zero_grad_work(int64_t(double(L_.flat.numel) * double(dtype_size(run_.ec)))));
   const std::vector<ModuleCost>& work = run_.work;
-  const int64_t micro_steps = run_.cfg.grad_accum;
+  const int64_t micro_steps = run_.spec.grad_accum;
   for (int64_t a = 0; a < micro_steps; ++a) {
     for (size_t m = 0; m < work.size(); ++m) {
       schedule_.unit_forward_pre(unit_of_work_[m]);
@@ -538,7 +536,7 @@ void SimulatedStep::update() {
   c.t += c.cpu_debt;
   row_.step_s = c.t;
   for (double b : c.host_sent) row_.cross_host_bytes = std::max(row_.cross_host_bytes, int64_t(b));
-  row_.img_per_s = double(run_.cfg.micro_batch * run_.cfg.grad_accum * n_) / c.t;
+  row_.img_per_s = double(run_.spec.micro_batch * run_.spec.grad_accum * n_) / c.t;
 }
 
 // Note [What-if step model] for one stage and rank count.
@@ -570,16 +568,20 @@ WhatIfRing ring_of(const dist::Topology& topology, const CommModel& comm, const 
 }
 
 // The memory plan's request for a row: the run at `stage` on `k` ranks of the topology's hosts.
-PlanRequest row_request(const train::TrainConfig& cfg, int stage, int k, const Levels& levels,
+PlanRequest row_request(const RunSpec& run, int stage, int k, const Levels& levels,
                         std::optional<int64_t> gpu_mem) {
   PlanRequest pr;
-  pr.config = cfg;
-  pr.config.stage = stage;
+  pr.run = run;
+  zero::ZeroConfig& z = pr.run.zero;
+  z.stage = stage;
   // hpZ is stage 3's across hosts: its other rows are plain stages.
-  if (!zero::stage_rules(stage).unit_gathers || levels.hosts.size() < 2) pr.config.hpz = false;
+  if (!zero::stage_rules(stage).unit_gathers || levels.hosts.size() < 2) z.hpz = false;
   // Quantized communication is stages 1-3's (stage 0 gathers nothing, and all-reduces): its stage-0 row is
   // the unquantized run, as simulate() times it.
-  if (!zero::stage_rules(stage).sharded) pr.config.gather_dtype = pr.config.reduce_dtype = "fp32";
+  if (!zero::stage_rules(stage).sharded) {
+    z.gather_dtype = z.reduce_dtype = DType::f32;
+    z.reduce_int8 = false;
+  }
   pr.world = k;
   pr.ranks_per_host = levels.hosts.size() > 1 ? levels.per_host : 0;
   pr.gpu_mem = gpu_mem;
@@ -590,12 +592,9 @@ PlanRequest row_request(const train::TrainConfig& cfg, int stage, int k, const L
 }  // namespace
 
 WhatIf what_if(const WhatIfRequest& req) {
-  train::TrainConfig cfg = req.config;
-  if (cfg.steps == 0 && cfg.epochs == 0) cfg.steps = 1;
-  cfg.validate();
-  const DType ec = train::compute_dtype(cfg, parse_device(cfg.device).is_cuda()),
-              er = train::reduce_bucket_dtype(cfg);
-  const nn::ConvNeXtConfig mc = cfg.model_config();
+  const RunSpec& spec = req.run;
+  const DType ec = spec.compute, er = spec.zero.reduce_dtype;
+  const nn::ConvNeXtConfig& mc = spec.model;
   std::vector<int> ranks = req.ranks;
   const int total = req.topology.num_ranks();
   if (ranks.empty()) {
@@ -607,30 +606,28 @@ WhatIf what_if(const WhatIfRequest& req) {
 
   WhatIf w;
   w.model = mc.name;
-  w.precision = cfg.precision;
-  w.device = parse_device(cfg.device).is_cuda() ? "cuda" : "cpu";
+  w.precision = spec.precision;
+  w.device = parse_device(spec.device).is_cuda() ? "cuda" : "cpu";
   w.device_reason = req.device_reason;
   w.compute_provenance = req.compute.provenance;
   w.compute_device = req.compute.device;
-  w.image_size = cfg.image_size;
-  w.micro_batch = cfg.micro_batch;
-  w.grad_accum = cfg.grad_accum;
-  w.checkpointing = cfg.activation_checkpointing;
-  w.offload = cfg.offload_optimizer;
+  w.image_size = spec.image_size;
+  w.micro_batch = spec.micro_batch;
+  w.grad_accum = spec.grad_accum;
+  w.checkpointing = spec.checkpointing;
+  w.offload = spec.zero.offload;
 
-  const std::vector<ModuleCost> work =
-      step_work(*nn::convnext_spec(mc), cfg.image_size, cfg.micro_batch, ec, cfg.activation_checkpointing,
-                parse_device(cfg.device).is_cuda());
-  const Run run{cfg, mesh_spec(cfg), work, req.compute, ec, er};
+  const std::vector<ModuleCost> work = step_work(*nn::convnext_spec(mc), spec.image_size, spec.micro_batch,
+                                                 ec, spec.checkpointing, parse_device(spec.device).is_cuda());
+  const Run run{spec, mesh_spec(spec), work, req.compute, ec, er};
   std::map<int, double> one_rank;  // img/s on one rank, per stage
   for (int k : ranks) {
     const CommModel comm(req.topology, k);
     const dist::Topology sub = first_ranks(req.topology, k);
     const Levels levels = mesh_levels(sub);
     const WhatIfRing r = ring_of(req.topology, comm, sub);
-    CZ_CHECK(!cfg.offload_optimizer || r.host_link_gbps > 0,
-             "--what-if: {} needs up_gbps on the links from the GPUs to their CPU",
-             train::flag_name(&train::TrainConfig::offload_optimizer));
+    CZ_CHECK(!spec.zero.offload || r.host_link_gbps > 0,
+             "--what-if: --offload-optimizer needs up_gbps on the links from the GPUs to their CPU");
     w.rings.push_back(r);
     for (int stage : req.stages) {
       WhatIfRow row = simulate(run, stage, comm, levels, r.host_link_gbps);
@@ -640,7 +637,7 @@ WhatIf what_if(const WhatIfRequest& req) {
         w.rows.push_back(row);
         continue;
       }
-      const Plan p = make_plan(row_request(cfg, stage, k, levels, req.gpu_mem));
+      const Plan p = make_plan(row_request(spec, stage, k, levels, req.gpu_mem));
       row.memory_bytes = p.required_bytes;
       row.fits = p.fits;
       w.rows.push_back(row);

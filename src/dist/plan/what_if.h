@@ -12,7 +12,7 @@
 
 #include "dist/comm/topology.h"
 #include "dist/plan/compute_table.h"
-#include "dist/train/config.h"
+#include "dist/plan/run_spec.h"
 
 namespace cz::plan {
 
@@ -42,9 +42,10 @@ std::vector<std::vector<int>> host_groups(const dist::Topology& topology);
 
 struct WhatIfRequest {
   // The run: model, image size, micro-batch, precision, ZeRO flags, and how the ranks communicate (Note
-  // [What-if on a mesh] in what_if.cpp): --shard-group world or host, --hpz, --comm-impl.
-  train::TrainConfig config;
-  std::string device_reason;  // why config.device (plan_device in planner.h), shown with the report
+  // [What-if on a mesh] in what_if.cpp): --shard-group world or host, --hpz, --comm-impl (run_spec in
+  // train/plan_request.h makes it from the training flags).
+  RunSpec run;
+  std::string device_reason;  // why run.device (plan_device in planner.h), shown with the report
   dist::Topology topology;
   ComputeTable compute;
   std::optional<int64_t> gpu_mem;

@@ -9,6 +9,7 @@
 
 #include "dist/plan/op_costs.h"
 #include "dist/plan/what_if.h"
+#include "dist/train/plan_request.h"
 #include "nn/convnext.h"
 
 namespace cz::plan {
@@ -76,11 +77,12 @@ TEST(ModelWalk, V2BlocksRunGrnBetweenFc1AndFc2) {
 TEST(WhatIfV2, RowsAreTimedFromTheV2Walk) {
   const dist::Topology topo = dist::Topology::load(std::string(CZ_DIST_TEST_DATA) + "/dual_socket_8gpu.json");
   const auto run = [&](const char* model) {
-    WhatIfRequest req;
-    req.config.model = model;
-    req.config.image_size = 64;
-    req.config.micro_batch = 8;
-    req.config.device = "cuda";
+    train::TrainConfig cfg;
+    cfg.model = model;
+    cfg.image_size = 64;
+    cfg.micro_batch = 8;
+    cfg.device = "cuda";
+    WhatIfRequest req = train::what_if_request(cfg);
     req.topology = topo;
     req.compute = default_compute_table(DType::f32);
     req.ranks = {1, 8};

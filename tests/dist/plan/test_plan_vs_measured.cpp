@@ -17,6 +17,7 @@
 #include "dist/plan/planner.h"
 #include "dist/plan/zero_memory.h"
 #include "dist/train/flags.h"
+#include "dist/train/plan_request.h"
 #include "dist/train/trainer.h"
 #include "dist/train/trainer_testing.h"
 #include "plan_cases.h"
@@ -58,10 +59,7 @@ TEST_P(PlanVsMeasured, PeakWithinTenPercent) {
   }
   const int64_t reserved = alloc.stats().peak_reserved_bytes - before;
 
-  PlanRequest req;
-  req.config = c.config;
-  req.world = c.ranks;
-  req.ranks_per_host = c.ranks_per_host;
+  PlanRequest req = train::plan_request(c.config, c.ranks, c.ranks_per_host);
   req.rank = world.rank();
   // Auto decides each collective on the run's topology (collective: every rank runs every row).
   if (c.config.comm_impl == "auto" && world.size() > 1) req.topology = dist::detect_topology(world);

@@ -1,8 +1,8 @@
 // Whole runs against their plan (issue 30): Trainer::run, as the app runs it, and the plan its closing
-// summary prints (plan_request_for_run) must agree to the byte, for the rows of run_cases() in plan_cases.h
-// (Note [What a run holds that a step does not decide]: a save only at the end, periodic and synchronous
-// saves, epochs shorter than the loader's prefetch window, which it holds across their ends). The same source
-// runs its one-rank rows in test_plan and its two-rank rows in test_plan_mpi under mpirun.
+// summary prints (train::plan_request_for_run) must agree to the byte, for the rows of run_cases() in
+// plan_cases.h (Note [What a run holds that a step does not decide]: a save only at the end, periodic and
+// synchronous saves, epochs shorter than the loader's prefetch window, which it holds across their ends). The
+// same source runs its one-rank rows in test_plan and its two-rank rows in test_plan_mpi under mpirun.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "dist/plan/planner.h"
+#include "dist/train/plan_request.h"
 #include "dist/train/trainer.h"
 #include "io/io_testing.h"
 #include "plan_cases.h"
@@ -56,7 +57,7 @@ TEST_P(PlanVsRun, SummaryPeakIsPlannedToTheByte) {
     const train::TrainSummary s = t.run();
     measured = s.peak_mem_bytes;
     epoch = t.batches_per_epoch();
-    const Plan p = make_plan(plan_request_for_run(t, s, world.rank()));
+    const Plan p = make_plan(train::plan_request_for_run(t, s, world.rank()));
     planned = p.total_bytes;
     why = plan_difference(p, measured);
   }

@@ -8,6 +8,7 @@
 
 #include "dist/comm/topology.h"
 #include "dist/plan/planner.h"
+#include "dist/train/plan_request.h"
 #include "tensor/check.h"
 
 namespace cz::plan {
@@ -71,13 +72,21 @@ TEST(PlannerFlags, WorldSizeFromTheLauncher) {
   ::unsetenv("PMI_SIZE");
 }
 
+train::TrainConfig atto_config() {
+  train::TrainConfig c;
+  c.model = "atto";
+  c.image_size = 64;
+  c.micro_batch = 16;
+  c.loader_threads = 0;
+  return c;
+}
+
 PlanRequest atto_request() {
-  PlanRequest r;
-  r.config.model = "atto";
-  r.config.image_size = 64;
-  r.config.micro_batch = 16;
-  r.config.loader_threads = 0;
-  return r;
+  return train::plan_request(atto_config());
+}
+
+Plan plan_of(const train::TrainConfig& c) {
+  return make_plan(train::plan_request(c));
 }
 
 TEST(Planner, RowsAddUpAndJsonHasOneKeyPerRow) {
@@ -124,12 +133,12 @@ TEST(Planner, LargestMicroBatchFitsAndOneMoreDoesNot) {
     ASSERT_GT(m.micro_batch, 0);
     PlanRequest q = r;
     q.max_micro_batch = false;
-    q.config.stage = m.stage;
-    q.config.activation_checkpointing = m.checkpointing;
-    q.config.offload_optimizer = m.offload;
-    q.config.micro_batch = m.micro_batch;
+    q.run.zero.stage = m.stage;
+    q.run.checkpointing = m.checkpointing;
+    q.run.zero.offload = m.offload;
+    q.run.micro_batch = m.micro_batch;
     EXPECT_TRUE(*make_plan(q).fits);
-    q.config.micro_batch = m.micro_batch + 1;
+    q.run.micro_batch = m.micro_batch + 1;
     EXPECT_FALSE(*make_plan(q).fits);
   }
   // Checkpointing keeps less, and offload keeps less on the device: at least as many images fit.
@@ -141,10 +150,10 @@ TEST(Planner, LargestMicroBatchFitsAndOneMoreDoesNot) {
 }
 
 TEST(Planner, MixedPrecisionOnCudaKeepsMasterWeightsApart) {
-  PlanRequest r = atto_request();
-  r.config.device = "cuda";
-  r.config.precision = "bf16";
-  const Plan p = make_plan(r);
+  train::TrainConfig r = atto_config();
+  r.device = "cuda";
+  r.precision = "bf16";
+  const Plan p = plan_of(r);
   auto row = [&](const std::string& key) {
     for (const PlanRow& x : p.rows)
       if (x.key == key) return x.bytes;
@@ -165,64 +174,64 @@ TEST(Planner, MixedPrecisionOnCudaKeepsMasterWeightsApart) {
   EXPECT_GT(p.required_bytes, p.total_bytes);
   // On the CPU bf16 is the GEMMs' precision in an fp32 model (Note [bf16 on the CPU]): planned as fp32, with
   // no 16-bit copies; fp16 is refused, as the trainer refuses it.
-  r.config.device = "cpu";
-  const Plan cpu_bf16 = make_plan(r);
-  r.config.precision = "fp32";
-  const Plan cpu_fp32 = make_plan(r);
+  r.device = "cpu";
+  const Plan cpu_bf16 = plan_of(r);
+  r.precision = "fp32";
+  const Plan cpu_fp32 = plan_of(r);
   EXPECT_EQ(cpu_bf16.total_bytes, cpu_fp32.total_bytes);
   ASSERT_EQ(cpu_bf16.rows.size(), cpu_fp32.rows.size());
   for (size_t i = 0; i < cpu_bf16.rows.size(); ++i) EXPECT_EQ(cpu_bf16.rows[i].bytes, cpu_fp32.rows[i].bytes);
-  r.config.precision = "fp16";
-  EXPECT_THROW(make_plan(r), ValueError);
+  r.precision = "fp16";
+  EXPECT_THROW(plan_of(r), ValueError);
 }
 
 // Note [CUDA graphs for the step]: with graphs captured (auto, one rank, stage 0) the input row holds each
 // graph's static copy of a micro-batch's images (compute dtype) and labels and its loss, beside the eager
 // step.
 TEST(Planner, CudaGraphsHoldStaticCopiesOfTheInput) {
-  PlanRequest r = atto_request();
-  r.config.device = "cuda";
-  r.config.precision = "bf16";
-  r.config.stage = 0;
-  r.config.cuda_graphs = "off";
+  train::TrainConfig r = atto_config();
+  r.device = "cuda";
+  r.precision = "bf16";
+  r.stage = 0;
+  r.cuda_graphs = "off";
   auto input_row = [](const Plan& p) {
     for (const PlanRow& x : p.rows)
       if (x.key == "input_batch") return x.bytes;
     ADD_FAILURE() << "no input_batch row";
     return int64_t(0);
   };
-  const Plan off = make_plan(r);
-  const int64_t n = r.config.micro_batch, hw = r.config.image_size * r.config.image_size;
+  const Plan off = plan_of(r);
+  const int64_t n = r.micro_batch, hw = r.image_size * r.image_size;
   const int64_t copies = n * hw * 3 * 2 + n * 8 + 4;  // bf16 images, i64 labels, the f32 loss
   const int64_t scalars = 8 * 8 + 4;                  // the update's f64 scalars and its f32 overflow flag
   for (const char* mode : {"auto", "on"}) {
-    r.config.cuda_graphs = mode;
-    const Plan on = make_plan(r);
+    r.cuda_graphs = mode;
+    const Plan on = plan_of(r);
     EXPECT_EQ(input_row(on) - input_row(off), copies + scalars) << mode;
     EXPECT_GE(on.total_bytes - off.total_bytes, copies + scalars) << mode;
     EXPECT_LE(on.total_bytes - off.total_bytes, copies + copies / 8 + 5 * 512) << mode;  // size classes
   }
-  r.config.grad_accum = 2;  // two graphs of micro-steps (and the update's, which copies no input)
-  const Plan two = make_plan(r);
-  r.config.cuda_graphs = "off";
-  EXPECT_EQ(input_row(two) - input_row(make_plan(r)), 2 * copies + scalars);
-  r.config.grad_accum = 1;
-  r.config.stage = 2;  // not captured: nothing held
-  r.config.cuda_graphs = "auto";
-  const Plan staged = make_plan(r);
-  r.config.cuda_graphs = "off";
-  EXPECT_EQ(staged.total_bytes, make_plan(r).total_bytes);
+  r.grad_accum = 2;  // two graphs of micro-steps (and the update's, which copies no input)
+  const Plan two = plan_of(r);
+  r.cuda_graphs = "off";
+  EXPECT_EQ(input_row(two) - input_row(plan_of(r)), 2 * copies + scalars);
+  r.grad_accum = 1;
+  r.stage = 2;  // not captured: nothing held
+  r.cuda_graphs = "auto";
+  const Plan staged = plan_of(r);
+  r.cuda_graphs = "off";
+  EXPECT_EQ(staged.total_bytes, plan_of(r).total_bytes);
 }
 
 TEST(Planner, AnswersForTheLargestModelInWellUnderASecond) {
-  PlanRequest r;
-  r.config.model = "xlarge";
-  r.config.image_size = 224;
-  r.config.micro_batch = 32;
-  r.config.device = "cuda";
-  r.config.precision = "bf16";
-  r.config.stage = 3;
-  r.world = 8;
+  train::TrainConfig c;
+  c.model = "xlarge";
+  c.image_size = 224;
+  c.micro_batch = 32;
+  c.device = "cuda";
+  c.precision = "bf16";
+  c.stage = 3;
+  PlanRequest r = train::plan_request(c, 8);
   r.gpu_mem = int64_t(24) << 30;
   const auto t0 = std::chrono::steady_clock::now();
   const Plan p = make_plan(r);

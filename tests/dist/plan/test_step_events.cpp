@@ -36,6 +36,7 @@
 #include "dist/comm/topology_detect.h"
 #include "dist/plan/planner.h"
 #include "dist/plan/what_if.h"
+#include "dist/train/plan_request.h"
 #include "dist/train/trainer.h"
 #include "dist/zero/schedule.h"
 #include "plan_cases.h"
@@ -256,8 +257,7 @@ std::vector<zero::ScheduleEvent> steady_step(const std::vector<zero::ScheduleEve
 
 // The what-if's events for the case's configuration on as many CPU ranks (hosts of ranks_per_host).
 std::vector<zero::ScheduleEvent> what_if_events(const Case& c) {
-  WhatIfRequest req;
-  req.config = c.config;
+  WhatIfRequest req = train::what_if_request(c.config);
   std::vector<dist::RankPlace> places;
   const int per_host = c.ranks_per_host > 0 ? c.ranks_per_host : c.ranks;
   for (int r = 0; r < c.ranks; ++r) {
@@ -290,10 +290,8 @@ TEST_P(StepEvents, EveryAllocationAsPlanned) {
   const bool saves = !c.config.checkpoint_dir.empty();
   if (saves && world.rank() == 0) std::filesystem::remove_all(c.config.checkpoint_dir);
 
-  PlanRequest req;
-  req.config = c.config;
-  req.world = c.ranks;
-  req.ranks_per_host = c.ranks_per_host;  // the mesh's rows: the shard groups and hpZ's hosts
+  // The mesh's rows: the shard groups and hpZ's hosts.
+  PlanRequest req = train::plan_request(c.config, c.ranks, c.ranks_per_host);
   req.rank = world.rank();
   // Auto decides each collective on the run's topology (collective: every rank runs every row).
   if (c.config.comm_impl == "auto" && world.size() > 1) req.topology = dist::detect_topology(world);

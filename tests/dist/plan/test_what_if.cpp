@@ -9,6 +9,7 @@
 #include "dist/comm/quant.h"
 #include "dist/plan/what_if.h"
 #include "dist/plan/zero_memory.h"
+#include "dist/train/plan_request.h"
 #include "tensor/check.h"
 
 namespace cz::plan {
@@ -27,13 +28,20 @@ nlohmann::json profile() {
 
 // The engine's layout of `params` at `stage` on `ranks` ranks with 2 MiB buckets; `int8`: in blocks of 256,
 // INT8 reductions at stage 0 (each partition padded over the ranks), INT8 gathers at stages 1-3.
-zero::ZeroLayout layout_of(const std::vector<nn::ParamInfo>& params, int stage, int ranks, bool int8 = false) {
+zero::ZeroLayout layout_of(const std::vector<nn::ParamInfo>& params, int stage, int ranks,
+                           bool int8 = false) {
   zero::ZeroConfig c;
   c.stage = stage;
   c.bucket_bytes = 2 << 20;
   if (int8 && stage == 0) c.reduce_int8 = true;
   if (int8 && stage > 0) c.gather_dtype = DType::u8;
   return zero_layout(params, zero::make_step_plan(c, {.world = ranks}));
+}
+
+// req with the run of `cfg` (train::what_if_request makes it from the flags, as the app does).
+WhatIfRequest with_run(WhatIfRequest req, const train::TrainConfig& cfg) {
+  req.run = train::what_if_request(cfg).run;
+  return req;
 }
 
 TEST(WhatIfComm, IsTheRingCostModelOnTheTestTopology) {
@@ -46,13 +54,14 @@ TEST(WhatIfComm, IsTheRingCostModelOnTheTestTopology) {
   // commbench --topo-file dual_socket_8gpu.json --show-ring: "predicted_busbw_GBps: 19.xx" (a 64 MiB
   // reduce-scatter); the what-if reports the same figure.
   WhatIfRequest req;
-  req.config.model = "atto";
-  req.config.image_size = 64;
-  req.config.micro_batch = 8;
+  train::TrainConfig cfg;
+  cfg.model = "atto";
+  cfg.image_size = 64;
+  cfg.micro_batch = 8;
   req.topology = topo;
   req.compute = compute_table_from_json(profile(), DType::f32);
   req.stages = {0};
-  const WhatIf w = what_if(req);
+  const WhatIf w = what_if(with_run(req, cfg));
   ASSERT_EQ(w.rings.size(), 4u);  // 1, 2, 4, 8 ranks
   EXPECT_EQ(w.rings.back().reduce_scatter_busbw_gbps,
             topo.predict(topo.ring_order(), 64.0 * (1 << 20)).busbw_gbps);
@@ -84,14 +93,15 @@ TEST(WhatIfComm, FewerRanksTakeTheFirstOfTheRing) {
 TEST(WhatIfStep, HoldsExactlyTheEnginesCollectives) {
   const dist::Topology topo = test_box();
   WhatIfRequest req;
-  req.config.model = "atto";
-  req.config.image_size = 64;
-  req.config.micro_batch = 8;
-  req.config.bucket_mb = 2;
-  req.config.num_classes = 1000;  // the variant's own head, as convnext_variant("atto") has it
+  train::TrainConfig cfg;
+  cfg.model = "atto";
+  cfg.image_size = 64;
+  cfg.micro_batch = 8;
+  cfg.bucket_mb = 2;
+  cfg.num_classes = 1000;  // the variant's own head, as convnext_variant("atto") has it
   req.topology = topo;
   req.compute = compute_table_from_json(profile(), DType::f32);
-  const WhatIf w = what_if(req);
+  const WhatIf w = what_if(with_run(req, cfg));
   const std::vector<nn::ParamInfo> params = nn::convnext_parameters(nn::convnext_variant("atto"));
   for (const WhatIfRow& row : w.rows) {
     SCOPED_TRACE(::testing::Message() << "stage " << row.stage << ", " << row.ranks << " ranks");
@@ -121,21 +131,22 @@ TEST(WhatIfStep, QuantizedGathersAndReductionsMoveTheRecords) {
   const std::vector<nn::ParamInfo> params = nn::convnext_parameters(nn::convnext_variant("atto"));
   for (const char* reduce_dtype : {"fp32", "int8"}) {
     WhatIfRequest req;
-    req.config.model = "atto";
-    req.config.image_size = 64;
-    req.config.micro_batch = 8;
-    req.config.bucket_mb = 2;
-    req.config.num_classes = 1000;
-    req.config.gather_dtype = "int8";
-    req.config.reduce_dtype = reduce_dtype;
-    req.config.stage = 3;  // the flags' check: int8 needs stages 1-3
+    train::TrainConfig cfg;
+    cfg.model = "atto";
+    cfg.image_size = 64;
+    cfg.micro_batch = 8;
+    cfg.bucket_mb = 2;
+    cfg.num_classes = 1000;
+    cfg.gather_dtype = "int8";
+    cfg.reduce_dtype = reduce_dtype;
+    cfg.stage = 3;  // the flags' check: int8 needs stages 1-3
     req.topology = topo;
     req.compute = compute_table_from_json(profile(), DType::f32);
     req.stages = {0, 1, 2, 3};  // stage 0 gathers nothing; with int8 reductions it all-reduces in records
-    const WhatIf w = what_if(req);
-    req.config.gather_dtype = "fp32";
-    req.config.reduce_dtype = "fp32";
-    const WhatIf f = what_if(req);
+    const WhatIf w = what_if(with_run(req, cfg));
+    cfg.gather_dtype = "fp32";
+    cfg.reduce_dtype = "fp32";
+    const WhatIf f = what_if(with_run(req, cfg));
     const bool q = std::string(reduce_dtype) == "int8";
     ASSERT_EQ(w.rows.size(), f.rows.size());
     for (size_t i = 0; i < w.rows.size(); ++i) {
@@ -184,19 +195,20 @@ TEST(WhatIfCompute, AProfileTimesItsOwnConfigurationAtTheMeasuredStepTime) {
   EXPECT_TRUE(t.measured);
   EXPECT_THAT(t.provenance, ::testing::StartsWith("measured: bench_train_step --profile on cpu"));
   WhatIfRequest req;
-  req.config.model = "atto";
-  req.config.num_classes = 1000;  // bench_train_step's model
-  req.config.image_size = p.at("image").get<int64_t>();
-  req.config.micro_batch = p.at("batch").get<int64_t>();
+  train::TrainConfig cfg;
+  cfg.model = "atto";
+  cfg.num_classes = 1000;  // bench_train_step's model
+  cfg.image_size = p.at("image").get<int64_t>();
+  cfg.micro_batch = p.at("batch").get<int64_t>();
   req.topology = first_ranks(test_box(), 1);
   req.compute = t;
   req.stages = {0};
-  const WhatIf w = what_if(req);
+  const WhatIf w = what_if(with_run(req, cfg));
   ASSERT_EQ(w.rows.size(), 1u);
   EXPECT_NEAR(w.rows[0].step_s, p.at("ms_per_step").get<double>() * 1e-3, 1e-9);
   // Twice the batch: every op's work doubles but the weights' do not, so a little under twice the time.
-  req.config.micro_batch *= 2;
-  const double doubled = what_if(req).rows[0].step_s;
+  cfg.micro_batch *= 2;
+  const double doubled = what_if(with_run(req, cfg)).rows[0].step_s;
   EXPECT_GT(doubled, 1.8 * w.rows[0].step_s);
   EXPECT_LT(doubled, 2.0 * w.rows[0].step_s);
 }
@@ -229,29 +241,30 @@ TEST(WhatIfCompute, ScaledAndRatesTablesSayWhatTheyAre) {
 // latencies; stage 3's prefetch hides gathers.
 TEST(WhatIfStep, BackwardHidesEarlierBucketsAndPrefetchHidesGathers) {
   WhatIfRequest req;
-  req.config.model = "tiny";
-  req.config.image_size = 224;
-  req.config.micro_batch = 32;
-  req.config.device = "cuda";
-  req.config.precision = "bf16";
+  train::TrainConfig cfg;
+  cfg.model = "tiny";
+  cfg.image_size = 224;
+  cfg.micro_batch = 32;
+  cfg.device = "cuda";
+  cfg.precision = "bf16";
   req.topology = test_box();
   req.compute = default_compute_table(DType::bf16);
   req.ranks = {8};
   auto row = [&](int stage) {
     req.stages = {stage};
-    return what_if(req).rows.at(0);
+    return what_if(with_run(req, cfg)).rows.at(0);
   };
   const WhatIfRow buckets = row(0);
   EXPECT_LT(buckets.comm_wait_s, 0.5 * buckets.comm_s);
-  req.config.bucket_mb = 1024;
+  cfg.bucket_mb = 1024;
   const WhatIfRow coarse = row(0);
   EXPECT_GT(coarse.comm_wait_s, buckets.comm_wait_s);
   EXPECT_LE(coarse.comm_s, buckets.comm_s);  // the same bytes, fewer latencies
   EXPECT_GT(coarse.comm_s, 0.95 * buckets.comm_s);
-  req.config.bucket_mb = 25;
-  req.config.prefetch = 0;
+  cfg.bucket_mb = 25;
+  cfg.prefetch = 0;
   const WhatIfRow no_prefetch = row(3);
-  req.config.prefetch = 2;
+  cfg.prefetch = 2;
   const WhatIfRow prefetch = row(3);
   EXPECT_LT(prefetch.comm_wait_s, no_prefetch.comm_wait_s);
   EXPECT_NEAR(prefetch.comm_s, no_prefetch.comm_s, 1e-12);
@@ -296,20 +309,21 @@ TEST(WhatIfMesh, RingsHostsAndCrossHostBytes) {
   EXPECT_NEAR(both.time_s, 2 * one.time_s, 1e-5);
 
   WhatIfRequest req;
-  req.config.model = "atto";
-  req.config.image_size = 64;
-  req.config.micro_batch = 16;
+  train::TrainConfig cfg;
+  cfg.model = "atto";
+  cfg.image_size = 64;
+  cfg.micro_batch = 16;
   req.topology = topo;
   req.compute = compute_table_from_json(profile(), DType::f32);
   req.ranks = {4};
   req.stages = {3};
   auto row = [&](const std::string& shard_group, bool hpz, const std::string& impl = "flat") {
-    req.config.shard_group = shard_group;
-    req.config.hpz = hpz;
-    req.config.comm_impl = impl;
-    return what_if(req).rows.at(0);
+    cfg.shard_group = shard_group;
+    cfg.hpz = hpz;
+    cfg.comm_impl = impl;
+    return what_if(with_run(req, cfg)).rows.at(0);
   };
-  req.config.stage = 3;  // --hpz is for stage 3
+  cfg.stage = 3;  // --hpz is for stage 3
   const WhatIfRow flat = row("world", false), hsdp = row("host", false), hpz = row("world", true);
   EXPECT_GT(flat.cross_host_bytes, 0);
   EXPECT_NEAR(double(hsdp.cross_host_bytes) / double(flat.cross_host_bytes), 4.0 / 9.0, 0.01);
@@ -317,7 +331,7 @@ TEST(WhatIfMesh, RingsHostsAndCrossHostBytes) {
   EXPECT_LT(hsdp.step_s, flat.step_s);
   EXPECT_LT(hpz.step_s, flat.step_s);
   req.stages = {0};
-  req.config.stage = 0;
+  cfg.stage = 0;
   const WhatIfRow flat0 = row("world", false), hier0 = row("world", false, "hier");
   EXPECT_NEAR(double(hier0.cross_host_bytes) / double(flat0.cross_host_bytes), 2.0 / 3.0, 0.01);
   // auto takes whichever the communicator's model predicts faster, call by call: never slower than both.
@@ -333,31 +347,31 @@ TEST(WhatIfMesh, RingsHostsAndCrossHostBytes) {
 // fixed time (step_us) lengthens the collective.
 TEST(WhatIfMesh, CpuRanksPayForTheirMessages) {
   WhatIfRequest req;
-  req.config.model = "atto";
-  req.config.image_size = 64;
-  req.config.micro_batch = 16;
-  req.config.bucket_mb = 2;
-  req.config.comm_impl = "flat";
+  train::TrainConfig cfg;
+  cfg.model = "atto";
+  cfg.image_size = 64;
+  cfg.micro_batch = 16;
+  cfg.bucket_mb = 2;
+  cfg.comm_impl = "flat";
   req.topology = two_hosts(2, 1000.0);  // links too fast to matter: the cores decide
   req.ranks = {4};
   req.stages = {0};
   nlohmann::json table = profile();
   req.compute = compute_table_from_json(table, DType::f32);
-  const WhatIfRow free = what_if(req).rows.at(0);
+  const WhatIfRow free = what_if(with_run(req, cfg)).rows.at(0);
   EXPECT_EQ(free.comm_cpu_s, 0);
 
   table["comm_cpu"] = {{"network_gbps", 1e6}, {"shared_memory_gbps", 1e6}, {"reduce_gbps", 1e6}};
   req.compute = compute_table_from_json(table, DType::f32);
-  EXPECT_NEAR(what_if(req).rows.at(0).step_s, free.step_s, 1e-6 * free.step_s);
+  EXPECT_NEAR(what_if(with_run(req, cfg)).rows.at(0).step_s, free.step_s, 1e-6 * free.step_s);
 
   const double net = 0.5e9, shm = 2e9, red = 4e9;
   table["comm_cpu"] = {
       {"network_gbps", net / 1e9}, {"shared_memory_gbps", shm / 1e9}, {"reduce_gbps", red / 1e9}};
   req.compute = compute_table_from_json(table, DType::f32);
   EXPECT_THAT(req.compute.provenance, ::testing::HasSubstr("0.50 GB/s network, 2.00 GB/s shared memory"));
-  const WhatIfRow paid = what_if(req).rows.at(0);
-  const zero::ZeroLayout L =
-      layout_of(nn::convnext_parameters(req.config.model_config()), 0, 4);
+  const WhatIfRow paid = what_if(with_run(req, cfg)).rows.at(0);
+  const zero::ZeroLayout L = layout_of(nn::convnext_parameters(cfg.model_config()), 0, 4);
   const CommModel ring(req.topology, 4);
   double cpu = 0, comm = 0;
   auto all_reduce = [&](double b) {
@@ -377,11 +391,11 @@ TEST(WhatIfMesh, CpuRanksPayForTheirMessages) {
   table["comm_cpu"]["step_us"] = 100;
   req.compute = compute_table_from_json(table, DType::f32);
   const double collectives = double(L.partitions.size()) + 1;
-  EXPECT_NEAR(what_if(req).rows.at(0).comm_s, comm + collectives * 6 * 100e-6, 1e-9 * comm);
+  EXPECT_NEAR(what_if(with_run(req, cfg)).rows.at(0).comm_s, comm + collectives * 6 * 100e-6, 1e-9 * comm);
 
   table["comm_cpu"] = {{"network_gbps", 0.25}, {"shared_memory_gbps", 1}, {"reduce_gbps", 2}};
   req.compute = compute_table_from_json(table, DType::f32);
-  EXPECT_GT(what_if(req).rows.at(0).step_s, paid.step_s);
+  EXPECT_GT(what_if(with_run(req, cfg)).rows.at(0).step_s, paid.step_s);
 
   table["comm_cpu"] = {{"network_gbps", 0.5}, {"shared_memory_gbps", 2}};
   EXPECT_THROW(compute_table_from_json(table, DType::f32), ValueError);
