@@ -44,6 +44,23 @@ WhatIfRequest with_run(WhatIfRequest req, const train::TrainConfig& cfg) {
   return req;
 }
 
+// An atto run on 64 px images of `micro_batch`, the what-if tests' usual model.
+train::TrainConfig atto_run(int64_t micro_batch) {
+  train::TrainConfig cfg;
+  cfg.model = "atto";
+  cfg.image_size = 64;
+  cfg.micro_batch = micro_batch;
+  return cfg;
+}
+
+// A request over `topo`, timed by the profiled compute table.
+WhatIfRequest profiled_request(const dist::Topology& topo) {
+  WhatIfRequest req;
+  req.topology = topo;
+  req.compute = compute_table_from_json(profile(), DType::f32);
+  return req;
+}
+
 TEST(WhatIfComm, IsTheRingCostModelOnTheTestTopology) {
   const dist::Topology topo = test_box();
   const CommModel all(topo, 8);
@@ -53,13 +70,8 @@ TEST(WhatIfComm, IsTheRingCostModelOnTheTestTopology) {
       EXPECT_EQ(all.seconds(kind, bytes), topo.predict(topo.ring_order(), bytes, kind).time_s);
   // commbench --topo-file dual_socket_8gpu.json --show-ring: "predicted_busbw_GBps: 19.xx" (a 64 MiB
   // reduce-scatter); the what-if reports the same figure.
-  WhatIfRequest req;
-  train::TrainConfig cfg;
-  cfg.model = "atto";
-  cfg.image_size = 64;
-  cfg.micro_batch = 8;
-  req.topology = topo;
-  req.compute = compute_table_from_json(profile(), DType::f32);
+  WhatIfRequest req = profiled_request(topo);
+  train::TrainConfig cfg = atto_run(8);
   req.stages = {0};
   const WhatIf w = what_if(with_run(req, cfg));
   ASSERT_EQ(w.rings.size(), 4u);  // 1, 2, 4, 8 ranks
@@ -92,15 +104,10 @@ TEST(WhatIfComm, FewerRanksTakeTheFirstOfTheRing) {
 // stages 1-3, the global norm all-reduced).
 TEST(WhatIfStep, HoldsExactlyTheEnginesCollectives) {
   const dist::Topology topo = test_box();
-  WhatIfRequest req;
-  train::TrainConfig cfg;
-  cfg.model = "atto";
-  cfg.image_size = 64;
-  cfg.micro_batch = 8;
+  WhatIfRequest req = profiled_request(topo);
+  train::TrainConfig cfg = atto_run(8);
   cfg.bucket_mb = 2;
   cfg.num_classes = 1000;  // the variant's own head, as convnext_variant("atto") has it
-  req.topology = topo;
-  req.compute = compute_table_from_json(profile(), DType::f32);
   const WhatIf w = what_if(with_run(req, cfg));
   const std::vector<nn::ParamInfo> params = nn::convnext_parameters(nn::convnext_variant("atto"));
   for (const WhatIfRow& row : w.rows) {
@@ -131,10 +138,7 @@ TEST(WhatIfStep, QuantizedGathersAndReductionsMoveTheRecords) {
   const std::vector<nn::ParamInfo> params = nn::convnext_parameters(nn::convnext_variant("atto"));
   for (const char* reduce_dtype : {"fp32", "int8"}) {
     WhatIfRequest req;
-    train::TrainConfig cfg;
-    cfg.model = "atto";
-    cfg.image_size = 64;
-    cfg.micro_batch = 8;
+    train::TrainConfig cfg = atto_run(8);
     cfg.bucket_mb = 2;
     cfg.num_classes = 1000;
     cfg.gather_dtype = "int8";
@@ -308,13 +312,8 @@ TEST(WhatIfMesh, RingsHostsAndCrossHostBytes) {
   EXPECT_EQ(both.max_link_load, 2);
   EXPECT_NEAR(both.time_s, 2 * one.time_s, 1e-5);
 
-  WhatIfRequest req;
-  train::TrainConfig cfg;
-  cfg.model = "atto";
-  cfg.image_size = 64;
-  cfg.micro_batch = 16;
-  req.topology = topo;
-  req.compute = compute_table_from_json(profile(), DType::f32);
+  WhatIfRequest req = profiled_request(topo);
+  train::TrainConfig cfg = atto_run(16);
   req.ranks = {4};
   req.stages = {3};
   auto row = [&](const std::string& shard_group, bool hpz, const std::string& impl = "flat") {
@@ -347,10 +346,7 @@ TEST(WhatIfMesh, RingsHostsAndCrossHostBytes) {
 // fixed time (step_us) lengthens the collective.
 TEST(WhatIfMesh, CpuRanksPayForTheirMessages) {
   WhatIfRequest req;
-  train::TrainConfig cfg;
-  cfg.model = "atto";
-  cfg.image_size = 64;
-  cfg.micro_batch = 16;
+  train::TrainConfig cfg = atto_run(16);
   cfg.bucket_mb = 2;
   cfg.comm_impl = "flat";
   req.topology = two_hosts(2, 1000.0);  // links too fast to matter: the cores decide
