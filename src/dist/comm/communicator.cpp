@@ -43,7 +43,9 @@ Communicator::Call Communicator::make_call(Collective kind, const void* send, vo
               .dtype = dtype,
               .device = device,
               .op = op,
-              .peer = peer};
+              .peer = peer,
+              .bytes = 0,
+              .what = {}};
 }
 
 Communicator::Communicator(int rank, int size, CommOptions options, std::vector<int> ring)

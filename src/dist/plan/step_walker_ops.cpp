@@ -101,7 +101,7 @@ A Walker::layer_norm(const A& x, int64_t rows, int64_t c, const std::string& mod
     return y;
   }
   record_x_weight_bias(
-      "layer_norm", y, x, c * e_, c * e_, {mean.id, rstd.id}, module,
+      "layer_norm", y, x, c * e_, c * e_, {Id(mean.id), Id(rstd.id)}, module,
       {"layer_norm input gradient", "layer_norm weight gradient", "layer_norm bias gradient"});
   return y;
 }
@@ -238,7 +238,7 @@ A Walker::grn(const A& x, int64_t rows, int64_t c, const std::string& module, nn
     m_.release(gx.id);
     return y;
   }
-  record_x_weight_bias("grn", y, x, c * e_, c * e_, {gx.id, d.id}, module,
+  record_x_weight_bias("grn", y, x, c * e_, c * e_, {Id(gx.id), Id(d.id)}, module,
                        {"grn input gradient", "grn weight gradient", "grn bias gradient"});
   return y;
 }
