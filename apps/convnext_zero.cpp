@@ -515,10 +515,9 @@ int main(int argc, char** argv) {
           "convnext_zero: {} ({:.2f}M params, {} classes{}) on {} x{}, {}, ZeRO stage {}{}, data {}, {}x{} "
           "images, global batch {}, {} steps\n",
           trainer.model().spec().name(), double(trainer.model().num_parameters()) / 1e6,
-          trainer.model().spec().num_classes(),
-          trainer.classes_from_data() ? ": the data's" : "", cfg.device, world->size(), cfg.precision,
-          cfg.stage, cfg.offload_optimizer ? " + CPU offload" : "", cfg.data, cfg.image_size, cfg.image_size,
-          cfg.global_batch(world->size()), trainer.total_steps());
+          trainer.model().spec().num_classes(), trainer.classes_from_data() ? ": the data's" : "", cfg.device,
+          world->size(), cfg.precision, cfg.stage, cfg.offload_optimizer ? " + CPU offload" : "", cfg.data,
+          cfg.image_size, cfg.image_size, cfg.global_batch(world->size()), trainer.total_steps());
       fmt::print("{}", cz::train::format_recipe(recipe));
       if (!cz::omp_wait_policy_note().empty())
         fmt::print(

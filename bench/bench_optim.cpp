@@ -163,7 +163,8 @@ void BM_AdamW_OmpSimd(benchmark::State& state) {
   run_reference<adamw_omp_simd>(state);
 }
 
-// The library kernel (tensor/cpu/simd.h's widest vectors) with state.range(1) OpenMP threads; 0 = the default team.
+// The library kernel (tensor/cpu/simd.h's widest vectors) with state.range(1) OpenMP threads; 0 = the default
+// team.
 void BM_AdamW_Kernel(benchmark::State& state) {
   Shard s = shard_of(state);
   const int saved = omp_get_max_threads();

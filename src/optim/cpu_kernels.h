@@ -1,7 +1,7 @@
 // CPU kernels of the optimizer layer. Callers have validated shapes, dtypes and devices: every tensor is
 // contiguous, on the CPU, f32 or f64, and the tensors of one call share a dtype. Update kernels take a shard
-// (1-D, shard.numel() elements) and its pieces (Note [Shard pieces]); updates are SIMD (tensor/cpu/simd.h) and
-// OpenMP-parallel, and give the same bits for an element whatever the shard boundaries or thread count.
+// (1-D, shard.numel() elements) and its pieces (Note [Shard pieces]); updates are SIMD (tensor/cpu/simd.h)
+// and OpenMP-parallel, and give the same bits for an element whatever the shard boundaries or thread count.
 #pragma once
 
 #include <span>

@@ -40,8 +40,8 @@ struct EngineSpec {
 
 // It drives the engine's own step schedule (Note [Step plan]) and carries its events out on the trace.
 class EngineEvents : private zero::ReduceSchedule::Sink,
-                    private zero::UnitSchedule::Sink,
-                    private zero::ChunkSchedule::Sink {
+                     private zero::UnitSchedule::Sink,
+                     private zero::ChunkSchedule::Sink {
  public:
   using Id = MemoryEvents::Id;
   EngineEvents(MemoryEvents& m, EngineSpec spec);

@@ -34,10 +34,10 @@
 //
 // Note [One step, two descriptions]
 // So the step is described twice: by the code that runs, and by this walk. Why not plan by running the real
-// step on a "meta" device, whose allocator is the MemoryEvents and whose kernels do nothing (as PyTorch's meta
-// tensors give shapes)? Because the planner is asked about steps that cannot run where it runs: a CUDA step
-// in bf16 (16-bit copies, cuBLAS/cuDNN workspaces, the driver's 2 MiB pages) on a CPU-only machine with no
-// CUDA build; a rank of a world of 8 or 64 from one process, with no MPI and no peers for the engine's
+// step on a "meta" device, whose allocator is the MemoryEvents and whose kernels do nothing (as PyTorch's
+// meta tensors give shapes)? Because the planner is asked about steps that cannot run where it runs: a CUDA
+// step in bf16 (16-bit copies, cuBLAS/cuDNN workspaces, the driver's 2 MiB pages) on a CPU-only machine with
+// no CUDA build; a rank of a world of 8 or 64 from one process, with no MPI and no peers for the engine's
 // collectives; and xlarge at micro-batches of several hundred, a few dozen times over for the largest-batch
 // search, in tens of milliseconds. A meta path would need a no-op variant of every kernel and of the CUDA
 // backend's workspace choices, a fake communicator that still allocates what the ring does, and a fake
@@ -116,9 +116,9 @@ void Walker::build() {
     }
   }
   for (int g = 0; g < s_.graphs; ++g) {  // in the input row: copies of a micro-batch's input
-    m_.alloc(
-        s_.micro_batch * s_.image_size * s_.image_size * s_.model->in_chans() * int64_t(dtype_size(s_.compute)),
-        Use::input, "CUDA graph's static images");
+    m_.alloc(s_.micro_batch * s_.image_size * s_.image_size * s_.model->in_chans() *
+                 int64_t(dtype_size(s_.compute)),
+             Use::input, "CUDA graph's static images");
     m_.alloc(s_.micro_batch * (s_.soft_targets ? s_.model->num_classes() * 4 : 8), Use::input,
              "CUDA graph's static targets");
     m_.alloc(4, Use::input, "CUDA graph's loss");

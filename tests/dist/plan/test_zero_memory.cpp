@@ -39,8 +39,8 @@ TEST(ModelShapes, MatchTheModulesNamesShapesAndOrder) {
 
 // The step plan of `stage` on `n` ranks with buckets of `bucket_mb` MiB of `reduce` (as train::zero_config
 // has them), and the engine's layout under it.
-zero::StepPlan plan_of(int stage, int n, double bucket_mb, DType reduce = DType::f32, DType compute = DType::f32,
-                       bool offload = false) {
+zero::StepPlan plan_of(int stage, int n, double bucket_mb, DType reduce = DType::f32,
+                       DType compute = DType::f32, bool offload = false) {
   zero::ZeroConfig c;
   c.stage = stage;
   c.bucket_bytes = std::max<int64_t>(1, int64_t(bucket_mb * (1 << 20)));

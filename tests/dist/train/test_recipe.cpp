@@ -136,9 +136,10 @@ TEST(Recipes, V2FinetuneIsTheFcmaeFineTuningOfConvNeXtV2Base) {
 TEST(Recipes, UnknownNamesAreRefusedWithTheKnownOnes) {
   TrainConfig c;
   c.recipe = "convnext-in22k";
-  EXPECT_THAT(error_of<ValueError>([&] { c.validate(); }),
-              HasSubstr("--recipe must be one of convnext-in1k | convnext-finetune | convnextv2-finetune, got "
-                        "'convnext-in22k'"));
+  EXPECT_THAT(
+      error_of<ValueError>([&] { c.validate(); }),
+      HasSubstr("--recipe must be one of convnext-in1k | convnext-finetune | convnextv2-finetune, got "
+                "'convnext-in22k'"));
 }
 
 TEST(Flags, SetFlagValueParsesEachKindAndNamesTheFlag) {
