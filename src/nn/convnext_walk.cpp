@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "nn/convnext.h"
+#include "nn/norm_ops.h"
 #include "tensor/ops/linear_fused.h"
 
 namespace cz::nn {
@@ -38,7 +39,8 @@ class ConvNeXtSpec final : public ModelSpec {
     const int stem = ops.module_begin("stem");
     const WalkTensor s1 =
         ops.patchify(images, shape.image, cfg_.in_chans, cfg_.dims[0], 4, false, "stem.0", WalkOut::saved);
-    const WalkTensor s2 = ops.layer_norm(s1, n * side * side, cfg_.dims[0], "stem.1", WalkOut::saved);
+    const WalkTensor s2 =
+        ops.norm(s1, layer_norm_op(n * side * side, cfg_.dims[0]), "stem.1", WalkOut::saved);
     ops.release(s1);
     ops.module_end(stem);
     WalkTensor h = s2;
@@ -54,7 +56,7 @@ class ConvNeXtSpec final : public ModelSpec {
     ops.scope("head", int(cfg_.depths.size()) + 1);
     const int head = ops.module_begin("head");
     const WalkTensor pooled = ops.global_avg_pool(h, n * side * side, c, WalkOut::saved);
-    const WalkTensor normed = ops.layer_norm(pooled, n, c, "head.norm", WalkOut::saved);
+    const WalkTensor normed = ops.norm(pooled, layer_norm_op(n, c), "head.norm", WalkOut::saved);
     ops.release(pooled);
     const WalkTensor logits = ops.linear(normed, n, c, cfg_.num_classes, "head.fc", logits_out);
     ops.release(normed);
@@ -76,7 +78,7 @@ class ConvNeXtSpec final : public ModelSpec {
       ops.scope(name, part);
       const int64_t prev = cfg_.dims[size_t(i) - 1];
       const int unit = ops.module_begin(name);
-      const WalkTensor ln = ops.layer_norm(x, n * side * side, prev, name + ".0", WalkOut::saved);
+      const WalkTensor ln = ops.norm(x, layer_norm_op(n * side * side, prev), name + ".0", WalkOut::saved);
       const WalkTensor p = ops.patchify(ln, side, prev, c, 2, true, name + ".1", WalkOut::saved);
       ops.release(ln);
       ops.module_end(unit);
@@ -95,7 +97,7 @@ class ConvNeXtSpec final : public ModelSpec {
       const auto body = [this, &ops, name, s, c, rate, n, cuda = shape.cuda](const WalkTensor& in,
                                                                              WalkOut o) {
         const int unit = ops.module_begin(name);
-        const WalkTensor z = this->block(ops, name, in, n * s * s, s, c, rate, cuda, o);
+        const WalkTensor z = this->block(ops, name, in, n, s, c, rate, cuda, o);
         ops.module_end(unit);
         return z;
       };
@@ -109,12 +111,13 @@ class ConvNeXtSpec final : public ModelSpec {
   // ConvNeXtBlock::forward: dwconv -> LayerNorm -> linear_gelu (fc1) -> linear_scale_residual (fc2, gamma,
   // residual), or on the CPU with small weights mlp_scale_residual for all of the MLP; with drop path, or
   // without gamma, fc2 alone -> (gamma, drop path) + residual. A V2 block (no gamma) runs grn before fc2.
-  WalkTensor block(OpSink& ops, const std::string& b, const WalkTensor& x, int64_t rows, int64_t side,
-                   int64_t c, double rate, bool cuda, WalkOut out) const {
+  WalkTensor block(OpSink& ops, const std::string& b, const WalkTensor& x, int64_t n, int64_t side, int64_t c,
+                   double rate, bool cuda, WalkOut out) const {
     constexpr WalkOut kSaved = WalkOut::saved;
+    const int64_t rows = n * side * side;
     ops.fork(x, rows, c);
     const WalkTensor y1 = ops.depthwise(x, side, c, cfg_.kernel, b + ".conv_dw", kSaved);
-    const WalkTensor y2 = ops.layer_norm(y1, rows, c, b + ".norm", kSaved);
+    const WalkTensor y2 = ops.norm(y1, layer_norm_op(rows, c), b + ".norm", kSaved);
     const bool gamma = cfg_.layer_scale_init > 0;
     if (rate <= 0 && gamma && mlp_as_one_op(cuda, c, 4 * c)) {
       const WalkTensor z = ops.mlp_scale_residual(x, y2, rows, c, 4 * c, b + ".mlp", b + ".gamma", out);
@@ -126,7 +129,7 @@ class ConvNeXtSpec final : public ModelSpec {
     ops.release(y2);  // the temporaries of linear_gelu's argument
     ops.release(y1);
     if (cfg_.grn) {
-      const WalkTensor r = ops.grn(a, rows, 4 * c, b + ".mlp.grn", kSaved);
+      const WalkTensor r = ops.norm(a, grn_op(n, rows, 4 * c), b + ".mlp.grn", kSaved);
       ops.release(a);
       a = r;
     }

@@ -33,6 +33,34 @@ struct WalkTensor {
 // a checkpointed module, which OpSink::checkpoint hands its body).
 enum class WalkOut : uint8_t { saved, transient, held };
 
+// A normalization over rows x c activations with its module's per-channel weight and bias (LayerNorm, GRN;
+// nn/norm_ops.h describes them): everything a sink needs to replay and to cost one, so that a new
+// normalization is a description in src/nn and not a method of every sink. Forward allocates the output, then
+// `saved`; its autograd node keeps its input and `saved`; backward allocates the input's gradient, then the
+// weight's and the bias's (the bias's AccumulateGrad node runs first). Labels are static strings: the
+// planner keeps them as they are.
+struct NormOp {
+  // A buffer forward allocates after its output and the node keeps until backward.
+  struct Saved {
+    int64_t bytes = 0;
+    const char* what = "";
+  };
+  // The least work of a pass: FLOPs, elements read and written once in the compute dtype, and the bytes of
+  // f32 statistics on top.
+  struct Work {
+    double flops = 0;
+    double elements = 0;
+    double extra_bytes = 0;
+  };
+  const char* name = "";           // forward's profiler name and the walk's label for it: "layer_norm"
+  const char* backward_name = "";  // backward's profiler name: "LayerNormBackward"
+  int64_t rows = 0, c = 0;
+  std::vector<Saved> saved;  // in allocation order
+  // What the output and backward's gradients of the input, the weight and the bias are called.
+  const char *output = "", *input_grad = "", *weight_grad = "", *bias_grad = "";
+  Work forward, backward;
+};
+
 // The ops a model's training forward is made of, in the order it calls them, each as src/tensor/ops runs it
 // (its output, what its node keeps, its backward). Modules: `module` is the op's module path
 // ("stages.0.blocks.1.conv_dw"), whose .weight and .bias get gradients; `gamma` names a parameter. rows x c
@@ -61,7 +89,8 @@ class OpSink {
                      const std::string& module, WalkOut out) = 0;
   virtual T depthwise(const T& x, int64_t side, int64_t c, int64_t k, const std::string& module,
                       WalkOut out) = 0;
-  virtual T layer_norm(const T& x, int64_t rows, int64_t c, const std::string& module, WalkOut out) = 0;
+  // A normalization of `module` (its .weight and .bias get gradients), as `op` describes it.
+  virtual T norm(const T& x, const NormOp& op, const std::string& module, WalkOut out) = 0;
   virtual T linear(const T& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module,
                    WalkOut out) = 0;
   virtual T linear_gelu(const T& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module,
@@ -72,7 +101,6 @@ class OpSink {
   // A whole MLP branch (`mlp`: "....mlp", whose fc1 and fc2 get gradients), gamma and the residual r.
   virtual T mlp_scale_residual(const T& r, const T& x, int64_t rows, int64_t c, int64_t hidden,
                                const std::string& mlp, const std::string& gamma, WalkOut out) = 0;
-  virtual T grn(const T& x, int64_t rows, int64_t c, const std::string& module, WalkOut out) = 0;
   virtual T channel_scale(const T& x, int64_t rows, int64_t c, const std::string& gamma, WalkOut out) = 0;
   virtual T drop_path(const T& x, int64_t rows, int64_t c, WalkOut out) = 0;
   virtual T add(const T& a, const T& b, int64_t rows, int64_t c, WalkOut out) = 0;

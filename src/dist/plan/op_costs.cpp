@@ -58,10 +58,11 @@ class CostSink final : public nn::OpSink {
     bwd("DepthwiseConv2dBackward", OpClass::depthwise, 4 * k2 * rc, 4 * rc, 0, wb(module));
     return {};
   }
-  T layer_norm(const T&, int64_t rows, int64_t c, const std::string& module, nn::WalkOut) override {
-    const double r = double(rows), rc = r * double(c);
-    fwd("layer_norm", OpClass::memory, 8 * rc, 2 * rc, 8 * r);
-    bwd("LayerNormBackward", OpClass::memory, 12 * rc, 3 * rc, 8 * r, wb(module));
+  // A normalization (nn::NormOp) costs what its description says; its time scales with its bytes.
+  T norm(const T&, const nn::NormOp& op, const std::string& module, nn::WalkOut) override {
+    fwd(op.name, OpClass::memory, op.forward.flops, op.forward.elements, op.forward.extra_bytes);
+    bwd(op.backward_name, OpClass::memory, op.backward.flops, op.backward.elements, op.backward.extra_bytes,
+        wb(module));
     return {};
   }
   T linear(const T&, int64_t rows, int64_t in, int64_t out_f, const std::string& module,
@@ -98,14 +99,6 @@ class CostSink final : public nn::OpSink {
     bwd("MlpScaleResidualBackward", OpClass::matmul, 8 * r * ch * h + 25 * r * h + 3 * r * ch,
         r * (4 * ch + h) + 4 * ch * h, 0,
         {gamma, mlp + ".fc2.bias", mlp + ".fc2.weight", mlp + ".fc1.bias", mlp + ".fc1.weight"});
-    return {};
-  }
-  // GRN: the norms' pass reads its input, the output pass reads and writes; backward reads the gradient and
-  // the input twice (the sums, then dx) and writes dx.
-  T grn(const T&, int64_t rows, int64_t c, const std::string& module, nn::WalkOut) override {
-    const double rc = double(rows * c);
-    fwd("grn", OpClass::memory, 6 * rc, 3 * rc);
-    bwd("GrnBackward", OpClass::memory, 12 * rc, 4 * rc, 0, wb(module));
     return {};
   }
   T channel_scale(const T&, int64_t rows, int64_t c, const std::string& gamma, nn::WalkOut) override {

@@ -71,7 +71,7 @@ class Walker final : public nn::OpSink {
               nn::WalkOut out) override;
   A patchify(const A& x, int64_t side, int64_t cin, int64_t cout, int64_t k, bool x_grad,
              const std::string& module, nn::WalkOut out) override;
-  A layer_norm(const A& x, int64_t rows, int64_t c, const std::string& module, nn::WalkOut out) override;
+  A norm(const A& x, const nn::NormOp& op, const std::string& module, nn::WalkOut out) override;
   A linear(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module,
            nn::WalkOut out) override;
   A linear_gelu(const A& x, int64_t rows, int64_t in, int64_t out_f, const std::string& module,
@@ -80,7 +80,6 @@ class Walker final : public nn::OpSink {
                           const std::string& module, const std::string& gamma, nn::WalkOut out) override;
   A mlp_scale_residual(const A& r, const A& x, int64_t rows, int64_t c, int64_t hidden,
                        const std::string& mlp, const std::string& gamma, nn::WalkOut out) override;
-  A grn(const A& x, int64_t rows, int64_t c, const std::string& module, nn::WalkOut out) override;
   A channel_scale(const A& x, int64_t rows, int64_t c, const std::string& gamma, nn::WalkOut out) override;
   A drop_path(const A& x, int64_t rows, int64_t c, nn::WalkOut out) override;
   A add(const A& a, const A& b, int64_t rows, int64_t c, nn::WalkOut out) override;
@@ -113,8 +112,8 @@ class Walker final : public nn::OpSink {
   }
 
   // The node of an op that keeps its input (and `saved`, released after it) and whose backward allocates the
-  // input's gradient, then its module's weight's and bias's (handed over bias first): linear, layer_norm,
-  // grn. `n`: what the three gradients are called.
+  // input's gradient, then its module's weight's and bias's (handed over bias first): linear and the
+  // normalizations (nn::NormOp). `n`: what the three gradients are called.
   struct GradNames {
     const char *dx, *dw, *db;
   };

@@ -89,20 +89,19 @@ A Walker::patchify(const A& x, int64_t side, int64_t cin, int64_t cout, int64_t 
   return y;
 }
 
-A Walker::layer_norm(const A& x, int64_t rows, int64_t c, const std::string& module, nn::WalkOut o) {
-  at("layer_norm");
-  const Use out = use_of(o);
-  const A y = buf(rows * c * e_, out, "layer_norm output");
-  const A mean = buf(rows * 4, keep(), "layer_norm mean");
-  const A rstd = buf(rows * 4, keep(), "layer_norm rstd");
+// A normalization (nn::NormOp): its output, then the buffers its description lists, which the node keeps
+// beside its input.
+A Walker::norm(const A& x, const nn::NormOp& op, const std::string& module, nn::WalkOut o) {
+  at(op.name);
+  const A y = buf(op.rows * op.c * e_, use_of(o), op.output);
+  std::vector<Id> saved;
+  for (const nn::NormOp::Saved& b : op.saved) saved.push_back(Id(buf(b.bytes, keep(), b.what).id));
   if (!recording_) {
-    m_.release(mean.id);
-    m_.release(rstd.id);
+    for (Id t : saved) m_.release(t);
     return y;
   }
-  record_x_weight_bias(
-      "layer_norm", y, x, c * e_, c * e_, {Id(mean.id), Id(rstd.id)}, module,
-      {"layer_norm input gradient", "layer_norm weight gradient", "layer_norm bias gradient"});
+  record_x_weight_bias(op.name, y, x, op.c * e_, op.c * e_, std::move(saved), module,
+                       {op.input_grad, op.weight_grad, op.bias_grad});
   return y;
 }
 
@@ -222,25 +221,6 @@ A Walker::mlp_scale_residual(const A& r, const A& x, int64_t rows, int64_t c, in
     param_grad(dw1, mlp + ".fc1.weight");
   });
   return z;
-}
-
-// grn (src/tensor/ops/grn.cpp): its output, then per image the channels' f32 norms and the f32 divisor, the
-// node keeping its input and those two; backward allocates the input gradient and the two parameter
-// gradients (beta's AccumulateGrad node runs first). The CPU kernels' partial sums are not the allocator's.
-A Walker::grn(const A& x, int64_t rows, int64_t c, const std::string& module, nn::WalkOut o) {
-  at("grn");
-  const Use out = use_of(o);
-  const A y = buf(rows * c * e_, out, "grn output");
-  const A gx = buf(n_ * c * 4, keep(), "grn norms (f32)");
-  const A d = buf(n_ * 4, keep(), "grn divisors (f32)");
-  if (!recording_) {
-    m_.release(d.id);
-    m_.release(gx.id);
-    return y;
-  }
-  record_x_weight_bias("grn", y, x, c * e_, c * e_, {Id(gx.id), Id(d.id)}, module,
-                       {"grn input gradient", "grn weight gradient", "grn bias gradient"});
-  return y;
 }
 
 A Walker::channel_scale(const A& h, int64_t /*rows*/, int64_t c, const std::string& gamma, nn::WalkOut o) {
