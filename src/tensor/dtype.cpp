@@ -6,21 +6,7 @@
 namespace cz {
 
 size_t dtype_size(DType t) {
-  switch (t) {
-    case DType::f64:
-    case DType::i64:
-      return 8;
-    case DType::f32:
-    case DType::i32:
-      return 4;
-    case DType::f16:
-    case DType::bf16:
-      return 2;
-    case DType::u8:
-    case DType::b8:
-      return 1;
-  }
-  return 0;
+  return visit_dtype(t, [](auto v) { return sizeof(v); });
 }
 
 std::string_view dtype_name(DType t) {

@@ -4,6 +4,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
 #include "tensor/half.h"
 
@@ -18,65 +21,29 @@ inline bool is_floating(DType t) {
   return t == DType::f32 || t == DType::f64 || t == DType::f16 || t == DType::bf16;
 }
 
+// The C++ type of each dtype, in DType's order: the one list dtype_of and visit_dtype read.
+using DTypeTypes = std::tuple<float, double, Half, BFloat16, int32_t, int64_t, uint8_t, bool>;
+
+namespace detail {
+template <class T, size_t I = 0>
+constexpr DType dtype_at() {
+  static_assert(I < std::tuple_size_v<DTypeTypes>, "dtype_of: not an element type");
+  if constexpr (std::is_same_v<T, std::tuple_element_t<I, DTypeTypes>>)
+    return DType(I);
+  else
+    return dtype_at<T, I + 1>();
+}
+}  // namespace detail
+
 template <class T>
-struct DTypeOf;
-template <>
-struct DTypeOf<float> {
-  static constexpr DType value = DType::f32;
-};
-template <>
-struct DTypeOf<double> {
-  static constexpr DType value = DType::f64;
-};
-template <>
-struct DTypeOf<Half> {
-  static constexpr DType value = DType::f16;
-};
-template <>
-struct DTypeOf<BFloat16> {
-  static constexpr DType value = DType::bf16;
-};
-template <>
-struct DTypeOf<int32_t> {
-  static constexpr DType value = DType::i32;
-};
-template <>
-struct DTypeOf<int64_t> {
-  static constexpr DType value = DType::i64;
-};
-template <>
-struct DTypeOf<uint8_t> {
-  static constexpr DType value = DType::u8;
-};
-template <>
-struct DTypeOf<bool> {
-  static constexpr DType value = DType::b8;
-};
-template <class T>
-inline constexpr DType dtype_of = DTypeOf<T>::value;
+inline constexpr DType dtype_of = detail::dtype_at<T>();
 
 // Calls f with a value of the C++ type for `t` (e.g. `[&](auto tag) { using T = decltype(tag); ... }`).
-template <class F>
+template <size_t I = 0, class F>
 decltype(auto) visit_dtype(DType t, F&& f) {
-  switch (t) {
-    case DType::f32:
-      return f(float{});
-    case DType::f64:
-      return f(double{});
-    case DType::f16:
-      return f(Half{});
-    case DType::bf16:
-      return f(BFloat16{});
-    case DType::i32:
-      return f(int32_t{});
-    case DType::i64:
-      return f(int64_t{});
-    case DType::u8:
-      return f(uint8_t{});
-    case DType::b8:
-      return f(bool{});
-  }
-  return f(float{});
+  if constexpr (I + 1 < std::tuple_size_v<DTypeTypes>)
+    if (size_t(t) != I) return visit_dtype<I + 1>(t, std::forward<F>(f));
+  return f(std::tuple_element_t<I, DTypeTypes>{});
 }
 
 }  // namespace cz

@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
+#include <utility>
 
 #include "tensor/dtype.h"
 #include "tensor/tensor.h"
@@ -49,6 +51,26 @@ TEST(BFloat16, RoundTripAndRounding) {
   EXPECT_EQ(float(BFloat16(1.0f + 3 * 0x1p-8f)), 1.0f + 0x1p-6f);  // tie, odd -> up
   EXPECT_EQ(float(BFloat16(1.0f + 0x1p-8f + 0x1p-12f)), 1.0f + 0x1p-7f);
   EXPECT_TRUE(std::isnan(float(BFloat16(std::numeric_limits<float>::quiet_NaN()))));
+}
+
+// DTypeTypes, the one list of element types: each dtype's C++ type maps back to it and has its size.
+TEST(DType, EachDTypeVisitsItsOwnType) {
+  const std::pair<DType, size_t> sizes[] = {{DType::f32, 4},  {DType::f64, 8}, {DType::f16, 2},
+                                            {DType::bf16, 2}, {DType::i32, 4}, {DType::i64, 8},
+                                            {DType::u8, 1},   {DType::b8, 1}};
+  for (const auto& [t, bytes] : sizes) {
+    SCOPED_TRACE(dtype_name(t));
+    EXPECT_EQ(dtype_size(t), bytes);
+    visit_dtype(t, [&](auto v) {
+      using T = decltype(v);
+      EXPECT_EQ(dtype_of<T>, t);
+      EXPECT_EQ(sizeof(T), bytes);
+      constexpr bool floating =
+          std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+      EXPECT_EQ(is_floating(t), floating);
+    });
+  }
+  static_assert(dtype_of<BFloat16> == DType::bf16 && dtype_of<bool> == DType::b8);
 }
 
 TEST(DType, TensorConversionsGoThroughF32) {

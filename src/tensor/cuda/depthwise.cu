@@ -239,20 +239,9 @@ __global__ void tiled_finish_kernel(const float* __restrict__ partial, T* __rest
     dw7::finish_item<T, DeviceCvt>(g, partial, dw, db, i);
 }
 
-// Calls f(Tag<T>{}) for the tiled kernels' dtypes.
-template <class F>
-cudaError_t visit_tiled(DType t, F&& f) {
-  switch (t) {
-    case DType::f32:
-      return f(Tag<float>{});
-    case DType::f16:
-      return f(Tag<__half>{});
-    case DType::bf16:
-      return f(Tag<__nv_bfloat16>{});
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
+// The tiled kernels' dtypes: the floating ones but f64.
+template <class T>
+struct IsTiled : std::bool_constant<IsFloat<T>::value && !std::is_same_v<T, double>> {};
 
 // Dynamic shared memory past the default 48 KiB must be asked for, per kernel.
 template <class K>
@@ -340,7 +329,7 @@ bool depthwise7_supported(DType t, int64_t n, int64_t h, int64_t w, int64_t c, i
 cudaError_t depthwise7_forward(const Config& cfg, DType t, const void* x, const void* w, const void* bias,
                                void* y, int64_t n, int64_t h, int64_t ww, int64_t c) {
   if (n * h * ww * c == 0) return cudaSuccess;
-  return visit_tiled(t, [&](auto tag) {
+  return visit_if<IsTiled>(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return launch_tiled_forward<T, false>(cfg, static_cast<const T*>(x), static_cast<const T*>(w),
                                           static_cast<const T*>(bias), static_cast<T*>(y), n, h, ww, c);
@@ -350,7 +339,7 @@ cudaError_t depthwise7_forward(const Config& cfg, DType t, const void* x, const 
 cudaError_t depthwise7_backward_data(const Config& cfg, DType t, const void* gy, const void* w, void* dx,
                                      int64_t n, int64_t h, int64_t ww, int64_t c) {
   if (n * h * ww * c == 0) return cudaSuccess;
-  return visit_tiled(t, [&](auto tag) {
+  return visit_if<IsTiled>(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
     return launch_tiled_forward<T, true>(cfg, static_cast<const T*>(gy), static_cast<const T*>(w), nullptr,
                                          static_cast<T*>(dx), n, h, ww, c);
@@ -367,7 +356,7 @@ cudaError_t depthwise7_backward(const Config& cfg, DType t, const void* gy, cons
                                 void* workspace) {
   if (!dw && !db) return dx ? depthwise7_backward_data(cfg, t, gy, w, dx, n, h, ww, c) : cudaSuccess;
   if (c == 0) return cudaSuccess;
-  return visit_tiled(t, [&](auto tag) -> cudaError_t {
+  return visit_if<IsTiled>(t, [&](auto tag) -> cudaError_t {
     using T = typename decltype(tag)::type;
     const dw7::Geometry g = dw7::plan(n, h, ww, c, int(sizeof(T)), true, cfg.sm_count);
     const int64_t items = int64_t(dw7::kSlots) * c;

@@ -22,46 +22,37 @@ struct Tag {
   using type = T;
 };
 
-// Calls f(Tag<T>{}) with the CUDA type of a floating dtype; returns cudaErrorInvalidValue for other dtypes
-// (the host wrappers have refused them already).
-template <class F>
-cudaError_t visit_float(DType t, F&& f) {
-  switch (t) {
-    case DType::f32:
-      return f(Tag<float>{});
-    case DType::f64:
-      return f(Tag<double>{});
-    case DType::f16:
-      return f(Tag<__half>{});
-    case DType::bf16:
-      return f(Tag<__nv_bfloat16>{});
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
+// The CUDA type of an element type: __half and __nv_bfloat16 for the 16-bit floats.
+template <class T>
+using cuda_t = std::conditional_t<std::is_same_v<T, Half>, __half,
+                                  std::conditional_t<std::is_same_v<T, BFloat16>, __nv_bfloat16, T>>;
 
 // Calls f(Tag<T>{}) with the CUDA type of any dtype.
 template <class F>
 cudaError_t visit_any(DType t, F&& f) {
-  switch (t) {
-    case DType::f32:
-      return f(Tag<float>{});
-    case DType::f64:
-      return f(Tag<double>{});
-    case DType::f16:
-      return f(Tag<__half>{});
-    case DType::bf16:
-      return f(Tag<__nv_bfloat16>{});
-    case DType::i32:
-      return f(Tag<int32_t>{});
-    case DType::i64:
-      return f(Tag<int64_t>{});
-    case DType::u8:
-      return f(Tag<uint8_t>{});
-    case DType::b8:
-      return f(Tag<bool>{});
-  }
-  return cudaErrorInvalidValue;
+  return visit_dtype(t, [&](auto v) -> cudaError_t { return f(Tag<cuda_t<decltype(v)>>{}); });
+}
+
+// visit_any for the dtypes whose CUDA type Keep admits; cudaErrorInvalidValue for the others (the host
+// wrappers have refused them already), whose kernels are never instantiated.
+template <template <class> class Keep, class F>
+cudaError_t visit_if(DType t, F&& f) {
+  return visit_any(t, [&](auto tag) -> cudaError_t {
+    if constexpr (Keep<typename decltype(tag)::type>::value)
+      return f(tag);
+    else
+      return cudaErrorInvalidValue;
+  });
+}
+
+template <class T>
+struct IsFloat : std::bool_constant<std::is_floating_point_v<T> || std::is_same_v<T, __half> ||
+                                    std::is_same_v<T, __nv_bfloat16>> {};
+
+// Calls f(Tag<T>{}) with the CUDA type of a floating dtype.
+template <class F>
+cudaError_t visit_float(DType t, F&& f) {
+  return visit_if<IsFloat>(t, std::forward<F>(f));
 }
 
 template <class T>
