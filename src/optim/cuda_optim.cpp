@@ -11,12 +11,10 @@
 #include "tensor/cuda/host_utils.h"
 
 namespace cz::cuda {
-namespace {
 
-void check_buffer(const char* op, const char* what, const Tensor& t, DType dtype, int64_t n, Stream stream) {
-  detail::check_operand(op, what, t, dtype, stream);
-  CZ_CHECK_SHAPE(t.numel() == n, "cuda::{}: {} has {} elements, expected {}", op, what, t.numel(), n);
-}
+using detail::check_operand;
+
+namespace {
 
 void check_f32_f64(const char* op, const Tensor& t) {
   CZ_CHECK_DTYPE(t.dtype() == DType::f32 || t.dtype() == DType::f64, "cuda::{}: f32 or f64 expected, got {}",
@@ -27,9 +25,9 @@ void check_f32_f64(const char* op, const Tensor& t) {
 void check_update(const char* op, const Tensor& p, const Tensor& g,
                   std::initializer_list<std::pair<const char*, const Tensor*>> state, Stream stream) {
   check_f32_f64(op, p);
-  check_buffer(op, "p", p, p.dtype(), p.numel(), stream);
-  check_buffer(op, "g", g, p.dtype(), p.numel(), stream);
-  for (const auto& [what, t] : state) check_buffer(op, what, *t, p.dtype(), p.numel(), stream);
+  check_operand(op, "p", p, p.dtype(), stream, p.numel());
+  check_operand(op, "g", g, p.dtype(), stream, p.numel());
+  for (const auto& [what, t] : state) check_operand(op, what, *t, p.dtype(), stream, p.numel());
 }
 
 // Calls launch_batch(batch) for consecutive batches of at most kMaxOptimPieces pieces, with fill(piece,
@@ -92,7 +90,7 @@ void sgd_step(Tensor& p, const Tensor& g, Tensor& momentum_buffer, std::span<con
   check_update(op, p, g, {}, stream);
   const int64_t n = p.numel();
   const bool use_momentum = args.momentum != 0.0;
-  if (use_momentum) check_buffer(op, "momentum_buffer", momentum_buffer, p.dtype(), n, stream);
+  if (use_momentum) check_operand(op, "momentum_buffer", momentum_buffer, p.dtype(), stream, n);
   const launch::SgdConstants c{args.momentum, 1.0 - args.dampening, use_momentum, args.nesterov,
                                args.first_step};
   DeviceGuard guard(stream.device.index);
@@ -111,8 +109,8 @@ void sgd_step(Tensor& p, const Tensor& g, Tensor& momentum_buffer, std::span<con
 
 void sq_norm(const Tensor& x, Tensor& out, Stream stream) {
   check_f32_f64("sq_norm", x);
-  check_buffer("sq_norm", "x", x, x.dtype(), x.numel(), stream);
-  check_buffer("sq_norm", "out", out, DType::f64, 1, stream);
+  check_operand("sq_norm", "x", x, x.dtype(), stream, x.numel());
+  check_operand("sq_norm", "out", out, DType::f64, stream, 1);
   DeviceGuard guard(stream.device.index);
   DataPtr ws = allocate(launch::sq_norm_workspace(x.numel()), stream);
   CZ_CHECK_STATUS(launch::sq_norm(detail::config_of(stream), x.dtype(), x.raw_data(), x.numel(),
@@ -121,8 +119,8 @@ void sq_norm(const Tensor& x, Tensor& out, Stream stream) {
 
 void unscale_and_check(Tensor& x, double factor, Tensor& found, Stream stream) {
   check_f32_f64("unscale_and_check", x);
-  check_buffer("unscale_and_check", "x", x, x.dtype(), x.numel(), stream);
-  check_buffer("unscale_and_check", "found", found, DType::f32, 1, stream);
+  check_operand("unscale_and_check", "x", x, x.dtype(), stream, x.numel());
+  check_operand("unscale_and_check", "found", found, DType::f32, stream, 1);
   DeviceGuard guard(stream.device.index);
   CZ_CHECK_STATUS(launch::unscale_and_check(detail::config_of(stream), x.dtype(), x.raw_data(), x.numel(),
                                             factor, static_cast<float*>(found.raw_data())));
@@ -130,9 +128,9 @@ void unscale_and_check(Tensor& x, double factor, Tensor& found, Stream stream) {
 
 void ema_update(Tensor& ema, const Tensor& p, double decay, Stream stream, const Tensor& skip) {
   check_f32_f64("ema_update", ema);
-  check_buffer("ema_update", "ema", ema, ema.dtype(), ema.numel(), stream);
-  check_buffer("ema_update", "p", p, ema.dtype(), ema.numel(), stream);
-  if (skip.defined()) check_buffer("ema_update", "skip", skip, DType::f32, 1, stream);
+  check_operand("ema_update", "ema", ema, ema.dtype(), stream, ema.numel());
+  check_operand("ema_update", "p", p, ema.dtype(), stream, ema.numel());
+  if (skip.defined()) check_operand("ema_update", "skip", skip, DType::f32, stream, 1);
   DeviceGuard guard(stream.device.index);
   CZ_CHECK_STATUS(launch::ema_update(detail::config_of(stream), ema.dtype(), ema.raw_data(), p.raw_data(),
                                      ema.numel(), decay,
@@ -144,8 +142,8 @@ void ema_update(Tensor& ema, const Tensor& p, double decay, Stream stream, const
 namespace {
 
 void check_scalars(const char* op, const Tensor& scalars, const Tensor& found, Stream stream) {
-  check_buffer(op, "scalars", scalars, DType::f64, optim_scalars::kSlots, stream);
-  check_buffer(op, "found", found, DType::f32, 1, stream);
+  check_operand(op, "scalars", scalars, DType::f64, stream, optim_scalars::kSlots);
+  check_operand(op, "found", found, DType::f32, stream, 1);
 }
 
 const double* scalars_of(const Tensor& scalars) {
@@ -186,7 +184,7 @@ void sgd_step_dev(Tensor& p, const Tensor& g, Tensor& momentum_buffer, std::span
   check_update(op, p, g, {}, stream);
   const int64_t n = p.numel();
   const bool use_momentum = args.momentum != 0.0;
-  if (use_momentum) check_buffer(op, "momentum_buffer", momentum_buffer, p.dtype(), n, stream);
+  if (use_momentum) check_operand(op, "momentum_buffer", momentum_buffer, p.dtype(), stream, n);
   check_scalars(op, scalars, found, stream);
   const launch::SgdConstants c{args.momentum, 1.0 - args.dampening, use_momentum, args.nesterov, false};
   DeviceGuard guard(stream.device.index);
@@ -201,7 +199,7 @@ void sgd_step_dev(Tensor& p, const Tensor& g, Tensor& momentum_buffer, std::span
 void unscale_and_check_dev(Tensor& x, const Tensor& scalars, Tensor& found, Stream stream) {
   constexpr const char* op = "unscale_and_check_dev";
   check_f32_f64(op, x);
-  check_buffer(op, "x", x, x.dtype(), x.numel(), stream);
+  check_operand(op, "x", x, x.dtype(), stream, x.numel());
   check_scalars(op, scalars, found, stream);
   DeviceGuard guard(stream.device.index);
   CZ_CHECK_STATUS(launch::unscale_and_check(detail::config_of(stream), x.dtype(), x.raw_data(), x.numel(),
@@ -211,7 +209,7 @@ void unscale_and_check_dev(Tensor& x, const Tensor& scalars, Tensor& found, Stre
 
 void clip_scalars(const Tensor& sq, const Tensor& found, double max_norm, Tensor& scalars, Stream stream) {
   constexpr const char* op = "clip_scalars";
-  check_buffer(op, "sq", sq, DType::f64, 1, stream);
+  check_operand(op, "sq", sq, DType::f64, stream, 1);
   check_scalars(op, scalars, found, stream);
   DeviceGuard guard(stream.device.index);
   CZ_CHECK_STATUS(launch::clip_scalars(detail::config_of(stream), static_cast<const double*>(sq.raw_data()),
@@ -221,7 +219,7 @@ void clip_scalars(const Tensor& sq, const Tensor& found, double max_norm, Tensor
 void scale_dev(Tensor& x, const Tensor& scalars, const Tensor& found, Stream stream) {
   constexpr const char* op = "scale_dev";
   check_f32_f64(op, x);
-  check_buffer(op, "x", x, x.dtype(), x.numel(), stream);
+  check_operand(op, "x", x, x.dtype(), stream, x.numel());
   check_scalars(op, scalars, found, stream);
   DeviceGuard guard(stream.device.index);
   CZ_CHECK_STATUS(launch::scale_dev(detail::config_of(stream), x.dtype(), x.raw_data(), x.numel(),

@@ -6,7 +6,6 @@
 namespace cz::cuda {
 
 using detail::check_float;
-using detail::check_numel;
 using detail::check_operand;
 
 namespace {
@@ -22,12 +21,9 @@ GrnShape check_grn(const char* op, const Tensor& x, const Tensor& gamma, const T
   check_operand(op, "x", x, x.dtype(), stream);
   CZ_CHECK_SHAPE(x.dim() == 4, "cuda::{}: x has shape {}, expected (N, H, W, C)", op, shape_str(x.sizes()));
   const GrnShape s{x.size(0), x.size(1) * x.size(2), x.size(3)};
-  check_operand(op, "gamma", gamma, x.dtype(), stream);
-  check_numel(op, "gamma", gamma, s.c);
-  check_operand(op, "gx", gx, stat_dtype(x.dtype()), stream);
-  check_numel(op, "gx", gx, s.n * s.c);
-  check_operand(op, "d", d, stat_dtype(x.dtype()), stream);
-  check_numel(op, "d", d, s.n);
+  check_operand(op, "gamma", gamma, x.dtype(), stream, s.c);
+  check_operand(op, "gx", gx, stat_dtype(x.dtype()), stream, s.n * s.c);
+  check_operand(op, "d", d, stat_dtype(x.dtype()), stream, s.n);
   return s;
 }
 
@@ -37,10 +33,8 @@ void grn_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, doubl
                  Tensor& d, Stream stream) {
   constexpr const char* op = "grn_forward";
   const GrnShape s = check_grn(op, x, gamma, gx, d, stream);
-  check_operand(op, "beta", beta, x.dtype(), stream);
-  check_numel(op, "beta", beta, s.c);
-  check_operand(op, "y", y, x.dtype(), stream);
-  check_numel(op, "y", y, x.numel());
+  check_operand(op, "beta", beta, x.dtype(), stream, s.c);
+  check_operand(op, "y", y, x.dtype(), stream, x.numel());
   DeviceGuard guard(stream.device.index);
   CZ_CHECK_STATUS(launch::grn_forward(detail::config_of(stream), x.dtype(), x.raw_data(), gamma.raw_data(),
                                       beta.raw_data(), eps, y.raw_data(), gx.raw_data(), d.raw_data(), s.n,
@@ -51,16 +45,13 @@ void grn_backward(const Tensor& gy, const Tensor& x, const Tensor& gamma, const 
                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, Stream stream) {
   constexpr const char* op = "grn_backward";
   const GrnShape s = check_grn(op, x, gamma, gx, d, stream);
-  check_operand(op, "gy", gy, x.dtype(), stream);
-  check_numel(op, "gy", gy, x.numel());
+  check_operand(op, "gy", gy, x.dtype(), stream, x.numel());
   if (dx.defined()) {
-    check_operand(op, "dx", dx, x.dtype(), stream);
-    check_numel(op, "dx", dx, x.numel());
+    check_operand(op, "dx", dx, x.dtype(), stream, x.numel());
   }
   for (const Tensor* p : {&dgamma, &dbeta})
     if (p->defined()) {
-      check_operand(op, "dgamma/dbeta", *p, x.dtype(), stream);
-      check_numel(op, "dgamma/dbeta", *p, s.c);
+      check_operand(op, "dgamma/dbeta", *p, x.dtype(), stream, s.c);
     }
   if (!dx.defined() && !dgamma.defined() && !dbeta.defined()) return;
   DeviceGuard guard(stream.device.index);

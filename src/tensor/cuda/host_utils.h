@@ -34,7 +34,10 @@ inline void check_operand(const char* op, const char* what, const Tensor& t, DTy
   CZ_CHECK_SHAPE(t.is_contiguous(), "cuda::{}: {} must be contiguous", op, what);
 }
 
-inline void check_numel(const char* op, const char* what, const Tensor& t, int64_t numel) {
+// check_operand, and `t` holds `numel` elements.
+inline void check_operand(const char* op, const char* what, const Tensor& t, DType dtype, Stream stream,
+                          int64_t numel) {
+  check_operand(op, what, t, dtype, stream);
   CZ_CHECK_SHAPE(t.numel() == numel, "cuda::{}: {} has shape {} ({} elements), expected {} elements", op,
                  what, shape_str(t.sizes()), t.numel(), numel);
 }

@@ -8,7 +8,6 @@
 namespace cz::cuda {
 
 using detail::check_float;
-using detail::check_numel;
 using detail::check_operand;
 
 namespace {
@@ -21,10 +20,8 @@ std::pair<int64_t, int64_t> check_layer_norm_rows(const char* op, const Tensor& 
   check_operand(op, "x", x, x.dtype(), stream);
   CZ_CHECK_SHAPE(x.dim() >= 1 && x.size(-1) > 0, "cuda::{}: x has shape {}", op, shape_str(x.sizes()));
   const int64_t c = x.size(-1), rows = x.numel() / c;
-  check_operand(op, "mean", mean, stat_dtype(x.dtype()), stream);
-  check_operand(op, "rstd", rstd, stat_dtype(x.dtype()), stream);
-  check_numel(op, "mean", mean, rows);
-  check_numel(op, "rstd", rstd, rows);
+  check_operand(op, "mean", mean, stat_dtype(x.dtype()), stream, rows);
+  check_operand(op, "rstd", rstd, stat_dtype(x.dtype()), stream, rows);
   return {rows, c};
 }
 
@@ -35,12 +32,10 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
   constexpr const char* op = "layer_norm_forward";
   const auto [rows, c] = check_layer_norm_rows(op, x, mean, rstd, stream);
   const DType t = x.dtype();
-  check_operand(op, "y", y, t, stream);
-  check_numel(op, "y", y, x.numel());
+  check_operand(op, "y", y, t, stream, x.numel());
   for (const Tensor* p : {&weight, &bias})
     if (p->defined()) {
-      check_operand(op, "weight/bias", *p, t, stream);
-      check_numel(op, "weight/bias", *p, c);
+      check_operand(op, "weight/bias", *p, t, stream, c);
     }
   DeviceGuard guard(stream.device.index);
   CZ_CHECK_STATUS(launch::layer_norm_forward(detail::config_of(stream), t, x.raw_data(),
@@ -54,21 +49,17 @@ void layer_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight
   constexpr const char* op = "layer_norm_backward";
   const auto [rows, c] = check_layer_norm_rows(op, x, mean, rstd, stream);
   const DType t = x.dtype();
-  check_operand(op, "gy", gy, t, stream);
-  check_numel(op, "gy", gy, x.numel());
+  check_operand(op, "gy", gy, t, stream, x.numel());
   if (weight.defined()) {
-    check_operand(op, "weight", weight, t, stream);
-    check_numel(op, "weight", weight, c);
+    check_operand(op, "weight", weight, t, stream, c);
   }
   if (dx.defined()) {
-    check_operand(op, "dx", dx, t, stream);
-    check_numel(op, "dx", dx, x.numel());
+    check_operand(op, "dx", dx, t, stream, x.numel());
   }
   for (const Tensor* p : {&dweight, &dbias})
     if (p->defined()) {
       CZ_CHECK(weight.defined() || p == &dbias, "cuda::{}: dweight needs a weight", op);
-      check_operand(op, "dweight/dbias", *p, t, stream);
-      check_numel(op, "dweight/dbias", *p, c);
+      check_operand(op, "dweight/dbias", *p, t, stream, c);
     }
   DeviceGuard guard(stream.device.index);
   const launch::Config cfg = detail::config_of(stream);

@@ -6,7 +6,6 @@
 namespace cz::cuda {
 
 using detail::check_float;
-using detail::check_numel;
 using detail::check_operand;
 
 namespace {
@@ -32,10 +31,8 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& labels, double sm
   check_logits_labels(op, logits, labels, stream);
   const DType t = logits.dtype();
   const int64_t n = logits.size(0), k = logits.size(1);
-  check_operand(op, "loss", loss, t, stream);
-  check_numel(op, "loss", loss, 1);
-  check_operand(op, "lse", lse, stat_dtype(t), stream);
-  check_numel(op, "lse", lse, n);
+  check_operand(op, "loss", loss, t, stream, 1);
+  check_operand(op, "lse", lse, stat_dtype(t), stream, n);
   DeviceGuard guard(stream.device.index);
   DataPtr ws = allocate(launch::cross_entropy_workspace(t, n), stream);
   CZ_CHECK_STATUS(launch::cross_entropy_forward(detail::config_of(stream), t, labels.dtype(),
@@ -49,12 +46,9 @@ void cross_entropy_backward(const Tensor& gloss, const Tensor& logits, const Ten
   check_logits_labels(op, logits, labels, stream);
   const DType t = logits.dtype();
   const int64_t n = logits.size(0), k = logits.size(1);
-  check_operand(op, "gloss", gloss, t, stream);
-  check_numel(op, "gloss", gloss, 1);
-  check_operand(op, "lse", lse, stat_dtype(t), stream);
-  check_numel(op, "lse", lse, n);
-  check_operand(op, "dlogits", dlogits, t, stream);
-  check_numel(op, "dlogits", dlogits, n * k);
+  check_operand(op, "gloss", gloss, t, stream, 1);
+  check_operand(op, "lse", lse, stat_dtype(t), stream, n);
+  check_operand(op, "dlogits", dlogits, t, stream, n * k);
   DeviceGuard guard(stream.device.index);
   CZ_CHECK_STATUS(launch::cross_entropy_backward(detail::config_of(stream), t, labels.dtype(),
                                                  gloss.raw_data(), logits.raw_data(), labels.raw_data(),
@@ -70,14 +64,10 @@ void soft_target_cross_entropy_forward(const Tensor& logits, const Tensor& targe
                  "cuda::{}: logits have shape {}", op, shape_str(logits.sizes()));
   const DType t = logits.dtype();
   const int64_t n = logits.size(0), k = logits.size(1);
-  check_operand(op, "targets", targets, t, stream);
-  check_numel(op, "targets", targets, n * k);
-  check_operand(op, "loss", loss, t, stream);
-  check_numel(op, "loss", loss, 1);
-  check_operand(op, "lse", lse, stat_dtype(t), stream);
-  check_numel(op, "lse", lse, n);
-  check_operand(op, "tsum", tsum, stat_dtype(t), stream);
-  check_numel(op, "tsum", tsum, n);
+  check_operand(op, "targets", targets, t, stream, n * k);
+  check_operand(op, "loss", loss, t, stream, 1);
+  check_operand(op, "lse", lse, stat_dtype(t), stream, n);
+  check_operand(op, "tsum", tsum, stat_dtype(t), stream, n);
   DeviceGuard guard(stream.device.index);
   DataPtr ws = allocate(launch::cross_entropy_workspace(t, n), stream);
   CZ_CHECK_STATUS(launch::soft_target_cross_entropy_forward(detail::config_of(stream), t, logits.raw_data(),
@@ -94,18 +84,13 @@ void soft_target_cross_entropy_backward(const Tensor& gloss, const Tensor& logit
   CZ_CHECK_SHAPE(logits.dim() == 2, "cuda::{}: logits have shape {}", op, shape_str(logits.sizes()));
   const DType t = logits.dtype();
   const int64_t n = logits.size(0), k = logits.size(1);
-  check_operand(op, "targets", targets, t, stream);
-  check_numel(op, "targets", targets, n * k);
-  check_operand(op, "gloss", gloss, t, stream);
-  check_numel(op, "gloss", gloss, 1);
-  check_operand(op, "lse", lse, stat_dtype(t), stream);
-  check_numel(op, "lse", lse, n);
-  check_operand(op, "tsum", tsum, stat_dtype(t), stream);
-  check_numel(op, "tsum", tsum, n);
+  check_operand(op, "targets", targets, t, stream, n * k);
+  check_operand(op, "gloss", gloss, t, stream, 1);
+  check_operand(op, "lse", lse, stat_dtype(t), stream, n);
+  check_operand(op, "tsum", tsum, stat_dtype(t), stream, n);
   for (Tensor* g : {&dlogits, &dtargets})
     if (g->defined()) {
-      check_operand(op, g == &dlogits ? "dlogits" : "dtargets", *g, t, stream);
-      check_numel(op, g == &dlogits ? "dlogits" : "dtargets", *g, n * k);
+      check_operand(op, g == &dlogits ? "dlogits" : "dtargets", *g, t, stream, n * k);
     }
   DeviceGuard guard(stream.device.index);
   CZ_CHECK_STATUS(launch::soft_target_cross_entropy_backward(
@@ -119,8 +104,7 @@ void argmax(const Tensor& x, Tensor& out, Stream stream) {
   check_operand("argmax", "x", x, x.dtype(), stream);
   CZ_CHECK_SHAPE(x.dim() >= 1 && x.size(-1) > 0, "cuda::argmax: x has shape {}", shape_str(x.sizes()));
   const int64_t k = x.size(-1), rows = x.numel() / k;
-  check_operand("argmax", "out", out, DType::i64, stream);
-  check_numel("argmax", "out", out, rows);
+  check_operand("argmax", "out", out, DType::i64, stream, rows);
   DeviceGuard guard(stream.device.index);
   CZ_CHECK_STATUS(launch::argmax(detail::config_of(stream), x.dtype(), x.raw_data(),
                                  static_cast<int64_t*>(out.raw_data()), rows, k));
