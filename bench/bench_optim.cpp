@@ -109,14 +109,7 @@ AdamWRefConsts ref_consts(const ShardPiece& piece) {
 // The naive loop with `#pragma omp simd`: what the compiler makes of it without intrinsics.
 void adamw_omp_simd(float* p, const float* g, float* m, float* v, int64_t n, const AdamWRefConsts& c) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float mi = m[i] + c.one_minus_beta1 * (g[i] - m[i]);
-    const float vi = c.beta2 * v[i] + c.one_minus_beta2 * g[i] * g[i];
-    const float denom = std::sqrt(vi) * c.inv_sqrt_bc2 + c.eps;
-    p[i] = p[i] * c.decay + c.neg_step_size * (mi / denom);
-    m[i] = mi;
-    v[i] = vi;
-  }
+  for (int64_t i = 0; i < n; ++i) adamw_element(p, g, m, v, i, c);
 }
 
 void set_counters(benchmark::State& state, int64_t n) {
