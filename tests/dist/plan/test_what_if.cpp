@@ -10,6 +10,7 @@
 #include "dist/plan/what_if.h"
 #include "dist/plan/zero_memory.h"
 #include "dist/train/plan_request.h"
+#include "plan_testing.h"
 #include "tensor/check.h"
 
 namespace cz::plan {
@@ -245,12 +246,7 @@ TEST(WhatIfCompute, ScaledAndRatesTablesSayWhatTheyAre) {
 // latencies; stage 3's prefetch hides gathers.
 TEST(WhatIfStep, BackwardHidesEarlierBucketsAndPrefetchHidesGathers) {
   WhatIfRequest req;
-  train::TrainConfig cfg;
-  cfg.model = "tiny";
-  cfg.image_size = 224;
-  cfg.micro_batch = 32;
-  cfg.device = "cuda";
-  cfg.precision = "bf16";
+  train::TrainConfig cfg = testing::cuda_bf16_run("tiny", 32);
   req.topology = test_box();
   req.compute = default_compute_table(DType::bf16);
   req.ranks = {8};
