@@ -55,8 +55,8 @@
 // the thread does, so the plan errs high there). Each communicator (a 2-D mesh has several, each with a
 // thread) is compared on its own, by the label the walk tags its scratch with (TraceEvent::thread) and its
 // thread goes by (dist::current_communicator): the threads' requests interleave as timing has it. A change
-// to an op's temporaries is made in the op and in step_walker_ops.cpp, and the test says where the second one
-// is missing.
+// to an op's temporaries is made in the op and in its walk row (step_walker_ops.cpp; for a normalization its
+// nn::NormOp in src/nn/norm_ops.cpp), and the test says where the second one is missing.
 #include "dist/plan/step_replay.h"
 
 #include <algorithm>
