@@ -1,12 +1,26 @@
 // DType names and sizes.
 #include "tensor/dtype.h"
 
+#include <array>
+
 #include "tensor/check.h"
 
 namespace cz {
 
+namespace {
+
+template <size_t... I>
+constexpr std::array<size_t, sizeof...(I)> sizes_of(std::index_sequence<I...>) {
+  return {sizeof(std::tuple_element_t<I, DTypeTypes>)...};
+}
+
+// A table: the tensor code asks for sizes everywhere (raw_data, nbytes), so one load, not visit_dtype's tests.
+constexpr auto kSizes = sizes_of(std::make_index_sequence<std::tuple_size_v<DTypeTypes>>{});
+
+}  // namespace
+
 size_t dtype_size(DType t) {
-  return visit_dtype(t, [](auto v) { return sizeof(v); });
+  return size_t(t) < kSizes.size() ? kSizes[size_t(t)] : 0;
 }
 
 std::string_view dtype_name(DType t) {
