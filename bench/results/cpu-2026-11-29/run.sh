@@ -2,10 +2,10 @@
 # 2026-11-29 (AMD EPYC family 23, 2 cores, AVX2): the CPU step after issue 54's restructuring (one SIMD layer,
 # the CPU kernels' shared pieces, the trainer's parts), against bench/results/cpu-2026-11-28e on the same
 # machine type, and against PyTorch in the same run.
-#   TORCH_PY=/work/torchenv/bin/python bench/results/cpu-2026-11-29/run.sh
+#   TORCH_PY=/work/torchenv/bin/python bench/results/cpu-2026-11-29/run.sh [OUT_DIR]
 set -u
 cd "$(dirname "$0")/../../.."
-o=bench/results/cpu-2026-11-29
+o=${1:-bench/results/cpu-2026-11-29}  # the folder its files go to
 lscpu > $o/lscpu.txt
 {
   echo "# ConvNeXt-atto 64 px b32 f32 and ConvNeXt-T 224 px b16 f32, 2 threads (bench_train_step, --cpu-row-split fast)"

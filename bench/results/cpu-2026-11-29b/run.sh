@@ -1,15 +1,5 @@
 #!/usr/bin/env bash
-# 2026-11-29, second run (AMD EPYC family 23, 2 cores, AVX2): the CPU step after one list of element types
-# (DTypeTypes, visit_dtype) and the normalizations as one walk call, against bench/results/cpu-2026-11-29 on
-# the same machine, and against PyTorch in the same run.
+# 2026-11-29, second run (AMD EPYC family 23, 2 cores, AVX2): the same measurement as cpu-2026-11-29 (the CPU
+# step, and against PyTorch in the same run), after one list of element types (DTypeTypes), into this folder.
 #   TORCH_PY=/work/torchenv/bin/python bench/results/cpu-2026-11-29b/run.sh
-set -u
-cd "$(dirname "$0")/../../.."
-o=bench/results/cpu-2026-11-29b
-lscpu > $o/lscpu.txt
-{
-  echo "# ConvNeXt-atto 64 px b32 f32 and ConvNeXt-T 224 px b16 f32, 2 threads (bench_train_step, --cpu-row-split fast)"
-  for r in 1 2 3; do printf "round $r fast "; build/bench/bench_train_step --model atto --image 64 --batch 32 --warmup 3 --steps 15 2>&1 | grep -oE "[0-9.]+ ms/step"; done
-  for r in 1 2; do printf "round $r tiny fast "; build/bench/bench_train_step --model tiny --image 224 --batch 16 --warmup 1 --steps 2 2>&1 | grep -oE "[0-9.]+ ms/step"; done
-} | tee $o/step_times.txt
-"${TORCH_PY:-python3}" bench/train_step_vs_torch.py --app build/apps/convnext_zero 2>&1 | tail -6 | tee $o/vs_torch.txt
+exec "$(dirname "$0")/../cpu-2026-11-29/run.sh" bench/results/cpu-2026-11-29b
