@@ -14,7 +14,8 @@ constexpr std::array<size_t, sizeof...(I)> sizes_of(std::index_sequence<I...>) {
   return {sizeof(std::tuple_element_t<I, DTypeTypes>)...};
 }
 
-// A table: the tensor code asks for sizes everywhere (raw_data, nbytes), so one load, not visit_dtype's tests.
+// A table: the tensor code asks for sizes everywhere (raw_data, nbytes), so one load, not visit_dtype's
+// tests.
 constexpr auto kSizes = sizes_of(std::make_index_sequence<std::tuple_size_v<DTypeTypes>>{});
 
 }  // namespace
