@@ -46,13 +46,9 @@ void grn_backward(const Tensor& gy, const Tensor& x, const Tensor& gamma, const 
   constexpr const char* op = "grn_backward";
   const GrnShape s = check_grn(op, x, gamma, gx, d, stream);
   check_operand(op, "gy", gy, x.dtype(), stream, x.numel());
-  if (dx.defined()) {
-    check_operand(op, "dx", dx, x.dtype(), stream, x.numel());
-  }
+  if (dx.defined()) check_operand(op, "dx", dx, x.dtype(), stream, x.numel());
   for (const Tensor* p : {&dgamma, &dbeta})
-    if (p->defined()) {
-      check_operand(op, "dgamma/dbeta", *p, x.dtype(), stream, s.c);
-    }
+    if (p->defined()) check_operand(op, "dgamma/dbeta", *p, x.dtype(), stream, s.c);
   if (!dx.defined() && !dgamma.defined() && !dbeta.defined()) return;
   DeviceGuard guard(stream.device.index);
   DataPtr ws;

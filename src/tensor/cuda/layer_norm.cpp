@@ -34,9 +34,7 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
   const DType t = x.dtype();
   check_operand(op, "y", y, t, stream, x.numel());
   for (const Tensor* p : {&weight, &bias})
-    if (p->defined()) {
-      check_operand(op, "weight/bias", *p, t, stream, c);
-    }
+    if (p->defined()) check_operand(op, "weight/bias", *p, t, stream, c);
   DeviceGuard guard(stream.device.index);
   CZ_CHECK_STATUS(launch::layer_norm_forward(detail::config_of(stream), t, x.raw_data(),
                                              weight.defined() ? weight.raw_data() : nullptr,
@@ -50,12 +48,8 @@ void layer_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& weight
   const auto [rows, c] = check_layer_norm_rows(op, x, mean, rstd, stream);
   const DType t = x.dtype();
   check_operand(op, "gy", gy, t, stream, x.numel());
-  if (weight.defined()) {
-    check_operand(op, "weight", weight, t, stream, c);
-  }
-  if (dx.defined()) {
-    check_operand(op, "dx", dx, t, stream, x.numel());
-  }
+  if (weight.defined()) check_operand(op, "weight", weight, t, stream, c);
+  if (dx.defined()) check_operand(op, "dx", dx, t, stream, x.numel());
   for (const Tensor* p : {&dweight, &dbias})
     if (p->defined()) {
       CZ_CHECK(weight.defined() || p == &dbias, "cuda::{}: dweight needs a weight", op);

@@ -89,9 +89,7 @@ void soft_target_cross_entropy_backward(const Tensor& gloss, const Tensor& logit
   check_operand(op, "lse", lse, stat_dtype(t), stream, n);
   check_operand(op, "tsum", tsum, stat_dtype(t), stream, n);
   for (Tensor* g : {&dlogits, &dtargets})
-    if (g->defined()) {
-      check_operand(op, g == &dlogits ? "dlogits" : "dtargets", *g, t, stream, n * k);
-    }
+    if (g->defined()) check_operand(op, g == &dlogits ? "dlogits" : "dtargets", *g, t, stream, n * k);
   DeviceGuard guard(stream.device.index);
   CZ_CHECK_STATUS(launch::soft_target_cross_entropy_backward(
       detail::config_of(stream), t, gloss.raw_data(), logits.raw_data(), targets.raw_data(), lse.raw_data(),
